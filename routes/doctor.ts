@@ -1,0 +1,42 @@
+// Owns GET /doctor: the node check as JSON, for operators and scripts that cannot exec into the pod.
+import { Type } from '@sinclair/typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { runDoctor } from '../src/doctor/doctor.js';
+import { VERSION } from '../src/version.js';
+
+const DoctorSchema = Type.Object(
+  {
+    ok: Type.Boolean({ description: 'False when any check failed.' }),
+    version: Type.String({ description: 'nodecompute version.' }),
+    checkedAt: Type.String({ format: 'date-time', description: 'When the checks ran.' }),
+    checks: Type.Array(
+      Type.Object({
+        name: Type.String({ description: 'Check name: nvidia-smi, gpus, query-time, host-pid-namespace, proc, state-file, token.' }),
+        status: Type.Union([Type.Literal('ok'), Type.Literal('warn'), Type.Literal('fail')], { description: 'ok, warn or fail.' }),
+        detail: Type.String({ description: 'What was found.' }),
+        fix: Type.Union([Type.String(), Type.Null()], { description: 'What to do; null when nothing needs doing.' }),
+      }),
+      { description: 'Each check, in order.' },
+    ),
+  },
+  { description: 'The node check; the same as `nodecompute doctor`.' },
+);
+
+const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const { nvidiaSmi, proc, stateFile, config, now } = app.services;
+  app.get(
+    '/doctor',
+    {
+      schema: {
+        tags: ['operators'],
+        summary: 'Check this node: nvidia-smi and its version, GPUs, query time, host PID namespace, /proc, state file, token.',
+        description: 'Runs nvidia-smi afresh (not from the cache). Always 200; `ok` says whether any check failed.',
+        response: { 200: DoctorSchema },
+      },
+    },
+    async () =>
+      runDoctor({ nvidiaSmi, proc, stateFile, nvidiaSmiPath: config.nvidiaSmi, tokenConfigured: config.token !== null, version: VERSION, now }),
+  );
+};
+
+export default doctorRoutes;

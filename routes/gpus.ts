@@ -1,0 +1,45 @@
+// Owns the GPU resources: GET /gpus (every GPU, its memory and processes, each attributed to its
+// shard) and GET /gpus/foreign-memory (per GPU, memory that is not a registered shard's).
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { foreignMemory } from '../src/node-state/foreign-memory.js';
+import { gpusResponse, snapshotMeta } from '../src/node-state/node-view.js';
+import { errorResponses } from '../src/schemas/common.js';
+import { GpusResponseSchema } from '../src/schemas/gpus.js';
+import { ForeignMemoryResponseSchema } from '../src/schemas/shards.js';
+import { conditional } from './conditional.js';
+
+const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const { node } = app.services;
+  app.get(
+    '/gpus',
+    {
+      schema: {
+        tags: ['gpus'],
+        summary: 'Every GPU of this node, its memory, and the compute processes on it with the shard each belongs to.',
+        response: { 200: GpusResponseSchema, 304: {}, ...errorResponses(503) },
+      },
+    },
+    async (request, reply) => {
+      const current = await node.current();
+      if (conditional(app.services, request, reply, current.view)) return reply.status(304).send();
+      return gpusResponse(current.view, current.node);
+    },
+  );
+  app.get(
+    '/gpus/foreign-memory',
+    {
+      schema: {
+        tags: ['gpus'],
+        summary: 'Per GPU, the memory held by anything that is not a registered shard: what placement must not hand out.',
+        response: { 200: ForeignMemoryResponseSchema, 304: {}, ...errorResponses(503) },
+      },
+    },
+    async (request, reply) => {
+      const current = await node.current();
+      if (conditional(app.services, request, reply, current.view)) return reply.status(304).send();
+      return { ...snapshotMeta(current.view), gpus: foreignMemory(current.node) };
+    },
+  );
+};
+
+export default gpusRoutes;

@@ -1,0 +1,169 @@
+// Owns the shard resources: registration (PUT/GET/DELETE /shards/:id, GET /shards), where a shard
+// computes (/compute), its readiness probe (/ready) and the engine's output (/engine-output).
+import { createHash } from 'node:crypto';
+import { Type } from '@sinclair/typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { UnsupportedMediaTypeError } from '../src/errors.js';
+import { snapshotMeta } from '../src/node-state/node-view.js';
+import { errorResponses } from '../src/schemas/common.js';
+import {
+  ComputeResponseSchema,
+  EngineOutputResponseSchema,
+  ReadyResponseSchema,
+  RegisterShardSchema,
+  ShardListSchema,
+  ShardParamsSchema,
+  ShardRecordSchema,
+} from '../src/schemas/shards.js';
+import { shardBody, type ShardState } from '../src/shards/shard-service.js';
+import { conditional } from './conditional.js';
+
+export const ENGINE_OUTPUT_MAX_BYTES = 1024 * 1024;
+
+function statusBody(state: ShardState) {
+  return { ...shardBody(state.shard), status: { ...state.readiness }, compute: state.compute };
+}
+
+function verdictsTag(states: ShardState[]): string {
+  const hash = createHash('sha1');
+  for (const state of states) hash.update(`${state.shard.id}:${state.readiness.state}:${state.readiness.warnings.length};`);
+  return hash.digest('base64url').slice(0, 10);
+}
+
+const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const { shards, probeBudgetMs } = app.services;
+  const params = ShardParamsSchema;
+
+  app.put(
+    '/shards/:id',
+    {
+      schema: {
+        tags: ['shards'],
+        summary: 'Register (201) or replace (200) a shard: a PID (and its process group) or a cgroup, placed on some GPUs.',
+        description: 'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer.',
+        params,
+        body: RegisterShardSchema,
+        response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 415, 422, 503) },
+      },
+    },
+    async (request, reply) => {
+      const { created, shard } = await shards.register(request.params.id, request.body);
+      return reply.status(created ? 201 : 200).send(shardBody(shard));
+    },
+  );
+
+  app.get(
+    '/shards',
+    {
+      schema: {
+        tags: ['shards'],
+        summary: 'Every shard with its state, reason and compute, from one snapshot: what a control plane polls.',
+        description: 'Carries an ETag; send it back in If-None-Match to get 304 until the snapshot, the registry or a verdict changes.',
+        response: { 200: ShardListSchema, 304: {} },
+      },
+    },
+    async (request, reply) => {
+      const { states, view, error } = await shards.states(probeBudgetMs);
+      if (view && conditional(app.services, request, reply, view, verdictsTag(states))) return reply.status(304).send();
+      const header = view
+        ? snapshotMeta(view)
+        : { observedAt: null, ageMs: null, stale: true, staleReason: `no snapshot: ${error}` };
+      return { ...header, shards: states.map(statusBody) };
+    },
+  );
+
+  app.get(
+    '/shards/:id',
+    {
+      schema: {
+        tags: ['shards'],
+        summary: 'One shard with its state, reason and compute.',
+        params,
+        response: { 200: Type.Object(ShardListSchema.properties.shards.items.properties), ...errorResponses(400, 404) },
+      },
+    },
+    async (request) => statusBody(await shards.state(request.params.id, probeBudgetMs)),
+  );
+
+  app.delete(
+    '/shards/:id',
+    {
+      schema: {
+        tags: ['shards'],
+        summary: 'Remove a shard (204); its series and verdicts disappear.',
+        params,
+        response: { 204: Type.Null({ description: 'Removed.' }), ...errorResponses(400, 401, 403, 404, 503) },
+      },
+    },
+    async (request, reply) => {
+      await shards.remove(request.params.id);
+      return reply.status(204).send(null);
+    },
+  );
+
+  app.get(
+    '/shards/:id/compute',
+    {
+      schema: {
+        tags: ['shards'],
+        summary: 'Where the shard computes as nvidia-smi sees it: the GPUs its processes hold memory on, strays, and the engine\'s own account.',
+        params,
+        response: { 200: ComputeResponseSchema, ...errorResponses(400, 404, 503) },
+      },
+    },
+    async (request) => {
+      const { view, compute } = await shards.compute(request.params.id);
+      return { shard: request.params.id, ...snapshotMeta(view), ...compute };
+    },
+  );
+
+  app.get(
+    '/shards/:id/ready',
+    {
+      schema: {
+        tags: ['shards'],
+        summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked), 503 when starting, on-cpu or exited.',
+        description: 'Answers from the cached snapshot within a probe budget well under Kubernetes\' 1 s default timeout.',
+        params,
+        response: { 200: ReadyResponseSchema, 503: ReadyResponseSchema, ...errorResponses(400, 404) },
+      },
+    },
+    async (request, reply) => {
+      const state = await shards.state(request.params.id, probeBudgetMs);
+      return reply.status(state.readiness.ready ? 200 : 503).send({
+        shard: state.shard.id,
+        ...state.readiness,
+        observedAt: state.observedAt === null ? null : new Date(state.observedAt).toISOString(),
+      });
+    },
+  );
+
+  app.post(
+    '/shards/:id/engine-output',
+    {
+      bodyLimit: ENGINE_OUTPUT_MAX_BYTES,
+      schema: {
+        tags: ['shards'],
+        summary: "Feed what the engine printed (text/plain, up to 1 MiB a call); answers the engine's account of where it computes.",
+        description: 'A bounded tail is kept per shard. For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once.',
+        params,
+        body: Type.String({ description: "The engine's output, as text." }),
+        response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },
+      },
+      preValidation: async (request) => {
+        const type = request.headers['content-type'] ?? '';
+        if (!/^text\/plain\b/i.test(type)) {
+          throw new UnsupportedMediaTypeError(
+            `Engine output must be sent as text/plain, not "${type || 'no content type'}". Example: curl --data-binary @server.log -H 'Content-Type: text/plain' ...`,
+          );
+        }
+      },
+    },
+    async (request) => {
+      const state = shards.appendEngineOutput(request.params.id, request.body);
+      return { shard: request.params.id, account: state.account, tailBytes: Buffer.byteLength(state.tail) };
+    },
+  );
+};
+
+export default shardsRoutes;

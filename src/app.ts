@@ -1,0 +1,193 @@
+// Owns the composition of the service: it builds the readers, the registry, the snapshot cache and
+// the domain services from a Config, wires them into Fastify with one error shape and one auth
+// rule, and registers the routes. It never listens; main.ts does. Tests pass `deps` to swap the
+// clock, the logger or a reader without touching anything else.
+import { STATUS_CODES } from 'node:http';
+import swagger from '@fastify/swagger';
+import swaggerUi from '@fastify/swagger-ui';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
+import { pino, type Logger } from 'pino';
+import type { Config } from './config.js';
+import { InternalError, NotFoundError, isCodedError } from './errors.js';
+import { createAuth } from './auth.js';
+import { createNodeService, type NodeService } from './node-state/node-service.js';
+import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
+import { createSnapshotSource } from './node-state/snapshot.js';
+import { createShardService, type ShardService } from './shards/shard-service.js';
+import { loadRegistry, type Registry } from './shards/registry.js';
+import { createNvidiaSmi, type NvidiaSmi } from './system/nvidia-smi.js';
+import { createProcReader, type ProcReader } from './system/procfs.js';
+import { createStateFile, type StateFile } from './system/state-file.js';
+import { ErrorSchema } from './schemas/common.js';
+import { createMetrics, type Metrics } from './metrics.js';
+import { VERSION } from './version.js';
+import gpusRoutes from '../routes/gpus.js';
+import healthRoutes from '../routes/health.js';
+import shardsRoutes from '../routes/shards.js';
+import doctorRoutes from '../routes/doctor.js';
+import metricsRoutes from '../routes/metrics.js';
+import openapiRoutes from '../routes/openapi.js';
+
+export interface Services {
+  config: Config;
+  node: NodeService;
+  shards: ShardService;
+  registry: Registry;
+  nvidiaSmi: NvidiaSmi;
+  proc: ProcReader;
+  stateFile: StateFile;
+  metrics: Metrics;
+  now: () => number;
+  /** Longest a probe waits for a refresh it needs: well inside Kubernetes' 1 s default. */
+  probeBudgetMs: number;
+}
+
+export interface AppDeps {
+  logger?: Logger;
+  now?: () => number;
+  nvidiaSmi?: NvidiaSmi;
+  proc?: ProcReader;
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    services: Services;
+  }
+}
+
+export type App = FastifyInstance<
+  import('node:http').Server,
+  import('node:http').IncomingMessage,
+  import('node:http').ServerResponse,
+  FastifyBaseLogger,
+  TypeBoxTypeProvider
+>;
+
+function errorBody(statusCode: number, code: string, message: string) {
+  return { statusCode, code, error: STATUS_CODES[statusCode] ?? 'Error', message };
+}
+
+/** Fastify's own errors keep their status but get our codes and a message that says how to fix it. */
+function fastifyErrorBody(err: FastifyError) {
+  const status = err.statusCode ?? 500;
+  if (err.validation) {
+    return errorBody(
+      400,
+      'NODECOMPUTE_BAD_REQUEST',
+      `Invalid request: ${err.message}. See /docs for the expected shape.`,
+    );
+  }
+  const known: Record<string, [number, string, string]> = {
+    FST_ERR_CTP_BODY_TOO_LARGE: [413, 'NODECOMPUTE_PAYLOAD_TOO_LARGE', 'The request body is larger than this endpoint accepts. Send less (engine output: at most 1 MiB a call; post the rest in further calls).'],
+    FST_ERR_CTP_INVALID_MEDIA_TYPE: [415, 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', `${err.message}. Registrations are application/json; engine output is text/plain.`],
+    FST_ERR_CTP_INVALID_CONTENT_LENGTH: [400, 'NODECOMPUTE_BAD_REQUEST', 'The Content-Length header does not match the body that was sent.'],
+    FST_ERR_CTP_EMPTY_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', 'The JSON body is empty. Send a JSON object (see /docs).'],
+    FST_ERR_CTP_INVALID_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', `The body is not valid JSON: ${err.message}.`],
+  };
+  const mapped = err.code ? known[err.code] : undefined;
+  if (mapped) return errorBody(...mapped);
+  if (status >= 400 && status < 500) {
+    return errorBody(status, 'NODECOMPUTE_BAD_REQUEST', `${err.message}.`);
+  }
+  return null;
+}
+
+export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App> {
+  const log = deps.logger ?? pino({ level: config.logLevel });
+  const app = Fastify({
+    loggerInstance: log,
+    logController: new LogController({ disableRequestLogging: true }),
+    bodyLimit: 64 * 1024,
+    forceCloseConnections: 'idle',
+    ajv: { customOptions: { removeAdditional: false, coerceTypes: false, allErrors: false } },
+  }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+
+  const now = deps.now ?? Date.now;
+  const metrics = createMetrics();
+  const nvidiaSmi =
+    deps.nvidiaSmi ??
+    createNvidiaSmi({
+      path: config.nvidiaSmi,
+      timeoutMs: config.smiTimeoutMs,
+      log: log.child({ component: 'nvidia-smi' }),
+      onQuery: metrics.observeQuery,
+    });
+  const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
+  const stateFile = createStateFile(config.stateFile);
+  const registry = await loadRegistry({ stateFile, log });
+  const snapshots = createSnapshotSource<NodeSnapshot>({
+    take: createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(), now }),
+    ttlMs: config.cacheTtlMs,
+    maxStaleMs: config.maxStaleMs,
+    log,
+    now,
+  });
+  const node = createNodeService(snapshots, registry);
+  const shards = createShardService({ registry, node, proc, defaultGraceMs: config.gpuGraceMs, log, now });
+  const services: Services = {
+    config,
+    node,
+    shards,
+    registry,
+    nvidiaSmi,
+    proc,
+    stateFile,
+    metrics,
+    now,
+    probeBudgetMs: Math.min(800, config.smiTimeoutMs),
+  };
+  app.decorate('services', services);
+
+  app.setErrorHandler((err: FastifyError, request, reply) => {
+    if (isCodedError(err)) {
+      if (err.statusCode >= 500) request.log.warn({ err: { code: err.code, message: err.message } }, 'Request failed');
+      return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
+    }
+    const mapped = fastifyErrorBody(err);
+    if (mapped) return reply.status(mapped.statusCode).send(mapped);
+    request.log.error({ err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
+    const internal = new InternalError(
+      'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',
+    );
+    return reply.status(500).send(errorBody(500, internal.code, internal.message));
+  });
+  app.setNotFoundHandler((request, reply) => {
+    const err = new NotFoundError(`No route ${request.method} ${request.url.split('?')[0]}. The API is listed at /docs and /openapi.json.`);
+    return reply.status(404).send(errorBody(404, err.code, err.message));
+  });
+  app.addHook('onResponse', (request, reply, done) => {
+    const level = reply.statusCode >= 500 ? 'warn' : 'debug';
+    request.log[level]({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
+    done();
+  });
+  app.addHook('onRequest', createAuth(config, log));
+
+  app.addSchema(ErrorSchema);
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'nodecompute',
+        version: VERSION,
+        description:
+          'Where GPU work really runs on this node: GPUs and their processes, shards and the GPUs they hold, foreign memory, and readiness probes that catch a shard silently computing on the CPU.',
+      },
+      tags: [
+        { name: 'gpus', description: 'GPUs and foreign memory' },
+        { name: 'shards', description: 'Shard registration, compute and readiness' },
+        { name: 'health', description: "nodecompute's own health" },
+        { name: 'operators', description: 'Metrics, status page and doctor' },
+      ],
+    },
+  });
+  await app.register(swaggerUi, { routePrefix: '/docs', logLevel: 'warn' });
+  await app.register(healthRoutes);
+  await app.register(gpusRoutes);
+  await app.register(shardsRoutes);
+  await app.register(doctorRoutes);
+  await app.register(metricsRoutes);
+  await app.register(openapiRoutes);
+  app.addHook('onClose', async () => nvidiaSmi.killAll());
+  return app;
+}

@@ -1,0 +1,248 @@
+// Owns every setting of the service: one table naming each setting's environment variable, flag,
+// accepted values, default and meaning. `resolveConfig` turns env + argv into a validated Config
+// once, at start; a bad value stops the start with a message naming the setting and what it
+// accepts. The help text is generated from the same table, so it cannot drift from the code.
+import { readFileSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
+import { Value } from '@sinclair/typebox/value';
+import { ConfigInvalidError } from './errors.js';
+
+interface Setting {
+  env: string;
+  flag: string;
+  schema: TSchema;
+  default: string | number | null;
+  accepts: string;
+  description: string;
+}
+
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+
+function milliseconds(min: number, max: number, description: string) {
+  return Type.Integer({ minimum: min, maximum: max, description });
+}
+
+export const SETTINGS = {
+  host: {
+    env: 'NODECOMPUTE_HOST',
+    flag: 'host',
+    schema: Type.String({ minLength: 1, description: 'Address to listen on' }),
+    default: '0.0.0.0',
+    accepts: 'an IP address or host name',
+    description: 'Address the HTTP server listens on.',
+  },
+  port: {
+    env: 'NODECOMPUTE_PORT',
+    flag: 'port',
+    schema: Type.Integer({ minimum: 0, maximum: 65535, description: 'TCP port' }),
+    default: 9470,
+    accepts: 'an integer from 0 to 65535 (0 picks a free port)',
+    description: 'TCP port the HTTP server listens on.',
+  },
+  nvidiaSmi: {
+    env: 'NODECOMPUTE_NVIDIA_SMI',
+    flag: 'nvidia-smi',
+    schema: Type.String({ minLength: 1, description: 'nvidia-smi executable' }),
+    default: 'nvidia-smi',
+    accepts: 'a program name found on PATH or a path to the executable',
+    description: 'The nvidia-smi executable to query.',
+  },
+  proc: {
+    env: 'NODECOMPUTE_PROC',
+    flag: 'proc',
+    schema: Type.String({ minLength: 1, description: 'proc root' }),
+    default: '/proc',
+    accepts: 'a directory path',
+    description: "Where the host's /proc is mounted (the container must share the host PID namespace).",
+  },
+  cacheTtlMs: {
+    env: 'NODECOMPUTE_CACHE_TTL_MS',
+    flag: 'cache-ttl-ms',
+    schema: milliseconds(0, 3_600_000, 'cache TTL'),
+    default: 1000,
+    accepts: 'an integer number of milliseconds from 0 to 3600000',
+    description: 'How long a node snapshot is fresh; at most one nvidia-smi run per query per TTL.',
+  },
+  maxStaleMs: {
+    env: 'NODECOMPUTE_MAX_STALE_MS',
+    flag: 'max-stale-ms',
+    schema: milliseconds(0, 86_400_000, 'max stale'),
+    default: 30_000,
+    accepts: 'an integer number of milliseconds from 0 to 86400000',
+    description: 'How old a snapshot may be and still be served (marked stale) while nvidia-smi is slow or failing.',
+  },
+  smiTimeoutMs: {
+    env: 'NODECOMPUTE_SMI_TIMEOUT_MS',
+    flag: 'smi-timeout-ms',
+    schema: milliseconds(100, 600_000, 'nvidia-smi timeout'),
+    default: 5000,
+    accepts: 'an integer number of milliseconds from 100 to 600000',
+    description: 'Hard limit for one nvidia-smi run; past it the run and its process group are killed.',
+  },
+  logLevel: {
+    env: 'NODECOMPUTE_LOG_LEVEL',
+    flag: 'log-level',
+    schema: Type.Union(
+      LOG_LEVELS.map((level) => Type.Literal(level)),
+      { description: 'log level' },
+    ),
+    default: 'info',
+    accepts: LOG_LEVELS.join(', '),
+    description: 'Log level (JSON logs on stdout; pretty on a terminal).',
+  },
+  stateFile: {
+    env: 'NODECOMPUTE_STATE_FILE',
+    flag: 'state-file',
+    schema: Type.String({ minLength: 1, description: 'state file' }),
+    default: 'state/nodecompute-shards.json',
+    accepts: 'a file path (its directory must be writable)',
+    description: 'Where shard registrations are persisted (written atomically before each 2xx).',
+  },
+  gpuGraceMs: {
+    env: 'NODECOMPUTE_GPU_GRACE_MS',
+    flag: 'gpu-grace-ms',
+    schema: milliseconds(0, 3_600_000, 'GPU grace'),
+    default: 15_000,
+    accepts: 'an integer number of milliseconds from 0 to 3600000',
+    description: 'Default time a new shard may take before holding memory on its GPUs (starting, not yet on-cpu).',
+  },
+  token: {
+    env: 'NODECOMPUTE_TOKEN',
+    flag: 'token',
+    schema: Type.Union([Type.Null(), Type.String({ minLength: 16 })]),
+    default: null,
+    accepts: 'a secret of at least 16 characters',
+    description: 'Bearer token required for writes. Without a token, writes are accepted from loopback only.',
+  },
+  tokenFile: {
+    env: 'NODECOMPUTE_TOKEN_FILE',
+    flag: 'token-file',
+    schema: Type.Union([Type.Null(), Type.String({ minLength: 1 })]),
+    default: null,
+    accepts: 'a path to a file holding the token (e.g. a mounted Kubernetes Secret)',
+    description: 'Read the bearer token from this file instead of NODECOMPUTE_TOKEN.',
+  },
+} as const satisfies Record<string, Setting>;
+
+type SettingKey = keyof typeof SETTINGS;
+
+export interface Config {
+  host: string;
+  port: number;
+  nvidiaSmi: string;
+  proc: string;
+  cacheTtlMs: number;
+  maxStaleMs: number;
+  smiTimeoutMs: number;
+  logLevel: (typeof LOG_LEVELS)[number];
+  stateFile: string;
+  gpuGraceMs: number;
+  /** The bearer token for writes, from NODECOMPUTE_TOKEN or read from NODECOMPUTE_TOKEN_FILE. */
+  token: string | null;
+  tokenFile: string | null;
+}
+
+export type LogLevel = Static<(typeof SETTINGS)['logLevel']['schema']>;
+
+/** Every setting at its default: the base that tests and the demo override. */
+export function defaultConfig(overrides: Partial<Config> = {}): Config {
+  const base = Object.fromEntries(
+    Object.entries(SETTINGS).map(([key, setting]) => [key, setting.default]),
+  ) as unknown as Config;
+  return { ...base, ...overrides };
+}
+
+function invalid(setting: Setting, raw: unknown, why?: string): never {
+  const got = typeof raw === 'string' ? JSON.stringify(raw) : String(raw);
+  throw new ConfigInvalidError(
+    `Invalid setting ${setting.env} (--${setting.flag}): got ${got}${why ? ` (${why})` : ''}; ` +
+      `it accepts ${setting.accepts}. Fix the environment variable or flag and start again.`,
+  );
+}
+
+function coerce(setting: Setting, raw: string | number | null): unknown {
+  if (raw === null) return null;
+  const isNumeric = setting.schema.type === 'integer';
+  if (isNumeric && typeof raw === 'string') {
+    if (!/^-?\d+$/.test(raw.trim())) invalid(setting, raw, 'not an integer');
+    return Number(raw.trim());
+  }
+  return raw;
+}
+
+function validate(setting: Setting, raw: string | number | null): unknown {
+  const value = coerce(setting, raw);
+  if (!Value.Check(setting.schema, value)) invalid(setting, raw);
+  return value;
+}
+
+function readTokenFile(setting: Setting, path: string): string {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    invalid(setting, path, `cannot read it: ${(err as Error).message}`);
+  }
+  const token = text.trim();
+  if (token.length < 16) invalid(setting, path, 'the file holds fewer than 16 characters');
+  return token;
+}
+
+export interface ResolvedCli {
+  config: Config;
+  /** Arguments that are not settings: the sub-command and --help/--version. */
+  positionals: string[];
+  help: boolean;
+  version: boolean;
+}
+
+/** Reads argv flags over environment variables over defaults; throws ConfigInvalidError. */
+export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedCli {
+  const options = Object.fromEntries(
+    Object.values(SETTINGS).map((setting) => [setting.flag, { type: 'string' as const }]),
+  );
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      options: { ...options, help: { type: 'boolean', short: 'h' }, version: { type: 'boolean', short: 'v' } },
+      allowPositionals: true,
+      strict: true,
+    });
+  } catch (err) {
+    throw new ConfigInvalidError(`${(err as Error).message}. Run \`nodecompute --help\` for the settings.`, {
+      cause: err,
+    });
+  }
+  const values = parsed.values as Record<string, string | boolean | undefined>;
+  const config: Record<string, unknown> = {};
+  for (const [key, setting] of Object.entries(SETTINGS) as [SettingKey, Setting][]) {
+    const fromFlag = values[setting.flag];
+    const fromEnv = env[setting.env];
+    const raw = typeof fromFlag === 'string' ? fromFlag : fromEnv !== undefined && fromEnv !== '' ? fromEnv : setting.default;
+    config[key] = validate(setting, raw);
+  }
+  const resolved = config as unknown as Config;
+  if (resolved.tokenFile !== null) {
+    if (resolved.token !== null) {
+      invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
+    }
+    resolved.token = readTokenFile(SETTINGS.tokenFile, resolved.tokenFile);
+  }
+  return {
+    config: resolved,
+    positionals: parsed.positionals,
+    help: values.help === true,
+    version: values.version === true,
+  };
+}
+
+/** The settings part of `nodecompute --help`. */
+export function settingsHelp(): string {
+  const rows = Object.values(SETTINGS).map((setting: Setting) => {
+    const dflt = setting.default === null ? '(unset)' : String(setting.default);
+    return `  --${setting.flag} <value>\n      ${setting.env} (default: ${dflt})\n      ${setting.description}\n      Accepts ${setting.accepts}.`;
+  });
+  return rows.join('\n');
+}

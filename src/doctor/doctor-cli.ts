@@ -1,0 +1,26 @@
+// Owns `nodecompute doctor`: builds the readers from the settings, runs the checks once and prints
+// the human table; the exit code is non-zero when any check failed, so scripts can gate on it.
+import type { Writable } from 'node:stream';
+import { pino } from 'pino';
+import type { Config } from '../config.js';
+import { createNvidiaSmi } from '../system/nvidia-smi.js';
+import { createProcReader } from '../system/procfs.js';
+import { createStateFile } from '../system/state-file.js';
+import { VERSION } from '../version.js';
+import { formatDoctorReport, runDoctor } from './doctor.js';
+
+export async function runDoctorCli(config: Config, out: Writable): Promise<number> {
+  // The table is the output; reader warnings would only repeat it.
+  const log = pino({ level: 'silent' });
+  const report = await runDoctor({
+    nvidiaSmi: createNvidiaSmi({ path: config.nvidiaSmi, timeoutMs: config.smiTimeoutMs, log }),
+    proc: createProcReader({ root: config.proc, log }),
+    stateFile: createStateFile(config.stateFile),
+    nvidiaSmiPath: config.nvidiaSmi,
+    tokenConfigured: config.token !== null,
+    version: VERSION,
+    now: Date.now,
+  });
+  out.write(formatDoctorReport(report));
+  return report.ok ? 0 : 1;
+}

@@ -1,0 +1,152 @@
+// Owns the node check behind GET /doctor and `nodecompute doctor`: everything that must hold for
+// nodecompute's answers to be true, each check saying what it found and, when it fails, what to
+// do. It asks nvidia-smi afresh (the doctor is about now, not the cache) and reads /proc through
+// the readers it is given.
+import { isCodedError } from '../errors.js';
+import type { NvidiaSmi } from '../system/nvidia-smi.js';
+import type { ProcReader } from '../system/procfs.js';
+import type { StateFile } from '../system/state-file.js';
+
+export type CheckStatus = 'ok' | 'warn' | 'fail';
+
+export interface DoctorCheck {
+  name: string;
+  status: CheckStatus;
+  detail: string;
+  /** What to do; null when nothing needs doing. */
+  fix: string | null;
+}
+
+export interface DoctorReport {
+  ok: boolean;
+  version: string;
+  checkedAt: string;
+  checks: DoctorCheck[];
+}
+
+export interface DoctorDeps {
+  nvidiaSmi: NvidiaSmi;
+  proc: ProcReader;
+  stateFile: StateFile;
+  nvidiaSmiPath: string;
+  tokenConfigured: boolean;
+  version: string;
+  now: () => number;
+  /** A query slower than this gets a warning. */
+  slowQueryMs?: number;
+}
+
+const SLOW_QUERY_MS = 1000;
+
+function check(name: string, status: CheckStatus, detail: string, fix: string | null = null): DoctorCheck {
+  return { name, status, detail, fix };
+}
+
+async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }> {
+  const started = performance.now();
+  const value = await run();
+  return { value, ms: Math.round(performance.now() - started) };
+}
+
+async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[]; pids: number[] | null }> {
+  const checks: DoctorCheck[] = [];
+  try {
+    const version = await deps.nvidiaSmi.queryVersion();
+    checks.push(
+      check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: nvidia-smi ${version.smiVersion ?? 'unknown'}, driver ${version.driverVersion ?? 'unknown'}, CUDA ${version.cudaVersion ?? 'unknown'}`),
+    );
+  } catch (err) {
+    if (!isCodedError(err)) throw err;
+    checks.push(check('nvidia-smi', 'fail', err.message, 'Fix nvidia-smi first: every GPU answer depends on it.'));
+    return { checks, pids: null };
+  }
+  try {
+    const gpus = await timed(() => deps.nvidiaSmi.queryGpus());
+    const apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
+    const visible = gpus.value.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ');
+    checks.push(
+      gpus.value.length > 0
+        ? check('gpus', 'ok', `${gpus.value.length} GPU(s) visible: ${visible}`)
+        : check('gpus', 'fail', 'nvidia-smi sees no GPU', 'Check NVIDIA_VISIBLE_DEVICES and that the container runs with the NVIDIA runtime (--gpus all).'),
+    );
+    const slowest = Math.max(gpus.ms, apps.ms);
+    const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
+    checks.push(
+      slowest > slow
+        ? check(
+            'query-time',
+            'warn',
+            `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms (slower than ${slow} ms)`,
+            'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.',
+          )
+        : check('query-time', 'ok', `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms`),
+    );
+    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))] };
+  } catch (err) {
+    if (!isCodedError(err)) throw err;
+    checks.push(check('gpus', 'fail', err.message, 'nvidia-smi answers --version but not the queries nodecompute uses; see the message.'));
+    return { checks, pids: null };
+  }
+}
+
+async function pidNamespaceCheck(proc: ProcReader, pids: number[]): Promise<DoctorCheck> {
+  if (pids.length === 0) {
+    return check('host-pid-namespace', 'ok', 'no GPU process is running, so there is nothing to compare (re-run under load to check)');
+  }
+  const stats = await Promise.all(pids.map((pid) => proc.readStat(pid).catch(() => null)));
+  const missing = pids.filter((_, i) => stats[i] === null);
+  if (missing.length === 0) return check('host-pid-namespace', 'ok', `all ${pids.length} PID(s) nvidia-smi lists exist in ${proc.root}`);
+  const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
+  const status = missing.length === pids.length ? 'fail' : 'warn';
+  return check(
+    'host-pid-namespace',
+    status,
+    `${missing.length} of ${pids.length} PID(s) nvidia-smi lists do not exist in ${proc.root} (${shown})`,
+    status === 'fail'
+      ? "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), or set NODECOMPUTE_PROC to the host's /proc."
+      : 'Some processes may have exited between the two reads; re-run. If it persists, they live in another PID namespace (a VM or a nested container).',
+  );
+}
+
+export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
+  const [smi, procReadable, writable] = await Promise.all([
+    nvidiaSmiChecks(deps),
+    deps.proc.checkReadable(),
+    deps.stateFile.checkWritable(),
+  ]);
+  const checks = [...smi.checks];
+  if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids));
+  checks.push(
+    procReadable.ok
+      ? check('proc', 'ok', `${deps.proc.root} is readable`)
+      : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it."),
+  );
+  checks.push(
+    writable.ok
+      ? check('state-file', 'ok', `${deps.stateFile.path} can be written`)
+      : check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.'),
+  );
+  checks.push(
+    deps.tokenConfigured
+      ? check('token', 'ok', 'a bearer token is configured for writes')
+      : check('token', 'warn', 'no token is configured: writes are accepted from loopback only', 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards.'),
+  );
+  return {
+    ok: checks.every((c) => c.status !== 'fail'),
+    version: deps.version,
+    checkedAt: new Date(deps.now()).toISOString(),
+    checks,
+  };
+}
+
+/** The human table of `nodecompute doctor`. */
+export function formatDoctorReport(report: DoctorReport): string {
+  const mark = { ok: 'OK  ', warn: 'WARN', fail: 'FAIL' } as const;
+  const width = Math.max(...report.checks.map((c) => c.name.length));
+  const lines = report.checks.flatMap((c) => {
+    const row = `${mark[c.status]}  ${c.name.padEnd(width)}  ${c.detail}`;
+    return c.fix ? [row, `${' '.repeat(width + 8)}fix: ${c.fix}`] : [row];
+  });
+  const verdict = report.ok ? 'nodecompute doctor: this node is fine.' : 'nodecompute doctor: something is wrong (see FAIL above).';
+  return `${lines.join('\n')}\n\n${verdict}\n`;
+}

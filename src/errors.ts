@@ -1,0 +1,56 @@
+// Owns every coded error the service can raise, each paired with the HTTP status it maps to.
+// One body shape everywhere ({ statusCode, code, error, message }): Fastify's own serialisation of
+// these errors gives it, and app.ts's error handler maps anything else onto it without a stack.
+// Each error takes the whole operator-facing message (what happened, what it means, what to do)
+// and optionally `{ cause }` as its last argument.
+import createError from '@fastify/error';
+
+type MessageArgs = [message: string, options?: { cause: unknown }];
+
+function coded<C extends string, S extends number>(code: C, statusCode: S) {
+  return createError<C, S, MessageArgs>(code, '%s', statusCode);
+}
+
+export const NvidiaSmiNotFoundError = coded('NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', 503);
+export const NvidiaSmiFailedError = coded('NODECOMPUTE_NVIDIA_SMI_FAILED', 503);
+export const NvidiaSmiTimeoutError = coded('NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 503);
+export const NvidiaSmiUnparsableError = coded('NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', 503);
+
+export const BadRequestError = coded('NODECOMPUTE_BAD_REQUEST', 400);
+export const UnauthorizedError = coded('NODECOMPUTE_UNAUTHORIZED', 401);
+export const ForbiddenError = coded('NODECOMPUTE_FORBIDDEN', 403);
+export const NotFoundError = coded('NODECOMPUTE_NOT_FOUND', 404);
+export const ShardNotFoundError = coded('NODECOMPUTE_SHARD_NOT_FOUND', 404);
+export const UnsupportedMediaTypeError = coded('NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', 415);
+export const PayloadTooLargeError = coded('NODECOMPUTE_PAYLOAD_TOO_LARGE', 413);
+export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
+export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
+export const StateWriteFailedError = coded('NODECOMPUTE_STATE_WRITE_FAILED', 503);
+export const ShuttingDownError = coded('NODECOMPUTE_SHUTTING_DOWN', 503);
+export const InternalError = coded('NODECOMPUTE_INTERNAL', 500);
+
+// Raised at start-up only: they stop the service before it listens.
+export const ConfigInvalidError = coded('NODECOMPUTE_CONFIG_INVALID', 500);
+export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500);
+
+/** The errors that mean "nvidia-smi could not be asked": no snapshot, so 503. */
+export type NvidiaSmiError =
+  | InstanceType<typeof NvidiaSmiNotFoundError>
+  | InstanceType<typeof NvidiaSmiFailedError>
+  | InstanceType<typeof NvidiaSmiTimeoutError>
+  | InstanceType<typeof NvidiaSmiUnparsableError>;
+
+/** A coded error of this module, recognised by its code prefix rather than by class. */
+export interface CodedError extends Error {
+  code: string;
+  statusCode: number;
+}
+
+export function isCodedError(err: unknown): err is CodedError {
+  return (
+    err instanceof Error &&
+    typeof (err as Partial<CodedError>).code === 'string' &&
+    (err as CodedError).code.startsWith('NODECOMPUTE_') &&
+    typeof (err as Partial<CodedError>).statusCode === 'number'
+  );
+}

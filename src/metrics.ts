@@ -1,0 +1,92 @@
+// Owns the Prometheus metrics, in Prometheus' conventions (prefix nodecompute_, bytes, seconds).
+// Each app has its own prom-client registry (tests build many apps in one process). Node series are
+// rebuilt from the cached snapshot at every scrape, so a deleted shard's series disappear with it;
+// nvidia-smi timings and failures are recorded as the runs happen.
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { foreignMemory } from './node-state/foreign-memory.js';
+import type { NodeView } from './node-state/node-view.js';
+import { READINESS_STATES } from './shards/readiness.js';
+import type { ShardState } from './shards/shard-service.js';
+import type { QueryObservation } from './system/nvidia-smi.js';
+
+const MIB = 1024 * 1024;
+
+export interface Metrics {
+  registry: Registry;
+  observeQuery: (observation: QueryObservation) => void;
+  /** Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked. */
+  update(input: { node: NodeView | null; ageMs: number | null; shards: ShardState[] }): void;
+}
+
+export function createMetrics(): Metrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  const gpuLabels = ['gpu', 'uuid'] as const;
+  const gauge = (name: string, help: string, labelNames: readonly string[] = []) =>
+    new Gauge({ name, help, labelNames, registers: [registry] });
+
+  const total = gauge('nodecompute_gpu_memory_total_bytes', 'Total memory of the GPU.', gpuLabels);
+  const used = gauge('nodecompute_gpu_memory_used_bytes', 'Used memory of the GPU.', gpuLabels);
+  const free = gauge('nodecompute_gpu_memory_free_bytes', 'Free memory of the GPU.', gpuLabels);
+  const reserved = gauge('nodecompute_gpu_memory_reserved_bytes', 'Memory of the GPU reserved by the driver.', gpuLabels);
+  const foreign = gauge(
+    'nodecompute_gpu_memory_foreign_bytes',
+    'Memory of the GPU held by anything that is not a registered shard: placement must not hand it out.',
+    gpuLabels,
+  );
+  const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', 'gpu']);
+  const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
+  const shardState = gauge('nodecompute_shard_state', 'The shard readiness state: 1 for the current one, 0 for the others.', ['shard', 'state']);
+  const up = gauge('nodecompute_nvidia_smi_up', '1 when the last node snapshot could be served, 0 when nvidia-smi cannot be asked.');
+  const age = gauge('nodecompute_snapshot_age_seconds', 'Age of the node snapshot served to this scrape.');
+  const duration = new Histogram({
+    name: 'nodecompute_nvidia_smi_query_duration_seconds',
+    help: 'Duration of nvidia-smi runs, by query.',
+    labelNames: ['query'],
+    buckets: [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers: [registry],
+  });
+  const failures = new Counter({
+    name: 'nodecompute_nvidia_smi_failures_total',
+    help: 'nvidia-smi runs that failed, by query and reason (the error code).',
+    labelNames: ['query', 'reason'],
+    registers: [registry],
+  });
+
+  const nodeGauges = [total, used, free, reserved, foreign, shardMemory, shardReady, shardState];
+  const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
+    if (mib !== null) metric.set(labels, mib * MIB);
+  };
+
+  return {
+    registry,
+    observeQuery(observation) {
+      duration.observe({ query: observation.query }, observation.durationMs / 1000);
+      if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
+    },
+    update({ node, ageMs, shards }) {
+      for (const metric of nodeGauges) metric.reset();
+      up.set(node ? 1 : 0);
+      if (ageMs === null) age.reset();
+      else age.set(ageMs / 1000);
+      if (node) {
+        const foreignByIndex = new Map(foreignMemory(node).map((gpu) => [gpu.index, gpu.foreignMiB]));
+        for (const gpu of node.snapshot.gpus) {
+          const labels = { gpu: String(gpu.index), uuid: gpu.uuid };
+          setMiB(total, labels, gpu.totalMiB);
+          setMiB(used, labels, gpu.usedMiB);
+          setMiB(free, labels, gpu.freeMiB);
+          setMiB(reserved, labels, gpu.reservedMiB);
+          setMiB(foreign, labels, foreignByIndex.get(gpu.index) ?? null);
+        }
+        for (const [shard, holdings] of node.attribution.holdings) {
+          for (const holding of holdings.values()) setMiB(shardMemory, { shard, gpu: String(holding.index) }, holding.usedMiB);
+        }
+      }
+      for (const { shard, readiness } of shards) {
+        shardReady.set({ shard: shard.id }, readiness.ready ? 1 : 0);
+        for (const state of READINESS_STATES) shardState.set({ shard: shard.id, state }, state === readiness.state ? 1 : 0);
+      }
+    },
+  };
+}

@@ -1,0 +1,91 @@
+// Owns which registered shard each GPU process belongs to, computed once per snapshot and registry
+// version. A GPU process belongs to a shard when it is the shard's PID, or is in the shard's process
+// group (an engine computing in a child is still the shard), or, for a cgroup shard, its cgroup
+// contains the shard's string. Shards are matched in id order, so a process claimed by two shards
+// is attributed deterministically to the first.
+import type { ShardRecord } from '../shards/shard.js';
+import type { GpuProcess, NodeSnapshot } from './node-snapshot.js';
+
+export interface ShardGpuHolding {
+  index: number;
+  uuid: string;
+  /** Sum of the known per-process memory; processes with [N/A] memory count as present but 0 MiB. */
+  usedMiB: number;
+  processes: GpuProcess[];
+}
+
+export type Liveness =
+  | { state: 'alive'; pids: number[] }
+  | { state: 'gone'; why: string }
+  /** The snapshot was taken before this shard was registered: no /proc facts yet. */
+  | { state: 'unknown' };
+
+export interface Attribution {
+  /** The shard that owns a GPU process, by PID; absent when foreign. */
+  ownerByPid: ReadonlyMap<number, string>;
+  /** Per shard, per GPU index it holds memory on. */
+  holdings: ReadonlyMap<string, ReadonlyMap<number, ShardGpuHolding>>;
+  liveness: ReadonlyMap<string, Liveness>;
+}
+
+function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
+  const pid = shard.identity.pid;
+  if (!snapshot.proc.has(pid)) return { state: 'unknown' };
+  const stat = snapshot.proc.get(pid);
+  if (!stat) return { state: 'gone', why: `process ${pid} no longer exists` };
+  if (stat.state === 'Z' || stat.state === 'X') {
+    return { state: 'gone', why: `process ${pid} has exited (a zombie its parent has not reaped yet)` };
+  }
+  if (stat.startTime !== shard.identity.startTime) {
+    return {
+      state: 'gone',
+      why: `PID ${pid} now belongs to another process (${stat.comm}, started at tick ${stat.startTime}, not ${shard.identity.startTime}): the registered process exited and its PID was reused`,
+    };
+  }
+  return { state: 'alive', pids: [pid] };
+}
+
+function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
+  const members = snapshot.cgroupPids.get(cgroup);
+  if (!members) return { state: 'unknown' };
+  if (members.size === 0) return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };
+  return { state: 'alive', pids: [...members].sort((a, b) => a - b) };
+}
+
+function makeMatcher(snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): (pid: number) => boolean {
+  if (shard.cgroup !== null) {
+    const members = snapshot.cgroupPids.get(shard.cgroup);
+    return (pid) => members?.has(pid) ?? false;
+  }
+  const pid = shard.identity.pid;
+  // While the leader lives its current group is authoritative (it may have called setpgid); once it
+  // is gone the registered group still names its children: Linux reuses no PID that is a live pgid.
+  const pgid = liveness.state === 'alive' ? (snapshot.proc.get(pid)?.pgrp ?? shard.identity.pgid) : shard.identity.pgid;
+  return (candidate) => candidate === pid || snapshot.proc.get(candidate)?.pgrp === pgid;
+}
+
+export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]): Attribution {
+  const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const liveness = new Map<string, Liveness>();
+  const matchers: Array<[string, (pid: number) => boolean]> = [];
+  for (const shard of ordered) {
+    const state = shard.cgroup !== null ? cgroupShardLiveness(snapshot, shard.cgroup) : pidShardLiveness(snapshot, shard);
+    liveness.set(shard.id, state);
+    matchers.push([shard.id, makeMatcher(snapshot, shard, state)]);
+  }
+  const ownerByPid = new Map<number, string>();
+  const holdings = new Map<string, Map<number, ShardGpuHolding>>(ordered.map((shard) => [shard.id, new Map()]));
+  for (const gpu of snapshot.gpus) {
+    for (const process of gpu.processes) {
+      const owner = ownerByPid.get(process.pid) ?? matchers.find(([, matches]) => matches(process.pid))?.[0];
+      if (owner === undefined) continue;
+      ownerByPid.set(process.pid, owner);
+      const perGpu = holdings.get(owner)!;
+      const holding = perGpu.get(gpu.index) ?? { index: gpu.index, uuid: gpu.uuid, usedMiB: 0, processes: [] };
+      holding.usedMiB += process.usedMiB ?? 0;
+      holding.processes.push(process);
+      perGpu.set(gpu.index, holding);
+    }
+  }
+  return { ownerByPid, holdings, liveness };
+}

@@ -1,0 +1,40 @@
+// Owns foreign memory: per GPU, the memory held by anything that is not a registered shard, which
+// placement must not hand out. It is the GPU's used memory minus what the shards' processes hold,
+// so it includes unlisted holders (the driver's own context memory, processes of other PID
+// namespaces), never below zero.
+import type { NodeView } from './node-view.js';
+
+export interface ForeignProcess {
+  pid: number;
+  name: string;
+  usedMiB: number | null;
+}
+
+export interface GpuForeignMemory {
+  index: number;
+  uuid: string;
+  usedMiB: number | null;
+  shardMiB: number;
+  foreignMiB: number | null;
+  foreignProcesses: ForeignProcess[];
+}
+
+export function foreignMemory(node: NodeView): GpuForeignMemory[] {
+  const { ownerByPid } = node.attribution;
+  return node.snapshot.gpus.map((gpu) => {
+    let shardMiB = 0;
+    const foreignProcesses: ForeignProcess[] = [];
+    for (const process of gpu.processes) {
+      if (ownerByPid.has(process.pid)) shardMiB += process.usedMiB ?? 0;
+      else foreignProcesses.push({ pid: process.pid, name: process.name, usedMiB: process.usedMiB });
+    }
+    return {
+      index: gpu.index,
+      uuid: gpu.uuid,
+      usedMiB: gpu.usedMiB,
+      shardMiB,
+      foreignMiB: gpu.usedMiB === null ? null : Math.max(0, gpu.usedMiB - shardMiB),
+      foreignProcesses,
+    };
+  });
+}

@@ -1,0 +1,64 @@
+// Owns the answers derived from one snapshot and one registry version, computed once and shared by
+// every request that sees the same pair (attribution walks every GPU process, so it must not run
+// per request). Also owns the GPU view of GET /gpus.
+import type { GpusResponse } from '../schemas/gpus.js';
+import type { ShardRecord } from '../shards/shard.js';
+import { attribute, type Attribution } from './attribution.js';
+import type { NodeSnapshot } from './node-snapshot.js';
+import type { SnapshotView } from './snapshot.js';
+
+export interface NodeView {
+  snapshot: NodeSnapshot;
+  attribution: Attribution;
+  registryVersion: number;
+}
+
+export interface SnapshotMeta {
+  observedAt: string;
+  ageMs: number;
+  stale: boolean;
+  staleReason?: string;
+}
+
+export function snapshotMeta(view: SnapshotView<unknown>): SnapshotMeta {
+  const meta: SnapshotMeta = {
+    observedAt: new Date(view.observedAt).toISOString(),
+    ageMs: Math.round(view.ageMs),
+    stale: view.stale,
+  };
+  if (view.staleReason !== null) meta.staleReason = view.staleReason;
+  return meta;
+}
+
+/** Memoises the derived view per snapshot object and registry version. */
+export function createNodeViewCache(): (
+  snapshot: NodeSnapshot,
+  registryVersion: number,
+  shards: () => readonly ShardRecord[],
+) => NodeView {
+  let last: NodeView | null = null;
+  return (snapshot, registryVersion, shards) => {
+    if (last && last.snapshot === snapshot && last.registryVersion === registryVersion) return last;
+    last = { snapshot, attribution: attribute(snapshot, shards()), registryVersion };
+    return last;
+  };
+}
+
+export function gpusResponse(view: SnapshotView<NodeSnapshot>, node: NodeView): GpusResponse {
+  const owner = node.attribution.ownerByPid;
+  return {
+    ...snapshotMeta(view),
+    gpus: node.snapshot.gpus.map((gpu) => ({
+      index: gpu.index,
+      uuid: gpu.uuid,
+      name: gpu.name,
+      memory: { totalMiB: gpu.totalMiB, usedMiB: gpu.usedMiB, freeMiB: gpu.freeMiB, reservedMiB: gpu.reservedMiB },
+      processes: gpu.processes.map((process) => ({
+        pid: process.pid,
+        name: process.name,
+        usedMiB: process.usedMiB,
+        shard: owner.get(process.pid) ?? null,
+      })),
+    })),
+  };
+}

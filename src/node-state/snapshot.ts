@@ -1,0 +1,184 @@
+// Owns the node snapshot cache: every answer of the service is derived from one snapshot, and this
+// module decides when a new one is taken. nvidia-smi is slow (seconds on big nodes) and can hang in
+// the kernel, so the cache is
+//   - TTL-bound: at most one refresh per TTL window, however many requests arrive;
+//   - single-flight: concurrent requests share the one refresh under way;
+//   - stale-while-revalidate: past the TTL but within max-stale, requests get the cached snapshot at
+//     once (marked stale) while one refresh runs in the background;
+//   - failure-aware: a failed refresh is remembered for one TTL window (no retry storm); within
+//     max-stale the last good snapshot is served with the reason, beyond it callers get the error.
+// A caller that must wait never waits past the refresh's own hard timeout, and may ask for less
+// (probes keep Kubernetes' 1 s limit).
+import type { Logger } from 'pino';
+import { NvidiaSmiTimeoutError } from '../errors.js';
+
+export interface SnapshotView<S> {
+  snapshot: S;
+  /** When the snapshot was taken (ms since the epoch). */
+  observedAt: number;
+  ageMs: number;
+  /** Older than the TTL: a refresh is running or has failed. */
+  stale: boolean;
+  staleReason: string | null;
+}
+
+export interface SnapshotSourceOptions<S> {
+  /** Takes one snapshot; its own timeouts bound how long it runs. */
+  take: () => Promise<S>;
+  ttlMs: number;
+  maxStaleMs: number;
+  log: Logger;
+  now?: () => number;
+}
+
+export interface GetOptions {
+  /** Longest this caller will wait for a refresh it needs; past it the call fails with a timeout error. */
+  maxWaitMs?: number;
+}
+
+export interface SnapshotSource<S> {
+  get(options?: GetOptions): Promise<SnapshotView<S>>;
+  /** The cached snapshot as it is, without refreshing; null before the first success. */
+  peek(): SnapshotView<S> | null;
+  /** The next get() treats the cache as expired (e.g. after the shard registry changed). */
+  invalidate(): void;
+  /** The refresh under way, if any (shutdown waits for nothing else). */
+  readonly refreshing: boolean;
+  /** Bumped on every successful refresh; part of ETags. */
+  readonly generation: number;
+}
+
+interface Good<S> {
+  snapshot: S;
+  observedAt: number;
+}
+
+interface Failure {
+  error: Error;
+  at: number;
+  /** When this run of identical failures began. */
+  since: number;
+}
+
+export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): SnapshotSource<S> {
+  const { take, ttlMs, maxStaleMs, log } = options;
+  const now = options.now ?? Date.now;
+  let good: Good<S> | null = null;
+  let lastFailure: Failure | null = null;
+  let inFlight: Promise<Good<S>> | null = null;
+  let inFlightSince = 0;
+  let invalidated = false;
+  let generation = 0;
+
+  function refresh(): Promise<Good<S>> {
+    if (inFlight) return inFlight;
+    inFlightSince = now();
+    invalidated = false;
+    const run = take().then(
+      (snapshot) => {
+        good = { snapshot, observedAt: now() };
+        generation += 1;
+        if (lastFailure) log.info({ failedForMs: now() - lastFailure.since }, 'Node snapshots work again');
+        lastFailure = null;
+        return good;
+      },
+      (error: Error) => {
+        // One line when failing starts or its reason changes, not one per attempt.
+        const repeated = lastFailure !== null && lastFailure.error.message === error.message;
+        lastFailure = { error, at: now(), since: repeated ? lastFailure!.since : now() };
+        if (!repeated) {
+          log.warn(
+            { code: (error as { code?: string }).code, lastGoodAgeMs: good ? now() - good.observedAt : null },
+            `Node snapshot refresh failed: ${error.message} Answers use the last good snapshot while it is younger than max-stale (marked stale), then fail with this error.`,
+          );
+        }
+        throw error;
+      },
+    );
+    inFlight = run.finally(() => {
+      inFlight = null;
+    });
+    // A background refresh's failure is recorded above; nobody else awaits it.
+    inFlight.catch(() => undefined);
+    return inFlight;
+  }
+
+  function view(current: Good<S>): SnapshotView<S> {
+    const ageMs = Math.max(0, now() - current.observedAt);
+    const stale = ageMs > ttlMs;
+    return {
+      snapshot: current.snapshot,
+      observedAt: current.observedAt,
+      ageMs,
+      stale,
+      staleReason: stale ? staleReason() : null,
+    };
+  }
+
+  function staleReason(): string {
+    if (lastFailure) return `the last refresh failed: ${lastFailure.error.message}`;
+    if (inFlight) return `a refresh has been running for ${now() - inFlightSince} ms (nvidia-smi is slow)`;
+    return 'a refresh is due';
+  }
+
+  /** A failure younger than one TTL window is the answer: no new run until the window passes. */
+  function recentFailure(): Error | null {
+    if (lastFailure && now() - lastFailure.at < Math.max(ttlMs, 1) && !invalidated) return lastFailure.error;
+    return null;
+  }
+
+  function maybeRefreshInBackground(): void {
+    if (inFlight || recentFailure()) return;
+    refresh();
+  }
+
+  async function waitForRefresh(maxWaitMs: number | undefined): Promise<Good<S>> {
+    const failure = recentFailure();
+    if (failure && !inFlight) throw failure;
+    const pending = refresh();
+    if (maxWaitMs === undefined) return pending;
+    let timer: NodeJS.Timeout | undefined;
+    const budget = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        reject(
+          new NvidiaSmiTimeoutError(
+            `nvidia-smi has not answered within this request's ${maxWaitMs} ms budget and no snapshot younger than max-stale is cached. ` +
+              'The refresh goes on in the background; if this persists, check the driver (dmesg) and run `nodecompute doctor`.',
+          ),
+        );
+      }, maxWaitMs);
+    });
+    try {
+      return await Promise.race([pending, budget]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  return {
+    async get(getOptions: GetOptions = {}) {
+      const current = good;
+      if (current) {
+        const age = now() - current.observedAt;
+        if (age <= ttlMs && !invalidated) return view(current);
+        if (age <= maxStaleMs) {
+          maybeRefreshInBackground();
+          return view(current);
+        }
+      }
+      return view(await waitForRefresh(getOptions.maxWaitMs));
+    },
+    peek() {
+      return good ? view(good) : null;
+    },
+    invalidate() {
+      invalidated = true;
+    },
+    get refreshing() {
+      return inFlight !== null;
+    },
+    get generation() {
+      return generation;
+    },
+  };
+}

@@ -1,0 +1,32 @@
+// Owns the schema pieces every route shares: the one error body, nullable fields, and the snapshot
+// metadata (when it was observed, how old, whether stale) that every snapshot-derived answer carries.
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
+
+export function Nullable<T extends TSchema>(schema: T, description: string) {
+  return Type.Union([schema, Type.Null()], { description });
+}
+
+export const ErrorSchema = Type.Object(
+  {
+    statusCode: Type.Integer({ description: 'The HTTP status code, repeated for clients that lose it.' }),
+    code: Type.String({ description: 'A stable machine-readable code, e.g. NODECOMPUTE_NVIDIA_SMI_TIMEOUT.' }),
+    error: Type.String({ description: 'The HTTP status text.' }),
+    message: Type.String({ description: 'What happened, what it means and what to do.' }),
+  },
+  { $id: 'Error', description: 'The body of every error answer.' },
+);
+export type ErrorBody = Static<typeof ErrorSchema>;
+
+export const SnapshotMetaProperties = {
+  observedAt: Type.String({ format: 'date-time', description: 'When the node snapshot behind this answer was taken.' }),
+  ageMs: Type.Integer({ minimum: 0, description: 'Age of that snapshot in milliseconds when this answer was made.' }),
+  stale: Type.Boolean({
+    description: 'True when the snapshot is older than the cache TTL because nvidia-smi is slow or failing.',
+  }),
+  staleReason: Type.Optional(Type.String({ description: 'Why the snapshot is stale; present only when stale.' })),
+};
+
+/** Error responses, by status, for a route's `response` schema. */
+export function errorResponses<const S extends readonly number[]>(...statuses: S): { [K in S[number]]: typeof ErrorSchema } {
+  return Object.fromEntries(statuses.map((status) => [status, ErrorSchema])) as { [K in S[number]]: typeof ErrorSchema };
+}

@@ -1,0 +1,36 @@
+// Owns the schema of the GPU view (GET /gpus): each GPU with its memory and the processes on it.
+import { Type, type Static } from '@sinclair/typebox';
+import { Nullable, SnapshotMetaProperties } from './common.js';
+
+const MiB = (description: string) => Nullable(Type.Integer({ minimum: 0 }), `${description} in MiB; null when nvidia-smi reports it as [N/A] or [Insufficient Permissions].`);
+
+export const GpuProcessSchema = Type.Object({
+  pid: Type.Integer({ minimum: 1, description: 'Host PID, as nvidia-smi reports it.' }),
+  name: Type.String({ description: 'Process name as nvidia-smi reports it; [Not Found] for a PID of another PID namespace.' }),
+  usedMiB: MiB('GPU memory this process holds on this GPU'),
+  shard: Nullable(Type.String(), 'Id of the registered shard this process belongs to; null when it belongs to none (foreign).'),
+});
+export type GpuProcess = Static<typeof GpuProcessSchema>;
+
+export const GpuSchema = Type.Object({
+  index: Type.Integer({ minimum: 0, description: 'GPU index, as nvidia-smi numbers it.' }),
+  uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
+  name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
+  memory: Type.Object(
+    {
+      totalMiB: MiB('Total memory'),
+      usedMiB: MiB('Used memory'),
+      freeMiB: MiB('Free memory'),
+      reservedMiB: MiB('Memory reserved by the driver (null also when the driver does not know memory.reserved)'),
+    },
+    { description: 'Memory of the GPU as nvidia-smi reports it.' },
+  ),
+  processes: Type.Array(GpuProcessSchema, { description: 'Compute processes holding memory on this GPU.' }),
+});
+export type Gpu = Static<typeof GpuSchema>;
+
+export const GpusResponseSchema = Type.Object(
+  { ...SnapshotMetaProperties, gpus: Type.Array(GpuSchema, { description: 'Every GPU nvidia-smi sees, by index.' }) },
+  { description: 'The GPUs of this node and the processes on them.' },
+);
+export type GpusResponse = Static<typeof GpusResponseSchema>;

@@ -1,0 +1,176 @@
+// Owns the schemas of the shard API: registration, the shard record, where a shard computes, its
+// readiness verdict, the engine's account and the foreign-memory view.
+import { Type, type Static } from '@sinclair/typebox';
+import { ENGINES } from '../shards/shard.js';
+import { READINESS_STATES } from '../shards/readiness.js';
+import { Nullable, SnapshotMetaProperties } from './common.js';
+
+export const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
+export const MAX_PID = 4_194_304;
+export const MAX_GPU_INDEX = 63;
+
+export const ShardParamsSchema = Type.Object({
+  id: Type.String({
+    pattern: SHARD_ID_PATTERN,
+    description: 'Shard id: 1 to 128 characters of letters, digits, ".", "_" and "-", starting with a letter or digit.',
+  }),
+});
+
+const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_INDEX }), {
+  uniqueItems: true,
+  maxItems: MAX_GPU_INDEX + 1,
+  description: 'Indices of the GPUs the shard was placed on (as nvidia-smi numbers them); unique; empty for a CPU-only shard.',
+});
+
+const EngineSchema = Type.Union(
+  ENGINES.map((engine) => Type.Literal(engine)),
+  { description: 'The serving engine; llama.cpp output posted to engine-output is understood.' },
+);
+
+export const RegisterShardSchema = Type.Object(
+  {
+    pid: Type.Optional(
+      Type.Integer({ minimum: 1, maximum: MAX_PID, description: "Host PID of the shard's main process; its process group counts as the shard." }),
+    ),
+    cgroup: Type.Optional(
+      Type.String({
+        minLength: 8,
+        maxLength: 256,
+        pattern: '^[A-Za-z0-9][A-Za-z0-9._:-]*$',
+        description: 'A container id or pod UID: every process whose /proc/PID/cgroup contains it is the shard. Give pid or cgroup, not both.',
+      }),
+    ),
+    gpus: GpuIndicesSchema,
+    engine: Type.Optional(EngineSchema),
+    graceMs: Type.Optional(
+      Type.Integer({ minimum: 0, maximum: 3_600_000, description: 'How long the shard may take to hold its GPUs before it counts as on-cpu; defaults to NODECOMPUTE_GPU_GRACE_MS.' }),
+    ),
+  },
+  { additionalProperties: false, description: 'A shard registration: pid or cgroup, and the GPUs it was given.' },
+);
+export type RegisterShard = Static<typeof RegisterShardSchema>;
+
+export const ShardRecordSchema = Type.Object({
+  id: Type.String({ description: 'Shard id.' }),
+  pid: Nullable(Type.Integer(), 'The registered PID; null for a cgroup shard.'),
+  cgroup: Nullable(Type.String(), 'The registered cgroup string; null for a PID shard.'),
+  gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given.' }),
+  engine: EngineSchema,
+  graceMs: Type.Integer({ description: 'Grace window in milliseconds.' }),
+  registeredAt: Type.String({ format: 'date-time', description: 'When the shard was registered.' }),
+  identity: Type.Object(
+    {
+      pid: Type.Integer({ description: 'PID of the process (for a cgroup shard: its lowest PID at registration).' }),
+      pgid: Type.Integer({ description: 'Its process group id; GPU processes of this group belong to the shard.' }),
+      startTime: Type.Integer({ description: 'Its start time in clock ticks since boot: a reused PID has another.' }),
+      name: Type.String({ description: 'Its command name (comm) at registration.' }),
+    },
+    { description: 'The process captured at registration.' },
+  ),
+});
+export type ShardRecordBody = Static<typeof ShardRecordSchema>;
+
+export const EngineAccountSchema = Type.Object(
+  {
+    backend: Type.Union([Type.Literal('CUDA'), Type.Literal('CPU')], { description: 'Where the engine says it computes.' }),
+    devices: Type.Array(Type.String(), { description: 'Devices the engine reports using, as it names them.' }),
+    layersOffloaded: Nullable(Type.Integer(), 'Layers offloaded to the GPU, from "offloaded N/M layers"; null when not printed.'),
+    layersTotal: Nullable(Type.Integer(), 'Total layers, from "offloaded N/M layers"; null when not printed.'),
+    evidence: Type.String({ description: 'The engine line(s) this account rests on.' }),
+    summary: Type.String({ description: 'One sentence: what the engine itself saw.' }),
+  },
+  { description: "The engine's own account of where it computes, read from its output." },
+);
+
+const GpuUsageSchema = Type.Object({
+  index: Type.Integer({ description: 'GPU index.' }),
+  usedMiB: Type.Integer({ description: "Memory the shard's processes hold there, in MiB ([N/A] counts as 0)." }),
+});
+
+export const ComputeSchema = Type.Object({
+  backend: Type.Union([Type.Literal('CUDA'), Type.Literal('CPU')], {
+    description: 'CUDA when the shard holds memory on any GPU as nvidia-smi sees it, else CPU.',
+  }),
+  devices: Type.Array(Type.String(), { description: 'Each assigned GPU the shard holds memory on, as "GPU <index>: <GB> GB".' }),
+  gpus: Type.Array(GpuUsageSchema, { description: 'Assigned GPUs the shard holds memory on.' }),
+  strayGpus: Type.Array(GpuUsageSchema, { description: 'GPUs the shard holds memory on but was not given.' }),
+  engine: Nullable(EngineAccountSchema, "The engine's own account, or null when its output says nothing (or none was posted)."),
+});
+
+export const ComputeResponseSchema = Type.Object(
+  { shard: Type.String({ description: 'Shard id.' }), ...SnapshotMetaProperties, ...ComputeSchema.properties },
+  { description: 'Where the shard computes, as nvidia-smi sees it.' },
+);
+
+export const ReadinessSchema = Type.Object({
+  ready: Type.Boolean({ description: 'True for ready and unverified: the probe passes.' }),
+  state: Type.Union(
+    READINESS_STATES.map((state) => Type.Literal(state)),
+    { description: 'ready, starting, on-cpu, exited or unverified.' },
+  ),
+  reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),
+  warnings: Type.Array(Type.String(), { description: 'Things worth knowing that do not change the verdict.' }),
+});
+
+export const ReadyResponseSchema = Type.Object(
+  {
+    shard: Type.String({ description: 'Shard id.' }),
+    ...ReadinessSchema.properties,
+    observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot behind the verdict was taken; null when there is none.'),
+  },
+  { description: 'The readiness verdict: 200 when ready (or unverified), 503 otherwise.' },
+);
+
+export const ShardStatusSchema = Type.Object(
+  {
+    ...ShardRecordSchema.properties,
+    status: Type.Object({ ...ReadinessSchema.properties }, { description: 'The readiness verdict.' }),
+    compute: Nullable(ComputeSchema, 'Where it computes; null when nvidia-smi cannot be asked.'),
+  },
+  { description: 'A shard with its current state.' },
+);
+
+export const ShardListSchema = Type.Object(
+  {
+    observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot was taken; null when nvidia-smi cannot be asked.'),
+    ageMs: Nullable(Type.Integer(), 'Age of that snapshot in milliseconds.'),
+    stale: Type.Boolean({ description: 'True when the snapshot is older than the TTL.' }),
+    staleReason: Type.Optional(Type.String({ description: 'Why it is stale, or why there is no snapshot.' })),
+    shards: Type.Array(ShardStatusSchema, { description: 'Every registered shard, by id.' }),
+  },
+  { description: 'Every shard with its state, reason and compute: one answer for a polling control plane.' },
+);
+
+export const ForeignMemoryResponseSchema = Type.Object(
+  {
+    ...SnapshotMetaProperties,
+    gpus: Type.Array(
+      Type.Object({
+        index: Type.Integer({ description: 'GPU index.' }),
+        uuid: Type.String({ description: 'GPU UUID.' }),
+        usedMiB: Nullable(Type.Integer(), 'Used memory of the GPU in MiB; null when nvidia-smi cannot read it.'),
+        shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB." }),
+        foreignMiB: Nullable(Type.Integer(), 'used - shardMiB, never below zero: memory placement must not hand out; null when used is unknown.'),
+        foreignProcesses: Type.Array(
+          Type.Object({
+            pid: Type.Integer({ description: 'Host PID.' }),
+            name: Type.String({ description: 'Process name as nvidia-smi reports it.' }),
+            usedMiB: Nullable(Type.Integer(), 'Memory it holds there in MiB; null when [N/A].'),
+          }),
+          { description: 'Processes on this GPU that belong to no shard.' },
+        ),
+      }),
+      { description: 'Per GPU.' },
+    ),
+  },
+  { description: 'Per GPU, the memory held by anything that is not a registered shard.' },
+);
+
+export const EngineOutputResponseSchema = Type.Object(
+  {
+    shard: Type.String({ description: 'Shard id.' }),
+    account: Nullable(EngineAccountSchema, 'What the output (tail kept so far) says; null when it says nothing about where the engine computes.'),
+    tailBytes: Type.Integer({ description: 'Bytes of engine output kept for this shard (a bounded tail).' }),
+  },
+  { description: "The engine's account after this output." },
+);

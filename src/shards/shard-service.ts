@@ -1,0 +1,194 @@
+// Owns the shard use cases behind the routes: registering (validated against this node's GPUs and
+// /proc), removing, and answering each shard's compute and readiness from the current snapshot.
+// The routes stay thin; readers arrive as dependencies so this module never touches the OS itself.
+import type { Logger } from 'pino';
+import { BadRequestError, ProcessNotFoundError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
+import type { NodeService } from '../node-state/node-service.js';
+import type { NodeSnapshot } from '../node-state/node-snapshot.js';
+import type { NodeView } from '../node-state/node-view.js';
+import type { SnapshotView } from '../node-state/snapshot.js';
+import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
+import type { ProcReader } from '../system/procfs.js';
+import { shardCompute, type ShardCompute } from './compute.js';
+import type { EngineAccount } from './llama-log.js';
+import { readiness, type Readiness } from './readiness.js';
+import type { EngineState, Registry } from './registry.js';
+import type { ProcessIdentity, ShardRecord } from './shard.js';
+
+export interface ShardServiceDeps {
+  registry: Registry;
+  node: NodeService;
+  proc: ProcReader;
+  defaultGraceMs: number;
+  log: Logger;
+  now: () => number;
+}
+
+export interface ShardState {
+  shard: ShardRecord;
+  readiness: Readiness;
+  compute: ShardCompute | null;
+  observedAt: number | null;
+}
+
+export function shardBody(shard: ShardRecord): ShardRecordBody {
+  return { ...shard, registeredAt: new Date(shard.registeredAt).toISOString() };
+}
+
+function list(indices: number[]): string {
+  return indices.length === 0 ? 'none' : indices.join(', ');
+}
+
+export function createShardService(deps: ShardServiceDeps) {
+  const { registry, node, proc, log, now } = deps;
+
+  async function identityOfPid(pid: number): Promise<ProcessIdentity> {
+    const stat = await proc.readStat(pid);
+    if (!stat) {
+      throw new ProcessNotFoundError(
+        `No process with PID ${pid} exists in ${proc.root}. Register the shard's host PID while it runs; ` +
+          "if the shard runs in a container, nodecompute needs the host's PID namespace (--pid=host / hostPID: true) to see it.",
+      );
+    }
+    return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
+  }
+
+  async function identityOfCgroup(cgroup: string): Promise<ProcessIdentity> {
+    const pids = (await proc.findPidsInCgroup(cgroup)).sort((a, b) => a - b);
+    for (const pid of pids) {
+      const stat = await proc.readStat(pid);
+      if (stat) return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
+    }
+    throw new ProcessNotFoundError(
+      `No process in ${proc.root} has a cgroup containing "${cgroup}". Give the container id or pod UID as /proc/PID/cgroup shows it ` +
+        '(for a pod: its UID with "-" or "_" as the cgroup driver writes it), and register once the container runs.',
+    );
+  }
+
+  /** GPU indices are checked against the node when nvidia-smi answers; otherwise they are taken on trust. */
+  async function checkGpus(gpus: number[]): Promise<void> {
+    if (gpus.length === 0) return;
+    let known: number[];
+    try {
+      known = (await node.current()).view.snapshot.gpus.map((gpu) => gpu.index);
+    } catch (err) {
+      if (!isCodedError(err)) throw err;
+      log.warn({ err, gpus }, 'Registering a shard without checking its GPUs: nvidia-smi cannot be asked');
+      return;
+    }
+    const unknown = gpus.filter((index) => !known.includes(index));
+    if (unknown.length > 0) {
+      throw new UnknownGpuError(
+        `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${list(known)} (as nvidia-smi numbers them). Fix "gpus" in the registration.`,
+      );
+    }
+  }
+
+  function notFound(id: string): Error {
+    return new ShardNotFoundError(`No shard "${id}" is registered on this node. Register it with PUT /shards/${id}, or list them with GET /shards.`);
+  }
+
+  function requireShard(id: string): ShardRecord {
+    const shard = registry.get(id);
+    if (!shard) throw notFound(id);
+    return shard;
+  }
+
+  function engineAccount(id: string): EngineAccount | null {
+    return registry.engine(id)?.account ?? null;
+  }
+
+  function stateOf(shard: ShardRecord, view: NodeView | null, staleReason: string | null, unavailable?: string): ShardState {
+    const engine = engineAccount(shard.id);
+    return {
+      shard,
+      readiness: readiness({ shard, node: view, staleReason, engine, now: now(), ...(unavailable ? { unavailable } : {}) }),
+      compute: view ? shardCompute(shard, view, engine) : null,
+      observedAt: view ? view.snapshot.takenAt : null,
+    };
+  }
+
+  return {
+    async register(id: string, body: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
+      const hasPid = body.pid !== undefined;
+      const hasCgroup = body.cgroup !== undefined;
+      if (hasPid === hasCgroup) {
+        throw new BadRequestError(
+          hasPid
+            ? 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.'
+            : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
+        );
+      }
+      const [identity] = await Promise.all([
+        body.pid !== undefined ? identityOfPid(body.pid) : identityOfCgroup(body.cgroup as string),
+        checkGpus(body.gpus),
+      ]);
+      const shard: ShardRecord = {
+        id,
+        pid: body.pid ?? null,
+        cgroup: body.cgroup ?? null,
+        gpus: [...body.gpus],
+        engine: body.engine ?? 'other',
+        graceMs: body.graceMs ?? deps.defaultGraceMs,
+        registeredAt: now(),
+        identity,
+      };
+      const { created } = await registry.put(shard);
+      node.invalidate();
+      log.info({ shard: id, pid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created }, created ? 'Shard registered' : 'Shard registration replaced');
+      return { created, shard };
+    },
+
+    async remove(id: string): Promise<void> {
+      if (!(await registry.remove(id))) throw notFound(id);
+      node.invalidate();
+      log.info({ shard: id }, 'Shard removed');
+    },
+
+    get: requireShard,
+
+    /** Where a shard computes; nvidia-smi failures propagate (503): no snapshot, no answer. */
+    async compute(id: string): Promise<{ view: SnapshotView<NodeSnapshot>; compute: ShardCompute }> {
+      const shard = requireShard(id);
+      const { view, node: nodeView } = await node.current();
+      return { view, compute: shardCompute(shard, nodeView, engineAccount(id)) };
+    },
+
+    appendEngineOutput(id: string, text: string): EngineState {
+      const state = registry.appendEngineOutput(id, text, now());
+      if (!state) throw notFound(id);
+      return state;
+    },
+
+    /** One shard's state from the current snapshot; nvidia-smi failures become `unverified`. */
+    async state(id: string, maxWaitMs?: number): Promise<ShardState> {
+      const shard = requireShard(id);
+      try {
+        const { view, node: nodeView } = await node.current(maxWaitMs === undefined ? {} : { maxWaitMs });
+        return stateOf(shard, nodeView, view.staleReason);
+      } catch (err) {
+        if (!isCodedError(err)) throw err;
+        return stateOf(shard, null, null, err.message);
+      }
+    },
+
+    /** Every shard's state from one snapshot, with that snapshot; nvidia-smi failures become `unverified`. */
+    async states(maxWaitMs?: number): Promise<{
+      states: ShardState[];
+      view: SnapshotView<NodeSnapshot> | null;
+      node: NodeView | null;
+      error: string | null;
+    }> {
+      const shards = registry.list().sort((a, b) => (a.id < b.id ? -1 : 1));
+      try {
+        const { view, node: nodeView } = await node.current(maxWaitMs === undefined ? {} : { maxWaitMs });
+        return { states: shards.map((shard) => stateOf(shard, nodeView, view.staleReason)), view, node: nodeView, error: null };
+      } catch (err) {
+        if (!isCodedError(err)) throw err;
+        return { states: shards.map((shard) => stateOf(shard, null, null, err.message)), view: null, node: null, error: err.message };
+      }
+    },
+  };
+}
+
+export type ShardService = ReturnType<typeof createShardService>;

@@ -1,0 +1,25 @@
+// Owns the shape of a registered shard as the registry keeps it and persists it. A shard is either
+// one process (and its process group) or every process of a cgroup (a container id or pod UID).
+export const ENGINES = ['llama.cpp', 'vllm', 'other'] as const;
+export type Engine = (typeof ENGINES)[number];
+
+/** Who the shard's process was when it was registered: tells a live process from a reused PID. */
+export interface ProcessIdentity {
+  pid: number;
+  pgid: number;
+  startTime: number;
+  name: string;
+}
+
+export interface ShardRecord {
+  id: string;
+  pid: number | null;
+  cgroup: string | null;
+  gpus: number[];
+  engine: Engine;
+  /** How long after registration the shard may go without holding its GPUs before it is on-cpu. */
+  graceMs: number;
+  registeredAt: number;
+  /** The shard's process at registration; for a cgroup shard, its lowest PID then. */
+  identity: ProcessIdentity;
+}

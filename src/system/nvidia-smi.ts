@@ -1,0 +1,413 @@
+// Owns every conversation with nvidia-smi: which questions are asked, how the program is run, and how
+// its CSV is read. It is the only code that runs nvidia-smi, so the rules that keep the service alive
+// on a sick node live here in one place: every run has a hard deadline, a run that overstays it has
+// its whole process group killed, and a caller is answered at the deadline even if the child cannot
+// die (D state) or a grandchild keeps its output open. The parsers are pure so they can be tested
+// against real captured output (shared/samples) without a GPU.
+//
+// Format: we ask for `--format=csv` (header and units). The header lets the parser check that the
+// columns came back in the order asked (nvidia-smi's output is "not guaranteed to be backwards
+// compatible"), and the ` MiB` unit on each value proves the unit instead of assuming it. The parsers
+// still accept noheader and nounits output, so captured output in any of those forms can be read.
+import { execa } from 'execa';
+import type { Logger } from 'pino';
+import {
+  NvidiaSmiFailedError,
+  NvidiaSmiNotFoundError,
+  NvidiaSmiTimeoutError,
+  NvidiaSmiUnparsableError,
+  type CodedError,
+} from '../errors.js';
+
+export const GPU_QUERY_FIELDS = [
+  'index',
+  'uuid',
+  'name',
+  'memory.total',
+  'memory.used',
+  'memory.free',
+  'memory.reserved',
+] as const;
+export const COMPUTE_APPS_FIELDS = ['gpu_uuid', 'pid', 'process_name', 'used_gpu_memory'] as const;
+
+export interface GpuRecord {
+  index: number;
+  uuid: string;
+  name: string;
+  totalMiB: number | null;
+  usedMiB: number | null;
+  freeMiB: number | null;
+  reservedMiB: number | null;
+}
+
+export interface ComputeAppRecord {
+  gpuUuid: string;
+  pid: number;
+  name: string;
+  usedMiB: number | null;
+}
+
+export interface NvidiaSmiVersion {
+  smiVersion: string | null;
+  driverVersion: string | null;
+  cudaVersion: string | null;
+}
+
+export type QueryName = 'gpus' | 'compute-apps' | 'version';
+
+export interface QueryObservation {
+  query: QueryName;
+  durationMs: number;
+  /** 'ok', or the code of the error the query failed with. */
+  outcome: 'ok' | string;
+}
+
+export interface NvidiaSmiOptions {
+  path: string;
+  timeoutMs: number;
+  log: Logger;
+  onQuery?: (o: QueryObservation) => void;
+}
+
+export interface NvidiaSmi {
+  queryGpus(): Promise<GpuRecord[]>;
+  queryComputeApps(): Promise<ComputeAppRecord[]>;
+  queryVersion(): Promise<NvidiaSmiVersion>;
+  /** SIGKILL every running nvidia-smi process group (used at shutdown). */
+  killAll(): void;
+  /** How many nvidia-smi children are alive now. */
+  readonly running: number;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pure parsers
+
+/** nvidia-smi writes every "no value" in brackets ([N/A], [Not Supported], [Insufficient Permissions],
+ *  [Unknown Error], ...) and a few without (N/A). None of them is a size, so all read as null. */
+const NO_VALUE = /^\[.*\]$|^N\/A$/;
+const MIB_VALUE = /^(\d+)(?: MiB)?$/;
+const INTEGER = /^\d+$/;
+const REQUIRED_GPU_FIELDS = ['index', 'uuid', 'name'] as const;
+
+const COMPUTE_APPS_COMMAND = `nvidia-smi --query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')} --format=csv`;
+
+function gpuCommand(fields: readonly string[]): string {
+  return `nvidia-smi --query-gpu=${fields.join(',')} --format=csv`;
+}
+
+function unparsable(line: string, reason: string, command: string) {
+  return new NvidiaSmiUnparsableError(
+    `nvidia-smi printed a line nodecompute cannot read: ${JSON.stringify(line)} (${reason}). ` +
+      `Its output format may have changed with this driver, or something else wrote into its output. ` +
+      `Run \`${command}\` by hand to see what it prints, and report it with the driver version.`,
+  );
+}
+
+function contentLines(text: string): string[] {
+  return text.split(/\r?\n/).filter((line) => line.trim() !== '');
+}
+
+function cellsOf(line: string): string[] {
+  return line.split(',').map((cell) => cell.trim());
+}
+
+function withoutUnit(headerCell: string): string {
+  return headerCell.replace(/ \[[^\]]*\]$/, '');
+}
+
+/** Only the first line can be a header: it is one when its first cell names the first field asked. */
+function splitHeader(lines: string[], firstField: string): string[] | null {
+  const first = lines[0];
+  if (first === undefined || withoutUnit(cellsOf(first)[0] as string) !== firstField) return null;
+  lines.shift();
+  return cellsOf(first);
+}
+
+function checkHeader(header: string[] | null, fields: readonly string[], command: string): void {
+  if (header === null) return;
+  const matches =
+    header.length === fields.length && header.every((cell, i) => withoutUnit(cell) === fields[i]);
+  if (!matches) {
+    throw unparsable(header.join(', '), `the header does not match the fields asked: ${fields.join(', ')}`, command);
+  }
+}
+
+function parseMiB(cell: string, line: string, command: string): number | null {
+  if (NO_VALUE.test(cell)) return null;
+  const match = MIB_VALUE.exec(cell);
+  if (match === null) throw unparsable(line, `${JSON.stringify(cell)} is not a size in MiB`, command);
+  return Number(match[1]);
+}
+
+function parseInteger(cell: string, what: string, line: string, command: string): number {
+  if (!INTEGER.test(cell)) throw unparsable(line, `${what} ${JSON.stringify(cell)} is not a whole number`, command);
+  return Number(cell);
+}
+
+function requireText(cell: string, what: string, line: string, command: string): string {
+  if (cell === '') throw unparsable(line, `${what} is empty`, command);
+  return cell;
+}
+
+function parseGpuLine(line: string, fields: readonly string[], command: string): GpuRecord {
+  const cells = cellsOf(line);
+  if (cells.length !== fields.length) {
+    throw unparsable(line, `expected ${fields.length} values (${fields.join(', ')}), found ${cells.length}`, command);
+  }
+  // The cell count matches the fields asked, so every asked field has a cell.
+  const cell = (field: string) => cells[fields.indexOf(field)] as string;
+  const memory = (field: string) => (fields.includes(field) ? parseMiB(cell(field), line, command) : null);
+  return {
+    index: parseInteger(cell('index'), 'index', line, command),
+    uuid: requireText(cell('uuid'), 'uuid', line, command),
+    name: cell('name'),
+    totalMiB: memory('memory.total'),
+    usedMiB: memory('memory.used'),
+    freeMiB: memory('memory.free'),
+    reservedMiB: memory('memory.reserved'),
+  };
+}
+
+/**
+ * Reads `--query-gpu=<fields>` output, with or without header and units. `fields` are the names that
+ * were asked, in order (GPU_QUERY_FIELDS, possibly without memory.reserved); a memory field that was
+ * not asked reads as null.
+ */
+export function parseGpuCsv(text: string, fields: readonly string[]): GpuRecord[] {
+  const missing = REQUIRED_GPU_FIELDS.filter((field) => !fields.includes(field));
+  if (missing.length > 0) throw new TypeError(`parseGpuCsv needs the fields ${missing.join(', ')}`);
+  const command = gpuCommand(fields);
+  const lines = contentLines(text);
+  checkHeader(splitHeader(lines, fields[0] as string), fields, command);
+  return lines.map((line) => parseGpuLine(line, fields, command));
+}
+
+/**
+ * nvidia-smi does not quote CSV and process names may contain ", ". With the fields asked in the order
+ * gpu_uuid, pid, process_name, used_gpu_memory, the first two cells are taken from the left, the last
+ * from the right, and the name is whatever lies between.
+ */
+function parseComputeAppLine(line: string): ComputeAppRecord {
+  const first = line.indexOf(',');
+  const second = line.indexOf(',', first + 1);
+  const last = line.lastIndexOf(',');
+  if (second < 0 || last === second) {
+    throw unparsable(line, `expected ${COMPUTE_APPS_FIELDS.join(', ')}`, COMPUTE_APPS_COMMAND);
+  }
+  return {
+    gpuUuid: requireText(line.slice(0, first).trim(), 'gpu_uuid', line, COMPUTE_APPS_COMMAND),
+    pid: parseInteger(line.slice(first + 1, second).trim(), 'pid', line, COMPUTE_APPS_COMMAND),
+    name: line.slice(second + 1, last).trim(),
+    usedMiB: parseMiB(line.slice(last + 1).trim(), line, COMPUTE_APPS_COMMAND),
+  };
+}
+
+/** Reads `--query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory` output, with or without
+ *  header and units. A header alone, or nothing, means no process holds a compute context. */
+export function parseComputeAppsCsv(text: string): ComputeAppRecord[] {
+  const lines = contentLines(text);
+  checkHeader(splitHeader(lines, COMPUTE_APPS_FIELDS[0]), COMPUTE_APPS_FIELDS, COMPUTE_APPS_COMMAND);
+  return lines.map(parseComputeAppLine);
+}
+
+const VERSION_KEYS = new Map<string, keyof NvidiaSmiVersion>([
+  ['nvidia-smi version', 'smiVersion'],
+  ['driver version', 'driverVersion'],
+  ['cuda version', 'cudaVersion'],
+]);
+
+/** Reads `nvidia-smi --version` ("KEY version : VALUE" lines); keys it does not know are ignored. */
+export function parseVersion(text: string): NvidiaSmiVersion {
+  const version: NvidiaSmiVersion = { smiVersion: null, driverVersion: null, cudaVersion: null };
+  for (const line of contentLines(text)) {
+    const [key, ...value] = line.split(':');
+    const target = VERSION_KEYS.get((key as string).trim().toLowerCase());
+    if (target !== undefined) version[target] = value.join(':').trim();
+  }
+  if (Object.values(version).every((v) => v === null)) {
+    throw unparsable(text.trim().split(/\r?\n/)[0] as string, 'no version line found', 'nvidia-smi --version');
+  }
+  return version;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Runner
+
+/** What nvidia-smi's exit codes mean (nvidia-smi(1), RETURN VALUE; 18 is what a driver/library
+ *  mismatch exits with in practice) and what an operator should do about each. */
+const EXIT_MEANINGS: Record<number, string> = {
+  2: 'nvidia-smi rejected an argument: this driver is probably older than the fields nodecompute asks for. Check the driver version.',
+  3: 'the requested operation is not available on this device.',
+  4: 'the user running nodecompute may not access the GPUs. Give it access to /dev/nvidia* (in a container: run it with the NVIDIA runtime).',
+  6: 'no GPU was found. Check that the GPUs are visible here (in a container: --gpus all or NVIDIA_VISIBLE_DEVICES), that `lspci | grep -i nvidia` lists them, and that the driver is bound to them.',
+  8: "a GPU's external power cables are not properly attached.",
+  9: 'the NVIDIA driver is not loaded. Install or load it (`modprobe nvidia`); in a container, run with the NVIDIA runtime.',
+  10: 'the NVIDIA kernel driver detected an interrupt problem with a GPU. Check `dmesg` for NVRM/Xid errors.',
+  12: 'the NVML library (libnvidia-ml.so) could not be found or loaded. In a container, set NVIDIA_DRIVER_CAPABILITIES=utility (or all) and run with the NVIDIA runtime.',
+  13: 'this NVML library does not implement a function nvidia-smi needs: nvidia-smi and the driver libraries come from different driver versions.',
+  14: "a GPU's infoROM is corrupted. The GPU needs service; check `dmesg` and the vendor's tools.",
+  15: 'a GPU has fallen off the bus or is otherwise inaccessible. Check `dmesg` for Xid 79; the GPU needs a reset or the node a reboot. Drain the node first.',
+  18: 'the NVIDIA kernel module and the user-space driver libraries are different versions, usually after a driver upgrade without a reboot. Reboot the node, or unload and reload the nvidia kernel modules.',
+  255: 'nvidia-smi hit another error or an internal driver error. Check `dmesg` for NVRM/Xid errors.',
+};
+
+const UNKNOWN_EXIT = 'an error nodecompute has no specific advice for; see RETURN VALUE in nvidia-smi(1).';
+const RESERVED_REJECTED = /Field "memory\.reserved" is not a valid field to query/;
+const GPU_FIELDS_WITHOUT_RESERVED = GPU_QUERY_FIELDS.filter((field) => field !== 'memory.reserved');
+
+type Completed = Awaited<ReturnType<typeof spawnNvidiaSmi>>;
+
+function spawnNvidiaSmi(path: string, args: string[]) {
+  // detached: its own process group, so a timeout can kill nvidia-smi together with anything it started.
+  return execa(path, args, { detached: true, reject: false, all: true, stdin: 'ignore', encoding: 'utf8' });
+}
+
+function killGroup(pid: number | undefined, log: Logger): void {
+  try {
+    process.kill(-(pid as number), 'SIGKILL');
+  } catch (err) {
+    // ESRCH: the group is already gone. Nothing else can be done about a group we may not signal.
+    log.debug({ pid, err }, 'could not signal the nvidia-smi process group');
+  }
+}
+
+function notFoundError(path: string, result: Completed): Error {
+  const problem =
+    result.code === 'ENOENT' ? 'there is no such file' : 'the file exists but this user may not execute it';
+  return new NvidiaSmiNotFoundError(
+    `nvidia-smi could not be run from ${JSON.stringify(path)}: ${problem} (${String(result.code)}). ` +
+      'Without it nodecompute cannot see the GPUs. Install the NVIDIA driver utilities on the host; in a ' +
+      'container, run with the NVIDIA runtime (docker --gpus all, or runtimeClassName: nvidia) and ' +
+      'NVIDIA_DRIVER_CAPABILITIES=utility so nvidia-smi is mounted; or set NODECOMPUTE_NVIDIA_SMI to its full path.',
+    { cause: result },
+  );
+}
+
+function failedError(result: Completed): Error {
+  const said = String(result.all).trim() || '(nothing)';
+  const exitCode = result.exitCode as number;
+  return new NvidiaSmiFailedError(
+    `nvidia-smi exited with code ${exitCode} and said: "${said}". ` +
+      `This means ${EXIT_MEANINGS[exitCode] ?? UNKNOWN_EXIT}`,
+    { cause: result },
+  );
+}
+
+function abnormalEndError(result: Completed): Error {
+  return new NvidiaSmiFailedError(
+    `nvidia-smi did not finish normally: ${String(result.shortMessage)}. ` +
+      'Something outside nodecompute killed it (the OOM killer?) or it crashed; check `dmesg`.',
+    { cause: result },
+  );
+}
+
+function timeoutError(timeoutMs: number, args: string[]): Error {
+  return new NvidiaSmiTimeoutError(
+    `nvidia-smi did not answer within ${timeoutMs} ms (nvidia-smi ${args.join(' ')}), so its process group was killed. ` +
+      'nvidia-smi hangs like this when the NVIDIA driver is wedged: it sits in uninterruptible sleep (state D in ps) ' +
+      'waiting on the kernel. Check `dmesg` for NVRM/Xid errors and whether a GPU needs a reset; enable persistence ' +
+      'mode (nvidia-persistenced, or nvidia-smi -pm 1) so each call does not re-initialise the GPUs; raise the ' +
+      'nvidia-smi timeout only if the node is merely slow.',
+  );
+}
+
+/** stdout of a run that exited 0, or the coded error that says why there is none. */
+function stdoutOf(path: string, result: Completed): string {
+  if (result.code === 'ENOENT' || result.code === 'EACCES') throw notFoundError(path, result);
+  if (result.exitCode === undefined) throw abnormalEndError(result);
+  if (result.exitCode !== 0) throw failedError(result);
+  return result.stdout;
+}
+
+function rejectsReservedField(err: unknown): boolean {
+  return err instanceof NvidiaSmiFailedError && RESERVED_REJECTED.test(err.message);
+}
+
+export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
+  const { path, timeoutMs, log, onQuery } = options;
+  const alive = new Set<number>();
+  // Older drivers do not know memory.reserved; once one says so, stop asking for the life of the reader.
+  let gpuFields: readonly string[] = GPU_QUERY_FIELDS;
+
+  /** Runs nvidia-smi once; settles by `deadline` (performance.now() time) whatever the child does. */
+  function execute(args: string[], deadline: number): Promise<string> {
+    const child = spawnNvidiaSmi(path, args);
+    const pid = child.pid;
+    if (pid !== undefined) {
+      alive.add(pid);
+      child.once('exit', () => alive.delete(pid));
+    }
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        killGroup(pid, log);
+        reject(timeoutError(timeoutMs, args));
+      }, Math.max(0, deadline - performance.now()));
+      child.then((result) => {
+        clearTimeout(timer);
+        try {
+          resolve(stdoutOf(path, result));
+        } catch (err) {
+          reject(err);
+        }
+      }, reject);
+    });
+  }
+
+  function report(query: QueryName, started: number, err?: unknown): void {
+    const durationMs = Math.round(performance.now() - started);
+    if (err === undefined) {
+      log.debug({ query, durationMs }, 'nvidia-smi answered');
+    } else {
+      log.warn({ query, durationMs, err }, 'nvidia-smi query failed');
+    }
+    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as CodedError).code });
+  }
+
+  async function run<T>(query: QueryName, args: string[], parse: (stdout: string) => T, deadline: number): Promise<T> {
+    const started = performance.now();
+    try {
+      const value = parse(await execute(args, deadline));
+      report(query, started);
+      return value;
+    } catch (err) {
+      report(query, started, err);
+      throw err;
+    }
+  }
+
+  function askGpus(fields: readonly string[], deadline: number): Promise<GpuRecord[]> {
+    const args = [`--query-gpu=${fields.join(',')}`, '--format=csv'];
+    return run('gpus', args, (stdout) => parseGpuCsv(stdout, fields), deadline);
+  }
+
+  async function queryGpus(): Promise<GpuRecord[]> {
+    // One deadline for the whole call, retry included: a caller never waits longer than timeoutMs.
+    const deadline = performance.now() + timeoutMs;
+    try {
+      return await askGpus(gpuFields, deadline);
+    } catch (err) {
+      if (gpuFields === GPU_FIELDS_WITHOUT_RESERVED || !rejectsReservedField(err)) throw err;
+      gpuFields = GPU_FIELDS_WITHOUT_RESERVED;
+      log.info('this driver does not know memory.reserved; asking without it from now on (reservedMiB will be null)');
+      return askGpus(gpuFields, deadline);
+    }
+  }
+
+  return {
+    queryGpus,
+    queryComputeApps: () =>
+      run(
+        'compute-apps',
+        [`--query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')}`, '--format=csv'],
+        parseComputeAppsCsv,
+        performance.now() + timeoutMs,
+      ),
+    queryVersion: () => run('version', ['--version'], parseVersion, performance.now() + timeoutMs),
+    killAll: () => {
+      for (const pid of alive) killGroup(pid, log);
+    },
+    get running() {
+      return alive.size;
+    },
+  };
+}

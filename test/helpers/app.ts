@@ -1,0 +1,82 @@
+// Builds the real app for a test: the fake nvidia-smi in a test directory, a state file beside it,
+// the real /proc, a silent logger and (optionally) a clock the test moves. Also spawns real shard
+// processes: a detached leader with children that stay in its process group.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { join } from 'node:path';
+import type { Test } from 'tap';
+import { pino } from 'pino';
+import { buildApp, type App, type AppDeps } from '../../src/app.js';
+import { defaultConfig, type Config } from '../../src/config.js';
+import { createFakeNvidiaSmi, livePidsInGroup, waitUntil, type FakeNvidiaSmi, type FakeScenario } from './fake-nvidia-smi.js';
+
+export interface TestApp {
+  app: App;
+  fake: FakeNvidiaSmi;
+  config: Config;
+  dir: string;
+}
+
+export interface TestAppOptions {
+  scenario: FakeScenario;
+  config?: Partial<Config>;
+  deps?: AppDeps;
+}
+
+export async function buildTestApp(t: Test, options: TestAppOptions): Promise<TestApp> {
+  const dir = t.testdir({ smi: {}, state: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), options.scenario);
+  const config = defaultConfig({
+    nvidiaSmi: fake.path,
+    stateFile: join(dir, 'state', 'shards.json'),
+    logLevel: 'silent',
+    ...options.config,
+  });
+  const app = await buildApp(config, { logger: pino({ level: 'silent' }), ...options.deps });
+  t.teardown(() => app.close());
+  return { app, fake, config, dir };
+}
+
+/** A clock for deps.now that only moves when the test says so. */
+export function manualClock(start = Date.now()) {
+  let now = start;
+  return {
+    now: () => now,
+    advance: (ms: number) => {
+      now += ms;
+    },
+  };
+}
+
+export interface ShardProcess {
+  /** The leader: its pid is the process group id. */
+  pid: number;
+  child: ChildProcess;
+  /** Members of the group other than the leader (the "engine" children). */
+  members: number[];
+  kill(): Promise<void>;
+}
+
+/**
+ * Spawns a detached `sh` (its own process group) that starts `children` sleeping grandchildren in
+ * the same group, like an engine that computes in a child. Killed at teardown.
+ */
+export async function spawnShardProcess(t: Test, children = 2): Promise<ShardProcess> {
+  const script = `${Array.from({ length: children }, () => 'sleep 600 &').join(' ')} wait`;
+  const child = spawn('sh', ['-c', script], { detached: true, stdio: 'ignore' });
+  const pid = child.pid!;
+  await waitUntil(() => livePidsInGroup(pid).length === children + 1, { what: `process group ${pid} to have ${children + 1} members` });
+  const members = livePidsInGroup(pid).filter((member) => member !== pid);
+  let killed = false;
+  const kill = async () => {
+    if (killed) return;
+    killed = true;
+    try {
+      process.kill(-pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    await waitUntil(() => livePidsInGroup(pid).length === 0, { what: `process group ${pid} to die` });
+  };
+  t.teardown(kill);
+  return { pid, child, members, kill };
+}

@@ -1,0 +1,255 @@
+// Sets up the fake nvidia-smi (test/fixtures/bin/nvidia-smi) for one test. Each fake lives in its own
+// directory: a scenario file, an invocation log and a /bin/sh wrapper named `nvidia-smi` that points the
+// fake at those two files. The wrapper, not the caller's environment, carries the paths, because the
+// code under test spawns nvidia-smi with its own environment and several fakes may exist in one test
+// process. `exec` keeps the wrapper's pid, so the fake is the leader of the process group the runner
+// creates and a group kill reaches it. Also holds the /proc helpers the process-lifetime tests need.
+import { chmodSync, existsSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+/** A memory value: a number prints as `N MiB`, a string verbatim (`[N/A]`, `[Insufficient Permissions]`). */
+export type FakeMemory = number | string;
+
+export interface FakeMigDevice {
+  /** As `-L` prints it, e.g. `3g.40gb`. */
+  profile: string;
+  uuid: string;
+}
+
+export interface FakeGpu {
+  index: number;
+  uuid: string;
+  name: string;
+  totalMiB: FakeMemory;
+  usedMiB: FakeMemory;
+  freeMiB: FakeMemory;
+  /** Printed for memory.reserved; 0 when absent. */
+  reservedMiB?: FakeMemory;
+  /** pci.bus_id; derived from the index when absent. */
+  busId?: string;
+  /** `[N/A]` when absent. */
+  serial?: string;
+  /** mig.mode.current; `Disabled` when absent. */
+  migMode?: string;
+  /** persistence_mode; `Enabled` when absent. */
+  persistenceMode?: string;
+  /** MIG devices listed by `-L` under this GPU. */
+  migDevices?: FakeMigDevice[];
+  /** Any other query-gpu field, keyed by its header as printed (`utilization.gpu [%]`), value as printed. */
+  extra?: Record<string, string>;
+}
+
+export interface FakeProcess {
+  /** The GPU's UUID; under MIG, the parent GPU's UUID, as the real tool reports it. */
+  gpuUuid: string;
+  pid: number;
+  name: string;
+  usedMiB: FakeMemory;
+}
+
+export type FakeQueryKind = 'gpu' | 'compute-apps' | 'version' | 'list';
+
+export type FakeFailure =
+  /** exit 9: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. ..." */
+  | { kind: 'driver-unreachable' }
+  /** exit 18: "Failed to initialize NVML: Driver/library version mismatch" + "NVML library version: X" */
+  | { kind: 'library-mismatch'; nvmlVersion?: string }
+  /** exit 6: "No devices were found" */
+  | { kind: 'no-devices' }
+  /** exit 15: "Unable to determine the device handle for GPU <busId>: GPU is lost. ..." */
+  | { kind: 'gpu-lost'; busId?: string }
+  /** exit 0 with output that is not what was asked */
+  | { kind: 'garbage'; text?: string }
+  /** the fake kills itself (default SIGKILL), as the OOM killer would */
+  | { kind: 'killed-by-signal'; signal?: NodeJS.Signals }
+  /** never exits; a grandchild `sleep` in its process group holds stdout open */
+  | { kind: 'hang'; partialOutput?: string }
+  | { kind: 'custom'; stdout?: string; stderr?: string; exitCode: number };
+
+export interface FakeScenario {
+  gpus: FakeGpu[];
+  /** Compute processes; printed per GPU in index order, then in this order. */
+  processes: FakeProcess[];
+  /** `590.48.01` when absent. */
+  driverVersion?: string;
+  /** `13.1` when absent. */
+  cudaVersion?: string;
+  /** false: an older driver that answers `Field "memory.reserved" is not a valid field to query.` */
+  supportsReserved?: boolean;
+  /** `crlf`: line ends as on Windows. */
+  lineEnding?: 'lf' | 'crlf';
+  /** Wait this long before answering (or failing), for every query or per kind. */
+  delayMs?: number | Partial<Record<FakeQueryKind, number>>;
+  /** A failure for one kind of query, or for all; the specific kind wins. */
+  failures?: Partial<Record<FakeQueryKind | 'all', FakeFailure>>;
+}
+
+export interface FakeInvocation {
+  argv: string[];
+  pid: number;
+  at: number;
+}
+
+/** A grandchild the fake started (the `hang` failure). */
+export interface FakeSpawn {
+  pid: number;
+  childPid: number;
+  at: number;
+}
+
+export interface FakeNvidiaSmi {
+  /** The executable to pass as the nvidia-smi path. */
+  path: string;
+  dir: string;
+  setScenario(s: FakeScenario): void;
+  update(fn: (s: FakeScenario) => FakeScenario | void): void;
+  invocations(): FakeInvocation[];
+  countQueries(kind: 'gpu' | 'compute-apps'): number;
+  spawned(): FakeSpawn[];
+}
+
+export const FAKE_NVIDIA_SMI_BIN = fileURLToPath(new URL('../fixtures/bin/nvidia-smi', import.meta.url));
+
+function shellQuote(text: string): string {
+  return `'${text.replace(/'/g, `'\\''`)}'`;
+}
+
+let tempCounter = 0;
+
+/** temp + rename, so a fake reading concurrently never sees half a file. */
+function writeAtomically(path: string, text: string): void {
+  tempCounter += 1;
+  const temp = `${path}.${process.pid}.${tempCounter}.tmp`;
+  writeFileSync(temp, text);
+  renameSync(temp, path);
+}
+
+function readLog(logPath: string): Array<Record<string, unknown>> {
+  if (!existsSync(logPath)) return [];
+  return readFileSync(logPath, 'utf8')
+    .split('\n')
+    .filter((line) => line !== '')
+    .map((line) => JSON.parse(line) as Record<string, unknown>);
+}
+
+export function createFakeNvidiaSmi(dir: string, scenario: FakeScenario): FakeNvidiaSmi {
+  const path = join(dir, 'nvidia-smi');
+  const scenarioPath = join(dir, 'scenario.json');
+  const logPath = join(dir, 'invocations.jsonl');
+  let current = structuredClone(scenario);
+  const setScenario = (s: FakeScenario) => {
+    current = structuredClone(s);
+    writeAtomically(scenarioPath, JSON.stringify(current, null, 2));
+  };
+  setScenario(scenario);
+  writeFileSync(
+    path,
+    [
+      '#!/bin/sh',
+      '# Written by test/helpers/fake-nvidia-smi.ts. NODE_OPTIONS is dropped so the test runner does not',
+      '# load its hooks (coverage, TypeScript) into every fake call.',
+      'unset NODE_OPTIONS',
+      `FAKE_NVIDIA_SMI_SCENARIO=${shellQuote(scenarioPath)}; export FAKE_NVIDIA_SMI_SCENARIO`,
+      `FAKE_NVIDIA_SMI_LOG=${shellQuote(logPath)}; export FAKE_NVIDIA_SMI_LOG`,
+      `exec ${shellQuote(process.execPath)} ${shellQuote(FAKE_NVIDIA_SMI_BIN)} "$@"`,
+      '',
+    ].join('\n'),
+  );
+  chmodSync(path, 0o755);
+  const entries = (type: string) => readLog(logPath).filter((entry) => entry.type === type);
+  const invocations = () =>
+    entries('invocation').map(({ argv, pid, at }) => ({ argv, pid, at }) as FakeInvocation);
+  return {
+    path,
+    dir,
+    setScenario,
+    update(fn) {
+      const draft = structuredClone(current);
+      setScenario(fn(draft) ?? draft);
+    },
+    invocations,
+    countQueries(kind) {
+      const flag = kind === 'gpu' ? '--query-gpu' : '--query-compute-apps';
+      return invocations().filter((i) => i.argv.some((arg) => arg.split('=')[0] === flag)).length;
+    },
+    spawned: () => entries('spawned').map(({ pid, childPid, at }) => ({ pid, childPid, at }) as FakeSpawn),
+  };
+}
+
+// The UUIDs and sizes come from shared/samples/nvsmi-8xH200-container_query-gpu_and_compute-apps_not-found.txt;
+// reserved 614 MiB and free = total - reserved - used + 1 (nvidia-smi rounds each) from the H200 capture.
+const H200_UUIDS = [
+  'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
+  'GPU-4f31bb83-f8dc-d0af-029e-bc4356e6afeb',
+  'GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90',
+  'GPU-02dbe542-8a6f-11a4-7c2a-486b7d4e9092',
+  'GPU-cb449822-5571-be90-8303-e7558da3ea66',
+  'GPU-8e137fa6-c3d9-6980-7733-0d8df296756e',
+  'GPU-d9337494-6060-1440-039f-4654245b5764',
+  'GPU-28780eb0-24d5-1f13-59b8-ae5c23617a72',
+] as const;
+const H200_USED_MIB = [130013, 130053, 105851, 129993, 106091, 105851, 106139, 58071] as const;
+const H200_BUS = ['18', '2A', '3A', '5D', '9A', 'AB', 'BA', 'DB'] as const;
+
+/**
+ * An 8x H200 node. Processes: one per GPU as in the sample, plus the awkward cases the parser must
+ * survive: pid 1425258 holds GPUs 2 and 4 (tensor parallel), pid 1425260's name contains ", ",
+ * pid 1425261's memory is `[N/A]`, and pid 1758887 belongs to another PID namespace (`[Not Found]`).
+ */
+export function eightGpuNode(): FakeScenario {
+  return {
+    driverVersion: '590.48.01',
+    cudaVersion: '13.1',
+    gpus: H200_UUIDS.map((uuid, index) => ({
+      index,
+      uuid,
+      name: 'NVIDIA H200',
+      busId: `00000000:${H200_BUS[index]}:00.0`,
+      totalMiB: 143771,
+      usedMiB: H200_USED_MIB[index] as number,
+      freeMiB: 143771 - 614 - (H200_USED_MIB[index] as number) + 1,
+      reservedMiB: 614,
+    })),
+    processes: [
+      { gpuUuid: H200_UUIDS[0], pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004 },
+      { gpuUuid: H200_UUIDS[1], pid: 1328668, name: '/usr/local/bin/python3.10', usedMiB: 130044 },
+      { gpuUuid: H200_UUIDS[2], pid: 1425258, name: 'python3', usedMiB: 105842 },
+      { gpuUuid: H200_UUIDS[3], pid: 1328669, name: '/usr/local/bin/python3.10', usedMiB: 129984 },
+      { gpuUuid: H200_UUIDS[4], pid: 1425258, name: 'python3', usedMiB: 106082 },
+      { gpuUuid: H200_UUIDS[5], pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842 },
+      { gpuUuid: H200_UUIDS[6], pid: 1425261, name: 'python3', usedMiB: '[N/A]' },
+      { gpuUuid: H200_UUIDS[7], pid: 1758887, name: '[Not Found]', usedMiB: 58060 },
+    ],
+  };
+}
+
+/** Pids of the live (not zombie) processes whose process group is `pgid`, read from `procRoot`.
+ *  Zombies are left out: a dead child may wait for a reaper that this container's PID 1 is not. */
+export function livePidsInGroup(pgid: number, procRoot = '/proc'): number[] {
+  const pids: number[] = [];
+  for (const entry of readdirSync(procRoot).filter((name) => /^\d+$/.test(name))) {
+    let stat: string;
+    try {
+      stat = readFileSync(join(procRoot, entry, 'stat'), 'utf8');
+    } catch {
+      continue; // it exited during the scan
+    }
+    // The command name is in parentheses and may contain anything: the fields start after the last ')'.
+    const [state, , group] = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (Number(group) === pgid && state !== 'Z') pids.push(Number(entry));
+  }
+  return pids;
+}
+
+/** Polls `check` every `intervalMs` until it returns true; rejects after `timeoutMs`. */
+export async function waitUntil(
+  check: () => boolean,
+  { timeoutMs = 10_000, intervalMs = 20, what = 'condition' } = {},
+): Promise<void> {
+  const giveUpAt = Date.now() + timeoutMs;
+  while (!check()) {
+    if (Date.now() > giveUpAt) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, intervalMs));
+  }
+}

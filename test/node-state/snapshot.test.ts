@@ -1,0 +1,203 @@
+// The snapshot cache's contract, with a controllable take() and clock: TTL, single-flight,
+// stale-while-revalidate, failure memory and the per-call wait budget.
+import t from 'tap';
+import { pino } from 'pino';
+import { createSnapshotSource } from '../../src/node-state/snapshot.js';
+import { NvidiaSmiFailedError } from '../../src/errors.js';
+
+const log = pino({ level: 'silent' });
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve: (value: T) => void;
+  reject: (err: Error) => void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  let reject!: (err: Error) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
+
+/** A take() whose every call is a deferred the test settles, and a clock the test moves. */
+function harness(options: { ttlMs?: number; maxStaleMs?: number } = {}) {
+  let clock = 1_000_000;
+  const calls: Deferred<{ n: number }>[] = [];
+  const source = createSnapshotSource<{ n: number }>({
+    take: () => {
+      const d = deferred<{ n: number }>();
+      calls.push(d);
+      return d.promise;
+    },
+    ttlMs: options.ttlMs ?? 1000,
+    maxStaleMs: options.maxStaleMs ?? 30_000,
+    log,
+    now: () => clock,
+  });
+  return {
+    source,
+    calls,
+    advance: (ms: number) => {
+      clock += ms;
+    },
+  };
+}
+
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+t.test('the first request waits; concurrent requests share one take()', async (t) => {
+  const h = harness();
+  const answers = Array.from({ length: 500 }, () => h.source.get());
+  t.equal(h.calls.length, 1, 'one take for 500 concurrent cold requests');
+  t.equal(h.source.refreshing, true);
+  h.calls[0]!.resolve({ n: 1 });
+  const views = await Promise.all(answers);
+  t.ok(views.every((view) => view.snapshot.n === 1 && view.stale === false && view.staleReason === null));
+  t.equal(h.source.generation, 1);
+  t.equal(h.source.refreshing, false);
+});
+
+t.test('within the TTL the cache answers without taking', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  h.advance(999);
+  const view = await h.source.get();
+  t.equal(h.calls.length, 1);
+  t.equal(view.ageMs, 999);
+  t.equal(view.stale, false);
+});
+
+t.test('past the TTL: answered at once from the cache (stale) while one background refresh runs', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  h.advance(1500);
+  const views = await Promise.all([h.source.get(), h.source.get(), h.source.get()]);
+  t.equal(h.calls.length, 2, 'one background refresh for three requests');
+  t.ok(views.every((view) => view.snapshot.n === 1 && view.stale));
+  t.match(views[0]!.staleReason, /refresh has been running for \d+ ms/);
+  h.calls[1]!.resolve({ n: 2 });
+  await flush();
+  const fresh = await h.source.get();
+  t.equal(fresh.snapshot.n, 2);
+  t.equal(fresh.stale, false);
+});
+
+t.test('a failed refresh is served stale with its reason, and not retried within the TTL', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  h.advance(1500);
+  await h.source.get();
+  h.calls[1]!.reject(new NvidiaSmiFailedError('driver gone'));
+  await flush();
+  const view = await h.source.get();
+  t.equal(view.stale, true);
+  t.equal(view.staleReason, 'the last refresh failed: driver gone');
+  t.equal(h.calls.length, 2, 'no retry storm right after a failure');
+  h.advance(1001);
+  await h.source.get();
+  t.equal(h.calls.length, 3, 'retried once the TTL window passed');
+});
+
+t.test('beyond max-stale callers wait, and get the error when the refresh fails', async (t) => {
+  const h = harness({ ttlMs: 1000, maxStaleMs: 5000 });
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  h.advance(6000);
+  const waiting = h.source.get();
+  t.equal(h.calls.length, 2);
+  h.calls[1]!.reject(new NvidiaSmiFailedError('no devices'));
+  await t.rejects(waiting, { code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', message: 'no devices' });
+  await t.rejects(h.source.get(), { message: 'no devices' }, 'the remembered failure answers at once');
+  t.equal(h.calls.length, 2);
+  t.equal(h.source.peek()?.snapshot.n, 1, 'peek still shows the last good snapshot');
+});
+
+t.test('a cold failure is remembered for one TTL window, then retried', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.reject(new NvidiaSmiFailedError('nope'));
+  await t.rejects(first);
+  t.equal(h.source.peek(), null);
+  await t.rejects(h.source.get());
+  t.equal(h.calls.length, 1);
+  h.advance(1000);
+  const retry = h.source.get();
+  t.equal(h.calls.length, 2);
+  h.calls[1]!.resolve({ n: 7 });
+  t.equal((await retry).snapshot.n, 7);
+});
+
+t.test('maxWaitMs bounds how long a caller waits; the refresh goes on', async (t) => {
+  const h = harness();
+  const started = Date.now();
+  await t.rejects(h.source.get({ maxWaitMs: 50 }), { code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', message: /50 ms budget/ });
+  t.ok(Date.now() - started < 5000);
+  t.equal(h.source.refreshing, true);
+  h.calls[0]!.resolve({ n: 3 });
+  t.equal((await h.source.get({ maxWaitMs: 50 })).snapshot.n, 3);
+});
+
+t.test('invalidate() makes the next request refresh in the background', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  h.source.invalidate();
+  const view = await h.source.get();
+  t.equal(view.snapshot.n, 1, 'answered at once from the cache');
+  t.equal(h.calls.length, 2, 'and a refresh started');
+  h.calls[1]!.resolve({ n: 2 });
+  await flush();
+  t.equal((await h.source.get()).snapshot.n, 2);
+});
+
+t.test('a failure right after invalidate() does not block the refresh it asked for', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.reject(new NvidiaSmiFailedError('first'));
+  await t.rejects(first);
+  h.source.invalidate();
+  const next = h.source.get();
+  t.equal(h.calls.length, 2);
+  h.calls[1]!.resolve({ n: 9 });
+  t.equal((await next).snapshot.n, 9);
+});
+
+t.test('a recovery after failures resets the failure state', async (t) => {
+  const h = harness({ ttlMs: 0, maxStaleMs: 0 });
+  const a = h.source.get();
+  h.calls[0]!.reject(new NvidiaSmiFailedError('same'));
+  await t.rejects(a);
+  h.advance(1);
+  const b = h.source.get();
+  h.calls[1]!.reject(new NvidiaSmiFailedError('same'));
+  await t.rejects(b);
+  h.advance(1);
+  const c = h.source.get();
+  h.calls[2]!.resolve({ n: 4 });
+  const view = await c;
+  t.equal(view.snapshot.n, 4);
+  t.equal(view.staleReason, null);
+});
+
+t.test('staleReason says a refresh is due when none runs and none failed', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  h.advance(2000);
+  const peeked = h.source.peek();
+  t.equal(peeked?.stale, true);
+  t.equal(peeked?.staleReason, 'a refresh is due');
+});

@@ -1,0 +1,61 @@
+// GET /gpus against the fake nvidia-smi replaying an 8x H200 node, through the real app.
+import t from 'tap';
+import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { buildTestApp } from '../helpers/app.js';
+
+t.test('an 8-GPU node with processes is reported exactly', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  const res = await app.inject({ method: 'GET', url: '/gpus' });
+  t.equal(res.statusCode, 200);
+  const body = res.json();
+  t.equal(body.stale, false);
+  t.notOk('staleReason' in body);
+  t.match(body.observedAt, /^\d{4}-\d\d-\d\dT/);
+  t.equal(body.gpus.length, 8);
+  t.same(body.gpus[0], {
+    index: 0,
+    uuid: 'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
+    name: 'NVIDIA H200',
+    memory: { totalMiB: 143771, usedMiB: 130013, freeMiB: 13145, reservedMiB: 614 },
+    processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null }],
+  });
+  t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 6, 7]);
+  t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null }], 'a name with ", " survives');
+  t.same(body.gpus[6].processes, [{ pid: 1425261, name: 'python3', usedMiB: null, shard: null }], '[N/A] memory is null');
+  t.same(body.gpus[7].processes, [{ pid: 1758887, name: '[Not Found]', usedMiB: 58060, shard: null }]);
+  const onTwo = body.gpus.filter((gpu: { processes: { pid: number }[] }) => gpu.processes.some((p) => p.pid === 1425258));
+  t.same(onTwo.map((gpu: { index: number }) => gpu.index), [2, 4], 'one process listed on two GPUs appears on both');
+  t.same(onTwo.map((gpu: { processes: { usedMiB: number }[] }) => gpu.processes[0]!.usedMiB), [105842, 106082]);
+});
+
+t.test('without nvidia-smi, /gpus and /gpus/foreign-memory are 503 naming the path tried; /livez stays 200', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { nvidiaSmi: '/nonexistent/bin/nvidia-smi' } });
+  for (const url of ['/gpus', '/gpus/foreign-memory']) {
+    const res = await app.inject({ method: 'GET', url });
+    t.equal(res.statusCode, 503, url);
+    const body = res.json();
+    t.same(Object.keys(body).sort(), ['code', 'error', 'message', 'statusCode']);
+    t.equal(body.code, 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND');
+    t.match(body.message, '/nonexistent/bin/nvidia-smi');
+  }
+  t.equal((await app.inject({ method: 'GET', url: '/livez' })).statusCode, 200);
+  t.equal((await app.inject({ method: 'GET', url: '/healthz' })).json().status, 'ok');
+});
+
+t.test('each failure of nvidia-smi becomes its coded 503 with nvidia-smi\'s own words', async (t) => {
+  const cases = [
+    { failure: { kind: 'driver-unreachable' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: "couldn't communicate with the NVIDIA driver" },
+    { failure: { kind: 'library-mismatch' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: 'Driver/library version mismatch' },
+    { failure: { kind: 'no-devices' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: 'No devices were found' },
+    { failure: { kind: 'gpu-lost' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: 'GPU is lost' },
+    { failure: { kind: 'garbage' as const, text: 'Segmentation fault? \u0000 !!' }, code: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', words: 'Segmentation fault' },
+  ];
+  for (const c of cases) {
+    const scenario = { ...eightGpuNode(), failures: { all: c.failure } };
+    const { app } = await buildTestApp(t, { scenario });
+    const res = await app.inject({ method: 'GET', url: '/gpus' });
+    t.equal(res.statusCode, 503, c.failure.kind);
+    t.equal(res.json().code, c.code, c.failure.kind);
+    t.match(res.json().message, c.words, c.failure.kind);
+  }
+});

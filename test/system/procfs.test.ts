@@ -1,0 +1,381 @@
+import t, { type Test } from 'tap';
+import fc from 'fast-check';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import type { readdir as Readdir, readFile as ReadFile } from 'node:fs/promises';
+import * as fsPromises from 'node:fs/promises';
+import { createInterface } from 'node:readline';
+import { isDeepStrictEqual } from 'node:util';
+import { pino } from 'pino';
+import {
+  createProcReader,
+  parseCgroup,
+  parseProcStat,
+  ProcParseError,
+  type ProcStat,
+} from '../../src/system/procfs.js';
+
+type ProcfsModule = typeof import('../../src/system/procfs.js');
+type LogEntry = { level: number; msg: string; pid?: number; root?: string; err?: { code?: string; message: string } };
+
+const WARN = 40;
+
+function captureLog() {
+  const entries: LogEntry[] = [];
+  const log = pino({ level: 'debug' }, { write: (line: string) => void entries.push(JSON.parse(line) as LogEntry) });
+  return { log, entries };
+}
+
+// Builds a stat line the way fs/proc/array.c prints it: fields 3..52 after "pid (comm)".
+function statLine(s: ProcStat): string {
+  const middle = ['0', '-1', '4194304', '136', '0', '0', '0', '0', '0', '0', '0', '20', '0', '1', '0'];
+  const tail = Array.from({ length: 30 }, () => '0');
+  return `${s.pid} (${s.comm}) ${[s.state, s.ppid, s.pgrp, s.session, ...middle, s.startTime, ...tail].join(' ')}\n`;
+}
+
+function errnoError(code: string): NodeJS.ErrnoException {
+  return Object.assign(new Error(`${code}: simulated`), { code });
+}
+
+// Polls until probe answers something other than undefined; bounded so a bug fails instead of hanging.
+async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 15_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+t.test('parseProcStat: cases cut from real /proc/PID/stat samples', async (t) => {
+  const cases: { name: string; from: string; text: string; want: ProcStat }[] = [
+    {
+      name: 'comm holding ") (" and a space is everything between the first "(" and the last ")"',
+      from: 'samples/proc-pid-stat_comm-with-paren-and-spaces_local.txt',
+      text: '10087 (x) (y z) S 10086 10081 2079 0 -1 4194304 132 0 0 0 0 0 0 0 20 0 1 0 41742 2990080 444 18446744073709551615 94344332558336 94344332576265 140725295065280 0 0 0 0 6 0 1 0 0 17 1 0 0 0 0 0 94344332590352 94344332591616 94344678096896 140725295069920 140725295069936 140725295069936 140725295071211 0\n',
+      want: { pid: 10087, comm: 'x) (y z', state: 'S', ppid: 10086, pgrp: 10081, session: 2079, startTime: 41742 },
+    },
+    {
+      name: 'comm truncated by the kernel to 15 characters',
+      from: 'samples/proc-pid-stat_comm-truncated-15chars_local.txt',
+      text: '10096 (averyveryverylo) S 10094 10081 2079 0 -1 4194304 136 0 0 0 0 0 0 0 20 0 1 0 41793 2990080 411 18446744073709551615 94612766515200 94612766533129 140735534004112 0 0 0 0 6 0 1 0 0 17 1 0 0 0 0 0 94612766547216 94612766548480 94613654958080 140735534008999 140735534009035 140735534009035 140735534010327 0',
+      want: { pid: 10096, comm: 'averyveryverylo', state: 'S', ppid: 10094, pgrp: 10081, session: 2079, startTime: 41793 },
+    },
+    {
+      name: 'PID 1 of a VM, whose parent, group and session are 0',
+      from: "dev VM's /proc/1/stat (fields 1-22 as in samples/proc5_pid-stat_fields-1-22_manpages-6.03.txt)",
+      text: '1 (process_api) S 0 0 0 0 -1 4194560 31590 312550 0 140 48 266 1018 852 20 0 13 0 31 42799104 3116 18446744073709551615 1 1 0 0 0 0 0 4096 1256 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n',
+      want: { pid: 1, comm: 'process_api', state: 'S', ppid: 0, pgrp: 0, session: 0, startTime: 31 },
+    },
+    {
+      name: 'zombie left by a killed process group, its field 22 is the only thing after field 21',
+      from: 'field layout of samples/proc5_pid-stat_fields-1-22_manpages-6.03.txt, cut after field 22',
+      text: '3743 (sleep) Z 1 3742 3742 0 -1 4228108 97 0 1 0 0 0 0 0 20 0 1 0 41800',
+      want: { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800 },
+    },
+  ];
+  for (const c of cases) t.same(parseProcStat(c.text), c.want, `${c.name} (from ${c.from})`);
+});
+
+t.test('parseProcStat: malformed text throws ProcParseError quoting what was wrong', async (t) => {
+  const good = '10096 (averyveryverylo) S 10094 10081 2079 0 -1 4194304 136 0 0 0 0 0 0 0 20 0 1 0 41793 2990080';
+  const cases: { name: string; text: string; message: RegExp }[] = [
+    { name: 'empty text', text: '', message: /no "\(command name\)"/ },
+    { name: 'no parentheses', text: '10096 averyveryverylo S 10094', message: /no "\(command name\)".*"10096 averyveryverylo S 10094"/ },
+    { name: 'a ")" but no "("', text: '10096 x) S 10094', message: /no "\(command name\)"/ },
+    { name: 'a "(" but no ")" after it', text: ') 10096 (x S 10094', message: /no "\(command name\)"/ },
+    { name: 'pid is not a number', text: good.replace('10096', 'abc'), message: /field 1 \(pid\)/ },
+    { name: 'nothing before the command name', text: good.replace('10096 ', ''), message: /field 1 \(pid\)/ },
+    { name: 'no space after the command name', text: good.replace(') S', ')S'), message: /no space after the command name/ },
+    { name: 'too few fields: stops at field 6', text: '10096 (x) S 10094 10081 2079', message: /field 22 is missing/ },
+    { name: 'too few fields: only the command name', text: '10096 (x) ', message: /field 3 \(state\) "" is not one letter/ },
+    { name: 'state is two letters', text: good.replace(') S ', ') SS '), message: /field 3 \(state\) "SS"/ },
+    { name: 'ppid is not a number', text: good.replace(' 10094 ', ' 1o094 '), message: /field 4 \(ppid\) "1o094"/ },
+    { name: 'pgrp is negative', text: good.replace(' 10081 ', ' -1 '), message: /field 5 \(pgrp\) "-1"/ },
+    { name: 'session is empty (double space)', text: good.replace(' 2079 ', '  '), message: /field 6 \(session\) ""/ },
+    { name: 'starttime is not a number', text: good.replace(' 41793 ', ' 41793x '), message: /field 22 \(starttime\) "41793x"/ },
+    { name: 'starttime beyond a safe integer', text: good.replace(' 41793 ', ' 99999999999999999999 '), message: /field 22 \(starttime\)/ },
+  ];
+  for (const c of cases) t.throws(() => parseProcStat(c.text), { name: 'ProcParseError', message: c.message }, c.name);
+
+  const long = `no parentheses here ${'x'.repeat(300)}`;
+  const err = t.throws(() => parseProcStat(long)) as Error;
+  t.ok(err instanceof ProcParseError, 'a real ProcParseError, usable with instanceof');
+  t.ok(err.message.length < 250 && err.message.includes('..."'), 'a long text is quoted as an excerpt, not whole');
+});
+
+t.test('parseProcStat: any command name round-trips through a synthesized stat line', async (t) => {
+  // The kernel prints comm raw (only NUL cannot occur); newlines are included although real names rarely hold them.
+  const tricky = fc.constantFrom('(', ')', ' ', ') (', ') S 1 2 3 (', '\n', ':', 'a', 'Z', '9', '-', '\u00e9');
+  const comm = fc.oneof(
+    fc.string({ unit: tricky, maxLength: 16 }),
+    fc.string({ unit: 'binary', maxLength: 64 }).filter((s) => !s.includes('\0')),
+  );
+  const id = fc.integer({ min: 0, max: 4_194_304 });
+  const stat = fc.record({
+    pid: fc.integer({ min: 1, max: 4_194_304 }),
+    comm,
+    state: fc.constantFrom('R', 'S', 'D', 'Z', 'T', 't', 'X', 'I'),
+    ppid: id,
+    pgrp: id,
+    session: id,
+    startTime: fc.maxSafeNat(),
+  });
+  const result = fc.check(fc.property(stat, (s) => isDeepStrictEqual(parseProcStat(statLine(s)), { ...s })), { numRuns: 300 });
+  t.notOk(result.failed, fc.defaultReportMessage(result) ?? 'every synthesized stat line parses back to its fields');
+});
+
+t.test('parseProcStat: arbitrary text never throws anything but ProcParseError', async (t) => {
+  const token = fc.constantFrom('(', ')', ' ', '1', '-1', 'S', '\n', '99999999999999999999', 'x');
+  const text = fc.oneof(fc.string({ unit: 'binary', maxLength: 200 }), fc.string({ unit: token, maxLength: 60 }));
+  const result = fc.check(
+    fc.property(text, (s) => {
+      try {
+        parseProcStat(s);
+        return true;
+      } catch (err) {
+        return err instanceof ProcParseError && err.message.startsWith('malformed /proc stat: ');
+      }
+    }),
+    { numRuns: 2000 },
+  );
+  t.notOk(result.failed, fc.defaultReportMessage(result) ?? 'only ProcParseError is ever thrown');
+});
+
+t.test('parseCgroup: v1, v2 and hybrid files give their paths', async (t) => {
+  const podSystemd = '/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7a4b5c9e_1234_4cde_8f00_0123456789ab.slice';
+  const cases: { name: string; from: string; text: string; want: string[] }[] = [
+    {
+      name: 'hybrid v1 + v2, the same path under many controllers listed once',
+      from: "dev VM's /proc/self/cgroup",
+      text: '9:name=systemd:/\n8:pids:/\n4:memory:/process_api/ed0c4fe1a58750f08d73ca4d605c8c07\n2:cpuacct:/\n0::/\n',
+      want: ['/', '/process_api/ed0c4fe1a58750f08d73ca4d605c8c07'],
+    },
+    {
+      name: 'pure v2: one "0::" line, systemd driver of a Kubernetes pod',
+      from: 'cgroups(7) format, kubelet systemd cgroup driver naming',
+      text: `0::${podSystemd}/cri-containerd-3f1a.scope\n`,
+      want: [`${podSystemd}/cri-containerd-3f1a.scope`],
+    },
+    {
+      name: 'v1 with a comma-separated controller list and a ":" inside the path',
+      from: 'cgroups(7) format "hierarchy-ID:controller-list:cgroup-path"',
+      text: '11:cpu,cpuacct:/kubepods/pod1/ctr:odd\n',
+      want: ['/kubepods/pod1/ctr:odd'],
+    },
+    { name: 'lines without two colons or without a path are skipped', from: 'synthesized', text: '\njunk\n3:memory\n0::\n0::/a\n', want: ['/a'] },
+    { name: 'an empty file (a kernel thread without cgroups) has no paths', from: 'synthesized', text: '', want: [] },
+  ];
+  for (const c of cases) t.same(parseCgroup(c.text), c.want, `${c.name} (from ${c.from})`);
+
+  const line = fc.tuple(fc.nat({ max: 12 }), fc.constantFrom('', 'memory', 'cpu,cpuacct', 'name=systemd'), fc.string({ minLength: 1 }).filter((p) => !p.includes('\n')));
+  const result = fc.check(
+    fc.property(fc.array(line, { maxLength: 8 }), (lines) => {
+      const got = parseCgroup(lines.map(([id, ctl, path]) => `${id}:${ctl}:${path}`).join('\n'));
+      return got.length === new Set(lines.map(([, , path]) => path)).size && lines.every(([, , path]) => got.includes(path));
+    }),
+  );
+  t.notOk(result.failed, fc.defaultReportMessage(result) ?? 'every written path comes back exactly once');
+});
+
+t.test('real processes: a detached child and its grandchild in the same process group', async (t) => {
+  const { log, entries } = captureLog();
+  const proc = createProcReader({ root: '/proc', log });
+  const child: ChildProcess = spawn('sh', ['-c', 'sleep 60 & echo $!; wait'], { detached: true, stdio: ['ignore', 'pipe', 'ignore'] });
+  const childPid = child.pid as number;
+  t.teardown(() => {
+    try {
+      process.kill(-childPid, 'SIGKILL');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+    }
+  });
+  const lines = createInterface({ input: child.stdout! });
+  const [firstLine] = (await once(lines, 'line')) as [string];
+  lines.close();
+  const grandPid = Number(firstLine);
+
+  const me = await proc.readStat(process.pid);
+  const childStat = await proc.readStat(childPid);
+  const grandStat = await proc.readStat(grandPid);
+  if (me === null || childStat === null || grandStat === null) throw new Error('a live process read as gone');
+
+  t.equal(me.ppid, process.ppid, 'our own stat names our parent');
+  t.equal(childStat.ppid, process.pid, 'the child is ours');
+  t.equal(childStat.pgrp, childPid, 'detached: the child leads its own process group');
+  t.equal(childStat.session, childPid, 'detached: the child leads its own session');
+  t.equal(childStat.comm, 'sh');
+  t.equal(grandStat.ppid, childPid, "the grandchild is the child's");
+  t.equal(grandStat.pgrp, childPid, "the grandchild stays in the child's process group");
+  t.equal(grandStat.session, childPid);
+  t.ok(me.startTime <= childStat.startTime && childStat.startTime <= grandStat.startTime, 'start times follow spawn order');
+  t.equal((await proc.readStat(childPid))?.startTime, childStat.startTime, 'start time is stable across reads');
+
+  t.ok(await proc.isAlive(childPid, childStat.startTime), 'child alive with its start time');
+  t.ok(await proc.isAlive(grandPid, grandStat.startTime), 'grandchild alive with its start time');
+  t.notOk(await proc.isAlive(childPid, childStat.startTime + 1), 'the same PID with another start time is a reused PID, not alive');
+
+  const pids = await proc.listPids();
+  t.ok(pids.includes(process.pid) && pids.includes(childPid) && pids.includes(grandPid), 'listPids sees all three');
+  const myCgroups = await proc.readCgroup(process.pid);
+  t.ok(myCgroups !== null && myCgroups.length > 0 && myCgroups.every((p) => p.startsWith('/')), 'our cgroup paths are read');
+  const needle = [...(myCgroups ?? [])].sort((a, b) => b.length - a.length)[0] as string;
+  t.ok((await proc.findPidsInCgroup(needle)).includes(process.pid), 'a scan of the real /proc finds us in our own cgroup');
+  t.same(await proc.checkReadable(), { ok: true }, 'the real /proc is readable');
+
+  const exited = once(child, 'exit');
+  process.kill(-childPid, 'SIGKILL');
+  await exited;
+  t.equal(await waitFor('the child to leave /proc', async () => ((await proc.readStat(childPid)) === null ? null : undefined)), null, 'the killed child reads as gone');
+  t.notOk(await proc.isAlive(childPid, childStat.startTime), 'the killed child is not alive');
+  // The orphaned grandchild is reaped by PID 1, and some PID 1s (this VM's, many containers') never reap: it may stay a zombie.
+  const grandAfter = await waitFor('the grandchild to die', async () => {
+    const stat = await proc.readStat(grandPid);
+    return stat === null || stat.state === 'Z' || stat.state === 'X' ? { stat } : undefined;
+  });
+  t.ok(grandAfter.stat === null || grandAfter.stat.startTime === grandStat.startTime, 'gone, or its own zombie');
+  t.notOk(await proc.isAlive(grandPid, grandStat.startTime), 'the killed grandchild is not alive, reaped or zombie');
+  t.same(entries, [], 'nothing was worth a warning');
+});
+
+t.test('fixture tree: stat cases a real machine cannot produce on demand', async (t) => {
+  const stat = (s: Omit<ProcStat, 'session' | 'ppid'>) => statLine({ ppid: 1, session: s.pgrp, ...s });
+  const root = t.testdir({
+    '4242': { stat: stat({ pid: 4242, comm: 'evil) (name', state: 'R', pgrp: 4242, startTime: 1000 }) },
+    '4243': { stat: stat({ pid: 4243, comm: 'llama-server', state: 'S', pgrp: 4243, startTime: 900 }) },
+    '4244': { stat: stat({ pid: 4244, comm: 'llama-server', state: 'Z', pgrp: 4244, startTime: 800 }) },
+    '4245': {},
+    '4246': { stat: '4246 (truncated' },
+  });
+  const { log, entries } = captureLog();
+  const proc = createProcReader({ root, log });
+  t.equal(proc.root, root);
+
+  t.equal((await proc.readStat(4242))?.comm, 'evil) (name', 'comm with ") (" in it');
+  t.ok(await proc.isAlive(4243, 900), 'same PID and start time: alive');
+  t.notOk(await proc.isAlive(4243, 500), 'PID reused by a process with another start time: not alive');
+  t.equal((await proc.readStat(4244))?.state, 'Z', 'a zombie still has a stat');
+  t.notOk(await proc.isAlive(4244, 800), 'a zombie with the right start time is not alive');
+  t.equal(await proc.readStat(4245), null, 'a PID directory whose stat vanished mid-read is gone');
+  t.equal(await proc.readStat(99999), null, 'no such PID');
+  t.notOk(await proc.isAlive(99999, 1), 'no such PID is not alive');
+  t.same(entries, [], 'gone PIDs are not warnings');
+
+  await t.rejects(proc.readStat(4246), { name: 'ProcParseError', message: /4246\/stat: malformed \/proc stat: no "\(command name\)"/ }, 'an existing PID with a malformed stat throws, naming the file');
+  await t.rejects(proc.isAlive(4246, 1), ProcParseError, 'isAlive does not guess over a malformed stat');
+  t.match(entries[0], { level: WARN, pid: 4246, err: { message: /malformed/ } }, 'the malformed stat is logged at warn with pid and err');
+});
+
+t.test('fixture tree: listPids and findPidsInCgroup', async (t) => {
+  const podUid = '7a4b5c9e-1234-4cde-8f00-0123456789ab';
+  const podSystemd = podUid.replaceAll('-', '_');
+  const containerId = '3f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8';
+  const otherContainer = '9e8d7c6b5a4938271605f4e3d2c1b0a99e8d7c6b5a4938271605f4e3d2c1b0a9';
+  const root = t.testdir({
+    // cgroup v2, systemd driver: the pod UID is written with '_'
+    '100': { cgroup: `0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod${podSystemd}.slice/cri-containerd-${containerId}.scope\n` },
+    // cgroup v1, cgroupfs driver: the pod UID keeps its '-'
+    '9': { cgroup: `12:memory:/kubepods/burstable/pod${podUid}/${otherContainer}\n11:cpu,cpuacct:/kubepods/burstable/pod${podUid}/${otherContainer}\n0::/\n` },
+    '101': { cgroup: '0::/system.slice/docker-0123abcd.scope\n' },
+    '102': { cgroup: '0::/user.slice/user-1000.slice/session-3.scope\n' },
+    '103': {},
+    self: { cgroup: `0::/kubepods/pod${podUid}/x\n` },
+    '12ab': { cgroup: `0::/kubepods/pod${podUid}/x\n` },
+    cpuinfo: 'processor : 0\n',
+  });
+  const { log, entries } = captureLog();
+  const proc = createProcReader({ root, log });
+
+  t.same(await proc.listPids(), [9, 100, 101, 102, 103], 'numeric entries only, in numeric order');
+  t.same(await proc.readCgroup(103), null, 'a process that vanished before its cgroup was read');
+  t.same(await proc.findPidsInCgroup(podUid), [9, 100], 'a pod UID matches both cgroup drivers, and the scan survives a vanished entry');
+  t.same(await proc.findPidsInCgroup(containerId), [100], 'a container id');
+  t.same(await proc.findPidsInCgroup(otherContainer), [9], 'a container id on cgroup v1');
+  t.same(await proc.findPidsInCgroup('no-such-pod'), [], 'no match');
+  await t.rejects(proc.findPidsInCgroup(''), /empty one matches every process/, 'an empty needle is refused, not matched to everything');
+  t.same(entries, []);
+
+  const many = Object.fromEntries(Array.from({ length: 150 }, (_, i) => [String(i + 1), { cgroup: `0::/pod-${i % 2 === 0 ? 'even' : 'odd'}\n` }]));
+  const big = createProcReader({ root: t.testdir(many), log });
+  const even = await big.findPidsInCgroup('pod-even');
+  t.equal(even.length, 75, 'a scan larger than one batch sees every process');
+  t.ok(even.every((pid) => pid % 2 === 1), 'and keeps each answer with its own pid');
+});
+
+t.test('checkReadable: operator-friendly reasons', async (t) => {
+  const { log } = captureLog();
+  const check = (root: string) => createProcReader({ root, log }).checkReadable();
+  const selfStat = statLine({ pid: 7, comm: 'node', state: 'R', ppid: 1, pgrp: 7, session: 7, startTime: 5 });
+
+  t.same(await check(t.testdir({ self: { stat: selfStat } })), { ok: true }, 'self/stat readable');
+  t.same(await check(t.testdir({ '7': { stat: selfStat } })), { ok: true }, 'no self (another PID namespace), but the root lists processes');
+
+  const empty = await check(t.testdir({ sys: {} }));
+  t.equal(empty.ok, false);
+  t.match(empty, { reason: /self\/stat \(ENOENT\), and .* lists no processes, so it is not a proc filesystem\. .*hostPID: true/ }, 'an empty mount is not mistaken for a node without processes');
+
+  const garbled = await check(t.testdir({ self: { stat: 'garbage' } }));
+  t.match(garbled, { ok: false, reason: /cannot read .*self\/stat \(malformed \/proc stat: / }, 'an unparsable self/stat says so');
+
+  const missing = await check('/nonexistent/host/proc');
+  t.match(missing, { ok: false, reason: /cannot read \/nonexistent\/host\/proc\/self\/stat \(ENOENT\), and cannot list \/nonexistent\/host\/proc \(ENOENT\)\. Point the proc root setting/ });
+
+  const file = await check(t.testdir({ 'not-a-dir': 'x' }) + '/not-a-dir');
+  t.match(file, { ok: false, reason: /\(ENOTDIR\), and cannot list .*not-a-dir \(ENOTDIR\)/ }, 'a root that is a file');
+});
+
+// Permission and I/O errors cannot be made on demand when the tests run as root: fs is replaced.
+async function withFailingFs(
+  t: Test,
+  fail: { readFile?: (path: string) => NodeJS.ErrnoException | undefined; readdir?: NodeJS.ErrnoException },
+): Promise<ProcfsModule> {
+  const readFile = (async (path: string, ...rest: unknown[]) => {
+    const err = fail.readFile?.(path);
+    if (err) throw err;
+    return (fsPromises.readFile as (...a: unknown[]) => Promise<string>)(path, ...rest);
+  }) as typeof ReadFile;
+  const readdir = (async (path: string) => {
+    if (fail.readdir) throw fail.readdir;
+    return fsPromises.readdir(path);
+  }) as typeof Readdir;
+  return t.mockImport<ProcfsModule>('../../src/system/procfs.js', { 'node:fs/promises': { ...fsPromises, readFile, readdir } });
+}
+
+t.test('errors other than "gone" are thrown clearly and logged at warn', async (t) => {
+  const selfStat = statLine({ pid: 7, comm: 'node', state: 'R', ppid: 1, pgrp: 7, session: 7, startTime: 5 });
+  const root = t.testdir({
+    '7': { stat: selfStat, cgroup: '0::/a\n' },
+    '8': { stat: selfStat, cgroup: '0::/a\n' },
+    '9': { stat: selfStat, cgroup: '0::/a\n' },
+  });
+  const byPid: Record<string, string> = { '7': 'EACCES', '8': 'EIO', '9': 'ESRCH' };
+  const mod = await withFailingFs(t, {
+    readFile: (path) => {
+      const code = byPid[path.split('/').at(-2) as string];
+      return code === undefined ? undefined : errnoError(code);
+    },
+  });
+  const { log, entries } = captureLog();
+  const proc = mod.createProcReader({ root, log });
+
+  await t.rejects(proc.readStat(7), { message: /7\/stat: permission denied \(EACCES\)\. The proc root .* is not readable by this process\. .*hostPID: true/, cause: { code: 'EACCES' } }, 'EACCES names the root and the fix');
+  t.match(entries.at(-1), { level: WARN, pid: 7, err: { code: 'EACCES' } }, 'EACCES logged with pid and err');
+  await t.rejects(proc.readCgroup(7), /permission denied/, 'the same for cgroup');
+  await t.rejects(proc.findPidsInCgroup('/a'), /permission denied/, 'a scan does not pass over an unreadable process as if it were not there');
+
+  await t.rejects(proc.readStat(8), { message: /8\/stat: EIO: simulated/, cause: { code: 'EIO' } }, 'EIO is wrapped with the path');
+  t.match(entries.at(-1), { level: WARN, pid: 8, err: { code: 'EIO' } }, 'EIO logged with pid and err');
+  await t.rejects(proc.isAlive(8, 5), /EIO/, 'isAlive does not guess over an I/O error');
+
+  const before = entries.length;
+  t.equal(await proc.readStat(9), null, 'ESRCH (exited between open and read) is gone');
+  t.equal(await proc.readCgroup(9), null);
+  t.equal(entries.length, before, 'and not a warning');
+
+  const denied = await withFailingFs(t, { readFile: () => errnoError('EACCES'), readdir: errnoError('EACCES') });
+  const locked = denied.createProcReader({ root, log });
+  await t.rejects(locked.listPids(), { message: /permission denied \(EACCES\)\. The proc root .* is not readable/ }, 'an unlistable root');
+  t.match(entries.at(-1), { level: WARN, root, err: { code: 'EACCES' } }, 'logged with the root and err');
+  t.match(await locked.checkReadable(), { ok: false, reason: /self\/stat \(EACCES\), and cannot list .* \(EACCES\)\. .*hostPID: true/ }, 'an unreadable root, for the doctor');
+});
