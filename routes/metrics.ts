@@ -17,8 +17,9 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (_request, reply) => {
-      const { states, view, node } = await shards.states(probeBudgetMs);
-      metrics.update({ node, ageMs: view ? view.ageMs : null, shards: states });
+      const { states, node } = await shards.states(probeBudgetMs);
+      const lastGood = app.services.node.peek();
+      metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
       return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics());
     },
   );

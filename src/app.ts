@@ -28,6 +28,7 @@ import shardsRoutes from '../routes/shards.js';
 import doctorRoutes from '../routes/doctor.js';
 import metricsRoutes from '../routes/metrics.js';
 import openapiRoutes from '../routes/openapi.js';
+import statusPageRoutes from '../routes/status-page.js';
 
 export interface Services {
   config: Config;
@@ -135,7 +136,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     stateFile,
     metrics,
     now,
-    probeBudgetMs: Math.min(800, config.smiTimeoutMs),
+    probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
   };
   app.decorate('services', services);
 
@@ -165,6 +166,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
 
   app.addSchema(ErrorSchema);
   await app.register(swagger, {
+    refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => (typeof json.$id === 'string' ? json.$id : `def-${i}`) },
     openapi: {
       openapi: '3.1.0',
       info: {
@@ -188,6 +190,16 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   await app.register(doctorRoutes);
   await app.register(metricsRoutes);
   await app.register(openapiRoutes);
-  app.addHook('onClose', async () => nvidiaSmi.killAll());
+  await app.register(statusPageRoutes);
+  // preClose, not onClose: in-flight requests waiting on nvidia-smi must finish (with an error) for
+  // close to complete, and their keep-alive connections must not hold the server open afterwards.
+  let closing = false;
+  app.addHook('onSend', async (_request, reply) => {
+    if (closing) reply.header('connection', 'close');
+  });
+  app.addHook('preClose', async () => {
+    closing = true;
+    nvidiaSmi.killAll();
+  });
   return app;
 }

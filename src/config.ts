@@ -80,6 +80,15 @@ export const SETTINGS = {
     accepts: 'an integer number of milliseconds from 100 to 600000',
     description: 'Hard limit for one nvidia-smi run; past it the run and its process group are killed.',
   },
+  probeWaitMs: {
+    env: 'NODECOMPUTE_PROBE_WAIT_MS',
+    flag: 'probe-wait-ms',
+    schema: milliseconds(0, 600_000, 'probe wait'),
+    default: 800,
+    accepts: 'an integer number of milliseconds from 0 to 600000',
+    description:
+      "Longest a probe (/readyz, /shards/:id/ready, /shards, /metrics) waits for a snapshot it needs before answering without one; keep it under the probe's timeout (Kubernetes' default is 1 s).",
+  },
   logLevel: {
     env: 'NODECOMPUTE_LOG_LEVEL',
     flag: 'log-level',
@@ -135,6 +144,7 @@ export interface Config {
   cacheTtlMs: number;
   maxStaleMs: number;
   smiTimeoutMs: number;
+  probeWaitMs: number;
   logLevel: (typeof LOG_LEVELS)[number];
   stateFile: string;
   gpuGraceMs: number;
@@ -154,7 +164,7 @@ export function defaultConfig(overrides: Partial<Config> = {}): Config {
 }
 
 function invalid(setting: Setting, raw: unknown, why?: string): never {
-  const got = typeof raw === 'string' ? JSON.stringify(raw) : String(raw);
+  const got = JSON.stringify(raw);
   throw new ConfigInvalidError(
     `Invalid setting ${setting.env} (--${setting.flag}): got ${got}${why ? ` (${why})` : ''}; ` +
       `it accepts ${setting.accepts}. Fix the environment variable or flag and start again.`,

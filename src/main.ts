@@ -52,8 +52,8 @@ async function serve(cli: ResolvedCli): Promise<void> {
     else log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
     await app.close();
   });
-  await app.listen({ host: config.host, port: config.port });
-  log.info({ version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, 'nodecompute is listening');
+  const url = await app.listen({ host: config.host, port: config.port });
+  log.info({ url, version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, 'nodecompute is listening');
   await warmUp(app, log);
 }
 

@@ -14,13 +14,18 @@ const MIB = 1024 * 1024;
 export interface Metrics {
   registry: Registry;
   observeQuery: (observation: QueryObservation) => void;
-  /** Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked. */
+  /** Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked; `ageMs` of the last good snapshot. */
   update(input: { node: NodeView | null; ageMs: number | null; shards: ShardState[] }): void;
 }
 
 export function createMetrics(): Metrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
+  // prom-client names these gauges *_total, which Prometheus reserves for counters (promtool rejects
+  // them); the handle and request counts they carry are rarely what an operator needs.
+  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {
+    registry.removeSingleMetric(name);
+  }
   const gpuLabels = ['gpu', 'uuid'] as const;
   const gauge = (name: string, help: string, labelNames: readonly string[] = []) =>
     new Gauge({ name, help, labelNames, registers: [registry] });
@@ -38,7 +43,7 @@ export function createMetrics(): Metrics {
   const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
   const shardState = gauge('nodecompute_shard_state', 'The shard readiness state: 1 for the current one, 0 for the others.', ['shard', 'state']);
   const up = gauge('nodecompute_nvidia_smi_up', '1 when the last node snapshot could be served, 0 when nvidia-smi cannot be asked.');
-  const age = gauge('nodecompute_snapshot_age_seconds', 'Age of the node snapshot served to this scrape.');
+  const age = gauge('nodecompute_snapshot_age_seconds', 'Age of the last good node snapshot (NaN before the first); alert when it grows past max-stale.');
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
     help: 'Duration of nvidia-smi runs, by query.',
@@ -67,8 +72,7 @@ export function createMetrics(): Metrics {
     update({ node, ageMs, shards }) {
       for (const metric of nodeGauges) metric.reset();
       up.set(node ? 1 : 0);
-      if (ageMs === null) age.reset();
-      else age.set(ageMs / 1000);
+      age.set(ageMs === null ? Number.NaN : ageMs / 1000);
       if (node) {
         const foreignByIndex = new Map(foreignMemory(node).map((gpu) => [gpu.index, gpu.foreignMiB]));
         for (const gpu of node.snapshot.gpus) {

@@ -20,6 +20,8 @@ export interface SnapshotView<S> {
   /** Older than the TTL: a refresh is running or has failed. */
   stale: boolean;
   staleReason: string | null;
+  /** The last refresh failed (the snapshot is the last good one). */
+  failing: boolean;
 }
 
 export interface SnapshotSourceOptions<S> {
@@ -112,6 +114,7 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
       ageMs,
       stale,
       staleReason: stale ? staleReason() : null,
+      failing: lastFailure !== null,
     };
   }
 

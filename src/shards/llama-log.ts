@@ -14,18 +14,21 @@
 //   b9829+   nothing about devices at the default verbosity: such a log says nothing (null)
 //   --list-devices  "Available devices:" then "  CUDA0: NAME (T MiB, F MiB free)" (CPU not listed)
 //
-// Decision, over the LAST run in the text (a CUDA/device-enumeration line after model loading has
-// begun starts a new run, so a restarted engine's older output cannot outvote the current one):
+// Decision, over the LAST run in the text (a start-up line - CUDA init, device list, no-GPU
+// warning - after model loading began starts a new run, so a restarted engine's older output
+// cannot outvote the current one); within a run the strongest evidence wins, not the latest:
 //   1. weights on a CUDA device (a `CUDA<n> [model ]buffer size` > 0 from load_tensors) -> CUDA.
 //      This is the only proof (DESIGN.md 5): a buffer on CUDA<n> cannot exist if CUDA failed, so it
-//      outweighs any earlier warning of the same run.
+//      outweighs any warning of the same run. KV, compute and CUDA_Host buffers do not count: with
+//      -ngl 0 a CUDA build still allocates a CUDA0 compute buffer while every weight stays on host.
 //   2. weights on another accelerator (ROCm0, Vulkan0, Metal, RPC...), or the 2023 "VRAM used"
 //      with no CUDA device in sight -> null: neither CUDA nor CPU, the contract has no word for it.
 //   3. the 2023 "VRAM used: X" > 0 where CUDA devices were found -> CUDA (that era's proof).
 //   4. any CPU evidence -> CPU: failed to initialize CUDA / no CUDA devices found / no usable GPU /
 //      not compiled with GPU offload; "offloaded 0/N" or "VRAM used: 0"; device_info or
 //      --list-devices naming no GPU; a complete block of model buffers all in host memory (the
-//      cortex.cpp case: "offloaded 13/33" claimed, only a CPU buffer allocated).
+//      cortex.cpp case: "offloaded 13/33" claimed, only a CPU buffer allocated). A block that
+//      opens the text is not complete: the tail may have cut its CUDA0 line off.
 //   5. CUDA merely present (devices found, listed or chosen, "using CUDA for GPU acceleration")
 //      -> CUDA, with a summary saying that no buffer line confirms the weights are there.
 //   6. nothing of the above -> null. "offloaded N/M layers" alone is a claim, not evidence.
@@ -34,9 +37,10 @@
 // --list-devices is the exception: it prints its list in one go and exits.
 //
 // Lines may carry any prefix (journald, ISO/docker timestamps, [tags], llama.cpp's
-// "0.00.316.450 I ", module tags like "srv  "), CRLF and ANSI colours. Every regex is anchored,
-// has bounded repetition and no nested quantifier, lines over 4 KiB are skipped, so a 1 MiB tail
-// parses in one linear pass and no input can make it throw.
+// "0.00.316.450 I ", module tags like "srv  "), CRLF and ANSI colours; after an unknown prefix a
+// line is re-anchored at a known function name. Line regexes are anchored with bounded repetition
+// and no nested quantifier, and lines over 4096 characters are skipped, so a 1 MiB tail parses in
+// one linear pass (about 50 ms) and no input can make it throw.
 
 export type EngineBackend = 'CUDA' | 'CPU';
 
@@ -68,10 +72,9 @@ const WHITESPACE = /\s+/g;
 const PREFIXES: readonly RegExp[] = [
   // journald / syslog: "Jan 30 09:13:15 host ollama[5307]: "
   /^[A-Z][a-z]{2} \d{1,2} \d\d:\d\d:\d\d(?:\.\d{1,9})? [^ ]{1,253} [^ :[\]]{1,64}(?:\[\d{1,10}\])?: /,
-  // ISO or docker timestamps: "2024-10-11T12:45:53.660Z ", "2026-05-17 10:44:25.389 | "
-  /^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: \| | |$)/,
-  // host and ident after an ISO journald timestamp: "host ollama[5307]: "
-  /^[^ ]{1,253} [^ :[\]]{1,64}\[\d{1,10}\]: /,
+  // ISO or docker timestamps: "2024-10-11T12:45:53.660Z ", "2026-05-17 10:44:25.389 | ", and
+  // journalctl -o short-iso: "2024-01-30T09:13:15+0000 host ollama[5307]: "
+  /^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: [^ ]{1,253} [^ :[\]]{1,64}\[\d{1,10}\]:)?(?: \| | |$)/,
   // bracketed stamps and tags: "[1706570000] ", "[CORTEX]::Error: "
   /^\[[^\]]{0,64}\](?:::[A-Za-z]{1,16}:)? ?/,
   // llama.cpp --log-timestamps: "0.00.316.450 "
@@ -130,11 +133,13 @@ type Block =
   | { kind: 'cuda-enum' }
   | { kind: 'device-info'; header: string; gpu: boolean }
   | { kind: 'list'; header: string; items: number }
-  | { kind: 'buffers'; hostNames: string[]; hostLines: string[]; accelerator: boolean };
+  // cutOff: the block opens the text, so a cut tail may have dropped its first (CUDA) lines.
+  | { kind: 'buffers'; hostLines: string[]; accelerator: boolean; cutOff: boolean };
 
 interface State {
   run: Run;
   block: Block | null;
+  linesSeen: number;
 }
 
 function newRun(): Run {
@@ -258,7 +263,7 @@ function continueBlock(st: State, block: Block, line: string): boolean {
 function closeBlock(run: Run, block: Block): void {
   if (block.kind === 'list' && block.items === 0) {
     run.cpu.push({ kind: 'cpu-devices', line: `${block.header} (none)` });
-  } else if (block.kind === 'buffers' && block.hostLines.length > 0 && !block.accelerator) {
+  } else if (block.kind === 'buffers' && block.hostLines.length > 0 && !block.accelerator && !block.cutOff) {
     for (const line of block.hostLines) run.cpu.push({ kind: 'host-buffers', line });
   }
 }
@@ -266,7 +271,6 @@ function closeBlock(run: Run, block: Block): void {
 function addWeights(run: Run, block: Extract<Block, { kind: 'buffers' }>, line: string, name: string, mib: number): void {
   const kind = deviceKind(name);
   if (kind === 'host') {
-    block.hostNames.push(name);
     block.hostLines.push(line);
   } else if (mib > 0) {
     block.accelerator = true;
@@ -279,7 +283,7 @@ function classify(st: State, line: string): void {
   let m: RegExpExecArray | null;
   if ((m = RE_WEIGHTS.exec(line))) {
     beginLoad(st);
-    const block: Block = { kind: 'buffers', hostNames: [], hostLines: [], accelerator: false };
+    const block: Block = { kind: 'buffers', hostLines: [], accelerator: false, cutOff: st.linesSeen === 0 };
     st.block = block;
     addWeights(st.run, block, line, m[1] as string, Number(m[2]));
   } else if ((m = RE_FOUND.exec(line))) {
@@ -334,12 +338,14 @@ function classify(st: State, line: string): void {
 
 function feed(st: State, line: string): void {
   const block = st.block;
-  if (block) {
-    if (continueBlock(st, block, line)) return;
-    closeBlock(st.run, block);
-    st.block = null;
+  if (!block || !continueBlock(st, block, line)) {
+    if (block) {
+      closeBlock(st.run, block);
+      st.block = null;
+    }
+    classify(st, line);
   }
-  classify(st, line);
+  st.linesSeen += 1;
 }
 
 function describe(run: Run, index: number): string {
@@ -436,7 +442,7 @@ export function parseLlamaLog(text: string): EngineAccount | null {
   const lines = text.split(/\r\n|\r|\n/);
   // A final newline ends the last line; it does not start an empty one that would close a block.
   if (lines[lines.length - 1] === '') lines.pop();
-  const st: State = { run: newRun(), block: null };
+  const st: State = { run: newRun(), block: null, linesSeen: 0 };
   for (const raw of lines) feed(st, clean(raw));
   // --list-devices prints its whole list and exits: the end of the text closes that block.
   if (st.block?.kind === 'list') closeBlock(st.run, st.block);
@@ -464,7 +470,7 @@ export function appendTail(previous: string, chunk: string, maxBytes: number = E
     excess -= utf8Bytes(codePoint);
     start += codePoint > 0xffff ? 2 : 1;
   }
-  if (start > 0 && all[start - 1] !== '\n') {
+  if (all[start - 1] !== '\n') {
     const newline = all.indexOf('\n', start);
     // Keep the cut mid-line when the only newline left is the last character.
     if (newline >= 0 && newline + 1 < all.length) start = newline + 1;

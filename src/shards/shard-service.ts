@@ -31,6 +31,16 @@ export interface ShardState {
   observedAt: number | null;
 }
 
+/**
+ * A verdict warns about the snapshot's age only when it matters: the last refresh failed, or the
+ * snapshot is this old. A routine stale-while-revalidate answer (one TTL old) is not news.
+ */
+export const STALE_WARNING_MS = 10_000;
+
+function staleNote(view: SnapshotView<NodeSnapshot>): string | null {
+  return view.failing || view.ageMs >= STALE_WARNING_MS ? view.staleReason : null;
+}
+
 export function shardBody(shard: ShardRecord): ShardRecordBody {
   return { ...shard, registeredAt: new Date(shard.registeredAt).toISOString() };
 }
@@ -165,7 +175,7 @@ export function createShardService(deps: ShardServiceDeps) {
       const shard = requireShard(id);
       try {
         const { view, node: nodeView } = await node.current(maxWaitMs === undefined ? {} : { maxWaitMs });
-        return stateOf(shard, nodeView, view.staleReason);
+        return stateOf(shard, nodeView, staleNote(view));
       } catch (err) {
         if (!isCodedError(err)) throw err;
         return stateOf(shard, null, null, err.message);
@@ -182,7 +192,7 @@ export function createShardService(deps: ShardServiceDeps) {
       const shards = registry.list().sort((a, b) => (a.id < b.id ? -1 : 1));
       try {
         const { view, node: nodeView } = await node.current(maxWaitMs === undefined ? {} : { maxWaitMs });
-        return { states: shards.map((shard) => stateOf(shard, nodeView, view.staleReason)), view, node: nodeView, error: null };
+        return { states: shards.map((shard) => stateOf(shard, nodeView, staleNote(view))), view, node: nodeView, error: null };
       } catch (err) {
         if (!isCodedError(err)) throw err;
         return { states: shards.map((shard) => stateOf(shard, null, null, err.message)), view: null, node: null, error: err.message };

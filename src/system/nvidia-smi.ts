@@ -293,12 +293,11 @@ function failedError(result: Completed): Error {
   );
 }
 
-function abnormalEndError(result: Completed): Error {
-  return new NvidiaSmiFailedError(
-    `nvidia-smi did not finish normally: ${String(result.shortMessage)}. ` +
-      'Something outside nodecompute killed it (the OOM killer?) or it crashed; check `dmesg`.',
-    { cause: result },
-  );
+function abnormalEndError(result: Completed, stopping: boolean): Error {
+  const why = stopping
+    ? 'nodecompute stopped it because nodecompute is shutting down.'
+    : 'Something outside nodecompute killed it (the OOM killer?) or it crashed; check `dmesg`.';
+  return new NvidiaSmiFailedError(`nvidia-smi did not finish normally: ${String(result.shortMessage)}. ${why}`, { cause: result });
 }
 
 function timeoutError(timeoutMs: number, args: string[]): Error {
@@ -312,9 +311,9 @@ function timeoutError(timeoutMs: number, args: string[]): Error {
 }
 
 /** stdout of a run that exited 0, or the coded error that says why there is none. */
-function stdoutOf(path: string, result: Completed): string {
+function stdoutOf(path: string, result: Completed, stopping: boolean): string {
   if (result.code === 'ENOENT' || result.code === 'EACCES') throw notFoundError(path, result);
-  if (result.exitCode === undefined) throw abnormalEndError(result);
+  if (result.exitCode === undefined) throw abnormalEndError(result, stopping);
   if (result.exitCode !== 0) throw failedError(result);
   return result.stdout;
 }
@@ -328,6 +327,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   const alive = new Set<number>();
   // Older drivers do not know memory.reserved; once one says so, stop asking for the life of the reader.
   let gpuFields: readonly string[] = GPU_QUERY_FIELDS;
+  let stopping = false;
 
   /** Runs nvidia-smi once; settles by `deadline` (performance.now() time) whatever the child does. */
   function execute(args: string[], deadline: number): Promise<string> {
@@ -345,7 +345,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       child.then((result) => {
         clearTimeout(timer);
         try {
-          resolve(stdoutOf(path, result));
+          resolve(stdoutOf(path, result, stopping));
         } catch (err) {
           reject(err);
         }
@@ -358,7 +358,8 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
     if (err === undefined) {
       log.debug({ query, durationMs }, 'nvidia-smi answered');
     } else {
-      log.warn({ query, durationMs, err }, 'nvidia-smi query failed');
+      // The snapshot cache logs each failure once, when it starts; the doctor shows its own.
+      log.debug({ query, durationMs, err }, 'nvidia-smi query failed');
     }
     onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as CodedError).code });
   }
@@ -404,6 +405,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       ),
     queryVersion: () => run('version', ['--version'], parseVersion, performance.now() + timeoutMs),
     killAll: () => {
+      stopping = true;
       for (const pid of alive) killGroup(pid, log);
     },
     get running() {

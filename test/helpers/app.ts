@@ -2,6 +2,8 @@
 // the real /proc, a silent logger and (optionally) a clock the test moves. Also spawns real shard
 // processes: a detached leader with children that stay in its process group.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Test } from 'tap';
 import { pino } from 'pino';
@@ -23,12 +25,17 @@ export interface TestAppOptions {
 }
 
 export async function buildTestApp(t: Test, options: TestAppOptions): Promise<TestApp> {
-  const dir = t.testdir({ smi: {}, state: {} });
+  // Not t.testdir(): a test may already use that for a fixture /proc tree.
+  const dir = mkdtempSync(join(tmpdir(), 'nodecompute-test-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  mkdirSync(join(dir, 'smi'));
   const fake = createFakeNvidiaSmi(join(dir, 'smi'), options.scenario);
   const config = defaultConfig({
     nvidiaSmi: fake.path,
     stateFile: join(dir, 'state', 'shards.json'),
     logLevel: 'silent',
+    // A loaded 2-core CI machine can take seconds to start the fake: probes must not give up on it.
+    probeWaitMs: 20_000,
     ...options.config,
   });
   const app = await buildApp(config, { logger: pino({ level: 'silent' }), ...options.deps });
@@ -62,7 +69,10 @@ export interface ShardProcess {
  */
 export async function spawnShardProcess(t: Test, children = 2): Promise<ShardProcess> {
   const script = `${Array.from({ length: children }, () => 'sleep 600 &').join(' ')} wait`;
-  const child = spawn('sh', ['-c', script], { detached: true, stdio: 'ignore' });
+  const child =
+    children === 0
+      ? spawn('sleep', ['600'], { detached: true, stdio: 'ignore' })
+      : spawn('sh', ['-c', script], { detached: true, stdio: 'ignore' });
   const pid = child.pid!;
   await waitUntil(() => livePidsInGroup(pid).length === children + 1, { what: `process group ${pid} to have ${children + 1} members` });
   const members = livePidsInGroup(pid).filter((member) => member !== pid);

@@ -65,6 +65,8 @@ export type FakeFailure =
   | { kind: 'killed-by-signal'; signal?: NodeJS.Signals }
   /** never exits; a grandchild `sleep` in its process group holds stdout open */
   | { kind: 'hang'; partialOutput?: string }
+  /** exits 0 at once, leaving a `sleep` in a session of its own holding stdout open; kill it by its pid */
+  | { kind: 'escaped-grandchild' }
   | { kind: 'custom'; stdout?: string; stderr?: string; exitCode: number };
 
 export interface FakeScenario {

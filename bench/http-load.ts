@@ -1,0 +1,138 @@
+// Owns the load the HTTP figures send, every loop bounded in both count and time:
+//   - autocannon runs (library API, in this process) with each response's own latency kept, so
+//     p50/p99 are exact rather than autocannon's whole-millisecond histogram;
+//   - a burst of N requests at once, each on its own connection (the single-flight figure);
+//   - a closed loop of a few keep-alive workers that read every answer (the slow-refresh figure).
+import http from 'node:http';
+import autocannon, { type AutocannonRequest } from 'autocannon';
+import { percentile, sortedCopy } from './stats.js';
+
+export interface LoadResult {
+  requests: number;
+  seconds: number;
+  rps: number;
+  p50Ms: number;
+  p99Ms: number;
+  errors: number;
+  non2xx: number;
+}
+
+export interface AutocannonRun {
+  url: string;
+  requests: AutocannonRequest[];
+  connections: number;
+  /** Time bound: autocannon stops after this many seconds (or at `amount`). */
+  durationS: number;
+  /** Count bound: stop after this many responses. */
+  amount?: number;
+}
+
+const MAX_SAMPLES = 2_000_000;
+
+/** Runs autocannon; when `keep` is given, every latency (ms) is appended to it too. */
+export async function runAutocannon(run: AutocannonRun, keep?: number[]): Promise<LoadResult> {
+  const latencies = new Float64Array(MAX_SAMPLES);
+  let samples = 0;
+  const instance = autocannon({
+    url: run.url,
+    connections: run.connections,
+    requests: run.requests,
+    ...(run.amount !== undefined ? { amount: run.amount } : { duration: run.durationS, maxOverallRequests: MAX_SAMPLES }),
+  });
+  instance.on('response', (_client, _status, _bytes, ms) => {
+    if (samples < MAX_SAMPLES) latencies[samples++] = ms;
+  });
+  // With `amount` autocannon has no timer of its own: this is the time bound.
+  const guard = setTimeout(() => instance.stop(), run.durationS * 1000);
+  const started = performance.now();
+  const result = await instance;
+  const seconds = (performance.now() - started) / 1000;
+  clearTimeout(guard);
+  const kept = latencies.subarray(0, samples);
+  if (keep) for (const ms of kept) keep.push(ms);
+  const sorted = sortedCopy(kept);
+  return {
+    requests: samples,
+    seconds,
+    rps: samples / seconds,
+    p50Ms: percentile(sorted, 50),
+    p99Ms: percentile(sorted, 99),
+    errors: result.errors + result.timeouts,
+    non2xx: result.non2xx,
+  };
+}
+
+export interface Answer {
+  status: number;
+  body: string;
+  contentType: string;
+}
+
+export function request(url: string, options: { method?: string; body?: unknown; agent?: http.Agent | false; timeoutMs?: number } = {}): Promise<Answer> {
+  const payload = options.body === undefined ? undefined : JSON.stringify(options.body);
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      url,
+      {
+        method: options.method ?? 'GET',
+        agent: options.agent ?? false,
+        headers: payload === undefined ? {} : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) },
+        timeout: options.timeoutMs ?? 30_000,
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (chunk: Buffer) => chunks.push(chunk));
+        res.on('end', () =>
+          resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8'), contentType: String(res.headers['content-type'] ?? '') }),
+        );
+        res.on('error', reject);
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error(`${url}: no answer within ${options.timeoutMs ?? 30_000} ms`)));
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
+/** Sends every request at once, each on a fresh connection; resolves when all have settled. */
+export async function burst(urls: string[], timeoutMs: number): Promise<{ ok: number; failed: number; statuses: Record<number, number> }> {
+  const settled = await Promise.allSettled(urls.map((url) => request(url, { timeoutMs })));
+  const statuses: Record<number, number> = {};
+  let failed = 0;
+  for (const outcome of settled) {
+    if (outcome.status === 'rejected') failed += 1;
+    else statuses[outcome.value.status] = (statuses[outcome.value.status] ?? 0) + 1;
+  }
+  return { ok: settled.length - failed, failed, statuses };
+}
+
+export interface ProbeSample {
+  /** ms since the loop started. */
+  at: number;
+  ms: number;
+  status: number;
+  body: string;
+}
+
+/** `workers` keep-alive clients asking `paths` in turn until `durationMs` or `maxRequests`. */
+export async function closedLoop(base: string, paths: string[], workers: number, durationMs: number, maxRequests: number): Promise<ProbeSample[]> {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: workers });
+  const samples: ProbeSample[] = [];
+  const started = performance.now();
+  let next = 0;
+  const worker = async () => {
+    while (performance.now() - started < durationMs && next < maxRequests) {
+      const path = paths[next % paths.length]!;
+      next += 1;
+      const sent = performance.now();
+      const answer = await request(`${base}${path}`, { agent, timeoutMs: 10_000 });
+      samples.push({ at: sent - started, ms: performance.now() - sent, status: answer.status, body: answer.body });
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: workers }, worker));
+  } finally {
+    agent.destroy();
+  }
+  return samples;
+}

@@ -1,0 +1,82 @@
+// Owns bringing up a nodecompute server for an HTTP figure: a fake nvidia-smi of its own (scenario
+// and invocation log in its own directory), its own state file, the 64 shards registered over HTTP
+// as a control plane would, and a wait until a snapshot that includes all of them says they are ready.
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Config } from '../src/config.js';
+import { createFakeSmi, type FakeSmi, type NodeLayout } from './fake-smi.js';
+import { request } from './http-load.js';
+import type { ProcessFarm } from './processes.js';
+import { startServer, type ServerHandle } from './server-handle.js';
+
+export interface BenchContext {
+  /** A private temporary directory for this bench run. */
+  dir: string;
+  farm: ProcessFarm;
+  /** The large node: 8 GPUs, 256 GPU processes, 64 shards (each shard's child on its GPU). */
+  layout: NodeLayout;
+  shardIds: string[];
+}
+
+export interface NodecomputeServer {
+  server: ServerHandle;
+  fake: FakeSmi;
+}
+
+export function shardId(i: number): string {
+  return `shard-${String(i).padStart(2, '0')}`;
+}
+
+export async function startNodecompute(ctx: BenchContext, name: string, config: Partial<Config>, delayMs = 0): Promise<NodecomputeServer> {
+  const dir = join(ctx.dir, name);
+  mkdirSync(dir, { recursive: true });
+  const fake = createFakeSmi(dir, { gpus: ctx.layout.gpus, processes: ctx.layout.processes, delayMs });
+  const server = await startServer(name, {
+    kind: 'nodecompute',
+    config: { logLevel: 'warn', nvidiaSmi: fake.path, stateFile: join(dir, 'shards.json'), ...config },
+  });
+  return { server, fake };
+}
+
+/** Registers every shard of the farm (PUT, 8 at a time). */
+export async function registerShards(ctx: BenchContext, server: ServerHandle): Promise<void> {
+  const queue = ctx.farm.shards.map((group, i) => ({ id: ctx.shardIds[i]!, pid: group.leader, gpu: ctx.layout.shardGpu[i]! }));
+  const worker = async () => {
+    for (let next = queue.shift(); next; next = queue.shift()) {
+      const answer = await request(`${server.url}/shards/${next.id}`, { method: 'PUT', body: { pid: next.pid, gpus: [next.gpu], engine: 'other' } });
+      if (answer.status !== 201 && answer.status !== 200) throw new Error(`PUT /shards/${next.id} answered ${answer.status}: ${answer.body}`);
+    }
+  };
+  await Promise.all(Array.from({ length: 8 }, worker));
+}
+
+/** Polls GET /shards until every shard is ready (bounded by `timeoutMs`). */
+export async function waitAllReady(ctx: BenchContext, server: ServerHandle, timeoutMs = 30_000): Promise<void> {
+  const giveUpAt = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < giveUpAt) {
+    const answer = await request(`${server.url}/shards`);
+    if (answer.status === 200) {
+      const list = JSON.parse(answer.body) as { shards: Array<{ id: string; status: { state: string } }> };
+      const ready = list.shards.filter((shard) => shard.status.state === 'ready').length;
+      if (ready === ctx.shardIds.length) return;
+      last = `${ready} of ${ctx.shardIds.length} ready (${[...new Set(list.shards.map((s) => s.status.state))].join(', ')})`;
+    } else {
+      last = `GET /shards answered ${answer.status}`;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  throw new Error(`${server.name}: the shards did not all become ready within ${timeoutMs} ms: ${last}`);
+}
+
+export async function startRegisteredNode(ctx: BenchContext, name: string, config: Partial<Config>, delayMs = 0): Promise<NodecomputeServer> {
+  const node = await startNodecompute(ctx, name, config, delayMs);
+  try {
+    await registerShards(ctx, node.server);
+    await waitAllReady(ctx, node.server);
+  } catch (err) {
+    await node.server.stop();
+    throw err;
+  }
+  return node;
+}

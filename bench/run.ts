@@ -1,0 +1,165 @@
+// `npm run bench`: measures nodecompute's performance figures in one run and prints them as a table
+// (figure, measured, target, pass/fail); writes every number to bench/results/latest.json. The
+// figures run one after another, never overlapping, against servers in child processes on
+// 127.0.0.1 (or in this process, for the refresh cost). Pass figure names as arguments to run only
+// those (throughput, single-flight, slow-probe, refresh-cost, memory). Exits 1 when a figure could
+// not be measured at all; a figure that misses its target is reported, not an error.
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { nodeLayout } from './fake-smi.js';
+import { memoryFigure, FLAT_FACTOR, RSS_TARGET_MB, type MemoryResult } from './figures/memory.js';
+import { MAX_STEP_GROWTH, refreshCostFigure, TARGET_MS_AT_256, type RefreshCostResult } from './figures/refresh-cost.js';
+import { singleFlightFigure, type SingleFlightResult } from './figures/single-flight.js';
+import { P99_TARGET_MS, slowProbeFigure, type SlowProbeResult } from './figures/slow-probe.js';
+import { RATIO_TARGET, ROUNDS, throughputFigure, type EndpointResult } from './figures/throughput.js';
+import { shardId, type BenchContext } from './node-setup.js';
+import { startProcessFarm } from './processes.js';
+import { formatTable, machine, type Row } from './report.js';
+
+const SHARDS = 64;
+/** Enough foreign processes for the largest refresh-cost size (1,024 GPU processes, 64 of them shards'). */
+const FOREIGN = 960;
+const RESULTS = fileURLToPath(new URL('../../bench/results/latest.json', import.meta.url));
+
+const verdict = (pass: boolean): Row['result'] => (pass ? 'pass' : 'FAIL');
+
+function throughputRows(results: EndpointResult[]): Row[] {
+  return results.map((r) => ({
+    figure: `1. ${r.endpoint} req/s vs bare Fastify (${r.bodyBytes} B body)`,
+    measured:
+      `${r.ratio} (${r.nodecompute.rps} vs ${r.bare.rps} req/s; p50 ${r.nodecompute.p50Ms}/${r.bare.p50Ms} ms, ` +
+      `p99 ${r.nodecompute.p99Ms}/${r.bare.p99Ms} ms; CPU ratio ${r.cpuRatio})${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
+    target: `>= ${RATIO_TARGET}`,
+    result: verdict(r.pass),
+  }));
+}
+
+function singleFlightRows(r: SingleFlightResult): Row[] {
+  const perWindow = r.windows.map((w) => `${w.gpuRuns}+${w.computeAppsRuns}`).join(', ');
+  const failed = r.windows.reduce((sum, w) => sum + w.failed, 0);
+  return [
+    {
+      figure: '2. nvidia-smi runs per TTL window, 1,000 concurrent requests',
+      measured: `max ${r.maxRunsPerQuery} per query (GPU+apps per window: ${perWindow}; cold, expired, expired)${failed ? `; ${failed} requests failed` : ''}`,
+      target: 'exactly 1 per query',
+      result: verdict(r.pass),
+    },
+  ];
+}
+
+function slowProbeRows(r: SlowProbeResult): Row[] {
+  return [
+    {
+      figure: '3. /shards/:id/ready p99 while nvidia-smi takes 3 s',
+      measured:
+        `${r.p99Ms} ms (p50 ${r.p50Ms}, max ${r.maxMs}; ${r.requests} probes, ${r.staleAnswers} stale, ` +
+        `refresh landed at ${r.refreshLandedAtMs ?? '-'} ms${r.non200 ? `, ${r.non200} not 200` : ''})${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
+      target: `p99 < ${P99_TARGET_MS} ms`,
+      result: verdict(r.pass),
+    },
+  ];
+}
+
+function refreshCostRows(r: RefreshCostResult): Row[] {
+  const at256 = r.sizes.find((s) => s.processes === 256)!;
+  return [
+    {
+      figure: '4. snapshot refresh + attribution, 16/64/256/1024 GPU procs',
+      measured: `${r.sizes.map((s) => s.medianMs).join(' / ')} ms (${r.sizes.map((s) => s.usPerProcess).join(' / ')} us per process)`,
+      target: `< ${TARGET_MS_AT_256} ms at 256`,
+      result: verdict(at256.medianMs < TARGET_MS_AT_256),
+    },
+    {
+      figure: '4. refresh cost linearity (time growth per 4x processes)',
+      measured: r.stepGrowth.map((g) => `${g}x`).join(', '),
+      target: `each <= ${MAX_STEP_GROWTH}x`,
+      result: verdict(r.linear),
+    },
+  ];
+}
+
+function memoryRows(r: MemoryResult): Row[] {
+  return [
+    {
+      figure: '5. server RSS after 100,000 mixed requests',
+      measured: `${r.rssAt100kMB} MB (${r.rssAt50kMB} MB at 50k; ${r.requestsPerSecond} req/s)${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
+      target: `< ${RSS_TARGET_MB} MB, <= ${FLAT_FACTOR} x RSS at 50k`,
+      result: verdict(r.pass),
+    },
+  ];
+}
+
+interface Figure {
+  name: string;
+  title: string;
+  run: (ctx: BenchContext, log: (line: string) => void) => Promise<unknown>;
+  rows: (result: never) => Row[];
+}
+
+const FIGURES: Figure[] = [
+  { name: 'throughput', title: `1. throughput vs bare Fastify (${ROUNDS} interleaved rounds)`, run: throughputFigure, rows: throughputRows },
+  { name: 'single-flight', title: '2. nvidia-smi runs per TTL window', run: singleFlightFigure, rows: singleFlightRows },
+  { name: 'slow-probe', title: '3. probe latency during a 3 s nvidia-smi', run: slowProbeFigure, rows: slowProbeRows },
+  { name: 'refresh-cost', title: '4. snapshot refresh cost', run: refreshCostFigure, rows: refreshCostRows },
+  { name: 'memory', title: '5. resident memory over 100k requests', run: memoryFigure, rows: memoryRows },
+];
+
+async function main(argv: string[]): Promise<number> {
+  const unknown = argv.filter((name) => !FIGURES.some((figure) => figure.name === name));
+  if (unknown.length > 0) {
+    process.stderr.write(`bench: unknown figure ${unknown.join(', ')}; the figures are ${FIGURES.map((f) => f.name).join(', ')}\n`);
+    return 2;
+  }
+  const selected = argv.length > 0 ? FIGURES.filter((figure) => argv.includes(figure.name)) : FIGURES;
+  const log = (line: string) => process.stdout.write(`${line}\n`);
+  const started = Date.now();
+  const dir = mkdtempSync(join(tmpdir(), 'nodecompute-bench-'));
+  log(`Starting ${SHARDS} shard process groups and ${FOREIGN} foreign processes...`);
+  const farm = await startProcessFarm(SHARDS, FOREIGN);
+  const ctx: BenchContext = {
+    dir,
+    farm,
+    layout: nodeLayout(256, farm.shards, SHARDS, farm.foreign),
+    shardIds: farm.shards.map((_, i) => shardId(i)),
+  };
+  const rows: Row[] = [];
+  const figures: Record<string, unknown> = {};
+  let errors = 0;
+  try {
+    for (const figure of selected) {
+      log(`${figure.title}...`);
+      const figureStarted = Date.now();
+      try {
+        const result = await figure.run(ctx, log);
+        figures[figure.name] = result;
+        rows.push(...figure.rows(result as never));
+      } catch (err) {
+        errors += 1;
+        const message = (err as Error).message;
+        figures[figure.name] = { error: (err as Error).stack ?? message };
+        rows.push({ figure: figure.title, measured: `could not be measured: ${message.split('\n')[0]}`, target: '-', result: 'ERROR' });
+      }
+      log(`  (${Math.round((Date.now() - figureStarted) / 1000)} s)`);
+    }
+  } finally {
+    await farm.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const table = formatTable(rows);
+  const host = machine();
+  const durationS = Math.round((Date.now() - started) / 1000);
+  log('');
+  log(table);
+  log(`\nMachine: ${host.nproc} CPUs (${host.cpu}), Node ${host.node}, Linux ${host.kernel}; bench took ${durationS} s.`);
+  mkdirSync(join(RESULTS, '..'), { recursive: true });
+  writeFileSync(RESULTS, `${JSON.stringify({ startedAt: new Date(started).toISOString(), durationS, machine: host, rows, figures }, null, 2)}\n`);
+  log(`Results: ${RESULTS}`);
+  return errors > 0 ? 1 : 0;
+}
+
+// Ctrl-C still runs the 'exit' handlers that kill the spawned processes.
+process.once('SIGINT', () => process.exit(130));
+process.once('SIGTERM', () => process.exit(143));
+process.exitCode = await main(process.argv.slice(2));

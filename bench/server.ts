@@ -1,0 +1,69 @@
+// The server side of the HTTP benchmarks, run as a child process of bench/run.ts so the load
+// generator's CPU and memory never count as the server's. It serves either nodecompute itself
+// (buildApp with the given settings) or the baseline: a bare Fastify app whose routes answer
+// precomputed bodies. The parent sends the spec over IPC; the child answers with its port, and later
+// with its memory usage on request. It listens on 127.0.0.1 only.
+import Fastify from 'fastify';
+import { buildApp } from '../src/app.js';
+import { defaultConfig, type Config } from '../src/config.js';
+
+export interface BareRoute {
+  /** A Fastify route path, e.g. `/shards/:id/ready`. */
+  path: string;
+  contentType: string;
+  body: string;
+}
+
+export type ServerSpec = { kind: 'nodecompute'; config: Partial<Config> } | { kind: 'bare'; routes: BareRoute[] };
+
+export type ToServer = { type: 'start'; spec: ServerSpec } | { type: 'memory' } | { type: 'stop' };
+export type FromServer =
+  | { type: 'listening'; port: number }
+  | { type: 'memory'; usage: NodeJS.MemoryUsage }
+  | { type: 'error'; message: string };
+
+function send(message: FromServer): void {
+  process.send?.(message);
+}
+
+async function start(spec: ServerSpec) {
+  if (spec.kind === 'bare') {
+    const app = Fastify({ logger: false });
+    for (const route of spec.routes) {
+      app.get(route.path, (_request, reply) => {
+        reply.type(route.contentType).send(route.body);
+      });
+    }
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    return app;
+  }
+  const app = await buildApp(defaultConfig({ ...spec.config, host: '127.0.0.1', port: 0 }));
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  return app;
+}
+
+let running: Awaited<ReturnType<typeof start>> | null = null;
+
+process.on('message', (message: ToServer) => {
+  if (message.type === 'start') {
+    start(message.spec).then(
+      (app) => {
+        running = app;
+        const address = app.server.address();
+        send({ type: 'listening', port: typeof address === 'object' && address ? address.port : 0 });
+      },
+      (err: Error) => send({ type: 'error', message: err.stack ?? err.message }),
+    );
+  } else if (message.type === 'memory') {
+    send({ type: 'memory', usage: process.memoryUsage() });
+  } else if (message.type === 'stop') {
+    const closing = running ? running.close() : Promise.resolve();
+    void closing.finally(() => process.exit(0));
+  }
+});
+// Without a parent there is nothing to serve; with one, leave when it goes.
+process.on('disconnect', () => process.exit(0));
+if (!process.send) {
+  process.stderr.write('bench/server.js is started by bench/run.js over IPC\n');
+  process.exit(2);
+}

@@ -1,0 +1,86 @@
+// Owns GET /, the status page: HTML for a browser, an aligned plain-text table for curl and
+// terminals (curl's `*/*` gets text: only a client that prefers text/html over text/plain gets
+// HTML). It answers from the same cached snapshot as every probe, within the probe budget, so
+// opening or auto-reloading it never adds nvidia-smi runs, and it still answers when nvidia-smi
+// cannot be asked (with a banner and every shard unverified).
+import { hostname } from 'node:os';
+import { Type } from '@sinclair/typebox';
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { errorResponses } from '../src/schemas/common.js';
+import { renderHtml, renderText, statusModel } from '../src/status-page/render.js';
+import { VERSION } from '../src/version.js';
+
+interface MediaRange {
+  type: string;
+  q: number;
+}
+
+function parseAccept(header: string): MediaRange[] {
+  return header.split(',').map((part) => {
+    const [type = '', ...params] = part.split(';').map((piece) => piece.trim().toLowerCase());
+    const qParam = params.find((param) => param.startsWith('q='));
+    const q = qParam === undefined ? 1 : Number(qParam.slice(2));
+    return { type, q: Number.isFinite(q) ? Math.min(1, Math.max(0, q)) : 0 };
+  });
+}
+
+/** The q-value the Accept header gives a media type: from its most specific matching range. */
+function quality(ranges: MediaRange[], mediaType: string): number {
+  const family = `${mediaType.split('/')[0]}/*`;
+  let specificity = -1;
+  let q = 0;
+  for (const range of ranges) {
+    const rank = range.type === mediaType ? 2 : range.type === family ? 1 : range.type === '*/*' ? 0 : -1;
+    if (rank > specificity) {
+      specificity = rank;
+      q = range.q;
+    }
+  }
+  return q;
+}
+
+/** True when the client prefers text/html strictly over text/plain; ties and no Accept get text. */
+export function prefersHtml(accept: string | undefined): boolean {
+  if (!accept) return false;
+  const ranges = parseAccept(accept);
+  return quality(ranges, 'text/html') > quality(ranges, 'text/plain');
+}
+
+const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const { shards, probeBudgetMs, now } = app.services;
+  const host = hostname();
+  app.get(
+    '/',
+    {
+      schema: {
+        tags: ['operators'],
+        summary: 'Status page: every GPU\'s memory split by shard, foreign and free, and every shard\'s state, reason and the GPUs it holds.',
+        description:
+          'HTML (reloading every 5 s, no script, no external asset) when the client prefers text/html, as browsers do; an aligned plain-text table otherwise (curl). `?format=html|text` overrides the Accept header. Answers from the cached snapshot; when nvidia-smi cannot be asked it still answers 200 with a banner saying why.',
+        querystring: Type.Object({
+          format: Type.Optional(Type.Union([Type.Literal('html'), Type.Literal('text')], { description: 'Force HTML or plain text regardless of Accept.' })),
+        }),
+        produces: ['text/html', 'text/plain'],
+        response: {
+          200: {
+            description: 'The status page.',
+            content: {
+              'text/html': { schema: Type.String({ description: 'A self-contained HTML page.' }) },
+              'text/plain': { schema: Type.String({ description: 'The same as aligned plain text.' }) },
+            },
+          },
+          ...errorResponses(400),
+        },
+      },
+    },
+    async (request, reply) => {
+      const result = await shards.states(probeBudgetMs);
+      const model = statusModel({ ...result, host, version: VERSION, now: now() });
+      const html = request.query.format === undefined ? prefersHtml(request.headers.accept) : request.query.format === 'html';
+      reply.header('vary', 'Accept').header('cache-control', 'no-store');
+      return reply.type(`${html ? 'text/html' : 'text/plain'}; charset=utf-8`).send(html ? renderHtml(model) : renderText(model));
+    },
+  );
+};
+
+export default statusPageRoutes;

@@ -1,0 +1,479 @@
+#!/usr/bin/env bash
+# Owns the GPU smoke check: on a machine with a real NVIDIA GPU it starts the BUILT service
+# (dist/src/main.js), puts a real CUDA process on GPU 0 and checks, end to end, that nodecompute
+# sees what CI can only fake: the process on GPU 0 attributed to its shard, the shard computing on
+# CUDA, its memory counted as shard memory, readiness going starting -> ready, and a shard that
+# never touches its GPU turning on-cpu after its grace. With --record it also saves the real
+# nvidia-smi answers to the exact queries the service makes, as test fixtures.
+# It needs only what it carries: dist/, node_modules/ and this script (scripts/README.md).
+# Overrides (so CI can run it against the fake nvidia-smi, test/scripts/gpu-smoke.test.ts):
+#   NODE                  node to run (default: node on PATH; >= 20)
+#   NVIDIA_SMI            nvidia-smi to use, by the service and by --record (default: nvidia-smi)
+#   SMOKE_CUDA_CMD        sh command that holds memory on GPU 0 and then writes its own pid to
+#                         "$SMOKE_CUDA_PID_FILE" (default: python3 + torch, about 1 GiB)
+#   SMOKE_CUDA_PID_FILE   where that pid is written (default: in the work directory)
+#   SMOKE_READY_TIMEOUT_S how long smoke-gpu may take to become ready (default 60)
+#   SMOKE_CUDA_TIMEOUT_S  how long the CUDA process may take to report its pid (default 120)
+#   SMOKE_MIN_MIB         shard memory expected on GPU 0 (default 900)
+#   SMOKE_HTTP_CLIENT     curl or node (default: curl when present)
+# shellcheck disable=SC2016,SC2317 # $$ and $1 belong to the child sh; cleanup runs from the trap
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: scripts/gpu-smoke.sh [--record [DIR]] [--keep]
+
+Starts dist/src/main.js on a free loopback port, runs a CUDA process on GPU 0 and checks what
+nodecompute reports about it. Prints a PASS/FAIL table; exits 1 when any check fails.
+
+  --record [DIR]  also save the real nvidia-smi outputs of the service's queries into DIR
+                  (default: test/fixtures/recorded/) as nvsmi-real_<gpu>_<driver>_<query>.txt
+  --keep          keep the work directory (service log, state file) for a look afterwards
+  -h, --help      this text
+
+Run `npm run build` first, or carry dist/ and node_modules/ (see scripts/README.md).
+EOF
+}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NODE=${NODE:-node}
+NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
+READY_TIMEOUT_S=${SMOKE_READY_TIMEOUT_S:-60}
+CUDA_TIMEOUT_S=${SMOKE_CUDA_TIMEOUT_S:-120}
+MIN_MIB=${SMOKE_MIN_MIB:-900}
+# smoke-gpu must not turn on-cpu while torch starts: its grace outlasts the readiness wait.
+GPU_GRACE_MS=$(((READY_TIMEOUT_S + 30) * 1000))
+CPU_GRACE_MS=3000
+RECORD_DIR=''
+KEEP=0
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --record)
+      RECORD_DIR="$ROOT/test/fixtures/recorded"
+      if [ $# -gt 1 ] && [ "${2#-}" = "$2" ]; then
+        RECORD_DIR=$2
+        shift
+      fi
+      ;;
+    --keep) KEEP=1 ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    *)
+      echo "gpu-smoke: unknown argument \"$1\"" >&2
+      usage >&2
+      exit 2
+      ;;
+  esac
+  shift
+done
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodecompute-gpu-smoke.XXXXXX")
+SERVICE_PID=''
+KILL_GROUPS=()
+
+# ---------------------------------------------------------------------------------------------
+# Cleanup: every process this script started goes, whatever way it ends.
+
+group_alive() {
+  kill -0 -- "-$1" 2>/dev/null
+}
+
+stop_group() {
+  local pgid=$1 i
+  group_alive "$pgid" || return 0
+  kill -TERM -- "-$pgid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do
+    group_alive "$pgid" || return 0
+    sleep 0.1
+  done
+  kill -KILL -- "-$pgid" 2>/dev/null || true
+}
+
+cleanup() {
+  local pgid
+  for pgid in "${KILL_GROUPS[@]}"; do stop_group "$pgid"; done
+  if [ -n "$SERVICE_PID" ] && kill -0 "$SERVICE_PID" 2>/dev/null; then
+    kill -KILL "$SERVICE_PID" 2>/dev/null || true
+  fi
+  if [ "$KEEP" = 1 ]; then
+    echo "gpu-smoke: work directory kept: $WORK" >&2
+  else
+    rm -rf "$WORK"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+NAMES=()
+RESULTS=()
+DETAILS=()
+
+check() {
+  NAMES+=("$1")
+  RESULTS+=("$2")
+  DETAILS+=("$3")
+  printf 'gpu-smoke: %-4s %s: %s\n' "$2" "$1" "$3" >&2
+}
+
+now_ms() {
+  date +%s%3N
+}
+
+finish() {
+  local i passed=0 failed=0 skipped=0
+  echo
+  echo "nodecompute GPU smoke check: nvidia-smi ${NVIDIA_SMI}, driver ${DRIVER:-unknown}, GPU 0 ${GPU_NAME:-unknown}"
+  printf '%-6s %-34s %s\n' RESULT CHECK DETAIL
+  for i in "${!NAMES[@]}"; do
+    printf '%-6s %-34s %s\n' "${RESULTS[$i]}" "${NAMES[$i]}" "${DETAILS[$i]}"
+    case "${RESULTS[$i]}" in
+      PASS) passed=$((passed + 1)) ;;
+      FAIL) failed=$((failed + 1)) ;;
+      *) skipped=$((skipped + 1)) ;;
+    esac
+  done
+  echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+  if [ "$failed" -gt 0 ]; then
+    if [ -s "$WORK/service.log" ]; then
+      echo "--- last lines of the nodecompute log ($WORK/service.log) ---" >&2
+      tail -n 20 "$WORK/service.log" >&2
+    fi
+    exit 1
+  fi
+  exit 0
+}
+
+die() {
+  check "$1" FAIL "$2"
+  finish
+}
+
+# ---------------------------------------------------------------------------------------------
+# HTTP and JSON: curl when present, else node's fetch; JSON is read with node, which is needed anyway.
+
+HTTP_CLIENT=${SMOKE_HTTP_CLIENT:-}
+if [ -z "$HTTP_CLIENT" ]; then
+  if command -v curl >/dev/null 2>&1; then HTTP_CLIENT=curl; else HTTP_CLIENT=node; fi
+fi
+STATUS=000
+BODY=''
+
+# http METHOD PATH [JSON]: sets STATUS (000: no answer) and BODY; the body also stays in $WORK/body.
+http() {
+  local method=$1 path=$2 data=${3-}
+  rm -f "$WORK/body"
+  if [ "$HTTP_CLIENT" = curl ]; then
+    local args=(-sS -o "$WORK/body" -w '%{http_code}' -X "$method" --max-time 10)
+    if [ -n "$data" ]; then args+=(-H 'Content-Type: application/json' --data-binary "$data"); fi
+    STATUS=$(curl "${args[@]}" "$BASE$path" 2>"$WORK/http.err") || STATUS=000
+  else
+    STATUS=$("$NODE" -e "
+      const fs = require('node:fs');
+      const [method, url, data, out] = process.argv.slice(1);
+      const init = { method, signal: AbortSignal.timeout(10000) };
+      if (data) Object.assign(init, { headers: { 'content-type': 'application/json' }, body: data });
+      fetch(url, init)
+        .then(async (r) => { fs.writeFileSync(out, await r.text()); process.stdout.write(String(r.status)); })
+        .catch((e) => { fs.writeFileSync(out, String(e.cause?.message ?? e.message)); process.stdout.write('000'); });
+    " "$method" "$BASE$path" "$data" "$WORK/body") || STATUS=000
+  fi
+  BODY=$(cat "$WORK/body" 2>/dev/null || true)
+}
+
+# js EXPR [ARG...]: prints EXPR evaluated with b = the last response body parsed as JSON and
+# a = the ARGs; fails when the body is not JSON.
+js() {
+  "$NODE" -e "
+    const b = JSON.parse(require('node:fs').readFileSync(process.argv[1], 'utf8'));
+    const a = process.argv.slice(2);
+    const v = ($1);
+    process.stdout.write(typeof v === 'string' ? v : JSON.stringify(v ?? null));
+  " "$WORK/body" "${@:2}"
+}
+
+short() {
+  local text=${1//$'\n'/ }
+  if [ "${#text}" -gt 160 ]; then text="${text:0:157}..."; fi
+  printf '%s' "$text"
+}
+
+# Waits until FILE holds a pid (written whole), for at most SECONDS; prints it.
+wait_for_pid_file() {
+  local file=$1 seconds=$2 deadline content
+  deadline=$(($(now_ms) + seconds * 1000))
+  while [ "$(now_ms)" -lt "$deadline" ]; do
+    content=$(cat "$file" 2>/dev/null || true)
+    if [[ $content =~ ^[0-9]+$ ]]; then
+      printf '%s' "$content"
+      return 0
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Preflight
+
+[ -f "$ROOT/dist/src/main.js" ] || die "built service present" "$ROOT/dist/src/main.js is missing: run \`npm run build\` there, or carry dist/ along (scripts/README.md)"
+[ -d "$ROOT/node_modules" ] || die "built service present" "$ROOT/node_modules is missing: run \`npm ci --omit=dev\` there, or carry node_modules/ along"
+command -v "$NODE" >/dev/null 2>&1 || die "node present" "\"$NODE\" is not found: install Node.js >= 20 or set NODE to its path"
+NODE_MAJOR=$("$NODE" -p 'process.versions.node.split(".")[0]')
+[ "$NODE_MAJOR" -ge 20 ] || die "node present" "$NODE is Node $("$NODE" --version); nodecompute needs >= 20"
+command -v setsid >/dev/null 2>&1 || die "setsid present" "setsid (util-linux) is needed to give the test processes their own process groups"
+
+if ! "$NVIDIA_SMI" -L >"$WORK/list-L.txt" 2>&1; then
+  die "nvidia-smi answers" "\"$NVIDIA_SMI\" -L failed: $(short "$(cat "$WORK/list-L.txt")")"
+fi
+DRIVER=$("$NVIDIA_SMI" --version 2>/dev/null | sed -n 's/^DRIVER version *: *//p' | head -n 1 || true)
+# The queries the service makes, read from the build itself so the recording cannot drift from it.
+QUERY_FIELDS=$("$NODE" -e "
+  import(require('node:url').pathToFileURL(process.argv[1]).href).then((m) => {
+    process.stdout.write(m.GPU_QUERY_FIELDS.join(',') + '\n' + m.COMPUTE_APPS_FIELDS.join(',') + '\n');
+  });
+" "$ROOT/dist/src/system/nvidia-smi.js") || die "built service present" "cannot read the nvidia-smi fields from $ROOT/dist/src/system/nvidia-smi.js: is dist/ complete?"
+GPU_FIELDS=$(sed -n 1p <<<"$QUERY_FIELDS")
+APPS_FIELDS=$(sed -n 2p <<<"$QUERY_FIELDS")
+
+# ---------------------------------------------------------------------------------------------
+# The service
+
+PORT=$("$NODE" -e "const s = require('node:net').createServer().listen(0, '127.0.0.1', () => { process.stdout.write(String(s.address().port)); s.close(); });")
+BASE="http://127.0.0.1:$PORT"
+mkdir -p "$WORK/state"
+"$NODE" "$ROOT/dist/src/main.js" serve --host 127.0.0.1 --port "$PORT" \
+  --state-file "$WORK/state/shards.json" --nvidia-smi "$NVIDIA_SMI" \
+  --gpu-grace-ms "$GPU_GRACE_MS" --log-level info >"$WORK/service.log" 2>&1 </dev/null &
+SERVICE_PID=$!
+
+started=$(now_ms)
+until http GET /livez && [ "$STATUS" = 200 ]; do
+  if ! kill -0 "$SERVICE_PID" 2>/dev/null; then
+    die "service starts" "it exited: $(short "$(tail -n 3 "$WORK/service.log")")"
+  fi
+  [ $(($(now_ms) - started)) -lt 20000 ] || die "service starts" "no 200 from /livez within 20 s (last: HTTP $STATUS)"
+  sleep 0.2
+done
+check "service starts" PASS "pid $SERVICE_PID answers /livez on 127.0.0.1:$PORT"
+
+started=$(now_ms)
+until http GET /readyz && [ "$STATUS" = 200 ]; do
+  [ $(($(now_ms) - started)) -lt 15000 ] && { sleep 0.3; continue; }
+  break
+done
+if [ "$STATUS" = 200 ]; then
+  check "/readyz" PASS "nvidia-smi answers and its PIDs are visible"
+else
+  check "/readyz" FAIL "HTTP $STATUS: $(short "$BODY")"
+fi
+
+http GET /gpus
+GPU_NAME=$(js 'b.gpus.find((g) => g.index === 0)?.name ?? ""' 2>/dev/null || true)
+if [ "$STATUS" = 200 ] && [ -n "$GPU_NAME" ]; then
+  check "/gpus lists GPU 0" PASS "$GPU_NAME, $(js 'b.gpus.length') GPU(s), driver ${DRIVER:-unknown}"
+else
+  die "/gpus lists GPU 0" "HTTP $STATUS: $(short "$BODY")"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# A CUDA process on GPU 0, in a child of a process-group leader: an engine computing in a child.
+
+CUDA_PID_FILE=${SMOKE_CUDA_PID_FILE:-$WORK/cuda.pid}
+rm -f "$CUDA_PID_FILE"
+CUDA_CMD=${SMOKE_CUDA_CMD:-}
+CUDA_WHAT="SMOKE_CUDA_CMD"
+SKIP_CUDA=''
+if [ -z "$CUDA_CMD" ]; then
+  CUDA_WHAT="python3 + torch, 1 GiB on cuda:0"
+  if ! command -v python3 >/dev/null 2>&1; then
+    SKIP_CUDA="python3 is not installed"
+  elif ! torch_check=$(python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "torch " + torch.__version__ + " sees no CUDA device (CPU-only build, or no driver access)")' 2>&1); then
+    SKIP_CUDA="python3 cannot use torch on CUDA: $(short "$(tail -n 1 <<<"$torch_check")")"
+  fi
+  # A tensor of 1 GiB on the first GPU in PCI order, which is nvidia-smi's GPU 0.
+  CUDA_CMD='exec python3 -c "
+import os, time, torch
+x = torch.empty(1024 ** 3, dtype=torch.uint8, device=\"cuda:0\")
+x.fill_(1)
+torch.cuda.synchronize()
+path = os.environ[\"SMOKE_CUDA_PID_FILE\"]
+open(path + \".tmp\", \"w\").write(str(os.getpid()))
+os.rename(path + \".tmp\", path)
+time.sleep(3600)
+"'
+fi
+
+CUDA_PID=''
+if [ -n "$SKIP_CUDA" ]; then
+  echo "gpu-smoke: SKIPPING the CUDA checks: $SKIP_CUDA. Install torch with CUDA (pip install torch) or set SMOKE_CUDA_CMD." >&2
+  for name in "register smoke-gpu" "smoke-gpu starting -> ready" "/gpus: CUDA pid on GPU 0" "/shards/smoke-gpu/compute" "/gpus/foreign-memory"; do
+    check "$name" SKIP "$SKIP_CUDA"
+  done
+else
+  SMOKE_CUDA_PID_FILE=$CUDA_PID_FILE CUDA_DEVICE_ORDER=PCI_BUS_ID env -u CUDA_VISIBLE_DEVICES \
+    setsid sh -c 'echo $$ > "$1"; sh -c "$2" & wait' smoke-leader "$WORK/leader.pid" "$CUDA_CMD" \
+    </dev/null >"$WORK/cuda.log" 2>&1 &
+  LEADER=$(wait_for_pid_file "$WORK/leader.pid" 10) || die "register smoke-gpu" "the process-group leader did not start"
+  KILL_GROUPS+=("$LEADER")
+
+  http PUT /shards/smoke-gpu "{\"pid\":$LEADER,\"gpus\":[0],\"engine\":\"other\"}"
+  if [ "$STATUS" = 201 ]; then
+    check "register smoke-gpu" PASS "pid $LEADER (its process group), GPU 0"
+  else
+    check "register smoke-gpu" FAIL "HTTP $STATUS: $(short "$BODY")"
+  fi
+
+  # Readiness: starting while the CUDA process loads, then ready; never on-cpu or exited.
+  seen=''
+  state=''
+  started=$(now_ms)
+  while [ $(($(now_ms) - started)) -lt $((READY_TIMEOUT_S * 1000)) ]; do
+    http GET /shards/smoke-gpu/ready
+    state=$(js 'b.state' 2>/dev/null || echo "HTTP-$STATUS")
+    [ "${seen##*-> }" = "$state" ] || seen="${seen:+$seen -> }$state"
+    case "$state" in
+      ready | on-cpu | exited) break ;;
+    esac
+    sleep 0.5
+  done
+  waited=$((($(now_ms) - started) / 1000))
+  expected='^(starting -> )?ready$'
+  if [ "$state" = ready ] && [ "$STATUS" = 200 ] && [[ $seen =~ $expected ]]; then
+    check "smoke-gpu starting -> ready" PASS "$seen after ${waited} s"
+  else
+    reason=$(js 'b.reason ?? b.message ?? ""' 2>/dev/null || true)
+    check "smoke-gpu starting -> ready" FAIL "$seen (HTTP $STATUS) after ${waited} s: $(short "$reason")"
+  fi
+
+  if CUDA_PID=$(wait_for_pid_file "$CUDA_PID_FILE" "$CUDA_TIMEOUT_S"); then
+    http GET /gpus
+    on_gpu=$(js 'JSON.stringify(b.gpus.find((g) => g.index === 0)?.processes.find((p) => p.pid === Number(a[0])) ?? null)' "$CUDA_PID")
+    if [ "$(js '(b.gpus.find((g) => g.index === 0)?.processes ?? []).some((p) => p.pid === Number(a[0]) && p.shard === "smoke-gpu")' "$CUDA_PID")" = true ]; then
+      check "/gpus: CUDA pid on GPU 0" PASS "$on_gpu"
+    elif [ "$on_gpu" != null ]; then
+      check "/gpus: CUDA pid on GPU 0" FAIL "listed but not attributed to smoke-gpu: $on_gpu"
+    else
+      check "/gpus: CUDA pid on GPU 0" FAIL "pid $CUDA_PID is not among GPU 0's processes: $(short "$(js 'b.gpus.find((g) => g.index === 0)?.processes')")"
+    fi
+
+    http GET /shards/smoke-gpu/compute
+    if [ "$(js 'b.backend === "CUDA" && b.gpus.some((g) => g.index === 0) && b.devices.some((d) => d.startsWith("GPU 0:"))' 2>/dev/null)" = true ]; then
+      check "/shards/smoke-gpu/compute" PASS "backend CUDA, devices $(js 'b.devices.join(", ")')"
+    else
+      check "/shards/smoke-gpu/compute" FAIL "HTTP $STATUS: $(short "$BODY")"
+    fi
+
+    http GET /gpus/foreign-memory
+    shard_mib=$(js 'b.gpus.find((g) => g.index === 0)?.shardMiB ?? -1' 2>/dev/null || echo -1)
+    if [ "$shard_mib" -ge "$MIN_MIB" ]; then
+      check "/gpus/foreign-memory" PASS "GPU 0: shardMiB $shard_mib (>= $MIN_MIB), foreignMiB $(js 'b.gpus.find((g) => g.index === 0).foreignMiB')"
+    else
+      check "/gpus/foreign-memory" FAIL "GPU 0: shardMiB $shard_mib, expected >= $MIN_MIB: $(short "$BODY")"
+    fi
+  else
+    why="the CUDA process ($CUDA_WHAT) did not write its pid to $CUDA_PID_FILE within ${CUDA_TIMEOUT_S} s: $(short "$(tail -n 3 "$WORK/cuda.log")")"
+    for name in "/gpus: CUDA pid on GPU 0" "/shards/smoke-gpu/compute" "/gpus/foreign-memory"; do check "$name" FAIL "$why"; done
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# --record: the real answers to the service's queries, while the CUDA process holds GPU 0.
+
+record() {
+  local slug prefix file query status=0 failed=''
+  slug=$(tr '[:upper:]' '[:lower:]' <<<"$GPU_NAME" | sed -e 's/[^a-z0-9]\{1,\}/-/g' -e 's/^-//' -e 's/-$//')
+  prefix="nvsmi-real_${slug:-unknown-gpu}_${DRIVER:-unknown-driver}"
+  mkdir -p "$RECORD_DIR"
+  {
+    echo "# Recorded by scripts/gpu-smoke.sh --record on $(date -u +%Y-%m-%dT%H:%M:%SZ) with $NVIDIA_SMI"
+    echo "# nodecompute $("$NODE" "$ROOT/dist/src/main.js" --version), node $("$NODE" --version)"
+    if [ -n "$CUDA_PID" ]; then
+      echo "# while pid $CUDA_PID ($CUDA_WHAT) held memory on GPU 0, in the process group of pid ${LEADER:-?}"
+    else
+      echo "# with no CUDA process of this script running${SKIP_CUDA:+ ($SKIP_CUDA)}"
+    fi
+    echo "# Each file holds the command's stdout, byte for byte."
+  } >"$RECORD_DIR/${prefix}_commands.txt"
+  for query in query-gpu query-compute-apps version list-L; do
+    file="$RECORD_DIR/${prefix}_${query}.txt"
+    local args=()
+    case "$query" in
+      query-gpu) args=("--query-gpu=$GPU_FIELDS" --format=csv) ;;
+      query-compute-apps) args=("--query-compute-apps=$APPS_FIELDS" --format=csv) ;;
+      version) args=(--version) ;;
+      list-L) args=(-L) ;;
+    esac
+    status=0
+    "$NVIDIA_SMI" "${args[@]}" >"$file" 2>"$WORK/record.err" || status=$?
+    echo "$(basename "$file"): nvidia-smi ${args[*]} (exit $status)" >>"$RECORD_DIR/${prefix}_commands.txt"
+    if [ "$status" != 0 ]; then failed+=" $query (exit $status: $(short "$(cat "$file" "$WORK/record.err")"))"; fi
+  done
+  if [ -z "$failed" ]; then
+    check "record nvidia-smi outputs" PASS "$RECORD_DIR/${prefix}_*.txt"
+  else
+    check "record nvidia-smi outputs" FAIL "failed:$failed"
+  fi
+}
+
+if [ -n "$RECORD_DIR" ]; then record; fi
+
+# ---------------------------------------------------------------------------------------------
+# A shard placed on GPU 0 that never touches it: starting during its grace, then on-cpu.
+
+setsid sh -c 'echo $$ > "$1"; exec sleep 600' smoke-cpu "$WORK/cpu.pid" </dev/null >/dev/null 2>&1 &
+CPU_LEADER=$(wait_for_pid_file "$WORK/cpu.pid" 10) || die "smoke-cpu starting -> on-cpu" "the sleep process did not start"
+KILL_GROUPS+=("$CPU_LEADER")
+http PUT /shards/smoke-cpu "{\"pid\":$CPU_LEADER,\"gpus\":[0],\"graceMs\":$CPU_GRACE_MS}"
+if [ "$STATUS" != 201 ]; then
+  check "smoke-cpu starting -> on-cpu" FAIL "registration: HTTP $STATUS: $(short "$BODY")"
+else
+  registered=$(now_ms)
+  seen=''
+  state=''
+  while [ $(($(now_ms) - registered)) -lt $((CPU_GRACE_MS + 15000)) ]; do
+    http GET /shards/smoke-cpu/ready
+    state=$(js 'b.state' 2>/dev/null || echo "HTTP-$STATUS")
+    [ "${seen##*-> }" = "$state" ] || seen="${seen:+$seen -> }$state"
+    [ "$state" = on-cpu ] && break
+    sleep 0.5
+  done
+  elapsed=$(($(now_ms) - registered))
+  if [ "$seen" = "starting -> on-cpu" ] && [ "$STATUS" = 503 ]; then
+    check "smoke-cpu starting -> on-cpu" PASS "on-cpu after $((elapsed / 1000)) s (grace $((CPU_GRACE_MS / 1000)) s): $(short "$(js 'b.reason')")"
+  else
+    check "smoke-cpu starting -> on-cpu" FAIL "$seen (HTTP $STATUS) after $((elapsed / 1000)) s: $(short "$BODY")"
+  fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Removal and shutdown
+
+removed=''
+for id in smoke-gpu smoke-cpu; do
+  http DELETE "/shards/$id"
+  [ "$STATUS" = 204 ] || [ "$STATUS" = 404 ] || removed+=" $id: HTTP $STATUS $(short "$BODY")"
+done
+if [ -z "$removed" ]; then
+  check "DELETE shards" PASS "smoke-gpu and smoke-cpu removed"
+else
+  check "DELETE shards" FAIL "$removed"
+fi
+
+kill -TERM "$SERVICE_PID"
+code=0
+wait "$SERVICE_PID" || code=$?
+SERVICE_PID=''
+if [ "$code" = 0 ]; then
+  check "service stops on SIGTERM" PASS "exit 0"
+else
+  check "service stops on SIGTERM" FAIL "exit $code"
+fi
+
+finish

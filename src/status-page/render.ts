@@ -1,0 +1,494 @@
+// Owns the status page an operator opens on a node (GET /): one model built from every shard's state
+// and the snapshot they were judged on, rendered as a self-contained HTML page (inline CSS, no
+// script, no external asset, so it works offline and behind any proxy) or as an aligned plain-text
+// page for curl. Pure: the route gathers the inputs from the cache, so rendering never causes an
+// nvidia-smi run. Every string that comes from the node (process names, reasons, nvidia-smi's own
+// messages) is escaped for HTML and stripped of control characters for terminals.
+import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
+import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
+import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
+import type { SnapshotView } from '../node-state/snapshot.js';
+import type { ReadinessState } from '../shards/readiness.js';
+import { deviceLabel } from '../shards/compute.js';
+import type { ShardState } from '../shards/shard-service.js';
+
+/** Seconds between the page's own reloads (meta refresh: no script needed). */
+export const REFRESH_SECONDS = 5;
+
+/**
+ * Below this age a stale snapshot is routine stale-while-revalidate (a reload slower than the cache
+ * TTL gets the previous snapshot while a refresh runs) and the header's age says enough; from it
+ * on, nvidia-smi has been failing or hanging for two reloads and the page says so in a banner.
+ */
+export const STALE_BANNER_MS = 10_000;
+
+/** Distinct shard colours (background, text), readable at WCAG AA either way. */
+const PALETTE: ReadonlyArray<readonly [string, string]> = [
+  ['#2f6fb0', '#ffffff'],
+  ['#e8833a', '#1f2328'],
+  ['#3d9a8b', '#ffffff'],
+  ['#8e5ea8', '#ffffff'],
+  ['#e2c044', '#1f2328'],
+  ['#5b9a3a', '#ffffff'],
+  ['#d9718c', '#1f2328'],
+  ['#8c6a4f', '#ffffff'],
+  ['#5fb3d9', '#1f2328'],
+  ['#b34a7a', '#ffffff'],
+];
+
+export type SegmentKind = 'shard' | 'foreign' | 'reserved' | 'free';
+
+export interface Segment {
+  kind: SegmentKind;
+  /** Shard id, or "foreign", "reserved", "free". */
+  label: string;
+  mib: number;
+  /** Palette slot of the shard; null for the other kinds. */
+  color: number | null;
+  /** The tooltip: what this memory is, who holds it. */
+  title: string;
+  /** A shard holding a GPU it was not given. */
+  stray: boolean;
+}
+
+export interface GpuModel {
+  index: number;
+  uuid: string;
+  name: string;
+  totalMiB: number | null;
+  usedMiB: number | null;
+  segments: Segment[];
+  foreignProcesses: ForeignProcess[];
+  /** Shards given this GPU that hold no memory on it. */
+  idleShards: string[];
+}
+
+export interface ShardRow {
+  id: string;
+  state: ReadinessState;
+  engine: string;
+  /** "pid 1234" or "cgroup abc...". */
+  process: string;
+  color: number;
+  given: number[];
+  /** compute.devices, or null when nvidia-smi cannot be asked. */
+  held: string[] | null;
+  /** GPUs held but not given, labelled like devices. */
+  strays: string[];
+  reason: string | null;
+  warnings: string[];
+}
+
+export interface StatusModel {
+  host: string;
+  version: string;
+  generatedAt: number;
+  /** The snapshot the verdicts come from; null when nvidia-smi cannot be asked. */
+  snapshot: SnapshotMeta | null;
+  /** Why nvidia-smi cannot be asked; null when it answered. */
+  error: string | null;
+  gpus: GpuModel[];
+  shards: ShardRow[];
+  counts: Record<ReadinessState, number>;
+}
+
+/** What `shards.states()` answers, plus who and when this page is. */
+export interface StatusInput {
+  states: ShardState[];
+  view: SnapshotView<NodeSnapshot> | null;
+  node: NodeView | null;
+  error: string | null;
+  host: string;
+  version: string;
+  now: number;
+}
+
+const STATE_ORDER: readonly ReadinessState[] = ['ready', 'starting', 'on-cpu', 'exited', 'unverified'];
+
+export function gib(mib: number): string {
+  return (mib / 1024).toFixed(1);
+}
+
+/** GiB with one decimal from 1 GiB up, MiB below (the driver's own few MiB are not "0.0 GiB"). */
+export function size(mib: number): string {
+  return mib >= 1024 ? `${gib(mib)} GiB` : `${mib} MiB`;
+}
+
+function processLabel(process: ForeignProcess): string {
+  return `pid ${process.pid} ${process.name} (${process.usedMiB === null ? 'memory not reported' : size(process.usedMiB)})`;
+}
+
+function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {
+  const segments: Segment[] = [];
+  for (const { shard, compute } of states) {
+    // With a node view every shard has a compute answer.
+    const usage = [...compute!.gpus, ...compute!.strayGpus].find((held) => held.index === gpu.index);
+    if (!usage) continue;
+    const stray = !shard.gpus.includes(gpu.index);
+    segments.push({
+      kind: 'shard',
+      label: shard.id,
+      mib: usage.usedMiB,
+      color: colors.get(shard.id)!,
+      title: `${shard.id}: ${size(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
+      stray,
+    });
+  }
+  if (foreign.foreignMiB !== null && foreign.foreignMiB > 0) {
+    const holders = foreign.foreignProcesses.map(processLabel);
+    segments.push({
+      kind: 'foreign',
+      label: 'foreign',
+      mib: foreign.foreignMiB,
+      color: null,
+      title: `foreign: ${size(foreign.foreignMiB)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
+      stray: false,
+    });
+  }
+  if (gpu.reservedMiB !== null && gpu.reservedMiB > 0) {
+    segments.push({ kind: 'reserved', label: 'reserved', mib: gpu.reservedMiB, color: null, title: `reserved by the driver: ${size(gpu.reservedMiB)}`, stray: false });
+  }
+  if (gpu.freeMiB !== null) {
+    segments.push({ kind: 'free', label: 'free', mib: gpu.freeMiB, color: null, title: `free: ${size(gpu.freeMiB)}`, stray: false });
+  }
+  return segments;
+}
+
+export function statusModel(input: StatusInput): StatusModel {
+  const colors = new Map(input.states.map(({ shard }, i) => [shard.id, i % PALETTE.length]));
+  const counts = Object.fromEntries(STATE_ORDER.map((state) => [state, 0])) as Record<ReadinessState, number>;
+  for (const { readiness } of input.states) counts[readiness.state] += 1;
+  // foreignMemory answers one entry per GPU, in the snapshot's order.
+  const foreign = input.node ? foreignMemory(input.node) : [];
+  const gpus = (input.node?.snapshot.gpus ?? []).map((gpu, i): GpuModel => {
+    const segments = segmentsOf(gpu, foreign[i]!, input.states, colors);
+    const holders = new Set(segments.filter((segment) => segment.kind === 'shard').map((segment) => segment.label));
+    return {
+      index: gpu.index,
+      uuid: gpu.uuid,
+      name: gpu.name,
+      totalMiB: gpu.totalMiB,
+      usedMiB: gpu.usedMiB,
+      segments,
+      foreignProcesses: foreign[i]!.foreignProcesses,
+      idleShards: input.states.filter(({ shard }) => shard.gpus.includes(gpu.index) && !holders.has(shard.id)).map(({ shard }) => shard.id),
+    };
+  });
+  const shards = input.states.map(({ shard, readiness, compute }): ShardRow => ({
+    id: shard.id,
+    state: readiness.state,
+    engine: shard.engine,
+    process: shard.pid !== null ? `pid ${shard.pid}` : `cgroup ${shard.cgroup}`,
+    color: colors.get(shard.id)!,
+    given: shard.gpus,
+    held: compute ? compute.devices : null,
+    strays: compute ? compute.strayGpus.map(deviceLabel) : [],
+    reason: readiness.reason,
+    warnings: readiness.warnings,
+  }));
+  return {
+    host: input.host,
+    version: input.version,
+    generatedAt: input.now,
+    snapshot: input.view ? snapshotMeta(input.view) : null,
+    error: input.error,
+    gpus,
+    shards,
+    counts,
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTML
+
+export function escapeHtml(text: string): string {
+  return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+function when(ms: number): string {
+  return `${new Date(ms).toISOString().slice(0, 19).replace('T', ' ')} UTC`;
+}
+
+function age(ms: number): string {
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+function used(gpu: GpuModel): string {
+  const usedText = gpu.usedMiB === null ? '?' : gib(gpu.usedMiB);
+  const totalText = gpu.totalMiB === null ? '?' : gib(gpu.totalMiB);
+  return `${usedText} / ${totalText} GiB`;
+}
+
+function staleBanner(model: StatusModel): string | undefined {
+  const snapshot = model.snapshot;
+  return snapshot && snapshot.ageMs >= STALE_BANNER_MS ? snapshot.staleReason : undefined;
+}
+
+function summary(model: StatusModel): string {
+  const parts = STATE_ORDER.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
+  return parts.length > 0 ? parts.join(', ') : 'no shards';
+}
+
+/** Segments wider than this share of the bar carry their label inside; the legend names them all. */
+const INLINE_LABEL_SHARE = 0.09;
+
+function segmentHtml(segment: Segment, total: number): string {
+  const colour = segment.color === null ? '' : ` c${segment.color}`;
+  const inline = segment.kind !== 'free' && segment.mib / total >= INLINE_LABEL_SHARE;
+  const text = inline ? `<span>${escapeHtml(segment.label)} ${size(segment.mib)}</span>` : '';
+  return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${segment.mib}" title="${escapeHtml(segment.title)}">${text}</div>`;
+}
+
+function legendHtml(segment: Segment): string {
+  const colour = segment.color === null ? '' : ` c${segment.color}`;
+  const stray = segment.stray ? ' <em>not given this GPU</em>' : '';
+  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${size(segment.mib).replace(' ', '&nbsp;')}</b>${stray}</li>`;
+}
+
+function gpuHtml(gpu: GpuModel): string {
+  const total = gpu.segments.reduce((sum, segment) => sum + segment.mib, 0);
+  const describe = gpu.segments.map((segment) => `${segment.label} ${size(segment.mib)}`).join(', ');
+  const bar =
+    gpu.segments.length > 0
+      ? `<div class="bar" role="img" aria-label="GPU ${gpu.index} memory: ${escapeHtml(describe)}">${gpu.segments.map((segment) => segmentHtml(segment, total)).join('')}</div>`
+      : '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>';
+  const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
+  const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
+  return `<div class="gpu">
+<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span></div>
+${bar}
+<span class="gpu-used">${used(gpu)}</span>
+<span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
+<ul class="legend">${[...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle].join('')}</ul>
+</div>`;
+}
+
+/** One key for every bar, so each GPU's legend only names what is on it. */
+const KEY_HTML =
+  '<ul class="key" aria-label="Key">' +
+  '<li><i class="sw shard c0" aria-hidden="true"></i><i class="sw shard c1" aria-hidden="true"></i>a shard (one colour each; red outline: a GPU it was not given)</li>' +
+  '<li><i class="sw foreign" aria-hidden="true"></i>foreign: held by no registered shard</li>' +
+  '<li><i class="sw reserved" aria-hidden="true"></i>reserved by the driver</li>' +
+  '<li><i class="sw free" aria-hidden="true"></i>free</li></ul>';
+
+function listOrDash(items: string[]): string {
+  return items.length > 0 ? items.map(escapeHtml).join('<br>') : '<span class="none">none</span>';
+}
+
+function heldHtml(row: ShardRow): string {
+  if (row.held === null) return '<span class="none">unknown</span>';
+  const strays = row.strays.map((label) => `<span class="stray-tag">${escapeHtml(label)} (not given)</span>`);
+  return row.held.length + strays.length > 0 ? [...row.held.map(escapeHtml), ...strays].join('<br>') : '<span class="none">none</span>';
+}
+
+function shardRowHtml(row: ShardRow): string {
+  const reason = row.reason === null ? '' : `<p>${escapeHtml(row.reason)}</p>`;
+  const warnings = row.warnings.map((warning) => `<p class="warning">Warning: ${escapeHtml(warning)}</p>`).join('');
+  const note = reason + warnings || '<span class="none">-</span>';
+  return `<tr>
+<th scope="row"><i class="sw shard c${row.color}" aria-hidden="true"></i><span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
+<td><span class="badge ${row.state}">${row.state}</span></td>
+<td>${listOrDash(row.given.map((index) => `GPU ${index}`))}</td>
+<td class="held">${heldHtml(row)}</td>
+<td class="why">${note}</td>
+</tr>`;
+}
+
+const CSS = `
+:root{--fg:#1f2328;--muted:#57606a;--line:#d0d7de;--bg:#f6f8fa;--card:#fff}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:var(--fg);background:var(--bg)}
+header{background:#1f2328;color:#fff;padding:14px 28px;display:flex;flex-wrap:wrap;align-items:baseline;gap:6px 22px}
+header h1{font-size:20px;margin:0;font-weight:650}
+header h1 .host{font-weight:400;color:#c9d1d9}
+header .meta{margin:0;color:#c9d1d9;font-size:13px}
+.counts{list-style:none;margin:0 0 0 auto;padding:0;display:flex;gap:8px}
+main{padding:16px 28px 8px;max-width:1480px}
+h2{font-size:15px;margin:18px 0 8px;text-transform:uppercase;letter-spacing:.04em;color:var(--muted)}
+.banner{border-radius:6px;padding:10px 14px;margin:8px 0;border:1px solid}
+.banner.error{background:#ffebe9;border-color:#cf222e;color:#82071e}
+.banner.stale{background:#fff8c5;border-color:#bf8700;color:#4d2d00}
+.banner code{font:12px/1.4 ui-monospace,"DejaVu Sans Mono",monospace;white-space:pre-wrap;word-break:break-word;display:block;margin-top:4px}
+.gpus{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:4px 16px}
+.gpu{display:grid;grid-template-columns:200px minmax(0,1fr) 130px;column-gap:16px;row-gap:3px;align-items:center;padding:7px 0;border-bottom:1px solid #eaeef2}
+.gpu:last-child{border-bottom:0}
+.gpu-index{font-weight:700;margin-right:10px}
+.gpu-uuid{color:var(--muted);font:10px/1.3 ui-monospace,"DejaVu Sans Mono",monospace;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.gpu-used{text-align:right;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}
+.section-head{display:flex;align-items:baseline;gap:16px;flex-wrap:wrap}
+.key{list-style:none;margin:0;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;color:var(--muted)}
+.bar{display:flex;height:22px;border-radius:4px;overflow:hidden;border:1px solid #afb8c1;background:#fff}
+.bar.unknown{align-items:center;padding:0 8px;color:var(--muted);font-size:12px}
+.seg{min-width:0;display:flex;align-items:center;overflow:hidden;white-space:nowrap;font-size:12px;font-weight:600}
+.seg span{padding:0 6px;overflow:hidden;text-overflow:ellipsis}
+.seg.shard{min-width:3px}
+.seg+.seg{border-left:1px solid #fff}
+.foreign{background:repeating-linear-gradient(135deg,#6e7781 0 4px,#afb8c1 4px 8px);color:#fff}
+.foreign span{background:#57606a;border-radius:3px;margin:0 4px;padding:0 4px}
+.reserved{background:#424a53}
+.free{background:#fff}
+.stray{box-shadow:inset 0 0 0 2px #cf222e}
+${PALETTE.map(([bg, fg], i) => `.c${i}{background:${bg};color:${fg}}`).join('\n')}
+.legend{list-style:none;margin:0;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;color:var(--muted)}
+.legend b{color:var(--fg);font-weight:600}
+.legend em{color:#cf222e;font-style:normal;font-weight:600}
+.legend .idle{color:#82071e}
+.sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px;border:1px solid rgba(0,0,0,.25)}
+table{width:100%;border-collapse:collapse;background:var(--card);border:1px solid var(--line);border-radius:8px;overflow:hidden}
+th,td{text-align:left;vertical-align:top;padding:8px 12px;border-bottom:1px solid #eaeef2}
+thead th{white-space:nowrap;background:#eaeef2;font-size:12px;text-transform:uppercase;letter-spacing:.04em;color:var(--muted)}
+tbody th{font-weight:600;white-space:nowrap}
+tbody th small{display:block;font-weight:400;color:var(--muted);margin-left:18px}
+td{font-variant-numeric:tabular-nums}
+td.held{white-space:nowrap}
+td.why{max-width:620px;font-size:13px}
+td.why p{margin:0 0 4px}
+.warning{color:#6f4a00}
+.none{color:var(--muted)}
+.stray-tag{color:#a40e26;font-weight:600}
+.badge{display:inline-block;padding:1px 9px;border-radius:10px;font-size:12px;font-weight:700;white-space:nowrap}
+.badge.ready{background:#1a7f37;color:#fff}
+.badge.starting{background:#f2c744;color:#1f2328}
+.badge.on-cpu{background:#cf222e;color:#fff}
+.badge.exited{background:#6e7781;color:#fff}
+.badge.unverified{background:#0969da;color:#fff}
+.empty{background:var(--card);border:1px dashed var(--line);border-radius:8px;padding:14px;color:var(--muted)}
+footer{padding:8px 28px 18px;color:var(--muted);font-size:12px}
+footer a{color:#0550ae}
+`;
+
+export function renderHtml(model: StatusModel): string {
+  const counts = STATE_ORDER.filter((state) => model.counts[state] > 0)
+    .map((state) => `<li><span class="badge ${state}">${model.counts[state]} ${state}</span></li>`)
+    .join('');
+  const meta = model.snapshot
+    ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${age(model.snapshot.ageMs)} old) · reloads every ${REFRESH_SECONDS} s`
+    : `no nvidia-smi snapshot · reloads every ${REFRESH_SECONDS} s`;
+  const banners: string[] = [];
+  if (model.error !== null) {
+    banners.push(
+      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> Every shard is shown as unverified and keeps serving. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
+    );
+  }
+  const staleReason = staleBanner(model);
+  if (staleReason) {
+    banners.push(`<div class="banner stale" role="status"><strong>Showing an older snapshot.</strong><code>${escapeHtml(staleReason)}</code></div>`);
+  }
+  const gpus =
+    model.gpus.length > 0
+      ? `<div class="gpus">${model.gpus.map(gpuHtml).join('\n')}</div>`
+      : '<p class="empty">No GPU figures: nvidia-smi gave none (see above).</p>';
+  const shards =
+    model.shards.length > 0
+      ? `<table>
+<caption class="none" style="caption-side:bottom;text-align:left;padding:6px 2px;font-size:12px">Held: the given GPUs whose memory the shard's processes hold, as nvidia-smi lists them (GB as llama.cpp counts: MiB / 1024).</caption>
+<thead><tr><th scope="col">Shard</th><th scope="col">State</th><th scope="col">GPUs given</th><th scope="col">GPUs held</th><th scope="col">Reason and warnings</th></tr></thead>
+<tbody>
+${model.shards.map(shardRowHtml).join('\n')}
+</tbody>
+</table>`
+      : '<p class="empty">No shard is registered on this node. Register one with <code>PUT /shards/&lt;id&gt;</code> (see /docs).</p>';
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="refresh" content="${REFRESH_SECONDS}">
+<title>${escapeHtml(`${model.host} · nodecompute · ${summary(model)}`)}</title>
+<style>${CSS}</style>
+</head>
+<body>
+<header>
+<h1>nodecompute <span class="host">${escapeHtml(model.host)}</span></h1>
+<p class="meta">${meta}</p>
+<ul class="counts" aria-label="Shards by state">${counts}</ul>
+</header>
+<main>
+${banners.join('\n')}
+<section aria-labelledby="gpus-title">
+<div class="section-head"><h2 id="gpus-title">GPUs</h2>${model.gpus.length > 0 ? KEY_HTML : ''}</div>
+${gpus}
+</section>
+<section aria-labelledby="shards-title">
+<h2 id="shards-title">Shards</h2>
+${shards}
+</section>
+</main>
+<footer>nodecompute ${escapeHtml(model.version)} · page made ${when(model.generatedAt)} · JSON: <a href="/shards">/shards</a> · <a href="/gpus">/gpus</a> · <a href="/gpus/foreign-memory">/gpus/foreign-memory</a> · <a href="/metrics">/metrics</a> · <a href="/docs">/docs</a> · as plain text: <code>curl</code> this address</footer>
+</body>
+</html>
+`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain text
+
+/** Terminal-safe: no escape sequences or other control characters from process names or messages. */
+export function plain(text: string): string {
+  return text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, '?');
+}
+
+export const TEXT_BAR_WIDTH = 50;
+
+const BAR_CHAR: Record<SegmentKind, string> = { shard: '#', foreign: '=', reserved: ':', free: '.' };
+
+/** Largest-remainder split of the bar's width, so the characters always add up to the width. */
+function textBar(segments: Segment[]): string {
+  const total = segments.reduce((sum, segment) => sum + segment.mib, 0);
+  if (total <= 0) return `[${'?'.repeat(TEXT_BAR_WIDTH)}]`;
+  const exact = segments.map((segment) => (segment.mib / total) * TEXT_BAR_WIDTH);
+  const cells = exact.map(Math.floor);
+  let left = TEXT_BAR_WIDTH - cells.reduce((sum, n) => sum + n, 0);
+  const byRemainder = exact.map((value, i) => ({ i, rest: value - Math.floor(value) })).sort((a, b) => b.rest - a.rest);
+  for (const { i } of byRemainder) {
+    if (left === 0) break;
+    cells[i]! += 1;
+    left -= 1;
+  }
+  return `[${segments.map((segment, i) => BAR_CHAR[segment.kind].repeat(cells[i]!)).join('')}]`;
+}
+
+function table(header: string[], rows: string[][]): string[] {
+  const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)));
+  const line = (cells: string[]) =>
+    cells
+      .map((cell, column) => (column === cells.length - 1 ? cell : cell.padEnd(widths[column]!)))
+      .join('  ')
+      .trimEnd();
+  return [line(header), ...rows.map(line)];
+}
+
+export function renderText(model: StatusModel): string {
+  const out: string[] = [];
+  out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
+  out.push(model.snapshot ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${age(model.snapshot.ageMs)} old)` : 'no nvidia-smi snapshot');
+  if (model.error !== null) {
+    out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (every shard is unverified and keeps serving):');
+    out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
+  }
+  const staleReason = staleBanner(model);
+  if (staleReason) {
+    out.push('', `!! showing an older snapshot: ${plain(staleReason)}`);
+  }
+  out.push('', 'GPUS  (# shards  = foreign  : reserved  . free)');
+  if (model.gpus.length === 0) out.push('  none: nvidia-smi gave no GPU figures (see above)');
+  const gpuRows = model.gpus.map((gpu) => {
+    const shards = gpu.segments
+      .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
+      .map((segment) => `${segment.label} ${size(segment.mib)}${segment.stray ? ' (NOT given)' : ''}`);
+    const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
+    return [String(gpu.index), plain(gpu.name), textBar(gpu.segments), used(gpu), plain([...shards, ...idle].join(', '))];
+  });
+  if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
+  const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));
+  if (foreign.length > 0) out.push('', 'FOREIGN PROCESSES', ...foreign);
+  out.push('', 'SHARDS');
+  if (model.shards.length === 0) out.push('  none registered: register one with PUT /shards/<id> (see /docs)');
+  const shardRows = model.shards.map((row) => {
+    const held = row.held === null ? 'unknown' : [...row.held, ...row.strays.map((label) => `${label} (NOT given)`)].join(', ') || 'none';
+    const notes = [...(row.reason === null ? [] : [row.reason]), ...row.warnings.map((warning) => `warning: ${warning}`)];
+    return [plain(row.id), row.state, row.given.join(',') || 'none', held, plain(notes.join(' | ') || '-')];
+  });
+  if (shardRows.length > 0) out.push(...table(['SHARD', 'STATE', 'GIVEN', 'HELD', 'REASON / WARNINGS'], shardRows));
+  return `${out.join('\n')}\n`;
+}

@@ -1,0 +1,449 @@
+// Owns the checks of deploy/kubernetes/: every manifest parses, and what the service relies on holds
+// (host PID namespace, probe paths that are real routes on the right port, setting names from the
+// settings table, the state mount, the token Secret, the image's UID, metrics discovery). The
+// example shard's hook scripts are run with bash against a live nodecompute, as kubelet would run
+// them in the pod: registration, the readiness probe in each state, and removal.
+import { execFile } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { createServer, type Server } from 'node:http';
+import { readdirSync, readFileSync } from 'node:fs';
+import { basename, join, posix } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { pino } from 'pino';
+import t, { type Test } from 'tap';
+import { parseAllDocuments } from 'yaml';
+import { resolveConfig, SETTINGS, type Config } from '../../src/config.js';
+import { RegisterShardSchema } from '../../src/schemas/shards.js';
+import { ENGINES } from '../../src/shards/shard.js';
+import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
+import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
+import { createFakeNvidiaSmi, eightGpuNode, type FakeGpu } from '../helpers/fake-nvidia-smi.js';
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const DIR = join(ROOT, 'deploy/kubernetes');
+const SCRAPE_CONFIG = 'prometheus-scrape-config.yaml';
+
+// Parsed YAML is untyped by nature; each check says what it expects to find.
+type Doc = any;
+
+const files = readdirSync(DIR).filter((name) => name.endsWith('.yaml')).sort();
+/** Every document of a file; an empty stream is no documents. Manifests are read as YAML 1.1, as
+ *  kubectl reads them (0440 is octal, `yes` is a boolean); the scrape config as Prometheus does. */
+function documents(name: string) {
+  const docs = parseAllDocuments(readFileSync(join(DIR, name), 'utf8'), { version: name === SCRAPE_CONFIG ? '1.2' : '1.1' });
+  return Array.isArray(docs) ? docs : [];
+}
+const parsed = new Map(files.map((name) => [name, documents(name)] as const));
+const objects: Array<Doc & { file: string }> = files
+  .filter((name) => name !== SCRAPE_CONFIG)
+  .flatMap((name) => (parsed.get(name) ?? []).map((doc) => ({ ...(doc.toJS() as Doc), file: name })));
+
+function find(kind: string, name?: string, file?: string): Doc {
+  const found = objects.filter((o) => o.kind === kind && (name === undefined || o.metadata?.name === name) && (file === undefined || o.file === file));
+  if (found.length !== 1) throw new Error(`expected one ${kind}${name ? ` ${name}` : ''}${file ? ` in ${file}` : ''}, found ${found.length}`);
+  return found[0];
+}
+
+const daemonSet = find('DaemonSet', 'nodecompute');
+const pod = daemonSet.spec.template.spec;
+const container = pod.containers.find((c: Doc) => c.name === 'nodecompute');
+const envOf = (c: Doc): Map<string, Doc> => new Map((c.env ?? []).map((e: Doc) => [e.name, e]));
+const dsEnv = envOf(container);
+const httpPort = container.ports.find((p: Doc) => p.name === 'http');
+const stateFile: string = dsEnv.get('NODECOMPUTE_STATE_FILE')?.value;
+const tokenFile: string = dsEnv.get('NODECOMPUTE_TOKEN_FILE')?.value;
+const imageUid = Number(/^USER\s+(\d+)/m.exec(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))?.[1]);
+
+const shardObjects = 'example-shard-deployment.yaml';
+const shardDeployment = find('Deployment', undefined, shardObjects);
+const shardPod = shardDeployment.spec.template.spec;
+const llama = shardPod.containers[0];
+const llamaEnv = envOf(llama);
+const hooks = find('ConfigMap', undefined, shardObjects);
+
+async function appWithRoutes(t: Test) {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  return app;
+}
+
+/** The DaemonSet's literal env values, with the token file pointed at `tokenPath`. */
+function daemonSetEnv(tokenPath: string): Record<string, string> {
+  return Object.fromEntries(
+    [...dsEnv].filter(([, e]) => e.value !== undefined).map(([name, e]) => [name, name === 'NODECOMPUTE_TOKEN_FILE' ? tokenPath : String(e.value)]),
+  );
+}
+
+t.test('every manifest parses: all documents, no errors or warnings', async (t) => {
+  t.ok(files.length >= 6, files.join(', '));
+  for (const [name, docs] of parsed) {
+    t.ok(docs.length > 0, `${name} has documents`);
+    for (const doc of docs) {
+      t.same(doc.errors.map(String), [], `${name}: no errors`);
+      t.same(doc.warnings.map(String), [], `${name}: no warnings`);
+      t.ok(doc.toJS(), `${name}: no empty document`);
+    }
+  }
+  for (const o of objects) {
+    t.ok(o.apiVersion && o.kind && o.metadata?.name, `${o.file}: ${o.kind}/${o.metadata?.name} has apiVersion, kind, name`);
+    if (o.kind !== 'Namespace') t.ok(o.metadata.namespace, `${o.file}: ${o.kind}/${o.metadata.name} names its namespace`);
+  }
+});
+
+t.test('the DaemonSet runs in the host PID namespace on GPU nodes, with the NVIDIA runtime', async (t) => {
+  t.equal(daemonSet.metadata.namespace, 'nodecompute');
+  t.equal(pod.hostPID, true, 'hostPID: nvidia-smi reports host PIDs');
+  t.equal(pod.runtimeClassName, 'nvidia');
+  t.equal(dsEnv.get('NVIDIA_VISIBLE_DEVICES')?.value, 'all');
+  t.match(dsEnv.get('NVIDIA_DRIVER_CAPABILITIES')?.value, /(^|,)(utility|all)(,|$)/);
+  t.equal(pod.nodeSelector?.['nvidia.com/gpu.present'], 'true');
+  t.ok(pod.tolerations.some((tol: Doc) => tol.key === 'nvidia.com/gpu' && tol.effect === 'NoSchedule'), 'tolerates the GPU taint');
+  t.equal(pod.priorityClassName, 'system-node-critical');
+  const quota = find('ResourceQuota');
+  t.equal(quota.metadata.namespace, daemonSet.metadata.namespace);
+  t.ok(
+    quota.spec.scopeSelector.matchExpressions.some(
+      (e: Doc) => e.scopeName === 'PriorityClass' && e.operator === 'In' && e.values.includes(pod.priorityClassName),
+    ),
+    'a quota scoped to the priority class admits it outside kube-system',
+  );
+  const resources = [...(pod.initContainers ?? []), ...pod.containers].map((c: Doc) => c.resources ?? {});
+  t.notOk(resources.some((r: Doc) => r.requests?.['nvidia.com/gpu'] ?? r.limits?.['nvidia.com/gpu']), 'takes no GPU away from the shards');
+  t.same(container.args, ['serve']);
+});
+
+t.test('port and probes: real routes on the container port, which is the default port and the hostPort', async (t) => {
+  // The app as the DaemonSet configures it, so its probe budget is the deployed one.
+  const dir = t.testdir({ token: 'x'.repeat(40) });
+  const settings: Partial<Config> = resolveConfig(daemonSetEnv(join(dir, 'token')), ['serve']).config;
+  for (const key of ['nvidiaSmi', 'stateFile', 'token', 'tokenFile', 'logLevel'] as const) delete settings[key];
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: settings });
+  const port = Number(dsEnv.get('NODECOMPUTE_PORT')?.value ?? SETTINGS.port.default);
+  t.equal(httpPort.containerPort, port, 'containerPort is the port the service listens on');
+  t.equal(httpPort.containerPort, SETTINGS.port.default);
+  t.ok(pod.hostNetwork === true || httpPort.hostPort === httpPort.containerPort, 'reachable at status.hostIP:9470 (hostPort)');
+  for (const [probe, path] of [
+    ['livenessProbe', '/livez'],
+    ['readinessProbe', '/readyz'],
+  ] as const) {
+    const get = container[probe]?.httpGet;
+    t.equal(get?.path, path, `${probe} asks ${path}`);
+    t.ok(get.port === 'http' || get.port === port, `${probe} uses the http port`);
+    t.ok(app.hasRoute({ method: 'GET', url: path }), `${path} is a route`);
+  }
+  const timeoutMs = (container.readinessProbe.timeoutSeconds ?? 1) * 1000;
+  t.ok(app.services.probeBudgetMs < timeoutMs, `/readyz answers within ${app.services.probeBudgetMs} ms, under the probe's ${timeoutMs} ms`);
+});
+
+t.test('every NODECOMPUTE_* name in the manifests is a setting', async (t) => {
+  const known = new Set<string>(Object.values(SETTINGS).map((setting) => setting.env));
+  const used = objects.flatMap((o) => {
+    const spec = o.spec?.template?.spec;
+    return spec ? [...(spec.initContainers ?? []), ...spec.containers].flatMap((c: Doc) => (c.env ?? []).map((e: Doc) => e.name as string)) : [];
+  });
+  const ours = used.filter((name) => name.startsWith('NODECOMPUTE_'));
+  t.ok(ours.length >= 3, ours.join(', '));
+  for (const name of ours) t.ok(known.has(name), `${name} is in SETTINGS`);
+});
+
+t.test("the DaemonSet's settings are accepted by the service", async (t) => {
+  const dir = t.testdir({ token: 'x'.repeat(40) });
+  const { config, positionals } = resolveConfig(daemonSetEnv(join(dir, 'token')), container.args);
+  t.equal(config.stateFile, stateFile);
+  t.equal(config.token, 'x'.repeat(40), 'the token is read from the file');
+  t.same(positionals, ['serve']);
+});
+
+t.test('the state directory: a hostPath mounted at the state file directory, owned by the image user', async (t) => {
+  const dir = posix.dirname(stateFile);
+  const mount = container.volumeMounts.find((m: Doc) => m.mountPath === dir);
+  t.ok(mount, `a volume is mounted at ${dir}`);
+  t.notOk(mount.readOnly, 'writable');
+  const volume = pod.volumes.find((v: Doc) => v.name === mount.name);
+  t.equal(volume.hostPath?.path, '/var/lib/nodecompute', 'registrations survive the pod');
+  t.equal(volume.hostPath?.type, 'DirectoryOrCreate');
+  const owner = (pod.initContainers ?? []).find((c: Doc) => (c.volumeMounts ?? []).some((m: Doc) => m.name === mount.name));
+  t.ok(owner, 'an initContainer prepares it');
+  t.same(owner.command, ['chown', `${imageUid}:${imageUid}`, dir], 'chowned to the UID the service runs as');
+  t.equal(owner.securityContext.runAsUser, 0);
+  t.same(owner.securityContext.capabilities, { drop: ['ALL'], add: ['CHOWN'] }, 'with CAP_CHOWN only');
+  t.equal(owner.image, container.image, 'the same image: no extra pull');
+});
+
+t.test('the token: a Secret file read through NODECOMPUTE_TOKEN_FILE', async (t) => {
+  t.notOk(dsEnv.has('NODECOMPUTE_TOKEN'), 'not also as a plain variable (the service refuses both)');
+  const mount = container.volumeMounts.find((m: Doc) => m.mountPath === posix.dirname(tokenFile));
+  t.ok(mount?.readOnly, 'mounted read-only');
+  const volume = pod.volumes.find((v: Doc) => v.name === mount.name);
+  const secret = find('Secret', volume.secret.secretName, 'secret.example.yaml');
+  t.equal(secret.metadata.namespace, daemonSet.metadata.namespace);
+  const item = volume.secret.items.find((i: Doc) => i.path === basename(tokenFile));
+  t.ok(item, `the file ${basename(tokenFile)} is projected`);
+  t.ok(secret.stringData[item.key].length >= 16, 'the example token is long enough to be accepted');
+  t.equal(pod.securityContext.fsGroup, imageUid, 'fsGroup makes the secret file readable with defaultMode 0440');
+  t.equal(volume.secret.defaultMode, 0o440, 'read by the owner and group only');
+});
+
+t.test('securityContext: non-root with the image UID, read-only root, no capabilities', async (t) => {
+  const sc = container.securityContext;
+  t.equal(sc.runAsNonRoot, true);
+  t.equal(sc.runAsUser, imageUid, `the Dockerfile's USER ${imageUid}`);
+  t.equal(pod.securityContext.runAsUser, imageUid);
+  t.equal(sc.readOnlyRootFilesystem, true);
+  t.equal(sc.allowPrivilegeEscalation, false);
+  t.same(sc.capabilities, { drop: ['ALL'] }, 'reading /proc of other users needs no capability');
+  t.notOk(sc.privileged);
+  t.equal(pod.automountServiceAccountToken, false, 'no Kubernetes API token');
+});
+
+function cpu(value: string | number): number {
+  return typeof value === 'number' ? value * 1000 : value.endsWith('m') ? Number(value.slice(0, -1)) : Number(value) * 1000;
+}
+
+function mebibytes(value: string): number {
+  const units: Record<string, number> = { Ki: 1 / 1024, Mi: 1, Gi: 1024 };
+  const match = /^(\d+)(Ki|Mi|Gi)$/.exec(value);
+  if (!match) throw new Error(`unexpected memory quantity ${value}`);
+  return Number(match[1]) * (units[match[2] as string] as number);
+}
+
+t.test('resources: small requests and limits', async (t) => {
+  const { requests, limits } = container.resources;
+  t.ok(cpu(requests.cpu) <= cpu(limits.cpu) && cpu(limits.cpu) <= 1000, `cpu ${requests.cpu}..${limits.cpu}`);
+  t.ok(mebibytes(requests.memory) <= mebibytes(limits.memory) && mebibytes(limits.memory) <= 512, `memory ${requests.memory}..${limits.memory}`);
+});
+
+t.test('the headless Service and the ServiceMonitor find every pod on /metrics', async (t) => {
+  const app = await appWithRoutes(t);
+  const service = find('Service', 'nodecompute');
+  const podLabels = daemonSet.spec.template.metadata.labels;
+  t.equal(service.spec.clusterIP, 'None', 'headless: one endpoint per node, scraped on its own');
+  for (const [key, value] of Object.entries(service.spec.selector)) t.equal(podLabels[key], value, `selector ${key}`);
+  const servicePort = service.spec.ports[0];
+  t.equal(servicePort.targetPort, httpPort.name);
+  t.equal(servicePort.port, httpPort.containerPort);
+
+  const monitor = find('ServiceMonitor');
+  t.equal(monitor.apiVersion, 'monitoring.coreos.com/v1');
+  for (const [key, value] of Object.entries(monitor.spec.selector.matchLabels)) t.equal(service.metadata.labels[key], value, `selects the Service by ${key}`);
+  t.ok(monitor.spec.namespaceSelector.matchNames.includes(service.metadata.namespace));
+  const endpoint = monitor.spec.endpoints[0];
+  t.equal(endpoint.port, servicePort.name);
+  t.equal(endpoint.path, '/metrics');
+  t.ok(app.hasRoute({ method: 'GET', url: endpoint.path }), '/metrics is a route');
+});
+
+/** Prometheus relabeling, as far as the scrape config uses it (keep, drop, replace). */
+function relabel(labels: Record<string, string>, rules: Doc[]): Record<string, string> | null {
+  const out = { ...labels };
+  for (const rule of rules) {
+    const value = (rule.source_labels ?? []).map((name: string) => out[name] ?? '').join(rule.separator ?? ';');
+    const regex = new RegExp(`^(?:${rule.regex ?? '(.*)'})$`);
+    const action = rule.action ?? 'replace';
+    if (action === 'keep' && !regex.test(value)) return null;
+    if (action === 'drop' && regex.test(value)) return null;
+    if (action === 'replace') {
+      const match = regex.exec(value);
+      if (match) out[rule.target_label] = String(rule.replacement ?? '$1').replace(/\$(\d+)/g, (_, i: string) => match[Number(i)] ?? '');
+    }
+  }
+  return out;
+}
+
+t.test('the plain scrape config keeps the nodecompute pods and labels them by node', async (t) => {
+  const app = await appWithRoutes(t);
+  const config = parsed.get(SCRAPE_CONFIG)?.[0]?.toJS() as Doc;
+  const job = config.scrape_configs.find((j: Doc) => j.job_name === 'nodecompute');
+  t.equal(job.kubernetes_sd_configs[0].role, 'pod');
+  t.ok(job.kubernetes_sd_configs[0].namespaces.names.includes(daemonSet.metadata.namespace));
+  t.ok(app.hasRoute({ method: 'GET', url: job.metrics_path }), `${job.metrics_path} is a route`);
+  const target = (labels: Record<string, string>, portName: string) => ({
+    ...Object.fromEntries(Object.entries(labels).map(([k, v]) => [`__meta_kubernetes_pod_label_${k.replace(/[^A-Za-z0-9_]/g, '_')}`, v])),
+    __meta_kubernetes_pod_container_port_name: portName,
+    __meta_kubernetes_pod_node_name: 'gpu-node-7',
+    __meta_kubernetes_pod_name: 'nodecompute-x1',
+    __meta_kubernetes_namespace: 'nodecompute',
+  });
+  const kept = relabel(target(daemonSet.spec.template.metadata.labels, httpPort.name), job.relabel_configs);
+  t.equal(kept?.node, 'gpu-node-7', 'the nodecompute pod is scraped, labelled with its node');
+  t.equal(relabel(target({ 'app.kubernetes.io/name': 'llama-server' }, 'http'), job.relabel_configs), null, 'other pods are dropped');
+  t.equal(relabel(target(daemonSet.spec.template.metadata.labels, 'other'), job.relabel_configs), null, 'other ports are dropped');
+});
+
+t.test('the example shard: one GPU, downward API, and hooks that use the real API', async (t) => {
+  const app = await appWithRoutes(t);
+  t.equal(Number(llama.resources.limits['nvidia.com/gpu']), 1);
+  t.equal(llamaEnv.get('NODE_IP')?.valueFrom?.fieldRef?.fieldPath, 'status.hostIP');
+  t.equal(llamaEnv.get('POD_NAME')?.valueFrom?.fieldRef?.fieldPath, 'metadata.name');
+  t.equal(llamaEnv.get('POD_UID')?.valueFrom?.fieldRef?.fieldPath, 'metadata.uid');
+  t.equal(Number(llamaEnv.get('NODECOMPUTE_PORT')?.value), httpPort.hostPort, "nodecompute's hostPort");
+  t.equal(Number(llamaEnv.get('LLAMA_ARG_PORT')?.value), llama.ports.find((p: Doc) => p.name === 'http').containerPort);
+  const tokenRef = llamaEnv.get('NODECOMPUTE_TOKEN')?.valueFrom?.secretKeyRef;
+  const secret = find('Secret', tokenRef.name, shardObjects);
+  t.equal(secret.metadata.namespace, shardDeployment.metadata.namespace, 'the token Secret is in the shard namespace');
+  t.ok(secret.stringData[tokenRef.key]);
+
+  const mount = llama.volumeMounts.find((m: Doc) => shardPod.volumes.some((v: Doc) => v.name === m.name && v.configMap?.name === hooks.metadata.name));
+  const script = (name: string) => [`bash`, posix.join(mount.mountPath, name)];
+  t.same(llama.readinessProbe.exec.command, script('ready.sh'), 'the readiness probe is an exec of ready.sh');
+  t.same(llama.lifecycle.postStart.exec.command, script('register.sh'));
+  t.same(llama.lifecycle.preStop.exec.command, script('deregister.sh'));
+  for (const name of ['http.sh', 'ready.sh', 'register.sh', 'deregister.sh']) t.ok(hooks.data[name], `the ConfigMap holds ${name}`);
+
+  t.match(hooks.data['ready.sh'], /GET "\/shards\/\$POD_NAME\/ready"/, 'the probe asks /shards/<its own id>/ready');
+  t.ok(app.hasRoute({ method: 'GET', url: '/shards/:id/ready' }));
+  t.match(hooks.data['register.sh'], /PUT "\/shards\/\$POD_NAME"/);
+  t.ok(app.hasRoute({ method: 'PUT', url: '/shards/:id' }));
+  t.match(hooks.data['deregister.sh'], /DELETE "\/shards\/\$POD_NAME"/);
+  const body = /body="(\{.*\})"/.exec(hooks.data['register.sh'])?.[1] ?? '';
+  const keys = [...body.matchAll(/\\"(\w+)\\":/g)].map((m) => m[1] as string);
+  t.same(keys.slice(0, 3), ['cgroup', 'gpus', 'engine'], `the registration body ${body}`);
+  for (const key of keys) t.ok(key in RegisterShardSchema.properties, `"${key}" is a property of RegisterShardSchema`);
+  t.ok((ENGINES as readonly string[]).includes(/\\"engine\\":\\"([^\\]+)\\"/.exec(body)?.[1] ?? ''), 'engine llama.cpp is known');
+});
+
+interface HookResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+t.test('the hook scripts, run by bash against a live nodecompute', async (t) => {
+  const TOKEN = 'k8s-example-token-0123456789abcdef';
+  const POD_NAME = 'llama-server-5d8c7b9f4-x2k8q';
+  const POD_UID = randomUUID();
+  const dir = t.testdir({ hooks: hooks.data, 'container-smi': {}, 'stranger-smi': {} });
+  const shard = await spawnShardProcess(t, 1);
+  const engine = shard.members[0] as number;
+
+  // The pod's processes are found by its UID in /proc/PID/cgroup; here they are the test's shard group.
+  const real = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
+  const podPids = (needle: string) => (needle === POD_UID ? [shard.pid, engine] : []);
+  const proc: ProcReader = {
+    ...real,
+    findPidsInCgroup: async (needle) => podPids(needle),
+    findPidsInCgroups: async (needles) => new Map(needles.map((needle) => [needle, podPids(needle)])),
+  };
+  const gpu = (index: number, uuid: string): FakeGpu => ({ index, uuid, name: 'NVIDIA H200', totalMiB: 143771, usedMiB: 0, freeMiB: 143157 });
+  const hostGpus = [gpu(0, 'GPU-4f31bb83-f8dc-d0af-029e-bc4356e6afeb'), gpu(1, 'GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90')];
+  const { app, fake } = await buildTestApp(t, {
+    scenario: { gpus: hostGpus, processes: [] },
+    config: { token: TOKEN },
+    deps: { proc },
+  });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const port = (app.server.address() as { port: number }).port;
+
+  // Inside the container nvidia-smi sees only the pod's GPU, as GPU 0.
+  const inContainer = createFakeNvidiaSmi(join(dir, 'container-smi'), { gpus: [gpu(0, hostGpus[1]!.uuid)], processes: [] });
+  const stranger = createFakeNvidiaSmi(join(dir, 'stranger-smi'), { gpus: [gpu(0, 'GPU-00000000-0000-0000-0000-000000000000')], processes: [] });
+
+  let llamaStatus = 200;
+  const llamaServer: Server = createServer((request, response) => {
+    response.statusCode = request.url === '/health' ? llamaStatus : 404;
+    response.end(JSON.stringify({ status: llamaStatus === 200 ? 'ok' : 'loading model' }));
+  });
+  await new Promise<void>((resolve) => llamaServer.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => llamaServer.close(() => resolve())));
+  const llamaPort = (llamaServer.address() as { port: number }).port;
+
+  const hook = (name: string, env: Record<string, string> = {}, smi = inContainer.dir) =>
+    new Promise<HookResult>((resolve) => {
+      const hookEnv = {
+        PATH: `${smi}:${process.env.PATH}`,
+        NODE_IP: '127.0.0.1',
+        NODECOMPUTE_PORT: String(port),
+        NODECOMPUTE_TOKEN: TOKEN,
+        POD_NAME,
+        POD_UID,
+        LLAMA_ARG_PORT: String(llamaPort),
+        SHARD_GRACE_MS: '60000',
+        REGISTER_ATTEMPTS: '2',
+        ...env,
+      };
+      execFile('bash', [join(dir, 'hooks', name)], { env: hookEnv, timeout: 30_000 }, (err, stdout, stderr) => {
+        resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
+      });
+    });
+
+  /** Runs a hook as kubelet runs a probe, every 200 ms, until `done` says so or 20 s pass. */
+  async function probeUntil(name: string, done: (result: HookResult) => boolean): Promise<HookResult> {
+    const giveUpAt = Date.now() + 20_000;
+    for (;;) {
+      const result = await hook(name);
+      if (done(result) || Date.now() > giveUpAt) return result;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+  }
+
+  await t.test('before registration the probe fails and says why', async (t) => {
+    const result = await hook('ready.sh');
+    t.equal(result.code, 1);
+    t.match(result.stdout, new RegExp(`shard ${POD_NAME} is not registered with nodecompute on 127\\.0\\.0\\.1`));
+  });
+
+  await t.test('registration with a wrong token is refused, with the reason', async (t) => {
+    const result = await hook('register.sh', { NODECOMPUTE_TOKEN: 'not-the-token-of-this-node' });
+    t.equal(result.code, 1);
+    t.match(result.stdout, /refused the registration .* \(HTTP 401\): .*bearer token does not match/);
+  });
+
+  await t.test('a GPU nodecompute does not see is not registered', async (t) => {
+    const result = await hook('register.sh', {}, stranger.dir);
+    t.equal(result.code, 1);
+    t.match(result.stdout, /GPU GPU-00000000-0000-0000-0000-000000000000 of this container is not among the GPUs nodecompute sees/);
+  });
+
+  await t.test('postStart registers the pod by UID on the host index of its GPU', async (t) => {
+    const result = await hook('register.sh');
+    t.equal(result.code, 0, result.stdout + result.stderr);
+    t.match(result.stdout, `registered shard ${POD_NAME} on GPU 1`);
+    const record = (await app.inject({ method: 'GET', url: `/shards/${POD_NAME}` })).json();
+    t.match(record, { id: POD_NAME, pid: null, cgroup: POD_UID, gpus: [1], engine: 'llama.cpp', graceMs: 60_000 });
+    t.equal(record.identity.pgid, shard.pid);
+  });
+
+  await t.test('the probe fails while the shard holds no memory on its GPU, with nodecompute\'s reason', async (t) => {
+    const result = await hook('ready.sh');
+    t.equal(result.code, 1);
+    t.match(result.stdout, new RegExp(`nodecompute says shard ${POD_NAME} is not ready \\(HTTP 503\\): .*"state":"starting"`));
+  });
+
+  await t.test('the probe passes once its process holds memory on the GPU', async (t) => {
+    fake.update((s) => {
+      s.processes.push({ gpuUuid: hostGpus[1]!.uuid, pid: engine, name: '/app/llama-server', usedMiB: 20_480 });
+    });
+    const result = await probeUntil('ready.sh', (r) => r.code === 0);
+    t.equal(result.code, 0, result.stdout + result.stderr);
+    t.equal(result.stdout, '');
+  });
+
+  await t.test('the probe fails while llama-server itself is not healthy', async (t) => {
+    llamaStatus = 503;
+    const result = await hook('ready.sh');
+    llamaStatus = 200;
+    t.equal(result.code, 1);
+    t.match(result.stdout, /llama-server is not healthy yet \(HTTP 503\): .*loading model/);
+  });
+
+  await t.test('preStop removes the shard and never fails', async (t) => {
+    const first = await hook('deregister.sh');
+    t.equal(first.code, 0);
+    t.match(first.stdout, `deregistered shard ${POD_NAME} (HTTP 204)`);
+    t.equal((await app.inject({ method: 'GET', url: `/shards/${POD_NAME}` })).statusCode, 404);
+    const again = await hook('deregister.sh');
+    t.equal(again.code, 0);
+    t.match(again.stdout, '(HTTP 404)');
+  });
+
+  await t.test('the probe fails clearly when nodecompute does not answer', async (t) => {
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const deadPort = (closed.address() as { port: number }).port;
+    await new Promise<void>((resolve) => closed.close(() => resolve()));
+    const result = await hook('ready.sh', { NODECOMPUTE_PORT: String(deadPort) });
+    t.equal(result.code, 1);
+    t.match(result.stdout, new RegExp(`nodecompute on this node \\(127\\.0\\.0\\.1:${deadPort}\\) does not answer`));
+    t.equal(result.stderr, '', 'no bash noise in the probe output');
+  });
+
+});

@@ -1,0 +1,133 @@
+// The real server process: start-up without nvidia-smi, bad settings, restarts that keep shards, a
+// SIGKILL in the middle of a registration storm, and graceful shutdown with requests in flight.
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import { createFakeNvidiaSmi, eightGpuNode, livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { MAIN, startServer } from '../helpers/server.js';
+import { spawnShardProcess } from '../helpers/app.js';
+
+function tempDir(t: Parameters<Parameters<typeof t.test>[1]>[0]): string {
+  const dir = mkdtempSync(join(tmpdir(), 'nodecompute-e2e-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+t.test('without nvidia-smi the service starts, says so plainly, and answers 503 naming the path', async (t) => {
+  const dir = tempDir(t);
+  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json') });
+  await waitUntil(() => server.logs().some((entry) => entry.code === 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND' && entry.level === 50), {
+    what: 'the start-up error line',
+  });
+  const line = server.logs().find((entry) => entry.level === 50)!;
+  t.match(line.msg, /nvidia-smi could not be run from "\/opt\/missing\/nvidia-smi"/);
+  t.match(line.msg, /\/livez stays 200/);
+  t.equal((await fetch(`${server.url}/livez`)).status, 200);
+  for (const path of ['/readyz', '/gpus']) {
+    const res = await fetch(`${server.url}${path}`);
+    t.equal(res.status, 503, path);
+    const body = (await res.json()) as { code: string; message: string };
+    t.equal(body.code, 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND');
+    t.match(body.message, '/opt/missing/nvidia-smi');
+  }
+  server.child.kill('SIGTERM');
+  t.equal(await server.exited, 0);
+});
+
+t.test('a bad setting stops the start with a message naming it', async (t) => {
+  const result = spawnSync(process.execPath, [MAIN], { env: { ...process.env, NODECOMPUTE_PORT: 'eighty' }, encoding: 'utf8' });
+  t.equal(result.status, 2);
+  t.match(result.stderr, /Invalid setting NODECOMPUTE_PORT \(--port\): got "eighty"/);
+  const help = spawnSync(process.execPath, [MAIN, '--help'], { encoding: 'utf8' });
+  t.equal(help.status, 0);
+  t.match(help.stdout, /nodecompute doctor/);
+  t.match(help.stdout, /NODECOMPUTE_SMI_TIMEOUT_MS/);
+  const version = spawnSync(process.execPath, [MAIN, '--version'], { encoding: 'utf8' });
+  t.match(version.stdout, /^\d+\.\d+\.\d+\n$/);
+  const unknown = spawnSync(process.execPath, [MAIN, 'fly'], { encoding: 'utf8' });
+  t.equal(unknown.status, 2);
+  t.match(unknown.stderr, /unknown command "fly"/);
+});
+
+t.test('a corrupt state file stops the start naming the file, and is never overwritten', async (t) => {
+  const dir = t.testdir({ 'shards.json': '{"format": "nodecompute-shards/v1", "shards": [' });
+  const result = spawnSync(process.execPath, [MAIN], {
+    env: { ...process.env, NODECOMPUTE_STATE_FILE: join(dir, 'shards.json'), NODECOMPUTE_PORT: '0', NODECOMPUTE_HOST: '127.0.0.1' },
+    encoding: 'utf8',
+    timeout: 30_000,
+  });
+  t.equal(result.status, 1);
+  t.match(result.stderr, /cannot start: The state file .*shards\.json is not valid JSON/);
+  t.equal(readFileSync(join(dir, 'shards.json'), 'utf8'), '{"format": "nodecompute-shards/v1", "shards": [');
+});
+
+t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknowledged registration', async (t) => {
+  const dir = tempDir(t);
+  const fake = createFakeNvidiaSmi(dir, eightGpuNode());
+  const shard = await spawnShardProcess(t, 1);
+  const env = { NODECOMPUTE_NVIDIA_SMI: fake.path, NODECOMPUTE_STATE_FILE: join(dir, 'state', 'shards.json') };
+  const first = await startServer(t, env);
+  const put = (url: string, id: string, gpus: number[]) =>
+    fetch(`${url}/shards/${id}`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pid: shard.pid, gpus }) });
+  t.equal((await put(first.url, 'keep-me', [3])).status, 201);
+  first.child.kill('SIGTERM');
+  t.equal(await first.exited, 0);
+
+  const second = await startServer(t, env);
+  const kept = (await (await fetch(`${second.url}/shards/keep-me`)).json()) as { gpus: number[]; identity: { pid: number } };
+  t.same(kept.gpus, [3]);
+  t.equal(kept.identity.pid, shard.pid);
+
+  const acknowledged: string[] = [];
+  let stop = false;
+  const storm = Array.from({ length: 8 }, async (_, worker) => {
+    for (let i = 0; !stop && i < 400; i += 1) {
+      const id = `storm-${worker}-${i}`;
+      try {
+        const res = await put(second.url, id, [i % 8]);
+        if (res.status === 201) acknowledged.push(id);
+      } catch {
+        return; // the server died under us: this request was never acknowledged
+      }
+    }
+  });
+  await waitUntil(() => acknowledged.length >= 40, { timeoutMs: 60_000, what: '40 acknowledged registrations' });
+  second.child.kill('SIGKILL');
+  await second.exited;
+  stop = true;
+  await Promise.all(storm);
+
+  const state = JSON.parse(readFileSync(join(dir, 'state', 'shards.json'), 'utf8')) as { shards: Array<{ id: string }> };
+  const stored = new Set(state.shards.map((s) => s.id));
+  t.same(acknowledged.filter((id) => !stored.has(id)), [], 'every acknowledged registration is in the state file');
+  t.ok(stored.has('keep-me'));
+
+  const third = await startServer(t, env);
+  const listed = (await (await fetch(`${third.url}/shards`)).json()) as { shards: Array<{ id: string }> };
+  const ids = new Set(listed.shards.map((s) => s.id));
+  t.same(acknowledged.filter((id) => !ids.has(id)), [], 'and the restarted server serves them all');
+  third.child.kill('SIGTERM');
+  t.equal(await third.exited, 0);
+});
+
+t.test('SIGTERM finishes in-flight requests, kills nvidia-smi children and exits 0', async (t) => {
+  const dir = tempDir(t);
+  const fake = createFakeNvidiaSmi(dir, { ...eightGpuNode(), delayMs: 1500 });
+  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: fake.path, NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_SMI_TIMEOUT_MS: '20000' });
+  // The start-up warm-up run may still be going; wait for it so the next request starts its own.
+  await waitUntil(() => server.logs().some((entry) => /nvidia-smi answers/.test(String(entry.msg))), { timeoutMs: 30_000, what: 'warm-up' });
+  fake.update((s) => ({ ...s, delayMs: 60_000 }));
+  const before = fake.invocations().length;
+  const inFlight = fetch(`${server.url}/doctor`).then(async (res) => ({ status: res.status, body: (await res.json()) as { ok: boolean } }));
+  await waitUntil(() => fake.invocations().length > before, { what: 'the doctor to start nvidia-smi' });
+  server.child.kill('SIGTERM');
+  const answer = await inFlight;
+  t.equal(answer.status, 200, 'the in-flight request got its answer');
+  t.equal(answer.body.ok, false, 'nvidia-smi was killed under it, and the doctor said so');
+  t.equal(await server.exited, 0);
+  const smiPids = fake.invocations().map((invocation) => invocation.pid);
+  await waitUntil(() => smiPids.every((pid) => livePidsInGroup(pid).length === 0), { what: 'every nvidia-smi group to be gone' });
+  t.pass('no nvidia-smi process is left');
+});

@@ -1,0 +1,45 @@
+// Starts the built service (dist/src/main.js; `npm test` builds first) as a real process on a free
+// port, collects its JSON logs, and stops it. For the tests that need a real process: signals,
+// restarts, crashes.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import type { Test } from 'tap';
+import { waitUntil } from './fake-nvidia-smi.js';
+
+export const MAIN = fileURLToPath(new URL('../../dist/src/main.js', import.meta.url));
+
+export interface RunningServer {
+  url: string;
+  child: ChildProcess;
+  logs: () => Array<Record<string, unknown>>;
+  stderr: () => string;
+  /** Resolves with the exit code (or signal name) once the process has exited. */
+  exited: Promise<number | string>;
+}
+
+export async function startServer(t: Test, env: Record<string, string>, args: string[] = []): Promise<RunningServer> {
+  const child = spawn(process.execPath, [MAIN, ...args], {
+    env: { ...process.env, NODECOMPUTE_HOST: '127.0.0.1', NODECOMPUTE_PORT: '0', NODECOMPUTE_LOG_LEVEL: 'info', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout!.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')));
+  let done = false;
+  void exited.then(() => (done = true));
+  t.teardown(async () => {
+    if (!done) child.kill('SIGKILL');
+    await exited;
+  });
+  const logs = () =>
+    stdout
+      .split('\n')
+      .filter((line) => line.startsWith('{'))
+      .map((line) => JSON.parse(line) as Record<string, unknown>);
+  await waitUntil(() => done || logs().some((entry) => typeof entry.url === 'string'), { timeoutMs: 30_000, what: 'the server to listen' });
+  const listening = logs().find((entry) => typeof entry.url === 'string');
+  if (!listening) throw new Error(`the server exited before listening: ${stderr}`);
+  return { url: listening.url as string, child, logs, stderr: () => stderr, exited };
+}

@@ -1,0 +1,86 @@
+// /readyz (JSON and the Kubernetes-style checklist), conditional GETs for pollers, and errors for
+// routes that do not exist.
+import t from 'tap';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+
+t.test('/readyz: 200 from the cache when nvidia-smi answers; ?verbose gives the checklist', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] } });
+  const res = await app.inject({ method: 'GET', url: '/readyz' });
+  t.equal(res.statusCode, 200);
+  t.match(res.json(), { status: 'ok', stale: false, ageMs: Number });
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+  t.equal(verbose.statusCode, 200);
+  t.match(verbose.headers['content-type'], /^text\/plain/);
+  t.match(verbose.body, /^\[\+\]nvidia-smi ok: snapshot \d+ ms old, 8 GPUs\n\[\+\]host-pid-namespace ok: .*\nreadyz check passed\n$/);
+});
+
+t.test('/readyz: 503 when nvidia-smi PIDs are not in this /proc (no host PID namespace)', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  const res = await app.inject({ method: 'GET', url: '/readyz' });
+  t.equal(res.statusCode, 503);
+  t.equal(res.json().code, 'NODECOMPUTE_PID_NAMESPACE');
+  t.match(res.json().message, 'hostPID: true');
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose=1' });
+  t.equal(verbose.statusCode, 503);
+  t.match(verbose.body, /\[-\]host-pid-namespace failed: .*--pid=host[^]*readyz check failed\n$/);
+});
+
+t.test('/readyz: 503 with the nvidia-smi error when there is no snapshot', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: { ...eightGpuNode(), failures: { all: { kind: 'driver-unreachable' } } } });
+  const res = await app.inject({ method: 'GET', url: '/readyz' });
+  t.equal(res.statusCode, 503);
+  t.equal(res.json().code, 'NODECOMPUTE_NVIDIA_SMI_FAILED');
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+  t.match(verbose.body, /^\[-\]nvidia-smi failed: nvidia-smi exited with code 9/);
+});
+
+t.test('pollers: ETag and Cache-Control; If-None-Match gets 304 until the snapshot or the registry changes', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 10_000 }, deps: { now: clock.now } });
+  const first = await app.inject({ method: 'GET', url: '/shards' });
+  const etag = first.headers.etag as string;
+  t.match(etag, /^"[0-9a-z]+-[0-9a-z]+-[\w-]+"$/);
+  t.equal(first.headers['cache-control'], 'max-age=10');
+  clock.advance(4200);
+  const again = await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': etag } });
+  t.equal(again.statusCode, 304);
+  t.equal(again.body, '');
+  t.equal(again.headers['cache-control'], 'max-age=5', 'the remaining TTL, rounded down');
+  t.equal((await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': `W/${etag}, "other"` } })).statusCode, 304, 'weak and listed tags match');
+  t.equal((await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': '*' } })).statusCode, 304);
+
+  await app.inject({ method: 'PUT', url: '/shards/p', payload: { pid: shard.pid, gpus: [] } });
+  const changed = await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': etag } });
+  t.equal(changed.statusCode, 200, 'a registry change changes the ETag');
+  t.equal(changed.json().shards.length, 1);
+  const etag2 = changed.headers.etag as string;
+  t.not(etag2, etag);
+
+  const gpus = await app.inject({ method: 'GET', url: '/gpus' });
+  t.equal((await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': gpus.headers.etag as string } })).statusCode, 304);
+  const foreign = await app.inject({ method: 'GET', url: '/gpus/foreign-memory' });
+  t.equal((await app.inject({ method: 'GET', url: '/gpus/foreign-memory', headers: { 'if-none-match': foreign.headers.etag as string } })).statusCode, 304);
+
+  // Let the refresh the registration asked for finish before the node changes.
+  await waitForRefresh(app);
+  fake.update((s) => ({ ...s, gpus: s.gpus.map((gpu) => ({ ...gpu, usedMiB: 1 })) }));
+  clock.advance(10_001);
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await waitForRefresh(app);
+  const refreshed = await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': gpus.headers.etag as string } });
+  t.equal(refreshed.statusCode, 200, 'a new snapshot changes the ETag');
+  t.equal(refreshed.json().gpus[0].memory.usedMiB, 1);
+});
+
+async function waitForRefresh(app: Awaited<ReturnType<typeof buildTestApp>>['app']): Promise<void> {
+  for (let i = 0; i < 500 && app.services.node.snapshots.refreshing; i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
+}
+
+t.test('unknown routes are a coded 404 pointing at the docs', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  const res = await app.inject({ method: 'GET', url: '/gpu?x=1' });
+  t.equal(res.statusCode, 404);
+  t.same(res.json(), { statusCode: 404, code: 'NODECOMPUTE_NOT_FOUND', error: 'Not Found', message: 'No route GET /gpu. The API is listed at /docs and /openapi.json.' });
+});

@@ -1,0 +1,118 @@
+// GET /metrics: promtool accepts it; values match /gpus and /gpus/foreign-memory for the same
+// snapshot; shards in every state; a deleted shard's series disappear; a scrape reads the cache.
+import { spawnSync } from 'node:child_process';
+import t from 'tap';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
+
+const UUIDS = ['GPU-aaaaaaaa-0000-0000-0000-000000000000', 'GPU-bbbbbbbb-0000-0000-0000-000000000000'];
+const MIB = 1024 * 1024;
+
+function node(processes: FakeProcess[]): FakeScenario {
+  return {
+    gpus: UUIDS.map((uuid, index) => ({ index, uuid, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 20000 + index, freeMiB: 61000, reservedMiB: 479 })),
+    processes,
+  };
+}
+
+function sample(text: string, name: string, labels: Record<string, string>): number | undefined {
+  const wanted = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    const labelText = line.slice(name.length).split(' ')[0] ?? '';
+    if (wanted.every((pair) => labelText.includes(pair))) return Number(line.split(' ').at(-1));
+  }
+  return undefined;
+}
+
+t.test('promtool accepts the metrics of a node with shards in every state, and the values match the JSON views', async (t) => {
+  const ready = await spawnShardProcess(t, 1);
+  const starting = await spawnShardProcess(t, 0);
+  const onCpu = await spawnShardProcess(t, 0);
+  const exited = await spawnShardProcess(t, 0);
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, {
+    scenario: node([
+      { gpuUuid: UUIDS[0]!, pid: ready.members[0]!, name: 'llama-server', usedMiB: 12000 },
+      { gpuUuid: UUIDS[0]!, pid: 77777, name: '[Not Found]', usedMiB: 3000 },
+    ]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { now: clock.now },
+  });
+  const put = (id: string, body: object) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: body });
+  await put('ready-one', { pid: ready.pid, gpus: [0] });
+  await put('starting-one', { pid: starting.pid, gpus: [1], graceMs: 600_000 });
+  await put('on-cpu-one', { pid: onCpu.pid, gpus: [1], graceMs: 0 });
+  await put('exited-one', { pid: exited.pid, gpus: [] });
+  await exited.kill();
+  clock.advance(5);
+
+  const runsBefore = fake.countQueries('gpu');
+  const res = await app.inject({ method: 'GET', url: '/metrics' });
+  t.equal(res.statusCode, 200);
+  t.match(res.headers['content-type'], /^text\/plain; version=0\.0\.4/);
+  const text = res.body;
+  // Same snapshot: TTL 0, and the clock has not moved since the scrape.
+  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+  const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
+  t.equal(fake.countQueries('gpu') - runsBefore, 1, 'the three answers came from one snapshot');
+
+  const check = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  t.equal(check.status, 0, `promtool check metrics: ${check.stdout}${check.stderr}`);
+
+  for (const gpu of gpus.gpus) {
+    const labels = { gpu: String(gpu.index), uuid: gpu.uuid };
+    t.equal(sample(text, 'nodecompute_gpu_memory_total_bytes', labels), gpu.memory.totalMiB * MIB);
+    t.equal(sample(text, 'nodecompute_gpu_memory_used_bytes', labels), gpu.memory.usedMiB * MIB);
+    t.equal(sample(text, 'nodecompute_gpu_memory_free_bytes', labels), gpu.memory.freeMiB * MIB);
+    t.equal(sample(text, 'nodecompute_gpu_memory_reserved_bytes', labels), gpu.memory.reservedMiB * MIB);
+    t.equal(sample(text, 'nodecompute_gpu_memory_foreign_bytes', labels), foreign.gpus[gpu.index].foreignMiB * MIB);
+  }
+  t.equal(sample(text, 'nodecompute_gpu_memory_foreign_bytes', { gpu: '0' }), (20000 - 12000) * MIB);
+  t.equal(sample(text, 'nodecompute_shard_gpu_memory_bytes', { shard: 'ready-one', gpu: '0' }), 12000 * MIB);
+  const states: Record<string, string> = { 'ready-one': 'ready', 'starting-one': 'starting', 'on-cpu-one': 'on-cpu', 'exited-one': 'exited' };
+  for (const [shard, state] of Object.entries(states)) {
+    t.equal(sample(text, 'nodecompute_shard_ready', { shard }), state === 'ready' ? 1 : 0, `${shard} ready`);
+    t.equal(sample(text, 'nodecompute_shard_state', { shard, state }), 1, `${shard} is ${state}`);
+    t.equal(sample(text, 'nodecompute_shard_state', { shard, state: 'unverified' }), 0);
+  }
+  t.equal(sample(text, 'nodecompute_nvidia_smi_up', {}), 1);
+  t.ok(sample(text, 'nodecompute_nvidia_smi_query_duration_seconds_count', { query: 'gpus' })! >= 1);
+  t.match(text, /^process_resident_memory_bytes /m, 'default process metrics');
+
+  await app.inject({ method: 'DELETE', url: '/shards/ready-one' });
+  const after = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.notMatch(after, 'shard="ready-one"', "a deleted shard's series disappear");
+  t.match(after, 'shard="starting-one"');
+});
+
+t.test('when nvidia-smi fails, metrics still answer: up 0, failures counted, no GPU series', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
+  await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [0] } });
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'library-mismatch' } } }));
+  clock.advance(5);
+  const text = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.equal(spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' }).status, 0);
+  t.equal(sample(text, 'nodecompute_nvidia_smi_up', {}), 0);
+  t.equal(sample(text, 'nodecompute_nvidia_smi_failures_total', { query: 'gpus', reason: 'NODECOMPUTE_NVIDIA_SMI_FAILED' }), 1);
+  t.notMatch(text, /^nodecompute_gpu_memory_total_bytes\{/m);
+  t.equal(sample(text, 'nodecompute_shard_state', { shard: 's', state: 'unverified' }), 1);
+  t.equal(sample(text, 'nodecompute_snapshot_age_seconds', {}), 0.005, 'the age of the last good snapshot keeps growing');
+});
+
+t.test('before any snapshot the age is NaN', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: { ...node([]), failures: { all: { kind: 'no-devices' } } } });
+  const text = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.match(text, /^nodecompute_snapshot_age_seconds nan$/im);
+  t.equal(spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' }).status, 0);
+});
+
+t.test('scrapes read the cache: many scrapes within the TTL cause one nvidia-smi run per query', async (t) => {
+  const { app, fake } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 60_000 } });
+  const scrapes = await Promise.all(Array.from({ length: 20 }, () => app.inject({ method: 'GET', url: '/metrics' })));
+  t.ok(scrapes.every((res) => res.statusCode === 200));
+  t.equal(fake.countQueries('gpu'), 1);
+  t.equal(fake.countQueries('compute-apps'), 1);
+});

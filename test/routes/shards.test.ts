@@ -1,0 +1,287 @@
+// Shards end to end through the app: real process groups in the real /proc, the fake nvidia-smi
+// listing chosen PIDs on chosen GPUs, and a clock the test moves (TTL 0, max-stale 0: every request
+// after a clock step takes a fresh snapshot, so each step of a timeline is deterministic).
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { pino } from 'pino';
+import { createProcReader } from '../../src/system/procfs.js';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
+
+const UUIDS = ['GPU-11111111-0000-0000-0000-000000000000', 'GPU-22222222-0000-0000-0000-000000000000'];
+
+function twoGpuNode(processes: FakeProcess[] = []): FakeScenario {
+  return {
+    gpus: UUIDS.map((uuid, index) => ({
+      index,
+      uuid,
+      name: 'NVIDIA H200',
+      totalMiB: 143771,
+      usedMiB: 18 + processes.filter((p) => p.gpuUuid === uuid).reduce((sum, p) => sum + (typeof p.usedMiB === 'number' ? p.usedMiB : 0), 0),
+      freeMiB: 100000,
+      reservedMiB: 614,
+    })),
+    processes,
+  };
+}
+
+async function setup(t: Parameters<Parameters<typeof t.test>[1]>[0], scenario = twoGpuNode()) {
+  const clock = manualClock();
+  const built = await buildTestApp(t, { scenario, config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
+  const step = (ms = 1) => clock.advance(ms);
+  const setProcesses = (processes: FakeProcess[]) => built.fake.setScenario(twoGpuNode(processes));
+  return { ...built, clock, step, setProcesses };
+}
+
+t.test('a shard holds a GPU through a grandchild in its process group; another group on that GPU is foreign', async (t) => {
+  const shard = await spawnShardProcess(t, 2);
+  const other = await spawnShardProcess(t, 1);
+  const { app, step } = await setup(
+    t,
+    twoGpuNode([
+      { gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 12595 },
+      { gpuUuid: UUIDS[1]!, pid: other.members[0]!, name: 'python3', usedMiB: 2048 },
+      { gpuUuid: UUIDS[0]!, pid: 999_999, name: '[Not Found]', usedMiB: 300 },
+    ]),
+  );
+  const put = await app.inject({ method: 'PUT', url: '/shards/llama-a', payload: { pid: shard.pid, gpus: [1], engine: 'llama.cpp' } });
+  t.equal(put.statusCode, 201);
+  const record = put.json();
+  t.equal(record.identity.pid, shard.pid);
+  t.equal(record.identity.pgid, shard.pid, 'a detached child leads its own group');
+  t.equal(record.identity.name, 'sh');
+  t.ok(record.identity.startTime > 0);
+  t.equal(record.engine, 'llama.cpp');
+  t.equal(record.graceMs, 15000, 'the default grace');
+  step();
+
+  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+  t.same(
+    gpus.gpus[1].processes.map((p: { pid: number; shard: string | null }) => [p.pid, p.shard]),
+    [
+      [shard.members[0], 'llama-a'],
+      [other.members[0], null],
+    ],
+  );
+
+  const compute = (await app.inject({ method: 'GET', url: '/shards/llama-a/compute' })).json();
+  t.equal(compute.shard, 'llama-a');
+  t.equal(compute.backend, 'CUDA');
+  t.same(compute.devices, ['GPU 1: 12.3 GB']);
+  t.same(compute.gpus, [{ index: 1, usedMiB: 12595 }]);
+  t.same(compute.strayGpus, []);
+  t.equal(compute.engine, null);
+
+  const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
+  t.same(foreign.gpus, [
+    { index: 0, uuid: UUIDS[0], usedMiB: 318, shardMiB: 0, foreignMiB: 318, foreignProcesses: [{ pid: 999_999, name: '[Not Found]', usedMiB: 300 }] },
+    { index: 1, uuid: UUIDS[1], usedMiB: 14661, shardMiB: 12595, foreignMiB: 2066, foreignProcesses: [{ pid: other.members[0], name: 'python3', usedMiB: 2048 }] },
+  ]);
+
+  const ready = await app.inject({ method: 'GET', url: '/shards/llama-a/ready' });
+  t.equal(ready.statusCode, 200);
+  t.same({ ...ready.json(), observedAt: 'x' }, { shard: 'llama-a', ready: true, state: 'ready', reason: null, warnings: [], observedAt: 'x' });
+});
+
+t.test('timeline: starting -> ready, and a stray GPU is a warning', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, step, setProcesses } = await setup(t);
+  await app.inject({ method: 'PUT', url: '/shards/s1', payload: { pid: shard.pid, gpus: [0], graceMs: 10_000 } });
+  step(2000);
+  let res = await app.inject({ method: 'GET', url: '/shards/s1/ready' });
+  t.equal(res.statusCode, 503);
+  t.equal(res.json().state, 'starting');
+  t.match(res.json().reason, /GPU 0.*8\.0 s of its 10\.0 s grace left/);
+
+  setProcesses([
+    { gpuUuid: UUIDS[0]!, pid: shard.members[0]!, name: 'vllm', usedMiB: 4000 },
+    { gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'vllm', usedMiB: 100 },
+  ]);
+  step();
+  res = await app.inject({ method: 'GET', url: '/shards/s1/ready' });
+  t.equal(res.statusCode, 200);
+  t.equal(res.json().state, 'ready');
+  t.match(res.json().warnings, [/GPU 1, which it was not given/]);
+  const compute = (await app.inject({ method: 'GET', url: '/shards/s1/compute' })).json();
+  t.same(compute.strayGpus, [{ index: 1, usedMiB: 100 }]);
+});
+
+t.test('timeline: starting -> on-cpu after grace, with an actionable reason; then ready -> exited when killed', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, step, setProcesses } = await setup(t);
+  await app.inject({ method: 'PUT', url: '/shards/s2', payload: { pid: shard.pid, gpus: [1], engine: 'llama.cpp', graceMs: 5000 } });
+  step(100);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/s2/ready' })).json().state, 'starting');
+  step(5000);
+  const onCpu = await app.inject({ method: 'GET', url: '/shards/s2/ready' });
+  t.equal(onCpu.statusCode, 503);
+  t.equal(onCpu.json().state, 'on-cpu');
+  t.match(onCpu.json().reason, /placed on GPU 1 but computing on the CPU: its processes hold no memory on GPU 1/);
+  t.match(onCpu.json().reason, /engine-output/);
+  t.match(onCpu.json().reason, /nodecompute doctor/);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/s2/compute' })).json().backend, 'CPU');
+
+  setProcesses([{ gpuUuid: UUIDS[1]!, pid: shard.pid, name: 'llama-server', usedMiB: 9000 }]);
+  step();
+  t.equal((await app.inject({ method: 'GET', url: '/shards/s2/ready' })).json().state, 'ready');
+
+  await shard.kill();
+  setProcesses([]);
+  step();
+  const exited = await app.inject({ method: 'GET', url: '/shards/s2/ready' });
+  t.equal(exited.statusCode, 503);
+  t.equal(exited.json().state, 'exited');
+  t.match(exited.json().reason, new RegExp(`process ${shard.pid}`));
+  const listed = (await app.inject({ method: 'GET', url: '/shards' })).json();
+  t.equal(listed.shards[0].id, 's2', 'an exited shard stays registered: the control plane decides');
+});
+
+t.test('the engine saying CPU makes a GPU shard on-cpu at once, quoting what it saw', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, step } = await setup(t);
+  await app.inject({ method: 'PUT', url: '/shards/llama', payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } });
+  const log = [
+    'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected',
+    'load_tensors: offloaded 33/33 layers to GPU',
+    'load_tensors:   CPU_Mapped model buffer size =  4685.30 MiB',
+  ].join('\n');
+  const post = await app.inject({ method: 'POST', url: '/shards/llama/engine-output', payload: log, headers: { 'content-type': 'text/plain' } });
+  t.equal(post.statusCode, 200);
+  t.equal(post.json().account.backend, 'CPU');
+  t.ok(post.json().tailBytes > 0);
+  step();
+  const ready = await app.inject({ method: 'GET', url: '/shards/llama/ready' });
+  t.equal(ready.json().state, 'on-cpu', 'within grace, the engine\'s own word is enough');
+  t.match(ready.json().reason, /the engine itself reports it/);
+  t.match(ready.json().reason, /failed to initialize CUDA/);
+  const compute = (await app.inject({ method: 'GET', url: '/shards/llama/compute' })).json();
+  t.equal(compute.engine.backend, 'CPU');
+});
+
+t.test('a reused PID (fixture /proc) makes the shard exited', async (t) => {
+  const root = t.testdir({ '4242': { stat: '4242 (llama-server) S 1 4242 4242 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 0' } });
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, {
+    scenario: twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: 4242, name: 'llama-server', usedMiB: 500 }]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { now: clock.now, proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/r', payload: { pid: 4242, gpus: [0] } })).statusCode, 201);
+  clock.advance(1);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/r/ready' })).json().state, 'ready');
+  writeFileSync(join(root, '4242', 'stat'), '4242 (bash) S 1 4242 4242 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 2000 0 0');
+  clock.advance(1);
+  const res = await app.inject({ method: 'GET', url: '/shards/r/ready' });
+  t.equal(res.json().state, 'exited');
+  t.match(res.json().reason, /PID 4242 now belongs to another process \(bash/);
+});
+
+t.test('nvidia-smi gone -> unverified (200, with a warning); compute and foreign memory are 503', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, step, fake } = await setup(t);
+  await app.inject({ method: 'PUT', url: '/shards/u', payload: { pid: shard.pid, gpus: [0] } });
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  step();
+  const res = await app.inject({ method: 'GET', url: '/shards/u/ready' });
+  t.equal(res.statusCode, 200);
+  t.equal(res.json().state, 'unverified');
+  t.equal(res.json().observedAt, null);
+  t.match(res.json().warnings, [/nvidia-smi cannot be asked.*couldn't communicate with the NVIDIA driver/]);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/u/compute' })).statusCode, 503);
+  t.equal((await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).statusCode, 503);
+  const list = (await app.inject({ method: 'GET', url: '/shards' })).json();
+  t.equal(list.observedAt, null);
+  t.match(list.staleReason, /no snapshot/);
+  t.equal(list.shards[0].status.state, 'unverified');
+  t.equal(list.shards[0].compute, null);
+});
+
+t.test('a cgroup shard is every process whose cgroup contains the string', async (t) => {
+  const podUid = '7d5b1f2c-1111-4c3e-9e0a-3f7c2b9d8e11';
+  const root = t.testdir({
+    '100': { stat: '100 (vllm) S 1 100 100 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0', cgroup: `0::/kubepods.slice/kubepods-pod${podUid.replaceAll('-', '_')}.slice/cri-containerd-abc.scope\n` },
+    '101': { stat: '101 (vllm-worker) S 100 100 100 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 501 0 0', cgroup: `0::/kubepods/pod${podUid}/abc\n` },
+    '200': { stat: '200 (python3) S 1 200 200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 600 0 0', cgroup: '0::/system.slice/other.service\n' },
+  });
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, {
+    scenario: twoGpuNode([
+      { gpuUuid: UUIDS[0]!, pid: 101, name: 'vllm-worker', usedMiB: 7000 },
+      { gpuUuid: UUIDS[0]!, pid: 200, name: 'python3', usedMiB: 1000 },
+    ]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { now: clock.now, proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  const put = await app.inject({ method: 'PUT', url: '/shards/pod-a', payload: { cgroup: podUid, gpus: [0], engine: 'vllm' } });
+  t.equal(put.statusCode, 201);
+  t.equal(put.json().identity.pid, 100, 'identity is the lowest PID of the cgroup');
+  t.equal(put.json().cgroup, podUid);
+  t.equal(put.json().pid, null);
+  clock.advance(1);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/pod-a/ready' })).json().state, 'ready');
+  const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
+  t.equal(foreign.gpus[0].shardMiB, 7000);
+  t.same(foreign.gpus[0].foreignProcesses.map((p: { pid: number }) => p.pid), [200]);
+
+  const { rmSync } = await import('node:fs');
+  rmSync(join(root, '100'), { recursive: true });
+  rmSync(join(root, '101'), { recursive: true });
+  fake.setScenario(twoGpuNode([]));
+  clock.advance(1);
+  const gone = (await app.inject({ method: 'GET', url: '/shards/pod-a/ready' })).json();
+  t.equal(gone.state, 'exited');
+  t.match(gone.reason, /no process is left in cgroup/);
+});
+
+t.test('registration: create 201, replace 200, list, get, delete 204 then 404', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await setup(t);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [0, 1] } })).statusCode, 201);
+  const replaced = await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [] } });
+  t.equal(replaced.statusCode, 200);
+  t.same(replaced.json().gpus, []);
+  const one = (await app.inject({ method: 'GET', url: '/shards/a' })).json();
+  t.equal(one.id, 'a');
+  t.equal(one.status.state, 'ready', 'a shard given no GPU is ready while alive');
+  t.equal(one.compute.backend, 'CPU');
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/a' })).statusCode, 204);
+  const again = await app.inject({ method: 'DELETE', url: '/shards/a' });
+  t.equal(again.statusCode, 404);
+  t.equal(again.json().code, 'NODECOMPUTE_SHARD_NOT_FOUND');
+  for (const url of ['/shards/a', '/shards/a/ready', '/shards/a/compute']) {
+    t.equal((await app.inject({ method: 'GET', url })).statusCode, 404, url);
+  }
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
+});
+
+t.test('registration is validated against the node and /proc', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await setup(t);
+  const unknownGpu = await app.inject({ method: 'PUT', url: '/shards/x', payload: { pid: shard.pid, gpus: [0, 5] } });
+  t.equal(unknownGpu.statusCode, 422);
+  t.equal(unknownGpu.json().code, 'NODECOMPUTE_UNKNOWN_GPU');
+  t.match(unknownGpu.json().message, 'GPU 5 does not exist on this node; it has GPU 0, 1');
+  const noProcess = await app.inject({ method: 'PUT', url: '/shards/x', payload: { pid: 4_194_000, gpus: [0] } });
+  t.equal(noProcess.statusCode, 422);
+  t.equal(noProcess.json().code, 'NODECOMPUTE_PROCESS_NOT_FOUND');
+  t.match(noProcess.json().message, 'No process with PID 4194000');
+  const noCgroup = await app.inject({ method: 'PUT', url: '/shards/x', payload: { cgroup: 'deadbeefdeadbeef', gpus: [0] } });
+  t.equal(noCgroup.statusCode, 422);
+  t.match(noCgroup.json().message, 'deadbeefdeadbeef');
+  const both = await app.inject({ method: 'PUT', url: '/shards/x', payload: { pid: shard.pid, cgroup: 'deadbeefdeadbeef', gpus: [0] } });
+  t.equal(both.statusCode, 400);
+  t.match(both.json().message, 'not both');
+  const neither = await app.inject({ method: 'PUT', url: '/shards/x', payload: { gpus: [0] } });
+  t.equal(neither.statusCode, 400);
+  t.match(neither.json().message, 'Give "pid"');
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, [], 'nothing registered by rejected writes');
+});
+
+t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app, fake } = await setup(t);
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'no-devices' } } }));
+  const res = await app.inject({ method: 'PUT', url: '/shards/trust', payload: { pid: shard.pid, gpus: [7] } });
+  t.equal(res.statusCode, 201);
+});

@@ -1,0 +1,351 @@
+// GET /, the status page, through the real app: the fake nvidia-smi replays an 8x H200 node on which
+// real shard processes hold memory, so every state, a stray GPU, foreign and [N/A] memory appear in
+// both the HTML and the plain text. A headless Chromium renders the page from a listening server
+// to prove it is a real, self-contained page (and leaves a screenshot in test-artifacts/).
+import { execFile } from 'node:child_process';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import t, { type Test } from 'tap';
+import type { App } from '../../src/app.js';
+import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import type { SnapshotView } from '../../src/node-state/snapshot.js';
+import type { ShardState } from '../../src/shards/shard-service.js';
+import { renderHtml, renderText, STALE_BANNER_MS, statusModel, TEXT_BAR_WIDTH } from '../../src/status-page/render.js';
+import { prefersHtml } from '../../routes/status-page.js';
+import { buildTestApp, manualClock, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
+import { eightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+
+const execFileAsync = promisify(execFile);
+const CHROMIUM = '/usr/bin/chromium';
+const ARTIFACTS = fileURLToPath(new URL('../../test-artifacts/', import.meta.url));
+const BROWSER_ACCEPT = 'text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8';
+const EVIL_NAME = '<script>alert("x")</script> & \'q\'';
+
+/** The lead registers the page in buildApp; until then the test adds it itself. */
+interface Node {
+  app: App;
+  shards: Record<'ready' | 'onCpu' | 'starting' | 'exited', ShardProcess>;
+}
+
+/**
+ * GPU 0: alpha (ready) holds it; GPU 1: alpha again, a GPU it was not given (stray); GPU 2: bravo
+ * was given it but holds nothing (on-cpu), a foreign python3 does; GPU 3: empty, no reserved
+ * memory, given to charlie (starting); GPU 5: a foreign process whose name is HTML; GPU 6: a
+ * foreign process with [N/A] memory; GPU 7: every memory figure [N/A] and a [Not Found] process.
+ */
+function scenarioFor(alpha: ShardProcess): FakeScenario {
+  const node = eightGpuNode();
+  const [g0, g1, , g3, , g5, , g7] = node.gpus;
+  node.processes = node.processes.filter((p) => ![g0!.uuid, g1!.uuid, g3!.uuid].includes(p.gpuUuid));
+  node.processes.unshift(
+    { gpuUuid: g0!.uuid, pid: alpha.members[0]!, name: 'python3', usedMiB: 130004 },
+    { gpuUuid: g1!.uuid, pid: alpha.members[0]!, name: 'python3', usedMiB: 20480 },
+  );
+  g1!.usedMiB = 20489;
+  g1!.freeMiB = 143771 - 614 - 20489;
+  Object.assign(g3!, { usedMiB: 0, reservedMiB: 0, freeMiB: 143771 });
+  node.processes.find((p) => p.gpuUuid === g5!.uuid)!.name = EVIL_NAME;
+  Object.assign(g7!, { totalMiB: '[N/A]', usedMiB: '[N/A]', freeMiB: '[N/A]', reservedMiB: '[N/A]' });
+  return node;
+}
+
+async function register(t: Test, app: App, id: string, payload: Record<string, unknown>) {
+  const res = await app.inject({ method: 'PUT', url: `/shards/${id}`, payload });
+  t.equal(res.statusCode, 201, `${id} registered: ${res.body}`);
+}
+
+const EXPECTED: Record<string, string> = {
+  'alpha-ready': 'ready',
+  'bravo-on-cpu': 'on-cpu',
+  'charlie-starting': 'starting',
+  'delta-exited': 'exited',
+  'echo-cpu-only': 'ready',
+};
+
+/**
+ * Polls GET /shards until every shard has its expected state from a fresh snapshot. The clock is
+ * manual, so once settled the cached snapshot stays fresh and every later page shows the same facts
+ * however slow this machine is.
+ */
+async function settle(app: App, expected: Record<string, string>): Promise<void> {
+  let last = '';
+  for (let i = 0; i < 300; i += 1) {
+    const res = await app.inject({ method: 'GET', url: '/shards' });
+    const body = res.json() as { stale: boolean; shards: Array<{ id: string; status: { state: string } }> };
+    const states = Object.fromEntries(body.shards.map((shard) => [shard.id, shard.status.state]));
+    last = JSON.stringify({ stale: body.stale, states });
+    if (!body.stale && !app.services.node.snapshots.refreshing && JSON.stringify(states) === JSON.stringify(expected)) return;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  throw new Error(`shards never settled: ${last}`);
+}
+
+async function buildNode(t: Test): Promise<Node> {
+  const [ready, onCpu, starting, exited, cpuOnly] = await Promise.all([1, 2, 3, 4, 5].map(() => spawnShardProcess(t, 1)));
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, { scenario: scenarioFor(ready!), deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  await register(t, app, 'alpha-ready', { pid: ready!.pid, gpus: [0] });
+  await register(t, app, 'bravo-on-cpu', { pid: onCpu!.pid, gpus: [2], graceMs: 0 });
+  await register(t, app, 'charlie-starting', { pid: starting!.pid, gpus: [3], graceMs: 3_600_000 });
+  await register(t, app, 'delta-exited', { pid: exited!.pid, gpus: [4] });
+  await register(t, app, 'echo-cpu-only', { pid: cpuOnly!.pid, gpus: [] });
+  await exited!.kill();
+  // Past the TTL, so the next snapshot sees delta's process gone.
+  clock.advance(2000);
+  await settle(app, EXPECTED);
+  return { app, shards: { ready: ready!, onCpu: onCpu!, starting: starting!, exited: exited! } };
+}
+
+async function page(app: App, accept?: string, query = '') {
+  const res = await app.inject({ method: 'GET', url: `/${query}`, headers: accept === undefined ? {} : { accept } });
+  return res;
+}
+
+/** The plain-text line that starts with `prefix` (after trimming). */
+function lineOf(text: string, prefix: string): string {
+  return text.split('\n').find((line) => line.trimStart().startsWith(prefix)) ?? '';
+}
+
+t.test('the HTML page shows every GPU and shard with their memory and states', async (t) => {
+  const { app } = await buildNode(t);
+  const res = await page(app, BROWSER_ACCEPT);
+  t.equal(res.statusCode, 200);
+  t.equal(res.headers['content-type'], 'text/html; charset=utf-8');
+  t.equal(res.headers.vary, 'Accept');
+  t.equal(res.headers['cache-control'], 'no-store');
+  const html = res.body;
+  t.match(html, /^<!doctype html>\n<html lang="en">/);
+  t.match(html, '<meta http-equiv="refresh" content="5">');
+  t.match(html, /<title>[^<]*nodecompute · 2 ready, 1 starting, 1 on-cpu, 1 exited<\/title>/);
+  t.notMatch(html, /<script|src=|@import|url\(|https?:\/\//, 'no script, no external asset');
+  for (let index = 0; index < 8; index += 1) t.match(html, `<span class="gpu-index">GPU ${index}</span><span class="gpu-name">NVIDIA H200</span>`);
+  t.match(html, '<span class="gpu-used">127.0 / 140.4 GiB</span>', 'GPU 0 used / total');
+  t.match(html, '<span class="gpu-used">? / ? GiB</span>', 'GPU 7 reports [N/A]');
+  t.match(html, 'nvidia-smi reports no memory figures for this GPU');
+  t.match(html, /title="alpha-ready: 127\.0 GiB on GPU 0">\s*<span>alpha-ready 127\.0 GiB<\/span>/, 'shard segment, labelled, with a tooltip');
+  t.match(html, 'title="alpha-ready: 20.0 GiB on GPU 1 (a GPU it was NOT given)"');
+  t.match(html, /class="seg shard c0 stray"/);
+  t.match(html, /class="seg foreign" style="flex-grow:9" title="foreign: 9 MiB held by no registered shard \(driver context/, 'foreign residue on GPU 0');
+  t.match(html, /class="seg free" style="flex-grow:13145" title="free: 12\.8 GiB"/);
+  t.match(html, /class="seg reserved" style="flex-grow:614"/);
+  t.match(html, 'bravo-on-cpu: given this GPU, holds no memory on it');
+  t.match(html, 'charlie-starting: given this GPU, holds no memory on it');
+  t.match(html, 'pid 1758887 [Not Found] (56.7 GiB)');
+  t.match(html, 'pid 1425261 python3 (memory not reported)');
+  const rows = [...html.matchAll(/<tr>\n<th scope="row">(.*?)<\/tr>/gs)].map((m) => m[1]!);
+  t.equal(rows.length, 5, 'one row per shard');
+  const row = (id: string) => rows.find((r) => r.includes(`<span class="id">${id}</span>`)) ?? '';
+  t.match(row('alpha-ready'), '<span class="badge ready">ready</span>');
+  t.match(row('alpha-ready'), '<td>GPU 0</td>');
+  t.match(row('alpha-ready'), /<td class="held">GPU 0: 127\.0 GB<br><span class="stray-tag">GPU 1: 20\.0 GB \(not given\)<\/span><\/td>/);
+  t.match(row('alpha-ready'), 'Warning: holds memory on GPU 1, which it was not given');
+  t.match(row('bravo-on-cpu'), '<span class="badge on-cpu">on-cpu</span>');
+  t.match(row('bravo-on-cpu'), 'placed on GPU 2 but computing on the CPU');
+  t.match(row('charlie-starting'), '<span class="badge starting">starting</span>');
+  t.match(row('charlie-starting'), 'waiting for the shard to hold memory on GPU 3');
+  t.match(row('delta-exited'), '<span class="badge exited">exited</span>');
+  t.match(row('delta-exited'), "the shard&#39;s process exited");
+  t.match(row('echo-cpu-only'), '<span class="badge ready">ready</span>');
+  t.match(row('echo-cpu-only'), /<td><span class="none">none<\/span><\/td>\n<td class="held"><span class="none">none<\/span><\/td>\n<td class="why"><span class="none">-<\/span><\/td>/);
+});
+
+t.test('the plain-text page is an aligned table of the same facts', async (t) => {
+  const { app, shards } = await buildNode(t);
+  for (const accept of [undefined, '*/*', 'text/plain', 'application/json']) {
+    const res = await page(app, accept);
+    t.equal(res.headers['content-type'], 'text/plain; charset=utf-8', `Accept ${accept}`);
+  }
+  const text = (await page(app, '*/*')).body;
+  t.match(text, /^nodecompute \S+ on .+: 2 ready, 1 starting, 1 on-cpu, 1 exited\nnvidia-smi snapshot of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+\.\d s old\)\n/);
+  t.notMatch(text, /&lt;|&#/, 'text is not HTML-escaped');
+  const gpu0 = lineOf(text, '0 ');
+  t.match(gpu0, /^0\s+NVIDIA H200\s+\[#{45}\.{5}\]\s+127\.0 \/ 140\.4 GiB\s+alpha-ready 127\.0 GiB, foreign 9 MiB$/);
+  t.match(lineOf(text, '1 '), /\[#{7}:?\.+\]\s+20\.0 \/ 140\.4 GiB\s+alpha-ready 20\.0 GiB \(NOT given\)/);
+  t.match(lineOf(text, '2 '), /foreign 103\.4 GiB, bravo-on-cpu holds nothing$/);
+  t.match(lineOf(text, '3 '), /\[\.{50}\]\s+0\.0 \/ 140\.4 GiB\s+charlie-starting holds nothing$/);
+  t.match(lineOf(text, '7 '), new RegExp(`\\[\\?{${TEXT_BAR_WIDTH}}\\]\\s+\\? / \\? GiB$`));
+  for (const line of text.split('\n').filter((l) => /^\d\s/.test(l))) t.equal(line.indexOf('['), gpu0.indexOf('['), 'bars aligned');
+  t.match(text, `GPU 5: pid 1425260 ${EVIL_NAME} (103.4 GiB)`);
+  t.match(text, 'GPU 7: pid 1758887 [Not Found] (56.7 GiB)');
+  const header = lineOf(text, 'SHARD ');
+  t.match(header, /^SHARD\s+STATE\s+GIVEN\s+HELD\s+REASON \/ WARNINGS$/);
+  const alpha = lineOf(text, 'alpha-ready');
+  t.match(alpha, /^alpha-ready\s+ready\s+0\s+GPU 0: 127\.0 GB, GPU 1: 20\.0 GB \(NOT given\)\s+warning: holds memory on GPU 1/);
+  t.equal(alpha.indexOf('ready', 'alpha-ready'.length), header.indexOf('STATE'), 'columns aligned');
+  t.match(lineOf(text, 'bravo-on-cpu'), /^bravo-on-cpu\s+on-cpu\s+2\s+none\s+placed on GPU 2 but computing on the CPU/);
+  t.match(lineOf(text, 'charlie-starting'), /^charlie-starting\s+starting\s+3\s+none\s+waiting for the shard/);
+  t.match(lineOf(text, 'delta-exited'), new RegExp(`^delta-exited\\s+exited\\s+4\\s+none\\s+the shard's process exited: process ${shards.exited.pid} `));
+  t.match(lineOf(text, 'echo-cpu-only'), /^echo-cpu-only\s+ready\s+none\s+none\s+-$/);
+});
+
+t.test('Accept negotiation: only a client preferring text/html gets HTML; ?format overrides', async (t) => {
+  const cases: Array<[string | undefined, boolean]> = [
+    [undefined, false],
+    ['', false],
+    ['*/*', false],
+    ['text/*', false],
+    ['text/plain', false],
+    ['application/json', false],
+    ['text/html', true],
+    ['TEXT/HTML', true],
+    [BROWSER_ACCEPT, true],
+    ['text/html;q=0.5, text/plain;q=0.9', false],
+    ['text/plain;q=0.1, text/*;q=0.8', true],
+    ['text/html;level=1;q=0.7, */*;q=0.2', true],
+    ['text/html;q=bogus, text/plain;q=0', false],
+    ['text/html;q=2', true],
+  ];
+  for (const [accept, html] of cases) t.equal(prefersHtml(accept), html, `Accept: ${accept}`);
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  t.match((await page(app, BROWSER_ACCEPT)).headers['content-type'], 'text/html');
+  t.match((await page(app, 'text/plain')).headers['content-type'], 'text/plain');
+  t.match((await page(app, '*/*', '?format=html')).headers['content-type'], 'text/html');
+  t.match((await page(app, BROWSER_ACCEPT, '?format=text')).headers['content-type'], 'text/plain');
+  const bad = await page(app, '*/*', '?format=pdf');
+  t.equal(bad.statusCode, 400);
+  t.equal(bad.json().code, 'NODECOMPUTE_BAD_REQUEST');
+  t.equal((await app.inject({ method: 'HEAD', url: '/' })).statusCode, 200);
+  const doc = (await app.inject({ method: 'GET', url: '/openapi.json' })).json();
+  const operation = doc.paths['/'].get;
+  t.same(operation.tags, ['operators']);
+  t.match(operation.summary, 'Status page');
+  t.same(Object.keys(operation.responses['200'].content).sort(), ['text/html', 'text/plain'], 'both media types documented');
+});
+
+t.test('the page reads the cached snapshot: reloading it runs nvidia-smi no more', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  await settle(app, {});
+  await page(app, BROWSER_ACCEPT);
+  const runs = fake.countQueries('gpu');
+  t.equal(runs, 1);
+  for (let i = 0; i < 5; i += 1) {
+    await page(app, BROWSER_ACCEPT);
+    await page(app, '*/*');
+  }
+  t.equal(fake.countQueries('gpu'), runs, 'ten more pages, no more nvidia-smi runs within the TTL');
+});
+
+t.test('nvidia-smi cannot be asked: a banner with its words, and every shard still listed as unverified', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app } = await buildTestApp(t, {
+    scenario: { ...eightGpuNode(), failures: { all: { kind: 'driver-unreachable' } } },
+    deps: { now: manualClock().now },
+    config: { smiTimeoutMs: 60_000 },
+  });
+  await register(t, app, 'alpha', { pid: shard.pid, gpus: [0, 1] });
+  // On a slow machine the first pages may see the probe budget run out before nvidia-smi's answer.
+  let html = '';
+  for (let i = 0; i < 200 && !html.includes('exited with code 9'); i += 1) {
+    html = (await page(app, BROWSER_ACCEPT)).body;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  t.match(html, /<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked/);
+  t.match(html, "NVIDIA-SMI has failed because it couldn&#39;t communicate with the NVIDIA driver");
+  t.match(html, 'No GPU figures: nvidia-smi gave none (see above).');
+  t.match(html, 'no nvidia-smi snapshot');
+  t.match(html, '<span class="badge unverified">unverified</span>');
+  t.match(html, /<span class="id">alpha<\/span>.*<td>GPU 0<br>GPU 1<\/td>\n<td class="held"><span class="none">unknown<\/span><\/td>/s);
+  const text = (await page(app)).body;
+  t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified");
+  t.match(text, "!!   nvidia-smi exited with code 9 and said: \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver");
+  t.match(text, 'none: nvidia-smi gave no GPU figures (see above)');
+  t.match(lineOf(text, 'alpha'), /^alpha\s+unverified\s+0,1\s+unknown\s+warning: nvidia-smi cannot be asked/);
+});
+
+t.test('an older snapshot served while nvidia-smi fails carries a stale banner', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  await settle(app, {});
+  fake.update((s) => {
+    s.failures = { all: { kind: 'no-devices' } };
+  });
+  clock.advance(STALE_BANNER_MS + 1000);
+  let text = '';
+  for (let i = 0; i < 200 && !text.includes('No devices were found'); i += 1) {
+    text = (await page(app)).body;
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  t.match(text, /!! showing an older snapshot: .*No devices were found/);
+  t.match(lineOf(text, '0 '), /NVIDIA H200/, 'the last good GPUs are still shown');
+  t.match((await page(app, 'text/html')).body, /<div class="banner stale" role="status"><strong>Showing an older snapshot.<\/strong><code>.*No devices were found/);
+});
+
+t.test('a node with no GPU (nvidia-smi: "No devices were found") and no shard says so', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: { gpus: [], processes: [], failures: { all: { kind: 'no-devices' } } } });
+  const html = (await page(app, 'text/html')).body;
+  t.match(html, 'No devices were found');
+  t.match(html, 'No GPU figures: nvidia-smi gave none (see above).');
+  t.match(html, 'No shard is registered on this node.');
+  t.match(html, /<title>[^<]*no shards<\/title>/);
+  const text = (await page(app)).body;
+  t.match(text, ': no shards\n');
+  t.match(text, 'none registered: register one with PUT /shards/<id>');
+});
+
+t.test('a cgroup shard is named by its cgroup', async (t) => {
+  const state: ShardState = {
+    shard: {
+      id: 'pod-a',
+      pid: null,
+      cgroup: 'f00dfeedcafe',
+      gpus: [0],
+      engine: 'vllm',
+      graceMs: 0,
+      registeredAt: 0,
+      identity: { pid: 1, pgid: 1, startTime: 1, name: 'x' },
+    },
+    readiness: { ready: true, state: 'unverified', reason: null, warnings: [] },
+    compute: null,
+    observedAt: null,
+  };
+  const model = statusModel({ states: [state], view: null as SnapshotView<NodeSnapshot> | null, node: null, error: 'boom', host: 'h', version: '0', now: 0 });
+  t.match(renderHtml(model), 'vllm · cgroup f00dfeedcafe');
+  t.match(renderText(model), /^pod-a\s+unverified\s+0\s+unknown\s+-$/m);
+});
+
+// In CI chromium must be there (.ci/run installs it): a missing one fails the test instead of skipping it.
+const withoutChromium = !existsSync(CHROMIUM) && !process.env.CI ? `${CHROMIUM} is not installed (apt-get install chromium); CI runs this test` : false;
+
+t.test('headless Chromium renders the page: every GPU and shard in the DOM, and a screenshot', { skip: withoutChromium }, async (t) => {
+  const { app } = await buildNode(t);
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const address = app.server.address();
+  const url = `http://127.0.0.1:${typeof address === 'object' && address ? address.port : 0}/`;
+  const chromium = async (...args: string[]) => {
+    const profile = t.testdir({});
+    const { stdout } = await execFileAsync(
+      CHROMIUM,
+      [
+        '--headless',
+        '--no-sandbox',
+        '--disable-gpu',
+        '--disable-quic',
+        '--no-first-run',
+        '--disable-background-networking',
+        '--disable-component-update',
+        '--disable-sync',
+        '--hide-scrollbars',
+        `--user-data-dir=${profile}`,
+        ...args,
+        url,
+      ],
+      { timeout: 90_000, maxBuffer: 16 * 1024 * 1024 },
+    );
+    return stdout;
+  };
+  const dom = await chromium('--dump-dom');
+  t.match(dom, /<html lang="en">/);
+  for (let index = 0; index < 8; index += 1) t.match(dom, `<span class="gpu-index">GPU ${index}</span>`);
+  for (const [id, state] of Object.entries(EXPECTED)) {
+    t.match(dom, new RegExp(`<span class="id">${id}</span>.*?<span class="badge ${state}">${state}</span>`, 's'), id);
+  }
+  t.notMatch(dom, /<script>alert/, 'the HTML process name stayed text');
+  t.match(dom, '&lt;script&gt;alert("x")&lt;/script&gt; &amp;');
+  mkdirSync(ARTIFACTS, { recursive: true });
+  const png = join(ARTIFACTS, 'status-page.png');
+  await chromium(`--screenshot=${png}`, '--window-size=1280,900');
+  t.ok(existsSync(png) && statSync(png).size > 10_000, `screenshot written to ${png}`);
+});

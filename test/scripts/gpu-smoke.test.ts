@@ -1,0 +1,197 @@
+// Owns the dry run of scripts/gpu-smoke.sh: the script runs end to end against the built service
+// and the fake nvidia-smi, with a `sleep` standing in for the CUDA process. The stand-in writes its
+// pid to SMOKE_CUDA_PID_FILE; this test then makes the fake list that pid on GPU 0, as the real
+// nvidia-smi would once the process holds memory. A passing run must PASS every check and record
+// the service's exact queries; a run where nvidia-smi never lists the process must FAIL.
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import t, { type Test } from 'tap';
+import { createFakeNvidiaSmi, waitUntil, type FakeNvidiaSmi, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+
+t.setTimeout(300_000);
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const SCRIPT = join(ROOT, 'scripts', 'gpu-smoke.sh');
+const GPU0 = 'GPU-a44622e3-2296-6285-0a86-84d0f6c67900';
+const STAND_IN =
+  'sleep 1; echo $$ > "$SMOKE_CUDA_PID_FILE.tmp"; mv "$SMOKE_CUDA_PID_FILE.tmp" "$SMOKE_CUDA_PID_FILE"; exec sleep 600';
+
+function sources(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) return sources(path);
+    return entry.name.endsWith('.ts') && !entry.name.endsWith('.d.ts') ? [path] : [];
+  });
+}
+
+/** dist/ is stale when any source of the service has no output or a newer mtime than its output. */
+function staleOutputs(): string[] {
+  return ['src', 'routes']
+    .flatMap((dir) => sources(join(ROOT, dir)))
+    .filter((source) => {
+      const output = join(ROOT, 'dist', relative(ROOT, source)).replace(/\.ts$/, '.js');
+      return !existsSync(output) || statSync(output).mtimeMs < statSync(source).mtimeMs;
+    });
+}
+
+t.before(() => {
+  const stale = staleOutputs();
+  if (stale.length === 0) return;
+  const tsc = spawnSync(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.json'], {
+    cwd: ROOT,
+    encoding: 'utf8',
+    timeout: 240_000,
+  });
+  // tsc still emits when another file has a type error; the typecheck step reports those.
+  if (tsc.status !== 0) t.comment(`tsc exited ${tsc.status}: ${tsc.stdout}${tsc.stderr}`);
+  if (!existsSync(join(ROOT, 'dist/src/main.js'))) throw new Error(`the build produced no dist/src/main.js: ${tsc.stdout}${tsc.stderr}`);
+});
+
+function node(): FakeScenario {
+  return {
+    driverVersion: '590.48.01',
+    gpus: [{ index: 0, uuid: GPU0, name: 'NVIDIA H200', totalMiB: 143771, usedMiB: 0, freeMiB: 143157, reservedMiB: 614 }],
+    processes: [],
+  };
+}
+
+interface SmokeRun {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  cudaPid: number;
+}
+
+/** Runs the script; once the stand-in reports its pid, `onCuda` may make the fake list it. */
+async function runSmoke(
+  t: Test,
+  fake: FakeNvidiaSmi,
+  args: string[],
+  extraEnv: Record<string, string>,
+  onCuda: (pid: number) => void,
+): Promise<SmokeRun> {
+  const pidFile = join(fake.dir, 'cuda.pid');
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    NVIDIA_SMI: fake.path,
+    SMOKE_CUDA_CMD: STAND_IN,
+    SMOKE_CUDA_PID_FILE: pidFile,
+    SMOKE_CUDA_TIMEOUT_S: '60',
+    ...extraEnv,
+  };
+  // The runner's loader hooks would slow every node the script starts, and coverage of the built
+  // service would be mapped onto sources that may have changed since the build.
+  delete env.NODE_OPTIONS;
+  delete env.NODE_V8_COVERAGE;
+  const child = spawn('bash', [SCRIPT, ...args], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  t.teardown(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+  child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+  let done = false;
+  void exited.then(() => (done = true));
+  await waitUntil(() => done || /^\d+\n?$/.test(existsSync(pidFile) ? readFileSync(pidFile, 'utf8') : ''), {
+    timeoutMs: 120_000,
+    what: 'the stand-in CUDA process to write its pid',
+  });
+  const cudaPid = existsSync(pidFile) ? Number(readFileSync(pidFile, 'utf8')) : 0;
+  if (cudaPid > 0) onCuda(cudaPid);
+  const code = await exited;
+  return { code, stdout, stderr, cudaPid };
+}
+
+function rows(stdout: string): Map<string, { result: string; detail: string }> {
+  const table = new Map<string, { result: string; detail: string }>();
+  for (const line of stdout.split('\n')) {
+    const match = /^(PASS|FAIL|SKIP)\s+(.+?)\s{2,}(.*)$/.exec(line);
+    if (match) table.set(match[2] as string, { result: match[1] as string, detail: match[3] as string });
+  }
+  return table;
+}
+
+const CHECKS = [
+  'service starts',
+  '/readyz',
+  '/gpus lists GPU 0',
+  'register smoke-gpu',
+  'smoke-gpu starting -> ready',
+  '/gpus: CUDA pid on GPU 0',
+  '/shards/smoke-gpu/compute',
+  '/gpus/foreign-memory',
+  'record nvidia-smi outputs',
+  'smoke-cpu starting -> on-cpu',
+  'DELETE shards',
+  'service stops on SIGTERM',
+];
+
+t.test('a GPU process of the shard: every check passes and the queries are recorded', async (t) => {
+  const dir = t.testdir({ smi: {}, recorded: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  const recorded = join(dir, 'recorded');
+  const run = await runSmoke(t, fake, ['--record', recorded], { SMOKE_HTTP_CLIENT: 'curl' }, (pid) =>
+    fake.update((s) => {
+      s.processes.push({ gpuUuid: GPU0, pid, name: 'python3', usedMiB: 1530 });
+      s.gpus[0]!.usedMiB = 1548;
+    }),
+  );
+  const table = rows(run.stdout);
+  t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
+  t.same([...table.keys()], CHECKS, 'every check ran, in order');
+  for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
+  t.match(table.get('smoke-gpu starting -> ready')?.detail, /^starting -> ready after/, 'readiness went starting -> ready');
+  t.match(table.get('/gpus/foreign-memory')?.detail, /shardMiB 1530 /);
+  t.match(run.stdout, /0 failed, 0 skipped/);
+
+  const prefix = 'nvsmi-real_nvidia-h200_590.48.01';
+  t.same(readdirSync(recorded).sort(), ['commands', 'list-L', 'query-compute-apps', 'query-gpu', 'version'].map((q) => `${prefix}_${q}.txt`));
+  const apps = readFileSync(join(recorded, `${prefix}_query-compute-apps.txt`), 'utf8');
+  t.match(apps, new RegExp(`^gpu_uuid, pid, process_name, used_gpu_memory \\[MiB\\]\\n${GPU0}, ${run.cudaPid}, python3, 1530 MiB\\n$`), 'compute-apps recorded while the process ran');
+  t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\]\n0, GPU-/);
+  t.match(readFileSync(join(recorded, `${prefix}_version.txt`), 'utf8'), /DRIVER version\s+: 590\.48\.01/);
+  t.match(readFileSync(join(recorded, `${prefix}_list-L.txt`), 'utf8'), /^GPU 0: NVIDIA H200 \(UUID: GPU-/);
+  t.match(readFileSync(join(recorded, `${prefix}_commands.txt`), 'utf8'), new RegExp(`while pid ${run.cudaPid} `));
+
+  // The recording asks exactly what the service asks: same arguments, byte for byte.
+  const queries = fake.invocations().map((i) => i.argv.join(' ')).filter((argv) => argv.startsWith('--query-'));
+  const byKind = (flag: string) => new Set(queries.filter((argv) => argv.startsWith(flag)));
+  t.equal(byKind('--query-gpu').size, 1, `one form of the GPU query: ${[...byKind('--query-gpu')].join(' | ')}`);
+  t.equal(byKind('--query-compute-apps').size, 1, 'one form of the compute-apps query');
+});
+
+t.test('nvidia-smi never lists the CUDA process: the GPU checks FAIL and the exit is non-zero', async (t) => {
+  const dir = t.testdir({ smi: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  const run = await runSmoke(t, fake, [], { SMOKE_HTTP_CLIENT: 'node', SMOKE_READY_TIMEOUT_S: '3' }, () => undefined);
+  const table = rows(run.stdout);
+  t.equal(run.code, 1, 'exit 1', { stdout: run.stdout, stderr: run.stderr });
+  for (const name of ['smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory']) {
+    t.equal(table.get(name)?.result, 'FAIL', `${name}: ${table.get(name)?.detail}`);
+  }
+  t.match(table.get('/gpus: CUDA pid on GPU 0')?.detail, new RegExp(`pid ${run.cudaPid} is not among GPU 0's processes`));
+  t.match(table.get('smoke-gpu starting -> ready')?.detail, /^starting \(HTTP 503\)/);
+  for (const name of ['service starts', 'register smoke-gpu', 'smoke-cpu starting -> on-cpu', 'service stops on SIGTERM']) {
+    t.equal(table.get(name)?.result, 'PASS', `${name} still passes: ${table.get(name)?.detail}`);
+  }
+  t.match(run.stderr, /last lines of the nodecompute log/, 'the service log is shown for a failed run');
+});
+
+t.test('no nvidia-smi: one clear FAIL, no service started', async (t) => {
+  const env: NodeJS.ProcessEnv = { ...process.env, NVIDIA_SMI: join(t.testdirName, 'no-such-nvidia-smi') };
+  delete env.NODE_OPTIONS;
+  delete env.NODE_V8_COVERAGE;
+  const run = spawnSync('bash', [SCRIPT], { cwd: ROOT, env, encoding: 'utf8', timeout: 60_000 });
+  t.equal(run.status, 1);
+  t.match(run.stdout, /FAIL\s+nvidia-smi answers\s+".*no-such-nvidia-smi" -L failed/);
+});
+
+t.test('an unknown argument is a usage error', async (t) => {
+  const run = spawnSync('bash', [SCRIPT, '--bogus'], { cwd: ROOT, encoding: 'utf8' });
+  t.equal(run.status, 2);
+  t.match(run.stderr, /unknown argument "--bogus"/);
+});

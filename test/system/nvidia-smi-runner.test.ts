@@ -1,0 +1,325 @@
+// The nvidia-smi runner against the fake executable: real child processes, real process groups.
+// Timing is only ever bounded from above with generous slack, and state is awaited by polling, so
+// the tests hold on a loaded two-core machine.
+import t, { type Test } from 'tap';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { isCodedError } from '../../src/errors.js';
+import {
+  createNvidiaSmi,
+  GPU_QUERY_FIELDS,
+  type NvidiaSmi,
+  type QueryObservation,
+} from '../../src/system/nvidia-smi.js';
+import {
+  createFakeNvidiaSmi,
+  eightGpuNode,
+  livePidsInGroup,
+  waitUntil,
+  type FakeFailure,
+  type FakeNvidiaSmi,
+  type FakeScenario,
+} from '../helpers/fake-nvidia-smi.js';
+
+const SLACK_MS = 1500;
+const GPU_ARGS = [`--query-gpu=${GPU_QUERY_FIELDS.join(',')}`, '--format=csv'];
+const GPU_ARGS_WITHOUT_RESERVED = [
+  '--query-gpu=index,uuid,name,memory.total,memory.used,memory.free',
+  '--format=csv',
+];
+const APPS_ARGS = ['--query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory', '--format=csv'];
+
+interface Rig {
+  fake: FakeNvidiaSmi;
+  smi: NvidiaSmi;
+  observations: QueryObservation[];
+  logs: Array<Record<string, unknown>>;
+}
+
+/** `pathIn` picks another nvidia-smi path inside the fake's directory. */
+function rig(t: Test, scenario: FakeScenario = eightGpuNode(), timeoutMs = 15_000, pathIn?: (dir: string) => string): Rig {
+  const fake = createFakeNvidiaSmi(t.testdir(), scenario);
+  const path = pathIn?.(fake.dir);
+  const observations: QueryObservation[] = [];
+  const logs: Array<Record<string, unknown>> = [];
+  const log = pino({ level: 'debug' }, { write: (line: string) => logs.push(JSON.parse(line)) });
+  const smi = createNvidiaSmi({ path: path ?? fake.path, timeoutMs, log, onQuery: (o) => observations.push(o) });
+  t.teardown(() => smi.killAll());
+  return { fake, smi, observations, logs };
+}
+
+function failing(kind: 'all' | 'gpu' | 'compute-apps' | 'version', failure: FakeFailure): FakeScenario {
+  return { ...eightGpuNode(), failures: { [kind]: failure } };
+}
+
+async function noneAlive(pgid: number): Promise<void> {
+  await waitUntil(() => livePidsInGroup(pgid).length === 0, { what: `process group ${pgid} to be gone` });
+}
+
+t.test('queryGpus reads every GPU of an 8x H200 node', async (t) => {
+  const { fake, smi, observations, logs } = rig(t);
+  const gpus = await smi.queryGpus();
+  t.equal(gpus.length, 8);
+  t.same(gpus[0], {
+    index: 0,
+    uuid: 'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
+    name: 'NVIDIA H200',
+    totalMiB: 143771,
+    usedMiB: 130013,
+    freeMiB: 13145,
+    reservedMiB: 614,
+  });
+  t.same(gpus.map((g) => g.index), [0, 1, 2, 3, 4, 5, 6, 7]);
+  t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS], 'asks with header and units, no shell');
+  t.match(observations, [{ query: 'gpus', outcome: 'ok', durationMs: Number }]);
+  t.match(logs, [{ level: 20, query: 'gpus', durationMs: Number, msg: 'nvidia-smi answered' }]);
+  t.equal(smi.running, 0);
+});
+
+t.test('queryComputeApps keeps [N/A] memory, names with ", ", a pid on two GPUs and [Not Found]', async (t) => {
+  const { smi, observations } = rig(t);
+  const apps = await smi.queryComputeApps();
+  t.equal(apps.length, 8);
+  t.same(
+    apps.filter((a) => a.pid === 1425258).map((a) => a.gpuUuid),
+    ['GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90', 'GPU-cb449822-5571-be90-8303-e7558da3ea66'],
+  );
+  t.same(apps[5], {
+    gpuUuid: 'GPU-8e137fa6-c3d9-6980-7733-0d8df296756e',
+    pid: 1425260,
+    name: '/srv/jobs/eval, run 2/bin/python3',
+    usedMiB: 105842,
+  });
+  t.same(apps[6], { gpuUuid: 'GPU-d9337494-6060-1440-039f-4654245b5764', pid: 1425261, name: 'python3', usedMiB: null });
+  t.same(apps[7], { gpuUuid: 'GPU-28780eb0-24d5-1f13-59b8-ae5c23617a72', pid: 1758887, name: '[Not Found]', usedMiB: 58060 });
+  t.match(observations, [{ query: 'compute-apps', outcome: 'ok' }]);
+});
+
+t.test('queryVersion reads nvidia-smi --version', async (t) => {
+  const { fake, smi, observations } = rig(t, { ...eightGpuNode(), driverVersion: '535.161.08', cudaVersion: '12.2' });
+  t.same(await smi.queryVersion(), { smiVersion: '535.161.08', driverVersion: '535.161.08', cudaVersion: '12.2' });
+  t.same(fake.invocations().map((i) => i.argv), [['--version']]);
+  t.match(observations, [{ query: 'version', outcome: 'ok' }]);
+});
+
+t.test('every call sees the node as it is now', async (t) => {
+  const { fake, smi } = rig(t);
+  t.equal((await smi.queryComputeApps()).length, 8);
+  fake.update((s) => {
+    s.processes = [];
+  });
+  t.same(await smi.queryComputeApps(), [], 'no process: the header alone');
+  fake.update((s) => ({ ...s, lineEnding: 'crlf', processes: [{ gpuUuid: s.gpus[3]!.uuid, pid: 42, name: 'llama-server', usedMiB: 6010 }] }));
+  t.same(await smi.queryComputeApps(), [{ gpuUuid: 'GPU-02dbe542-8a6f-11a4-7c2a-486b7d4e9092', pid: 42, name: 'llama-server', usedMiB: 6010 }], 'CRLF');
+  t.equal(fake.countQueries('compute-apps'), 3);
+});
+
+const failures: Array<{ name: string; failure: FakeFailure; exitCode: number; words: RegExp; meaning: RegExp }> = [
+  {
+    name: 'driver unreachable',
+    failure: { kind: 'driver-unreachable' },
+    exitCode: 9,
+    words: /said: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\. Make sure that the latest NVIDIA driver is installed and running\."/,
+    meaning: /the NVIDIA driver is not loaded\. Install or load it/,
+  },
+  {
+    name: 'driver/library mismatch',
+    failure: { kind: 'library-mismatch' },
+    exitCode: 18,
+    words: /said: "Failed to initialize NVML: Driver\/library version mismatch\nNVML library version: 535\.161"/,
+    meaning: /Reboot the node, or unload and reload the nvidia kernel modules/,
+  },
+  {
+    name: 'no devices',
+    failure: { kind: 'no-devices' },
+    exitCode: 6,
+    words: /said: "No devices were found"/,
+    meaning: /no GPU was found\. .*--gpus all/,
+  },
+  {
+    name: 'GPU lost',
+    failure: { kind: 'gpu-lost' },
+    exitCode: 15,
+    words: /said: "Unable to determine the device handle for GPU 0000:02:00\.0: GPU is lost\. Reboot the system to recover this GPU"/,
+    meaning: /fallen off the bus.*Xid 79/,
+  },
+  {
+    name: 'an exit code nvidia-smi(1) does not list, words on stderr',
+    failure: { kind: 'custom', stderr: 'something odd\n', exitCode: 42 },
+    exitCode: 42,
+    words: /said: "something odd"/,
+    meaning: /no specific advice for; see RETURN VALUE in nvidia-smi\(1\)/,
+  },
+  {
+    name: 'a failure without a word',
+    failure: { kind: 'custom', exitCode: 255 },
+    exitCode: 255,
+    words: /said: "\(nothing\)"/,
+    meaning: /internal driver error/,
+  },
+];
+
+for (const f of failures) {
+  t.test(`${f.name}: NvidiaSmiFailedError with nvidia-smi's own words, the exit code and what it means`, async (t) => {
+    const { smi, observations, logs } = rig(t, failing('all', f.failure));
+    const err = await smi.queryComputeApps().catch((e: unknown) => e);
+    t.match(err, { code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', statusCode: 503, message: f.words });
+    t.ok(isCodedError(err), 'the error handler recognises it');
+    t.match(err, { message: new RegExp(`exited with code ${f.exitCode} and`) });
+    t.match(err, { message: f.meaning });
+    t.match((err as Error).cause, { exitCode: f.exitCode });
+    t.match(observations, [{ query: 'compute-apps', outcome: 'NODECOMPUTE_NVIDIA_SMI_FAILED' }]);
+    t.match(logs, [{ level: 20, query: 'compute-apps', err: { code: 'NODECOMPUTE_NVIDIA_SMI_FAILED' }, msg: 'nvidia-smi query failed' }]);
+  });
+}
+
+t.test('a failure of one query leaves the others working', async (t) => {
+  const { smi } = rig(t, failing('compute-apps', { kind: 'gpu-lost', busId: '0000:DB:00.0' }));
+  t.equal((await smi.queryGpus()).length, 8);
+  await t.rejects(smi.queryComputeApps(), { message: /GPU 0000:DB:00\.0: GPU is lost/ });
+  t.equal((await smi.queryVersion()).driverVersion, '590.48.01');
+});
+
+t.test('garbage with exit 0: NvidiaSmiUnparsableError quoting the line', async (t) => {
+  const { smi, observations } = rig(t, failing('version', { kind: 'garbage' }));
+  await t.rejects(smi.queryVersion(), {
+    code: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE',
+    message: /"<html><body>502 Bad Gateway<\/body><\/html>"/,
+  });
+  t.match(observations, [{ query: 'version', outcome: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE' }]);
+});
+
+t.test('killed by a signal (the OOM killer): NvidiaSmiFailedError saying so', async (t) => {
+  const { smi } = rig(t, failing('gpu', { kind: 'killed-by-signal' }));
+  await t.rejects(smi.queryGpus(), {
+    code: 'NODECOMPUTE_NVIDIA_SMI_FAILED',
+    message: /did not finish normally: Command was killed with SIGKILL.*the OOM killer\?.*dmesg/s,
+  });
+});
+
+t.test('no nvidia-smi at the path: NvidiaSmiNotFoundError naming the path and what to do', async (t) => {
+  const { smi, observations, fake } = rig(t, eightGpuNode(), 15_000, (dir) => join(dir, 'usr', 'bin', 'nvidia-smi'));
+  const path = join(fake.dir, 'usr', 'bin', 'nvidia-smi');
+  const err = await smi.queryGpus().catch((e: unknown) => e);
+  t.match(err, { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', statusCode: 503 });
+  t.ok(isCodedError(err));
+  const { message } = err as Error;
+  t.ok(message.includes(`from ${JSON.stringify(path)}: there is no such file (ENOENT)`), message);
+  for (const hint of ['driver utilities', '--gpus all', 'NVIDIA_DRIVER_CAPABILITIES=utility', 'NODECOMPUTE_NVIDIA_SMI']) {
+    t.ok(message.includes(hint), `says ${hint}`);
+  }
+  t.match((err as Error).cause, { code: 'ENOENT' });
+  t.match(observations, [{ query: 'gpus', outcome: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND' }]);
+  t.equal(smi.running, 0);
+});
+
+t.test('a file that may not be executed: NvidiaSmiNotFoundError (EACCES)', async (t) => {
+  const { smi, fake } = rig(t, eightGpuNode(), 15_000, (dir) => join(dir, 'not-executable'));
+  writeFileSync(join(fake.dir, 'not-executable'), '#!/bin/sh\n', { mode: 0o644 });
+  await t.rejects(smi.queryVersion(), {
+    code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
+    message: /the file exists but this user may not execute it \(EACCES\)/,
+  });
+});
+
+t.test('memory.reserved unknown to an older driver: one failing attempt, then remembered', async (t) => {
+  const { fake, smi, observations, logs } = rig(t, { ...eightGpuNode(), supportsReserved: false });
+  const gpus = await smi.queryGpus();
+  t.equal(gpus.length, 8);
+  t.ok(gpus.every((g) => g.reservedMiB === null && g.totalMiB === 143771), 'reservedMiB is null, the rest is read');
+  t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS, GPU_ARGS_WITHOUT_RESERVED]);
+  t.ok(logs.some((l) => l.level === 30 && /does not know memory\.reserved/.test(String(l.msg))), 'says so once, at info');
+
+  await smi.queryGpus();
+  t.same(fake.invocations().map((i) => i.argv).slice(2), [GPU_ARGS_WITHOUT_RESERVED], 'not asked again');
+  t.same(observations.map((o) => o.outcome), ['NODECOMPUTE_NVIDIA_SMI_FAILED', 'ok', 'ok']);
+
+  fake.update((s) => ({ ...s, failures: { gpu: { kind: 'driver-unreachable' } } }));
+  await t.rejects(smi.queryGpus(), { code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', message: /exited with code 9/ });
+  t.equal(fake.countQueries('gpu'), 4, 'a later failure is not retried');
+});
+
+t.test('a driver that knows memory.reserved but fails is not retried without it', async (t) => {
+  const { fake, smi } = rig(t, failing('gpu', { kind: 'library-mismatch' }));
+  await t.rejects(smi.queryGpus(), { message: /exited with code 18/ });
+  t.equal(fake.countQueries('gpu'), 1);
+});
+
+t.test('a hang: the timeout error at the deadline, and nothing of the process group is left', async (t) => {
+  const { fake, smi, observations } = rig(t, failing('gpu', { kind: 'hang', partialOutput: 'index, uuid, na' }), 500);
+  const started = Date.now();
+  const err = await smi.queryGpus().catch((e: unknown) => e);
+  const waited = Date.now() - started;
+  t.ok(isCodedError(err));
+  t.match(err, {
+    code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT',
+    statusCode: 503,
+    message: /did not answer within 500 ms \(nvidia-smi --query-gpu=index,.*--format=csv\), so its process group was killed/,
+  });
+  for (const hint of ['state D', 'dmesg', 'persistence mode']) t.ok((err as Error).message.includes(hint), `says ${hint}`);
+  t.ok(waited >= 450 && waited < 500 + SLACK_MS, `answered after ${waited} ms`);
+  t.match(observations, [{ query: 'gpus', outcome: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' }]);
+  t.equal(fake.countQueries('gpu'), 1, 'a timeout is not mistaken for an unknown field');
+
+  const [invocation] = fake.invocations();
+  await noneAlive(invocation!.pid);
+  for (const { childPid } of fake.spawned()) t.same(livePidsInGroup(invocation!.pid).includes(childPid), false);
+  await waitUntil(() => smi.running === 0, { what: 'running to return to 0' });
+  t.equal(smi.running, 0);
+});
+
+t.test('a grandchild that left the group and holds stdout open: still answered at the deadline', async (t) => {
+  // 3 s rather than 0.5 s so that even a slow machine starts the fake and lets the grandchild escape first.
+  const { fake, smi } = rig(t, failing('compute-apps', { kind: 'escaped-grandchild' }), 3_000);
+  const started = Date.now();
+  try {
+    await t.rejects(smi.queryComputeApps(), { code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' });
+    t.ok(Date.now() - started < 3_000 + SLACK_MS);
+    const [spawn] = fake.spawned();
+    t.ok(spawn && livePidsInGroup(spawn.childPid).includes(spawn.childPid), 'the grandchild is out of reach of the group kill');
+    t.equal(smi.running, 0, 'nvidia-smi itself has exited');
+  } finally {
+    for (const { childPid } of fake.spawned()) process.kill(childPid, 'SIGKILL');
+  }
+});
+
+t.test('a slow answer within the timeout is waited for; one past it is not', async (t) => {
+  const { smi, observations } = rig(t, { ...eightGpuNode(), delayMs: { 'compute-apps': 300 } }, 5_000);
+  t.equal((await smi.queryComputeApps()).length, 8);
+  t.ok(observations[0]!.durationMs >= 250, `took ${observations[0]!.durationMs} ms`);
+
+  const slow = rig(t, { ...eightGpuNode(), delayMs: 60_000 }, 500);
+  const started = Date.now();
+  await t.rejects(slow.smi.queryVersion(), { code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', message: /within 500 ms \(nvidia-smi --version\)/ });
+  t.ok(Date.now() - started < 500 + SLACK_MS);
+  await noneAlive(slow.fake.invocations()[0]!.pid);
+});
+
+t.test('killAll kills hung nvidia-smi process groups, grandchildren included', async (t) => {
+  const { fake, smi } = rig(t, failing('all', { kind: 'hang' }), 60_000);
+  const pending = [smi.queryComputeApps().catch((e: unknown) => e), smi.queryGpus().catch((e: unknown) => e)];
+  await waitUntil(() => fake.spawned().length === 2, { what: 'both fakes to hang with a grandchild' });
+  t.equal(smi.running, 2);
+  const groups = fake.invocations().map((i) => i.pid);
+  for (const pgid of groups) t.ok(livePidsInGroup(pgid).length >= 2, `group ${pgid} holds the fake and its sleep`);
+
+  smi.killAll();
+  const errors = await Promise.all(pending);
+  for (const err of errors) t.match(err, { code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', message: /killed with SIGKILL/ });
+  for (const pgid of groups) await noneAlive(pgid);
+  await waitUntil(() => smi.running === 0, { what: 'running to return to 0' });
+  t.equal(smi.running, 0);
+  smi.killAll();
+  t.pass('killAll with nothing running is harmless');
+});
+
+t.test('onQuery is optional', async (t) => {
+  const fake = createFakeNvidiaSmi(t.testdir(), eightGpuNode());
+  const smi = createNvidiaSmi({ path: fake.path, timeoutMs: 15_000, log: pino({ level: 'silent' }) });
+  t.equal((await smi.queryGpus()).length, 8);
+  await t.rejects(
+    createNvidiaSmi({ path: join(fake.dir, 'missing'), timeoutMs: 15_000, log: pino({ level: 'silent' }) }).queryGpus(),
+    { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND' },
+  );
+});
