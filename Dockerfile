@@ -57,7 +57,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NODECOMPUTE_STATE_FILE=/var/lib/nodecompute/shards.json
 
 USER 10001:10001
-EXPOSE 9471
+EXPOSE 9470
 VOLUME /var/lib/nodecompute
 
 # slim has no curl: node itself asks /livez, which never depends on nvidia-smi. It follows

@@ -69,11 +69,36 @@ export async function waitAllReady(ctx: BenchContext, server: ServerHandle, time
   throw new Error(`${server.name}: the shards did not all become ready within ${timeoutMs} ms: ${last}`);
 }
 
+/**
+ * Waits until nvidia-smi has not been run for `quietMs` (bounded by `timeoutMs`): a registration
+ * that arrived while a refresh ran leaves one more refresh due, which the next request starts.
+ * One request starts it here, so it does not land inside a measurement.
+ */
+export async function settle(node: NodecomputeServer, quietMs = 1_000, timeoutMs = 15_000): Promise<void> {
+  await request(`${node.server.url}/gpus`);
+  const giveUpAt = Date.now() + timeoutMs;
+  let seen = node.fake.invocations().length;
+  let quietSince = Date.now();
+  while (Date.now() < giveUpAt) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const now = node.fake.invocations().length;
+    if (now !== seen) {
+      seen = now;
+      quietSince = Date.now();
+      await request(`${node.server.url}/gpus`);
+    } else if (Date.now() - quietSince >= quietMs) {
+      return;
+    }
+  }
+  throw new Error(`${node.server.name}: nvidia-smi kept being run for ${timeoutMs} ms after the shards were ready`);
+}
+
 export async function startRegisteredNode(ctx: BenchContext, name: string, config: Partial<Config>, delayMs = 0): Promise<NodecomputeServer> {
   const node = await startNodecompute(ctx, name, config, delayMs);
   try {
     await registerShards(ctx, node.server);
     await waitAllReady(ctx, node.server);
+    await settle(node);
   } catch (err) {
     await node.server.stop();
     throw err;

@@ -59,7 +59,7 @@ function onCpuReason(shard: ShardRecord, missing: number[], engine: EngineAccoun
   if (engineSaysCpu(engine)) {
     return `${placed}: the engine itself reports it. ${engine.summary}. Its GPU backend did not load. ${ON_CPU_ADVICE}`;
   }
-  const held = `its processes hold no memory on ${gpuList(missing)} ${seconds(now - shard.registeredAt)} after registration (grace ${seconds(shard.graceMs)})`;
+  const held = `its processes hold no memory on ${gpuList(missing)}, ${seconds(now - shard.registeredAt)} after registration (grace ${seconds(shard.graceMs)})`;
   const vanished = gone.length > 0 ? ` ${gpuList(gone)} is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).` : '';
   return `${placed}: ${held}.${vanished} Its GPU backend probably did not load. ${
     shard.engine === 'llama.cpp' ? "post the engine's log (llama.cpp at -lv 4) to /shards/" + shard.id + "/engine-output to see what it saw. " : ''

@@ -1,0 +1,147 @@
+// The node check: each check's verdict and advice, the human table, GET /doctor and the CLI's exit code.
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import { pino } from 'pino';
+import { formatDoctorReport, runDoctor, type DoctorReport } from '../../src/doctor/doctor.js';
+import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
+import { createProcReader } from '../../src/system/procfs.js';
+import { createStateFile } from '../../src/system/state-file.js';
+import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
+import { createFakeNvidiaSmi, eightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { MAIN } from '../helpers/server.js';
+
+const log = pino({ level: 'silent' });
+
+function doctorFor(t: Parameters<Parameters<typeof t.test>[1]>[0], scenario: FakeScenario | null, overrides: { proc?: string; stateFile?: string; token?: boolean; slowQueryMs?: number } = {}) {
+  // Not t.testdir(): the test may hold its own fixture there.
+  const dir = mkdtempSync(join(tmpdir(), 'nodecompute-doctor-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  mkdirSync(join(dir, 'smi'));
+  const path = scenario ? createFakeNvidiaSmi(join(dir, 'smi'), scenario).path : join(dir, 'smi', 'missing-nvidia-smi');
+  return runDoctor({
+    nvidiaSmi: createNvidiaSmi({ path, timeoutMs: 20_000, log }),
+    proc: createProcReader({ root: overrides.proc ?? '/proc', log }),
+    stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json')),
+    nvidiaSmiPath: path,
+    tokenConfigured: overrides.token ?? false,
+    version: '9.9.9',
+    now: () => Date.parse('2026-11-29T12:00:00Z'),
+    ...(overrides.slowQueryMs === undefined ? {} : { slowQueryMs: overrides.slowQueryMs }),
+  });
+}
+
+function byName(report: DoctorReport) {
+  return Object.fromEntries(report.checks.map((check) => [check.name, check]));
+}
+
+t.test('a healthy node: every check ok (the token is a warning only)', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const scenario = eightGpuNode();
+  scenario.processes = [{ gpuUuid: scenario.gpus[0]!.uuid, pid: shard.pid, name: 'llama-server', usedMiB: 1000 }];
+  const report = await doctorFor(t, scenario, { token: true });
+  t.equal(report.ok, true);
+  t.equal(report.version, '9.9.9');
+  t.equal(report.checkedAt, '2026-11-29T12:00:00.000Z');
+  const checks = byName(report);
+  t.same(Object.keys(checks), ['nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'state-file', 'token']);
+  t.match(checks['nvidia-smi']!.detail, 'nvidia-smi 590.48.01, driver 590.48.01, CUDA 13.1');
+  t.match(checks.gpus!.detail, '8 GPU(s) visible: GPU 0 NVIDIA H200');
+  t.match(checks['host-pid-namespace']!, { status: 'ok', detail: 'all 1 PID(s) nvidia-smi lists exist in /proc' });
+  t.ok(report.checks.every((check) => check.status === 'ok' && check.fix === null));
+  t.match(formatDoctorReport(report), /OK    nvidia-smi .*\n[^]*nodecompute doctor: this node is fine\.\n$/);
+});
+
+t.test('PIDs nvidia-smi lists that are missing from /proc: not in the host PID namespace', async (t) => {
+  const report = await doctorFor(t, eightGpuNode());
+  const check = byName(report)['host-pid-namespace']!;
+  t.equal(check.status, 'fail');
+  t.match(check.detail, /7 of 7 PID\(s\) nvidia-smi lists do not exist in \/proc \(1328667, 1328668, 1425258/);
+  t.match(check.fix, '--pid=host');
+  t.equal(report.ok, false);
+  const table = formatDoctorReport(report);
+  t.match(table, /FAIL  host-pid-namespace/);
+  t.match(table, /fix: nodecompute is not in the host's PID namespace/);
+  t.match(table, /something is wrong/);
+});
+
+t.test('some PIDs missing is a warning (they may have exited in between)', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const scenario = eightGpuNode();
+  scenario.processes = [
+    { gpuUuid: scenario.gpus[0]!.uuid, pid: shard.pid, name: 'a', usedMiB: 1 },
+    { gpuUuid: scenario.gpus[0]!.uuid, pid: 4_100_000, name: 'b', usedMiB: 1 },
+  ];
+  const check = byName(await doctorFor(t, scenario))['host-pid-namespace']!;
+  t.equal(check.status, 'warn');
+  t.match(check.detail, '1 of 2 PID(s)');
+});
+
+t.test('many missing PIDs are listed up to ten; an odd --version answer is reported as unknown', async (t) => {
+  const scenario = eightGpuNode();
+  scenario.processes = Array.from({ length: 12 }, (_, i) => ({ gpuUuid: scenario.gpus[0]!.uuid, pid: 4_100_000 + i, name: 'x', usedMiB: 1 }));
+  scenario.failures = { version: { kind: 'custom', stdout: 'NVIDIA-SMI version  : 590.48.01\n', exitCode: 0 } };
+  const checks = byName(await doctorFor(t, scenario));
+  t.match(checks['host-pid-namespace']!.detail, /12 of 12 PID\(s\) .*\(4100000, .*, 4100009, \.\.\.\)/);
+  t.match(checks['nvidia-smi']!.detail, 'nvidia-smi 590.48.01, driver unknown, CUDA unknown');
+});
+
+t.test('no GPU process: nothing to compare', async (t) => {
+  const check = byName(await doctorFor(t, { ...eightGpuNode(), processes: [] }))['host-pid-namespace']!;
+  t.equal(check.status, 'ok');
+  t.match(check.detail, 'nothing to compare');
+});
+
+t.test('a missing nvidia-smi fails first and skips what depends on it', async (t) => {
+  const report = await doctorFor(t, null);
+  const checks = byName(report);
+  t.equal(checks['nvidia-smi']!.status, 'fail');
+  t.match(checks['nvidia-smi']!.detail, 'missing-nvidia-smi');
+  t.notOk(checks.gpus);
+  t.notOk(checks['host-pid-namespace']);
+  t.equal(checks.proc!.status, 'ok');
+  t.equal(report.ok, false);
+});
+
+t.test('nvidia-smi answers --version but the queries fail; slow queries', async (t) => {
+  const failing = byName(await doctorFor(t, { ...eightGpuNode(), failures: { gpu: { kind: 'gpu-lost' } } }));
+  t.equal(failing.gpus!.status, 'fail');
+  t.match(failing.gpus!.detail, 'GPU is lost');
+  const slow = byName(await doctorFor(t, { ...eightGpuNode(), processes: [], delayMs: { gpu: 300 } }, { slowQueryMs: 100 }));
+  t.equal(slow['query-time']!.status, 'warn');
+  t.match(slow['query-time']!.fix, 'persistence mode');
+});
+
+t.test('an unreadable proc root and an unwritable state directory fail with what to do', async (t) => {
+  const dir = t.testdir({ file: 'not a directory' });
+  const report = await doctorFor(t, { ...eightGpuNode(), processes: [] }, { proc: join(dir, 'no-proc'), stateFile: join(dir, 'file', 'shards.json') });
+  const checks = byName(report);
+  t.equal(checks.proc!.status, 'fail');
+  t.match(checks.proc!.fix, 'NODECOMPUTE_PROC');
+  t.equal(checks['state-file']!.status, 'fail');
+  t.match(checks['state-file']!.detail, /cannot write in .*file/);
+  t.equal(checks.token!.status, 'warn');
+});
+
+t.test('GET /doctor answers the same report as JSON', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  const res = await app.inject({ method: 'GET', url: '/doctor' });
+  t.equal(res.statusCode, 200);
+  t.equal(res.json().ok, false);
+  t.match(res.json().checks, [{ name: 'nvidia-smi', status: 'ok' }]);
+  t.ok(res.json().checks.some((check: { name: string; status: string }) => check.name === 'host-pid-namespace' && check.status === 'fail'));
+});
+
+t.test('`nodecompute doctor` prints the table and exits non-zero when something is wrong', async (t) => {
+  const dir = t.testdir({ smi: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), { ...eightGpuNode(), processes: [] });
+  const env = { ...process.env, NODECOMPUTE_STATE_FILE: join(dir, 'state', 's.json'), NODECOMPUTE_TOKEN: 'a-token-of-enough-length' };
+  const good = spawnSync(process.execPath, [MAIN, 'doctor', '--nvidia-smi', fake.path], { env, encoding: 'utf8', timeout: 60_000 });
+  t.equal(good.status, 0, good.stdout + good.stderr);
+  t.match(good.stdout, 'this node is fine');
+  const bad = spawnSync(process.execPath, [MAIN, 'doctor', '--nvidia-smi', join(dir, 'nope')], { env, encoding: 'utf8', timeout: 60_000 });
+  t.equal(bad.status, 1);
+  t.match(bad.stdout, /FAIL  nvidia-smi/);
+});

@@ -1,0 +1,91 @@
+// The state file's directory stops being writable while the service runs. Tests run as root, whom
+// chmod does not stop, so the directory is replaced by a regular file of the same name: mkdir and
+// open then fail (EEXIST / ENOTDIR) as they would on a read-only or vanished volume. A change is
+// then refused with a coded 503 naming the file and what to do, is not acknowledged, and loses
+// nothing already stored; once the directory is back, writes work again and a restarted service
+// finds every shard that was acknowledged.
+import { existsSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname } from 'node:path';
+import t from 'tap';
+import { pino } from 'pino';
+import { buildApp } from '../../src/app.js';
+import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
+import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { killLeftovers } from '../helpers/process-scan.js';
+
+t.test('the state directory replaced by a file: writes refused with STATE_WRITE_FAILED, nothing stored is lost', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, config, fake } = await buildTestApp(t, { scenario: eightGpuNode() });
+  t.teardown(() => killLeftovers(fake));
+  const stateDir = dirname(config.stateFile);
+  const ids = async () => ((await app.inject({ method: 'GET', url: '/shards' })).json().shards as Array<{ id: string }>).map((s) => s.id);
+
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [0] } })).statusCode, 201);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/b', payload: { pid: shard.pid, gpus: [1] } })).statusCode, 201);
+  const original = readFileSync(config.stateFile);
+
+  renameSync(stateDir, `${stateDir}.moved`);
+  writeFileSync(stateDir, 'not a directory\n');
+  t.teardown(() => {
+    // Put the directory back whatever happened (a failing assertion must not leave the file).
+    if (existsSync(`${stateDir}.moved`)) {
+      rmSync(stateDir, { force: true, recursive: true });
+      renameSync(`${stateDir}.moved`, stateDir);
+    }
+  });
+
+  const refused = await app.inject({ method: 'PUT', url: '/shards/c', payload: { pid: shard.pid, gpus: [2] } });
+  t.equal(refused.statusCode, 503, refused.body.slice(0, 300));
+  const body = refused.json();
+  t.same(Object.keys(body).sort(), ['code', 'error', 'message', 'statusCode']);
+  t.equal(body.code, 'NODECOMPUTE_STATE_WRITE_FAILED');
+  t.match(body.message, config.stateFile, 'names the file');
+  t.match(body.message, /not stored/, 'says the registration was not stored');
+  t.match(body.message, /Nothing already registered was lost/);
+  t.match(body.message, /Make the state directory writable/, 'says what to do');
+  t.equal((await app.inject({ method: 'GET', url: '/shards/c' })).statusCode, 404, 'not acknowledged, not served');
+
+  // A replacement and a removal are refused the same way and leave the shard as it was.
+  const replace = await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [5] } });
+  t.equal(replace.statusCode, 503);
+  t.equal(replace.json().code, 'NODECOMPUTE_STATE_WRITE_FAILED');
+  t.same((await app.inject({ method: 'GET', url: '/shards/a' })).json().gpus, [0], 'a keeps its stored GPUs');
+  const remove = await app.inject({ method: 'DELETE', url: '/shards/b' });
+  t.equal(remove.statusCode, 503);
+  t.equal(remove.json().code, 'NODECOMPUTE_STATE_WRITE_FAILED');
+  t.same(await ids(), ['a', 'b'], 'the earlier shards are still listed');
+
+  // Concurrent writes while it fails: each refused, none acknowledged.
+  const storm = await Promise.all(
+    Array.from({ length: 20 }, (_, i) => app.inject({ method: 'PUT', url: `/shards/storm-${i}`, payload: { pid: shard.pid, gpus: [i % 8] } })),
+  );
+  t.ok(storm.every((res) => res.statusCode === 503 && res.json().code === 'NODECOMPUTE_STATE_WRITE_FAILED'), 'every concurrent write refused');
+  t.same(await ids(), ['a', 'b'], 'and none acknowledged');
+
+  // The directory comes back: the stored file is intact, and writes work again.
+  rmSync(stateDir);
+  renameSync(`${stateDir}.moved`, stateDir);
+  t.ok(readFileSync(config.stateFile).equals(original), 'the state file is byte for byte what was acknowledged');
+  t.same(
+    readdirSync(stateDir).filter((name) => name.endsWith('.tmp')),
+    [],
+    'no temp file was left behind',
+  );
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/c', payload: { pid: shard.pid, gpus: [2] } })).statusCode, 201, 'writes work again');
+  t.same(await ids(), ['a', 'b', 'c']);
+
+  // A restarted service from the state file as acknowledged before the failure finds a and b.
+  writeFileSync(config.stateFile, original);
+  const restarted = await buildApp(config, { logger: pino({ level: 'silent' }) });
+  t.teardown(() => restarted.close());
+  const listed = (await restarted.inject({ method: 'GET', url: '/shards' })).json().shards as Array<{ id: string; gpus: number[] }>;
+  t.same(listed.map((s) => [s.id, s.gpus]), [['a', [0]], ['b', [1]]], 'every acknowledged shard, as acknowledged');
+});
+
+t.test('a state file whose parent path is a regular file: the first write is refused, clearly', async (t) => {
+  const dir = t.testdir({ 'a-file': 'I am not a directory\n' });
+  const stateFile = `${dir}/a-file/state/shards.json`;
+  // Start-up reads the state file first; ENOTDIR there is not "no file yet", so the start fails loudly.
+  const built = buildTestApp(t, { scenario: eightGpuNode(), config: { stateFile } });
+  await t.rejects(built, { code: 'NODECOMPUTE_STATE_FILE_INVALID', message: /a-file\/state\/shards\.json/ }, 'refuses to start, naming the file');
+});
