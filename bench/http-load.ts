@@ -31,8 +31,7 @@ const MAX_SAMPLES = 2_000_000;
 
 /** Runs autocannon; when `keep` is given, every latency (ms) is appended to it too. */
 export async function runAutocannon(run: AutocannonRun, keep?: number[]): Promise<LoadResult> {
-  const latencies = new Float64Array(MAX_SAMPLES);
-  let samples = 0;
+  const latencies: number[] = [];
   const instance = autocannon({
     url: run.url,
     connections: run.connections,
@@ -40,7 +39,7 @@ export async function runAutocannon(run: AutocannonRun, keep?: number[]): Promis
     ...(run.amount !== undefined ? { amount: run.amount } : { duration: run.durationS, maxOverallRequests: MAX_SAMPLES }),
   });
   instance.on('response', (_client, _status, _bytes, ms) => {
-    if (samples < MAX_SAMPLES) latencies[samples++] = ms;
+    if (latencies.length < MAX_SAMPLES) latencies.push(ms);
   });
   // With `amount` autocannon has no timer of its own: this is the time bound.
   const guard = setTimeout(() => instance.stop(), run.durationS * 1000);
@@ -48,13 +47,12 @@ export async function runAutocannon(run: AutocannonRun, keep?: number[]): Promis
   const result = await instance;
   const seconds = (performance.now() - started) / 1000;
   clearTimeout(guard);
-  const kept = latencies.subarray(0, samples);
-  if (keep) for (const ms of kept) keep.push(ms);
-  const sorted = sortedCopy(kept);
+  if (keep) for (const ms of latencies) keep.push(ms);
+  const sorted = sortedCopy(latencies);
   return {
-    requests: samples,
+    requests: latencies.length,
     seconds,
-    rps: samples / seconds,
+    rps: latencies.length / seconds,
     p50Ms: percentile(sorted, 50),
     p99Ms: percentile(sorted, 99),
     errors: result.errors + result.timeouts,

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { nodeLayout } from './fake-smi.js';
 import { memoryFigure, FLAT_FACTOR, RSS_TARGET_MB, type MemoryResult } from './figures/memory.js';
-import { MAX_STEP_GROWTH, refreshCostFigure, TARGET_MS_AT_256, type RefreshCostResult } from './figures/refresh-cost.js';
+import { MAX_MARGINAL_GROWTH, refreshCostFigure, TARGET_MS_AT_256, type RefreshCostResult } from './figures/refresh-cost.js';
 import { singleFlightFigure, type SingleFlightResult } from './figures/single-flight.js';
 import { P99_TARGET_MS, slowProbeFigure, type SlowProbeResult } from './figures/slow-probe.js';
 import { RATIO_TARGET, ROUNDS, throughputFigure, type EndpointResult } from './figures/throughput.js';
@@ -54,8 +54,9 @@ function slowProbeRows(r: SlowProbeResult): Row[] {
     {
       figure: '3. /shards/:id/ready p99 while nvidia-smi takes 3 s',
       measured:
-        `${r.p99Ms} ms (p50 ${r.p50Ms}, max ${r.maxMs}; ${r.requests} probes, ${r.staleAnswers} stale, ` +
-        `refresh landed at ${r.refreshLandedAtMs ?? '-'} ms${r.non200 ? `, ${r.non200} not 200` : ''})${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
+        `${r.staleP99Ms} ms (max ${r.staleMaxMs}; ${r.staleAnswers} probes during the refresh, which landed at ` +
+        `${r.refreshLandedAtMs ?? '-'} ms; all ${r.requests} probes: p50 ${r.p50Ms}, p99 ${r.p99Ms}, max ${r.maxMs} ms` +
+        `${r.non200 ? `; ${r.non200} not 200` : ''})${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
       target: `p99 < ${P99_TARGET_MS} ms`,
       result: verdict(r.pass),
     },
@@ -72,9 +73,9 @@ function refreshCostRows(r: RefreshCostResult): Row[] {
       result: verdict(at256.medianMs < TARGET_MS_AT_256),
     },
     {
-      figure: '4. refresh cost linearity (time growth per 4x processes)',
-      measured: r.stepGrowth.map((g) => `${g}x`).join(', '),
-      target: `each <= ${MAX_STEP_GROWTH}x`,
+      figure: '4. refresh cost linearity (cost per added process)',
+      measured: `${r.marginalGrowth}x (${r.marginalUs.from256To1024} us from 256 to 1024 vs ${r.marginalUs.from64To256} us from 64 to 256)`,
+      target: `<= ${MAX_MARGINAL_GROWTH}x`,
       result: verdict(r.linear),
     },
   ];
@@ -91,29 +92,41 @@ function memoryRows(r: MemoryResult): Row[] {
   ];
 }
 
+type Log = (line: string) => void;
+
 interface Figure {
   name: string;
   title: string;
-  run: (ctx: BenchContext, log: (line: string) => void) => Promise<unknown>;
-  rows: (result: never) => Row[];
+  measure: (ctx: BenchContext, log: Log) => Promise<{ result: unknown; rows: Row[] }>;
+}
+
+function figure<T>(name: string, title: string, run: (ctx: BenchContext, log: Log) => Promise<T>, rows: (result: T) => Row[]): Figure {
+  return {
+    name,
+    title,
+    async measure(ctx, log) {
+      const result = await run(ctx, log);
+      return { result, rows: rows(result) };
+    },
+  };
 }
 
 const FIGURES: Figure[] = [
-  { name: 'throughput', title: `1. throughput vs bare Fastify (${ROUNDS} interleaved rounds)`, run: throughputFigure, rows: throughputRows },
-  { name: 'single-flight', title: '2. nvidia-smi runs per TTL window', run: singleFlightFigure, rows: singleFlightRows },
-  { name: 'slow-probe', title: '3. probe latency during a 3 s nvidia-smi', run: slowProbeFigure, rows: slowProbeRows },
-  { name: 'refresh-cost', title: '4. snapshot refresh cost', run: refreshCostFigure, rows: refreshCostRows },
-  { name: 'memory', title: '5. resident memory over 100k requests', run: memoryFigure, rows: memoryRows },
+  figure('throughput', `1. throughput vs bare Fastify (${ROUNDS} interleaved rounds)`, throughputFigure, throughputRows),
+  figure('single-flight', '2. nvidia-smi runs per TTL window', singleFlightFigure, singleFlightRows),
+  figure('slow-probe', '3. probe latency during a 3 s nvidia-smi', slowProbeFigure, slowProbeRows),
+  figure('refresh-cost', '4. snapshot refresh cost', refreshCostFigure, refreshCostRows),
+  figure('memory', '5. resident memory over 100k requests', memoryFigure, memoryRows),
 ];
 
 async function main(argv: string[]): Promise<number> {
-  const unknown = argv.filter((name) => !FIGURES.some((figure) => figure.name === name));
+  const unknown = argv.filter((name) => !FIGURES.some((entry) => entry.name === name));
   if (unknown.length > 0) {
-    process.stderr.write(`bench: unknown figure ${unknown.join(', ')}; the figures are ${FIGURES.map((f) => f.name).join(', ')}\n`);
+    process.stderr.write(`bench: unknown figure ${unknown.join(', ')}; the figures are ${FIGURES.map((entry) => entry.name).join(', ')}\n`);
     return 2;
   }
-  const selected = argv.length > 0 ? FIGURES.filter((figure) => argv.includes(figure.name)) : FIGURES;
-  const log = (line: string) => process.stdout.write(`${line}\n`);
+  const selected = argv.length > 0 ? FIGURES.filter((entry) => argv.includes(entry.name)) : FIGURES;
+  const log: Log = (line) => process.stdout.write(`${line}\n`);
   const started = Date.now();
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-bench-'));
   log(`Starting ${SHARDS} shard process groups and ${FOREIGN} foreign processes...`);
@@ -128,18 +141,18 @@ async function main(argv: string[]): Promise<number> {
   const figures: Record<string, unknown> = {};
   let errors = 0;
   try {
-    for (const figure of selected) {
-      log(`${figure.title}...`);
+    for (const entry of selected) {
+      log(`${entry.title}...`);
       const figureStarted = Date.now();
       try {
-        const result = await figure.run(ctx, log);
-        figures[figure.name] = result;
-        rows.push(...figure.rows(result as never));
+        const measured = await entry.measure(ctx, log);
+        figures[entry.name] = measured.result;
+        rows.push(...measured.rows);
       } catch (err) {
         errors += 1;
         const message = (err as Error).message;
-        figures[figure.name] = { error: (err as Error).stack ?? message };
-        rows.push({ figure: figure.title, measured: `could not be measured: ${message.split('\n')[0]}`, target: '-', result: 'ERROR' });
+        figures[entry.name] = { error: (err as Error).stack ?? message };
+        rows.push({ figure: entry.title, measured: `could not be measured: ${message.split('\n')[0]}`, target: '-', result: 'ERROR' });
       }
       log(`  (${Math.round((Date.now() - figureStarted) / 1000)} s)`);
     }

@@ -3,7 +3,6 @@
 import { createHash } from 'node:crypto';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { UnsupportedMediaTypeError } from '../src/errors.js';
 import { snapshotMeta } from '../src/node-state/node-view.js';
 import { errorResponses } from '../src/schemas/common.js';
 import {
@@ -17,6 +16,7 @@ import {
 } from '../src/schemas/shards.js';
 import { shardBody, type ShardState } from '../src/shards/shard-service.js';
 import { conditional } from './conditional.js';
+import { requireContentType } from './content-type.js';
 
 export const ENGINE_OUTPUT_MAX_BYTES = 1024 * 1024;
 
@@ -45,6 +45,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         body: RegisterShardSchema,
         response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 415, 422, 503) },
       },
+      preValidation: requireContentType('application/json', `curl -X PUT -H 'Content-Type: application/json' -d '{"pid": 1234, "gpus": [0]}' ...`),
     },
     async (request, reply) => {
       const { created, shard } = await shards.register(request.params.id, request.body);
@@ -150,14 +151,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         body: Type.String({ description: "The engine's output, as text." }),
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },
       },
-      preValidation: async (request) => {
-        const type = request.headers['content-type'] ?? '';
-        if (!/^text\/plain\b/i.test(type)) {
-          throw new UnsupportedMediaTypeError(
-            `Engine output must be sent as text/plain, not "${type || 'no content type'}". Example: curl --data-binary @server.log -H 'Content-Type: text/plain' ...`,
-          );
-        }
-      },
+      preValidation: requireContentType('text/plain', "curl --data-binary @server.log -H 'Content-Type: text/plain' ..."),
     },
     async (request) => {
       const state = shards.appendEngineOutput(request.params.id, request.body);

@@ -6,7 +6,7 @@ import { STATUS_CODES } from 'node:http';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyReply, type FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
 import type { Config } from './config.js';
 import { InternalError, NotFoundError, isCodedError } from './errors.js';
@@ -69,22 +69,39 @@ function errorBody(statusCode: number, code: string, message: string) {
   return { statusCode, code, error: STATUS_CODES[statusCode] ?? 'Error', message };
 }
 
+const PATTERN_RULES: Record<string, string> = {
+  'params/id': 'a shard id is 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',
+  'body/cgroup': 'a container id or pod UID: letters, digits, ".", "_", ":" or "-"',
+};
+
+/** Names the offending field and what it accepts, in the words of the schema's first complaint. */
+function describeValidation(err: FastifyError): string {
+  const [first] = err.validation ?? [];
+  if (!first) return err.message;
+  const where = `${err.validationContext ?? 'body'}${first.instancePath}`;
+  const params = first.params as Record<string, unknown>;
+  if (typeof params.additionalProperty === 'string') {
+    return `${where} has an unknown field "${params.additionalProperty}" (fields are case-sensitive; remove it or fix its spelling)`;
+  }
+  if (Array.isArray(params.allowedValues)) return `${where} must be one of: ${params.allowedValues.join(', ')}`;
+  const rule = first.keyword === 'pattern' ? PATTERN_RULES[where] : undefined;
+  return `${where} ${first.message ?? 'is invalid'}${rule ? ` (${rule})` : ''}`;
+}
+
 /** Fastify's own errors keep their status but get our codes and a message that says how to fix it. */
 function fastifyErrorBody(err: FastifyError) {
   const status = err.statusCode ?? 500;
   if (err.validation) {
-    return errorBody(
-      400,
-      'NODECOMPUTE_BAD_REQUEST',
-      `Invalid request: ${err.message}. See /docs for the expected shape.`,
-    );
+    return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err)}. See /docs for the expected shape.`);
   }
   const known: Record<string, [number, string, string]> = {
     FST_ERR_CTP_BODY_TOO_LARGE: [413, 'NODECOMPUTE_PAYLOAD_TOO_LARGE', 'The request body is larger than this endpoint accepts. Send less (engine output: at most 1 MiB a call; post the rest in further calls).'],
     FST_ERR_CTP_INVALID_MEDIA_TYPE: [415, 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', `${err.message}. Registrations are application/json; engine output is text/plain.`],
     FST_ERR_CTP_INVALID_CONTENT_LENGTH: [400, 'NODECOMPUTE_BAD_REQUEST', 'The Content-Length header does not match the body that was sent.'],
     FST_ERR_CTP_EMPTY_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', 'The JSON body is empty. Send a JSON object (see /docs).'],
-    FST_ERR_CTP_INVALID_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', `The body is not valid JSON: ${err.message}.`],
+    FST_ERR_CTP_INVALID_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', `The body could not be read as JSON: ${err.message}.`],
+    FST_ERR_BAD_URL: [400, 'NODECOMPUTE_BAD_REQUEST', `${err.message}: the URL is not validly percent-encoded.`],
+    FST_ERR_MAX_PARAM_LENGTH: [400, 'NODECOMPUTE_BAD_REQUEST', 'A path segment is too long: shard ids are at most 128 characters.'],
   };
   const mapped = err.code ? known[err.code] : undefined;
   if (mapped) return errorBody(...mapped);
@@ -94,6 +111,25 @@ function fastifyErrorBody(err: FastifyError) {
   return null;
 }
 
+/** Malformed HTTP (a lying Content-Length, say) never reaches a route: answer it on the socket, coded. */
+function writeClientError(err: NodeJS.ErrnoException, socket: import('node:net').Socket): void {
+  if (err.code === 'ECONNRESET' || !socket.writable) return;
+  const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+  const status = timedOut ? 408 : 400;
+  const body = JSON.stringify(
+    errorBody(
+      status,
+      'NODECOMPUTE_BAD_REQUEST',
+      timedOut
+        ? 'The request was not complete within 30 s: send the whole body the Content-Length promises.'
+        : `The request is not valid HTTP (${err.code ?? 'parse error'}): check Content-Length and Transfer-Encoding.`,
+    ),
+  );
+  socket.end(
+    [`HTTP/1.1 ${status} ${STATUS_CODES[status]}`, 'Connection: close', 'Content-Type: application/json; charset=utf-8', `Content-Length: ${Buffer.byteLength(body)}`, '', body].join('\r\n'),
+  );
+}
+
 export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App> {
   const log = deps.logger ?? pino({ level: config.logLevel });
   const app = Fastify({
@@ -101,6 +137,15 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: 64 * 1024,
     forceCloseConnections: 'idle',
+    // A client that promises a body and stops sending must not hold a connection forever.
+    requestTimeout: 30_000,
+    // Ids may be 128 characters; a longer segment gets a coded 400 below, not the router's bare 414.
+    routerOptions: { maxParamLength: 256 },
+    frameworkErrors: (err, _request, reply: FastifyReply) => {
+      const body = fastifyErrorBody(err as FastifyError) ?? errorBody(400, 'NODECOMPUTE_BAD_REQUEST', err.message);
+      void reply.status(body.statusCode).send(body);
+    },
+    clientErrorHandler: writeClientError,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, allErrors: false } },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
 

@@ -53,14 +53,16 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
 }
 
 function makeMatcher(snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): (pid: number) => boolean {
+  // A shard that is gone claims nothing: its PID may now be someone else's, and memory its orphans
+  // still hold is, for placement, as unavailable as anybody else's.
+  if (liveness.state === 'gone') return () => false;
   if (shard.cgroup !== null) {
     const members = snapshot.cgroupPids.get(shard.cgroup);
     return (pid) => members?.has(pid) ?? false;
   }
   const pid = shard.identity.pid;
-  // While the leader lives its current group is authoritative (it may have called setpgid); once it
-  // is gone the registered group still names its children: Linux reuses no PID that is a live pgid.
-  const pgid = liveness.state === 'alive' ? (snapshot.proc.get(pid)?.pgrp ?? shard.identity.pgid) : shard.identity.pgid;
+  // Its current group is authoritative (it may have called setpgid since registration).
+  const pgid = snapshot.proc.get(pid)?.pgrp ?? shard.identity.pgid;
   return (candidate) => candidate === pid || snapshot.proc.get(candidate)?.pgrp === pgid;
 }
 

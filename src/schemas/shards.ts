@@ -1,7 +1,7 @@
 // Owns the schemas of the shard API: registration, the shard record, where a shard computes, its
 // readiness verdict, the engine's account and the foreign-memory view.
 import { Type, type Static } from '@sinclair/typebox';
-import { ENGINES } from '../shards/shard.js';
+import { ENGINES, type Engine } from '../shards/shard.js';
 import { READINESS_STATES } from '../shards/readiness.js';
 import { Nullable, SnapshotMetaProperties } from './common.js';
 
@@ -22,10 +22,12 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
   description: 'Indices of the GPUs the shard was placed on (as nvidia-smi numbers them); unique; empty for a CPU-only shard.',
 });
 
-const EngineSchema = Type.Union(
-  ENGINES.map((engine) => Type.Literal(engine)),
-  { description: 'The serving engine; llama.cpp output posted to engine-output is understood.' },
-);
+// A string enum rather than a union of literals: a wrong value then gets one error listing the choices.
+const EngineSchema = Type.Unsafe<Engine>({
+  type: 'string',
+  enum: [...ENGINES],
+  description: 'The serving engine: llama.cpp, vllm or other; llama.cpp output posted to engine-output is understood.',
+});
 
 export const RegisterShardSchema = Type.Object(
   {

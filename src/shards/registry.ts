@@ -120,7 +120,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       } catch (err) {
         log.error({ err, stateFile: stateFile.path, changes: batch.length }, 'Could not write the state file; the changes were refused and nothing stored was lost');
         const failure = new StateWriteFailedError(
-          `The registration was not stored: writing the state file ${stateFile.path} failed (${(err as Error).message}). ` +
+          `The change was not stored: writing the state file ${stateFile.path} failed (${(err as Error).message}). ` +
             'Nothing already registered was lost. Make the state directory writable (disk full? read-only volume?) and retry.',
           { cause: err },
         );

@@ -136,12 +136,15 @@ function parseMiB(cell: string, line: string, command: string): number | null {
   if (NO_VALUE.test(cell)) return null;
   const match = MIB_VALUE.exec(cell);
   if (match === null) throw unparsable(line, `${JSON.stringify(cell)} is not a size in MiB`, command);
-  return Number(match[1]);
+  const mib = Number(match[1]);
+  if (!Number.isSafeInteger(mib)) throw unparsable(line, `${JSON.stringify(cell)} is not a plausible size in MiB`, command);
+  return mib;
 }
 
 function parseInteger(cell: string, what: string, line: string, command: string): number {
-  if (!INTEGER.test(cell)) throw unparsable(line, `${what} ${JSON.stringify(cell)} is not a whole number`, command);
-  return Number(cell);
+  const value = Number(cell);
+  if (!INTEGER.test(cell) || !Number.isSafeInteger(value)) throw unparsable(line, `${what} ${JSON.stringify(cell)} is not a whole number`, command);
+  return value;
 }
 
 function requireText(cell: string, what: string, line: string, command: string): string {

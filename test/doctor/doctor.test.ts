@@ -3,7 +3,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { formatDoctorReport, runDoctor, type DoctorReport } from '../../src/doctor/doctor.js';
 import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
@@ -15,7 +15,7 @@ import { MAIN } from '../helpers/server.js';
 
 const log = pino({ level: 'silent' });
 
-function doctorFor(t: Parameters<Parameters<typeof t.test>[1]>[0], scenario: FakeScenario | null, overrides: { proc?: string; stateFile?: string; token?: boolean; slowQueryMs?: number } = {}) {
+function doctorFor(t: Test, scenario: FakeScenario | null, overrides: { proc?: string; stateFile?: string; token?: boolean; slowQueryMs?: number } = {}) {
   // Not t.testdir(): the test may hold its own fixture there.
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-doctor-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));

@@ -4,12 +4,12 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { createFakeNvidiaSmi, eightGpuNode, livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { MAIN, startServer } from '../helpers/server.js';
 import { spawnShardProcess } from '../helpers/app.js';
 
-function tempDir(t: Parameters<Parameters<typeof t.test>[1]>[0]): string {
+function tempDir(t: Test): string {
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-e2e-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
   return dir;

@@ -147,7 +147,7 @@ t.test('slow nvidia-smi (1.5 s) with a snapshot in hand: the readiness probe ans
     t.equal(res.statusCode, 200, res.body.slice(0, 200));
     t.equal(res.json().state, 'ready');
     t.ok(res.json().observedAt, 'with the time of the cached snapshot');
-    t.ok(ms < 750, `probe ${i + 1} answered in ${Math.round(ms)} ms, well under the 1500 ms delay`);
+    t.ok(ms < 1000, `probe ${i + 1} answered in ${Math.round(ms)} ms, well under the 1500 ms delay`);
     if (i === 0) t.ok(refreshing, 'while the slow refresh was still running');
   }
   await waitUntil(() => !snapshots.refreshing, { timeoutMs: 20_000, what: 'the slow refresh to finish' });

@@ -3,7 +3,7 @@
 // after a clock step takes a fresh snapshot, so each step of a timeline is deterministic).
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
@@ -26,7 +26,7 @@ function twoGpuNode(processes: FakeProcess[] = []): FakeScenario {
   };
 }
 
-async function setup(t: Parameters<Parameters<typeof t.test>[1]>[0], scenario = twoGpuNode()) {
+async function setup(t: Test, scenario = twoGpuNode()) {
   const clock = manualClock();
   const built = await buildTestApp(t, { scenario, config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
   const step = (ms = 1) => clock.advance(ms);

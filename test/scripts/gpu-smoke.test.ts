@@ -81,6 +81,7 @@ async function runSmoke(
     SMOKE_CUDA_TIMEOUT_S: '60',
     ...extraEnv,
   };
+  if (env.SMOKE_CUDA_CMD === '') delete env.SMOKE_CUDA_CMD;
   // The runner's loader hooks would slow every node the script starts, and coverage of the built
   // service would be mapped onto sources that may have changed since the build.
   delete env.NODE_OPTIONS;
@@ -179,6 +180,65 @@ t.test('nvidia-smi never lists the CUDA process: the GPU checks FAIL and the exi
     t.equal(table.get(name)?.result, 'PASS', `${name} still passes: ${table.get(name)?.detail}`);
   }
   t.match(run.stderr, /last lines of the nodecompute log/, 'the service log is shown for a failed run');
+});
+
+// The default CUDA command is what runs on a GPU machine: python3 with torch. A stand-in torch
+// module (on PYTHONPATH) lets it run here, quoting and pid hand-over included.
+const STAND_IN_TORCH = [
+  'import os',
+  '__version__ = "0.0-stand-in"',
+  'uint8 = "uint8"',
+  'class _Tensor:',
+  '    def fill_(self, value):',
+  '        return self',
+  'def empty(size, dtype=None, device=None):',
+  '    # nvidia-smi numbers GPUs in PCI order; CUDA does so only when told, and only without a mask.',
+  '    assert device == "cuda:0" and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"',
+  '    assert "CUDA_VISIBLE_DEVICES" not in os.environ',
+  '    return _Tensor()',
+  'class cuda:',
+  '    @staticmethod',
+  '    def is_available():',
+  '        return os.environ.get("STAND_IN_CUDA") == "1"',
+  '    @staticmethod',
+  '    def synchronize():',
+  '        pass',
+  '',
+].join('\n');
+const python = spawnSync('python3', ['--version'], { encoding: 'utf8' });
+const noPython = python.status === 0 ? false : 'python3 is not installed here';
+
+t.test('the default CUDA command: python3 + torch (a stand-in module) holds GPU 0', { skip: noPython }, async (t) => {
+  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  const env = { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '1', CUDA_VISIBLE_DEVICES: '3' };
+  const run = await runSmoke(t, fake, [], env, (pid) =>
+    fake.update((s) => {
+      s.processes.push({ gpuUuid: GPU0, pid, name: '/usr/bin/python3', usedMiB: 1536 });
+    }),
+  );
+  const table = rows(run.stdout);
+  t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
+  for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
+  t.equal(table.size, CHECKS.length - 1, 'every check but the recording');
+});
+
+t.test('torch without CUDA: the CUDA checks are SKIPPED with the reason, the rest pass', { skip: noPython }, async (t) => {
+  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  const env = { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '0' };
+  const run = await runSmoke(t, fake, [], env, () => undefined);
+  const table = rows(run.stdout);
+  t.equal(run.code, 0, 'exit 0: nothing failed', { stdout: run.stdout, stderr: run.stderr });
+  const skipped = [...table].filter(([, row]) => row.result === 'SKIP');
+  t.same(
+    skipped.map(([name]) => name),
+    ['register smoke-gpu', 'smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory'],
+  );
+  for (const [, row] of skipped) t.match(row.detail, /torch 0\.0-stand-in sees no CUDA device/);
+  t.equal(table.get('smoke-cpu starting -> on-cpu')?.result, 'PASS');
+  t.match(run.stdout, /0 failed, 5 skipped/);
+  t.match(run.stderr, /SKIPPING the CUDA checks/);
 });
 
 t.test('no nvidia-smi: one clear FAIL, no service started', async (t) => {
