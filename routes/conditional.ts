@@ -2,9 +2,18 @@
 // snapshot's identity and the registry version (plus, where time alone can change the answer, the
 // verdicts), and Cache-Control: max-age of the snapshot's remaining freshness. A matching
 // If-None-Match gets 304 with no body, so a control plane polling many nodes moves almost nothing.
+import { createHash } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../src/app.js';
 import type { SnapshotView } from '../src/node-state/snapshot.js';
+import type { ShardState } from '../src/shards/shard-service.js';
+
+/** A short digest of every shard's verdict: time alone (a grace window ending) can change them. */
+export function verdictsTag(states: ShardState[]): string {
+  const hash = createHash('sha1');
+  for (const state of states) hash.update(`${state.shard.id}:${state.readiness.state}:${state.readiness.warnings.length};`);
+  return hash.digest('base64url').slice(0, 10);
+}
 
 export function etagFor(services: Services, view: SnapshotView<unknown>, extra = ''): string {
   return `"${view.observedAt.toString(36)}-${services.registry.version.toString(36)}${extra ? `-${extra}` : ''}"`;

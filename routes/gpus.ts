@@ -2,14 +2,17 @@
 // shard) and GET /gpus/foreign-memory (per GPU, memory that is not a registered shard's).
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { foreignMemory } from '../src/node-state/foreign-memory.js';
-import { gpusResponse, snapshotMeta } from '../src/node-state/node-view.js';
+import { gpusResponse } from '../src/node-state/node-view.js';
 import { errorResponses } from '../src/schemas/common.js';
 import { GpusResponseSchema } from '../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../src/schemas/shards.js';
 import { conditional } from './conditional.js';
+import { createSnapshotJson } from './snapshot-json.js';
 
 const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
+  const sendGpus = createSnapshotJson(gpusResponse);
+  const sendForeign = createSnapshotJson(foreignMemory);
   app.get(
     '/gpus',
     {
@@ -22,7 +25,7 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request, reply) => {
       const current = await node.current();
       if (conditional(app.services, request, reply, current.view)) return reply.status(304).send();
-      return gpusResponse(current.view, current.node);
+      return sendGpus(reply, current.view, current.node);
     },
   );
   app.get(
@@ -37,7 +40,7 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request, reply) => {
       const current = await node.current();
       if (conditional(app.services, request, reply, current.view)) return reply.status(304).send();
-      return { ...snapshotMeta(current.view), gpus: foreignMemory(current.node) };
+      return sendForeign(reply, current.view, current.node);
     },
   );
 };

@@ -3,9 +3,13 @@
 // nodecompute_nvidia_smi_up 0) even when nvidia-smi cannot be asked.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { verdictsTag } from './conditional.js';
+
+const RENDER_REUSE_MS = 1000;
 
 const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { shards, metrics, probeBudgetMs } = app.services;
+  const { shards, metrics, probeBudgetMs, registry, now } = app.services;
+  let cached: { key: string; at: number; text: string } | null = null;
   app.get(
     '/metrics',
     {
@@ -17,10 +21,17 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (_request, reply) => {
-      const { states, node } = await shards.states(probeBudgetMs);
-      const lastGood = app.services.node.peek();
-      metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
-      return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics());
+      const { states, view, node } = await shards.states(probeBudgetMs);
+      const key = `${view?.observedAt ?? 'none'}-${registry.version}-${verdictsTag(states)}`;
+      const at = now();
+      // Rendering ~600 series costs milliseconds; scrapes that see the same snapshot, registry and
+      // verdicts within a second share one rendering (process metrics are then up to 1 s old).
+      if (!cached || cached.key !== key || at - cached.at >= RENDER_REUSE_MS) {
+        const lastGood = app.services.node.peek();
+        metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
+        cached = { key, at, text: await metrics.registry.metrics() };
+      }
+      return reply.type(metrics.registry.contentType).send(cached.text);
     },
   );
 };

@@ -1,6 +1,5 @@
 // Owns the shard resources: registration (PUT/GET/DELETE /shards/:id, GET /shards), where a shard
 // computes (/compute), its readiness probe (/ready) and the engine's output (/engine-output).
-import { createHash } from 'node:crypto';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { snapshotMeta } from '../src/node-state/node-view.js';
@@ -15,19 +14,13 @@ import {
   ShardRecordSchema,
 } from '../src/schemas/shards.js';
 import { shardBody, type ShardState } from '../src/shards/shard-service.js';
-import { conditional } from './conditional.js';
+import { conditional, verdictsTag } from './conditional.js';
 import { requireContentType } from './content-type.js';
 
 export const ENGINE_OUTPUT_MAX_BYTES = 1024 * 1024;
 
 function statusBody(state: ShardState) {
   return { ...shardBody(state.shard), status: { ...state.readiness }, compute: state.compute };
-}
-
-function verdictsTag(states: ShardState[]): string {
-  const hash = createHash('sha1');
-  for (const state of states) hash.update(`${state.shard.id}:${state.readiness.state}:${state.readiness.warnings.length};`);
-  return hash.digest('base64url').slice(0, 10);
 }
 
 const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
@@ -130,7 +123,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request, reply) => {
-      const state = await shards.state(request.params.id, probeBudgetMs);
+      const state = await shards.state(request.params.id, probeBudgetMs, false);
       return reply.status(state.readiness.ready ? 200 : 503).send({
         shard: state.shard.id,
         ...state.readiness,

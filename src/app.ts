@@ -239,8 +239,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   // preClose, not onClose: in-flight requests waiting on nvidia-smi must finish (with an error) for
   // close to complete, and their keep-alive connections must not hold the server open afterwards.
   let closing = false;
-  app.addHook('onSend', async (_request, reply) => {
+  app.addHook('onSend', (_request, reply, payload, done) => {
     if (closing) reply.header('connection', 'close');
+    done(null, payload);
   });
   app.addHook('preClose', async () => {
     closing = true;

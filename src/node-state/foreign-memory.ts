@@ -19,7 +19,19 @@ export interface GpuForeignMemory {
   foreignProcesses: ForeignProcess[];
 }
 
+const computed = new WeakMap<NodeView, GpuForeignMemory[]>();
+
+/** Per GPU; computed once per node view (one snapshot and registry version), however often asked. */
 export function foreignMemory(node: NodeView): GpuForeignMemory[] {
+  let answer = computed.get(node);
+  if (!answer) {
+    answer = computeForeignMemory(node);
+    computed.set(node, answer);
+  }
+  return answer;
+}
+
+function computeForeignMemory(node: NodeView): GpuForeignMemory[] {
   const { ownerByPid } = node.attribution;
   return node.snapshot.gpus.map((gpu) => {
     let shardMiB = 0;

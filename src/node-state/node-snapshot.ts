@@ -66,18 +66,10 @@ export function joinGpusAndProcesses(
   return { gpus: states, unmatched };
 }
 
-async function readStats(proc: ProcReader, pids: Set<number>, log: Logger): Promise<Map<number, ProcStat | null>> {
-  const entries = await Promise.all(
-    [...pids].map(async (pid): Promise<[number, ProcStat | null]> => {
-      try {
-        return [pid, await proc.readStat(pid)];
-      } catch (err) {
-        log.warn({ pid, err }, 'Could not read /proc facts of a process; it is treated as absent from this /proc for this snapshot');
-        return [pid, null];
-      }
-    }),
-  );
-  return new Map(entries);
+// The reader maps a PID whose stat is unreadable or malformed to null (absent from this /proc for
+// this snapshot) and logs those once per call; it reads in batches that yield to the event loop.
+async function readStats(proc: ProcReader, pids: Set<number>, _log: Logger): Promise<Map<number, ProcStat | null>> {
+  return proc.readStats([...pids]);
 }
 
 async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<string, Set<number>>> {

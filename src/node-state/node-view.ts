@@ -44,11 +44,10 @@ export function createNodeViewCache(): (
   };
 }
 
-export function gpusResponse(view: SnapshotView<NodeSnapshot>, node: NodeView): GpusResponse {
+/** The `gpus` of GET /gpus: every GPU with its processes, each attributed to its shard. */
+export function gpusResponse(node: NodeView): GpusResponse['gpus'] {
   const owner = node.attribution.ownerByPid;
-  return {
-    ...snapshotMeta(view),
-    gpus: node.snapshot.gpus.map((gpu) => ({
+  return node.snapshot.gpus.map((gpu) => ({
       index: gpu.index,
       uuid: gpu.uuid,
       name: gpu.name,
@@ -59,6 +58,5 @@ export function gpusResponse(view: SnapshotView<NodeSnapshot>, node: NodeView): 
         usedMiB: process.usedMiB,
         shard: owner.get(process.pid) ?? null,
       })),
-    })),
-  };
+    }));
 }

@@ -108,14 +108,35 @@ export function createShardService(deps: ShardServiceDeps) {
     return registry.engine(id)?.account ?? null;
   }
 
-  function stateOf(shard: ShardRecord, view: NodeView | null, staleReason: string | null, unavailable?: string): ShardState {
+  type Current = Awaited<ReturnType<NodeService['current']>>;
+
+  /** The verdict (and, unless a probe only needs the verdict, the compute) of one shard. */
+  function stateOf(shard: ShardRecord, current: Current | null, unavailable: string | null, withCompute = true): ShardState {
     const engine = engineAccount(shard.id);
+    const nodeView = current?.node ?? null;
     return {
       shard,
-      readiness: readiness({ shard, node: view, staleReason, engine, now: now(), ...(unavailable ? { unavailable } : {}) }),
-      compute: view ? shardCompute(shard, view, engine) : null,
-      observedAt: view ? view.snapshot.takenAt : null,
+      readiness: readiness({
+        shard,
+        node: nodeView,
+        staleReason: current ? staleNote(current.view) : null,
+        engine,
+        now: now(),
+        ...(unavailable === null ? {} : { unavailable }),
+      }),
+      compute: nodeView && withCompute ? shardCompute(shard, nodeView, engine) : null,
+      observedAt: current ? current.view.observedAt : null,
     };
+  }
+
+  /** The current snapshot, or why there is none: nvidia-smi failures are an answer here, not an error. */
+  async function currentOrWhy(maxWaitMs: number | undefined): Promise<{ current: Current | null; why: string | null }> {
+    try {
+      return { current: await node.current(maxWaitMs === undefined ? {} : { maxWaitMs }), why: null };
+    } catch (err) {
+      if (!isCodedError(err)) throw err;
+      return { current: null, why: err.message };
+    }
   }
 
   return {
@@ -171,15 +192,10 @@ export function createShardService(deps: ShardServiceDeps) {
     },
 
     /** One shard's state from the current snapshot; nvidia-smi failures become `unverified`. */
-    async state(id: string, maxWaitMs?: number): Promise<ShardState> {
+    async state(id: string, maxWaitMs?: number, withCompute = true): Promise<ShardState> {
       const shard = requireShard(id);
-      try {
-        const { view, node: nodeView } = await node.current(maxWaitMs === undefined ? {} : { maxWaitMs });
-        return stateOf(shard, nodeView, staleNote(view));
-      } catch (err) {
-        if (!isCodedError(err)) throw err;
-        return stateOf(shard, null, null, err.message);
-      }
+      const { current, why } = await currentOrWhy(maxWaitMs);
+      return stateOf(shard, current, why, withCompute);
     },
 
     /** Every shard's state from one snapshot, with that snapshot; nvidia-smi failures become `unverified`. */
@@ -190,13 +206,8 @@ export function createShardService(deps: ShardServiceDeps) {
       error: string | null;
     }> {
       const shards = registry.list().sort((a, b) => (a.id < b.id ? -1 : 1));
-      try {
-        const { view, node: nodeView } = await node.current(maxWaitMs === undefined ? {} : { maxWaitMs });
-        return { states: shards.map((shard) => stateOf(shard, nodeView, staleNote(view))), view, node: nodeView, error: null };
-      } catch (err) {
-        if (!isCodedError(err)) throw err;
-        return { states: shards.map((shard) => stateOf(shard, null, null, err.message)), view: null, node: null, error: err.message };
-      }
+      const { current, why } = await currentOrWhy(maxWaitMs);
+      return { states: shards.map((shard) => stateOf(shard, current, why)), view: current?.view ?? null, node: current?.node ?? null, error: why };
     },
   };
 }

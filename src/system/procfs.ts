@@ -1,7 +1,16 @@
 // Owns every read of /proc: the pure parsers of /proc/PID/stat and /proc/PID/cgroup, and a reader
 // bound to one proc root. The root is a parameter because a container sees the host's processes
 // only through the host's /proc mounted elsewhere (e.g. /host/proc), and tests point it at fixture
-// trees. Reads are one readFile each and never shell out: they run for every process of a snapshot.
+// trees. Reads never shell out: they run for every process of a snapshot.
+//
+// Each /proc file is read with openSync + readSync into one shared, reused buffer, not readFile.
+// Measured on the dev VM: readFile costs 150-230 us per /proc file and, because /proc files report
+// size 0, allocates a 64 KiB chunk buffer per read that lives until GC (~20 MiB and ~40 ms for a
+// snapshot of 256 GPU processes read all at once); openSync/readSync costs 22-30 us and allocates
+// only the decoded string. A /proc read never waits on a disk, so blocking is short and bounded,
+// and readStats and the cgroup scan read in synchronous batches of SCAN_BATCH, yielding to the event
+// loop between batches, so a node with thousands of processes does not stall requests. The methods
+// stay async so callers (and test doubles) need not care how the reading is done.
 //
 // Failure policy, so that callers can tell "gone" from "broken":
 // - A PID that is gone (ENOENT, or ESRCH when it exits between open and read) is an ordinary answer,
@@ -11,9 +20,15 @@
 // - A stat that exists but does not parse throws ProcParseError, and any other I/O error (EIO, ...)
 //   throws an Error wrapping it ({ cause }): the caller decides whether one bad process spoils its
 //   answer. Each of these is logged at warn with the pid and err first, so none goes unseen.
+// - readStats, the many-PID read behind a snapshot, is the one exception: a PID whose stat cannot be
+//   read or parsed (any of the errors above) maps to null, as if absent from this /proc, and the
+//   call logs one warning with the count and the first error. A snapshot must not fail because one
+//   process has an odd /proc entry, and one warning per call (not per PID) keeps a root-wide EACCES
+//   from flooding the log.
 // - A zombie (state Z or X) is not alive: it has exited and only waits to be reaped, and a PID 1
 //   that never reaps (common in containers) would otherwise keep a killed shard "alive" forever.
-import { readdir, readFile } from 'node:fs/promises';
+import { closeSync, openSync, readSync } from 'node:fs';
+import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 
@@ -44,6 +59,8 @@ export interface ProcReader {
   listPids(): Promise<number[]>;
   findPidsInCgroup(needle: string): Promise<number[]>;
   findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
+  /** The stat of each pid, keyed by pid; null when gone, and also when unreadable or malformed (logged once per call). */
+  readStats(pids: number[]): Promise<Map<number, ProcStat | null>>;
   isAlive(pid: number, startTime: number): Promise<boolean>;
   checkReadable(): Promise<{ ok: true } | { ok: false; reason: string }>;
 }
@@ -55,8 +72,11 @@ const UNSIGNED = /^\d+$/;
 const DEAD_STATES = new Set(['Z', 'X', 'x']);
 const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
 const DENIED_CODES = new Set(['EACCES', 'EPERM']);
-// Bounds the files open at once during a scan, so a node with thousands of processes cannot hit EMFILE.
+// PIDs read synchronously between two yields to the event loop in readStats and the cgroup scan:
+// at 22-30 us a file, a batch blocks for about 2 ms.
 const SCAN_BATCH = 64;
+// Most /proc/PID files fit; a larger one (a cgroup file in nested containers) grows the buffer.
+const INITIAL_BUFFER_BYTES = 4096;
 const DEPLOYMENT_ADVICE =
   "Point the proc root setting at the host's /proc (for example mounted read-only at /host/proc) " +
   'and run the pod with hostPID: true, so the host PIDs that nvidia-smi reports can be looked up.';
@@ -93,32 +113,64 @@ export function parseCgroup(text: string): string[] {
   return paths;
 }
 
+type Warn = (fields: object, msg: string) => void;
+
 export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
-  const readPidFile = async (pid: number, file: string): Promise<string | null> => {
+  const warn: Warn = (fields, msg) => log.warn(fields, msg);
+  // readStats reports its failures itself, once per call.
+  const quiet: Warn = () => {};
+
+  const readPidFile = (pid: number, file: string, report: Warn): string | null => {
     const path = join(root, String(pid), file);
     try {
-      return await readFile(path, 'utf8');
+      return readWhole(path);
     } catch (err) {
       if (GONE_CODES.has(codeOf(err))) return null;
-      log.warn({ pid, path, err }, 'cannot read a process file under the proc root');
+      report({ pid, path, err }, 'cannot read a process file under the proc root');
       throw new Error(describeReadFailure(path, root, err), { cause: err });
     }
   };
 
-  const readStat = async (pid: number): Promise<ProcStat | null> => {
-    const text = await readPidFile(pid, 'stat');
+  const statOf = (pid: number, report: Warn): ProcStat | null => {
+    const text = readPidFile(pid, 'stat', report);
     if (text === null) return null;
     try {
       return parseProcStat(text);
     } catch (err) {
-      log.warn({ pid, err }, 'unparsable /proc stat of an existing process');
+      report({ pid, err }, 'unparsable /proc stat of an existing process');
       throw new ProcParseError(`${join(root, String(pid), 'stat')}: ${(err as Error).message}`, { cause: err });
     }
   };
 
-  const readCgroup = async (pid: number): Promise<string[] | null> => {
-    const text = await readPidFile(pid, 'cgroup');
+  const cgroupOf = (pid: number): string[] | null => {
+    const text = readPidFile(pid, 'cgroup', warn);
     return text === null ? null : parseCgroup(text);
+  };
+
+  const readStat = async (pid: number): Promise<ProcStat | null> => statOf(pid, warn);
+
+  const readCgroup = async (pid: number): Promise<string[] | null> => cgroupOf(pid);
+
+  const readStats = async (pids: number[]): Promise<Map<number, ProcStat | null>> => {
+    const stats = new Map<number, ProcStat | null>();
+    let failed = 0;
+    let first: { pid: number; err: unknown } | undefined;
+    await forEachInBatches(pids, SCAN_BATCH, (pid) => {
+      try {
+        stats.set(pid, statOf(pid, quiet));
+      } catch (err) {
+        failed += 1;
+        first ??= { pid, err };
+        stats.set(pid, null);
+      }
+    });
+    if (first !== undefined) {
+      log.warn(
+        { failed, pid: first.pid, err: first.err },
+        `could not read or parse the /proc stat of ${failed} existing process(es); they read as absent from this /proc in this answer (the first error is attached)`,
+      );
+    }
+    return stats;
   };
 
   const listPids = async (): Promise<number[]> => {
@@ -131,7 +183,8 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
   };
 
   // One pass over the proc root answers every needle: a snapshot with many cgroup shards must not
-  // read every process's cgroup file once per shard.
+  // read every process's cgroup file once per shard. Unlike readStats, an unreadable cgroup file
+  // fails the scan: a process passed over could be the one a shard is looking for.
   const findPidsInCgroups = async (needles: string[]): Promise<Map<string, number[]>> => {
     if (needles.some((needle) => needle === '')) {
       throw new Error('findPidsInCgroup needs a container id or pod UID: an empty one matches every process');
@@ -139,10 +192,8 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
     const variants = needles.map((needle) => [needle, needleVariants(needle)] as const);
     const found = new Map<string, number[]>(needles.map((needle) => [needle, []]));
     if (needles.length === 0) return found;
-    const pids = await listPids();
-    const paths = await mapInBatches(pids, SCAN_BATCH, readCgroup);
-    pids.forEach((pid, i) => {
-      const mine = paths[i];
+    await forEachInBatches(await listPids(), SCAN_BATCH, (pid) => {
+      const mine = cgroupOf(pid);
       if (!mine) return;
       for (const [needle, forms] of variants) {
         if (mine.some((path) => forms.some((form) => path.includes(form)))) found.get(needle)!.push(pid);
@@ -154,19 +205,50 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
   const findPidsInCgroup = async (needle: string): Promise<number[]> => (await findPidsInCgroups([needle])).get(needle)!;
 
   const isAlive = async (pid: number, startTime: number): Promise<boolean> => {
-    const stat = await readStat(pid);
+    const stat = statOf(pid, warn);
     return stat !== null && stat.startTime === startTime && !DEAD_STATES.has(stat.state);
   };
 
   const checkReadable = async (): Promise<{ ok: true } | { ok: false; reason: string }> => {
-    const selfProblem = await problemReadingSelf(root);
+    const selfProblem = problemReadingSelf(root);
     if (selfProblem === null) return { ok: true };
     const listProblem = await problemListing(root);
     if (listProblem === null) return { ok: true };
     return { ok: false, reason: `${selfProblem}, and ${listProblem}. ${DEPLOYMENT_ADVICE}` };
   };
 
-  return { root, readStat, readCgroup, listPids, findPidsInCgroup, findPidsInCgroups, isAlive, checkReadable };
+  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, isAlive, checkReadable };
+}
+
+// One buffer for every read of this module: reads are synchronous, so two never overlap. It only
+// grows, to the largest /proc file read so far (a few KiB in practice).
+let shared = Buffer.allocUnsafe(INITIAL_BUFFER_BYTES);
+
+// Reads until readSync returns 0: /proc files report size 0, and a short read is not the end.
+function readWhole(path: string): string {
+  const fd = openSync(path, 'r');
+  try {
+    let length = 0;
+    for (;;) {
+      if (length === shared.length) {
+        const bigger = Buffer.allocUnsafe(shared.length * 2);
+        shared.copy(bigger, 0, 0, length);
+        shared = bigger;
+      }
+      const n = readSync(fd, shared, length, shared.length - length, null);
+      if (n === 0) return shared.toString('utf8', 0, length);
+      length += n;
+    }
+  } finally {
+    closeSync(fd);
+  }
+}
+
+async function forEachInBatches<T>(items: T[], size: number, fn: (item: T) => void): Promise<void> {
+  for (let i = 0; i < items.length; i += size) {
+    if (i > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+    for (const item of items.slice(i, i + size)) fn(item);
+  }
 }
 
 function malformed(what: string, text: string): never {
@@ -197,18 +279,10 @@ function pidsOf(names: string[]): number[] {
   return names.filter((name) => UNSIGNED.test(name)).map(Number).sort((a, b) => a - b);
 }
 
-async function mapInBatches<T, R>(items: T[], size: number, fn: (item: T) => Promise<R>): Promise<R[]> {
-  const results: R[] = [];
-  for (let i = 0; i < items.length; i += size) {
-    results.push(...(await Promise.all(items.slice(i, i + size).map(fn))));
-  }
-  return results;
-}
-
-async function problemReadingSelf(root: string): Promise<string | null> {
+function problemReadingSelf(root: string): string | null {
   const path = join(root, 'self', 'stat');
   try {
-    parseProcStat(await readFile(path, 'utf8'));
+    parseProcStat(readWhole(path));
     return null;
   } catch (err) {
     return `cannot read ${path} (${codeOf(err) || (err as Error).message})`;

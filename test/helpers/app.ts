@@ -43,6 +43,11 @@ export async function buildTestApp(t: Test, options: TestAppOptions): Promise<Te
   return { app, fake, config, dir };
 }
 
+/** Waits until no snapshot refresh is running (a registration starts one in the background). */
+export async function settle(app: App): Promise<void> {
+  await waitUntil(() => !app.services.node.snapshots.refreshing, { what: 'the snapshot refresh to finish' });
+}
+
 /** A clock for deps.now that only moves when the test says so. */
 export function manualClock(start = Date.now()) {
   let now = start;

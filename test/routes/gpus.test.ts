@@ -1,7 +1,10 @@
 // GET /gpus against the fake nvidia-smi replaying an 8x H200 node, through the real app.
 import t from 'tap';
+import { GpusResponseSchema } from '../../src/schemas/gpus.js';
+import { ForeignMemoryResponseSchema } from '../../src/schemas/shards.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { buildTestApp } from '../helpers/app.js';
+import { schemaErrors } from '../helpers/schema.js';
 
 t.test('an 8-GPU node with processes is reported exactly', async (t) => {
   const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
@@ -12,6 +15,9 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
   t.notOk('staleReason' in body);
   t.match(body.observedAt, /^\d{4}-\d\d-\d\dT/);
   t.equal(body.gpus.length, 8);
+  t.same(schemaErrors(GpusResponseSchema, body), [], 'the pre-serialised body is exactly what the schema describes');
+  const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
+  t.same(schemaErrors(ForeignMemoryResponseSchema, foreign), [], 'and so is foreign memory');
   t.same(body.gpus[0], {
     index: 0,
     uuid: 'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',

@@ -1,7 +1,7 @@
 // /readyz (JSON and the Kubernetes-style checklist), conditional GETs for pollers, and errors for
 // routes that do not exist.
 import t from 'tap';
-import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
 t.test('/readyz: 200 from the cache when nvidia-smi answers; ?verbose gives the checklist', async (t) => {
@@ -64,19 +64,16 @@ t.test('pollers: ETag and Cache-Control; If-None-Match gets 304 until the snapsh
   t.equal((await app.inject({ method: 'GET', url: '/gpus/foreign-memory', headers: { 'if-none-match': foreign.headers.etag as string } })).statusCode, 304);
 
   // Let the refresh the registration asked for finish before the node changes.
-  await waitForRefresh(app);
+  await settle(app);
   fake.update((s) => ({ ...s, gpus: s.gpus.map((gpu) => ({ ...gpu, usedMiB: 1 })) }));
   clock.advance(10_001);
   await app.inject({ method: 'GET', url: '/gpus' });
-  await waitForRefresh(app);
+  await settle(app);
   const refreshed = await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': gpus.headers.etag as string } });
   t.equal(refreshed.statusCode, 200, 'a new snapshot changes the ETag');
   t.equal(refreshed.json().gpus[0].memory.usedMiB, 1);
 });
 
-async function waitForRefresh(app: Awaited<ReturnType<typeof buildTestApp>>['app']): Promise<void> {
-  for (let i = 0; i < 500 && app.services.node.snapshots.refreshing; i += 1) await new Promise((resolve) => setTimeout(resolve, 20));
-}
 
 t.test('unknown routes are a coded 404 pointing at the docs', async (t) => {
   const { app } = await buildTestApp(t, { scenario: eightGpuNode() });

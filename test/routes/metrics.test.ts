@@ -2,7 +2,7 @@
 // snapshot; shards in every state; a deleted shard's series disappear; a scrape reads the cache.
 import { spawnSync } from 'node:child_process';
 import t from 'tap';
-import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const UUIDS = ['GPU-aaaaaaaa-0000-0000-0000-000000000000', 'GPU-bbbbbbbb-0000-0000-0000-000000000000'];
@@ -45,6 +45,7 @@ t.test('promtool accepts the metrics of a node with shards in every state, and t
   await put('on-cpu-one', { pid: onCpu.pid, gpus: [1], graceMs: 0 });
   await put('exited-one', { pid: exited.pid, gpus: [] });
   await exited.kill();
+  await settle(app);
   clock.advance(5);
 
   const runsBefore = fake.countQueries('gpu');

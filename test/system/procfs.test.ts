@@ -2,7 +2,8 @@ import t, { type Test } from 'tap';
 import fc from 'fast-check';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import type { readdir as Readdir, readFile as ReadFile } from 'node:fs/promises';
+import * as fs from 'node:fs';
+import type { readdir as Readdir } from 'node:fs/promises';
 import * as fsPromises from 'node:fs/promises';
 import { createInterface } from 'node:readline';
 import { isDeepStrictEqual } from 'node:util';
@@ -293,6 +294,8 @@ t.test('fixture tree: listPids and findPidsInCgroup', async (t) => {
   t.same(await proc.findPidsInCgroup(containerId), [100], 'a container id');
   t.same(await proc.findPidsInCgroup(otherContainer), [9], 'a container id on cgroup v1');
   t.same(await proc.findPidsInCgroup('no-such-pod'), [], 'no match');
+  t.same(await proc.findPidsInCgroups([podUid, containerId]), new Map([[podUid, [9, 100]], [containerId, [100]]]), 'one scan answers several needles');
+  t.same(await proc.findPidsInCgroups([]), new Map(), 'no needles, no scan');
   await t.rejects(proc.findPidsInCgroup(''), /empty one matches every process/, 'an empty needle is refused, not matched to everything');
   t.same(entries, []);
 
@@ -326,21 +329,53 @@ t.test('checkReadable: operator-friendly reasons', async (t) => {
 });
 
 // Permission and I/O errors cannot be made on demand when the tests run as root: fs is replaced.
+// open fails at openSync, read at readSync (of a file opened for that path); open files are tracked
+// so a test can check that every file opened was closed, failures included.
+interface FailingFs {
+  procfs: ProcfsModule;
+  openNow: () => number;
+  mostOpen: () => number;
+}
+
 async function withFailingFs(
   t: Test,
-  fail: { readFile?: (path: string) => NodeJS.ErrnoException | undefined; readdir?: NodeJS.ErrnoException },
-): Promise<ProcfsModule> {
-  const readFile = (async (path: string, ...rest: unknown[]) => {
-    const err = fail.readFile?.(path);
+  fail: {
+    open?: (path: string) => NodeJS.ErrnoException | undefined;
+    read?: (path: string) => NodeJS.ErrnoException | undefined;
+    readdir?: NodeJS.ErrnoException;
+  },
+): Promise<FailingFs> {
+  const open = new Map<number, string>();
+  let mostOpen = 0;
+  const openSync = ((path: string, ...rest: unknown[]) => {
+    const err = fail.open?.(path);
     if (err) throw err;
-    return (fsPromises.readFile as (...a: unknown[]) => Promise<string>)(path, ...rest);
-  }) as typeof ReadFile;
+    const fd = (fs.openSync as (...a: unknown[]) => number)(path, ...rest);
+    open.set(fd, path);
+    mostOpen = Math.max(mostOpen, open.size);
+    return fd;
+  }) as typeof fs.openSync;
+  const readSync = ((fd: number, ...rest: unknown[]) => {
+    const err = fail.read?.(open.get(fd) as string);
+    if (err) throw err;
+    return (fs.readSync as (...a: unknown[]) => number)(fd, ...rest);
+  }) as typeof fs.readSync;
+  const closeSync = ((fd: number) => {
+    open.delete(fd);
+    fs.closeSync(fd);
+  }) as typeof fs.closeSync;
   const readdir = (async (path: string) => {
     if (fail.readdir) throw fail.readdir;
     return fsPromises.readdir(path);
   }) as typeof Readdir;
-  return t.mockImport<ProcfsModule>('../../src/system/procfs.js', { 'node:fs/promises': { ...fsPromises, readFile, readdir } });
+  const procfs = await t.mockImport<ProcfsModule>('../../src/system/procfs.js', {
+    'node:fs': { ...fs, openSync, readSync, closeSync },
+    'node:fs/promises': { ...fsPromises, readdir },
+  });
+  return { procfs, openNow: () => open.size, mostOpen: () => mostOpen };
 }
+
+const pidOfPath = (path: string) => path.split('/').at(-2) as string;
 
 t.test('errors other than "gone" are thrown clearly and logged at warn', async (t) => {
   const selfStat = statLine({ pid: 7, comm: 'node', state: 'R', ppid: 1, pgrp: 7, session: 7, startTime: 5 });
@@ -349,15 +384,13 @@ t.test('errors other than "gone" are thrown clearly and logged at warn', async (
     '8': { stat: selfStat, cgroup: '0::/a\n' },
     '9': { stat: selfStat, cgroup: '0::/a\n' },
   });
-  const byPid: Record<string, string> = { '7': 'EACCES', '8': 'EIO', '9': 'ESRCH' };
-  const mod = await withFailingFs(t, {
-    readFile: (path) => {
-      const code = byPid[path.split('/').at(-2) as string];
-      return code === undefined ? undefined : errnoError(code);
-    },
+  // EACCES when opening; EIO, and ESRCH (the process exited between open and read), when reading.
+  const failing = await withFailingFs(t, {
+    open: (path) => (pidOfPath(path) === '7' ? errnoError('EACCES') : undefined),
+    read: (path) => ({ '8': errnoError('EIO'), '9': errnoError('ESRCH') })[pidOfPath(path)],
   });
   const { log, entries } = captureLog();
-  const proc = mod.createProcReader({ root, log });
+  const proc = failing.procfs.createProcReader({ root, log });
 
   await t.rejects(proc.readStat(7), { message: /7\/stat: permission denied \(EACCES\)\. The proc root .* is not readable by this process\. .*hostPID: true/, cause: { code: 'EACCES' } }, 'EACCES names the root and the fix');
   t.match(entries.at(-1), { level: WARN, pid: 7, err: { code: 'EACCES' } }, 'EACCES logged with pid and err');
@@ -372,10 +405,136 @@ t.test('errors other than "gone" are thrown clearly and logged at warn', async (
   t.equal(await proc.readStat(9), null, 'ESRCH (exited between open and read) is gone');
   t.equal(await proc.readCgroup(9), null);
   t.equal(entries.length, before, 'and not a warning');
+  t.equal(failing.openNow(), 0, 'every file opened was closed, also when its read failed');
+  t.equal(failing.mostOpen(), 1, 'one file open at a time');
 
-  const denied = await withFailingFs(t, { readFile: () => errnoError('EACCES'), readdir: errnoError('EACCES') });
-  const locked = denied.createProcReader({ root, log });
+  const denied = await withFailingFs(t, { open: () => errnoError('EACCES'), readdir: errnoError('EACCES') });
+  const locked = denied.procfs.createProcReader({ root, log });
   await t.rejects(locked.listPids(), { message: /permission denied \(EACCES\)\. The proc root .* is not readable/ }, 'an unlistable root');
   t.match(entries.at(-1), { level: WARN, root, err: { code: 'EACCES' } }, 'logged with the root and err');
   t.match(await locked.checkReadable(), { ok: false, reason: /self\/stat \(EACCES\), and cannot list .* \(EACCES\)\. .*hostPID: true/ }, 'an unreadable root, for the doctor');
+});
+
+t.test('a file larger than the read buffer is read whole, and a later small file is not mixed with it', async (t) => {
+  // Nested containers: one long cgroup path per v1 controller, about 10 KiB in all (the buffer starts at 4 KiB).
+  const nested = Array.from({ length: 12 }, (_, i) => `/kubepods/burstable/pod${i}/${'c'.repeat(64)}/docker/${'d'.repeat(64)}/level-${i}`);
+  const paths = Array.from({ length: 96 }, (_, i) => `${nested[i % nested.length]}/${String(i).padStart(3, '0')}`);
+  const big = paths.map((path, i) => `${i + 1}:controller-${i}:${path}`).join('\n') + '\n';
+  t.ok(big.length > 10_000, `the cgroup file is ${big.length} bytes`);
+  const root = t.testdir({
+    '300': { cgroup: big, stat: statLine({ pid: 300, comm: 'nested', state: 'S', ppid: 1, pgrp: 300, session: 300, startTime: 77 }) },
+    '301': { cgroup: '0::/small\n' },
+  });
+  const { log, entries } = captureLog();
+  const proc = createProcReader({ root, log });
+  t.same(await proc.readCgroup(300), paths, 'every line, the last one included');
+  t.same(await proc.readCgroup(301), ['/small'], 'a small file read after it holds only its own bytes');
+  t.equal((await proc.readStat(300))?.startTime, 77, 'and a stat after it parses');
+  t.same(await proc.readCgroup(300), paths, 'read again with the grown buffer');
+  t.same(await proc.findPidsInCgroup('level-11/095'), [300], 'the scan sees the end of the large file');
+  t.same(entries, []);
+});
+
+t.test('readStats: real processes, each answer keyed to its own pid', async (t) => {
+  const { log, entries } = captureLog();
+  const proc = createProcReader({ root: '/proc', log });
+  const children = Array.from({ length: 5 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
+  t.teardown(() => {
+    for (const child of children) child.kill('SIGKILL');
+  });
+  await Promise.all(children.map((child) => once(child, 'spawn')));
+  const reaped = spawn('true', { stdio: 'ignore' });
+  await once(reaped, 'exit');
+  const gone = reaped.pid as number;
+
+  const pids = [process.pid, ...children.map((child) => child.pid as number), gone];
+  const stats = await proc.readStats(pids);
+  t.same([...stats.keys()], pids, 'one entry per pid asked, in order');
+  t.equal(stats.get(process.pid)?.ppid, process.ppid, 'our own stat');
+  for (const child of children) {
+    const stat = stats.get(child.pid as number);
+    t.match(stat, { pid: child.pid, ppid: process.pid }, `child ${child.pid} is ours`);
+    t.same(stat, await proc.readStat(child.pid as number), 'the same answer as readStat');
+  }
+  t.equal(stats.get(gone), null, 'a reaped child is gone');
+  t.same(await proc.readStats([]), new Map(), 'no pids, no answers');
+  t.same(entries, [], 'gone is not a warning');
+
+  const all = await proc.listPids();
+  const everyone = await proc.readStats(all);
+  t.equal(everyone.size, all.length, `every process of this machine (${all.length}) answered`);
+  t.ok([...everyone].every(([pid, stat]) => stat === null || stat.pid === pid), 'each stat is its own pid');
+});
+
+t.test('readStats: present, gone, malformed and unreadable entries; one warning per call', async (t) => {
+  const stat = (pid: number, startTime: number) => statLine({ pid, comm: `p${pid}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime });
+  const root = t.testdir({
+    '10': { stat: stat(10, 100) },
+    '11': {},
+    '12': { stat: '12 (truncated' },
+    '13': { stat: stat(13, 130) },
+    '14': { stat: stat(14, 140) },
+    '15': { stat: stat(15, 150) },
+    '16': { stat: stat(16, 160) },
+  });
+  const failing = await withFailingFs(t, {
+    open: (path) => (pidOfPath(path) === '13' ? errnoError('EACCES') : undefined),
+    read: (path) => ({ '14': errnoError('EIO'), '15': errnoError('ESRCH') })[pidOfPath(path)],
+  });
+  const { log, entries } = captureLog();
+  const proc = failing.procfs.createProcReader({ root, log });
+
+  const stats = await proc.readStats([10, 11, 12, 13, 14, 15, 16, 99999]);
+  t.same(
+    [...stats].map(([pid, s]) => [pid, s?.startTime ?? null]),
+    [[10, 100], [11, null], [12, null], [13, null], [14, null], [15, null], [16, 160], [99999, null]],
+    'present entries answer; gone, malformed, denied and I/O-failed ones are null',
+  );
+  t.equal(entries.length, 1, 'one warning for the whole call, not one per pid');
+  t.match(entries[0], { level: WARN, failed: 3, pid: 12, err: { type: 'ProcParseError', message: /12\/stat: malformed/ }, msg: /3 existing process/ }, 'with the count and the first error');
+  t.equal(failing.openNow(), 0, 'every file opened was closed');
+
+  entries.length = 0;
+  t.same([...(await proc.readStats([10, 11, 15]))].map(([pid, s]) => [pid, s?.pid ?? null]), [[10, 10], [11, null], [15, null]], 'present and gone only');
+  t.same(entries, [], 'gone entries alone are not worth a warning');
+  await t.rejects(proc.readStat(13), /permission denied/, 'readStat of the same entry still throws: only readStats answers null');
+});
+
+t.test('readStats: more pids than one batch, yielding between batches', async (t) => {
+  const count = 150;
+  const tree = Object.fromEntries(
+    Array.from({ length: count }, (_, i) => {
+      const pid = 1000 + i;
+      return [String(pid), { stat: statLine({ pid, comm: `w${i}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 5000 + i }) }];
+    }),
+  );
+  const { log, entries } = captureLog();
+  const failing = await withFailingFs(t, {});
+  const proc = failing.procfs.createProcReader({ root: t.testdir(tree), log });
+  // Shuffled, with gone pids among them, so that an answer given to its neighbour would show.
+  const pids = fc.sample(fc.shuffledSubarray([...Array.from({ length: count }, (_, i) => 1000 + i), 1, 2, 3], { minLength: count + 3 }), { numRuns: 1, seed: 42 })[0] as number[];
+
+  let yielded = 0;
+  const ticker = () => {
+    yielded += 1;
+    if (yielded < 100) setImmediate(ticker);
+  };
+  setImmediate(ticker);
+  const stats = await proc.readStats(pids);
+  t.same([...stats.keys()], pids, 'every pid answered, in the order asked');
+  for (const pid of pids) {
+    const want = pid >= 1000 ? { pid, comm: `w${pid - 1000}`, startTime: 5000 + pid - 1000 } : null;
+    if (want === null ? stats.get(pid) !== null : !isDeepStrictEqual({ pid: stats.get(pid)?.pid, comm: stats.get(pid)?.comm, startTime: stats.get(pid)?.startTime }, want)) {
+      t.fail(`pid ${pid} got another's answer: ${JSON.stringify(stats.get(pid))}`);
+    }
+  }
+  t.pass('each answer is its own pid\'s');
+  t.ok(yielded >= 2, `the event loop ran between the ${Math.ceil(pids.length / 64)} batches (${yielded} turns)`);
+  t.equal(failing.mostOpen(), 1, 'one file open at a time');
+  t.same(entries, []);
+
+  yielded = 0;
+  setImmediate(() => void (yielded += 1));
+  await proc.readStats(pids.slice(0, 64));
+  t.equal(yielded, 0, 'a single batch does not yield');
 });
