@@ -88,7 +88,7 @@ export async function refreshCostFigure(ctx: BenchContext, log: (line: string) =
   const interest = () => ({ pids: shards.map((shard) => shard.identity.pid), cgroups: [] });
   const takers = SIZES.map((size) => {
     const layout = nodeLayout(size, ctx.farm.shards, Math.min(ctx.farm.shards.length, size / 4), ctx.farm.foreign);
-    return { size, take: createSnapshotTaker({ nvidiaSmi: preparedSmi(nodeCsv(layout)), proc, log: silent, interest }) };
+    return { size, take: createSnapshotTaker({ nvidiaSmi: preparedSmi(nodeCsv(layout)), proc, log: silent, interest, now: Date.now }) };
   });
   const samples = new Map<number, Array<{ total: number; proc: number; attribute: number }>>(SIZES.map((size) => [size, []]));
   const started = performance.now();

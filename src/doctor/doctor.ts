@@ -87,8 +87,8 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[]): Promise<Doct
   if (pids.length === 0) {
     return check('host-pid-namespace', 'ok', 'no GPU process is running, so there is nothing to compare (re-run under load to check)');
   }
-  const stats = await Promise.all(pids.map((pid) => proc.readStat(pid).catch(() => null)));
-  const missing = pids.filter((_, i) => stats[i] === null);
+  const stats = await proc.readStats(pids);
+  const missing = pids.filter((pid) => stats.get(pid) == null);
   if (missing.length === 0) return check('host-pid-namespace', 'ok', `all ${pids.length} PID(s) nvidia-smi lists exist in ${proc.root}`);
   const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
   const status = missing.length === pids.length ? 'fail' : 'warn';

@@ -41,7 +41,7 @@ export interface SnapshotTakerDeps {
   proc: ProcReader;
   log: Logger;
   interest: () => SnapshotInterest;
-  now?: () => number;
+  now: () => number;
 }
 
 export function joinGpusAndProcesses(
@@ -68,9 +68,6 @@ export function joinGpusAndProcesses(
 
 // The reader maps a PID whose stat is unreadable or malformed to null (absent from this /proc for
 // this snapshot) and logs those once per call; it reads in batches that yield to the event loop.
-async function readStats(proc: ProcReader, pids: Set<number>, _log: Logger): Promise<Map<number, ProcStat | null>> {
-  return proc.readStats([...pids]);
-}
 
 async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<string, Set<number>>> {
   const found = await proc.findPidsInCgroups(needles);
@@ -78,7 +75,7 @@ async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<str
 }
 
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
-  const now = deps.now ?? Date.now;
+  const { now } = deps;
   return async () => {
     const started = performance.now();
     const [gpuRecords, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
@@ -94,7 +91,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const pids = new Set<number>(apps.map((app) => app.pid));
     for (const pid of interest.pids) pids.add(pid);
     const [proc, cgroupPids] = await Promise.all([
-      readStats(deps.proc, pids, deps.log),
+      deps.proc.readStats([...pids]),
       scanCgroups(deps.proc, [...new Set(interest.cgroups)]),
     ]);
     const done = performance.now();

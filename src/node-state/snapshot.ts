@@ -30,7 +30,7 @@ export interface SnapshotSourceOptions<S> {
   ttlMs: number;
   maxStaleMs: number;
   log: Logger;
-  now?: () => number;
+  now: () => number;
 }
 
 export interface GetOptions {
@@ -64,7 +64,7 @@ interface Failure {
 
 export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): SnapshotSource<S> {
   const { take, ttlMs, maxStaleMs, log } = options;
-  const now = options.now ?? Date.now;
+  const { now } = options;
   let good: Good<S> | null = null;
   let lastFailure: Failure | null = null;
   let inFlight: Promise<Good<S>> | null = null;

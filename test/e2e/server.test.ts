@@ -1,6 +1,6 @@
 // The real server process: start-up without nvidia-smi, bad settings, restarts that keep shards, a
 // SIGKILL in the middle of a registration storm, and graceful shutdown with requests in flight.
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -130,4 +130,24 @@ t.test('SIGTERM finishes in-flight requests, kills nvidia-smi children and exits
   const smiPids = fake.invocations().map((invocation) => invocation.pid);
   await waitUntil(() => smiPids.every((pid) => livePidsInGroup(pid).length === 0), { what: 'every nvidia-smi group to be gone' });
   t.pass('no nvidia-smi process is left');
+});
+
+t.test('on a terminal the log is pretty; elsewhere it is JSON', async (t) => {
+  const dir = tempDir(t);
+  const command = `${process.execPath} ${MAIN} --host 127.0.0.1 --port 0 --nvidia-smi /nonexistent/nvidia-smi --state-file ${join(dir, 's.json')}`;
+  const child = spawn('script', ['-qfec', command, '/dev/null'], { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NO_COLOR: '1' } });
+  let output = '';
+  child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  const exited = new Promise((resolve) => child.on('exit', resolve));
+  t.teardown(async () => {
+    try {
+      process.kill(-child.pid!, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    await exited;
+  });
+  await waitUntil(() => output.includes('nodecompute is listening'), { timeoutMs: 30_000, what: 'the pretty start-up line' });
+  t.match(output, /INFO.*nodecompute is listening/);
+  t.notMatch(output, /^\{"level"/m, 'not JSON lines');
 });

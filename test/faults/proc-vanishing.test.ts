@@ -44,6 +44,11 @@ t.test('fixture /proc: entries deleted between registration and the next snapsho
       if (vanishOnRead.has(pid)) rmSync(join(root, String(pid)), { recursive: true, force: true });
       return base.readStat(pid);
     },
+    // The snapshot reads every PID in one call: the entry vanishes just before that read.
+    readStats: async (pids) => {
+      for (const pid of pids) if (vanishOnRead.has(pid)) rmSync(join(root, String(pid)), { recursive: true, force: true });
+      return base.readStats(pids);
+    },
   };
   const clock = manualClock();
   const scenario = eightGpuNode();

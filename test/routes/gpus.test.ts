@@ -34,6 +34,17 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
   t.same(onTwo.map((gpu: { processes: { usedMiB: number }[] }) => gpu.processes[0]!.usedMiB), [105842, 106082]);
 });
 
+t.test('memory nvidia-smi cannot read is null, and so is the foreign memory derived from it', async (t) => {
+  const scenario = eightGpuNode();
+  scenario.gpus = scenario.gpus.slice(0, 1).map((gpu) => ({ ...gpu, usedMiB: '[Insufficient Permissions]', freeMiB: '[Insufficient Permissions]', totalMiB: '[Insufficient Permissions]' }));
+  scenario.processes = [];
+  const { app } = await buildTestApp(t, { scenario });
+  const gpu = (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus[0];
+  t.same(gpu.memory, { totalMiB: null, usedMiB: null, freeMiB: null, reservedMiB: 614 });
+  const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus[0];
+  t.same({ usedMiB: foreign.usedMiB, shardMiB: foreign.shardMiB, foreignMiB: foreign.foreignMiB }, { usedMiB: null, shardMiB: 0, foreignMiB: null });
+});
+
 t.test('without nvidia-smi, /gpus and /gpus/foreign-memory are 503 naming the path tried; /livez stays 200', async (t) => {
   const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { nvidiaSmi: '/nonexistent/bin/nvidia-smi' } });
   for (const url of ['/gpus', '/gpus/foreign-memory']) {

@@ -1,0 +1,32 @@
+// A bug behind a route (here: an nvidia-smi reader that throws a plain TypeError) is answered with a
+// coded 500 that says what to do, logged with its stack, and never turned into a verdict.
+import t from 'tap';
+import { pino } from 'pino';
+import type { NvidiaSmi } from '../../src/system/nvidia-smi.js';
+import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
+import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+
+function brokenNvidiaSmi(): NvidiaSmi {
+  const bug = () => Promise.reject(new TypeError("Cannot read properties of undefined (reading 'split')"));
+  return { queryGpus: bug, queryComputeApps: bug, queryVersion: bug, killAll: () => undefined, running: 0 };
+}
+
+t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', async (t) => {
+  const lines: string[] = [];
+  const logger = pino({ level: 'error' }, { write: (line: string) => lines.push(line) });
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { nvidiaSmi: brokenNvidiaSmi(), logger } });
+  const put = await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [] } });
+  t.equal(put.statusCode, 201, 'a registration that checks no GPU does not need nvidia-smi');
+  for (const url of ['/gpus', '/gpus/foreign-memory', '/readyz', '/shards', '/shards/s', '/shards/s/ready', '/shards/s/compute', '/metrics', '/']) {
+    const res = await app.inject({ method: 'GET', url });
+    t.equal(res.statusCode, 500, url);
+    t.same(res.json(), {
+      statusCode: 500,
+      code: 'NODECOMPUTE_INTERNAL',
+      error: 'Internal Server Error',
+      message: 'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',
+    });
+  }
+  t.ok(lines.some((line) => line.includes('this is a bug in nodecompute') && line.includes('TypeError')), 'logged with the error');
+});

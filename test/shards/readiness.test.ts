@@ -1,0 +1,125 @@
+// The readiness verdict and compute over hand-made node views: the branches a live node rarely
+// shows on demand (several missing GPUs, a GPU gone from nvidia-smi, partial offload, a snapshot
+// older than the registration, hidden PIDs, zombies).
+import t from 'tap';
+import { attribute } from '../../src/node-state/attribution.js';
+import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import type { NodeView } from '../../src/node-state/node-view.js';
+import { shardCompute } from '../../src/shards/compute.js';
+import type { EngineAccount } from '../../src/shards/llama-log.js';
+import { pidsInvisible, readiness } from '../../src/shards/readiness.js';
+import type { ShardRecord } from '../../src/shards/shard.js';
+import type { ProcStat } from '../../src/system/procfs.js';
+
+const NOW = 1_000_000;
+
+function gpu(index: number, processes: Array<[pid: number, usedMiB: number | null]>, usedMiB: number | null = 1000): GpuState {
+  const uuid = `GPU-${index}`;
+  return {
+    index,
+    uuid,
+    name: 'NVIDIA H200',
+    totalMiB: 143771,
+    usedMiB,
+    freeMiB: 1,
+    reservedMiB: 614,
+    processes: processes.map(([pid, mib]) => ({ pid, name: 'p', usedMiB: mib, gpuIndex: index, gpuUuid: uuid })),
+  };
+}
+
+function stat(pid: number, pgrp: number, startTime: number, state = 'S'): ProcStat {
+  return { pid, comm: `p${pid}`, state, ppid: 1, pgrp, session: pgrp, startTime };
+}
+
+function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra: Array<[number, null]> = []): NodeView {
+  const snapshot: NodeSnapshot = {
+    takenAt: NOW,
+    gpus,
+    proc: new Map<number, ProcStat | null>([...stats.map((s): [number, ProcStat] => [s.pid, s]), ...extra]),
+    cgroupPids: new Map(),
+    unmatchedProcesses: [],
+    timings: { nvidiaSmiMs: 1, procMs: 1 },
+  };
+  return { snapshot, attribution: attribute(snapshot, shards), registryVersion: 1 };
+}
+
+function shard(overrides: Partial<ShardRecord> = {}): ShardRecord {
+  return {
+    id: 's',
+    pid: 100,
+    cgroup: null,
+    gpus: [0, 1, 2],
+    engine: 'llama.cpp',
+    graceMs: 10_000,
+    registeredAt: NOW - 60_000,
+    identity: { pid: 100, pgid: 100, startTime: 5, name: 'llama-server' },
+    ...overrides,
+  };
+}
+
+const verdictOf = (s: ShardRecord, node: NodeView | null, engine: EngineAccount | null = null, staleReason: string | null = null) =>
+  readiness({ shard: s, node, engine, staleReason, now: NOW, unavailable: 'nvidia-smi timed out' });
+
+t.test('several missing GPUs are listed in prose, and a GPU nvidia-smi no longer shows is called out', async (t) => {
+  const s = shard({ gpus: [0, 1, 3], engine: 'vllm' });
+  const v = verdictOf(s, view([gpu(0, [[101, 500]]), gpu(1, [])], [stat(100, 100, 5), stat(101, 100, 6)], [s]));
+  t.equal(v.state, 'on-cpu');
+  t.match(v.reason, 'placed on GPU 0, GPU 1 and GPU 3 but computing on the CPU: its processes hold no memory on GPU 1 and GPU 3, 60.0 s after registration');
+  t.match(v.reason, 'GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).');
+  t.notMatch(v.reason, 'engine-output', 'an engine other than llama.cpp gets no llama.cpp advice');
+});
+
+t.test('a partial offload and an old snapshot are warnings on a ready shard', async (t) => {
+  const s = shard({ gpus: [0] });
+  const engine: EngineAccount = { backend: 'CUDA', devices: ['CUDA0'], layersOffloaded: 20, layersTotal: 33, evidence: 'x', summary: 'llama.cpp put ...' };
+  const v = verdictOf(s, view([gpu(0, [[100, null]])], [stat(100, 100, 5)], [s]), engine, 'the last refresh failed: boom');
+  t.equal(v.state, 'ready', 'a process listed with [N/A] memory still holds the GPU');
+  t.same(v.warnings, [
+    'answered from an older snapshot: the last refresh failed: boom',
+    'the engine offloaded only 20 of 33 layers to the GPU; the rest runs on the CPU',
+  ]);
+});
+
+t.test('a snapshot older than the registration: starting within grace, unverified after', async (t) => {
+  const s = shard({ gpus: [0], registeredAt: NOW - 2000 });
+  const node = view([gpu(0, [])], [], [s]);
+  const starting = verdictOf(s, node);
+  t.equal(starting.state, 'starting');
+  t.match(starting.reason, 'waiting for the first snapshot that includes it (8.0 s of grace left)');
+  const late = verdictOf({ ...s, registeredAt: NOW - 20_000 }, node);
+  t.equal(late.state, 'unverified');
+  t.equal(late.ready, true);
+  t.match(late.warnings, [/no snapshot taken since this shard was registered includes it yet/]);
+});
+
+t.test('nvidia-smi PIDs invisible in this /proc: unverified, not on-cpu', async (t) => {
+  const s = shard({ gpus: [0] });
+  const node = view([gpu(0, [[90_000, 500]])], [stat(100, 100, 5)], [s], [[90_000, null]]);
+  t.ok(pidsInvisible(node));
+  const v = verdictOf(s, node);
+  t.equal(v.state, 'unverified');
+  t.match(v.warnings, [/does not share the host's PID namespace/]);
+  t.notOk(pidsInvisible(view([gpu(0, [])], [], [s])), 'no GPU process: nothing is hidden');
+});
+
+t.test('a zombie shard process has exited and claims no memory', async (t) => {
+  const s = shard({ gpus: [0] });
+  const node = view([gpu(0, [[100, 500]])], [stat(100, 100, 5, 'Z')], [s]);
+  const v = verdictOf(s, node);
+  t.equal(v.state, 'exited');
+  t.match(v.reason, 'has exited (a zombie its parent has not reaped yet)');
+  t.equal(node.attribution.ownerByPid.get(100), undefined);
+});
+
+t.test('without a node view the shard is unverified with the reason', async (t) => {
+  const v = verdictOf(shard(), null);
+  t.same(v, { ready: true, state: 'unverified', reason: null, warnings: ['nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out'] });
+  const bare = readiness({ shard: shard(), node: null, engine: null, staleReason: null, now: NOW });
+  t.match(bare.warnings, [/unknown reason/]);
+});
+
+t.test('compute: a shard absent from the attribution holds nothing', async (t) => {
+  const s = shard({ gpus: [0] });
+  const node = view([gpu(0, [])], [stat(100, 100, 5)], []);
+  t.same(shardCompute(s, node, null), { backend: 'CPU', devices: [], gpus: [], strayGpus: [], engine: null });
+});

@@ -1,0 +1,108 @@
+// The registry and its state file: loading (missing, corrupt, wrong shape, unreadable), group commit,
+// refused writes that lose nothing, and engine output kept per shard.
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { pino } from 'pino';
+import { loadRegistry } from '../../src/shards/registry.js';
+import type { ShardRecord } from '../../src/shards/shard.js';
+import { createStateFile, type StateFile } from '../../src/system/state-file.js';
+
+const log = pino({ level: 'silent' });
+
+function record(id: string, engine: ShardRecord['engine'] = 'other'): ShardRecord {
+  return { id, pid: 42, cgroup: null, gpus: [0], engine, graceMs: 1000, registeredAt: 1, identity: { pid: 42, pgid: 42, startTime: 7, name: 'x' } };
+}
+
+/** Counts writes, and fails them while `failing` is set. */
+function instrumented(file: StateFile) {
+  const counter = { writes: 0, failing: false };
+  const wrapped: StateFile = {
+    ...file,
+    path: file.path,
+    write: async (text) => {
+      counter.writes += 1;
+      if (counter.failing) throw Object.assign(new Error('EROFS: read-only file system'), { code: 'EROFS' });
+      return file.write(text);
+    },
+  };
+  return { wrapped, counter };
+}
+
+t.test('a missing file is an empty registry; writes create it, durable and parseable', async (t) => {
+  const dir = t.testdir({});
+  const path = join(dir, 'deep', 'shards.json');
+  const registry = await loadRegistry({ stateFile: createStateFile(path), log });
+  t.same(registry.list(), []);
+  t.same(await registry.put(record('a')), { created: true });
+  t.same(await registry.put(record('a')), { created: false });
+  const state = JSON.parse(readFileSync(path, 'utf8'));
+  t.equal(state.format, 'nodecompute-shards/v1');
+  t.same(state.shards.map((s: ShardRecord) => s.id), ['a']);
+  t.same(readdirSync(join(dir, 'deep')), ['shards.json'], 'no temp file left behind');
+  const again = await loadRegistry({ stateFile: createStateFile(path), log });
+  t.same(again.get('a'), record('a'));
+  t.same(again.interest(), { pids: [42], cgroups: [] });
+});
+
+t.test('a corrupt, foreign or unreadable state file stops the load, naming it, and is left untouched', async (t) => {
+  const dir = t.testdir({ 'torn.json': '{"format": "nodecompute-shards/v1", "sha', 'other.json': '{"shards": 3}', 'dir.json': {} });
+  for (const [file, message] of [
+    ['torn.json', /torn\.json is not valid JSON .*left untouched/],
+    ['other.json', /other\.json is not a nodecompute shard registry: \/format/],
+    ['dir.json', /Cannot read the state file .*dir\.json: EISDIR/],
+  ] as const) {
+    await t.rejects(loadRegistry({ stateFile: createStateFile(join(dir, file)), log }), { code: 'NODECOMPUTE_STATE_FILE_INVALID', message }, file);
+  }
+  t.equal(readFileSync(join(dir, 'torn.json'), 'utf8'), '{"format": "nodecompute-shards/v1", "sha');
+});
+
+t.test('concurrent changes are group-committed, and a failed write refuses the batch and loses nothing', async (t) => {
+  const dir = t.testdir({});
+  const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json')));
+  const registry = await loadRegistry({ stateFile: wrapped, log });
+  await Promise.all(Array.from({ length: 50 }, (_, i) => registry.put(record(`s${i}`))));
+  t.equal(registry.list().length, 50);
+  t.ok(counter.writes <= 3, `50 concurrent registrations took ${counter.writes} writes`);
+  const version = registry.version;
+
+  counter.failing = true;
+  await t.rejects(registry.put(record('lost')), { code: 'NODECOMPUTE_STATE_WRITE_FAILED', message: /The change was not stored: .*EROFS.*Nothing already registered was lost/ });
+  await t.rejects(registry.remove('s1'), { code: 'NODECOMPUTE_STATE_WRITE_FAILED' });
+  t.equal(registry.get('lost'), undefined, 'not acknowledged, not kept');
+  t.ok(registry.get('s1'), 'a refused removal keeps the shard');
+  t.equal(registry.version, version);
+  counter.failing = false;
+  t.equal(await registry.remove('s1'), true);
+  const writes = counter.writes;
+  t.equal(await registry.remove('never-registered'), false);
+  t.equal(counter.writes, writes, 'removing an unknown id writes nothing');
+});
+
+t.test('engine output: kept per shard, read only for llama.cpp, cleared by re-registration', async (t) => {
+  const dir = t.testdir({});
+  const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json')), log });
+  await registry.put(record('llama', 'llama.cpp'));
+  await registry.put(record('vllm', 'vllm'));
+  t.equal(registry.appendEngineOutput('nope', 'x', 1), undefined);
+  const failed = registry.appendEngineOutput('llama', 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n', 2);
+  t.equal(failed?.account?.backend, 'CPU');
+  const other = registry.appendEngineOutput('vllm', 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n', 3);
+  t.equal(other?.account, null, 'only llama.cpp output is understood');
+  t.match(other?.tail, 'failed to initialize CUDA');
+  await registry.put(record('llama', 'llama.cpp'));
+  t.equal(registry.engine('llama'), undefined, 'a new registration starts with no engine output');
+  await registry.remove('vllm');
+  t.equal(registry.engine('vllm'), undefined);
+});
+
+t.test('the state file: a failed replace leaves no temp file; checkWritable says why not', async (t) => {
+  const dir = t.testdir({ 'is-a-dir': { keep: 'x' }, file: 'plain' });
+  const blocked = createStateFile(join(dir, 'is-a-dir'));
+  await t.rejects(blocked.write('{}'), { code: 'EISDIR' });
+  t.same(readdirSync(dir).sort(), ['file', 'is-a-dir'], 'the temp file was removed');
+  t.same(await createStateFile(join(dir, 'file', 'x.json')).checkWritable(), { ok: false, reason: `cannot write in ${join(dir, 'file')}: EEXIST: file already exists, mkdir '${join(dir, 'file')}'` });
+  mkdirSync(join(dir, 'ok'));
+  writeFileSync(join(dir, 'ok', 'x.json'), '');
+  t.same(await createStateFile(join(dir, 'ok', 'x.json')).checkWritable(), { ok: true });
+});
