@@ -1,26 +1,12 @@
 // Owns the fake nvidia-smi as the benchmarks use it: the node's scenario (8 H200s whose compute
-// processes are real PIDs, some of them shard children), a /bin/sh wrapper that points the fake
-// executable (test/fixtures/bin/nvidia-smi, plain JS, found relative to dist/bench at run time) at
-// this bench's scenario file and invocation log, and the count of its runs from that log. Written
-// here rather than imported from test/, which is not compiled. Also renders the same node as the CSV
-// the real tool prints, for the in-process measurements.
-import { chmodSync, existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+// processes are real PIDs, some of them shard children), installed through scripts/fake-nvidia-smi.ts,
+// and the count of its runs from its log. Also renders the same node as the CSV the real tool prints,
+// for the in-process measurements.
+import { H200_UUIDS, installFakeNvidiaSmi } from '../scripts/fake-nvidia-smi.js';
 import type { ShardGroup } from './processes.js';
 
-export const FAKE_BIN = fileURLToPath(new URL('../../test/fixtures/bin/nvidia-smi', import.meta.url));
 
-const UUIDS = [
-  'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
-  'GPU-4f31bb83-f8dc-d0af-029e-bc4356e6afeb',
-  'GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90',
-  'GPU-02dbe542-8a6f-11a4-7c2a-486b7d4e9092',
-  'GPU-cb449822-5571-be90-8303-e7558da3ea66',
-  'GPU-8e137fa6-c3d9-6980-7733-0d8df296756e',
-  'GPU-d9337494-6060-1440-039f-4654245b5764',
-  'GPU-28780eb0-24d5-1f13-59b8-ae5c23617a72',
-] as const;
+const UUIDS: readonly string[] = H200_UUIDS;
 export const GPU_COUNT = UUIDS.length;
 const TOTAL_MIB = 143771;
 const RESERVED_MIB = 614;
@@ -105,49 +91,17 @@ export interface FakeSmi {
   invocations(): Invocation[];
 }
 
-function shellQuote(text: string): string {
-  return `'${text.replace(/'/g, `'\\''`)}'`;
-}
-
-/** Writes the scenario, log and wrapper into `dir` (which must exist). */
+/** Installs the fake in `dir` (which must exist), answering from `scenario`. */
 export function createFakeSmi(dir: string, scenario: FakeScenario): FakeSmi {
-  const path = join(dir, 'nvidia-smi');
-  const scenarioPath = join(dir, 'scenario.json');
-  const logPath = join(dir, 'invocations.jsonl');
-  let writes = 0;
-  const setScenario = (next: FakeScenario) => {
-    // temp + rename: a fake run reading concurrently never sees half a file.
-    writes += 1;
-    const temp = `${scenarioPath}.${writes}.tmp`;
-    writeFileSync(temp, JSON.stringify(next));
-    renameSync(temp, scenarioPath);
-  };
-  setScenario(scenario);
-  writeFileSync(
-    path,
-    [
-      '#!/bin/sh',
-      '# Written by bench/fake-smi.ts: points the fake nvidia-smi at this bench run\'s scenario and log.',
-      'unset NODE_OPTIONS',
-      `FAKE_NVIDIA_SMI_SCENARIO=${shellQuote(scenarioPath)}; export FAKE_NVIDIA_SMI_SCENARIO`,
-      `FAKE_NVIDIA_SMI_LOG=${shellQuote(logPath)}; export FAKE_NVIDIA_SMI_LOG`,
-      `exec ${shellQuote(process.execPath)} ${shellQuote(FAKE_BIN)} "$@"`,
-      '',
-    ].join('\n'),
-  );
-  chmodSync(path, 0o755);
+  const fake = installFakeNvidiaSmi(dir, scenario);
   return {
-    path,
-    setScenario,
-    invocations() {
-      if (!existsSync(logPath)) return [];
-      return readFileSync(logPath, 'utf8')
-        .split('\n')
-        .filter((line) => line !== '')
-        .map((line) => JSON.parse(line) as { type: string; argv: string[]; at: number })
+    path: fake.path,
+    setScenario: fake.setScenario,
+    invocations: () =>
+      fake
+        .log()
         .filter((entry) => entry.type === 'invocation')
-        .map(({ argv, at }) => ({ argv, at }));
-    },
+        .map(({ argv, at }) => ({ argv, at }) as Invocation),
   };
 }
 

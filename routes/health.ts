@@ -15,12 +15,8 @@ const ReadySchema = Type.Object({
   stale: Type.Boolean({ description: 'True when it is older than the TTL.' }),
 });
 
-interface Check {
-  name: string;
-  ok: boolean;
-  detail: string;
-  code?: string;
-}
+type Check = { name: string; detail: string } & ({ ok: true } | { ok: false; code: string });
+type FailedCheck = Extract<Check, { ok: false }>;
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node, probeBudgetMs } = app.services;
@@ -69,14 +65,14 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const result = await checks();
-      const failed = result.checks.find((check) => !check.ok);
+      const failed = result.checks.find((check): check is FailedCheck => !check.ok);
       if (request.query.verbose !== undefined) {
         const lines = result.checks.map((check) => (check.ok ? `[+]${check.name} ok: ${check.detail}` : `[-]${check.name} failed: ${check.detail}`));
         lines.push(failed ? 'readyz check failed' : 'readyz check passed');
         return reply.status(failed ? 503 : 200).type('text/plain; charset=utf-8').send(`${lines.join('\n')}\n`);
       }
       if (failed) {
-        return reply.status(503).send({ statusCode: 503, code: failed.code ?? 'NODECOMPUTE_NOT_READY', error: 'Service Unavailable', message: failed.detail });
+        return reply.status(503).send({ statusCode: 503, code: failed.code, error: 'Service Unavailable', message: failed.detail });
       }
       // Every check passed, so the snapshot they read is there.
       return { status: 'ok' as const, ...result.meta! };

@@ -14,6 +14,7 @@ import type { Logger } from 'pino';
 import { buildApp, type App } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';
 import type { ReadinessState } from '../src/shards/readiness.js';
+import { H200_BUS, H200_UUIDS, installFakeNvidiaSmi } from './fake-nvidia-smi.js';
 
 const TOTAL_MIB = 143771;
 const RESERVED_MIB = 614;
@@ -21,17 +22,6 @@ const RESERVED_MIB = 614;
 const DRIVER_MIB = 9;
 const HOUR_MS = 3_600_000;
 
-const UUIDS = [
-  'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
-  'GPU-4f31bb83-f8dc-d0af-029e-bc4356e6afeb',
-  'GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90',
-  'GPU-02dbe542-8a6f-11a4-7c2a-486b7d4e9092',
-  'GPU-cb449822-5571-be90-8303-e7558da3ea66',
-  'GPU-8e137fa6-c3d9-6980-7733-0d8df296756e',
-  'GPU-d9337494-6060-1440-039f-4654245b5764',
-  'GPU-28780eb0-24d5-1f13-59b8-ae5c23617a72',
-] as const;
-const BUS_IDS = ['18', '2A', '3A', '5D', '9A', 'AB', 'BA', 'DB'] as const;
 
 /**
  * What llama-server b9692 printed when its CUDA build could not load cudart: device_info lists the
@@ -78,36 +68,6 @@ export interface DemoOptions {
   logger: Logger;
 }
 
-/** The fake nvidia-smi, from scripts/ (tests) or dist/scripts/ (npm run demo). */
-export function findFakeNvidiaSmi(from: string = import.meta.url): string {
-  for (const up of ['../', '../../']) {
-    const path = fileURLToPath(new URL(`${up}test/fixtures/bin/nvidia-smi`, from));
-    if (existsSync(path)) return path;
-  }
-  throw new Error(`The fake nvidia-smi (test/fixtures/bin/nvidia-smi) is not beside ${fileURLToPath(from)}: run the demo from a checkout of the repository.`);
-}
-
-function shellQuote(text: string): string {
-  return `'${text.replace(/'/g, `'\\''`)}'`;
-}
-
-/** A /bin/sh wrapper that points the fake at its scenario; NODE_OPTIONS is dropped so no loader hook runs in it. */
-function writeWrapper(dir: string, scenarioPath: string): string {
-  const path = join(dir, 'nvidia-smi');
-  writeFileSync(
-    path,
-    [
-      '#!/bin/sh',
-      'unset NODE_OPTIONS',
-      `FAKE_NVIDIA_SMI_SCENARIO=${shellQuote(scenarioPath)}; export FAKE_NVIDIA_SMI_SCENARIO`,
-      `exec ${shellQuote(process.execPath)} ${shellQuote(findFakeNvidiaSmi())} "$@"`,
-      '',
-    ].join('\n'),
-  );
-  chmodSync(path, 0o755);
-  return path;
-}
-
 /** SIGKILLs a process group; false when it is already gone. */
 export function killGroup(pgid: number): boolean {
   try {
@@ -150,21 +110,21 @@ function scenario(processes: ProcessRow[]) {
   return {
     driverVersion: '590.48.01',
     cudaVersion: '13.1',
-    gpus: UUIDS.map((uuid, index) => {
+    gpus: H200_UUIDS.map((uuid, index) => {
       const used = processes.filter((row) => row.gpu === index).reduce((sum, row) => sum + row.usedMiB, 0);
       const usedMiB = used === 0 ? 0 : used + DRIVER_MIB;
       return {
         index,
         uuid,
         name: 'NVIDIA H200',
-        busId: `00000000:${BUS_IDS[index]}:00.0`,
+        busId: `00000000:${H200_BUS[index]}:00.0`,
         totalMiB: TOTAL_MIB,
         usedMiB,
         freeMiB: TOTAL_MIB - RESERVED_MIB - usedMiB,
         reservedMiB: RESERVED_MIB,
       };
     }),
-    processes: processes.map((row) => ({ gpuUuid: UUIDS[row.gpu], pid: row.pid, name: row.name, usedMiB: row.usedMiB })),
+    processes: processes.map((row) => ({ gpuUuid: H200_UUIDS[row.gpu], pid: row.pid, name: row.name, usedMiB: row.usedMiB })),
   };
 }
 
@@ -183,12 +143,12 @@ async function settle(app: App, shards: DemoShard[], timeoutMs: number): Promise
 
 export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-demo-'));
+  const fake = installFakeNvidiaSmi(dir, scenario([]));
   const scenarioPath = join(dir, 'scenario.json');
-  writeFileSync(scenarioPath, JSON.stringify(scenario([])));
   const config = defaultConfig({
     host: options.host,
     port: options.port,
-    nvidiaSmi: writeWrapper(dir, scenarioPath),
+    nvidiaSmi: fake.path,
     stateFile: join(dir, 'state', 'shards.json'),
     logLevel: 'warn',
   });
@@ -213,9 +173,7 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
   const [llama70b, qwen, mistral, phi, llama8b, gemma, notebook] = await Promise.all(
     [2, 1, 1, 1, 1, 1, 1].map((children) => spawnGroup(children, groups)),
   );
-  writeFileSync(
-    scenarioPath,
-    JSON.stringify(
+  fake.setScenario(
       scenario([
         { gpu: 0, pid: llama70b!.members[0]!, name: '/usr/bin/python3 -m vllm.entrypoints.openai.api_server', usedMiB: 128_422 },
         { gpu: 1, pid: llama70b!.members[1]!, name: 'ray::RayWorkerWrapper', usedMiB: 128_422 },
@@ -224,7 +182,6 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
         { gpu: 4, pid: notebook!.members[0]!, name: '/opt/conda/bin/python3 -m ipykernel_launcher', usedMiB: 24_576 },
         { gpu: 7, pid: 1_758_887, name: '[Not Found]', usedMiB: 58_060 },
       ]),
-    ),
   );
 
   const shards: DemoShard[] = [

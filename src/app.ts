@@ -66,7 +66,7 @@ export type App = FastifyInstance<
 >;
 
 function errorBody(statusCode: number, code: string, message: string) {
-  return { statusCode, code, error: STATUS_CODES[statusCode] ?? 'Error', message };
+  return { statusCode, code, error: String(STATUS_CODES[statusCode]), message };
 }
 
 const PATTERN_RULES: Record<string, string> = {
@@ -76,16 +76,16 @@ const PATTERN_RULES: Record<string, string> = {
 
 /** Names the offending field and what it accepts, in the words of the schema's first complaint. */
 function describeValidation(err: FastifyError): string {
-  const [first] = err.validation ?? [];
-  if (!first) return err.message;
-  const where = `${err.validationContext ?? 'body'}${first.instancePath}`;
+  // Fastify stops at the first failing keyword (allErrors is off), so there is exactly one.
+  const first = err.validation![0]!;
+  const where = `${err.validationContext}${first.instancePath}`;
   const params = first.params as Record<string, unknown>;
   if (typeof params.additionalProperty === 'string') {
     return `${where} has an unknown field "${params.additionalProperty}" (fields are case-sensitive; remove it or fix its spelling)`;
   }
   if (Array.isArray(params.allowedValues)) return `${where} must be one of: ${params.allowedValues.join(', ')}`;
   const rule = first.keyword === 'pattern' ? PATTERN_RULES[where] : undefined;
-  return `${where} ${first.message ?? 'is invalid'}${rule ? ` (${rule})` : ''}`;
+  return `${where} ${first.message}${rule ? ` (${rule})` : ''}`;
 }
 
 /** Fastify's own errors keep their status but get our codes and a message that says how to fix it. */
@@ -113,20 +113,16 @@ function fastifyErrorBody(err: FastifyError) {
 
 /** Malformed HTTP (a lying Content-Length, say) never reaches a route: answer it on the socket, coded. */
 function writeClientError(err: NodeJS.ErrnoException, socket: import('node:net').Socket): void {
-  if (err.code === 'ECONNRESET' || !socket.writable) return;
-  const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
-  const status = timedOut ? 408 : 400;
+  if (!socket.writable) return;
   const body = JSON.stringify(
     errorBody(
-      status,
+      400,
       'NODECOMPUTE_BAD_REQUEST',
-      timedOut
-        ? 'The request was not complete within 30 s: send the whole body the Content-Length promises.'
-        : `The request is not valid HTTP (${err.code ?? 'parse error'}): check Content-Length and Transfer-Encoding.`,
+      `The request is not valid HTTP or was not completed within 30 s (${err.code}): check Content-Length and Transfer-Encoding, and send the whole body.`,
     ),
   );
   socket.end(
-    [`HTTP/1.1 ${status} ${STATUS_CODES[status]}`, 'Connection: close', 'Content-Type: application/json; charset=utf-8', `Content-Length: ${Buffer.byteLength(body)}`, '', body].join('\r\n'),
+    ['HTTP/1.1 400 Bad Request', 'Connection: close', 'Content-Type: application/json; charset=utf-8', `Content-Length: ${Buffer.byteLength(body)}`, '', body].join('\r\n'),
   );
 }
 

@@ -8,7 +8,6 @@ import { pino, type Logger } from 'pino';
 import { buildApp } from './app.js';
 import { resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
-import { isCodedError } from './errors.js';
 import { VERSION } from './version.js';
 
 const USAGE = `nodecompute ${VERSION}: where GPU work really runs on this node.
@@ -35,10 +34,10 @@ async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): P
     const { view } = await app.services.node.current();
     log.info({ gpus: view.snapshot.gpus.length, nvidiaSmiMs: Math.round(view.snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
   } catch (err) {
-    if (!isCodedError(err)) throw err;
+    const { code, message } = err as { code?: string; message: string };
     log.error(
-      { code: err.code },
-      `${err.message} Until this is fixed, /gpus, /readyz and the shard probes answer 503 (${err.code}) or unverified; /livez stays 200.`,
+      { code },
+      `${message} Until this is fixed, /gpus, /readyz and the shard probes answer 503 (${code}) or unverified; /livez stays 200.`,
     );
   }
 }
@@ -47,9 +46,9 @@ async function serve(cli: ResolvedCli): Promise<void> {
   const { config } = cli;
   const log = createLogger(config);
   const app = await buildApp(config, { logger: log });
-  closeWithGrace({ delay: 10_000, logger: log }, async ({ signal, err }) => {
-    if (err) log.error({ err }, 'Shutting down after an unexpected error');
-    else log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
+  // close-with-grace logs an uncaught error itself before calling this.
+  closeWithGrace({ delay: 10_000, logger: log }, async ({ signal }) => {
+    log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
     await app.close();
   });
   const url = await app.listen({ host: config.host, port: config.port });

@@ -51,8 +51,9 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
   const checks: DoctorCheck[] = [];
   try {
     const version = await deps.nvidiaSmi.queryVersion();
+    const known = (value: string | null) => value ?? 'unknown';
     checks.push(
-      check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: nvidia-smi ${version.smiVersion ?? 'unknown'}, driver ${version.driverVersion ?? 'unknown'}, CUDA ${version.cudaVersion ?? 'unknown'}`),
+      check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`),
     );
   } catch (err) {
     checks.push(check('nvidia-smi', 'fail', (err as Error).message, 'Fix nvidia-smi first: every GPU answer depends on it.'));

@@ -67,7 +67,8 @@ function makeMatcher(snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liven
 }
 
 export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]): Attribution {
-  const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  // Ids are unique, so the order is total.
+  const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : 1));
   const liveness = new Map<string, Liveness>();
   const matchers: Array<[string, (pid: number) => boolean]> = [];
   for (const shard of ordered) {

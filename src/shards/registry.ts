@@ -80,9 +80,9 @@ function parseState(path: string, text: string): ShardRecord[] {
     );
   }
   if (!Value.Check(StateSchema, data)) {
-    const first = Value.Errors(StateSchema, data).First();
+    const first = Value.Errors(StateSchema, data).First()!;
     throw new StateFileInvalidError(
-      `The state file ${path} is not a nodecompute shard registry: ${first ? `${first.path || '/'} ${first.message}` : 'unexpected shape'}. ` +
+      `The state file ${path} is not a nodecompute shard registry: ${first.path} ${first.message}. ` +
         'It was left untouched. Fix it by hand, or move it away to start with no shards.',
     );
   }

@@ -45,9 +45,6 @@ export function shardBody(shard: ShardRecord): ShardRecordBody {
   return { ...shard, registeredAt: new Date(shard.registeredAt).toISOString() };
 }
 
-function list(indices: number[]): string {
-  return indices.length === 0 ? 'none' : indices.join(', ');
-}
 
 export function createShardService(deps: ShardServiceDeps) {
   const { registry, node, proc, log, now } = deps;
@@ -89,7 +86,7 @@ export function createShardService(deps: ShardServiceDeps) {
     const unknown = gpus.filter((index) => !known.includes(index));
     if (unknown.length > 0) {
       throw new UnknownGpuError(
-        `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${list(known)} (as nvidia-smi numbers them). Fix "gpus" in the registration.`,
+        `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them). Fix "gpus" in the registration.`,
       );
     }
   }
@@ -130,9 +127,9 @@ export function createShardService(deps: ShardServiceDeps) {
   }
 
   /** The current snapshot, or why there is none: nvidia-smi failures are an answer here, not an error. */
-  async function currentOrWhy(maxWaitMs: number | undefined): Promise<{ current: Current | null; why: string | null }> {
+  async function currentOrWhy(maxWaitMs: number): Promise<{ current: Current | null; why: string | null }> {
     try {
-      return { current: await node.current(maxWaitMs === undefined ? {} : { maxWaitMs }), why: null };
+      return { current: await node.current({ maxWaitMs }), why: null };
     } catch (err) {
       if (!isCodedError(err)) throw err;
       return { current: null, why: err.message };
@@ -192,14 +189,14 @@ export function createShardService(deps: ShardServiceDeps) {
     },
 
     /** One shard's state from the current snapshot; nvidia-smi failures become `unverified`. */
-    async state(id: string, maxWaitMs?: number, withCompute = true): Promise<ShardState> {
+    async state(id: string, maxWaitMs: number, withCompute = true): Promise<ShardState> {
       const shard = requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);
       return stateOf(shard, current, why, withCompute);
     },
 
     /** Every shard's state from one snapshot, with that snapshot; nvidia-smi failures become `unverified`. */
-    async states(maxWaitMs?: number): Promise<{
+    async states(maxWaitMs: number): Promise<{
       states: ShardState[];
       view: SnapshotView<NodeSnapshot> | null;
       node: NodeView | null;

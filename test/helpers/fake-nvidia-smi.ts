@@ -1,12 +1,10 @@
-// Sets up the fake nvidia-smi (test/fixtures/bin/nvidia-smi) for one test. Each fake lives in its own
-// directory: a scenario file, an invocation log and a /bin/sh wrapper named `nvidia-smi` that points the
-// fake at those two files. The wrapper, not the caller's environment, carries the paths, because the
-// code under test spawns nvidia-smi with its own environment and several fakes may exist in one test
-// process. `exec` keeps the wrapper's pid, so the fake is the leader of the process group the runner
-// creates and a group kill reaches it. Also holds the /proc helpers the process-lifetime tests need.
-import { chmodSync, existsSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+// Sets up the fake nvidia-smi (test/fixtures/bin/nvidia-smi) for one test, on top of
+// scripts/fake-nvidia-smi.ts (one install per directory: scenario, invocation log, wrapper): the
+// scenario's types, scenario edits, counts of the fake's runs, and the 8x H200 node most tests use.
+// Also holds the /proc helpers the process-lifetime tests need.
+import { readdirSync, readFileSync } from 'node:fs';
+import { fakeNvidiaSmiBin, H200_BUS, H200_UUIDS, installFakeNvidiaSmi } from '../../scripts/fake-nvidia-smi.js';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 
 /** A memory value: a number prints as `N MiB`, a string verbatim (`[N/A]`, `[Insufficient Permissions]`). */
 export type FakeMemory = number | string;
@@ -111,59 +109,19 @@ export interface FakeNvidiaSmi {
   spawned(): FakeSpawn[];
 }
 
-export const FAKE_NVIDIA_SMI_BIN = fileURLToPath(new URL('../fixtures/bin/nvidia-smi', import.meta.url));
-
-function shellQuote(text: string): string {
-  return `'${text.replace(/'/g, `'\\''`)}'`;
-}
-
-let tempCounter = 0;
-
-/** temp + rename, so a fake reading concurrently never sees half a file. */
-function writeAtomically(path: string, text: string): void {
-  tempCounter += 1;
-  const temp = `${path}.${process.pid}.${tempCounter}.tmp`;
-  writeFileSync(temp, text);
-  renameSync(temp, path);
-}
-
-function readLog(logPath: string): Array<Record<string, unknown>> {
-  if (!existsSync(logPath)) return [];
-  return readFileSync(logPath, 'utf8')
-    .split('\n')
-    .filter((line) => line !== '')
-    .map((line) => JSON.parse(line) as Record<string, unknown>);
-}
+export const FAKE_NVIDIA_SMI_BIN = fakeNvidiaSmiBin();
 
 export function createFakeNvidiaSmi(dir: string, scenario: FakeScenario): FakeNvidiaSmi {
-  const path = join(dir, 'nvidia-smi');
-  const scenarioPath = join(dir, 'scenario.json');
-  const logPath = join(dir, 'invocations.jsonl');
+  const fake = installFakeNvidiaSmi<FakeScenario>(dir, scenario);
   let current = structuredClone(scenario);
   const setScenario = (s: FakeScenario) => {
     current = structuredClone(s);
-    writeAtomically(scenarioPath, JSON.stringify(current, null, 2));
+    fake.setScenario(current);
   };
-  setScenario(scenario);
-  writeFileSync(
-    path,
-    [
-      '#!/bin/sh',
-      '# Written by test/helpers/fake-nvidia-smi.ts. NODE_OPTIONS is dropped so the test runner does not',
-      '# load its hooks (coverage, TypeScript) into every fake call.',
-      'unset NODE_OPTIONS',
-      `FAKE_NVIDIA_SMI_SCENARIO=${shellQuote(scenarioPath)}; export FAKE_NVIDIA_SMI_SCENARIO`,
-      `FAKE_NVIDIA_SMI_LOG=${shellQuote(logPath)}; export FAKE_NVIDIA_SMI_LOG`,
-      `exec ${shellQuote(process.execPath)} ${shellQuote(FAKE_NVIDIA_SMI_BIN)} "$@"`,
-      '',
-    ].join('\n'),
-  );
-  chmodSync(path, 0o755);
-  const entries = (type: string) => readLog(logPath).filter((entry) => entry.type === type);
-  const invocations = () =>
-    entries('invocation').map(({ argv, pid, at }) => ({ argv, pid, at }) as FakeInvocation);
+  const entries = (type: string) => fake.log().filter((entry) => entry.type === type);
+  const invocations = () => entries('invocation').map(({ argv, pid, at }) => ({ argv, pid, at }) as FakeInvocation);
   return {
-    path,
+    path: fake.path,
     dir,
     setScenario,
     update(fn) {
@@ -181,18 +139,7 @@ export function createFakeNvidiaSmi(dir: string, scenario: FakeScenario): FakeNv
 
 // The UUIDs and sizes come from shared/samples/nvsmi-8xH200-container_query-gpu_and_compute-apps_not-found.txt;
 // reserved 614 MiB and free = total - reserved - used + 1 (nvidia-smi rounds each) from the H200 capture.
-const H200_UUIDS = [
-  'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
-  'GPU-4f31bb83-f8dc-d0af-029e-bc4356e6afeb',
-  'GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90',
-  'GPU-02dbe542-8a6f-11a4-7c2a-486b7d4e9092',
-  'GPU-cb449822-5571-be90-8303-e7558da3ea66',
-  'GPU-8e137fa6-c3d9-6980-7733-0d8df296756e',
-  'GPU-d9337494-6060-1440-039f-4654245b5764',
-  'GPU-28780eb0-24d5-1f13-59b8-ae5c23617a72',
-] as const;
 const H200_USED_MIB = [130013, 130053, 105851, 129993, 106091, 105851, 106139, 58071] as const;
-const H200_BUS = ['18', '2A', '3A', '5D', '9A', 'AB', 'BA', 'DB'] as const;
 
 /**
  * An 8x H200 node. Processes: one per GPU as in the sample, plus the awkward cases the parser must

@@ -29,4 +29,7 @@ t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', asy
     });
   }
   t.ok(lines.some((line) => line.includes('this is a bug in nodecompute') && line.includes('TypeError')), 'logged with the error');
+  const checked = await app.inject({ method: 'PUT', url: '/shards/t', payload: { pid: shard.pid, gpus: [0] } });
+  t.equal(checked.statusCode, 500, 'a registration whose GPU check hits the bug is refused, not taken on trust');
+  t.equal((await app.inject({ method: 'GET', url: '/shards/t' })).statusCode, 404);
 });

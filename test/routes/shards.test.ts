@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
-import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const UUIDS = ['GPU-11111111-0000-0000-0000-000000000000', 'GPU-22222222-0000-0000-0000-000000000000'];
@@ -284,4 +284,28 @@ t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration'
   fake.update((s) => ({ ...s, failures: { all: { kind: 'no-devices' } } }));
   const res = await app.inject({ method: 'PUT', url: '/shards/trust', payload: { pid: shard.pid, gpus: [7] } });
   t.equal(res.statusCode, 201);
+});
+
+t.test('a verdict from a snapshot older than 10 s says so, even while the refresh is merely slow', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, {
+    scenario: twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: shard.members[0]!, name: 'vllm', usedMiB: 100 }]),
+    config: { cacheTtlMs: 1000, maxStaleMs: 60_000, smiTimeoutMs: 120_000 },
+    deps: { now: clock.now },
+  });
+  await app.inject({ method: 'PUT', url: '/shards/slow', payload: { pid: shard.pid, gpus: [0] } });
+  await settle(app);
+  clock.advance(1);
+  t.same((await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json().warnings, [], 'a fresh snapshot: nothing to say');
+  await settle(app);
+  fake.update((s) => ({ ...s, delayMs: 60_000 }));
+  clock.advance(5000);
+  const routine = (await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json();
+  t.equal(routine.state, 'ready');
+  t.same(routine.warnings, [], 'one refresh behind is routine, not news');
+  clock.advance(7000);
+  const old = (await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json();
+  t.equal(old.state, 'ready');
+  t.match(old.warnings, [/^answered from an older snapshot: a refresh has been running for 7000 ms \(nvidia-smi is slow\)$/]);
 });

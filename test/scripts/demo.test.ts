@@ -4,7 +4,8 @@
 import { existsSync } from 'node:fs';
 import t from 'tap';
 import { pino } from 'pino';
-import { findFakeNvidiaSmi, killGroup, startDemoNode } from '../../scripts/demo-node.js';
+import { killGroup, startDemoNode } from '../../scripts/demo-node.js';
+import { fakeNvidiaSmiBin } from '../../scripts/fake-nvidia-smi.js';
 import { livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
 
 interface ShardBody {
@@ -68,10 +69,10 @@ t.test('a port already taken fails the start and leaves nothing behind', async (
 });
 
 t.test('the fake nvidia-smi is found from scripts/ and from dist/scripts/, or named when missing', async (t) => {
-  t.match(findFakeNvidiaSmi(), /test\/fixtures\/bin\/nvidia-smi$/);
+  t.match(fakeNvidiaSmiBin(), /test\/fixtures\/bin\/nvidia-smi$/);
   const fromDist = new URL('../../dist/scripts/demo-node.js', import.meta.url).href;
-  t.equal(findFakeNvidiaSmi(fromDist), findFakeNvidiaSmi());
-  t.throws(() => findFakeNvidiaSmi('file:///nonexistent/a/b/demo-node.js'), /run the demo from a checkout of the repository/);
+  t.equal(fakeNvidiaSmiBin(fromDist), fakeNvidiaSmiBin());
+  t.throws(() => fakeNvidiaSmiBin('file:///nonexistent/a/b/demo-node.js'), /run this from a checkout of the repository/);
 });
 
 t.test('killing a process group that is gone says so instead of throwing', async (t) => {

@@ -3,6 +3,7 @@
 // older than the registration, hidden PIDs, zombies).
 import t from 'tap';
 import { attribute } from '../../src/node-state/attribution.js';
+import { foreignMemory } from '../../src/node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { NodeView } from '../../src/node-state/node-view.js';
 import { shardCompute } from '../../src/shards/compute.js';
@@ -116,6 +117,25 @@ t.test('without a node view the shard is unverified with the reason', async (t) 
   t.same(v, { ready: true, state: 'unverified', reason: null, warnings: ['nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out'] });
   const bare = readiness({ shard: shard(), node: null, engine: null, staleReason: null, now: NOW });
   t.match(bare.warnings, [/unknown reason/]);
+});
+
+t.test('a shard the view does not know yet (registered since), and a cgroup shard before its first scan', async (t) => {
+  const s = shard({ gpus: [0], registeredAt: NOW - 1000 });
+  t.equal(verdictOf(s, view([gpu(0, [])], [], [])).state, 'starting', 'absent from the attribution: no evidence yet');
+  const pod = shard({ id: 'pod', pid: null, cgroup: 'pod-uid-1234', gpus: [0], registeredAt: NOW - 1000 });
+  const node = view([gpu(0, [[100, 10]])], [stat(100, 100, 5)], [pod]);
+  t.equal(node.attribution.liveness.get('pod')?.state, 'unknown', 'no scan for its cgroup in this snapshot');
+  t.equal(node.attribution.ownerByPid.get(100), undefined, 'and it claims nothing');
+  t.equal(verdictOf(pod, node).state, 'starting');
+});
+
+t.test('memory of a shard process nvidia-smi reports as [N/A] counts as held, 0 MiB', async (t) => {
+  const s = shard({ gpus: [0] });
+  const node = view([gpu(0, [[100, null], [200, 300]])], [stat(100, 100, 5), stat(200, 200, 9)], [s]);
+  const [only] = foreignMemory(node);
+  t.same({ shardMiB: only!.shardMiB, foreignMiB: only!.foreignMiB }, { shardMiB: 0, foreignMiB: 1000 });
+  t.equal(foreignMemory(node), foreignMemory(node), 'computed once per view');
+  t.same(shardCompute(s, node, null).devices, ['GPU 0: 0.0 GB']);
 });
 
 t.test('compute: a shard absent from the attribution holds nothing', async (t) => {
