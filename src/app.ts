@@ -112,7 +112,7 @@ function fastifyErrorBody(err: FastifyError) {
 }
 
 /** Malformed HTTP (a lying Content-Length, say) never reaches a route: answer it on the socket, coded. */
-function writeClientError(err: NodeJS.ErrnoException, socket: import('node:net').Socket): void {
+export function writeClientError(err: NodeJS.ErrnoException, socket: import('node:net').Socket): void {
   if (!socket.writable) return;
   const body = JSON.stringify(
     errorBody(
