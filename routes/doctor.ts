@@ -2,6 +2,7 @@
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { runDoctor } from '../src/doctor/doctor.js';
+import { Nullable, StringEnum } from '../src/schemas/common.js';
 import { VERSION } from '../src/version.js';
 
 const DoctorSchema = Type.Object(
@@ -12,9 +13,9 @@ const DoctorSchema = Type.Object(
     checks: Type.Array(
       Type.Object({
         name: Type.String({ description: 'Check name: nvidia-smi, gpus, query-time, host-pid-namespace, proc, state-file, token.' }),
-        status: Type.Union([Type.Literal('ok'), Type.Literal('warn'), Type.Literal('fail')], { description: 'ok, warn or fail.' }),
+        status: StringEnum(['ok', 'warn', 'fail'], 'ok, warn or fail.'),
         detail: Type.String({ description: 'What was found.' }),
-        fix: Type.Union([Type.String(), Type.Null()], { description: 'What to do; null when nothing needs doing.' }),
+        fix: Nullable(Type.String(), 'What to do; null when nothing needs doing.'),
       }),
       { description: 'Each check, in order.' },
     ),

@@ -3,12 +3,12 @@
 // nodecompute_nvidia_smi_up 0) even when nvidia-smi cannot be asked.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { verdictsTag } from './conditional.js';
 
 const RENDER_REUSE_MS = 1000;
 
 const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, metrics, probeBudgetMs, registry, now } = app.services;
+  const { snapshots } = app.services.node;
   let cached: { key: string; at: number; text: string } | null = null;
   app.get(
     '/metrics',
@@ -21,15 +21,16 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (_request, reply) => {
-      const { states, view, node } = await shards.states(probeBudgetMs);
-      const key = `${view?.observedAt ?? 'none'}-${registry.version}-${verdictsTag(states)}`;
+      // Rendering ~600 series costs milliseconds; scrapes within a second of the last rendering that
+      // see the same snapshot and registry share it (verdicts and process metrics are then at most
+      // 1 s old). Past that second, the scrape asks for the snapshot as any answer does.
       const at = now();
-      // Rendering ~600 series costs milliseconds; scrapes that see the same snapshot, registry and
-      // verdicts within a second share one rendering (process metrics are then up to 1 s old).
+      const key = `${snapshots.generation}-${registry.version}`;
       if (!cached || cached.key !== key || at - cached.at >= RENDER_REUSE_MS) {
+        const { states, node } = await shards.states(probeBudgetMs);
         const lastGood = app.services.node.peek();
         metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
-        cached = { key, at, text: await metrics.registry.metrics() };
+        cached = { key: `${snapshots.generation}-${registry.version}`, at, text: await metrics.registry.metrics() };
       }
       return reply.type(metrics.registry.contentType).send(cached.text);
     },

@@ -24,7 +24,7 @@ function statusBody(state: ShardState) {
 }
 
 const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { shards, probeBudgetMs } = app.services;
+  const { shards, probeBudgetMs, authorise } = app.services;
   const params = ShardParamsSchema;
 
   app.put(
@@ -38,6 +38,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         body: RegisterShardSchema,
         response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 415, 422, 503) },
       },
+      onRequest: authorise,
       preValidation: requireContentType('application/json', `curl -X PUT -H 'Content-Type: application/json' -d '{"pid": 1234, "gpus": [0]}' ...`),
     },
     async (request, reply) => {
@@ -88,6 +89,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         params,
         response: { 204: Type.Null({ description: 'Removed.' }), ...errorResponses(400, 401, 403, 404, 503) },
       },
+      onRequest: authorise,
     },
     async (request, reply) => {
       await shards.remove(request.params.id);
@@ -144,6 +146,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         body: Type.String({ description: "The engine's output, as text." }),
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },
       },
+      onRequest: authorise,
       preValidation: requireContentType('text/plain', "curl --data-binary @server.log -H 'Content-Type: text/plain' ..."),
     },
     async (request) => {

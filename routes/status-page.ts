@@ -6,7 +6,7 @@
 import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { errorResponses } from '../src/schemas/common.js';
+import { errorResponses, StringEnum } from '../src/schemas/common.js';
 import { renderHtml, renderText, statusModel } from '../src/status-page/render.js';
 import { VERSION } from '../src/version.js';
 
@@ -58,7 +58,7 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
         description:
           'HTML (reloading every 5 s, no script, no external asset) when the client prefers text/html, as browsers do; an aligned plain-text table otherwise (curl). `?format=html|text` overrides the Accept header. Answers from the cached snapshot; when nvidia-smi cannot be asked it still answers 200 with a banner saying why.',
         querystring: Type.Object({
-          format: Type.Optional(Type.Union([Type.Literal('html'), Type.Literal('text')], { description: 'Force HTML or plain text regardless of Accept.' })),
+          format: Type.Optional(StringEnum(['html', 'text'], 'Force HTML or plain text regardless of Accept.')),
         }),
         produces: ['text/html', 'text/plain'],
         response: {

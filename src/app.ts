@@ -42,6 +42,8 @@ export interface Services {
   now: () => number;
   /** Longest a probe waits for a refresh it needs: well inside Kubernetes' 1 s default. */
   probeBudgetMs: number;
+  /** The onRequest hook of every write route. */
+  authorise: ReturnType<typeof createAuth>;
 }
 
 export interface AppDeps {
@@ -178,6 +180,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     metrics,
     now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
+    authorise: createAuth(config, log),
   };
   app.decorate('services', services);
 
@@ -198,12 +201,16 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     const err = new NotFoundError(`No route ${request.method} ${request.url.split('?')[0]}. The API is listed at /docs and /openapi.json.`);
     return reply.status(404).send(errorBody(404, err.code, err.message));
   });
+  // Probes arrive every few seconds from every pod: answered requests are logged at debug only, and
+  // the log line is not even built unless someone asked for it.
+  const debugRequests = log.isLevelEnabled('debug');
   app.addHook('onResponse', (request, reply, done) => {
-    const level = reply.statusCode >= 500 ? 'warn' : 'debug';
-    request.log[level]({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
+    if (reply.statusCode >= 500 || debugRequests) {
+      const level = reply.statusCode >= 500 ? 'warn' : 'debug';
+      request.log[level]({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
+    }
     done();
   });
-  app.addHook('onRequest', createAuth(config, log));
 
   app.addSchema(ErrorSchema);
   await app.register(swagger, {

@@ -22,3 +22,14 @@ t.test('malformed HTTP on a socket the client already closed is left alone', asy
   writeClientError(Object.assign(new Error('Parse Error'), { code: 'HPE_INVALID_CONTENT_LENGTH' }), open as unknown as import('node:net').Socket);
   t.match(written[0], /^HTTP\/1\.1 400 Bad Request\r\n[^]*"code":"NODECOMPUTE_BAD_REQUEST"[^]*HPE_INVALID_CONTENT_LENGTH/);
 });
+
+t.test('at debug level every answered request is logged; below it, only 5xx', async (t) => {
+  const dir = t.testdir({});
+  const lines: string[] = [];
+  const { pino } = await import('pino');
+  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(line) });
+  const app = await buildApp(defaultConfig({ stateFile: join(dir, 's.json'), nvidiaSmi: join(dir, 'missing') }), { logger });
+  t.teardown(() => app.close());
+  await app.inject({ method: 'GET', url: '/livez' });
+  t.ok(lines.some((line) => line.includes('"url":"/livez"') && line.includes('"level":20') && line.includes('Request answered')));
+});

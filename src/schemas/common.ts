@@ -33,6 +33,14 @@ export const SnapshotMetaProperties = {
   staleReason: Type.Optional(Type.String({ description: 'Why the snapshot is stale; present only when stale.' })),
 };
 
+/**
+ * One of a few strings, as a JSON Schema `enum`: a wrong value gets one error listing the choices, and
+ * fast-json-stringify writes it without running a validator (a union of literals would do both worse).
+ */
+export function StringEnum<const T extends readonly string[]>(values: T, description: string): TUnsafe<T[number]> {
+  return Type.Unsafe<T[number]>({ type: 'string', enum: [...values], description });
+}
+
 /** Error responses, by status, for a route's `response` schema. */
 export function errorResponses<const S extends readonly number[]>(...statuses: S): { [K in S[number]]: typeof ErrorSchema } {
   return Object.fromEntries(statuses.map((status) => [status, ErrorSchema])) as { [K in S[number]]: typeof ErrorSchema };

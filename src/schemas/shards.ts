@@ -1,9 +1,9 @@
 // Owns the schemas of the shard API: registration, the shard record, where a shard computes, its
 // readiness verdict, the engine's account and the foreign-memory view.
 import { Type, type Static } from '@sinclair/typebox';
-import { ENGINES, type Engine } from '../shards/shard.js';
+import { ENGINES } from '../shards/shard.js';
 import { READINESS_STATES } from '../shards/readiness.js';
-import { Nullable, SnapshotMetaProperties } from './common.js';
+import { Nullable, SnapshotMetaProperties, StringEnum } from './common.js';
 
 export const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
 export const MAX_PID = 4_194_304;
@@ -22,12 +22,8 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
   description: 'Indices of the GPUs the shard was placed on (as nvidia-smi numbers them); unique; empty for a CPU-only shard.',
 });
 
-// A string enum rather than a union of literals: a wrong value then gets one error listing the choices.
-const EngineSchema = Type.Unsafe<Engine>({
-  type: 'string',
-  enum: [...ENGINES],
-  description: 'The serving engine: llama.cpp, vllm or other; llama.cpp output posted to engine-output is understood.',
-});
+const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, vllm or other; llama.cpp output posted to engine-output is understood.');
+const BACKENDS = ['CUDA', 'CPU'] as const;
 
 export const RegisterShardSchema = Type.Object(
   {
@@ -74,7 +70,7 @@ export type ShardRecordBody = Static<typeof ShardRecordSchema>;
 
 export const EngineAccountSchema = Type.Object(
   {
-    backend: Type.Union([Type.Literal('CUDA'), Type.Literal('CPU')], { description: 'Where the engine says it computes.' }),
+    backend: StringEnum(BACKENDS, 'Where the engine says it computes.'),
     devices: Type.Array(Type.String(), { description: 'Devices the engine reports using, as it names them.' }),
     layersOffloaded: Nullable(Type.Integer(), 'Layers offloaded to the GPU, from "offloaded N/M layers"; null when not printed.'),
     layersTotal: Nullable(Type.Integer(), 'Total layers, from "offloaded N/M layers"; null when not printed.'),
@@ -90,9 +86,7 @@ const GpuUsageSchema = Type.Object({
 });
 
 export const ComputeSchema = Type.Object({
-  backend: Type.Union([Type.Literal('CUDA'), Type.Literal('CPU')], {
-    description: 'CUDA when the shard holds memory on any GPU as nvidia-smi sees it, else CPU.',
-  }),
+  backend: StringEnum(BACKENDS, 'CUDA when the shard holds memory on any GPU as nvidia-smi sees it, else CPU.'),
   devices: Type.Array(Type.String(), { description: 'Each assigned GPU the shard holds memory on, as "GPU <index>: <GB> GB".' }),
   gpus: Type.Array(GpuUsageSchema, { description: 'Assigned GPUs the shard holds memory on.' }),
   strayGpus: Type.Array(GpuUsageSchema, { description: 'GPUs the shard holds memory on but was not given.' }),
@@ -106,10 +100,7 @@ export const ComputeResponseSchema = Type.Object(
 
 export const ReadinessSchema = Type.Object({
   ready: Type.Boolean({ description: 'True for ready and unverified: the probe passes.' }),
-  state: Type.Union(
-    READINESS_STATES.map((state) => Type.Literal(state)),
-    { description: 'ready, starting, on-cpu, exited or unverified.' },
-  ),
+  state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, exited or unverified.'),
   reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),
   warnings: Type.Array(Type.String(), { description: 'Things worth knowing that do not change the verdict.' }),
 });
