@@ -203,8 +203,11 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   });
   // Probes arrive every few seconds from every pod: answered requests are logged at debug only, and
   // the log line is not even built unless someone asked for it.
+  let closing = false;
   const debugRequests = log.isLevelEnabled('debug');
   app.addHook('onResponse', (request, reply, done) => {
+    // While closing, a keep-alive connection must not hold the server open after its last answer.
+    if (closing) request.raw.socket.end();
     if (reply.statusCode >= 500 || debugRequests) {
       const level = reply.statusCode >= 500 ? 'warn' : 'debug';
       request.log[level]({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
@@ -241,11 +244,6 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   await app.register(statusPageRoutes);
   // preClose, not onClose: in-flight requests waiting on nvidia-smi must finish (with an error) for
   // close to complete, and their keep-alive connections must not hold the server open afterwards.
-  let closing = false;
-  app.addHook('onSend', (_request, reply, payload, done) => {
-    if (closing) reply.header('connection', 'close');
-    done(null, payload);
-  });
   app.addHook('preClose', async () => {
     closing = true;
     nvidiaSmi.killAll();
