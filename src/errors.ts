@@ -26,6 +26,7 @@ export const PayloadTooLargeError = coded('NODECOMPUTE_PAYLOAD_TOO_LARGE', 413);
 export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
 export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
 export const StateWriteFailedError = coded('NODECOMPUTE_STATE_WRITE_FAILED', 503);
+export const ProcUnreadableError = coded('NODECOMPUTE_PROC_UNREADABLE', 503);
 export const ShuttingDownError = coded('NODECOMPUTE_SHUTTING_DOWN', 503);
 export const InternalError = coded('NODECOMPUTE_INTERNAL', 500);
 

@@ -2,7 +2,7 @@
 // /proc), removing, and answering each shard's compute and readiness from the current snapshot.
 // The routes stay thin; readers arrive as dependencies so this module never touches the OS itself.
 import type { Logger } from 'pino';
-import { BadRequestError, ProcessNotFoundError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
+import { BadRequestError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import type { NodeService } from '../node-state/node-service.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
@@ -70,6 +70,19 @@ export function createShardService(deps: ShardServiceDeps) {
       `No process in ${proc.root} has a cgroup containing "${cgroup}". Give the container id or pod UID as /proc/PID/cgroup shows it ` +
         '(for a pod: its UID with "-" or "_" as the cgroup driver writes it), and register once the container runs.',
     );
+  }
+
+  /** A /proc that cannot be read (permissions, a bad mount) is the node's problem, said as such: 503. */
+  async function readable<T>(reading: Promise<T>): Promise<T> {
+    try {
+      return await reading;
+    } catch (err) {
+      if (isCodedError(err)) throw err;
+      throw new ProcUnreadableError(
+        `The registration was not stored: ${(err as Error).message} Run \`nodecompute doctor\` on this node.`,
+        { cause: err },
+      );
+    }
   }
 
   /** GPU indices are checked against the node when nvidia-smi answers; otherwise they are taken on trust. */
@@ -148,7 +161,7 @@ export function createShardService(deps: ShardServiceDeps) {
         );
       }
       const [identity] = await Promise.all([
-        body.pid !== undefined ? identityOfPid(body.pid) : identityOfCgroup(body.cgroup as string),
+        readable(body.pid !== undefined ? identityOfPid(body.pid) : identityOfCgroup(body.cgroup as string)),
         checkGpus(body.gpus),
       ]);
       const shard: ShardRecord = {

@@ -33,3 +33,18 @@ t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', asy
   t.equal(checked.statusCode, 500, 'a registration whose GPU check hits the bug is refused, not taken on trust');
   t.equal((await app.inject({ method: 'GET', url: '/shards/t' })).statusCode, 404);
 });
+
+t.test('a /proc nodecompute cannot read refuses a registration with a coded 503 naming the problem', async (t) => {
+  const { createProcReader } = await import('../../src/system/procfs.js');
+  const base = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
+  const denied = new Error('cannot read /proc/4242/stat: permission denied (EACCES). Point NODECOMPUTE_PROC at the host\'s /proc.');
+  const proc = { ...base, root: base.root, readStat: () => Promise.reject(denied), findPidsInCgroup: () => Promise.reject(denied) };
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { proc } });
+  for (const payload of [{ pid: 4242, gpus: [] }, { cgroup: 'abcdef123456', gpus: [] }]) {
+    const res = await app.inject({ method: 'PUT', url: '/shards/p', payload });
+    t.equal(res.statusCode, 503);
+    t.equal(res.json().code, 'NODECOMPUTE_PROC_UNREADABLE');
+    t.match(res.json().message, /^The registration was not stored: cannot read \/proc\/4242\/stat: permission denied .*nodecompute doctor/);
+  }
+  t.equal((await app.inject({ method: 'GET', url: '/shards/p' })).statusCode, 404);
+});
