@@ -1,7 +1,11 @@
 // Owns GET /doctor: the node check as JSON, for operators and scripts that cannot exec into the pod.
+// The check runs nvidia-smi three times, so concurrent requests share one check and its report is
+// reused for a few seconds: an open endpoint must not let anyone start nvidia-smi without bound.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { runDoctor } from '../src/doctor/doctor.js';
+import { runDoctor, type DoctorReport } from '../src/doctor/doctor.js';
+
+const REPORT_REUSE_MS = 5000;
 import { Nullable, StringEnum } from '../src/schemas/common.js';
 import { VERSION } from '../src/version.js';
 
@@ -25,6 +29,8 @@ const DoctorSchema = Type.Object(
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { nvidiaSmi, proc, stateFile, config, now } = app.services;
+  let running: Promise<DoctorReport> | null = null;
+  let last: { at: number; report: DoctorReport } | null = null;
   app.get(
     '/doctor',
     {
@@ -35,8 +41,18 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: DoctorSchema },
       },
     },
-    async () =>
-      runDoctor({ nvidiaSmi, proc, stateFile, nvidiaSmiPath: config.nvidiaSmi, tokenConfigured: config.token !== null, version: VERSION, now }),
+    async () => {
+      if (last && now() - last.at < REPORT_REUSE_MS) return last.report;
+      running ??= runDoctor({ nvidiaSmi, proc, stateFile, nvidiaSmiPath: config.nvidiaSmi, tokenConfigured: config.token !== null, version: VERSION, now })
+        .then((report) => {
+          last = { at: now(), report };
+          return report;
+        })
+        .finally(() => {
+          running = null;
+        });
+      return running;
+    },
   );
 };
 

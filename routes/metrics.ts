@@ -25,12 +25,12 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // see the same snapshot and registry share it (verdicts and process metrics are then at most
       // 1 s old). Past that second, the scrape asks for the snapshot as any answer does.
       const at = now();
-      const key = `${snapshots.generation}-${registry.version}`;
+      const key = `${snapshots.generation}-${registry.version}-${registry.engineVersion}`;
       if (!cached || cached.key !== key || at - cached.at >= RENDER_REUSE_MS) {
         const { states, node } = await shards.states(probeBudgetMs);
         const lastGood = app.services.node.peek();
         metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
-        cached = { key: `${snapshots.generation}-${registry.version}`, at, text: await metrics.registry.metrics() };
+        cached = { key: `${snapshots.generation}-${registry.version}-${registry.engineVersion}`, at, text: await metrics.registry.metrics() };
       }
       return reply.type(metrics.registry.contentType).send(cached.text);
     },

@@ -59,7 +59,9 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const { states, view, error } = await shards.states(probeBudgetMs);
-      if (view && conditional(app.services, request, reply, view, verdictsTag(states))) return reply.status(304).send();
+      if (view && conditional(app.services, request, reply, view, `${app.services.registry.engineVersion.toString(36)}-${verdictsTag(states)}`)) {
+        return reply.status(304).send();
+      }
       const header = view
         ? snapshotMeta(view)
         : { observedAt: null, ageMs: null, stale: true, staleReason: `no snapshot: ${error}` };

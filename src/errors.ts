@@ -22,24 +22,15 @@ export const ForbiddenError = coded('NODECOMPUTE_FORBIDDEN', 403);
 export const NotFoundError = coded('NODECOMPUTE_NOT_FOUND', 404);
 export const ShardNotFoundError = coded('NODECOMPUTE_SHARD_NOT_FOUND', 404);
 export const UnsupportedMediaTypeError = coded('NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', 415);
-export const PayloadTooLargeError = coded('NODECOMPUTE_PAYLOAD_TOO_LARGE', 413);
 export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
 export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
 export const StateWriteFailedError = coded('NODECOMPUTE_STATE_WRITE_FAILED', 503);
 export const ProcUnreadableError = coded('NODECOMPUTE_PROC_UNREADABLE', 503);
-export const ShuttingDownError = coded('NODECOMPUTE_SHUTTING_DOWN', 503);
 export const InternalError = coded('NODECOMPUTE_INTERNAL', 500);
 
 // Raised at start-up only: they stop the service before it listens.
 export const ConfigInvalidError = coded('NODECOMPUTE_CONFIG_INVALID', 500);
 export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500);
-
-/** The errors that mean "nvidia-smi could not be asked": no snapshot, so 503. */
-export type NvidiaSmiError =
-  | InstanceType<typeof NvidiaSmiNotFoundError>
-  | InstanceType<typeof NvidiaSmiFailedError>
-  | InstanceType<typeof NvidiaSmiTimeoutError>
-  | InstanceType<typeof NvidiaSmiUnparsableError>;
 
 /** A coded error of this module, recognised by its code prefix rather than by class. */
 export interface CodedError extends Error {

@@ -52,25 +52,42 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   return { state: 'alive', pids: [...members].sort((a, b) => a - b) };
 }
 
-function makeMatcher(snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): (pid: number) => boolean {
+/** How strongly a GPU process belongs to a shard: 2 it is the shard (its PID, or in its cgroup), 1 it is in its process group, 0 not at all. */
+type Match = 0 | 1 | 2;
+
+function makeMatcher(snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): (pid: number) => Match {
   // A shard that is gone claims nothing: its PID may now be someone else's, and memory its orphans
   // still hold is, for placement, as unavailable as anybody else's.
-  if (liveness.state === 'gone') return () => false;
+  if (liveness.state === 'gone') return () => 0;
   if (shard.cgroup !== null) {
     const members = snapshot.cgroupPids.get(shard.cgroup);
-    return (pid) => members?.has(pid) ?? false;
+    return (pid) => (members?.has(pid) ? 2 : 0);
   }
   const pid = shard.identity.pid;
   // Its current group is authoritative (it may have called setpgid since registration).
   const pgid = snapshot.proc.get(pid)?.pgrp ?? shard.identity.pgid;
-  return (candidate) => candidate === pid || snapshot.proc.get(candidate)?.pgrp === pgid;
+  return (candidate) => (candidate === pid ? 2 : snapshot.proc.get(candidate)?.pgrp === pgid ? 1 : 0);
+}
+
+/**
+ * The owner of a GPU process: the shard it *is* wins over a shard whose group it is in, so two
+ * shards started by one script (one process group) each keep their own process; among equals, id order.
+ */
+function ownerOf(pid: number, matchers: Array<[string, (pid: number) => Match]>): string | undefined {
+  let groupOwner: string | undefined;
+  for (const [id, matches] of matchers) {
+    const match = matches(pid);
+    if (match === 2) return id;
+    if (match === 1) groupOwner ??= id;
+  }
+  return groupOwner;
 }
 
 export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]): Attribution {
   // Ids are unique, so the order is total.
   const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : 1));
   const liveness = new Map<string, Liveness>();
-  const matchers: Array<[string, (pid: number) => boolean]> = [];
+  const matchers: Array<[string, (pid: number) => Match]> = [];
   for (const shard of ordered) {
     const state = shard.cgroup !== null ? cgroupShardLiveness(snapshot, shard.cgroup) : pidShardLiveness(snapshot, shard);
     liveness.set(shard.id, state);
@@ -80,7 +97,7 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
   const holdings = new Map<string, Map<number, ShardGpuHolding>>(ordered.map((shard) => [shard.id, new Map()]));
   for (const gpu of snapshot.gpus) {
     for (const process of gpu.processes) {
-      const owner = ownerByPid.get(process.pid) ?? matchers.find(([, matches]) => matches(process.pid))?.[0];
+      const owner = ownerByPid.get(process.pid) ?? ownerOf(process.pid, matchers);
       if (owner === undefined) continue;
       ownerByPid.set(process.pid, owner);
       const perGpu = holdings.get(owner)!;

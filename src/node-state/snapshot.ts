@@ -44,7 +44,7 @@ export interface SnapshotSource<S> {
   peek(): SnapshotView<S> | null;
   /** The next get() treats the cache as expired (e.g. after the shard registry changed). */
   invalidate(): void;
-  /** The refresh under way, if any (shutdown waits for nothing else). */
+  /** Whether a refresh is under way (tests and the benchmarks wait on it). */
   readonly refreshing: boolean;
   /** Bumped on every successful refresh; part of ETags. */
   readonly generation: number;
@@ -60,7 +60,11 @@ interface Failure {
   at: number;
   /** When this run of identical failures began. */
   since: number;
+  /** Failures in a row, whatever their reason. */
+  count: number;
 }
+
+const MAX_FAILURE_WINDOW_MS = 30_000;
 
 export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): SnapshotSource<S> {
   const { take, ttlMs, maxStaleMs, log } = options;
@@ -87,11 +91,14 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
       (error: Error) => {
         // One line when failing starts or its reason changes, not one per attempt.
         const repeated = lastFailure !== null && lastFailure.error.message === error.message;
-        lastFailure = { error, at: now(), since: repeated ? lastFailure!.since : now() };
+        lastFailure = { error, at: now(), since: repeated ? lastFailure!.since : now(), count: (lastFailure?.count ?? 0) + 1 };
         if (!repeated) {
+          const consequence = good
+            ? 'Answers use the last good snapshot while it is younger than max-stale (marked stale), then fail with this error.'
+            : 'There is no snapshot yet: GPU answers are 503 with this error and shard verdicts are unverified until it is fixed.';
           log.warn(
             { code: (error as { code?: string }).code, lastGoodAgeMs: good ? now() - good.observedAt : null },
-            `Node snapshot refresh failed: ${error.message} Answers use the last good snapshot while it is younger than max-stale (marked stale), then fail with this error.`,
+            `Node snapshot refresh failed: ${error.message} ${consequence}`,
           );
         }
         throw error;
@@ -124,10 +131,15 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     return 'a refresh is due';
   }
 
-  /** A failure younger than one TTL window is the answer: no new run until the window passes. */
+  /**
+   * A recent failure is the answer: no new run until its window passes. The window is one TTL, and
+   * doubles with each failure in a row up to 30 s: a wedged driver leaves nvidia-smi processes stuck
+   * in the kernel that even SIGKILL cannot end, and each retry would add two more.
+   */
   function recentFailure(): Error | null {
-    if (lastFailure && now() - lastFailure.at < Math.max(ttlMs, 1) && !invalidated) return lastFailure.error;
-    return null;
+    if (!lastFailure || invalidated) return null;
+    const window = Math.min(Math.max(ttlMs, 1) * 2 ** (lastFailure.count - 1), MAX_FAILURE_WINDOW_MS);
+    return now() - lastFailure.at < window ? lastFailure.error : null;
   }
 
   function maybeRefreshInBackground(): void {

@@ -42,8 +42,10 @@ export interface EngineState {
 export interface Registry {
   list(): ShardRecord[];
   get(id: string): ShardRecord | undefined;
-  /** Bumped on every acknowledged change, engine output included: part of ETags and view caches. */
+  /** Bumped on every acknowledged registration or removal: keys the per-snapshot views and ETags. */
   readonly version: number;
+  /** Bumped on every engine output: it changes verdicts, never attribution. */
+  readonly engineVersion: number;
   /** Registers or replaces a shard; resolves once the state file holds it. */
   put(record: ShardRecord): Promise<{ created: boolean }>;
   /** Removes a shard; false when it was not registered. Resolves once the state file agrees. */
@@ -106,6 +108,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
 
   const engines = new Map<string, EngineState>();
   let version = 1;
+  let engineVersion = 0;
   const queue: Queued[] = [];
   let writing = false;
 
@@ -147,6 +150,9 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     get version() {
       return version;
     },
+    get engineVersion() {
+      return engineVersion;
+    },
     async put(record) {
       const created = await enqueue((draft) => {
         const isNew = !draft.has(record.id);
@@ -172,7 +178,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       const account = shard.engine === 'llama.cpp' ? parseLlamaLog(tail) : null;
       const state: EngineState = { tail, account, updatedAt: now };
       engines.set(id, state);
-      version += 1;
+      engineVersion += 1;
       return state;
     },
     interest() {

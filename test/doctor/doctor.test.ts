@@ -9,7 +9,7 @@ import { formatDoctorReport, runDoctor, type DoctorReport } from '../../src/doct
 import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader } from '../../src/system/procfs.js';
 import { createStateFile } from '../../src/system/state-file.js';
-import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { createFakeNvidiaSmi, eightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 import { MAIN } from '../helpers/server.js';
 
@@ -125,8 +125,17 @@ t.test('an unreadable proc root and an unwritable state directory fail with what
   t.equal(checks.token!.status, 'warn');
 });
 
-t.test('GET /doctor answers the same report as JSON', async (t) => {
-  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+t.test('GET /doctor answers the same report as JSON; concurrent requests share one check, reused for 5 s', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { now: clock.now } });
+  const before = fake.invocations().length;
+  const reports = await Promise.all(Array.from({ length: 20 }, () => app.inject({ method: 'GET', url: '/doctor' })));
+  t.equal(fake.invocations().length - before, 3, 'one --version, one GPU and one process query for 20 requests');
+  t.ok(reports.every((report) => report.body === reports[0]!.body));
+  clock.advance(4000);
+  await app.inject({ method: 'GET', url: '/doctor' });
+  t.equal(fake.invocations().length - before, 3, 'reused within 5 s');
+  clock.advance(1000);
   const res = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(res.statusCode, 200);
   t.equal(res.json().ok, false);

@@ -138,6 +138,34 @@ t.test('a cold failure is remembered for one TTL window, then retried', async (t
   t.equal((await retry).snapshot.n, 7);
 });
 
+t.test('failures in a row back off: one TTL, then twice, four times... up to 30 s', async (t) => {
+  const h = harness({ ttlMs: 1000 });
+  const fail = async (n: number) => {
+    const pending = h.source.get();
+    t.equal(h.calls.length, n, `attempt ${n} ran`);
+    h.calls[n - 1]!.reject(new NvidiaSmiFailedError(`failure ${n}`));
+    await t.rejects(pending);
+  };
+  await fail(1);
+  h.advance(1000);
+  await fail(2);
+  h.advance(1999);
+  await t.rejects(h.source.get(), { message: 'failure 2' }, 'still inside the doubled window');
+  t.equal(h.calls.length, 2);
+  h.advance(1);
+  await fail(3);
+  for (let n = 4; n <= 7; n += 1) {
+    h.advance(30_000);
+    await fail(n);
+  }
+  h.advance(29_999);
+  await t.rejects(h.source.get(), { message: 'failure 7' }, 'the window stops growing at 30 s');
+  h.advance(1);
+  const recovered = h.source.get();
+  h.calls[7]!.resolve({ n: 1 });
+  t.equal((await recovered).snapshot.n, 1);
+});
+
 t.test('maxWaitMs bounds how long a caller waits; the refresh goes on', async (t) => {
   const h = harness();
   const started = Date.now();
@@ -183,7 +211,7 @@ t.test('a recovery after failures resets the failure state', async (t) => {
   const b = h.source.get();
   h.calls[1]!.reject(new NvidiaSmiFailedError('same'));
   await t.rejects(b);
-  h.advance(1);
+  h.advance(2);
   const c = h.source.get();
   h.calls[2]!.resolve({ n: 4 });
   const view = await c;

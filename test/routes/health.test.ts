@@ -81,3 +81,17 @@ t.test('unknown routes are a coded 404 pointing at the docs', async (t) => {
   t.equal(res.statusCode, 404);
   t.same(res.json(), { statusCode: 404, code: 'NODECOMPUTE_NOT_FOUND', error: 'Not Found', message: 'No route GET /gpu. The API is listed at /docs and /openapi.json.' });
 });
+
+t.test('engine output changes the /shards ETag (it can change a verdict) but not the GPU views', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 60_000 } });
+  await app.inject({ method: 'PUT', url: '/shards/e', payload: { pid: shard.pid, gpus: [], engine: 'llama.cpp' } });
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).headers.etag as string;
+  const shards = (await app.inject({ method: 'GET', url: '/shards' })).headers.etag as string;
+  const posted = await app.inject({ method: 'POST', url: '/shards/e/engine-output', payload: 'load_tensors: offloaded 33/33 layers to GPU\n', headers: { 'content-type': 'text/plain' } });
+  t.equal(posted.statusCode, 200);
+  t.equal((await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': gpus } })).statusCode, 304);
+  t.equal((await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': shards } })).statusCode, 200);
+});

@@ -143,3 +143,17 @@ t.test('compute: a shard absent from the attribution holds nothing', async (t) =
   const node = view([gpu(0, [])], [stat(100, 100, 5)], []);
   t.same(shardCompute(s, node, null), { backend: 'CPU', devices: [], gpus: [], strayGpus: [], engine: null });
 });
+
+t.test('two shards in one process group each keep their own process; a group child goes to the first', async (t) => {
+  const a = shard({ id: 'a', pid: 100, gpus: [0], identity: { pid: 100, pgid: 99, startTime: 5, name: 'llama-server' } });
+  const b = shard({ id: 'b', pid: 101, gpus: [1], identity: { pid: 101, pgid: 99, startTime: 6, name: 'llama-server' } });
+  const node = view(
+    [gpu(0, [[100, 500], [102, 100]]), gpu(1, [[101, 700]])],
+    [stat(100, 99, 5), stat(101, 99, 6), stat(102, 99, 7)],
+    [b, a],
+  );
+  t.same([...node.attribution.ownerByPid].sort(), [[100, 'a'], [101, 'b'], [102, 'a']]);
+  t.equal(verdictOf(a, node).state, 'ready');
+  t.same(verdictOf(a, node).warnings, [], 'no false stray GPU for a');
+  t.equal(verdictOf(b, node).state, 'ready');
+});
