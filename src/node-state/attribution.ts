@@ -15,7 +15,7 @@ export interface ShardGpuHolding {
 }
 
 export type Liveness =
-  | { state: 'alive'; pids: number[] }
+  | { state: 'alive' }
   | { state: 'gone'; why: string }
   /** The snapshot was taken before this shard was registered: no /proc facts yet. */
   | { state: 'unknown' };
@@ -42,14 +42,14 @@ function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness 
       why: `PID ${pid} now belongs to another process (${stat.comm}, started at tick ${stat.startTime}, not ${shard.identity.startTime}): the registered process exited and its PID was reused`,
     };
   }
-  return { state: 'alive', pids: [pid] };
+  return { state: 'alive' };
 }
 
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
   if (members.size === 0) return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };
-  return { state: 'alive', pids: [...members].sort((a, b) => a - b) };
+  return { state: 'alive' };
 }
 
 /** How strongly a GPU process belongs to a shard: 2 it is the shard (its PID, or in its cgroup), 1 it is in its process group, 0 not at all. */

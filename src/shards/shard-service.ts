@@ -186,8 +186,6 @@ export function createShardService(deps: ShardServiceDeps) {
       log.info({ shard: id }, 'Shard removed');
     },
 
-    get: requireShard,
-
     /** Where a shard computes; nvidia-smi failures propagate (503): no snapshot, no answer. */
     async compute(id: string): Promise<{ view: SnapshotView<NodeSnapshot>; compute: ShardCompute }> {
       const shard = requireShard(id);
