@@ -7,6 +7,10 @@ import { fileURLToPath } from 'node:url';
 import type { FromServer, ServerSpec, ToServer } from './server.js';
 
 const SERVER_JS = fileURLToPath(new URL('./server.js', import.meta.url));
+/** The Node options the service ships with (package.json config.nodeOptions, the Dockerfile's NODE_OPTIONS). */
+const SERVICE_NODE_OPTIONS = (
+  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string } }
+).config.nodeOptions.split(' ');
 const TAIL_CHARS = 4000;
 
 export interface ServerHandle {
@@ -52,7 +56,7 @@ function nextMessage<T extends FromServer['type']>(child: ChildProcess, type: T,
 }
 
 export async function startServer(name: string, spec: ServerSpec): Promise<ServerHandle> {
-  const child = spawn(process.execPath, [SERVER_JS], { stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+  const child = spawn(process.execPath, [...SERVICE_NODE_OPTIONS, SERVER_JS], { stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
   let tail = '';
   const keep = (chunk: Buffer) => {
     tail = (tail + chunk.toString()).slice(-TAIL_CHARS);

@@ -1,6 +1,8 @@
 // Owns the GPU resources: GET /gpus (every GPU, its memory and processes, each attributed to its
 // shard) and GET /gpus/foreign-memory (per GPU, memory that is not a registered shard's).
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Current } from '../src/node-state/node-service.js';
 import { foreignMemory } from '../src/node-state/foreign-memory.js';
 import { gpusResponse } from '../src/node-state/node-view.js';
 import { errorResponses } from '../src/schemas/common.js';
@@ -13,6 +15,16 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
   const sendGpus = createSnapshotJson(gpusResponse);
   const sendForeign = createSnapshotJson(foreignMemory);
+  /** A handler that answers at once from a cached snapshot, and waits (a promise) only when it must. */
+  const answer = (send: ReturnType<typeof createSnapshotJson>) => (request: FastifyRequest, reply: FastifyReply) => {
+    const respond = (current: Current) => {
+      if (conditional(app.services, request, reply, current.view)) void reply.status(304).send();
+      else send(reply, current.view, current.node);
+    };
+    const now = node.available();
+    if (now) return respond(now);
+    return node.current().then(respond);
+  };
   app.get(
     '/gpus',
     {
@@ -22,11 +34,7 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: GpusResponseSchema, 304: {}, ...errorResponses(503) },
       },
     },
-    async (request, reply) => {
-      const current = await node.current();
-      if (conditional(app.services, request, reply, current.view)) return reply.status(304).send();
-      return sendGpus(reply, current.view, current.node);
-    },
+    answer(sendGpus),
   );
   app.get(
     '/gpus/foreign-memory',
@@ -37,11 +45,7 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: ForeignMemoryResponseSchema, 304: {}, ...errorResponses(503) },
       },
     },
-    async (request, reply) => {
-      const current = await node.current();
-      if (conditional(app.services, request, reply, current.view)) return reply.status(304).send();
-      return sendForeign(reply, current.view, current.node);
-    },
+    answer(sendForeign),
   );
 };
 

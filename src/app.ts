@@ -11,6 +11,7 @@ import { pino, type Logger } from 'pino';
 import type { Config } from './config.js';
 import { InternalError, NotFoundError, isCodedError } from './errors.js';
 import { createAuth } from './auth.js';
+import { deferredChildLogger } from './request-logger.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
 import { createSnapshotSource } from './node-state/snapshot.js';
@@ -133,6 +134,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   const app = Fastify({
     loggerInstance: log,
     logController: new LogController({ disableRequestLogging: true }),
+    childLoggerFactory: deferredChildLogger,
     bodyLimit: 64 * 1024,
     forceCloseConnections: 'idle',
     // A client that promises a body and stops sending must not hold a connection forever.
@@ -247,6 +249,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.addHook('preClose', async () => {
     closing = true;
     nvidiaSmi.killAll();
+  });
+  app.addHook('onClose', async () => {
+    proc.release();
   });
   return app;
 }

@@ -21,7 +21,7 @@ import {
   parseGpuCsv,
   type NvidiaSmi,
 } from '../../src/system/nvidia-smi.js';
-import { createProcReader } from '../../src/system/procfs.js';
+import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { nodeCsv, nodeLayout } from '../fake-smi.js';
 import type { BenchContext } from '../node-setup.js';
 import { median, round } from '../stats.js';
@@ -86,9 +86,14 @@ export async function refreshCostFigure(ctx: BenchContext, log: (line: string) =
     });
   }
   const interest = () => ({ pids: shards.map((shard) => shard.identity.pid), cgroups: [] });
+  const readers: ProcReader[] = [];
   const takers = SIZES.map((size) => {
     const layout = nodeLayout(size, ctx.farm.shards, Math.min(ctx.farm.shards.length, size / 4), ctx.farm.foreign);
-    return { size, take: createSnapshotTaker({ nvidiaSmi: preparedSmi(nodeCsv(layout)), proc, log: silent, interest, now: Date.now }) };
+    // Each size is its own node, with its own reader: the reader keeps each process's /proc file open
+    // from one refresh to the next, as the service does for a node whose processes live on.
+    const reader = createProcReader({ root: '/proc', log: silent });
+    readers.push(reader);
+    return { size, take: createSnapshotTaker({ nvidiaSmi: preparedSmi(nodeCsv(layout)), proc: reader, log: silent, interest, now: Date.now }) };
   });
   const samples = new Map<number, Array<{ total: number; proc: number; attribute: number }>>(SIZES.map((size) => [size, []]));
   const started = performance.now();
@@ -107,6 +112,7 @@ export async function refreshCostFigure(ctx: BenchContext, log: (line: string) =
       if (r >= WARMUP_ROUNDS) samples.get(size)!.push({ total: done - before, proc: snapshot.timings.procMs, attribute: done - taken });
     }
   }
+  for (const reader of readers) reader.release();
   const sizes = SIZES.map((size) => {
     const runs = samples.get(size)!;
     const medianMs = median(runs.map((run) => run.total));

@@ -5,23 +5,34 @@ import type { NodeSnapshot } from './node-snapshot.js';
 import { createNodeViewCache, type NodeView } from './node-view.js';
 import type { GetOptions, SnapshotSource, SnapshotView } from './snapshot.js';
 
+export interface Current {
+  view: SnapshotView<NodeSnapshot>;
+  node: NodeView;
+}
+
 export interface NodeService {
-  current(options?: GetOptions): Promise<{ view: SnapshotView<NodeSnapshot>; node: NodeView }>;
+  current(options?: GetOptions): Promise<Current>;
+  /** current() when it need not wait, at once; null when it would wait for a refresh. */
+  available(): Current | null;
   /** The cached snapshot and its view without refreshing anything; null before the first success. */
-  peek(): { view: SnapshotView<NodeSnapshot>; node: NodeView } | null;
+  peek(): Current | null;
   invalidate(): void;
   readonly snapshots: SnapshotSource<NodeSnapshot>;
 }
 
 export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry): NodeService {
   const derive = createNodeViewCache();
-  const withNode = (view: SnapshotView<NodeSnapshot>) => ({
+  const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({
     view,
     node: derive(view.snapshot, registry.version, () => registry.list()),
   });
   return {
     async current(options) {
       return withNode(await snapshots.get(options));
+    },
+    available() {
+      const view = snapshots.available();
+      return view ? withNode(view) : null;
     },
     peek() {
       const view = snapshots.peek();

@@ -11,6 +11,18 @@ export interface NodeView {
   snapshot: NodeSnapshot;
   attribution: Attribution;
   registryVersion: number;
+  /** nvidia-smi lists GPU processes but none of their PIDs exists in this /proc (no host PID namespace). */
+  pidsInvisible: boolean;
+}
+
+function pidsInvisible(snapshot: NodeSnapshot): boolean {
+  const listed = snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid));
+  return listed.length > 0 && listed.every((pid) => snapshot.proc.get(pid) == null);
+}
+
+/** The view of one snapshot for one registry version: attribution and the facts every answer shares. */
+export function createNodeView(snapshot: NodeSnapshot, shards: readonly ShardRecord[], registryVersion: number): NodeView {
+  return { snapshot, attribution: attribute(snapshot, shards), registryVersion, pidsInvisible: pidsInvisible(snapshot) };
 }
 
 export interface SnapshotMeta {
@@ -39,7 +51,7 @@ export function createNodeViewCache(): (
   let last: NodeView | null = null;
   return (snapshot, registryVersion, shards) => {
     if (last && last.snapshot === snapshot && last.registryVersion === registryVersion) return last;
-    last = { snapshot, attribution: attribute(snapshot, shards()), registryVersion };
+    last = createNodeView(snapshot, shards(), registryVersion);
     return last;
   };
 }

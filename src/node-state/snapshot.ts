@@ -40,9 +40,18 @@ export interface GetOptions {
 
 export interface SnapshotSource<S> {
   get(options?: GetOptions): Promise<SnapshotView<S>>;
+  /**
+   * What get() answers when it need not wait (fresh, or within max-stale with a refresh started in
+   * the background), at once and without a promise; null when get() would wait. The hot path of
+   * probes.
+   */
+  available(): SnapshotView<S> | null;
   /** The cached snapshot as it is, without refreshing; null before the first success. */
   peek(): SnapshotView<S> | null;
-  /** The next get() treats the cache as expired (e.g. after the shard registry changed). */
+  /**
+   * The shard registry changed: every snapshot whose refresh started before now is stale (its /proc
+   * reads may miss the new shard), and the next get() starts a refresh.
+   */
   invalidate(): void;
   /** Whether a refresh is under way (tests and the benchmarks wait on it). */
   readonly refreshing: boolean;
@@ -53,11 +62,14 @@ export interface SnapshotSource<S> {
 interface Good<S> {
   snapshot: S;
   observedAt: number;
+  /** The invalidation epoch its refresh started in: an older one predates a registry change. */
+  epoch: number;
 }
 
 interface Failure {
   error: Error;
   at: number;
+  epoch: number;
   /** When this run of identical failures began. */
   since: number;
   /** Failures in a row, whatever their reason. */
@@ -73,16 +85,16 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
   let lastFailure: Failure | null = null;
   let inFlight: Promise<Good<S>> | null = null;
   let inFlightSince = 0;
-  let invalidated = false;
+  let epoch = 0;
   let generation = 0;
 
   function refresh(): Promise<Good<S>> {
     if (inFlight) return inFlight;
     inFlightSince = now();
-    invalidated = false;
+    const startedIn = epoch;
     const run = take().then(
       (snapshot) => {
-        good = { snapshot, observedAt: now() };
+        good = { snapshot, observedAt: now(), epoch: startedIn };
         generation += 1;
         if (lastFailure) log.info({ failedForMs: now() - lastFailure.since }, 'Node snapshots work again');
         lastFailure = null;
@@ -91,7 +103,7 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
       (error: Error) => {
         // One line when failing starts or its reason changes, not one per attempt.
         const repeated = lastFailure !== null && lastFailure.error.message === error.message;
-        lastFailure = { error, at: now(), since: repeated ? lastFailure!.since : now(), count: (lastFailure?.count ?? 0) + 1 };
+        lastFailure = { error, at: now(), epoch: startedIn, since: repeated ? lastFailure!.since : now(), count: (lastFailure?.count ?? 0) + 1 };
         if (!repeated) {
           const consequence = good
             ? 'Answers use the last good snapshot while it is younger than max-stale (marked stale), then fail with this error.'
@@ -114,19 +126,20 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
 
   function view(current: Good<S>): SnapshotView<S> {
     const ageMs = Math.max(0, now() - current.observedAt);
-    const stale = ageMs > ttlMs;
+    const stale = ageMs > ttlMs || current.epoch !== epoch;
     return {
       snapshot: current.snapshot,
       observedAt: current.observedAt,
       ageMs,
       stale,
-      staleReason: stale ? staleReason() : null,
+      staleReason: stale ? staleReason(current) : null,
       failing: lastFailure !== null,
     };
   }
 
-  function staleReason(): string {
+  function staleReason(current: Good<S>): string {
     if (lastFailure) return `the last refresh failed: ${lastFailure.error.message}`;
+    if (current.epoch !== epoch) return 'the shard registry changed since it was taken; a refresh is under way';
     if (inFlight) return `a refresh has been running for ${now() - inFlightSince} ms (nvidia-smi is slow)`;
     return 'a refresh is due';
   }
@@ -137,7 +150,7 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
    * in the kernel that even SIGKILL cannot end, and each retry would add two more.
    */
   function recentFailure(): Error | null {
-    if (!lastFailure || invalidated) return null;
+    if (!lastFailure || lastFailure.epoch !== epoch) return null;
     const window = Math.min(Math.max(ttlMs, 1) * 2 ** (lastFailure.count - 1), MAX_FAILURE_WINDOW_MS);
     return now() - lastFailure.at < window ? lastFailure.error : null;
   }
@@ -170,24 +183,26 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     }
   }
 
+  function available(): SnapshotView<S> | null {
+    const current = good;
+    if (current === null) return null;
+    const age = now() - current.observedAt;
+    if (age <= ttlMs && current.epoch === epoch) return view(current);
+    if (age > maxStaleMs) return null;
+    maybeRefreshInBackground();
+    return view(current);
+  }
+
   return {
     async get(getOptions: GetOptions = {}) {
-      const current = good;
-      if (current) {
-        const age = now() - current.observedAt;
-        if (age <= ttlMs && !invalidated) return view(current);
-        if (age <= maxStaleMs) {
-          maybeRefreshInBackground();
-          return view(current);
-        }
-      }
-      return view(await waitForRefresh(getOptions.maxWaitMs));
+      return available() ?? view(await waitForRefresh(getOptions.maxWaitMs));
     },
+    available,
     peek() {
       return good ? view(good) : null;
     },
     invalidate() {
-      invalidated = true;
+      epoch += 1;
     },
     get refreshing() {
       return inFlight !== null;

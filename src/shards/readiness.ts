@@ -80,12 +80,6 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   return warnings;
 }
 
-/** True when nvidia-smi lists GPU processes but none of their PIDs exists in this /proc. */
-export function pidsInvisible(node: NodeView): boolean {
-  const listed = node.snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid));
-  return listed.length > 0 && listed.every((pid) => node.snapshot.proc.get(pid) == null);
-}
-
 export const PID_NAMESPACE_WARNING =
   "nvidia-smi lists GPU processes whose PIDs do not exist in this /proc: nodecompute does not share the host's PID namespace, so it cannot tell whose memory is whose. Run it with --pid=host (Docker) or hostPID: true (Kubernetes), or point NODECOMPUTE_PROC at the host's /proc.";
 
@@ -119,6 +113,6 @@ export function readiness(input: ReadinessInput): Readiness {
       warnings,
     );
   }
-  if (pidsInvisible(node)) return verdict('unverified', null, [...warnings, PID_NAMESPACE_WARNING]);
+  if (node.pidsInvisible) return verdict('unverified', null, [...warnings, PID_NAMESPACE_WARNING]);
   return verdict('on-cpu', onCpuReason(shard, missing, engine, node, now), warnings);
 }

@@ -3,7 +3,7 @@
 // The routes stay thin; readers arrive as dependencies so this module never touches the OS itself.
 import type { Logger } from 'pino';
 import { BadRequestError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
-import type { NodeService } from '../node-state/node-service.js';
+import type { Current, NodeService } from '../node-state/node-service.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { SnapshotView } from '../node-state/snapshot.js';
@@ -118,8 +118,6 @@ export function createShardService(deps: ShardServiceDeps) {
     return registry.engine(id)?.account ?? null;
   }
 
-  type Current = Awaited<ReturnType<NodeService['current']>>;
-
   /** The verdict (and, unless a probe only needs the verdict, the compute) of one shard. */
   function stateOf(shard: ShardRecord, current: Current | null, unavailable: string | null, withCompute = true): ShardState {
     const engine = engineAccount(shard.id);
@@ -137,6 +135,27 @@ export function createShardService(deps: ShardServiceDeps) {
       compute: nodeView && withCompute ? shardCompute(shard, nodeView, engine) : null,
       observedAt: current ? current.view.observedAt : null,
     };
+  }
+
+  /**
+   * Probes arrive every few seconds per pod and mostly get the same answer. A verdict whose text
+   * does not depend on the clock (ready, exited) is kept per node view, shard record, engine output
+   * version and staleness note, so a steady shard's probe computes nothing. Starting and on-cpu
+   * verdicts say how long ago things happened and are made afresh.
+   */
+  const steadyProbes = new WeakMap<NodeView, Map<string, { shard: ShardRecord; engineVersion: number; staleNote: string | null; state: ShardState }>>();
+
+  function probeState(shard: ShardRecord, current: Current): ShardState {
+    const note = staleNote(current.view);
+    const kept = steadyProbes.get(current.node)?.get(shard.id);
+    if (kept && kept.shard === shard && kept.engineVersion === registry.engineVersion && kept.staleNote === note) return kept.state;
+    const state = stateOf(shard, current, null, false);
+    if (state.readiness.state === 'ready' || state.readiness.state === 'exited') {
+      let perShard = steadyProbes.get(current.node);
+      if (!perShard) steadyProbes.set(current.node, (perShard = new Map()));
+      perShard.set(shard.id, { shard, engineVersion: registry.engineVersion, staleNote: note, state });
+    }
+    return state;
   }
 
   /** The current snapshot, or why there is none: nvidia-smi failures are an answer here, not an error. */
@@ -199,11 +218,25 @@ export function createShardService(deps: ShardServiceDeps) {
       return state;
     },
 
-    /** One shard's state from the current snapshot; nvidia-smi failures become `unverified`. */
-    async state(id: string, maxWaitMs: number, withCompute = true): Promise<ShardState> {
+    /** One shard's state and compute from the current snapshot; nvidia-smi failures become `unverified`. */
+    async state(id: string, maxWaitMs: number): Promise<ShardState> {
       const shard = requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);
-      return stateOf(shard, current, why, withCompute);
+      return stateOf(shard, current, why);
+    },
+
+    /** A probe's verdict (no compute) when the cache can answer without waiting; null when it must wait. */
+    probeNow(id: string): ShardState | null {
+      const shard = requireShard(id);
+      const current = node.available();
+      return current ? probeState(shard, current) : null;
+    },
+
+    /** A probe's verdict (no compute), waiting at most `maxWaitMs` for a refresh; nvidia-smi failures become `unverified`. */
+    async probe(id: string, maxWaitMs: number): Promise<ShardState> {
+      const shard = requireShard(id);
+      const { current, why } = await currentOrWhy(maxWaitMs);
+      return current ? probeState(shard, current) : stateOf(shard, null, why, false);
     },
 
     /** Every shard's state from one snapshot, with that snapshot; nvidia-smi failures become `unverified`. */

@@ -25,9 +25,9 @@
 //   call logs one warning with the count and the first error. A snapshot must not fail because one
 //   process has an odd /proc entry, and one warning per call (not per PID) keeps a root-wide EACCES
 //   from flooding the log.
-// - A zombie (state Z or X) is not alive: it has exited and only waits to be reaped, and a PID 1
-//   that never reaps (common in containers) would otherwise keep a killed shard "alive" forever.
-import { closeSync, openSync, readSync } from 'node:fs';
+// - A zombie (state Z or X) still has a stat and is read like any process; deciding that it has
+//   exited (and that a PID with another start time was reused) is attribution's job.
+import { closeSync, openSync, readSync, statfsSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
@@ -50,6 +50,8 @@ export class ProcParseError extends Error {
 export interface ProcReaderOptions {
   root: string;
   log: Logger;
+  /** Most /proc/PID/stat descriptors readStats keeps open between snapshots (default KEPT_MAX). */
+  keepMax?: number;
 }
 
 export interface ProcReader {
@@ -61,7 +63,8 @@ export interface ProcReader {
   findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
   /** The stat of each pid, keyed by pid; null when gone, and also when unreadable or malformed (logged once per call). */
   readStats(pids: number[]): Promise<Map<number, ProcStat | null>>;
-  isAlive(pid: number, startTime: number): Promise<boolean>;
+  /** Closes the descriptors readStats keeps open between snapshots (when the service stops). */
+  release(): void;
   checkReadable(): Promise<{ ok: true } | { ok: false; reason: string }>;
 }
 
@@ -69,12 +72,15 @@ export interface ProcReader {
 const FIELD = { state: 3, ppid: 4, pgrp: 5, session: 6, startTime: 22 } as const;
 const FIRST_FIELD_AFTER_COMM = FIELD.state;
 const UNSIGNED = /^\d+$/;
-const DEAD_STATES = new Set(['Z', 'X', 'x']);
 const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
 const DENIED_CODES = new Set(['EACCES', 'EPERM']);
 // PIDs read synchronously between two yields to the event loop in readStats and the cgroup scan:
 // at 22-30 us a file, a batch blocks for about 2 ms.
 const SCAN_BATCH = 64;
+// Descriptors readStats keeps open between snapshots: more GPU processes than a node runs, far below
+// the descriptor limit (Node raises its soft limit to the hard one at start; container runtimes set
+// 1048576). Past it, further processes are read afresh each time.
+const KEPT_MAX = 2048;
 // Most /proc/PID files fit; a larger one (a cgroup file in nested containers) grows the buffer.
 const INITIAL_BUFFER_BYTES = 4096;
 const DEPLOYMENT_ADVICE =
@@ -89,7 +95,8 @@ export function parseProcStat(text: string): ProcStat {
   if (head === null) malformed('field 1 (pid) is not a number followed by a space', text);
   const rest = text.slice(close + 1);
   if (!rest.startsWith(' ')) malformed('no space after the command name', text);
-  const fields = rest.slice(1).trimEnd().split(' ');
+  // Only the fields up to starttime are split out: a stat has 52, and this runs for every process.
+  const fields = rest.slice(1).trimEnd().split(' ', FIELD.startTime - FIRST_FIELD_AFTER_COMM + 1);
   const field = (n: number): string => fields[n - FIRST_FIELD_AFTER_COMM] ?? malformed(`field ${n} is missing`, text);
   const state = field(FIELD.state);
   if (!/^[A-Za-z]$/.test(state)) malformed(`field 3 (state) ${JSON.stringify(state)} is not one letter`, text);
@@ -114,16 +121,20 @@ export function parseCgroup(text: string): string[] {
 }
 
 type Warn = (fields: object, msg: string) => void;
+/** Reads one process file whole: afresh (open, read, close), or through a descriptor kept open. */
+type PidFileRead = (path: string, pid: number) => string;
 
-export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
+export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOptions): ProcReader {
   const warn: Warn = (fields, msg) => log.warn(fields, msg);
   // readStats reports its failures itself, once per call.
   const quiet: Warn = () => {};
 
-  const readPidFile = (pid: number, file: string, report: Warn): string | null => {
-    const path = join(root, String(pid), file);
+  // Paths are built by concatenation, not path.join: this runs for every process of every snapshot.
+  const base = root.endsWith('/') ? root : `${root}/`;
+  const readPidFile = (pid: number, file: string, report: Warn, read: PidFileRead = readWhole): string | null => {
+    const path = `${base}${pid}/${file}`;
     try {
-      return readWhole(path, file === 'stat');
+      return read(path, pid);
     } catch (err) {
       if (GONE_CODES.has(codeOf(err))) return null;
       report({ pid, path, err }, 'cannot read a process file under the proc root');
@@ -131,14 +142,50 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
     }
   };
 
-  const statOf = (pid: number, report: Warn): ProcStat | null => {
-    const text = readPidFile(pid, 'stat', report);
+  // readStats keeps each /proc/PID/stat open from one snapshot to the next and reads it again from
+  // offset 0: one syscall per process instead of three (open, read, close), which were most of a
+  // refresh. A kept descriptor belongs to the process it was opened for, not to its PID: once that
+  // process is reaped, reading it fails (ESRCH) even if the PID has been reused, and the PID is then
+  // opened afresh. Descriptors of PIDs a snapshot no longer asks about are closed at its end; at
+  // most keepMax are kept, since the descriptor limit is the whole service's. Only on a real proc
+  // filesystem: in a tree of plain files (tests), an open descriptor would outlive a deleted entry.
+  const kept = new Map<number, number>();
+  const keeps = isProcFilesystem(root);
+
+  const readKept: PidFileRead = (path, pid) => {
+    const fd = kept.get(pid);
+    if (fd !== undefined) {
+      try {
+        return readFd(fd, true);
+      } catch {
+        // Reaped (or unreadable): forget it; a fresh open says which.
+        kept.delete(pid);
+        closeSync(fd);
+      }
+    }
+    if (kept.size >= keepMax) return readWhole(path);
+    // Kept before the read: if the process exits in between, the next snapshot forgets it.
+    const fresh = openSync(path, 'r');
+    kept.set(pid, fresh);
+    return readFd(fresh, true);
+  };
+
+  const release = (keep: ReadonlySet<number> = new Set()): void => {
+    for (const [pid, fd] of kept) {
+      if (keep.has(pid)) continue;
+      kept.delete(pid);
+      closeSync(fd);
+    }
+  };
+
+  const statOf = (pid: number, report: Warn, read: PidFileRead = readWhole): ProcStat | null => {
+    const text = readPidFile(pid, 'stat', report, read);
     if (text === null) return null;
     try {
       return parseProcStat(text);
     } catch (err) {
       report({ pid, err }, 'unparsable /proc stat of an existing process');
-      throw new ProcParseError(`${join(root, String(pid), 'stat')}: ${(err as Error).message}`, { cause: err });
+      throw new ProcParseError(`${base}${pid}/stat: ${(err as Error).message}`, { cause: err });
     }
   };
 
@@ -155,15 +202,17 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
     const stats = new Map<number, ProcStat | null>();
     let failed = 0;
     let first: { pid: number; err: unknown } | undefined;
+    const read: PidFileRead = keeps ? readKept : readWhole;
     await forEachInBatches(pids, SCAN_BATCH, (pid) => {
       try {
-        stats.set(pid, statOf(pid, quiet));
+        stats.set(pid, statOf(pid, quiet, read));
       } catch (err) {
         failed += 1;
         first ??= { pid, err };
         stats.set(pid, null);
       }
     });
+    release(new Set(pids));
     if (first !== undefined) {
       log.warn(
         { failed, pid: first.pid, err: first.err },
@@ -204,11 +253,6 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
 
   const findPidsInCgroup = async (needle: string): Promise<number[]> => (await findPidsInCgroups([needle])).get(needle)!;
 
-  const isAlive = async (pid: number, startTime: number): Promise<boolean> => {
-    const stat = statOf(pid, warn);
-    return stat !== null && stat.startTime === startTime && !DEAD_STATES.has(stat.state);
-  };
-
   const checkReadable = async (): Promise<{ ok: true } | { ok: false; reason: string }> => {
     const selfProblem = problemReadingSelf(root);
     if (selfProblem === null) return { ok: true };
@@ -217,7 +261,7 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
     return { ok: false, reason: `${selfProblem}, and ${listProblem}. ${DEPLOYMENT_ADVICE}` };
   };
 
-  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, isAlive, checkReadable };
+  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release: () => release() };
 }
 
 // One buffer for every read of this module: reads are synchronous, so two never overlap. It only
@@ -225,26 +269,40 @@ export function createProcReader({ root, log }: ProcReaderOptions): ProcReader {
 let shared = Buffer.allocUnsafe(INITIAL_BUFFER_BYTES);
 const NEWLINE = 0x0a;
 
-// Reads until readSync returns 0: /proc files report size 0, and a short read is not the end. The
-// exception is a one-line file (stat): the kernel writes its single record whole, so a read that
-// ends with its newline is the end, which saves a read syscall per process per snapshot.
-function readWhole(path: string, oneLine = false): string {
+// Reads from offset 0 until a read returns 0: /proc files report size 0, and a short read is not
+// the end. The exception is a one-line file (stat): the kernel writes its single record whole, so a
+// read that ends with its newline is the end, which saves a read syscall per process per snapshot.
+function readFd(fd: number, oneLine: boolean): string {
+  let length = 0;
+  for (;;) {
+    if (length === shared.length) {
+      const bigger = Buffer.allocUnsafe(shared.length * 2);
+      shared.copy(bigger, 0, 0, length);
+      shared = bigger;
+    }
+    const n = readSync(fd, shared, length, shared.length - length, length);
+    if (n === 0) return shared.toString('utf8', 0, length);
+    length += n;
+    if (oneLine && shared[length - 1] === NEWLINE) return shared.toString('utf8', 0, length);
+  }
+}
+
+function readWhole(path: string): string {
   const fd = openSync(path, 'r');
   try {
-    let length = 0;
-    for (;;) {
-      if (length === shared.length) {
-        const bigger = Buffer.allocUnsafe(shared.length * 2);
-        shared.copy(bigger, 0, 0, length);
-        shared = bigger;
-      }
-      const n = readSync(fd, shared, length, shared.length - length, null);
-      if (n === 0) return shared.toString('utf8', 0, length);
-      length += n;
-      if (oneLine && shared[length - 1] === NEWLINE) return shared.toString('utf8', 0, length);
-    }
+    return readFd(fd, path.endsWith('/stat'));
   } finally {
     closeSync(fd);
+  }
+}
+
+const PROC_SUPER_MAGIC = 0x9fa0;
+
+function isProcFilesystem(root: string): boolean {
+  try {
+    return statfsSync(root).type === PROC_SUPER_MAGIC;
+  } catch {
+    return false;
   }
 }
 

@@ -159,6 +159,13 @@ t.test('ENV names are settings of the service, and their values are accepted', a
   t.ok(isAbsolute(config.stateFile), 'the state file path is absolute (WORKDIR must not matter)');
 });
 
+t.test('NODE_OPTIONS caps the heap as npm start and the benchmarks do', async (t) => {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string }; scripts: { start: string } };
+  t.equal(env.get('NODE_OPTIONS'), pkg.config.nodeOptions, 'the image runs with package.json config.nodeOptions');
+  t.match(pkg.config.nodeOptions, /--max-old-space-size=\d+/);
+  t.match(pkg.scripts.start, /NODE_OPTIONS="\$npm_package_config_nodeOptions \$NODE_OPTIONS"/, 'npm start uses them too, the caller\'s own options last (they win)');
+});
+
 t.test('EXPOSE is the default port and VOLUME is the state file directory', async (t) => {
   t.equal(Number(one(runtime, 'EXPOSE').args), SETTINGS.port.default);
   t.notOk(env.has('NODECOMPUTE_PORT'), 'the port is left at its default');

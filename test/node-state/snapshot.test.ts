@@ -184,10 +184,52 @@ t.test('invalidate() makes the next request refresh in the background', async (t
   h.source.invalidate();
   const view = await h.source.get();
   t.equal(view.snapshot.n, 1, 'answered at once from the cache');
+  t.equal(view.stale, true, 'marked stale: it predates the registry change');
+  t.equal(view.staleReason, 'the shard registry changed since it was taken; a refresh is under way');
   t.equal(h.calls.length, 2, 'and a refresh started');
+  t.equal((await h.source.get()).stale, true, 'still stale while that refresh runs');
+  t.equal(h.calls.length, 2, 'which the next request shares');
   h.calls[1]!.resolve({ n: 2 });
   await flush();
-  t.equal((await h.source.get()).snapshot.n, 2);
+  const after = await h.source.get();
+  t.same([after.snapshot.n, after.stale, after.staleReason], [2, false, null]);
+});
+
+t.test('a registry change during a refresh: that refresh lands stale, and one more runs', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  h.advance(1500);
+  await h.source.get();
+  t.equal(h.calls.length, 2, 'a background refresh runs');
+  h.source.invalidate();
+  h.calls[1]!.resolve({ n: 2 });
+  await flush();
+  const landed = h.source.available();
+  t.equal(landed?.snapshot.n, 2, 'its snapshot is served');
+  t.equal(landed?.stale, true, 'but marked stale: it started before the change');
+  t.equal(h.calls.length, 3, 'and a refresh that includes the change started');
+  h.calls[2]!.resolve({ n: 3 });
+  await flush();
+  t.same([h.source.available()?.snapshot.n, h.source.available()?.stale], [3, false]);
+});
+
+t.test('available() answers what get() would without waiting, and null where get() would wait', async (t) => {
+  const h = harness({ ttlMs: 1000, maxStaleMs: 5000 });
+  t.equal(h.source.available(), null, 'no snapshot yet');
+  t.equal(h.calls.length, 0, 'and it starts nothing: get() does');
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  t.same([h.source.available()?.snapshot.n, h.source.available()?.stale], [1, false], 'fresh');
+  h.advance(2000);
+  t.equal(h.source.available()?.stale, true, 'within max-stale: the cached one, stale');
+  t.equal(h.calls.length, 2, 'with a background refresh started');
+  h.calls[1]!.reject(new NvidiaSmiFailedError('wedged'));
+  await flush();
+  h.advance(4000);
+  t.equal(h.source.available(), null, 'beyond max-stale get() would wait: null');
 });
 
 t.test('a failure right after invalidate() does not block the refresh it asked for', async (t) => {

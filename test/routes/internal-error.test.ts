@@ -28,7 +28,9 @@ t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', asy
       message: 'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',
     });
   }
-  t.ok(lines.some((line) => line.includes('this is a bug in nodecompute') && line.includes('TypeError')), 'logged with the error');
+  const bugs = lines.filter((line) => line.includes('this is a bug in nodecompute') && line.includes('TypeError'));
+  t.equal(bugs.length, 9, 'each logged with the error');
+  t.equal(new Set(bugs.map((line) => JSON.parse(line).reqId)).size, 9, 'each with its own request id');
   const checked = await app.inject({ method: 'PUT', url: '/shards/t', payload: { pid: shard.pid, gpus: [0] } });
   t.equal(checked.statusCode, 500, 'a registration whose GPU check hits the bug is refused, not taken on trust');
   t.equal((await app.inject({ method: 'GET', url: '/shards/t' })).statusCode, 404);

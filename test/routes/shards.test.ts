@@ -309,3 +309,38 @@ t.test('a verdict from a snapshot older than 10 s says so, even while the refres
   t.equal(old.state, 'ready');
   t.match(old.warnings, [/^answered from an older snapshot: a refresh has been running for 7000 ms \(nvidia-smi is slow\)$/]);
 });
+
+t.test('a steady probe keeps its verdict only while the snapshot, the registration and the engine output stay the same', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, {
+    scenario: twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 4000 }]),
+    config: { cacheTtlMs: 60_000, maxStaleMs: 60_000 },
+    deps: { now: clock.now },
+  });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/steady', payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
+  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+  t.same([gpus.stale, gpus.staleReason], [true, 'the shard registry changed since it was taken; a refresh is under way'], 'the snapshot from before the registration is stale');
+  await settle(app);
+  clock.advance(1);
+  const probes = await Promise.all([1, 2, 3].map(() => app.inject({ method: 'GET', url: '/shards/steady/ready' })));
+  t.same(probes.map((probe) => probe.statusCode), [200, 200, 200]);
+  t.equal(probes[0]!.json().state, 'ready');
+  t.ok(probes.every((probe) => probe.body === probes[0]!.body), 'one verdict, the same bytes for every probe');
+
+  const post = await app.inject({
+    method: 'POST',
+    url: '/shards/steady/engine-output',
+    payload: 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\nload_tensors:   CPU_Mapped model buffer size =  4685.30 MiB\n',
+    headers: { 'content-type': 'text/plain' },
+  });
+  t.equal(post.statusCode, 200);
+  const afterEngine = await app.inject({ method: 'GET', url: '/shards/steady/ready' });
+  t.same([afterEngine.statusCode, afterEngine.json().state], [503, 'on-cpu'], 'new engine output changes the verdict at once, same snapshot');
+
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/steady', payload: { pid: shard.pid, gpus: [1] } })).statusCode, 200);
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  const replaced = await app.inject({ method: 'GET', url: '/shards/steady/ready' });
+  t.same([replaced.statusCode, replaced.json().state], [503, 'starting'], 'a replaced registration is judged afresh (GPU 1 is not held yet)');
+});

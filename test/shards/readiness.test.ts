@@ -2,13 +2,12 @@
 // shows on demand (several missing GPUs, a GPU gone from nvidia-smi, partial offload, a snapshot
 // older than the registration, hidden PIDs, zombies).
 import t from 'tap';
-import { attribute } from '../../src/node-state/attribution.js';
 import { foreignMemory } from '../../src/node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
-import type { NodeView } from '../../src/node-state/node-view.js';
+import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import { shardCompute } from '../../src/shards/compute.js';
 import type { EngineAccount } from '../../src/shards/llama-log.js';
-import { pidsInvisible, readiness } from '../../src/shards/readiness.js';
+import { readiness } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat } from '../../src/system/procfs.js';
 
@@ -41,7 +40,7 @@ function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra:
     unmatchedProcesses: [],
     timings: { nvidiaSmiMs: 1, procMs: 1 },
   };
-  return { snapshot, attribution: attribute(snapshot, shards), registryVersion: 1 };
+  return createNodeView(snapshot, shards, 1);
 }
 
 function shard(overrides: Partial<ShardRecord> = {}): ShardRecord {
@@ -96,11 +95,11 @@ t.test('a snapshot older than the registration: starting within grace, unverifie
 t.test('nvidia-smi PIDs invisible in this /proc: unverified, not on-cpu', async (t) => {
   const s = shard({ gpus: [0] });
   const node = view([gpu(0, [[90_000, 500]])], [stat(100, 100, 5)], [s], [[90_000, null]]);
-  t.ok(pidsInvisible(node));
+  t.ok(node.pidsInvisible);
   const v = verdictOf(s, node);
   t.equal(v.state, 'unverified');
   t.match(v.warnings, [/does not share the host's PID namespace/]);
-  t.notOk(pidsInvisible(view([gpu(0, [])], [], [s])), 'no GPU process: nothing is hidden');
+  t.notOk(view([gpu(0, [])], [], [s]).pidsInvisible, 'no GPU process: nothing is hidden');
 });
 
 t.test('a zombie shard process has exited and claims no memory', async (t) => {

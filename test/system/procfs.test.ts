@@ -213,9 +213,6 @@ t.test('real processes: a detached child and its grandchild in the same process 
   t.ok(me.startTime <= childStat.startTime && childStat.startTime <= grandStat.startTime, 'start times follow spawn order');
   t.equal((await proc.readStat(childPid))?.startTime, childStat.startTime, 'start time is stable across reads');
 
-  t.ok(await proc.isAlive(childPid, childStat.startTime), 'child alive with its start time');
-  t.ok(await proc.isAlive(grandPid, grandStat.startTime), 'grandchild alive with its start time');
-  t.notOk(await proc.isAlive(childPid, childStat.startTime + 1), 'the same PID with another start time is a reused PID, not alive');
 
   const pids = await proc.listPids();
   t.ok(pids.includes(process.pid) && pids.includes(childPid) && pids.includes(grandPid), 'listPids sees all three');
@@ -229,14 +226,12 @@ t.test('real processes: a detached child and its grandchild in the same process 
   process.kill(-childPid, 'SIGKILL');
   await exited;
   t.equal(await waitFor('the child to leave /proc', async () => ((await proc.readStat(childPid)) === null ? null : undefined)), null, 'the killed child reads as gone');
-  t.notOk(await proc.isAlive(childPid, childStat.startTime), 'the killed child is not alive');
   // The orphaned grandchild is reaped by PID 1, and some PID 1s (this VM's, many containers') never reap: it may stay a zombie.
   const grandAfter = await waitFor('the grandchild to die', async () => {
     const stat = await proc.readStat(grandPid);
     return stat === null || stat.state === 'Z' || stat.state === 'X' ? { stat } : undefined;
   });
   t.ok(grandAfter.stat === null || grandAfter.stat.startTime === grandStat.startTime, 'gone, or its own zombie');
-  t.notOk(await proc.isAlive(grandPid, grandStat.startTime), 'the killed grandchild is not alive, reaped or zombie');
   t.same(entries, [], 'nothing was worth a warning');
 });
 
@@ -254,17 +249,13 @@ t.test('fixture tree: stat cases a real machine cannot produce on demand', async
   t.equal(proc.root, root);
 
   t.equal((await proc.readStat(4242))?.comm, 'evil) (name', 'comm with ") (" in it');
-  t.ok(await proc.isAlive(4243, 900), 'same PID and start time: alive');
-  t.notOk(await proc.isAlive(4243, 500), 'PID reused by a process with another start time: not alive');
+  t.same([(await proc.readStat(4243))?.startTime, (await proc.readStat(4243))?.state], [900, 'S'], 'start time and state, which attribution compares');
   t.equal((await proc.readStat(4244))?.state, 'Z', 'a zombie still has a stat');
-  t.notOk(await proc.isAlive(4244, 800), 'a zombie with the right start time is not alive');
   t.equal(await proc.readStat(4245), null, 'a PID directory whose stat vanished mid-read is gone');
   t.equal(await proc.readStat(99999), null, 'no such PID');
-  t.notOk(await proc.isAlive(99999, 1), 'no such PID is not alive');
   t.same(entries, [], 'gone PIDs are not warnings');
 
   await t.rejects(proc.readStat(4246), { name: 'ProcParseError', message: /4246\/stat: malformed \/proc stat: no "\(command name\)"/ }, 'an existing PID with a malformed stat throws, naming the file');
-  await t.rejects(proc.isAlive(4246, 1), ProcParseError, 'isAlive does not guess over a malformed stat');
   t.match(entries[0], { level: WARN, pid: 4246, err: { message: /malformed/ } }, 'the malformed stat is logged at warn with pid and err');
 });
 
@@ -399,7 +390,6 @@ t.test('errors other than "gone" are thrown clearly and logged at warn', async (
 
   await t.rejects(proc.readStat(8), { message: /8\/stat: EIO: simulated/, cause: { code: 'EIO' } }, 'EIO is wrapped with the path');
   t.match(entries.at(-1), { level: WARN, pid: 8, err: { code: 'EIO' } }, 'EIO logged with pid and err');
-  await t.rejects(proc.isAlive(8, 5), /EIO/, 'isAlive does not guess over an I/O error');
 
   const before = entries.length;
   t.equal(await proc.readStat(9), null, 'ESRCH (exited between open and read) is gone');
@@ -464,6 +454,52 @@ t.test('readStats: real processes, each answer keyed to its own pid', async (t) 
   const everyone = await proc.readStats(all);
   t.equal(everyone.size, all.length, `every process of this machine (${all.length}) answered`);
   t.ok([...everyone].every(([pid, stat]) => stat === null || stat.pid === pid), 'each stat is its own pid');
+});
+
+t.test('readStats keeps each stat open between snapshots, and lets go of what a snapshot no longer asks about', async (t) => {
+  const openFds = () => fs.readdirSync('/proc/self/fd').length;
+  const proc = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
+  const children = Array.from({ length: 4 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
+  t.teardown(() => {
+    for (const child of children) child.kill('SIGKILL');
+    proc.release();
+  });
+  await Promise.all(children.map((child) => once(child, 'spawn')));
+  const pids = children.map((child) => child.pid as number);
+  const before = openFds();
+
+  const first = await proc.readStats(pids);
+  t.equal(openFds(), before + 4, 'one descriptor kept per process');
+  const second = await proc.readStats(pids);
+  t.same(second, first, 'read again through them: the same answers');
+  t.equal(openFds(), before + 4, 'and no new descriptor');
+
+  const killed = children[1]!;
+  const exited = once(killed, 'exit');
+  killed.kill('SIGKILL');
+  await exited;
+  const third = await proc.readStats(pids);
+  t.equal(third.get(killed.pid as number), null, 'a reaped process reads as gone through its kept descriptor');
+  t.same(third.get(pids[0]!), first.get(pids[0]!), 'the others are unchanged');
+  t.equal(openFds(), before + 3, "the reaped process's descriptor is closed");
+
+  await proc.readStats([pids[0]!]);
+  t.equal(openFds(), before + 1, 'PIDs a snapshot no longer asks about are let go');
+  proc.release();
+  t.equal(openFds(), before, 'release() closes the rest');
+
+  const capped = createProcReader({ root: '/proc', log: pino({ level: 'silent' }), keepMax: 2 });
+  const live = [pids[0]!, pids[2]!, pids[3]!];
+  const cappedStats = await capped.readStats(live);
+  t.same([...cappedStats.values()], live.map((pid) => first.get(pid)), 'past keepMax, processes are read afresh');
+  t.equal(openFds(), before + 2, 'with at most keepMax descriptors kept');
+  capped.release();
+
+  const fixture = createProcReader({ root: t.testdir({ '7': { stat: statLine({ pid: 7, comm: 'x', state: 'S', ppid: 1, pgrp: 7, session: 7, startTime: 5 }) } }), log: pino({ level: 'silent' }) });
+  t.equal((await fixture.readStats([7])).get(7)?.startTime, 5);
+  t.equal(openFds(), before, 'a tree of plain files is not /proc: nothing is kept (a deleted entry must read as gone)');
+  const slash = createProcReader({ root: '/proc/', log: pino({ level: 'silent' }) });
+  t.equal((await slash.readStat(process.pid))?.pid, process.pid, 'a root given with a trailing slash reads the same paths');
 });
 
 t.test('readStats: present, gone, malformed and unreadable entries; one warning per call', async (t) => {
