@@ -23,7 +23,9 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
     };
     const now = node.available();
     if (now) return respond(now);
-    return node.current().then(respond);
+    // Otherwise answered when the refresh lands: the handler returns nothing, so Fastify waits for
+    // reply.send (no promise of ours for Fastify to send a second time).
+    node.current().then(respond, (err: Error) => void reply.send(err));
   };
   app.get(
     '/gpus',

@@ -31,6 +31,11 @@ function statusBody(state: ShardState) {
  */
 const readyBodies = new WeakMap<ShardState, string>();
 
+/** An error met after the handler returned goes to the error handler, as a thrown one would. */
+function sendError(reply: FastifyReply, err: Error): void {
+  void reply.send(err);
+}
+
 function sendReady(reply: FastifyReply, state: ShardState): void {
   let body = readyBodies.get(state);
   if (body === undefined) {
@@ -151,7 +156,12 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     (request, reply) => {
       const now = shards.probeNow(request.params.id);
       if (now) return sendReady(reply, now);
-      return shards.probe(request.params.id, probeBudgetMs).then((state) => sendReady(reply, state));
+      // Otherwise answered when the refresh lands: the handler returns nothing, so Fastify waits for
+      // reply.send (no promise of ours for Fastify to send a second time).
+      shards.probe(request.params.id, probeBudgetMs).then(
+        (state) => sendReady(reply, state),
+        (err: Error) => sendError(reply, err),
+      );
     },
   );
 

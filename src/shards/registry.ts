@@ -159,14 +159,15 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
         draft.set(record.id, record);
         return isNew;
       });
-      engines.delete(record.id);
+      // A new registration starts without the old one's engine output: verdicts drawn from it are void.
+      if (engines.delete(record.id)) engineVersion += 1;
       return { created };
     },
     async remove(id) {
       // Nothing to write when the id is unknown and no change is pending that could add it.
       if (!committed.has(id) && queue.length === 0 && !writing) return false;
       const removed = await enqueue((draft) => draft.delete(id));
-      if (removed) engines.delete(id);
+      if (removed && engines.delete(id)) engineVersion += 1;
       return removed;
     },
     engine: (id) => engines.get(id),

@@ -63,7 +63,7 @@ export interface ProcReader {
   findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
   /** The stat of each pid, keyed by pid; null when gone, and also when unreadable or malformed (logged once per call). */
   readStats(pids: number[]): Promise<Map<number, ProcStat | null>>;
-  /** Closes the descriptors readStats keeps open between snapshots (when the service stops). */
+  /** Closes the descriptors readStats keeps open between snapshots, and keeps none after (the service stops). */
   release(): void;
   checkReadable(): Promise<{ ok: true } | { ok: false; reason: string }>;
 }
@@ -151,6 +151,8 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
   // filesystem: in a tree of plain files (tests), an open descriptor would outlive a deleted entry.
   const kept = new Map<number, number>();
   const keeps = isProcFilesystem(root);
+  // Set by release(): a snapshot still reading when the service stops keeps nothing more open.
+  let stopped = false;
 
   const readKept: PidFileRead = (path, pid) => {
     const fd = kept.get(pid);
@@ -163,7 +165,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
         closeSync(fd);
       }
     }
-    if (kept.size >= keepMax) return readWhole(path);
+    if (stopped || kept.size >= keepMax) return readWhole(path);
     // Kept before the read: if the process exits in between, the next snapshot forgets it.
     const fresh = openSync(path, 'r');
     kept.set(pid, fresh);
@@ -261,7 +263,10 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
     return { ok: false, reason: `${selfProblem}, and ${listProblem}. ${DEPLOYMENT_ADVICE}` };
   };
 
-  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release: () => release() };
+  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release: () => {
+    stopped = true;
+    release();
+  } };
 }
 
 // One buffer for every read of this module: reads are synchronous, so two never overlap. It only

@@ -343,4 +343,9 @@ t.test('a steady probe keeps its verdict only while the snapshot, the registrati
   await settle(app);
   const replaced = await app.inject({ method: 'GET', url: '/shards/steady/ready' });
   t.same([replaced.statusCode, replaced.json().state], [503, 'starting'], 'a replaced registration is judged afresh (GPU 1 is not held yet)');
+
+  const logged = await app.inject({ method: 'POST', url: '/shards/steady/engine-output', payload: 'main: loading model\n', headers: { 'content-type': 'text/plain' } });
+  t.equal(logged.statusCode, 200);
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/steady' })).statusCode, 204);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/steady/ready' })).statusCode, 404, 'removed, with its engine output');
 });

@@ -444,7 +444,8 @@ t.test('readStats: real processes, each answer keyed to its own pid', async (t) 
   for (const child of children) {
     const stat = stats.get(child.pid as number);
     t.match(stat, { pid: child.pid, ppid: process.pid }, `child ${child.pid} is ours`);
-    t.same(stat, await proc.readStat(child.pid as number), 'the same answer as readStat');
+    const again = await proc.readStat(child.pid as number);
+    t.same([again?.pid, again?.startTime, again?.pgrp], [stat?.pid, stat?.startTime, stat?.pgrp], 'the same process as readStat finds (its state may move on)');
   }
   t.equal(stats.get(gone), null, 'a reaped child is gone');
   t.same(await proc.readStats([]), new Map(), 'no pids, no answers');
@@ -458,6 +459,9 @@ t.test('readStats: real processes, each answer keyed to its own pid', async (t) 
 
 t.test('readStats keeps each stat open between snapshots, and lets go of what a snapshot no longer asks about', async (t) => {
   const openFds = () => fs.readdirSync('/proc/self/fd').length;
+  // A process's identity; its state moves on its own (a child just spawned may still be running).
+  const who = (stat: ProcStat | null | undefined) => (stat ? [stat.pid, stat.startTime, stat.pgrp, stat.comm] : stat);
+  const identities = (stats: Map<number, ProcStat | null>) => [...stats].map(([pid, stat]) => [pid, who(stat)]);
   const proc = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
   const children = Array.from({ length: 4 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
   t.teardown(() => {
@@ -471,7 +475,7 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   const first = await proc.readStats(pids);
   t.equal(openFds(), before + 4, 'one descriptor kept per process');
   const second = await proc.readStats(pids);
-  t.same(second, first, 'read again through them: the same answers');
+  t.same(identities(second), identities(first), 'read again through them: the same processes');
   t.equal(openFds(), before + 4, 'and no new descriptor');
 
   const killed = children[1]!;
@@ -480,18 +484,20 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   await exited;
   const third = await proc.readStats(pids);
   t.equal(third.get(killed.pid as number), null, 'a reaped process reads as gone through its kept descriptor');
-  t.same(third.get(pids[0]!), first.get(pids[0]!), 'the others are unchanged');
+  t.same(who(third.get(pids[0]!)), who(first.get(pids[0]!)), 'the others are unchanged');
   t.equal(openFds(), before + 3, "the reaped process's descriptor is closed");
 
   await proc.readStats([pids[0]!]);
   t.equal(openFds(), before + 1, 'PIDs a snapshot no longer asks about are let go');
   proc.release();
   t.equal(openFds(), before, 'release() closes the rest');
+  t.same(who((await proc.readStats([pids[0]!])).get(pids[0]!)), who(first.get(pids[0]!)), 'a released reader still reads');
+  t.equal(openFds(), before, 'but keeps nothing open any more (a refresh still running at shutdown leaks nothing)');
 
   const capped = createProcReader({ root: '/proc', log: pino({ level: 'silent' }), keepMax: 2 });
   const live = [pids[0]!, pids[2]!, pids[3]!];
   const cappedStats = await capped.readStats(live);
-  t.same([...cappedStats.values()], live.map((pid) => first.get(pid)), 'past keepMax, processes are read afresh');
+  t.same([...cappedStats.values()].map(who), live.map((pid) => who(first.get(pid))), 'past keepMax, processes are read afresh');
   t.equal(openFds(), before + 2, 'with at most keepMax descriptors kept');
   capped.release();
 
