@@ -49,6 +49,15 @@ function harness(options: { ttlMs?: number; maxStaleMs?: number } = {}) {
 
 const flush = () => new Promise((resolve) => setImmediate(resolve));
 
+/** A harness whose first snapshot ({ n: 1 }) has been taken. */
+async function warmed(options: Parameters<typeof harness>[0] = {}) {
+  const h = harness(options);
+  const first = h.source.get();
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  return h;
+}
+
 t.test('the first request waits; concurrent requests share one take()', async (t) => {
   const h = harness();
   const answers = Array.from({ length: 500 }, () => h.source.get());
@@ -62,10 +71,7 @@ t.test('the first request waits; concurrent requests share one take()', async (t
 });
 
 t.test('within the TTL the cache answers without taking', async (t) => {
-  const h = harness();
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
+  const h = await warmed();
   h.advance(999);
   const view = await h.source.get();
   t.equal(h.calls.length, 1);
@@ -74,10 +80,7 @@ t.test('within the TTL the cache answers without taking', async (t) => {
 });
 
 t.test('past the TTL: answered at once from the cache (stale) while one background refresh runs', async (t) => {
-  const h = harness();
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
+  const h = await warmed();
   h.advance(1500);
   const views = await Promise.all([h.source.get(), h.source.get(), h.source.get()]);
   t.equal(h.calls.length, 2, 'one background refresh for three requests');
@@ -91,10 +94,7 @@ t.test('past the TTL: answered at once from the cache (stale) while one backgrou
 });
 
 t.test('a failed refresh is served stale with its reason, and not retried within the TTL', async (t) => {
-  const h = harness();
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
+  const h = await warmed();
   h.advance(1500);
   await h.source.get();
   h.calls[1]!.reject(new NvidiaSmiFailedError('driver gone'));
@@ -109,10 +109,7 @@ t.test('a failed refresh is served stale with its reason, and not retried within
 });
 
 t.test('beyond max-stale callers wait, and get the error when the refresh fails', async (t) => {
-  const h = harness({ ttlMs: 1000, maxStaleMs: 5000 });
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
+  const h = await warmed({ ttlMs: 1000, maxStaleMs: 5000 });
   h.advance(6000);
   const waiting = h.source.get();
   t.equal(h.calls.length, 2);
@@ -177,10 +174,7 @@ t.test('maxWaitMs bounds how long a caller waits; the refresh goes on', async (t
 });
 
 t.test('invalidate() makes the next request refresh in the background', async (t) => {
-  const h = harness();
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
+  const h = await warmed();
   h.source.invalidate();
   const view = await h.source.get();
   t.equal(view.snapshot.n, 1, 'answered at once from the cache');
@@ -196,10 +190,7 @@ t.test('invalidate() makes the next request refresh in the background', async (t
 });
 
 t.test('a registry change during a refresh: that refresh lands stale, and one more runs', async (t) => {
-  const h = harness();
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
+  const h = await warmed();
   h.advance(1500);
   await h.source.get();
   t.equal(h.calls.length, 2, 'a background refresh runs');
@@ -262,10 +253,7 @@ t.test('a recovery after failures resets the failure state', async (t) => {
 });
 
 t.test('staleReason says a refresh is due when none runs and none failed', async (t) => {
-  const h = harness();
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
+  const h = await warmed();
   h.advance(2000);
   const peeked = h.source.peek();
   t.equal(peeked?.stale, true);
