@@ -35,7 +35,8 @@ export function createSnapshotJson(build: (node: NodeView) => unknown) {
         serialised.set(node, gpus);
       }
       const meta = JSON.stringify(snapshotMeta(view));
-      last = { node, observedAt: view.observedAt, ageMs, stale: view.stale, staleReason: view.staleReason, body: Buffer.from(`${meta.slice(0, -1)},"gpus":${gpus}}`) };
+      const body = Buffer.from(`${meta.slice(0, -1)},"gpus":${gpus}}`);
+      last = { node, observedAt: view.observedAt, ageMs, stale: view.stale, staleReason: view.staleReason, body };
     }
     void reply.type('application/json; charset=utf-8').send(last.body);
   };
