@@ -1,7 +1,8 @@
 // Owns conditional GETs for pollers: answers derived from a snapshot carry an ETag made of the
 // snapshot's identity and the registry version (plus, where time alone can change the answer, the
-// verdicts), and Cache-Control: max-age of the snapshot's remaining freshness. A matching
-// If-None-Match gets 304 with no body, so a control plane polling many nodes moves almost nothing.
+// verdicts), and Cache-Control: max-age of the snapshot's remaining freshness (0 once it is stale).
+// A matching If-None-Match gets 304 with no body, so a control plane polling many nodes moves
+// almost nothing.
 import { createHash } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../src/app.js';
@@ -28,7 +29,8 @@ function matches(header: string | undefined, etag: string): boolean {
 /** Sets ETag and Cache-Control; true when the client's copy is current (answer 304). */
 export function conditional(services: Services, request: FastifyRequest, reply: FastifyReply, view: SnapshotView<unknown>, extra = ''): boolean {
   const etag = etagFor(services, view, extra);
-  const remainingMs = Math.max(0, services.config.cacheTtlMs - view.ageMs);
+  // A stale view (expired, or taken before the registry changed) is worth no caching at all.
+  const remainingMs = view.stale ? 0 : Math.max(0, services.config.cacheTtlMs - view.ageMs);
   reply.header('etag', etag);
   reply.header('cache-control', `max-age=${Math.floor(remainingMs / 1000)}`);
   return matches(request.headers['if-none-match'], etag);

@@ -319,8 +319,9 @@ t.test('a steady probe keeps its verdict only while the snapshot, the registrati
     deps: { now: clock.now },
   });
   t.equal((await app.inject({ method: 'PUT', url: '/shards/steady', payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
-  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
-  t.same([gpus.stale, gpus.staleReason], [true, 'the shard registry changed since it was taken; a refresh is under way'], 'the snapshot from before the registration is stale');
+  const before = await app.inject({ method: 'GET', url: '/gpus' });
+  t.same([before.json().stale, before.json().staleReason], [true, 'the shard registry changed since it was taken; a refresh is under way'], 'the snapshot from before the registration is stale');
+  t.equal(before.headers['cache-control'], 'max-age=0', 'and not to be cached, although young');
   await settle(app);
   clock.advance(1);
   const probes = await Promise.all([1, 2, 3].map(() => app.inject({ method: 'GET', url: '/shards/steady/ready' })));
