@@ -4,10 +4,10 @@
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { runDoctor, type DoctorReport } from '../src/doctor/doctor.js';
-
-const REPORT_REUSE_MS = 5000;
 import { Nullable, StringEnum } from '../src/schemas/common.js';
 import { VERSION } from '../src/version.js';
+
+const REPORT_REUSE_MS = 5000;
 
 const DoctorSchema = Type.Object(
   {

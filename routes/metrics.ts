@@ -10,6 +10,8 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, metrics, probeBudgetMs, registry, now } = app.services;
   const { snapshots } = app.services.node;
   let cached: { key: string; at: number; text: string } | null = null;
+  /** What a rendering depends on besides time: the snapshot, the registry and the engine output. */
+  const renderKey = () => `${snapshots.generation}-${registry.version}-${registry.engineVersion}`;
   app.get(
     '/metrics',
     {
@@ -25,12 +27,12 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // see the same snapshot and registry share it (verdicts and process metrics are then at most
       // 1 s old). Past that second, the scrape asks for the snapshot as any answer does.
       const at = now();
-      const key = `${snapshots.generation}-${registry.version}-${registry.engineVersion}`;
-      if (!cached || cached.key !== key || at - cached.at >= RENDER_REUSE_MS) {
+      if (!cached || cached.key !== renderKey() || at - cached.at >= RENDER_REUSE_MS) {
         const { states, node } = await shards.states(probeBudgetMs);
         const lastGood = app.services.node.peek();
         metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
-        cached = { key: `${snapshots.generation}-${registry.version}-${registry.engineVersion}`, at, text: await metrics.registry.metrics() };
+        // Keyed after the wait: the refresh it may have waited for is what was rendered.
+        cached = { key: renderKey(), at, text: await metrics.registry.metrics() };
       }
       return reply.type(metrics.registry.contentType).send(cached.text);
     },

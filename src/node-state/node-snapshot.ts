@@ -66,9 +66,6 @@ export function joinGpusAndProcesses(
   return { gpus: states, unmatched };
 }
 
-// The reader maps a PID whose stat is unreadable or malformed to null (absent from this /proc for
-// this snapshot) and logs those once per call; it reads in batches that yield to the event loop.
-
 async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<string, Set<number>>> {
   const found = await proc.findPidsInCgroups(needles);
   return new Map([...found].map(([needle, pids]) => [needle, new Set(pids)]));
@@ -90,8 +87,10 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const interest = deps.interest();
     const pids = new Set<number>(apps.map((app) => app.pid));
     for (const pid of interest.pids) pids.add(pid);
+    // A PID whose stat is unreadable or malformed reads as absent from this /proc for this snapshot
+    // (the reader logs those once per call); the same PIDs come back next refresh, so they are kept.
     const [proc, cgroupPids] = await Promise.all([
-      deps.proc.readStats([...pids]),
+      deps.proc.readStats([...pids], { keep: true }),
       scanCgroups(deps.proc, [...new Set(interest.cgroups)]),
     ]);
     const done = performance.now();

@@ -5,8 +5,11 @@
 //   - single-flight: concurrent requests share the one refresh under way;
 //   - stale-while-revalidate: past the TTL but within max-stale, requests get the cached snapshot at
 //     once (marked stale) while one refresh runs in the background;
-//   - failure-aware: a failed refresh is remembered for one TTL window (no retry storm); within
-//     max-stale the last good snapshot is served with the reason, beyond it callers get the error.
+//   - failure-aware: a failed refresh is remembered for one TTL window, doubling with each failure
+//     in a row up to 30 s (no retry storm); within max-stale the last good snapshot is served with
+//     the reason, beyond it callers get the error;
+//   - registry-aware: after a registration or removal, snapshots taken before it are stale and the
+//     next request starts a refresh.
 // A caller that must wait never waits past the refresh's own hard timeout, and may ask for less
 // (probes keep Kubernetes' 1 s limit).
 import type { Logger } from 'pino';

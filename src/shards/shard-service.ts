@@ -45,7 +45,6 @@ export function shardBody(shard: ShardRecord): ShardRecordBody {
   return { ...shard, registeredAt: new Date(shard.registeredAt).toISOString() };
 }
 
-
 export function createShardService(deps: ShardServiceDeps) {
   const { registry, node, proc, log, now } = deps;
 

@@ -54,6 +54,14 @@ export interface ProcReaderOptions {
   keepMax?: number;
 }
 
+export interface ReadStatsOptions {
+  /**
+   * The snapshot's read, asked again every refresh: keep each stat open for the next one, and close
+   * those of PIDs it no longer asks about. Other reads (the doctor's) leave what is kept alone.
+   */
+  keep?: boolean;
+}
+
 export interface ProcReader {
   readonly root: string;
   readStat(pid: number): Promise<ProcStat | null>;
@@ -62,7 +70,7 @@ export interface ProcReader {
   findPidsInCgroup(needle: string): Promise<number[]>;
   findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
   /** The stat of each pid, keyed by pid; null when gone, and also when unreadable or malformed (logged once per call). */
-  readStats(pids: number[]): Promise<Map<number, ProcStat | null>>;
+  readStats(pids: number[], options?: ReadStatsOptions): Promise<Map<number, ProcStat | null>>;
   /** Closes the descriptors readStats keeps open between snapshots, and keeps none after (the service stops). */
   release(): void;
   checkReadable(): Promise<{ ok: true } | { ok: false; reason: string }>;
@@ -142,7 +150,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
     }
   };
 
-  // readStats keeps each /proc/PID/stat open from one snapshot to the next and reads it again from
+  // readStats({ keep }) keeps each /proc/PID/stat open from one snapshot to the next and reads it again from
   // offset 0: one syscall per process instead of three (open, read, close), which were most of a
   // refresh. A kept descriptor belongs to the process it was opened for, not to its PID: once that
   // process is reaped, reading it fails (ESRCH) even if the PID has been reused, and the PID is then
@@ -200,11 +208,12 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
 
   const readCgroup = async (pid: number): Promise<string[] | null> => cgroupOf(pid);
 
-  const readStats = async (pids: number[]): Promise<Map<number, ProcStat | null>> => {
+  const readStats = async (pids: number[], { keep = false }: ReadStatsOptions = {}): Promise<Map<number, ProcStat | null>> => {
     const stats = new Map<number, ProcStat | null>();
     let failed = 0;
     let first: { pid: number; err: unknown } | undefined;
-    const read: PidFileRead = keeps ? readKept : readWhole;
+    const keeping = keep && keeps;
+    const read: PidFileRead = keeping ? readKept : readWhole;
     await forEachInBatches(pids, SCAN_BATCH, (pid) => {
       try {
         stats.set(pid, statOf(pid, quiet, read));
@@ -214,7 +223,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
         stats.set(pid, null);
       }
     });
-    release(new Set(pids));
+    if (keeping) release(new Set(pids));
     if (first !== undefined) {
       log.warn(
         { failed, pid: first.pid, err: first.err },

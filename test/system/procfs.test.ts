@@ -472,9 +472,9 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   const pids = children.map((child) => child.pid as number);
   const before = openFds();
 
-  const first = await proc.readStats(pids);
+  const first = await proc.readStats(pids, { keep: true });
   t.equal(openFds(), before + 4, 'one descriptor kept per process');
-  const second = await proc.readStats(pids);
+  const second = await proc.readStats(pids, { keep: true });
   t.same(identities(second), identities(first), 'read again through them: the same processes');
   t.equal(openFds(), before + 4, 'and no new descriptor');
 
@@ -482,27 +482,29 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   const exited = once(killed, 'exit');
   killed.kill('SIGKILL');
   await exited;
-  const third = await proc.readStats(pids);
+  const third = await proc.readStats(pids, { keep: true });
   t.equal(third.get(killed.pid as number), null, 'a reaped process reads as gone through its kept descriptor');
   t.same(who(third.get(pids[0]!)), who(first.get(pids[0]!)), 'the others are unchanged');
   t.equal(openFds(), before + 3, "the reaped process's descriptor is closed");
 
-  await proc.readStats([pids[0]!]);
+  await proc.readStats([pids[2]!]);
+  t.equal(openFds(), before + 3, "a read that does not keep (the doctor's) opens nothing and lets go of nothing");
+  await proc.readStats([pids[0]!], { keep: true });
   t.equal(openFds(), before + 1, 'PIDs a snapshot no longer asks about are let go');
   proc.release();
   t.equal(openFds(), before, 'release() closes the rest');
-  t.same(who((await proc.readStats([pids[0]!])).get(pids[0]!)), who(first.get(pids[0]!)), 'a released reader still reads');
+  t.same(who((await proc.readStats([pids[0]!], { keep: true })).get(pids[0]!)), who(first.get(pids[0]!)), 'a released reader still reads');
   t.equal(openFds(), before, 'but keeps nothing open any more (a refresh still running at shutdown leaks nothing)');
 
   const capped = createProcReader({ root: '/proc', log: pino({ level: 'silent' }), keepMax: 2 });
   const live = [pids[0]!, pids[2]!, pids[3]!];
-  const cappedStats = await capped.readStats(live);
+  const cappedStats = await capped.readStats(live, { keep: true });
   t.same([...cappedStats.values()].map(who), live.map((pid) => who(first.get(pid))), 'past keepMax, processes are read afresh');
   t.equal(openFds(), before + 2, 'with at most keepMax descriptors kept');
   capped.release();
 
   const fixture = createProcReader({ root: t.testdir({ '7': { stat: statLine({ pid: 7, comm: 'x', state: 'S', ppid: 1, pgrp: 7, session: 7, startTime: 5 }) } }), log: pino({ level: 'silent' }) });
-  t.equal((await fixture.readStats([7])).get(7)?.startTime, 5);
+  t.equal((await fixture.readStats([7], { keep: true })).get(7)?.startTime, 5);
   t.equal(openFds(), before, 'a tree of plain files is not /proc: nothing is kept (a deleted entry must read as gone)');
   const slash = createProcReader({ root: '/proc/', log: pino({ level: 'silent' }) });
   t.equal((await slash.readStat(process.pid))?.pid, process.pid, 'a root given with a trailing slash reads the same paths');
