@@ -29,7 +29,7 @@ function throughputRows(results: EndpointResult[]): Row[] {
   return results.map((r) => ({
     figure: `1. ${r.endpoint} req/s vs bare Fastify (${r.bodyBytes} B body)`,
     measured:
-      `${r.ratio} (${r.nodecompute.rps} vs ${r.bare.rps} req/s; p50 ${r.nodecompute.p50Ms}/${r.bare.p50Ms} ms, ` +
+      `${r.ratio} (rounds ${r.ratioRange[0]}-${r.ratioRange[1]}; ${r.nodecompute.rps} vs ${r.bare.rps} req/s; p50 ${r.nodecompute.p50Ms}/${r.bare.p50Ms} ms, ` +
       `p99 ${r.nodecompute.p99Ms}/${r.bare.p99Ms} ms; CPU ratio ${r.cpuRatio})${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
     target: `>= ${RATIO_TARGET}`,
     result: verdict(r.pass),

@@ -1,7 +1,7 @@
 // Figure 1: what nodecompute's warm path costs over Fastify itself. For each endpoint, nodecompute
 // (warm cache: a TTL far longer than the figure, so no refresh happens while it is measured) and a
 // bare Fastify route answering a precomputed body of the same size are loaded by autocannon in
-// short slices, in ABBA order (nodecompute, bare, bare, nodecompute, ...), SLICES slices a side per
+// short slices, in ABBA order (nodecompute, bare, bare, nodecompute), SLICES slices a side per
 // round, for ROUNDS rounds. Each round gives a paired ratio of requests/s; the figure is the median
 // ratio, so drift on a shared machine hits both sides of each pair alike.
 //
@@ -16,9 +16,9 @@ import { startRegisteredNode, type BenchContext } from '../node-setup.js';
 import { startServer, type ServerHandle } from '../server-handle.js';
 import { median, percentile, round, sortedCopy } from '../stats.js';
 
-export const ROUNDS = 3;
+export const ROUNDS = 5;
 const SLICE_S = 1;
-const SLICES = 4;
+const SLICES = 2;
 const WARMUP_S = 1;
 const CONNECTIONS = 10;
 export const RATIO_TARGET = 0.85;
@@ -55,6 +55,8 @@ export interface EndpointResult {
   bare: { rps: number; p50Ms: number; p99Ms: number; cpuMsPerRequest: number };
   /** Median over rounds of nodecompute req/s / bare req/s: the figure. */
   ratio: number;
+  /** The lowest and highest round ratio: how far the machine moved the figure. */
+  ratioRange: [number, number];
   /** Median over rounds of bare CPU per request / nodecompute CPU per request. */
   cpuRatio: number;
   pass: boolean;
@@ -147,7 +149,8 @@ export async function throughputFigure(ctx: BenchContext, log: (line: string) =>
       }
     }
     return results.map(({ endpoint, bodyBytes, rounds }) => {
-      const ratio = round(median(rounds.map((pair) => pair.ratio)), 3);
+      const ratios = rounds.map((pair) => pair.ratio);
+      const ratio = round(median(ratios), 3);
       const bad = rounds.flatMap((pair) => [pair.nodecompute, pair.bare]).filter((run) => run.errors > 0 || run.non2xx > 0);
       return {
         endpoint: endpoint.name,
@@ -156,6 +159,7 @@ export async function throughputFigure(ctx: BenchContext, log: (line: string) =>
         nodecompute: summary(rounds.map((pair) => pair.nodecompute)),
         bare: summary(rounds.map((pair) => pair.bare)),
         ratio,
+        ratioRange: [Math.min(...ratios), Math.max(...ratios)],
         cpuRatio: round(median(rounds.map((pair) => pair.cpuRatio)), 3),
         pass: ratio >= RATIO_TARGET && bad.length === 0,
         invalid: bad.length > 0 ? `${bad.length} round sides had errors or non-2xx answers` : null,
