@@ -2,7 +2,8 @@
 // its CSV is read. It is the only code that runs nvidia-smi, so the rules that keep the service alive
 // on a sick node live here in one place: every run has a hard deadline, a run that overstays it has
 // its whole process group killed, and a caller is answered at the deadline even if the child cannot
-// die (D state) or a grandchild keeps its output open. The parsers are pure so they can be tested
+// die (D state) or a grandchild keeps its output open. While a killed run is still alive, no other
+// is started: on a wedged driver each would get stuck too, and they would pile up on the node. The parsers are pure so they can be tested
 // against real captured output (shared/samples) without a GPU.
 //
 // Format: we ask for `--format=csv` (header and units). The header lets the parser check that the
@@ -67,6 +68,11 @@ export interface NvidiaSmiOptions {
   timeoutMs: number;
   log: Logger;
   onQuery?: (o: QueryObservation) => void;
+  /**
+   * Kills the process group of a run that overstayed its deadline (default: SIGKILL to the group).
+   * Tests put a no-op here to stand for a wedged driver, which keeps nvidia-smi alive after SIGKILL.
+   */
+  killTimedOut?: (pid: number) => void;
 }
 
 export interface NvidiaSmi {
@@ -265,9 +271,9 @@ function spawnNvidiaSmi(path: string, args: string[]) {
   return execa(path, args, { detached: true, reject: false, all: true, stdin: 'ignore', encoding: 'utf8' });
 }
 
-function killGroup(pid: number | undefined, log: Logger): void {
+function killGroup(pid: number, log: Logger): void {
   try {
-    process.kill(-(pid as number), 'SIGKILL');
+    process.kill(-pid, 'SIGKILL');
   } catch (err) {
     // ESRCH: the group is already gone. Nothing else can be done about a group we may not signal.
     log.debug({ pid, err }, 'could not signal the nvidia-smi process group');
@@ -303,6 +309,19 @@ function abnormalEndError(result: Completed, stopping: boolean): Error {
   return new NvidiaSmiFailedError(`nvidia-smi did not finish normally: ${String(result.shortMessage)}. ${why}`, { cause: result });
 }
 
+/** How long a killed run may take to exit before it counts as stuck (it is being reaped, not wedged). */
+const STUCK_AFTER_MS = 1_000;
+
+function stuckError(pid: number, killedAt: number, timeoutMs: number): Error {
+  const seconds = ((performance.now() - killedAt) / 1000).toFixed(1);
+  return new NvidiaSmiTimeoutError(
+    `nvidia-smi (pid ${pid}) did not answer within ${timeoutMs} ms and is still alive ${seconds} s after it was killed with SIGKILL: ` +
+      'it is stuck in uninterruptible sleep (state D), waiting on a wedged NVIDIA driver. nodecompute starts no other ' +
+      'nvidia-smi until that one exits, so stuck processes do not pile up on this node. Check `dmesg` for NVRM/Xid ' +
+      `errors and \`ps -o pid,stat,wchan -p ${pid}\`; a wedged GPU usually needs a reset or the node a reboot: drain it first.`,
+  );
+}
+
 function timeoutError(timeoutMs: number, args: string[]): Error {
   return new NvidiaSmiTimeoutError(
     `nvidia-smi did not answer within ${timeoutMs} ms (nvidia-smi ${args.join(' ')}), so its process group was killed. ` +
@@ -327,22 +346,43 @@ function rejectsReservedField(err: unknown): boolean {
 
 export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   const { path, timeoutMs, log, onQuery } = options;
+  const killTimedOut = options.killTimedOut ?? ((pid: number) => killGroup(pid, log));
   const alive = new Set<number>();
+  /** Runs killed at their deadline that have not exited yet: pid -> when they were killed. */
+  const killedAt = new Map<number, number>();
   // Older drivers do not know memory.reserved; once one says so, stop asking for the life of the reader.
   let gpuFields: readonly string[] = GPU_QUERY_FIELDS;
   let stopping = false;
 
   /** Runs nvidia-smi once; settles by `deadline` (performance.now() time) whatever the child does. */
+  function stuckRun(): Error | null {
+    for (const [pid, at] of killedAt) {
+      if (performance.now() - at >= STUCK_AFTER_MS) return stuckError(pid, at, timeoutMs);
+    }
+    return null;
+  }
+
   function execute(args: string[], deadline: number): Promise<string> {
+    const stuck = stuckRun();
+    if (stuck) return Promise.reject(stuck);
     const child = spawnNvidiaSmi(path, args);
     const pid = child.pid;
     if (pid !== undefined) {
       alive.add(pid);
-      child.once('exit', () => alive.delete(pid));
+      child.once('exit', () => {
+        alive.delete(pid);
+        const at = killedAt.get(pid);
+        if (at !== undefined && performance.now() - at >= STUCK_AFTER_MS) {
+          log.info({ pid, stuckMs: Math.round(performance.now() - at) }, 'the stuck nvidia-smi has exited at last; nvidia-smi is run again');
+        }
+        killedAt.delete(pid);
+      });
     }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
-        killGroup(pid, log);
+        // Only a spawned run can overstay: one that could not be spawned has settled at once.
+        killedAt.set(pid as number, performance.now());
+        killTimedOut(pid as number);
         reject(timeoutError(timeoutMs, args));
       }, Math.max(0, deadline - performance.now()));
       child.then((result) => {

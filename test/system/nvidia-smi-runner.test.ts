@@ -4,6 +4,7 @@
 import t, { type Test } from 'tap';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { setTimeout } from 'node:timers/promises';
 import { pino } from 'pino';
 import { isCodedError } from '../../src/errors.js';
 import {
@@ -294,6 +295,42 @@ t.test('a slow answer within the timeout is waited for; one past it is not', asy
   await t.rejects(slow.smi.queryVersion(), { code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', message: /within 500 ms \(nvidia-smi --version\)/ });
   t.ok(Date.now() - started < 500 + SLACK_MS);
   await noneAlive(slow.fake.invocations()[0]!.pid);
+});
+
+t.test('a killed nvidia-smi that stays alive (wedged driver, state D) blocks new runs until it exits', async (t) => {
+  // SIGKILL cannot be resisted here, so the stand-in for the wedged driver is a kill that does nothing:
+  // the hung fake really stays alive, as nvidia-smi in state D does.
+  const fake = createFakeNvidiaSmi(t.testdir(), failing('gpu', { kind: 'hang' }));
+  const logs: Array<Record<string, unknown>> = [];
+  const log = pino({ level: 'info' }, { write: (line: string) => logs.push(JSON.parse(line)) });
+  const survived: Array<{ pid: number; at: number }> = [];
+  const smi = createNvidiaSmi({ path: fake.path, timeoutMs: 500, log, killTimedOut: (pid) => survived.push({ pid, at: Date.now() }) });
+  t.teardown(() => smi.killAll());
+
+  await t.rejects(smi.queryGpus(), { code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', message: /did not answer within 500 ms/ });
+  const stuck = survived[0]!.pid;
+  t.equal(stuck, fake.invocations()[0]!.pid, 'the timed-out run was the one killed');
+  t.equal((await smi.queryComputeApps()).length, 8, 'just after the kill it may still be exiting: runs go on');
+
+  await setTimeout(Math.max(0, survived[0]!.at + 1_100 - Date.now()));
+  t.ok(livePidsInGroup(stuck).includes(stuck), 'the killed nvidia-smi is still alive a second later');
+  const spawnedBefore = fake.invocations().length;
+  const err = await smi.queryComputeApps().catch((e: unknown) => e);
+  t.match(err, {
+    code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT',
+    statusCode: 503,
+    message: new RegExp(`nvidia-smi \\(pid ${stuck}\\) did not answer within 500 ms and is still alive [\\d.]+ s after it was killed with SIGKILL`),
+  });
+  for (const hint of ['state D', 'starts no other nvidia-smi', 'dmesg', `ps -o pid,stat,wchan -p ${stuck}`, 'drain']) {
+    t.ok((err as Error).message.includes(hint), `says ${hint}`);
+  }
+  t.equal(fake.invocations().length, spawnedBefore, 'no nvidia-smi was started beside the stuck one');
+  t.equal(smi.running, 1);
+
+  process.kill(-stuck, 'SIGKILL');
+  await waitUntil(() => smi.running === 0, { what: 'the stuck nvidia-smi to exit' });
+  t.match(logs, [{ level: 30, pid: stuck, msg: /stuck nvidia-smi has exited at last/ }]);
+  t.equal((await smi.queryComputeApps()).length, 8, 'once it has exited, nvidia-smi runs again');
 });
 
 t.test('killAll kills hung nvidia-smi process groups, grandchildren included', async (t) => {
