@@ -166,7 +166,15 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     async remove(id) {
       // Nothing to write when the id is unknown and no change is pending that could add it.
       if (!committed.has(id) && queue.length === 0 && !writing) return false;
-      const removed = await enqueue((draft) => draft.delete(id));
+      let removed: boolean;
+      try {
+        removed = await enqueue((draft) => draft.delete(id));
+      } catch (err) {
+        // The batch it rode in was refused, so the registry is as it was. If that holds no such
+        // shard, the removal changed nothing and the answer is "not registered", not a failed write.
+        if (committed.has(id)) throw err;
+        return false;
+      }
       if (removed && engines.delete(id)) engineVersion += 1;
       return removed;
     },

@@ -79,6 +79,23 @@ t.test('concurrent changes are group-committed, and a failed write refuses the b
   t.equal(counter.writes, writes, 'removing an unknown id writes nothing');
 });
 
+t.test('removing an unknown id while a write fails: not registered (false), not a failed write', async (t) => {
+  const dir = t.testdir({});
+  const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json')));
+  const registry = await loadRegistry({ stateFile: wrapped, log });
+  await registry.put(record('kept'));
+  counter.failing = true;
+  // Every write fails now: the registration is refused, and the removals ride refused batches too.
+  const lost = registry.put(record('new'));
+  const outcomes = await Promise.allSettled([lost, registry.remove('never-registered'), registry.remove('new'), registry.remove('kept')]);
+  t.match(outcomes[0], { status: 'rejected', reason: { code: 'NODECOMPUTE_STATE_WRITE_FAILED' } });
+  t.same(outcomes[1], { status: 'fulfilled', value: false }, 'an id that was never registered is not registered');
+  t.same(outcomes[2], { status: 'fulfilled', value: false }, 'its registration was refused, so it is not registered either');
+  t.match(outcomes[3], { status: 'rejected', reason: { code: 'NODECOMPUTE_STATE_WRITE_FAILED' } }, 'a registered shard stays, and the removal says it failed');
+  t.ok(registry.get('kept'));
+  t.equal(registry.get('new'), undefined);
+});
+
 t.test('engine output: kept per shard, read only for llama.cpp, cleared by re-registration', async (t) => {
   const dir = t.testdir({});
   const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json')), log });
