@@ -160,7 +160,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       onQuery: metrics.observeQuery,
     });
   const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
-  const stateFile = createStateFile(config.stateFile);
+  const stateFile = createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }) });
   const registry = await loadRegistry({ stateFile, log });
   const snapshots = createSnapshotSource<NodeSnapshot>({
     take: createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(), now }),

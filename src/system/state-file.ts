@@ -3,8 +3,13 @@
 // a crash at any moment leaves either the old or the new file, never a torn one, and a write that
 // resolved survives a power cut. Reading never repairs or overwrites: a file that cannot be read
 // or parsed is the operator's to look at.
+//
+// Once the rename is done the write has happened, whatever follows: a directory fsync that fails
+// then (some FUSE and network filesystems cannot fsync a directory: EINVAL) is logged, not thrown,
+// so the registry never refuses a change that the file already holds.
 import { mkdir, open, readFile, rename, rm } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
+import type { Logger } from 'pino';
 
 export interface StateFile {
   readonly path: string;
@@ -16,6 +21,12 @@ export interface StateFile {
   checkWritable(): Promise<{ ok: true } | { ok: false; reason: string }>;
 }
 
+export interface StateFileOptions {
+  log: Logger;
+  /** Makes the rename durable (fsync of the directory); tests stand in one that fails, as some filesystems' does. */
+  syncDirectory?: (dir: string) => Promise<void>;
+}
+
 async function fsyncDirectory(dir: string): Promise<void> {
   const handle = await open(dir, 'r');
   try {
@@ -25,7 +36,8 @@ async function fsyncDirectory(dir: string): Promise<void> {
   }
 }
 
-export function createStateFile(path: string): StateFile {
+export function createStateFile(path: string, options: StateFileOptions): StateFile {
+  const { log, syncDirectory = fsyncDirectory } = options;
   const dir = dirname(path);
   let sequence = 0;
   return {
@@ -55,7 +67,16 @@ export function createStateFile(path: string): StateFile {
         await rm(temp, { force: true }).catch(() => undefined);
         throw err;
       }
-      await fsyncDirectory(dir);
+      try {
+        await syncDirectory(dir);
+      } catch (err) {
+        log.warn(
+          { err, stateFile: path },
+          `The state file ${path} was replaced, but the fsync of its directory failed (${(err as Error).message}): ` +
+            'the change is stored and served, yet a power cut now could bring back the previous file. If this filesystem cannot ' +
+            'fsync a directory (EINVAL: some FUSE and network filesystems), put NODECOMPUTE_STATE_FILE on a local disk.',
+        );
+      }
     },
     async checkWritable() {
       const probe = join(dir, `.${basename(path)}.${process.pid}.probe`);

@@ -24,7 +24,7 @@ function doctorFor(t: Test, scenario: FakeScenario | null, overrides: { proc?: s
   return runDoctor({
     nvidiaSmi: createNvidiaSmi({ path, timeoutMs: 20_000, log }),
     proc: createProcReader({ root: overrides.proc ?? '/proc', log }),
-    stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json')),
+    stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json'), { log: pino({ level: 'silent' }) }),
     nvidiaSmiPath: path,
     tokenConfigured: overrides.token ?? false,
     version: '9.9.9',

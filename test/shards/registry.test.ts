@@ -32,7 +32,7 @@ function instrumented(file: StateFile) {
 t.test('a missing file is an empty registry; writes create it, durable and parseable', async (t) => {
   const dir = t.testdir({});
   const path = join(dir, 'deep', 'shards.json');
-  const registry = await loadRegistry({ stateFile: createStateFile(path), log });
+  const registry = await loadRegistry({ stateFile: createStateFile(path, { log }), log });
   t.same(registry.list(), []);
   t.same(await registry.put(record('a')), { created: true });
   t.same(await registry.put(record('a')), { created: false });
@@ -40,7 +40,7 @@ t.test('a missing file is an empty registry; writes create it, durable and parse
   t.equal(state.format, 'nodecompute-shards/v1');
   t.same(state.shards.map((s: ShardRecord) => s.id), ['a']);
   t.same(readdirSync(join(dir, 'deep')), ['shards.json'], 'no temp file left behind');
-  const again = await loadRegistry({ stateFile: createStateFile(path), log });
+  const again = await loadRegistry({ stateFile: createStateFile(path, { log }), log });
   t.same(again.get('a'), record('a'));
   t.same(again.interest(), { pids: [42], cgroups: [] });
 });
@@ -52,14 +52,14 @@ t.test('a corrupt, foreign or unreadable state file stops the load, naming it, a
     ['other.json', /other\.json is not a nodecompute shard registry: \/format/],
     ['dir.json', /Cannot read the state file .*dir\.json: EISDIR/],
   ] as const) {
-    await t.rejects(loadRegistry({ stateFile: createStateFile(join(dir, file)), log }), { code: 'NODECOMPUTE_STATE_FILE_INVALID', message }, file);
+    await t.rejects(loadRegistry({ stateFile: createStateFile(join(dir, file), { log }), log }), { code: 'NODECOMPUTE_STATE_FILE_INVALID', message }, file);
   }
   t.equal(readFileSync(join(dir, 'torn.json'), 'utf8'), '{"format": "nodecompute-shards/v1", "sha');
 });
 
 t.test('concurrent changes are group-committed, and a failed write refuses the batch and loses nothing', async (t) => {
   const dir = t.testdir({});
-  const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json')));
+  const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json'), { log }));
   const registry = await loadRegistry({ stateFile: wrapped, log });
   await Promise.all(Array.from({ length: 50 }, (_, i) => registry.put(record(`s${i}`))));
   t.equal(registry.list().length, 50);
@@ -81,7 +81,7 @@ t.test('concurrent changes are group-committed, and a failed write refuses the b
 
 t.test('removing an unknown id while a write fails: not registered (false), not a failed write', async (t) => {
   const dir = t.testdir({});
-  const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json')));
+  const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json'), { log }));
   const registry = await loadRegistry({ stateFile: wrapped, log });
   await registry.put(record('kept'));
   counter.failing = true;
@@ -98,7 +98,7 @@ t.test('removing an unknown id while a write fails: not registered (false), not 
 
 t.test('engine output: kept per shard, read only for llama.cpp, cleared by re-registration', async (t) => {
   const dir = t.testdir({});
-  const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json')), log });
+  const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
   await registry.put(record('llama', 'llama.cpp'));
   await registry.put(record('vllm', 'vllm'));
   t.equal(registry.appendEngineOutput('nope', 'x', 1), undefined);
@@ -113,13 +113,32 @@ t.test('engine output: kept per shard, read only for llama.cpp, cleared by re-re
   t.equal(registry.engine('vllm'), undefined);
 });
 
+t.test('a directory that cannot be fsynced (EINVAL): the change is stored and acknowledged, with a warning', async (t) => {
+  const dir = t.testdir({});
+  const path = join(dir, 'shards.json');
+  const warnings: Array<Record<string, unknown>> = [];
+  const warned = pino({ level: 'warn' }, { write: (line: string) => warnings.push(JSON.parse(line)) });
+  const syncDirectory = async () => {
+    throw Object.assign(new Error('EINVAL: invalid argument, fsync'), { code: 'EINVAL' });
+  };
+  const registry = await loadRegistry({ stateFile: createStateFile(path, { log: warned, syncDirectory }), log });
+  t.same(await registry.put(record('a')), { created: true });
+  t.ok(registry.get('a'), 'served');
+  t.same(JSON.parse(readFileSync(path, 'utf8')).shards.map((s: ShardRecord) => s.id), ['a'], 'and in the file');
+  t.match(warnings, [
+    { level: 40, stateFile: path, msg: /was replaced, but the fsync of its directory failed \(EINVAL: invalid argument, fsync\): the change is stored .*local disk/ },
+  ]);
+  t.equal(await registry.remove('a'), true, 'a removal is acknowledged too');
+  t.same((await loadRegistry({ stateFile: createStateFile(path, { log }), log })).list(), [], 'the file and the registry agree');
+});
+
 t.test('the state file: a failed replace leaves no temp file; checkWritable says why not', async (t) => {
   const dir = t.testdir({ 'is-a-dir': { keep: 'x' }, file: 'plain' });
-  const blocked = createStateFile(join(dir, 'is-a-dir'));
+  const blocked = createStateFile(join(dir, 'is-a-dir'), { log });
   await t.rejects(blocked.write('{}'), { code: 'EISDIR' });
   t.same(readdirSync(dir).sort(), ['file', 'is-a-dir'], 'the temp file was removed');
-  t.same(await createStateFile(join(dir, 'file', 'x.json')).checkWritable(), { ok: false, reason: `cannot write in ${join(dir, 'file')}: EEXIST: file already exists, mkdir '${join(dir, 'file')}'` });
+  t.same(await createStateFile(join(dir, 'file', 'x.json'), { log }).checkWritable(), { ok: false, reason: `cannot write in ${join(dir, 'file')}: EEXIST: file already exists, mkdir '${join(dir, 'file')}'` });
   mkdirSync(join(dir, 'ok'));
   writeFileSync(join(dir, 'ok', 'x.json'), '');
-  t.same(await createStateFile(join(dir, 'ok', 'x.json')).checkWritable(), { ok: true });
+  t.same(await createStateFile(join(dir, 'ok', 'x.json'), { log }).checkWritable(), { ok: true });
 });
