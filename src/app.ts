@@ -204,15 +204,15 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     return reply.status(404).send(errorBody(404, err.code, err.message));
   });
   // Probes arrive every few seconds from every pod: answered requests are logged at debug only, and
-  // the log line is not even built unless someone asked for it.
+  // the log line is not even built unless someone asked for it. A 503 verdict is an answer, not a
+  // failure: the shard service logs each verdict change once, and failures log where they happen.
   let closing = false;
   const debugRequests = log.isLevelEnabled('debug');
   app.addHook('onResponse', (request, reply, done) => {
     // While closing, a keep-alive connection must not hold the server open after its last answer.
     if (closing) request.raw.socket.end();
-    if (reply.statusCode >= 500 || debugRequests) {
-      const level = reply.statusCode >= 500 ? 'warn' : 'debug';
-      request.log[level]({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
+    if (debugRequests) {
+      request.log.debug({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
     }
     done();
   });

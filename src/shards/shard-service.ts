@@ -1,6 +1,8 @@
 // Owns the shard use cases behind the routes: registering (validated against this node's GPUs and
 // /proc), removing, and answering each shard's compute and readiness from the current snapshot.
 // The routes stay thin; readers arrive as dependencies so this module never touches the OS itself.
+// A shard's verdict changing (starting, ready, on-cpu, exited) is logged once, when a request first
+// sees the change, rather than at every probe.
 import type { Logger } from 'pino';
 import { BadRequestError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import type { Current, NodeService } from '../node-state/node-service.js';
@@ -11,7 +13,7 @@ import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
 import type { ProcReader } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import type { EngineAccount } from './llama-log.js';
-import { readiness, type Readiness } from './readiness.js';
+import { readiness, type Readiness, type ReadinessState } from './readiness.js';
 import type { EngineState, Registry } from './registry.js';
 import type { ProcessIdentity, ShardRecord } from './shard.js';
 
@@ -117,20 +119,38 @@ export function createShardService(deps: ShardServiceDeps) {
     return registry.engine(id)?.account ?? null;
   }
 
+  /** The last verified verdict logged for each registration (a new registration starts afresh). */
+  const loggedVerdicts = new WeakMap<ShardRecord, ReadinessState>();
+
+  function logVerdictChange(shard: ShardRecord, verdict: Readiness): void {
+    // Unverified means nvidia-smi cannot be asked: the snapshot cache logs that once for the node.
+    if (verdict.state === 'unverified') return;
+    const previous = loggedVerdicts.get(shard) ?? null;
+    if (previous === verdict.state) return;
+    loggedVerdicts.set(shard, verdict.state);
+    const level = verdict.state === 'on-cpu' || verdict.state === 'exited' ? 'warn' : 'info';
+    log[level](
+      { shard: shard.id, state: verdict.state, previous, gpus: shard.gpus },
+      `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`,
+    );
+  }
+
   /** The verdict (and, unless a probe only needs the verdict, the compute) of one shard. */
   function stateOf(shard: ShardRecord, current: Current | null, unavailable: string | null, withCompute = true): ShardState {
     const engine = engineAccount(shard.id);
     const nodeView = current?.node ?? null;
+    const verdict = readiness({
+      shard,
+      node: nodeView,
+      staleReason: current ? staleNote(current.view) : null,
+      engine,
+      now: now(),
+      ...(unavailable === null ? {} : { unavailable }),
+    });
+    logVerdictChange(shard, verdict);
     return {
       shard,
-      readiness: readiness({
-        shard,
-        node: nodeView,
-        staleReason: current ? staleNote(current.view) : null,
-        engine,
-        now: now(),
-        ...(unavailable === null ? {} : { unavailable }),
-      }),
+      readiness: verdict,
       compute: nodeView && withCompute ? shardCompute(shard, nodeView, engine) : null,
       observedAt: current ? current.view.observedAt : null,
     };

@@ -137,6 +137,44 @@ t.test('timeline: starting -> on-cpu after grace, with an actionable reason; the
   t.equal(listed.shards[0].id, 's2', 'an exited shard stays registered: the control plane decides');
 });
 
+t.test('each verdict change is logged once, on-cpu and exited as warnings; probes in between log nothing', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, logger } });
+  const verdictLines = () => lines.filter((line) => typeof line.shard === 'string' && 'state' in line).map((line) => [line.level, line.state, line.previous, line.msg]);
+  const probe = async (times = 3) => {
+    for (let i = 0; i < times; i += 1) {
+      clock.advance(1);
+      await app.inject({ method: 'GET', url: '/shards/v/ready' });
+    }
+  };
+  await app.inject({ method: 'PUT', url: '/shards/v', payload: { pid: shard.pid, gpus: [1], graceMs: 5000 } });
+  await probe();
+  clock.advance(5000);
+  await probe();
+  fake.setScenario(twoGpuNode([{ gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'vllm', usedMiB: 9000 }]));
+  await probe();
+  await app.inject({ method: 'GET', url: '/metrics' });
+  fake.update((scenario) => ({ ...scenario, failures: { all: { kind: 'driver-unreachable' } } }));
+  await probe();
+  fake.update((scenario) => ({ ...scenario, failures: {} }));
+  await probe();
+  await shard.kill();
+  fake.setScenario(twoGpuNode());
+  await probe();
+
+  t.match(verdictLines(), [
+    [30, 'starting', null, /^Shard "v" is now starting: waiting for the shard to hold memory on GPU 1/],
+    [40, 'on-cpu', 'starting', /^Shard "v" is now on-cpu: placed on GPU 1 but computing on the CPU: its processes hold no memory on GPU 1/],
+    [30, 'ready', 'on-cpu', 'Shard "v" is now ready'],
+    [40, 'exited', 'ready', /^Shard "v" is now exited: the shard's process exited/],
+  ]);
+  t.equal(verdictLines().length, 4, 'nothing for repeated probes, /metrics, or nvidia-smi being away and back');
+  t.notOk(lines.some((line) => line.msg === 'Request answered'), 'a 503 verdict is not logged as a failed request');
+});
+
 t.test('the engine saying CPU makes a GPU shard on-cpu at once, quoting what it saw', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const { app, step } = await setup(t);
