@@ -66,7 +66,7 @@ export function createMetrics(): Metrics {
   return {
     registry,
     observeQuery(observation) {
-      duration.observe({ query: observation.query }, observation.durationMs / 1000);
+      if (observation.durationMs !== null) duration.observe({ query: observation.query }, observation.durationMs / 1000);
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
     update({ node, ageMs, shards }) {

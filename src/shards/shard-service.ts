@@ -130,7 +130,7 @@ export function createShardService(deps: ShardServiceDeps) {
     loggedVerdicts.set(shard, verdict.state);
     const level = verdict.state === 'on-cpu' || verdict.state === 'exited' ? 'warn' : 'info';
     log[level](
-      { shard: shard.id, state: verdict.state, previous, gpus: shard.gpus },
+      { shard: shard.id, state: verdict.state, previous, pid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
       `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`,
     );
   }

@@ -2,8 +2,8 @@
 // its CSV is read. It is the only code that runs nvidia-smi, so the rules that keep the service alive
 // on a sick node live here in one place: every run has a hard deadline, a run that overstays it has
 // its whole process group killed, and a caller is answered at the deadline even if the child cannot
-// die (D state) or a grandchild keeps its output open. While a killed run is still alive, no other
-// is started: on a wedged driver each would get stuck too, and they would pile up on the node. The parsers are pure so they can be tested
+// die (D state) or a grandchild keeps its output open. While a killed run is still alive a second
+// after SIGKILL, no other is started: on a wedged driver each would get stuck too, and pile up. The parsers are pure so they can be tested
 // against real captured output (shared/samples) without a GPU.
 //
 // Format: we ask for `--format=csv` (header and units). The header lets the parser check that the
@@ -58,7 +58,8 @@ export type QueryName = 'gpus' | 'compute-apps' | 'version';
 
 export interface QueryObservation {
   query: QueryName;
-  durationMs: number;
+  /** null when nvidia-smi was not run at all (a killed run is still stuck). */
+  durationMs: number | null;
   /** 'ok', or the code of the error the query failed with. */
   outcome: 'ok' | string;
 }
@@ -312,10 +313,10 @@ function abnormalEndError(result: Completed, stopping: boolean): Error {
 /** How long a killed run may take to exit before it counts as stuck (it is being reaped, not wedged). */
 const STUCK_AFTER_MS = 1_000;
 
+/** The same text for every refusal while the same run is stuck, so the failure is logged once. */
 function stuckError(pid: number, killedAt: number, timeoutMs: number): Error {
-  const seconds = ((performance.now() - killedAt) / 1000).toFixed(1);
   return new NvidiaSmiTimeoutError(
-    `nvidia-smi (pid ${pid}) did not answer within ${timeoutMs} ms and is still alive ${seconds} s after it was killed with SIGKILL: ` +
+    `nvidia-smi (pid ${pid}) did not answer within ${timeoutMs} ms and is still alive although it was killed with SIGKILL at ${new Date(killedAt).toISOString()}: ` +
       'it is stuck in uninterruptible sleep (state D), waiting on a wedged NVIDIA driver. nodecompute starts no other ' +
       'nvidia-smi until that one exits, so stuck processes do not pile up on this node. Check `dmesg` for NVRM/Xid ' +
       `errors and \`ps -o pid,stat,wchan -p ${pid}\`; a wedged GPU usually needs a reset or the node a reboot: drain it first.`,
@@ -348,41 +349,43 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   const { path, timeoutMs, log, onQuery } = options;
   const killTimedOut = options.killTimedOut ?? ((pid: number) => killGroup(pid, log));
   const alive = new Set<number>();
-  /** Runs killed at their deadline that have not exited yet: pid -> when they were killed. */
+  /** Runs killed at their deadline that had not exited: pid -> when they were killed (Date.now()). */
   const killedAt = new Map<number, number>();
   // Older drivers do not know memory.reserved; once one says so, stop asking for the life of the reader.
   let gpuFields: readonly string[] = GPU_QUERY_FIELDS;
   let stopping = false;
 
-  /** Runs nvidia-smi once; settles by `deadline` (performance.now() time) whatever the child does. */
+  /** The refusal to run while a killed run has outlived SIGKILL by STUCK_AFTER_MS; null when none has. */
   function stuckRun(): Error | null {
     for (const [pid, at] of killedAt) {
-      if (performance.now() - at >= STUCK_AFTER_MS) return stuckError(pid, at, timeoutMs);
+      if (Date.now() - at >= STUCK_AFTER_MS) return stuckError(pid, at, timeoutMs);
     }
     return null;
   }
 
+  /** Runs nvidia-smi once; settles by `deadline` (performance.now() time) whatever the child does. */
   function execute(args: string[], deadline: number): Promise<string> {
-    const stuck = stuckRun();
-    if (stuck) return Promise.reject(stuck);
     const child = spawnNvidiaSmi(path, args);
     const pid = child.pid;
+    let exited = false;
     if (pid !== undefined) {
       alive.add(pid);
       child.once('exit', () => {
+        exited = true;
         alive.delete(pid);
         const at = killedAt.get(pid);
-        if (at !== undefined && performance.now() - at >= STUCK_AFTER_MS) {
-          log.info({ pid, stuckMs: Math.round(performance.now() - at) }, 'the stuck nvidia-smi has exited at last; nvidia-smi is run again');
-        }
         killedAt.delete(pid);
+        if (at !== undefined && Date.now() - at >= STUCK_AFTER_MS) {
+          log.info({ pid, stuckMs: Date.now() - at, stillStuck: killedAt.size }, 'The stuck nvidia-smi has exited at last; nodecompute runs nvidia-smi again');
+        }
       });
     }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
-        // Only a spawned run can overstay: one that could not be spawned has settled at once.
-        killedAt.set(pid as number, performance.now());
+        // Only a spawned run can overstay: one that could not be spawned has settled at once. The
+        // group is killed even when nvidia-smi itself has exited: a child of it may hold its output.
         killTimedOut(pid as number);
+        if (!exited) killedAt.set(pid as number, Date.now());
         reject(timeoutError(timeoutMs, args));
       }, Math.max(0, deadline - performance.now()));
       child.then((result) => {
@@ -408,6 +411,11 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   }
 
   async function run<T>(query: QueryName, args: string[], parse: (stdout: string) => T, deadline: number): Promise<T> {
+    const stuck = stuckRun();
+    if (stuck) {
+      onQuery?.({ query, durationMs: null, outcome: (stuck as CodedError).code });
+      throw stuck;
+    }
     const started = performance.now();
     try {
       const value = parse(await execute(args, deadline));

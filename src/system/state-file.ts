@@ -1,12 +1,13 @@
 // Owns the shard registry's file on disk. Writes are atomic and durable: a temp file in the same
 // directory is written and fsynced, renamed over the state file, and the directory is fsynced, so
-// a crash at any moment leaves either the old or the new file, never a torn one, and a write that
-// resolved survives a power cut. Reading never repairs or overwrites: a file that cannot be read
-// or parsed is the operator's to look at.
+// a crash at any moment leaves either the old or the new file, never a torn one, and (where the
+// directory fsync works) a write that resolved survives a power cut. Reading never repairs or
+// overwrites: a file that cannot be read or parsed is the operator's to look at.
 //
 // Once the rename is done the write has happened, whatever follows: a directory fsync that fails
 // then (some FUSE and network filesystems cannot fsync a directory: EINVAL) is logged, not thrown,
-// so the registry never refuses a change that the file already holds.
+// so the registry never refuses a change that the file already holds. Each kind of failure is
+// logged as a warning once, then at debug: on such a filesystem every write fails the same way.
 import { mkdir, open, readFile, rename, rm } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
@@ -27,6 +28,15 @@ export interface StateFileOptions {
   syncDirectory?: (dir: string) => Promise<void>;
 }
 
+/** errno codes with which a filesystem says it cannot fsync a directory at all. */
+const CANNOT_SYNC_DIRECTORIES = new Set(['EINVAL', 'ENOTSUP', 'EOPNOTSUPP']);
+
+function directorySyncAdvice(err: NodeJS.ErrnoException): string {
+  return CANNOT_SYNC_DIRECTORIES.has(String(err.code))
+    ? 'This filesystem cannot fsync a directory (some FUSE and network filesystems): put NODECOMPUTE_STATE_FILE on a local disk.'
+    : 'Check the volume the state file lives on (`dmesg` for I/O errors).';
+}
+
 async function fsyncDirectory(dir: string): Promise<void> {
   const handle = await open(dir, 'r');
   try {
@@ -39,6 +49,7 @@ async function fsyncDirectory(dir: string): Promise<void> {
 export function createStateFile(path: string, options: StateFileOptions): StateFile {
   const { log, syncDirectory = fsyncDirectory } = options;
   const dir = dirname(path);
+  const directorySyncFailures = new Set<string>();
   let sequence = 0;
   return {
     path,
@@ -70,11 +81,13 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       try {
         await syncDirectory(dir);
       } catch (err) {
-        log.warn(
+        const kind = String((err as NodeJS.ErrnoException).code);
+        const level = directorySyncFailures.has(kind) ? 'debug' : 'warn';
+        directorySyncFailures.add(kind);
+        log[level](
           { err, stateFile: path },
           `The state file ${path} was replaced, but the fsync of its directory failed (${(err as Error).message}): ` +
-            'the change is stored and served, yet a power cut now could bring back the previous file. If this filesystem cannot ' +
-            'fsync a directory (EINVAL: some FUSE and network filesystems), put NODECOMPUTE_STATE_FILE on a local disk.',
+            `the change is stored and served, yet a power cut now could bring back the previous file. ${directorySyncAdvice(err as NodeJS.ErrnoException)}`,
         );
       }
     },

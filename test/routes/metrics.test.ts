@@ -2,6 +2,7 @@
 // snapshot; shards in every state; a deleted shard's series disappear; a scrape reads the cache.
 import { spawnSync } from 'node:child_process';
 import t from 'tap';
+import { createMetrics } from '../../src/metrics.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
@@ -104,6 +105,16 @@ t.test('when nvidia-smi fails, metrics still answer: up 0, failures counted, no 
   t.notMatch(text, /^nodecompute_gpu_memory_total_bytes\{/m);
   t.equal(sample(text, 'nodecompute_shard_state', { shard: 's', state: 'unverified' }), 1);
   t.equal(sample(text, 'nodecompute_snapshot_age_seconds', {}), 0.005, 'the age of the last good snapshot keeps growing');
+});
+
+t.test('a query refused while a killed nvidia-smi is stuck counts as a failure but adds no duration', async (t) => {
+  const metrics = createMetrics();
+  metrics.observeQuery({ query: 'gpus', durationMs: 5000, outcome: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' });
+  metrics.observeQuery({ query: 'gpus', durationMs: null, outcome: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' });
+  const text = await metrics.registry.metrics();
+  t.equal(sample(text, 'nodecompute_nvidia_smi_failures_total', { query: 'gpus', reason: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' }), 2);
+  t.equal(sample(text, 'nodecompute_nvidia_smi_query_duration_seconds_count', { query: 'gpus' }), 1, 'only the run that ran is timed');
+  t.equal(sample(text, 'nodecompute_nvidia_smi_query_duration_seconds_sum', { query: 'gpus' }), 5);
 });
 
 t.test('before any snapshot the age is NaN', async (t) => {

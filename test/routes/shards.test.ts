@@ -172,6 +172,7 @@ t.test('each verdict change is logged once, on-cpu and exited as warnings; probe
     [40, 'exited', 'ready', /^Shard "v" is now exited: the shard's process exited/],
   ]);
   t.equal(verdictLines().length, 4, 'nothing for repeated probes, /metrics, or nvidia-smi being away and back');
+  t.match(lines.find((line) => line.state === 'on-cpu'), { shard: 'v', pid: shard.pid, cgroup: null, gpus: [1] }, 'a line says which process to look at');
   t.notOk(lines.some((line) => line.msg === 'Request answered'), 'a 503 verdict is not logged as a failed request');
 });
 

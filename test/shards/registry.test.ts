@@ -113,23 +113,32 @@ t.test('engine output: kept per shard, read only for llama.cpp, cleared by re-re
   t.equal(registry.engine('vllm'), undefined);
 });
 
-t.test('a directory that cannot be fsynced (EINVAL): the change is stored and acknowledged, with a warning', async (t) => {
+t.test('a directory that cannot be fsynced: the change is stored and acknowledged, with one warning per kind of failure', async (t) => {
   const dir = t.testdir({});
   const path = join(dir, 'shards.json');
-  const warnings: Array<Record<string, unknown>> = [];
-  const warned = pino({ level: 'warn' }, { write: (line: string) => warnings.push(JSON.parse(line)) });
+  const lines: Array<Record<string, unknown>> = [];
+  const logged = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  let failure = { code: 'EINVAL', message: 'EINVAL: invalid argument, fsync' };
   const syncDirectory = async () => {
-    throw Object.assign(new Error('EINVAL: invalid argument, fsync'), { code: 'EINVAL' });
+    throw Object.assign(new Error(failure.message), { code: failure.code });
   };
-  const registry = await loadRegistry({ stateFile: createStateFile(path, { log: warned, syncDirectory }), log });
+  const registry = await loadRegistry({ stateFile: createStateFile(path, { log: logged, syncDirectory }), log });
   t.same(await registry.put(record('a')), { created: true });
   t.ok(registry.get('a'), 'served');
   t.same(JSON.parse(readFileSync(path, 'utf8')).shards.map((s: ShardRecord) => s.id), ['a'], 'and in the file');
-  t.match(warnings, [
-    { level: 40, stateFile: path, msg: /was replaced, but the fsync of its directory failed \(EINVAL: invalid argument, fsync\): the change is stored .*local disk/ },
-  ]);
   t.equal(await registry.remove('a'), true, 'a removal is acknowledged too');
   t.same((await loadRegistry({ stateFile: createStateFile(path, { log }), log })).list(), [], 'the file and the registry agree');
+  failure = { code: 'EIO', message: 'EIO: i/o error, fsync' };
+  await registry.put(record('b'));
+  t.match(
+    lines.map((line) => [line.level, line.stateFile, line.msg]),
+    [
+      [40, path, /was replaced, but the fsync of its directory failed \(EINVAL: invalid argument, fsync\): the change is stored .*cannot fsync a directory .*local disk\.$/],
+      [20, path, /fsync of its directory failed \(EINVAL/],
+      [40, path, /fsync of its directory failed \(EIO: i\/o error, fsync\): .*Check the volume .*dmesg/],
+    ],
+    'a warning the first time each way, then debug',
+  );
 });
 
 t.test('the state file: a failed replace leaves no temp file; checkWritable says why not', async (t) => {
