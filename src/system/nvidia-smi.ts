@@ -3,8 +3,9 @@
 // on a sick node live here in one place: every run has a hard deadline, a run that overstays it has
 // its whole process group killed, and a caller is answered at the deadline even if the child cannot
 // die (D state) or a grandchild keeps its output open. While a killed run is still alive a second
-// after SIGKILL, no other is started: on a wedged driver each would get stuck too, and pile up. The parsers are pure so they can be tested
-// against real captured output (shared/samples) without a GPU.
+// after SIGKILL, no other is started: on a wedged driver each would get stuck too, and pile up. The
+// parsers are pure so they can be tested against real captured output (shared/samples) without a
+// GPU.
 //
 // Format: we ask for `--format=csv` (header and units). The header lets the parser check that the
 // columns came back in the order asked (nvidia-smi's output is "not guaranteed to be backwards
