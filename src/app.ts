@@ -129,6 +129,11 @@ export function writeClientError(err: NodeJS.ErrnoException, socket: import('nod
   );
 }
 
+/** How often the same coded failure is logged as a warning while it repeats. */
+const REPEATED_FAILURE_WARNING_MS = 60_000;
+/** Distinct failures remembered for that; past it the memory starts afresh (messages may carry ids). */
+const DISTINCT_FAILURES_KEPT = 100;
+
 export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App> {
   const log = deps.logger ?? pino({ level: config.logLevel });
   const app = Fastify({
@@ -186,9 +191,23 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   };
   app.decorate('services', services);
 
+  // A coded failure (nvidia-smi down, an unwritable state file) repeats on every request while it
+  // lasts, and pollers ask every second: each distinct one is a warning at most once a minute, and
+  // its repeats are debug lines.
+  const warnedAt = new Map<string, number>();
+  const failureLevel = (code: string, message: string): 'warn' | 'debug' => {
+    const key = `${code}: ${message}`;
+    const last = warnedAt.get(key);
+    if (last !== undefined && now() - last < REPEATED_FAILURE_WARNING_MS) return 'debug';
+    if (warnedAt.size >= DISTINCT_FAILURES_KEPT) warnedAt.clear();
+    warnedAt.set(key, now());
+    return 'warn';
+  };
   app.setErrorHandler((err: FastifyError, request, reply) => {
     if (isCodedError(err)) {
-      if (err.statusCode >= 500) request.log.warn({ err: { code: err.code, message: err.message } }, 'Request failed');
+      if (err.statusCode >= 500) {
+        request.log[failureLevel(err.code, err.message)]({ err: { code: err.code, message: err.message } }, 'Request failed');
+      }
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }
     const mapped = fastifyErrorBody(err);

@@ -1,4 +1,5 @@
-// buildApp's defaults: with no deps it makes its own logger and readers from the config alone.
+// buildApp's defaults (with no deps it makes its own logger and readers from the config alone) and
+// how it logs requests: answered ones at debug, coded failures as one warning a minute each.
 import { join } from 'node:path';
 import t from 'tap';
 import { buildApp, writeClientError } from '../src/app.js';
@@ -23,7 +24,7 @@ t.test('malformed HTTP on a socket the client already closed is left alone', asy
   t.match(written[0], /^HTTP\/1\.1 400 Bad Request\r\n[^]*"code":"NODECOMPUTE_BAD_REQUEST"[^]*HPE_INVALID_CONTENT_LENGTH/);
 });
 
-t.test('at debug level every answered request is logged; below it, only 5xx', async (t) => {
+t.test('at debug level every answered request is logged', async (t) => {
   const dir = t.testdir({});
   const lines: string[] = [];
   const { pino } = await import('pino');
@@ -32,4 +33,47 @@ t.test('at debug level every answered request is logged; below it, only 5xx', as
   t.teardown(() => app.close());
   await app.inject({ method: 'GET', url: '/livez' });
   t.ok(lines.some((line) => line.includes('"url":"/livez"') && line.includes('"level":20') && line.includes('Request answered')));
+});
+
+t.test('a coded failure repeating on every request is one warning a minute, its repeats debug lines', async (t) => {
+  const dir = t.testdir({});
+  const lines: Array<Record<string, unknown>> = [];
+  const { pino } = await import('pino');
+  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  let clock = Date.now();
+  const app = await buildApp(defaultConfig({ stateFile: join(dir, 's.json'), nvidiaSmi: join(dir, 'missing') }), { logger, now: () => clock });
+  t.teardown(() => app.close());
+  const failedLevels = async (url: string) => {
+    const res = await app.inject({ method: 'GET', url });
+    t.equal(res.statusCode, 503);
+    return lines.filter((line) => line.msg === 'Request failed').map((line) => line.level);
+  };
+  for (let i = 0; i < 3; i += 1) await failedLevels('/gpus');
+  t.same(await failedLevels('/gpus/foreign-memory'), [40, 20, 20, 20], 'the same failure through another route is a repeat too');
+  const first = lines.find((line) => line.msg === 'Request failed')!;
+  t.match(first, { reqId: String, err: { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', message: /could not be run from/ } });
+  clock += 60_000;
+  t.same((await failedLevels('/gpus')).slice(4), [40], 'a minute later it is a warning again');
+});
+
+t.test('the failures remembered for that are bounded: past 100 distinct ones the memory starts afresh', async (t) => {
+  const dir = t.testdir({});
+  const lines: Array<Record<string, unknown>> = [];
+  const { pino } = await import('pino');
+  const { createProcReader } = await import('../src/system/procfs.js');
+  const logger = pino({ level: 'warn' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const base = createProcReader({ root: '/proc', log: logger });
+  // Each registration fails with a message of its own (the PID is in it): a distinct failure each.
+  const readStat = (pid: number) => Promise.reject(new Error(`cannot read /proc/${pid}/stat: permission denied (EACCES).`));
+  const app = await buildApp(defaultConfig({ stateFile: join(dir, 's.json'), nvidiaSmi: join(dir, 'missing') }), { logger, proc: { ...base, root: base.root, readStat } });
+  t.teardown(() => app.close());
+  const register = (pid: number) => app.inject({ method: 'PUT', url: '/shards/p', payload: { pid, gpus: [] } });
+  const warnings = () => lines.filter((line) => line.msg === 'Request failed').length;
+  await register(1);
+  await register(1);
+  t.equal(warnings(), 1, 'a repeat within the minute is not a warning');
+  for (let pid = 2; pid <= 101; pid += 1) t.equal((await register(pid)).statusCode, 503);
+  t.equal(warnings(), 101);
+  await register(1);
+  t.equal(warnings(), 102, 'the 101st distinct failure started the memory afresh, so the first is news again');
 });
