@@ -117,9 +117,11 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
       : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it."),
   );
   checks.push(
-    writable.ok
-      ? check('state-file', 'ok', `${deps.stateFile.path} can be written`)
-      : check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.'),
+    !writable.ok
+      ? check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.')
+      : writable.warning === null
+        ? check('state-file', 'ok', `${deps.stateFile.path} can be written`)
+        : check('state-file', 'warn', `${deps.stateFile.path} can be written, but the ${writable.warning.problem}`, writable.warning.fix),
   );
   checks.push(
     deps.tokenConfigured

@@ -18,8 +18,11 @@ export interface StateFile {
   read(): Promise<string | null>;
   /** Replaces the file's content atomically and durably. */
   write(text: string): Promise<void>;
-  /** Whether a write would succeed now: creates and removes a probe file beside the state file. */
-  checkWritable(): Promise<{ ok: true } | { ok: false; reason: string }>;
+  /**
+   * Whether a write would succeed now: creates and removes a probe file beside the state file, and
+   * fsyncs the directory. A directory that cannot be fsynced still takes writes: that is a warning.
+   */
+  checkWritable(): Promise<{ ok: true; warning: { problem: string; fix: string } | null } | { ok: false; reason: string }>;
 }
 
 export interface StateFileOptions {
@@ -30,6 +33,10 @@ export interface StateFileOptions {
 
 /** errno codes with which a filesystem says it cannot fsync a directory at all. */
 const CANNOT_SYNC_DIRECTORIES = new Set(['EINVAL', 'ENOTSUP', 'EOPNOTSUPP']);
+
+function directorySyncRisk(dir: string, err: Error): string {
+  return `fsync of ${dir} failed (${err.message}): a change is stored and served, yet a power cut right after it could bring back the previous file.`;
+}
 
 function directorySyncAdvice(err: NodeJS.ErrnoException): string {
   return CANNOT_SYNC_DIRECTORIES.has(String(err.code))
@@ -86,8 +93,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         directorySyncFailures.add(kind);
         log[level](
           { err, stateFile: path },
-          `The state file ${path} was replaced, but the fsync of its directory failed (${(err as Error).message}): ` +
-            `the change is stored and served, yet a power cut now could bring back the previous file. ${directorySyncAdvice(err as NodeJS.ErrnoException)}`,
+          `The state file ${path} was replaced, but the ${directorySyncRisk(dir, err as Error)} ${directorySyncAdvice(err as NodeJS.ErrnoException)}`,
         );
       }
     },
@@ -98,9 +104,14 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         const handle = await open(probe, 'w', 0o600);
         await handle.close();
         await rm(probe, { force: true });
-        return { ok: true };
       } catch (err) {
         return { ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` };
+      }
+      try {
+        await syncDirectory(dir);
+        return { ok: true, warning: null };
+      } catch (err) {
+        return { ok: true, warning: { problem: directorySyncRisk(dir, err as Error), fix: directorySyncAdvice(err as NodeJS.ErrnoException) } };
       }
     },
   };

@@ -15,7 +15,16 @@ import { MAIN } from '../helpers/server.js';
 
 const log = pino({ level: 'silent' });
 
-function doctorFor(t: Test, scenario: FakeScenario | null, overrides: { proc?: string; stateFile?: string; token?: boolean; slowQueryMs?: number } = {}) {
+/** A directory fsync as a filesystem that cannot do it answers. */
+async function cannotSyncDirectories(): Promise<void> {
+  throw Object.assign(new Error('EINVAL: invalid argument, fsync'), { code: 'EINVAL' });
+}
+
+function doctorFor(
+  t: Test,
+  scenario: FakeScenario | null,
+  overrides: { proc?: string; stateFile?: string; token?: boolean; slowQueryMs?: number; syncDirectory?: (dir: string) => Promise<void> } = {},
+) {
   // Not t.testdir(): the test may hold its own fixture there.
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-doctor-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
@@ -24,7 +33,10 @@ function doctorFor(t: Test, scenario: FakeScenario | null, overrides: { proc?: s
   return runDoctor({
     nvidiaSmi: createNvidiaSmi({ path, timeoutMs: 20_000, log }),
     proc: createProcReader({ root: overrides.proc ?? '/proc', log }),
-    stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json'), { log: pino({ level: 'silent' }) }),
+    stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json'), {
+      log,
+      ...(overrides.syncDirectory === undefined ? {} : { syncDirectory: overrides.syncDirectory }),
+    }),
     nvidiaSmiPath: path,
     tokenConfigured: overrides.token ?? false,
     version: '9.9.9',
@@ -123,6 +135,16 @@ t.test('an unreadable proc root and an unwritable state directory fail with what
   t.equal(checks['state-file']!.status, 'fail');
   t.match(checks['state-file']!.detail, /cannot write in .*file/);
   t.equal(checks.token!.status, 'warn');
+});
+
+t.test('a state directory that cannot be fsynced is a warning saying what is at risk and what to do', async (t) => {
+  const report = await doctorFor(t, { ...eightGpuNode(), processes: [] }, { token: true, syncDirectory: cannotSyncDirectories });
+  t.match(byName(report)['state-file'], {
+    status: 'warn',
+    detail: /shards\.json can be written, but the fsync of .*state failed \(EINVAL: invalid argument, fsync\): a change is stored and served, yet a power cut/,
+    fix: /cannot fsync a directory .*local disk/,
+  });
+  t.equal(report.ok, true, 'writes work: the doctor does not fail the node for it');
 });
 
 t.test('GET /doctor answers the same report as JSON; concurrent requests share one check, reused for 5 s', async (t) => {
