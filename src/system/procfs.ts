@@ -180,7 +180,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
     return readFd(fresh, true);
   };
 
-  const release = (keep: ReadonlySet<number> = new Set()): void => {
+  const closeKeptExcept = (keep: ReadonlySet<number>): void => {
     for (const [pid, fd] of kept) {
       if (keep.has(pid)) continue;
       kept.delete(pid);
@@ -223,7 +223,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
         stats.set(pid, null);
       }
     });
-    if (keeping) release(new Set(pids));
+    if (keeping) closeKeptExcept(new Set(pids));
     if (first !== undefined) {
       log.warn(
         { failed, pid: first.pid, err: first.err },
@@ -272,10 +272,12 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
     return { ok: false, reason: `${selfProblem}, and ${listProblem}. ${DEPLOYMENT_ADVICE}` };
   };
 
-  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release: () => {
+  const release = (): void => {
     stopped = true;
-    release();
-  } };
+    closeKeptExcept(new Set());
+  };
+
+  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release };
 }
 
 // One buffer for every read of this module: reads are synchronous, so two never overlap. It only
