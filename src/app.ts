@@ -23,6 +23,7 @@ import { createStateFile, type StateFile } from './system/state-file.js';
 import { ErrorSchema } from './schemas/common.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { VERSION } from './version.js';
+import { keepTickObjectShape } from './tick-shape.js';
 import gpusRoutes from '../routes/gpus.js';
 import healthRoutes from '../routes/health.js';
 import shardsRoutes from '../routes/shards.js';
@@ -135,6 +136,8 @@ const REPEATED_FAILURE_WARNING_MS = 60_000;
 const DISTINCT_FAILURES_KEPT = 100;
 
 export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App> {
+  // First, so that V8 keeps process.nextTick on its fast path in this process (see tick-shape.ts).
+  await keepTickObjectShape();
   const log = deps.logger ?? pino({ level: config.logLevel });
   const app = Fastify({
     loggerInstance: log,
