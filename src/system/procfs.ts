@@ -81,13 +81,15 @@ const FIELD = { state: 3, ppid: 4, pgrp: 5, session: 6, startTime: 22 } as const
 const FIRST_FIELD_AFTER_COMM = FIELD.state;
 const UNSIGNED = /^\d+$/;
 const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
+// The process (EMFILE) or the system (ENFILE) is out of file descriptors.
+const OUT_OF_DESCRIPTORS = new Set(['EMFILE', 'ENFILE']);
 const DENIED_CODES = new Set(['EACCES', 'EPERM']);
 // PIDs read synchronously between two yields to the event loop in readStats and the cgroup scan:
 // at 22-30 us a file, a batch blocks for about 2 ms.
 const SCAN_BATCH = 64;
 // Descriptors readStats keeps open between snapshots: more GPU processes than a node runs, far below
 // the descriptor limit (Node raises its soft limit to the hard one at start; container runtimes set
-// 1048576). Past it, further processes are read afresh each time.
+// 1048576). Past it, further processes are read afresh each time; a lower limit, once hit, halves it.
 const KEPT_MAX = 2048;
 // Most /proc/PID files fit; a larger one (a cgroup file in nested containers) grows the buffer.
 const INITIAL_BUFFER_BYTES = 4096;
@@ -157,8 +159,12 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
   // opened afresh. Descriptors of PIDs a snapshot no longer asks about are closed at its end; at
   // most keepMax are kept, since the descriptor limit is the whole service's. Only on a real proc
   // filesystem: in a tree of plain files (tests), an open descriptor would outlive a deleted entry.
+  // A descriptor limit lower than keepMax allows (a hard nofile of 1,024 and a thousand GPU
+  // processes) must not make processes read as absent: the first open refused for it halves what is
+  // kept, for good, and the process is read afresh with a descriptor that was just freed.
   const kept = new Map<number, number>();
   const keeps = isProcFilesystem(root);
+  let keepLimit = keepMax;
   // Set by release(): a snapshot still reading when the service stops keeps nothing more open.
   let stopped = false;
 
@@ -173,11 +179,33 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
         closeSync(fd);
       }
     }
-    if (stopped || kept.size >= keepMax) return readWhole(path);
+    if (stopped || kept.size >= keepLimit) return readWhole(path);
+    let fresh: number;
+    try {
+      fresh = openSync(path, 'r');
+    } catch (err) {
+      if (!OUT_OF_DESCRIPTORS.has(codeOf(err))) throw err;
+      keepFewer(err);
+      return readWhole(path);
+    }
     // Kept before the read: if the process exits in between, the next snapshot forgets it.
-    const fresh = openSync(path, 'r');
     kept.set(pid, fresh);
     return readFd(fresh, true);
+  };
+
+  const keepFewer = (err: unknown): void => {
+    keepLimit = Math.floor(kept.size / 2);
+    for (const [pid, fd] of kept) {
+      if (kept.size <= keepLimit) break;
+      kept.delete(pid);
+      closeSync(fd);
+    }
+    log.warn(
+      { err, kept: keepLimit },
+      `Out of file descriptors (${codeOf(err)}) while keeping /proc stat files open between snapshots: from now on at most ${keepLimit} are kept ` +
+        'and the other processes are read afresh, which makes each snapshot slower. Raise the container\'s open-file limit (nofile, for ' +
+        'example 65536) or look for what else holds descriptors (ls /proc/<nodecompute pid>/fd | wc -l).',
+    );
   };
 
   const closeKeptExcept = (keep: ReadonlySet<number>): void => {

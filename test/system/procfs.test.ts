@@ -1,12 +1,13 @@
 import t, { type Test } from 'tap';
 import fc from 'fast-check';
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import * as fs from 'node:fs';
 import type { readdir as Readdir } from 'node:fs/promises';
 import * as fsPromises from 'node:fs/promises';
 import { createInterface } from 'node:readline';
-import { isDeepStrictEqual } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { isDeepStrictEqual, promisify } from 'node:util';
 import { pino } from 'pino';
 import {
   createProcReader,
@@ -508,6 +509,61 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   t.equal(openFds(), before, 'a tree of plain files is not /proc: nothing is kept (a deleted entry must read as gone)');
   const slash = createProcReader({ root: '/proc/', log: pino({ level: 'silent' }) });
   t.equal((await slash.readStat(process.pid))?.pid, process.pid, 'a root given with a trailing slash reads the same paths');
+});
+
+t.test('readStats: out of descriptors while keeping, it keeps half as many and reads every process', async (t) => {
+  // The process's descriptor limit, simulated: an open fails with EMFILE while LIMIT files are open.
+  const LIMIT = 10;
+  const { log, entries } = captureLog();
+  const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= LIMIT ? errnoError('EMFILE') : undefined) });
+  const proc = failing.procfs.createProcReader({ root: '/proc', log });
+  const children = Array.from({ length: 30 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
+  t.teardown(() => {
+    for (const child of children) child.kill('SIGKILL');
+    proc.release();
+  });
+  await Promise.all(children.map((child) => once(child, 'spawn')));
+  const pids = children.map((child) => child.pid as number);
+  const read = async () => [...(await proc.readStats(pids, { keep: true })).values()].map((stat) => stat?.pid);
+
+  t.same(await read(), pids, 'every process read, none taken for absent');
+  t.equal(failing.openNow(), LIMIT / 2, 'half of what was kept when the limit was hit is kept');
+  t.equal(entries.length, 1, 'one warning');
+  t.match(entries[0], { level: WARN, kept: LIMIT / 2, err: { code: 'EMFILE' }, msg: /^Out of file descriptors \(EMFILE\).*at most 5 are kept.*nofile/ });
+  t.same(await read(), pids, 'the next snapshot reads them all again');
+  t.equal(failing.openNow(), LIMIT / 2, 'through the same kept descriptors');
+  t.equal(entries.length, 1, 'without a new warning');
+});
+
+t.test('readStats under a real descriptor limit (ulimit -n) reads every process', async (t) => {
+  // The built module in a child whose hard limit is low: Node cannot raise it, and every process
+  // read must still answer. 64 descriptors: Node itself takes about 20.
+  const children = Array.from({ length: 100 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
+  t.teardown(() => {
+    for (const child of children) child.kill('SIGKILL');
+  });
+  await Promise.all(children.map((child) => once(child, 'spawn')));
+  const pids = children.map((child) => child.pid as number);
+  const script = `
+    const { pino } = await import('pino');
+    const { createProcReader } = await import(${JSON.stringify(fileURLToPath(new URL('../../dist/src/system/procfs.js', import.meta.url)))});
+    const warnings = [];
+    const proc = createProcReader({ root: '/proc', log: pino({ level: 'warn' }, { write: (line) => warnings.push(JSON.parse(line).msg) }) });
+    const pids = ${JSON.stringify(pids)};
+    const answered = [];
+    for (let i = 0; i < 2; i += 1) answered.push([...(await proc.readStats(pids, { keep: true })).values()].filter((stat) => stat !== null).length);
+    console.log(JSON.stringify({ answered, warnings }));
+  `;
+  const { stdout } = await promisify(execFile)('bash', ['-c', 'ulimit -n 64 && exec "$0" --input-type=module --eval "$1"', process.execPath, script], {
+    cwd: fileURLToPath(new URL('../..', import.meta.url)),
+  });
+  const result = JSON.parse(stdout) as { answered: number[]; warnings: string[] };
+  t.same(result.answered, [100, 100], 'all 100 processes, in both snapshots');
+  t.ok(result.warnings.length >= 1, 'the limit was hit, and said so');
+  t.ok(
+    result.warnings.every((msg) => msg.startsWith('Out of file descriptors (EMFILE)')),
+    `only the out-of-descriptors warning: ${JSON.stringify(result.warnings)}`,
+  );
 });
 
 t.test('readStats: present, gone, malformed and unreadable entries; one warning per call', async (t) => {
