@@ -25,6 +25,8 @@
 //   call logs one warning with the count and the first error. A snapshot must not fail because one
 //   process has an odd /proc entry, and one warning per call (not per PID) keeps a root-wide EACCES
 //   from flooding the log.
+// - Running out of file descriptors (EMFILE, ENFILE) while stat files are kept open gives half of
+//   them back and reads on (see readKept), with a warning saying what to raise.
 // - A zombie (state Z or X) still has a stat and is read like any process; deciding that it has
 //   exited (and that a PID with another start time was reused) is attribution's job.
 import { closeSync, openSync, readSync, statfsSync } from 'node:fs';
@@ -89,7 +91,8 @@ const DENIED_CODES = new Set(['EACCES', 'EPERM']);
 const SCAN_BATCH = 64;
 // Descriptors readStats keeps open between snapshots: more GPU processes than a node runs, far below
 // the descriptor limit (Node raises its soft limit to the hard one at start; container runtimes set
-// 1048576). Past it, further processes are read afresh each time; a lower limit, once hit, halves it.
+// 1048576). Past it, further processes are read afresh each time. Running out of descriptors halves
+// what is kept (see readKept).
 const KEPT_MAX = 2048;
 // Most /proc/PID files fit; a larger one (a cgroup file in nested containers) grows the buffer.
 const INITIAL_BUFFER_BYTES = 4096;
@@ -160,8 +163,10 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
   // most keepMax are kept, since the descriptor limit is the whole service's. Only on a real proc
   // filesystem: in a tree of plain files (tests), an open descriptor would outlive a deleted entry.
   // A descriptor limit lower than keepMax allows (a hard nofile of 1,024 and a thousand GPU
-  // processes) must not make processes read as absent: the first open refused for it halves what is
-  // kept, for good, and the process is read afresh with a descriptor that was just freed.
+  // processes, or other work holding descriptors) must not make processes read as absent: an open
+  // refused for want of descriptors while some are kept gives half of them back, for good, and the
+  // process is read afresh with one just freed. With none kept there is nothing to give back: the
+  // read fails, as any other read would, and keeping goes on once descriptors are free again.
   const kept = new Map<number, number>();
   const keeps = isProcFilesystem(root);
   let keepLimit = keepMax;
@@ -179,18 +184,17 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
         closeSync(fd);
       }
     }
-    if (stopped || kept.size >= keepLimit) return readWhole(path);
-    let fresh: number;
     try {
-      fresh = openSync(path, 'r');
+      if (stopped || kept.size >= keepLimit) return readWhole(path);
+      const fresh = openSync(path, 'r');
+      // Kept before the read: if the process exits in between, the next snapshot forgets it.
+      kept.set(pid, fresh);
+      return readFd(fresh, true);
     } catch (err) {
-      if (!OUT_OF_DESCRIPTORS.has(codeOf(err))) throw err;
+      if (!OUT_OF_DESCRIPTORS.has(codeOf(err)) || kept.size === 0) throw err;
       keepFewer(err);
       return readWhole(path);
     }
-    // Kept before the read: if the process exits in between, the next snapshot forgets it.
-    kept.set(pid, fresh);
-    return readFd(fresh, true);
   };
 
   const keepFewer = (err: unknown): void => {
@@ -200,11 +204,15 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
       kept.delete(pid);
       closeSync(fd);
     }
+    const code = codeOf(err);
+    const advice =
+      code === 'ENFILE'
+        ? "The whole host is out of file descriptors: check what holds them (the largest counts in /proc/*/fd) and the host's fs.file-max."
+        : "Raise the container's open-file limit (nofile, for example 65536), or look for what else holds descriptors (ls /proc/<nodecompute pid>/fd | wc -l).";
     log.warn(
-      { err, kept: keepLimit },
-      `Out of file descriptors (${codeOf(err)}) while keeping /proc stat files open between snapshots: from now on at most ${keepLimit} are kept ` +
-        'and the other processes are read afresh, which makes each snapshot slower. Raise the container\'s open-file limit (nofile, for ' +
-        'example 65536) or look for what else holds descriptors (ls /proc/<nodecompute pid>/fd | wc -l).',
+      { err, keepLimit },
+      `Out of file descriptors (${code}) while keeping /proc stat files open between snapshots: from now on at most ${keepLimit} are kept ` +
+        `and the other processes are read afresh, which makes each snapshot slower. ${advice}`,
     );
   };
 

@@ -511,11 +511,12 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   t.equal((await slash.readStat(process.pid))?.pid, process.pid, 'a root given with a trailing slash reads the same paths');
 });
 
-t.test('readStats: out of descriptors while keeping, it keeps half as many and reads every process', async (t) => {
-  // The process's descriptor limit, simulated: an open fails with EMFILE while LIMIT files are open.
-  const LIMIT = 10;
+t.test('readStats: out of descriptors while keeping, it gives half back and reads every process', async (t) => {
+  // The descriptor limit, simulated: an open fails while `limit` files are open.
+  let limit = 10;
+  let refusal = 'EMFILE';
   const { log, entries } = captureLog();
-  const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= LIMIT ? errnoError('EMFILE') : undefined) });
+  const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError(refusal) : undefined) });
   const proc = failing.procfs.createProcReader({ root: '/proc', log });
   const children = Array.from({ length: 30 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
   t.teardown(() => {
@@ -527,17 +528,46 @@ t.test('readStats: out of descriptors while keeping, it keeps half as many and r
   const read = async () => [...(await proc.readStats(pids, { keep: true })).values()].map((stat) => stat?.pid);
 
   t.same(await read(), pids, 'every process read, none taken for absent');
-  t.equal(failing.openNow(), LIMIT / 2, 'half of what was kept when the limit was hit is kept');
+  t.equal(failing.openNow(), 5, 'half of the 10 kept when the limit was hit are kept');
   t.equal(entries.length, 1, 'one warning');
-  t.match(entries[0], { level: WARN, kept: LIMIT / 2, err: { code: 'EMFILE' }, msg: /^Out of file descriptors \(EMFILE\).*at most 5 are kept.*nofile/ });
+  t.match(entries[0], { level: WARN, keepLimit: 5, err: { code: 'EMFILE' }, msg: /^Out of file descriptors \(EMFILE\).*at most 5 are kept.*nofile/ });
   t.same(await read(), pids, 'the next snapshot reads them all again');
-  t.equal(failing.openNow(), LIMIT / 2, 'through the same kept descriptors');
+  t.equal(failing.openNow(), 5, 'keeping the same 5');
   t.equal(entries.length, 1, 'without a new warning');
+
+  // Something else takes descriptors: even a read afresh (open, read, close) is refused now.
+  limit = 5;
+  refusal = 'ENFILE';
+  t.same(await read(), pids, 'still every process');
+  t.equal(failing.openNow(), 2, 'half again');
+  t.match(entries[1], { level: WARN, keepLimit: 2, err: { code: 'ENFILE' }, msg: /^Out of file descriptors \(ENFILE\).*at most 2 are kept.*whole host.*fs\.file-max/ });
+  proc.release();
+  t.equal(failing.openNow(), 0, 'release() still closes what is kept');
+});
+
+t.test('readStats: out of descriptors with none kept, a process cannot be read and keeping resumes later', async (t) => {
+  let limit = 0;
+  const { log, entries } = captureLog();
+  const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError('EMFILE') : undefined) });
+  const proc = failing.procfs.createProcReader({ root: '/proc', log });
+  const child = spawn('sleep', ['60'], { stdio: 'ignore' });
+  t.teardown(() => {
+    child.kill('SIGKILL');
+    proc.release();
+  });
+  await once(child, 'spawn');
+  const pid = child.pid as number;
+
+  t.equal((await proc.readStats([pid], { keep: true })).get(pid), null, 'no descriptor to read it with: absent from this answer');
+  t.match(entries, [{ level: WARN, err: { message: /EMFILE/ }, msg: /could not read or parse the \/proc stat of 1 existing process/ }], 'the usual read failure, not the keeping one');
+  limit = 10;
+  t.equal((await proc.readStats([pid], { keep: true })).get(pid)?.pid, pid, 'read once descriptors are free');
+  t.equal(failing.openNow(), 1, 'and kept: nothing was given up for a failure that keeping did not cause');
 });
 
 t.test('readStats under a real descriptor limit (ulimit -n) reads every process', async (t) => {
   // The built module in a child whose hard limit is low: Node cannot raise it, and every process
-  // read must still answer. 64 descriptors: Node itself takes about 20.
+  // read must still answer. 64 descriptors: Node with pino takes about 20, under tap about 25.
   const children = Array.from({ length: 100 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
   t.teardown(() => {
     for (const child of children) child.kill('SIGKILL');
