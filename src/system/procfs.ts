@@ -54,6 +54,8 @@ export interface ProcReaderOptions {
   log: Logger;
   /** Most /proc/PID/stat descriptors readStats keeps open between snapshots (default KEPT_MAX). */
   keepMax?: number;
+  /** This process's limits file, whose open-file limit caps keepMax at half (tests point it elsewhere). */
+  limitsFile?: string;
 }
 
 export interface ReadStatsOptions {
@@ -91,9 +93,11 @@ const DENIED_CODES = new Set(['EACCES', 'EPERM']);
 const SCAN_BATCH = 64;
 // Descriptors readStats keeps open between snapshots: more GPU processes than a node runs, far below
 // the descriptor limit (Node raises its soft limit to the hard one at start; container runtimes set
-// 1048576). Past it, further processes are read afresh each time. Running out of descriptors halves
-// what is kept (see readKept).
+// 1048576). Past it, further processes are read afresh each time. Never more than half of this
+// process's own open-file limit, and running out of descriptors halves what is kept (see readKept).
 const KEPT_MAX = 2048;
+/** This process's limits, wherever the proc root of the host's processes is. */
+const OWN_LIMITS_FILE = '/proc/self/limits';
 // Most /proc/PID files fit; a larger one (a cgroup file in nested containers) grows the buffer.
 const INITIAL_BUFFER_BYTES = 4096;
 const DEPLOYMENT_ADVICE =
@@ -124,6 +128,12 @@ export function parseProcStat(text: string): ProcStat {
   };
 }
 
+/** The soft "Max open files" of a /proc/PID/limits text; null when it is unlimited or not there. */
+export function parseOpenFilesLimit(text: string): number | null {
+  const match = /^Max open files +(\d+|unlimited) /m.exec(text);
+  return match === null || match[1] === 'unlimited' ? null : Number(match[1]);
+}
+
 export function parseCgroup(text: string): string[] {
   const paths: string[] = [];
   for (const line of text.split('\n')) {
@@ -137,7 +147,7 @@ type Warn = (fields: object, msg: string) => void;
 /** Reads one process file whole: afresh (open, read, close), or through a descriptor kept open. */
 type PidFileRead = (path: string, pid: number) => string;
 
-export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOptions): ProcReader {
+export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = OWN_LIMITS_FILE }: ProcReaderOptions): ProcReader {
   const warn: Warn = (fields, msg) => log.warn(fields, msg);
   // readStats reports its failures itself, once per call.
   const quiet: Warn = () => {};
@@ -162,14 +172,17 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX }: ProcReaderOp
   // opened afresh. Descriptors of PIDs a snapshot no longer asks about are closed at its end; at
   // most keepMax are kept, since the descriptor limit is the whole service's. Only on a real proc
   // filesystem: in a tree of plain files (tests), an open descriptor would outlive a deleted entry.
-  // A descriptor limit lower than keepMax allows (a hard nofile of 1,024 and a thousand GPU
-  // processes, or other work holding descriptors) must not make processes read as absent: an open
+  // Keeping never takes more than half of the service's open-file limit (a hard nofile of 1,024 and
+  // a thousand GPU processes must leave room for connections). If descriptors still run out (other
+  // work holds them, or the host's are exhausted), processes must not read as absent: an open
   // refused for want of descriptors while some are kept gives half of them back, for good, and the
   // process is read afresh with one just freed. With none kept there is nothing to give back: the
   // read fails, as any other read would, and keeping goes on once descriptors are free again.
   const kept = new Map<number, number>();
   const keeps = isProcFilesystem(root);
-  let keepLimit = keepMax;
+  // Half of the descriptors stay for the rest of the service: connections, nvidia-smi's pipes, the state file.
+  const openFilesLimit = readOpenFilesLimit(limitsFile);
+  let keepLimit = openFilesLimit === null ? keepMax : Math.min(keepMax, Math.floor(openFilesLimit / 2));
   // Set by release(): a snapshot still reading when the service stops keeps nothing more open.
   let stopped = false;
 
@@ -349,6 +362,15 @@ function readWhole(path: string): string {
 }
 
 const PROC_SUPER_MAGIC = 0x9fa0;
+
+/** The soft open-file limit a limits file gives; null when there is none to respect (or no such file). */
+function readOpenFilesLimit(path: string): number | null {
+  try {
+    return parseOpenFilesLimit(readWhole(path));
+  } catch {
+    return null;
+  }
+}
 
 function isProcFilesystem(root: string): boolean {
   try {
