@@ -180,7 +180,6 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
   // read fails, as any other read would, and keeping goes on once descriptors are free again.
   const kept = new Map<number, number>();
   const keeps = isProcFilesystem(root);
-  // Half of the descriptors stay for the rest of the service: connections, nvidia-smi's pipes, the state file.
   const openFilesLimit = readOpenFilesLimit(limitsFile);
   let keepLimit = openFilesLimit === null ? keepMax : Math.min(keepMax, Math.floor(openFilesLimit / 2));
   // Set by release(): a snapshot still reading when the service stops keeps nothing more open.

@@ -427,14 +427,20 @@ t.test('a file larger than the read buffer is read whole, and a later small file
   t.same(entries, []);
 });
 
-t.test('readStats: real processes, each answer keyed to its own pid', async (t) => {
-  const { log, entries } = captureLog();
-  const proc = createProcReader({ root: '/proc', log });
-  const children = Array.from({ length: 5 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
+/** `count` live `sleep` children, started, and killed when the test ends. */
+async function sleepers(t: Test, count: number): Promise<ChildProcess[]> {
+  const children = Array.from({ length: count }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
   t.teardown(() => {
     for (const child of children) child.kill('SIGKILL');
   });
   await Promise.all(children.map((child) => once(child, 'spawn')));
+  return children;
+}
+
+t.test('readStats: real processes, each answer keyed to its own pid', async (t) => {
+  const { log, entries } = captureLog();
+  const proc = createProcReader({ root: '/proc', log });
+  const children = await sleepers(t, 5);
   const reaped = spawn('true', { stdio: 'ignore' });
   await once(reaped, 'exit');
   const gone = reaped.pid as number;
@@ -465,12 +471,8 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   const who = (stat: ProcStat | null | undefined) => (stat ? [stat.pid, stat.startTime, stat.pgrp, stat.comm] : stat);
   const identities = (stats: Map<number, ProcStat | null>) => [...stats].map(([pid, stat]) => [pid, who(stat)]);
   const proc = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
-  const children = Array.from({ length: 4 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
-  t.teardown(() => {
-    for (const child of children) child.kill('SIGKILL');
-    proc.release();
-  });
-  await Promise.all(children.map((child) => once(child, 'spawn')));
+  t.teardown(() => proc.release());
+  const children = await sleepers(t, 4);
   const pids = children.map((child) => child.pid as number);
   const before = openFds();
 
@@ -527,14 +529,11 @@ t.test('parseOpenFilesLimit: the soft limit of a /proc/PID/limits file', async (
 
 t.test('readStats keeps at most half of the open-file limit, so the rest of the service has descriptors', async (t) => {
   const openFds = () => fs.readdirSync('/proc/self/fd').length;
-  const children = Array.from({ length: 8 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
   const readers: Array<{ release: () => void }> = [];
   t.teardown(() => {
-    for (const child of children) child.kill('SIGKILL');
     for (const reader of readers) reader.release();
   });
-  await Promise.all(children.map((child) => once(child, 'spawn')));
-  const pids = children.map((child) => child.pid as number);
+  const pids = (await sleepers(t, 8)).map((child) => child.pid as number);
   const dir = t.testdir({
     low: 'Limit Soft Limit Hard Limit Units\nMax open files            10                   4096                 files     \n',
     unlimited: 'Max open files            unlimited            unlimited            files     \n',
@@ -563,13 +562,8 @@ t.test('readStats: out of descriptors while keeping, it gives half back and read
   const { log, entries } = captureLog();
   const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError(refusal) : undefined) });
   const proc = failing.procfs.createProcReader({ root: '/proc', log });
-  const children = Array.from({ length: 30 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
-  t.teardown(() => {
-    for (const child of children) child.kill('SIGKILL');
-    proc.release();
-  });
-  await Promise.all(children.map((child) => once(child, 'spawn')));
-  const pids = children.map((child) => child.pid as number);
+  t.teardown(() => proc.release());
+  const pids = (await sleepers(t, 30)).map((child) => child.pid as number);
   const read = async () => [...(await proc.readStats(pids, { keep: true })).values()].map((stat) => stat?.pid);
 
   t.same(await read(), pids, 'every process read, none taken for absent');
@@ -595,13 +589,8 @@ t.test('readStats: out of descriptors with none kept, a process cannot be read a
   const { log, entries } = captureLog();
   const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError('EMFILE') : undefined) });
   const proc = failing.procfs.createProcReader({ root: '/proc', log });
-  const child = spawn('sleep', ['60'], { stdio: 'ignore' });
-  t.teardown(() => {
-    child.kill('SIGKILL');
-    proc.release();
-  });
-  await once(child, 'spawn');
-  const pid = child.pid as number;
+  t.teardown(() => proc.release());
+  const pid = (await sleepers(t, 1))[0]!.pid as number;
 
   t.equal((await proc.readStats([pid], { keep: true })).get(pid), null, 'no descriptor to read it with: absent from this answer');
   t.match(entries, [{ level: WARN, err: { message: /EMFILE/ }, msg: /could not read or parse the \/proc stat of 1 existing process/ }], 'the usual read failure, not the keeping one');
@@ -613,12 +602,7 @@ t.test('readStats: out of descriptors with none kept, a process cannot be read a
 t.test('readStats under a real descriptor limit (ulimit -n) reads every process and leaves half the limit free', async (t) => {
   // The built module in a child whose hard limit is low: Node cannot raise it. 64 descriptors: Node
   // with pino takes about 20, under tap about 25; keeping takes at most 32.
-  const children = Array.from({ length: 100 }, () => spawn('sleep', ['60'], { stdio: 'ignore' }));
-  t.teardown(() => {
-    for (const child of children) child.kill('SIGKILL');
-  });
-  await Promise.all(children.map((child) => once(child, 'spawn')));
-  const pids = children.map((child) => child.pid as number);
+  const pids = (await sleepers(t, 100)).map((child) => child.pid as number);
   const script = `
     const { readdirSync } = await import('node:fs');
     const { pino } = await import('pino');
