@@ -33,10 +33,11 @@ t.test('the module itself holds the entry through full garbage collections, and 
     const later = await new Promise((resolve) => process.nextTick(() => resolve(executionAsyncResource())));
     console.log(JSON.stringify({ survived, sameMap: later !== ref.deref() && %HaveSameMap(later, ref.deref()) }));
   `;
-  // The child runs as the service does, without the coverage loader tap puts in NODE_OPTIONS: under
-  // that loader Node 24 builds the first tick entries with small-integer async ids and later ones
-  // with heap numbers, so V8 replaces the held entry's map once, whatever this module does.
-  const env = { ...process.env, NODE_OPTIONS: '' };
-  const { stdout } = await promisify(execFile)(process.execPath, ['--allow-natives-syntax', '--expose-gc', '--input-type=module', '--eval', script], { env });
+  // The child runs as the service does, without tap's coverage loader. tap puts the loader back into
+  // the environment of every child it sees start, so `env -i` clears it after that. Under the loader
+  // Node 24 builds the first tick entries with small-integer async ids and later ones with heap
+  // numbers, so V8 replaces the held entry's map once, whatever this module does.
+  const node = [process.execPath, '--allow-natives-syntax', '--expose-gc', '--input-type=module', '--eval', script];
+  const { stdout } = await promisify(execFile)('env', ['-i', `PATH=${process.env.PATH ?? ''}`, ...node]);
   t.same(JSON.parse(stdout), { survived: [true, true, true], sameMap: true });
 });
