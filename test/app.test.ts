@@ -1,9 +1,13 @@
-// buildApp's defaults (with no deps it makes its own logger and readers from the config alone) and
-// how it logs requests: answered ones at debug, coded failures as one warning a minute each.
+// buildApp's defaults (with no deps it makes its own logger and readers from the config alone), how
+// it logs requests (answered ones at debug, coded failures as one warning a minute each), and how it
+// closes keep-alive connections.
+import http from 'node:http';
 import { join } from 'node:path';
 import t from 'tap';
 import { buildApp, writeClientError } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';
+import { buildTestApp } from './helpers/app.js';
+import { eightGpuNode, waitUntil } from './helpers/fake-nvidia-smi.js';
 
 t.test('buildApp(config) needs nothing else', async (t) => {
   const dir = t.testdir({});
@@ -76,4 +80,33 @@ t.test('the failures remembered for that are bounded: past 100 distinct ones the
   t.equal(warnings(), 101);
   await register(1);
   t.equal(warnings(), 102, 'the 101st distinct failure started the memory afresh, so the first is news again');
+});
+
+t.test('closing with a keep-alive request in flight: it is answered, and close does not wait out the keep-alive timeout', async (t) => {
+  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0, smiTimeoutMs: 60_000 } });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const { port } = app.server.address() as import('node:net').AddressInfo;
+  fake.update((scenario) => ({ ...scenario, delayMs: 30_000 }));
+  const before = fake.invocations().length;
+  const agent = new http.Agent({ keepAlive: true });
+  t.teardown(() => agent.destroy());
+  const answer = new Promise<{ status: number; body: string }>((resolve, reject) => {
+    http
+      .get({ host: '127.0.0.1', port, path: '/gpus', agent }, (res) => {
+        let body = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => (body += chunk));
+        res.on('end', () => resolve({ status: res.statusCode!, body }));
+      })
+      .on('error', reject);
+  });
+  await waitUntil(() => fake.invocations().length > before, { what: 'the request to start nvidia-smi' });
+  const closeStarted = Date.now();
+  const closed = app.close();
+  const { status, body } = await answer;
+  t.equal(status, 503, 'answered, with the coded failure of the stopped nvidia-smi run');
+  t.match(JSON.parse(body), { code: /^NODECOMPUTE_/ });
+  await closed;
+  // Node would keep the idle connection for Fastify's 72 s keep-alive timeout.
+  t.ok(Date.now() - closeStarted < 20_000, `closed ${Date.now() - closeStarted} ms after close began`);
 });
