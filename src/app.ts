@@ -129,8 +129,8 @@ export function writeClientError(err: NodeJS.ErrnoException, socket: import('nod
   );
 }
 
-/** While closing, how often connections that went idle after their last answer are closed. */
-const CLOSE_IDLE_EVERY_MS = 50;
+/** While closing, how long a keep-alive connection may stay idle after its last answer. */
+const CLOSING_KEEP_ALIVE_MS = 1;
 /** How often the same coded failure is logged as a warning while it repeats. */
 const REPEATED_FAILURE_WARNING_MS = 60_000;
 /** Distinct failures remembered for that; past it the memory starts afresh (messages may carry ids). */
@@ -212,13 +212,13 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.setErrorHandler((err: FastifyError, request, reply) => {
     if (isCodedError(err)) {
       if (err.statusCode >= 500) {
-        log[failureLevel(err.code, err.message)]({ reqId: request.id, err: { code: err.code, message: err.message } }, 'Request failed');
+        log[failureLevel(err.code, err.message)]({ reqId: request.id, method: request.method, url: request.url, err: { code: err.code, message: err.message } }, 'Request failed');
       }
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }
     const mapped = fastifyErrorBody(err);
     if (mapped) return reply.status(mapped.statusCode).send(mapped);
-    log.error({ reqId: request.id, err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
+    log.error({ reqId: request.id, method: request.method, url: request.url, err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
     const internal = new InternalError(
       'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',
     );
@@ -267,16 +267,15 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   await app.register(statusPageRoutes);
   // preClose, not onClose: in-flight requests waiting on nvidia-smi must finish (with an error) for
   // close to complete, and their keep-alive connections must not hold the server open afterwards.
-  let closeIdle: NodeJS.Timeout | undefined;
   app.addHook('preClose', async () => {
     nvidiaSmi.killAll();
-    // A keep-alive connection whose request was in flight goes idle after its answer, and Node keeps
-    // it open until the keep-alive timeout (72 s): close each one as soon as it is idle.
-    closeIdle = setInterval(() => app.server.closeIdleConnections(), CLOSE_IDLE_EVERY_MS).unref();
+    // A keep-alive connection whose request was in flight goes idle after its answer, and Node would
+    // keep it open for the keep-alive timeout (Fastify's 72 s). Node arms that timeout once an
+    // answer has been written out in full, so a short one closes such a connection about a second
+    // after its last byte, never in the middle of a body.
+    app.server.keepAliveTimeout = CLOSING_KEEP_ALIVE_MS;
   });
-  // onClose hooks run after the server has closed, its last connection included.
   app.addHook('onClose', async () => {
-    clearInterval(closeIdle);
     proc.release();
   });
   return app;

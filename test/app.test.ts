@@ -55,7 +55,7 @@ t.test('a coded failure repeating on every request is one warning a minute, its 
   for (let i = 0; i < 3; i += 1) await failedLevels('/gpus');
   t.same(await failedLevels('/gpus/foreign-memory'), [40, 20, 20, 20], 'the same failure through another route is a repeat too');
   const first = lines.find((line) => line.msg === 'Request failed')!;
-  t.match(first, { reqId: String, err: { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', message: /could not be run from/ } });
+  t.match(first, { reqId: String, method: 'GET', url: '/gpus', err: { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', message: /could not be run from/ } });
   clock += 60_000;
   t.same((await failedLevels('/gpus')).slice(4), [40], 'a minute later it is a warning again');
 });

@@ -31,6 +31,11 @@ t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', asy
   const bugs = lines.filter((line) => line.includes('this is a bug in nodecompute') && line.includes('TypeError'));
   t.equal(bugs.length, 9, 'each logged with the error');
   t.equal(new Set(bugs.map((line) => JSON.parse(line).reqId)).size, 9, 'each with its own request id');
+  t.same(
+    bugs.map((line) => `${JSON.parse(line).method} ${JSON.parse(line).url}`),
+    ['/gpus', '/gpus/foreign-memory', '/readyz', '/shards', '/shards/s', '/shards/s/ready', '/shards/s/compute', '/metrics', '/'].map((url) => `GET ${url}`),
+    'and the request it answered',
+  );
   const checked = await app.inject({ method: 'PUT', url: '/shards/t', payload: { pid: shard.pid, gpus: [0] } });
   t.equal(checked.statusCode, 500, 'a registration whose GPU check hits the bug is refused, not taken on trust');
   t.equal((await app.inject({ method: 'GET', url: '/shards/t' })).statusCode, 404);
