@@ -8,6 +8,7 @@ import t, { type Test } from 'tap';
 import { createFakeNvidiaSmi, eightGpuNode, livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { MAIN, startServer } from '../helpers/server.js';
 import { spawnShardProcess } from '../helpers/app.js';
+import { livePidsWithEnv } from '../helpers/process-scan.js';
 
 function tempDir(t: Test): string {
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-e2e-'));
@@ -135,19 +136,29 @@ t.test('SIGTERM finishes in-flight requests, kills nvidia-smi children and exits
 t.test('on a terminal the log is pretty; elsewhere it is JSON', async (t) => {
   const dir = tempDir(t);
   const command = `${process.execPath} ${MAIN} --host 127.0.0.1 --port 0 --nvidia-smi /nonexistent/nvidia-smi --state-file ${join(dir, 's.json')}`;
-  const child = spawn('script', ['-qfec', command, '/dev/null'], { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NO_COLOR: '1' } });
+  // `script` runs the service in a session of its own on a new terminal, outside the process group
+  // killed below; a marker in its environment finds it. Left behind, it spins on its closed terminal.
+  const marker = `E2E_TERMINAL_RUN=${dir}`;
+  const child = spawn('script', ['-qfec', command, '/dev/null'], {
+    detached: true,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, NO_COLOR: '1', E2E_TERMINAL_RUN: dir },
+  });
   let output = '';
   child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
   const exited = new Promise((resolve) => child.on('exit', resolve));
   t.teardown(async () => {
-    try {
-      process.kill(-child.pid!, 'SIGKILL');
-    } catch {
-      // already gone
+    for (const pid of [-child.pid!, ...livePidsWithEnv(marker)]) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
     }
     await exited;
   });
   await waitUntil(() => output.includes('nodecompute is listening'), { timeoutMs: 30_000, what: 'the pretty start-up line' });
+  t.ok(livePidsWithEnv(marker).length > 0, 'the service on the terminal is found by its marker');
   t.match(output, /INFO.*nodecompute is listening/);
   t.notMatch(output, /^\{"level"/m, 'not JSON lines');
 });
