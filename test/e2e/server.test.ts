@@ -148,13 +148,20 @@ t.test('on a terminal the log is pretty; elsewhere it is JSON', async (t) => {
   child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
   const exited = new Promise((resolve) => child.on('exit', resolve));
   t.teardown(async () => {
-    for (const pid of [-child.pid!, ...livePidsWithEnv(marker)]) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // already gone
+    const signal = (pids: number[], name: NodeJS.Signals) => {
+      for (const pid of pids) {
+        try {
+          process.kill(pid, name);
+        } catch {
+          // already gone
+        }
       }
-    }
+    };
+    // The service first, while its terminal is still there: it exits 0 and writes its coverage.
+    const service = () => livePidsWithEnv(marker).filter((pid) => pid !== child.pid);
+    signal(service(), 'SIGTERM');
+    for (let waited = 0; service().length > 0 && waited < 10_000; waited += 50) await new Promise((resolve) => setTimeout(resolve, 50));
+    signal([-child.pid!, ...livePidsWithEnv(marker)], 'SIGKILL');
     await exited;
   });
   await waitUntil(() => output.includes('nodecompute is listening'), { timeoutMs: 30_000, what: 'the pretty start-up line' });
