@@ -270,9 +270,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.addHook('preClose', async () => {
     nvidiaSmi.killAll();
     // A keep-alive connection whose request was in flight goes idle after its answer, and Node would
-    // keep it open for the keep-alive timeout (Fastify's 72 s). Node arms that timeout once an
+    // keep it open for the keep-alive timeout (Fastify's 72 s). Node arms that timeout only once an
     // answer has been written out in full, so a short one closes such a connection about a second
-    // after its last byte, never in the middle of a body.
+    // after its last byte and never cuts a body itself.
     app.server.keepAliveTimeout = CLOSING_KEEP_ALIVE_MS;
   });
   app.addHook('onClose', async () => {
