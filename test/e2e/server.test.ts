@@ -147,6 +147,8 @@ t.test('on a terminal the log is pretty; elsewhere it is JSON', async (t) => {
   let output = '';
   child.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()));
   const exited = new Promise((resolve) => child.on('exit', resolve));
+  // Everything started under `script` (the service, and a shell if one stays), not `script` itself.
+  const service = () => livePidsWithEnv(marker).filter((pid) => pid !== child.pid);
   t.teardown(async () => {
     const signal = (pids: number[], name: NodeJS.Signals) => {
       for (const pid of pids) {
@@ -158,14 +160,14 @@ t.test('on a terminal the log is pretty; elsewhere it is JSON', async (t) => {
       }
     };
     // The service first, while its terminal is still there: it exits 0 and writes its coverage.
-    const service = () => livePidsWithEnv(marker).filter((pid) => pid !== child.pid);
     signal(service(), 'SIGTERM');
     for (let waited = 0; service().length > 0 && waited < 10_000; waited += 50) await new Promise((resolve) => setTimeout(resolve, 50));
     signal([-child.pid!, ...livePidsWithEnv(marker)], 'SIGKILL');
     await exited;
   });
   await waitUntil(() => output.includes('nodecompute is listening'), { timeoutMs: 30_000, what: 'the pretty start-up line' });
-  t.ok(livePidsWithEnv(marker).length > 0, 'the service on the terminal is found by its marker');
+  const running = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(MAIN);
+  t.ok(service().some(running), 'the service on the terminal is found by its marker');
   t.match(output, /INFO.*nodecompute is listening/);
   t.notMatch(output, /^\{"level"/m, 'not JSON lines');
 });
