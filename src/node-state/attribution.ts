@@ -52,52 +52,60 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   return { state: 'alive' };
 }
 
-/** How strongly a GPU process belongs to a shard: 2 it is the shard (its PID, or in its cgroup), 1 it is in its process group, 0 not at all. */
-type Match = 0 | 1 | 2;
+/**
+ * Who claims a GPU process, built once per attribution so that each process costs two map lookups
+ * whatever the number of shards: `strong` holds every PID a shard *is* (its PID, or a member of its
+ * cgroup), `byGroup` the current process group of each PID shard. Shards are added in id order and
+ * the first claim stands, so among equals the first id wins.
+ */
+interface Claims {
+  strong: Map<number, string>;
+  byGroup: Map<number, string>;
+}
 
-function makeMatcher(snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): (pid: number) => Match {
+function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): void {
   // A shard that is gone claims nothing: its PID may now be someone else's, and memory its orphans
   // still hold is, for placement, as unavailable as anybody else's.
-  if (liveness.state === 'gone') return () => 0;
+  if (liveness.state === 'gone') return;
+  const claim = (map: Map<number, string>, key: number) => {
+    if (!map.has(key)) map.set(key, shard.id);
+  };
   if (shard.cgroup !== null) {
-    const members = snapshot.cgroupPids.get(shard.cgroup);
-    return (pid) => (members?.has(pid) ? 2 : 0);
+    for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) claim(claims.strong, pid);
+    return;
   }
   const pid = shard.identity.pid;
+  claim(claims.strong, pid);
   // Its current group is authoritative (it may have called setpgid since registration).
-  const pgid = snapshot.proc.get(pid)?.pgrp ?? shard.identity.pgid;
-  return (candidate) => (candidate === pid ? 2 : snapshot.proc.get(candidate)?.pgrp === pgid ? 1 : 0);
+  claim(claims.byGroup, snapshot.proc.get(pid)?.pgrp ?? shard.identity.pgid);
 }
 
 /**
  * The owner of a GPU process: the shard it *is* wins over a shard whose group it is in, so two
- * shards started by one script (one process group) each keep their own process; among equals, id order.
+ * shards started by one script (one process group) each keep their own process.
  */
-function ownerOf(pid: number, matchers: Array<[string, (pid: number) => Match]>): string | undefined {
-  let groupOwner: string | undefined;
-  for (const [id, matches] of matchers) {
-    const match = matches(pid);
-    if (match === 2) return id;
-    if (match === 1) groupOwner ??= id;
-  }
-  return groupOwner;
+function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): string | undefined {
+  const strong = claims.strong.get(pid);
+  if (strong !== undefined) return strong;
+  const group = snapshot.proc.get(pid)?.pgrp;
+  return group === undefined ? undefined : claims.byGroup.get(group);
 }
 
 export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]): Attribution {
   // Ids are unique, so the order is total.
   const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : 1));
   const liveness = new Map<string, Liveness>();
-  const matchers: Array<[string, (pid: number) => Match]> = [];
+  const claims: Claims = { strong: new Map(), byGroup: new Map() };
   for (const shard of ordered) {
     const state = shard.cgroup !== null ? cgroupShardLiveness(snapshot, shard.cgroup) : pidShardLiveness(snapshot, shard);
     liveness.set(shard.id, state);
-    matchers.push([shard.id, makeMatcher(snapshot, shard, state)]);
+    addClaims(claims, snapshot, shard, state);
   }
   const ownerByPid = new Map<number, string>();
   const holdings = new Map<string, Map<number, ShardGpuHolding>>(ordered.map((shard) => [shard.id, new Map()]));
   for (const gpu of snapshot.gpus) {
     for (const process of gpu.processes) {
-      const owner = ownerByPid.get(process.pid) ?? ownerOf(process.pid, matchers);
+      const owner = ownerOf(process.pid, snapshot, claims);
       if (owner === undefined) continue;
       ownerByPid.set(process.pid, owner);
       const perGpu = holdings.get(owner)!;

@@ -6,6 +6,7 @@
 // a failure prints fast-check's counterexample and the seed to replay it.
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import fc from 'fast-check';
 import t, { type Test } from 'tap';
@@ -259,6 +260,22 @@ const smiError = (err: unknown) =>
   (err as { code?: string }).code === 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE' &&
   (err as { statusCode?: number }).statusCode === 503;
 const procError = (err: unknown) => err instanceof ProcParseError;
+
+/** True when parseProcStat answers the bytes as it answers their text: the same fields, or the same error. */
+function sameAsText(bytes: Buffer, failures: string[]): boolean {
+  const outcome = (input: Buffer | string) => {
+    try {
+      return { value: parseProcStat(input) };
+    } catch (err) {
+      return { error: `${(err as Error).name}: ${(err as Error).message}` };
+    }
+  };
+  const fromBytes = outcome(bytes);
+  const fromText = outcome(bytes.toString('utf8'));
+  if (isDeepStrictEqual(fromBytes, fromText)) return true;
+  failures.push(`bytes gave ${JSON.stringify(fromBytes)}, text gave ${JSON.stringify(fromText)}`);
+  return false;
+}
 const never = () => false;
 
 function check<T>(t: Test, name: string, arbitrary: fc.Arbitrary<T>, predicate: (value: T, failures: string[]) => boolean, numRuns: number): void {
@@ -303,6 +320,8 @@ t.test('fuzzing the parsers with inputs built from the real samples', { skip }, 
   t.test('parseProcStat', async (t) => {
     const seeds = [...matching(/^proc-pid-stat_/).map(sample), ...liveProcTexts('stat')];
     check(t, 'parseProcStat', inputs(seeds, pool), (input, failures) => holds(() => parseProcStat(input), statProblem, procError, failures), 4000);
+    // The snapshot hands the parser the bytes it read, which it scans in place: they must read as their text does.
+    check(t, 'parseProcStat on bytes', inputs(seeds, pool), (input, failures) => sameAsText(Buffer.from(input), failures), 4000);
   });
 
   t.test('parseCgroup', async (t) => {

@@ -78,7 +78,23 @@ t.test('parseProcStat: cases cut from real /proc/PID/stat samples', async (t) =>
       want: { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800 },
     },
   ];
-  for (const c of cases) t.same(parseProcStat(c.text), c.want, `${c.name} (from ${c.from})`);
+  for (const c of cases) {
+    t.same(parseProcStat(c.text), c.want, `${c.name} (from ${c.from})`);
+    t.same(parseProcStat(Buffer.from(c.text)), c.want, `${c.name}, as the bytes read from /proc`);
+  }
+});
+
+t.test('parseProcStat: bytes the in-place scan declines are read as text, with the same answer', async (t) => {
+  // The scan takes only what the kernel writes; these are valid for the text parser all the same.
+  const want = { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800 };
+  const head = '3743 (sleep) Z 1 3742 3742 0 -1 4228108 97 0 1 0 0 0 0 0 20 0 1 0 41800';
+  for (const [name, text] of [
+    ['a tab after field 22', `${head}\t`],
+    ['two newlines after field 22', `${head}\n\n`],
+    ['spaces and a newline after field 22', `${head}   \n`],
+  ] as const) {
+    t.same(parseProcStat(Buffer.from(text)), want, name);
+  }
 });
 
 t.test('parseProcStat: malformed text throws ProcParseError quoting what was wrong', async (t) => {
@@ -100,7 +116,10 @@ t.test('parseProcStat: malformed text throws ProcParseError quoting what was wro
     { name: 'starttime is not a number', text: good.replace(' 41793 ', ' 41793x '), message: /field 22 \(starttime\) "41793x"/ },
     { name: 'starttime beyond a safe integer', text: good.replace(' 41793 ', ' 99999999999999999999 '), message: /field 22 \(starttime\)/ },
   ];
-  for (const c of cases) t.throws(() => parseProcStat(c.text), { name: 'ProcParseError', message: c.message }, c.name);
+  for (const c of cases) {
+    t.throws(() => parseProcStat(c.text), { name: 'ProcParseError', message: c.message }, c.name);
+    t.throws(() => parseProcStat(Buffer.from(c.text)), { name: 'ProcParseError', message: c.message }, `${c.name}, as bytes`);
+  }
 
   const long = `no parentheses here ${'x'.repeat(300)}`;
   const err = t.throws(() => parseProcStat(long)) as Error;
@@ -125,25 +144,48 @@ t.test('parseProcStat: any command name round-trips through a synthesized stat l
     session: id,
     startTime: fc.maxSafeNat(),
   });
-  const result = fc.check(fc.property(stat, (s) => isDeepStrictEqual(parseProcStat(statLine(s)), { ...s })), { numRuns: 300 });
+  const result = fc.check(
+    fc.property(stat, (s) => isDeepStrictEqual(parseProcStat(statLine(s)), { ...s }) && isDeepStrictEqual(parseProcStat(Buffer.from(statLine(s))), { ...s })),
+    { numRuns: 300 },
+  );
   t.notOk(result.failed, fc.defaultReportMessage(result) ?? 'every synthesized stat line parses back to its fields');
 });
 
-t.test('parseProcStat: arbitrary text never throws anything but ProcParseError', async (t) => {
-  const token = fc.constantFrom('(', ')', ' ', '1', '-1', 'S', '\n', '99999999999999999999', 'x');
+t.test('parseProcStat: arbitrary input never throws anything but ProcParseError, and bytes read as their text does', async (t) => {
+  const token = fc.constantFrom('(', ')', ' ', '1', '-1', 'S', '\n', '\t', '99999999999999999999', 'x', '\u00e9');
   const text = fc.oneof(fc.string({ unit: 'binary', maxLength: 200 }), fc.string({ unit: token, maxLength: 60 }));
+  // Near-valid records, cut and spliced, reach the scan's every exit; raw bytes include invalid UTF-8.
+  const record = fc
+    .tuple(fc.string({ unit: token, maxLength: 8 }), fc.nat(120), fc.nat(120), fc.string({ unit: token, maxLength: 4 }))
+    .map(([comm, at, cut, splice]) => {
+      const line = statLine({ pid: 42, comm, state: 'S', ppid: 1, pgrp: 42, session: 42, startTime: 7 });
+      return line.slice(0, at) + splice + line.slice(at + (cut % 6));
+    });
+  const bytes = fc.oneof(
+    text.map((s) => Buffer.from(s)),
+    record.map((s) => Buffer.from(s)),
+    fc.uint8Array({ maxLength: 200 }).map((b) => Buffer.from(b)),
+  );
+  const outcome = (read: () => ProcStat): { value: ProcStat } | { error: string } => {
+    try {
+      return { value: read() };
+    } catch (err) {
+      if (!(err instanceof ProcParseError) || !err.message.startsWith('malformed /proc stat: ')) throw err;
+      return { error: err.message };
+    }
+  };
   const result = fc.check(
     fc.property(text, (s) => {
-      try {
-        parseProcStat(s);
-        return true;
-      } catch (err) {
-        return err instanceof ProcParseError && err.message.startsWith('malformed /proc stat: ');
-      }
+      outcome(() => parseProcStat(s));
     }),
     { numRuns: 2000 },
   );
   t.notOk(result.failed, fc.defaultReportMessage(result) ?? 'only ProcParseError is ever thrown');
+  const same = fc.check(
+    fc.property(bytes, (b) => isDeepStrictEqual(outcome(() => parseProcStat(b)), outcome(() => parseProcStat(b.toString('utf8'))))),
+    { numRuns: 4000 },
+  );
+  t.notOk(same.failed, fc.defaultReportMessage(same) ?? 'bytes give what their text gives: the same fields, or the same error');
 });
 
 t.test('parseCgroup: v1, v2 and hybrid files give their paths', async (t) => {
