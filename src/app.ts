@@ -23,6 +23,7 @@ import { ErrorSchema } from './schemas/common.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { VERSION } from './version.js';
 import { keepTickObjectShape } from './tick-shape.js';
+import { spareUnflushedAnswers } from './unflushed-answers.js';
 import gpusRoutes from '../routes/gpus.js';
 import healthRoutes from '../routes/health.js';
 import shardsRoutes from '../routes/shards.js';
@@ -159,6 +160,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     clientErrorHandler: writeClientError,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, allErrors: false } },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+  spareUnflushedAnswers(app.server);
 
   const now = deps.now ?? Date.now;
   const metrics = createMetrics();
@@ -272,7 +274,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     // A keep-alive connection whose request was in flight goes idle after its answer, and Node would
     // keep it open for the keep-alive timeout (Fastify's 72 s). Node arms that timeout only once an
     // answer has been written out in full, so a short one closes such a connection about a second
-    // after its last byte and never cuts a body itself.
+    // after its last byte and never cuts a body itself (nor does the idle sweep: unflushed-answers.ts).
     app.server.keepAliveTimeout = CLOSING_KEEP_ALIVE_MS;
   });
   app.addHook('onClose', async () => {
