@@ -24,6 +24,7 @@ import { createMetrics, type Metrics } from './metrics.js';
 import { VERSION } from './version.js';
 import { keepTickObjectShape } from './tick-shape.js';
 import { spareUnflushedAnswers } from './unflushed-answers.js';
+import { ServiceLogController } from './fastify-log.js';
 import gpusRoutes from '../routes/gpus.js';
 import healthRoutes from '../routes/health.js';
 import shardsRoutes from '../routes/shards.js';
@@ -132,6 +133,8 @@ export function writeClientError(err: NodeJS.ErrnoException, socket: import('nod
 
 /** While closing, how long a keep-alive connection may stay idle after its last answer. */
 const CLOSING_KEEP_ALIVE_MS = 1;
+/** While closing, how long an answer already ended may take to reach a slow reader (main.ts's grace is 10 s). */
+const CLOSING_ANSWER_WAIT_MS = 5_000;
 /** How often the same coded failure is logged as a warning while it repeats. */
 const REPEATED_FAILURE_WARNING_MS = 60_000;
 /** Distinct failures remembered for that; past it the memory starts afresh (messages may carry ids). */
@@ -145,8 +148,10 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   // Fastify gets no logger: given one, it builds a child logger for every request and attaches
   // response listeners to it, request logging off or not, which took 7 to 13% more CPU per probe in
   // interleaved A/Bs (Node 24). The service logs through `log` itself: failures in the error
-  // handler (with the request id), answered requests only at debug level.
+  // handler (with the request id), answered requests only at debug level, and what Fastify itself
+  // reports about failed answers through a LogController (fastify-log.ts).
   const app = Fastify({
+    logController: new ServiceLogController(log),
     bodyLimit: 64 * 1024,
     forceCloseConnections: 'idle',
     // A client that promises a body and stops sending must not hold a connection forever.
@@ -160,7 +165,15 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     clientErrorHandler: writeClientError,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, allErrors: false } },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
-  spareUnflushedAnswers(app.server);
+  spareUnflushedAnswers(app.server, {
+    maxWaitMs: CLOSING_ANSWER_WAIT_MS,
+    onCut: (bytesLeft) =>
+      log.warn(
+        { bytesLeft },
+        `Stopping: a client had not taken its whole answer ${CLOSING_ANSWER_WAIT_MS / 1000} s after shutdown began, so its connection was closed and the answer cut short. ` +
+          'A client that reads this slowly is likely stuck; it should retry.',
+      ),
+  });
 
   const now = deps.now ?? Date.now;
   const metrics = createMetrics();
@@ -259,7 +272,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       ],
     },
   });
-  await app.register(swaggerUi, { routePrefix: '/docs', logLevel: 'warn' });
+  await app.register(swaggerUi, { routePrefix: '/docs' });
   await app.register(healthRoutes);
   await app.register(gpusRoutes);
   await app.register(shardsRoutes);
@@ -273,8 +286,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     nvidiaSmi.killAll();
     // A keep-alive connection whose request was in flight goes idle after its answer, and Node would
     // keep it open for the keep-alive timeout (Fastify's 72 s). Node arms that timeout only once an
-    // answer has been written out in full, so a short one closes such a connection about a second
-    // after its last byte and never cuts a body itself (nor does the idle sweep: unflushed-answers.ts).
+    // answer has been written out in full, so a short one closes such a connection right after its
+    // last byte (Node 24 adds a 1 s buffer) and never cuts a body itself (nor does the idle sweep:
+    // unflushed-answers.ts).
     app.server.keepAliveTimeout = CLOSING_KEEP_ALIVE_MS;
   });
   app.addHook('onClose', async () => {

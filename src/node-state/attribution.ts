@@ -53,8 +53,8 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
 }
 
 /**
- * Who claims a GPU process, built once per attribution so that each process costs two map lookups
- * whatever the number of shards: `strong` holds every PID a shard *is* (its PID, or a member of its
+ * Who claims a GPU process, built once per attribution so that each process costs at most three map
+ * lookups whatever the number of shards: `strong` holds every PID a shard *is* (its PID, or a member of its
  * cgroup), `byGroup` the current process group of each PID shard. Shards are added in id order and
  * the first claim stands, so among equals the first id wins.
  */

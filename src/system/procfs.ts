@@ -6,12 +6,12 @@
 // Each /proc file is read with openSync + readSync into one shared, reused buffer, not readFile.
 // Measured on the dev VM: readFile costs 150-230 us per /proc file and, because /proc files report
 // size 0, allocates a 64 KiB chunk buffer per read that lives until GC (~20 MiB and ~40 ms for a
-// snapshot of 256 GPU processes read all at once); openSync/readSync costs 22-30 us and allocates
-// nothing but what the parser keeps (a stat is scanned in the buffer itself). A /proc read never
-// waits on a disk, so blocking is short and bounded, and readStats and the cgroup scan read in
-// synchronous batches of SCAN_BATCH, yielding to the event loop between batches, so a node with
-// thousands of processes does not stall requests. The methods stay async so callers (and test
-// doubles) need not care how the reading is done.
+// snapshot of 256 GPU processes read all at once); openSync/readSync costs 22-30 us, and a stat is
+// scanned in the buffer itself (other files are decoded to text). A /proc read never waits on a
+// disk, so blocking is short and bounded, and readStats and the cgroup scan read in synchronous
+// batches of SCAN_BATCH, yielding to the event loop between batches, so a node with thousands of
+// processes does not stall requests. The methods stay async so callers (and test doubles) need not
+// care how the reading is done.
 //
 // Failure policy, so that callers can tell "gone" from "broken":
 // - A PID that is gone (ENOENT, or ESRCH when it exits between open and read) is an ordinary answer,

@@ -18,8 +18,8 @@ const group = fc.integer({ min: 1, max: 4 });
 const mostly = (value: boolean) => fc.oneof({ weight: 9, arbitrary: fc.constant(value) }, { weight: 1, arbitrary: fc.constant(!value) });
 const startTime = fc.oneof({ weight: 9, arbitrary: fc.constant(1) }, { weight: 1, arbitrary: fc.constant(2) });
 
-/** The rule, one shard at a time. */
-function ruleOwner(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number): string | undefined {
+/** The rule's claimants of a process, each list in id order: the shards it is, and the shards whose group holds it. */
+function ruleClaimants(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number) {
   const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : 1)).filter((shard) => liveness.get(shard.id)?.state !== 'gone');
   const isIt = (shard: ShardRecord) =>
     shard.cgroup !== null ? (snapshot.cgroupPids.get(shard.cgroup)?.has(candidate) ?? false) : candidate === shard.identity.pid;
@@ -28,7 +28,13 @@ function ruleOwner(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liven
     const group = snapshot.proc.get(shard.identity.pid)?.pgrp ?? shard.identity.pgid;
     return snapshot.proc.get(candidate)?.pgrp === group;
   };
-  return (ordered.find(isIt) ?? ordered.find(inGroup))?.id;
+  return { isIt: ordered.filter(isIt), inGroup: ordered.filter(inGroup) };
+}
+
+/** The rule: the first shard it is, else the first whose group holds it. */
+function ruleOwner(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number): string | undefined {
+  const { isIt, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
+  return (isIt[0] ?? inGroup[0])?.id;
 }
 
 const node = fc
@@ -122,7 +128,7 @@ t.test('every GPU process goes to the owner the rule names; holdings sum what ea
 
 t.test('the generator reaches every case the rule distinguishes', async (t) => {
   // Without these, the property above could pass on nodes too simple to tell a wrong attribute() apart.
-  const seen = { byPid: 0, byCgroup: 0, byGroup: 0, gone: 0, foreign: 0, contested: 0 };
+  const seen = { byPid: 0, byCgroup: 0, byGroup: 0, gone: 0, foreign: 0, twoItIs: 0, twoGroups: 0, itIsOverGroup: 0 };
   fc.assert(
     fc.property(node, ({ snapshot, shards }) => {
       const { ownerByPid, liveness } = attribute(snapshot, shards);
@@ -133,10 +139,11 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
           else if (owner.cgroup !== null) seen.byCgroup += 1;
           else if (owner.identity.pid === candidate) seen.byPid += 1;
           else seen.byGroup += 1;
-          const alive = shards.filter((shard) => shard.cgroup === null && liveness.get(shard.id)?.state !== 'gone');
-          const candidateGroup = snapshot.proc.get(candidate)?.pgrp;
-          const claimants = alive.filter((shard) => shard.identity.pid === candidate || snapshot.proc.get(shard.identity.pid)?.pgrp === candidateGroup);
-          if (claimants.length > 1) seen.contested += 1;
+          // Contests, where the order of the rule decides.
+          const { isIt, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
+          if (isIt.length > 1) seen.twoItIs += 1;
+          if (isIt.length === 0 && inGroup.length > 1) seen.twoGroups += 1;
+          if (isIt.length > 0 && inGroup.some((shard) => !isIt.includes(shard))) seen.itIsOverGroup += 1;
         }
       }
       seen.gone += [...liveness.values()].filter((state) => state.state === 'gone').length;

@@ -84,6 +84,14 @@ t.test('parseProcStat: cases cut from real /proc/PID/stat samples', async (t) =>
   }
 });
 
+t.test('parseProcStat: a command name the kernel cut inside a multi-byte character reads as its text does', async (t) => {
+  // The kernel keeps 15 bytes of a name, wherever that falls: "日本" cut after 5 of its 6 bytes.
+  const stat = Buffer.concat([Buffer.from('4242 ('), Buffer.from('日本').subarray(0, 5), Buffer.from(') S 1 4242 4242 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 777 0\n')]);
+  const parsed = parseProcStat(stat);
+  t.same(parsed, parseProcStat(stat.toString('utf8')));
+  t.equal(parsed.comm, '日\ufffd', 'the cut character reads as one replacement character');
+});
+
 t.test('parseProcStat: bytes the in-place scan declines are read as text, with the same answer', async (t) => {
   // The scan takes only what the kernel writes; these are valid for the text parser all the same.
   const want = { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800 };
@@ -161,9 +169,14 @@ t.test('parseProcStat: arbitrary input never throws anything but ProcParseError,
       const line = statLine({ pid: 42, comm, state: 'S', ppid: 1, pgrp: 42, session: 42, startTime: 7 });
       return line.slice(0, at) + splice + line.slice(at + (cut % 6));
     });
+  // Valid records whose command name is any bytes at all, invalid UTF-8 included.
+  const rawName = fc.uint8Array({ maxLength: 16 }).map((name) =>
+    Buffer.concat([Buffer.from('42 ('), name, Buffer.from(statLine({ pid: 42, comm: '', state: 'S', ppid: 1, pgrp: 42, session: 42, startTime: 7 }).slice(4))]),
+  );
   const bytes = fc.oneof(
     text.map((s) => Buffer.from(s)),
     record.map((s) => Buffer.from(s)),
+    rawName,
     fc.uint8Array({ maxLength: 200 }).map((b) => Buffer.from(b)),
   );
   const outcome = (read: () => ProcStat): { value: ProcStat } | { error: string } => {
