@@ -16,7 +16,7 @@ const DoctorSchema = Type.Object(
     checkedAt: Type.String({ format: 'date-time', description: 'When the checks ran.' }),
     checks: Type.Array(
       Type.Object({
-        name: Type.String({ description: 'Check name: nvidia-smi, gpus, query-time, host-pid-namespace, proc, state-file, token.' }),
+        name: Type.String({ description: 'Check name: nvidia-smi, gpus, query-time, host-pid-namespace, proc, open-files, state-file, token.' }),
         status: StringEnum(['ok', 'warn', 'fail'], 'ok, warn or fail.'),
         detail: Type.String({ description: 'What was found.' }),
         fix: Nullable(Type.String(), 'What to do; null when nothing needs doing.'),
@@ -36,7 +36,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       schema: {
         tags: ['operators'],
-        summary: 'Check this node: nvidia-smi and its version, GPUs, query time, host PID namespace, /proc, state file, token.',
+        summary: 'Check this node: nvidia-smi and its version, GPUs, query time, host PID namespace, /proc, open files, state file, token.',
         description: 'Runs nvidia-smi afresh (not from the cache). Always 200; `ok` says whether any check failed.',
         response: { 200: DoctorSchema },
       },

@@ -78,6 +78,8 @@ export interface ProcReader {
   readStats(pids: number[], options?: ReadStatsOptions): Promise<Map<number, ProcStat | null>>;
   /** Closes the descriptors readStats keeps open between snapshots, and keeps none after (the service stops). */
   release(): void;
+  /** How many stat files readStats may keep open now (null: the root is not a proc filesystem, so none), and the open-file limit that caps it. */
+  keeping(): { keepLimit: number | null; openFilesLimit: number | null };
   checkReadable(): Promise<{ ok: true } | { ok: false; reason: string }>;
 }
 
@@ -398,7 +400,9 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     closeKeptExcept(new Set());
   };
 
-  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release };
+  const keeping = () => ({ keepLimit: keeps ? keepLimit : null, openFilesLimit });
+
+  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping };
 }
 
 // One buffer for every read of this module: reads are synchronous, so two never overlap. It only

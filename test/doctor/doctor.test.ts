@@ -23,7 +23,7 @@ async function cannotSyncDirectories(): Promise<void> {
 function doctorFor(
   t: Test,
   scenario: FakeScenario | null,
-  overrides: { proc?: string; stateFile?: string; token?: boolean; slowQueryMs?: number; syncDirectory?: (dir: string) => Promise<void> } = {},
+  overrides: { proc?: string; limitsFile?: string; stateFile?: string; token?: boolean; slowQueryMs?: number; syncDirectory?: (dir: string) => Promise<void> } = {},
 ) {
   // Not t.testdir(): the test may hold its own fixture there.
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-doctor-'));
@@ -32,7 +32,7 @@ function doctorFor(
   const path = scenario ? createFakeNvidiaSmi(join(dir, 'smi'), scenario).path : join(dir, 'smi', 'missing-nvidia-smi');
   return runDoctor({
     nvidiaSmi: createNvidiaSmi({ path, timeoutMs: 20_000, log }),
-    proc: createProcReader({ root: overrides.proc ?? '/proc', log }),
+    proc: createProcReader({ root: overrides.proc ?? '/proc', log, ...(overrides.limitsFile === undefined ? {} : { limitsFile: overrides.limitsFile }) }),
     stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json'), {
       log,
       ...(overrides.syncDirectory === undefined ? {} : { syncDirectory: overrides.syncDirectory }),
@@ -58,7 +58,8 @@ t.test('a healthy node: every check ok (the token is a warning only)', async (t)
   t.equal(report.version, '9.9.9');
   t.equal(report.checkedAt, '2026-11-29T12:00:00.000Z');
   const checks = byName(report);
-  t.same(Object.keys(checks), ['nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'state-file', 'token']);
+  t.same(Object.keys(checks), ['nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'open-files', 'state-file', 'token']);
+  t.match(checks['open-files']!.detail, /^an open-file limit of \d+: up to \d+ \/proc stat files kept open between snapshots \(1 GPU process\(es\) now\)$/);
   t.match(checks['nvidia-smi']!.detail, 'nvidia-smi 590.48.01, driver 590.48.01, CUDA 13.1');
   t.match(checks.gpus!.detail, '8 GPU(s) visible: GPU 0 NVIDIA H200');
   t.match(checks['host-pid-namespace']!, { status: 'ok', detail: 'all 1 PID(s) nvidia-smi lists exist in /proc' });
@@ -135,6 +136,27 @@ t.test('an unreadable proc root and an unwritable state directory fail with what
   t.equal(checks['state-file']!.status, 'fail');
   t.match(checks['state-file']!.detail, /cannot write in .*file/);
   t.equal(checks.token!.status, 'warn');
+});
+
+t.test('open files: too low a limit to keep every GPU process\'s stat file open is a warning with the fix', async (t) => {
+  const shards = await Promise.all([0, 1, 2].map((i) => spawnShardProcess(t, i)));
+  const scenario = eightGpuNode();
+  scenario.processes = shards.map((shard, i) => ({ gpuUuid: scenario.gpus[i]!.uuid, pid: shard.pid, name: 'llama-server', usedMiB: 1000 }));
+  // The limits file of a process whose soft limit is 4: half of it, 2 stat files, may be kept.
+  const limits = (max: string) => join(t.testdir({ limits: `Limit                     Soft Limit           Hard Limit           Units\nMax open files            ${max}                ${max}                files\n` }), 'limits');
+  const low = byName(await doctorFor(t, scenario, { limitsFile: limits('4') }))['open-files']!;
+  t.match(low, {
+    status: 'warn',
+    detail: '3 GPU processes, but with an open-file limit of 4 nodecompute keeps at most 2 /proc stat files open between snapshots',
+    fix: /nofile.*65536/,
+  });
+  const unlimited = byName(await doctorFor(t, scenario, { limitsFile: limits('unlimited') }))['open-files']!;
+  t.match(unlimited, { status: 'ok', detail: /^no open-file limit: up to 2048 \/proc stat files kept open between snapshots \(3 GPU process\(es\) now\)$/ });
+  const fixtureRoot = t.testdir({ 1: { stat: '1 (init) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0\n' } });
+  const tree = byName(await doctorFor(t, { ...eightGpuNode(), processes: [] }, { proc: fixtureRoot }))['open-files']!;
+  t.match(tree, { status: 'ok', detail: /is not a proc filesystem, so no stat file is kept open$/ });
+  const noSmi = byName(await doctorFor(t, null))['open-files']!;
+  t.match(noSmi, { status: 'ok', detail: /kept open between snapshots$/ }, 'without nvidia-smi, the limit alone');
 });
 
 t.test('a state directory that cannot be fsynced is a warning saying what is at risk and what to do', async (t) => {

@@ -625,6 +625,7 @@ t.test('readStats: out of descriptors while keeping, it gives half back and read
   t.equal(failing.openNow(), 5, 'half of the 10 kept when the limit was hit are kept');
   t.equal(entries.length, 1, 'one warning');
   t.match(entries[0], { level: WARN, keepLimit: 5, err: { code: 'EMFILE' }, msg: /^Out of file descriptors \(EMFILE\).*at most 5 are kept.*nofile/ });
+  t.equal(proc.keeping().keepLimit, 5, 'keeping() says so too (the doctor reports it)');
   t.same(await read(), pids, 'the next snapshot reads them all again');
   t.equal(failing.openNow(), 5, 'keeping the same 5');
   t.equal(entries.length, 1, 'without a new warning');
