@@ -3,15 +3,30 @@
 // nodecompute_nvidia_smi_up 0) even when nvidia-smi cannot be asked.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { sendLateError } from './late-error.js';
 
 const RENDER_REUSE_MS = 1000;
 
 const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, metrics, probeBudgetMs, registry, now } = app.services;
   const { snapshots } = app.services.node;
-  let cached: { key: string; at: number; text: string } | null = null;
   /** What a rendering depends on besides time: the snapshot, the registry and the engine output. */
-  const renderKey = () => `${snapshots.generation}-${registry.version}-${registry.engineVersion}`;
+  let cached: { generation: number; version: number; engineVersion: number; at: number; text: string } | null = null;
+  const reusable = (at: number) =>
+    cached !== null &&
+    at - cached.at < RENDER_REUSE_MS &&
+    cached.generation === snapshots.generation &&
+    cached.version === registry.version &&
+    cached.engineVersion === registry.engineVersion;
+  const render = async (at: number): Promise<string> => {
+    const { states, node } = await shards.states(probeBudgetMs);
+    const lastGood = app.services.node.peek();
+    metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
+    // Keyed after the wait: the refresh it may have waited for is what was rendered.
+    const text = await metrics.registry.metrics();
+    cached = { generation: snapshots.generation, version: registry.version, engineVersion: registry.engineVersion, at, text };
+    return text;
+  };
   app.get(
     '/metrics',
     {
@@ -22,19 +37,17 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: Type.String({ description: 'Prometheus text exposition format 0.0.4.' }) },
       },
     },
-    async (_request, reply) => {
-      // Rendering ~600 series costs milliseconds; scrapes within a second of the last rendering that
-      // see the same snapshot and registry share it (verdicts and process metrics are then at most
-      // 1 s old). Past that second, the scrape asks for the snapshot as any answer does.
+    // Not async: a scrape the last rendering can answer is sent at once, without a promise between.
+    // Rendering ~600 series costs milliseconds; scrapes within a second of the last rendering that
+    // see the same snapshot and registry share it (verdicts and process metrics are then at most
+    // 1 s old). Past that second, the scrape asks for the snapshot as any answer does.
+    (_request, reply) => {
       const at = now();
-      if (!cached || cached.key !== renderKey() || at - cached.at >= RENDER_REUSE_MS) {
-        const { states, node } = await shards.states(probeBudgetMs);
-        const lastGood = app.services.node.peek();
-        metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
-        // Keyed after the wait: the refresh it may have waited for is what was rendered.
-        cached = { key: renderKey(), at, text: await metrics.registry.metrics() };
-      }
-      return reply.type(metrics.registry.contentType).send(cached.text);
+      if (reusable(at)) return void reply.type(metrics.registry.contentType).send(cached!.text);
+      render(at).then(
+        (text) => reply.type(metrics.registry.contentType).send(text),
+        (err: Error) => sendLateError(reply, err),
+      );
     },
   );
 };

@@ -16,6 +16,7 @@ import {
 } from '../src/schemas/shards.js';
 import { shardBody, type ShardState } from '../src/shards/shard-service.js';
 import { conditional, verdictsTag } from './conditional.js';
+import { sendLateError } from './late-error.js';
 import { requireContentType } from './content-type.js';
 
 export const ENGINE_OUTPUT_MAX_BYTES = 1024 * 1024;
@@ -30,11 +31,6 @@ function statusBody(state: ShardState) {
  * ReadyResponseSchema (tests check it against the schema).
  */
 const readyBodies = new WeakMap<ShardState, string>();
-
-/** An error met after the handler returned goes to the error handler, as a thrown one would. */
-function sendError(reply: FastifyReply, err: Error): void {
-  void reply.send(err);
-}
 
 function sendReady(reply: FastifyReply, state: ShardState): void {
   let body = readyBodies.get(state);
@@ -160,7 +156,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // reply.send (no promise of ours for Fastify to send a second time).
       shards.probe(request.params.id, probeBudgetMs).then(
         (state) => sendReady(reply, state),
-        (err: Error) => sendError(reply, err),
+        (err: Error) => sendLateError(reply, err),
       );
     },
   );

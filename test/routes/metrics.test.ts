@@ -4,7 +4,7 @@ import { spawnSync } from 'node:child_process';
 import t from 'tap';
 import { createMetrics } from '../../src/metrics.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
-import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const UUIDS = ['GPU-aaaaaaaa-0000-0000-0000-000000000000', 'GPU-bbbbbbbb-0000-0000-0000-000000000000'];
 const MIB = 1024 * 1024;
@@ -130,4 +130,53 @@ t.test('scrapes read the cache: many scrapes within the TTL cause one nvidia-smi
   t.ok(scrapes.every((res) => res.statusCode === 200));
   t.equal(fake.countQueries('gpu'), 1);
   t.equal(fake.countQueries('compute-apps'), 1);
+});
+
+t.test('a rendering is reused within a second only while the snapshot, the registry and the engine output stay the same', async (t) => {
+  const clock = manualClock();
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 500, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  const { registry } = app.services.metrics;
+  const render = registry.metrics.bind(registry);
+  let renders = 0;
+  registry.metrics = () => {
+    renders += 1;
+    return render();
+  };
+  const scrape = async () => {
+    const res = await app.inject({ method: 'GET', url: '/metrics' });
+    t.equal(res.statusCode, 200);
+    return res.body;
+  };
+  await scrape();
+  await scrape();
+  t.equal(renders, 1, 'the second scrape reused the first rendering');
+  await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [0] } });
+  t.match(await scrape(), /nodecompute_shard_ready\{shard="a"\}/, 'a registration shows at the next scrape');
+  t.equal(renders, 2);
+  await app.inject({ method: 'POST', url: '/shards/a/engine-output', headers: { 'content-type': 'text/plain' }, payload: 'ggml_cuda_init: found 1 CUDA devices:\n' });
+  await scrape();
+  t.equal(renders, 3, 'new engine output renders afresh');
+  await scrape();
+  t.equal(renders, 3);
+  // Past the TTL a scrape within the second still reuses the rendering (it does not ask for the
+  // snapshot); once another answer's refresh lands, the next scrape renders it.
+  const { snapshots } = app.services.node;
+  await settle(app);
+  const generation = snapshots.generation;
+  await scrape();
+  const before = renders;
+  clock.advance(600);
+  await scrape();
+  t.equal(renders, before, 'a stale snapshot is not a new one');
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await waitUntil(() => snapshots.generation > generation, { what: 'the background refresh' });
+  await settle(app);
+  await scrape();
+  t.equal(renders, before + 1, 'a new snapshot renders afresh, though less than a second went by');
+  await scrape();
+  t.equal(renders, before + 1, 'and is then reused');
+  clock.advance(1000);
+  await scrape();
+  t.equal(renders, before + 2, 'a second later it renders afresh');
 });
