@@ -1,9 +1,12 @@
 // Figure 1: what nodecompute's warm path costs over Fastify itself. For each endpoint, nodecompute
 // (warm cache: a TTL far longer than the figure, so no refresh happens while it is measured) and a
 // bare Fastify route answering a precomputed body of the same size are loaded by autocannon in
-// short slices, in ABBA order (nodecompute, bare, bare, nodecompute), SLICES slices a side per
-// round, for ROUNDS rounds. Each round gives a paired ratio of requests/s; the figure is the median
-// ratio, so drift on a shared machine hits both sides of each pair alike.
+// short slices, for ROUNDS rounds. Each side is two servers (two processes): identical servers
+// differ by up to 15% in CPU per request here (where V8 and the kernel happened to place each), so
+// one server a side would measure that placement as much as the code. A round loads each of the
+// four for one slice, in ABBA order (nodecompute, bare, bare, nodecompute, reversed the next
+// round), and gives a paired ratio of requests/s, each side's requests over its seconds; the figure
+// is the median ratio, so drift on a shared machine hits both sides of each pair alike.
 //
 // On a machine where other work takes CPU, a server may not get a whole core, and requests/s then
 // says as much about the neighbours as about the server. The server's own CPU time per request
@@ -12,13 +15,14 @@
 // server as the bottleneck both ratios agree.
 import type { BareRoute } from '../server.js';
 import { runAutocannon, request } from '../http-load.js';
-import { startRegisteredNode, type BenchContext } from '../node-setup.js';
+import { startRegisteredNode, type BenchContext, type NodecomputeServer } from '../node-setup.js';
 import { startServer, type ServerHandle } from '../server-handle.js';
 import { median, percentile, round, sortedCopy } from '../stats.js';
 
-export const ROUNDS = 5;
+export const ROUNDS = 7;
 const SLICE_S = 1;
-const SLICES = 2;
+/** Servers a side. */
+const SERVERS = 2;
 const WARMUP_S = 1;
 const CONNECTIONS = 10;
 export const RATIO_TARGET = 0.85;
@@ -116,27 +120,30 @@ export async function throughputFigure(ctx: BenchContext, log: (line: string) =>
     { name: '/shards/:id/ready', path: `/shards/${ctx.shardIds[0]}/ready`, route: '/shards/:id/ready' },
     { name: '/metrics', path: '/metrics', route: '/metrics' },
   ];
-  const node = await startRegisteredNode(ctx, 'throughput', { cacheTtlMs: 600_000, maxStaleMs: 600_000 });
-  let bare: ServerHandle | null = null;
+  const nodes: NodecomputeServer[] = [];
+  const bares: ServerHandle[] = [];
   try {
+    for (let i = 0; i < SERVERS; i += 1) nodes.push(await startRegisteredNode(ctx, `throughput-${i + 1}`, { cacheTtlMs: 600_000, maxStaleMs: 600_000 }));
     const routes: BareRoute[] = [];
     for (const endpoint of endpoints) {
-      const answer = await request(`${node.server.url}${endpoint.path}`);
+      const answer = await request(`${nodes[0]!.server.url}${endpoint.path}`);
       if (answer.status !== 200) throw new Error(`${endpoint.path} answered ${answer.status} before the figure: ${answer.body.slice(0, 300)}`);
       routes.push({ path: endpoint.route, contentType: answer.contentType, body: answer.body });
     }
-    bare = await startServer('bare', { kind: 'bare', routes });
-    const sides = { nodecompute: node.server, bare };
+    // Bare servers start last: a bare server started before nodecompute's had registered its shards
+    // cost the most per request in every run that compared them.
+    for (let i = 0; i < SERVERS; i += 1) bares.push(await startServer(`bare-${i + 1}`, { kind: 'bare', routes }));
+    const pairs = nodes.map((node, i) => ({ nodecompute: node.server, bare: bares[i]! }));
     for (const endpoint of endpoints) {
-      for (const server of Object.values(sides)) await slice(server, endpoint.path, WARMUP_S, empty());
+      for (const pair of pairs) for (const server of Object.values(pair)) await slice(server, endpoint.path, WARMUP_S, empty());
     }
     const results = endpoints.map((endpoint, i) => ({ endpoint, bodyBytes: Buffer.byteLength(routes[i]!.body), rounds: [] as EndpointResult['rounds'] }));
     for (let r = 0; r < ROUNDS; r += 1) {
       for (const result of results) {
         const acc = { nodecompute: empty(), bare: empty() };
-        for (let s = 0; s < SLICES; s += 1) {
-          const order = s % 2 === 0 ? (['nodecompute', 'bare'] as const) : (['bare', 'nodecompute'] as const);
-          for (const side of order) await slice(sides[side], result.endpoint.path, SLICE_S, acc[side]);
+        for (const [p, pair] of pairs.entries()) {
+          const order = (p + r) % 2 === 0 ? (['nodecompute', 'bare'] as const) : (['bare', 'nodecompute'] as const);
+          for (const side of order) await slice(pair[side], result.endpoint.path, SLICE_S, acc[side]);
         }
         const pair = { nodecompute: sideRun(acc.nodecompute), bare: sideRun(acc.bare) };
         const ratio = round(pair.nodecompute.rps / pair.bare.rps, 3);
@@ -166,7 +173,7 @@ export async function throughputFigure(ctx: BenchContext, log: (line: string) =>
       };
     });
   } finally {
-    await bare?.stop();
-    await node.server.stop();
+    for (const bare of bares) await bare.stop();
+    for (const node of nodes) await node.server.stop();
   }
 }
