@@ -5,6 +5,7 @@
 // proves the repair, not a fast reader.
 import http from 'node:http';
 import { connect, type AddressInfo, type Socket } from 'node:net';
+import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { spareUnflushedAnswers, type SpareOptions } from '../src/unflushed-answers.js';
 import { buildTestApp } from './helpers/app.js';
@@ -160,4 +161,29 @@ t.test("the app's close: a slow reader of a large answer gets all of it", async 
   t.same(await read, { bodyBytes: BODY_BYTES, error: null }, 'every byte arrived, and the connection closed cleanly');
   t.same(atSweep, { unflushedAtSweep: true }, 'the answer was ended but not written out when the sweep ran');
   await closing;
+});
+
+t.test("the app's close: a client that never reads is cut after 5 s, with a warning that says so", async (t) => {
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'warn' }, { write: (line: string) => lines.push(JSON.parse(line) as Record<string, unknown>) });
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { logger } });
+  let answer: http.ServerResponse | undefined;
+  app.get('/test/large', (_request, reply) => {
+    answer = reply.raw;
+    void reply.type('application/octet-stream').send(Buffer.alloc(BODY_BYTES, 0x63));
+  });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const socket = connect((app.server.address() as AddressInfo).port, '127.0.0.1');
+  socket.pause();
+  socket.on('error', () => {});
+  t.teardown(() => socket.destroy());
+  socket.write('GET /test/large HTTP/1.1\r\nHost: test\r\n\r\n');
+  await waitUntil(() => answer?.writableEnded === true, { what: 'the answer to be ended' });
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  const started = Date.now();
+  // The close completes once the server has destroyed its side (the paused client does not notice).
+  await app.close();
+  t.ok(Date.now() - started >= 4_900, `the close waited for the reader (${Date.now() - started} ms)`);
+  t.match(lines, [{ level: 40, bytesLeft: Number, msg: /^Stopping: a client had not taken its whole answer 5 s after shutdown began/ }]);
+  t.ok((lines[0]!.bytesLeft as number) > 0, 'with the bytes it did not get');
 });
