@@ -34,14 +34,21 @@ export interface StateFileOptions {
 /** errno codes with which a filesystem says it cannot fsync a directory at all. */
 const CANNOT_SYNC_DIRECTORIES = new Set(['EINVAL', 'ENOTSUP', 'EOPNOTSUPP']);
 
-function directorySyncRisk(dir: string, err: Error): string {
-  return `fsync of ${dir} failed (${err.message}): a change is stored and served, yet a power cut right after it could bring back the previous file.`;
+/** A directory fsync that failed: the error, what it puts at risk and what to do. */
+interface DirectorySyncProblem {
+  err: NodeJS.ErrnoException;
+  problem: string;
+  fix: string;
 }
 
-function directorySyncAdvice(err: NodeJS.ErrnoException): string {
-  return CANNOT_SYNC_DIRECTORIES.has(String(err.code))
-    ? 'This filesystem cannot fsync a directory (some FUSE and network filesystems): put NODECOMPUTE_STATE_FILE on a local disk.'
-    : 'Check the volume the state file lives on (`dmesg` for I/O errors).';
+function directorySyncProblem(dir: string, err: NodeJS.ErrnoException): DirectorySyncProblem {
+  return {
+    err,
+    problem: `fsync of ${dir} failed (${err.message}): a change is stored and served, yet a power cut right after it could bring back the previous file.`,
+    fix: CANNOT_SYNC_DIRECTORIES.has(String(err.code))
+      ? 'This filesystem cannot fsync a directory (some FUSE and network filesystems): put NODECOMPUTE_STATE_FILE on a local disk.'
+      : 'Check the volume the state file lives on (`dmesg` for I/O errors).',
+  };
 }
 
 async function fsyncDirectory(dir: string): Promise<void> {
@@ -58,6 +65,15 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   const dir = dirname(path);
   const directorySyncFailures = new Set<string>();
   let sequence = 0;
+  /** Null when the directory fsync worked. */
+  const syncDirectoryProblem = async (): Promise<DirectorySyncProblem | null> => {
+    try {
+      await syncDirectory(dir);
+      return null;
+    } catch (err) {
+      return directorySyncProblem(dir, err as NodeJS.ErrnoException);
+    }
+  };
   return {
     path,
     async read() {
@@ -85,16 +101,12 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         await rm(temp, { force: true }).catch(() => undefined);
         throw err;
       }
-      try {
-        await syncDirectory(dir);
-      } catch (err) {
-        const kind = String((err as NodeJS.ErrnoException).code);
+      const failed = await syncDirectoryProblem();
+      if (failed) {
+        const kind = String(failed.err.code);
         const level = directorySyncFailures.has(kind) ? 'debug' : 'warn';
         directorySyncFailures.add(kind);
-        log[level](
-          { err, stateFile: path },
-          `The state file ${path} was replaced, but the ${directorySyncRisk(dir, err as Error)} ${directorySyncAdvice(err as NodeJS.ErrnoException)}`,
-        );
+        log[level]({ err: failed.err, stateFile: path }, `The state file ${path} was replaced, but the ${failed.problem} ${failed.fix}`);
       }
     },
     async checkWritable() {
@@ -107,12 +119,8 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       } catch (err) {
         return { ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` };
       }
-      try {
-        await syncDirectory(dir);
-        return { ok: true, warning: null };
-      } catch (err) {
-        return { ok: true, warning: { problem: directorySyncRisk(dir, err as Error), fix: directorySyncAdvice(err as NodeJS.ErrnoException) } };
-      }
+      const failed = await syncDirectoryProblem();
+      return { ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } };
     },
   };
 }
