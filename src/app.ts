@@ -24,7 +24,7 @@ import { createMetrics, type Metrics } from './metrics.js';
 import { VERSION } from './version.js';
 import { keepTickObjectShape } from './tick-shape.js';
 import { spareUnflushedAnswers } from './unflushed-answers.js';
-import { ServiceLogController } from './fastify-log.js';
+import { requestFields, ServiceLogController } from './fastify-log.js';
 import gpusRoutes from '../routes/gpus.js';
 import healthRoutes from '../routes/health.js';
 import shardsRoutes from '../routes/shards.js';
@@ -227,13 +227,13 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.setErrorHandler((err: FastifyError, request, reply) => {
     if (isCodedError(err)) {
       if (err.statusCode >= 500) {
-        log[failureLevel(err.code, err.message)]({ reqId: request.id, method: request.method, url: request.url, err: { code: err.code, message: err.message } }, 'Request failed');
+        log[failureLevel(err.code, err.message)]({ ...requestFields(request), err: { code: err.code, message: err.message } }, 'Request failed');
       }
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }
     const mapped = fastifyErrorBody(err);
     if (mapped) return reply.status(mapped.statusCode).send(mapped);
-    log.error({ reqId: request.id, method: request.method, url: request.url, err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
+    log.error({ ...requestFields(request), err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
     const internal = new InternalError(
       'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',
     );
@@ -248,7 +248,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   // service logs each verdict change once, and failures log where they happen.
   if (log.isLevelEnabled('debug')) {
     app.addHook('onResponse', (request, reply, done) => {
-      log.debug({ reqId: request.id, method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
+      log.debug({ ...requestFields(request), statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');
       done();
     });
   }

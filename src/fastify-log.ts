@@ -5,7 +5,8 @@
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 
-const requestFields = (request: FastifyRequest) => ({ reqId: request.id, method: request.method, url: request.url });
+/** The fields that name a request in a log line (the service's own lines use them too). */
+export const requestFields = (request: FastifyRequest) => ({ reqId: request.id, method: request.method, url: request.url });
 
 export class ServiceLogController extends LogController {
   readonly #log: Logger;
@@ -21,7 +22,7 @@ export class ServiceLogController extends LogController {
 
   override streamError(error: Error, request: FastifyRequest, _reply: FastifyReply): void {
     if ((error as NodeJS.ErrnoException).code === 'ERR_STREAM_PREMATURE_CLOSE') {
-      this.#log.debug({ ...requestFields(request) }, 'The client closed the connection before the answer was complete');
+      this.#log.debug(requestFields(request), 'The client closed the connection before the answer was complete');
       return;
     }
     this.#log.warn(
