@@ -10,13 +10,25 @@
 //   2024     ggml_cuda_init: ... the same header, then llm_load_tensors: CUDA0 buffer size = X MiB
 //   2025+    load_tensors: CUDA0 model buffer size = X MiB, CPU_Mapped model buffer size = ...
 //            llama_model_load_from_file_impl: using device CUDA0 (NAME) [(PCI id)] - N MiB free
-//   b9151..  llama-server "device_info:" block: "  - CUDA0   : NAME (T MiB, F MiB free)", CPU last
-//   b9829+   nothing about devices at the default verbosity: such a log says nothing (null)
+//   b9151..  llama-server "log_info: verbosity = 3 (adjust with ...)" first, then a "device_info:"
+//            block: "  - CUDA0   : NAME (T MiB, F MiB free)", CPU last
+//   b9829+   "common_params_print_info: verbosity = 3 (adjust with ...)" first (b11146 prints
+//            "llama_server: initializing ..." before it), then nothing about devices at the
+//            default verbosity: such a log says nothing (null)
 //   --list-devices  "Available devices:" then "  CUDA0: NAME (T MiB, F MiB free)" (CPU not listed)
 //
-// Decision, over the LAST run in the text (a start-up line - CUDA init, device list, no-GPU
-// warning - after model loading began starts a new run, so a restarted engine's older output
-// cannot outvote the current one); within a run the strongest evidence wins, not the latest:
+// Decision, over the LAST run in the text, so a restarted engine's older output cannot outvote the
+// current one. A process prints its start-up in this order: "llama_server: initializing ..."
+// (b11146, before anything else), backend init (CUDA init lines, no-GPU warnings; a b11146 CUDA
+// failure comes after "initializing"), the verbosity line (b9151+), the device list (device_info,
+// --list-devices), model loading; all but backend init and loading once. A line of a stage the run
+// has passed, or a once-only line of the stage it is in, starts a new run. So the verbosity line of
+// a b9829+ restart ends an older CPU run, and the new run, holding nothing, says nothing (null).
+// Not process starts: system_info follows device_info and build info follows CUDA init in their
+// own process (samples b9692, 2023 server), "listening" ends start-up. A run that got no further
+// than backend init cannot be told from the backend lines a next process prints before its
+// verbosity line: they stay one run.
+// Within a run the strongest evidence wins, not the latest:
 //   1. weights on a CUDA device (a `CUDA<n> [model ]buffer size` > 0 from load_tensors) -> CUDA.
 //      This is the only proof (DESIGN.md 5): a buffer on CUDA<n> cannot exist if CUDA failed, so it
 //      outweighs any warning of the same run. KV, compute and CUDA_Host buffers do not count: with
@@ -87,8 +99,10 @@ const PREFIXES: readonly RegExp[] = [
 
 // Function prefixes that may follow an unknown prefix: the line is re-anchored at them.
 const KNOWN_FUNCTION =
-  /(?:ggml_cuda_init|ggml_init_cublas|ggml_cuda_set_main_device|llm_load_tensors|load_tensors|llama_model_load\w{0,32}|llama_load_model_from_file): /;
+  /(?:ggml_cuda_init|ggml_init_cublas|ggml_cuda_set_main_device|llm_load_tensors|load_tensors|llama_model_load\w{0,32}|llama_load_model_from_file|llama_server|common_params_print_info|log_info): /;
 
+const RE_PROCESS_START = /^llama_server: initializing \.\.\.$/;
+const RE_VERBOSITY = /^(?:common_params_print_info|log_info): verbosity = \d{1,4}(?: |$)/;
 const RE_FOUND = /^(?:ggml_cuda_init|ggml_init_cublas): found (\d{1,4}) CUDA devices/;
 const RE_INIT_FAILED = /^(?:ggml_cuda_init|ggml_init_cublas): (?:failed to initialize CUDA|no CUDA devices found)/;
 const RE_NO_GPU_WARNING = /^warning: (?:no usable GPU found|not compiled with GPU offload support)/;
@@ -111,13 +125,17 @@ const RE_HOST_NAME = /^(?:CPU\w{0,32}|\w{1,32}_Host|BLAS|AMX|KleidiAI|KLEIDIAI)$
 
 type CpuKind = 'no-gpu' | 'cpu-devices' | 'host-buffers' | 'zero-offload';
 
+// How far a run's process has got in its start-up, in the order one process prints them.
+const STAGE = { none: 0, process: 1, backends: 2, verbosity: 3, devices: 4, loading: 5 } as const;
+type Stage = (typeof STAGE)[keyof typeof STAGE];
+
 interface DeviceNote {
   name: string;
   totalMiB: number | null;
 }
 
 interface Run {
-  loading: boolean;
+  stage: Stage;
   cudaWeights: Map<number, string>;
   vram: { mib: string; line: string } | null;
   otherWeights: boolean;
@@ -144,7 +162,7 @@ interface State {
 
 function newRun(): Run {
   return {
-    loading: false,
+    stage: STAGE.none,
     cudaWeights: new Map(),
     vram: null,
     otherWeights: false,
@@ -192,12 +210,34 @@ function note(run: Run, index: number, name: string, totalMiB: number | null): v
   run.notes.set(index, { name, totalMiB: totalMiB ?? run.notes.get(index)?.totalMiB ?? null });
 }
 
+/** The run reaches `stage`; a line that its process can no longer print (`newFrom` reached) starts a new run. */
+function enter(st: State, stage: Stage, newFrom: Stage): void {
+  if (st.run.stage >= newFrom) st.run = newRun();
+  if (stage > st.run.stage) st.run.stage = stage;
+}
+
+/** "llama_server: initializing ...": a process prints nothing before it. */
+function beginProcess(st: State): void {
+  enter(st, STAGE.process, STAGE.process);
+}
+
+/** CUDA init and no-GPU warnings: printed (maybe several) while backends load, before the verbosity line. */
 function beginInit(st: State): void {
-  if (st.run.loading) st.run = newRun();
+  enter(st, STAGE.backends, STAGE.verbosity);
+}
+
+/** The verbosity line: once, after backend init. */
+function beginVerbosity(st: State): void {
+  enter(st, STAGE.verbosity, STAGE.verbosity);
+}
+
+/** device_info or --list-devices: once, listing backends already loaded. */
+function beginDevices(st: State): void {
+  enter(st, STAGE.devices, STAGE.devices);
 }
 
 function beginLoad(st: State): void {
-  st.run.loading = true;
+  st.run.stage = STAGE.loading;
 }
 
 /** A device line inside the open block; false when the line ends the block. */
@@ -281,7 +321,11 @@ function addWeights(run: Run, block: Extract<Block, { kind: 'buffers' }>, line: 
 
 function classify(st: State, line: string): void {
   let m: RegExpExecArray | null;
-  if ((m = RE_WEIGHTS.exec(line))) {
+  if (RE_PROCESS_START.test(line)) {
+    beginProcess(st);
+  } else if (RE_VERBOSITY.test(line)) {
+    beginVerbosity(st);
+  } else if ((m = RE_WEIGHTS.exec(line))) {
     beginLoad(st);
     const block: Block = { kind: 'buffers', hostLines: [], accelerator: false, cutOff: st.linesSeen === 0 };
     st.block = block;
@@ -300,10 +344,10 @@ function classify(st: State, line: string): void {
     beginInit(st);
     st.run.cpu.push({ kind: 'no-gpu', line });
   } else if (RE_DEVICE_INFO_HEADER.test(line)) {
-    beginInit(st);
+    beginDevices(st);
     st.block = { kind: 'device-info', header: line, gpu: false };
   } else if (RE_LIST_HEADER.test(line)) {
-    beginInit(st);
+    beginDevices(st);
     st.block = { kind: 'list', header: line, items: 0 };
   } else if ((m = RE_OFFLOADED.exec(line))) {
     beginLoad(st);

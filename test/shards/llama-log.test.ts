@@ -500,6 +500,9 @@ const arbitraryLine = fc.oneof(
     'load_tensors: offloaded 99999/3 layers to GPU',
     'llm_load_tensors: VRAM used: 0.00 MB',
     'warning: no usable GPU found',
+    '0.00.001.078 I srv  llama_server: initializing ...',
+    '0.00.038.015 I cmn  common_param: common_params_print_info: verbosity = 3 (adjust with the `-lv N` CLI arg)',
+    'log_info: verbosity = 4',
   ),
 );
 
