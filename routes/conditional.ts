@@ -1,8 +1,10 @@
 // Owns conditional GETs for pollers: answers derived from a snapshot carry an ETag made of the
-// snapshot's identity and the registry version (plus, where time alone can change the answer, the
-// verdicts), and Cache-Control: max-age of the snapshot's remaining freshness (0 once it is stale).
-// A matching If-None-Match gets 304 with no body, so a control plane polling many nodes moves
-// almost nothing.
+// snapshot's identity, the registry version, the snapshot's freshness (fresh, stale while a refresh
+// runs, stale because refreshes fail) and, where time alone can change the answer, the verdicts;
+// and Cache-Control: max-age of the snapshot's remaining freshness (0 once it is stale). A matching
+// If-None-Match gets 304 with no body, so a control plane polling many nodes moves almost nothing,
+// yet sees at once that nvidia-smi started failing. The ETag is weak (W/): the body's ageMs moves
+// with every answer while what it says stays the same.
 import { createHash } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../src/app.js';
@@ -16,10 +18,18 @@ export function verdictsTag(states: ShardState[]): string {
   return hash.digest('base64url').slice(0, 10);
 }
 
-export function etagFor(services: Services, view: SnapshotView<unknown>, extra = ''): string {
-  return `"${view.observedAt.toString(36)}-${services.registry.version.toString(36)}${extra ? `-${extra}` : ''}"`;
+/** f: fresh; r: stale, a refresh is due or running; x: stale, the last refresh failed. */
+function freshness(view: SnapshotView<unknown>): string {
+  if (!view.stale) return 'f';
+  return view.failing ? 'x' : 'r';
 }
 
+/** The opaque tag, quoted, without the weak prefix. */
+export function etagFor(services: Services, view: SnapshotView<unknown>, extra = ''): string {
+  return `"${view.observedAt.toString(36)}-${services.registry.version.toString(36)}-${freshness(view)}${extra ? `-${extra}` : ''}"`;
+}
+
+/** Weak comparison (RFC 9110 13.1.2), the one If-None-Match uses. */
 function matches(header: string | undefined, etag: string): boolean {
   if (!header) return false;
   if (header.trim() === '*') return true;
@@ -31,7 +41,7 @@ export function conditional(services: Services, request: FastifyRequest, reply: 
   const etag = etagFor(services, view, extra);
   // A stale view (expired, or taken before the registry changed) is worth no caching at all.
   const remainingMs = view.stale ? 0 : Math.max(0, services.config.cacheTtlMs - view.ageMs);
-  reply.header('etag', etag);
+  reply.header('etag', `W/${etag}`);
   reply.header('cache-control', `max-age=${Math.floor(remainingMs / 1000)}`);
   return matches(request.headers['if-none-match'], etag);
 }

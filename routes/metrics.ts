@@ -11,20 +11,23 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, metrics, probeBudgetMs, registry, now } = app.services;
   const { snapshots } = app.services.node;
   /** What a rendering depends on besides time: the snapshot, the registry and the engine output. */
-  let cached: { generation: number; version: number; engineVersion: number; at: number; text: string } | null = null;
+  let cached: { generation: number; failing: boolean; version: number; engineVersion: number; at: number; text: string } | null = null;
+  const failing = () => snapshots.peek()?.failing ?? false;
   const reusable = (at: number) =>
     cached !== null &&
     at - cached.at < RENDER_REUSE_MS &&
     cached.generation === snapshots.generation &&
+    cached.failing === failing() &&
     cached.version === registry.version &&
     cached.engineVersion === registry.engineVersion;
   const render = async (at: number): Promise<string> => {
     const { states, node } = await shards.states(probeBudgetMs);
     const lastGood = app.services.node.peek();
-    metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, shards: states });
+    const nvidiaSmiUp = lastGood !== null && !lastGood.view.failing;
+    metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, shards: states });
     // Keyed after the wait: the refresh it may have waited for is what was rendered.
     const text = await metrics.registry.metrics();
-    cached = { generation: snapshots.generation, version: registry.version, engineVersion: registry.engineVersion, at, text };
+    cached = { generation: snapshots.generation, failing: lastGood?.view.failing ?? false, version: registry.version, engineVersion: registry.engineVersion, at, text };
     return text;
   };
   app.get(

@@ -100,7 +100,7 @@ function fastifyErrorBody(err: FastifyError) {
     return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err)}. See /docs for the expected shape.`);
   }
   const known: Record<string, [number, string, string]> = {
-    FST_ERR_CTP_BODY_TOO_LARGE: [413, 'NODECOMPUTE_PAYLOAD_TOO_LARGE', 'The request body is larger than this endpoint accepts. Send less (engine output: at most 1 MiB a call; post the rest in further calls).'],
+    FST_ERR_CTP_BODY_TOO_LARGE: [413, 'NODECOMPUTE_PAYLOAD_TOO_LARGE', 'The request body is larger than this endpoint accepts: a registration takes at most 64 KiB of JSON, engine output at most 1 MiB a call (post the rest in further calls). Send less.'],
     FST_ERR_CTP_INVALID_MEDIA_TYPE: [415, 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', `${err.message}. Registrations are application/json; engine output is text/plain.`],
     FST_ERR_CTP_INVALID_CONTENT_LENGTH: [400, 'NODECOMPUTE_BAD_REQUEST', 'The Content-Length header does not match the body that was sent.'],
     FST_ERR_CTP_EMPTY_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', 'The JSON body is empty. Send a JSON object (see /docs).'],

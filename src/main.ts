@@ -46,12 +46,20 @@ async function serve(cli: ResolvedCli): Promise<void> {
   const { config } = cli;
   const log = createLogger(config);
   const app = await buildApp(config, { logger: log });
-  // close-with-grace logs an uncaught error itself before calling this.
+  let url: string;
+  try {
+    url = await app.listen({ host: config.host, port: config.port });
+  } catch (err) {
+    await app.close();
+    throw err;
+  }
+  // Installed once listening: close-with-grace ends the process with code 0 when the event loop
+  // empties, which would hide a start that failed (a port in use) from restart policies.
+  // It logs an uncaught error itself before calling this.
   closeWithGrace({ delay: 10_000, logger: log }, async ({ signal }) => {
     log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
     await app.close();
   });
-  const url = await app.listen({ host: config.host, port: config.port });
   log.info({ url, version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, 'nodecompute is listening');
   await warmUp(app, log);
 }

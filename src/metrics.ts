@@ -14,8 +14,12 @@ const MIB = 1024 * 1024;
 export interface Metrics {
   registry: Registry;
   observeQuery: (observation: QueryObservation) => void;
-  /** Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked; `ageMs` of the last good snapshot. */
-  update(input: { node: NodeView | null; ageMs: number | null; shards: ShardState[] }): void;
+  /**
+   * Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked; `ageMs` of the
+   * last good snapshot; `nvidiaSmiUp` false when the last refresh failed, even while an older
+   * snapshot is still served.
+   */
+  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; shards: ShardState[] }): void;
 }
 
 export function createMetrics(): Metrics {
@@ -42,7 +46,10 @@ export function createMetrics(): Metrics {
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', 'gpu']);
   const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
   const shardState = gauge('nodecompute_shard_state', 'The shard readiness state: 1 for the current one, 0 for the others.', ['shard', 'state']);
-  const up = gauge('nodecompute_nvidia_smi_up', '1 when the last node snapshot could be served, 0 when nvidia-smi cannot be asked.');
+  const up = gauge(
+    'nodecompute_nvidia_smi_up',
+    '1 when the last nvidia-smi refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or nvidia-smi cannot be asked.',
+  );
   const age = gauge('nodecompute_snapshot_age_seconds', 'Age of the last good node snapshot (NaN before the first); alert when it grows past max-stale.');
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
@@ -69,9 +76,9 @@ export function createMetrics(): Metrics {
       if (observation.durationMs !== null) duration.observe({ query: observation.query }, observation.durationMs / 1000);
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
-    update({ node, ageMs, shards }) {
+    update({ node, ageMs, nvidiaSmiUp, shards }) {
       for (const metric of nodeGauges) metric.reset();
-      up.set(node ? 1 : 0);
+      up.set(node !== null && nvidiaSmiUp ? 1 : 0);
       age.set(ageMs === null ? Number.NaN : ageMs / 1000);
       if (node) {
         const foreignByIndex = new Map(foreignMemory(node).map((gpu) => [gpu.index, gpu.foreignMiB]));

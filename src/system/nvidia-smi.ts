@@ -278,7 +278,7 @@ function killGroup(pid: number, log: Logger): void {
     process.kill(-pid, 'SIGKILL');
   } catch (err) {
     // ESRCH: the group is already gone. Nothing else can be done about a group we may not signal.
-    log.debug({ pid, err }, 'could not signal the nvidia-smi process group');
+    log.debug({ nvidiaSmiPid: pid, err }, 'could not signal the nvidia-smi process group');
   }
 }
 
@@ -377,7 +377,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
         const at = killedAt.get(pid);
         killedAt.delete(pid);
         if (at !== undefined && Date.now() - at >= STUCK_AFTER_MS) {
-          log.info({ pid, stuckMs: Date.now() - at, stillStuck: killedAt.size }, 'The stuck nvidia-smi has exited at last; nodecompute runs nvidia-smi again');
+          log.info({ nvidiaSmiPid: pid, stuckMs: Date.now() - at, stillStuck: killedAt.size }, 'The stuck nvidia-smi has exited at last; nodecompute runs nvidia-smi again');
         }
       });
     }

@@ -129,7 +129,7 @@ const table: BadRequest[] = [
     request: (c) => ({ method: 'PUT', url: '/shards/big', headers: json, payload: JSON.stringify({ pid: c.pid, gpus: [1], pad: 'x'.repeat(70_000) }) }),
     status: 413,
     code: 'NODECOMPUTE_PAYLOAD_TOO_LARGE',
-    message: /larger than this endpoint accepts/,
+    message: /larger than this endpoint accepts: a registration takes at most 64 KiB/,
   },
   {
     name: 'engine output over 1 MiB',
@@ -207,13 +207,27 @@ const table: BadRequest[] = [
   { name: 'both pid and cgroup', request: register((c) => ({ ...good(c), cgroup: 'abcdef0123456789' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /not both/ },
   { name: 'neither pid nor cgroup', request: register(() => ({ gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /Give "pid".*or "cgroup"/ },
   { name: 'cgroup too short', request: register(() => ({ cgroup: 'abc', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/cgroup must NOT have fewer than 8 characters/ },
+  {
+    name: 'cgroup that is neither a container id nor a pod UID',
+    request: register(() => ({ cgroup: 'kubepods', gpus: [1] })),
+    status: 400,
+    code: 'NODECOMPUTE_BAD_REQUEST',
+    message: /"cgroup" must be a container id \(12 to 64 hex digits.*or a pod UID .*got "kubepods"/,
+  },
+  {
+    name: 'pod UID mixing "-" and "_"',
+    request: register(() => ({ cgroup: '0f1e2d3c_4b5a-6978-8796-a5b4c3d2e1f0', gpus: [1] })),
+    status: 400,
+    code: 'NODECOMPUTE_BAD_REQUEST',
+    message: /"cgroup" must be a container id/,
+  },
   { name: "cgroup with '/'", request: register(() => ({ cgroup: 'kubepods/../../etc', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/cgroup must match pattern/ },
   {
     name: 'cgroup no process is in',
-    request: register(() => ({ cgroup: 'deadbeef-0000-4000-8000-abuse0000000', gpus: [1] })),
+    request: register(() => ({ cgroup: 'deadbeef-0000-4000-8000-0000000abc00', gpus: [1] })),
     status: 422,
     code: 'NODECOMPUTE_PROCESS_NOT_FOUND',
-    message: /No process in \/proc has a cgroup containing "deadbeef-0000-4000-8000-abuse0000000"/,
+    message: /No process in \/proc has a cgroup containing "deadbeef-0000-4000-8000-0000000abc00"/,
   },
   { name: 'pid with no process', request: register((c) => ({ pid: c.missingPid, gpus: [1] })), status: 422, code: 'NODECOMPUTE_PROCESS_NOT_FOUND', message: /No process with PID \d+ exists/ },
   {

@@ -2,6 +2,8 @@
 // SIGKILL in the middle of a registration storm, and graceful shutdown with requests in flight.
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
@@ -52,6 +54,21 @@ t.test('a bad setting stops the start with a message naming it', async (t) => {
   t.match(unknown.stderr, /unknown command "fly"/);
 });
 
+t.test('a port already in use stops the start with exit code 1, so restart policies see the failure', async (t) => {
+  const dir = tempDir(t);
+  const holder = createServer();
+  await new Promise<void>((resolve) => holder.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => holder.close(() => resolve())));
+  const { port } = holder.address() as AddressInfo;
+  const result = spawnSync(process.execPath, [MAIN], {
+    env: { ...process.env, NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_PORT: String(port), NODECOMPUTE_HOST: '127.0.0.1' },
+    encoding: 'utf8',
+    timeout: 30_000,
+  });
+  t.equal(result.status, 1);
+  t.match(result.stderr, /cannot start: listen EADDRINUSE/);
+});
+
 t.test('a corrupt state file stops the start naming the file, and is never overwritten', async (t) => {
   const dir = t.testdir({ 'shards.json': '{"format": "nodecompute-shards/v1", "shards": [' });
   const result = spawnSync(process.execPath, [MAIN], {
@@ -75,6 +92,13 @@ t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknow
   t.equal((await put(first.url, 'keep-me', [3])).status, 201);
   first.child.kill('SIGTERM');
   t.equal(await first.exited, 0);
+  const registered = first.lines().find((line) => line.includes('"Shard registered"'));
+  t.match(registered, `"shardPid":${shard.pid}`);
+  t.same(
+    first.lines().filter((line) => line.split('"pid":').length > 2),
+    [],
+    "no log line writes pino's own pid key twice (log tools would keep either value)",
+  );
 
   const second = await startServer(t, env);
   const kept = (await (await fetch(`${second.url}/shards/keep-me`)).json()) as { gpus: number[]; identity: { pid: number } };

@@ -12,6 +12,8 @@ export interface RunningServer {
   url: string;
   child: ChildProcess;
   logs: () => Array<Record<string, unknown>>;
+  /** The JSON log lines as written (JSON.parse would hide a key written twice). */
+  lines: () => string[];
   stderr: () => string;
   /** Resolves with the exit code (or signal name) once the process has exited. */
   exited: Promise<number | string>;
@@ -33,13 +35,10 @@ export async function startServer(t: Test, env: Record<string, string>, args: st
     if (!done) child.kill('SIGKILL');
     await exited;
   });
-  const logs = () =>
-    stdout
-      .split('\n')
-      .filter((line) => line.startsWith('{'))
-      .map((line) => JSON.parse(line) as Record<string, unknown>);
+  const lines = () => stdout.split('\n').filter((line) => line.startsWith('{'));
+  const logs = () => lines().map((line) => JSON.parse(line) as Record<string, unknown>);
   await waitUntil(() => done || logs().some((entry) => typeof entry.url === 'string'), { timeoutMs: 30_000, what: 'the server to listen' });
   const listening = logs().find((entry) => typeof entry.url === 'string');
   if (!listening) throw new Error(`the server exited before listening: ${stderr}`);
-  return { url: listening.url as string, child, logs, stderr: () => stderr, exited };
+  return { url: listening.url as string, child, logs, lines, stderr: () => stderr, exited };
 }

@@ -41,14 +41,15 @@ t.test('pollers: ETag and Cache-Control; If-None-Match gets 304 until the snapsh
   const { app, fake } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 10_000 }, deps: { now: clock.now } });
   const first = await app.inject({ method: 'GET', url: '/shards' });
   const etag = first.headers.etag as string;
-  t.match(etag, /^"[0-9a-z]+-[0-9a-z]+-[\w-]+"$/);
+  t.match(etag, /^W\/"[0-9a-z]+-[0-9a-z]+-f-[\w-]+"$/, 'weak: the ageMs in the body moves while what it says does not');
   t.equal(first.headers['cache-control'], 'max-age=10');
   clock.advance(4200);
   const again = await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': etag } });
   t.equal(again.statusCode, 304);
   t.equal(again.body, '');
   t.equal(again.headers['cache-control'], 'max-age=5', 'the remaining TTL, rounded down');
-  t.equal((await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': `W/${etag}, "other"` } })).statusCode, 304, 'weak and listed tags match');
+  const strong = etag.slice(2);
+  t.equal((await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': `"other", ${strong}` } })).statusCode, 304, 'strong and listed tags match');
   t.equal((await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': '*' } })).statusCode, 304);
 
   await app.inject({ method: 'PUT', url: '/shards/p', payload: { pid: shard.pid, gpus: [] } });
@@ -74,6 +75,32 @@ t.test('pollers: ETag and Cache-Control; If-None-Match gets 304 until the snapsh
   t.equal(refreshed.json().gpus[0].memory.usedMiB, 1);
 });
 
+
+t.test('pollers: the ETag changes when the snapshot goes stale and again when nvidia-smi fails, so a 304 never hides either', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 10_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  for (const url of ['/gpus', '/gpus/foreign-memory', '/shards']) {
+    const fresh = await app.inject({ method: 'GET', url });
+    t.equal(fresh.json().stale, false, url);
+    t.equal((await app.inject({ method: 'GET', url, headers: { 'if-none-match': fresh.headers.etag as string } })).statusCode, 304, `${url}: fresh, unchanged`);
+  }
+  const fresh = await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  clock.advance(10_001);
+  // The TTL has passed: the answer is stale while its refresh runs (and fails).
+  const expired = await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': fresh.headers.etag as string } });
+  t.equal(expired.statusCode, 200, 'stale while refreshing is a change');
+  t.equal(expired.json().stale, true);
+  await settle(app);
+  for (const url of ['/gpus', '/gpus/foreign-memory']) {
+    const failing = await app.inject({ method: 'GET', url, headers: { 'if-none-match': fresh.headers.etag as string } });
+    t.equal(failing.statusCode, 200, `${url}: failing is a change`);
+    t.match(failing.json(), { stale: true, staleReason: /failed/ });
+    t.not(failing.headers.etag, expired.headers.etag);
+    t.equal((await app.inject({ method: 'GET', url, headers: { 'if-none-match': failing.headers.etag as string } })).statusCode, 304, `${url}: still failing, unchanged`);
+  }
+});
 
 t.test('unknown routes are a coded 404 pointing at the docs', async (t) => {
   const { app } = await buildTestApp(t, { scenario: eightGpuNode() });

@@ -107,6 +107,29 @@ t.test('when nvidia-smi fails, metrics still answer: up 0, failures counted, no 
   t.equal(sample(text, 'nodecompute_snapshot_age_seconds', {}), 0.005, 'the age of the last good snapshot keeps growing');
 });
 
+t.test('while refreshes fail and an older snapshot is still served, up is 0 at once and the GPU series stay', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 1_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  const scrape = async () => (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.equal(sample(await scrape(), 'nodecompute_nvidia_smi_up', {}), 1);
+  await settle(app);
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  clock.advance(1_001);
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  t.equal(app.services.node.peek()!.view.failing, true, 'the refresh failed; the last good snapshot is served');
+  // Within a second of the last rendering, with no new snapshot: the failure alone renders afresh.
+  const text = await scrape();
+  t.equal(sample(text, 'nodecompute_nvidia_smi_up', {}), 0, 'the alert on up == 0 fires now, not after max-stale');
+  t.equal(sample(text, 'nodecompute_gpu_memory_total_bytes', { gpu: '0' }), 81559 * 1024 * 1024, 'the last good GPU series are still there');
+  t.equal(sample(text, 'nodecompute_snapshot_age_seconds', {}), 1.001);
+  fake.update((s) => ({ ...s, failures: {} }));
+  clock.advance(1_000);
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  t.equal(sample(await scrape(), 'nodecompute_nvidia_smi_up', {}), 1, 'and back to 1 when a refresh works again');
+});
+
 t.test('a query refused while a killed nvidia-smi is stuck counts as a failure but adds no duration', async (t) => {
   const metrics = createMetrics();
   metrics.observeQuery({ query: 'gpus', durationMs: 5000, outcome: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' });

@@ -343,7 +343,7 @@ t.test('a killed nvidia-smi that stays alive (wedged driver, state D) blocks new
 
   process.kill(-stuck, 'SIGKILL');
   await waitUntil(() => smi.running === 0, { what: 'the stuck nvidia-smi to exit' });
-  t.match(logs, [{ level: 30, pid: stuck, stillStuck: 0, msg: /The stuck nvidia-smi has exited at last; nodecompute runs nvidia-smi again/ }]);
+  t.match(logs, [{ level: 30, nvidiaSmiPid: stuck, stillStuck: 0, msg: /The stuck nvidia-smi has exited at last; nodecompute runs nvidia-smi again/ }]);
   t.equal((await smi.queryComputeApps()).length, 8, 'once it has exited, nvidia-smi runs again');
 });
 
