@@ -1,10 +1,26 @@
-// Owns which registered shard each GPU process belongs to, computed once per snapshot and registry
-// version. A GPU process belongs to a shard when it is the shard's PID, or is in the shard's process
-// group (an engine computing in a child is still the shard), or, for a cgroup shard, its cgroup
-// contains the shard's string. Shards are matched in id order, so a process claimed by two shards
-// is attributed deterministically to the first.
+// Owns which registered shard each GPU process belongs to, and whether each shard's process still
+// runs, computed once per snapshot and registry version. A GPU process belongs, by the first rule
+// that names a shard:
+//   1. to the shard it *is*: the shard's PID, or a member of the shard's cgroup;
+//   2. to the shard its nearest ancestor is (by rule 1), following ppid through the snapshot's stats
+//      for ANCESTRY_DEPTH generations: an engine computing in a child or grandchild (vLLM's
+//      EngineCore and its workers) is still the shard, even when one script started several shards
+//      in its own process group;
+//   3. to the shard whose process group holds it, when exactly one shard's process claims that
+//      group: a live PID shard by its current group, a gone one by its last known group (its orphans
+//      may still be in it). A group claimed by several processes, with no ancestry to tell, gives
+//      the process to no shard, so its memory reads as foreign: still counted as used, which no
+//      placement decision can over-commit, where a guess could call a shard ready on another
+//      shard's memory.
+// Shards are taken in id order and the first claim stands, so a PID two shards claim (one process
+// registered twice) goes deterministically to the first, with its children and its group.
+// A shard that is gone claims nothing, but its exited reason names the GPU memory its process group
+// still holds (an orphaned engine child), so the operator knows what to kill. A shard whose own stat
+// could not be read this refresh is 'unreadable', not gone: it keeps its claims (its PID most likely
+// still is it) and its readiness says what failed.
 import type { ShardRecord } from '../shards/shard.js';
-import type { GpuProcess, NodeSnapshot } from './node-snapshot.js';
+import type { UnreadableStat } from '../system/procfs.js';
+import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
 export interface ShardGpuHolding {
   index: number;
@@ -17,6 +33,8 @@ export interface ShardGpuHolding {
 export type Liveness =
   | { state: 'alive' }
   | { state: 'gone'; why: string }
+  /** Its stat could not be read or parsed this refresh: whether it runs is unknown; `why` says what to do. */
+  | { state: 'unreadable'; why: string }
   /** The snapshot was taken before this shard was registered: no /proc facts yet. */
   | { state: 'unknown' };
 
@@ -28,11 +46,19 @@ export interface Attribution {
   liveness: ReadonlyMap<string, Liveness>;
 }
 
+function unreadableWhy(stat: UnreadableStat): string {
+  return (
+    `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. ` +
+    `Whether it still runs is unverified, so it keeps serving. ${stat.advice}`
+  );
+}
+
 function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
   const pid = shard.identity.pid;
   if (!snapshot.proc.has(pid)) return { state: 'unknown' };
   const stat = snapshot.proc.get(pid);
   if (!stat) return { state: 'gone', why: `process ${pid} no longer exists` };
+  if ('unreadable' in stat) return { state: 'unreadable', why: unreadableWhy(stat) };
   if (stat.state === 'Z' || stat.state === 'X') {
     return { state: 'gone', why: `process ${pid} has exited (a zombie its parent has not reaped yet)` };
   }
@@ -53,42 +79,97 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
 }
 
 /**
- * Who claims a GPU process, built once per attribution so that each process costs at most three map
- * lookups whatever the number of shards: `strong` holds every PID a shard *is* (its PID, or a member of its
- * cgroup), `byGroup` the current process group of each PID shard. Shards are added in id order and
- * the first claim stands, so among equals the first id wins.
+ * The process group a PID shard's processes are in: its current one while its process is there (it
+ * may have called setpgid since registration; a zombie still says), else the one it registered with.
  */
-interface Claims {
-  strong: Map<number, string>;
-  byGroup: Map<number, string>;
-}
-
-function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): void {
-  // A shard that is gone claims nothing: its PID may now be someone else's, and memory its orphans
-  // still hold is, for placement, as unavailable as anybody else's.
-  if (liveness.state === 'gone') return;
-  const claim = (map: Map<number, string>, key: number) => {
-    if (!map.has(key)) map.set(key, shard.id);
-  };
-  if (shard.cgroup !== null) {
-    for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) claim(claims.strong, pid);
-    return;
-  }
-  const pid = shard.identity.pid;
-  claim(claims.strong, pid);
-  // Its current group is authoritative (it may have called setpgid since registration).
-  claim(claims.byGroup, snapshot.proc.get(pid)?.pgrp ?? shard.identity.pgid);
+function groupOf(snapshot: NodeSnapshot, shard: ShardRecord): number {
+  const stat = statOf(snapshot, shard.identity.pid);
+  return stat !== undefined && stat.startTime === shard.identity.startTime ? stat.pgrp : shard.identity.pgid;
 }
 
 /**
- * The owner of a GPU process: the shard it *is* wins over a shard whose group it is in, so two
- * shards started by one script (one process group) each keep their own process.
+ * Who claims a GPU process, built once per attribution so that each process costs a few map lookups
+ * whatever the number of shards: `strong` holds every PID a shard *is* (its PID, or a member of its
+ * cgroup), first id first; `byGroup` the one live shard process a process group belongs to, or null
+ * when no single one does (two processes claim it, or a gone shard does).
  */
+interface Claims {
+  strong: Map<number, string>;
+  byGroup: Map<number, { pid: number; shard: string } | null>;
+}
+
+function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): void {
+  if (shard.cgroup !== null) {
+    if (liveness.state === 'gone') return;
+    for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) {
+      if (!claims.strong.has(pid)) claims.strong.set(pid, shard.id);
+    }
+    return;
+  }
+  const group = groupOf(snapshot, shard);
+  // A gone shard claims nothing: its PID may now be someone else's, and memory its orphans still
+  // hold is, for placement, as unavailable as anybody else's. It still contests its group, so that
+  // its orphans do not pass to another shard in the same group.
+  if (liveness.state === 'gone') {
+    claims.byGroup.set(group, null);
+    return;
+  }
+  const pid = shard.identity.pid;
+  if (!claims.strong.has(pid)) claims.strong.set(pid, shard.id);
+  const held = claims.byGroup.get(group);
+  if (held === undefined) claims.byGroup.set(group, { pid, shard: shard.id });
+  else if (held !== null && held.pid !== pid) claims.byGroup.set(group, null);
+}
+
+/** The shard whose process is the nearest of `pid`'s first ANCESTRY_DEPTH ancestors the snapshot can name. */
+function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<number, string>): string | undefined {
+  let stat = statOf(snapshot, pid);
+  for (let generation = 1; generation <= ANCESTRY_DEPTH && stat !== undefined; generation += 1) {
+    const owner = strong.get(stat.ppid);
+    if (owner !== undefined) return owner;
+    stat = statOf(snapshot, stat.ppid);
+  }
+  return undefined;
+}
+
+/** The owner of a GPU process by the three rules of the header, in their order. */
 function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): string | undefined {
   const strong = claims.strong.get(pid);
   if (strong !== undefined) return strong;
-  const group = snapshot.proc.get(pid)?.pgrp;
-  return group === undefined ? undefined : claims.byGroup.get(group);
+  const ancestor = shardAncestor(pid, snapshot, claims.strong);
+  if (ancestor !== undefined) return ancestor;
+  const group = statOf(snapshot, pid)?.pgrp;
+  return group === undefined ? undefined : claims.byGroup.get(group)?.shard;
+}
+
+// Orphans listed one by one in a reason; the rest are counted.
+const ORPHANS_LISTED = 5;
+
+function memoryOf(process: GpuProcess): string {
+  const amount = process.usedMiB === null ? 'memory nvidia-smi does not report ([N/A])' : `${process.usedMiB} MiB`;
+  return `${amount} on GPU ${process.gpuIndex} (PID ${process.pid}, ${process.name})`;
+}
+
+/**
+ * The reason of a gone PID shard, extended with the GPU memory its process group still holds: GPU
+ * processes of its group that no shard owns (an engine child left behind by its leader). The advice
+ * names PIDs, not the group: a script may have started other shards in the same group.
+ */
+function withOrphans(why: string, shard: ShardRecord, snapshot: NodeSnapshot, ownerByPid: ReadonlyMap<number, string>): string {
+  const group = groupOf(snapshot, shard);
+  const orphans = snapshot.gpus.flatMap((gpu) =>
+    gpu.processes.filter(
+      (process) => process.pid !== shard.identity.pid && !ownerByPid.has(process.pid) && statOf(snapshot, process.pid)?.pgrp === group,
+    ),
+  );
+  if (orphans.length === 0) return why;
+  const listed = orphans.slice(0, ORPHANS_LISTED).map(memoryOf).join(', ');
+  const more = orphans.length > ORPHANS_LISTED ? `, and ${orphans.length - ORPHANS_LISTED} more` : '';
+  const pids = [...new Set(orphans.map((process) => process.pid))].join(' ');
+  return (
+    `${why}, but its process group ${group} still holds GPU memory: ${listed}${more}. ` +
+    `That memory is not free for placement and reads as foreign until it is released: if the shard is not coming back, kill ${pids}`
+  );
 }
 
 export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]): Attribution {
@@ -113,6 +194,12 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
       holding.usedMiB += process.usedMiB ?? 0;
       holding.processes.push(process);
       perGpu.set(gpu.index, holding);
+    }
+  }
+  for (const shard of ordered) {
+    const state = liveness.get(shard.id)!;
+    if (state.state === 'gone' && shard.cgroup === null) {
+      liveness.set(shard.id, { state: 'gone', why: withOrphans(state.why, shard, snapshot, ownerByPid) });
     }
   }
   return { ownerByPid, holdings, liveness };

@@ -1,7 +1,9 @@
 // Owns foreign memory: per GPU, the memory held by anything that is not a registered shard, which
 // placement must not hand out. It is the GPU's used memory minus what the shards' processes hold,
 // so it includes unlisted holders (the driver's own context memory, processes of other PID
-// namespaces), never below zero.
+// namespaces), never below zero. A shard process whose memory nvidia-smi reports as [N/A] adds
+// nothing to the shards' share, so foreign then includes it: wrong on the safe side for placement,
+// which hands out less, never more.
 import type { NodeView } from './node-view.js';
 
 export interface ForeignProcess {

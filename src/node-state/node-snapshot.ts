@@ -1,10 +1,19 @@
 // Owns what one node snapshot holds and how it is taken: both nvidia-smi queries run concurrently,
 // their rows are joined by GPU UUID, then /proc is read once for every PID that answers will ask
 // about (GPU processes and registered shards' processes), plus one cgroup scan when cgroup shards
-// exist. Everything a request derives later comes from this one consistent picture.
+// exist, plus the parents through which a GPU process may descend from a shard (see readParents).
+// Everything a request derives later comes from this one consistent picture.
 import type { Logger } from 'pino';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
-import type { ProcReader, ProcStat } from '../system/procfs.js';
+import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
+
+/**
+ * Generations above a GPU process among which attribution looks for its shard: an engine's GPU
+ * memory sits at most a few forks below the PID it is registered with (vLLM: API server, EngineCore,
+ * one worker per GPU; a wrapper script adds one). So at most ANCESTRY_DEPTH - 1 parents are read
+ * above each GPU process.
+ */
+export const ANCESTRY_DEPTH = 4;
 
 export interface GpuProcess {
   pid: number;
@@ -21,8 +30,12 @@ export interface GpuState extends GpuRecord {
 export interface NodeSnapshot {
   takenAt: number;
   gpus: GpuState[];
-  /** /proc facts per PID of interest; null when the PID does not exist in this /proc. */
-  proc: ReadonlyMap<number, ProcStat | null>;
+  /**
+   * /proc facts per PID of interest: null when the PID does not exist in this /proc (it exited, or
+   * lives in another PID namespace), an UnreadableStat when it could not be read or parsed this time
+   * (out of descriptors, EIO, a malformed line), which says nothing about whether it runs.
+   */
+  proc: ReadonlyMap<number, StatAnswer>;
   /** For each cgroup string of a registered shard, the PIDs whose cgroup paths contain it. */
   cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
   /** Rows nvidia-smi listed under a UUID that matches no GPU of the GPU query. */
@@ -66,6 +79,48 @@ export function joinGpusAndProcesses(
   return { gpus: states, unmatched };
 }
 
+/** A PID's stat when this snapshot read it; undefined when it was not asked about, is gone or was unreadable. */
+export function statOf(snapshot: NodeSnapshot, pid: number): ProcStat | undefined {
+  const answer = snapshot.proc.get(pid);
+  return isReadable(answer) ? answer : undefined;
+}
+
+/**
+ * Reads, into `stats`, the parents that attribution needs to walk from a GPU process up to the shard
+ * it descends from, ANCESTRY_DEPTH - 1 generations at most. Only parents that can lead to a shard are
+ * read, so the cost stays near zero on a node whose GPU processes are shards or their children (their
+ * parent is a shard PID, read already) and on one full of foreign processes: a chain is followed only
+ * while it stays in the session of a registered shard process (a session is inherited; a chain leaves
+ * it only through a session leader, whose parent is in another session), and parents shared by many
+ * processes are read once. So a GPU process that started its own session (setsid) below its shard is
+ * found only when the shard is its parent, which needs no read. Fresh reads, not kept ones:
+ * readStats({ keep }) keeps the first read's set, and these parents are few.
+ */
+async function readParents(proc: ProcReader, stats: Map<number, StatAnswer>, gpuPids: Iterable<number>, shardPids: ReadonlySet<number>): Promise<void> {
+  const sessions = new Set<number>();
+  for (const pid of shardPids) {
+    const stat = stats.get(pid);
+    if (isReadable(stat)) sessions.add(stat.session);
+  }
+  const walked = new Set<number>();
+  let frontier = new Set(gpuPids);
+  for (let generation = 1; generation < ANCESTRY_DEPTH && sessions.size > 0; generation += 1) {
+    const parents = new Set<number>();
+    for (const pid of frontier) {
+      const stat = stats.get(pid);
+      walked.add(pid);
+      if (shardPids.has(pid) || !isReadable(stat) || stat.pid === stat.session || !sessions.has(stat.session)) continue;
+      // A shard found ends the chain; init (1) and the kernel (0) are never below a shard.
+      if (shardPids.has(stat.ppid) || stat.ppid <= 1 || walked.has(stat.ppid)) continue;
+      parents.add(stat.ppid);
+    }
+    if (parents.size === 0) return;
+    const unread = [...parents].filter((pid) => !stats.has(pid));
+    if (unread.length > 0) for (const [pid, stat] of await proc.readStats(unread)) stats.set(pid, stat);
+    frontier = parents;
+  }
+}
+
 async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<string, Set<number>>> {
   const found = await proc.findPidsInCgroups(needles);
   return new Map([...found].map(([needle, pids]) => [needle, new Set(pids)]));
@@ -85,12 +140,16 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       );
     }
     const interest = deps.interest();
-    const pids = new Set<number>(apps.map((app) => app.pid));
-    for (const pid of interest.pids) pids.add(pid);
-    // A PID whose stat is unreadable or malformed reads as absent from this /proc for this snapshot
-    // (the reader logs those once per call); the same PIDs come back next refresh, so they are kept.
+    const gpuPids = new Set<number>(apps.map((app) => app.pid));
+    const shardPids = new Set<number>(interest.pids);
+    // A PID whose stat is unreadable or malformed is an UnreadableStat in this snapshot, not null
+    // (gone): running out of descriptors must not call every shard exited. The reader logs those
+    // once per call. The same PIDs come back next refresh, so their stat files are kept open.
     const [proc, cgroupPids] = await Promise.all([
-      deps.proc.readStats([...pids], { keep: true }),
+      deps.proc.readStats([...new Set([...gpuPids, ...shardPids])], { keep: true }).then(async (stats) => {
+        await readParents(deps.proc, stats, gpuPids, shardPids);
+        return stats;
+      }),
       scanCgroups(deps.proc, [...new Set(interest.cgroups)]),
     ]);
     const done = performance.now();

@@ -17,8 +17,13 @@ import { NvidiaSmiTimeoutError } from '../errors.js';
 
 export interface SnapshotView<S> {
   snapshot: S;
-  /** When the snapshot was taken (ms since the epoch). */
+  /** When the snapshot was taken (ms since the epoch): ages and the TTL count from here. */
   observedAt: number;
+  /**
+   * When the refresh that took it began: nothing it shows was read before this. Verdicts that
+   * depend on time (a grace window) judge the evidence by this moment, not by when it landed.
+   */
+  startedAt: number;
   ageMs: number;
   /** Older than the TTL: a refresh is running or has failed. */
   stale: boolean;
@@ -65,6 +70,7 @@ export interface SnapshotSource<S> {
 interface Good<S> {
   snapshot: S;
   observedAt: number;
+  startedAt: number;
   /** The invalidation epoch its refresh started in: an older one predates a registry change. */
   epoch: number;
 }
@@ -93,11 +99,12 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
 
   function refresh(): Promise<Good<S>> {
     if (inFlight) return inFlight;
-    inFlightSince = now();
+    const startedAt = now();
+    inFlightSince = startedAt;
     const startedIn = epoch;
     const run = take().then(
       (snapshot) => {
-        good = { snapshot, observedAt: now(), epoch: startedIn };
+        good = { snapshot, observedAt: now(), startedAt, epoch: startedIn };
         generation += 1;
         if (lastFailure) log.info({ failedForMs: now() - lastFailure.since }, 'Node snapshots work again');
         lastFailure = null;
@@ -133,6 +140,7 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     return {
       snapshot: current.snapshot,
       observedAt: current.observedAt,
+      startedAt: current.startedAt,
       ageMs,
       stale,
       staleReason: stale ? staleReason(current) : null,

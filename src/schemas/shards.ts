@@ -28,7 +28,7 @@ const BACKENDS = ['CUDA', 'CPU'] as const;
 export const RegisterShardSchema = Type.Object(
   {
     pid: Type.Optional(
-      Type.Integer({ minimum: 1, maximum: MAX_PID, description: "Host PID of the shard's main process; its process group counts as the shard." }),
+      Type.Integer({ minimum: 1, maximum: MAX_PID, description: "Host PID of the shard's main process; its descendants, and its process group unless another shard shares it, count as the shard." }),
     ),
     cgroup: Type.Optional(
       Type.String({
@@ -59,7 +59,7 @@ export const ShardRecordSchema = Type.Object({
   identity: Type.Object(
     {
       pid: Type.Integer({ description: 'PID of the process (for a cgroup shard: its lowest PID at registration).' }),
-      pgid: Type.Integer({ description: 'Its process group id; GPU processes of this group belong to the shard.' }),
+      pgid: Type.Integer({ description: 'Its process group id at registration; GPU processes of its current group belong to the shard unless another shard shares the group.' }),
       startTime: Type.Integer({ description: 'Its start time in clock ticks since boot: a reused PID has another.' }),
       name: Type.String({ description: 'Its command name (comm) at registration.' }),
     },

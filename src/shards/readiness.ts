@@ -4,8 +4,9 @@
 //              behind a process that just created its CUDA context);
 //   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU;
 //   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left);
-//   unverified nvidia-smi cannot be asked, or its PIDs are not visible in this /proc: no evidence
-//              either way, so the shard keeps serving and the answer carries a warning.
+//   unverified nvidia-smi cannot be asked, its PIDs are not visible in this /proc, or the shard's
+//              own /proc stat could not be read this refresh: no evidence either way, so the shard
+//              keeps serving and the answer carries a warning.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
@@ -30,6 +31,12 @@ export interface ReadinessInput {
   staleReason: string | null;
   engine: EngineAccount | null;
   now: number;
+  /**
+   * When the snapshot behind `node` began to be read (SnapshotView.startedAt); absent, the evidence
+   * counts as taken now. The grace window is judged by it: a listing nvidia-smi began inside the
+   * grace cannot show that the shard failed to take its GPU after it.
+   */
+  evidenceAt?: number;
 }
 
 function gpuList(indices: number[]): string {
@@ -53,13 +60,14 @@ function engineSaysCpu(engine: EngineAccount | null): engine is EngineAccount {
   return engine !== null && engine.backend === 'CPU';
 }
 
-function onCpuReason(shard: ShardRecord, missing: number[], engine: EngineAccount | null, node: NodeView, now: number): string {
+function onCpuReason(shard: ShardRecord, missing: number[], engine: EngineAccount | null, node: NodeView, evidenceAt: number): string {
   const gone = missing.filter((index) => !node.snapshot.gpus.some((gpu) => gpu.index === index));
   const placed = `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
   if (engineSaysCpu(engine)) {
     return `${placed}: the engine itself reports it. ${engine.summary}. Its GPU backend did not load. ${ON_CPU_ADVICE}`;
   }
-  const held = `its processes hold no memory on ${gpuList(missing)}, ${seconds(now - shard.registeredAt)} after registration (grace ${seconds(shard.graceMs)})`;
+  // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
+  const held = `its processes hold no memory on ${gpuList(missing)}, ${seconds(evidenceAt - shard.registeredAt)} after registration (grace ${seconds(shard.graceMs)})`;
   const vanished = gone.length > 0 ? ` ${gpuList(gone)} is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).` : '';
   return `${placed}: ${held}.${vanished} Its GPU backend probably did not load. ${
     shard.engine === 'llama.cpp' ? "post the engine's log (llama.cpp at -lv 4) to /shards/" + shard.id + "/engine-output to see what it saw. " : ''
@@ -93,8 +101,10 @@ export function readiness(input: ReadinessInput): Readiness {
   const liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', `the shard's process exited: ${liveness.why}.`, []);
   const warnings = warningsFor(shard, node, engine, input.staleReason);
+  if (liveness.state === 'unreadable') return verdict('unverified', null, [...warnings, liveness.why]);
+  const evidenceAt = Math.min(now, input.evidenceAt ?? now);
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
-    return verdict('on-cpu', onCpuReason(shard, shard.gpus, engine, node, now), warnings);
+    return verdict('on-cpu', onCpuReason(shard, shard.gpus, engine, node, evidenceAt), warnings);
   }
   const held = node.attribution.holdings.get(shard.id);
   const missing = shard.gpus.filter((index) => !held?.has(index));
@@ -106,13 +116,16 @@ export function readiness(input: ReadinessInput): Readiness {
     }
     return verdict('unverified', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet; nvidia-smi may be slow']);
   }
-  if (left > 0) {
+  const waiting = `waiting for the shard to hold memory on ${gpuList(missing)} (nvidia-smi lists none of its memory there yet)`;
+  if (left > 0) return verdict('starting', `${waiting}; ${seconds(left)} of its ${seconds(shard.graceMs)} grace left.`, warnings);
+  if (evidenceAt < shard.registeredAt + shard.graceMs) {
     return verdict(
       'starting',
-      `waiting for the shard to hold memory on ${gpuList(missing)} (nvidia-smi lists none of its memory there yet); ${seconds(left)} of its ${seconds(shard.graceMs)} grace left.`,
+      `${waiting}. Its ${seconds(shard.graceMs)} grace is over, but the latest listing was begun ${seconds(evidenceAt - shard.registeredAt)} after registration, ` +
+        'inside it (nvidia-smi is slow or failing): the verdict waits for one begun after the grace.',
       warnings,
     );
   }
   if (node.pidsInvisible) return verdict('unverified', null, [...warnings, PID_NAMESPACE_WARNING]);
-  return verdict('on-cpu', onCpuReason(shard, missing, engine, node, now), warnings);
+  return verdict('on-cpu', onCpuReason(shard, missing, engine, node, evidenceAt), warnings);
 }

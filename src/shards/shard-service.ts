@@ -43,6 +43,17 @@ function staleNote(view: SnapshotView<NodeSnapshot>): string | null {
   return view.failing || view.ageMs >= STALE_WARNING_MS ? view.staleReason : null;
 }
 
+/**
+ * What a cgroup registration may name: a container id (12 to 64 hex digits, as docker, podman and
+ * crictl print it) or a pod UID (with "-" or "_", as the two cgroup drivers write it). The cgroup
+ * is matched as a substring of /proc/PID/cgroup, so anything looser ("kubepods") would make one
+ * shard of every process on the node and leave no memory foreign.
+ */
+const CGROUP_NEEDLE = /^(?:[0-9a-f]{12,64}|[0-9a-f]{8}([-_])[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{12})$/;
+
+/** kthreadd: every kernel thread is it or its child, in the host's PID namespace. */
+const KTHREADD_PID = 2;
+
 export function shardBody(shard: ShardRecord): ShardRecordBody {
   return { ...shard, registeredAt: new Date(shard.registeredAt).toISOString() };
 }
@@ -56,6 +67,17 @@ export function createShardService(deps: ShardServiceDeps) {
       throw new ProcessNotFoundError(
         `No process with PID ${pid} exists in ${proc.root}. Register the shard's host PID while it runs; ` +
           "if the shard runs in a container, nodecompute needs the host's PID namespace (--pid=host / hostPID: true) to see it.",
+      );
+    }
+    if (stat.state === 'Z' || stat.state === 'X') {
+      throw new ProcessNotFoundError(
+        `Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register the shard once its engine runs.`,
+      );
+    }
+    if (stat.pid === KTHREADD_PID || stat.ppid === KTHREADD_PID) {
+      throw new ProcessNotFoundError(
+        `PID ${pid} in ${proc.root} is the kernel thread ${stat.comm}, not a shard. This is probably the PID as a container sees it: ` +
+          "register the host PID (for a container's main process: `docker inspect -f '{{.State.Pid}}' CONTAINER`), or register the shard by its cgroup.",
       );
     }
     return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
@@ -130,7 +152,7 @@ export function createShardService(deps: ShardServiceDeps) {
     loggedVerdicts.set(shard, verdict.state);
     const level = verdict.state === 'on-cpu' || verdict.state === 'exited' ? 'warn' : 'info';
     log[level](
-      { shard: shard.id, state: verdict.state, previous, pid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
+      { shard: shard.id, state: verdict.state, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
       `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`,
     );
   }
@@ -145,6 +167,7 @@ export function createShardService(deps: ShardServiceDeps) {
       staleReason: current ? staleNote(current.view) : null,
       engine,
       now: now(),
+      ...(current === null ? {} : { evidenceAt: current.view.startedAt }),
       ...(unavailable === null ? {} : { unavailable }),
     });
     logVerdictChange(shard, verdict);
@@ -198,6 +221,13 @@ export function createShardService(deps: ShardServiceDeps) {
             : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
         );
       }
+      if (body.cgroup !== undefined && !CGROUP_NEEDLE.test(body.cgroup)) {
+        throw new BadRequestError(
+          `"cgroup" must be a container id (12 to 64 hex digits, as \`docker ps --no-trunc\` or \`crictl ps\` show it) or a pod UID ` +
+            `(like 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0, from the pod's metadata.uid); got "${body.cgroup}". ` +
+            'It is matched inside /proc/PID/cgroup, so a looser string would claim other workloads\' processes.',
+        );
+      }
       const [identity] = await Promise.all([
         readable(body.pid !== undefined ? identityOfPid(body.pid) : identityOfCgroup(body.cgroup as string)),
         checkGpus(body.gpus),
@@ -214,7 +244,7 @@ export function createShardService(deps: ShardServiceDeps) {
       };
       const { created } = await registry.put(shard);
       node.invalidate();
-      log.info({ shard: id, pid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created }, created ? 'Shard registered' : 'Shard registration replaced');
+      log.info({ shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created }, created ? 'Shard registered' : 'Shard registration replaced');
       return { created, shard };
     },
 
@@ -239,9 +269,10 @@ export function createShardService(deps: ShardServiceDeps) {
 
     /** One shard's state and compute from the current snapshot; nvidia-smi failures become `unverified`. */
     async state(id: string, maxWaitMs: number): Promise<ShardState> {
-      const shard = requireShard(id);
+      requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);
-      return stateOf(shard, current, why);
+      // Asked again after the wait: the shard may have been removed (404) or replaced meanwhile.
+      return stateOf(requireShard(id), current, why);
     },
 
     /** A probe's verdict (no compute) when the cache can answer without waiting; null when it must wait. */
@@ -253,8 +284,9 @@ export function createShardService(deps: ShardServiceDeps) {
 
     /** A probe's verdict (no compute), waiting at most `maxWaitMs` for a refresh; nvidia-smi failures become `unverified`. */
     async probe(id: string, maxWaitMs: number): Promise<ShardState> {
-      const shard = requireShard(id);
+      requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);
+      const shard = requireShard(id);
       return current ? probeState(shard, current) : stateOf(shard, null, why, false);
     },
 

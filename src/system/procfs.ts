@@ -22,10 +22,12 @@
 //   throws an Error wrapping it ({ cause }): the caller decides whether one bad process spoils its
 //   answer. Each of these is logged at warn with the pid and err first, so none goes unseen.
 // - readStats, the many-PID read behind a snapshot, is the one exception: a PID whose stat cannot be
-//   read or parsed (any of the errors above) maps to null, as if absent from this /proc, and the
-//   call logs one warning with the count and the first error. A snapshot must not fail because one
-//   process has an odd /proc entry, and one warning per call (not per PID) keeps a root-wide EACCES
-//   from flooding the log.
+//   read or parsed (any of the errors above) maps to an UnreadableStat saying what failed and what
+//   to do, never to null: out of descriptors, EIO or an odd line say nothing about whether the
+//   process runs, and reading them as "gone" would call every shard of the node exited at once.
+//   The call logs one warning with the count and the first error. A snapshot must not fail because
+//   one process has an odd /proc entry, and one warning per call (not per PID) keeps a root-wide
+//   EACCES from flooding the log.
 // - Running out of file descriptors (EMFILE, ENFILE) while stat files are kept open gives half of
 //   them back and reads on (see readKept), with a warning saying what to raise.
 // - A zombie (state Z or X) still has a stat and is read like any process; deciding that it has
@@ -44,6 +46,25 @@ export interface ProcStat {
   session: number;
   /** Field 22, clock ticks since boot: with the pid, it tells the original process from a reused PID. */
   startTime: number;
+}
+
+/**
+ * readStats' answer for a PID whose stat exists, or may, but could not be read or parsed this time.
+ * Not a sign that the process exited (that is null): the next read may well succeed.
+ */
+export interface UnreadableStat {
+  pid: number;
+  /** What failed, for an operator: "nodecompute is out of file descriptors (EMFILE)". */
+  unreadable: string;
+  /** What to do about it. */
+  advice: string;
+}
+
+/** One PID's answer from readStats: its stat, null when it is gone, or what kept it from being read. */
+export type StatAnswer = ProcStat | UnreadableStat | null;
+
+export function isReadable(answer: StatAnswer | undefined): answer is ProcStat {
+  return answer != null && !('unreadable' in answer);
 }
 
 export class ProcParseError extends Error {
@@ -74,8 +95,8 @@ export interface ProcReader {
   listPids(): Promise<number[]>;
   findPidsInCgroup(needle: string): Promise<number[]>;
   findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
-  /** The stat of each pid, keyed by pid; null when gone, and also when unreadable or malformed (logged once per call). */
-  readStats(pids: number[], options?: ReadStatsOptions): Promise<Map<number, ProcStat | null>>;
+  /** The stat of each pid, keyed by pid; null when gone, an UnreadableStat when unreadable or malformed (logged once per call). */
+  readStats(pids: number[], options?: ReadStatsOptions): Promise<Map<number, StatAnswer>>;
   /** Closes the descriptors readStats keeps open between snapshots, and keeps none after (the service stops). */
   release(): void;
   /** How many stat files readStats may keep open now (null: the root is not a proc filesystem, so none), and the open-file limit that caps it. */
@@ -235,7 +256,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
       return read(path, pid);
     } catch (err) {
       if (GONE_CODES.has(codeOf(err))) return null;
-      report({ pid, path, err }, 'cannot read a process file under the proc root');
+      report({ procPid: pid, path, err }, 'cannot read a process file under the proc root');
       throw new Error(describeReadFailure(path, root, err), { cause: err });
     }
   };
@@ -292,14 +313,10 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
       closeSync(fd);
     }
     const code = codeOf(err);
-    const advice =
-      code === 'ENFILE'
-        ? "The whole host is out of file descriptors: check what holds them (the largest counts in /proc/*/fd) and the host's fs.file-max."
-        : "Raise the container's open-file limit (nofile, for example 65536), or look for what else holds descriptors (ls /proc/<nodecompute pid>/fd | wc -l).";
     log.warn(
       { err, keepLimit },
       `Out of file descriptors (${code}) while keeping /proc stat files open between snapshots: from now on at most ${keepLimit} are kept ` +
-        `and the other processes are read afresh, which makes each snapshot slower. ${advice}`,
+        `and the other processes are read afresh, which makes each snapshot slower. ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
     );
   };
 
@@ -317,7 +334,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     try {
       return parseProcStat(bytes);
     } catch (err) {
-      report({ pid, err }, 'unparsable /proc stat of an existing process');
+      report({ procPid: pid, err }, 'unparsable /proc stat of an existing process');
       throw new ProcParseError(`${base}${pid}/stat: ${(err as Error).message}`, { cause: err });
     }
   };
@@ -331,10 +348,10 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
 
   const readCgroup = async (pid: number): Promise<string[] | null> => cgroupOf(pid);
 
-  const readStats = async (pids: number[], { keep = false }: ReadStatsOptions = {}): Promise<Map<number, ProcStat | null>> => {
-    const stats = new Map<number, ProcStat | null>();
+  const readStats = async (pids: number[], { keep = false }: ReadStatsOptions = {}): Promise<Map<number, StatAnswer>> => {
+    const stats = new Map<number, StatAnswer>();
     let failed = 0;
-    let first: { pid: number; err: unknown } | undefined;
+    let first: { err: unknown; answer: UnreadableStat } | undefined;
     const keeping = keep && keeps;
     const read: PidFileRead = keeping ? readKept : readWhole;
     await forEachInBatches(pids, SCAN_BATCH, (pid) => {
@@ -342,15 +359,17 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
         stats.set(pid, statOf(pid, quiet, read));
       } catch (err) {
         failed += 1;
-        first ??= { pid, err };
-        stats.set(pid, null);
+        const answer = unreadableStat(pid, err, root);
+        first ??= { err, answer };
+        stats.set(pid, answer);
       }
     });
     if (keeping) closeKeptExcept(new Set(pids));
     if (first !== undefined) {
       log.warn(
-        { failed, pid: first.pid, err: first.err },
-        `could not read or parse the /proc stat of ${failed} existing process(es); they read as absent from this /proc in this answer (the first error is attached)`,
+        { failed, procPid: first.answer.pid, err: first.err },
+        `could not read or parse the /proc stat of ${failed} existing process(es) (the first error is attached): this answer has no facts about them, ` +
+          `which does not mean that they exited; the next refresh reads them again. ${first.answer.advice}`,
       );
     }
     return stats;
@@ -507,6 +526,32 @@ async function problemListing(root: string): Promise<string | null> {
   } catch (err) {
     return `cannot list ${root} (${codeOf(err)})`;
   }
+}
+
+const OUT_OF_DESCRIPTORS_ADVICE: Readonly<Record<string, string>> = {
+  EMFILE:
+    "Raise the container's open-file limit (nofile, for example 65536), or look for what else holds descriptors (ls /proc/<nodecompute pid>/fd | wc -l).",
+  ENFILE: "The whole host is out of file descriptors: check what holds them (the largest counts in /proc/*/fd) and the host's fs.file-max.",
+};
+
+/** What kept readStats from a PID's stat, from the error statOf threw (the errno is its cause). */
+function unreadableStat(pid: number, err: unknown, root: string): UnreadableStat {
+  if (err instanceof ProcParseError) {
+    return {
+      pid,
+      unreadable: 'its stat does not parse',
+      advice: "nodecompute's log quotes the line (warning \"could not read or parse the /proc stat\"): report it with the kernel version (uname -r).",
+    };
+  }
+  const code = codeOf((err as Error).cause);
+  if (code === 'EMFILE') return { pid, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: OUT_OF_DESCRIPTORS_ADVICE.EMFILE! };
+  if (code === 'ENFILE') return { pid, unreadable: 'the host is out of file descriptors (ENFILE)', advice: OUT_OF_DESCRIPTORS_ADVICE.ENFILE! };
+  if (DENIED_CODES.has(code)) return { pid, unreadable: `permission denied (${code}) under ${root}`, advice: DEPLOYMENT_ADVICE };
+  return {
+    pid,
+    unreadable: `reading it failed (${code || (err as Error).message})`,
+    advice: "nodecompute's log has the error (warning \"could not read or parse the /proc stat\"); if it repeats, check the kernel log (dmesg) and run `nodecompute doctor`.",
+  };
 }
 
 function describeReadFailure(path: string, root: string, err: unknown): string {

@@ -1,49 +1,106 @@
 // attribute() against its rule, stated plainly: a GPU process belongs to the first shard (in id
-// order) that *is* it (its PID, or its cgroup holds it); failing that, to the first shard whose
-// current process group holds it; a shard that is gone claims nothing. The rule is written below as
-// the obvious loop over every shard for every process; attribute() must agree with it on thousands
-// of generated nodes where PIDs, groups and cgroups collide far more often than on a real node.
+// order) that *is* it (its PID, or its cgroup holds it); failing that, to the first shard that is its
+// nearest ancestor (ppid after ppid through the stats the snapshot has, ANCESTRY_DEPTH generations);
+// failing that, to the first shard whose process group holds it when no other process claims the
+// group (live shards by their current group, gone ones by their last known group, whatever their
+// PID). A shard that is gone claims nothing, and its reason names the memory its group still holds.
+// The rule is written below as the obvious loop over every shard for every process; attribute() must
+// agree with it on thousands of generated nodes where PIDs, parents, groups and cgroups collide far
+// more often than on a real node.
 import fc from 'fast-check';
 import t from 'tap';
 import { attribute, type Liveness } from '../../src/node-state/attribution.js';
-import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import { ANCESTRY_DEPTH, type GpuState, type NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
-import type { ProcStat } from '../../src/system/procfs.js';
+import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
 
 const SEED = 20_261_130;
-// A small PID space, so that shard PIDs, groups, GPU processes and cgroup members overlap; most
-// processes exist and are alive, so that most shards are too.
+// A small PID space, so that shard PIDs, parents, groups, GPU processes and cgroup members overlap;
+// most processes exist and are alive, so that most shards are too.
 const pid = fc.integer({ min: 1, max: 12 });
 const group = fc.integer({ min: 1, max: 4 });
 const mostly = (value: boolean) => fc.oneof({ weight: 9, arbitrary: fc.constant(value) }, { weight: 1, arbitrary: fc.constant(!value) });
 const startTime = fc.oneof({ weight: 9, arbitrary: fc.constant(1) }, { weight: 1, arbitrary: fc.constant(2) });
+// A third of the processes have no parent in the snapshot's PID space (0), so that chains end and the group rule gets its turn.
+const parent = fc.oneof({ weight: 1, arbitrary: fc.constant(0) }, { weight: 2, arbitrary: pid });
 
-/** The rule's claimants of a process, each list in id order: the shards it is, and the shards whose group holds it. */
-function ruleClaimants(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number) {
-  const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : 1)).filter((shard) => liveness.get(shard.id)?.state !== 'gone');
-  const isIt = (shard: ShardRecord) =>
-    shard.cgroup !== null ? (snapshot.cgroupPids.get(shard.cgroup)?.has(candidate) ?? false) : candidate === shard.identity.pid;
-  const inGroup = (shard: ShardRecord) => {
-    if (shard.cgroup !== null) return false;
-    const group = snapshot.proc.get(shard.identity.pid)?.pgrp ?? shard.identity.pgid;
-    return snapshot.proc.get(candidate)?.pgrp === group;
-  };
-  return { isIt: ordered.filter(isIt), inGroup: ordered.filter(inGroup) };
+/** A stat the snapshot read; undefined when absent, gone or unreadable. */
+function readable(snapshot: NodeSnapshot, of: number): ProcStat | undefined {
+  const answer = snapshot.proc.get(of);
+  return answer === null || answer === undefined || 'unreadable' in answer ? undefined : answer;
 }
 
-/** The rule: the first shard it is, else the first whose group holds it. */
+function byId(shards: readonly ShardRecord[]): ShardRecord[] {
+  return [...shards].sort((a, b) => (a.id < b.id ? -1 : 1));
+}
+
+/** A PID shard's group: its process's current one while that is still its process, else the registered one. */
+function lastGroup(snapshot: NodeSnapshot, shard: ShardRecord): number {
+  const stat = readable(snapshot, shard.identity.pid);
+  return stat !== undefined && stat.startTime === shard.identity.startTime ? stat.pgrp : shard.identity.pgid;
+}
+
+/**
+ * The rule's claimants of a process, each list in id order: the live shards it is; per ancestor
+ * (nearest first), the live shards that ancestor is; and every PID shard, gone or not, whose group holds it.
+ */
+function ruleClaimants(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number) {
+  const ordered = byId(shards);
+  const live = ordered.filter((shard) => liveness.get(shard.id)?.state !== 'gone');
+  const isIt = (shard: ShardRecord, process: number) =>
+    shard.cgroup !== null ? (snapshot.cgroupPids.get(shard.cgroup)?.has(process) ?? false) : process === shard.identity.pid;
+  const ancestors: number[] = [];
+  for (let stat = readable(snapshot, candidate); stat !== undefined && ancestors.length < ANCESTRY_DEPTH; stat = readable(snapshot, stat.ppid)) {
+    ancestors.push(stat.ppid);
+  }
+  const group = readable(snapshot, candidate)?.pgrp;
+  return {
+    isIt: live.filter((shard) => isIt(shard, candidate)),
+    byAncestor: ancestors.map((ancestor) => live.filter((shard) => isIt(shard, ancestor))),
+    inGroup: ordered.filter((shard) => shard.cgroup === null && group !== undefined && lastGroup(snapshot, shard) === group),
+  };
+}
+
+/** Whether the group is claimed by one live process alone (several shards may be that one process). */
+function soleGroupClaimant(inGroup: ShardRecord[], liveness: ReadonlyMap<string, Liveness>): boolean {
+  const live = inGroup.filter((shard) => liveness.get(shard.id)?.state !== 'gone');
+  return live.length === inGroup.length && new Set(live.map((shard) => shard.identity.pid)).size === 1;
+}
+
+/** The rule: the first shard it is, else the first its nearest shard ancestor is, else the first of its group's sole claimant. */
 function ruleOwner(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number): string | undefined {
-  const { isIt, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
-  return (isIt[0] ?? inGroup[0])?.id;
+  const { isIt, byAncestor, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
+  const nearest = byAncestor.find((claimants) => claimants.length > 0);
+  if (isIt[0] ?? nearest?.[0]) return (isIt[0] ?? nearest![0]!).id;
+  return soleGroupClaimant(inGroup, liveness) ? inGroup[0]!.id : undefined;
+}
+
+/** A PID shard's liveness state from its stat: not read yet, gone (absent, zombie, reused), unreadable, or alive. */
+function ruleLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness['state'] {
+  if (!snapshot.proc.has(shard.identity.pid)) return 'unknown';
+  const answer = snapshot.proc.get(shard.identity.pid)!;
+  if (answer === null) return 'gone';
+  if ('unreadable' in answer) return 'unreadable';
+  return answer.state === 'Z' || answer.state === 'X' || answer.startTime !== shard.identity.startTime ? 'gone' : 'alive';
+}
+
+/** GPU processes other than its own PID that no shard owns, in a gone PID shard's group: its orphans. */
+function ruleOrphans(snapshot: NodeSnapshot, shard: ShardRecord, ownerByPid: ReadonlyMap<number, string>): number[] {
+  return snapshot.gpus
+    .flatMap((gpu) => gpu.processes.map((process) => process.pid))
+    .filter((gpuPid) => gpuPid !== shard.identity.pid && !ownerByPid.has(gpuPid) && readable(snapshot, gpuPid)?.pgrp === lastGroup(snapshot, shard));
 }
 
 const node = fc
   .record({
-    // Per PID: absent from /proc (undefined), gone (null), or a stat with a group and a state.
-    stats: fc.array(fc.option(fc.record({ pgrp: group, zombie: mostly(false), startTime }), { nil: null }), {
-      minLength: 12,
-      maxLength: 12,
-    }),
+    // Per PID: absent from /proc (undefined), gone (null), unreadable this time, or a stat with a parent, a group and a state.
+    stats: fc.array(
+      fc.oneof(
+        { weight: 1, arbitrary: fc.constant('unreadable' as const) },
+        { weight: 9, arbitrary: fc.option(fc.record({ ppid: parent, pgrp: group, zombie: mostly(false), startTime }), { nil: null }) },
+      ),
+      { minLength: 12, maxLength: 12 },
+    ),
     listed: fc.array(mostly(true), { minLength: 12, maxLength: 12 }),
     cgroups: fc.dictionary(fc.constantFrom('cg-a', 'cg-b'), fc.uniqueArray(pid, { maxLength: 4 })),
     gpus: fc.array(fc.array(fc.record({ pid, usedMiB: fc.option(fc.integer({ min: 0, max: 1000 }), { nil: null }) }), { maxLength: 6 }), {
@@ -56,17 +113,18 @@ const node = fc
         pid,
         pgid: group,
         startTime: fc.constant(1),
-        cgroup: fc.option(fc.constantFrom('cg-a', 'cg-b', 'cg-c'), { nil: null, freq: 4 }),
+        cgroup: fc.option(fc.constantFrom('cg-a', 'cg-b', 'cg-c'), { nil: null, freq: 2 }),
       }),
       { selector: (shard) => shard.id, maxLength: 5 },
     ),
   })
   .map(({ stats, listed, cgroups, gpus, shards }) => {
-    const proc = new Map<number, ProcStat | null>();
+    const proc = new Map<number, StatAnswer>();
     stats.forEach((entry, i) => {
       const at = i + 1;
       if (!listed[i]) return;
-      proc.set(at, entry === null ? null : { pid: at, comm: `p${at}`, state: entry.zombie ? 'Z' : 'S', ppid: 1, pgrp: entry.pgrp, session: 1, startTime: entry.startTime });
+      if (entry === 'unreadable') proc.set(at, { pid: at, unreadable: 'reading it failed (EIO)', advice: 'see the log' });
+      else proc.set(at, entry === null ? null : { pid: at, comm: `p${at}`, state: entry.zombie ? 'Z' : 'S', ppid: entry.ppid, pgrp: entry.pgrp, session: 1, startTime: entry.startTime });
     });
     const snapshot: NodeSnapshot = {
       takenAt: 1,
@@ -102,10 +160,22 @@ const node = fc
     return { snapshot, shards: records };
   });
 
+/** Whether a gone PID shard's reason names exactly its orphans (and no other shard's reason names any). */
+function reasonNamesOrphans(snapshot: NodeSnapshot, shard: ShardRecord, state: Liveness | undefined, ownerByPid: ReadonlyMap<number, string>): boolean {
+  const orphans = shard.cgroup === null && state?.state === 'gone' ? [...new Set(ruleOrphans(snapshot, shard, ownerByPid))] : [];
+  const why = state !== undefined && 'why' in state ? state.why : '';
+  const killed = /still holds GPU memory: .*, kill ([\d ]+)$/.exec(why)?.[1]?.split(' ').map(Number) ?? [];
+  return killed.join(' ') === orphans.join(' ');
+}
+
 t.test('every GPU process goes to the owner the rule names; holdings sum what each owner holds', async (t) => {
   const result = fc.check(
     fc.property(node, ({ snapshot, shards }) => {
       const { ownerByPid, holdings, liveness } = attribute(snapshot, shards);
+      for (const shard of shards) {
+        if (shard.cgroup === null && liveness.get(shard.id)?.state !== ruleLiveness(snapshot, shard)) return false;
+        if (!reasonNamesOrphans(snapshot, shard, liveness.get(shard.id), ownerByPid)) return false;
+      }
       const listed = snapshot.gpus.flatMap((gpu) => gpu.processes);
       for (const process of listed) {
         if (ownerByPid.get(process.pid) !== ruleOwner(snapshot, shards, liveness, process.pid)) return false;
@@ -121,34 +191,63 @@ t.test('every GPU process goes to the owner the rule names; holdings sum what ea
       }
       return true;
     }),
-    { seed: SEED, numRuns: 3000 },
+    { seed: SEED, numRuns: 5000 },
   );
-  t.notOk(result.failed, fc.defaultReportMessage(result) ?? '3000 generated nodes attributed as the rule says');
+  t.notOk(result.failed, fc.defaultReportMessage(result) ?? '5000 generated nodes attributed as the rule says');
 });
 
 t.test('the generator reaches every case the rule distinguishes', async (t) => {
   // Without these, the property above could pass on nodes too simple to tell a wrong attribute() apart.
-  const seen = { byPid: 0, byCgroup: 0, byGroup: 0, gone: 0, foreign: 0, twoItIs: 0, twoGroups: 0, itIsOverGroup: 0 };
+  const seen = {
+    byPid: 0,
+    byCgroup: 0,
+    byAncestor: 0,
+    byGroup: 0,
+    foreign: 0,
+    gone: 0,
+    unreadable: 0,
+    orphansNamed: 0,
+    // Contests, where the order of the rules decides.
+    twoItIs: 0,
+    itIsOverAncestor: 0,
+    itIsOverGroup: 0,
+    nearestOverFartherAncestor: 0,
+    ancestorOverGroup: 0,
+    groupOfTwoLive: 0,
+    groupOfGoneAndLive: 0,
+    groupOfOneProcessTwice: 0,
+  };
   fc.assert(
     fc.property(node, ({ snapshot, shards }) => {
       const { ownerByPid, liveness } = attribute(snapshot, shards);
       for (const gpu of snapshot.gpus) {
         for (const { pid: candidate } of gpu.processes) {
           const owner = shards.find((shard) => shard.id === ownerByPid.get(candidate));
+          const { isIt, byAncestor, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
+          const named = byAncestor.filter((claimants) => claimants.length > 0);
           if (owner === undefined) seen.foreign += 1;
-          else if (owner.cgroup !== null) seen.byCgroup += 1;
-          else if (owner.identity.pid === candidate) seen.byPid += 1;
+          else if (isIt.length > 0) seen[owner.cgroup !== null ? 'byCgroup' : 'byPid'] += 1;
+          else if (named.length > 0) seen.byAncestor += 1;
           else seen.byGroup += 1;
-          // Contests, where the order of the rule decides.
-          const { isIt, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
+          const isGone = (shard: ShardRecord) => liveness.get(shard.id)?.state === 'gone';
           if (isIt.length > 1) seen.twoItIs += 1;
-          if (isIt.length === 0 && inGroup.length > 1) seen.twoGroups += 1;
-          if (isIt.length > 0 && inGroup.some((shard) => !isIt.includes(shard))) seen.itIsOverGroup += 1;
+          if (isIt.length > 0 && named.some((claimants) => claimants.some((shard) => !isIt.includes(shard)))) seen.itIsOverAncestor += 1;
+          if (isIt.length > 0 && inGroup.some((shard) => !isIt.includes(shard) && !isGone(shard))) seen.itIsOverGroup += 1;
+          if (isIt.length > 0) continue;
+          if (named.slice(1).some((claimants) => claimants[0] !== named[0]![0])) seen.nearestOverFartherAncestor += 1;
+          if (named.length > 0 && inGroup.some((shard) => shard !== named[0]![0])) seen.ancestorOverGroup += 1;
+          if (named.length > 0) continue;
+          if (new Set(inGroup.filter((shard) => !isGone(shard)).map((shard) => shard.identity.pid)).size > 1) seen.groupOfTwoLive += 1;
+          if (inGroup.length > 1 && soleGroupClaimant(inGroup, liveness)) seen.groupOfOneProcessTwice += 1;
+          if (inGroup.some(isGone) && inGroup.some((shard) => !isGone(shard))) seen.groupOfGoneAndLive += 1;
         }
       }
-      seen.gone += [...liveness.values()].filter((state) => state.state === 'gone').length;
+      const states = [...liveness.values()];
+      seen.gone += states.filter((state) => state.state === 'gone').length;
+      seen.unreadable += states.filter((state) => state.state === 'unreadable').length;
+      seen.orphansNamed += states.filter((state) => state.state === 'gone' && state.why.includes('still holds GPU memory')).length;
     }),
-    { seed: SEED, numRuns: 3000 },
+    { seed: SEED, numRuns: 5000 },
   );
   for (const [name, count] of Object.entries(seen)) t.ok(count > 50, `${name}: ${count}`);
 });

@@ -1,10 +1,13 @@
-// Taking one snapshot: both queries joined by GPU UUID, /proc read for GPU and shard PIDs, cgroups
-// scanned only when a cgroup shard exists, and rows under unknown UUIDs set aside with a warning.
+// Taking one snapshot: both queries joined by GPU UUID, /proc read for GPU and shard PIDs and the
+// parents between them, cgroups scanned only when a cgroup shard exists, and rows under unknown UUIDs
+// set aside with a warning.
 import t from 'tap';
 import { pino } from 'pino';
-import { createSnapshotTaker, joinGpusAndProcesses } from '../../src/node-state/node-snapshot.js';
+import { attribute } from '../../src/node-state/attribution.js';
+import { ANCESTRY_DEPTH, createSnapshotTaker, joinGpusAndProcesses, statOf } from '../../src/node-state/node-snapshot.js';
+import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../../src/system/nvidia-smi.js';
-import { createProcReader } from '../../src/system/procfs.js';
+import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 
 const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 100, freeMiB: 80000, reservedMiB: 479 }));
 
@@ -50,7 +53,7 @@ t.test('take: /proc facts for GPU and shard PIDs, cgroup members, and a warning 
   const snapshot = await take();
   t.equal(snapshot.takenAt, 1234);
   t.same([...snapshot.proc.keys()].sort(), [5, 6, 8, 9]);
-  t.equal(snapshot.proc.get(5)?.startTime, 50);
+  t.equal(statOf(snapshot, 5)?.startTime, 50);
   t.equal(snapshot.proc.get(9), null, 'a shard PID that is gone');
   t.same(snapshot.unmatchedProcesses.map((row) => row.pid), [6]);
   t.equal(snapshot.cgroupPids.size, 0, 'no cgroup shard, no scan');
@@ -60,4 +63,86 @@ t.test('take: /proc facts for GPU and shard PIDs, cgroup members, and a warning 
   cgroups = ['abcdef12-3456'];
   const withCgroup = await take();
   t.same([...(withCgroup.cgroupPids.get('abcdef12-3456') ?? [])], [5]);
+});
+
+t.test('take: reads the parents through which a GPU process may descend from a shard, and no others', async (t) => {
+  // "pid (comm) S ppid pgrp session ... starttime": every process its own start time.
+  const st = (pid: number, ppid: number, session: number, pgrp = session) =>
+    `${pid} (p${pid}) S ${ppid} ${pgrp} ${session} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 ${pid * 10} 0 0\n`;
+  const tree: Record<string, string> = {
+    // Session 50: a script (its leader) that started shard 100.
+    50: st(50, 1, 50),
+    100: st(100, 50, 50),
+    101: st(101, 100, 50), // the shard's EngineCore: no GPU process, read to reach 102 and 103
+    102: st(102, 101, 50),
+    103: st(103, 101, 50),
+    104: st(104, 100, 50), // a GPU child of the shard: its parent is read already
+    105: st(105, 104, 50), // a GPU child of that child: its parent is a GPU process
+    // Chains of 4 and 5 generations to the shard; the longer one left its group (setpgid).
+    200: st(200, 201, 50),
+    201: st(201, 202, 50),
+    202: st(202, 203, 50),
+    203: st(203, 100, 50),
+    210: st(210, 211, 50, 210),
+    211: st(211, 212, 50),
+    212: st(212, 213, 50),
+    213: st(213, 214, 50),
+    214: st(214, 100, 50),
+    70: st(70, 1, 50), // re-parented to PID 1
+    80: st(80, 81, 50),
+    81: '81 (truncated', // its parent's stat does not parse: the chain stops there
+    90: st(90, 91, 50), // its parent is gone
+    // A foreign session, and a session led by a GPU process with shard 61 in it.
+    300: st(300, 301, 300),
+    301: st(301, 1, 300),
+    59: st(59, 1, 59),
+    60: st(60, 59, 60),
+    61: st(61, 60, 60),
+  };
+  const root = t.testdir(Object.fromEntries(Object.entries(tree).map(([pid, stat]) => [pid, { stat }])));
+  const base = createProcReader({ root, log: pino({ level: 'silent' }) });
+  const calls: Array<[number[], boolean]> = [];
+  const proc: ProcReader = {
+    ...base,
+    readStats: async (pids, options) => {
+      calls.push([pids, options?.keep ?? false]);
+      return base.readStats(pids, options);
+    },
+  };
+  const listed = (pids: number[]) => smi(pids.map((pid) => ({ gpuUuid: 'GPU-0', pid, name: `p${pid}`, usedMiB: 10 })));
+  const gpuPids = [102, 103, 104, 105, 200, 210, 70, 80, 90, 300, 60];
+  const take = createSnapshotTaker({ nvidiaSmi: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100, 61], cgroups: [] }), now: () => 1 });
+  const snapshot = await take();
+  t.same(
+    calls,
+    [
+      [[...gpuPids, 100, 61], true],
+      [[101, 201, 211, 81, 91], false],
+      [[202, 212], false],
+      [[203, 213], false],
+    ],
+    `GPU and shard PIDs kept open, then parents ${ANCESTRY_DEPTH - 1} generations up, each read once, fresh`,
+  );
+  t.match(snapshot.proc.get(81), { pid: 81, unreadable: 'its stat does not parse' }, 'an unreadable parent is in the snapshot as such');
+  t.equal(snapshot.proc.get(91), null, 'a gone one as null');
+  t.equal(statOf(snapshot, 81), undefined, 'statOf gives neither');
+  t.equal(statOf(snapshot, 91), undefined);
+
+  const shards: ShardRecord[] = [
+    { id: 's', pid: 100, cgroup: null, gpus: [0], engine: 'vllm', graceMs: 0, registeredAt: 0, identity: { pid: 100, pgid: 50, startTime: 1000, name: 'p100' } },
+  ];
+  const owners = attribute(snapshot, shards).ownerByPid;
+  t.same(
+    gpuPids.filter((pid) => owners.get(pid) === 's'),
+    [102, 103, 104, 105, 200, 70, 80, 90],
+    'descendants within reach and members of its group are the shard; 210 (5 generations, another group) and the other sessions are not',
+  );
+
+  calls.length = 0;
+  await createSnapshotTaker({ nvidiaSmi: listed([105, 104]), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100], cgroups: [] }), now: () => 1 })();
+  t.same(calls, [[[105, 104, 100], true]], "a parent that is itself a GPU process is not read again");
+
+  calls.length = 0;
+  await createSnapshotTaker({ nvidiaSmi: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [], cgroups: [] }), now: () => 1 })();
+  t.same(calls, [[gpuPids, true]], 'no shard process, no session to follow: nothing more is read');
 });

@@ -1,13 +1,14 @@
 // Shards end to end through the app: real process groups in the real /proc, the fake nvidia-smi
 // listing chosen PIDs on chosen GPUs, and a clock the test moves (TTL 0, max-stale 0: every request
 // after a clock step takes a fresh snapshot, so each step of a timeline is deterministic).
-import { writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
-import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const UUIDS = ['GPU-11111111-0000-0000-0000-000000000000', 'GPU-22222222-0000-0000-0000-000000000000'];
 
@@ -107,6 +108,35 @@ t.test('timeline: starting -> ready, and a stray GPU is a warning', async (t) =>
   t.same(compute.strayGpus, [{ index: 1, usedMiB: 100 }]);
 });
 
+t.test('grace is judged by when the listing was begun: a refresh begun inside the grace that lands after it says starting, not on-cpu', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 1_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  await app.inject({ method: 'PUT', url: '/shards/slow', payload: { pid: shard.pid, gpus: [1], graceMs: 5_000 } });
+  t.equal((await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json().state, 'starting');
+  await settle(app);
+  // nvidia-smi now takes a while (real time), and the clock passes the grace while it runs.
+  fake.setScenario({ ...twoGpuNode(), delayMs: 300 });
+  clock.advance(4_500);
+  const during = await app.inject({ method: 'GET', url: '/shards/slow/ready' });
+  t.equal(during.json().state, 'starting', 'answered from the expired snapshot while the refresh runs');
+  t.ok(app.services.node.snapshots.refreshing, 'a refresh began 4.5 s after registration');
+  clock.advance(1_000);
+  await settle(app);
+  const landed = await app.inject({ method: 'GET', url: '/shards/slow/ready' });
+  t.equal(landed.statusCode, 503);
+  t.equal(landed.json().state, 'starting', 'the grace is over by the clock, but not at the time of the evidence');
+  t.match(landed.json().reason, /grace is over, but the latest listing was begun 4\.5 s after registration, inside it/);
+
+  fake.setScenario(twoGpuNode());
+  clock.advance(1_001);
+  await app.inject({ method: 'GET', url: '/shards/slow/ready' });
+  await settle(app);
+  const after = await app.inject({ method: 'GET', url: '/shards/slow/ready' });
+  t.equal(after.json().state, 'on-cpu', 'a listing begun after the grace decides');
+  t.match(after.json().reason, /its processes hold no memory on GPU 1, 6\.5 s after registration \(grace 5\.0 s\)/);
+});
+
 t.test('timeline: starting -> on-cpu after grace, with an actionable reason; then ready -> exited when killed', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const { app, step, setProcesses } = await setup(t);
@@ -172,7 +202,7 @@ t.test('each verdict change is logged once, on-cpu and exited as warnings; probe
     [40, 'exited', 'ready', /^Shard "v" is now exited: the shard's process exited/],
   ]);
   t.equal(verdictLines().length, 4, 'nothing for repeated probes, /metrics, or nvidia-smi being away and back');
-  t.match(lines.find((line) => line.state === 'on-cpu'), { shard: 'v', pid: shard.pid, cgroup: null, gpus: [1] }, 'a line says which process to look at');
+  t.match(lines.find((line) => line.state === 'on-cpu'), { shard: 'v', shardPid: shard.pid, cgroup: null, gpus: [1] }, 'a line says which process to look at');
   t.notOk(lines.some((line) => line.msg === 'Request answered'), 'a 503 verdict is not logged as a failed request');
 });
 
@@ -214,6 +244,54 @@ t.test('a reused PID (fixture /proc) makes the shard exited', async (t) => {
   const res = await app.inject({ method: 'GET', url: '/shards/r/ready' });
   t.equal(res.json().state, 'exited');
   t.match(res.json().reason, /PID 4242 now belongs to another process \(bash/);
+});
+
+t.test('a shard removed while its probe waits for a refresh is a 404, not a verdict on the removed record', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, step, fake } = await setup(t);
+  await app.inject({ method: 'PUT', url: '/shards/gone', payload: { pid: shard.pid, gpus: [1] } });
+  fake.setScenario({ ...twoGpuNode(), delayMs: 300 });
+  step();
+  const probe = app.inject({ method: 'GET', url: '/shards/gone/ready' });
+  const state = app.inject({ method: 'GET', url: '/shards/gone' });
+  await waitUntil(() => app.services.node.snapshots.refreshing, { what: 'the requests to start a refresh' });
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/gone' })).statusCode, 204);
+  for (const res of await Promise.all([probe, state])) {
+    t.equal(res.statusCode, 404);
+    t.equal(res.json().code, 'NODECOMPUTE_SHARD_NOT_FOUND');
+  }
+});
+
+t.test('registering a zombie is refused: the process has already exited', async (t) => {
+  // The background sleep exits at once; its parent, exec'd into a long sleep, never reaps it.
+  const parent = spawn('sh', ['-c', 'sleep 0 & echo $!; exec sleep 600'], { stdio: ['ignore', 'pipe', 'ignore'], detached: true });
+  t.teardown(() => void parent.kill('SIGKILL'));
+  const zombie = Number(await new Promise<string>((resolve) => parent.stdout.once('data', (chunk: Buffer) => resolve(chunk.toString()))));
+  await waitUntil(() => /^\d+ \(sleep\) Z /.test(readFileSync(`/proc/${zombie}/stat`, 'utf8')), { what: 'the child to be a zombie' });
+  const { app } = await setup(t);
+  const res = await app.inject({ method: 'PUT', url: '/shards/z', payload: { pid: zombie, gpus: [0] } });
+  t.equal(res.statusCode, 422);
+  t.equal(res.json().code, 'NODECOMPUTE_PROCESS_NOT_FOUND');
+  t.match(res.json().message, `Process ${zombie} (sleep) has already exited: it is a zombie`);
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
+});
+
+t.test('registering a kernel thread (fixture /proc) is refused as a container PID mistaken for a host PID', async (t) => {
+  const root = t.testdir({
+    '2': { stat: '2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 2 0 0' },
+    '57': { stat: '57 (kworker/1:1-events) I 2 0 0 0 -1 69238880 0 0 0 0 0 0 0 0 20 0 1 0 30 0 0' },
+  });
+  const { app } = await buildTestApp(t, {
+    scenario: twoGpuNode(),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  for (const [pid, comm] of [[2, 'kthreadd'], [57, 'kworker/1:1-events']] as const) {
+    const res = await app.inject({ method: 'PUT', url: `/shards/k${pid}`, payload: { pid, gpus: [0] } });
+    t.equal(res.statusCode, 422, comm);
+    t.match(res.json().message, `PID ${pid} in ${root} is the kernel thread ${comm}, not a shard. This is probably the PID as a container sees it`);
+    t.match(res.json().message, "docker inspect -f '{{.State.Pid}}' CONTAINER");
+  }
 });
 
 t.test('nvidia-smi gone -> unverified (200, with a warning); compute and foreign memory are 503', async (t) => {

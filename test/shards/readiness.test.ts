@@ -9,7 +9,7 @@ import { shardCompute } from '../../src/shards/compute.js';
 import type { EngineAccount } from '../../src/shards/llama-log.js';
 import { readiness } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
-import type { ProcStat } from '../../src/system/procfs.js';
+import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';
 
 const NOW = 1_000_000;
 
@@ -31,11 +31,11 @@ function stat(pid: number, pgrp: number, startTime: number, state = 'S'): ProcSt
   return { pid, comm: `p${pid}`, state, ppid: 1, pgrp, session: pgrp, startTime };
 }
 
-function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra: Array<[number, null]> = []): NodeView {
+function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra: Array<[number, StatAnswer]> = []): NodeView {
   const snapshot: NodeSnapshot = {
     takenAt: NOW,
     gpus,
-    proc: new Map<number, ProcStat | null>([...stats.map((s): [number, ProcStat] => [s.pid, s]), ...extra]),
+    proc: new Map<number, StatAnswer>([...stats.map((s): [number, StatAnswer] => [s.pid, s]), ...extra]),
     cgroupPids: new Map(),
     unmatchedProcesses: [],
     timings: { nvidiaSmiMs: 1, procMs: 1 },
@@ -143,16 +143,82 @@ t.test('compute: a shard absent from the attribution holds nothing', async (t) =
   t.same(shardCompute(s, node, null), { backend: 'CPU', devices: [], gpus: [], strayGpus: [], engine: null });
 });
 
-t.test('two shards in one process group each keep their own process; a group child goes to the first', async (t) => {
-  const a = shard({ id: 'a', pid: 100, gpus: [0], identity: { pid: 100, pgid: 99, startTime: 5, name: 'llama-server' } });
-  const b = shard({ id: 'b', pid: 101, gpus: [1], identity: { pid: 101, pgid: 99, startTime: 6, name: 'llama-server' } });
-  const node = view(
-    [gpu(0, [[100, 500], [102, 100]]), gpu(1, [[101, 700]])],
-    [stat(100, 99, 5), stat(101, 99, 6), stat(102, 99, 7)],
-    [b, a],
+t.test('two shards started by one script share its process group: each engine child goes to the shard it descends from', async (t) => {
+  // sh -c 'vllm serve A & vllm serve B & wait', no job control: A (100) and B (101) are in the
+  // script's group 99, and each one's GPU memory sits in its own EngineCore child (102, 103).
+  const a = shard({ id: 'a', pid: 100, gpus: [0], engine: 'vllm', identity: { pid: 100, pgid: 99, startTime: 5, name: 'vllm' } });
+  const b = shard({ id: 'b', pid: 101, gpus: [1], engine: 'vllm', identity: { pid: 101, pgid: 99, startTime: 6, name: 'vllm' } });
+  const child = (pid: number, ppid: number, startTime: number): ProcStat => ({ ...stat(pid, 99, startTime), ppid });
+  const scripted = [child(100, 99, 5), child(101, 99, 6), child(102, 100, 7), child(103, 101, 8)];
+  const node = view([gpu(0, [[102, 70_000]]), gpu(1, [[103, 70_000]])], scripted, [b, a]);
+  t.same([...node.attribution.ownerByPid].sort(), [[102, 'a'], [103, 'b']]);
+  t.same(verdictOf(a, node), { ready: true, state: 'ready', reason: null, warnings: [] }, 'a holds GPU 0 and no stray GPU');
+  t.same(verdictOf(b, node), { ready: true, state: 'ready', reason: null, warnings: [] }, 'b holds GPU 1, not on-cpu');
+
+  // A process of the group that descends from neither (a helper the script started, or an orphan):
+  // either shard could own it, so neither does, and its memory reads as foreign.
+  const stranger = view([gpu(0, [[102, 70_000], [104, 900]]), gpu(1, [[103, 70_000]])], [...scripted, child(104, 99, 9)], [a, b]);
+  t.equal(stranger.attribution.ownerByPid.get(104), undefined, 'an ambiguous group gives it to nobody');
+  t.same(foreignMemory(stranger)[0]!.foreignProcesses.map((p) => p.pid), [104], 'its memory is foreign: still counted as used');
+  t.equal(verdictOf(a, stranger).state, 'ready');
+
+  // With one shard in the group, its group still claims a process that is not its descendant.
+  const alone = view([gpu(0, [[102, 70_000], [104, 900]])], [child(100, 99, 5), child(102, 100, 7), child(104, 99, 9)], [a]);
+  t.equal(alone.attribution.ownerByPid.get(104), 'a', 'an unambiguous group: the group rule applies');
+});
+
+t.test('a shard whose own stat cannot be read this refresh keeps serving, unverified, and says what to do', async (t) => {
+  const s = shard({ gpus: [0, 1] });
+  const unreadable: UnreadableStat = {
+    pid: 100,
+    unreadable: 'nodecompute is out of file descriptors (EMFILE)',
+    advice: "Raise the container's open-file limit (nofile, for example 65536).",
+  };
+  const node = view([gpu(0, [[100, 500]]), gpu(1, [[101, 500]])], [stat(101, 100, 6)], [s], [[100, unreadable]]);
+  const why =
+    'the /proc stat of its process 100 could not be read in this refresh: nodecompute is out of file descriptors (EMFILE). ' +
+    "Whether it still runs is unverified, so it keeps serving. Raise the container's open-file limit (nofile, for example 65536).";
+  t.same(node.attribution.liveness.get('s'), { state: 'unreadable', why });
+  const v = verdictOf(s, node, null, 'the last refresh failed: boom');
+  t.same(v, { ready: true, state: 'unverified', reason: null, warnings: ['answered from an older snapshot: the last refresh failed: boom', why] }, 'not exited: no evidence that it is gone');
+  t.same([...node.attribution.ownerByPid].sort(), [[100, 's'], [101, 's']], 'it keeps its PID and its registered group');
+  t.notOk(node.pidsInvisible, 'an unreadable stat is not a PID of another namespace');
+});
+
+t.test('a group leader that exits while its child holds the GPU: exited, naming the memory its group still holds', async (t) => {
+  const s = shard({ gpus: [0] });
+  const orphan: ProcStat = { ...stat(101, 100, 6), comm: 'llama-worker' };
+  const node = view([gpu(0, [[101, 9000]]), gpu(1, [[102, null], [200, 300]])], [orphan, stat(102, 100, 7), stat(200, 200, 9)], [s], [[100, null]]);
+  const v = verdictOf(s, node);
+  t.equal(v.state, 'exited', 'the registered process is gone');
+  t.equal(
+    v.reason,
+    "the shard's process exited: process 100 no longer exists, but its process group 100 still holds GPU memory: 9000 MiB on GPU 0 (PID 101, p), " +
+      'memory nvidia-smi does not report ([N/A]) on GPU 1 (PID 102, p). That memory is not free for placement and reads as foreign until it is released: ' +
+      'if the shard is not coming back, kill 101 102.',
   );
-  t.same([...node.attribution.ownerByPid].sort(), [[100, 'a'], [101, 'b'], [102, 'a']]);
-  t.equal(verdictOf(a, node).state, 'ready');
-  t.same(verdictOf(a, node).warnings, [], 'no false stray GPU for a');
-  t.equal(verdictOf(b, node).state, 'ready');
+  t.same(foreignMemory(node)[0]!.foreignProcesses.map((p) => p.pid), [101], 'the orphan is nobody\'s');
+
+  const many = view(
+    [gpu(0, Array.from({ length: 7 }, (_, i): [number, number] => [110 + i, 10]))],
+    Array.from({ length: 7 }, (_, i) => stat(110 + i, 100, 20 + i)),
+    [s],
+    [[100, null]],
+  );
+  t.match(verdictOf(s, many).reason, /\(PID 114, p\), and 2 more\. .*kill 110 111 112 113 114 115 116\.$/, 'five listed, the rest counted, every PID to kill');
+
+  const zombie = view([gpu(0, [[100, 500], [101, 400]])], [stat(100, 100, 5, 'Z'), stat(101, 100, 6)], [s]);
+  t.match(verdictOf(s, zombie).reason, /a zombie its parent has not reaped yet\), but its process group 100 still holds GPU memory: 400 MiB on GPU 0 \(PID 101, p\)\..*kill 101\.$/, 'the zombie itself is not an orphan to kill');
+  t.notMatch(verdictOf(s, view([gpu(0, [[200, 300]])], [stat(200, 200, 9)], [s], [[100, null]])).reason, /still holds/, 'no GPU process of its group: nothing to add');
+});
+
+t.test('a shard that exits in a group shared with another: its orphan goes to neither, and its reason names it', async (t) => {
+  const a = shard({ id: 'a', pid: 100, gpus: [0], identity: { pid: 100, pgid: 99, startTime: 5, name: 'vllm' } });
+  const b = shard({ id: 'b', pid: 101, gpus: [1], identity: { pid: 101, pgid: 99, startTime: 6, name: 'vllm' } });
+  // a (100) is gone; its EngineCore 102 was re-parented to PID 1 and is still in the script's group 99.
+  const stats = [{ ...stat(101, 99, 6), ppid: 99 }, { ...stat(102, 99, 7), ppid: 1 }, { ...stat(103, 99, 8), ppid: 101 }];
+  const node = view([gpu(0, [[102, 70_000]]), gpu(1, [[103, 70_000]])], stats, [a, b], [[100, null]]);
+  t.same([...node.attribution.ownerByPid], [[103, 'b']], 'b keeps its own child and is not handed a');
+  t.same(verdictOf(b, node).warnings, [], 'so b has no stray GPU');
+  t.match(verdictOf(a, node).reason, /process 100 no longer exists, but its process group 99 still holds GPU memory: 70000 MiB on GPU 0 \(PID 102, p\)\..*kill 102\.$/);
 });

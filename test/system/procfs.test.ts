@@ -11,11 +11,13 @@ import { isDeepStrictEqual, promisify } from 'node:util';
 import { pino } from 'pino';
 import {
   createProcReader,
+  isReadable,
   parseCgroup,
   parseOpenFilesLimit,
   parseProcStat,
   ProcParseError,
   type ProcStat,
+  type StatAnswer,
 } from '../../src/system/procfs.js';
 
 type ProcfsModule = typeof import('../../src/system/procfs.js');
@@ -34,6 +36,11 @@ function statLine(s: ProcStat): string {
   const middle = ['0', '-1', '4194304', '136', '0', '0', '0', '0', '0', '0', '0', '20', '0', '1', '0'];
   const tail = Array.from({ length: 30 }, () => '0');
   return `${s.pid} (${s.comm}) ${[s.state, s.ppid, s.pgrp, s.session, ...middle, s.startTime, ...tail].join(' ')}\n`;
+}
+
+/** A readStats answer's stat; undefined when gone or unreadable. */
+function readable(answer: StatAnswer | undefined): ProcStat | undefined {
+  return isReadable(answer) ? answer : undefined;
 }
 
 function errnoError(code: string): NodeJS.ErrnoException {
@@ -313,7 +320,7 @@ t.test('fixture tree: stat cases a real machine cannot produce on demand', async
   t.same(entries, [], 'gone PIDs are not warnings');
 
   await t.rejects(proc.readStat(4246), { name: 'ProcParseError', message: /4246\/stat: malformed \/proc stat: no "\(command name\)"/ }, 'an existing PID with a malformed stat throws, naming the file');
-  t.match(entries[0], { level: WARN, pid: 4246, err: { message: /malformed/ } }, 'the malformed stat is logged at warn with pid and err');
+  t.match(entries[0], { level: WARN, procPid: 4246, err: { message: /malformed/ } }, 'the malformed stat is logged at warn with pid and err');
 });
 
 t.test('fixture tree: listPids and findPidsInCgroup', async (t) => {
@@ -441,12 +448,12 @@ t.test('errors other than "gone" are thrown clearly and logged at warn', async (
   const proc = failing.procfs.createProcReader({ root, log });
 
   await t.rejects(proc.readStat(7), { message: /7\/stat: permission denied \(EACCES\)\. The proc root .* is not readable by this process\. .*hostPID: true/, cause: { code: 'EACCES' } }, 'EACCES names the root and the fix');
-  t.match(entries.at(-1), { level: WARN, pid: 7, err: { code: 'EACCES' } }, 'EACCES logged with pid and err');
+  t.match(entries.at(-1), { level: WARN, procPid: 7, err: { code: 'EACCES' } }, 'EACCES logged with pid and err');
   await t.rejects(proc.readCgroup(7), /permission denied/, 'the same for cgroup');
   await t.rejects(proc.findPidsInCgroup('/a'), /permission denied/, 'a scan does not pass over an unreadable process as if it were not there');
 
   await t.rejects(proc.readStat(8), { message: /8\/stat: EIO: simulated/, cause: { code: 'EIO' } }, 'EIO is wrapped with the path');
-  t.match(entries.at(-1), { level: WARN, pid: 8, err: { code: 'EIO' } }, 'EIO logged with pid and err');
+  t.match(entries.at(-1), { level: WARN, procPid: 8, err: { code: 'EIO' } }, 'EIO logged with pid and err');
 
   const before = entries.length;
   t.equal(await proc.readStat(9), null, 'ESRCH (exited between open and read) is gone');
@@ -503,9 +510,9 @@ t.test('readStats: real processes, each answer keyed to its own pid', async (t) 
   const pids = [process.pid, ...children.map((child) => child.pid as number), gone];
   const stats = await proc.readStats(pids);
   t.same([...stats.keys()], pids, 'one entry per pid asked, in order');
-  t.equal(stats.get(process.pid)?.ppid, process.ppid, 'our own stat');
+  t.equal(readable(stats.get(process.pid))?.ppid, process.ppid, 'our own stat');
   for (const child of children) {
-    const stat = stats.get(child.pid as number);
+    const stat = readable(stats.get(child.pid as number));
     t.match(stat, { pid: child.pid, ppid: process.pid }, `child ${child.pid} is ours`);
     const again = await proc.readStat(child.pid as number);
     t.same([again?.pid, again?.startTime, again?.pgrp], [stat?.pid, stat?.startTime, stat?.pgrp], 'the same process as readStat finds (its state may move on)');
@@ -523,8 +530,8 @@ t.test('readStats: real processes, each answer keyed to its own pid', async (t) 
 t.test('readStats keeps each stat open between snapshots, and lets go of what a snapshot no longer asks about', async (t) => {
   const openFds = () => fs.readdirSync('/proc/self/fd').length;
   // A process's identity; its state moves on its own (a child just spawned may still be running).
-  const who = (stat: ProcStat | null | undefined) => (stat ? [stat.pid, stat.startTime, stat.pgrp, stat.comm] : stat);
-  const identities = (stats: Map<number, ProcStat | null>) => [...stats].map(([pid, stat]) => [pid, who(stat)]);
+  const who = (stat: StatAnswer | undefined) => (isReadable(stat) ? [stat.pid, stat.startTime, stat.pgrp, stat.comm] : stat);
+  const identities = (stats: Map<number, StatAnswer>) => [...stats].map(([pid, stat]) => [pid, who(stat)]);
   const proc = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
   t.teardown(() => proc.release());
   const children = await sleepers(t, 4);
@@ -563,7 +570,7 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   capped.release();
 
   const fixture = createProcReader({ root: t.testdir({ '7': { stat: statLine({ pid: 7, comm: 'x', state: 'S', ppid: 1, pgrp: 7, session: 7, startTime: 5 }) } }), log: pino({ level: 'silent' }) });
-  t.equal((await fixture.readStats([7], { keep: true })).get(7)?.startTime, 5);
+  t.equal(readable((await fixture.readStats([7], { keep: true })).get(7))?.startTime, 5);
   t.equal(openFds(), before, 'a tree of plain files is not /proc: nothing is kept (a deleted entry must read as gone)');
   const slash = createProcReader({ root: '/proc/', log: pino({ level: 'silent' }) });
   t.equal((await slash.readStat(process.pid))?.pid, process.pid, 'a root given with a trailing slash reads the same paths');
@@ -642,14 +649,25 @@ t.test('readStats: out of descriptors while keeping, it gives half back and read
 
 t.test('readStats: out of descriptors with none kept, a process cannot be read and keeping resumes later', async (t) => {
   let limit = 0;
+  let refusal = 'EMFILE';
   const { log, entries } = captureLog();
-  const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError('EMFILE') : undefined) });
+  const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError(refusal) : undefined) });
   const proc = failing.procfs.createProcReader({ root: '/proc', log });
   t.teardown(() => proc.release());
   const pid = (await sleepers(t, 1))[0]!.pid as number;
 
-  t.equal((await proc.readStats([pid], { keep: true })).get(pid), null, 'no descriptor to read it with: absent from this answer');
+  t.match(
+    (await proc.readStats([pid], { keep: true })).get(pid),
+    { pid, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: /open-file limit \(nofile/ },
+    'no descriptor to read it with: unreadable in this answer, not gone',
+  );
   t.match(entries, [{ level: WARN, err: { message: /EMFILE/ }, msg: /could not read or parse the \/proc stat of 1 existing process/ }], 'the usual read failure, not the keeping one');
+  refusal = 'ENFILE';
+  t.match(
+    (await proc.readStats([pid], { keep: true })).get(pid),
+    { pid, unreadable: 'the host is out of file descriptors (ENFILE)', advice: /fs\.file-max/ },
+    'the whole host out of descriptors: said so',
+  );
   limit = 10;
   t.equal((await proc.readStats([pid], { keep: true })).get(pid)?.pid, pid, 'read once descriptors are free');
   t.equal(failing.openNow(), 1, 'and kept: nothing was given up for a failure that keeping did not cause');
@@ -690,28 +708,47 @@ t.test('readStats: present, gone, malformed and unreadable entries; one warning 
     '14': { stat: stat(14, 140) },
     '15': { stat: stat(15, 150) },
     '16': { stat: stat(16, 160) },
+    '17': { stat: stat(17, 170) },
   });
   const failing = await withFailingFs(t, {
     open: (path) => (pidOfPath(path) === '13' ? errnoError('EACCES') : undefined),
-    read: (path) => ({ '14': errnoError('EIO'), '15': errnoError('ESRCH') })[pidOfPath(path)],
+    read: (path) => ({ '14': errnoError('EIO'), '15': errnoError('ESRCH'), '17': new Error('a fault without an errno') })[pidOfPath(path)],
   });
   const { log, entries } = captureLog();
   const proc = failing.procfs.createProcReader({ root, log });
 
-  const stats = await proc.readStats([10, 11, 12, 13, 14, 15, 16, 99999]);
+  const stats = await proc.readStats([10, 11, 12, 13, 14, 15, 16, 17, 99999]);
+  const answer = (s: StatAnswer) => (s === null ? null : isReadable(s) ? s.startTime : s.unreadable);
   t.same(
-    [...stats].map(([pid, s]) => [pid, s?.startTime ?? null]),
-    [[10, 100], [11, null], [12, null], [13, null], [14, null], [15, null], [16, 160], [99999, null]],
-    'present entries answer; gone, malformed, denied and I/O-failed ones are null',
+    [...stats].map(([pid, s]) => [pid, answer(s)]),
+    [
+      [10, 100],
+      [11, null],
+      [12, 'its stat does not parse'],
+      [13, `permission denied (EACCES) under ${root}`],
+      [14, 'reading it failed (EIO)'],
+      [15, null],
+      [16, 160],
+      [17, `reading it failed (cannot read ${root}/17/stat: a fault without an errno)`],
+      [99999, null],
+    ],
+    'present entries answer; gone ones (ENOENT, ESRCH) are null; malformed, denied and I/O-failed ones say what failed, never null',
   );
+  t.match(stats.get(12), { pid: 12, advice: /log quotes the line.*uname -r/ }, 'a malformed stat: where to find it');
+  t.match(stats.get(13), { pid: 13, advice: /hostPID: true/ }, 'denied: the deployment to change');
+  t.match(stats.get(14), { pid: 14, advice: /dmesg/ }, 'an I/O error: where to look');
   t.equal(entries.length, 1, 'one warning for the whole call, not one per pid');
-  t.match(entries[0], { level: WARN, failed: 3, pid: 12, err: { type: 'ProcParseError', message: /12\/stat: malformed/ }, msg: /3 existing process/ }, 'with the count and the first error');
+  t.match(
+    entries[0],
+    { level: WARN, failed: 4, procPid: 12, err: { type: 'ProcParseError', message: /12\/stat: malformed/ }, msg: /4 existing process.*does not mean that they exited.*uname -r/ },
+    'with the count, the first error and its advice',
+  );
   t.equal(failing.openNow(), 0, 'every file opened was closed');
 
   entries.length = 0;
   t.same([...(await proc.readStats([10, 11, 15]))].map(([pid, s]) => [pid, s?.pid ?? null]), [[10, 10], [11, null], [15, null]], 'present and gone only');
   t.same(entries, [], 'gone entries alone are not worth a warning');
-  await t.rejects(proc.readStat(13), /permission denied/, 'readStat of the same entry still throws: only readStats answers null');
+  await t.rejects(proc.readStat(13), /permission denied/, 'readStat of the same entry still throws: only readStats answers instead');
 });
 
 t.test('readStats: more pids than one batch, yielding between batches', async (t) => {
@@ -738,7 +775,8 @@ t.test('readStats: more pids than one batch, yielding between batches', async (t
   t.same([...stats.keys()], pids, 'every pid answered, in the order asked');
   for (const pid of pids) {
     const want = pid >= 1000 ? { pid, comm: `w${pid - 1000}`, startTime: 5000 + pid - 1000 } : null;
-    if (want === null ? stats.get(pid) !== null : !isDeepStrictEqual({ pid: stats.get(pid)?.pid, comm: stats.get(pid)?.comm, startTime: stats.get(pid)?.startTime }, want)) {
+    const got = readable(stats.get(pid));
+    if (want === null ? stats.get(pid) !== null : !isDeepStrictEqual({ pid: got?.pid, comm: got?.comm, startTime: got?.startTime }, want)) {
       t.fail(`pid ${pid} got another's answer: ${JSON.stringify(stats.get(pid))}`);
     }
   }
