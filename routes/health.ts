@@ -4,7 +4,6 @@
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { isCodedError } from '../src/errors.js';
-import { PID_NAMESPACE_WARNING } from '../src/shards/readiness.js';
 import { ErrorSchema } from '../src/schemas/common.js';
 
 const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) });
@@ -37,8 +36,8 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       return {
         checks: [
           { name: 'nvidia-smi', ok: true, detail: `snapshot ${Math.round(view.ageMs)} ms old, ${nodeView.snapshot.gpus.length} GPUs${stale}` },
-          nodeView.pidsInvisible
-            ? { name: 'host-pid-namespace', ok: false, detail: PID_NAMESPACE_WARNING, code: 'NODECOMPUTE_PID_NAMESPACE' }
+          nodeView.processesHidden !== null
+            ? { name: 'host-pid-namespace', ok: false, detail: nodeView.processesHidden, code: 'NODECOMPUTE_PID_NAMESPACE' }
             : { name: 'host-pid-namespace', ok: true, detail: 'the PIDs nvidia-smi lists are visible in /proc' },
         ],
         meta: { observedAt: new Date(view.observedAt).toISOString(), ageMs: Math.round(view.ageMs), stale: view.stale },

@@ -10,6 +10,7 @@ import { execa } from 'execa';
 import {
   createFakeNvidiaSmi,
   eightGpuNode,
+  idleEightGpuNode,
   FAKE_NVIDIA_SMI_BIN,
   livePidsInGroup,
   waitUntil,
@@ -577,7 +578,7 @@ t.test('harness: scenario files, the invocation log, re-reading at every call', 
   t.equal((await run(fake, ['--query-gpu=index', '--format=csv,noheader'])).stdout, '0\n1\n', 'a mutated draft');
   fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1) }));
   t.equal((await run(fake, ['--query-gpu', 'index', '--format', 'csv,noheader'])).stdout, '0\n', 'a returned scenario');
-  fake.setScenario({ ...eightGpuNode(), processes: [] });
+  fake.setScenario(idleEightGpuNode());
   await run(fake, ['--query-compute-apps=pid', '--format=csv']);
   await run(fake, ['--version']);
 

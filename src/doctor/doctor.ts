@@ -2,6 +2,7 @@
 // nodecompute's answers to be true, each check saying what it found and, when it fails, what to
 // do. It asks nvidia-smi afresh (the doctor is about now, not the cache) and reads /proc through
 // the readers it is given.
+import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import type { NvidiaSmi } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
@@ -47,7 +48,7 @@ async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }
   return { value, ms: Math.round(performance.now() - started) };
 }
 
-async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[]; pids: number[] | null }> {
+async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[]; pids: number[] | null; busy: number[] }> {
   const checks: DoctorCheck[] = [];
   try {
     const version = await deps.nvidiaSmi.queryVersion();
@@ -57,7 +58,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
     );
   } catch (err) {
     checks.push(check('nvidia-smi', 'fail', (err as Error).message, 'Fix nvidia-smi first: every GPU answer depends on it.'));
-    return { checks, pids: null };
+    return { checks, pids: null, busy: [] };
   }
   try {
     const gpus = await timed(() => deps.nvidiaSmi.queryGpus());
@@ -77,14 +78,22 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
           )
         : check('query-time', 'ok', `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms`),
     );
-    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))] };
+    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value) };
   } catch (err) {
     checks.push(check('gpus', 'fail', (err as Error).message, 'nvidia-smi answers --version but not the queries nodecompute uses; see the message.'));
-    return { checks, pids: null };
+    return { checks, pids: null, busy: [] };
   }
 }
 
-async function pidNamespaceCheck(proc: ProcReader, pids: number[]): Promise<DoctorCheck> {
+async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[]): Promise<DoctorCheck> {
+  if (pids.length === 0 && busy.length > 0) {
+    return check(
+      'host-pid-namespace',
+      'fail',
+      hiddenProcessesWarning(busy),
+      "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi and shard verdicts stay unverified.",
+    );
+  }
   if (pids.length === 0) {
     return check('host-pid-namespace', 'ok', 'no GPU process is running, so there is nothing to compare (re-run under load to check)');
   }
@@ -127,7 +136,7 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
     deps.stateFile.checkWritable(),
   ]);
   const checks = [...smi.checks];
-  if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids));
+  if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy));
   checks.push(
     procReadable.ok
       ? check('proc', 'ok', `${deps.proc.root} is readable`)

@@ -11,18 +11,52 @@ export interface NodeView {
   snapshot: NodeSnapshot;
   attribution: Attribution;
   registryVersion: number;
-  /** nvidia-smi lists GPU processes but none of their PIDs exists in this /proc (no host PID namespace). */
-  pidsInvisible: boolean;
+  /**
+   * Why nvidia-smi's processes cannot be matched to this /proc, for the operator; null when they
+   * can. Shard verdicts are then unverified, not on-cpu: there is no evidence either way.
+   */
+  processesHidden: string | null;
 }
 
-function pidsInvisible(snapshot: NodeSnapshot): boolean {
+export const PID_NAMESPACE_WARNING =
+  "nvidia-smi lists GPU processes whose PIDs do not exist in this /proc: nodecompute does not share the host's PID namespace, so it cannot tell whose memory is whose. Run it with --pid=host (Docker) or hostPID: true (Kubernetes), or point NODECOMPUTE_PROC at the host's /proc.";
+
+/**
+ * Memory in use on a GPU, with no process listed anywhere, from which the processes must be hidden
+ * rather than absent. Real idle GPUs show 0 to 4 MiB, and GPUs whose processes just exited 244 to
+ * 292 MiB (samples); one CUDA context holds several hundred MiB, a model far more.
+ */
+export const HIDDEN_PROCESSES_MIB = 1024;
+
+/** GPU indices whose used memory says someone computes there. */
+export function busyGpus(gpus: ReadonlyArray<{ index: number; usedMiB: number | null }>): number[] {
+  return gpus.filter((gpu) => gpu.usedMiB !== null && gpu.usedMiB >= HIDDEN_PROCESSES_MIB).map((gpu) => gpu.index);
+}
+
+/**
+ * nvidia-smi shows a process of another PID namespace in one of two ways, depending on the driver
+ * and what sits between: with a PID that does not exist here (and often the name "[Not Found]"), or
+ * not at all, leaving only the used memory (a header-only process query, as HAMi's documentation
+ * shows). Without the host's PID namespace every shard would otherwise read on-cpu.
+ */
+export function hiddenProcessesWarning(busy: number[]): string {
+  const gpus = busy.map((index) => `GPU ${index}`).join(', ');
+  return (
+    `nvidia-smi lists no GPU process, yet ${gpus} ${busy.length === 1 ? 'has' : 'have'} memory in use: the processes are hidden from it, so nodecompute cannot tell whose memory is whose. ` +
+    "Either nodecompute does not share the host's PID namespace (run it with --pid=host (Docker) or hostPID: true (Kubernetes)), or a GPU-sharing layer (HAMi, vGPU) hides them."
+  );
+}
+
+function processesHidden(snapshot: NodeSnapshot): string | null {
   const listed = snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid));
-  return listed.length > 0 && listed.every((pid) => snapshot.proc.get(pid) == null);
+  if (listed.length > 0) return listed.every((pid) => snapshot.proc.get(pid) == null) ? PID_NAMESPACE_WARNING : null;
+  const busy = busyGpus(snapshot.gpus);
+  return busy.length > 0 ? hiddenProcessesWarning(busy) : null;
 }
 
 /** The view of one snapshot for one registry version: attribution and the facts every answer shares. */
 export function createNodeView(snapshot: NodeSnapshot, shards: readonly ShardRecord[], registryVersion: number): NodeView {
-  return { snapshot, attribution: attribute(snapshot, shards), registryVersion, pidsInvisible: pidsInvisible(snapshot) };
+  return { snapshot, attribution: attribute(snapshot, shards), registryVersion, processesHidden: processesHidden(snapshot) };
 }
 
 export interface SnapshotMeta {

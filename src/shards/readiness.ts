@@ -4,9 +4,10 @@
 //              behind a process that just created its CUDA context);
 //   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU;
 //   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left);
-//   unverified nvidia-smi cannot be asked, its PIDs are not visible in this /proc, or the shard's
-//              own /proc stat could not be read this refresh: no evidence either way, so the shard
-//              keeps serving and the answer carries a warning.
+//   unverified nvidia-smi cannot be asked, its processes are hidden from it or their PIDs are not
+//              visible in this /proc, or the shard's own /proc stat could not be read this
+//              refresh: no evidence either way, so the shard keeps serving and the answer carries
+//              a warning.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
@@ -88,9 +89,6 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   return warnings;
 }
 
-export const PID_NAMESPACE_WARNING =
-  "nvidia-smi lists GPU processes whose PIDs do not exist in this /proc: nodecompute does not share the host's PID namespace, so it cannot tell whose memory is whose. Run it with --pid=host (Docker) or hostPID: true (Kubernetes), or point NODECOMPUTE_PROC at the host's /proc.";
-
 export function readiness(input: ReadinessInput): Readiness {
   const { shard, node, engine, now } = input;
   if (node === null) {
@@ -126,6 +124,6 @@ export function readiness(input: ReadinessInput): Readiness {
       warnings,
     );
   }
-  if (node.pidsInvisible) return verdict('unverified', null, [...warnings, PID_NAMESPACE_WARNING]);
+  if (node.processesHidden !== null) return verdict('unverified', null, [...warnings, node.processesHidden]);
   return verdict('on-cpu', onCpuReason(shard, missing, engine, node, evidenceAt), warnings);
 }

@@ -10,7 +10,7 @@ import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader } from '../../src/system/procfs.js';
 import { createStateFile } from '../../src/system/state-file.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
-import { createFakeNvidiaSmi, eightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { createFakeNvidiaSmi, eightGpuNode, idleEightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 import { MAIN } from '../helpers/server.js';
 
 const log = pino({ level: 'silent' });
@@ -102,9 +102,16 @@ t.test('many missing PIDs are listed up to ten; an odd --version answer is repor
 });
 
 t.test('no GPU process: nothing to compare', async (t) => {
-  const check = byName(await doctorFor(t, { ...eightGpuNode(), processes: [] }))['host-pid-namespace']!;
+  const check = byName(await doctorFor(t, idleEightGpuNode()))['host-pid-namespace']!;
   t.equal(check.status, 'ok');
   t.match(check.detail, 'nothing to compare');
+});
+
+t.test('no GPU process listed while GPUs hold memory: the processes are hidden, a failure with the fix', async (t) => {
+  const check = byName(await doctorFor(t, { ...eightGpuNode(), processes: [] }))['host-pid-namespace']!;
+  t.equal(check.status, 'fail');
+  t.match(check.detail, /nvidia-smi lists no GPU process, yet GPU 0, .*GPU 7 have memory in use/);
+  t.match(check.fix, /--pid=host \/ hostPID: true\). If it already is, the GPU-sharing layer hides processes/);
 });
 
 t.test('a missing nvidia-smi fails first and skips what depends on it', async (t) => {
@@ -129,7 +136,7 @@ t.test('nvidia-smi answers --version but the queries fail; slow queries', async 
 
 t.test('an unreadable proc root and an unwritable state directory fail with what to do', async (t) => {
   const dir = t.testdir({ file: 'not a directory' });
-  const report = await doctorFor(t, { ...eightGpuNode(), processes: [] }, { proc: join(dir, 'no-proc'), stateFile: join(dir, 'file', 'shards.json') });
+  const report = await doctorFor(t, idleEightGpuNode(), { proc: join(dir, 'no-proc'), stateFile: join(dir, 'file', 'shards.json') });
   const checks = byName(report);
   t.equal(checks.proc!.status, 'fail');
   t.match(checks.proc!.fix, 'NODECOMPUTE_PROC');
@@ -153,14 +160,14 @@ t.test('open files: too low a limit to keep every GPU process\'s stat file open 
   const unlimited = byName(await doctorFor(t, scenario, { limitsFile: limits('unlimited') }))['open-files']!;
   t.match(unlimited, { status: 'ok', detail: /^no open-file limit: up to 2048 \/proc stat files kept open between snapshots \(3 GPU process\(es\) now\)$/ });
   const fixtureRoot = t.testdir({ 1: { stat: '1 (init) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0\n' } });
-  const tree = byName(await doctorFor(t, { ...eightGpuNode(), processes: [] }, { proc: fixtureRoot }))['open-files']!;
+  const tree = byName(await doctorFor(t, idleEightGpuNode(), { proc: fixtureRoot }))['open-files']!;
   t.match(tree, { status: 'ok', detail: /is not a proc filesystem, so no stat file is kept open$/ });
   const noSmi = byName(await doctorFor(t, null))['open-files']!;
   t.match(noSmi, { status: 'ok', detail: /kept open between snapshots$/ }, 'without nvidia-smi, the limit alone');
 });
 
 t.test('a state directory that cannot be fsynced is a warning saying what is at risk and what to do', async (t) => {
-  const report = await doctorFor(t, { ...eightGpuNode(), processes: [] }, { token: true, syncDirectory: cannotSyncDirectories });
+  const report = await doctorFor(t, idleEightGpuNode(), { token: true, syncDirectory: cannotSyncDirectories });
   t.match(byName(report)['state-file'], {
     status: 'warn',
     detail: /shards\.json can be written, but the fsync of .*state failed \(EINVAL: invalid argument, fsync\): a change is stored and served, yet a power cut/,
@@ -189,7 +196,7 @@ t.test('GET /doctor answers the same report as JSON; concurrent requests share o
 
 t.test('`nodecompute doctor` prints the table and exits non-zero when something is wrong', async (t) => {
   const dir = t.testdir({ smi: {} });
-  const fake = createFakeNvidiaSmi(join(dir, 'smi'), { ...eightGpuNode(), processes: [] });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), idleEightGpuNode());
   const env = { ...process.env, NODECOMPUTE_STATE_FILE: join(dir, 'state', 's.json'), NODECOMPUTE_TOKEN: 'a-token-of-enough-length' };
   const good = spawnSync(process.execPath, [MAIN, 'doctor', '--nvidia-smi', fake.path], { env, encoding: 'utf8', timeout: 60_000 });
   t.equal(good.status, 0, good.stdout + good.stderr);

@@ -173,6 +173,15 @@ export function eightGpuNode(): FakeScenario {
   };
 }
 
+/**
+ * The same node idle, as the real idle H200 capture shows it: no process, 0 MiB used, free being
+ * total - reserved + 1. (Used memory with no process listed means hidden processes, not idle.)
+ */
+export function idleEightGpuNode(): FakeScenario {
+  const node = eightGpuNode();
+  return { ...node, processes: [], gpus: node.gpus.map((gpu) => ({ ...gpu, usedMiB: 0, freeMiB: 143771 - 614 + 1 })) };
+}
+
 /** Pids of the live (not zombie) processes whose process group is `pgid`, read from `procRoot`.
  *  Zombies are left out: a dead child may wait for a reaper that this container's PID 1 is not. */
 export function livePidsInGroup(pgid: number, procRoot = '/proc'): number[] {

@@ -2,10 +2,10 @@
 // routes that do not exist.
 import t from 'tap';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
-import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { eightGpuNode, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
 t.test('/readyz: 200 from the cache when nvidia-smi answers; ?verbose gives the checklist', async (t) => {
-  const { app } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] } });
+  const { app } = await buildTestApp(t, { scenario: idleEightGpuNode() });
   const res = await app.inject({ method: 'GET', url: '/readyz' });
   t.equal(res.statusCode, 200);
   t.match(res.json(), { status: 'ok', stale: false, ageMs: Number });
@@ -26,6 +26,22 @@ t.test('/readyz: 503 when nvidia-smi PIDs are not in this /proc (no host PID nam
   t.match(verbose.body, /\[-\]host-pid-namespace failed: .*--pid=host[^]*readyz check failed\n$/);
 });
 
+t.test('/readyz: 503 when nvidia-smi lists no process while GPUs hold memory (processes hidden), and a shard stays unverified past its grace', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
+  const res = await app.inject({ method: 'GET', url: '/readyz' });
+  t.equal(res.statusCode, 503);
+  t.equal(res.json().code, 'NODECOMPUTE_PID_NAMESPACE');
+  t.match(res.json().message, /nvidia-smi lists no GPU process, yet GPU 0, GPU 1, .*GPU 7 have memory in use: the processes are hidden from it/);
+  await app.inject({ method: 'PUT', url: '/shards/h', payload: { pid: shard.pid, gpus: [0], graceMs: 1000 } });
+  clock.advance(1001);
+  const probe = await app.inject({ method: 'GET', url: '/shards/h/ready' });
+  t.equal(probe.statusCode, 200, 'no evidence either way: it keeps serving');
+  t.equal(probe.json().state, 'unverified');
+  t.match(probe.json().warnings, [/the processes are hidden from it/]);
+});
+
 t.test('/readyz: 503 with the nvidia-smi error when there is no snapshot', async (t) => {
   const { app } = await buildTestApp(t, { scenario: { ...eightGpuNode(), failures: { all: { kind: 'driver-unreachable' } } } });
   const res = await app.inject({ method: 'GET', url: '/readyz' });
@@ -38,7 +54,7 @@ t.test('/readyz: 503 with the nvidia-smi error when there is no snapshot', async
 t.test('pollers: ETag and Cache-Control; If-None-Match gets 304 until the snapshot or the registry changes', async (t) => {
   const shard = await spawnShardProcess(t, 0);
   const clock = manualClock();
-  const { app, fake } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 10_000 }, deps: { now: clock.now } });
+  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 10_000 }, deps: { now: clock.now } });
   const first = await app.inject({ method: 'GET', url: '/shards' });
   const etag = first.headers.etag as string;
   t.match(etag, /^W\/"[0-9a-z]+-[0-9a-z]+-f-[\w-]+"$/, 'weak: the ageMs in the body moves while what it says does not');
@@ -78,7 +94,7 @@ t.test('pollers: ETag and Cache-Control; If-None-Match gets 304 until the snapsh
 
 t.test('pollers: the ETag changes when the snapshot goes stale and again when nvidia-smi fails, so a 304 never hides either', async (t) => {
   const clock = manualClock();
-  const { app, fake } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 10_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 10_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
   for (const url of ['/gpus', '/gpus/foreign-memory', '/shards']) {
     const fresh = await app.inject({ method: 'GET', url });
     t.equal(fresh.json().stale, false, url);
@@ -111,7 +127,7 @@ t.test('unknown routes are a coded 404 pointing at the docs', async (t) => {
 
 t.test('engine output changes the /shards ETag (it can change a verdict) but not the GPU views', async (t) => {
   const shard = await spawnShardProcess(t, 0);
-  const { app } = await buildTestApp(t, { scenario: { ...eightGpuNode(), processes: [] }, config: { cacheTtlMs: 60_000 } });
+  const { app } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 60_000 } });
   await app.inject({ method: 'PUT', url: '/shards/e', payload: { pid: shard.pid, gpus: [], engine: 'llama.cpp' } });
   await app.inject({ method: 'GET', url: '/gpus' });
   await settle(app);

@@ -95,11 +95,28 @@ t.test('a snapshot older than the registration: starting within grace, unverifie
 t.test('nvidia-smi PIDs invisible in this /proc: unverified, not on-cpu', async (t) => {
   const s = shard({ gpus: [0] });
   const node = view([gpu(0, [[90_000, 500]])], [stat(100, 100, 5)], [s], [[90_000, null]]);
-  t.ok(node.pidsInvisible);
+  t.match(node.processesHidden, /whose PIDs do not exist in this \/proc/);
   const v = verdictOf(s, node);
   t.equal(v.state, 'unverified');
   t.match(v.warnings, [/does not share the host's PID namespace/]);
-  t.notOk(view([gpu(0, [])], [], [s]).pidsInvisible, 'no GPU process: nothing is hidden');
+});
+
+t.test('no GPU process listed anywhere: hidden when a GPU holds a model-sized amount, idle otherwise', async (t) => {
+  const s = shard({ gpus: [0] });
+  // Real idle GPUs show 0 to 4 MiB, just-released ones up to 292 MiB (samples): nothing hidden.
+  t.equal(view([gpu(0, [], 292), gpu(1, [], 1023), gpu(2, [], null)], [stat(100, 100, 5)], [s]).processesHidden, null);
+  t.equal(verdictOf(s, view([gpu(0, [], 4)], [stat(100, 100, 5)], [s])).state, 'on-cpu', 'an idle GPU with no process: the shard is not on it');
+  // A header-only process query while GPUs hold 130 GiB (HAMi, or no host PID namespace).
+  const hidden = view([gpu(0, [], 130013), gpu(1, [], 2), gpu(2, [], 58071)], [stat(100, 100, 5)], [s]);
+  t.equal(
+    hidden.processesHidden,
+    "nvidia-smi lists no GPU process, yet GPU 0, GPU 2 have memory in use: the processes are hidden from it, so nodecompute cannot tell whose memory is whose. Either nodecompute does not share the host's PID namespace (run it with --pid=host (Docker) or hostPID: true (Kubernetes)), or a GPU-sharing layer (HAMi, vGPU) hides them.",
+  );
+  const v = verdictOf(s, hidden);
+  t.equal(v.state, 'unverified', 'not on-cpu: there is no evidence either way');
+  t.equal(v.ready, true);
+  t.match(v.warnings, [/nvidia-smi lists no GPU process, yet GPU 0, GPU 2 have memory in use/]);
+  t.match(view([gpu(3, [], 1024)], [], [s]).processesHidden, /yet GPU 3 has memory in use/);
 });
 
 t.test('a zombie shard process has exited and claims no memory', async (t) => {
@@ -182,7 +199,7 @@ t.test('a shard whose own stat cannot be read this refresh keeps serving, unveri
   const v = verdictOf(s, node, null, 'the last refresh failed: boom');
   t.same(v, { ready: true, state: 'unverified', reason: null, warnings: ['answered from an older snapshot: the last refresh failed: boom', why] }, 'not exited: no evidence that it is gone');
   t.same([...node.attribution.ownerByPid].sort(), [[100, 's'], [101, 's']], 'it keeps its PID and its registered group');
-  t.notOk(node.pidsInvisible, 'an unreadable stat is not a PID of another namespace');
+  t.equal(node.processesHidden, null, 'an unreadable stat is not a PID of another namespace');
 });
 
 t.test('a group leader that exits while its child holds the GPU: exited, naming the memory its group still holds', async (t) => {
