@@ -57,8 +57,8 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NODECOMPUTE_STATE_FILE=/var/lib/nodecompute/shards.json
 
 # The heap the service needs is ~25 MiB live; without a cap V8 lets garbage grow it past 150 MiB of
-# RSS before collecting. Same value as package.json's config.nodeOptions (a test keeps them equal);
-# override with -e NODE_OPTIONS=... (a later flag wins).
+# RSS before collecting. Same value as package.json's config.nodeOptions (a test keeps them equal).
+# `docker run -e NODE_OPTIONS=...` replaces the whole variable: repeat these flags in it to keep the cap.
 ENV NODE_OPTIONS="--max-old-space-size=128 --max-semi-space-size=2"
 
 USER 10001:10001

@@ -117,17 +117,33 @@ function fastifyErrorBody(err: FastifyError) {
 }
 
 /** Malformed HTTP (a lying Content-Length, say) never reaches a route: answer it on the socket, coded. */
+/** Node's client errors that are not malformed HTTP, with the status Node itself would give them. */
+const CLIENT_ERRORS: Record<string, { status: number; code: string; message: string }> = {
+  HPE_HEADER_OVERFLOW: {
+    status: 431,
+    code: 'NODECOMPUTE_HEADERS_TOO_LARGE',
+    message: 'The request headers are larger than this server accepts (16 KiB in all, Node\'s limit): send fewer or shorter headers.',
+  },
+  ERR_HTTP_REQUEST_TIMEOUT: {
+    status: 408,
+    code: 'NODECOMPUTE_REQUEST_TIMEOUT',
+    message: 'The request was not completed within 30 s: send the whole body its Content-Length promised, or retry.',
+  },
+};
+
 export function writeClientError(err: NodeJS.ErrnoException, socket: import('node:net').Socket): void {
   if (!socket.writable) return;
-  const body = JSON.stringify(
-    errorBody(
-      400,
-      'NODECOMPUTE_BAD_REQUEST',
-      `The request is not valid HTTP or was not completed within 30 s (${err.code}): check Content-Length and Transfer-Encoding, and send the whole body.`,
-    ),
-  );
+  const known = CLIENT_ERRORS[String(err.code)];
+  const { status, code, message } = known ?? {
+    status: 400,
+    code: 'NODECOMPUTE_BAD_REQUEST',
+    message: `The request is not valid HTTP (${err.code}): check Content-Length and Transfer-Encoding, and send the whole body.`,
+  };
+  const body = JSON.stringify(errorBody(status, code, message));
   socket.end(
-    ['HTTP/1.1 400 Bad Request', 'Connection: close', 'Content-Type: application/json; charset=utf-8', `Content-Length: ${Buffer.byteLength(body)}`, '', body].join('\r\n'),
+    [`HTTP/1.1 ${status} ${STATUS_CODES[status]}`, 'Connection: close', 'Content-Type: application/json; charset=utf-8', `Content-Length: ${Buffer.byteLength(body)}`, '', body].join(
+      '\r\n',
+    ),
   );
 }
 
@@ -208,7 +224,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     metrics,
     now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
-    authorise: createAuth(config, log),
+    authorise: createAuth(config, log, now),
   };
   app.decorate('services', services);
 
@@ -224,6 +240,15 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     warnedAt.set(key, now());
     return 'warn';
   };
+  // Many HTTP clients send Content-Type: application/json on every request, and a DELETE carries no
+  // body: that is no body, not an empty JSON document. Everything else is Fastify's own JSON parser,
+  // with its defaults (a __proto__ key refused, constructor keys kept).
+  const parseJson = app.getDefaultJsonParser('error', 'ignore');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
+    if (request.method === 'DELETE' && body === '') return done(null, undefined);
+    return parseJson(request, body as string, done);
+  });
   app.setErrorHandler((err: FastifyError, request, reply) => {
     if (isCodedError(err)) {
       if (err.statusCode >= 500) {

@@ -1,7 +1,10 @@
 // Owns every setting of the service: one table naming each setting's environment variable, flag,
 // accepted values, default and meaning. `resolveConfig` turns env + argv into a validated Config
 // once, at start; a bad value stops the start with a message naming the setting and what it
-// accepts. The help text is generated from the same table, so it cannot drift from the code.
+// accepts, and a value that works but will likely hurt comes back as a warning for main.ts to log.
+// It also owns what a write token may be (tokenProblem, parseTokenFile), so the token file that
+// auth.ts re-reads while running is held to the same rules as at start. The help text is generated
+// from the same table, so it cannot drift from the code.
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
@@ -119,9 +122,10 @@ export const SETTINGS = {
   token: {
     env: 'NODECOMPUTE_TOKEN',
     flag: 'token',
-    schema: Type.Union([Type.Null(), Type.String({ minLength: 16 })]),
+    // Checked by tokenProblem, with the lines of the token file.
+    schema: Type.Union([Type.Null(), Type.String()]),
     default: null,
-    accepts: 'a secret of at least 16 characters',
+    accepts: 'a secret of at least 16 characters without whitespace',
     description: 'Bearer token required for writes. Without a token, writes are accepted from loopback only.',
   },
   tokenFile: {
@@ -129,8 +133,10 @@ export const SETTINGS = {
     flag: 'token-file',
     schema: Type.Union([Type.Null(), Type.String({ minLength: 1 })]),
     default: null,
-    accepts: 'a path to a file holding the token (e.g. a mounted Kubernetes Secret)',
-    description: 'Read the bearer token from this file instead of NODECOMPUTE_TOKEN.',
+    accepts:
+      'a path to a file holding one or more tokens, one a line, each at least 16 characters without whitespace (e.g. a mounted Kubernetes Secret)',
+    description:
+      'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. The file is re-read when it changes (checked at most once a second, on writes), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
   },
 } as const satisfies Record<string, Setting>;
 
@@ -148,9 +154,14 @@ export interface Config {
   logLevel: (typeof LOG_LEVELS)[number];
   stateFile: string;
   gpuGraceMs: number;
-  /** The bearer token for writes, from NODECOMPUTE_TOKEN or read from NODECOMPUTE_TOKEN_FILE. */
+  /**
+   * The bearer token for writes: NODECOMPUTE_TOKEN, or the first token NODECOMPUTE_TOKEN_FILE held
+   * at start; null when neither is set (writes from loopback only).
+   */
   token: string | null;
   tokenFile: string | null;
+  /** Every token NODECOMPUTE_TOKEN_FILE held at start (none without it); auth.ts re-reads the file. */
+  fileTokens: string[];
 }
 
 export type LogLevel = Static<(typeof SETTINGS)['logLevel']['schema']>;
@@ -160,11 +171,12 @@ export function defaultConfig(overrides: Partial<Config> = {}): Config {
   const base = Object.fromEntries(
     Object.entries(SETTINGS).map(([key, setting]) => [key, setting.default]),
   ) as unknown as Config;
-  return { ...base, ...overrides };
+  return { ...base, fileTokens: [], ...overrides };
 }
 
 function invalid(setting: Setting, raw: unknown, why?: string): never {
-  const got = JSON.stringify(raw);
+  // A token goes to stderr, and from there to a log store: say its length, never its value.
+  const got = setting === SETTINGS.token ? `a secret of ${String(raw).length} characters (not shown)` : JSON.stringify(raw);
   throw new ConfigInvalidError(
     `Invalid setting ${setting.env} (--${setting.flag}): got ${got}${why ? ` (${why})` : ''}; ` +
       `it accepts ${setting.accepts}. Fix the environment variable or flag and start again.`,
@@ -187,16 +199,72 @@ function validate(setting: Setting, raw: string | number | null): unknown {
   return value;
 }
 
-function readTokenFile(setting: Setting, path: string): string {
+/** Why `token` (already trimmed) can never authorise a write, or null when it can. */
+export function tokenProblem(token: string): string | null {
+  if (token === '') return 'it is blank';
+  // The bearer header ends at the first whitespace, so such a token could never be presented.
+  if (/\s/.test(token)) return 'it contains whitespace, which an "Authorization: Bearer" header cannot carry';
+  if (token.length < 16) return `it has fewer than 16 characters (${token.length})`;
+  return null;
+}
+
+export type TokenFileContent = { tokens: string[]; problem: null } | { tokens: null; problem: string };
+
+/** The tokens of a token file: one a line; blank lines and whitespace around a token are ignored. */
+export function parseTokenFile(text: string): TokenFileContent {
+  const tokens: string[] = [];
+  const lines = text.split('\n');
+  for (const [index, line] of lines.entries()) {
+    const token = line.trim();
+    if (token === '') continue;
+    const problem = tokenProblem(token);
+    if (problem !== null) return { tokens: null, problem: `the token on line ${index + 1} cannot work: ${problem}` };
+    if (!tokens.includes(token)) tokens.push(token);
+  }
+  if (tokens.length === 0) return { tokens: null, problem: 'it holds no token (it is empty or blank)' };
+  return { tokens, problem: null };
+}
+
+function readTokenFile(setting: Setting, path: string): string[] {
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
   } catch (err) {
     invalid(setting, path, `cannot read it: ${(err as Error).message}`);
   }
-  const token = text.trim();
-  if (token.length < 16) invalid(setting, path, 'the file holds fewer than 16 characters');
+  const content = parseTokenFile(text);
+  if (content.problem !== null) invalid(setting, path, content.problem);
+  return content.tokens;
+}
+
+function fixedToken(raw: string): string {
+  // Surrounding whitespace (a Secret created with `echo`) could never be sent in a header either.
+  const token = raw.trim();
+  const problem = tokenProblem(token);
+  if (problem !== null) invalid(SETTINGS.token, raw, problem);
   return token;
+}
+
+/** Kubernetes gives up on a probe after timeoutSeconds, 1 s unless the manifest says otherwise. */
+const KUBERNETES_PROBE_TIMEOUT_MS = 1000;
+
+function checkCombinations(config: Config): string[] {
+  if (config.maxStaleMs < config.cacheTtlMs) {
+    invalid(
+      SETTINGS.maxStaleMs,
+      config.maxStaleMs,
+      `it is below NODECOMPUTE_CACHE_TTL_MS (${config.cacheTtlMs}): a snapshot only turns stale once it is older than the TTL, so stale answers could never be served. ` +
+        `Set NODECOMPUTE_MAX_STALE_MS to at least ${config.cacheTtlMs} (the default is ${SETTINGS.maxStaleMs.default}), or lower NODECOMPUTE_CACHE_TTL_MS`,
+    );
+  }
+  const warnings: string[] = [];
+  if (config.probeWaitMs > KUBERNETES_PROBE_TIMEOUT_MS) {
+    warnings.push(
+      `NODECOMPUTE_PROBE_WAIT_MS is ${config.probeWaitMs} ms, longer than Kubernetes' default probe timeout of 1 s: a probe that waits that long is counted as failed before it is answered. ` +
+        `Raise the probes' timeoutSeconds to at least ${Math.ceil((config.probeWaitMs + 500) / 1000)} (readiness, liveness and the shards' probes on /shards/:id/ready), or lower NODECOMPUTE_PROBE_WAIT_MS below 1000.`,
+    );
+  }
+  return warnings;
 }
 
 export interface ResolvedCli {
@@ -205,6 +273,8 @@ export interface ResolvedCli {
   positionals: string[];
   help: boolean;
   version: boolean;
+  /** Settings that are accepted but will likely hurt: main.ts logs each once its logger exists. */
+  warnings: string[];
 }
 
 /** Reads argv flags over environment variables over defaults; throws ConfigInvalidError. */
@@ -234,17 +304,23 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
     config[key] = validate(setting, raw);
   }
   const resolved = config as unknown as Config;
+  resolved.fileTokens = [];
   if (resolved.tokenFile !== null) {
     if (resolved.token !== null) {
       invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
     }
-    resolved.token = readTokenFile(SETTINGS.tokenFile, resolved.tokenFile);
+    resolved.fileTokens = readTokenFile(SETTINGS.tokenFile, resolved.tokenFile);
+    resolved.token = resolved.fileTokens[0]!;
+  } else if (resolved.token !== null) {
+    resolved.token = fixedToken(resolved.token);
   }
+  const warnings = checkCombinations(resolved);
   return {
     config: resolved,
     positionals: parsed.positionals,
     help: values.help === true,
     version: values.version === true,
+    warnings,
   };
 }
 

@@ -45,6 +45,7 @@ async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): P
 async function serve(cli: ResolvedCli): Promise<void> {
   const { config } = cli;
   const log = createLogger(config);
+  for (const warning of cli.warnings) log.warn(warning);
   const app = await buildApp(config, { logger: log });
   let url: string;
   try {

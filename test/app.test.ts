@@ -26,6 +26,9 @@ t.test('malformed HTTP on a socket the client already closed is left alone', asy
   const open = { writable: true, end: (text: string) => written.push(text) };
   writeClientError(Object.assign(new Error('Parse Error'), { code: 'HPE_INVALID_CONTENT_LENGTH' }), open as unknown as import('node:net').Socket);
   t.match(written[0], /^HTTP\/1\.1 400 Bad Request\r\n[^]*"code":"NODECOMPUTE_BAD_REQUEST"[^]*HPE_INVALID_CONTENT_LENGTH/);
+  // Node raises this after requestTimeout (30 s); the abuse suite sends a real header overflow.
+  writeClientError(Object.assign(new Error('Request timeout'), { code: 'ERR_HTTP_REQUEST_TIMEOUT' }), open as unknown as import('node:net').Socket);
+  t.match(written[1], /^HTTP\/1\.1 408 Request Timeout\r\n[^]*"code":"NODECOMPUTE_REQUEST_TIMEOUT"[^]*not completed within 30 s/);
 });
 
 t.test('at debug level every answered request is logged', async (t) => {

@@ -3,7 +3,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { defaultConfig, resolveConfig, SETTINGS, settingsHelp } from '../src/config.js';
+import { defaultConfig, parseTokenFile, resolveConfig, SETTINGS, settingsHelp, tokenProblem } from '../src/config.js';
 
 t.test('defaults', async (t) => {
   const { config, positionals, help, version } = resolveConfig({}, []);
@@ -15,6 +15,7 @@ t.test('defaults', async (t) => {
   t.same(positionals, []);
   t.equal(help, false);
   t.equal(version, false);
+  t.same(resolveConfig({}, []).warnings, [], 'the defaults warn about nothing');
 });
 
 t.test('flags win over environment variables, which win over defaults', async (t) => {
@@ -42,16 +43,97 @@ t.test('bad values stop the start with the setting, the value and what it accept
     [{ NODECOMPUTE_CACHE_TTL_MS: '1.5' }, [], /NODECOMPUTE_CACHE_TTL_MS.*not an integer/],
     [{}, ['--bogus'], /Unknown option '--bogus'.*nodecompute --help/],
     [{ NODECOMPUTE_TOKEN_FILE: '/nonexistent/token' }, [], /NODECOMPUTE_TOKEN_FILE.*cannot read it/],
+    // 20 spaces: accepted before, and then no bearer header could ever match.
+    [{ NODECOMPUTE_TOKEN: ' '.repeat(20) }, [], /NODECOMPUTE_TOKEN \(--token\).*\(it is blank\); it accepts a secret of at least 16 characters without whitespace/],
+    [{}, ['--token', ''], /NODECOMPUTE_TOKEN \(--token\).*it is blank/],
+    [{}, ['--token', 's3cret-token 0123456789'], /NODECOMPUTE_TOKEN \(--token\): got a secret of 23 characters \(not shown\) \(it contains whitespace/],
+    [{ NODECOMPUTE_TOKEN: 's3cret-token\t0123456789' }, [], /NODECOMPUTE_TOKEN.*contains whitespace, which an "Authorization: Bearer" header cannot carry/],
+    [{ NODECOMPUTE_TOKEN: '  short-token  ' }, [], /NODECOMPUTE_TOKEN.*it has fewer than 16 characters \(11\)/],
+    [
+      { NODECOMPUTE_CACHE_TTL_MS: '60000' },
+      [],
+      /NODECOMPUTE_MAX_STALE_MS \(--max-stale-ms\): got 30000 \(it is below NODECOMPUTE_CACHE_TTL_MS \(60000\).*stale answers could never be served\. Set NODECOMPUTE_MAX_STALE_MS to at least 60000/,
+    ],
+    [{}, ['--cache-ttl-ms', '2000', '--max-stale-ms', '1999'], /NODECOMPUTE_MAX_STALE_MS.*below NODECOMPUTE_CACHE_TTL_MS \(2000\)/],
   ];
   for (const [env, argv, message] of cases) {
     t.throws(() => resolveConfig(env, argv), { code: 'NODECOMPUTE_CONFIG_INVALID', message }, JSON.stringify({ env, argv }));
   }
 });
 
+t.test('a refused token is never echoed: its length is enough to find it', async (t) => {
+  const secret = 'my real secret 0123456789';
+  const err = t.throws(() => resolveConfig({ NODECOMPUTE_TOKEN: secret }, [])) as Error;
+  t.match(err.message, 'got a secret of 25 characters (not shown)');
+  t.notMatch(err.message, 'secret 0123');
+});
+
+t.test('a token from the variable or flag: whitespace around it is ignored, one token only', async (t) => {
+  const { config } = resolveConfig({ NODECOMPUTE_TOKEN: '  s3cret-token-0123456789\n' }, []);
+  t.equal(config.token, 's3cret-token-0123456789', 'a Secret made with echo still works');
+  t.same(config.fileTokens, [], 'the file tokens are for the file only');
+  t.equal(resolveConfig({}, ['--token', 'a,b;c:d"e\'f-0123456789']).config.token, 'a,b;c:d"e\'f-0123456789', 'any printable characters');
+});
+
+t.test('stale answers need max-stale of at least the TTL; equal turns them off and is accepted', async (t) => {
+  const { config } = resolveConfig({ NODECOMPUTE_CACHE_TTL_MS: '0', NODECOMPUTE_MAX_STALE_MS: '0' }, []);
+  t.same([config.cacheTtlMs, config.maxStaleMs], [0, 0]);
+  t.equal(resolveConfig({}, ['--cache-ttl-ms', '5000', '--max-stale-ms', '5000']).config.maxStaleMs, 5000);
+});
+
+t.test("a probe wait over 1 s starts, with one warning about Kubernetes' 1 s probe timeout", async (t) => {
+  t.same(resolveConfig({ NODECOMPUTE_PROBE_WAIT_MS: '1000' }, []).warnings, [], 'up to 1 s: no warning');
+  const { config, warnings } = resolveConfig({ NODECOMPUTE_PROBE_WAIT_MS: '2500' }, []);
+  t.equal(config.probeWaitMs, 2500, 'accepted');
+  t.equal(warnings.length, 1);
+  t.match(warnings[0], /NODECOMPUTE_PROBE_WAIT_MS is 2500 ms, longer than Kubernetes' default probe timeout of 1 s/);
+  t.match(warnings[0], /Raise the probes' timeoutSeconds to at least 3 /);
+  t.match(resolveConfig({}, ['--probe-wait-ms', '1001']).warnings[0], /timeoutSeconds to at least 2 /);
+});
+
+t.test('what a token may be: the same rules for the variable, the flag and each line of the file', async (t) => {
+  const cases: Array<[string, string | null]> = [
+    ['s3cret-token-0123456789', null],
+    ['x'.repeat(16), null],
+    ['x'.repeat(15), 'it has fewer than 16 characters (15)'],
+    ['', 'it is blank'],
+    ['s3cret token 0123456789', 'it contains whitespace, which an "Authorization: Bearer" header cannot carry'],
+    ['s3cret\u00a0token-0123456789', 'it contains whitespace, which an "Authorization: Bearer" header cannot carry'],
+  ];
+  for (const [token, problem] of cases) t.equal(tokenProblem(token), problem, JSON.stringify(token));
+});
+
+t.test('a token file holds one token a line; blank lines and surrounding whitespace are ignored', async (t) => {
+  const old = 'old-token-0123456789';
+  const next = 'new-token-0123456789';
+  t.same(parseTokenFile(`${old}\n`), { tokens: [old], problem: null });
+  t.same(parseTokenFile(`\n  ${old}  \r\n\n\t${next}\r\n\n`), { tokens: [old, next], problem: null }, 'CRLF, tabs and blank lines');
+  t.same(parseTokenFile(`${old}\n${old}\n`), { tokens: [old], problem: null }, 'a token twice counts once');
+  t.same(parseTokenFile(''), { tokens: null, problem: 'it holds no token (it is empty or blank)' });
+  t.same(parseTokenFile(' \n\n  \n'), { tokens: null, problem: 'it holds no token (it is empty or blank)' });
+  t.match(parseTokenFile(`${old}\n\nnew token 0123456789\n`).problem, /^the token on line 3 cannot work: it contains whitespace/);
+  t.match(parseTokenFile(`${old}\nshort\n`).problem, /^the token on line 2 cannot work: it has fewer than 16 characters \(5\)$/);
+});
+
 t.test('the token can come from a file (a mounted Secret), not from both places', async (t) => {
-  const dir = t.testdir({ token: '  s3cret-token-0123456789\n', short: 'abc\n' });
+  const dir = t.testdir({
+    token: '  s3cret-token-0123456789\n',
+    short: 'abc\n',
+    rotating: 'old-token-0123456789\nnew-token-0123456789\n',
+    empty: '',
+    blank: '\n   \n',
+    spaced: 'old-token-0123456789\nnew token 0123456789\n',
+  });
   t.equal(resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'token') }, []).config.token, 's3cret-token-0123456789');
   t.throws(() => resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'short') }, []), { message: /fewer than 16 characters/ });
+  const rotating = resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'rotating') }, []).config;
+  t.same(rotating.fileTokens, ['old-token-0123456789', 'new-token-0123456789'], 'several tokens, any of them accepted');
+  t.equal(rotating.token, 'old-token-0123456789', 'a token is configured (the doctor says so)');
+  for (const name of ['empty', 'blank']) {
+    const path = join(dir, name);
+    t.throws(() => resolveConfig({ NODECOMPUTE_TOKEN_FILE: path }, []), { message: `Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got ${JSON.stringify(path)} (it holds no token` }, name);
+  }
+  t.throws(() => resolveConfig({}, ['--token-file', join(dir, 'spaced')]), { message: /NODECOMPUTE_TOKEN_FILE.*the token on line 2 cannot work: it contains whitespace/ });
   writeFileSync(join(dir, 'other'), 'another-token-0123456789');
   t.throws(() => resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'other'), NODECOMPUTE_TOKEN: 'x'.repeat(20) }, []), { message: /set only one of them/ });
 });

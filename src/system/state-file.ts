@@ -2,19 +2,24 @@
 // directory is written and fsynced, renamed over the state file, and the directory is fsynced, so
 // a crash at any moment leaves either the old or the new file, never a torn one, and (where the
 // directory fsync works) a write that resolved survives a power cut. Reading never repairs or
-// overwrites: a file that cannot be read or parsed is the operator's to look at.
+// overwrites: a file that cannot be read or parsed is the operator's to look at. It does clear away
+// the temp files a crash between write and rename left beside it (read runs at start-up), once they
+// are old enough that no live writer can own them.
 //
 // Once the rename is done the write has happened, whatever follows: a directory fsync that fails
 // then (some FUSE and network filesystems cannot fsync a directory: EINVAL) is logged, not thrown,
 // so the registry never refuses a change that the file already holds. Each kind of failure is
 // logged as a warning once, then at debug: on such a filesystem every write fails the same way.
-import { mkdir, open, readFile, rename, rm } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 
 export interface StateFile {
   readonly path: string;
-  /** The file's text, or null when it does not exist yet. Other errors propagate. */
+  /**
+   * The file's text, or null when it does not exist yet. Other errors propagate. Temp files of
+   * crashed writes older than LEFTOVER_AGE_MS are removed first.
+   */
   read(): Promise<string | null>;
   /** Replaces the file's content atomically and durably. */
   write(text: string): Promise<void>;
@@ -51,6 +56,12 @@ function directorySyncProblem(dir: string, err: NodeJS.ErrnoException): Director
   };
 }
 
+/**
+ * A temp file is this old before a start-up takes it for a crash's leftover: a writer finishes in
+ * milliseconds, and a second nodecompute on the same state file (never intended) is not raced.
+ */
+export const LEFTOVER_AGE_MS = 60_000;
+
 async function fsyncDirectory(dir: string): Promise<void> {
   const handle = await open(dir, 'r');
   try {
@@ -74,9 +85,35 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       return directorySyncProblem(dir, err as NodeJS.ErrnoException);
     }
   };
+  /** Temp files this module names (`.NAME.PID.SEQ.tmp`, `.NAME.PID.probe`) that a crash left behind. */
+  const removeLeftovers = async (): Promise<void> => {
+    const prefix = `.${basename(path)}.`;
+    let names: string[];
+    try {
+      names = await readdir(dir);
+    } catch {
+      return; // No directory yet (or an unreadable one, which read() itself then reports).
+    }
+    const ours = names.filter((name) => name.startsWith(prefix) && /^\d+\.(?:\d+\.tmp|probe)$/.test(name.slice(prefix.length)));
+    const removed: string[] = [];
+    for (const name of ours) {
+      const file = join(dir, name);
+      try {
+        if (Date.now() - (await stat(file)).mtimeMs < LEFTOVER_AGE_MS) continue;
+        await rm(file, { force: true });
+        removed.push(name);
+      } catch (err) {
+        log.warn({ err, file }, `Could not remove ${file}, a temp file an interrupted write of the state file left behind; it is harmless, remove it by hand.`);
+      }
+    }
+    if (removed.length > 0) {
+      log.info({ stateFile: path, removed }, `Removed ${removed.length} temp file(s) that an interrupted write (a crash or a kill) left beside the state file; the state file itself is whole.`);
+    }
+  };
   return {
     path,
     async read() {
+      await removeLeftovers();
       try {
         return await readFile(path, 'utf8');
       } catch (err) {

@@ -357,6 +357,13 @@ t.test('bad requests without a token configured', async (t) => {
         message: /Content-Length|HTTP|malformed/i,
       },
       {
+        name: 'headers over 16 KiB',
+        chunks: [`GET /livez HTTP/1.1\r\nHost: localhost\r\nX-Padding: ${'x'.repeat(20_000)}\r\nConnection: close\r\n\r\n`],
+        status: 431,
+        code: 'NODECOMPUTE_HEADERS_TOO_LARGE',
+        message: /headers are larger than this server accepts \(16 KiB/,
+      },
+      {
         name: "id '..' as a raw path segment",
         chunks: [`${head('/shards/..', `Content-Length: ${body.length}\r\nConnection: close\r\n`)}${body}`],
         status: 400,

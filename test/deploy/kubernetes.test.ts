@@ -435,14 +435,14 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
     t.match(again.stdout, '(HTTP 404)');
   });
 
-  await t.test('the probe fails clearly when nodecompute does not answer', async (t) => {
+  await t.test('when nodecompute does not answer, the probe passes on llama-server\'s health and says it is unverified', async (t) => {
     const closed = createServer();
     await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
     const deadPort = (closed.address() as { port: number }).port;
     await new Promise<void>((resolve) => closed.close(() => resolve()));
     const result = await hook('ready.sh', { NODECOMPUTE_PORT: String(deadPort) });
-    t.equal(result.code, 1);
-    t.match(result.stdout, new RegExp(`nodecompute on this node \\(127\\.0\\.0\\.1:${deadPort}\\) does not answer`));
+    t.equal(result.code, 0, 'a node agent that is down is no evidence against the shard');
+    t.match(result.stdout, new RegExp(`^unverified: nodecompute on this node \\(127\\.0\\.0\\.1:${deadPort}\\) does not answer .*so ready on llama-server's own health`));
     t.equal(result.stderr, '', 'no bash noise in the probe output');
   });
 

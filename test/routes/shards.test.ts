@@ -262,6 +262,22 @@ t.test('a shard removed while its probe waits for a refresh is a 404, not a verd
   }
 });
 
+t.test('a DELETE that says application/json but carries no body is a plain DELETE; a PUT with no body is still refused', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await setup(t);
+  const json = { 'content-type': 'application/json' };
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/d', payload: { pid: shard.pid, gpus: [0] } })).statusCode, 201);
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/d', headers: json })).statusCode, 204);
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/d', headers: json })).statusCode, 404, 'and it was removed');
+  const put = await app.inject({ method: 'PUT', url: '/shards/d', headers: json });
+  t.equal(put.statusCode, 400);
+  t.match(put.json().message, 'The JSON body is empty');
+  const broken = await app.inject({ method: 'DELETE', url: '/shards/d', headers: json, payload: '{"a":' });
+  t.equal(broken.statusCode, 400, 'a DELETE body that is there must still be JSON');
+  const poisoned = await app.inject({ method: 'PUT', url: '/shards/d', headers: json, payload: `{"pid": ${shard.pid}, "gpus": [0], "__proto__": {"x": 1}}` });
+  t.equal(poisoned.statusCode, 400, 'Fastify\'s own parser still refuses __proto__');
+});
+
 t.test('registering a zombie is refused: the process has already exited', async (t) => {
   // The background sleep exits at once; its parent, exec'd into a long sleep, never reaps it.
   const parent = spawn('sh', ['-c', 'sleep 0 & echo $!; exec sleep 600'], { stdio: ['ignore', 'pipe', 'ignore'], detached: true });

@@ -1,12 +1,12 @@
 // The registry and its state file: loading (missing, corrupt, wrong shape, unreadable), group commit,
 // refused writes that lose nothing, and engine output kept per shard.
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
 import { loadRegistry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
-import { createStateFile, type StateFile } from '../../src/system/state-file.js';
+import { createStateFile, LEFTOVER_AGE_MS, type StateFile } from '../../src/system/state-file.js';
 
 const log = pino({ level: 'silent' });
 
@@ -139,6 +139,35 @@ t.test('a directory that cannot be fsynced: the change is stored and acknowledge
     ],
     'a warning the first time each way, then debug',
   );
+});
+
+t.test('reading at start-up removes the temp files of interrupted writes once a minute old, and nothing else', async (t) => {
+  const dir = t.testdir({
+    'shards.json': '{"format": "nodecompute-shards/v1", "shards": []}',
+    '.shards.json.4242.7.tmp': '{"torn',
+    '.shards.json.4242.probe': '',
+    '.shards.json.4243.1.tmp': '{"in flight',
+    '.shards.json.bak': 'an operator copy',
+    'other.4242.1.tmp': 'not ours',
+  });
+  const old = (Date.now() - LEFTOVER_AGE_MS - 1_000) / 1000;
+  for (const name of ['.shards.json.4242.7.tmp', '.shards.json.4242.probe', '.shards.json.bak', 'other.4242.1.tmp']) utimesSync(join(dir, name), old, old);
+  // A leftover that cannot be looked at (a dangling link) is reported and skipped.
+  symlinkSync(join(dir, 'nowhere'), join(dir, '.shards.json.4244.2.tmp'));
+  const lines: Array<{ level: number; msg: string; removed?: string[] }> = [];
+  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const file = createStateFile(join(dir, 'shards.json'), { log: logger });
+  t.match(await file.read(), /nodecompute-shards/);
+  t.same(
+    readdirSync(dir).sort(),
+    ['.shards.json.4243.1.tmp', '.shards.json.4244.2.tmp', '.shards.json.bak', 'other.4242.1.tmp', 'shards.json'],
+    'the old temp and probe files are gone; a fresh one (a writer may own it) and other files stay',
+  );
+  t.match(lines, [
+    { level: 40, msg: /Could not remove .*\.shards\.json\.4244\.2\.tmp, a temp file an interrupted write of the state file left behind/ },
+    { level: 30, removed: ['.shards.json.4242.7.tmp', '.shards.json.4242.probe'], msg: /Removed 2 temp file\(s\) that an interrupted write/ },
+  ]);
+  t.equal(await createStateFile(join(dir, 'missing', 'shards.json'), { log }).read(), null, 'no directory yet: nothing to sweep, no file');
 });
 
 t.test('the state file: a failed replace leaves no temp file; checkWritable says why not, or what is at risk', async (t) => {

@@ -1,0 +1,196 @@
+// A write token rotated without a restart: the token file holds one token a line and is re-read
+// when it changes (a kubelet symlink swap or an in-place rewrite), at most once a second on the
+// test's clock, lazily by writes. A file that goes bad keeps the tokens last read, with one warning.
+import { mkdirSync, renameSync, rmSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t, { type Test } from 'tap';
+import { pino } from 'pino';
+import { createTokenFileSource, TOKEN_FILE_CHECK_MS } from '../../src/auth.js';
+import { resolveConfig } from '../../src/config.js';
+import { buildTestApp, manualClock } from '../helpers/app.js';
+import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+
+const OLD = 'old-token-0123456789abcdef';
+const NEW = 'new-token-0123456789abcdef';
+
+type LogLine = Record<string, unknown> & { level: number; msg: string };
+
+function capturingLogger() {
+  const lines: LogLine[] = [];
+  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line) as LogLine) });
+  // Only the token file's lines: the app logs other things too (no state file yet, refused writes).
+  return { logger, lines, at: (level: number) => lines.filter((line) => line.level === level && 'file' in line) };
+}
+
+/**
+ * A Secret volume as the kubelet lays it out: `token -> ..data/token`, `..data -> ..<version>`.
+ * An update writes a new version directory and swaps `..data` with one rename.
+ */
+function secretVolume(t: Test, content: string) {
+  const dir = t.testdir({});
+  let version = 0;
+  const publish = (text: string) => {
+    version += 1;
+    const versionDir = `..2025_01_01_00_00_0${version}`;
+    mkdirSync(join(dir, versionDir));
+    writeFileSync(join(dir, versionDir, 'token'), text);
+    symlinkSync(versionDir, join(dir, '..data_tmp'));
+    renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
+    if (version > 1) rmSync(join(dir, `..2025_01_01_00_00_0${version - 1}`), { recursive: true });
+  };
+  publish(content);
+  symlinkSync('..data/token', join(dir, 'token'));
+  return { path: join(dir, 'token'), publish };
+}
+
+async function tokenFileApp(t: Test, path: string) {
+  const clock = manualClock();
+  const log = capturingLogger();
+  const { token, tokenFile, fileTokens } = resolveConfig({ NODECOMPUTE_TOKEN_FILE: path }, []).config;
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { token, tokenFile, fileTokens }, deps: { now: clock.now, logger: log.logger } });
+  // A write that passes auth reaches the route: 404, since no shard is registered.
+  const write = async (bearer?: string) => {
+    const res = await app.inject({ method: 'DELETE', url: '/shards/none', headers: bearer ? { authorization: `Bearer ${bearer}` } : {}, remoteAddress: '10.0.0.7' });
+    return res.statusCode === 404 ? 'accepted' : res.statusCode === 401 ? 'refused' : `unexpected ${res.statusCode}`;
+  };
+  return { app, clock, log, write };
+}
+
+t.test('a kubelet rotation ("old + new", then "new") takes effect without a restart, at most one look a second', async (t) => {
+  const secret = secretVolume(t, `${OLD}\n`);
+  const { clock, log, write } = await tokenFileApp(t, secret.path);
+  t.equal(await write(OLD), 'accepted');
+  t.equal(await write(NEW), 'refused', 'not yet in the file');
+
+  secret.publish(`${OLD}\n${NEW}\n`);
+  t.equal(await write(NEW), 'refused', 'the file was looked at less than a second ago');
+  clock.advance(TOKEN_FILE_CHECK_MS - 1);
+  t.equal(await write(NEW), 'refused', 'still less than a second');
+  clock.advance(1);
+  t.equal(await write(NEW), 'accepted', 'the first write a second later sees the new token');
+  t.equal(await write(OLD), 'accepted', 'and the old one still works: shard pods move over at their pace');
+  t.same(log.at(30).map((line) => [line.msg, line.tokens]), [[`Write tokens changed: 2 token(s) from ${secret.path} are in force now.`, 2]]);
+
+  secret.publish(`${NEW}\n`);
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.equal(await write(OLD), 'refused', 'the old token is retired by the first write that looks');
+  t.equal(await write(NEW), 'accepted');
+  t.equal(log.at(30).at(-1)!.msg, `Write tokens changed: 1 token(s) from ${secret.path} are in force now.`);
+  t.equal(log.at(30).length, 2, 'one line per change, none for writes that find the file unchanged');
+  t.notMatch(JSON.stringify(log.lines), /token-0123/, 'the tokens themselves are never logged');
+  t.same(log.at(40), [], 'no warning about the file');
+});
+
+t.test('the refusals name the token file and say how a rotation reaches the node', async (t) => {
+  const secret = secretVolume(t, `${OLD}\n`);
+  const { app } = await tokenFileApp(t, secret.path);
+  const missing = await app.inject({ method: 'DELETE', url: '/shards/none' });
+  t.equal(missing.statusCode, 401);
+  t.match(missing.json().message, 'with a token configured on this node (NODECOMPUTE_TOKEN_FILE)');
+  const wrong = await app.inject({ method: 'DELETE', url: '/shards/none', headers: { authorization: `Bearer ${NEW}` } });
+  t.match(wrong.json().message, /does not match any token configured on this node \(NODECOMPUTE_TOKEN_FILE\).*within a second once the kubelet has updated its mounted file/);
+});
+
+t.test('a token file rewritten in place (same inode) is noticed by its size and mtime', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n` });
+  const path = join(dir, 'token');
+  const { clock, write } = await tokenFileApp(t, path);
+  t.equal(await write(OLD), 'accepted');
+  writeFileSync(path, `${NEW}\n\n`);
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.equal(await write(NEW), 'accepted');
+  t.equal(await write(OLD), 'refused');
+});
+
+t.test('a file whose identity (inode, size, mtime) is unchanged is not read again', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n` });
+  const path = join(dir, 'token');
+  const SOME_TIME = 1_700_000_000;
+  utimesSync(path, SOME_TIME, SOME_TIME);
+  const { clock, write } = await tokenFileApp(t, path);
+  t.equal(await write(OLD), 'accepted');
+  // Same inode, same size, mtime put back: only a read could tell, and none happens.
+  writeFileSync(path, `${NEW}\n`);
+  utimesSync(path, SOME_TIME, SOME_TIME);
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.equal(await write(OLD), 'accepted', 'the tokens read before are still in force');
+  t.equal(await write(NEW), 'refused');
+});
+
+t.test('a token file that goes empty, missing or bad keeps the tokens last read, with one warning until it is fixed', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n` });
+  const path = join(dir, 'token');
+  const { clock, log, write } = await tokenFileApp(t, path);
+  t.equal(await write(OLD), 'accepted');
+  const later = async (bearer: string) => {
+    clock.advance(TOKEN_FILE_CHECK_MS);
+    return write(bearer);
+  };
+
+  writeFileSync(path, '\n');
+  t.equal(await later(OLD), 'accepted', 'empty: the old token stays in force');
+  rmSync(path);
+  t.equal(await later(OLD), 'accepted', 'missing: still in force');
+  mkdirSync(path);
+  t.equal(await later(OLD), 'accepted', 'a directory (stat works, reading does not): still in force');
+  t.equal(await later(OLD), 'accepted', 'and again: one warning for the whole episode');
+  const warnings = log.at(40);
+  t.equal(warnings.length, 1);
+  t.match(warnings[0]!.msg, `The token file ${path} cannot be used: it holds no token (it is empty or blank). The 1 token(s) last read from it stay in force`);
+  t.match(warnings[0]!.msg, /Check the Secret .* and its mount; the file is re-read within a second of the next write once it is fixed\./);
+  t.same([warnings[0]!.file, warnings[0]!.tokens], [path, 1]);
+
+  rmSync(path, { recursive: true });
+  writeFileSync(path, `${OLD}\n`);
+  t.equal(await later(OLD), 'accepted');
+  t.same(
+    log.at(30).map((line) => line.msg),
+    [`The token file ${path} is readable again; its tokens are used from now on.`],
+    'readable again, and the same tokens: no change to announce',
+  );
+
+  writeFileSync(path, `${OLD}\nnew token with spaces\n`);
+  t.equal(await later(OLD), 'accepted', 'a bad line: the whole file is ignored, the old tokens stay');
+  t.match(log.at(40).at(-1)!.msg, `The token file ${path} cannot be used: the token on line 2 cannot work: it contains whitespace`);
+  writeFileSync(path, `${NEW}\n`);
+  t.equal(await later(NEW), 'accepted');
+  t.same(log.at(30).slice(-2).map((line) => line.msg), [
+    `The token file ${path} is readable again; its tokens are used from now on.`,
+    `Write tokens changed: 1 token(s) from ${path} are in force now.`,
+  ]);
+});
+
+t.test('a token file missing after start: the tokens read at start stay until it appears', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n` });
+  const path = join(dir, 'token');
+  const clock = manualClock();
+  const log = capturingLogger();
+  const source = createTokenFileSource({ path: join(dir, 'absent'), initial: [OLD], log: log.logger, now: clock.now });
+  t.equal(source.current().length, 1, 'the tokens read at start stay');
+  t.match(log.at(40)[0]!.msg, /cannot be read \(ENOENT/);
+  symlinkSync(path, join(dir, 'absent'));
+  t.equal(source.current().length, 1);
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  writeFileSync(path, `${OLD}\n${NEW}\n`);
+  t.equal(source.current().length, 2);
+  t.equal(log.at(30).length, 2, 'readable again, then the change');
+});
+
+t.test('a clock set back does not stop the checks', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n` });
+  const path = join(dir, 'token');
+  const clock = manualClock();
+  const source = createTokenFileSource({ path, initial: [OLD], log: pino({ level: 'silent' }), now: clock.now });
+  t.equal(source.current().length, 1);
+  writeFileSync(path, `${OLD}\n${NEW}\n`);
+  clock.advance(-60_000);
+  t.equal(source.current().length, 2, 'looked again at once');
+});
+
+t.test('without tokens read at start (a Config built in code), the first write reads the file', async (t) => {
+  const dir = t.testdir({ token: `${NEW}\n` });
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { tokenFile: join(dir, 'token') }, deps: { now: clock.now } });
+  const res = await app.inject({ method: 'DELETE', url: '/shards/none', headers: { authorization: `Bearer ${NEW}` } });
+  t.equal(res.statusCode, 404, 'authorised, then no such shard');
+});
