@@ -8,6 +8,7 @@ import swaggerUi from '@fastify/swagger-ui';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyReply, type FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
+import type { OpenAPIV3_1 } from 'openapi-types';
 import type { Config } from './config.js';
 import { InternalError, NotFoundError, isCodedError } from './errors.js';
 import { createAuth } from './auth.js';
@@ -22,6 +23,7 @@ import { createStateFile, type StateFile } from './system/state-file.js';
 import { ErrorSchema } from './schemas/common.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { VERSION } from './version.js';
+import { completeOpenApi } from './openapi-document.js';
 import { keepTickObjectShape } from './tick-shape.js';
 import { spareUnflushedAnswers } from './unflushed-answers.js';
 import { requestFields, ServiceLogController } from './fastify-log.js';
@@ -281,6 +283,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.addSchema(ErrorSchema);
   await app.register(swagger, {
     refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => (typeof json.$id === 'string' ? json.$id : `def-${i}`) },
+    transformObject: (document) => completeOpenApi((document as { openapiObject: OpenAPIV3_1.Document }).openapiObject),
     openapi: {
       openapi: '3.1.0',
       info: {

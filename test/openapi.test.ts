@@ -26,3 +26,26 @@ t.test('/openapi.json serves the same document and every route declares its erro
   t.equal(docs.statusCode, 200);
   t.match(docs.headers['content-type'], /text\/html/);
 });
+
+t.test('writes declare the bearer scheme; answers that can be 304 declare If-None-Match, ETag and a bodiless 304', async (t) => {
+  const spec = parse(readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8')) as {
+    components: { securitySchemes: Record<string, { type: string; scheme: string }> };
+    paths: Record<string, Record<string, { security?: unknown; parameters?: Array<{ name: string; in: string }>; responses: Record<string, { content?: unknown; headers?: Record<string, unknown> }> }>>;
+  };
+  t.match(spec.components.securitySchemes.bearer, { type: 'http', scheme: 'bearer' });
+  const operations = Object.entries(spec.paths).flatMap(([path, item]) => Object.entries(item).map(([method, op]) => ({ path, method, op })));
+  const writes = operations.filter(({ method }) => ['put', 'post', 'delete'].includes(method));
+  t.same(
+    writes.map(({ method, path }) => `${method} ${path}`).sort(),
+    ['delete /shards/{id}', 'post /shards/{id}/engine-output', 'put /shards/{id}'],
+  );
+  for (const { method, path, op } of writes) t.same(op.security, [{ bearer: [] }], `${method} ${path} needs the token`);
+  for (const { method, path, op } of operations.filter(({ method }) => method === 'get')) t.notOk(op.security, `${method} ${path} needs none`);
+  const pollable = operations.filter(({ op }) => op.responses['304']);
+  t.same(pollable.map(({ path }) => path).sort(), ['/gpus', '/gpus/foreign-memory', '/shards']);
+  for (const { path, op } of pollable) {
+    t.ok(op.parameters?.some((p) => p.name === 'If-None-Match' && p.in === 'header'), `${path}: If-None-Match`);
+    t.notOk(op.responses['304']!.content, `${path}: a 304 has no body`);
+    for (const status of ['200', '304']) t.same(Object.keys(op.responses[status]!.headers ?? {}), ['ETag', 'Cache-Control'], `${path} ${status}: ETag and Cache-Control`);
+  }
+});

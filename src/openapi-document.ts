@@ -1,0 +1,54 @@
+// Owns what the route schemas cannot say in the OpenAPI document, added to it once it is built:
+// the bearer token that writes need, and the conditional-GET exchange of the pollable answers
+// (If-None-Match in, ETag and Cache-Control out, 304 with no body). Declaring these as route
+// schemas instead would make Fastify validate headers on every probe-path request. Every object is
+// made afresh where it is used: a shared one would come out as YAML anchors and aliases, which
+// some OpenAPI tools do not follow.
+import type { OpenAPIV3_1 } from 'openapi-types';
+
+const WRITE_METHODS = ['put', 'post', 'delete'] as const;
+
+export const BEARER_SCHEME: OpenAPIV3_1.HttpSecurityScheme = {
+  type: 'http',
+  scheme: 'bearer',
+  description:
+    'The token of NODECOMPUTE_TOKEN or one of NODECOMPUTE_TOKEN_FILE (re-read when the file changes). With no token configured, writes are accepted from loopback only.',
+};
+
+const ifNoneMatch = (): OpenAPIV3_1.ParameterObject => ({
+  name: 'If-None-Match',
+  in: 'header',
+  required: false,
+  description: 'The ETag of an earlier answer: 304 with no body while it is still current.',
+  schema: { type: 'string' },
+});
+
+const conditionalHeaders = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
+  ETag: {
+    description: 'A weak tag of the snapshot, the registry version and the snapshot freshness (and for /shards the verdicts); send it back in If-None-Match.',
+    schema: { type: 'string' },
+  },
+  'Cache-Control': { description: "max-age: the snapshot's remaining freshness in seconds (0 once it is stale).", schema: { type: 'string' } },
+});
+
+type Operation = OpenAPIV3_1.OperationObject;
+
+function completeOperation(method: string, operation: Operation): void {
+  if ((WRITE_METHODS as readonly string[]).includes(method)) operation.security = [{ bearer: [] }];
+  const responses = operation.responses;
+  if (!responses?.['304']) return;
+  operation.parameters = [...(operation.parameters ?? []), ifNoneMatch()];
+  responses['304'] = { description: 'Not Modified: the If-None-Match tag is current. No body.', headers: conditionalHeaders() };
+  const ok = responses['200'] as OpenAPIV3_1.ResponseObject | undefined;
+  if (ok) ok.headers = { ...ok.headers, ...conditionalHeaders() };
+}
+
+/** Adds the bearer scheme to every write and the conditional-GET headers to every answer that can be 304. */
+export function completeOpenApi(document: OpenAPIV3_1.Document): OpenAPIV3_1.Document {
+  document.components = { ...document.components, securitySchemes: { bearer: BEARER_SCHEME } };
+  // @fastify/swagger puts only operations, keyed by method, in each path item.
+  for (const item of Object.values(document.paths as Record<string, Record<string, Operation>>)) {
+    for (const [method, operation] of Object.entries(item)) completeOperation(method, operation);
+  }
+  return document;
+}
