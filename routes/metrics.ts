@@ -27,7 +27,7 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, shards: states });
     // Keyed after the wait: the refresh it may have waited for is what was rendered.
     const text = await metrics.registry.metrics();
-    cached = { generation: snapshots.generation, failing: lastGood?.view.failing ?? false, version: registry.version, engineVersion: registry.engineVersion, at, text };
+    cached = { generation: snapshots.generation, failing: failing(), version: registry.version, engineVersion: registry.engineVersion, at, text };
     return text;
   };
   app.get(

@@ -78,7 +78,9 @@ function errorBody(statusCode: number, code: string, message: string) {
 
 const PATTERN_RULES: Record<string, string> = {
   'params/id': 'a shard id is 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',
-  'body/cgroup': 'a container id or pod UID: letters, digits, ".", "_", ":" or "-"',
+  'body/cgroup':
+    'a container id, 12 to 64 hex digits as `docker ps --no-trunc` or `crictl ps` show it, or a pod UID like 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0 (its metadata.uid); ' +
+    "it is matched inside /proc/PID/cgroup, so a looser string would claim other workloads' processes",
 };
 
 /** Names the offending field and what it accepts, in the words of the schema's first complaint. */

@@ -25,7 +25,8 @@ const ifNoneMatch = (): OpenAPIV3_1.ParameterObject => ({
 
 const conditionalHeaders = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
   ETag: {
-    description: 'A weak tag of the snapshot, the registry version and the snapshot freshness (and for /shards the verdicts); send it back in If-None-Match.',
+    description:
+      'A weak tag of the snapshot, the registry version and the snapshot freshness (for /shards also the engine output version and the verdicts); send it back in If-None-Match.',
     schema: { type: 'string' },
   },
   'Cache-Control': { description: "max-age: the snapshot's remaining freshness in seconds (0 once it is stale).", schema: { type: 'string' } },
@@ -45,7 +46,7 @@ function completeOperation(method: string, operation: Operation): void {
 
 /** Adds the bearer scheme to every write and the conditional-GET headers to every answer that can be 304. */
 export function completeOpenApi(document: OpenAPIV3_1.Document): OpenAPIV3_1.Document {
-  document.components = { ...document.components, securitySchemes: { bearer: BEARER_SCHEME } };
+  document.components = { ...document.components, securitySchemes: { ...document.components?.securitySchemes, bearer: BEARER_SCHEME } };
   // @fastify/swagger puts only operations, keyed by method, in each path item.
   for (const item of Object.values(document.paths as Record<string, Record<string, Operation>>)) {
     for (const [method, operation] of Object.entries(item)) completeOperation(method, operation);

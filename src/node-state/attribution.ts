@@ -17,9 +17,11 @@
 // A shard that is gone claims nothing, but its exited reason names the GPU memory its process group
 // still holds (an orphaned engine child), so the operator knows what to kill. A shard whose own stat
 // could not be read this refresh is 'unreadable', not gone: it keeps its claims (its PID most likely
-// still is it) and its readiness says what failed.
+// still is it) and its readiness says what failed. Likewise a GPU process that no rule could give
+// to a shard because a stat on its way (its own, or an ancestor's) was unreadable is 'uncertain' on
+// its GPU: a shard missing that GPU has no evidence against it.
 import type { ShardRecord } from '../shards/shard.js';
-import type { UnreadableStat } from '../system/procfs.js';
+import { isReadable, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
 export interface ShardGpuHolding {
@@ -41,6 +43,12 @@ export type Liveness =
 export interface Attribution {
   /** The shard that owns a GPU process, by PID; absent when foreign. */
   ownerByPid: ReadonlyMap<number, string>;
+  /**
+   * Per GPU index, a stat that could not be read on the way from one of its unowned processes to a
+   * shard (the process's own, or an ancestor's): that memory may be a shard's, so a shard missing
+   * that GPU has no evidence against it.
+   */
+  uncertain: ReadonlyMap<number, UnreadableStat>;
   /** Per shard, per GPU index it holds memory on. */
   holdings: ReadonlyMap<string, ReadonlyMap<number, ShardGpuHolding>>;
   liveness: ReadonlyMap<string, Liveness>;
@@ -132,6 +140,16 @@ function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<
   return undefined;
 }
 
+/** The first unreadable stat on `pid`'s way up its first ANCESTRY_DEPTH ancestors, if one stopped the walk. */
+function unreadableOnTheWay(pid: number, snapshot: NodeSnapshot): UnreadableStat | undefined {
+  let answer = snapshot.proc.get(pid);
+  for (let generation = 0; generation <= ANCESTRY_DEPTH && answer != null; generation += 1) {
+    if (!isReadable(answer)) return answer;
+    answer = snapshot.proc.get(answer.ppid);
+  }
+  return undefined;
+}
+
 /** The owner of a GPU process by the three rules of the header, in their order. */
 function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): string | undefined {
   const strong = claims.strong.get(pid);
@@ -157,10 +175,17 @@ function memoryOf(process: GpuProcess): string {
  */
 function withOrphans(why: string, shard: ShardRecord, snapshot: NodeSnapshot, ownerByPid: ReadonlyMap<number, string>): string {
   const group = groupOf(snapshot, shard);
+  // Linux frees a group's number only once no process is in it: a leader younger than the shard
+  // means the number now belongs to another group, whose processes are not this shard's orphans.
+  const leader = statOf(snapshot, group);
+  if (leader !== undefined && leader.startTime > shard.identity.startTime) return why;
+  const orphanOf = (pid: number) => {
+    const stat = statOf(snapshot, pid);
+    // Its children started after it; an older member of a shared group is not one of them.
+    return stat !== undefined && stat.pgrp === group && stat.startTime >= shard.identity.startTime;
+  };
   const orphans = snapshot.gpus.flatMap((gpu) =>
-    gpu.processes.filter(
-      (process) => process.pid !== shard.identity.pid && !ownerByPid.has(process.pid) && statOf(snapshot, process.pid)?.pgrp === group,
-    ),
+    gpu.processes.filter((process) => process.pid !== shard.identity.pid && !ownerByPid.has(process.pid) && orphanOf(process.pid)),
   );
   if (orphans.length === 0) return why;
   const listed = orphans.slice(0, ORPHANS_LISTED).map(memoryOf).join(', ');
@@ -183,11 +208,16 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
     addClaims(claims, snapshot, shard, state);
   }
   const ownerByPid = new Map<number, string>();
+  const uncertain = new Map<number, UnreadableStat>();
   const holdings = new Map<string, Map<number, ShardGpuHolding>>(ordered.map((shard) => [shard.id, new Map()]));
   for (const gpu of snapshot.gpus) {
     for (const process of gpu.processes) {
       const owner = ownerOf(process.pid, snapshot, claims);
-      if (owner === undefined) continue;
+      if (owner === undefined) {
+        const blocked = unreadableOnTheWay(process.pid, snapshot);
+        if (blocked !== undefined && !uncertain.has(gpu.index)) uncertain.set(gpu.index, blocked);
+        continue;
+      }
       ownerByPid.set(process.pid, owner);
       const perGpu = holdings.get(owner)!;
       const holding = perGpu.get(gpu.index) ?? { index: gpu.index, uuid: gpu.uuid, usedMiB: 0, processes: [] };
@@ -202,5 +232,5 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
       liveness.set(shard.id, { state: 'gone', why: withOrphans(state.why, shard, snapshot, ownerByPid) });
     }
   }
-  return { ownerByPid, holdings, liveness };
+  return { ownerByPid, uncertain, holdings, liveness };
 }

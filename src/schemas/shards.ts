@@ -25,6 +25,14 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
 const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, vllm or other; llama.cpp output posted to engine-output is understood.');
 const BACKENDS = ['CUDA', 'CPU'] as const;
 
+/**
+ * What a cgroup registration may name: a container id (12 to 64 hex digits, as docker, podman and
+ * crictl print it) or a pod UID (with "-" or "_", as the two cgroup drivers write it). It is matched
+ * as a substring of /proc/PID/cgroup, so anything looser ("kubepods") would make one shard of every
+ * process on the node and leave no memory foreign.
+ */
+export const CGROUP_PATTERN = '^(?:[0-9a-f]{12,64}|[0-9a-f]{8}([-_])[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{12})$';
+
 export const RegisterShardSchema = Type.Object(
   {
     pid: Type.Optional(
@@ -32,10 +40,9 @@ export const RegisterShardSchema = Type.Object(
     ),
     cgroup: Type.Optional(
       Type.String({
-        minLength: 8,
-        maxLength: 256,
-        pattern: '^[A-Za-z0-9][A-Za-z0-9._:-]*$',
-        description: 'A container id or pod UID: every process whose /proc/PID/cgroup contains it is the shard. Give pid or cgroup, not both.',
+        pattern: CGROUP_PATTERN,
+        description:
+          'A container id (12 to 64 hex digits) or a pod UID (with "-" or "_"): every process whose /proc/PID/cgroup contains it is the shard. Give pid or cgroup, not both.',
       }),
     ),
     gpus: GpuIndicesSchema,

@@ -11,6 +11,7 @@
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
+import type { UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
 export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'exited', 'unverified'] as const;
@@ -89,6 +90,10 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   return warnings;
 }
 
+function uncertainWhy(stat: UnreadableStat): string {
+  return `the /proc stat of process ${stat.pid} on its way to a shard could not be read in this refresh (${stat.unreadable}), so it may be this shard's. ${stat.advice}`;
+}
+
 export function readiness(input: ReadinessInput): Readiness {
   const { shard, node, engine, now } = input;
   if (node === null) {
@@ -125,5 +130,10 @@ export function readiness(input: ReadinessInput): Readiness {
     );
   }
   if (node.processesHidden !== null) return verdict('unverified', null, [...warnings, node.processesHidden]);
+  const uncertain = missing.flatMap((index) => {
+    const blocked = node.attribution.uncertain.get(index);
+    return blocked === undefined ? [] : [`GPU ${index} holds memory of a process whose owner is unknown: ${uncertainWhy(blocked)}`];
+  });
+  if (uncertain.length > 0) return verdict('unverified', null, [...warnings, ...uncertain]);
   return verdict('on-cpu', onCpuReason(shard, missing, engine, node, evidenceAt), warnings);
 }

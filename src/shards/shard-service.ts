@@ -43,14 +43,6 @@ function staleNote(view: SnapshotView<NodeSnapshot>): string | null {
   return view.failing || view.ageMs >= STALE_WARNING_MS ? view.staleReason : null;
 }
 
-/**
- * What a cgroup registration may name: a container id (12 to 64 hex digits, as docker, podman and
- * crictl print it) or a pod UID (with "-" or "_", as the two cgroup drivers write it). The cgroup
- * is matched as a substring of /proc/PID/cgroup, so anything looser ("kubepods") would make one
- * shard of every process on the node and leave no memory foreign.
- */
-const CGROUP_NEEDLE = /^(?:[0-9a-f]{12,64}|[0-9a-f]{8}([-_])[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{4}\1[0-9a-f]{12})$/;
-
 /** kthreadd: every kernel thread is it or its child, in the host's PID namespace. */
 const KTHREADD_PID = 2;
 
@@ -219,13 +211,6 @@ export function createShardService(deps: ShardServiceDeps) {
           hasPid
             ? 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.'
             : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
-        );
-      }
-      if (body.cgroup !== undefined && !CGROUP_NEEDLE.test(body.cgroup)) {
-        throw new BadRequestError(
-          `"cgroup" must be a container id (12 to 64 hex digits, as \`docker ps --no-trunc\` or \`crictl ps\` show it) or a pod UID ` +
-            `(like 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0, from the pod's metadata.uid); got "${body.cgroup}". ` +
-            'It is matched inside /proc/PID/cgroup, so a looser string would claim other workloads\' processes.',
         );
       }
       const [identity] = await Promise.all([

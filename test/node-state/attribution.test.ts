@@ -84,11 +84,21 @@ function ruleLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness['sta
   return answer.state === 'Z' || answer.state === 'X' || answer.startTime !== shard.identity.startTime ? 'gone' : 'alive';
 }
 
-/** GPU processes other than its own PID that no shard owns, in a gone PID shard's group: its orphans. */
+/**
+ * A gone PID shard's orphans: GPU processes other than its own PID that no shard owns, in its group,
+ * started no earlier than it; none when the group's number is led by a process younger than the
+ * shard (the number was reused).
+ */
 function ruleOrphans(snapshot: NodeSnapshot, shard: ShardRecord, ownerByPid: ReadonlyMap<number, string>): number[] {
+  const group = lastGroup(snapshot, shard);
+  const leader = readable(snapshot, group);
+  if (leader && leader.startTime > shard.identity.startTime) return [];
   return snapshot.gpus
     .flatMap((gpu) => gpu.processes.map((process) => process.pid))
-    .filter((gpuPid) => gpuPid !== shard.identity.pid && !ownerByPid.has(gpuPid) && readable(snapshot, gpuPid)?.pgrp === lastGroup(snapshot, shard));
+    .filter((gpuPid) => {
+      const stat = readable(snapshot, gpuPid);
+      return gpuPid !== shard.identity.pid && !ownerByPid.has(gpuPid) && stat?.pgrp === group && stat.startTime >= shard.identity.startTime;
+    });
 }
 
 const node = fc

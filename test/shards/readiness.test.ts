@@ -202,6 +202,44 @@ t.test('a shard whose own stat cannot be read this refresh keeps serving, unveri
   t.equal(node.processesHidden, null, 'an unreadable stat is not a PID of another namespace');
 });
 
+t.test('an exited shard names no orphans from a group number reused since, nor older members of a shared group', async (t) => {
+  const s = shard({ gpus: [0] });
+  // PID 100 (the shard, started at tick 5, leader of group 100) exited; the number went to a new
+  // process (tick 50) that leads a new group 100 with a GPU child of its own.
+  const reused = view([gpu(0, [[101, 9000]])], [stat(100, 100, 50), stat(101, 100, 51)], [s]);
+  t.equal(verdictOf(s, reused).reason, "the shard's process exited: PID 100 now belongs to another process (p100, started at tick 50, not 5): the registered process exited and its PID was reused.");
+  // The shard was started by a script (tick 2) in group 90; the script's own GPU process is older than the shard.
+  const scripted = shard({ gpus: [0], identity: { pid: 100, pgid: 90, startTime: 5, name: 'x' } });
+  const older = view([gpu(0, [[91, 700], [101, 800]])], [stat(91, 90, 3), stat(101, 90, 6)], [scripted], [[100, null]]);
+  const reason = verdictOf(scripted, older).reason!;
+  t.match(reason, 'still holds GPU memory: 800 MiB on GPU 0 (PID 101, p). ');
+  t.notMatch(reason, 'PID 91', 'the older member is not an orphan of the shard');
+});
+
+t.test('a GPU process whose own stat, or an ancestor\'s, cannot be read: the shard missing that GPU is unverified, not on-cpu', async (t) => {
+  const s = shard({ gpus: [0, 1] });
+  const emfile = (pid: number): UnreadableStat => ({ pid, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' });
+  // GPU 0: the engine child 101's own stat is unreadable. GPU 1: 103's parent 102 (a wrapper in
+  // another group) is unreadable, so the walk up to the shard stops there.
+  const node = view(
+    [gpu(0, [[101, 500]]), gpu(1, [[103, 500]]), gpu(2, [[300, 1]])],
+    [stat(100, 100, 5), { ...stat(103, 103, 8), ppid: 102 }, stat(300, 300, 9)],
+    [s],
+    [[101, emfile(101)], [102, emfile(102)]],
+  );
+  t.same([...node.attribution.uncertain.keys()], [0, 1], 'GPU 2 holds a readable foreign process: not uncertain');
+  const v = verdictOf(s, node);
+  t.equal(v.state, 'unverified');
+  t.equal(v.ready, true, 'it keeps serving');
+  t.same(v.warnings, [
+    'GPU 0 holds memory of a process whose owner is unknown: the /proc stat of process 101 on its way to a shard could not be read in this refresh (nodecompute is out of file descriptors (EMFILE)), so it may be this shard\'s. Raise nofile.',
+    'GPU 1 holds memory of a process whose owner is unknown: the /proc stat of process 102 on its way to a shard could not be read in this refresh (nodecompute is out of file descriptors (EMFILE)), so it may be this shard\'s. Raise nofile.',
+  ]);
+  const other = shard({ id: 'o', pid: 400, gpus: [2], identity: { pid: 400, pgid: 400, startTime: 5, name: 'x' } });
+  const alone = view([gpu(0, [[101, 500]]), gpu(2, [])], [stat(400, 400, 5)], [other], [[101, emfile(101)]]);
+  t.equal(verdictOf(other, alone).state, 'on-cpu', 'an unreadable process on another GPU is no excuse');
+});
+
 t.test('a group leader that exits while its child holds the GPU: exited, naming the memory its group still holds', async (t) => {
   const s = shard({ gpus: [0] });
   const orphan: ProcStat = { ...stat(101, 100, 6), comm: 'llama-worker' };
