@@ -22,10 +22,6 @@ function digest(value: string): Buffer {
   return createHash('sha256').update(value, 'utf8').digest();
 }
 
-export function tokensMatch(expected: string, presented: string): boolean {
-  return timingSafeEqual(digest(expected), digest(presented));
-}
-
 /** Compares against every accepted token, never stopping at a match, so the time says nothing about which one. */
 function matchesAny(digests: readonly Buffer[], presented: string): boolean {
   const presentedDigest = digest(presented);
