@@ -9,6 +9,7 @@
 #   docker build --build-arg VERSION="$(node -p "require('./package.json').version")" -t nodecompute .
 #   docker run -d --name nodecompute --runtime=nvidia --gpus all --pid=host --init \
 #     -p 9470:9470 -v nodecompute-state:/var/lib/nodecompute nodecompute
+#   docker exec nodecompute nodecompute doctor
 # --pid=host is required: nvidia-smi reports host PIDs, and without the host's PID namespace
 # nodecompute cannot tell whose GPU memory is whose (doctor and /readyz say so). --init reaps
 # orphans when node is PID 1; under --pid=host (or hostPID in Kubernetes) the host's init does.
@@ -51,6 +52,11 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN --mount=type=cache,target=/root/.npm npm ci --omit=dev --ignore-scripts --no-audit --no-fund
 COPY --from=build /app/dist ./dist
+# `nodecompute` on PATH, as package.json's bin installs it, so that the `nodecompute doctor` the
+# service's messages recommend runs in the container as they say (docker exec or kubectl exec).
+# main.js starts with #!/usr/bin/env node; the NODE_OPTIONS below apply to it as to the service.
+RUN chmod 0755 /app/dist/src/main.js \
+ && ln -s /app/dist/src/main.js /usr/local/bin/nodecompute
 
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility \
@@ -66,7 +72,8 @@ EXPOSE 9470
 VOLUME /var/lib/nodecompute
 
 # slim has no curl: node itself asks /livez, which never depends on nvidia-smi. It follows
-# NODECOMPUTE_PORT; it assumes the service listens on loopback too (the default host 0.0.0.0 does).
+# NODECOMPUTE_PORT; it assumes the service listens on IPv4 loopback too (the default host :: does,
+# IPv4 included; so does the 0.0.0.0 it falls back to on a kernel without IPv6).
 HEALTHCHECK --interval=30s --timeout=3s --start-period=10s --retries=3 \
   CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.NODECOMPUTE_PORT||9470)+'/livez').then(r=>process.exit(r.ok?0:1)).catch(()=>process.exit(1))"]
 

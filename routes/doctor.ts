@@ -1,4 +1,6 @@
 // Owns GET /doctor: the node check as JSON, for operators and scripts that cannot exec into the pod.
+// A failed check answers 503 with the same report, as `nodecompute doctor` exits non-zero, so that
+// `curl -f` and HTTP monitors tell a sick node from a well one by the status alone.
 // The check runs nvidia-smi three times, so concurrent requests share one check and its report is
 // reused for a few seconds: an open endpoint must not let anyone start nvidia-smi without bound.
 import { Type } from '@sinclair/typebox';
@@ -7,9 +9,10 @@ import { runDoctor, type DoctorReport } from '../src/doctor/doctor.js';
 import { Nullable, StringEnum } from '../src/schemas/common.js';
 import { VERSION } from '../src/version.js';
 
-const REPORT_REUSE_MS = 5000;
+export const REPORT_REUSE_MS = 5000;
 
-const DoctorSchema = Type.Object(
+/** Made afresh for each status: one object used twice would come out of the OpenAPI YAML as an alias. */
+const doctorSchema = (description: string) => Type.Object(
   {
     ok: Type.Boolean({ description: 'False when any check failed.' }),
     version: Type.String({ description: 'nodecompute version.' }),
@@ -24,34 +27,51 @@ const DoctorSchema = Type.Object(
       { description: 'Each check, in order.' },
     ),
   },
-  { description: 'The node check; the same as `nodecompute doctor`.' },
+  { description },
 );
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { nvidiaSmi, proc, stateFile, config, now } = app.services;
   let running: Promise<DoctorReport> | null = null;
   let last: { at: number; report: DoctorReport } | null = null;
+  function check(): Promise<DoctorReport> {
+    running ??= runDoctor({
+      nvidiaSmi,
+      proc,
+      stateFile,
+      nvidiaSmiPath: config.nvidiaSmi,
+      tokenConfigured: config.token !== null,
+      tokenProblem: app.services.tokenProblem(),
+      version: VERSION,
+      now,
+    })
+      .then((report) => {
+        last = { at: now(), report };
+        return report;
+      })
+      .finally(() => {
+        running = null;
+      });
+    return running;
+  }
   app.get(
     '/doctor',
     {
       schema: {
         tags: ['operators'],
         summary: 'Check this node: nvidia-smi and its version, GPUs, query time, host PID namespace, /proc, open files, state file, token.',
-        description: 'Runs nvidia-smi afresh (not from the cache). Always 200; `ok` says whether any check failed.',
-        response: { 200: DoctorSchema },
+        description:
+          'Runs nvidia-smi afresh (not from the cache). 200 when no check failed (warnings allowed), 503 with the same report when one did, ' +
+          `as \`nodecompute doctor\` exits non-zero; each check says what it found and what to do. A report is reused for ${REPORT_REUSE_MS / 1000} s.`,
+        response: {
+          200: doctorSchema('The node check, the same as `nodecompute doctor`: no check failed (`ok` is true; some may warn).'),
+          503: doctorSchema('The node check, the same as `nodecompute doctor`: at least one check failed (`ok` is false); its `fix` says what to do.'),
+        },
       },
     },
-    async () => {
-      if (last && now() - last.at < REPORT_REUSE_MS) return last.report;
-      running ??= runDoctor({ nvidiaSmi, proc, stateFile, nvidiaSmiPath: config.nvidiaSmi, tokenConfigured: config.token !== null, version: VERSION, now })
-        .then((report) => {
-          last = { at: now(), report };
-          return report;
-        })
-        .finally(() => {
-          running = null;
-        });
-      return running;
+    async (_request, reply) => {
+      const report = last && now() - last.at < REPORT_REUSE_MS ? last.report : await check();
+      return reply.status(report.ok ? 200 : 503).send(report);
     },
   );
 };

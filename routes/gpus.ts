@@ -9,17 +9,17 @@ import { errorResponses } from '../src/schemas/common.js';
 import { GpusResponseSchema } from '../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../src/schemas/shards.js';
 import { conditional } from './conditional.js';
-import { createSnapshotJson } from './snapshot-json.js';
+import { createSnapshotJson, type SnapshotJson } from './snapshot-json.js';
 
 const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
   const sendGpus = createSnapshotJson(gpusResponse);
   const sendForeign = createSnapshotJson(foreignMemory);
   /** A handler that answers at once from a cached snapshot, and waits (a promise) only when it must. */
-  const answer = (send: ReturnType<typeof createSnapshotJson>) => (request: FastifyRequest, reply: FastifyReply) => {
+  const answer = (json: SnapshotJson) => (request: FastifyRequest, reply: FastifyReply) => {
     const respond = (current: Current) => {
-      if (conditional(app.services, request, reply, current.view)) void reply.status(304).send();
-      else send(reply, current.view, current.node);
+      if (conditional(app.services, request, reply, current.view, json.tag(current.node))) void reply.status(304).send();
+      else json.send(reply, current.view, current.node);
     };
     const now = node.available();
     if (now) return respond(now);

@@ -1,9 +1,15 @@
 // Owns nodecompute's own health: /livez (and /healthz) say the event loop runs and never depend on
 // nvidia-smi; /readyz says whether the service can answer, from the cached snapshot within the probe
-// budget, with a Kubernetes-style checklist on ?verbose.
+// budget, with a Kubernetes-style checklist on ?verbose. Readiness holds on the last good snapshot
+// while it is younger than max-stale, as every answer does (a failing nvidia-smi run must not take
+// the node's agent out of its Service at once); the checklist then says so plainly.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { isCodedError } from '../src/errors.js';
+import { describeListedPids, NO_GPU_PROCESS } from '../src/doctor/doctor.js';
+import { BadRequestError, isCodedError } from '../src/errors.js';
+import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
+import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js';
+import type { SnapshotView } from '../src/node-state/snapshot.js';
 import { ErrorSchema } from '../src/schemas/common.js';
 
 const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) });
@@ -11,36 +17,80 @@ const ReadySchema = Type.Object({
   status: Type.Literal('ok', { description: 'ok: nvidia-smi answers and its PIDs are visible in /proc.' }),
   observedAt: Type.String({ format: 'date-time', description: 'When the snapshot behind this answer was taken.' }),
   ageMs: Type.Integer({ description: 'Its age in milliseconds.' }),
-  stale: Type.Boolean({ description: 'True when it is older than the TTL.' }),
+  stale: Type.Boolean({ description: 'True when it is older than the cache TTL or than the latest registration change; staleReason says why.' }),
+  staleReason: Type.Optional(
+    Type.String({
+      description:
+        'Why it is stale: a refresh under way, or the last refresh failed and this is the last good snapshot (served until it is older than max-stale). Present only when stale.',
+    }),
+  ),
 });
+
+/**
+ * ?verbose values. Present without a value, empty, true or 1: the checklist; false or 0: JSON, as
+ * without it. (kube-apiserver takes the key alone, so its ?verbose=false is verbose too; a monitor
+ * that writes ?verbose=false means JSON.) Anything else is a 400 rather than a guess.
+ */
+const CHECKLIST = new Map([
+  ['', true],
+  ['true', true],
+  ['1', true],
+  ['false', false],
+  ['0', false],
+]);
 
 type Check = { name: string; detail: string } & ({ ok: true } | { ok: false; code: string });
 type FailedCheck = Extract<Check, { ok: false }>;
 
-const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { node, probeBudgetMs } = app.services;
-  const live = {
-    schema: {
-      tags: ['health'],
-      summary: 'Liveness: 200 while the event loop runs; never depends on nvidia-smi.',
-      response: { 200: LiveSchema },
-    },
-  } as const;
-  app.get('/livez', live, async () => ({ status: 'ok' as const }));
-  app.get('/healthz', { ...live, schema: { ...live.schema, summary: 'Same as /livez.' } }, async () => ({ status: 'ok' as const }));
+const seconds = (ms: number) => `${Math.round(ms / 100) / 10} s`;
 
-  async function checks(): Promise<{ checks: Check[]; meta: { observedAt: string; ageMs: number; stale: boolean } | null }> {
+const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  const { node, probeBudgetMs, proc, config } = app.services;
+  // Made afresh for each path: one object used twice comes out of the OpenAPI YAML as an alias.
+  const live = (summary: string) => ({ schema: { tags: ['health'], summary, response: { 200: LiveSchema } } });
+  app.get('/livez', live('Liveness: 200 while the event loop runs; never depends on nvidia-smi.'), async () => ({ status: 'ok' as const }));
+  app.get('/healthz', live('Same as /livez.'), async () => ({ status: 'ok' as const }));
+
+  /** The nvidia-smi line of the checklist: how old the snapshot is and, on the last good one, why. */
+  function snapshotDetail(view: SnapshotView<NodeSnapshot>): string {
+    const gpus = view.snapshot.gpus.length;
+    if (view.failing) {
+      // A failed refresh is only ever tried on a stale snapshot, so its reason is there.
+      const reason = view.staleReason!;
+      return (
+        `serving the last good snapshot (${seconds(view.ageMs)} old, ${gpus} GPUs) because refreshing it fails; ` +
+        `it is served until it is ${seconds(config.maxStaleMs)} old (NODECOMPUTE_MAX_STALE_MS), then this check fails until nvidia-smi answers again. ` +
+        `${reason.charAt(0).toUpperCase()}${reason.slice(1)}`
+      );
+    }
+    return `snapshot ${Math.round(view.ageMs)} ms old, ${gpus} GPUs${view.stale ? ` (stale: ${view.staleReason})` : ''}`;
+  }
+
+  /** The host-pid-namespace line when it passes: in the doctor's words, and never "all" when some are missing. */
+  function listedPidsDetail(snapshot: NodeSnapshot): string {
+    const listed = [...new Set(snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)))];
+    if (listed.length === 0) return NO_GPU_PROCESS;
+    const missing = listed.filter((pid) => snapshot.proc.get(pid) == null);
+    const found = describeListedPids(listed.length, missing, proc.root);
+    if (missing.length === 0) return found;
+    return (
+      `${found}; the other ${listed.length - missing.length} do, so this is the host's PID namespace and the missing ones most likely exited since nvidia-smi listed them. ` +
+      'If the same PIDs stay missing, they live in another PID namespace (a VM or a nested container): run `nodecompute doctor`.'
+    );
+  }
+
+  /** The checks; the details of passing ones are only worked out for the checklist (probes skip them). */
+  async function checks(checklist: boolean): Promise<{ checks: Check[]; meta: SnapshotMeta | null }> {
     try {
       const { view, node: nodeView } = await node.current({ maxWaitMs: probeBudgetMs });
-      const stale = view.stale ? ` (stale: ${view.staleReason})` : '';
       return {
         checks: [
-          { name: 'nvidia-smi', ok: true, detail: `snapshot ${Math.round(view.ageMs)} ms old, ${nodeView.snapshot.gpus.length} GPUs${stale}` },
+          { name: 'nvidia-smi', ok: true, detail: checklist ? snapshotDetail(view) : '' },
           nodeView.processesHidden !== null
             ? { name: 'host-pid-namespace', ok: false, detail: nodeView.processesHidden, code: 'NODECOMPUTE_PID_NAMESPACE' }
-            : { name: 'host-pid-namespace', ok: true, detail: 'the PIDs nvidia-smi lists are visible in /proc' },
+            : { name: 'host-pid-namespace', ok: true, detail: checklist ? listedPidsDetail(nodeView.snapshot) : '' },
         ],
-        meta: { observedAt: new Date(view.observedAt).toISOString(), ageMs: Math.round(view.ageMs), stale: view.stale },
+        meta: snapshotMeta(view),
       };
     } catch (err) {
       if (!isCodedError(err)) throw err;
@@ -54,18 +104,32 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         tags: ['health'],
         summary: 'Readiness: 200 when nvidia-smi answers (from the cache) and its PIDs are visible; 503 with the reason otherwise.',
-        description: 'With ?verbose, a plain-text checklist in the style of Kubernetes\' own /readyz?verbose.',
-        querystring: Type.Object({ verbose: Type.Optional(Type.String({ description: 'Present (any value) for the plain-text checklist.' })) }),
+        description:
+          "With ?verbose (or ?verbose=true, ?verbose=1), a plain-text checklist in the style of Kubernetes' own /readyz?verbose; ?verbose=false or 0 is JSON, as without it. " +
+          'Within NODECOMPUTE_MAX_STALE_MS of the last good snapshot readiness holds while nvidia-smi fails: `staleReason` (and the checklist) say so.',
+        querystring: Type.Object({
+          verbose: Type.Optional(
+            Type.String({ description: 'Empty (?verbose), true or 1 for the plain-text checklist; false or 0 for JSON, as without it. Any other value is a 400.' }),
+          ),
+        }),
         response: {
           200: { content: { 'application/json': { schema: ReadySchema }, 'text/plain': { schema: Type.String({ description: 'The checklist (?verbose).' }) } } },
+          400: ErrorSchema,
           503: { content: { 'application/json': { schema: ErrorSchema }, 'text/plain': { schema: Type.String({ description: 'The checklist (?verbose).' }) } } },
         },
       },
     },
     async (request, reply) => {
-      const result = await checks();
+      const { verbose } = request.query;
+      const checklist = verbose === undefined ? false : CHECKLIST.get(verbose);
+      if (checklist === undefined) {
+        throw new BadRequestError(
+          `Invalid request: querystring/verbose is ${JSON.stringify(verbose)}; it takes no value, true or 1 for the plain-text checklist, and false or 0 (or leaving it out) for JSON.`,
+        );
+      }
+      const result = await checks(checklist);
       const failed = result.checks.find((check): check is FailedCheck => !check.ok);
-      if (request.query.verbose !== undefined) {
+      if (checklist) {
         const lines = result.checks.map((check) => (check.ok ? `[+]${check.name} ok: ${check.detail}` : `[-]${check.name} failed: ${check.detail}`));
         lines.push(failed ? 'readyz check failed' : 'readyz check passed');
         return reply.status(failed ? 503 : 200).type('text/plain; charset=utf-8').send(`${lines.join('\n')}\n`);

@@ -15,7 +15,7 @@ import {
   ShardRecordSchema,
 } from '../src/schemas/shards.js';
 import { shardBody, type ShardState } from '../src/shards/shard-service.js';
-import { conditional, verdictsTag } from './conditional.js';
+import { conditional, shardsTag } from './conditional.js';
 import { sendLateError } from './late-error.js';
 import { requireContentType } from './content-type.js';
 
@@ -55,10 +55,13 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         tags: ['shards'],
         summary: 'Register (201) or replace (200) a shard: a PID (and its process group) or a cgroup, placed on some GPUs.',
-        description: 'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer.',
+        description:
+          'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer. ' +
+          'A replacement for the same process (PID and start time) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
+          '409 when another id already holds the same process or cgroup.',
         params,
         body: RegisterShardSchema,
-        response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 415, 422, 503) },
+        response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 409, 413, 415, 422, 503) },
       },
       onRequest: authorise,
       preValidation: requireContentType('application/json', `curl -X PUT -H 'Content-Type: application/json' -d '{"pid": 1234, "gpus": [0]}' ...`),
@@ -75,13 +78,13 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         tags: ['shards'],
         summary: 'Every shard with its state, reason and compute, from one snapshot: what a control plane polls.',
-        description: 'Carries an ETag; send it back in If-None-Match to get 304 until the snapshot, the registry or a verdict changes.',
+        description: 'Carries an ETag; send it back in If-None-Match to get 304 until a registration, a verdict, the number of warnings, what a shard holds or the engine account changes, or nvidia-smi starts failing (or becomes far slower than usual).',
         response: { 200: ShardListSchema, 304: {} },
       },
     },
     async (request, reply) => {
       const { states, view, error } = await shards.states(probeBudgetMs);
-      if (view && conditional(app.services, request, reply, view, `${app.services.registry.engineVersion.toString(36)}-${verdictsTag(states)}`)) {
+      if (view && conditional(app.services, request, reply, view, shardsTag(states))) {
         return reply.status(304).send();
       }
       const header = view
@@ -178,7 +181,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const state = shards.appendEngineOutput(request.params.id, request.body);
-      return { shard: request.params.id, account: state.account, tailBytes: Buffer.byteLength(state.tail) };
+      return { shard: request.params.id, account: state.account, tailBytes: Buffer.byteLength(state.tail), note: state.note };
     },
   );
 };

@@ -1,7 +1,8 @@
 // Owns the composition of the service: it builds the readers, the registry, the snapshot cache and
 // the domain services from a Config, wires them into Fastify with one error shape and one auth
-// rule, and registers the routes. It never listens; main.ts does. Tests pass `deps` to swap the
-// clock, the logger or a reader without touching anything else.
+// rule, and registers the routes (and, after them, the 405s of the methods each path lacks). It
+// never listens; main.ts does. Tests pass `deps` to swap the clock, the logger or a reader without
+// touching anything else.
 import { STATUS_CODES } from 'node:http';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
@@ -10,8 +11,8 @@ import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyReply, 
 import { pino, type Logger } from 'pino';
 import type { OpenAPIV3_1 } from 'openapi-types';
 import type { Config } from './config.js';
-import { InternalError, NotFoundError, isCodedError } from './errors.js';
-import { createAuth } from './auth.js';
+import { InternalError, NotFoundError, isCodedError, type CodedError } from './errors.js';
+import { createAuth, type Auth } from './auth.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
 import { createSnapshotSource } from './node-state/snapshot.js';
@@ -34,6 +35,7 @@ import doctorRoutes from '../routes/doctor.js';
 import metricsRoutes from '../routes/metrics.js';
 import openapiRoutes from '../routes/openapi.js';
 import statusPageRoutes from '../routes/status-page.js';
+import { answerOtherMethods } from '../routes/method-not-allowed.js';
 
 export interface Services {
   config: Config;
@@ -48,7 +50,9 @@ export interface Services {
   /** Longest a probe waits for a refresh it needs: well inside Kubernetes' 1 s default. */
   probeBudgetMs: number;
   /** The onRequest hook of every write route. */
-  authorise: ReturnType<typeof createAuth>;
+  authorise: Auth['authorise'];
+  /** What is wrong with the token file now; null when nothing is. */
+  tokenProblem: Auth['tokenProblem'];
 }
 
 export interface AppDeps {
@@ -228,7 +232,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     metrics,
     now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
-    authorise: createAuth(config, log, now),
+    ...createAuth(config, log, now),
   };
   app.decorate('services', services);
 
@@ -236,6 +240,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   // lasts, and pollers ask every second: each distinct one is a warning at most once a minute, and
   // its repeats are debug lines.
   const warnedAt = new Map<string, number>();
+  // Such a failure is expected, not a bug: its code and message say it all. pino's error serializer
+  // would add "type":"Object" and an empty stack to them, so these lines get their own.
+  const failureLog = log.child({}, { serializers: { err: (err: CodedError) => ({ code: err.code, message: err.message }) } });
   const failureLevel = (code: string, message: string): 'warn' | 'debug' => {
     const key = `${code}: ${message}`;
     const last = warnedAt.get(key);
@@ -256,7 +263,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.setErrorHandler((err: FastifyError, request, reply) => {
     if (isCodedError(err)) {
       if (err.statusCode >= 500) {
-        log[failureLevel(err.code, err.message)]({ ...requestFields(request), err: { code: err.code, message: err.message } }, 'Request failed');
+        failureLog[failureLevel(err.code, err.message)]({ ...requestFields(request), err }, 'Request failed');
       }
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }
@@ -302,6 +309,8 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       ],
     },
   });
+  // Before the first route (/docs is one): a known path asked with another method is a 405.
+  const addMethodNotAllowed = answerOtherMethods(app);
   await app.register(swaggerUi, { routePrefix: '/docs' });
   await app.register(healthRoutes);
   await app.register(gpusRoutes);
@@ -310,6 +319,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   await app.register(metricsRoutes);
   await app.register(openapiRoutes);
   await app.register(statusPageRoutes);
+  addMethodNotAllowed();
   // preClose, not onClose: in-flight requests waiting on nvidia-smi must finish (with an error) for
   // close to complete, and their keep-alive connections must not hold the server open afterwards.
   app.addHook('preClose', async () => {

@@ -3,16 +3,18 @@
 // `Authorization: Bearer <token>` when a token is configured, compared in constant time; with no
 // token configured they are accepted from loopback only, so a node that forgot its Secret is not
 // writable from the network.
-// It also owns the token file while the service runs: NODECOMPUTE_TOKEN_FILE may hold several
-// tokens (any one is accepted) and is re-read when it changes, so a Secret rotated in place ("old +
-// new", then "new") never locks out shard pods that already carry the new token. The file is looked
-// at lazily, by writes, at most once a second: no timer, and nothing at all on a node nobody writes to.
+// It also owns which tokens of the token file are in force while the service runs:
+// NODECOMPUTE_TOKEN_FILE may hold several tokens (any one is accepted) and is re-read when it
+// changes, so a Secret rotated in place ("old + new", then "new") never locks out shard pods that
+// already carry the new token. The file is looked at lazily, by writes, at most once a second: no
+// timer, and nothing at all on a node nobody writes to. The looking itself (asynchronous, bounded in
+// time, taking only a content that was stable while read) is src/system/token-file.ts's.
 import { createHash, timingSafeEqual } from 'node:crypto';
-import { readFileSync, statSync } from 'node:fs';
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
 import type { Logger } from 'pino';
 import { parseTokenFile, type Config } from './config.js';
 import { ForbiddenError, UnauthorizedError } from './errors.js';
+import { createTokenFileReader, type TokenFileLook, type TokenFileReaderOptions } from './system/token-file.js';
 
 /** How often, at most, writes look at the token file: a burst of writes or of wrong tokens costs one stat a second. */
 export const TOKEN_FILE_CHECK_MS = 1000;
@@ -44,24 +46,29 @@ function bearer(header: string | undefined): string | null {
 /** The tokens accepted for writes now, and the setting an operator changes to change them. */
 export interface TokenSource {
   setting: 'NODECOMPUTE_TOKEN' | 'NODECOMPUTE_TOKEN_FILE';
-  /** Digests of the tokens in force; may look at the token file first. */
-  current(): readonly Buffer[];
+  /**
+   * Digests of the tokens in force. A promise when the token file is being looked at first: the
+   * write waits for that look (bounded by the reader's timeout), so it is judged by what it finds.
+   */
+  current(): readonly Buffer[] | Promise<readonly Buffer[]>;
+  /** What is wrong with the token file now (the tokens last read stay in force); null when nothing is. */
+  problem(): string | null;
 }
 
 function fixedToken(token: string): TokenSource {
   const digests = [digest(token)];
-  return { setting: 'NODECOMPUTE_TOKEN', current: () => digests };
-}
-
-/** Changes when the file is replaced (a kubelet symlink swap gives a new inode) or rewritten in place. */
-function fileIdentity(path: string): string {
-  const stats = statSync(path); // follows symlinks: the identity of the file the tokens are read from
-  return `${stats.dev}:${stats.ino}:${stats.size}:${stats.mtimeMs}`;
+  return { setting: 'NODECOMPUTE_TOKEN', current: () => digests, problem: () => null };
 }
 
 function sameTokens(a: readonly string[], b: readonly string[]): boolean {
   return a.length === b.length && a.every((token) => b.includes(token));
 }
+
+/** Unstable reads in a row before they are warned about: one alone is a rewrite caught in the act. */
+const UNSTABLE_LOOKS_WARNED = 2;
+
+const FIX_THE_SECRET =
+  'Check the Secret (its key must hold one token a line, each at least 16 characters) and its mount; the file is re-read within a second of the next write once it is fixed.';
 
 export interface TokenFileOptions {
   path: string;
@@ -69,35 +76,36 @@ export interface TokenFileOptions {
   initial: string[];
   log: Logger;
   now: () => number;
+  /** For tests: runs between the stat and the read of the file (see createTokenFileReader). */
+  beforeRead?: TokenFileReaderOptions['beforeRead'];
 }
 
 /**
  * The tokens of NODECOMPUTE_TOKEN_FILE, re-read when the file changes. A file that becomes
- * unreadable, empty or unusable keeps the tokens last read in force: refusing every write because a
- * Secret was briefly wrong would take the whole node's registrations down with it.
+ * unreadable, empty, unusable, unstable or too slow to answer keeps the tokens last read in force:
+ * refusing every write because a Secret was briefly wrong would take the whole node's registrations
+ * down with it.
  */
 export function createTokenFileSource(options: TokenFileOptions): TokenSource {
   const { path, log, now } = options;
+  const reader = createTokenFileReader(path, { beforeRead: options.beforeRead });
   let tokens = options.initial;
   let digests = tokens.map(digest);
-  // The identity of the file last read; null: read it at the next check.
-  let readIdentity: string | null = null;
   let checkedAt: number | null = null;
-  let inTrouble = false;
+  let checking: Promise<readonly Buffer[]> | null = null;
+  let unstableInARow = 0;
+  // What is wrong with the file, said once in the log and kept for the doctor; null while it is fine.
+  let problem: string | null = null;
 
-  function trouble(what: string): void {
-    if (inTrouble) return;
-    inTrouble = true;
-    log.warn(
-      { file: path, tokens: tokens.length },
-      `The token file ${path} ${what}. The ${tokens.length} token(s) last read from it stay in force, so writes that present one keep working, but a rotated token is not picked up. ` +
-        'Check the Secret (its key must hold one token a line, each at least 16 characters) and its mount; the file is re-read within a second of the next write once it is fixed.',
-    );
+  function trouble(what: string, fix = FIX_THE_SECRET): void {
+    if (problem !== null) return;
+    problem = `The token file ${path} ${what}. The ${tokens.length} token(s) last read from it stay in force, so writes that present one keep working, but a rotated token is not picked up. ${fix}`;
+    log.warn({ file: path, tokens: tokens.length }, problem);
   }
 
   function use(next: string[]): void {
-    if (inTrouble) {
-      inTrouble = false;
+    if (problem !== null) {
+      problem = null;
       log.info({ file: path }, `The token file ${path} is readable again; its tokens are used from now on.`);
     }
     if (sameTokens(next, tokens)) return;
@@ -106,37 +114,50 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource {
     log.info({ file: path, tokens: next.length }, `Write tokens changed: ${next.length} token(s) from ${path} are in force now.`);
   }
 
-  function check(): void {
-    let identity: string;
-    let text: string;
-    try {
-      // Stat before reading: a file caught mid-write was stat'd no later than it was read, so its
-      // final version has another identity and is read at the next check.
-      identity = fileIdentity(path);
-      if (identity === readIdentity) return;
-      text = readFileSync(path, 'utf8');
-    } catch (err) {
-      // Not remembered as read: a permission fix changes neither size nor mtime.
-      readIdentity = null;
-      return trouble(`cannot be read (${(err as Error).message})`);
+  function apply(look: TokenFileLook): void {
+    unstableInARow = look.kind === 'unstable' ? unstableInARow + 1 : 0;
+    switch (look.kind) {
+      case 'unchanged':
+        return;
+      case 'failed':
+        return trouble(`cannot be read (${look.err.message})`);
+      case 'late':
+        return trouble(
+          `did not answer within ${look.timeoutMs} ms (the read is still pending: is it on a network filesystem that hangs?)`,
+          `Writes do not wait for it any longer, and no other read is started until that one returns. Check the filesystem that holds ${path} (does \`cat ${path}\` hang?) or mount the token from a Kubernetes Secret (a tmpfs, which does not hang); the file is read again at the first write after it answers.`,
+        );
+      case 'unstable':
+        // One is a rewrite caught in the act: the next look reads the finished file.
+        if (unstableInARow < UNSTABLE_LOOKS_WARNED) return;
+        return trouble(
+          `was not stable while it was read, ${unstableInARow} times in a row (${look.detail})`,
+          'Something keeps rewriting it in place, or it is not a regular file (a pipe, a /proc or /sys file). Replace the file atomically instead (write a temporary file beside it, then rename it over the token file, as the kubelet does for a Secret); the file is re-read within a second of the next write once it is stable.',
+        );
+      case 'read': {
+        const content = parseTokenFile(look.text);
+        if (content.problem !== null) return trouble(`cannot be used: ${content.problem}`);
+        return use(content.tokens);
+      }
     }
-    readIdentity = identity;
-    const content = parseTokenFile(text);
-    if (content.problem !== null) return trouble(`cannot be used: ${content.problem}`);
-    use(content.tokens);
   }
 
   return {
     setting: 'NODECOMPUTE_TOKEN_FILE',
+    problem: () => problem,
     current() {
+      // A write that comes while the file is being looked at waits for that look, and starts none.
+      if (checking !== null) return checking;
       const at = now();
       const elapsed = checkedAt === null ? Infinity : at - checkedAt;
       // A clock set back must not stop the checks until it catches up again.
-      if (elapsed >= TOKEN_FILE_CHECK_MS || elapsed < 0) {
-        checkedAt = at;
-        check();
-      }
-      return digests;
+      if (elapsed < TOKEN_FILE_CHECK_MS && elapsed >= 0) return digests;
+      checkedAt = at;
+      checking = reader.look().then((look) => {
+        checking = null;
+        apply(look);
+        return digests;
+      });
+      return checking;
     },
   };
 }
@@ -146,9 +167,17 @@ function tokenSource(config: Config, log: Logger, now: () => number): TokenSourc
   return config.token === null ? null : fixedToken(config.token);
 }
 
-export function createAuth(config: Config, log: Logger, now: () => number = Date.now) {
+export interface Auth {
+  /** The onRequest hook of every write route. */
+  authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void;
+  /** What is wrong with the token file now, for the doctor; null when nothing is (or there is no file). */
+  tokenProblem(): string | null;
+}
+
+export function createAuth(config: Config, log: Logger, now: () => number = Date.now): Auth {
   const source = tokenSource(config, log, now);
-  return function authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void {
+  const tokenProblem = () => source?.problem() ?? null;
+  function authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void {
     if (source === null) {
       if (isLoopback(request.socket.remoteAddress)) return done();
       log.warn({ remoteAddress: request.socket.remoteAddress, url: request.url }, 'Refused a write from the network: no token is configured');
@@ -163,20 +192,26 @@ export function createAuth(config: Config, log: Logger, now: () => number = Date
     if (presented === null) {
       return done(new UnauthorizedError(`This write needs "Authorization: Bearer <token>" with a token configured on this node (${source.setting}).`));
     }
+    const judge = (digests: readonly Buffer[]): void => {
+      if (!matchesAny(digests, presented)) {
+        log.warn({ remoteAddress: request.socket.remoteAddress, url: request.url }, 'Refused a write with a wrong bearer token');
+        return done(
+          new UnauthorizedError(
+            `The bearer token does not match any token configured on this node (${source.setting}). Check the Secret the caller uses` +
+              (source.setting === 'NODECOMPUTE_TOKEN_FILE'
+                ? "; after a rotation, this node takes the new token within a second once the kubelet has updated its mounted file (a minute or two after the Secret changes)."
+                : '.'),
+          ),
+        );
+      }
+      reply.removeHeader('www-authenticate');
+      done();
+    };
     // Every write with a token looks at the token file first (at most once a second), so a rotated
     // token works from the first write that presents it, and a token taken out stops working.
-    if (!matchesAny(source.current(), presented)) {
-      log.warn({ remoteAddress: request.socket.remoteAddress, url: request.url }, 'Refused a write with a wrong bearer token');
-      return done(
-        new UnauthorizedError(
-          `The bearer token does not match any token configured on this node (${source.setting}). Check the Secret the caller uses` +
-            (source.setting === 'NODECOMPUTE_TOKEN_FILE'
-              ? "; after a rotation, this node takes the new token within a second once the kubelet has updated its mounted file (a minute or two after the Secret changes)."
-              : '.'),
-        ),
-      );
-    }
-    reply.removeHeader('www-authenticate');
-    done();
-  };
+    const digests = source.current();
+    if (digests instanceof Promise) digests.then(judge, done);
+    else judge(digests);
+  }
+  return { authorise, tokenProblem };
 }

@@ -31,9 +31,11 @@ export const SETTINGS = {
     env: 'NODECOMPUTE_HOST',
     flag: 'host',
     schema: Type.String({ minLength: 1, description: 'Address to listen on' }),
-    default: '0.0.0.0',
+    default: '::',
     accepts: 'an IP address or host name',
-    description: 'Address the HTTP server listens on.',
+    description:
+      'Address the HTTP server listens on. The default, ::, takes IPv6 and IPv4 alike (one dual-stack socket), so probes reach it in IPv4, dual-stack and IPv6-only clusters; ' +
+      'on a kernel without IPv6 it listens on 0.0.0.0 instead, and its start-up line says which. A host that is set is used as given.',
   },
   port: {
     env: 'NODECOMPUTE_PORT',
@@ -275,33 +277,90 @@ export interface ResolvedCli {
   version: boolean;
   /** Settings that are accepted but will likely hurt: main.ts logs each once its logger exists. */
   warnings: string[];
+  /**
+   * True when neither NODECOMPUTE_HOST nor --host was given: the host is then the default ::, which
+   * main.ts replaces with 0.0.0.0 where the kernel has no IPv6 (listen.ts). A host that was given
+   * is used as given, even when it is ::.
+   */
+  defaultHost: boolean;
+}
+
+/** Every flag: one per setting, then --help (-h) and --version (-v). */
+const FLAGS = {
+  ...(Object.fromEntries(Object.values(SETTINGS).map((setting) => [setting.flag, { type: 'string' as const }])) as Record<string, { type: 'string' }>),
+  help: { type: 'boolean', short: 'h' },
+  version: { type: 'boolean', short: 'v' },
+} as const;
+
+/** Edit distance with adjacent transpositions counted as one edit ("prot" is one edit from "port"). */
+function editDistance(a: string, b: string): number {
+  const d = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)));
+  for (let i = 1; i <= a.length; i += 1) {
+    for (let j = 1; j <= b.length; j += 1) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let best = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) best = Math.min(best, d[i - 2]![j - 2]! + 1);
+      d[i]![j] = best;
+    }
+  }
+  return d[a.length]![b.length]!;
+}
+
+/**
+ * The candidate a mistyped word most likely meant: the same word in another spelling (case, `_` for
+ * `-`, the NODECOMPUTE_ prefix of the variable), or the nearest within two edits; null when none is
+ * that near.
+ */
+export function nearestWord(typed: string, candidates: readonly string[]): string | null {
+  const word = typed.toLowerCase().replace(/^nodecompute[-_]/, '').replace(/_/g, '-');
+  let best: { candidate: string; distance: number } | null = null;
+  for (const candidate of candidates) {
+    const distance = editDistance(word, candidate);
+    if (distance <= 2 && distance < candidate.length / 2 && (best === null || distance < best.distance)) best = { candidate, distance };
+  }
+  return best?.candidate ?? null;
+}
+
+/**
+ * Says which argument is not a flag of nodecompute, and the flag it likely meant. parseArgs' own
+ * message is about passing positionals after `--`, which a mistyped flag never needs.
+ */
+function unknownFlag(argv: string[]): string | null {
+  const { tokens } = parseArgs({ args: argv, options: FLAGS, allowPositionals: true, strict: false, tokens: true });
+  const unknown = tokens.find((token) => token.kind === 'option' && !Object.hasOwn(FLAGS, token.name));
+  if (unknown === undefined) return null;
+  // -port is read as the short flags -p -o -r -t: name the argument as it was typed.
+  const typed = argv[unknown.index]!.split('=')[0]!;
+  const word = typed.replace(/^-+/, '');
+  const guess = word.length > 1 ? nearestWord(word, Object.keys(FLAGS)) : null;
+  return (
+    `unknown flag ${typed}${guess === null ? '' : ` (did you mean --${guess}?)`}. ` +
+    'Run `nodecompute --help` for the flags and the environment variable of each.'
+  );
 }
 
 /** Reads argv flags over environment variables over defaults; throws ConfigInvalidError. */
 export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedCli {
-  const options = Object.fromEntries(
-    Object.values(SETTINGS).map((setting) => [setting.flag, { type: 'string' as const }]),
-  );
+  const unknown = unknownFlag(argv);
+  if (unknown !== null) throw new ConfigInvalidError(unknown);
   let parsed;
   try {
-    parsed = parseArgs({
-      args: argv,
-      options: { ...options, help: { type: 'boolean', short: 'h' }, version: { type: 'boolean', short: 'v' } },
-      allowPositionals: true,
-      strict: true,
-    });
+    parsed = parseArgs({ args: argv, options: FLAGS, allowPositionals: true, strict: true });
   } catch (err) {
+    // What is left is a flag without its value, or --help/--version given one.
     throw new ConfigInvalidError(`${(err as Error).message}. Run \`nodecompute --help\` for the settings.`, {
       cause: err,
     });
   }
   const values = parsed.values as Record<string, string | boolean | undefined>;
   const config: Record<string, unknown> = {};
+  const given = new Set<SettingKey>();
   for (const [key, setting] of Object.entries(SETTINGS) as [SettingKey, Setting][]) {
     const fromFlag = values[setting.flag];
     const fromEnv = env[setting.env];
-    const raw = typeof fromFlag === 'string' ? fromFlag : fromEnv !== undefined && fromEnv !== '' ? fromEnv : setting.default;
-    config[key] = validate(setting, raw);
+    const value = typeof fromFlag === 'string' ? fromFlag : fromEnv !== undefined && fromEnv !== '' ? fromEnv : undefined;
+    if (value !== undefined) given.add(key);
+    config[key] = validate(setting, value ?? setting.default);
   }
   const resolved = config as unknown as Config;
   resolved.fileTokens = [];
@@ -321,6 +380,7 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
     help: values.help === true,
     version: values.version === true,
     warnings,
+    defaultHost: !given.has('host'),
   };
 }
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env node
-// Owns the process: the only place that reads process.env and argv (through config.ts), listens,
-// and handles signals. `nodecompute` and `nodecompute serve` run the service; `nodecompute doctor`
+// Owns the process: the only place that reads process.env and argv (through config.ts), listens
+// (on :: by default, 0.0.0.0 on a kernel without IPv6: listen.ts), and handles signals. `nodecompute` and `nodecompute serve` run the service; `nodecompute doctor`
 // checks the node; --help and --version say what they say. On SIGTERM/SIGINT the server stops
 // accepting, finishes in-flight requests, kills running nvidia-smi children and exits 0.
 import closeWithGrace from 'close-with-grace';
 import { pino, type Logger } from 'pino';
 import { buildApp } from './app.js';
-import { resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
+import { nearestWord, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
+import { listenOn, type Listening } from './listen.js';
 import { VERSION } from './version.js';
+
+const COMMANDS = ['serve', 'doctor'];
 
 const USAGE = `nodecompute ${VERSION}: where GPU work really runs on this node.
 
@@ -29,17 +32,16 @@ function createLogger(config: Config): Logger {
   return pino({ level: config.logLevel });
 }
 
+/**
+ * Takes the first snapshot, so that the log says at once whether nvidia-smi answers. When it does
+ * not, the snapshot cache has already logged the failure with what it means for the answers (one
+ * warning when failing starts or its reason changes): saying it again here would log it twice.
+ */
 async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): Promise<void> {
-  try {
-    const { view } = await app.services.node.current();
-    log.info({ gpus: view.snapshot.gpus.length, nvidiaSmiMs: Math.round(view.snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
-  } catch (err) {
-    const { code, message } = err as { code?: string; message: string };
-    log.error(
-      { code },
-      `${message} Until this is fixed, /gpus, /readyz and the shard probes answer 503 (${code}) or unverified; /livez stays 200.`,
-    );
-  }
+  const current = await app.services.node.current().catch(() => null);
+  if (current === null) return;
+  const { snapshot } = current.view;
+  log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
 }
 
 async function serve(cli: ResolvedCli): Promise<void> {
@@ -47,9 +49,9 @@ async function serve(cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
   for (const warning of cli.warnings) log.warn(warning);
   const app = await buildApp(config, { logger: log });
-  let url: string;
+  let listening: Listening;
   try {
-    url = await app.listen({ host: config.host, port: config.port });
+    listening = await listenOn((options) => app.listen(options), { host: config.host, port: config.port, defaultHost: cli.defaultHost });
   } catch (err) {
     await app.close();
     throw err;
@@ -61,7 +63,8 @@ async function serve(cli: ResolvedCli): Promise<void> {
     log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
     await app.close();
   });
-  log.info({ url, version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, 'nodecompute is listening');
+  const { url, host, message } = listening;
+  log.info({ url, host, version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, message);
   await warmUp(app, log);
 }
 
@@ -82,8 +85,11 @@ async function main(argv: string[]): Promise<number | null> {
     return 0;
   }
   const [command = 'serve', ...extra] = cli.positionals;
-  if (extra.length > 0 || !['serve', 'doctor'].includes(command)) {
-    process.stderr.write(`nodecompute: unknown command "${cli.positionals.join(' ')}". Run \`nodecompute --help\`.\n`);
+  if (extra.length > 0 || !COMMANDS.includes(command)) {
+    const guess = extra.length === 0 ? nearestWord(command, COMMANDS) : null;
+    process.stderr.write(
+      `nodecompute: unknown command "${cli.positionals.join(' ')}"${guess === null ? '' : ` (did you mean ${guess}?)`}. The commands are serve (the default) and doctor; run \`nodecompute --help\`.\n`,
+    );
     return 2;
   }
   if (command === 'doctor') return runDoctorCli(cli.config, process.stdout);

@@ -7,9 +7,14 @@ import { foreignMemory } from './node-state/foreign-memory.js';
 import type { NodeView } from './node-state/node-view.js';
 import { READINESS_STATES } from './shards/readiness.js';
 import type { ShardState } from './shards/shard-service.js';
-import type { QueryObservation } from './system/nvidia-smi.js';
+import type { QueryName, QueryObservation } from './system/nvidia-smi.js';
+import { VERSION } from './version.js';
 
 const MIB = 1024 * 1024;
+
+/** Every query and every code a failed run can end with: their counters start at 0, so rate() sees the first failure. */
+const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
+const FAILURE_CODES = ['NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', 'NODECOMPUTE_NVIDIA_SMI_FAILED', 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE'];
 
 export interface Metrics {
   registry: Registry;
@@ -43,14 +48,27 @@ export function createMetrics(): Metrics {
     'Memory of the GPU held by anything that is not a registered shard: placement must not hand it out.',
     gpuLabels,
   );
-  const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', 'gpu']);
+  const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
+  const shardPlaced = gauge(
+    'nodecompute_shard_gpu_placed',
+    '1 for each GPU a shard was placed on (its registration). Memory a shard holds on a GPU it was not placed on is stray.',
+    ['shard', 'gpu'],
+  );
   const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
   const shardState = gauge('nodecompute_shard_state', 'The shard readiness state: 1 for the current one, 0 for the others.', ['shard', 'state']);
   const up = gauge(
     'nodecompute_nvidia_smi_up',
     '1 when the last nvidia-smi refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or nvidia-smi cannot be asked.',
   );
-  const age = gauge('nodecompute_snapshot_age_seconds', 'Age of the last good node snapshot (NaN before the first); alert when it grows past max-stale.');
+  const age = gauge(
+    'nodecompute_snapshot_age_seconds',
+    'Age of the last good node snapshot (NaN before the first). Snapshots are taken on demand, so between requests it grows with the time since the last one; nvidia_smi_up is the failure signal.',
+  );
+  const processesVisible = gauge(
+    'nodecompute_gpu_processes_visible',
+    "1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when they are hidden (no host PID namespace, or a GPU-sharing layer): no memory can then be attributed to a shard. NaN while nvidia-smi cannot be asked.",
+  );
+  gauge('nodecompute_build_info', 'Always 1; the version label says which nodecompute runs.', ['version']).set({ version: VERSION }, 1);
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
     help: 'Duration of nvidia-smi runs, by query.',
@@ -65,7 +83,9 @@ export function createMetrics(): Metrics {
     registers: [registry],
   });
 
-  const nodeGauges = [total, used, free, reserved, foreign, shardMemory, shardReady, shardState];
+  for (const query of QUERIES) for (const reason of FAILURE_CODES) failures.inc({ query, reason }, 0);
+
+  const nodeGauges = [total, used, free, reserved, foreign, shardMemory, shardPlaced, shardReady, shardState];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
     if (mib !== null) metric.set(labels, mib * MIB);
   };
@@ -80,6 +100,7 @@ export function createMetrics(): Metrics {
       for (const metric of nodeGauges) metric.reset();
       up.set(node !== null && nvidiaSmiUp ? 1 : 0);
       age.set(ageMs === null ? Number.NaN : ageMs / 1000);
+      processesVisible.set(node === null ? Number.NaN : node.processesHidden === null ? 1 : 0);
       if (node) {
         const foreignByIndex = new Map(foreignMemory(node).map((gpu) => [gpu.index, gpu.foreignMiB]));
         for (const gpu of node.snapshot.gpus) {
@@ -91,11 +112,12 @@ export function createMetrics(): Metrics {
           setMiB(foreign, labels, foreignByIndex.get(gpu.index) ?? null);
         }
         for (const [shard, holdings] of node.attribution.holdings) {
-          for (const holding of holdings.values()) setMiB(shardMemory, { shard, gpu: String(holding.index) }, holding.usedMiB);
+          for (const holding of holdings.values()) setMiB(shardMemory, { shard, gpu: String(holding.index), uuid: holding.uuid }, holding.usedMiB);
         }
       }
       for (const { shard, readiness } of shards) {
         shardReady.set({ shard: shard.id }, readiness.ready ? 1 : 0);
+        for (const gpu of shard.gpus) shardPlaced.set({ shard: shard.id, gpu: String(gpu) }, 1);
         for (const state of READINESS_STATES) shardState.set({ shard: shard.id, state }, state === readiness.state ? 1 : 0);
       }
     },

@@ -3,15 +3,16 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { defaultConfig, parseTokenFile, resolveConfig, SETTINGS, settingsHelp, tokenProblem } from '../src/config.js';
+import { defaultConfig, nearestWord, parseTokenFile, resolveConfig, SETTINGS, settingsHelp, tokenProblem } from '../src/config.js';
 
 t.test('defaults', async (t) => {
   const { config, positionals, help, version } = resolveConfig({}, []);
   t.same(config, defaultConfig());
   t.same(
     { host: config.host, port: config.port, nvidiaSmi: config.nvidiaSmi, proc: config.proc, ttl: config.cacheTtlMs, stale: config.maxStaleMs, timeout: config.smiTimeoutMs, log: config.logLevel, grace: config.gpuGraceMs, token: config.token },
-    { host: '0.0.0.0', port: 9470, nvidiaSmi: 'nvidia-smi', proc: '/proc', ttl: 1000, stale: 30000, timeout: 5000, log: 'info', grace: 15000, token: null },
+    { host: '::', port: 9470, nvidiaSmi: 'nvidia-smi', proc: '/proc', ttl: 1000, stale: 30000, timeout: 5000, log: 'info', grace: 15000, token: null },
   );
+  t.equal(resolveConfig({}, []).defaultHost, true, 'the host is the default, so main.ts may fall back to 0.0.0.0');
   t.same(positionals, []);
   t.equal(help, false);
   t.equal(version, false);
@@ -27,10 +28,26 @@ t.test('flags win over environment variables, which win over defaults', async (t
   t.equal(config.cacheTtlMs, 250);
   t.equal(config.logLevel, 'debug');
   t.equal(config.nvidiaSmi, '/opt/bin/nvidia-smi');
-  t.equal(config.host, '0.0.0.0', 'an empty variable counts as unset');
+  t.equal(config.host, '::', 'an empty variable counts as unset');
   t.same(positionals, ['serve']);
   t.equal(resolveConfig({}, ['--help']).help, true);
   t.equal(resolveConfig({}, ['-v']).version, true);
+});
+
+t.test('a host that is given, even the default ::, is used as given: only the default may fall back', async (t) => {
+  const cases: Array<[Record<string, string>, string[], string, boolean]> = [
+    [{}, [], '::', true],
+    [{ NODECOMPUTE_HOST: '' }, [], '::', true],
+    [{ NODECOMPUTE_HOST: '::' }, [], '::', false],
+    [{}, ['--host', '::'], '::', false],
+    [{ NODECOMPUTE_HOST: '0.0.0.0' }, [], '0.0.0.0', false],
+    [{ NODECOMPUTE_HOST: '::' }, ['--host=127.0.0.1'], '127.0.0.1', false],
+  ];
+  for (const [env, argv, host, defaultHost] of cases) {
+    const cli = resolveConfig(env, argv);
+    t.same([cli.config.host, cli.defaultHost], [host, defaultHost], JSON.stringify({ env, argv }));
+  }
+  t.match(settingsHelp(), /NODECOMPUTE_HOST \(default: ::\)\n.*takes IPv6 and IPv4 alike.*on a kernel without IPv6 it listens on 0\.0\.0\.0 instead/);
 });
 
 t.test('bad values stop the start with the setting, the value and what it accepts', async (t) => {
@@ -41,7 +58,8 @@ t.test('bad values stop the start with the setting, the value and what it accept
     [{ NODECOMPUTE_LOG_LEVEL: 'loud' }, [], /NODECOMPUTE_LOG_LEVEL.*fatal, error, warn, info, debug, trace, silent/],
     [{ NODECOMPUTE_TOKEN: 'short' }, [], /NODECOMPUTE_TOKEN.*at least 16 characters/],
     [{ NODECOMPUTE_CACHE_TTL_MS: '1.5' }, [], /NODECOMPUTE_CACHE_TTL_MS.*not an integer/],
-    [{}, ['--bogus'], /Unknown option '--bogus'.*nodecompute --help/],
+    [{}, ['--bogus'], /^unknown flag --bogus\. Run `nodecompute --help` for the flags/],
+    [{}, ['--port'], /^Option '--port <value>' argument missing\. Run `nodecompute --help` for the settings\.$/],
     [{ NODECOMPUTE_TOKEN_FILE: '/nonexistent/token' }, [], /NODECOMPUTE_TOKEN_FILE.*cannot read it/],
     // 20 spaces: accepted before, and then no bearer header could ever match.
     [{ NODECOMPUTE_TOKEN: ' '.repeat(20) }, [], /NODECOMPUTE_TOKEN \(--token\).*\(it is blank\); it accepts a secret of at least 16 characters without whitespace/],
@@ -59,6 +77,38 @@ t.test('bad values stop the start with the setting, the value and what it accept
   for (const [env, argv, message] of cases) {
     t.throws(() => resolveConfig(env, argv), { code: 'NODECOMPUTE_CONFIG_INVALID', message }, JSON.stringify({ env, argv }));
   }
+});
+
+t.test('an unknown flag is named as typed, with the flag it most likely meant, and nothing about positionals or --', async (t) => {
+  const help = 'Run `nodecompute --help` for the flags and the environment variable of each.';
+  const cases: Array<[string[], string]> = [
+    [['--bogus', '1'], `unknown flag --bogus. ${help}`],
+    [['serve', '--bogus=1'], `unknown flag --bogus. ${help}`],
+    [['--prot', '9000'], `unknown flag --prot (did you mean --port?). ${help}`],
+    [['--statefile', 's.json'], `unknown flag --statefile (did you mean --state-file?). ${help}`],
+    [['--nvidia_smi', '/usr/bin/nvidia-smi'], `unknown flag --nvidia_smi (did you mean --nvidia-smi?). ${help}`],
+    [['--NODECOMPUTE_PORT', '9000'], `unknown flag --NODECOMPUTE_PORT (did you mean --port?). ${help}`],
+    [['--verison'], `unknown flag --verison (did you mean --version?). ${help}`],
+    // One dash reads as the short flags -p -o -r -t: the argument is named as it was typed.
+    [['-port', '9000'], `unknown flag -port (did you mean --port?). ${help}`],
+    [['-x'], `unknown flag -x. ${help}`],
+    [['--toString'], `unknown flag --toString. ${help}`],
+  ];
+  for (const [argv, message] of cases) {
+    const err = t.throws(() => resolveConfig({}, argv), { code: 'NODECOMPUTE_CONFIG_INVALID' }, argv.join(' ')) as Error;
+    t.equal(err.message, message, argv.join(' '));
+    t.notMatch(err.message, /positional|'--'/, `${argv.join(' ')}: no advice about positionals`);
+  }
+  t.same(resolveConfig({}, ['-h', '--', '--bogus']).positionals, ['--bogus'], 'after --, nothing is a flag');
+});
+
+t.test('nearestWord: another spelling of a word, or a near one, else nothing', async (t) => {
+  const words = ['serve', 'doctor'];
+  t.equal(nearestWord('docter', words), 'doctor');
+  t.equal(nearestWord('DOCTOR', words), 'doctor');
+  t.equal(nearestWord('srvee', words), 'serve', 'a transposition and an edit');
+  t.equal(nearestWord('fly', words), null);
+  t.equal(nearestWord('do', words), null, 'too short to tell');
 });
 
 t.test('a refused token is never echoed: its length is enough to find it', async (t) => {

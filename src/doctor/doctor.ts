@@ -30,6 +30,8 @@ export interface DoctorDeps {
   stateFile: StateFile;
   nvidiaSmiPath: string;
   tokenConfigured: boolean;
+  /** What is wrong with the token file now, as the running service sees it (the CLI cannot tell). */
+  tokenProblem?: string | null;
   version: string;
   now: () => number;
   /** A query slower than this gets a warning. */
@@ -85,6 +87,19 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
   }
 }
 
+/** The host-pid-namespace check with no GPU process listed (and no memory in use hidden from it). */
+export const NO_GPU_PROCESS = 'no GPU process is running, so there is nothing to compare';
+
+/**
+ * What the PIDs nvidia-smi lists look like in `root`: the words of the host-pid-namespace check, in
+ * the doctor and in /readyz?verbose alike, so the two never tell an operator different stories.
+ */
+export function describeListedPids(listed: number, missing: readonly number[], root: string): string {
+  if (missing.length === 0) return `all ${listed} PID(s) nvidia-smi lists exist in ${root}`;
+  const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
+  return `${missing.length} of ${listed} PID(s) nvidia-smi lists do not exist in ${root} (${shown})`;
+}
+
 async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[]): Promise<DoctorCheck> {
   if (pids.length === 0 && busy.length > 0) {
     return check(
@@ -95,17 +110,16 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
     );
   }
   if (pids.length === 0) {
-    return check('host-pid-namespace', 'ok', 'no GPU process is running, so there is nothing to compare (re-run under load to check)');
+    return check('host-pid-namespace', 'ok', `${NO_GPU_PROCESS} (re-run under load to check)`);
   }
   const stats = await proc.readStats(pids);
   const missing = pids.filter((pid) => stats.get(pid) == null);
-  if (missing.length === 0) return check('host-pid-namespace', 'ok', `all ${pids.length} PID(s) nvidia-smi lists exist in ${proc.root}`);
-  const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
+  if (missing.length === 0) return check('host-pid-namespace', 'ok', describeListedPids(pids.length, missing, proc.root));
   const status = missing.length === pids.length ? 'fail' : 'warn';
   return check(
     'host-pid-namespace',
     status,
-    `${missing.length} of ${pids.length} PID(s) nvidia-smi lists do not exist in ${proc.root} (${shown})`,
+    describeListedPids(pids.length, missing, proc.root),
     status === 'fail'
       ? "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), or set NODECOMPUTE_PROC to the host's /proc."
       : 'Some processes may have exited between the two reads; re-run. If it persists, they live in another PID namespace (a VM or a nested container).',
@@ -152,7 +166,9 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
   );
   checks.push(
     deps.tokenConfigured
-      ? check('token', 'ok', 'a bearer token is configured for writes')
+      ? deps.tokenProblem
+        ? check('token', 'warn', deps.tokenProblem, 'Fix the token file as the detail says; until then a token rotated into it is not accepted.')
+        : check('token', 'ok', 'a bearer token is configured for writes')
       : check('token', 'warn', 'no token is configured: writes are accepted from loopback only', 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards.'),
   );
   return {

@@ -1,6 +1,7 @@
 // Owns which registered shard each GPU process belongs to, and whether each shard's process still
-// runs, computed once per snapshot and registry version. A GPU process belongs, by the first rule
-// that names a shard:
+// runs (for a cgroup shard: a process of its cgroup other than the pod's sandbox, see SANDBOX_COMMS,
+// and since when), computed once per snapshot and registry version. A GPU process belongs, by the
+// first rule that names a shard:
 //   1. to the shard it *is*: the shard's PID, or a member of the shard's cgroup;
 //   2. to the shard its nearest ancestor is (by rule 1), following ppid through the snapshot's stats
 //      for ANCESTRY_DEPTH generations: an engine computing in a child or grandchild (vLLM's
@@ -21,7 +22,7 @@
 // to a shard because a stat on its way (its own, or an ancestor's) was unreadable is 'uncertain' on
 // its GPU: a shard missing that GPU has no evidence against it.
 import type { ShardRecord } from '../shards/shard.js';
-import { isReadable, type UnreadableStat } from '../system/procfs.js';
+import { isReadable, type ProcStat, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
 export interface ShardGpuHolding {
@@ -33,7 +34,12 @@ export interface ShardGpuHolding {
 }
 
 export type Liveness =
-  | { state: 'alive' }
+  /**
+   * For a cgroup shard, `oldestStart` is the start time (clock ticks since boot) of the oldest of
+   * its running processes other than the pod's sandbox, when the snapshot read every member: engine
+   * output posted before it describes an earlier run.
+   */
+  | { state: 'alive'; oldestStart?: number }
   | { state: 'gone'; why: string }
   /** Its stat could not be read or parsed this refresh: whether it runs is unknown; `why` says what to do. */
   | { state: 'unreadable'; why: string }
@@ -79,11 +85,64 @@ function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness 
   return { state: 'alive' };
 }
 
+/**
+ * The processes that hold a pod together without being its workload: the sandbox (infra) process,
+ * `/pause` of the pause image under containerd, CRI-O and cri-dockerd, which outlives every restart
+ * of the pod's containers; and CRI-O's container monitor, conmon, which OpenShift places in the
+ * pod's cgroup (conmon_cgroup = "pod"). Neither ever computes, so a pod cgroup that holds nothing
+ * else has no engine running: its container exited or is waiting to be restarted.
+ */
+export const SANDBOX_COMMS: ReadonlySet<string> = new Set(['pause', 'conmon']);
+
+function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
+  const processes = sandbox.map((stat) => `${stat.comm}, PID ${stat.pid}`).join('; ');
+  return (
+    `only the pod's sandbox ${sandbox.length === 1 ? 'process is' : 'processes are'} left in cgroup "${cgroup}" (${processes}): ` +
+    "the engine's container exited and is not running now (crashing and waiting to be restarted: CrashLoopBackOff?), so nothing computes, on a GPU or on the CPU. " +
+    "See why with `kubectl describe pod` (the container's Last State, exit code and restart count) and `kubectl logs --previous`; " +
+    'the verdict changes by itself once the engine runs again'
+  );
+}
+
+/**
+ * A cgroup shard is alive while a process of its cgroup runs that is not the pod's sandbox. A member
+ * the snapshot holds no answer for (a hand-made snapshot) counts as running. One whose stat could
+ * not be read may be the engine: when nothing else runs, whether the shard does is unverified.
+ */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
   if (members.size === 0) return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };
-  return { state: 'alive' };
+  const sandbox: ProcStat[] = [];
+  const zombies: number[] = [];
+  let unreadable: UnreadableStat | undefined;
+  let running = false;
+  // Known only when every member's stat is.
+  let oldestStart: number | undefined = Infinity;
+  for (const pid of members) {
+    const answer = snapshot.proc.get(pid);
+    if (answer === null) continue;
+    if (answer === undefined) {
+      running = true;
+      oldestStart = undefined;
+    } else if ('unreadable' in answer) {
+      unreadable ??= answer;
+      oldestStart = undefined;
+    } else if (answer.state === 'Z' || answer.state === 'X') zombies.push(pid);
+    else if (SANDBOX_COMMS.has(answer.comm)) sandbox.push(answer);
+    else {
+      running = true;
+      if (oldestStart !== undefined) oldestStart = Math.min(oldestStart, answer.startTime);
+    }
+  }
+  if (running) return oldestStart === undefined ? { state: 'alive' } : { state: 'alive', oldestStart };
+  if (unreadable !== undefined) return { state: 'unreadable', why: unreadableWhy(unreadable) };
+  if (sandbox.length > 0) return { state: 'gone', why: sandboxWhy(cgroup, sandbox) };
+  if (zombies.length > 0) {
+    const what = zombies.length === 1 ? `its last process ${zombies[0]} has exited (a zombie` : `its last processes ${zombies.join(' ')} have exited (zombies`;
+    return { state: 'gone', why: `no process is left running in cgroup "${cgroup}": ${what} not reaped yet)` };
+  }
+  return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };
 }
 
 /**

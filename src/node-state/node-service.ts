@@ -1,13 +1,34 @@
 // Owns the one way answers get their data: the current snapshot (through the cache) paired with
-// the view derived from it and the registry's current version.
+// the view derived from it and the registry's current version; and, when there is no snapshot to
+// serve (nvidia-smi failing past max-stale, or never answered), whether each shard's process still
+// runs, from /proc alone.
+//
+// That liveness comes from the /proc facts the latest failed refresh read anyway (node-snapshot.ts,
+// procFactsAfter), not from a read of its own: probes stay free of /proc reads, and the facts are
+// as fresh as refreshes are frequent (at least one per failure window, 30 s at most, while anything
+// asks). It is derived once per facts and registry version, like the node view. Facts read before a
+// shard was registered say nothing about it (its PID may have been another process's then): such a
+// shard's liveness is unknown. The last good snapshot, however old, is not used for this: past
+// max-stale it may describe processes that have changed since, while a failed refresh read /proc
+// just now.
+import type { ShardRecord } from '../shards/shard.js';
 import type { Registry } from '../shards/registry.js';
-import type { NodeSnapshot } from './node-snapshot.js';
+import { attribute, type Liveness } from './attribution.js';
+import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapshot.js';
 import { createNodeViewCache, type NodeView } from './node-view.js';
 import type { GetOptions, SnapshotSource, SnapshotView } from './snapshot.js';
 
 export interface Current {
   view: SnapshotView<NodeSnapshot>;
   node: NodeView;
+}
+
+/** Shard liveness read from /proc while nvidia-smi could not be asked. */
+export interface ProcOnly {
+  /** When /proc was read. */
+  takenAt: number;
+  /** Per shard id; absent for a shard the facts do not describe (registered since). */
+  liveness: ReadonlyMap<string, Liveness>;
 }
 
 export interface NodeService {
@@ -17,11 +38,28 @@ export interface NodeService {
   /** The cached snapshot and its view without refreshing anything; null before the first success. */
   peek(): Current | null;
   invalidate(): void;
+  /** What the latest refresh read in /proc for the shards when its nvidia-smi query failed; null when it did not fail or read nothing. */
+  procOnly(): ProcOnly | null;
   readonly snapshots: SnapshotSource<NodeSnapshot>;
+}
+
+/** Liveness alone: the attribution of a snapshot with no GPU, over the shards registered when the facts were read. */
+export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[]): ProcOnly {
+  const snapshot: NodeSnapshot = {
+    takenAt: facts.takenAt,
+    gpus: [],
+    proc: facts.proc,
+    cgroupPids: facts.cgroupPids,
+    unmatchedProcesses: [],
+    timings: { nvidiaSmiMs: 0, procMs: 0 },
+  };
+  const described = shards.filter((shard) => shard.registeredAt <= facts.startedAt);
+  return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness };
 }
 
 export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry): NodeService {
   const derive = createNodeViewCache();
+  let lastProcOnly: { facts: ProcFacts; registryVersion: number; answer: ProcOnly } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({
     view,
     node: derive(view.snapshot, registry.version, () => registry.list()),
@@ -39,6 +77,14 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
       return view ? withNode(view) : null;
     },
     invalidate: () => snapshots.invalidate(),
+    procOnly() {
+      const facts = procFactsAfter(snapshots.lastError);
+      if (facts === undefined) return null;
+      if (lastProcOnly?.facts !== facts || lastProcOnly.registryVersion !== registry.version) {
+        lastProcOnly = { facts, registryVersion: registry.version, answer: procOnlyLiveness(facts, registry.list()) };
+      }
+      return lastProcOnly.answer;
+    },
     snapshots,
   };
 }

@@ -1,8 +1,16 @@
 // Owns what one node snapshot holds and how it is taken: both nvidia-smi queries run concurrently,
 // their rows are joined by GPU UUID, then /proc is read once for every PID that answers will ask
-// about (GPU processes and registered shards' processes), plus one cgroup scan when cgroup shards
-// exist, plus the parents through which a GPU process may descend from a shard (see readParents).
-// Everything a request derives later comes from this one consistent picture.
+// about (GPU processes, registered shards' processes and, after one cgroup scan when cgroup shards
+// exist, the members of their cgroups: their names tell a pod's sandbox from its engine, their
+// start times which run is current), plus the parents through which a GPU process may descend from
+// a shard (see readParents). Everything a request derives later comes from this one consistent
+// picture.
+//
+// A refresh whose nvidia-smi query fails still reads /proc for the registered shards (their PIDs,
+// their cgroups' members) and leaves those facts with its error (procFactsAfter): whether a shard's
+// process runs, and whether the engine said CPU, do not depend on nvidia-smi, so an outage must not
+// turn an exited shard into an unverified, ready one. The read happens once per failed refresh, which
+// the snapshot cache runs at most once per failure window, never per request.
 import type { Logger } from 'pino';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
@@ -31,7 +39,8 @@ export interface NodeSnapshot {
   takenAt: number;
   gpus: GpuState[];
   /**
-   * /proc facts per PID of interest: null when the PID does not exist in this /proc (it exited, or
+   * /proc facts per PID of interest (GPU processes, shard processes, cgroup shards' members, the
+   * parents between them): null when the PID does not exist in this /proc (it exited, or
    * lives in another PID namespace), an UnreadableStat when it could not be read or parsed this time
    * (out of descriptors, EIO, a malformed line), which says nothing about whether it runs.
    */
@@ -41,6 +50,26 @@ export interface NodeSnapshot {
   /** Rows nvidia-smi listed under a UUID that matches no GPU of the GPU query. */
   unmatchedProcesses: ComputeAppRecord[];
   timings: { nvidiaSmiMs: number; procMs: number };
+}
+
+/**
+ * The /proc part of a snapshot, read for the registered shards alone by a refresh whose nvidia-smi
+ * query failed: enough to tell whether each shard's process still runs.
+ */
+export interface ProcFacts {
+  /** When the refresh that read them began: a shard registered after it is not described by them. */
+  startedAt: number;
+  takenAt: number;
+  proc: ReadonlyMap<number, StatAnswer>;
+  cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
+}
+
+/** Keyed by the error a failed refresh threw: the error stays what nvidia-smi said, and carries no data into logs. */
+const factsAfterFailure = new WeakMap<Error, ProcFacts>();
+
+/** The /proc facts the refresh that failed with `error` read for the shards; undefined when none were read. */
+export function procFactsAfter(error: Error | null): ProcFacts | undefined {
+  return error === null ? undefined : factsAfterFailure.get(error);
 }
 
 /** What the registry wants read along with the GPU processes. */
@@ -126,11 +155,37 @@ async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<str
   return new Map([...found].map(([needle, pids]) => [needle, new Set(pids)]));
 }
 
+/**
+ * Reads the shards' /proc facts after nvidia-smi failed and leaves them with the error. A /proc that
+ * cannot be read here leaves none: the nvidia-smi failure is the answer either way.
+ */
+async function readFactsAfterFailure(deps: SnapshotTakerDeps, error: unknown, startedAt: number): Promise<void> {
+  if (!(error instanceof Error)) return;
+  try {
+    const interest = deps.interest();
+    const cgroupPids = await scanCgroups(deps.proc, [...new Set(interest.cgroups)]);
+    const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
+    // Not kept: the stat files kept open are the full snapshot's, which this read must not shrink.
+    const proc = await deps.proc.readStats([...new Set([...interest.pids, ...members])]);
+    factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids });
+  } catch (err) {
+    deps.log.warn({ err }, "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, every shard is unverified");
+  }
+}
+
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
   const { now } = deps;
   return async () => {
+    const startedAt = now();
     const started = performance.now();
-    const [gpuRecords, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
+    let gpuRecords: GpuRecord[];
+    let apps: ComputeAppRecord[];
+    try {
+      [gpuRecords, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
+    } catch (err) {
+      await readFactsAfterFailure(deps, err, startedAt);
+      throw err;
+    }
     const smiDone = performance.now();
     const { gpus, unmatched } = joinGpusAndProcesses(gpuRecords, apps);
     if (unmatched.length > 0) {
@@ -142,16 +197,15 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const interest = deps.interest();
     const gpuPids = new Set<number>(apps.map((app) => app.pid));
     const shardPids = new Set<number>(interest.pids);
-    // A PID whose stat is unreadable or malformed is an UnreadableStat in this snapshot, not null
-    // (gone): running out of descriptors must not call every shard exited. The reader logs those
-    // once per call. The same PIDs come back next refresh, so their stat files are kept open.
-    const [proc, cgroupPids] = await Promise.all([
-      deps.proc.readStats([...new Set([...gpuPids, ...shardPids])], { keep: true }).then(async (stats) => {
-        await readParents(deps.proc, stats, gpuPids, shardPids);
-        return stats;
-      }),
-      scanCgroups(deps.proc, [...new Set(interest.cgroups)]),
-    ]);
+    // The scan comes first so that one read covers the members too (no scan, no cost, when there is
+    // no cgroup shard). A PID whose stat is unreadable or malformed is an UnreadableStat in this
+    // snapshot, not null (gone): running out of descriptors must not call every shard exited. The
+    // reader logs those once per call. The same PIDs come back next refresh, so their stat files
+    // are kept open.
+    const cgroupPids = await scanCgroups(deps.proc, [...new Set(interest.cgroups)]);
+    const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
+    const proc = await deps.proc.readStats([...new Set([...gpuPids, ...shardPids, ...members])], { keep: true });
+    await readParents(deps.proc, proc, gpuPids, shardPids);
     const done = performance.now();
     return {
       takenAt: now(),

@@ -9,7 +9,11 @@
 //     in a row up to 30 s (no retry storm); within max-stale the last good snapshot is served with
 //     the reason, beyond it callers get the error;
 //   - registry-aware: after a registration or removal, snapshots taken before it are stale and the
-//     next request starts a refresh.
+//     next request starts a refresh;
+//   - fair to nvidia-smi: a stale answer is routine (one refresh period behind while the next runs)
+//     and says so neutrally; it blames nvidia-smi only when the last refresh failed or the one under
+//     way runs far longer than usual (see slowAfterMs), and only then is it `failing` or `slow`,
+//     the two states worth a warning.
 // A caller that must wait never waits past the refresh's own hard timeout, and may ask for less
 // (probes keep Kubernetes' 1 s limit).
 import type { Logger } from 'pino';
@@ -25,11 +29,13 @@ export interface SnapshotView<S> {
    */
   startedAt: number;
   ageMs: number;
-  /** Older than the TTL: a refresh is running or has failed. */
+  /** Older than the TTL (a refresh is running, is due or has failed), or older than the registry. */
   stale: boolean;
   staleReason: string | null;
   /** The last refresh failed (the snapshot is the last good one). */
   failing: boolean;
+  /** The refresh under way has run far longer than usual (see slowAfterMs): nvidia-smi is slow now. */
+  slow: boolean;
 }
 
 export interface SnapshotSourceOptions<S> {
@@ -65,6 +71,16 @@ export interface SnapshotSource<S> {
   readonly refreshing: boolean;
   /** Bumped on every successful refresh; part of ETags. */
   readonly generation: number;
+  /** The error of the latest refresh while none has succeeded since it; null otherwise. */
+  readonly lastError: Error | null;
+}
+
+/**
+ * Why a view's staleness is worth a warning: the last refresh failed, or the one under way is slow.
+ * Null when it is routine (one refresh period behind, or just behind a registry change) or fresh.
+ */
+export function staleNews(view: SnapshotView<unknown>): string | null {
+  return view.failing || view.slow ? view.staleReason : null;
 }
 
 interface Good<S> {
@@ -87,6 +103,29 @@ interface Failure {
 
 const MAX_FAILURE_WINDOW_MS = 30_000;
 
+/**
+ * When a refresh under way counts as slow, so that stale answers blame nvidia-smi: once it has run
+ * SLOW_REFRESH_FACTOR times as long as the last successful refresh took, and at least
+ * SLOW_REFRESH_MIN_MS. Relative to the last refresh rather than to a fixed budget (the probe wait,
+ * say), because what is usual differs by node: tens of milliseconds on a small node, seconds on a
+ * big one without persistence mode. The doctor reports a node whose queries are always slow, once;
+ * repeating it in every answer is noise. A driver in trouble, or a hang on its way to the timeout,
+ * shows as a refresh taking several times its usual time. The floor is the doctor's own mark for a
+ * slow query (1 s): below it nobody calls nvidia-smi slow, so a node whose refreshes take 5 ms does
+ * not blame it for one of 20 ms.
+ */
+export const SLOW_REFRESH_FACTOR = 3;
+export const SLOW_REFRESH_MIN_MS = 1000;
+
+export function slowAfterMs(lastRefreshMs: number): number {
+  return Math.max(SLOW_REFRESH_MIN_MS, SLOW_REFRESH_FACTOR * lastRefreshMs);
+}
+
+/** A duration for a reason: milliseconds below a second, else seconds with one decimal. */
+function duration(ms: number): string {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
+}
+
 export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): SnapshotSource<S> {
   const { take, ttlMs, maxStaleMs, log } = options;
   const { now } = options;
@@ -96,6 +135,8 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
   let inFlightSince = 0;
   let epoch = 0;
   let generation = 0;
+  /** How long the last successful refresh took, from its start to its snapshot. */
+  let lastRefreshMs = 0;
 
   function refresh(): Promise<Good<S>> {
     if (inFlight) return inFlight;
@@ -105,6 +146,7 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     const run = take().then(
       (snapshot) => {
         good = { snapshot, observedAt: now(), startedAt, epoch: startedIn };
+        lastRefreshMs = Math.max(0, good.observedAt - startedAt);
         generation += 1;
         if (lastFailure) log.info({ failedForMs: now() - lastFailure.since }, 'Node snapshots work again');
         lastFailure = null;
@@ -134,24 +176,39 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     return inFlight;
   }
 
+  /** How long the refresh under way has run when it runs past slowAfterMs; null otherwise. */
+  function slowFor(): number | null {
+    if (!inFlight) return null;
+    const running = now() - inFlightSince;
+    return running > slowAfterMs(lastRefreshMs) ? running : null;
+  }
+
   function view(current: Good<S>): SnapshotView<S> {
     const ageMs = Math.max(0, now() - current.observedAt);
     const stale = ageMs > ttlMs || current.epoch !== epoch;
+    const slow = stale ? slowFor() : null;
     return {
       snapshot: current.snapshot,
       observedAt: current.observedAt,
       startedAt: current.startedAt,
       ageMs,
       stale,
-      staleReason: stale ? staleReason(current) : null,
+      staleReason: stale ? staleReason(current, ageMs, slow) : null,
       failing: lastFailure !== null,
+      slow: slow !== null,
     };
   }
 
-  function staleReason(current: Good<S>): string {
+  function staleReason(current: Good<S>, ageMs: number, slow: number | null): string {
     if (lastFailure) return `the last refresh failed: ${lastFailure.error.message}`;
+    if (slow !== null) {
+      return (
+        `nvidia-smi is slow: a refresh has been running for ${duration(slow)} (the last one took ${duration(lastRefreshMs)}), ` +
+        `so answers come from a snapshot ${duration(ageMs)} old until it lands or times out. If this persists, check dmesg for Xid errors and run \`nodecompute doctor\`.`
+      );
+    }
     if (current.epoch !== epoch) return 'the shard registry changed since it was taken; a refresh is under way';
-    if (inFlight) return `a refresh has been running for ${now() - inFlightSince} ms (nvidia-smi is slow)`;
+    if (inFlight) return `refreshing: this snapshot is ${duration(ageMs)} old and a newer one is being taken`;
     return 'a refresh is due';
   }
 
@@ -220,6 +277,9 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     },
     get generation() {
       return generation;
+    },
+    get lastError() {
+      return lastFailure?.error ?? null;
     },
   };
 }

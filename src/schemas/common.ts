@@ -28,9 +28,15 @@ export const SnapshotMetaProperties = {
   observedAt: Type.String({ format: 'date-time', description: 'When the node snapshot behind this answer was taken.' }),
   ageMs: Type.Integer({ minimum: 0, description: 'Age of that snapshot in milliseconds when this answer was made.' }),
   stale: Type.Boolean({
-    description: 'True when the snapshot is older than the cache TTL because nvidia-smi is slow or failing.',
+    description:
+      'True when the snapshot is older than the cache TTL or than the latest registration change. Usually routine: a newer one is being taken ' +
+      '(stale-while-revalidate). staleReason blames nvidia-smi only when the last refresh failed or the one under way is far slower than usual.',
   }),
-  staleReason: Type.Optional(Type.String({ description: 'Why the snapshot is stale; present only when stale.' })),
+  staleReason: Type.Optional(
+    Type.String({
+      description: 'Why the snapshot is stale ("refreshing: …", a registry change, "nvidia-smi is slow: …" or "the last refresh failed: …"); present only when stale.',
+    }),
+  ),
 };
 
 /**

@@ -1,6 +1,6 @@
 // Owns the schemas of the shard API: registration, the shard record, where a shard computes, its
 // readiness verdict, the engine's account and the foreign-memory view.
-import { Type, type Static } from '@sinclair/typebox';
+import { Type, type Static, type TUnsafe } from '@sinclair/typebox';
 import { ENGINES } from '../shards/shard.js';
 import { READINESS_STATES } from '../shards/readiness.js';
 import { Nullable, SnapshotMetaProperties, StringEnum } from './common.js';
@@ -24,6 +24,11 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
 
 const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, vllm or other; llama.cpp output posted to engine-output is understood.');
 const BACKENDS = ['CUDA', 'CPU'] as const;
+
+/** A backend or null, as one `enum` with null among its values (a nullable enum must list null to accept it). */
+function NullableBackend(description: string): TUnsafe<(typeof BACKENDS)[number] | null> {
+  return Type.Unsafe<(typeof BACKENDS)[number] | null>({ type: ['string', 'null'], enum: [...BACKENDS, null], description });
+}
 
 /**
  * What a cgroup registration may name: a container id (12 to 64 hex digits, as docker, podman and
@@ -62,7 +67,10 @@ export const ShardRecordSchema = Type.Object({
   gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given.' }),
   engine: EngineSchema,
   graceMs: Type.Integer({ description: 'Grace window in milliseconds.' }),
-  registeredAt: Type.String({ format: 'date-time', description: 'When the shard was registered.' }),
+  registeredAt: Type.String({
+    format: 'date-time',
+    description: 'When this run of the shard was first registered: a re-PUT for the same process (or the same engine process of a cgroup) and GPUs keeps it, and the grace runs from it.',
+  }),
   identity: Type.Object(
     {
       pid: Type.Integer({ description: 'PID of the process (for a cgroup shard: its lowest PID at registration).' }),
@@ -93,7 +101,10 @@ const GpuUsageSchema = Type.Object({
 });
 
 export const ComputeSchema = Type.Object({
-  backend: StringEnum(BACKENDS, 'CUDA when the shard holds memory on any GPU as nvidia-smi sees it, else CPU.'),
+  backend: NullableBackend(
+    'CUDA when the shard holds memory on any GPU as nvidia-smi sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
+      'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified).',
+  ),
   devices: Type.Array(Type.String(), { description: 'Each assigned GPU the shard holds memory on, as "GPU <index>: <GB> GB".' }),
   gpus: Type.Array(GpuUsageSchema, { description: 'Assigned GPUs the shard holds memory on.' }),
   strayGpus: Type.Array(GpuUsageSchema, { description: 'GPUs the shard holds memory on but was not given.' }),
@@ -169,8 +180,12 @@ export const ForeignMemoryResponseSchema = Type.Object(
 export const EngineOutputResponseSchema = Type.Object(
   {
     shard: Type.String({ description: 'Shard id.' }),
-    account: Nullable(EngineAccountSchema, 'What the output (tail kept so far) says; null when it says nothing about where the engine computes.'),
+    account: Nullable(EngineAccountSchema, 'What the output (tail kept so far) says; null when it says nothing about where the engine computes, or is not read.'),
     tailBytes: Type.Integer({ description: 'Bytes of engine output kept for this shard (a bounded tail).' }),
+    note: Nullable(
+      Type.String(),
+      'Why the account is null, for the operator: only llama.cpp output is read (the shard names another engine), or nothing in it says where llama.cpp computes yet; null when there is an account.',
+    ),
   },
   { description: "The engine's account after this output." },
 );

@@ -1,10 +1,16 @@
 // Owns the answer to "where does this shard compute, as nvidia-smi sees it": the assigned GPUs its
 // processes hold memory on (devices), the GPUs it holds but was not given (strays), and the
-// engine's own account when it posted its output. The backend is CUDA as soon as the shard holds
-// memory on any GPU: a shard that computes on a GPU it was not given is still on a GPU, and
-// strayGpus says which.
+// engine's own account when it posted its output. The backend says only what is known, since a
+// control plane acts on CPU as a fallback to fix:
+//   CUDA  the shard holds memory on some GPU (one it was not given still counts: strayGpus says which),
+//         unless its verdict is on-cpu because the engine itself says CPU (a CUDA build that fell
+//         back still holds a CUDA context on the GPU);
+//   CPU   its verdict is on-cpu (grace over with a GPU still not held, or the engine itself says CPU),
+//         or it was given no GPU and runs (ready) holding none, without its engine claiming CUDA;
+//   null  not known: starting, exited, unverified, or the snapshot does not include it yet.
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
+import type { ReadinessState } from './readiness.js';
 import type { ShardRecord } from './shard.js';
 
 export interface GpuUsage {
@@ -12,8 +18,10 @@ export interface GpuUsage {
   usedMiB: number;
 }
 
+export type Backend = 'CUDA' | 'CPU';
+
 export interface ShardCompute {
-  backend: 'CUDA' | 'CPU';
+  backend: Backend | null;
   devices: string[];
   gpus: GpuUsage[];
   strayGpus: GpuUsage[];
@@ -25,13 +33,23 @@ export function deviceLabel(usage: GpuUsage): string {
   return `GPU ${usage.index}: ${(usage.usedMiB / 1024).toFixed(1)} GB`;
 }
 
-export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null): ShardCompute {
+function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): Backend | null {
+  // As the verdict judges: a CUDA build that fell back still holds a CUDA context on the GPU.
+  if (state === 'on-cpu' && engine?.backend === 'CPU') return 'CPU';
+  if (holdsGpu) return 'CUDA';
+  if (state === 'on-cpu') return 'CPU';
+  if (state === 'ready' && shard.gpus.length === 0 && engine?.backend !== 'CUDA') return 'CPU';
+  return null;
+}
+
+/** `state`: the shard's readiness verdict on the same view, which says whether CPU is known. */
+export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, state: ReadinessState): ShardCompute {
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
   const assigned = new Set(shard.gpus);
   const gpus = held.filter((holding) => assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
   const strayGpus = held.filter((holding) => !assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
   return {
-    backend: held.length > 0 ? 'CUDA' : 'CPU',
+    backend: backendOf(held.length > 0, shard, engine, state),
     devices: gpus.map(deviceLabel),
     gpus,
     strayGpus,

@@ -2,13 +2,20 @@
 //   ready      alive and holding memory on every GPU it was given (or given none);
 //   starting   alive, some GPU not held yet, still within its grace window (nvidia-smi lags
 //              behind a process that just created its CUDA context);
-//   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU;
-//   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left);
+//   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU
+//              (for a cgroup shard, engine output posted before every one of its running processes
+//              started describes an earlier run of its container: it is set aside, with a warning);
+//   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left,
+//              or only the pod's sandbox, whose engine container exited);
 //   unverified nvidia-smi cannot be asked, its processes are hidden from it or their PIDs are not
 //              visible in this /proc, or the shard's own /proc stat could not be read this
 //              refresh: no evidence either way, so the shard keeps serving and the answer carries
 //              a warning.
+// Neither an exit nor the engine's own CPU account depends on nvidia-smi: while it cannot be asked,
+// /proc (read by the failed refresh, see node-service.ts) still makes a shard exited, and the
+// engine's account still makes it on-cpu; only what nvidia-smi alone can show stays unverified.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
+import type { Liveness } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
@@ -29,9 +36,19 @@ export interface ReadinessInput {
   /** Null when nvidia-smi cannot be asked; `unavailable` then says why. */
   node: NodeView | null;
   unavailable?: string;
-  /** Why the snapshot is older than the TTL, when it is. */
+  /**
+   * Only when `node` is null: the shard's liveness from /proc, read without nvidia-smi (absent or
+   * undefined when there is none).
+   */
+  liveness?: Liveness | undefined;
+  /** Why the snapshot is stale, when that is worth a warning (the last refresh failed, or nvidia-smi is slow). */
   staleReason: string | null;
   engine: EngineAccount | null;
+  /**
+   * When the engine output behind `engine` was last posted, in clock ticks since boot (the unit of
+   * /proc start times); absent or null when unknown, and then the account is taken as current.
+   */
+  engineTicks?: number | null;
   now: number;
   /**
    * When the snapshot behind `node` began to be read (SnapshotView.startedAt); absent, the evidence
@@ -47,8 +64,10 @@ function gpuList(indices: number[]): string {
   return `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
 }
 
-function seconds(ms: number): string {
-  return `${(ms / 1000).toFixed(1)} s`;
+/** Up to two minutes in seconds ("8.0 s"), longer in minutes ("59.8 min", "60 min"): graces reach an hour. */
+export function duration(ms: number): string {
+  if (ms < 120_000) return `${(ms / 1000).toFixed(1)} s`;
+  return `${(ms / 60_000).toFixed(1).replace(/\.0$/, '')} min`;
 }
 
 const ON_CPU_ADVICE =
@@ -62,18 +81,21 @@ function engineSaysCpu(engine: EngineAccount | null): engine is EngineAccount {
   return engine !== null && engine.backend === 'CPU';
 }
 
-function onCpuReason(shard: ShardRecord, missing: number[], engine: EngineAccount | null, node: NodeView, evidenceAt: number): string {
+function placedOnCpu(shard: ShardRecord): string {
+  return `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
+}
+
+function engineCpuReason(shard: ShardRecord, engine: EngineAccount): string {
+  return `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}. Its GPU backend did not load. ${ON_CPU_ADVICE}`;
+}
+
+function onCpuReason(shard: ShardRecord, missing: number[], node: NodeView, evidenceAt: number): string {
   const gone = missing.filter((index) => !node.snapshot.gpus.some((gpu) => gpu.index === index));
-  const placed = `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
-  if (engineSaysCpu(engine)) {
-    return `${placed}: the engine itself reports it. ${engine.summary}. Its GPU backend did not load. ${ON_CPU_ADVICE}`;
-  }
   // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
-  const held = `its processes hold no memory on ${gpuList(missing)}, ${seconds(evidenceAt - shard.registeredAt)} after registration (grace ${seconds(shard.graceMs)})`;
+  const held = `its processes hold no memory on ${gpuList(missing)}, ${duration(evidenceAt - shard.registeredAt)} after registration (grace ${duration(shard.graceMs)})`;
   const vanished = gone.length > 0 ? ` ${gpuList(gone)} is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).` : '';
-  return `${placed}: ${held}.${vanished} Its GPU backend probably did not load. ${
-    shard.engine === 'llama.cpp' ? "post the engine's log (llama.cpp at -lv 4) to /shards/" + shard.id + "/engine-output to see what it saw. " : ''
-  }${ON_CPU_ADVICE}`;
+  const engineLog = shard.engine === 'llama.cpp' ? `Post the engine's log (llama.cpp at -lv 4) to /shards/${shard.id}/engine-output to see what it saw. ` : '';
+  return `${placedOnCpu(shard)}: ${held}.${vanished} Its GPU backend probably did not load. ${engineLog}${ON_CPU_ADVICE}`;
 }
 
 function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, staleReason: string | null): string[] {
@@ -90,42 +112,84 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   return warnings;
 }
 
+/**
+ * Whether a cgroup shard restarted since its engine output began to be posted (at `tailStartedAtTicks`,
+ * clock ticks since boot): every process of it that runs now, the pod's sandbox aside, started after
+ * that (same registration, new container), so the output is, at least in part, an earlier run's.
+ * False when unknown.
+ */
+export function restartedSince(liveness: Liveness | undefined, tailStartedAtTicks: number | null | undefined): boolean {
+  return tailStartedAtTicks != null && liveness?.state === 'alive' && liveness.oldestStart !== undefined && liveness.oldestStart > tailStartedAtTicks;
+}
+
+/** The engine's account set aside, with why, when it cannot be about the processes running now. */
+function earlierRun(shard: ShardRecord, liveness: Liveness, engine: EngineAccount | null, postedAtTicks: number | null | undefined): string | null {
+  if (engine === null || !restartedSince(liveness, postedAtTicks)) return null;
+  return (
+    `the engine output posted for this shard (it says ${engine.backend}) came, at least in part, from an earlier run: every process now in cgroup "${shard.cgroup}" ` +
+    `started after it began to be posted (the container restarted), so it does not decide this verdict: post the new run's output (llama.cpp at -lv 4) to /shards/${shard.id}/engine-output; it begins a new tail`
+  );
+}
+
 function uncertainWhy(stat: UnreadableStat): string {
   return `the /proc stat of process ${stat.pid} on its way to a shard could not be read in this refresh (${stat.unreadable}), so it may be this shard's. ${stat.advice}`;
 }
 
-export function readiness(input: ReadinessInput): Readiness {
-  const { shard, node, engine, now } = input;
-  if (node === null) {
-    return verdict('unverified', null, [
-      `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${input.unavailable ?? 'unknown reason'}`,
-    ]);
-  }
-  const liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
+/**
+ * The verdict while nvidia-smi cannot be asked: what /proc and the engine's own account decide
+ * without it (exited, on-cpu), else unverified.
+ */
+function withoutNvidiaSmi(input: ReadinessInput): Readiness {
+  const { shard } = input;
+  const why = input.unavailable ?? 'unknown reason';
+  const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
+  const liveness: Liveness = input.liveness ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', `the shard's process exited: ${liveness.why}.`, []);
+  if (liveness.state === 'unreadable') return verdict('unverified', null, [unverified, liveness.why]);
+  const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
+  const engine = setAside === null ? input.engine : null;
+  if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
+    return verdict('on-cpu', engineCpuReason(shard, engine), [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
+  }
+  return verdict('unverified', null, setAside === null ? [unverified] : [unverified, setAside]);
+}
+
+/** When the listing a verdict rests on was begun, relative to the registration (never a negative time). */
+function begun(shard: ShardRecord, evidenceAt: number): string {
+  return evidenceAt < shard.registeredAt ? 'before this shard was registered' : `${duration(evidenceAt - shard.registeredAt)} after registration`;
+}
+
+export function readiness(input: ReadinessInput): Readiness {
+  const { shard, node, now } = input;
+  if (node === null) return withoutNvidiaSmi(input);
+  const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
+  if (liveness.state === 'gone') return verdict('exited', `the shard's process exited: ${liveness.why}.`, []);
+  const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
+  const engine = setAside === null ? input.engine : null;
   const warnings = warningsFor(shard, node, engine, input.staleReason);
+  if (setAside !== null) warnings.push(setAside);
   if (liveness.state === 'unreadable') return verdict('unverified', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
-  if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
-    return verdict('on-cpu', onCpuReason(shard, shard.gpus, engine, node, evidenceAt), warnings);
-  }
+  if (shard.gpus.length > 0 && engineSaysCpu(engine)) return verdict('on-cpu', engineCpuReason(shard, engine), warnings);
   const held = node.attribution.holdings.get(shard.id);
   const missing = shard.gpus.filter((index) => !held?.has(index));
   if (missing.length === 0) return verdict('ready', null, warnings);
   const left = shard.registeredAt + shard.graceMs - now;
   if (liveness.state === 'unknown') {
     if (left > 0) {
-      return verdict('starting', `registered ${seconds(now - shard.registeredAt)} ago; waiting for the first snapshot that includes it (${seconds(left)} of grace left).`, warnings);
+      return verdict('starting', `registered ${duration(now - shard.registeredAt)} ago; waiting for the first snapshot that includes it (${duration(left)} of grace left).`, warnings);
     }
-    return verdict('unverified', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet; nvidia-smi may be slow']);
+    return verdict('unverified', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet (the next refresh will): until one does, where it computes is unverified']);
   }
   const waiting = `waiting for the shard to hold memory on ${gpuList(missing)} (nvidia-smi lists none of its memory there yet)`;
-  if (left > 0) return verdict('starting', `${waiting}; ${seconds(left)} of its ${seconds(shard.graceMs)} grace left.`, warnings);
+  if (left > 0) return verdict('starting', `${waiting}; ${duration(left)} of its ${duration(shard.graceMs)} grace left.`, warnings);
   if (evidenceAt < shard.registeredAt + shard.graceMs) {
+    // Routine right after the grace ends (the snapshot served was begun before); a slow or failing
+    // nvidia-smi, which makes it last, is a warning of its own (staleReason).
     return verdict(
       'starting',
-      `${waiting}. Its ${seconds(shard.graceMs)} grace is over, but the latest listing was begun ${seconds(evidenceAt - shard.registeredAt)} after registration, ` +
-        'inside it (nvidia-smi is slow or failing): the verdict waits for one begun after the grace.',
+      `${waiting}. Its ${duration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun(shard, evidenceAt)}, ` +
+        'before the grace ended: the verdict waits for a listing begun after it.',
       warnings,
     );
   }
@@ -135,5 +199,5 @@ export function readiness(input: ReadinessInput): Readiness {
     return blocked === undefined ? [] : [`GPU ${index} holds memory of a process whose owner is unknown: ${uncertainWhy(blocked)}`];
   });
   if (uncertain.length > 0) return verdict('unverified', null, [...warnings, ...uncertain]);
-  return verdict('on-cpu', onCpuReason(shard, missing, engine, node, evidenceAt), warnings);
+  return verdict('on-cpu', onCpuReason(shard, missing, node, evidenceAt), warnings);
 }

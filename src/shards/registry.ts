@@ -3,10 +3,19 @@
 // change queued while the previous write ran), so a storm of registrations costs a few fsyncs and
 // loses nothing that was acknowledged. Engine output is kept in memory only: it is a bounded tail
 // that the engine can post again, and writing it to disk on every post would be a write amplifier.
+// It belongs to the run it came from: a registration replaced for the same run (the same PID and
+// start time; for a cgroup, the same engine process in it: a new "gpus" or "graceMs") keeps it, one
+// for another target or a restarted container starts with only what was posted after the replacing
+// PUT arrived.
+// A target is registered under one id only: a second id for the same process or cgroup is refused
+// (attribution would give its memory to one id and leave the other on-cpu). A replacement for the
+// same run and the same GPUs keeps the registration time, and with it the grace clock: a control
+// plane that re-PUTs its shards periodically must not put an on-cpu shard back into `starting`; a
+// restarted container's re-PUT (the example's postStart hook) gives the new run its grace.
 import { Type, type Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import type { Logger } from 'pino';
-import { StateFileInvalidError, StateWriteFailedError } from '../errors.js';
+import { ShardConflictError, StateFileInvalidError, StateWriteFailedError } from '../errors.js';
 import type { StateFile } from '../system/state-file.js';
 import { appendTail, type EngineAccount, parseLlamaLog } from './llama-log.js';
 import { ENGINES, type ShardRecord } from './shard.js';
@@ -37,6 +46,16 @@ export interface EngineState {
   tail: string;
   account: EngineAccount | null;
   updatedAt: number;
+  /**
+   * When it was last posted, in clock ticks since boot (the unit of /proc start times), so that it
+   * can be told apart from processes started after it; null when /proc could not say.
+   */
+  postedAtTicks: number | null;
+  /**
+   * When this tail was begun (its first post), in the same clock: a cgroup shard whose processes all
+   * started after it has restarted since, so the tail is (at least in part) an earlier run's.
+   */
+  tailStartedAtTicks: number | null;
 }
 
 export interface Registry {
@@ -46,15 +65,32 @@ export interface Registry {
   readonly version: number;
   /** Bumped on every engine output: it changes verdicts, never attribution. */
   readonly engineVersion: number;
-  /** Registers or replaces a shard; resolves once the state file holds it. */
-  put(record: ShardRecord): Promise<{ created: boolean }>;
+  /**
+   * Registers or replaces a shard; resolves once the state file holds it, with the record stored.
+   * Engine output follows the target, and so does the registration time (see the header). Rejects
+   * with ShardConflictError when another id holds the same target.
+   */
+  put(record: ShardRecord): Promise<PutResult>;
   /** Removes a shard; false when it was not registered. Resolves once the state file agrees. */
   remove(id: string): Promise<boolean>;
   engine(id: string): EngineState | undefined;
-  /** Appends engine output to the shard's tail and re-reads the engine's account from it. */
-  appendEngineOutput(id: string, text: string, now: number): EngineState | undefined;
+  /**
+   * Appends engine output to the shard's tail (or, `fresh`, starts a new tail with it: the old one is
+   * an earlier run's) and re-reads the engine's account from it. `ticks`: now, in clock ticks since boot.
+   */
+  appendEngineOutput(id: string, text: string, now: number, ticks: number | null, fresh?: boolean): EngineState | undefined;
   /** PIDs and cgroups the next snapshot must read along with the GPU processes. */
   interest(): { pids: number[]; cgroups: string[] };
+}
+
+export interface PutResult {
+  created: boolean;
+  /** The record stored: the one given, with the previous registration time when that was kept. */
+  shard: ShardRecord;
+  /** A replacement for the same target and GPUs: the registration time, and so the grace clock, was kept. */
+  graceKept: boolean;
+  /** A replacement identical to the registration it replaced: nothing changed (the previous record stays). */
+  unchanged: boolean;
 }
 
 type Change = (draft: Map<string, ShardRecord>) => unknown;
@@ -63,6 +99,95 @@ interface Queued {
   change: Change;
   resolve: (result: unknown) => void;
   reject: (err: Error) => void;
+}
+
+/** Whether a replacing registration names the same process (PID and start time) or the same cgroup. */
+function sameTarget(a: ShardRecord, b: ShardRecord): boolean {
+  if (a.cgroup !== null || b.cgroup !== null) return a.cgroup === b.cgroup;
+  return a.identity.pid === b.identity.pid && a.identity.startTime === b.identity.startTime;
+}
+
+/**
+ * Whether it is the same run of the target: the same process, or for a cgroup the same engine process
+ * (its identity, the oldest process of the cgroup that is not the pod's sandbox, see shard.ts). A
+ * restarted container is the same cgroup but another run: its grace starts again and its engine
+ * output starts afresh.
+ */
+function sameRun(a: ShardRecord, b: ShardRecord): boolean {
+  return sameTarget(a, b) && a.identity.pid === b.identity.pid && a.identity.startTime === b.identity.startTime;
+}
+
+function sameGpus(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((index) => b.includes(index));
+}
+
+/** Every field but the registration time. */
+function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
+  return (
+    a.id === b.id &&
+    a.pid === b.pid &&
+    a.cgroup === b.cgroup &&
+    sameGpus(a.gpus, b.gpus) &&
+    a.engine === b.engine &&
+    a.graceMs === b.graceMs &&
+    a.identity.pid === b.identity.pid &&
+    a.identity.pgid === b.identity.pgid &&
+    a.identity.startTime === b.identity.startTime &&
+    a.identity.name === b.identity.name
+  );
+}
+
+/** Another id registered for the same target as `record`. */
+function conflicting(shards: ReadonlyMap<string, ShardRecord>, record: ShardRecord): ShardRecord | undefined {
+  for (const shard of shards.values()) if (shard.id !== record.id && sameTarget(shard, record)) return shard;
+  return undefined;
+}
+
+function conflictError(record: ShardRecord, other: ShardRecord): Error {
+  const target =
+    record.cgroup !== null
+      ? `The cgroup "${record.cgroup}"`
+      : `Process ${record.identity.pid} (${record.identity.name}, started at tick ${record.identity.startTime})`;
+  return new ShardConflictError(
+    `${target} is already registered as shard "${other.id}". One process or cgroup under two ids would split its GPU memory: ` +
+      `attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. ` +
+      `To register it as "${record.id}", DELETE /shards/${other.id} first; to change its GPUs, grace or engine, PUT /shards/${other.id} instead.`,
+  );
+}
+
+/**
+ * What a replacement stores: the previous record itself when nothing changed; the new one with the
+ * previous registration time when the target and the GPUs are the same (a new grace or engine goes
+ * on from the same start); otherwise the new one, whose grace starts now.
+ */
+function replacement(previous: ShardRecord | undefined, record: ShardRecord): { stored: ShardRecord; graceKept: boolean; unchanged: boolean } {
+  if (previous === undefined || !sameRun(previous, record) || !sameGpus(previous.gpus, record.gpus)) return { stored: record, graceKept: false, unchanged: false };
+  if (sameRegistration(previous, record)) return { stored: previous, graceKept: true, unchanged: true };
+  return { stored: { ...record, registeredAt: previous.registeredAt }, graceKept: true, unchanged: false };
+}
+
+/** Engine output posted while a replacing PUT of its shard was in flight. */
+interface Posted {
+  tail: string;
+  updatedAt: number;
+  postedAtTicks: number | null;
+  tailStartedAtTicks: number | null;
+}
+
+function engineState(engine: ShardRecord['engine'], posted: Posted): EngineState {
+  // Only llama.cpp's account is understood; other engines' output is kept for operators.
+  return { ...posted, account: engine === 'llama.cpp' ? parseLlamaLog(posted.tail) : null };
+}
+
+/** `posted` with `text` appended (or begun afresh with it), posted at `ticks`. */
+function appended(posted: Posted | undefined, text: string, now: number, ticks: number | null, fresh: boolean): Posted {
+  const begun = fresh || posted === undefined || posted.tail === '';
+  return {
+    tail: appendTail(begun ? '' : posted.tail, text),
+    updatedAt: now,
+    postedAtTicks: ticks,
+    tailStartedAtTicks: begun ? ticks : posted.tailStartedAtTicks,
+  };
 }
 
 function serialise(shards: Map<string, ShardRecord>): string {
@@ -107,6 +232,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
   log.info({ stateFile: stateFile.path, shards: committed.size }, text === null ? 'No state file yet; starting with no shards' : 'Loaded shard registrations');
 
   const engines = new Map<string, EngineState>();
+  // Per shard id, what was posted since each of its in-flight PUTs arrived.
+  const inFlight = new Map<string, Set<{ now: Posted }>>();
   let version = 1;
   let engineVersion = 0;
   const queue: Queued[] = [];
@@ -154,14 +281,49 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       return engineVersion;
     },
     async put(record) {
-      const created = await enqueue((draft) => {
-        const isNew = !draft.has(record.id);
-        draft.set(record.id, record);
-        return isNew;
-      });
-      // A new registration starts without the old one's engine output: verdicts drawn from it are void.
-      if (engines.delete(record.id)) engineVersion += 1;
-      return { created };
+      // With nothing queued, answered at once from what is stored: a conflict, or a registration
+      // repeated unchanged (a control plane reconciling its shards), which needs no write, no new
+      // registry version and so no new attribution. Otherwise the batch decides, after the changes
+      // queued before this one (a DELETE of the other id among them).
+      if (queue.length === 0 && !writing) {
+        const stored = conflicting(committed, record);
+        if (stored !== undefined) throw conflictError(record, stored);
+        const previous = committed.get(record.id);
+        if (previous !== undefined && replacement(previous, record).unchanged) return { created: false, shard: previous, graceKept: true, unchanged: true };
+      }
+      const posted: { now: Posted } = { now: { tail: '', updatedAt: 0, postedAtTicks: null, tailStartedAtTicks: null } };
+      let pending = inFlight.get(record.id);
+      if (!pending) inFlight.set(record.id, (pending = new Set()));
+      pending.add(posted);
+      let outcome: { conflict: ShardRecord } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean };
+      try {
+        outcome = await enqueue((draft) => {
+          const other = conflicting(draft, record);
+          if (other !== undefined) return { conflict: other };
+          const previous = draft.get(record.id);
+          const replaced = replacement(previous, record);
+          draft.set(record.id, replaced.stored);
+          return { previous, ...replaced };
+        });
+      } finally {
+        pending.delete(posted);
+        if (pending.size === 0) inFlight.delete(record.id);
+      }
+      if ('conflict' in outcome) throw conflictError(record, outcome.conflict);
+      const replaced = outcome.previous;
+      const kept = engines.get(record.id);
+      if (replaced !== undefined && sameRun(replaced, record)) {
+        // The same run of the same process or cgroup: its output still describes it (read again if the engine changed).
+        if (kept && replaced.engine !== record.engine) {
+          engines.set(record.id, engineState(record.engine, kept));
+          engineVersion += 1;
+        }
+      } else if (posted.now.tail !== '') {
+        // Another target: only what was posted after this PUT arrived can be its output.
+        engines.set(record.id, engineState(record.engine, posted.now));
+        engineVersion += 1;
+      } else if (engines.delete(record.id)) engineVersion += 1;
+      return { created: replaced === undefined, shard: outcome.stored, graceKept: outcome.graceKept, unchanged: outcome.unchanged };
     },
     async remove(id) {
       // Nothing to write when the id is unknown and no change is pending that could add it.
@@ -179,15 +341,13 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       return removed;
     },
     engine: (id) => engines.get(id),
-    appendEngineOutput(id, text, now) {
+    appendEngineOutput(id, text, now, ticks, fresh = false) {
       const shard = committed.get(id);
       if (!shard) return undefined;
-      const tail = appendTail(engines.get(id)?.tail ?? '', text);
-      // Only llama.cpp's account is understood; other engines' output is kept for operators.
-      const account = shard.engine === 'llama.cpp' ? parseLlamaLog(tail) : null;
-      const state: EngineState = { tail, account, updatedAt: now };
+      const state = engineState(shard.engine, appended(engines.get(id), text, now, ticks, fresh));
       engines.set(id, state);
       engineVersion += 1;
+      for (const posted of inFlight.get(id) ?? []) posted.now = appended(posted.now, text, now, ticks, fresh);
       return state;
     },
     interest() {

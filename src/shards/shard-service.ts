@@ -1,19 +1,22 @@
 // Owns the shard use cases behind the routes: registering (validated against this node's GPUs and
-// /proc), removing, and answering each shard's compute and readiness from the current snapshot.
+// /proc), removing, taking engine output (dated in /proc's clock; a restarted cgroup shard's output
+// starts a new tail), and answering each shard's compute and readiness from the current snapshot.
 // The routes stay thin; readers arrive as dependencies so this module never touches the OS itself.
 // A shard's verdict changing (starting, ready, on-cpu, exited) is logged once, when a request first
-// sees the change, rather than at every probe.
+// sees the change, rather than at every probe. While nvidia-smi cannot be asked, verdicts still use
+// what /proc said in the latest (failed) refresh (NodeService.procOnly): no read of its own per probe.
 import type { Logger } from 'pino';
 import { BadRequestError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
+import { SANDBOX_COMMS } from '../node-state/attribution.js';
 import type { Current, NodeService } from '../node-state/node-service.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
-import type { SnapshotView } from '../node-state/snapshot.js';
+import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
 import type { ProcReader } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
-import type { EngineAccount } from './llama-log.js';
-import { readiness, type Readiness, type ReadinessState } from './readiness.js';
+import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
+import { readiness, restartedSince, type Readiness, type ReadinessState } from './readiness.js';
 import type { EngineState, Registry } from './registry.js';
 import type { ProcessIdentity, ShardRecord } from './shard.js';
 
@@ -34,15 +37,29 @@ export interface ShardState {
 }
 
 /**
- * A verdict warns about the snapshot's age only when it matters: the last refresh failed, or the
- * snapshot is this old. A routine stale-while-revalidate answer (one TTL old) is not news.
+ * A verdict warns about the snapshot's age only when it matters: the last refresh failed, or the one
+ * under way is slow (snapshot.ts). A routine stale-while-revalidate answer, one refresh period behind
+ * however long nobody asked, is not news; nor is one taken just before a registration changed.
  */
-export const STALE_WARNING_MS = 10_000;
 
-function staleNote(view: SnapshotView<NodeSnapshot>): string | null {
-  return view.failing || view.ageMs >= STALE_WARNING_MS ? view.staleReason : null;
+/** Why posted output gave no account, for the one who posted it; null when it gave one. */
+function engineOutputNote(shard: ShardRecord, state: EngineState): string | null {
+  if (state.account !== null) return null;
+  if (shard.engine !== 'llama.cpp') {
+    return (
+      `Shard "${shard.id}" is registered with engine "${shard.engine}", and only llama.cpp output is read for where the engine computes: ` +
+      `this output is kept (the last ${ENGINE_TAIL_MAX_BYTES / 1024} KiB) but decides nothing, and nvidia-smi alone judges the shard. ` +
+      `If it is llama.cpp, register it again with "engine": "llama.cpp" (PUT /shards/${shard.id}): the output kept is read then.`
+    );
+  }
+  return (
+    'Nothing in the output kept so far says where llama.cpp computes: recent llama.cpp (b9829 and later) names its devices and buffers only at -lv 4. ' +
+    'Until it does, nvidia-smi alone judges the shard.'
+  );
 }
 
+/** init: in the host's PID namespace the ancestor of every process; in a container's, its main process. */
+const INIT_PID = 1;
 /** kthreadd: every kernel thread is it or its child, in the host's PID namespace. */
 const KTHREADD_PID = 2;
 
@@ -66,6 +83,14 @@ export function createShardService(deps: ShardServiceDeps) {
         `Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register the shard once its engine runs.`,
       );
     }
+    if (stat.pid === INIT_PID) {
+      throw new ProcessNotFoundError(
+        `PID 1 in ${proc.root} is init (${stat.comm}), not a shard: every process on the node descends from it, so as a shard it would claim ` +
+          "other workloads' GPU memory and none would read as foreign. This is probably a container's main process, PID 1 inside the container: " +
+          "register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`; in Kubernetes `crictl inspect --output go-template --template '{{.info.pid}}' CONTAINER_ID` on the node), " +
+          'or register the pod by its cgroup ("cgroup": its UID, `kubectl get pod POD -o jsonpath=\'{.metadata.uid}\'`).',
+      );
+    }
     if (stat.pid === KTHREADD_PID || stat.ppid === KTHREADD_PID) {
       throw new ProcessNotFoundError(
         `PID ${pid} in ${proc.root} is the kernel thread ${stat.comm}, not a shard. This is probably the PID as a container sees it: ` +
@@ -75,12 +100,22 @@ export function createShardService(deps: ShardServiceDeps) {
     return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
   }
 
+  /** The cgroup's oldest running process that is not the pod's sandbox: the engine's run (see ShardRecord.identity). */
   async function identityOfCgroup(cgroup: string): Promise<ProcessIdentity> {
     const pids = (await proc.findPidsInCgroup(cgroup)).sort((a, b) => a - b);
+    let chosen: ProcessIdentity | null = null;
+    let chosenIsEngine = false;
     for (const pid of pids) {
       const stat = await proc.readStat(pid);
-      if (stat) return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
+      if (!stat || stat.state === 'Z' || stat.state === 'X') continue;
+      const identity = { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
+      const isEngine = !SANDBOX_COMMS.has(stat.comm);
+      if (chosen === null || (isEngine && (!chosenIsEngine || identity.startTime < chosen.startTime))) {
+        chosen = identity;
+        chosenIsEngine = isEngine;
+      }
     }
+    if (chosen !== null) return chosen;
     throw new ProcessNotFoundError(
       `No process in ${proc.root} has a cgroup containing "${cgroup}". Give the container id or pod UID as /proc/PID/cgroup shows it ` +
         '(for a pod: its UID with "-" or "_" as the cgroup driver writes it), and register once the container runs.',
@@ -129,10 +164,6 @@ export function createShardService(deps: ShardServiceDeps) {
     return shard;
   }
 
-  function engineAccount(id: string): EngineAccount | null {
-    return registry.engine(id)?.account ?? null;
-  }
-
   /** The last verified verdict logged for each registration (a new registration starts afresh). */
   const loggedVerdicts = new WeakMap<ShardRecord, ReadinessState>();
 
@@ -151,22 +182,24 @@ export function createShardService(deps: ShardServiceDeps) {
 
   /** The verdict (and, unless a probe only needs the verdict, the compute) of one shard. */
   function stateOf(shard: ShardRecord, current: Current | null, unavailable: string | null, withCompute = true): ShardState {
-    const engine = engineAccount(shard.id);
+    const posted = registry.engine(shard.id);
+    const engine = posted?.account ?? null;
     const nodeView = current?.node ?? null;
     const verdict = readiness({
       shard,
       node: nodeView,
-      staleReason: current ? staleNote(current.view) : null,
+      staleReason: current ? staleNews(current.view) : null,
       engine,
+      engineTicks: posted?.tailStartedAtTicks ?? null,
       now: now(),
-      ...(current === null ? {} : { evidenceAt: current.view.startedAt }),
+      ...(current === null ? { liveness: node.procOnly()?.liveness.get(shard.id) } : { evidenceAt: current.view.startedAt }),
       ...(unavailable === null ? {} : { unavailable }),
     });
     logVerdictChange(shard, verdict);
     return {
       shard,
       readiness: verdict,
-      compute: nodeView && withCompute ? shardCompute(shard, nodeView, engine) : null,
+      compute: nodeView && withCompute ? shardCompute(shard, nodeView, engine, verdict.state) : null,
       observedAt: current ? current.view.observedAt : null,
     };
   }
@@ -180,7 +213,7 @@ export function createShardService(deps: ShardServiceDeps) {
   const steadyProbes = new WeakMap<NodeView, Map<string, { shard: ShardRecord; engineVersion: number; staleNote: string | null; state: ShardState }>>();
 
   function probeState(shard: ShardRecord, current: Current): ShardState {
-    const note = staleNote(current.view);
+    const note = staleNews(current.view);
     const kept = steadyProbes.get(current.node)?.get(shard.id);
     if (kept && kept.shard === shard && kept.engineVersion === registry.engineVersion && kept.staleNote === note) return kept.state;
     const state = stateOf(shard, current, null, false);
@@ -217,7 +250,7 @@ export function createShardService(deps: ShardServiceDeps) {
         readable(body.pid !== undefined ? identityOfPid(body.pid) : identityOfCgroup(body.cgroup as string)),
         checkGpus(body.gpus),
       ]);
-      const shard: ShardRecord = {
+      const record: ShardRecord = {
         id,
         pid: body.pid ?? null,
         cgroup: body.cgroup ?? null,
@@ -227,9 +260,17 @@ export function createShardService(deps: ShardServiceDeps) {
         registeredAt: now(),
         identity,
       };
-      const { created } = await registry.put(shard);
+      const { created, shard, graceKept, unchanged } = await registry.put(record);
+      const fields = { shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created, registeredAt: new Date(shard.registeredAt).toISOString() };
+      if (unchanged) {
+        // A control plane reconciling its shards re-PUTs them periodically: nothing to say, nothing to refresh.
+        log.debug(fields, 'Shard registration repeated unchanged; its grace clock goes on');
+        return { created, shard };
+      }
       node.invalidate();
-      log.info({ shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created }, created ? 'Shard registered' : 'Shard registration replaced');
+      if (created) log.info(fields, 'Shard registered');
+      else if (graceKept) log.info(fields, 'Shard registration replaced for the same process and GPUs; its grace clock goes on from its first registration');
+      else log.info(fields, 'Shard registration replaced with another process or other GPUs; its grace starts again');
       return { created, shard };
     },
 
@@ -241,15 +282,27 @@ export function createShardService(deps: ShardServiceDeps) {
 
     /** Where a shard computes; nvidia-smi failures propagate (503): no snapshot, no answer. */
     async compute(id: string): Promise<{ view: SnapshotView<NodeSnapshot>; compute: ShardCompute }> {
-      const shard = requireShard(id);
-      const { view, node: nodeView } = await node.current();
-      return { view, compute: shardCompute(shard, nodeView, engineAccount(id)) };
+      requireShard(id);
+      const current = await node.current();
+      // The backend says CPU only on a verdict's evidence, so the verdict is judged too.
+      const state = stateOf(requireShard(id), current, null);
+      return { view: current.view, compute: state.compute! };
     },
 
-    appendEngineOutput(id: string, text: string): EngineState {
-      const state = registry.appendEngineOutput(id, text, now());
+    /**
+     * Output posted after a cgroup shard's container restarted starts a new tail: the old one is (at
+     * least in part) the previous run's, and a run that died at CUDA init cannot be told apart from
+     * the next run's own lines by the text alone (llama-log.ts). Judged by the snapshot at hand,
+     * without waiting. One taken before the restart shows the old processes, and the output is
+     * appended; but the tail is dated from its first post, so once a snapshot shows the new run the
+     * verdict sets the mixed tail aside and the next post begins a new one.
+     */
+    appendEngineOutput(id: string, text: string): EngineState & { note: string | null } {
+      const restarted = restartedSince(node.peek()?.node.attribution.liveness.get(id), registry.engine(id)?.tailStartedAtTicks);
+      // Dated in the clock of /proc start times too, so that a run started after it can be told.
+      const state = registry.appendEngineOutput(id, text, now(), proc.ticksNow(), restarted);
       if (!state) throw notFound(id);
-      return state;
+      return { ...state, note: engineOutputNote(requireShard(id), state) };
     },
 
     /** One shard's state and compute from the current snapshot; nvidia-smi failures become `unverified`. */

@@ -20,6 +20,9 @@ export interface ShardRecord {
   /** How long after registration the shard may go without holding its GPUs before it is on-cpu. */
   graceMs: number;
   registeredAt: number;
-  /** The shard's process at registration; for a cgroup shard, its lowest PID then. */
+  /**
+   * The shard's process at registration; for a cgroup shard, its oldest process then that is not the
+   * pod's sandbox (the engine's run: a restarted container has another), or the sandbox when only it runs.
+   */
   identity: ProcessIdentity;
 }

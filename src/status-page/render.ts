@@ -7,20 +7,13 @@
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
-import type { SnapshotView } from '../node-state/snapshot.js';
+import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { ReadinessState } from '../shards/readiness.js';
 import { deviceLabel } from '../shards/compute.js';
 import type { ShardState } from '../shards/shard-service.js';
 
 /** Seconds between the page's own reloads (meta refresh: no script needed). */
 export const REFRESH_SECONDS = 5;
-
-/**
- * Below this age a stale snapshot is routine stale-while-revalidate (a reload slower than the cache
- * TTL gets the previous snapshot while a refresh runs) and the header's age says enough; from it
- * on, nvidia-smi has been failing or hanging for two reloads and the page says so in a banner.
- */
-export const STALE_BANNER_MS = 10_000;
 
 /** Distinct shard colours (background, text), readable at WCAG AA either way. */
 const PALETTE: ReadonlyArray<readonly [string, string]> = [
@@ -87,6 +80,14 @@ export interface StatusModel {
   snapshot: SnapshotMeta | null;
   /** Why nvidia-smi cannot be asked; null when it answered. */
   error: string | null;
+  /** Why the GPU processes cannot be matched to this /proc (the node view's `processesHidden`); null when they can. */
+  processesHidden: string | null;
+  /**
+   * The stale banner: why the snapshot is not being renewed (the last refresh failed, or nvidia-smi is
+   * slow now); null otherwise. A snapshot that is merely one refresh behind (stale-while-revalidate,
+   * however long nobody looked) is routine, and the header's age says enough.
+   */
+  staleBanner: string | null;
   gpus: GpuModel[];
   shards: ShardRow[];
   counts: Record<ReadinessState, number>;
@@ -192,6 +193,8 @@ export function statusModel(input: StatusInput): StatusModel {
     generatedAt: input.now,
     snapshot: input.view ? snapshotMeta(input.view) : null,
     error: input.error,
+    processesHidden: input.node?.processesHidden ?? null,
+    staleBanner: input.view ? staleNews(input.view) : null,
     gpus,
     shards,
     counts,
@@ -217,11 +220,6 @@ function used(gpu: GpuModel): string {
   const usedText = gpu.usedMiB === null ? '?' : gib(gpu.usedMiB);
   const totalText = gpu.totalMiB === null ? '?' : gib(gpu.totalMiB);
   return `${usedText} / ${totalText} GiB`;
-}
-
-function staleBanner(model: StatusModel): string | undefined {
-  const snapshot = model.snapshot;
-  return snapshot && snapshot.ageMs >= STALE_BANNER_MS ? snapshot.staleReason : undefined;
 }
 
 function summary(model: StatusModel): string {
@@ -367,10 +365,15 @@ export function renderHtml(model: StatusModel): string {
   const banners: string[] = [];
   if (model.error !== null) {
     banners.push(
-      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> Every shard is shown as unverified and keeps serving. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
+      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> A shard is shown as unverified and keeps serving, unless /proc shows it exited or its engine says it computes on the CPU. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
     );
   }
-  const staleReason = staleBanner(model);
+  if (model.processesHidden !== null) {
+    banners.push(
+      `<div class="banner error" role="alert"><strong>nodecompute cannot tell whose GPU memory is whose.</strong> All of it reads as foreign, and no shard can be verified.<code>${escapeHtml(model.processesHidden)}</code></div>`,
+    );
+  }
+  const staleReason = model.staleBanner;
   if (staleReason) {
     banners.push(`<div class="banner stale" role="status"><strong>Showing an older snapshot.</strong><code>${escapeHtml(staleReason)}</code></div>`);
   }
@@ -463,10 +466,13 @@ export function renderText(model: StatusModel): string {
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
   out.push(model.snapshot ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${age(model.snapshot.ageMs)} old)` : 'no nvidia-smi snapshot');
   if (model.error !== null) {
-    out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (every shard is unverified and keeps serving):');
+    out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (a shard is unverified and keeps serving, unless /proc shows it exited or its engine says CPU):');
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
   }
-  const staleReason = staleBanner(model);
+  if (model.processesHidden !== null) {
+    out.push('', '!! nodecompute cannot tell whose GPU memory is whose (all of it reads as foreign, and no shard can be verified):', `!!   ${plain(model.processesHidden)}`);
+  }
+  const staleReason = model.staleBanner;
   if (staleReason) {
     out.push('', `!! showing an older snapshot: ${plain(staleReason)}`);
   }

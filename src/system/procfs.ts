@@ -1,7 +1,8 @@
-// Owns every read of /proc: the pure parsers of /proc/PID/stat and /proc/PID/cgroup, and a reader
-// bound to one proc root. The root is a parameter because a container sees the host's processes
-// only through the host's /proc mounted elsewhere (e.g. /host/proc), and tests point it at fixture
-// trees. Reads never shell out: they run for every process of a snapshot.
+// Owns every read of /proc: the pure parsers of /proc/PID/stat, /proc/PID/cgroup and /proc/uptime
+// (the clock that start times count in), and a reader bound to one proc root. The root is a
+// parameter because a container sees the host's processes only through the host's /proc mounted
+// elsewhere (e.g. /host/proc), and tests point it at fixture trees. Reads never shell out: they
+// run for every process of a snapshot.
 //
 // Each /proc file is read with openSync + readSync into one shared, reused buffer, not readFile.
 // Measured on the dev VM: readFile costs 150-230 us per /proc file and, because /proc files report
@@ -102,12 +103,25 @@ export interface ProcReader {
   /** How many stat files readStats may keep open now (null: the root is not a proc filesystem, so none), and the open-file limit that caps it. */
   keeping(): { keepLimit: number | null; openFilesLimit: number | null };
   checkReadable(): Promise<{ ok: true } | { ok: false; reason: string }>;
+  /**
+   * The kernel's clock now, in the unit of ProcStat.startTime (clock ticks since boot), from the proc
+   * root's uptime file: a moment to compare start times with. Synchronous (one small read), so a
+   * caller can date what it records without awaiting. Null when the root has no uptime file (a
+   * fixture tree) or it cannot be read or parsed (logged).
+   */
+  ticksNow(): number | null;
 }
 
 // Field numbers of proc(5); fields after the command name start at 3.
 const FIELD = { state: 3, ppid: 4, pgrp: 5, session: 6, startTime: 22 } as const;
 const FIRST_FIELD_AFTER_COMM = FIELD.state;
 const UNSIGNED = /^\d+$/;
+/**
+ * USER_HZ, the unit of starttime: 100 on every Linux architecture nodecompute runs on (x86-64,
+ * arm64; sysconf(_SC_CLK_TCK)), which Node cannot ask. /proc/uptime counts the same boot-based
+ * clock in seconds with two decimals.
+ */
+export const CLOCK_TICKS_PER_SECOND = 100;
 const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
 // The process (EMFILE) or the system (ENFILE) is out of file descriptors.
 const OUT_OF_DESCRIPTORS = new Set(['EMFILE', 'ENFILE']);
@@ -225,6 +239,14 @@ function parseStatText(text: string): ProcStat {
 export function parseOpenFilesLimit(text: string): number | null {
   const match = /^Max open files +(\d+|unlimited) /m.exec(text);
   return match === null || match[1] === 'unlimited' ? null : Number(match[1]);
+}
+
+/** /proc/uptime ("12345.67 54321.09"): seconds since boot, in clock ticks (truncated, as starttime is); null when malformed. */
+export function parseUptimeTicks(text: string): number | null {
+  const match = /^(\d+)\.(\d\d) /.exec(text);
+  if (match === null) return null;
+  const ticks = Number(match[1]) * CLOCK_TICKS_PER_SECOND + Math.floor((Number(match[2]) * CLOCK_TICKS_PER_SECOND) / 100);
+  return Number.isSafeInteger(ticks) ? ticks : null;
 }
 
 export function parseCgroup(text: string): string[] {
@@ -421,7 +443,31 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
 
   const keeping = () => ({ keepLimit: keeps ? keepLimit : null, openFilesLimit });
 
-  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping };
+  // Said once: it would repeat on every engine-output post.
+  let uptimeWarned = false;
+  const uptimeProblem = (fields: Record<string, unknown>, what: string): null => {
+    if (!uptimeWarned) {
+      uptimeWarned = true;
+      log.warn(
+        fields,
+        `${what}, so engine output cannot be dated: output a pod's earlier run posted is not told apart from its current run's. ` +
+          "Check that NODECOMPUTE_PROC points at the host's /proc.",
+      );
+    }
+    return null;
+  };
+  const ticksNow = (): number | null => {
+    const path = `${base}uptime`;
+    let text: string;
+    try {
+      text = readWhole(path).toString('utf8');
+    } catch (err) {
+      return codeOf(err) === 'ENOENT' ? null : uptimeProblem({ path, err }, `Cannot read ${path} (${(err as Error).message})`);
+    }
+    return parseUptimeTicks(text) ?? uptimeProblem({ path, uptime: text.slice(0, 80) }, `${path} does not read as /proc/uptime does`);
+  };
+
+  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow };
 }
 
 // One buffer for every read of this module: reads are synchronous, so two never overlap. It only

@@ -32,6 +32,8 @@ interface BadRequest {
   code: string;
   /** A distinctive fragment of a message that says what is wrong. */
   message: RegExp;
+  /** The Allow header a 405 must carry: the methods the path answers. */
+  allow?: string;
 }
 
 interface Answer {
@@ -53,6 +55,7 @@ const putRaw = (url: string, body: string, headers: Record<string, string> = jso
 const register = (payload: (c: Ctx) => unknown) => put('/shards/new-shard', payload);
 const badId = (encodedId: string) => put(`/shards/${encodedId}`, good);
 const ID_PATTERN = /params\/id must match pattern/;
+const METHOD = 'NODECOMPUTE_METHOD_NOT_ALLOWED';
 
 function findMissingPid(): number {
   for (let pid = 4_194_304; pid > 1; pid -= 1) if (!existsSync(`/proc/${pid}`)) return pid;
@@ -231,6 +234,27 @@ const table: BadRequest[] = [
   },
   { name: 'pid with no process', request: register((c) => ({ pid: c.missingPid, gpus: [1] })), status: 422, code: 'NODECOMPUTE_PROCESS_NOT_FOUND', message: /No process with PID \d+ exists/ },
   {
+    name: "pid 1 (a container's main process, as the container sees it; init on the host)",
+    request: register(() => ({ pid: 1, gpus: [1] })),
+    status: 422,
+    code: 'NODECOMPUTE_PROCESS_NOT_FOUND',
+    message: /^PID 1 in \/proc is init \(.*\), not a shard: .*register its host PID .*or register the pod by its cgroup/,
+  },
+  {
+    name: 'the process of shard "existing" under another id',
+    request: register(good),
+    status: 409,
+    code: 'NODECOMPUTE_SHARD_CONFLICT',
+    message: /^Process \d+ \(.*, started at tick \d+\) is already registered as shard "existing"\. .*DELETE \/shards\/existing first; to change its GPUs, grace or engine, PUT \/shards\/existing instead\.$/,
+  },
+  {
+    name: 'the process of shard "existing" under another id, with other GPUs, engine and grace',
+    request: register((c) => ({ pid: c.pid, gpus: [2, 3], engine: 'vllm', graceMs: 0 })),
+    status: 409,
+    code: 'NODECOMPUTE_SHARD_CONFLICT',
+    message: /already registered as shard "existing"/,
+  },
+  {
     name: 'a GPU this node does not have',
     request: register((c) => ({ pid: c.pid, gpus: [1, 8] })),
     status: 422,
@@ -256,11 +280,23 @@ const table: BadRequest[] = [
   { name: 'unknown route', request: () => ({ method: 'GET', url: '/nope' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/nope/ },
   { name: 'unknown route under /shards', request: () => ({ method: 'GET', url: '/shards/existing/secrets' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/shards\/existing\/secrets/ },
   { name: 'traversal to /etc/passwd (encoded, whole URL)', request: () => ({ method: 'GET', url: '/%2e%2e/%2e%2e/etc/passwd' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET/ },
-  { name: 'PATCH /shards/existing', request: () => ({ method: 'PATCH', url: '/shards/existing', headers: json, payload: '{"gpus": [2]}' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route PATCH \/shards\/existing/ },
-  { name: 'POST /gpus', request: () => ({ method: 'POST', url: '/gpus', headers: json, payload: '{}' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route POST \/gpus/ },
-  { name: 'PUT /gpus/foreign-memory', request: () => ({ method: 'PUT', url: '/gpus/foreign-memory', headers: json, payload: '{}' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route PUT \/gpus\/foreign-memory/ },
-  { name: 'DELETE /shards (all of them)', request: () => ({ method: 'DELETE', url: '/shards' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route DELETE \/shards/ },
-  { name: 'POST /shards/existing (not PUT)', request: (c) => ({ method: 'POST', url: '/shards/existing', payload: good(c) }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route POST \/shards\/existing/ },
+  { name: 'PATCH /shards/a/b (no such path, whatever the method)', request: () => ({ method: 'PATCH', url: '/shards/a/b', headers: json, payload: '{}' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route PATCH \/shards\/a\/b/ },
+  // A path that exists asked with a method it lacks: 405 with Allow, before any body is read or any token asked for.
+  { name: 'PATCH /shards/existing', request: () => ({ method: 'PATCH', url: '/shards/existing', headers: json, payload: '{"gpus": [2]}' }), status: 405, code: METHOD, message: /PATCH \/shards\/existing is not allowed: this path answers DELETE, GET, HEAD, OPTIONS, PUT .*\/docs/, allow: 'DELETE, GET, HEAD, OPTIONS, PUT' },
+  { name: 'POST /gpus', request: () => ({ method: 'POST', url: '/gpus', headers: json, payload: '{}' }), status: 405, code: METHOD, message: /POST \/gpus is not allowed: this path answers GET, HEAD, OPTIONS/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'PUT /gpus/foreign-memory', request: () => ({ method: 'PUT', url: '/gpus/foreign-memory', headers: json, payload: '{}' }), status: 405, code: METHOD, message: /PUT \/gpus\/foreign-memory is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'DELETE /shards (all of them)', request: () => ({ method: 'DELETE', url: '/shards' }), status: 405, code: METHOD, message: /DELETE \/shards is not allowed: this path answers GET, HEAD, OPTIONS/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'POST /shards/existing (not PUT)', request: (c) => ({ method: 'POST', url: '/shards/existing', payload: good(c) }), status: 405, code: METHOD, message: /POST \/shards\/existing is not allowed/, allow: 'DELETE, GET, HEAD, OPTIONS, PUT' },
+  { name: 'GET of engine-output (POST only)', request: () => ({ method: 'GET', url: '/shards/existing/engine-output' }), status: 405, code: METHOD, message: /GET \/shards\/existing\/engine-output is not allowed: this path answers OPTIONS, POST/, allow: 'OPTIONS, POST' },
+  { name: 'PUT /shards/existing/ready (a probe is read-only)', request: (c) => ({ method: 'PUT', url: '/shards/existing/ready', payload: good(c) }), status: 405, code: METHOD, message: /PUT \/shards\/existing\/ready is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'TRACE /livez', request: () => ({ method: 'TRACE', url: '/livez' }), status: 405, code: METHOD, message: /TRACE \/livez is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'DELETE /metrics', request: () => ({ method: 'DELETE', url: '/metrics' }), status: 405, code: METHOD, message: /DELETE \/metrics is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'POST / (the status page)', request: () => ({ method: 'POST', url: '/', headers: text, payload: 'x' }), status: 405, code: METHOD, message: /POST \/ is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'POST /docs/json', request: () => ({ method: 'POST', url: '/docs/json', headers: json, payload: '{}' }), status: 405, code: METHOD, message: /POST \/docs\/json is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'PATCH with a bad id (the method is wrong whatever the id)', request: () => ({ method: 'PATCH', url: '/shards/..%2Fetc', headers: json, payload: '{}' }), status: 405, code: METHOD, message: /PATCH \/shards\/..%2Fetc is not allowed/, allow: 'DELETE, GET, HEAD, OPTIONS, PUT' },
+  { name: 'POST /gpus with broken JSON', request: () => ({ method: 'POST', url: '/gpus', headers: json, payload: '{"pid": ' }), status: 405, code: METHOD, message: /POST \/gpus is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'POST /gpus over the body limit', request: () => ({ method: 'POST', url: '/gpus', headers: json, payload: JSON.stringify({ pad: 'x'.repeat(70_000) }) }), status: 405, code: METHOD, message: /POST \/gpus is not allowed/, allow: 'GET, HEAD, OPTIONS' },
+  { name: 'PATCH /shards/existing from 10.1.2.3 (405, not 403: no method here writes that way)', request: () => ({ method: 'PATCH', url: '/shards/existing', headers: json, payload: '{}', remoteAddress: '10.1.2.3' }), status: 405, code: METHOD, message: /PATCH \/shards\/existing is not allowed/, allow: 'DELETE, GET, HEAD, OPTIONS, PUT' },
   { name: 'DELETE an unknown shard', request: () => ({ method: 'DELETE', url: '/shards/nope' }), status: 404, code: 'NODECOMPUTE_SHARD_NOT_FOUND', message: /No shard "nope" is registered/ },
   {
     name: 'engine-output to an unknown shard',
@@ -307,6 +343,7 @@ t.test('bad requests without a token configured', async (t) => {
     t.test(c.name, async (t) => {
       const res = await app.inject(c.request(ctx));
       checkError(t, res, c.status, c.code, c.message);
+      t.equal(res.headers.allow, c.allow, c.allow === undefined ? 'no Allow header' : 'Allow lists the methods the path answers');
       await checkUnchanged(t, app, config.stateFile, before);
     });
   }
@@ -400,6 +437,24 @@ t.test('bad requests without a token configured', async (t) => {
         await checkUnchanged(t, app, config.stateFile, before);
       });
     }
+
+    t.test('a 405 answered before its body is read: the body is skipped, never taken for the next request', async (t) => {
+      // The unread body looks like a DELETE: were it parsed as a request, the shard would go.
+      const smuggled = 'DELETE /shards/existing HTTP/1.1\r\nHost: localhost\r\n\r\n';
+      const exchange = await rawHttp(port, [
+        `POST /gpus HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`,
+        'GET /livez HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n',
+      ]);
+      t.same(
+        exchange.responses.map((res) => res.status),
+        [405, 200],
+        'two answers: the 405, then the next real request on the same connection',
+      );
+      const [refused] = exchange.responses;
+      if (refused) checkError(t, { statusCode: refused.status, headers: refused.headers, body: refused.body }, 405, METHOD, /POST \/gpus is not allowed/);
+      t.equal(refused?.headers.allow, 'GET, HEAD, OPTIONS');
+      await checkUnchanged(t, app, config.stateFile, before);
+    });
   });
 
   t.test('a flood of engine output: every post answered, the tail bounded', async (t) => {
@@ -458,7 +513,9 @@ t.test('bad requests with a token configured: the bearer scheme only, exactly th
 
   t.test('control: the right token works, from the network too, and reads need none', async (t) => {
     t.equal((await app.inject({ method: 'GET', url: '/shards/existing' })).statusCode, 200);
-    const remote = await app.inject({ method: 'PUT', url: '/shards/other', headers: authorised, payload: { pid: shard.pid, gpus: [3] }, remoteAddress: '10.1.2.3' });
+    // Another process: one process is registered under one id only.
+    const other = await spawnShardProcess(t, 0);
+    const remote = await app.inject({ method: 'PUT', url: '/shards/other', headers: authorised, payload: { pid: other.pid, gpus: [3] }, remoteAddress: '10.1.2.3' });
     t.equal(remote.statusCode, 201, remote.body);
     t.notOk(remote.headers['www-authenticate'], 'no challenge on success');
     t.equal((await app.inject({ method: 'DELETE', url: '/shards/other', headers: authorised })).statusCode, 204);

@@ -3,8 +3,9 @@
 // port, its state file, its routes, the build's output path), and the HEALTHCHECK command itself
 // is run against a live app.
 import { execFile } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
-import { isAbsolute, join, posix } from 'node:path';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, isAbsolute, join, posix } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import t from 'tap';
@@ -182,6 +183,57 @@ t.test('ENTRYPOINT runs the built main, CMD serves', async (t) => {
   const cmd = execForm(one(runtime, 'CMD').args);
   t.same(cmd, ['serve']);
   t.same(resolveConfig({}, cmd).positionals, ['serve'], 'serve is a command, not a setting');
+});
+
+t.test('`nodecompute` is on the image\'s PATH, as package.json bin installs it, and runs (`nodecompute doctor` in the messages is true)', async (t) => {
+  const [, script] = execForm(one(runtime, 'ENTRYPOINT').args) as [string, string];
+  const copied = all(runtime, 'COPY').find((instruction) => /^--from=build /.test(instruction.args)) as Instruction;
+  const commands = all(runtime, 'RUN')
+    .filter((instruction) => instruction.line > copied.line)
+    .flatMap((instruction) => instruction.args.split(/\s*&&\s*/));
+  const link = commands.map((command) => /^ln -sf? (\S+) (\S+)$/.exec(command)).find(Boolean);
+  t.ok(link, 'a RUN after dist/ is copied links the command');
+  const [, target, bin] = link as RegExpExecArray as unknown as [string, string, string];
+  t.equal(target, script, 'to the script the ENTRYPOINT runs');
+  t.equal(posix.basename(bin), Object.keys(pkg.bin)[0], "named as package.json's bin");
+  t.equal(posix.dirname(bin), '/usr/local/bin');
+  t.notOk(env.has('PATH'), "PATH is the base image's, which has /usr/local/bin (node itself is there)");
+  const chmod = commands.map((command) => /^chmod (\S+) (\S+)$/.exec(command)).find(Boolean);
+  t.ok(chmod, 'the script is made executable (tsc writes 0644)');
+  const [, mode, chmodded] = chmod as RegExpExecArray as unknown as [string, string, string];
+  t.equal(chmodded, script);
+  t.equal(Number.parseInt(mode, 8) & 0o555, 0o555, `mode ${mode} lets every user read and run it (docker exec runs as ${one(runtime, 'USER').args})`);
+  const docs = ['README.md', 'deploy/kubernetes/README.md', 'Dockerfile'].map((file) => readFileSync(join(ROOT, file), 'utf8')).join('\n');
+  const execs = [...docs.matchAll(/\b(?:docker|kubectl)\b[^\n`]*\bexec\b[^\n`]*? (\S+) doctor\b/g)].map((match) => match[1]);
+  t.ok(execs.length >= 3, `the docs say how to run the doctor in a container: ${execs.join(', ')}`);
+  for (const program of execs) t.equal(program, posix.basename(bin), 'what they exec is the command the image puts on PATH');
+  const shebang = '#!/usr/bin/env node';
+  t.equal(readFileSync(join(ROOT, 'src/main.ts'), 'utf8').split('\n')[0], shebang, 'src/main.ts starts with the shebang');
+  t.equal(readFileSync(join(ROOT, 'dist/src/main.js'), 'utf8').split('\n')[0], shebang, 'and tsc keeps it in the build');
+
+  // The same steps on a copy of the build laid out as the image's /app, run through PATH by name.
+  const root = mkdtempSync(join(tmpdir(), 'nodecompute-image-'));
+  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  cpSync(join(ROOT, 'dist'), join(root, 'app/dist'), { recursive: true });
+  symlinkSync(join(ROOT, 'node_modules'), join(root, 'app/node_modules'));
+  mkdirSync(join(root, posix.dirname(bin)), { recursive: true });
+  await run('chmod', [mode, join(root, chmodded)]);
+  symlinkSync(join(root, target), join(root, bin));
+  const imageEnv = {
+    PATH: `${join(root, posix.dirname(bin))}:${dirname(process.execPath)}:/usr/bin:/bin`,
+    NODE_OPTIONS: env.get('NODE_OPTIONS') as string,
+    NODECOMPUTE_STATE_FILE: join(root, 'state', 'shards.json'),
+    NODECOMPUTE_NVIDIA_SMI: join(root, 'no-nvidia-smi'),
+  };
+  const version = await run('sh', ['-c', 'nodecompute --version'], { env: imageEnv, timeout: 30_000 });
+  t.equal(version.stdout, `${pkg.version}\n`);
+  const doctor = await run('sh', ['-c', 'nodecompute doctor'], { env: imageEnv, timeout: 60_000 }).then(
+    () => ({ code: 0, stdout: '' }),
+    (err: { code?: number; stdout?: string }) => ({ code: err.code, stdout: err.stdout ?? '' }),
+  );
+  t.equal(doctor.code, 1, 'the doctor ran, and exits 1 without nvidia-smi');
+  t.match(doctor.stdout, /^FAIL  nvidia-smi .*no-nvidia-smi/m);
+  t.match(doctor.stdout, /nodecompute doctor: something is wrong/);
 });
 
 t.test('OCI labels', async (t) => {

@@ -447,3 +447,44 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
   });
 
 });
+
+t.test('the hook scripts over IPv6: NODE_IP fd00::1 is written [fd00::1]:9470 in the Host header (RFC 9110) and in what they print', async (t) => {
+  const dir = t.testdir({ hooks: hooks.data });
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  const hosts: string[] = [];
+  app.addHook('onRequest', async (request) => {
+    hosts.push(String(request.headers.host));
+  });
+  // :: takes IPv6 and IPv4 alike (listen.ts), as the DaemonSet's default does.
+  await app.listen({ host: '::', port: 0 });
+  const port = (app.server.address() as { port: number }).port;
+  const llamaServer: Server = createServer((_request, response) => response.end('{"status":"ok"}'));
+  await new Promise<void>((resolve) => llamaServer.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => llamaServer.close(() => resolve())));
+  const hook = (name: string, nodeIp: string, nodecomputePort: number) =>
+    new Promise<HookResult>((resolve) => {
+      const env = {
+        PATH: process.env.PATH,
+        NODE_IP: nodeIp,
+        NODECOMPUTE_PORT: String(nodecomputePort),
+        POD_NAME: 'llama-v6',
+        LLAMA_ARG_PORT: String((llamaServer.address() as { port: number }).port),
+      };
+      execFile('bash', [join(dir, 'hooks', name)], { env, timeout: 30_000 }, (err, stdout, stderr) => {
+        resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
+      });
+    });
+
+  const v6 = await hook('ready.sh', '::1', port);
+  t.match(v6.stdout, /^shard llama-v6 is not registered with nodecompute on ::1/, 'nodecompute answered the request');
+  t.same(hosts, [`[::1]:${port}`], 'an IPv6 address is bracketed in the Host header');
+  hosts.length = 0;
+  await hook('deregister.sh', '127.0.0.1', port);
+  t.same(hosts, [`127.0.0.1:${port}`], 'an IPv4 address is not');
+
+  await app.close();
+  const down = await hook('ready.sh', '::1', port);
+  t.equal(down.code, 0);
+  t.equal(down.stdout, `unverified: nodecompute on this node ([::1]:${port}) does not answer (cannot connect to [::1]:${port}), so ready on llama-server's own health. Is its DaemonSet pod running here?\n`);
+  t.equal(down.stderr, '');
+});

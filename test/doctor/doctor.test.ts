@@ -182,16 +182,46 @@ t.test('GET /doctor answers the same report as JSON; concurrent requests share o
   const before = fake.invocations().length;
   const reports = await Promise.all(Array.from({ length: 20 }, () => app.inject({ method: 'GET', url: '/doctor' })));
   t.equal(fake.invocations().length - before, 3, 'one --version, one GPU and one process query for 20 requests');
-  t.ok(reports.every((report) => report.body === reports[0]!.body));
+  t.ok(reports.every((report) => report.body === reports[0]!.body && report.statusCode === reports[0]!.statusCode));
   clock.advance(4000);
   await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(fake.invocations().length - before, 3, 'reused within 5 s');
   clock.advance(1000);
   const res = await app.inject({ method: 'GET', url: '/doctor' });
-  t.equal(res.statusCode, 200);
+  t.equal(res.statusCode, 503, 'a failed check');
   t.equal(res.json().ok, false);
   t.match(res.json().checks, [{ name: 'nvidia-smi', status: 'ok' }]);
   t.ok(res.json().checks.some((check: { name: string; status: string }) => check.name === 'host-pid-namespace' && check.status === 'fail'));
+});
+
+t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the same report once one does, so `curl -f` and monitors tell them apart', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), deps: { now: clock.now } });
+  const well = await app.inject({ method: 'GET', url: '/doctor' });
+  t.equal(well.statusCode, 200);
+  t.match(well.headers['content-type'], /^application\/json/);
+  t.match(well.json(), { ok: true, checks: [{ name: 'nvidia-smi', status: 'ok' }] });
+  t.ok(well.json().checks.some((check: { name: string; status: string }) => check.name === 'token' && check.status === 'warn'), 'a warning alone is still 200');
+
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  clock.advance(5000);
+  const sick = await app.inject({ method: 'GET', url: '/doctor' });
+  t.equal(sick.statusCode, 503);
+  t.match(sick.headers['content-type'], /^application\/json/);
+  t.match(sick.json(), {
+    ok: false,
+    version: String,
+    checkedAt: String,
+    checks: [{ name: 'nvidia-smi', status: 'fail', detail: /exited with code 9/, fix: 'Fix nvidia-smi first: every GPU answer depends on it.' }],
+  });
+  const again = await app.inject({ method: 'GET', url: '/doctor' });
+  t.equal(again.statusCode, 503, 'the reused report keeps its status');
+  t.equal(again.body, sick.body);
+
+  const spec = (await app.inject({ method: 'GET', url: '/openapi.json' })).json();
+  const responses = spec.paths['/doctor'].get.responses;
+  t.same(Object.keys(responses).sort(), ['200', '503'], 'the OpenAPI document declares both');
+  for (const status of ['200', '503']) t.ok(responses[status].content['application/json'].schema.properties.checks, `${status} carries the report`);
 });
 
 t.test('`nodecompute doctor` prints the table and exits non-zero when something is wrong', async (t) => {

@@ -18,15 +18,10 @@ function tempDir(t: Test): string {
   return dir;
 }
 
-t.test('without nvidia-smi the service starts, says so plainly, and answers 503 naming the path', async (t) => {
+t.test('without nvidia-smi the service starts, says so once and plainly, and answers 503 naming the path', async (t) => {
   const dir = tempDir(t);
   const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json') });
-  await waitUntil(() => server.logs().some((entry) => entry.code === 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND' && entry.level === 50), {
-    what: 'the start-up error line',
-  });
-  const line = server.logs().find((entry) => entry.level === 50)!;
-  t.match(line.msg, /nvidia-smi could not be run from "\/opt\/missing\/nvidia-smi"/);
-  t.match(line.msg, /\/livez stays 200/);
+  await waitUntil(() => server.logs().some((entry) => entry.code === 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND'), { what: 'the start-up line about nvidia-smi' });
   t.equal((await fetch(`${server.url}/livez`)).status, 200);
   for (const path of ['/readyz', '/gpus']) {
     const res = await fetch(`${server.url}${path}`);
@@ -37,6 +32,18 @@ t.test('without nvidia-smi the service starts, says so plainly, and answers 503 
   }
   server.child.kill('SIGTERM');
   t.equal(await server.exited, 0);
+
+  // Every line is in by now: the start-up's, then the one of the /gpus request that failed.
+  const startUp = server.logs().filter((entry) => entry.msg !== 'Request failed' && /nvidia-smi could not be run/.test(String(entry.msg)));
+  t.equal(startUp.length, 1, `one start-up line about it, not two: ${startUp.map((entry) => entry.msg).join(' | ')}`);
+  t.match(startUp[0], { level: 40, code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', msg: /nvidia-smi could not be run from "\/opt\/missing\/nvidia-smi"/ });
+  t.notMatch(startUp[0]!.msg, /shard probes answer 503/, 'the shard probes answer 200 unverified, and it says nothing else');
+  const failed = server.lines().filter((line) => line.includes('"msg":"Request failed"'));
+  t.equal(failed.length, 1, '/gpus failed once; /readyz answers its 503 itself');
+  const entry = JSON.parse(failed[0]!) as { level: number; url: string; err: Record<string, unknown> };
+  t.match(entry, { level: 40, url: '/gpus' });
+  t.same(Object.keys(entry.err), ['code', 'message'], 'the coded error as its code and message: no "type":"Object", no empty stack');
+  t.match(entry.err, { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', message: /could not be run from "\/opt\/missing\/nvidia-smi"/ });
 });
 
 t.test('a bad setting stops the start with a message naming it', async (t) => {
@@ -51,7 +58,19 @@ t.test('a bad setting stops the start with a message naming it', async (t) => {
   t.match(version.stdout, /^\d+\.\d+\.\d+\n$/);
   const unknown = spawnSync(process.execPath, [MAIN, 'fly'], { encoding: 'utf8' });
   t.equal(unknown.status, 2);
-  t.match(unknown.stderr, /unknown command "fly"/);
+  t.equal(unknown.stderr, 'nodecompute: unknown command "fly". The commands are serve (the default) and doctor; run `nodecompute --help`.\n');
+  const typo = spawnSync(process.execPath, [MAIN, 'docter'], { encoding: 'utf8' });
+  t.equal(typo.status, 2);
+  t.match(typo.stderr, /^nodecompute: unknown command "docter" \(did you mean doctor\?\)\./);
+  const two = spawnSync(process.execPath, [MAIN, 'serve', 'doctor'], { encoding: 'utf8' });
+  t.equal(two.status, 2);
+  t.match(two.stderr, /^nodecompute: unknown command "serve doctor"\. The commands are/, 'one command at a time');
+  const flag = spawnSync(process.execPath, [MAIN, '--bogus', '1'], { encoding: 'utf8' });
+  t.equal(flag.status, 2);
+  t.equal(flag.stderr, 'nodecompute: unknown flag --bogus. Run `nodecompute --help` for the flags and the environment variable of each.\n', 'nothing about positionals and --');
+  const near = spawnSync(process.execPath, [MAIN, 'doctor', '--nvidia_smi', '/usr/bin/nvidia-smi'], { encoding: 'utf8' });
+  t.equal(near.status, 2);
+  t.match(near.stderr, /^nodecompute: unknown flag --nvidia_smi \(did you mean --nvidia-smi\?\)\. Run `nodecompute --help`/);
 });
 
 t.test('a port already in use stops the start with exit code 1, so restart policies see the failure', async (t) => {
@@ -66,7 +85,31 @@ t.test('a port already in use stops the start with exit code 1, so restart polic
     timeout: 30_000,
   });
   t.equal(result.status, 1);
-  t.match(result.stderr, /cannot start: listen EADDRINUSE/);
+  t.equal(
+    result.stderr,
+    `nodecompute: cannot start: port ${port} is already taken (listen EADDRINUSE: address already in use 127.0.0.1:${port}): another nodecompute, or another program, is listening on it on this machine ` +
+      `(in a container: in its network namespace). Stop that one if it should not run (\`ss -ltnp 'sport = :${port}'\` names it), or give this one a free port with NODECOMPUTE_PORT (--port).\n`,
+  );
+});
+
+t.test('by default it listens on :: (IPv6 and IPv4) and says so; a host this machine cannot have stops the start saying why', async (t) => {
+  const dir = tempDir(t);
+  // NODECOMPUTE_HOST empty counts as unset: the default.
+  const server = await startServer(t, { NODECOMPUTE_HOST: '', NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json') });
+  const line = server.logs().find((entry) => typeof entry.url === 'string');
+  t.match(line, { level: 30, msg: 'nodecompute is listening on :: (IPv6 and IPv4)', host: '::', url: /^http:\/\/\[::\]:\d+$/ });
+  const { port } = new URL(server.url);
+  for (const host of ['127.0.0.1', '[::1]']) t.equal((await fetch(`http://${host}:${port}/livez`)).status, 200, `reachable over ${host}`);
+  server.child.kill('SIGTERM');
+  t.equal(await server.exited, 0);
+
+  const refused = spawnSync(process.execPath, [MAIN], {
+    env: { ...process.env, NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_PORT: '0', NODECOMPUTE_HOST: '2001:db8::1' },
+    encoding: 'utf8',
+    timeout: 30_000,
+  });
+  t.equal(refused.status, 1);
+  t.match(refused.stderr, /^nodecompute: cannot start: NODECOMPUTE_HOST \(--host\) is "2001:db8::1", which this machine cannot listen on \(EADDRNOTAVAIL: .*\)\. Set it to an address of this machine, or unset it/);
 });
 
 t.test('a corrupt state file stops the start naming the file, and is never overwritten', async (t) => {
@@ -105,20 +148,27 @@ t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknow
   t.same(kept.gpus, [3]);
   t.equal(kept.identity.pid, shard.pid);
 
-  const acknowledged: string[] = [];
+  // One process a shard (a process is one shard's only): 8 workers, each registering its 8 shards
+  // and re-registering them on other GPUs until the server is killed.
+  const stormProcesses = await Promise.all(Array.from({ length: 64 }, () => spawnShardProcess(t, 0)));
+  const acknowledged = new Set<string>();
   let stop = false;
   const storm = Array.from({ length: 8 }, async (_, worker) => {
     for (let i = 0; !stop && i < 400; i += 1) {
-      const id = `storm-${worker}-${i}`;
+      const id = `storm-${worker}-${i % 8}`;
       try {
-        const res = await put(second.url, id, [i % 8]);
-        if (res.status === 201) acknowledged.push(id);
+        const res = await fetch(`${second.url}/shards/${id}`, {
+          method: 'PUT',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ pid: stormProcesses[worker * 8 + (i % 8)]!.pid, gpus: [i % 8] }),
+        });
+        if (res.status === 201 || res.status === 200) acknowledged.add(id);
       } catch {
         return; // the server died under us: this request was never acknowledged
       }
     }
   });
-  await waitUntil(() => acknowledged.length >= 40, { timeoutMs: 60_000, what: '40 acknowledged registrations' });
+  await waitUntil(() => acknowledged.size >= 40, { timeoutMs: 60_000, what: '40 acknowledged registrations' });
   second.child.kill('SIGKILL');
   await second.exited;
   stop = true;
@@ -126,13 +176,13 @@ t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknow
 
   const state = JSON.parse(readFileSync(join(dir, 'state', 'shards.json'), 'utf8')) as { shards: Array<{ id: string }> };
   const stored = new Set(state.shards.map((s) => s.id));
-  t.same(acknowledged.filter((id) => !stored.has(id)), [], 'every acknowledged registration is in the state file');
+  t.same([...acknowledged.keys()].filter((id) => !stored.has(id)), [], 'every acknowledged registration is in the state file');
   t.ok(stored.has('keep-me'));
 
   const third = await startServer(t, env);
   const listed = (await (await fetch(`${third.url}/shards`)).json()) as { shards: Array<{ id: string }> };
   const ids = new Set(listed.shards.map((s) => s.id));
-  t.same(acknowledged.filter((id) => !ids.has(id)), [], 'and the restarted server serves them all');
+  t.same([...acknowledged.keys()].filter((id) => !ids.has(id)), [], 'and the restarted server serves them all');
   third.child.kill('SIGTERM');
   t.equal(await third.exited, 0);
 });
@@ -149,7 +199,7 @@ t.test('SIGTERM finishes in-flight requests, kills nvidia-smi children and exits
   await waitUntil(() => fake.invocations().length > before, { what: 'the doctor to start nvidia-smi' });
   server.child.kill('SIGTERM');
   const answer = await inFlight;
-  t.equal(answer.status, 200, 'the in-flight request got its answer');
+  t.equal(answer.status, 503, 'the in-flight request got its answer: a failed check');
   t.equal(answer.body.ok, false, 'nvidia-smi was killed under it, and the doctor said so');
   t.equal(await server.exited, 0);
   const smiPids = fake.invocations().map((invocation) => invocation.pid);

@@ -1,14 +1,28 @@
 // The real server process and its settings: a start-up warning for a probe wait Kubernetes would
 // cut short, refusals (exit 2) for tokens no header can carry and a max-stale below the TTL, and a
-// write token rotated in a mounted Secret without a restart.
+// write token rotated in a mounted Secret without a restart, and a token file that stops answering
+// (a hung mount; a FIFO without a writer stands in for it) while the server keeps serving.
 import { spawnSync } from 'node:child_process';
 import { mkdirSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
+import { waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { releaseFifo } from '../helpers/fifo.js';
 import { MAIN, startServer } from '../helpers/server.js';
 
 const OLD = 'old-token-0123456789abcdef';
 const NEW = 'new-token-0123456789abcdef';
+
+/** Calls `attempt` every 100 ms until `done` says its answer will do; gives up after 10 s. */
+async function retry<T>(attempt: () => Promise<T>, done: (answer: T) => boolean): Promise<T> {
+  const giveUpAt = Date.now() + 10_000;
+  let answer = await attempt();
+  while (!done(answer) && Date.now() < giveUpAt) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    answer = await attempt();
+  }
+  return answer;
+}
 
 t.test('bad token and staleness settings stop the start with exit code 2, naming the setting', async (t) => {
   const cases: Array<[Record<string, string>, RegExp]> = [
@@ -22,7 +36,7 @@ t.test('bad token and staleness settings stop the start with exit code 2, naming
   }
 });
 
-t.test('a Secret rotated in place reaches the running server; a long probe wait is warned about once', async (t) => {
+t.test('a Secret rotated in place reaches the running server, which keeps serving when the file hangs; a long probe wait is warned about once', async (t) => {
   const dir = t.testdir({ '..v1': { token: `${OLD}\n` } });
   symlinkSync('..v1', join(dir, '..data'));
   symlinkSync('..data/token', join(dir, 'token'));
@@ -47,15 +61,30 @@ t.test('a Secret rotated in place reaches the running server; a long probe wait 
   symlinkSync('..v2', join(dir, '..data_tmp'));
   renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
   // The server looks at the file at most once a second, on its own clock.
-  const giveUpAt = Date.now() + 10_000;
-  let status = await write(NEW);
-  while (status !== 404 && Date.now() < giveUpAt) {
-    await new Promise((resolve) => setTimeout(resolve, 100));
-    status = await write(NEW);
-  }
-  t.equal(status, 404, 'the new token is accepted without a restart');
+  t.equal(await retry(() => write(NEW), (status) => status === 404), 404, 'the new token is accepted without a restart');
   t.equal(await write(OLD), 401, 'and the old one is not');
   t.ok(server.logs().some((entry) => entry.msg === `Write tokens changed: 1 token(s) from ${join(dir, 'token')} are in force now.`));
+
+  // The mount hangs: the kubelet's file is swapped for one whose open() never returns.
+  const fifo = join(dir, '..v3', 'token');
+  mkdirSync(join(dir, '..v3'));
+  t.equal(spawnSync('mkfifo', [fifo]).status, 0, 'mkfifo');
+  t.teardown(() => void releaseFifo(fifo));
+  symlinkSync('..v3', join(dir, '..data_tmp'));
+  renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
+  const hangs = (entry: Record<string, unknown>) => entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
+  t.equal(await retry(() => write(NEW), () => server.logs().some(hangs)), 404, 'writes are judged by the tokens last read');
+  t.equal((await fetch(`${server.url}/livez`)).status, 200, 'probes answer while the read is stuck');
+  t.equal(await write(NEW), 404);
+
+  // The mount comes back.
+  symlinkSync('..v2', join(dir, '..data_tmp'));
+  renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
+  await waitUntil(() => releaseFifo(fifo), { what: 'the server to wait in open() on the FIFO' });
+  const again = (entry: Record<string, unknown>) => entry.msg === `The token file ${join(dir, 'token')} is readable again; its tokens are used from now on.`;
+  await retry(() => write(NEW), () => server.logs().some(again));
+  t.ok(server.logs().some(again), 'the file is read again once it answers');
+  t.equal(server.logs().filter(hangs).length, 1, 'one warning for the whole hang');
   server.child.kill('SIGTERM');
   t.equal(await server.exited, 0);
 });

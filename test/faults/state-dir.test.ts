@@ -14,6 +14,8 @@ import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { killLeftovers } from '../helpers/process-scan.js';
 
 t.test('the state directory replaced by a file: writes refused with STATE_WRITE_FAILED, nothing stored is lost', async (t) => {
+  // One process per id: a process is registered under one id only.
+  const [second, third, ...stormers] = await Promise.all(Array.from({ length: 22 }, () => spawnShardProcess(t, 0)));
   const shard = await spawnShardProcess(t, 1);
   const { app, config, fake } = await buildTestApp(t, { scenario: eightGpuNode() });
   t.teardown(() => killLeftovers(fake));
@@ -21,7 +23,7 @@ t.test('the state directory replaced by a file: writes refused with STATE_WRITE_
   const ids = async () => ((await app.inject({ method: 'GET', url: '/shards' })).json().shards as Array<{ id: string }>).map((s) => s.id);
 
   t.equal((await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [0] } })).statusCode, 201);
-  t.equal((await app.inject({ method: 'PUT', url: '/shards/b', payload: { pid: shard.pid, gpus: [1] } })).statusCode, 201);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/b', payload: { pid: second!.pid, gpus: [1] } })).statusCode, 201);
   const original = readFileSync(config.stateFile);
 
   renameSync(stateDir, `${stateDir}.moved`);
@@ -34,7 +36,7 @@ t.test('the state directory replaced by a file: writes refused with STATE_WRITE_
     }
   });
 
-  const refused = await app.inject({ method: 'PUT', url: '/shards/c', payload: { pid: shard.pid, gpus: [2] } });
+  const refused = await app.inject({ method: 'PUT', url: '/shards/c', payload: { pid: third!.pid, gpus: [2] } });
   t.equal(refused.statusCode, 503, refused.body.slice(0, 300));
   const body = refused.json();
   t.same(Object.keys(body).sort(), ['code', 'error', 'message', 'statusCode']);
@@ -57,7 +59,7 @@ t.test('the state directory replaced by a file: writes refused with STATE_WRITE_
 
   // Concurrent writes while it fails: each refused, none acknowledged.
   const storm = await Promise.all(
-    Array.from({ length: 20 }, (_, i) => app.inject({ method: 'PUT', url: `/shards/storm-${i}`, payload: { pid: shard.pid, gpus: [i % 8] } })),
+    stormers.map((stormer, i) => app.inject({ method: 'PUT', url: `/shards/storm-${i}`, payload: { pid: stormer.pid, gpus: [i % 8] } })),
   );
   t.ok(storm.every((res) => res.statusCode === 503 && res.json().code === 'NODECOMPUTE_STATE_WRITE_FAILED'), 'every concurrent write refused');
   t.same(await ids(), ['a', 'b'], 'and none acknowledged');
@@ -71,7 +73,7 @@ t.test('the state directory replaced by a file: writes refused with STATE_WRITE_
     [],
     'no temp file was left behind',
   );
-  t.equal((await app.inject({ method: 'PUT', url: '/shards/c', payload: { pid: shard.pid, gpus: [2] } })).statusCode, 201, 'writes work again');
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/c', payload: { pid: third!.pid, gpus: [2] } })).statusCode, 201, 'writes work again');
   t.same(await ids(), ['a', 'b', 'c']);
 
   // A restarted service from the state file as acknowledged before the failure finds a and b.

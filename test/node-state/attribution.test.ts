@@ -3,7 +3,8 @@
 // nearest ancestor (ppid after ppid through the stats the snapshot has, ANCESTRY_DEPTH generations);
 // failing that, to the first shard whose process group holds it when no other process claims the
 // group (live shards by their current group, gone ones by their last known group, whatever their
-// PID). A shard that is gone claims nothing, and its reason names the memory its group still holds.
+// PID). A shard that is gone claims nothing, and its reason names the memory its group still holds;
+// a cgroup shard is gone once no member runs but the pod's sandbox (`pause`).
 // The rule is written below as the obvious loop over every shard for every process; attribute() must
 // agree with it on thousands of generated nodes where PIDs, parents, groups and cgroups collide far
 // more often than on a real node.
@@ -85,6 +86,21 @@ function ruleLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness['sta
 }
 
 /**
+ * A cgroup shard's liveness state: not scanned yet; alive while a member runs that is not the pod's
+ * sandbox (`pause`), or that the snapshot did not read; else unreadable when a member's stat was,
+ * else gone (every member gone, a zombie or the sandbox).
+ */
+function ruleCgroupLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness['state'] {
+  const members = snapshot.cgroupPids.get(cgroup);
+  if (members === undefined) return 'unknown';
+  const answers = [...members].map((member) => snapshot.proc.get(member));
+  const runs = (answer: StatAnswer | undefined) =>
+    answer === undefined || (answer !== null && !('unreadable' in answer) && answer.state !== 'Z' && answer.state !== 'X' && answer.comm !== 'pause');
+  if (answers.some(runs)) return 'alive';
+  return answers.some((answer) => answer != null && 'unreadable' in answer) ? 'unreadable' : 'gone';
+}
+
+/**
  * A gone PID shard's orphans: GPU processes other than its own PID that no shard owns, in its group,
  * started no earlier than it; none when the group's number is led by a process younger than the
  * shard (the number was reused).
@@ -107,7 +123,7 @@ const node = fc
     stats: fc.array(
       fc.oneof(
         { weight: 1, arbitrary: fc.constant('unreadable' as const) },
-        { weight: 9, arbitrary: fc.option(fc.record({ ppid: parent, pgrp: group, zombie: mostly(false), startTime }), { nil: null }) },
+        { weight: 9, arbitrary: fc.option(fc.record({ ppid: parent, pgrp: group, zombie: mostly(false), sandbox: mostly(false), startTime }), { nil: null }) },
       ),
       { minLength: 12, maxLength: 12 },
     ),
@@ -134,7 +150,7 @@ const node = fc
       const at = i + 1;
       if (!listed[i]) return;
       if (entry === 'unreadable') proc.set(at, { pid: at, unreadable: 'reading it failed (EIO)', advice: 'see the log' });
-      else proc.set(at, entry === null ? null : { pid: at, comm: `p${at}`, state: entry.zombie ? 'Z' : 'S', ppid: entry.ppid, pgrp: entry.pgrp, session: 1, startTime: entry.startTime });
+      else proc.set(at, entry === null ? null : { pid: at, comm: entry.sandbox ? 'pause' : `p${at}`, state: entry.zombie ? 'Z' : 'S', ppid: entry.ppid, pgrp: entry.pgrp, session: 1, startTime: entry.startTime });
     });
     const snapshot: NodeSnapshot = {
       takenAt: 1,
@@ -184,6 +200,7 @@ t.test('every GPU process goes to the owner the rule names; holdings sum what ea
       const { ownerByPid, holdings, liveness } = attribute(snapshot, shards);
       for (const shard of shards) {
         if (shard.cgroup === null && liveness.get(shard.id)?.state !== ruleLiveness(snapshot, shard)) return false;
+        if (shard.cgroup !== null && liveness.get(shard.id)?.state !== ruleCgroupLiveness(snapshot, shard.cgroup)) return false;
         if (!reasonNamesOrphans(snapshot, shard, liveness.get(shard.id), ownerByPid)) return false;
       }
       const listed = snapshot.gpus.flatMap((gpu) => gpu.processes);
@@ -217,6 +234,8 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
     gone: 0,
     unreadable: 0,
     orphansNamed: 0,
+    // A cgroup shard with members, none of them running but the pod's sandbox: gone.
+    sandboxOnly: 0,
     // Contests, where the order of the rules decides.
     twoItIs: 0,
     itIsOverAncestor: 0,
@@ -256,6 +275,7 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
       seen.gone += states.filter((state) => state.state === 'gone').length;
       seen.unreadable += states.filter((state) => state.state === 'unreadable').length;
       seen.orphansNamed += states.filter((state) => state.state === 'gone' && state.why.includes('still holds GPU memory')).length;
+      seen.sandboxOnly += states.filter((state) => state.state === 'gone' && state.why.includes("only the pod's sandbox")).length;
     }),
     { seed: SEED, numRuns: 5000 },
   );

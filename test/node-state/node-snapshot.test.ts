@@ -4,7 +4,11 @@
 import t from 'tap';
 import { pino } from 'pino';
 import { attribute } from '../../src/node-state/attribution.js';
-import { ANCESTRY_DEPTH, createSnapshotTaker, joinGpusAndProcesses, statOf } from '../../src/node-state/node-snapshot.js';
+import { ANCESTRY_DEPTH, createSnapshotTaker, joinGpusAndProcesses, procFactsAfter, statOf } from '../../src/node-state/node-snapshot.js';
+import { createNodeService, procOnlyLiveness } from '../../src/node-state/node-service.js';
+import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import type { SnapshotSource } from '../../src/node-state/snapshot.js';
+import type { Registry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
@@ -145,4 +149,137 @@ t.test('take: reads the parents through which a GPU process may descend from a s
   calls.length = 0;
   await createSnapshotTaker({ nvidiaSmi: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [], cgroups: [] }), now: () => 1 })();
   t.same(calls, [[gpuPids, true]], 'no shard process, no session to follow: nothing more is read');
+});
+
+t.test('take: the members of cgroup shards are read with the GPU and shard PIDs, in one kept read after the scan', async (t) => {
+  const pod = '0::/kubepods.slice/kubepods-pod7d5b1f2c_1111_4c3e_9e0a_3f7c2b9d8e11.slice/cri-containerd-abc.scope\n';
+  const root = t.testdir({
+    '10': { stat: '10 (pause) S 1 10 10 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0', cgroup: pod },
+    '12': { stat: '12 (llama-server) S 1 12 12 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 700 0 0', cgroup: pod },
+    '20': { stat: '20 (python3) S 1 20 20 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 800 0 0', cgroup: '0::/system.slice/x\n' },
+  });
+  const base = createProcReader({ root, log: pino({ level: 'silent' }) });
+  const calls: Array<[number[], boolean]> = [];
+  const proc: ProcReader = {
+    ...base,
+    readStats: async (pids, options) => {
+      calls.push([[...pids], options?.keep ?? false]);
+      return base.readStats(pids, options);
+    },
+  };
+  const take = createSnapshotTaker({
+    nvidiaSmi: smi([{ gpuUuid: 'GPU-0', pid: 12, name: 'llama-server', usedMiB: 4000 }]),
+    proc,
+    log: pino({ level: 'silent' }),
+    interest: () => ({ pids: [20], cgroups: ['7d5b1f2c-1111-4c3e-9e0a-3f7c2b9d8e11'] }),
+    now: () => 1,
+  });
+  const snapshot = await take();
+  t.same(calls, [[[12, 20, 10], true]], 'GPU process, shard PID, then the members not read already: one call, kept open');
+  t.same(statOf(snapshot, 10), { pid: 10, comm: 'pause', state: 'S', ppid: 1, pgrp: 10, session: 10, startTime: 5 }, 'the sandbox, by its name');
+  const pods: ShardRecord[] = [
+    { id: 'pod', pid: null, cgroup: '7d5b1f2c-1111-4c3e-9e0a-3f7c2b9d8e11', gpus: [0], engine: 'llama.cpp', graceMs: 0, registeredAt: 0, identity: { pid: 10, pgid: 10, startTime: 5, name: 'pause' } },
+  ];
+  t.same(attribute(snapshot, pods).liveness.get('pod'), { state: 'alive', oldestStart: 700 });
+});
+
+t.test('take, when nvidia-smi fails: the shards\' /proc facts stay with the error, without touching the kept stat files', async (t) => {
+  const root = t.testdir({
+    '8': { stat: '8 (shard) S 1 8 8 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 80 0 0', cgroup: '0::/system.slice/x\n' },
+    '20': { stat: '20 (pause) S 1 20 20 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 200 0 0', cgroup: '0::/kubepods/podabcdef12-3456/x\n' },
+  });
+  const log = pino({ level: 'silent' });
+  const failure = new Error('nvidia-smi did not answer');
+  let clock = 500;
+  const calls: Array<{ pids: number[]; keep: boolean | undefined }> = [];
+  const real = createProcReader({ root, log });
+  const proc: ProcReader = { ...real, readStats: (pids, options) => (calls.push({ pids: [...pids].sort((a, b) => a - b), keep: options?.keep }), real.readStats(pids, options)) };
+  const take = createSnapshotTaker({
+    nvidiaSmi: { ...smi([]), queryComputeApps: async () => Promise.reject(failure) },
+    proc,
+    log,
+    interest: () => ({ pids: [8, 9], cgroups: ['abcdef12-3456'] }),
+    now: () => (clock += 10),
+  });
+  t.equal(procFactsAfter(null), undefined);
+  await t.rejects(take(), failure, 'the error is nvidia-smi\'s, unchanged');
+  const facts = procFactsAfter(failure)!;
+  t.same([facts.startedAt, facts.takenAt], [510, 520], 'when the refresh began, and when /proc was read');
+  t.same([...facts.cgroupPids.get('abcdef12-3456')!], [20]);
+  t.same([...facts.proc.keys()].sort((a, b) => a - b), [8, 9, 20]);
+  t.equal(facts.proc.get(9), null, 'a shard PID that is gone');
+  t.same(calls, [{ pids: [8, 9, 20], keep: undefined }], 'one read, not kept');
+  t.equal(procFactsAfter(new Error('another')), undefined, 'nothing for an error no refresh threw');
+});
+
+t.test('take, when nvidia-smi fails and /proc cannot be read either: the nvidia-smi error, no facts, one warning', async (t) => {
+  const lines: Array<{ msg: string }> = [];
+  const log = pino({ level: 'warn' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const proc = createProcReader({ root: '/nonexistent-proc-root', log });
+  const failure = new Error('no devices');
+  const take = createSnapshotTaker({
+    nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject(failure) },
+    proc: { ...proc, findPidsInCgroups: async () => Promise.reject(new Error('EACCES: /proc')) },
+    log,
+    interest: () => ({ pids: [8], cgroups: ['abcdef12-3456'] }),
+    now: () => 1,
+  });
+  await t.rejects(take(), failure);
+  t.equal(procFactsAfter(failure), undefined);
+  t.match(lines, [{ msg: /^Could not read the shards' processes in \/proc after nvidia-smi failed/ }]);
+  const odd = createSnapshotTaker({ nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject('not an Error') }, proc, log, interest: () => ({ pids: [], cgroups: [] }), now: () => 1 });
+  await t.rejects(odd(), 'not an Error');
+  t.equal(lines.length, 1, 'a rejection that is not an Error carries nothing, and is no /proc failure');
+});
+
+t.test('procOnlyLiveness: the facts describe only shards registered before they were read', async (t) => {
+  const stat = (pid: number, startTime: number, state = 'S') => ({ pid, comm: `p${pid}`, state, ppid: 1, pgrp: pid, session: pid, startTime });
+  const facts = {
+    startedAt: 1000,
+    takenAt: 1010,
+    proc: new Map([[8, stat(8, 80)], [9, null], [10, stat(10, 999)]]),
+    cgroupPids: new Map([['abcdef12-3456', new Set([20])]]),
+  };
+  const shard = (id: string, pid: number, registeredAt: number, startTime = pid * 10): ShardRecord => ({
+    id,
+    pid,
+    cgroup: null,
+    gpus: [0],
+    engine: 'other',
+    graceMs: 0,
+    registeredAt,
+    identity: { pid, pgid: pid, startTime, name: 'x' },
+  });
+  const { takenAt, liveness } = procOnlyLiveness(facts, [shard('alive', 8, 1000), shard('gone', 9, 500), shard('late', 10, 1001)]);
+  t.equal(takenAt, 1010);
+  t.same(liveness.get('alive'), { state: 'alive' });
+  t.match(liveness.get('gone'), { state: 'gone', why: 'process 9 no longer exists' });
+  t.equal(liveness.get('late'), undefined, 'registered after the read: its PID may have been another process then (here: another start time)');
+});
+
+t.test('NodeService.procOnly: the latest failed refresh\'s facts, derived once per facts and registry version', async (t) => {
+  const facts = { startedAt: 10, takenAt: 11, proc: new Map([[8, null]]), cgroupPids: new Map() };
+  let lastError: Error | null = null;
+  const snapshots = { get lastError() { return lastError; } } as unknown as SnapshotSource<NodeSnapshot>;
+  const shards: ShardRecord[] = [{ id: 's', pid: 8, cgroup: null, gpus: [0], engine: 'other', graceMs: 0, registeredAt: 5, identity: { pid: 8, pgid: 8, startTime: 80, name: 'x' } }];
+  const registry = { version: 1, list: () => shards } as unknown as Registry;
+  const node = createNodeService(snapshots, registry);
+  t.equal(node.procOnly(), null, 'no failed refresh');
+  lastError = new Error('an error no refresh read /proc for');
+  t.equal(node.procOnly(), null, 'a failure without facts');
+  const failure = new Error('no devices');
+  const take = createSnapshotTaker({
+    nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject(failure) },
+    proc: { ...createProcReader({ root: t.testdir({}), log: pino({ level: 'silent' }) }), readStats: async () => facts.proc },
+    log: pino({ level: 'silent' }),
+    interest: () => ({ pids: [8], cgroups: [] }),
+    now: () => 10,
+  });
+  await t.rejects(take(), failure);
+  lastError = failure;
+  const first = node.procOnly();
+  t.match(first?.liveness.get('s'), { state: 'gone' });
+  t.equal(node.procOnly(), first, 'the same answer while nothing changed');
+  (registry as { version: number }).version = 2;
+  t.not(node.procOnly(), first, 'derived again for a new registry version');
 });

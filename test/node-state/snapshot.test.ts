@@ -2,7 +2,7 @@
 // stale-while-revalidate, failure memory and the per-call wait budget.
 import t from 'tap';
 import { pino } from 'pino';
-import { createSnapshotSource } from '../../src/node-state/snapshot.js';
+import { createSnapshotSource, SLOW_REFRESH_MIN_MS, slowAfterMs, staleNews } from '../../src/node-state/snapshot.js';
 import { NvidiaSmiFailedError } from '../../src/errors.js';
 
 const log = pino({ level: 'silent' });
@@ -85,7 +85,8 @@ t.test('past the TTL: answered at once from the cache (stale) while one backgrou
   const views = await Promise.all([h.source.get(), h.source.get(), h.source.get()]);
   t.equal(h.calls.length, 2, 'one background refresh for three requests');
   t.ok(views.every((view) => view.snapshot.n === 1 && view.stale));
-  t.match(views[0]!.staleReason, /refresh has been running for \d+ ms/);
+  t.equal(views[0]!.staleReason, 'refreshing: this snapshot is 1.5 s old and a newer one is being taken', 'routine: nothing against nvidia-smi');
+  t.same([views[0]!.failing, views[0]!.slow], [false, false]);
   h.calls[1]!.resolve({ n: 2 });
   await flush();
   const fresh = await h.source.get();
@@ -258,4 +259,64 @@ t.test('staleReason says a refresh is due when none runs and none failed', async
   const peeked = h.source.peek();
   t.equal(peeked?.stale, true);
   t.equal(peeked?.staleReason, 'a refresh is due');
+});
+
+t.test('a refresh is slow only past 3 times the last one\'s duration, and never below 1 s: only then does a stale answer blame nvidia-smi', async (t) => {
+  t.equal(slowAfterMs(0), SLOW_REFRESH_MIN_MS, 'a fast node: the 1 s floor');
+  t.equal(slowAfterMs(2000), 6000, 'a slow node: three times its usual time');
+  const h = harness();
+  const first = h.source.get();
+  h.advance(500);
+  h.calls[0]!.resolve({ n: 1 });
+  await first;
+  t.equal(staleNews(await h.source.get()), null, 'fresh: nothing to say');
+  h.advance(1500);
+  await h.source.get();
+  t.equal(h.calls.length, 2, 'a refresh runs');
+  h.advance(1499);
+  const routine = h.source.available()!;
+  t.same([routine.stale, routine.slow, routine.failing], [true, false, false]);
+  t.equal(routine.staleReason, 'refreshing: this snapshot is 3.0 s old and a newer one is being taken');
+  t.equal(staleNews(routine), null, 'routine: no warning');
+  h.advance(2);
+  const slow = h.source.available()!;
+  t.equal(slow.slow, true, 'past 3 x 500 ms');
+  t.equal(
+    slow.staleReason,
+    'nvidia-smi is slow: a refresh has been running for 1.5 s (the last one took 500 ms), so answers come from a snapshot 3.0 s old until it lands or times out. ' +
+      'If this persists, check dmesg for Xid errors and run `nodecompute doctor`.',
+  );
+  t.equal(staleNews(slow), slow.staleReason, 'worth a warning');
+  h.source.invalidate();
+  t.match(h.source.available()!.staleReason, /^nvidia-smi is slow: /, 'slowness outranks a registry change');
+  h.calls[1]!.reject(new NvidiaSmiFailedError('driver gone'));
+  await flush();
+  const failed = h.source.peek()!;
+  t.same([failed.failing, failed.slow, staleNews(failed)], [true, false, 'the last refresh failed: driver gone']);
+});
+
+t.test('a snapshot behind a registry change, and one whose refresh is merely due, are not news', async (t) => {
+  const h = await warmed();
+  h.source.invalidate();
+  t.equal(staleNews(await h.source.get()), null);
+  h.calls[1]!.resolve({ n: 2 });
+  await flush();
+  h.advance(2000);
+  const due = h.source.peek()!;
+  t.same([due.staleReason, staleNews(due)], ['a refresh is due', null]);
+});
+
+t.test('lastError: the latest refresh\'s error until one succeeds', async (t) => {
+  const h = harness();
+  t.equal(h.source.lastError, null);
+  const first = h.source.get();
+  const error = new NvidiaSmiFailedError('nope');
+  h.calls[0]!.reject(error);
+  await t.rejects(first);
+  t.equal(h.source.lastError, error);
+  h.advance(1000);
+  const retry = h.source.get();
+  h.calls[1]!.resolve({ n: 1 });
+  await retry;
+  t.equal(h.source.lastError, null);
 });

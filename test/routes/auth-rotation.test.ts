@@ -1,14 +1,21 @@
 // A write token rotated without a restart: the token file holds one token a line and is re-read
 // when it changes (a kubelet symlink swap or an in-place rewrite), at most once a second on the
-// test's clock, lazily by writes. A file that goes bad keeps the tokens last read, with one warning.
+// test's clock, lazily by writes. A file that goes bad keeps the tokens last read, with one warning;
+// so does one caught half-rewritten, and one that does not answer (a hung mount: a FIFO without a
+// writer stands in for it), which never holds a write up for longer than the read's bound.
+import { createHash } from 'node:crypto';
 import { mkdirSync, renameSync, rmSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
-import { createTokenFileSource, TOKEN_FILE_CHECK_MS } from '../../src/auth.js';
+import { createTokenFileSource, TOKEN_FILE_CHECK_MS, type TokenSource } from '../../src/auth.js';
 import { resolveConfig } from '../../src/config.js';
+import type { DoctorReport } from '../../src/doctor/doctor.js';
+import { REPORT_REUSE_MS } from '../../routes/doctor.js';
 import { buildTestApp, manualClock } from '../helpers/app.js';
-import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { eightGpuNode, waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
 
 const OLD = 'old-token-0123456789abcdef';
 const NEW = 'new-token-0123456789abcdef';
@@ -41,6 +48,12 @@ function secretVolume(t: Test, content: string) {
   publish(content);
   symlinkSync('..data/token', join(dir, 'token'));
   return { path: join(dir, 'token'), publish };
+}
+
+/** Which of `tokens` a source accepts now (looking at its file first when a look is due). */
+async function accepted(source: TokenSource, ...tokens: string[]): Promise<string[]> {
+  const digests = await source.current();
+  return tokens.filter((token) => digests.some((d) => d.equals(createHash('sha256').update(token, 'utf8').digest())));
 }
 
 async function tokenFileApp(t: Test, path: string) {
@@ -120,7 +133,7 @@ t.test('a file whose identity (inode, size, mtime) is unchanged is not read agai
 t.test('a token file that goes empty, missing or bad keeps the tokens last read, with one warning until it is fixed', async (t) => {
   const dir = t.testdir({ token: `${OLD}\n` });
   const path = join(dir, 'token');
-  const { clock, log, write } = await tokenFileApp(t, path);
+  const { app, clock, log, write } = await tokenFileApp(t, path);
   t.equal(await write(OLD), 'accepted');
   const later = async (bearer: string) => {
     clock.advance(TOKEN_FILE_CHECK_MS);
@@ -152,8 +165,16 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   writeFileSync(path, `${OLD}\nnew token with spaces\n`);
   t.equal(await later(OLD), 'accepted', 'a bad line: the whole file is ignored, the old tokens stay');
   t.match(log.at(40).at(-1)!.msg, `The token file ${path} cannot be used: the token on line 2 cannot work: it contains whitespace`);
+  // The doctor says so too, for as long as it lasts: rotation is stuck, though writes still work.
+  const tokenCheck = async () => ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((check) => check.name === 'token')!;
+  const stuck = await tokenCheck();
+  t.equal(stuck.status, 'warn');
+  t.equal(stuck.detail, log.at(40).at(-1)!.msg, 'the same words as the log line');
+  t.match(stuck.fix, 'a token rotated into it is not accepted');
   writeFileSync(path, `${NEW}\n`);
   t.equal(await later(NEW), 'accepted');
+  clock.advance(REPORT_REUSE_MS);
+  t.match(await tokenCheck(), { status: 'ok', detail: 'a bearer token is configured for writes' }, 'and no more once the file is fixed');
   t.same(log.at(30).slice(-2).map((line) => line.msg), [
     `The token file ${path} is readable again; its tokens are used from now on.`,
     `Write tokens changed: 1 token(s) from ${path} are in force now.`,
@@ -166,13 +187,13 @@ t.test('a token file missing after start: the tokens read at start stay until it
   const clock = manualClock();
   const log = capturingLogger();
   const source = createTokenFileSource({ path: join(dir, 'absent'), initial: [OLD], log: log.logger, now: clock.now });
-  t.equal(source.current().length, 1, 'the tokens read at start stay');
+  t.equal((await source.current()).length, 1, 'the tokens read at start stay');
   t.match(log.at(40)[0]!.msg, /cannot be read \(ENOENT/);
   symlinkSync(path, join(dir, 'absent'));
-  t.equal(source.current().length, 1);
+  t.equal((await source.current()).length, 1);
   clock.advance(TOKEN_FILE_CHECK_MS);
   writeFileSync(path, `${OLD}\n${NEW}\n`);
-  t.equal(source.current().length, 2);
+  t.equal((await source.current()).length, 2);
   t.equal(log.at(30).length, 2, 'readable again, then the change');
 });
 
@@ -181,10 +202,10 @@ t.test('a clock set back does not stop the checks', async (t) => {
   const path = join(dir, 'token');
   const clock = manualClock();
   const source = createTokenFileSource({ path, initial: [OLD], log: pino({ level: 'silent' }), now: clock.now });
-  t.equal(source.current().length, 1);
+  t.equal((await source.current()).length, 1);
   writeFileSync(path, `${OLD}\n${NEW}\n`);
   clock.advance(-60_000);
-  t.equal(source.current().length, 2, 'looked again at once');
+  t.equal((await source.current()).length, 2, 'looked again at once');
 });
 
 t.test('without tokens read at start (a Config built in code), the first write reads the file', async (t) => {
@@ -193,4 +214,121 @@ t.test('without tokens read at start (a Config built in code), the first write r
   const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { tokenFile: join(dir, 'token') }, deps: { now: clock.now } });
   const res = await app.inject({ method: 'DELETE', url: '/shards/none', headers: { authorization: `Bearer ${NEW}` } });
   t.equal(res.statusCode, 404, 'authorised, then no such shard');
+});
+
+t.test('a token file caught half-rewritten in place: its partial tokens never replace the good ones', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n` });
+  const path = join(dir, 'token');
+  // An mtime of long ago: the rewrite changes it even within one tick of the filesystem's clock.
+  utimesSync(path, 1_700_000_000, 1_700_000_000);
+  const clock = manualClock();
+  const log = capturingLogger();
+  let reads = 0;
+  const source = createTokenFileSource({
+    path,
+    initial: [OLD],
+    log: log.logger,
+    now: clock.now,
+    // Between the stat and the read, the rewrite of "old" into "new + old" has written its first line only.
+    beforeRead: () => {
+      if (reads++ === 0) writeFileSync(path, `${NEW}\n`);
+    },
+  });
+  t.same(await accepted(source, OLD, NEW), [OLD], 'the old token stays in force: "new" alone was never the file');
+  t.same(log.lines, [], 'one rewrite caught in the act is not worth a line');
+
+  writeFileSync(path, `${NEW}\n${OLD}\n`);
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.same(await accepted(source, OLD, NEW), [OLD, NEW], 'the next look reads the finished file');
+  t.same(log.at(30).map((line) => line.msg), [`Write tokens changed: 2 token(s) from ${path} are in force now.`]);
+  t.equal(reads, 2);
+});
+
+t.test('a token file that is never stable while read (a /proc file, which says size 0) keeps the tokens, with one warning', async (t) => {
+  const dir = t.testdir({ token: `${NEW}\n` });
+  const path = join(dir, 'current');
+  // boot_id holds a token-like text (36 characters, no whitespace): read without the size check, it would be taken.
+  symlinkSync('/proc/sys/kernel/random/boot_id', path);
+  const clock = manualClock();
+  const log = capturingLogger();
+  const source = createTokenFileSource({ path, initial: [OLD], log: log.logger, now: clock.now });
+  t.equal((await source.current()).length, 1);
+  t.same(await accepted(source, OLD), [OLD]);
+  t.same(log.at(40), [], 'one unstable read: no warning yet');
+  for (let i = 0; i < 3; i += 1) {
+    clock.advance(TOKEN_FILE_CHECK_MS);
+    t.same(await accepted(source, OLD), [OLD]);
+  }
+  const warnings = log.at(40);
+  t.equal(warnings.length, 1, 'one warning for the whole episode');
+  t.match(
+    warnings[0]!.msg,
+    `The token file ${path} was not stable while it was read, 2 times in a row (37 bytes were read from it, but its size says 0). The 1 token(s) last read from it stay in force`,
+  );
+  t.match(warnings[0]!.msg, /not a regular file \(a pipe, a \/proc or \/sys file\)\. Replace the file atomically instead \(write a temporary file beside it, then rename it over the token file/);
+
+  repoint(path, 'token');
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.same(await accepted(source, OLD, NEW), [NEW]);
+  t.same(log.at(30).map((line) => line.msg), [
+    `The token file ${path} is readable again; its tokens are used from now on.`,
+    `Write tokens changed: 1 token(s) from ${path} are in force now.`,
+  ]);
+});
+
+t.test('writes that arrive while the file is looked at wait for that look, and start none', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n${NEW}\n` });
+  const clock = manualClock();
+  let reads = 0;
+  const source = createTokenFileSource({ path: join(dir, 'token'), initial: [OLD], log: pino({ level: 'silent' }), now: clock.now, beforeRead: () => void reads++ });
+  const [first, second] = await Promise.all([accepted(source, NEW), accepted(source, NEW)]);
+  t.same([first, second], [[NEW], [NEW]], 'both are judged by what the look found');
+  t.equal(reads, 1);
+});
+
+t.test('a token file that does not answer (a hung mount) holds a write up for a second at most, never the probes, and is warned about once', async (t) => {
+  const dir = t.testdir({ good: `${OLD}\n` });
+  const path = join(dir, 'token');
+  const fifo = join(dir, 'fifo');
+  symlinkSync('good', path);
+  mkfifo(fifo);
+  // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
+  t.teardown(() => void releaseFifo(fifo));
+  const { app, clock, log, write } = await tokenFileApp(t, path);
+  t.equal(await write(OLD), 'accepted');
+
+  repoint(path, 'fifo');
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  const held = write(OLD);
+  t.equal((await app.inject({ method: 'GET', url: '/livez' })).statusCode, 200, 'a probe answers while the write waits for the file');
+  t.equal(await held, 'accepted', 'the write is judged by the tokens last read');
+  t.equal(await write(NEW), 'refused');
+  // Each of these would block one more of libuv's 4 threadpool threads if it started a read.
+  for (let i = 0; i < 6; i += 1) {
+    clock.advance(TOKEN_FILE_CHECK_MS);
+    t.equal(await write(OLD), 'accepted');
+  }
+  t.equal(await readFile(join(dir, 'good'), 'utf8'), `${OLD}\n`, 'the process still reads files: a single read is stuck');
+  const warnings = log.at(40);
+  t.equal(warnings.length, 1, 'one warning while it hangs');
+  t.match(
+    warnings[0]!.msg,
+    `The token file ${path} did not answer within 1000 ms (the read is still pending: is it on a network filesystem that hangs?). The 1 token(s) last read from it stay in force`,
+  );
+  t.match(warnings[0]!.msg, `no other read is started until that one returns. Check the filesystem that holds ${path} (does \`cat ${path}\` hang?)`);
+
+  // The mount comes back: the stuck read returns, and the file (rotated meanwhile) is read again.
+  writeFileSync(join(dir, 'good'), `${OLD}\n${NEW}\n`);
+  await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
+  repoint(path, 'good');
+  // Until the stuck read has returned, a look answers "late" at once: wait (on the real clock, the
+  // read's completion is I/O) and try again.
+  while ((await write(NEW)) !== 'accepted') {
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    clock.advance(TOKEN_FILE_CHECK_MS);
+  }
+  t.same(log.at(30).map((line) => line.msg), [
+    `The token file ${path} is readable again; its tokens are used from now on.`,
+    `Write tokens changed: 2 token(s) from ${path} are in force now.`,
+  ]);
 });

@@ -3,6 +3,7 @@
 import { spawnSync } from 'node:child_process';
 import t from 'tap';
 import { createMetrics } from '../../src/metrics.js';
+import { VERSION } from '../../src/version.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
@@ -71,7 +72,14 @@ t.test('promtool accepts the metrics of a node with shards in every state, and t
     t.equal(sample(text, 'nodecompute_gpu_memory_foreign_bytes', labels), foreign.gpus[gpu.index].foreignMiB * MIB);
   }
   t.equal(sample(text, 'nodecompute_gpu_memory_foreign_bytes', { gpu: '0' }), (20000 - 12000) * MIB);
-  t.equal(sample(text, 'nodecompute_shard_gpu_memory_bytes', { shard: 'ready-one', gpu: '0' }), 12000 * MIB);
+  t.equal(sample(text, 'nodecompute_shard_gpu_memory_bytes', { shard: 'ready-one', gpu: '0', uuid: UUIDS[0]! }), 12000 * MIB, 'shard memory joins GPU series by uuid');
+  t.equal(sample(text, 'nodecompute_shard_gpu_placed', { shard: 'ready-one', gpu: '0' }), 1);
+  t.equal(sample(text, 'nodecompute_shard_gpu_placed', { shard: 'starting-one', gpu: '1' }), 1);
+  t.equal(sample(text, 'nodecompute_shard_gpu_placed', { shard: 'ready-one', gpu: '1' }), undefined, 'only the GPUs of the registration');
+  t.equal(sample(text, 'nodecompute_shard_gpu_placed', { shard: 'exited-one' }), undefined, 'a shard placed on no GPU has no series');
+  t.equal(sample(text, 'nodecompute_gpu_processes_visible', {}), 1, 'a listed PID exists in /proc');
+  t.equal(sample(text, 'nodecompute_build_info', { version: VERSION }), 1);
+  t.equal(sample(text, 'nodecompute_nvidia_smi_failures_total', { query: 'gpus', reason: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' }), 0, 'failure counters start at 0');
   const states: Record<string, string> = { 'ready-one': 'ready', 'starting-one': 'starting', 'on-cpu-one': 'on-cpu', 'exited-one': 'exited' };
   for (const [shard, state] of Object.entries(states)) {
     t.equal(sample(text, 'nodecompute_shard_ready', { shard }), state === 'ready' ? 1 : 0, `${shard} ready`);
@@ -84,7 +92,7 @@ t.test('promtool accepts the metrics of a node with shards in every state, and t
 
   await app.inject({ method: 'DELETE', url: '/shards/ready-one' });
   const after = (await app.inject({ method: 'GET', url: '/metrics' })).body;
-  t.notMatch(after, 'shard="ready-one"', "a deleted shard's series disappear");
+  t.notMatch(after, 'shard="ready-one"', "a deleted shard's series disappear, placement included");
   t.match(after, 'shard="starting-one"');
 });
 
@@ -103,6 +111,7 @@ t.test('when nvidia-smi fails, metrics still answer: up 0, failures counted, no 
   const failed = ['gpus', 'compute-apps'].map((query) => sample(text, 'nodecompute_nvidia_smi_failures_total', { query, reason: 'NODECOMPUTE_NVIDIA_SMI_FAILED' }) ?? 0);
   t.ok(failed[0]! + failed[1]! >= 1, `failures counted by reason (${failed.join(' + ')})`);
   t.notMatch(text, /^nodecompute_gpu_memory_total_bytes\{/m);
+  t.ok(Number.isNaN(sample(text, 'nodecompute_gpu_processes_visible', {})), 'whether processes are visible is unknown, not 0');
   t.equal(sample(text, 'nodecompute_shard_state', { shard: 's', state: 'unverified' }), 1);
   t.equal(sample(text, 'nodecompute_snapshot_age_seconds', {}), 0.005, 'the age of the last good snapshot keeps growing');
 });
@@ -202,4 +211,14 @@ t.test('a rendering is reused within a second only while the snapshot, the regis
   clock.advance(1000);
   await scrape();
   t.equal(renders, before + 2, 'a second later it renders afresh');
+});
+
+t.test('GPU processes hidden from this /proc read 0 on nodecompute_gpu_processes_visible, the series to alert on', async (t) => {
+  const { app } = await buildTestApp(t, {
+    scenario: node([{ gpuUuid: UUIDS[0]!, pid: 4194305, name: '[Not Found]', usedMiB: 12000 }]),
+    config: { cacheTtlMs: 60_000 },
+  });
+  const text = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.equal(sample(text, 'nodecompute_gpu_processes_visible', {}), 0);
+  t.equal(sample(text, 'nodecompute_gpu_memory_foreign_bytes', { gpu: '0' }), 20000 * MIB, 'the memory reads as foreign');
 });

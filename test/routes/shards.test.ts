@@ -126,7 +126,13 @@ t.test('grace is judged by when the listing was begun: a refresh begun inside th
   const landed = await app.inject({ method: 'GET', url: '/shards/slow/ready' });
   t.equal(landed.statusCode, 503);
   t.equal(landed.json().state, 'starting', 'the grace is over by the clock, but not at the time of the evidence');
-  t.match(landed.json().reason, /grace is over, but the latest listing was begun 4\.5 s after registration, inside it/);
+  t.equal(
+    landed.json().reason,
+    'waiting for the shard to hold memory on GPU 1 (nvidia-smi lists none of its memory there yet). Its 5.0 s grace is over, but the latest nvidia-smi listing was begun 4.5 s after registration, ' +
+      'before the grace ended: the verdict waits for a listing begun after it.',
+    'no blame on nvidia-smi: its refresh was routine',
+  );
+  t.same(landed.json().warnings, [], 'nor a warning');
 
   fake.setScenario(twoGpuNode());
   clock.advance(1_001);
@@ -419,7 +425,7 @@ t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration'
   t.equal(res.statusCode, 201);
 });
 
-t.test('a verdict from a snapshot older than 10 s says so, even while the refresh is merely slow', async (t) => {
+t.test('a verdict says nothing about a routine refresh, however long nobody asked; it warns once the refresh is slow', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const clock = manualClock();
   const { app, fake } = await buildTestApp(t, {
@@ -432,15 +438,18 @@ t.test('a verdict from a snapshot older than 10 s says so, even while the refres
   clock.advance(1);
   t.same((await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json().warnings, [], 'a fresh snapshot: nothing to say');
   await settle(app);
+  // nvidia-smi now takes a minute (real time); this clock moves only when the test says.
   fake.update((s) => ({ ...s, delayMs: 60_000 }));
-  clock.advance(5000);
+  clock.advance(20_000);
   const routine = (await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json();
   t.equal(routine.state, 'ready');
-  t.same(routine.warnings, [], 'one refresh behind is routine, not news');
+  t.same(routine.warnings, [], 'a 20 s old snapshot while its refresh has just begun: routine, not news');
+  const list = (await app.inject({ method: 'GET', url: '/shards' })).json();
+  t.same([list.stale, list.staleReason], [true, 'refreshing: this snapshot is 20.0 s old and a newer one is being taken'], 'the answer says it is stale, without blaming nvidia-smi');
   clock.advance(7000);
   const old = (await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json();
   t.equal(old.state, 'ready');
-  t.match(old.warnings, [/^answered from an older snapshot: a refresh has been running for 7000 ms \(nvidia-smi is slow\)$/]);
+  t.match(old.warnings, [/^answered from an older snapshot: nvidia-smi is slow: a refresh has been running for 7\.0 s \(the last one took \d+ ms\), so answers come from a snapshot 27\.0 s old/]);
 });
 
 t.test('a steady probe keeps its verdict only while the snapshot, the registration and the engine output stay the same', async (t) => {
@@ -482,4 +491,185 @@ t.test('a steady probe keeps its verdict only while the snapshot, the registrati
   t.equal(logged.statusCode, 200);
   t.equal((await app.inject({ method: 'DELETE', url: '/shards/steady' })).statusCode, 204);
   t.equal((await app.inject({ method: 'GET', url: '/shards/steady/ready' })).statusCode, 404, 'removed, with its engine output');
+});
+
+const CUDA_FAILED_LOG = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\nload_tensors:   CPU_Mapped model buffer size =  4685.30 MiB\n';
+
+t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cpu; only the rest is unverified, with no /proc read per probe', async (t) => {
+  const [gone, cpu, alive] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
+  const clock = manualClock();
+  const reads = { stats: 0 };
+  const real = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
+  const proc = { ...real, readStats: (...args: Parameters<typeof real.readStats>) => ((reads.stats += 1), real.readStats(...args)) };
+  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, proc } });
+  for (const [id, shard, gpus] of [['gone', gone, [0]], ['cpu', cpu, [1]], ['alive', alive, [0]]] as const) {
+    t.equal((await app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid: shard.pid, gpus, engine: 'llama.cpp' } })).statusCode, 201);
+  }
+  await app.inject({ method: 'POST', url: '/shards/cpu/engine-output', payload: CUDA_FAILED_LOG, headers: { 'content-type': 'text/plain' } });
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  await gone.kill();
+  clock.advance(1);
+
+  const exited = await app.inject({ method: 'GET', url: '/shards/gone/ready' });
+  t.equal(exited.statusCode, 503, 'not ready: its process is gone, whatever nvidia-smi says');
+  t.match(exited.json(), { state: 'exited', reason: new RegExp(`^the shard's process exited: process ${gone.pid} (no longer exists|has exited)`), observedAt: null });
+  const onCpu = await app.inject({ method: 'GET', url: '/shards/cpu/ready' });
+  t.equal(onCpu.statusCode, 503);
+  t.match(onCpu.json(), {
+    state: 'on-cpu',
+    reason: /^placed on GPU 1 but computing on the CPU: the engine itself reports it\..*failed to initialize CUDA/,
+    warnings: [/^nvidia-smi cannot be asked, so this verdict rests on the engine's own output: .*couldn't communicate with the NVIDIA driver/],
+  });
+  const unverified = await app.inject({ method: 'GET', url: '/shards/alive/ready' });
+  t.equal(unverified.statusCode, 200, 'alive, and only nvidia-smi could tell where it computes');
+  t.match(unverified.json(), { state: 'unverified', warnings: [/^nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: /] });
+
+  const readsBefore = reads.stats;
+  for (let i = 0; i < 20; i += 1) await app.inject({ method: 'GET', url: `/shards/${['gone', 'cpu', 'alive'][i % 3]}/ready` });
+  t.equal(reads.stats, readsBefore, 'probes within the failure window read nothing: the failed refresh read /proc once for all');
+  const list = (await app.inject({ method: 'GET', url: '/shards' })).json();
+  t.same(list.shards.map((s: { id: string; status: { state: string }; compute: unknown }) => [s.id, s.status.state, s.compute]), [['alive', 'unverified', null], ['cpu', 'on-cpu', null], ['gone', 'exited', null]]);
+
+  // A shard registered after that read is not described by it: unverified, not exited.
+  const late = await spawnShardProcess(t, 0);
+  clock.advance(1);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/late', payload: { pid: late.pid, gpus: [0] } })).statusCode, 201, 'GPUs taken on trust');
+  t.equal((await app.inject({ method: 'GET', url: '/shards/late/ready' })).json().state, 'unverified');
+});
+
+t.test('PID 1 is refused: init in the host namespace, a container\'s main process in its own', async (t) => {
+  const root = t.testdir({ '1': { stat: '1 (systemd) S 0 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0' } });
+  const { app } = await buildTestApp(t, {
+    scenario: twoGpuNode(),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  const res = await app.inject({ method: 'PUT', url: '/shards/init', payload: { pid: 1, gpus: [0] } });
+  t.equal(res.statusCode, 422);
+  t.equal(res.json().code, 'NODECOMPUTE_PROCESS_NOT_FOUND');
+  t.match(res.json().message, `PID 1 in ${root} is init (systemd), not a shard: every process on the node descends from it, so as a shard it would claim other workloads' GPU memory`);
+  t.match(res.json().message, "This is probably a container's main process, PID 1 inside the container: register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`");
+  t.match(res.json().message, 'crictl inspect');
+  t.match(res.json().message, 'or register the pod by its cgroup');
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
+});
+
+t.test('one process under two ids is refused with 409, naming the other id; a re-PUT under its own id is fine', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, config } = await setup(t);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/first', payload: { pid: shard.pid, gpus: [0] } })).statusCode, 201);
+  const stateFile = readFileSync(config.stateFile);
+  const twin = await app.inject({ method: 'PUT', url: '/shards/second', payload: { pid: shard.pid, gpus: [1], engine: 'vllm' } });
+  t.equal(twin.statusCode, 409);
+  t.same(Object.keys(twin.json()).sort(), ['code', 'error', 'message', 'statusCode']);
+  t.match(twin.json(), { statusCode: 409, code: 'NODECOMPUTE_SHARD_CONFLICT', error: 'Conflict' });
+  t.match(twin.json().message, new RegExp(`^Process ${shard.pid} \\(sh, started at tick \\d+\\) is already registered as shard "first"\\. .*To register it as "second", DELETE /shards/first first; to change its GPUs, grace or engine, PUT /shards/first instead\\.$`));
+  t.ok(readFileSync(config.stateFile).equals(stateFile), 'nothing written');
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((s: { id: string }) => s.id), ['first']);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/first', payload: { pid: shard.pid, gpus: [1] } })).statusCode, 200);
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/first' })).statusCode, 204);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/second', payload: { pid: shard.pid, gpus: [1] } })).statusCode, 201, 'once the first is removed');
+});
+
+t.test('a cgroup under two ids is refused with 409 (fixture /proc)', async (t) => {
+  const container = 'f00dfeedcafe0123456789abcdef0123';
+  const root = t.testdir({ '300': { stat: '300 (vllm) S 1 300 300 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 900 0 0', cgroup: `0::/docker/${container}\n` } });
+  const { app } = await buildTestApp(t, {
+    scenario: twoGpuNode(),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/pod', payload: { cgroup: container, gpus: [0] } })).statusCode, 201);
+  const twin = await app.inject({ method: 'PUT', url: '/shards/pod-again', payload: { cgroup: container, gpus: [0] } });
+  t.equal(twin.statusCode, 409);
+  t.match(twin.json().message, `The cgroup "${container}" is already registered as shard "pod". `);
+  const byPid = await app.inject({ method: 'PUT', url: '/shards/by-pid', payload: { pid: 300, gpus: [1] } });
+  t.equal(byPid.statusCode, 201, 'its process by PID is another registration (it is a shard\'s member, not the same target)');
+});
+
+t.test('an identical re-PUT keeps registeredAt and the grace clock: an on-cpu shard stays on-cpu; other GPUs restart the grace', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, logger } });
+  const body = { pid: shard.pid, gpus: [1], graceMs: 5000 };
+  const first = await app.inject({ method: 'PUT', url: '/shards/r', payload: body });
+  t.equal(first.statusCode, 201);
+  clock.advance(6000);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/r/ready' })).json().state, 'on-cpu');
+  const logged = lines.length;
+
+  clock.advance(1);
+  const again = await app.inject({ method: 'PUT', url: '/shards/r', payload: body });
+  t.equal(again.statusCode, 200, 'a replacement answers 200');
+  t.equal(again.json().registeredAt, first.json().registeredAt, 'registeredAt kept');
+  clock.advance(1);
+  const probe = (await app.inject({ method: 'GET', url: '/shards/r/ready' })).json();
+  t.equal(probe.state, 'on-cpu', 'still on-cpu: a reconciling control plane does not hide it');
+  t.match(probe.reason, /its processes hold no memory on GPU 1, 6\.0 s after registration \(grace 5\.0 s\)/);
+  const since = lines.slice(logged).filter((line) => line.shard === 'r');
+  t.match(since, [{ level: 20, msg: 'Shard registration repeated unchanged; its grace clock goes on', created: false, registeredAt: first.json().registeredAt }]);
+  t.equal(since.length, 1, 'one debug line: no info line, and the verdict, unchanged, is not logged again');
+
+  clock.advance(1);
+  const registrations = () => lines.filter((line) => String(line.msg).startsWith('Shard registration'));
+  const longer = await app.inject({ method: 'PUT', url: '/shards/r', payload: { ...body, graceMs: 600_000 } });
+  t.same([longer.statusCode, longer.json().registeredAt, longer.json().graceMs], [200, first.json().registeredAt, 600_000], 'a longer grace counts from the first registration');
+  t.match(registrations().at(-1), { level: 30, msg: /^Shard registration replaced for the same process and GPUs; its grace clock goes on/ });
+  clock.advance(1);
+  t.match((await app.inject({ method: 'GET', url: '/shards/r/ready' })).json().reason, /; 9\.9 min of its 10 min grace left\.$/, 'long graces in minutes');
+
+  clock.advance(1);
+  const moved = await app.inject({ method: 'PUT', url: '/shards/r', payload: { ...body, gpus: [0] } });
+  t.equal(moved.statusCode, 200);
+  t.not(moved.json().registeredAt, first.json().registeredAt, 'other GPUs: registered anew');
+  t.match(registrations().at(-1), { level: 30, msg: 'Shard registration replaced with another process or other GPUs; its grace starts again' });
+  clock.advance(1);
+  const restarted = (await app.inject({ method: 'GET', url: '/shards/r/ready' })).json();
+  t.match(restarted, { state: 'starting', reason: /GPU 0.*; 5\.0 s of its 5\.0 s grace left\.$/ });
+});
+
+t.test('compute.backend: null while starting and once exited, CPU when on-cpu, CUDA when a GPU is held', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, step, setProcesses } = await setup(t);
+  await app.inject({ method: 'PUT', url: '/shards/b', payload: { pid: shard.pid, gpus: [1], graceMs: 5000 } });
+  const backend = async () => (await app.inject({ method: 'GET', url: '/shards/b/compute' })).json().backend;
+  const listed = async () => (await app.inject({ method: 'GET', url: '/shards/b' })).json().compute.backend;
+  t.equal(await backend(), null, 'freshly registered: not known yet');
+  step(100);
+  t.same([await backend(), await listed()], [null, null], 'starting: not CPU');
+  step(5000);
+  t.same([await backend(), await listed()], ['CPU', 'CPU'], 'on-cpu');
+  setProcesses([{ gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'vllm', usedMiB: 9000 }]);
+  step();
+  t.equal(await backend(), 'CUDA');
+  await shard.kill();
+  setProcesses([]);
+  step();
+  t.same([await backend(), await listed()], [null, null], 'exited: not running, so not CPU either');
+});
+
+t.test('engine output for an engine other than llama.cpp is kept, with a note saying it is not read', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const other = await spawnShardProcess(t, 0);
+  const { app } = await setup(t);
+  await app.inject({ method: 'PUT', url: '/shards/v', payload: { pid: shard.pid, gpus: [0], engine: 'vllm' } });
+  await app.inject({ method: 'PUT', url: '/shards/l', payload: { pid: other.pid, gpus: [1], engine: 'llama.cpp' } });
+  const post = (id: string, payload: string) => app.inject({ method: 'POST', url: `/shards/${id}/engine-output`, payload, headers: { 'content-type': 'text/plain' } });
+  const vllm = await post('v', CUDA_FAILED_LOG);
+  t.equal(vllm.statusCode, 200);
+  t.same(vllm.json(), {
+    shard: 'v',
+    account: null,
+    tailBytes: Buffer.byteLength(CUDA_FAILED_LOG),
+    note:
+      'Shard "v" is registered with engine "vllm", and only llama.cpp output is read for where the engine computes: this output is kept (the last 256 KiB) but decides nothing, ' +
+      'and nvidia-smi alone judges the shard. If it is llama.cpp, register it again with "engine": "llama.cpp" (PUT /shards/v): the output kept is read then.',
+  });
+  t.match((await post('l', 'main: loading model\n')).json(), { account: null, note: /^Nothing in the output kept so far says where llama\.cpp computes: .*-lv 4/ });
+  t.match((await post('l', CUDA_FAILED_LOG)).json(), { account: { backend: 'CPU' }, note: null });
+  const reread = await app.inject({ method: 'PUT', url: '/shards/v', payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } });
+  t.equal(reread.statusCode, 200);
+  t.match((await app.inject({ method: 'GET', url: '/shards/v/compute' })).json().engine, { backend: 'CPU' }, 'as the note says: registered as llama.cpp, the kept output is read');
 });

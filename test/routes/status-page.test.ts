@@ -12,7 +12,7 @@ import type { App } from '../../src/app.js';
 import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { SnapshotView } from '../../src/node-state/snapshot.js';
 import type { ShardState } from '../../src/shards/shard-service.js';
-import { renderHtml, renderText, STALE_BANNER_MS, statusModel, TEXT_BAR_WIDTH } from '../../src/status-page/render.js';
+import { renderHtml, renderText, statusModel, TEXT_BAR_WIDTH } from '../../src/status-page/render.js';
 import { prefersHtml } from '../../routes/status-page.js';
 import { buildTestApp, manualClock, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
 import { eightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
@@ -262,7 +262,8 @@ t.test('an older snapshot served while nvidia-smi fails carries a stale banner',
   fake.update((s) => {
     s.failures = { all: { kind: 'no-devices' } };
   });
-  clock.advance(STALE_BANNER_MS + 1000);
+  // Past the TTL: the next page starts a refresh, which fails; the page says so at once.
+  clock.advance(2000);
   let text = '';
   for (let i = 0; i < 200 && !text.includes('No devices were found'); i += 1) {
     text = (await page(app)).body;
@@ -271,6 +272,49 @@ t.test('an older snapshot served while nvidia-smi fails carries a stale banner',
   t.match(text, /!! showing an older snapshot: .*No devices were found/);
   t.match(lineOf(text, '0 '), /NVIDIA H200/, 'the last good GPUs are still shown');
   t.match((await page(app, 'text/html')).body, /<div class="banner stale" role="status"><strong>Showing an older snapshot.<\/strong><code>.*No devices were found/);
+});
+
+t.test('a page after a quiet spell is one refresh behind: no stale banner, unless that refresh is slow', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { now: clock.now }, config: { smiTimeoutMs: 600_000 } });
+  await settle(app, {});
+  // Nobody looked for 20 s (max-stale is 30 s): the page gets the old snapshot while one refresh runs,
+  // a long one (real time), during which this clock does not move.
+  fake.update((s) => ({ ...s, delayMs: 600_000 }));
+  clock.advance(20_000);
+  const quiet = (await page(app)).body;
+  t.ok(app.services.node.snapshots.refreshing, 'a refresh is under way');
+  t.notMatch(quiet, '!! showing an older snapshot', 'routine: no banner');
+  t.notMatch(quiet, 'nvidia-smi is slow', 'and no word against nvidia-smi');
+  t.notMatch((await page(app, BROWSER_ACCEPT)).body, 'banner stale');
+  // The refresh has now run for 5 s (far beyond the last one's time, and past 1 s).
+  clock.advance(5_000);
+  const slow = (await page(app)).body;
+  t.match(slow, /!! showing an older snapshot: nvidia-smi is slow: a refresh has been running for 5\.0 s \(the last one took \d+ ms\), so answers come from a snapshot 25\.0 s old/);
+  t.match((await page(app, BROWSER_ACCEPT)).body, /<div class="banner stale" role="status"><strong>Showing an older snapshot.<\/strong><code>nvidia-smi is slow: /);
+});
+
+t.test('GPU processes hidden from this /proc: a banner saying no memory can be attributed, and why', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const scenario = eightGpuNode();
+  // Every process nvidia-smi lists has a PID above Linux's largest pid_max: none is in this /proc.
+  scenario.processes = scenario.processes.map((process, i) => ({ ...process, pid: 4194305 + i }));
+  const { app } = await buildTestApp(t, { scenario });
+  await register(t, app, 'alpha', { pid: shard.pid, gpus: [0], graceMs: 0 });
+  await settle(app, { alpha: 'unverified' });
+  const html = (await page(app, BROWSER_ACCEPT)).body;
+  t.match(html, /<div class="banner error" role="alert"><strong>nodecompute cannot tell whose GPU memory is whose.<\/strong> All of it reads as foreign, and no shard can be verified.<code>nvidia-smi lists GPU processes whose PIDs do not exist in this \/proc/);
+  t.match(html, 'hostPID: true (Kubernetes)');
+  const text = (await page(app)).body;
+  t.match(text, "!! nodecompute cannot tell whose GPU memory is whose (all of it reads as foreign, and no shard can be verified):\n!!   nvidia-smi lists GPU processes whose PIDs do not exist in this /proc");
+  t.match(lineOf(text, 'alpha'), /^alpha\s+unverified\s/);
+});
+
+t.test('a node whose GPU processes are visible has no such banner', async (t) => {
+  const alpha = await spawnShardProcess(t, 1);
+  const { app } = await buildTestApp(t, { scenario: scenarioFor(alpha) });
+  t.notMatch((await page(app, BROWSER_ACCEPT)).body, 'cannot tell whose GPU memory is whose');
+  t.notMatch((await page(app)).body, 'cannot tell whose GPU memory is whose');
 });
 
 t.test('a node with no GPU (nvidia-smi: "No devices were found") and no shard says so', async (t) => {

@@ -1,5 +1,7 @@
 // One shard's engine tail can hold several processes' output: a shard registered by cgroup keeps its
-// registration, and its tail, across container restarts. The verdict must come from the last one.
+// registration across container restarts, and output posted before the service has seen a restart
+// lands in the same tail. The verdict must come from the last run. (Where the text alone cannot tell
+// runs apart, the service does, by start times: test/shards/cgroup-restarts.test.ts.)
 import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { parseLlamaLog } from '../../src/shards/llama-log.js';
@@ -104,8 +106,12 @@ t.test('a restart whose CUDA fails before its verbosity line', async (t) => {
   }
 });
 
-t.test('a run that got no further than CUDA init cannot be told from the next process\'s own', async (t) => {
+t.test('a run that got no further than CUDA init cannot be told from the next process\'s own by the text', async (t) => {
   const noDevices = sample('llamacpp-log_2024-03_issue6184_no-cuda-devices-found_quoted.txt');
+  // So a cgroup shard's new run, posted after the old one's, reads CPU here. The service dates each
+  // tail from its first post: once a snapshot shows every process of the shard started after that,
+  // the account is set aside (a mixed tail too) and the next post begins a new tail (the restart
+  // tests in cgroup-restarts.test.ts). A re-registration for the new run drops the old tail at once.
   t.equal(parseLlamaLog(noDevices + B9829)?.backend, 'CPU', 'a verbosity line after CUDA init belongs to the same process');
   t.equal(parseLlamaLog(noDevices + B11146), null, '"initializing ..." is printed before CUDA init: a new process');
 });

@@ -8,6 +8,7 @@ import { createNodeView, type NodeView } from '../../src/node-state/node-view.js
 import { shardCompute } from '../../src/shards/compute.js';
 import type { EngineAccount } from '../../src/shards/llama-log.js';
 import { readiness } from '../../src/shards/readiness.js';
+import type { Liveness } from '../../src/node-state/attribution.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';
 
@@ -151,13 +152,43 @@ t.test('memory of a shard process nvidia-smi reports as [N/A] counts as held, 0 
   const [only] = foreignMemory(node);
   t.same({ shardMiB: only!.shardMiB, foreignMiB: only!.foreignMiB }, { shardMiB: 0, foreignMiB: 1000 });
   t.equal(foreignMemory(node), foreignMemory(node), 'computed once per view');
-  t.same(shardCompute(s, node, null).devices, ['GPU 0: 0.0 GB']);
+  t.same(shardCompute(s, node, null, 'ready').devices, ['GPU 0: 0.0 GB']);
 });
 
-t.test('compute: a shard absent from the attribution holds nothing', async (t) => {
+t.test('compute: a shard absent from the attribution holds nothing, and its backend is not known', async (t) => {
   const s = shard({ gpus: [0] });
   const node = view([gpu(0, [])], [stat(100, 100, 5)], []);
-  t.same(shardCompute(s, node, null), { backend: 'CPU', devices: [], gpus: [], strayGpus: [], engine: null });
+  t.same(shardCompute(s, node, null, 'starting'), { backend: null, devices: [], gpus: [], strayGpus: [], engine: null });
+});
+
+t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evidence of a verdict, else null', async (t) => {
+  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, evidence: 'x', summary: 'llama.cpp lists only the CPU' };
+  const cuda: EngineAccount = { ...cpu, backend: 'CUDA', devices: ['CUDA0'], summary: 'llama.cpp put its weights on CUDA0' };
+  const placed = shard({ gpus: [0] });
+  const none = shard({ gpus: [] });
+  const holding = view([gpu(0, [[100, 4000]])], [stat(100, 100, 5)], [placed]);
+  const idle = view([gpu(0, [])], [stat(100, 100, 5)], [placed, none]);
+  const gone = view([gpu(0, [])], [], [placed], [[100, null]]);
+  const cases: Array<[name: string, s: ShardRecord, node: NodeView, engine: EngineAccount | null, backend: 'CUDA' | 'CPU' | null]> = [
+    ['holds its GPU', placed, holding, null, 'CUDA'],
+    ['holds memory on its GPU (a CUDA context) while its engine says CPU: on-cpu, as the verdict says', placed, holding, cpu, 'CPU'],
+    ['grace over, holding nothing', placed, idle, null, 'CPU'],
+    ['the engine says CPU, within grace', { ...placed, registeredAt: NOW - 1000 }, idle, cpu, 'CPU'],
+    ['starting: not known yet', { ...placed, registeredAt: NOW - 1000 }, idle, null, null],
+    ['freshly registered, before any snapshot includes it', { ...placed, registeredAt: NOW - 1000 }, view([gpu(0, [])], [], []), null, null],
+    ['exited: not running', placed, gone, null, null],
+    ['exited, although its output said CPU', placed, gone, cpu, null],
+    ['given no GPU, alive, holding none: a CPU shard', none, idle, null, 'CPU'],
+    ['given no GPU, and its engine says CPU', none, idle, cpu, 'CPU'],
+    ['given no GPU, holding none, yet its engine says CUDA', none, idle, cuda, null],
+  ];
+  for (const [name, s, node, engine, backend] of cases) {
+    const verdict = verdictOf(s, node, engine);
+    t.equal(shardCompute(s, node, engine, verdict.state).backend, backend, `${name} (${verdict.state})`);
+  }
+  const hidden = view([gpu(0, [[90_000, 500]])], [stat(100, 100, 5)], [placed], [[90_000, null]]);
+  t.equal(verdictOf(placed, hidden).state, 'unverified');
+  t.equal(shardCompute(placed, hidden, null, 'unverified').backend, null, 'unverified: no evidence either way');
 });
 
 t.test('two shards started by one script share its process group: each engine child goes to the shard it descends from', async (t) => {
@@ -276,4 +307,157 @@ t.test('a shard that exits in a group shared with another: its orphan goes to ne
   t.same([...node.attribution.ownerByPid], [[103, 'b']], 'b keeps its own child and is not handed a');
   t.same(verdictOf(b, node).warnings, [], 'so b has no stray GPU');
   t.match(verdictOf(a, node).reason, /process 100 no longer exists, but its process group 99 still holds GPU memory: 70000 MiB on GPU 0 \(PID 102, p\)\..*kill 102\.$/);
+});
+
+/** A view with cgroup members: `members` maps each cgroup to its PIDs (their stats among `stats`/`extra`). */
+function podView(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], members: Record<string, number[]>, extra: Array<[number, StatAnswer]> = []): NodeView {
+  const snapshot: NodeSnapshot = {
+    takenAt: NOW,
+    gpus,
+    proc: new Map<number, StatAnswer>([...stats.map((s): [number, StatAnswer] => [s.pid, s]), ...extra]),
+    cgroupPids: new Map(Object.entries(members).map(([cgroup, pids]) => [cgroup, new Set(pids)])),
+    unmatchedProcesses: [],
+    timings: { nvidiaSmiMs: 1, procMs: 1 },
+  };
+  return createNodeView(snapshot, shards, 1);
+}
+
+const POD_UID = '7d5b1f2c-1111-4c3e-9e0a-3f7c2b9d8e11';
+const named = (comm: string, pid: number, startTime: number, state = 'S'): ProcStat => ({ ...stat(pid, pid, startTime, state), comm });
+
+t.test('a pod cgroup left with only its sandbox: exited, not on-cpu, saying what to look at', async (t) => {
+  const pod = shard({ id: 'pod', pid: null, cgroup: POD_UID, gpus: [0], identity: { pid: 10, pgid: 10, startTime: 5, name: 'pause' } });
+  const pause = named('pause', 10, 5);
+  // The engine container crash-loops: between two starts only the sandbox is in the pod's cgroup.
+  const node = podView([gpu(0, [])], [pause], [pod], { [POD_UID]: [10] });
+  const v = verdictOf(pod, node);
+  t.equal(v.state, 'exited');
+  t.equal(v.ready, false);
+  t.equal(
+    v.reason,
+    `the shard's process exited: only the pod's sandbox process is left in cgroup "${POD_UID}" (pause, PID 10): ` +
+      "the engine's container exited and is not running now (crashing and waiting to be restarted: CrashLoopBackOff?), so nothing computes, on a GPU or on the CPU. " +
+      "See why with `kubectl describe pod` (the container's Last State, exit code and restart count) and `kubectl logs --previous`; the verdict changes by itself once the engine runs again.",
+  );
+  t.same(v.warnings, []);
+
+  // CRI-O (OpenShift: conmon_cgroup = "pod") leaves the sandbox's monitor too, and the dead engine may linger as a zombie.
+  const crio = podView([gpu(0, [])], [pause, named('conmon', 9, 4), named('llama-server', 11, 6, 'Z')], [pod], { [POD_UID]: [9, 10, 11] });
+  t.equal(verdictOf(pod, crio).state, 'exited');
+  t.match(verdictOf(pod, crio).reason, `only the pod's sandbox processes are left in cgroup "${POD_UID}" (conmon, PID 9; pause, PID 10): `);
+
+  // The engine back (or still there): alive as before, and the sandbox is not what holds the GPU.
+  const back = podView([gpu(0, [[12, 4000]])], [pause, named('llama-server', 12, 700)], [pod], { [POD_UID]: [10, 12] });
+  t.same(back.attribution.liveness.get('pod'), { state: 'alive', oldestStart: 700 }, 'its run started at tick 700: the sandbox (tick 5) does not count');
+  t.equal(verdictOf(pod, back).state, 'ready');
+});
+
+t.test('a cgroup whose processes are zombies, gone or unreadable', async (t) => {
+  const pod = shard({ id: 'pod', pid: null, cgroup: POD_UID, gpus: [0] });
+  const zombie = podView([gpu(0, [])], [named('llama-server', 11, 6, 'Z')], [pod], { [POD_UID]: [11] });
+  t.equal(verdictOf(pod, zombie).reason, `the shard's process exited: no process is left running in cgroup "${POD_UID}": its last process 11 has exited (a zombie not reaped yet).`);
+  const zombies = podView([gpu(0, [])], [named('a', 11, 6, 'Z'), named('b', 12, 6, 'X')], [pod], { [POD_UID]: [11, 12] });
+  t.match(verdictOf(pod, zombies).reason, 'its last processes 11 12 have exited (zombies not reaped yet)');
+  const vanished = podView([gpu(0, [])], [], [pod], { [POD_UID]: [11] }, [[11, null]]);
+  t.equal(verdictOf(pod, vanished).reason, `the shard's process exited: no process is left in cgroup "${POD_UID}".`, 'gone between the scan and the read');
+
+  const emfile: UnreadableStat = { pid: 11, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' };
+  const unreadable = podView([gpu(0, [])], [named('pause', 10, 5)], [pod], { [POD_UID]: [10, 11] }, [[11, emfile]]);
+  const v = verdictOf(pod, unreadable);
+  t.same([v.state, v.ready], ['unverified', true], 'the unreadable one may be the engine: no evidence either way');
+  t.match(v.warnings, [/the \/proc stat of its process 11 could not be read in this refresh/]);
+  const withEngine = podView([gpu(0, [[12, 10]])], [named('pause', 10, 5), named('vllm', 12, 40)], [pod], { [POD_UID]: [10, 11, 12] }, [[11, emfile]]);
+  t.same(withEngine.attribution.liveness.get('pod'), { state: 'alive' }, 'something else runs: alive, but since when is unknown');
+  t.same(podView([gpu(0, [])], [], [pod], { [POD_UID]: [11] }).attribution.liveness.get('pod'), { state: 'alive' }, 'a member the snapshot did not read counts as running');
+});
+
+t.test('a cgroup shard whose engine output predates every process it runs now: the account is set aside, with a warning', async (t) => {
+  const pod = shard({ id: 'pod', pid: null, cgroup: POD_UID, gpus: [0], registeredAt: NOW - 60_000 });
+  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, evidence: 'ggml_cuda_init: failed to initialize CUDA', summary: 'llama.cpp failed to initialize CUDA' };
+  // The sandbox since tick 5; the restarted engine since tick 700, on GPU 0.
+  const node = podView([gpu(0, [[12, 4000]])], [named('pause', 10, 5), named('llama-server', 12, 700)], [pod], { [POD_UID]: [10, 12] });
+  const judged = (engineTicks: number | null | undefined) => readiness({ shard: pod, node, engine: cpu, staleReason: null, now: NOW, ...(engineTicks === undefined ? {} : { engineTicks }) });
+
+  const earlier = judged(699);
+  t.equal(earlier.state, 'ready', 'nvidia-smi decides: the restarted engine holds GPU 0');
+  t.same(earlier.warnings, [
+    `the engine output posted for this shard (it says CPU) came, at least in part, from an earlier run: every process now in cgroup "${POD_UID}" started after it began to be posted (the container restarted), ` +
+      'so it does not decide this verdict: post the new run\'s output (llama.cpp at -lv 4) to /shards/pod/engine-output; it begins a new tail',
+  ], 'and neither does its partial offload');
+  t.equal(judged(700).state, 'on-cpu', 'posted in the tick the engine started: it may be this run\'s');
+  t.equal(judged(800).state, 'on-cpu', 'posted while this run went on: it is this run\'s');
+  t.equal(judged(null).state, 'on-cpu', 'not dated: taken as current');
+  t.equal(judged(undefined).state, 'on-cpu');
+
+  const missing = podView([gpu(0, [])], [named('pause', 10, 5), named('llama-server', 12, 700)], [pod], { [POD_UID]: [10, 12] });
+  const v = readiness({ shard: pod, node: missing, engine: cpu, engineTicks: 600, staleReason: null, now: NOW });
+  t.equal(v.state, 'on-cpu', 'grace over and GPU 0 not held: on-cpu by nvidia-smi');
+  t.match(v.reason, 'its processes hold no memory on GPU 0');
+  t.notMatch(v.reason, 'the engine itself reports it');
+  const starting = readiness({ shard: { ...pod, registeredAt: NOW - 1000 }, node: missing, engine: cpu, engineTicks: 600, staleReason: null, now: NOW });
+  t.equal(starting.state, 'starting', 'within grace, the old run\'s CPU no longer makes it on-cpu at once');
+
+  const pidShard = shard({ gpus: [0] });
+  const single = view([gpu(0, [[100, 4000]])], [stat(100, 100, 5)], [pidShard]);
+  t.equal(readiness({ shard: pidShard, node: single, engine: cpu, engineTicks: 1, staleReason: null, now: NOW }).state, 'on-cpu', 'a PID shard\'s output is its process\'s: a restart is a new registration');
+});
+
+t.test('the starting reason after the grace: no blame on nvidia-smi, and never a negative time', async (t) => {
+  const s = shard({ gpus: [0], graceMs: 3000, registeredAt: NOW - 3500 });
+  const node = view([gpu(0, [])], [stat(100, 100, 5)], [s]);
+  const judged = (evidenceAt: number, graceMs = 3000) => readiness({ shard: { ...s, graceMs }, node, engine: null, staleReason: null, now: NOW, evidenceAt });
+  const inside = judged(NOW - 2500);
+  t.equal(inside.state, 'starting');
+  t.equal(
+    inside.reason,
+    'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet). Its 3.0 s grace is over, but the latest nvidia-smi listing was begun 1.0 s after registration, ' +
+      'before the grace ended: the verdict waits for a listing begun after it.',
+  );
+  t.notMatch(inside.reason, 'slow', 'a routine refresh is not nvidia-smi being slow');
+  const before = judged(NOW - 3600, 0);
+  t.equal(before.state, 'starting');
+  t.match(before.reason, 'Its 0.0 s grace is over, but the latest nvidia-smi listing was begun before this shard was registered, before the grace ended');
+  t.notMatch(before.reason, /-\d/, 'no negative time');
+  t.equal(judged(NOW - 400).state, 'on-cpu', 'a listing begun after the grace decides');
+});
+
+t.test('reasons: long graces in minutes, and sentences that start with a capital', async (t) => {
+  const s = shard({ gpus: [0], graceMs: 3_600_000, registeredAt: NOW - 10_200 });
+  const node = view([gpu(0, [])], [stat(100, 100, 5)], [s]);
+  t.equal(verdictOf(s, node).reason, 'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet); 59.8 min of its 60 min grace left.');
+  const unknown = verdictOf(s, view([gpu(0, [])], [], []));
+  t.equal(unknown.reason, 'registered 10.2 s ago; waiting for the first snapshot that includes it (59.8 min of grace left).');
+  const late = shard({ gpus: [0], graceMs: 150_000, registeredAt: NOW - 600_000 });
+  const onCpu = verdictOf(late, view([gpu(0, [])], [stat(100, 100, 5)], [late])).reason!;
+  t.match(onCpu, 'its processes hold no memory on GPU 0, 10 min after registration (grace 2.5 min). Its GPU backend probably did not load. Post the engine\'s log (llama.cpp at -lv 4) to /shards/s/engine-output to see what it saw. Check');
+  const noSnapshot = verdictOf({ ...s, graceMs: 0 }, view([gpu(0, [])], [], []));
+  t.same([noSnapshot.state, noSnapshot.warnings], [
+    'unverified',
+    ['no snapshot taken since this shard was registered includes it yet (the next refresh will): until one does, where it computes is unverified'],
+  ], 'no blame on nvidia-smi for a refresh that is merely under way');
+});
+
+t.test('without nvidia-smi: /proc liveness and the engine\'s account still decide exited and on-cpu', async (t) => {
+  const s = shard({ gpus: [0] });
+  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, evidence: 'x', summary: 'llama.cpp failed to initialize CUDA' };
+  const judged = (input: { shard?: ShardRecord; liveness?: Liveness; engine?: EngineAccount | null; engineTicks?: number }) =>
+    readiness({ shard: input.shard ?? s, node: null, engine: input.engine ?? null, staleReason: null, now: NOW, unavailable: 'nvidia-smi timed out', ...input });
+  const unverified = 'nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out';
+  t.same(judged({ liveness: { state: 'gone', why: 'process 100 no longer exists' } }), { ready: false, state: 'exited', reason: "the shard's process exited: process 100 no longer exists.", warnings: [] });
+  t.same(judged({ liveness: { state: 'gone', why: 'x' }, engine: cpu }).state, 'exited', 'gone outranks what the engine said');
+  t.same(judged({ liveness: { state: 'alive' }, engine: cpu }), {
+    ready: false,
+    state: 'on-cpu',
+    reason: "placed on GPU 0 but computing on the CPU: the engine itself reports it. llama.cpp failed to initialize CUDA. Its GPU backend did not load. " +
+      "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.",
+    warnings: ["nvidia-smi cannot be asked, so this verdict rests on the engine's own output: nvidia-smi timed out"],
+  });
+  t.equal(judged({ engine: cpu }).state, 'on-cpu', 'no /proc facts: the engine\'s word still holds');
+  t.same(judged({ liveness: { state: 'alive' } }), { ready: true, state: 'unverified', reason: null, warnings: [unverified] });
+  t.same(judged({ shard: { ...s, gpus: [] }, liveness: { state: 'alive' }, engine: cpu }).state, 'unverified', 'a shard given no GPU is not on-cpu for computing on the CPU');
+  t.same(judged({ liveness: { state: 'unreadable', why: 'EMFILE' }, engine: cpu }), { ready: true, state: 'unverified', reason: null, warnings: [unverified, 'EMFILE'] });
+  const pod = shard({ id: 'pod', pid: null, cgroup: POD_UID, gpus: [0] });
+  const restarted = judged({ shard: pod, liveness: { state: 'alive', oldestStart: 700 }, engine: cpu, engineTicks: 600 });
+  t.equal(restarted.state, 'unverified', "an earlier run's CPU decides nothing");
+  t.match(restarted.warnings, [unverified, /came, at least in part, from an earlier run/]);
 });

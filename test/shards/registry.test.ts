@@ -1,8 +1,8 @@
 // The registry and its state file: loading (missing, corrupt, wrong shape, unreadable), group commit,
 // refused writes that lose nothing, and engine output kept per shard.
-import { mkdirSync, readdirSync, readFileSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { loadRegistry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
@@ -10,8 +10,8 @@ import { createStateFile, LEFTOVER_AGE_MS, type StateFile } from '../../src/syst
 
 const log = pino({ level: 'silent' });
 
-function record(id: string, engine: ShardRecord['engine'] = 'other'): ShardRecord {
-  return { id, pid: 42, cgroup: null, gpus: [0], engine, graceMs: 1000, registeredAt: 1, identity: { pid: 42, pgid: 42, startTime: 7, name: 'x' } };
+function record(id: string, engine: ShardRecord['engine'] = 'other', pid = 42): ShardRecord {
+  return { id, pid, cgroup: null, gpus: [0], engine, graceMs: 1000, registeredAt: 1, identity: { pid, pgid: pid, startTime: 7, name: 'x' } };
 }
 
 /** Counts writes, and fails them while `failing` is set. */
@@ -34,8 +34,8 @@ t.test('a missing file is an empty registry; writes create it, durable and parse
   const path = join(dir, 'deep', 'shards.json');
   const registry = await loadRegistry({ stateFile: createStateFile(path, { log }), log });
   t.same(registry.list(), []);
-  t.same(await registry.put(record('a')), { created: true });
-  t.same(await registry.put(record('a')), { created: false });
+  t.match(await registry.put(record('a')), { created: true, shard: record('a'), graceKept: false, unchanged: false });
+  t.match(await registry.put(record('a')), { created: false, graceKept: true, unchanged: true });
   const state = JSON.parse(readFileSync(path, 'utf8'));
   t.equal(state.format, 'nodecompute-shards/v1');
   t.same(state.shards.map((s: ShardRecord) => s.id), ['a']);
@@ -61,7 +61,7 @@ t.test('concurrent changes are group-committed, and a failed write refuses the b
   const dir = t.testdir({});
   const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json'), { log }));
   const registry = await loadRegistry({ stateFile: wrapped, log });
-  await Promise.all(Array.from({ length: 50 }, (_, i) => registry.put(record(`s${i}`))));
+  await Promise.all(Array.from({ length: 50 }, (_, i) => registry.put(record(`s${i}`, 'other', 1000 + i))));
   t.equal(registry.list().length, 50);
   t.ok(counter.writes <= 3, `50 concurrent registrations took ${counter.writes} writes`);
   const version = registry.version;
@@ -86,7 +86,7 @@ t.test('removing an unknown id while a write fails: not registered (false), not 
   await registry.put(record('kept'));
   counter.failing = true;
   // Every write fails now: the registration is refused, and the removals ride refused batches too.
-  const lost = registry.put(record('new'));
+  const lost = registry.put(record('new', 'other', 43));
   const outcomes = await Promise.allSettled([lost, registry.remove('never-registered'), registry.remove('new'), registry.remove('kept')]);
   t.match(outcomes[0], { status: 'rejected', reason: { code: 'NODECOMPUTE_STATE_WRITE_FAILED' } });
   t.same(outcomes[1], { status: 'fulfilled', value: false }, 'an id that was never registered is not registered');
@@ -96,21 +96,250 @@ t.test('removing an unknown id while a write fails: not registered (false), not 
   t.equal(registry.get('new'), undefined);
 });
 
-t.test('engine output: kept per shard, read only for llama.cpp, cleared by re-registration', async (t) => {
+const CUDA_FAILED = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n';
+const CUDA_BUFFER = 'load_tensors:        CUDA0 model buffer size =  4403.49 MiB\n';
+
+t.test('engine output: kept per shard, read only for llama.cpp, cleared by a registration of another process', async (t) => {
   const dir = t.testdir({});
   const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
   await registry.put(record('llama', 'llama.cpp'));
-  await registry.put(record('vllm', 'vllm'));
-  t.equal(registry.appendEngineOutput('nope', 'x', 1), undefined);
-  const failed = registry.appendEngineOutput('llama', 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n', 2);
+  await registry.put(record('vllm', 'vllm', 43));
+  t.equal(registry.appendEngineOutput('nope', 'x', 1, null), undefined);
+  const failed = registry.appendEngineOutput('llama', CUDA_FAILED, 2, 900);
   t.equal(failed?.account?.backend, 'CPU');
-  const other = registry.appendEngineOutput('vllm', 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n', 3);
+  t.match(failed, { updatedAt: 2, postedAtTicks: 900 }, 'dated by the clock and by /proc\'s ticks');
+  const other = registry.appendEngineOutput('vllm', CUDA_FAILED, 3, null);
   t.equal(other?.account, null, 'only llama.cpp output is understood');
   t.match(other?.tail, 'failed to initialize CUDA');
-  await registry.put(record('llama', 'llama.cpp'));
-  t.equal(registry.engine('llama'), undefined, 'a new registration starts with no engine output');
+  const fresh = registry.appendEngineOutput('llama', CUDA_BUFFER, 4, 950, true);
+  t.same([fresh?.tail, fresh?.account?.backend], [CUDA_BUFFER, 'CUDA'], 'a fresh tail (an earlier run\'s output dropped)');
+  await registry.put({ ...record('llama', 'llama.cpp'), identity: { ...record('x').identity, startTime: 8 } });
+  t.equal(registry.engine('llama'), undefined, 'another process behind the same PID starts with no engine output');
   await registry.remove('vllm');
   t.equal(registry.engine('vllm'), undefined);
+});
+
+t.test('a replacing registration keeps the engine output while it names the same run of the same process or cgroup', async (t) => {
+  const dir = t.testdir({});
+  const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
+  const pod = (id: string, cgroup: string, engine: ShardRecord['engine'] = 'llama.cpp'): ShardRecord => ({ ...record(id, engine), pid: null, cgroup });
+  await registry.put(record('p', 'llama.cpp'));
+  await registry.put(pod('c', 'pod-a'));
+  registry.appendEngineOutput('p', CUDA_FAILED, 2, 100);
+  registry.appendEngineOutput('c', CUDA_FAILED, 2, 100);
+  const before = registry.engineVersion;
+
+  t.match(await registry.put({ ...record('p', 'llama.cpp'), gpus: [1, 2], graceMs: 60_000, registeredAt: 9 }), { created: false });
+  t.match(registry.engine('p'), { tail: CUDA_FAILED, account: { backend: 'CPU' }, updatedAt: 2, postedAtTicks: 100 }, 'new gpus and grace, same PID and start time: kept');
+  await registry.put({ ...pod('c', 'pod-a'), gpus: [3] });
+  t.match(registry.engine('c'), { account: { backend: 'CPU' } }, 'the same cgroup and engine process, new gpus: kept');
+  t.equal(registry.engineVersion, before, 'nothing changed for the verdicts');
+  await registry.put({ ...pod('c', 'pod-a'), gpus: [3], identity: { pid: 77, pgid: 77, startTime: 500, name: 'llama-server' } });
+  t.equal(registry.engine('c'), undefined, "the same cgroup, another engine process (its container restarted): the earlier run's output is dropped");
+  t.equal(registry.engineVersion, before + 1);
+  registry.appendEngineOutput('c', CUDA_FAILED, 2, 100);
+
+  const beforeEngine = registry.engineVersion;
+  await registry.put(record('p', 'vllm'));
+  t.match(registry.engine('p'), { tail: CUDA_FAILED, account: null }, 'kept, and read again for the engine it now names');
+  t.equal(registry.engineVersion, beforeEngine + 1);
+  await registry.put(record('p', 'llama.cpp'));
+  t.match(registry.engine('p'), { account: { backend: 'CPU' } });
+
+  await registry.put({ ...record('p', 'llama.cpp'), pid: 43, identity: { pid: 43, pgid: 43, startTime: 7, name: 'x' } });
+  t.equal(registry.engine('p'), undefined, 'another PID: dropped');
+  await registry.put(pod('c', 'pod-b'));
+  t.equal(registry.engine('c'), undefined, 'another cgroup: dropped');
+  registry.appendEngineOutput('c', CUDA_FAILED, 3, 100);
+  await registry.put({ ...record('c', 'llama.cpp'), identity: { pid: 42, pgid: 42, startTime: 7, name: 'x' } });
+  t.equal(registry.engine('c'), undefined, 'a cgroup shard replaced by a PID shard: dropped');
+});
+
+t.test('one process or cgroup under two ids is refused, naming the other id and what to do; nothing is written', async (t) => {
+  const dir = t.testdir({});
+  const { wrapped, counter } = instrumented(createStateFile(join(dir, 's.json'), { log }));
+  const registry = await loadRegistry({ stateFile: wrapped, log });
+  const pod = (id: string, cgroup: string): ShardRecord => ({ ...record(id), pid: null, cgroup, identity: { pid: 9, pgid: 9, startTime: 3, name: 'pause' } });
+  await registry.put(record('a'));
+  await registry.put(pod('p', 'pod-a'));
+  const writes = counter.writes;
+  const version = registry.version;
+  await t.rejects(registry.put(record('b')), {
+    code: 'NODECOMPUTE_SHARD_CONFLICT',
+    statusCode: 409,
+    message:
+      'Process 42 (x, started at tick 7) is already registered as shard "a". One process or cgroup under two ids would split its GPU memory: ' +
+      'attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. ' +
+      'To register it as "b", DELETE /shards/a first; to change its GPUs, grace or engine, PUT /shards/a instead.',
+  });
+  await t.rejects(registry.put({ ...pod('q', 'pod-a'), gpus: [3] }), { code: 'NODECOMPUTE_SHARD_CONFLICT', message: /^The cgroup "pod-a" is already registered as shard "p"\. .*DELETE \/shards\/p first/ });
+  t.same([counter.writes, registry.version, registry.list().map((s) => s.id).sort()], [writes, version, ['a', 'p']], 'refused before any write');
+  t.match(await registry.put({ ...record('a'), gpus: [1] }), { created: false }, 're-PUT under its own id: fine');
+  t.match(await registry.put({ ...record('b'), identity: { ...record('b').identity, startTime: 8 } }), { created: true }, 'the same PID with another start time is another process');
+  t.match(await registry.put({ ...record('a'), pid: null, cgroup: 'pod-b' }), { created: false }, 'a PID shard and a cgroup shard never conflict by themselves');
+});
+
+/** A state file whose writes wait until the test opens the gate (then fail, with `refuse`): the test acts while a PUT is in flight. */
+function gated(file: StateFile, refuse = false) {
+  let open: () => void = () => {};
+  let started: () => void = () => {};
+  const writing = new Promise<void>((resolve) => {
+    started = resolve;
+  });
+  const gate = new Promise<void>((resolve) => {
+    open = resolve;
+  });
+  const wrapped: StateFile = {
+    ...file,
+    path: file.path,
+    write: async (text) => {
+      started();
+      await gate;
+      if (refuse) throw Object.assign(new Error('EROFS: read-only file system'), { code: 'EROFS' });
+      return file.write(text);
+    },
+  };
+  return { wrapped, writing, open };
+}
+
+t.test('engine output posted while a replacing PUT is in flight is not lost', async (t) => {
+  const newProcess = { ...record('s', 'llama.cpp'), pid: 43, identity: { pid: 43, pgid: 43, startTime: 9, name: 'llama-server' } };
+  /** A registry holding shard "s" (PID 42) with a CPU account, whose next write waits for the gate. */
+  async function inFlight(t: Test, refuse = false) {
+    const path = join(t.testdir({}), 's.json');
+    await (await loadRegistry({ stateFile: createStateFile(path, { log }), log })).put(record('s', 'llama.cpp'));
+    const { wrapped, writing, open } = gated(createStateFile(path, { log }), refuse);
+    const registry = await loadRegistry({ stateFile: wrapped, log });
+    registry.appendEngineOutput('s', CUDA_FAILED, 1, 10);
+    return { registry, writing, open };
+  }
+
+  await t.test('the same process: everything posted is kept', async (t) => {
+    const { registry, writing, open } = await inFlight(t);
+    const put = registry.put({ ...record('s', 'llama.cpp'), gpus: [1] });
+    await writing;
+    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    open();
+    await put;
+    t.match(registry.engine('s'), { tail: `${CUDA_FAILED}main: loading model\n`, account: { backend: 'CPU' }, postedAtTicks: 20 });
+  });
+
+  await t.test('another process: what was posted after the PUT arrived is the new process\'s, and stays', async (t) => {
+    const { registry, writing, open } = await inFlight(t);
+    const put = registry.put(newProcess);
+    await writing;
+    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    registry.appendEngineOutput('s', CUDA_BUFFER, 3, 30);
+    open();
+    await put;
+    t.match(registry.engine('s'), { tail: `main: loading model\n${CUDA_BUFFER}`, account: { backend: 'CUDA' }, updatedAt: 3, postedAtTicks: 30 }, 'the old process\'s output is gone');
+    t.equal(registry.get('s')?.pid, 43);
+  });
+
+  await t.test('another process, and a fresh tail posted meanwhile: only that', async (t) => {
+    const { registry, writing, open } = await inFlight(t);
+    const put = registry.put(newProcess);
+    await writing;
+    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    registry.appendEngineOutput('s', CUDA_BUFFER, 3, 30, true);
+    open();
+    await put;
+    t.match(registry.engine('s'), { tail: CUDA_BUFFER, postedAtTicks: 30 });
+  });
+
+  await t.test('a refused PUT changes nothing', async (t) => {
+    const { registry, writing, open } = await inFlight(t, true);
+    const put = registry.put(newProcess);
+    await writing;
+    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    open();
+    await t.rejects(put, { code: 'NODECOMPUTE_STATE_WRITE_FAILED' });
+    t.equal(registry.get('s')?.pid, 42);
+    t.match(registry.engine('s'), { tail: `${CUDA_FAILED}main: loading model\n`, postedAtTicks: 20 }, 'the registration and its output stay as they were');
+  });
+
+  await t.test('two ids for one process in one batch: the second is refused, and the batch stores the first', async (t) => {
+    const { registry, writing, open } = await inFlight(t);
+    const first = registry.put({ ...record('s', 'llama.cpp'), gpus: [1] });
+    await writing;
+    const removed = registry.remove('s');
+    const moved = registry.put(newProcess);
+    const twin = registry.put({ ...newProcess, id: 'twin' });
+    open();
+    await Promise.all([first, removed, moved]);
+    await t.rejects(twin, { code: 'NODECOMPUTE_SHARD_CONFLICT', message: /^Process 43 \(llama-server, started at tick 9\) is already registered as shard "s"/ });
+    t.same(registry.list().map((shard) => shard.id), ['s'], 'a removal then a PUT in one batch is fine; the twin is not stored');
+    t.equal(registry.get('s')?.pid, 43);
+  });
+
+  await t.test('two PUTs in one batch: the second judges the first', async (t) => {
+    const { registry, writing, open } = await inFlight(t);
+    const first = registry.put({ ...record('s', 'llama.cpp'), gpus: [1] });
+    await writing;
+    // Queued behind the first write: one batch, same process then another.
+    const same = registry.put({ ...record('s', 'llama.cpp'), gpus: [2] });
+    const other = registry.put(newProcess);
+    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    open();
+    await Promise.all([first, same, other]);
+    t.match(registry.engine('s'), { tail: 'main: loading model\n' }, 'the other process keeps only what was posted after it was asked for');
+  });
+});
+
+t.test('a replacement for the same target and GPUs keeps the registration time (the grace clock); another target or other GPUs restart it', async (t) => {
+  const dir = t.testdir({});
+  const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
+  const first = { ...record('a'), gpus: [0, 1], registeredAt: 100 };
+  await registry.put(first);
+  const stored = registry.get('a');
+  t.match(await registry.put({ ...first, registeredAt: 200 }), { created: false, graceKept: true, unchanged: true, shard: { registeredAt: 100 } });
+  t.equal(registry.get('a'), stored, 'an identical re-PUT keeps the very record');
+  t.match(await registry.put({ ...first, gpus: [1, 0], graceMs: 60_000, engine: 'vllm', registeredAt: 300 }), { graceKept: true, unchanged: false, shard: { registeredAt: 100, graceMs: 60_000 } }, 'a new grace or engine goes on from the first registration');
+  t.equal(registry.get('a')?.registeredAt, 100);
+  t.same(JSON.parse(readFileSync(join(dir, 's.json'), 'utf8')).shards[0].registeredAt, 100, 'and so does the state file');
+  t.match(await registry.put({ ...first, gpus: [2], registeredAt: 400 }), { graceKept: false, unchanged: false, shard: { registeredAt: 400 } }, 'other GPUs: the grace restarts');
+  t.match(await registry.put({ ...first, gpus: [2], identity: { ...first.identity, startTime: 8 }, registeredAt: 500 }), { graceKept: false, shard: { registeredAt: 500 } }, 'another process: the grace restarts');
+  const pod = { ...first, pid: null, cgroup: 'pod-a', registeredAt: 600 };
+  t.match(await registry.put(pod), { graceKept: false, shard: { registeredAt: 600 } });
+  t.match(await registry.put({ ...pod, graceMs: 5_000, registeredAt: 700 }), { graceKept: true, unchanged: false, shard: { registeredAt: 600 } }, 'the same cgroup and engine process');
+  t.match(
+    await registry.put({ ...pod, graceMs: 5_000, identity: { pid: 77, pgid: 77, startTime: 900, name: 'llama-server' }, registeredAt: 800 }),
+    { graceKept: false, unchanged: false, shard: { registeredAt: 800 } },
+    'the same cgroup, another engine process (its container restarted, and the postStart hook re-PUTs): the new run gets its grace',
+  );
+});
+
+t.test('a repeated registration with nothing queued is answered without a write or a new registry version', async (t) => {
+  const dir = t.testdir({});
+  const path = join(dir, 's.json');
+  const registry = await loadRegistry({ stateFile: createStateFile(path, { log }), log });
+  const first = { ...record('a'), gpus: [0], registeredAt: 100 };
+  await registry.put(first);
+  const version = registry.version;
+  const written = statSync(path).ino;
+  t.match(await registry.put({ ...first, registeredAt: 200 }), { created: false, unchanged: true, shard: { registeredAt: 100 } });
+  t.equal(registry.version, version, 'no new version: attribution and the caches built on it stay');
+  t.equal(statSync(path).ino, written, 'the state file was not rewritten (each write renames a new file into place)');
+});
+
+t.test('a DELETE queued before a PUT of the same target under another id frees it: the PUT is not a conflict', async (t) => {
+  const dir = t.testdir({});
+  let release: () => void = () => {};
+  let gate: Promise<void> | null = null;
+  const stateFile = createStateFile(join(dir, 's.json'), { log, syncDirectory: async () => gate ?? undefined });
+  const registry = await loadRegistry({ stateFile, log });
+  await registry.put(record('a'));
+  gate = new Promise((resolve) => (release = resolve));
+  const renaming = registry.put({ ...record('a'), gpus: [1] });
+  // The write of that change is held; the DELETE and the PUT below queue behind it, in this order.
+  const removing = registry.remove('a');
+  const putting = registry.put(record('b'));
+  release();
+  gate = null;
+  await renaming;
+  t.equal(await removing, true);
+  t.match(await putting, { created: true });
+  t.same(registry.list().map((shard) => shard.id), ['b']);
 });
 
 t.test('a directory that cannot be fsynced: the change is stored and acknowledged, with one warning per kind of failure', async (t) => {
@@ -123,7 +352,7 @@ t.test('a directory that cannot be fsynced: the change is stored and acknowledge
     throw Object.assign(new Error(failure.message), { code: failure.code });
   };
   const registry = await loadRegistry({ stateFile: createStateFile(path, { log: logged, syncDirectory }), log });
-  t.same(await registry.put(record('a')), { created: true });
+  t.match(await registry.put(record('a')), { created: true });
   t.ok(registry.get('a'), 'served');
   t.same(JSON.parse(readFileSync(path, 'utf8')).shards.map((s: ShardRecord) => s.id), ['a'], 'and in the file');
   t.equal(await registry.remove('a'), true, 'a removal is acknowledged too');

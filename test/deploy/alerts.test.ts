@@ -1,0 +1,154 @@
+// Owns the checks of deploy/kubernetes/prometheusrule.yaml: promtool accepts the rules, and its unit
+// tests, fed with the /metrics of real nodecompute apps (one with shards on-cpu, exited and stray,
+// one whose GPU processes are hidden, one whose nvidia-smi fails), fire exactly the alerts each
+// node deserves, with their annotations rendered. A renamed metric or label fails here.
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import t from 'tap';
+import { parse } from 'yaml';
+import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
+
+const RULES = fileURLToPath(new URL('../../deploy/kubernetes/prometheusrule.yaml', import.meta.url));
+const UUIDS = ['GPU-aaaaaaaa-0000-0000-0000-000000000000', 'GPU-bbbbbbbb-0000-0000-0000-000000000000'];
+/** A PID above Linux's largest pid_max (2^22): listed by nvidia-smi, never present in /proc. */
+const INVISIBLE_PID = 4194305;
+const STRAY_MIB = 4096;
+
+interface Rule {
+  alert: string;
+  labels: Record<string, string>;
+  annotations: Record<string, string>;
+}
+const rules: Rule[] = (parse(readFileSync(RULES, 'utf8')) as { spec: { groups: Array<{ rules: Rule[] }> } }).spec.groups.flatMap((g) => g.rules);
+
+function node(processes: FakeProcess[]): FakeScenario {
+  return {
+    gpus: UUIDS.map((uuid, index) => ({ index, uuid, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 20000, freeMiB: 61000, reservedMiB: 479 })),
+    processes,
+  };
+}
+
+interface Sample {
+  name: string;
+  labels: Record<string, string>;
+  value: number;
+}
+
+/** The nodecompute_* samples of a scrape (the text format as prom-client writes it: no escapes in these values). */
+function samples(text: string): Sample[] {
+  return text
+    .split('\n')
+    .filter((line) => line.startsWith('nodecompute_'))
+    .map((line) => {
+      const match = /^(\w+)(?:\{(.*)\})? (\S+)$/.exec(line)!;
+      const labels = Object.fromEntries([...(match[2] ?? '').matchAll(/(\w+)="([^"]*)"/g)].map((m) => [m[1]!, m[2]!]));
+      return { name: match[1]!, labels, value: Number(match[3]) };
+    })
+    .filter((sample) => Number.isFinite(sample.value));
+}
+
+const seriesText = (sample: Sample) =>
+  `${sample.name}{${Object.entries(sample.labels)
+    .map(([k, v]) => `${k}="${v}"`)
+    .join(',')}}`;
+
+/** Renders what these rules' templates use: label values, and humanize1024 of a power of 1024. */
+function render(text: string, labels: Record<string, string>, value: number): string {
+  const units = ['', 'Ki', 'Mi', 'Gi', 'Ti'];
+  const power = Math.floor(Math.log(value) / Math.log(1024));
+  return text
+    .replace(/\{\{ \$labels\.(\w+) \}\}/g, (_, key: string) => labels[key] ?? '')
+    .replace('{{ $value | humanize1024 }}', `${value / 1024 ** power}${units[power]}`);
+}
+
+function expected(alertname: string, sample: Sample) {
+  const rule = rules.find((r) => r.alert === alertname)!;
+  const labels = { ...sample.labels, ...rule.labels };
+  return {
+    exp_labels: labels,
+    exp_annotations: Object.fromEntries(Object.entries(rule.annotations).map(([k, v]) => [k, render(v, labels, sample.value)])),
+  };
+}
+
+t.test('the alert rules fire on real nodecompute metrics, each for the node and shard that deserve it', async (t) => {
+  // Node 1: a ready shard that also holds memory on a GPU it was not placed on, one on the CPU, one exited.
+  const ready = await spawnShardProcess(t, 1);
+  const onCpu = await spawnShardProcess(t, 0);
+  const exited = await spawnShardProcess(t, 0);
+  const busy = await buildTestApp(t, {
+    scenario: node([
+      { gpuUuid: UUIDS[0]!, pid: ready.members[0]!, name: 'llama-server', usedMiB: 12000 },
+      { gpuUuid: UUIDS[1]!, pid: ready.members[0]!, name: 'llama-server', usedMiB: STRAY_MIB },
+    ]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+  });
+  const put = (id: string, body: object) => busy.app.inject({ method: 'PUT', url: `/shards/${id}`, payload: body });
+  t.equal((await put('llama-a', { pid: ready.pid, gpus: [0] })).statusCode, 201);
+  t.equal((await put('llama-b', { pid: onCpu.pid, gpus: [1], graceMs: 0 })).statusCode, 201);
+  t.equal((await put('llama-c', { pid: exited.pid, gpus: [1] })).statusCode, 201);
+  await exited.kill();
+  await settle(busy.app);
+
+  // Node 2: nvidia-smi lists a process this /proc does not have.
+  const hidden = await buildTestApp(t, { scenario: node([{ gpuUuid: UUIDS[0]!, pid: INVISIBLE_PID, name: '[Not Found]', usedMiB: 12000 }]), config: { cacheTtlMs: 0 } });
+
+  // Node 3: nvidia-smi fails.
+  const clock = manualClock();
+  const failing = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
+  await failing.app.inject({ method: 'GET', url: '/gpus' });
+  failing.fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  clock.advance(5);
+
+  const scrape = async (app: typeof busy.app, instance: string): Promise<Sample[]> =>
+    samples((await app.inject({ method: 'GET', url: '/metrics' })).body).map((s) => ({ ...s, labels: { ...s.labels, instance, job: 'nodecompute' } }));
+  const all = [...(await scrape(busy.app, 'gpu-node-1:9470')), ...(await scrape(hidden.app, 'gpu-node-2:9470')), ...(await scrape(failing.app, 'gpu-node-3:9470'))];
+  const find = (name: string, labels: Record<string, string>) => {
+    const found = all.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v));
+    t.ok(found, `the scrapes have ${name} ${JSON.stringify(labels)}`);
+    return found!;
+  };
+
+  const alerts: Record<string, ReturnType<typeof expected>[]> = {
+    NodecomputeShardOnCpu: [expected('NodecomputeShardOnCpu', find('nodecompute_shard_state', { shard: 'llama-b', state: 'on-cpu' }))],
+    NodecomputeShardExited: [expected('NodecomputeShardExited', find('nodecompute_shard_state', { shard: 'llama-c', state: 'exited' }))],
+    NodecomputeStrayGpuMemory: [expected('NodecomputeStrayGpuMemory', find('nodecompute_shard_gpu_memory_bytes', { shard: 'llama-a', gpu: '1' }))],
+    NodecomputeGpuProcessesHidden: [expected('NodecomputeGpuProcessesHidden', find('nodecompute_gpu_processes_visible', { instance: 'gpu-node-2:9470' }))],
+    NodecomputeNvidiaSmiDown: [expected('NodecomputeNvidiaSmiDown', find('nodecompute_nvidia_smi_up', { instance: 'gpu-node-3:9470' }))],
+  };
+  for (const sample of Object.values(alerts).flat()) delete (sample.exp_labels as Record<string, string>).__name__;
+  t.same(Object.keys(alerts).sort(), rules.map((r) => r.alert).sort(), 'every rule is tested');
+  // Stray memory needs its shard's placement series: the join is on (instance, shard, gpu).
+  t.equal(find('nodecompute_shard_gpu_placed', { shard: 'llama-a', gpu: '0' }).value, 1);
+  t.equal(find('nodecompute_shard_gpu_memory_bytes', { shard: 'llama-a', gpu: '1' }).value, STRAY_MIB * 1024 * 1024);
+
+  const dir = mkdtempSync(join(tmpdir(), 'nodecompute-alerts-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const rulesFile = join(dir, 'rules.yaml');
+  writeFileSync(rulesFile, JSON.stringify({ groups: (parse(readFileSync(RULES, 'utf8')) as { spec: { groups: unknown } }).spec.groups }));
+  const check = spawnSync('promtool', ['check', 'rules', rulesFile], { encoding: 'utf8' });
+  t.equal(check.status, 0, `promtool check rules: ${check.stdout}${check.stderr}`);
+
+  const unitTests = {
+    rule_files: [rulesFile],
+    evaluation_interval: '1m',
+    tests: [
+      {
+        interval: '1m',
+        input_series: all.map((sample) => ({ series: seriesText(sample), values: `${sample.value}x30` })),
+        alert_rule_test: Object.entries(alerts).flatMap(([alertname, exp]) => [
+          // Before its `for` has passed, no rule fires.
+          { eval_time: '1m', alertname, exp_alerts: [] },
+          { eval_time: '15m', alertname, exp_alerts: exp },
+        ]),
+      },
+    ],
+  };
+  const testFile = join(dir, 'tests.yaml');
+  writeFileSync(testFile, JSON.stringify(unitTests));
+  const run = spawnSync('promtool', ['test', 'rules', testFile], { encoding: 'utf8' });
+  t.equal(run.status, 0, `promtool test rules:\n${run.stdout}${run.stderr}`);
+});

@@ -1,0 +1,114 @@
+// /readyz in the words an operator reads: which ?verbose values give the checklist, the stale
+// reason in the JSON, the nvidia-smi line while the last good snapshot is served over failing
+// refreshes, and the host-pid-namespace line when only some listed PIDs are missing (in the
+// doctor's words). The basics (200, 503 and their codes) are in health.test.ts.
+import t from 'tap';
+import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import { eightGpuNode, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
+
+/** A PID no test machine has (above the default pid_max of 4194304). */
+const GONE_PID = 4_194_400;
+
+t.test('?verbose: present, empty, true or 1 is the checklist; false or 0 is JSON, as without it; anything else a 400', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: idleEightGpuNode() });
+  for (const query of ['?verbose', '?verbose=', '?verbose=true', '?verbose=1']) {
+    const res = await app.inject({ method: 'GET', url: `/readyz${query}` });
+    t.equal(res.statusCode, 200, query);
+    t.match(res.headers['content-type'], /^text\/plain/, `${query}: the checklist`);
+    t.match(res.body, /readyz check passed\n$/, query);
+  }
+  for (const query of ['', '?verbose=false', '?verbose=0']) {
+    const res = await app.inject({ method: 'GET', url: `/readyz${query}` });
+    t.equal(res.statusCode, 200, query);
+    t.match(res.headers['content-type'], /^application\/json/, `${query}: JSON`);
+    t.match(res.json(), { status: 'ok', stale: false }, query);
+  }
+  for (const value of ['yes', 'TRUE', 'constructor']) {
+    const res = await app.inject({ method: 'GET', url: `/readyz?verbose=${value}` });
+    t.equal(res.statusCode, 400, value);
+    t.same(res.json(), {
+      statusCode: 400,
+      code: 'NODECOMPUTE_BAD_REQUEST',
+      error: 'Bad Request',
+      message: `Invalid request: querystring/verbose is "${value}"; it takes no value, true or 1 for the plain-text checklist, and false or 0 (or leaving it out) for JSON.`,
+    });
+  }
+});
+
+t.test('a failing nvidia-smi within max-stale: readiness holds on the last good snapshot, the JSON says why it is stale, the checklist says so plainly', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 1000, maxStaleMs: 30_000 }, deps: { now: clock.now } });
+  t.equal((await app.inject({ method: 'GET', url: '/readyz' })).statusCode, 200);
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  clock.advance(12_000);
+  // The TTL has passed: this answer starts the refresh (which fails) and serves the snapshot meanwhile.
+  const refreshing = await app.inject({ method: 'GET', url: '/readyz' });
+  t.equal(refreshing.statusCode, 200);
+  t.match(refreshing.json(), { status: 'ok', stale: true, staleReason: String });
+  await settle(app);
+
+  const json = await app.inject({ method: 'GET', url: '/readyz' });
+  t.equal(json.statusCode, 200, 'still ready: the last good snapshot is 12 s old, under max-stale');
+  t.match(json.json(), { status: 'ok', ageMs: 12_000, stale: true, staleReason: /^the last refresh failed: nvidia-smi exited with code 9/ });
+
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+  t.equal(verbose.statusCode, 200);
+  const [nvidiaSmi] = verbose.body.split('\n');
+  t.match(
+    nvidiaSmi,
+    /^\[\+\]nvidia-smi ok: serving the last good snapshot \(12 s old, 8 GPUs\) because refreshing it fails; it is served until it is 30 s old \(NODECOMPUTE_MAX_STALE_MS\), then this check fails until nvidia-smi answers again\. The last refresh failed: nvidia-smi exited with code 9/,
+  );
+  t.notMatch(nvidiaSmi, /\(stale: /, 'not tucked away as a parenthesis');
+  t.match(verbose.body, /readyz check passed\n$/);
+
+  clock.advance(18_001);
+  const past = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+  t.equal(past.statusCode, 503, 'past max-stale it fails');
+  t.match(past.body, /^\[-\]nvidia-smi failed: nvidia-smi exited with code 9/);
+});
+
+t.test('a snapshot that is stale only because its refresh is under way keeps the short line, with the reason', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 1000, maxStaleMs: 30_000, smiTimeoutMs: 60_000 }, deps: { now: clock.now } });
+  await app.inject({ method: 'GET', url: '/readyz' });
+  fake.update((s) => ({ ...s, delayMs: 30_000 }));
+  clock.advance(2000);
+  // The first answer past the TTL starts the refresh; the second sees it running.
+  await app.inject({ method: 'GET', url: '/readyz' });
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose=1' });
+  // The reason is the snapshot cache's own words (snapshot.test.ts): only its place is checked here.
+  t.match(verbose.body, /^\[\+\]nvidia-smi ok: snapshot 2000 ms old, 8 GPUs \(stale: .+\)\n/);
+  t.notMatch(verbose.body, /last good snapshot|refresh failed/, 'nothing failed');
+  app.services.nvidiaSmi.killAll();
+  await settle(app);
+});
+
+t.test('host-pid-namespace: the line says how many listed PIDs exist, in the doctor\'s words, and never "all" when some are missing', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const scenario = eightGpuNode();
+  const uuid = scenario.gpus[0]!.uuid;
+  scenario.processes = [{ gpuUuid: uuid, pid: shard.pid, name: 'llama-server', usedMiB: 1000 }];
+  const { app, fake } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 0, maxStaleMs: 0 } });
+  const pidLine = async () => {
+    const res = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+    return { status: res.statusCode, line: res.body.split('\n')[1] };
+  };
+  t.same(await pidLine(), { status: 200, line: '[+]host-pid-namespace ok: all 1 PID(s) nvidia-smi lists exist in /proc' });
+
+  fake.update((s) => ({ ...s, processes: [...s.processes, { gpuUuid: uuid, pid: GONE_PID, name: 'exited', usedMiB: 1000 }] }));
+  const some = await pidLine();
+  t.equal(some.status, 200, 'one PID missing of two: a process that just exited, not another namespace');
+  t.equal(
+    some.line,
+    `[+]host-pid-namespace ok: 1 of 2 PID(s) nvidia-smi lists do not exist in /proc (${GONE_PID}); the other 1 do, so this is the host's PID namespace and the missing ones most likely exited since nvidia-smi listed them. ` +
+      'If the same PIDs stay missing, they live in another PID namespace (a VM or a nested container): run `nodecompute doctor`.',
+  );
+  t.notMatch(some.line, /visible|all /);
+  const doctor = (await app.inject({ method: 'GET', url: '/doctor' })).json() as { checks: Array<{ name: string; status: string; detail: string }> };
+  const check = doctor.checks.find((c) => c.name === 'host-pid-namespace')!;
+  t.equal(check.status, 'warn');
+  t.ok(some.line!.includes(check.detail), `the doctor says the same: ${check.detail}`);
+
+  fake.update((s) => ({ ...s, gpus: s.gpus.map((gpu) => ({ ...gpu, usedMiB: 0 })), processes: [] }));
+  t.same(await pidLine(), { status: 200, line: '[+]host-pid-namespace ok: no GPU process is running, so there is nothing to compare' }, 'idle GPUs');
+});
