@@ -163,11 +163,16 @@ t.test('a host that was set is used as given: no fallback, and a start that cann
   }
 });
 
-t.test('a failure that is not about IPv6 is not papered over: a port in use on :: stops the start, saying what it means and what to do', async (t) => {
+/** Listens on a free port of `host` until the test ends, as another program holding it would. */
+async function holdPort(t: Test, host: string): Promise<number> {
   const holder = net.createServer();
-  await new Promise<void>((resolve) => holder.listen({ host: '::', port: 0 }, resolve));
+  await new Promise<void>((resolve) => holder.listen({ host, port: 0 }, resolve));
   t.teardown(() => new Promise<void>((resolve) => holder.close(() => resolve())));
-  const { port } = holder.address() as AddressInfo;
+  return (holder.address() as AddressInfo).port;
+}
+
+t.test('a failure that is not about IPv6 is not papered over: a port in use on :: stops the start, saying what it means and what to do', async (t) => {
+  const port = await holdPort(t, '::');
   const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
   const { hosts, listen } = recordingListen(app);
   const err = (await listenOn(listen, { host: '::', port, defaultHost: true }).catch((caught: unknown) => caught)) as Error & { code: string; cause: NodeJS.ErrnoException };
@@ -183,10 +188,7 @@ t.test('a failure that is not about IPv6 is not papered over: a port in use on :
 });
 
 t.test('the fallback to 0.0.0.0 meeting a port in use says so the same way', async (t) => {
-  const holder = net.createServer();
-  await new Promise<void>((resolve) => holder.listen({ host: '0.0.0.0', port: 0 }, resolve));
-  t.teardown(() => new Promise<void>((resolve) => holder.close(() => resolve())));
-  const { port } = holder.address() as AddressInfo;
+  const port = await holdPort(t, '0.0.0.0');
   const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
   const { hosts, listen } = recordingListen(app, async (options) => Promise.reject(refusedByKernel('EAFNOSUPPORT', options.host, options.port)));
   await t.rejects(listenOn(listen, { host: '::', port, defaultHost: true }), {
