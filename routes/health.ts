@@ -6,6 +6,7 @@
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { describeListedPids, NO_GPU_PROCESS } from '../src/doctor/doctor.js';
+import { formatDuration } from '../src/duration.js';
 import { BadRequestError, isCodedError } from '../src/errors.js';
 import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
 import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js';
@@ -42,8 +43,6 @@ const CHECKLIST = new Map([
 type Check = { name: string; detail: string } & ({ ok: true } | { ok: false; code: string });
 type FailedCheck = Extract<Check, { ok: false }>;
 
-const seconds = (ms: number) => `${Math.round(ms / 100) / 10} s`;
-
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node, probeBudgetMs, proc, config } = app.services;
   // Made afresh for each path: one object used twice comes out of the OpenAPI YAML as an alias.
@@ -58,12 +57,12 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // A failed refresh is only ever tried on a stale snapshot, so its reason is there.
       const reason = view.staleReason!;
       return (
-        `serving the last good snapshot (${seconds(view.ageMs)} old, ${gpus} GPUs) because refreshing it fails; ` +
-        `it is served until it is ${seconds(config.maxStaleMs)} old (NODECOMPUTE_MAX_STALE_MS), then this check fails until nvidia-smi answers again. ` +
+        `serving the last good snapshot (${formatDuration(view.ageMs)} old, ${gpus} GPUs) because refreshing it fails; ` +
+        `it is served until it is ${formatDuration(config.maxStaleMs)} old (NODECOMPUTE_MAX_STALE_MS), then this check fails until nvidia-smi answers again. ` +
         `${reason.charAt(0).toUpperCase()}${reason.slice(1)}`
       );
     }
-    return `snapshot ${Math.round(view.ageMs)} ms old, ${gpus} GPUs${view.stale ? ` (stale: ${view.staleReason})` : ''}`;
+    return `snapshot ${formatDuration(view.ageMs)} old, ${gpus} GPUs${view.stale ? ` (stale: ${view.staleReason})` : ''}`;
   }
 
   /** The host-pid-namespace line when it passes: in the doctor's words, and never "all" when some are missing. */

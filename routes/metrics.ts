@@ -3,6 +3,7 @@
 // nodecompute_nvidia_smi_up 0) even when nvidia-smi cannot be asked.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import { sendLateError } from './late-error.js';
 
 const RENDER_REUSE_MS = 1000;
@@ -10,8 +11,11 @@ const RENDER_REUSE_MS = 1000;
 const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, metrics, probeBudgetMs, registry, now } = app.services;
   const { snapshots } = app.services.node;
-  /** What a rendering depends on besides time: the snapshot, the registry and the engine output. */
-  let cached: { generation: number; failing: boolean; version: number; engineVersion: number; at: number; text: string } | null = null;
+  /**
+   * What a rendering depends on besides time (the snapshot, the registry and the engine output),
+   * and the rendering, encoded once: scrapes that share it only write bytes.
+   */
+  let cached: { generation: number; failing: boolean; version: number; engineVersion: number; at: number; body: Buffer } | null = null;
   const failing = () => snapshots.peek()?.failing ?? false;
   const reusable = (at: number) =>
     cached !== null &&
@@ -20,15 +24,15 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     cached.failing === failing() &&
     cached.version === registry.version &&
     cached.engineVersion === registry.engineVersion;
-  const render = async (at: number): Promise<string> => {
+  const render = async (at: number): Promise<Buffer> => {
     const { states, node } = await shards.states(probeBudgetMs);
     const lastGood = app.services.node.peek();
     const nvidiaSmiUp = lastGood !== null && !lastGood.view.failing;
     metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, shards: states });
     // Keyed after the wait: the refresh it may have waited for is what was rendered.
-    const text = await metrics.registry.metrics();
-    cached = { generation: snapshots.generation, failing: failing(), version: registry.version, engineVersion: registry.engineVersion, at, text };
-    return text;
+    const body = Buffer.from(await metrics.registry.metrics());
+    cached = { generation: snapshots.generation, failing: failing(), version: registry.version, engineVersion: registry.engineVersion, at, body };
+    return body;
   };
   app.get(
     '/metrics',
@@ -44,11 +48,12 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     // Rendering ~600 series costs milliseconds; scrapes within a second of the last rendering that
     // see the same snapshot and registry share it (verdicts and process metrics are then at most
     // 1 s old). Past that second, the scrape asks for the snapshot as any answer does.
-    (_request, reply) => {
+    // The reply is typed loosely: the schema's string is what the cached bytes are.
+    (_request: FastifyRequest, reply: FastifyReply) => {
       const at = now();
-      if (reusable(at)) return void reply.type(metrics.registry.contentType).send(cached!.text);
+      if (reusable(at)) return void reply.type(metrics.registry.contentType).send(cached!.body);
       render(at).then(
-        (text) => reply.type(metrics.registry.contentType).send(text),
+        (body) => reply.type(metrics.registry.contentType).send(body),
         (err: Error) => sendLateError(reply, err),
       );
     },

@@ -124,8 +124,7 @@ function fastifyErrorBody(err: FastifyError) {
   return null;
 }
 
-/** Malformed HTTP (a lying Content-Length, say) never reaches a route: answer it on the socket, coded. */
-/** Node's client errors that are not malformed HTTP, with the status Node itself would give them. */
+/** Node's client errors that get an answer of their own, with the status Node itself would give them. */
 const CLIENT_ERRORS: Record<string, { status: number; code: string; message: string }> = {
   HPE_HEADER_OVERFLOW: {
     status: 431,
@@ -137,8 +136,14 @@ const CLIENT_ERRORS: Record<string, { status: number; code: string; message: str
     code: 'NODECOMPUTE_REQUEST_TIMEOUT',
     message: 'The request was not completed within 30 s: send the whole body its Content-Length promised, or retry.',
   },
+  HPE_INVALID_METHOD: {
+    status: 400,
+    code: 'NODECOMPUTE_BAD_REQUEST',
+    message: 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT). The API is listed at /docs and /openapi.json.',
+  },
 };
 
+/** Malformed HTTP (a lying Content-Length, say) never reaches a route: answer it on the socket, coded. */
 export function writeClientError(err: NodeJS.ErrnoException, socket: import('node:net').Socket): void {
   if (!socket.writable) return;
   const known = CLIENT_ERRORS[String(err.code)];

@@ -72,7 +72,7 @@ const FIX_THE_SECRET =
 
 export interface TokenFileOptions {
   path: string;
-  /** The tokens read from the file at start (config.ts refuses to start without one). */
+  /** The tokens read from the file at start (config.ts's readStartTokens refuses to start without one). */
   initial: string[];
   log: Logger;
   now: () => number;
@@ -94,18 +94,23 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource {
   let checkedAt: number | null = null;
   let checking: Promise<readonly Buffer[]> | null = null;
   let unstableInARow = 0;
-  // What is wrong with the file, said once in the log and kept for the doctor; null while it is fine.
+  // What is wrong with the file now, for the doctor: always the latest look's; null while it is fine.
   let problem: string | null = null;
+  // Which problem that is (its kind and cause, without the counts that change from look to look):
+  // a warning is logged when it changes, not at every write while it lasts.
+  let warnedOf: string | null = null;
 
-  function trouble(what: string, fix = FIX_THE_SECRET): void {
-    if (problem !== null) return;
+  function trouble(which: string, what: string, fix = FIX_THE_SECRET): void {
     problem = `The token file ${path} ${what}. The ${tokens.length} token(s) last read from it stay in force, so writes that present one keep working, but a rotated token is not picked up. ${fix}`;
+    if (which === warnedOf) return;
+    warnedOf = which;
     log.warn({ file: path, tokens: tokens.length }, problem);
   }
 
   function use(next: string[]): void {
     if (problem !== null) {
       problem = null;
+      warnedOf = null;
       log.info({ file: path }, `The token file ${path} is readable again; its tokens are used from now on.`);
     }
     if (sameTokens(next, tokens)) return;
@@ -120,9 +125,10 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource {
       case 'unchanged':
         return;
       case 'failed':
-        return trouble(`cannot be read (${look.err.message})`);
+        return trouble(`failed: ${look.err.message}`, `cannot be read (${look.err.message})`);
       case 'late':
         return trouble(
+          'late',
           `did not answer within ${look.timeoutMs} ms (the read is still pending: is it on a network filesystem that hangs?)`,
           `Writes do not wait for it any longer, and no other read is started until that one returns. Check the filesystem that holds ${path} (does \`cat ${path}\` hang?) or mount the token from a Kubernetes Secret (a tmpfs, which does not hang); the file is read again at the first write after it answers.`,
         );
@@ -130,12 +136,13 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource {
         // One is a rewrite caught in the act: the next look reads the finished file.
         if (unstableInARow < UNSTABLE_LOOKS_WARNED) return;
         return trouble(
+          'unstable',
           `was not stable while it was read, ${unstableInARow} times in a row (${look.detail})`,
           'Something keeps rewriting it in place, or it is not a regular file (a pipe, a /proc or /sys file). Replace the file atomically instead (write a temporary file beside it, then rename it over the token file, as the kubelet does for a Secret); the file is re-read within a second of the next write once it is stable.',
         );
       case 'read': {
         const content = parseTokenFile(look.text);
-        if (content.problem !== null) return trouble(`cannot be used: ${content.problem}`);
+        if (content.problem !== null) return trouble(`unusable: ${content.problem}`, `cannot be used: ${content.problem}`);
         return use(content.tokens);
       }
     }

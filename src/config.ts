@@ -1,15 +1,18 @@
 // Owns every setting of the service: one table naming each setting's environment variable, flag,
 // accepted values, default and meaning. `resolveConfig` turns env + argv into a validated Config
-// once, at start; a bad value stops the start with a message naming the setting and what it
-// accepts, and a value that works but will likely hurt comes back as a warning for main.ts to log.
+// once, at start, and does no I/O; a bad value stops the start with a message naming the setting and
+// what it accepts, and a value that works but will likely hurt comes back as a warning for main.ts
+// to log. `readStartTokens` then reads the token file, the one setting that names something to read
+// before the service can start: asynchronously and within a bound (through the reader auth.ts uses
+// while running), because a file on a hung mount would otherwise hang the start, silently.
 // It also owns what a write token may be (tokenProblem, parseTokenFile), so the token file that
 // auth.ts re-reads while running is held to the same rules as at start. The help text is generated
 // from the same table, so it cannot drift from the code.
-import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { ConfigInvalidError } from './errors.js';
+import { createTokenFileReader, type TokenFileReaderOptions } from './system/token-file.js';
 
 interface Setting {
   env: string;
@@ -21,6 +24,13 @@ interface Setting {
 }
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+
+/**
+ * How long the token file may take to answer at start. Longer than the second a write waits for it
+ * while running (TOKEN_FILE_READ_TIMEOUT_MS): a write has the tokens last read to fall back on, a
+ * start has none, and a network mount's first access after boot can be slow without being hung.
+ */
+export const TOKEN_FILE_START_TIMEOUT_MS = 5000;
 
 function milliseconds(min: number, max: number, description: string) {
   return Type.Integer({ minimum: min, maximum: max, description });
@@ -138,7 +148,9 @@ export const SETTINGS = {
     accepts:
       'a path to a file holding one or more tokens, one a line, each at least 16 characters without whitespace (e.g. a mounted Kubernetes Secret)',
     description:
-      'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. The file is re-read when it changes (checked at most once a second, on writes), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
+      'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. ' +
+      `It is read at start, which fails if the file cannot be read, holds no usable token or does not answer within ${TOKEN_FILE_START_TIMEOUT_MS / 1000} s (a hung mount). ` +
+      'It is re-read when it changes (checked at most once a second, on writes), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
   },
 } as const satisfies Record<string, Setting>;
 
@@ -158,11 +170,15 @@ export interface Config {
   gpuGraceMs: number;
   /**
    * The bearer token for writes: NODECOMPUTE_TOKEN, or the first token NODECOMPUTE_TOKEN_FILE held
-   * at start; null when neither is set (writes from loopback only).
+   * at start (filled in by readStartTokens; null until then); null when neither is set (writes from
+   * loopback only).
    */
   token: string | null;
   tokenFile: string | null;
-  /** Every token NODECOMPUTE_TOKEN_FILE held at start (none without it); auth.ts re-reads the file. */
+  /**
+   * Every token NODECOMPUTE_TOKEN_FILE held at start (readStartTokens; none without it, or before it);
+   * auth.ts re-reads the file.
+   */
   fileTokens: string[];
 }
 
@@ -227,16 +243,49 @@ export function parseTokenFile(text: string): TokenFileContent {
   return { tokens, problem: null };
 }
 
-function readTokenFile(setting: Setting, path: string): string[] {
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (err) {
-    invalid(setting, path, `cannot read it: ${(err as Error).message}`);
+/** Unstable reads at start before giving up: one is a rewrite caught in the act, the next reads the finished file. */
+const START_LOOKS = 3;
+const START_LOOK_PAUSE_MS = 100;
+
+/**
+ * The config with the tokens of its token file (`token` and `fileTokens`), read once through the
+ * reader auth.ts uses while running: asynchronously, within `timeoutMs` (TOKEN_FILE_START_TIMEOUT_MS),
+ * taking only a content that was stable while read. The config as it is without a token file.
+ * Throws ConfigInvalidError saying which file, what happened and what to do: it cannot be read, holds
+ * no usable token, keeps changing while read, or does not answer in time (a hung mount). In the last
+ * case the read stays pending (it cannot be cancelled): see pendingTokenFileReads.
+ */
+export async function readStartTokens(config: Config, options: TokenFileReaderOptions = {}): Promise<Config> {
+  const path = config.tokenFile;
+  if (path === null) return config;
+  const timeoutMs = options.timeoutMs ?? TOKEN_FILE_START_TIMEOUT_MS;
+  const reader = createTokenFileReader(path, { ...options, timeoutMs });
+  let look = await reader.look();
+  for (let looks = 1; look.kind === 'unstable' && looks < START_LOOKS; looks += 1) {
+    await new Promise((resolve) => setTimeout(resolve, START_LOOK_PAUSE_MS));
+    look = await reader.look();
   }
-  const content = parseTokenFile(text);
-  if (content.problem !== null) invalid(setting, path, content.problem);
-  return content.tokens;
+  if (look.kind === 'read') {
+    const content = parseTokenFile(look.text);
+    if (content.problem !== null) invalid(SETTINGS.tokenFile, path, content.problem);
+    return { ...config, token: content.tokens[0]!, fileTokens: content.tokens };
+  }
+  if (look.kind === 'failed') invalid(SETTINGS.tokenFile, path, `cannot read it: ${look.err.message}`);
+  if (look.kind === 'unstable') {
+    invalid(
+      SETTINGS.tokenFile,
+      path,
+      `it was not stable while it was read, ${START_LOOKS} times in a row (${look.detail}): it is not a regular file (a pipe, a /proc or /sys file), or something keeps rewriting it in place. ` +
+        'Point it at a regular file that is replaced with a rename (write a temporary file beside it, then rename it over the token file, as the kubelet does for a Secret)',
+    );
+  }
+  // Late: a fresh reader never answers "unchanged".
+  throw new ConfigInvalidError(
+    `The token file ${path} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within ${timeoutMs} ms, and its read is still pending: ` +
+      'the filesystem that holds it likely hangs (a network or FUSE mount that stopped answering), or it is a pipe nobody writes to. ' +
+      `nodecompute does not start without the write tokens it names. Check that filesystem (does \`cat ${path}\` return?), ` +
+      'or mount the token from a Kubernetes Secret (a tmpfs, which does not hang), then start again.',
+  );
 }
 
 function fixedToken(raw: string): string {
@@ -339,7 +388,10 @@ function unknownFlag(argv: string[]): string | null {
   );
 }
 
-/** Reads argv flags over environment variables over defaults; throws ConfigInvalidError. */
+/**
+ * Reads argv flags over environment variables over defaults; throws ConfigInvalidError. Reads no
+ * file: the tokens of a token file are readStartTokens's.
+ */
 export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedCli {
   const unknown = unknownFlag(argv);
   if (unknown !== null) throw new ConfigInvalidError(unknown);
@@ -368,8 +420,6 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
     if (resolved.token !== null) {
       invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
     }
-    resolved.fileTokens = readTokenFile(SETTINGS.tokenFile, resolved.tokenFile);
-    resolved.token = resolved.fileTokens[0]!;
   } else if (resolved.token !== null) {
     resolved.token = fixedToken(resolved.token);
   }

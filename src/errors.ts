@@ -11,10 +11,26 @@ function coded<C extends string, S extends number>(code: C, statusCode: S) {
   return createError<C, S, MessageArgs>(code, '%s', statusCode);
 }
 
-export const NvidiaSmiNotFoundError = coded('NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', 503);
-export const NvidiaSmiFailedError = coded('NODECOMPUTE_NVIDIA_SMI_FAILED', 503);
-export const NvidiaSmiTimeoutError = coded('NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 503);
-export const NvidiaSmiUnparsableError = coded('NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', 503);
+/**
+ * Every code an nvidia-smi run can fail with, and the only codes the NvidiaSmi*Error classes are
+ * built from. metrics.ts starts a failure counter at 0 for each: a new code here is a new counter.
+ */
+export const NVIDIA_SMI_FAILURE_CODES = [
+  'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
+  'NODECOMPUTE_NVIDIA_SMI_FAILED',
+  'NODECOMPUTE_NVIDIA_SMI_TIMEOUT',
+  'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE',
+] as const;
+export type NvidiaSmiFailureCode = (typeof NVIDIA_SMI_FAILURE_CODES)[number];
+
+function nvidiaSmiFailure<C extends NvidiaSmiFailureCode>(code: C) {
+  return coded(code, 503);
+}
+
+export const NvidiaSmiNotFoundError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_NOT_FOUND');
+export const NvidiaSmiFailedError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_FAILED');
+export const NvidiaSmiTimeoutError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_TIMEOUT');
+export const NvidiaSmiUnparsableError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_UNPARSABLE');
 
 export const BadRequestError = coded('NODECOMPUTE_BAD_REQUEST', 400);
 export const UnauthorizedError = coded('NODECOMPUTE_UNAUTHORIZED', 401);

@@ -1,17 +1,24 @@
 #!/usr/bin/env node
 // Owns the process: the only place that reads process.env and argv (through config.ts), listens
 // (on :: by default, 0.0.0.0 on a kernel without IPv6: listen.ts), and handles signals. `nodecompute` and `nodecompute serve` run the service; `nodecompute doctor`
-// checks the node; --help and --version say what they say. On SIGTERM/SIGINT the server stops
-// accepting, finishes in-flight requests, kills running nvidia-smi children and exits 0.
+// checks the node; --help and --version say what they say. `serve` and `doctor` first read the
+// token file within a bound (config.ts's readStartTokens), so a file on a hung mount fails the start
+// instead of hanging it. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
+// kills running nvidia-smi children and exits 0; or, while a read of the token file is stuck on a
+// hung mount, ends by SIGTERM (endDespiteStuckReads): Node cannot exit before that read returns.
 import closeWithGrace from 'close-with-grace';
-import { pino, type Logger } from 'pino';
+import { pino, symbols, type Logger } from 'pino';
 import { buildApp } from './app.js';
-import { nearestWord, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
+import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
 import { listenOn, type Listening } from './listen.js';
+import { pendingTokenFileReads } from './system/token-file.js';
 import { VERSION } from './version.js';
 
 const COMMANDS = ['serve', 'doctor'];
+
+/** The SIGTERM handlers there before this module installed any: a preloaded tool's exit hooks, if any. */
+const SIGTERM_HANDLERS_AT_START = process.listeners('SIGTERM');
 
 const USAGE = `nodecompute ${VERSION}: where GPU work really runs on this node.
 
@@ -44,8 +51,54 @@ async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): P
   log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
 }
 
-async function serve(cli: ResolvedCli): Promise<void> {
-  const { config } = cli;
+/**
+ * Resolves once the log lines written so far are out, or after a second: pino writes stdout
+ * asynchronously, and a process ended by a signal loses what is still queued. Called right after a
+ * line is logged, so the stream is writing and says 'drain' once it has written everything.
+ */
+function logWritten(log: Logger): Promise<void> {
+  const stream = (log as unknown as Record<symbol, NodeJS.EventEmitter>)[symbols.streamSym]!;
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, 1000);
+    stream.once('drain', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
+/**
+ * Ends the process when a read of the token file is still pending, and returns when none is. Node's
+ * exit waits for every read it started to return (libuv joins its threadpool threads), and a read
+ * stuck on a hung mount never does: neither process.exit() nor an event loop left to empty would
+ * end the process, and it would hang until the kubelet's SIGKILL. It ends instead by SIGTERM's
+ * default action (exit status 143, what a process without a handler shows), which the kernel
+ * carries out whatever the read waits on; it says so in the log, or on stderr before there is one.
+ */
+async function endDespiteStuckReads(log: Logger | null): Promise<void> {
+  const [file] = pendingTokenFileReads();
+  if (file === undefined) return;
+  const message =
+    `A read of the token file ${file} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ` +
+    'ending the process with SIGTERM instead (exit status 143). If this repeats, check that filesystem, or mount the token from a Kubernetes Secret (a tmpfs, which does not hang).';
+  if (log === null) {
+    process.stderr.write(`nodecompute: ${message}\n`);
+  } else {
+    log.warn({ file }, message);
+    await logWritten(log);
+  }
+  // close-with-grace's handler would answer the signal with process.exit(), which hangs as well: the
+  // handlers installed since start go, and those there before (exit hooks that raise the signal again
+  // once they have run, as signal-exit's do) stay.
+  for (const handler of process.listeners('SIGTERM')) {
+    if (!SIGTERM_HANDLERS_AT_START.includes(handler)) process.off('SIGTERM', handler);
+  }
+  process.kill(process.pid, 'SIGTERM');
+  // Never go on to an exit that would hang: the signal ends the process (at once, or after those hooks).
+  return new Promise(() => {});
+}
+
+async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
   for (const warning of cli.warnings) log.warn(warning);
   const app = await buildApp(config, { logger: log });
@@ -62,6 +115,7 @@ async function serve(cli: ResolvedCli): Promise<void> {
   closeWithGrace({ delay: 10_000, logger: log }, async ({ signal }) => {
     log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
     await app.close();
+    await endDespiteStuckReads(log);
   });
   const { url, host, message } = listening;
   log.info({ url, host, version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, message);
@@ -92,9 +146,16 @@ async function main(argv: string[]): Promise<number | null> {
     );
     return 2;
   }
-  if (command === 'doctor') return runDoctorCli(cli.config, process.stdout);
+  let config: Config;
   try {
-    await serve(cli);
+    config = await readStartTokens(cli.config);
+  } catch (err) {
+    process.stderr.write(`nodecompute: ${(err as Error).message}\n`);
+    return 2;
+  }
+  if (command === 'doctor') return runDoctorCli(config, process.stdout);
+  try {
+    await serve(config, cli);
   } catch (err) {
     process.stderr.write(`nodecompute: cannot start: ${(err as Error).message}\n`);
     return 1;
@@ -103,4 +164,8 @@ async function main(argv: string[]): Promise<number | null> {
 }
 
 const code = await main(process.argv.slice(2));
-if (code !== null) process.exitCode = code;
+if (code !== null) {
+  process.exitCode = code;
+  // A token file that did not answer at start leaves its read pending: the process would never end.
+  await endDespiteStuckReads(null);
+}

@@ -3,6 +3,7 @@
 // rebuilt from the cached snapshot at every scrape, so a deleted shard's series disappear with it;
 // nvidia-smi timings and failures are recorded as the runs happen.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { NVIDIA_SMI_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
 import type { NodeView } from './node-state/node-view.js';
 import { READINESS_STATES } from './shards/readiness.js';
@@ -12,9 +13,8 @@ import { VERSION } from './version.js';
 
 const MIB = 1024 * 1024;
 
-/** Every query and every code a failed run can end with: their counters start at 0, so rate() sees the first failure. */
+/** Every query: its failure counter starts at 0 for every code a run can fail with (errors.ts), so rate() sees the first failure. */
 const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
-const FAILURE_CODES = ['NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', 'NODECOMPUTE_NVIDIA_SMI_FAILED', 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE'];
 
 export interface Metrics {
   registry: Registry;
@@ -83,7 +83,7 @@ export function createMetrics(): Metrics {
     registers: [registry],
   });
 
-  for (const query of QUERIES) for (const reason of FAILURE_CODES) failures.inc({ query, reason }, 0);
+  for (const query of QUERIES) for (const reason of NVIDIA_SMI_FAILURE_CODES) failures.inc({ query, reason }, 0);
 
   const nodeGauges = [total, used, free, reserved, foreign, shardMemory, shardPlaced, shardReady, shardState];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {

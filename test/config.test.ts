@@ -1,9 +1,24 @@
 // Settings: env and flags over defaults, validated once, with messages naming the setting and what
-// it accepts; the help lists every setting.
-import { writeFileSync } from 'node:fs';
+// it accepts; the help lists every setting. The token file is read at start by readStartTokens,
+// within a bound: a file that does not answer (a FIFO without a writer stands in for a hung mount)
+// fails the start with a message saying what to check, instead of hanging it.
+import { mkdirSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { defaultConfig, nearestWord, parseTokenFile, resolveConfig, SETTINGS, settingsHelp, tokenProblem } from '../src/config.js';
+import {
+  defaultConfig,
+  nearestWord,
+  parseTokenFile,
+  readStartTokens,
+  resolveConfig,
+  SETTINGS,
+  settingsHelp,
+  TOKEN_FILE_START_TIMEOUT_MS,
+  tokenProblem,
+} from '../src/config.js';
+import { TOKEN_FILE_READ_TIMEOUT_MS, pendingTokenFileReads } from '../src/system/token-file.js';
+import { waitUntil } from './helpers/fake-nvidia-smi.js';
+import { mkfifo, releaseFifo } from './helpers/fifo.js';
 
 t.test('defaults', async (t) => {
   const { config, positionals, help, version } = resolveConfig({}, []);
@@ -60,7 +75,6 @@ t.test('bad values stop the start with the setting, the value and what it accept
     [{ NODECOMPUTE_CACHE_TTL_MS: '1.5' }, [], /NODECOMPUTE_CACHE_TTL_MS.*not an integer/],
     [{}, ['--bogus'], /^unknown flag --bogus\. Run `nodecompute --help` for the flags/],
     [{}, ['--port'], /^Option '--port <value>' argument missing\. Run `nodecompute --help` for the settings\.$/],
-    [{ NODECOMPUTE_TOKEN_FILE: '/nonexistent/token' }, [], /NODECOMPUTE_TOKEN_FILE.*cannot read it/],
     // 20 spaces: accepted before, and then no bearer header could ever match.
     [{ NODECOMPUTE_TOKEN: ' '.repeat(20) }, [], /NODECOMPUTE_TOKEN \(--token\).*\(it is blank\); it accepts a secret of at least 16 characters without whitespace/],
     [{}, ['--token', ''], /NODECOMPUTE_TOKEN \(--token\).*it is blank/],
@@ -165,6 +179,11 @@ t.test('a token file holds one token a line; blank lines and surrounding whitesp
   t.match(parseTokenFile(`${old}\nshort\n`).problem, /^the token on line 2 cannot work: it has fewer than 16 characters \(5\)$/);
 });
 
+/** The start-up tokens of the token file at `path`, as main.ts reads them. */
+async function startTokens(path: string, options: Parameters<typeof readStartTokens>[1] = {}) {
+  return readStartTokens(resolveConfig({ NODECOMPUTE_TOKEN_FILE: path }, []).config, options);
+}
+
 t.test('the token can come from a file (a mounted Secret), not from both places', async (t) => {
   const dir = t.testdir({
     token: '  s3cret-token-0123456789\n',
@@ -174,18 +193,83 @@ t.test('the token can come from a file (a mounted Secret), not from both places'
     blank: '\n   \n',
     spaced: 'old-token-0123456789\nnew token 0123456789\n',
   });
-  t.equal(resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'token') }, []).config.token, 's3cret-token-0123456789');
-  t.throws(() => resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'short') }, []), { message: /fewer than 16 characters/ });
-  const rotating = resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'rotating') }, []).config;
+  t.equal((await startTokens(join(dir, 'token'))).token, 's3cret-token-0123456789');
+  await t.rejects(startTokens(join(dir, 'short')), { code: 'NODECOMPUTE_CONFIG_INVALID', message: /fewer than 16 characters/ });
+  const rotating = await startTokens(join(dir, 'rotating'));
   t.same(rotating.fileTokens, ['old-token-0123456789', 'new-token-0123456789'], 'several tokens, any of them accepted');
   t.equal(rotating.token, 'old-token-0123456789', 'a token is configured (the doctor says so)');
   for (const name of ['empty', 'blank']) {
     const path = join(dir, name);
-    t.throws(() => resolveConfig({ NODECOMPUTE_TOKEN_FILE: path }, []), { message: `Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got ${JSON.stringify(path)} (it holds no token` }, name);
+    await t.rejects(startTokens(path), { message: `Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got ${JSON.stringify(path)} (it holds no token` }, name);
   }
-  t.throws(() => resolveConfig({}, ['--token-file', join(dir, 'spaced')]), { message: /NODECOMPUTE_TOKEN_FILE.*the token on line 2 cannot work: it contains whitespace/ });
+  await t.rejects(readStartTokens(resolveConfig({}, ['--token-file', join(dir, 'spaced')]).config), { message: /NODECOMPUTE_TOKEN_FILE.*the token on line 2 cannot work: it contains whitespace/ });
   writeFileSync(join(dir, 'other'), 'another-token-0123456789');
   t.throws(() => resolveConfig({ NODECOMPUTE_TOKEN_FILE: join(dir, 'other'), NODECOMPUTE_TOKEN: 'x'.repeat(20) }, []), { message: /set only one of them/ });
+});
+
+t.test('resolveConfig reads no file: the token file is named, its tokens are read by readStartTokens', async (t) => {
+  // A path that cannot be read: resolving the settings (and --help) does not care.
+  const cli = resolveConfig({ NODECOMPUTE_TOKEN_FILE: '/nonexistent/token' }, ['--help']);
+  t.equal(cli.help, true, '--help answers whatever the token file');
+  t.same([cli.config.tokenFile, cli.config.token, cli.config.fileTokens], ['/nonexistent/token', null, []], 'named, not read yet');
+  const plain = defaultConfig({ token: 'a-token-of-enough-length' });
+  t.equal(await readStartTokens(plain), plain, 'without a token file, the config as it is');
+});
+
+t.test('a token file that cannot be read, or is never stable while read, stops the start naming it', async (t) => {
+  const dir = t.testdir({ token: 'a-token-of-enough-length\n' });
+  mkdirSync(join(dir, 'directory'));
+  symlinkSync('/proc/sys/kernel/random/boot_id', join(dir, 'proc-file'));
+  const missing = join(dir, 'missing');
+  await t.rejects(startTokens(missing), {
+    code: 'NODECOMPUTE_CONFIG_INVALID',
+    message: `Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got ${JSON.stringify(missing)} (cannot read it: ENOENT: no such file or directory, stat '${missing}'); it accepts a path to a file holding one or more tokens`,
+  });
+  await t.rejects(startTokens(join(dir, 'directory')), { code: 'NODECOMPUTE_CONFIG_INVALID', message: /\(cannot read it: EISDIR: illegal operation on a directory/ });
+  // boot_id holds a token-like text, but says size 0: what a pipe or a /proc file looks like.
+  await t.rejects(startTokens(join(dir, 'proc-file')), {
+    code: 'NODECOMPUTE_CONFIG_INVALID',
+    message:
+      /\(it was not stable while it was read, 3 times in a row \(37 bytes were read from it, but its size says 0\): it is not a regular file \(a pipe, a \/proc or \/sys file\), or something keeps rewriting it in place\. Point it at a regular file that is replaced with a rename/,
+  });
+});
+
+t.test('a token file caught half-rewritten at start is read again, and its finished content is taken', async (t) => {
+  const dir = t.testdir({ token: 'old-token-0123456789\n' });
+  const path = join(dir, 'token');
+  // An mtime of long ago: the rewrite (of the same length) changes it even within one tick of the filesystem's clock.
+  utimesSync(path, 1_700_000_000, 1_700_000_000);
+  let reads = 0;
+  const config = await startTokens(path, {
+    // Between the stat and the first read, a rewrite in place has written its first line only.
+    beforeRead: () => {
+      if (reads++ === 0) writeFileSync(path, 'new-token-0123456789\n');
+      else if (reads === 2) writeFileSync(path, 'new-token-0123456789\nold-token-0123456789\n');
+    },
+  });
+  t.same(config.fileTokens, ['new-token-0123456789', 'old-token-0123456789'], 'the finished file, not its first line');
+  t.equal(reads, 3, 'the third look found it stable');
+});
+
+t.test('a token file that does not answer at start (a hung mount) stops the start within the bound, and its read stays pending', async (t) => {
+  t.ok(TOKEN_FILE_START_TIMEOUT_MS > TOKEN_FILE_READ_TIMEOUT_MS, 'a start waits longer than a write: it has no tokens to fall back on');
+  const dir = t.testdir({});
+  const fifo = join(dir, 'token');
+  mkfifo(fifo);
+  // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
+  t.teardown(() => void releaseFifo(fifo));
+  t.same(pendingTokenFileReads(), []);
+  await t.rejects(startTokens(fifo, { timeoutMs: 300 }), {
+    code: 'NODECOMPUTE_CONFIG_INVALID',
+    message:
+      `The token file ${fifo} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within 300 ms, and its read is still pending: ` +
+      'the filesystem that holds it likely hangs (a network or FUSE mount that stopped answering), or it is a pipe nobody writes to. ' +
+      `nodecompute does not start without the write tokens it names. Check that filesystem (does \`cat ${fifo}\` return?), ` +
+      'or mount the token from a Kubernetes Secret (a tmpfs, which does not hang), then start again.',
+  });
+  t.same(pendingTokenFileReads(), [fifo], 'the read is still pending: main.ts must not wait for it to exit');
+  await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
+  await waitUntil(() => pendingTokenFileReads().length === 0, { what: 'the read to return once the FIFO has a writer' });
 });
 
 t.test('the help lists every setting with its variable, flag and default', async (t) => {

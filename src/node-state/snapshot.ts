@@ -17,6 +17,7 @@
 // A caller that must wait never waits past the refresh's own hard timeout, and may ask for less
 // (probes keep Kubernetes' 1 s limit).
 import type { Logger } from 'pino';
+import { formatDuration } from '../duration.js';
 import { NvidiaSmiTimeoutError } from '../errors.js';
 
 export interface SnapshotView<S> {
@@ -121,11 +122,6 @@ export function slowAfterMs(lastRefreshMs: number): number {
   return Math.max(SLOW_REFRESH_MIN_MS, SLOW_REFRESH_FACTOR * lastRefreshMs);
 }
 
-/** A duration for a reason: milliseconds below a second, else seconds with one decimal. */
-function duration(ms: number): string {
-  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
-}
-
 export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): SnapshotSource<S> {
   const { take, ttlMs, maxStaleMs, log } = options;
   const { now } = options;
@@ -203,12 +199,12 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     if (lastFailure) return `the last refresh failed: ${lastFailure.error.message}`;
     if (slow !== null) {
       return (
-        `nvidia-smi is slow: a refresh has been running for ${duration(slow)} (the last one took ${duration(lastRefreshMs)}), ` +
-        `so answers come from a snapshot ${duration(ageMs)} old until it lands or times out. If this persists, check dmesg for Xid errors and run \`nodecompute doctor\`.`
+        `nvidia-smi is slow: a refresh has been running for ${formatDuration(slow)} (the last one took ${formatDuration(lastRefreshMs)}), ` +
+        `so answers come from a snapshot ${formatDuration(ageMs)} old until it lands or times out. If this persists, check dmesg for Xid errors and run \`nodecompute doctor\`.`
       );
     }
     if (current.epoch !== epoch) return 'the shard registry changed since it was taken; a refresh is under way';
-    if (inFlight) return `refreshing: this snapshot is ${duration(ageMs)} old and a newer one is being taken`;
+    if (inFlight) return `refreshing: this snapshot is ${formatDuration(ageMs)} old and a newer one is being taken`;
     return 'a refresh is due';
   }
 

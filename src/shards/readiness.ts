@@ -15,6 +15,7 @@
 // /proc (read by the failed refresh, see node-service.ts) still makes a shard exited, and the
 // engine's account still makes it on-cpu; only what nvidia-smi alone can show stays unverified.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
+import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
@@ -64,12 +65,6 @@ function gpuList(indices: number[]): string {
   return `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
 }
 
-/** Up to two minutes in seconds ("8.0 s"), longer in minutes ("59.8 min", "60 min"): graces reach an hour. */
-export function duration(ms: number): string {
-  if (ms < 120_000) return `${(ms / 1000).toFixed(1)} s`;
-  return `${(ms / 60_000).toFixed(1).replace(/\.0$/, '')} min`;
-}
-
 const ON_CPU_ADVICE =
   "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.";
 
@@ -92,7 +87,7 @@ function engineCpuReason(shard: ShardRecord, engine: EngineAccount): string {
 function onCpuReason(shard: ShardRecord, missing: number[], node: NodeView, evidenceAt: number): string {
   const gone = missing.filter((index) => !node.snapshot.gpus.some((gpu) => gpu.index === index));
   // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
-  const held = `its processes hold no memory on ${gpuList(missing)}, ${duration(evidenceAt - shard.registeredAt)} after registration (grace ${duration(shard.graceMs)})`;
+  const held = `its processes hold no memory on ${gpuList(missing)}, ${formatDuration(evidenceAt - shard.registeredAt)} after registration (grace ${formatDuration(shard.graceMs)})`;
   const vanished = gone.length > 0 ? ` ${gpuList(gone)} is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).` : '';
   const engineLog = shard.engine === 'llama.cpp' ? `Post the engine's log (llama.cpp at -lv 4) to /shards/${shard.id}/engine-output to see what it saw. ` : '';
   return `${placedOnCpu(shard)}: ${held}.${vanished} Its GPU backend probably did not load. ${engineLog}${ON_CPU_ADVICE}`;
@@ -156,7 +151,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
 
 /** When the listing a verdict rests on was begun, relative to the registration (never a negative time). */
 function begun(shard: ShardRecord, evidenceAt: number): string {
-  return evidenceAt < shard.registeredAt ? 'before this shard was registered' : `${duration(evidenceAt - shard.registeredAt)} after registration`;
+  return evidenceAt < shard.registeredAt ? 'before this shard was registered' : `${formatDuration(evidenceAt - shard.registeredAt)} after registration`;
 }
 
 export function readiness(input: ReadinessInput): Readiness {
@@ -177,18 +172,18 @@ export function readiness(input: ReadinessInput): Readiness {
   const left = shard.registeredAt + shard.graceMs - now;
   if (liveness.state === 'unknown') {
     if (left > 0) {
-      return verdict('starting', `registered ${duration(now - shard.registeredAt)} ago; waiting for the first snapshot that includes it (${duration(left)} of grace left).`, warnings);
+      return verdict('starting', `registered ${formatDuration(now - shard.registeredAt)} ago; waiting for the first snapshot that includes it (${formatDuration(left)} of grace left).`, warnings);
     }
     return verdict('unverified', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet (the next refresh will): until one does, where it computes is unverified']);
   }
   const waiting = `waiting for the shard to hold memory on ${gpuList(missing)} (nvidia-smi lists none of its memory there yet)`;
-  if (left > 0) return verdict('starting', `${waiting}; ${duration(left)} of its ${duration(shard.graceMs)} grace left.`, warnings);
+  if (left > 0) return verdict('starting', `${waiting}; ${formatDuration(left)} of its ${formatDuration(shard.graceMs)} grace left.`, warnings);
   if (evidenceAt < shard.registeredAt + shard.graceMs) {
     // Routine right after the grace ends (the snapshot served was begun before); a slow or failing
     // nvidia-smi, which makes it last, is a warning of its own (staleReason).
     return verdict(
       'starting',
-      `${waiting}. Its ${duration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun(shard, evidenceAt)}, ` +
+      `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun(shard, evidenceAt)}, ` +
         'before the grace ended: the verdict waits for a listing begun after it.',
       warnings,
     );

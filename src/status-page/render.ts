@@ -4,6 +4,7 @@
 // page for curl. Pure: the route gathers the inputs from the cache, so rendering never causes an
 // nvidia-smi run. Every string that comes from the node (process names, reasons, nvidia-smi's own
 // messages) is escaped for HTML and stripped of control characters for terminals.
+import { formatDuration } from '../duration.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
@@ -212,10 +213,6 @@ function when(ms: number): string {
   return `${new Date(ms).toISOString().slice(0, 19).replace('T', ' ')} UTC`;
 }
 
-function age(ms: number): string {
-  return `${(ms / 1000).toFixed(1)} s`;
-}
-
 function used(gpu: GpuModel): string {
   const usedText = gpu.usedMiB === null ? '?' : gib(gpu.usedMiB);
   const totalText = gpu.totalMiB === null ? '?' : gib(gpu.totalMiB);
@@ -360,7 +357,7 @@ export function renderHtml(model: StatusModel): string {
     .map((state) => `<li><span class="badge ${state}">${model.counts[state]} ${state}</span></li>`)
     .join('');
   const meta = model.snapshot
-    ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${age(model.snapshot.ageMs)} old) · reloads every ${REFRESH_SECONDS} s`
+    ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old) · reloads every ${REFRESH_SECONDS} s`
     : `no nvidia-smi snapshot · reloads every ${REFRESH_SECONDS} s`;
   const banners: string[] = [];
   if (model.error !== null) {
@@ -464,7 +461,7 @@ function table(header: string[], rows: string[][]): string[] {
 export function renderText(model: StatusModel): string {
   const out: string[] = [];
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
-  out.push(model.snapshot ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${age(model.snapshot.ageMs)} old)` : 'no nvidia-smi snapshot');
+  out.push(model.snapshot ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old)` : 'no nvidia-smi snapshot');
   if (model.error !== null) {
     out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (a shard is unverified and keeps serving, unless /proc shows it exited or its engine says CPU):');
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));

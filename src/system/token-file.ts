@@ -16,6 +16,9 @@
 //   rewritten in place (truncated, then written) can otherwise be caught half-written, and its
 //   partial tokens would replace the good ones. An unstable read is answered as such, and the
 //   next look tries again.
+// It also keeps the list of reads in flight in the whole process (pendingTokenFileReads): Node's exit
+// waits for every read it started to return (libuv joins its threadpool threads), so one stuck on
+// a hung mount keeps the process from exiting at all, and main.ts must know it to end otherwise.
 import type { BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 
@@ -95,6 +98,14 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
   }
 }
 
+/** The path of every read in flight, once per read: libuv's threadpool is the process's, so is this list. */
+const inFlight: string[] = [];
+
+/** The paths of the token-file reads still in flight, in the whole process (a stuck one stays here). */
+export function pendingTokenFileReads(): string[] {
+  return [...inFlight];
+}
+
 interface Flight {
   answer: Promise<TokenFileLook>;
   /** Whether the bound passed while the read is pending: later looks then answer `late` at once. */
@@ -110,7 +121,9 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
   function look(): Promise<TokenFileLook> {
     if (flight !== null) return flight.isLate() ? Promise.resolve({ kind: 'late', timeoutMs }) : flight.answer;
     let late = false;
+    inFlight.push(path);
     const read = readIfChanged(path, taken, beforeRead).then((outcome): TokenFileLook => {
+      inFlight.splice(inFlight.indexOf(path), 1);
       flight = null;
       if (late) return { kind: 'late', timeoutMs }; // dropped: its callers were answered without it
       if (outcome.kind === 'read') {

@@ -422,6 +422,13 @@ t.test('bad requests without a token configured', async (t) => {
         message: /No route GET/,
       },
       {
+        name: 'a method HTTP does not define',
+        chunks: ['FETCH /shards/existing HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n'],
+        status: 400,
+        code: 'NODECOMPUTE_BAD_REQUEST',
+        message: /^The request method is not an HTTP method this server knows \(methods are upper-case, such as GET or PUT\)/,
+      },
+      {
         name: 'DELETE /shards/../shards/existing as a raw path',
         chunks: ['DELETE /shards/../shards/existing HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n'],
         status: 404,

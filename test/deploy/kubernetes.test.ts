@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { parseAllDocuments } from 'yaml';
-import { resolveConfig, SETTINGS, type Config } from '../../src/config.js';
+import { readStartTokens, resolveConfig, SETTINGS, type Config } from '../../src/config.js';
 import { RegisterShardSchema } from '../../src/schemas/shards.js';
 import { ENGINES } from '../../src/shards/shard.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
@@ -147,7 +147,8 @@ t.test('every NODECOMPUTE_* name in the manifests is a setting', async (t) => {
 
 t.test("the DaemonSet's settings are accepted by the service", async (t) => {
   const dir = t.testdir({ token: 'x'.repeat(40) });
-  const { config, positionals } = resolveConfig(daemonSetEnv(join(dir, 'token')), container.args);
+  const { config: settings, positionals } = resolveConfig(daemonSetEnv(join(dir, 'token')), container.args);
+  const config = await readStartTokens(settings);
   t.equal(config.stateFile, stateFile);
   t.equal(config.token, 'x'.repeat(40), 'the token is read from the file');
   t.same(positionals, ['serve']);

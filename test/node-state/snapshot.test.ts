@@ -295,6 +295,12 @@ t.test('a refresh is slow only past 3 times the last one\'s duration, and never 
   t.same([failed.failing, failed.slow, staleNews(failed)], [true, false, 'the last refresh failed: driver gone']);
 });
 
+t.test('ages past two minutes read in minutes, as every span does (formatDuration)', async (t) => {
+  const h = await warmed({ maxStaleMs: 600_000 });
+  h.advance(150_000);
+  t.equal((await h.source.get()).staleReason, 'refreshing: this snapshot is 2.5 min old and a newer one is being taken');
+});
+
 t.test('a snapshot behind a registry change, and one whose refresh is merely due, are not news', async (t) => {
   const h = await warmed();
   h.source.invalidate();

@@ -1,8 +1,9 @@
 // A write token rotated without a restart: the token file holds one token a line and is re-read
 // when it changes (a kubelet symlink swap or an in-place rewrite), at most once a second on the
-// test's clock, lazily by writes. A file that goes bad keeps the tokens last read, with one warning;
-// so does one caught half-rewritten, and one that does not answer (a hung mount: a FIFO without a
-// writer stands in for it), which never holds a write up for longer than the read's bound.
+// test's clock, lazily by writes. A file that goes bad keeps the tokens last read, with a warning
+// when its problem starts or changes (the doctor says the latest); so does one caught half-rewritten,
+// and one that does not answer (a hung mount: a FIFO without a writer stands in for it), which never
+// holds a write up for longer than the read's bound.
 import { createHash } from 'node:crypto';
 import { mkdirSync, renameSync, rmSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
@@ -10,7 +11,8 @@ import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createTokenFileSource, TOKEN_FILE_CHECK_MS, type TokenSource } from '../../src/auth.js';
-import { resolveConfig } from '../../src/config.js';
+import { readStartTokens, resolveConfig } from '../../src/config.js';
+import { pendingTokenFileReads } from '../../src/system/token-file.js';
 import type { DoctorReport } from '../../src/doctor/doctor.js';
 import { REPORT_REUSE_MS } from '../../routes/doctor.js';
 import { buildTestApp, manualClock } from '../helpers/app.js';
@@ -59,7 +61,7 @@ async function accepted(source: TokenSource, ...tokens: string[]): Promise<strin
 async function tokenFileApp(t: Test, path: string) {
   const clock = manualClock();
   const log = capturingLogger();
-  const { token, tokenFile, fileTokens } = resolveConfig({ NODECOMPUTE_TOKEN_FILE: path }, []).config;
+  const { token, tokenFile, fileTokens } = await readStartTokens(resolveConfig({ NODECOMPUTE_TOKEN_FILE: path }, []).config);
   const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { token, tokenFile, fileTokens }, deps: { now: clock.now, logger: log.logger } });
   // A write that passes auth reaches the route: 404, since no shard is registered.
   const write = async (bearer?: string) => {
@@ -130,7 +132,7 @@ t.test('a file whose identity (inode, size, mtime) is unchanged is not read agai
   t.equal(await write(NEW), 'refused');
 });
 
-t.test('a token file that goes empty, missing or bad keeps the tokens last read, with one warning until it is fixed', async (t) => {
+t.test('a token file that goes empty, missing or bad keeps the tokens last read, with a warning each time its problem changes, until it is fixed', async (t) => {
   const dir = t.testdir({ token: `${OLD}\n` });
   const path = join(dir, 'token');
   const { app, clock, log, write } = await tokenFileApp(t, path);
@@ -146,12 +148,14 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   t.equal(await later(OLD), 'accepted', 'missing: still in force');
   mkdirSync(path);
   t.equal(await later(OLD), 'accepted', 'a directory (stat works, reading does not): still in force');
-  t.equal(await later(OLD), 'accepted', 'and again: one warning for the whole episode');
+  t.equal(await later(OLD), 'accepted', 'and again: no warning for a problem already said');
   const warnings = log.at(40);
-  t.equal(warnings.length, 1);
+  t.equal(warnings.length, 3, 'one warning per problem, as it changes');
   t.match(warnings[0]!.msg, `The token file ${path} cannot be used: it holds no token (it is empty or blank). The 1 token(s) last read from it stay in force`);
   t.match(warnings[0]!.msg, /Check the Secret .* and its mount; the file is re-read within a second of the next write once it is fixed\./);
   t.same([warnings[0]!.file, warnings[0]!.tokens], [path, 1]);
+  t.match(warnings[1]!.msg, `The token file ${path} cannot be read (ENOENT: no such file or directory`);
+  t.match(warnings[2]!.msg, `The token file ${path} cannot be read (EISDIR: illegal operation on a directory`);
 
   rmSync(path, { recursive: true });
   writeFileSync(path, `${OLD}\n`);
@@ -265,6 +269,7 @@ t.test('a token file that is never stable while read (a /proc file, which says s
     warnings[0]!.msg,
     `The token file ${path} was not stable while it was read, 2 times in a row (37 bytes were read from it, but its size says 0). The 1 token(s) last read from it stay in force`,
   );
+  t.match(source.problem(), `The token file ${path} was not stable while it was read, 4 times in a row`, 'the doctor says how long it lasts, the log said it once');
   t.match(warnings[0]!.msg, /not a regular file \(a pipe, a \/proc or \/sys file\)\. Replace the file atomically instead \(write a temporary file beside it, then rename it over the token file/);
 
   repoint(path, 'token');
@@ -331,4 +336,50 @@ t.test('a token file that does not answer (a hung mount) holds a write up for a 
     `The token file ${path} is readable again; its tokens are used from now on.`,
     `Write tokens changed: 2 token(s) from ${path} are in force now.`,
   ]);
+});
+
+t.test('a token file that hangs, then answers with a bad content, reports the bad content: the latest problem, in the log and the doctor', async (t) => {
+  const dir = t.testdir({ good: `${OLD}\n`, short: 'short\n', spaced: `${OLD}\nnew token with spaces\n` });
+  const path = join(dir, 'token');
+  const fifo = join(dir, 'fifo');
+  symlinkSync('good', path);
+  mkfifo(fifo);
+  // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
+  t.teardown(() => void releaseFifo(fifo));
+  const { app, clock, log, write } = await tokenFileApp(t, path);
+  const tokenCheck = async () => {
+    clock.advance(REPORT_REUSE_MS);
+    return ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((check) => check.name === 'token')!;
+  };
+  t.equal(await write(OLD), 'accepted');
+
+  repoint(path, 'fifo');
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.equal(await write(OLD), 'accepted', 'the write is judged by the tokens last read');
+  t.match(log.at(40).at(-1)!.msg, `The token file ${path} did not answer within 1000 ms`);
+  t.match((await tokenCheck()).detail, `The token file ${path} did not answer within 1000 ms`);
+
+  // The mount answers again, with a content that cannot be used.
+  repoint(path, 'short');
+  await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
+  await waitUntil(() => pendingTokenFileReads().length === 0, { what: 'the stuck read to return' });
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.equal(await write(OLD), 'accepted', 'the tokens last read stay in force');
+  const unusable = `The token file ${path} cannot be used: the token on line 1 cannot work: it has fewer than 16 characters (5).`;
+  t.match(log.at(40).at(-1)!.msg, unusable, 'the new problem is warned about');
+  const check = await tokenCheck();
+  t.match(check, { status: 'warn', detail: unusable }, 'and the doctor says it, not the hang that is over');
+
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.equal(await write(OLD), 'accepted');
+  t.equal(log.at(40).length, 2, 'the same problem again: no new warning');
+
+  // Bad in another way.
+  repoint(path, 'spaced');
+  clock.advance(TOKEN_FILE_CHECK_MS);
+  t.equal(await write(OLD), 'accepted');
+  const spaced = `The token file ${path} cannot be used: the token on line 2 cannot work: it contains whitespace`;
+  t.equal(log.at(40).length, 3);
+  t.match(log.at(40).at(-1)!.msg, spaced);
+  t.match((await tokenCheck()).detail, spaced);
 });

@@ -2,6 +2,7 @@
 // snapshot; shards in every state; a deleted shard's series disappear; a scrape reads the cache.
 import { spawnSync } from 'node:child_process';
 import t from 'tap';
+import { NVIDIA_SMI_FAILURE_CODES } from '../../src/errors.js';
 import { createMetrics } from '../../src/metrics.js';
 import { VERSION } from '../../src/version.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
@@ -147,6 +148,16 @@ t.test('a query refused while a killed nvidia-smi is stuck counts as a failure b
   t.equal(sample(text, 'nodecompute_nvidia_smi_failures_total', { query: 'gpus', reason: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT' }), 2);
   t.equal(sample(text, 'nodecompute_nvidia_smi_query_duration_seconds_count', { query: 'gpus' }), 1, 'only the run that ran is timed');
   t.equal(sample(text, 'nodecompute_nvidia_smi_query_duration_seconds_sum', { query: 'gpus' }), 5);
+});
+
+t.test('every query starts a failure counter at 0 for each code an nvidia-smi run can fail with, and no other', async (t) => {
+  // errors.test.ts checks that the list holds the code of every nvidia-smi error class.
+  const text = await createMetrics().registry.metrics();
+  const series = text.split('\n').filter((line) => line.startsWith('nodecompute_nvidia_smi_failures_total{'));
+  const expected = ['gpus', 'compute-apps', 'version'].flatMap((query) =>
+    NVIDIA_SMI_FAILURE_CODES.map((reason) => `nodecompute_nvidia_smi_failures_total{query="${query}",reason="${reason}"} 0`),
+  );
+  t.same(series.sort(), expected.sort());
 });
 
 t.test('before any snapshot the age is NaN', async (t) => {

@@ -56,7 +56,7 @@ t.test('a failing nvidia-smi within max-stale: readiness holds on the last good 
   const [nvidiaSmi] = verbose.body.split('\n');
   t.match(
     nvidiaSmi,
-    /^\[\+\]nvidia-smi ok: serving the last good snapshot \(12 s old, 8 GPUs\) because refreshing it fails; it is served until it is 30 s old \(NODECOMPUTE_MAX_STALE_MS\), then this check fails until nvidia-smi answers again\. The last refresh failed: nvidia-smi exited with code 9/,
+    /^\[\+\]nvidia-smi ok: serving the last good snapshot \(12\.0 s old, 8 GPUs\) because refreshing it fails; it is served until it is 30\.0 s old \(NODECOMPUTE_MAX_STALE_MS\), then this check fails until nvidia-smi answers again\. The last refresh failed: nvidia-smi exited with code 9/,
   );
   t.notMatch(nvidiaSmi, /\(stale: /, 'not tucked away as a parenthesis');
   t.match(verbose.body, /readyz check passed\n$/);
@@ -77,7 +77,7 @@ t.test('a snapshot that is stale only because its refresh is under way keeps the
   await app.inject({ method: 'GET', url: '/readyz' });
   const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose=1' });
   // The reason is the snapshot cache's own words (snapshot.test.ts): only its place is checked here.
-  t.match(verbose.body, /^\[\+\]nvidia-smi ok: snapshot 2000 ms old, 8 GPUs \(stale: .+\)\n/);
+  t.match(verbose.body, /^\[\+\]nvidia-smi ok: snapshot 2\.0 s old, 8 GPUs \(stale: .+\)\n/);
   t.notMatch(verbose.body, /last good snapshot|refresh failed/, 'nothing failed');
   app.services.nvidiaSmi.killAll();
   await settle(app);

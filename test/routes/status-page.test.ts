@@ -158,7 +158,7 @@ t.test('the plain-text page is an aligned table of the same facts', async (t) =>
     t.equal(res.headers['content-type'], 'text/plain; charset=utf-8', `Accept ${accept}`);
   }
   const text = (await page(app, '*/*')).body;
-  t.match(text, /^nodecompute \S+ on .+: 2 ready, 1 starting, 1 on-cpu, 1 exited\nnvidia-smi snapshot of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+\.\d s old\)\n/);
+  t.match(text, /^nodecompute \S+ on .+: 2 ready, 1 starting, 1 on-cpu, 1 exited\nnvidia-smi snapshot of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((?:\d+ ms|\d+\.\d s) old\)\n/);
   t.notMatch(text, /&lt;|&#/, 'text is not HTML-escaped');
   const gpu0 = lineOf(text, '0 ');
   t.match(gpu0, /^0\s+NVIDIA H200\s+\[#{45}\.{5}\]\s+127\.0 \/ 140\.4 GiB\s+alpha-ready 127\.0 GiB, foreign 9 MiB$/);

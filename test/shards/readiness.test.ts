@@ -416,12 +416,12 @@ t.test('the starting reason after the grace: no blame on nvidia-smi, and never a
   t.notMatch(inside.reason, 'slow', 'a routine refresh is not nvidia-smi being slow');
   const before = judged(NOW - 3600, 0);
   t.equal(before.state, 'starting');
-  t.match(before.reason, 'Its 0.0 s grace is over, but the latest nvidia-smi listing was begun before this shard was registered, before the grace ended');
+  t.match(before.reason, 'Its 0 ms grace is over, but the latest nvidia-smi listing was begun before this shard was registered, before the grace ended');
   t.notMatch(before.reason, /-\d/, 'no negative time');
   t.equal(judged(NOW - 400).state, 'on-cpu', 'a listing begun after the grace decides');
 });
 
-t.test('reasons: long graces in minutes, and sentences that start with a capital', async (t) => {
+t.test('reasons: spans from milliseconds to hours, long graces in minutes, and sentences that start with a capital', async (t) => {
   const s = shard({ gpus: [0], graceMs: 3_600_000, registeredAt: NOW - 10_200 });
   const node = view([gpu(0, [])], [stat(100, 100, 5)], [s]);
   t.equal(verdictOf(s, node).reason, 'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet); 59.8 min of its 60 min grace left.');
@@ -430,6 +430,10 @@ t.test('reasons: long graces in minutes, and sentences that start with a capital
   const late = shard({ gpus: [0], graceMs: 150_000, registeredAt: NOW - 600_000 });
   const onCpu = verdictOf(late, view([gpu(0, [])], [stat(100, 100, 5)], [late])).reason!;
   t.match(onCpu, 'its processes hold no memory on GPU 0, 10 min after registration (grace 2.5 min). Its GPU backend probably did not load. Post the engine\'s log (llama.cpp at -lv 4) to /shards/s/engine-output to see what it saw. Check');
+  const dayOld = shard({ gpus: [0], graceMs: 15_000, registeredAt: NOW - 26 * 3_600_000 });
+  t.match(verdictOf(dayOld, view([gpu(0, [])], [stat(100, 100, 5)], [dayOld])).reason, 'its processes hold no memory on GPU 0, 26 h after registration (grace 15.0 s).');
+  const justNow = shard({ gpus: [0], graceMs: 15_000, registeredAt: NOW - 400 });
+  t.equal(verdictOf(justNow, view([gpu(0, [])], [], [])).reason, 'registered 400 ms ago; waiting for the first snapshot that includes it (14.6 s of grace left).');
   const noSnapshot = verdictOf({ ...s, graceMs: 0 }, view([gpu(0, [])], [], []));
   t.same([noSnapshot.state, noSnapshot.warnings], [
     'unverified',

@@ -1,12 +1,13 @@
 // The token file's reader against real files: it reads a file only when its identity changed, takes
 // a content only when the file stayed the same while it was read, and answers within its bound even
 // when the file never answers (a FIFO without a writer stands in for a hung network mount: open()
-// waits for a writer, as a read on a dead NFS server waits for the server).
+// waits for a writer, as a read on a dead NFS server waits for the server), listing the read that
+// is stuck meanwhile.
 import { renameSync, symlinkSync, truncateSync, utimesSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t from 'tap';
-import { createTokenFileReader, type TokenFileLook } from '../../src/system/token-file.js';
+import { createTokenFileReader, pendingTokenFileReads, type TokenFileLook } from '../../src/system/token-file.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
 
@@ -114,6 +115,7 @@ t.test('a file that does not answer: late within the bound, no second read while
   for (let i = 0; i < 6; i += 1) t.same(await reader.look(), { kind: 'late', timeoutMs: 200 });
   t.equal(await readFile(join(dir, 'token'), 'utf8'), A, 'other file operations of the process still run');
   t.equal(reads, 1, 'no second read was started');
+  t.same(pendingTokenFileReads(), [path], 'the stuck read is listed, once: Node cannot exit before it returns');
 
   // The hung read returns (once it waits in open(): the writer end opens only then), and the file
   // is fixed: the link points at a regular file again.
@@ -125,4 +127,5 @@ t.test('a file that does not answer: late within the bound, no second read while
     if (look.kind === 'late') await new Promise((resolve) => setTimeout(resolve, 20));
   }
   t.same(look, { kind: 'read', text: A }, "the late read's own result (the FIFO's end of file) was dropped; the file is read afresh");
+  t.same(pendingTokenFileReads(), [], 'no read is pending any more');
 });

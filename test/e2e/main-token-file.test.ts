@@ -1,0 +1,123 @@
+// The real process (dist/src/main.js) and its token file at the ends of its life: at start, a file
+// that does not answer (a FIFO without a writer stands in for a hung network mount) stops `serve` and
+// `doctor` within a bound with a message saying what to check, where it used to hang them silently
+// before they listened; at shutdown, a read of it stuck on such a mount does not keep the process
+// alive (Node's exit waits for every read it started): it ends by SIGTERM, saying why, with every
+// line it logged written out first.
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import t from 'tap';
+import { createFakeNvidiaSmi, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
+import { MAIN, startServer } from '../helpers/server.js';
+
+const TOKEN = 'a-token-of-enough-length';
+/** Far beyond what a working start or shutdown takes, even on a loaded machine: a process still there then hangs. */
+const HANG_MS = 45_000;
+
+/** How `exited` ended: the exit code or signal name, or 'still running' after `ms`. */
+function within(exited: Promise<number | string>, ms: number): Promise<number | string> {
+  let timer: NodeJS.Timeout | undefined;
+  const giveUp = new Promise<string>((resolve) => (timer = setTimeout(() => resolve('still running'), ms)));
+  return Promise.race([exited, giveUp]).finally(() => clearTimeout(timer));
+}
+
+/** Runs main.js to its end (killed if it is still running after HANG_MS). */
+function run(args: string[], env: Record<string, string>) {
+  const child = spawn(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+  child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')));
+  return within(exited, HANG_MS).then(async (end) => {
+    if (end === 'still running') {
+      child.kill('SIGKILL');
+      await exited;
+    }
+    return { end, stdout, stderr };
+  });
+}
+
+t.test('a token file that does not answer at start stops serve and doctor within a bound, by SIGTERM, saying what to check', async (t) => {
+  const dir = t.testdir({ state: {} });
+  const fifos = [join(dir, 'serve-token'), join(dir, 'doctor-token')];
+  for (const fifo of fifos) {
+    mkfifo(fifo);
+    t.teardown(() => void releaseFifo(fifo));
+  }
+  const env = { NODECOMPUTE_HOST: '127.0.0.1', NODECOMPUTE_PORT: '0', NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 'state', 's.json') };
+  const [serve, doctor] = await Promise.all([
+    run(['serve'], { ...env, NODECOMPUTE_TOKEN_FILE: fifos[0]! }),
+    run(['doctor'], { ...env, NODECOMPUTE_TOKEN_FILE: fifos[1]! }),
+  ]);
+  for (const [name, result, fifo] of [['serve', serve, fifos[0]!], ['doctor', doctor, fifos[1]!]] as const) {
+    t.equal(result.end, 'SIGTERM', `${name}: ended (exit status 143), not left hanging`);
+    t.match(
+      result.stderr,
+      `nodecompute: The token file ${fifo} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within 5000 ms, and its read is still pending: the filesystem that holds it likely hangs`,
+      `${name}: what happened, and what to do`,
+    );
+    t.match(result.stderr, `Check that filesystem (does \`cat ${fifo}\` return?), or mount the token from a Kubernetes Secret`);
+    t.match(result.stderr, `nodecompute: A read of the token file ${fifo} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143).`);
+  }
+  t.notMatch(serve.stdout, /listening/, 'the service never listened');
+});
+
+t.test('a token file that cannot be read or holds no usable token stops the start with exit code 2; --help does not read it; doctor reads it', async (t) => {
+  const dir = t.testdir({ short: 'short\n', good: `${TOKEN}\n`, smi: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), idleEightGpuNode());
+  const start = (args: string[], tokenFile: string) => run(args, { NODECOMPUTE_TOKEN_FILE: tokenFile, NODECOMPUTE_STATE_FILE: join(dir, 'state', 's.json') });
+  const missing = join(dir, 'missing');
+  const [unreadable, short, help, doctor] = await Promise.all([
+    start([], missing),
+    start(['doctor'], join(dir, 'short')),
+    start(['--help'], missing),
+    start(['doctor', '--nvidia-smi', fake.path], join(dir, 'good')),
+  ]);
+  t.equal(unreadable.end, 2);
+  t.match(unreadable.stderr, `nodecompute: Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got ${JSON.stringify(missing)} (cannot read it: ENOENT: no such file or directory`);
+  t.equal(short.end, 2);
+  t.match(short.stderr, '(the token on line 1 cannot work: it has fewer than 16 characters (5)); it accepts a path to a file holding one or more tokens');
+  t.equal(help.end, 0, '--help answers whatever the token file');
+  t.match(help.stdout, 'NODECOMPUTE_TOKEN_FILE');
+  t.equal(doctor.end, 0, doctor.stdout + doctor.stderr);
+  t.match(doctor.stdout, /OK\s+token\s+a bearer token is configured for writes/, 'the doctor sees the tokens read from the file');
+});
+
+t.test('SIGTERM while a read of the token file hangs: the service ends within its grace, by SIGTERM, saying why', async (t) => {
+  const dir = t.testdir({ good: `${TOKEN}\n` });
+  const path = join(dir, 'token');
+  const fifo = join(dir, 'fifo');
+  repoint(path, 'good');
+  mkfifo(fifo);
+  t.teardown(() => void releaseFifo(fifo));
+  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
+  const write = async () => (await fetch(`${server.url}/shards/none`, { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).status;
+  t.equal(await write(), 404, 'authorised, then no such shard');
+
+  // The mount hangs: the next look at the file (a second later, on a write) waits in open() for good.
+  repoint(path, 'fifo');
+  const hangs = (entry: Record<string, unknown>) => entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
+  const giveUpAt = Date.now() + HANG_MS;
+  while (!server.logs().some(hangs) && Date.now() < giveUpAt) {
+    t.equal(await write(), 404, 'writes are judged by the tokens last read');
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  t.ok(server.logs().some(hangs), 'a read of the token file is stuck');
+
+  server.child.kill('SIGTERM');
+  // close-with-grace gives the shutdown 10 s; a process still there long after that will never end.
+  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging until the kubelet SIGKILLs it');
+  const logs = server.logs();
+  t.ok(logs.some((entry) => entry.signal === 'SIGTERM' && String(entry.msg).startsWith('Shutting down')), 'after the graceful shutdown');
+  t.match(
+    logs.at(-1),
+    {
+      level: 40,
+      file: path,
+      msg: `A read of the token file ${path} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143).`,
+    },
+    'the last line says why, and every line logged before it is out',
+  );
+});
