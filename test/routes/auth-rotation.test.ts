@@ -291,15 +291,23 @@ t.test('writes that arrive while the file is looked at wait for that look, and s
   t.equal(reads, 1);
 });
 
-t.test('a token file that does not answer (a hung mount) holds a write up for a second at most, never the probes, and is warned about once', async (t) => {
-  const dir = t.testdir({ good: `${OLD}\n` });
+/**
+ * An app whose token file is a symlink to `good` (holding OLD) beside a FIFO with no writer, the
+ * stand-in for a hung mount: repoint the symlink at 'fifo' to make the file hang.
+ */
+async function hangableTokenFileApp(t: Test, files: Record<string, string> = {}) {
+  const dir = t.testdir({ good: `${OLD}\n`, ...files });
   const path = join(dir, 'token');
   const fifo = join(dir, 'fifo');
   symlinkSync('good', path);
   mkfifo(fifo);
   // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
   t.teardown(() => void releaseFifo(fifo));
-  const { app, clock, log, write } = await tokenFileApp(t, path);
+  return { dir, path, fifo, ...(await tokenFileApp(t, path)) };
+}
+
+t.test('a token file that does not answer (a hung mount) holds a write up for a second at most, never the probes, and is warned about once', async (t) => {
+  const { dir, path, fifo, app, clock, log, write } = await hangableTokenFileApp(t);
   t.equal(await write(OLD), 'accepted');
 
   repoint(path, 'fifo');
@@ -339,14 +347,7 @@ t.test('a token file that does not answer (a hung mount) holds a write up for a 
 });
 
 t.test('a token file that hangs, then answers with a bad content, reports the bad content: the latest problem, in the log and the doctor', async (t) => {
-  const dir = t.testdir({ good: `${OLD}\n`, short: 'short\n', spaced: `${OLD}\nnew token with spaces\n` });
-  const path = join(dir, 'token');
-  const fifo = join(dir, 'fifo');
-  symlinkSync('good', path);
-  mkfifo(fifo);
-  // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
-  t.teardown(() => void releaseFifo(fifo));
-  const { app, clock, log, write } = await tokenFileApp(t, path);
+  const { dir, path, fifo, app, clock, log, write } = await hangableTokenFileApp(t, { short: 'short\n', spaced: `${OLD}\nnew token with spaces\n` });
   const tokenCheck = async () => {
     clock.advance(REPORT_REUSE_MS);
     return ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((check) => check.name === 'token')!;
