@@ -2,7 +2,7 @@
 // reason in the JSON, the nvidia-smi line while the last good snapshot is served over failing
 // refreshes, and the host-pid-namespace line when only some listed PIDs are missing (in the
 // doctor's words). The basics (200, 503 and their codes) are in health.test.ts.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
@@ -35,17 +35,26 @@ t.test('?verbose: present, empty, true or 1 is the checklist; false or 0 is JSON
   }
 });
 
-t.test('a failing nvidia-smi within max-stale: readiness holds on the last good snapshot, the JSON says why it is stale, the checklist says so plainly', async (t) => {
+/**
+ * An app whose nvidia-smi answered once and then fails, `ageMs` later (past the 1 s TTL): `refreshing`
+ * is the answer that started the failing refresh, which has landed when this returns.
+ */
+async function failingAfterGoodSnapshot(t: Test, maxStaleMs: number, ageMs: number) {
   const clock = manualClock();
-  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 1000, maxStaleMs: 30_000 }, deps: { now: clock.now } });
+  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 1000, maxStaleMs }, deps: { now: clock.now } });
   t.equal((await app.inject({ method: 'GET', url: '/readyz' })).statusCode, 200);
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
-  clock.advance(12_000);
-  // The TTL has passed: this answer starts the refresh (which fails) and serves the snapshot meanwhile.
+  clock.advance(ageMs);
   const refreshing = await app.inject({ method: 'GET', url: '/readyz' });
+  await settle(app);
+  return { app, clock, refreshing };
+}
+
+t.test('a failing nvidia-smi within max-stale: readiness holds on the last good snapshot, the JSON says why it is stale, the checklist says so plainly', async (t) => {
+  const { app, clock, refreshing } = await failingAfterGoodSnapshot(t, 30_000, 12_000);
+  // The TTL had passed: that answer started the refresh (which failed) and served the snapshot meanwhile.
   t.equal(refreshing.statusCode, 200);
   t.match(refreshing.json(), { status: 'ok', stale: true, staleReason: String });
-  await settle(app);
 
   const json = await app.inject({ method: 'GET', url: '/readyz' });
   t.equal(json.statusCode, 200, 'still ready: the last good snapshot is 12 s old, under max-stale');
@@ -65,6 +74,13 @@ t.test('a failing nvidia-smi within max-stale: readiness holds on the last good 
   const past = await app.inject({ method: 'GET', url: '/readyz?verbose' });
   t.equal(past.statusCode, 503, 'past max-stale it fails');
   t.match(past.body, /^\[-\]nvidia-smi failed: nvidia-smi exited with code 9/);
+});
+
+t.test('/readyz?verbose: the last good snapshot\'s age and max-stale read as every span does, in minutes and hours when that long', async (t) => {
+  const { app } = await failingAfterGoodSnapshot(t, 86_400_000, 150_000);
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+  t.equal(verbose.statusCode, 200);
+  t.match(verbose.body, /^\[\+\]nvidia-smi ok: serving the last good snapshot \(2\.5 min old, 8 GPUs\) because refreshing it fails; it is served until it is 24 h old \(NODECOMPUTE_MAX_STALE_MS\)/);
 });
 
 t.test('a snapshot that is stale only because its refresh is under way keeps the short line, with the reason', async (t) => {
