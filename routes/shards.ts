@@ -4,6 +4,7 @@ import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import type { FastifyReply } from 'fastify';
 import { snapshotMeta } from '../src/node-state/node-view.js';
+import type { SnapshotView } from '../src/node-state/snapshot.js';
 import { errorResponses } from '../src/schemas/common.js';
 import {
   ComputeResponseSchema,
@@ -13,6 +14,7 @@ import {
   ShardListSchema,
   ShardParamsSchema,
   ShardRecordSchema,
+  ShardResponseSchema,
 } from '../src/schemas/shards.js';
 import { shardBody, type ShardState } from '../src/shards/shard-service.js';
 import { conditional, shardsTag } from './conditional.js';
@@ -20,6 +22,11 @@ import { sendLateError } from './late-error.js';
 import { requireContentType } from './content-type.js';
 
 export const ENGINE_OUTPUT_MAX_BYTES = 1024 * 1024;
+
+/** Which snapshot a shard answer comes from; when there is none, why (nvidia-smi's failure). */
+function snapshotHeader(view: SnapshotView<unknown> | null, error: string | null) {
+  return view ? snapshotMeta(view) : { observedAt: null, ageMs: null, stale: true, staleReason: `no snapshot: ${error}` };
+}
 
 function statusBody(state: ShardState) {
   return { ...shardBody(state.shard), status: { ...state.readiness }, compute: state.compute };
@@ -87,10 +94,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (view && conditional(app.services, request, reply, view, shardsTag(states))) {
         return reply.status(304).send();
       }
-      const header = view
-        ? snapshotMeta(view)
-        : { observedAt: null, ageMs: null, stale: true, staleReason: `no snapshot: ${error}` };
-      return { ...header, shards: states.map(statusBody) };
+      return { ...snapshotHeader(view, error), shards: states.map(statusBody) };
     },
   );
 
@@ -99,12 +103,15 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       schema: {
         tags: ['shards'],
-        summary: 'One shard with its state, reason and compute.',
+        summary: 'One shard with its state, reason and compute, and the snapshot they come from (as in GET /shards).',
         params,
-        response: { 200: Type.Object(ShardListSchema.properties.shards.items.properties), ...errorResponses(400, 404) },
+        response: { 200: ShardResponseSchema, ...errorResponses(400, 404) },
       },
     },
-    async (request) => statusBody(await shards.state(request.params.id, probeBudgetMs)),
+    async (request) => {
+      const { state, view, error } = await shards.state(request.params.id, probeBudgetMs);
+      return { ...statusBody(state), ...snapshotHeader(view, error) };
+    },
   );
 
   app.delete(

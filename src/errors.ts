@@ -56,6 +56,11 @@ export interface CodedError extends Error {
   statusCode: number;
 }
 
+/** An error of the NvidiaSmi*Error classes: what a failed nvidia-smi run rejects with. */
+export interface NvidiaSmiFailure extends CodedError {
+  code: NvidiaSmiFailureCode;
+}
+
 export function isCodedError(err: unknown): err is CodedError {
   return (
     err instanceof Error &&

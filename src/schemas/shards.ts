@@ -141,15 +141,22 @@ export const ShardStatusSchema = Type.Object(
   { description: 'A shard with its current state.' },
 );
 
+/** The snapshot behind a shard answer, or (all null, stale) why there is none: GET /shards and GET /shards/:id. */
+const ShardSnapshotProperties = {
+  observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot was taken; null when nvidia-smi cannot be asked.'),
+  ageMs: Nullable(Type.Integer(), 'Age of that snapshot in milliseconds.'),
+  stale: Type.Boolean({ description: 'True when the snapshot is older than the TTL.' }),
+  staleReason: Type.Optional(Type.String({ description: 'Why it is stale, or why there is no snapshot.' })),
+};
+
 export const ShardListSchema = Type.Object(
-  {
-    observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot was taken; null when nvidia-smi cannot be asked.'),
-    ageMs: Nullable(Type.Integer(), 'Age of that snapshot in milliseconds.'),
-    stale: Type.Boolean({ description: 'True when the snapshot is older than the TTL.' }),
-    staleReason: Type.Optional(Type.String({ description: 'Why it is stale, or why there is no snapshot.' })),
-    shards: Type.Array(ShardStatusSchema, { description: 'Every registered shard, by id.' }),
-  },
+  { ...ShardSnapshotProperties, shards: Type.Array(ShardStatusSchema, { description: 'Every registered shard, by id.' }) },
   { description: 'Every shard with its state, reason and compute: one answer for a polling control plane.' },
+);
+
+export const ShardResponseSchema = Type.Object(
+  { ...ShardStatusSchema.properties, ...ShardSnapshotProperties },
+  { description: 'One shard with its state, reason and compute, and the snapshot they come from.' },
 );
 
 export const ForeignMemoryResponseSchema = Type.Object(

@@ -306,11 +306,12 @@ export function createShardService(deps: ShardServiceDeps) {
     },
 
     /** One shard's state and compute from the current snapshot; nvidia-smi failures become `unverified`. */
-    async state(id: string, maxWaitMs: number): Promise<ShardState> {
+    /** One shard's state, with the snapshot it comes from (null, and why, when nvidia-smi cannot be asked). */
+    async state(id: string, maxWaitMs: number): Promise<{ state: ShardState; view: SnapshotView<NodeSnapshot> | null; error: string | null }> {
       requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);
       // Asked again after the wait: the shard may have been removed (404) or replaced meanwhile.
-      return stateOf(requireShard(id), current, why);
+      return { state: stateOf(requireShard(id), current, why), view: current?.view ?? null, error: why };
     },
 
     /** A probe's verdict (no compute) when the cache can answer without waiting; null when it must wait. */

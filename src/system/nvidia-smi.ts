@@ -18,7 +18,8 @@ import {
   NvidiaSmiNotFoundError,
   NvidiaSmiTimeoutError,
   NvidiaSmiUnparsableError,
-  type CodedError,
+  type NvidiaSmiFailure,
+  type NvidiaSmiFailureCode,
 } from '../errors.js';
 
 export const GPU_QUERY_FIELDS = [
@@ -408,13 +409,13 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       // The snapshot cache logs each failure once, when it starts; the doctor shows its own.
       log.debug({ query, durationMs, err }, 'nvidia-smi query failed');
     }
-    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as CodedError).code });
+    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as NvidiaSmiFailure).code });
   }
 
   async function run<T>(query: QueryName, args: string[], parse: (stdout: string) => T, deadline: number): Promise<T> {
     const stuck = stuckRun();
     if (stuck) {
-      onQuery?.({ query, durationMs: null, outcome: (stuck as CodedError).code });
+      onQuery?.({ query, durationMs: null, outcome: (stuck as NvidiaSmiFailure).code });
       throw stuck;
     }
     const started = performance.now();

@@ -334,6 +334,10 @@ t.test('nvidia-smi gone -> unverified (200, with a warning); compute and foreign
   t.match(list.staleReason, /no snapshot/);
   t.equal(list.shards[0].status.state, 'unverified');
   t.equal(list.shards[0].compute, null);
+  const one = await app.inject({ method: 'GET', url: '/shards/u' });
+  t.equal(one.statusCode, 200, 'one shard is still answered, as unverified');
+  t.match(one.json(), { id: 'u', observedAt: null, ageMs: null, stale: true, status: { state: 'unverified' }, compute: null });
+  t.match(one.json().staleReason, /^no snapshot: .*couldn't communicate with the NVIDIA driver/);
 });
 
 t.test('a cgroup shard is every process whose cgroup contains the string', async (t) => {
@@ -384,6 +388,9 @@ t.test('registration: create 201, replace 200, list, get, delete 204 then 404', 
   t.equal(one.id, 'a');
   t.equal(one.status.state, 'ready', 'a shard given no GPU is ready while alive');
   t.equal(one.compute.backend, 'CPU');
+  const { shards: listed, ...listHeader } = (await app.inject({ method: 'GET', url: '/shards' })).json();
+  t.strictSame(one, { ...listed[0], ...listHeader }, 'the shard as the list has it, from the same snapshot, which it names as the list does');
+  t.ok(Number.isFinite(Date.parse(one.observedAt)), 'observedAt is a date');
   t.equal((await app.inject({ method: 'DELETE', url: '/shards/a' })).statusCode, 204);
   const again = await app.inject({ method: 'DELETE', url: '/shards/a' });
   t.equal(again.statusCode, 404);
