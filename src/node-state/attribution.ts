@@ -67,8 +67,23 @@ function unreadableWhy(stat: UnreadableStat): string {
   );
 }
 
+/**
+ * Whether the shard's process ran in an earlier boot of the node: it is gone, and its PID and process
+ * group number now name processes of this boot, which are none of its business.
+ */
+function ofAnotherBoot(snapshot: NodeSnapshot, shard: ShardRecord): boolean {
+  const { bootId } = shard.identity;
+  return bootId !== undefined && snapshot.bootId !== null && bootId !== snapshot.bootId;
+}
+
 function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
   const pid = shard.identity.pid;
+  if (ofAnotherBoot(snapshot, shard)) {
+    return {
+      state: 'gone',
+      why: `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${snapshot.bootId}): process ${pid} ended with that boot, whatever runs as PID ${pid} now`,
+    };
+  }
   if (!snapshot.proc.has(pid)) return { state: 'unknown' };
   const stat = snapshot.proc.get(pid);
   if (!stat) return { state: 'gone', why: `process ${pid} no longer exists` };
@@ -173,6 +188,8 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
     }
     return;
   }
+  // A process of an earlier boot claims nothing, and leaves its group number to this boot's processes.
+  if (ofAnotherBoot(snapshot, shard)) return;
   const group = groupOf(snapshot, shard);
   // A gone shard claims nothing: its PID may now be someone else's, and memory its orphans still
   // hold is, for placement, as unavailable as anybody else's. It still contests its group, so that
@@ -287,7 +304,7 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
   }
   for (const shard of ordered) {
     const state = liveness.get(shard.id)!;
-    if (state.state === 'gone' && shard.cgroup === null) {
+    if (state.state === 'gone' && shard.cgroup === null && !ofAnotherBoot(snapshot, shard)) {
       liveness.set(shard.id, { state: 'gone', why: withOrphans(state.why, shard, snapshot, ownerByPid) });
     }
   }

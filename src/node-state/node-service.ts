@@ -50,6 +50,7 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
     gpus: [],
     proc: facts.proc,
     cgroupPids: facts.cgroupPids,
+    bootId: facts.bootId,
     unmatchedProcesses: [],
     timings: { nvidiaSmiMs: 0, procMs: 0 },
   };

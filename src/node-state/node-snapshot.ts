@@ -47,6 +47,8 @@ export interface NodeSnapshot {
   proc: ReadonlyMap<number, StatAnswer>;
   /** For each cgroup string of a registered shard, the PIDs whose cgroup paths contain it. */
   cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
+  /** The boot these PIDs belong to (ProcReader.bootId); null when /proc cannot say. */
+  bootId: string | null;
   /** Rows nvidia-smi listed under a UUID that matches no GPU of the GPU query. */
   unmatchedProcesses: ComputeAppRecord[];
   timings: { nvidiaSmiMs: number; procMs: number };
@@ -62,6 +64,7 @@ export interface ProcFacts {
   takenAt: number;
   proc: ReadonlyMap<number, StatAnswer>;
   cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
+  bootId: string | null;
 }
 
 /** Keyed by the error a failed refresh threw: the error stays what nvidia-smi said, and carries no data into logs. */
@@ -167,7 +170,7 @@ async function readFactsAfterFailure(deps: SnapshotTakerDeps, error: unknown, st
     const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
     // Not kept: the stat files kept open are the full snapshot's, which this read must not shrink.
     const proc = await deps.proc.readStats([...new Set([...interest.pids, ...members])]);
-    factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids });
+    factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids, bootId: deps.proc.bootId() });
   } catch (err) {
     deps.log.warn({ err }, "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, every shard is unverified");
   }
@@ -212,6 +215,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       gpus,
       proc,
       cgroupPids,
+      bootId: deps.proc.bootId(),
       unmatchedProcesses: unmatched,
       timings: { nvidiaSmiMs: smiDone - started, procMs: done - smiDone },
     };

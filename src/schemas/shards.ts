@@ -77,6 +77,12 @@ export const ShardRecordSchema = Type.Object({
       pgid: Type.Integer({ description: 'Its process group id at registration; GPU processes of its current group belong to the shard unless another shard shares the group.' }),
       startTime: Type.Integer({ description: 'Its start time in clock ticks since boot: a reused PID has another.' }),
       name: Type.String({ description: 'Its command name (comm) at registration.' }),
+      bootId: Type.Optional(
+        Type.String({
+          description:
+            "The node's boot it ran in (/proc/sys/kernel/random/boot_id): after the node restarts, the process is gone whatever runs under its PID. Absent when /proc could not say.",
+        }),
+      ),
     },
     { description: 'The process captured at registration.' },
   ),

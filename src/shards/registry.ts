@@ -18,7 +18,7 @@ import type { Logger } from 'pino';
 import { ShardConflictError, StateFileInvalidError, StateWriteFailedError } from '../errors.js';
 import type { StateFile } from '../system/state-file.js';
 import { appendTail, type EngineAccount, parseLlamaLog } from './llama-log.js';
-import { ENGINES, type ShardRecord } from './shard.js';
+import { ENGINES, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 const PersistedShardSchema = Type.Object({
   id: Type.String({ minLength: 1 }),
@@ -33,6 +33,7 @@ const PersistedShardSchema = Type.Object({
     pgid: Type.Integer({ minimum: 0 }),
     startTime: Type.Integer({ minimum: 0 }),
     name: Type.String(),
+    bootId: Type.Optional(Type.String({ minLength: 1 })),
   }),
 });
 
@@ -101,10 +102,15 @@ interface Queued {
   reject: (err: Error) => void;
 }
 
-/** Whether a replacing registration names the same process (PID and start time) or the same cgroup. */
+/** Whether two identities name the same process: PID and start time, in the same boot where both know it. */
+function sameProcess(a: ProcessIdentity, b: ProcessIdentity): boolean {
+  return a.pid === b.pid && a.startTime === b.startTime && (a.bootId === undefined || b.bootId === undefined || a.bootId === b.bootId);
+}
+
+/** Whether a replacing registration names the same process or the same cgroup. */
 function sameTarget(a: ShardRecord, b: ShardRecord): boolean {
   if (a.cgroup !== null || b.cgroup !== null) return a.cgroup === b.cgroup;
-  return a.identity.pid === b.identity.pid && a.identity.startTime === b.identity.startTime;
+  return sameProcess(a.identity, b.identity);
 }
 
 /**
@@ -114,7 +120,7 @@ function sameTarget(a: ShardRecord, b: ShardRecord): boolean {
  * output starts afresh.
  */
 function sameRun(a: ShardRecord, b: ShardRecord): boolean {
-  return sameTarget(a, b) && a.identity.pid === b.identity.pid && a.identity.startTime === b.identity.startTime;
+  return sameTarget(a, b) && sameProcess(a.identity, b.identity);
 }
 
 function sameGpus(a: readonly number[], b: readonly number[]): boolean {
@@ -133,7 +139,8 @@ function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
     a.identity.pid === b.identity.pid &&
     a.identity.pgid === b.identity.pgid &&
     a.identity.startTime === b.identity.startTime &&
-    a.identity.name === b.identity.name
+    a.identity.name === b.identity.name &&
+    a.identity.bootId === b.identity.bootId
   );
 }
 

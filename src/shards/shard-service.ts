@@ -70,6 +70,12 @@ export function shardBody(shard: ShardRecord): ShardRecordBody {
 export function createShardService(deps: ShardServiceDeps) {
   const { registry, node, proc, log, now } = deps;
 
+  /** The boot a process read now belongs to, for its identity (nothing when /proc cannot say). */
+  function ofThisBoot(): { bootId?: string } {
+    const bootId = proc.bootId();
+    return bootId === null ? {} : { bootId };
+  }
+
   async function identityOfPid(pid: number): Promise<ProcessIdentity> {
     const stat = await proc.readStat(pid);
     if (!stat) {
@@ -97,7 +103,7 @@ export function createShardService(deps: ShardServiceDeps) {
           "register the host PID (for a container's main process: `docker inspect -f '{{.State.Pid}}' CONTAINER`), or register the shard by its cgroup.",
       );
     }
-    return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
+    return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() };
   }
 
   /** The cgroup's oldest running process that is not the pod's sandbox: the engine's run (see ShardRecord.identity). */
@@ -108,7 +114,7 @@ export function createShardService(deps: ShardServiceDeps) {
     for (const pid of pids) {
       const stat = await proc.readStat(pid);
       if (!stat || stat.state === 'Z' || stat.state === 'X') continue;
-      const identity = { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm };
+      const identity = { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() };
       const isEngine = !SANDBOX_COMMS.has(stat.comm);
       if (chosen === null || (isEngine && (!chosenIsEngine || identity.startTime < chosen.startTime))) {
         chosen = identity;

@@ -9,6 +9,11 @@ export interface ProcessIdentity {
   pgid: number;
   startTime: number;
   name: string;
+  /**
+   * The node's boot it ran in (ProcReader.bootId): a PID and a start time name a process of that
+   * boot only. Absent when /proc could not say, or in a registration stored before it was recorded.
+   */
+  bootId?: string;
 }
 
 export interface ShardRecord {

@@ -110,6 +110,12 @@ export interface ProcReader {
    * fixture tree) or it cannot be read or parsed (logged).
    */
   ticksNow(): number | null;
+  /**
+   * The boot this proc root belongs to (sys/kernel/random/boot_id, new at every boot of the node):
+   * PIDs and start times name processes of one boot only. Read once; null when the root has no such
+   * file (a fixture tree) or it does not read as one (logged once).
+   */
+  bootId(): string | null;
 }
 
 // Field numbers of proc(5); fields after the command name start at 3.
@@ -247,6 +253,12 @@ export function parseUptimeTicks(text: string): number | null {
   if (match === null) return null;
   const ticks = Number(match[1]) * CLOCK_TICKS_PER_SECOND + Math.floor((Number(match[2]) * CLOCK_TICKS_PER_SECOND) / 100);
   return Number.isSafeInteger(ticks) ? ticks : null;
+}
+
+/** sys/kernel/random/boot_id ("6f1c0b6e-...\n", a random UUID); null when it is not one. */
+export function parseBootId(text: string): string | null {
+  const id = text.trim();
+  return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/.test(id) ? id : null;
 }
 
 export function parseCgroup(text: string): string[] {
@@ -467,8 +479,28 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     return parseUptimeTicks(text) ?? uptimeProblem({ path, uptime: text.slice(0, 80) }, `${path} does not read as /proc/uptime does`);
   };
 
-  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow };
+  let boot: { id: string | null } | null = null;
+  const readBootId = (): string | null => {
+    const path = `${base}sys/kernel/random/boot_id`;
+    let text: string;
+    try {
+      text = readWhole(path).toString('utf8');
+    } catch (err) {
+      if (codeOf(err) === 'ENOENT') return null;
+      log.warn({ path, err }, `Cannot read ${path} (${(err as Error).message}), so ${BOOT_UNKNOWN}`);
+      return null;
+    }
+    const id = parseBootId(text);
+    if (id === null) log.warn({ path, bootId: text.slice(0, 80) }, `${path} does not read as a boot id, so ${BOOT_UNKNOWN}`);
+    return id;
+  };
+  const bootId = (): string | null => (boot ??= { id: readBootId() }).id;
+
+  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };
 }
+
+const BOOT_UNKNOWN =
+  "a shard registered before the node last restarted is told apart from today's processes by PID and start time alone. Check that NODECOMPUTE_PROC points at the host's /proc.";
 
 // One buffer for every read of this module: reads are synchronous, so two never overlap. It only
 // grows, to the largest /proc file read so far (a few KiB in practice).

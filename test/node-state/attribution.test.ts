@@ -4,7 +4,9 @@
 // failing that, to the first shard whose process group holds it when no other process claims the
 // group (live shards by their current group, gone ones by their last known group, whatever their
 // PID). A shard that is gone claims nothing, and its reason names the memory its group still holds;
-// a cgroup shard is gone once no member runs but the pod's sandbox (`pause`).
+// a cgroup shard is gone once no member runs but the pod's sandbox (`pause`). A PID shard registered
+// in an earlier boot of the node is gone and claims, contests and orphans nothing: its PID and group
+// number are this boot's now.
 // The rule is written below as the obvious loop over every shard for every process; attribute() must
 // agree with it on thousands of generated nodes where PIDs, parents, groups and cgroups collide far
 // more often than on a real node.
@@ -35,6 +37,11 @@ function byId(shards: readonly ShardRecord[]): ShardRecord[] {
   return [...shards].sort((a, b) => (a.id < b.id ? -1 : 1));
 }
 
+/** Whether a PID shard's process ran in an earlier boot than the snapshot's (both known, and not the same). */
+function earlierBoot(snapshot: NodeSnapshot, shard: ShardRecord): boolean {
+  return shard.cgroup === null && shard.identity.bootId !== undefined && snapshot.bootId !== null && shard.identity.bootId !== snapshot.bootId;
+}
+
 /** A PID shard's group: its process's current one while that is still its process, else the registered one. */
 function lastGroup(snapshot: NodeSnapshot, shard: ShardRecord): number {
   const stat = readable(snapshot, shard.identity.pid);
@@ -58,7 +65,7 @@ function ruleClaimants(snapshot: NodeSnapshot, shards: readonly ShardRecord[], l
   return {
     isIt: live.filter((shard) => isIt(shard, candidate)),
     byAncestor: ancestors.map((ancestor) => live.filter((shard) => isIt(shard, ancestor))),
-    inGroup: ordered.filter((shard) => shard.cgroup === null && group !== undefined && lastGroup(snapshot, shard) === group),
+    inGroup: ordered.filter((shard) => shard.cgroup === null && !earlierBoot(snapshot, shard) && group !== undefined && lastGroup(snapshot, shard) === group),
   };
 }
 
@@ -78,6 +85,7 @@ function ruleOwner(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liven
 
 /** A PID shard's liveness state from its stat: not read yet, gone (absent, zombie, reused), unreadable, or alive. */
 function ruleLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness['state'] {
+  if (earlierBoot(snapshot, shard)) return 'gone';
   if (!snapshot.proc.has(shard.identity.pid)) return 'unknown';
   const answer = snapshot.proc.get(shard.identity.pid)!;
   if (answer === null) return 'gone';
@@ -106,6 +114,7 @@ function ruleCgroupLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness['s
  * shard (the number was reused).
  */
 function ruleOrphans(snapshot: NodeSnapshot, shard: ShardRecord, ownerByPid: ReadonlyMap<number, string>): number[] {
+  if (earlierBoot(snapshot, shard)) return [];
   const group = lastGroup(snapshot, shard);
   const leader = readable(snapshot, group);
   if (leader && leader.startTime > shard.identity.startTime) return [];
@@ -140,11 +149,19 @@ const node = fc
         pgid: group,
         startTime: fc.constant(1),
         cgroup: fc.option(fc.constantFrom('cg-a', 'cg-b', 'cg-c'), { nil: null, freq: 2 }),
+        // Registered in this boot, in an earlier one, or by a version that did not record it.
+        bootId: fc.oneof(
+          { weight: 6, arbitrary: fc.constant('boot-now') },
+          { weight: 1, arbitrary: fc.constant('boot-before') },
+          { weight: 2, arbitrary: fc.constant(undefined) },
+        ),
       }),
       { selector: (shard) => shard.id, maxLength: 5 },
     ),
+    // The snapshot's boot; null when /proc cannot say.
+    bootId: fc.option(fc.constant('boot-now'), { nil: null, freq: 5 }),
   })
-  .map(({ stats, listed, cgroups, gpus, shards }) => {
+  .map(({ stats, listed, cgroups, gpus, shards, bootId }) => {
     const proc = new Map<number, StatAnswer>();
     stats.forEach((entry, i) => {
       const at = i + 1;
@@ -168,6 +185,7 @@ const node = fc
       ),
       proc,
       cgroupPids: new Map(Object.entries(cgroups).map(([cgroup, pids]) => [cgroup, new Set(pids)])),
+      bootId,
       unmatchedProcesses: [],
       timings: { nvidiaSmiMs: 0, procMs: 0 },
     };
@@ -180,7 +198,7 @@ const node = fc
         engine: 'other',
         graceMs: 1000,
         registeredAt: 0,
-        identity: { pid: s.pid, pgid: s.pgid, startTime: s.startTime, name: 'engine' },
+        identity: { pid: s.pid, pgid: s.pgid, startTime: s.startTime, name: 'engine', ...(s.bootId === undefined ? {} : { bootId: s.bootId }) },
       }),
     );
     return { snapshot, shards: records };
@@ -245,6 +263,10 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
     groupOfTwoLive: 0,
     groupOfGoneAndLive: 0,
     groupOfOneProcessTwice: 0,
+    // A PID shard of an earlier boot whose PID runs now with its start time: gone all the same.
+    earlierBootCollision: 0,
+    // A PID shard of a boot /proc cannot name now: judged by its PID and start time.
+    bootUnknownNow: 0,
   };
   fc.assert(
     fc.property(node, ({ snapshot, shards }) => {
@@ -270,6 +292,11 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
           if (inGroup.length > 1 && soleGroupClaimant(inGroup, liveness)) seen.groupOfOneProcessTwice += 1;
           if (inGroup.some(isGone) && inGroup.some((shard) => !isGone(shard))) seen.groupOfGoneAndLive += 1;
         }
+      }
+      for (const shard of shards) {
+        const stat = readable(snapshot, shard.identity.pid);
+        if (earlierBoot(snapshot, shard) && stat?.startTime === shard.identity.startTime && stat.state === 'S') seen.earlierBootCollision += 1;
+        if (shard.cgroup === null && shard.identity.bootId !== undefined && snapshot.bootId === null) seen.bootUnknownNow += 1;
       }
       const states = [...liveness.values()];
       seen.gone += states.filter((state) => state.state === 'gone').length;

@@ -239,6 +239,7 @@ t.test('procOnlyLiveness: the facts describe only shards registered before they 
     takenAt: 1010,
     proc: new Map([[8, stat(8, 80)], [9, null], [10, stat(10, 999)]]),
     cgroupPids: new Map([['abcdef12-3456', new Set([20])]]),
+    bootId: 'boot-now',
   };
   const shard = (id: string, pid: number, registeredAt: number, startTime = pid * 10): ShardRecord => ({
     id,
@@ -254,11 +255,14 @@ t.test('procOnlyLiveness: the facts describe only shards registered before they 
   t.equal(takenAt, 1010);
   t.same(liveness.get('alive'), { state: 'alive' });
   t.match(liveness.get('gone'), { state: 'gone', why: 'process 9 no longer exists' });
+  const before = shard('before', 8, 1000);
+  const afterRestart = procOnlyLiveness(facts, [{ ...before, identity: { ...before.identity, bootId: 'boot-before' } }]).liveness.get('before');
+  t.match(afterRestart, { state: 'gone', why: /^the node has restarted since it was registered \(boot boot-before, now boot-now\)/ }, 'the facts name their boot: PID 8 of an earlier boot is gone');
   t.equal(liveness.get('late'), undefined, 'registered after the read: its PID may have been another process then (here: another start time)');
 });
 
 t.test('NodeService.procOnly: the latest failed refresh\'s facts, derived once per facts and registry version', async (t) => {
-  const facts = { startedAt: 10, takenAt: 11, proc: new Map([[8, null]]), cgroupPids: new Map() };
+  const facts = { startedAt: 10, takenAt: 11, proc: new Map([[8, null]]), cgroupPids: new Map(), bootId: null };
   let lastError: Error | null = null;
   const snapshots = { get lastError() { return lastError; } } as unknown as SnapshotSource<NodeSnapshot>;
   const shards: ShardRecord[] = [{ id: 's', pid: 8, cgroup: null, gpus: [0], engine: 'other', graceMs: 0, registeredAt: 5, identity: { pid: 8, pgid: 8, startTime: 80, name: 'x' } }];

@@ -252,6 +252,90 @@ t.test('a reused PID (fixture /proc) makes the shard exited', async (t) => {
   t.match(res.json().reason, /PID 4242 now belongs to another process \(bash/);
 });
 
+t.test('after the node restarts, a registration of the last boot is exited even when its PID and start time come round again', async (t) => {
+  const BOOT_1 = 'aaaaaaaa-0000-4000-8000-000000000001';
+  const BOOT_2 = 'bbbbbbbb-0000-4000-8000-000000000002';
+  // The same PID, group and start time in both boots (early processes of a node come up alike),
+  // and in the second boot another member of that group holds GPU 1.
+  const tree = (bootId: string) => ({
+    sys: { kernel: { random: { boot_id: `${bootId}\n` } } },
+    '4242': { stat: '4242 (llama-server) S 1 4242 4242 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 0' },
+    '4243': { stat: '4243 (python3) S 1 4242 4242 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 1200 0 0' },
+  });
+  const scenario = twoGpuNode([
+    { gpuUuid: UUIDS[0]!, pid: 4242, name: 'llama-server', usedMiB: 500 },
+    { gpuUuid: UUIDS[1]!, pid: 4243, name: 'python3', usedMiB: 700 },
+  ]);
+  const dir = t.testdir({ [BOOT_1]: tree(BOOT_1), [BOOT_2]: tree(BOOT_2), state: {} });
+  const stateFile = join(dir, 'state', 'shards.json');
+  const boot = async (bootId: string) => {
+    const clock = manualClock();
+    const root = join(dir, bootId);
+    const built = await buildTestApp(t, {
+      scenario,
+      config: { cacheTtlMs: 0, maxStaleMs: 0, stateFile },
+      deps: { now: clock.now, proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+    });
+    return { ...built, clock };
+  };
+
+  const first = await boot(BOOT_1);
+  const put = await first.app.inject({ method: 'PUT', url: '/shards/r', payload: { pid: 4242, gpus: [0] } });
+  t.equal(put.statusCode, 201);
+  t.equal(put.json().identity.bootId, BOOT_1, 'the registration names its boot');
+  first.clock.advance(1);
+  t.equal((await first.app.inject({ method: 'GET', url: '/shards/r/ready' })).json().state, 'ready');
+  await first.app.close();
+
+  const second = await boot(BOOT_2);
+  const probe = await second.app.inject({ method: 'GET', url: '/shards/r/ready' });
+  t.equal(probe.statusCode, 503);
+  t.equal(probe.json().state, 'exited');
+  t.match(probe.json().reason, new RegExp(`node has restarted since it was registered \\(boot ${BOOT_1}, now ${BOOT_2}\\): process 4242 ended with that boot`));
+  t.notMatch(probe.json().reason, /kill/, 'and names no process of this boot to kill');
+  const gpus = (await second.app.inject({ method: 'GET', url: '/gpus' })).json().gpus;
+  t.same(
+    gpus.map((gpu: { processes: Array<{ pid: number; shard: string | null }> }) => gpu.processes.map((p) => [p.pid, p.shard])),
+    [[[4242, null]], [[4243, null]]],
+    'this boot\'s PID 4242 and its group are not the shard\'s',
+  );
+  const foreign = (await second.app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus;
+  t.same(foreign.map((gpu: { foreignMiB: number }) => gpu.foreignMiB), [518, 718], 'their memory is foreign');
+
+  const again = await second.app.inject({ method: 'PUT', url: '/shards/now', payload: { pid: 4242, gpus: [0] } });
+  t.equal(again.statusCode, 201, 'the process of this boot registers under another id: no conflict with the last boot\'s');
+  t.equal(again.json().identity.bootId, BOOT_2);
+  second.clock.advance(1);
+  t.equal((await second.app.inject({ method: 'GET', url: '/shards/now/ready' })).json().state, 'ready');
+});
+
+t.test('a registration stored without a boot id (by an earlier version) is judged by PID and start time, and gains one when re-PUT', async (t) => {
+  const BOOT = 'cccccccc-0000-4000-8000-000000000003';
+  const dir = t.testdir({
+    proc: {
+      sys: { kernel: { random: { boot_id: `${BOOT}\n` } } },
+      '4242': { stat: '4242 (llama-server) S 1 4242 4242 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 0' },
+    },
+    state: {},
+  });
+  const root = join(dir, 'proc');
+  const stateFile = join(dir, 'state', 'shards.json');
+  const stored = { id: 'old', pid: 4242, cgroup: null, gpus: [0], engine: 'llama.cpp', graceMs: 0, registeredAt: 1_000, identity: { pid: 4242, pgid: 4242, startTime: 1000, name: 'llama-server' } };
+  writeFileSync(stateFile, JSON.stringify({ format: 'nodecompute-shards/v1', shards: [stored] }));
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, {
+    scenario: twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: 4242, name: 'llama-server', usedMiB: 500 }]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0, stateFile },
+    deps: { now: clock.now, proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  t.equal((await app.inject({ method: 'GET', url: '/shards/old/ready' })).json().state, 'ready', 'the same PID and start time: its process');
+  const replaced = await app.inject({ method: 'PUT', url: '/shards/old', payload: { pid: 4242, gpus: [0], engine: 'llama.cpp', graceMs: 0 } });
+  t.equal(replaced.statusCode, 200);
+  t.equal(replaced.json().registeredAt, new Date(1_000).toISOString(), 'the same process: its registration time (and grace) go on');
+  t.equal(replaced.json().identity.bootId, BOOT);
+  t.equal(JSON.parse(readFileSync(stateFile, 'utf8')).shards[0].identity.bootId, BOOT, 'stored with it');
+});
+
 t.test('a shard removed while its probe waits for a refresh is a 404, not a verdict on the removed record', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const { app, step, fake } = await setup(t);

@@ -38,6 +38,7 @@ function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra:
     gpus,
     proc: new Map<number, StatAnswer>([...stats.map((s): [number, StatAnswer] => [s.pid, s]), ...extra]),
     cgroupPids: new Map(),
+    bootId: null,
     unmatchedProcesses: [],
     timings: { nvidiaSmiMs: 1, procMs: 1 },
   };
@@ -316,6 +317,7 @@ function podView(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], mem
     gpus,
     proc: new Map<number, StatAnswer>([...stats.map((s): [number, StatAnswer] => [s.pid, s]), ...extra]),
     cgroupPids: new Map(Object.entries(members).map(([cgroup, pids]) => [cgroup, new Set(pids)])),
+    bootId: null,
     unmatchedProcesses: [],
     timings: { nvidiaSmiMs: 1, procMs: 1 },
   };

@@ -12,6 +12,7 @@ import { pino } from 'pino';
 import {
   createProcReader,
   isReadable,
+  parseBootId,
   parseCgroup,
   parseOpenFilesLimit,
   parseProcStat,
@@ -206,6 +207,35 @@ t.test('parseProcStat: arbitrary input never throws anything but ProcParseError,
     { numRuns: 4000 },
   );
   t.notOk(same.failed, fc.defaultReportMessage(same) ?? 'bytes give what their text gives: the same fields, or the same error');
+});
+
+t.test('bootId: the boot id of the proc root, read once; null without one, with one warning for a bad one', async (t) => {
+  const real = fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8');
+  const silent = pino({ level: 'silent' });
+  t.equal(createProcReader({ root: '/proc', log: silent }).bootId(), real.trim(), 'the real /proc: the kernel file, without its newline');
+  t.equal(parseBootId('3c5b3c0e-6a4f-4d1e-9f3a-0b8a1c2d3e4f\n'), '3c5b3c0e-6a4f-4d1e-9f3a-0b8a1c2d3e4f');
+  for (const bad of ['', 'boot\n', '3c5b3c0e6a4f4d1e9f3a0b8a1c2d3e4f\n', '3C5B3C0E-6A4F-4D1E-9F3A-0B8A1C2D3E4F\n', '3c5b3c0e-6a4f-4d1e-9f3a-0b8a1c2d3e4f0\n']) {
+    t.equal(parseBootId(bad), null, JSON.stringify(bad));
+  }
+
+  const warnings: string[] = [];
+  const log = pino({ level: 'warn' }, { write: (line: string) => warnings.push(JSON.parse(line).msg) });
+  const root = t.testdir({ sys: { kernel: { random: { boot_id: 'aaaaaaaa-0000-4000-8000-000000000001\n' } } } });
+  const reader = createProcReader({ root, log });
+  t.equal(reader.bootId(), 'aaaaaaaa-0000-4000-8000-000000000001');
+  fs.writeFileSync(`${root}/sys/kernel/random/boot_id`, 'bbbbbbbb-0000-4000-8000-000000000002\n');
+  t.equal(reader.bootId(), 'aaaaaaaa-0000-4000-8000-000000000001', 'read once: a boot id does not change while the node runs');
+  t.equal(createProcReader({ root, log }).bootId(), 'bbbbbbbb-0000-4000-8000-000000000002', 'a new reader reads it again');
+  t.equal(createProcReader({ root: t.testdir({}), log }).bootId(), null, 'a fixture tree without one');
+  t.same(warnings, [], 'says nothing to warn about');
+
+  const junk = createProcReader({ root: t.testdir({ sys: { kernel: { random: { boot_id: 'not a boot id\n' } } } }), log });
+  t.equal(junk.bootId(), null);
+  t.equal(junk.bootId(), null);
+  t.equal(createProcReader({ root: t.testdir({ sys: { kernel: { random: { boot_id: {} } } } }), log }).bootId(), null, 'a directory in its place');
+  t.equal(warnings.length, 2, 'one warning per reader, however often it is asked');
+  t.match(warnings[0], /boot_id does not read as a boot id, so a shard registered before the node last restarted is told apart .* by PID and start time alone\. Check that NODECOMPUTE_PROC/);
+  t.match(warnings[1], /Cannot read .*boot_id \(EISDIR/);
 });
 
 t.test('parseCgroup: v1, v2 and hybrid files give their paths', async (t) => {
