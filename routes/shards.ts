@@ -64,7 +64,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'Register (201) or replace (200) a shard: a PID (and its process group) or a cgroup, placed on some GPUs.',
         description:
           'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer. ' +
-          'A replacement for the same process (PID and start time) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
+          'A replacement for the same process (PID and start time, in the same boot of the node) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
           '409 when another id already holds the same process or cgroup.',
         params,
         body: RegisterShardSchema,

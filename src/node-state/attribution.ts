@@ -16,7 +16,9 @@
 // Shards are taken in id order and the first claim stands, so a PID two shards claim (one process
 // registered twice) goes deterministically to the first, with its children and its group.
 // A shard that is gone claims nothing, but its exited reason names the GPU memory its process group
-// still holds (an orphaned engine child), so the operator knows what to kill. A shard whose own stat
+// still holds (an orphaned engine child), so the operator knows what to kill; except a PID shard
+// registered in an earlier boot of the node (its identity's bootId), whose PID and group number
+// name this boot's processes now: it claims, contests and names nothing. A shard whose own stat
 // could not be read this refresh is 'unreadable', not gone: it keeps its claims (its PID most likely
 // still is it) and its readiness says what failed. Likewise a GPU process that no rule could give
 // to a shard because a stat on its way (its own, or an ancestor's) was unreadable is 'uncertain' on
@@ -81,7 +83,10 @@ function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness 
   if (ofAnotherBoot(snapshot, shard)) {
     return {
       state: 'gone',
-      why: `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${snapshot.bootId}): process ${pid} ended with that boot, whatever runs as PID ${pid} now`,
+      why:
+        `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${snapshot.bootId}): process ${pid} ended with that boot, ` +
+        `and a process running as PID ${pid} now is another one, not this shard's. ` +
+        `Register the engine's new process (PUT /shards/${shard.id}), or remove the shard (DELETE /shards/${shard.id})`,
     };
   }
   if (!snapshot.proc.has(pid)) return { state: 'unknown' };

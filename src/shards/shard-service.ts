@@ -311,8 +311,10 @@ export function createShardService(deps: ShardServiceDeps) {
       return { ...state, note: engineOutputNote(requireShard(id), state) };
     },
 
-    /** One shard's state and compute from the current snapshot; nvidia-smi failures become `unverified`. */
-    /** One shard's state, with the snapshot it comes from (null, and why, when nvidia-smi cannot be asked). */
+    /**
+     * One shard's state and compute from the current snapshot, with that snapshot; nvidia-smi failures
+     * become `unverified` (no snapshot, and why).
+     */
     async state(id: string, maxWaitMs: number): Promise<{ state: ShardState; view: SnapshotView<NodeSnapshot> | null; error: string | null }> {
       requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);

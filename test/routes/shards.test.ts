@@ -291,7 +291,11 @@ t.test('after the node restarts, a registration of the last boot is exited even 
   const probe = await second.app.inject({ method: 'GET', url: '/shards/r/ready' });
   t.equal(probe.statusCode, 503);
   t.equal(probe.json().state, 'exited');
-  t.match(probe.json().reason, new RegExp(`node has restarted since it was registered \\(boot ${BOOT_1}, now ${BOOT_2}\\): process 4242 ended with that boot`));
+  const restarted = new RegExp(
+    `node has restarted since it was registered \\(boot ${BOOT_1}, now ${BOOT_2}\\): process 4242 ended with that boot, .*not this shard's\\. ` +
+      'Register the engine\'s new process \\(PUT /shards/r\\), or remove the shard \\(DELETE /shards/r\\)',
+  );
+  t.match(probe.json().reason, restarted);
   t.notMatch(probe.json().reason, /kill/, 'and names no process of this boot to kill');
   const gpus = (await second.app.inject({ method: 'GET', url: '/gpus' })).json().gpus;
   t.same(
@@ -307,6 +311,13 @@ t.test('after the node restarts, a registration of the last boot is exited even 
   t.equal(again.json().identity.bootId, BOOT_2);
   second.clock.advance(1);
   t.equal((await second.app.inject({ method: 'GET', url: '/shards/now/ready' })).json().state, 'ready');
+
+  second.fake.update((scenario) => ({ ...scenario, failures: { all: { kind: 'driver-unreachable' } } }));
+  second.clock.advance(1);
+  const blind = (await second.app.inject({ method: 'GET', url: '/shards/r/ready' })).json();
+  t.equal(blind.state, 'exited', 'with nvidia-smi failing, /proc and the boot id still say exited');
+  t.match(blind.reason, restarted);
+  t.equal((await second.app.inject({ method: 'GET', url: '/shards/now/ready' })).json().state, 'unverified', "and this boot's process is unverified");
 });
 
 t.test('a registration stored without a boot id (by an earlier version) is judged by PID and start time, and gains one when re-PUT', async (t) => {
