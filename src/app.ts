@@ -218,7 +218,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   const stateFile = createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }) });
   const registry = await loadRegistry({ stateFile, log });
   const snapshots = createSnapshotSource<NodeSnapshot>({
-    take: createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(), now }),
+    take: createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(proc.bootId()), now }),
     ttlMs: config.cacheTtlMs,
     maxStaleMs: config.maxStaleMs,
     log,

@@ -23,7 +23,7 @@
 // still is it) and its readiness says what failed. Likewise a GPU process that no rule could give
 // to a shard because a stat on its way (its own, or an ancestor's) was unreadable is 'uncertain' on
 // its GPU: a shard missing that GPU has no evidence against it.
-import type { ShardRecord } from '../shards/shard.js';
+import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
 import { isReadable, type ProcStat, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
@@ -69,18 +69,9 @@ function unreadableWhy(stat: UnreadableStat): string {
   );
 }
 
-/**
- * Whether the shard's process ran in an earlier boot of the node: it is gone, and its PID and process
- * group number now name processes of this boot, which are none of its business.
- */
-function ofAnotherBoot(snapshot: NodeSnapshot, shard: ShardRecord): boolean {
-  const { bootId } = shard.identity;
-  return bootId !== undefined && snapshot.bootId !== null && bootId !== snapshot.bootId;
-}
-
 function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
   const pid = shard.identity.pid;
-  if (ofAnotherBoot(snapshot, shard)) {
+  if (ranInAnotherBoot(shard.identity, snapshot.bootId)) {
     return {
       state: 'gone',
       why:
@@ -194,7 +185,7 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
     return;
   }
   // A process of an earlier boot claims nothing, and leaves its group number to this boot's processes.
-  if (ofAnotherBoot(snapshot, shard)) return;
+  if (ranInAnotherBoot(shard.identity, snapshot.bootId)) return;
   const group = groupOf(snapshot, shard);
   // A gone shard claims nothing: its PID may now be someone else's, and memory its orphans still
   // hold is, for placement, as unavailable as anybody else's. It still contests its group, so that
@@ -309,7 +300,7 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
   }
   for (const shard of ordered) {
     const state = liveness.get(shard.id)!;
-    if (state.state === 'gone' && shard.cgroup === null && !ofAnotherBoot(snapshot, shard)) {
+    if (state.state === 'gone' && shard.cgroup === null && !ranInAnotherBoot(shard.identity, snapshot.bootId)) {
       liveness.set(shard.id, { state: 'gone', why: withOrphans(state.why, shard, snapshot, ownerByPid) });
     }
   }

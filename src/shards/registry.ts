@@ -18,7 +18,7 @@ import type { Logger } from 'pino';
 import { ShardConflictError, StateFileInvalidError, StateWriteFailedError } from '../errors.js';
 import type { StateFile } from '../system/state-file.js';
 import { appendTail, type EngineAccount, parseLlamaLog } from './llama-log.js';
-import { ENGINES, type ProcessIdentity, type ShardRecord } from './shard.js';
+import { ENGINES, ranInAnotherBoot, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 const PersistedShardSchema = Type.Object({
   id: Type.String({ minLength: 1 }),
@@ -80,8 +80,11 @@ export interface Registry {
    * an earlier run's) and re-reads the engine's account from it. `ticks`: now, in clock ticks since boot.
    */
   appendEngineOutput(id: string, text: string, now: number, ticks: number | null, fresh?: boolean): EngineState | undefined;
-  /** PIDs and cgroups the next snapshot must read along with the GPU processes. */
-  interest(): { pids: number[]; cgroups: string[] };
+  /**
+   * PIDs and cgroups the next snapshot must read along with the GPU processes: not the PIDs of shards
+   * of another boot than `bootId` (the one /proc names now), which name other processes now.
+   */
+  interest(bootId: string | null): { pids: number[]; cgroups: string[] };
 }
 
 export interface PutResult {
@@ -104,7 +107,7 @@ interface Queued {
 
 /** Whether two identities name the same process: PID and start time, in the same boot where both know it. */
 function sameProcess(a: ProcessIdentity, b: ProcessIdentity): boolean {
-  return a.pid === b.pid && a.startTime === b.startTime && (a.bootId === undefined || b.bootId === undefined || a.bootId === b.bootId);
+  return a.pid === b.pid && a.startTime === b.startTime && !ranInAnotherBoot(a, b.bootId);
 }
 
 /** Whether a replacing registration names the same process or the same cgroup. */
@@ -357,12 +360,12 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       for (const posted of inFlight.get(id) ?? []) posted.now = appended(posted.now, text, now, ticks, fresh);
       return state;
     },
-    interest() {
+    interest(bootId) {
       const pids: number[] = [];
       const cgroups: string[] = [];
       for (const shard of committed.values()) {
         if (shard.cgroup !== null) cgroups.push(shard.cgroup);
-        else pids.push(shard.identity.pid);
+        else if (!ranInAnotherBoot(shard.identity, bootId)) pids.push(shard.identity.pid);
       }
       return { pids, cgroups };
     },

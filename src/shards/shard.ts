@@ -16,6 +16,15 @@ export interface ProcessIdentity {
   bootId?: string;
 }
 
+/**
+ * Whether the process ran in another boot of the node than `bootId` (the one /proc names now, or
+ * another identity's): only when both are known. It is gone then, and its PID and process group
+ * number name that boot's processes, not this one's.
+ */
+export function ranInAnotherBoot(identity: ProcessIdentity, bootId: string | null | undefined): boolean {
+  return identity.bootId !== undefined && bootId != null && identity.bootId !== bootId;
+}
+
 export interface ShardRecord {
   id: string;
   pid: number | null;

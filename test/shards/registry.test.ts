@@ -42,7 +42,21 @@ t.test('a missing file is an empty registry; writes create it, durable and parse
   t.same(readdirSync(join(dir, 'deep')), ['shards.json'], 'no temp file left behind');
   const again = await loadRegistry({ stateFile: createStateFile(path, { log }), log });
   t.same(again.get('a'), record('a'));
-  t.same(again.interest(), { pids: [42], cgroups: [] });
+  t.same(again.interest(null), { pids: [42], cgroups: [] });
+});
+
+t.test('interest: the PIDs of shards of this boot or of no known boot, and every cgroup; not the PIDs of another boot', async (t) => {
+  const registry = await loadRegistry({ stateFile: createStateFile(join(t.testdir({}), 's.json'), { log }), log });
+  const ofBoot = (id: string, pid: number, bootId?: string): ShardRecord => {
+    const plain = record(id, 'other', pid);
+    return bootId === undefined ? plain : { ...plain, identity: { ...plain.identity, bootId } };
+  };
+  await registry.put(ofBoot('now', 10, 'boot-now'));
+  await registry.put(ofBoot('before', 11, 'boot-before'));
+  await registry.put(ofBoot('unknown', 12));
+  await registry.put({ ...ofBoot('pod', 13, 'boot-before'), pid: null, cgroup: 'pod-uid' });
+  t.same(registry.interest('boot-now'), { pids: [10, 12], cgroups: ['pod-uid'] }, 'a pod carries on across a restart: its cgroup is still read');
+  t.same(registry.interest(null), { pids: [10, 11, 12], cgroups: ['pod-uid'] }, 'with no boot to go by, every PID');
 });
 
 t.test('a corrupt, foreign or unreadable state file stops the load, naming it, and is left untouched', async (t) => {
