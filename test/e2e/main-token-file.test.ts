@@ -93,7 +93,7 @@ t.test('SIGTERM while a read of the token file hangs: the service ends within it
   mkfifo(fifo);
   t.teardown(() => void releaseFifo(fifo));
   const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
-  const write = async () => (await fetch(`${server.url}/shards/none`, { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).status;
+  const write = async () => (await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).status;
   t.equal(await write(), 404, 'authorised, then no such shard');
 
   // The mount hangs: the next look at the file (a second later, on a write) waits in open() for good.

@@ -22,9 +22,9 @@ t.test('without nvidia-smi the service starts, says so once and plainly, and ans
   const dir = tempDir(t);
   const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json') });
   await waitUntil(() => server.logs().some((entry) => entry.code === 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND'), { what: 'the start-up line about nvidia-smi' });
-  t.equal((await fetch(`${server.url}/livez`)).status, 200);
+  t.equal((await server.fetch('/livez')).status, 200);
   for (const path of ['/readyz', '/gpus']) {
-    const res = await fetch(`${server.url}${path}`);
+    const res = await server.fetch(path);
     t.equal(res.status, 503, path);
     const body = (await res.json()) as { code: string; message: string };
     t.equal(body.code, 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND');
@@ -144,7 +144,7 @@ t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknow
   );
 
   const second = await startServer(t, env);
-  const kept = (await (await fetch(`${second.url}/shards/keep-me`)).json()) as { gpus: number[]; identity: { pid: number } };
+  const kept = (await (await second.fetch('/shards/keep-me')).json()) as { gpus: number[]; identity: { pid: number } };
   t.same(kept.gpus, [3]);
   t.equal(kept.identity.pid, shard.pid);
 
@@ -157,7 +157,7 @@ t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknow
     for (let i = 0; !stop && i < 400; i += 1) {
       const id = `storm-${worker}-${i % 8}`;
       try {
-        const res = await fetch(`${second.url}/shards/${id}`, {
+        const res = await second.fetch(`/shards/${id}`, {
           method: 'PUT',
           headers: { 'content-type': 'application/json' },
           body: JSON.stringify({ pid: stormProcesses[worker * 8 + (i % 8)]!.pid, gpus: [i % 8] }),
@@ -171,6 +171,11 @@ t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknow
   await waitUntil(() => acknowledged.size >= 40, { timeoutMs: 60_000, what: '40 acknowledged registrations' });
   second.child.kill('SIGKILL');
   await second.exited;
+  await t.rejects(
+    second.fetch('/livez'),
+    { message: /^GET \/livez got no answer \(ECONNREFUSED\); the server \(pid \d+\) had exited \(SIGKILL\)\. Its stderr: .*Its last log lines:\n\{/s },
+    'a request that gets no answer says what became of the server',
+  );
   stop = true;
   await Promise.all(storm);
 
@@ -180,7 +185,7 @@ t.test('a restarted server keeps its shards; a SIGKILL mid-storm loses no acknow
   t.ok(stored.has('keep-me'));
 
   const third = await startServer(t, env);
-  const listed = (await (await fetch(`${third.url}/shards`)).json()) as { shards: Array<{ id: string }> };
+  const listed = (await (await third.fetch('/shards')).json()) as { shards: Array<{ id: string }> };
   const ids = new Set(listed.shards.map((s) => s.id));
   t.same([...acknowledged.keys()].filter((id) => !ids.has(id)), [], 'and the restarted server serves them all');
   third.child.kill('SIGTERM');
@@ -195,7 +200,7 @@ t.test('SIGTERM finishes in-flight requests, kills nvidia-smi children and exits
   await waitUntil(() => server.logs().some((entry) => /nvidia-smi answers/.test(String(entry.msg))), { timeoutMs: 30_000, what: 'warm-up' });
   fake.update((s) => ({ ...s, delayMs: 60_000 }));
   const before = fake.invocations().length;
-  const inFlight = fetch(`${server.url}/doctor`).then(async (res) => ({ status: res.status, body: (await res.json()) as { ok: boolean } }));
+  const inFlight = server.fetch('/doctor').then(async (res) => ({ status: res.status, body: (await res.json()) as { ok: boolean } }));
   await waitUntil(() => fake.invocations().length > before, { what: 'the doctor to start nvidia-smi' });
   server.child.kill('SIGTERM');
   const answer = await inFlight;

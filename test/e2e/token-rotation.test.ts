@@ -51,7 +51,7 @@ t.test('a Secret rotated in place reaches the running server, which keeps servin
   t.match(warnings[0]!.msg, /NODECOMPUTE_PROBE_WAIT_MS is 1500 ms.*Raise the probes' timeoutSeconds/);
 
   const write = async (token: string) =>
-    (await fetch(`${server.url}/shards/none`, { method: 'DELETE', headers: { authorization: `Bearer ${token}` } })).status;
+    (await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${token}` } })).status;
   t.equal(await write(OLD), 404, 'authorised, then no such shard');
   t.equal(await write(NEW), 401);
 
@@ -74,7 +74,7 @@ t.test('a Secret rotated in place reaches the running server, which keeps servin
   renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
   const hangs = (entry: Record<string, unknown>) => entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
   t.equal(await retry(() => write(NEW), () => server.logs().some(hangs)), 404, 'writes are judged by the tokens last read');
-  t.equal((await fetch(`${server.url}/livez`)).status, 200, 'probes answer while the read is stuck');
+  t.equal((await server.fetch('/livez')).status, 200, 'probes answer while the read is stuck');
   t.equal(await write(NEW), 404);
 
   // The mount comes back.

@@ -17,7 +17,15 @@ export interface RunningServer {
   stderr: () => string;
   /** Resolves with the exit code (or signal name) once the process has exited. */
   exited: Promise<number | string>;
+  /**
+   * fetch() on this server's URL. A request that gets no answer (a reset, a refused connection)
+   * fails with what the process was doing then: alive or how it ended, its stderr and last log lines.
+   */
+  fetch: (path: string, init?: RequestInit) => Promise<Response>;
 }
+
+/** How long a request that got no answer waits for the server's exit to be seen before reporting. */
+const EXIT_NOTICE_MS = 1000;
 
 export async function startServer(t: Test, env: Record<string, string>, args: string[] = []): Promise<RunningServer> {
   const child = spawn(process.execPath, [MAIN, ...args], {
@@ -40,5 +48,22 @@ export async function startServer(t: Test, env: Record<string, string>, args: st
   await waitUntil(() => done || logs().some((entry) => typeof entry.url === 'string'), { timeoutMs: 30_000, what: 'the server to listen' });
   const listening = logs().find((entry) => typeof entry.url === 'string');
   if (!listening) throw new Error(`the server exited before listening: ${stderr}`);
-  return { url: listening.url as string, child, logs, lines, stderr: () => stderr, exited };
+  const url = listening.url as string;
+  const request = async (path: string, init?: RequestInit): Promise<Response> => {
+    try {
+      return await fetch(`${url}${path}`, init);
+    } catch (err) {
+      const cause = (err as Error & { cause?: NodeJS.ErrnoException }).cause;
+      let timer: NodeJS.Timeout | undefined;
+      const end = await Promise.race([exited, new Promise<null>((resolve) => (timer = setTimeout(() => resolve(null), EXIT_NOTICE_MS)))]);
+      clearTimeout(timer);
+      const state = end === null ? `was still running ${EXIT_NOTICE_MS} ms later` : `had exited (${end})`;
+      throw new Error(
+        `${init?.method ?? 'GET'} ${path} got no answer (${cause?.code ?? cause?.message ?? (err as Error).message}); the server (pid ${child.pid}) ${state}. ` +
+          `Its stderr: ${JSON.stringify(stderr)}. Its last log lines:\n${lines().slice(-10).join('\n')}`,
+        { cause: err },
+      );
+    }
+  };
+  return { url, child, logs, lines, stderr: () => stderr, exited, fetch: request };
 }
