@@ -4,18 +4,22 @@
 // checks the node; --help and --version say what they say. `serve` and `doctor` first read the
 // token file within a bound (config.ts's readStartTokens), so a file on a hung mount fails the start
 // instead of hanging it. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
-// kills running nvidia-smi children and exits 0; or, while a read of the token file is stuck on a
-// hung mount, ends by SIGTERM (endDespiteStuckReads): Node cannot exit before that read returns.
+// kills running nvidia-smi children and exits 0 (1 when it is cut short: after 10 s, or on a second
+// signal); or, while a read of the token file is stuck on a hung mount, ends by SIGTERM
+// (endDespiteStuckReads, cutShutdownShort): Node cannot exit before that read returns.
 import closeWithGrace from 'close-with-grace';
-import { pino, symbols, type Logger } from 'pino';
+import { destination, pino, symbols, type Logger } from 'pino';
 import { buildApp } from './app.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
 import { listenOn, type Listening } from './listen.js';
-import { pendingTokenFileReads } from './system/token-file.js';
+import { stuckTokenFileReads } from './system/token-file.js';
 import { VERSION } from './version.js';
 
 const COMMANDS = ['serve', 'doctor'];
+
+/** How long a shutdown may take before it is cut short (close-with-grace's delay). */
+const SHUTDOWN_GRACE_MS = 10_000;
 
 /** The SIGTERM handlers there before this module installed any: a preloaded tool's exit hooks, if any. */
 const SIGTERM_HANDLERS_AT_START = process.listeners('SIGTERM');
@@ -32,11 +36,17 @@ Settings (each flag has an environment variable; flags win):
 ${settingsHelp()}
 `;
 
+/**
+ * Logs to stdout, one JSON line each, written synchronously: a process that ends by a signal (a
+ * read of the token file stuck, below) has every line it logged out first, in order, with nothing
+ * left queued. Lines are few (requests are logged only when they fail, or at debug level). On a
+ * terminal they go through pino-pretty's worker instead, and flushLog waits for it.
+ */
 function createLogger(config: Config): Logger {
   if (process.stdout.isTTY) {
     return pino({ level: config.logLevel, transport: { target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l' } } });
   }
-  return pino({ level: config.logLevel });
+  return pino({ level: config.logLevel }, destination({ fd: 1, sync: true }));
 }
 
 /**
@@ -51,51 +61,68 @@ async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): P
   log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
 }
 
-/**
- * Resolves once the log lines written so far are out, or after a second: pino writes stdout
- * asynchronously, and a process ended by a signal loses what is still queued. Called right after a
- * line is logged, so the stream is writing and says 'drain' once it has written everything.
- */
-function logWritten(log: Logger): Promise<void> {
-  const stream = (log as unknown as Record<symbol, NodeJS.EventEmitter>)[symbols.streamSym]!;
-  return new Promise((resolve) => {
-    const timer = setTimeout(resolve, 1000);
-    stream.once('drain', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-  });
+/** Returns once every line logged so far is written out (pino-pretty's worker included). */
+function flushLog(log: Logger): void {
+  (log as unknown as Record<symbol, { flushSync(): void }>)[symbols.streamSym]!.flushSync();
+}
+
+/** What is said when a read of the token file (`file`) keeps the process from exiting. */
+function stuckReadMessage(file: string): string {
+  return (
+    `A read of the token file ${file} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ` +
+    'ending the process with SIGTERM instead (exit status 143). If this repeats, check that filesystem, or mount the token from a Kubernetes Secret (a tmpfs, which does not hang).'
+  );
 }
 
 /**
- * Ends the process when a read of the token file is still pending, and returns when none is. Node's
- * exit waits for every read it started to return (libuv joins its threadpool threads), and a read
- * stuck on a hung mount never does: neither process.exit() nor an event loop left to empty would
- * end the process, and it would hang until the kubelet's SIGKILL. It ends instead by SIGTERM's
- * default action (exit status 143, what a process without a handler shows), which the kernel
- * carries out whatever the read waits on; it says so in the log, or on stderr before there is one.
+ * Ends the process by SIGTERM's default action (exit status 143, what a process without a handler
+ * shows), which the kernel carries out whatever a read waits on. close-with-grace's handlers would
+ * answer the signal with process.exit(), which hangs: the handlers installed since start go. Those
+ * there before (exit hooks, as signal-exit's, which raise the signal again once they have run) are
+ * run first, here and now, as the signal would run them: cutShutdownShort's caller goes on to
+ * process.exit() without giving the event loop another turn.
  */
-async function endDespiteStuckReads(log: Logger | null): Promise<void> {
-  const [file] = pendingTokenFileReads();
-  if (file === undefined) return;
-  const message =
-    `A read of the token file ${file} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ` +
-    'ending the process with SIGTERM instead (exit status 143). If this repeats, check that filesystem, or mount the token from a Kubernetes Secret (a tmpfs, which does not hang).';
-  if (log === null) {
-    process.stderr.write(`nodecompute: ${message}\n`);
-  } else {
-    log.warn({ file }, message);
-    await logWritten(log);
-  }
-  // close-with-grace's handler would answer the signal with process.exit(), which hangs as well: the
-  // handlers installed since start go, and those there before (exit hooks that raise the signal again
-  // once they have run, as signal-exit's do) stay.
+function raiseSigterm(): void {
   for (const handler of process.listeners('SIGTERM')) {
     if (!SIGTERM_HANDLERS_AT_START.includes(handler)) process.off('SIGTERM', handler);
   }
+  process.emit('SIGTERM', 'SIGTERM');
   process.kill(process.pid, 'SIGTERM');
+}
+
+/**
+ * Ends the process when a read of the token file is stuck (still pending past its bound), and
+ * returns when none is. Node's exit waits for every read it started to return (libuv joins its
+ * threadpool threads), and a read stuck on a hung mount never does: neither process.exit() nor an
+ * event loop left to empty would end the process, and it would hang until the kubelet's SIGKILL.
+ * It says why in the log, or on stderr before there is one, then raises SIGTERM.
+ */
+async function endDespiteStuckReads(log: Logger | null): Promise<void> {
+  const [file] = stuckTokenFileReads();
+  if (file === undefined) return;
+  if (log === null) {
+    process.stderr.write(`nodecompute: ${stuckReadMessage(file)}\n`);
+  } else {
+    log.warn({ file }, stuckReadMessage(file));
+    flushLog(log);
+  }
+  raiseSigterm();
   // Never go on to an exit that would hang: the signal ends the process (at once, or after those hooks).
   return new Promise(() => {});
+}
+
+/**
+ * The shutdown is cut short (its grace ran out, or a second signal came): says so, and ends the
+ * process at once. close-with-grace calls process.exit(1) right after this returns, so where a read
+ * of the token file is stuck (that exit would hang) the process ends here, by SIGTERM.
+ */
+function cutShutdownShort(log: Logger, why: string): void {
+  log.error(why);
+  const [file] = stuckTokenFileReads();
+  if (file === undefined) return;
+  log.warn({ file }, stuckReadMessage(file));
+  flushLog(log);
+  raiseSigterm();
 }
 
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
@@ -112,11 +139,28 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   // Installed once listening: close-with-grace ends the process with code 0 when the event loop
   // empties, which would hide a start that failed (a port in use) from restart policies.
   // It logs an uncaught error itself before calling this.
-  closeWithGrace({ delay: 10_000, logger: log }, async ({ signal }) => {
-    log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
-    await app.close();
-    await endDespiteStuckReads(log);
-  });
+  closeWithGrace(
+    {
+      delay: SHUTDOWN_GRACE_MS,
+      logger: log,
+      onTimeout: () =>
+        cutShutdownShort(
+          log,
+          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: the requests still in flight are cut off, and the process exits now with code 1. ` +
+            'A client that keeps a request open (a body it never finishes, an answer it does not read) holds a shutdown up; it gets a reset connection and should retry.',
+        ),
+      onSecondSignal: (signal) =>
+        cutShutdownShort(log, `A second ${signal} came while shutting down: the requests still in flight are cut off, and the process exits now with code 1.`),
+    },
+    async ({ signal }) => {
+      log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
+      try {
+        await app.close();
+      } finally {
+        await endDespiteStuckReads(log);
+      }
+    },
+  );
   const { url, host, message } = listening;
   log.info({ url, host, version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, message);
   await warmUp(app, log);

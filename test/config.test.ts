@@ -16,7 +16,7 @@ import {
   TOKEN_FILE_START_TIMEOUT_MS,
   tokenProblem,
 } from '../src/config.js';
-import { TOKEN_FILE_READ_TIMEOUT_MS, pendingTokenFileReads } from '../src/system/token-file.js';
+import { TOKEN_FILE_READ_TIMEOUT_MS, stuckTokenFileReads } from '../src/system/token-file.js';
 import { waitUntil } from './helpers/fake-nvidia-smi.js';
 import { mkfifo, releaseFifo } from './helpers/fifo.js';
 
@@ -258,7 +258,7 @@ t.test('a token file that does not answer at start (a hung mount) stops the star
   mkfifo(fifo);
   // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
   t.teardown(() => void releaseFifo(fifo));
-  t.same(pendingTokenFileReads(), []);
+  t.same(stuckTokenFileReads(), []);
   await t.rejects(startTokens(fifo, { timeoutMs: 300 }), {
     code: 'NODECOMPUTE_CONFIG_INVALID',
     message:
@@ -267,9 +267,9 @@ t.test('a token file that does not answer at start (a hung mount) stops the star
       `nodecompute does not start without the write tokens it names. Check that filesystem (does \`cat ${fifo}\` return?), ` +
       'or mount the token from a Kubernetes Secret (a tmpfs, which does not hang), then start again.',
   });
-  t.same(pendingTokenFileReads(), [fifo], 'the read is still pending: main.ts must not wait for it to exit');
+  t.same(stuckTokenFileReads(), [fifo], 'the read is still pending: main.ts must not wait for it to exit');
   await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
-  await waitUntil(() => pendingTokenFileReads().length === 0, { what: 'the read to return once the FIFO has a writer' });
+  await waitUntil(() => stuckTokenFileReads().length === 0, { what: 'the read to return once the FIFO has a writer' });
 });
 
 t.test('the help lists every setting with its variable, flag and default', async (t) => {

@@ -16,9 +16,11 @@
 //   rewritten in place (truncated, then written) can otherwise be caught half-written, and its
 //   partial tokens would replace the good ones. An unstable read is answered as such, and the
 //   next look tries again.
-// It also keeps the list of reads in flight in the whole process (pendingTokenFileReads): Node's exit
-// waits for every read it started to return (libuv joins its threadpool threads), so one stuck on
-// a hung mount keeps the process from exiting at all, and main.ts must know it to end otherwise.
+// It also keeps the list of reads stuck in the whole process (stuckTokenFileReads: still pending past
+// their bound): Node's exit waits for every read it started to return (libuv joins its threadpool
+// threads), so one stuck on a hung mount keeps the process from exiting at all, and main.ts must
+// know it to end otherwise. A read merely in flight is not listed: it returns within milliseconds,
+// and an exit waits for it.
 import type { BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 
@@ -98,12 +100,12 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
   }
 }
 
-/** The path of every read in flight, once per read: libuv's threadpool is the process's, so is this list. */
-const inFlight: string[] = [];
+/** The path of every read past its bound and still pending, once per read: libuv's threadpool is the process's, so is this list. */
+const stuck: string[] = [];
 
-/** The paths of the token-file reads still in flight, in the whole process (a stuck one stays here). */
-export function pendingTokenFileReads(): string[] {
-  return [...inFlight];
+/** The paths of the token-file reads still pending past their bound, in the whole process. */
+export function stuckTokenFileReads(): string[] {
+  return [...stuck];
 }
 
 interface Flight {
@@ -121,11 +123,12 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
   function look(): Promise<TokenFileLook> {
     if (flight !== null) return flight.isLate() ? Promise.resolve({ kind: 'late', timeoutMs }) : flight.answer;
     let late = false;
-    inFlight.push(path);
     const read = readIfChanged(path, taken, beforeRead).then((outcome): TokenFileLook => {
-      inFlight.splice(inFlight.indexOf(path), 1);
       flight = null;
-      if (late) return { kind: 'late', timeoutMs }; // dropped: its callers were answered without it
+      if (late) {
+        stuck.splice(stuck.indexOf(path), 1);
+        return { kind: 'late', timeoutMs }; // dropped: its callers were answered without it
+      }
       if (outcome.kind === 'read') {
         taken = outcome.identity;
         return { kind: 'read', text: outcome.text };
@@ -138,6 +141,7 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
     const deadline = new Promise<TokenFileLook>((resolve) => {
       timer = setTimeout(() => {
         late = true;
+        stuck.push(path);
         // Read again once the file answers, so that its recovery is noticed (and said) even if it is unchanged.
         taken = null;
         resolve({ kind: 'late', timeoutMs });

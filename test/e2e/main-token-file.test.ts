@@ -8,7 +8,7 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
 import { createFakeNvidiaSmi, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
-import { mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
+import { hangTokenFile, isStuckReadWarning, mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
 import { MAIN, startServer } from '../helpers/server.js';
 
 const TOKEN = 'a-token-of-enough-length';
@@ -93,18 +93,12 @@ t.test('SIGTERM while a read of the token file hangs: the service ends within it
   mkfifo(fifo);
   t.teardown(() => void releaseFifo(fifo));
   const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
-  const write = async () => (await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).status;
-  t.equal(await write(), 404, 'authorised, then no such shard');
+  t.equal((await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).status, 404, 'authorised, then no such shard');
 
   // The mount hangs: the next look at the file (a second later, on a write) waits in open() for good.
-  repoint(path, 'fifo');
-  const hangs = (entry: Record<string, unknown>) => entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
-  const giveUpAt = Date.now() + HANG_MS;
-  while (!server.logs().some(hangs) && Date.now() < giveUpAt) {
-    t.equal(await write(), 404, 'writes are judged by the tokens last read');
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-  t.ok(server.logs().some(hangs), 'a read of the token file is stuck');
+  const statuses = await hangTokenFile(server, path, 'fifo', TOKEN, HANG_MS);
+  t.ok(statuses.length > 0 && statuses.every((status) => status === 404), `writes are judged by the tokens last read: ${statuses.join(', ')}`);
+  t.ok(server.logs().some(isStuckReadWarning), 'a read of the token file is stuck');
 
   server.child.kill('SIGTERM');
   // close-with-grace gives the shutdown 10 s; a process still there long after that will never end.

@@ -1,7 +1,9 @@
 // Owns the tests' stand-ins for a token file on a hung mount: a FIFO (open() on one with no writer
-// blocks, as a read on a hung network filesystem does) and the kubelet's symlink swap.
+// blocks, as a read on a hung network filesystem does), the kubelet's symlink swap, and a running
+// server brought to a stuck read of its token file.
 import { spawnSync } from 'node:child_process';
 import { closeSync, constants, openSync, renameSync, symlinkSync } from 'node:fs';
+import type { RunningServer } from './server.js';
 
 export function mkfifo(path: string): void {
   const result = spawnSync('mkfifo', [path], { encoding: 'utf8' });
@@ -28,4 +30,24 @@ export function releaseFifo(path: string): boolean {
 export function repoint(link: string, target: string): void {
   symlinkSync(target, `${link}.tmp`);
   renameSync(`${link}.tmp`, link);
+}
+
+/** The server's warning that a read of its token file did not answer (auth.ts). */
+export const isStuckReadWarning = (entry: Record<string, unknown>): boolean =>
+  entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
+
+/**
+ * Points the server's token file `link` (a symlink) at the FIFO `fifo`, then writes with `token`
+ * every 100 ms until the server warns that its read of the file is stuck (it looks at the file at
+ * most once a second, on a write), or `timeoutMs` passes. Answers the statuses of those writes.
+ */
+export async function hangTokenFile(server: RunningServer, link: string, fifo: string, token: string, timeoutMs: number): Promise<number[]> {
+  repoint(link, fifo);
+  const statuses: number[] = [];
+  const giveUpAt = Date.now() + timeoutMs;
+  while (!server.logs().some(isStuckReadWarning) && Date.now() < giveUpAt) {
+    statuses.push((await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${token}` } })).status);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  return statuses;
 }

@@ -12,7 +12,7 @@ import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createTokenFileSource, TOKEN_FILE_CHECK_MS, type TokenSource } from '../../src/auth.js';
 import { readStartTokens, resolveConfig } from '../../src/config.js';
-import { pendingTokenFileReads } from '../../src/system/token-file.js';
+import { stuckTokenFileReads } from '../../src/system/token-file.js';
 import type { DoctorReport } from '../../src/doctor/doctor.js';
 import { REPORT_REUSE_MS } from '../../routes/doctor.js';
 import { buildTestApp, manualClock } from '../helpers/app.js';
@@ -363,7 +363,7 @@ t.test('a token file that hangs, then answers with a bad content, reports the ba
   // The mount answers again, with a content that cannot be used.
   repoint(path, 'short');
   await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
-  await waitUntil(() => pendingTokenFileReads().length === 0, { what: 'the stuck read to return' });
+  await waitUntil(() => stuckTokenFileReads().length === 0, { what: 'the stuck read to return' });
   clock.advance(TOKEN_FILE_CHECK_MS);
   t.equal(await write(OLD), 'accepted', 'the tokens last read stay in force');
   const unusable = `The token file ${path} cannot be used: the token on line 1 cannot work: it has fewer than 16 characters (5).`;

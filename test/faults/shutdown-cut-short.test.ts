@@ -1,0 +1,111 @@
+// A graceful shutdown of the real server (dist/src/main.js) that cannot finish: a client keeps a
+// request open (its body stops short), so the close waits for it. The shutdown is cut short when its
+// 10 s grace runs out, or at once on a second signal; either way the process says so and exits 1,
+// or, while a read of its token file is stuck on a hung mount (close-with-grace's process.exit(1)
+// would hang there), ends by SIGTERM with every line it logged written out.
+import { once } from 'node:events';
+import { connect, type Socket } from 'node:net';
+import { join } from 'node:path';
+import t from 'tap';
+import { waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { hangTokenFile, isStuckReadWarning, mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
+import { startServer, type RunningServer } from '../helpers/server.js';
+
+const TOKEN = 'a-token-of-enough-length';
+/** Far beyond the 10 s grace, even on a loaded machine: a process still there then hangs. */
+const HANG_MS = 45_000;
+const GRACE_MS = 10_000;
+
+/** How `exited` ended: the exit code or signal name, or 'still running' after `ms`. */
+function within(exited: Promise<number | string>, ms: number): Promise<number | string> {
+  let timer: NodeJS.Timeout | undefined;
+  const giveUp = new Promise<string>((resolve) => (timer = setTimeout(() => resolve('still running'), ms)));
+  return Promise.race([exited, giveUp]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * Starts a PUT whose body never ends. The server answers `Expect: 100-continue` once it has the
+ * headers, so the request is known to be in flight (not an idle connection a close would drop)
+ * before this resolves; it stays in flight until Node's 30 s request timeout.
+ */
+async function holdRequestOpen(server: RunningServer): Promise<Socket> {
+  const { hostname, port } = new URL(server.url);
+  const socket = connect(Number(port), hostname);
+  await once(socket, 'connect');
+  socket.write(
+    `PUT /shards/held HTTP/1.1\r\nHost: ${hostname}\r\nAuthorization: Bearer ${TOKEN}\r\nContent-Type: application/json\r\n` +
+      'Content-Length: 64\r\nExpect: 100-continue\r\n\r\n',
+  );
+  const [first] = (await once(socket, 'data')) as [Buffer];
+  if (!first.toString().startsWith('HTTP/1.1 100 Continue')) throw new Error(`expected 100 Continue, got ${first.toString()}`);
+  socket.write('{"pid":');
+  socket.on('error', () => {}); // reset when the process ends: expected
+  return socket;
+}
+
+interface Case {
+  name: string;
+  /** Whether a read of the token file is stuck when the shutdown begins. */
+  stuck: boolean;
+  /** Whether a second SIGTERM follows the first. */
+  twice: boolean;
+}
+
+const CASES: Case[] = [
+  { name: 'a second SIGTERM', stuck: false, twice: true },
+  { name: 'a second SIGTERM, a read of the token file stuck', stuck: true, twice: true },
+  { name: 'the grace runs out', stuck: false, twice: false },
+  { name: 'the grace runs out, a read of the token file stuck', stuck: true, twice: false },
+];
+
+const CUT_BY_SIGNAL = 'A second SIGTERM came while shutting down: the requests still in flight are cut off, and the process exits now with code 1.';
+const CUT_BY_GRACE = /^Shutting down took longer than its 10 s grace: the requests still in flight are cut off, and the process exits now with code 1\. A client that keeps a request open .* holds a shutdown up; it gets a reset connection and should retry\.$/;
+
+t.test('a shutdown held up by a request that never ends is cut short by its grace or a second signal: exit 1, or SIGTERM while a token read is stuck', async (t) => {
+  const root = t.testdir(Object.fromEntries(CASES.map((_, index) => [String(index), { good: `${TOKEN}\n` }])));
+  // The four run side by side: two of them wait out the whole grace.
+  await Promise.all(
+    CASES.map(async ({ name, stuck, twice }, index) => {
+      const dir = join(root, String(index));
+      const path = join(dir, 'token');
+      const fifo = join(dir, 'fifo');
+      repoint(path, 'good');
+      mkfifo(fifo);
+      t.teardown(() => void releaseFifo(fifo));
+      const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
+      if (stuck) {
+        await hangTokenFile(server, path, 'fifo', TOKEN, HANG_MS);
+        t.ok(server.logs().some(isStuckReadWarning), `${name}: a read of the token file is stuck`);
+      }
+      const held = await holdRequestOpen(server);
+      t.teardown(() => void held.destroy());
+
+      const signalledAt = Date.now();
+      server.child.kill('SIGTERM');
+      if (twice) {
+        const closing = () => server.logs().some((entry) => String(entry.msg).startsWith('Shutting down: finishing in-flight requests'));
+        await waitUntil(closing, { timeoutMs: HANG_MS, what: `${name}: the shutdown to begin` });
+        server.child.kill('SIGTERM');
+      }
+      const end = await within(server.exited, HANG_MS);
+      const tookMs = Date.now() - signalledAt;
+      t.equal(end, stuck ? 'SIGTERM' : 1, `${name}: ended (${stuck ? 'by SIGTERM, exit status 143' : 'exit code 1'}), not left hanging`, {
+        stderr: server.stderr(),
+        lines: server.lines().slice(-4),
+      });
+
+      const logs = server.logs();
+      const cut = logs.filter((entry) => entry.level === 50);
+      t.equal(cut.length, 1, `${name}: one line says the shutdown was cut short: ${JSON.stringify(cut)}`);
+      t.match(cut[0]?.msg, twice ? CUT_BY_SIGNAL : CUT_BY_GRACE, `${name}: what happened, and what it means`);
+      if (!twice) t.ok(tookMs >= GRACE_MS, `${name}: after the whole grace (${tookMs} ms)`);
+      if (stuck) {
+        t.match(
+          logs.at(-1),
+          { level: 40, file: path, msg: /^A read of the token file .* is still pending .* ending the process with SIGTERM instead \(exit status 143\)/ },
+          `${name}: the last line says why it ends by SIGTERM, and every line before it is out`,
+        );
+      }
+    }),
+  );
+});
