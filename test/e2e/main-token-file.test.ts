@@ -8,19 +8,12 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
 import { createFakeNvidiaSmi, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
-import { hangTokenFile, isStuckReadWarning, mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
-import { MAIN, startServer } from '../helpers/server.js';
+import { hangTokenFile, isStuckReadWarning, mkfifo, releaseFifo, startWithTokenFile } from '../helpers/fifo.js';
+import { MAIN, within } from '../helpers/server.js';
 
 const TOKEN = 'a-token-of-enough-length';
 /** Far beyond what a working start or shutdown takes, even on a loaded machine: a process still there then hangs. */
 const HANG_MS = 45_000;
-
-/** How `exited` ended: the exit code or signal name, or 'still running' after `ms`. */
-function within(exited: Promise<number | string>, ms: number): Promise<number | string> {
-  let timer: NodeJS.Timeout | undefined;
-  const giveUp = new Promise<string>((resolve) => (timer = setTimeout(() => resolve('still running'), ms)));
-  return Promise.race([exited, giveUp]).finally(() => clearTimeout(timer));
-}
 
 /** Runs main.js to its end (killed if it is still running after HANG_MS). */
 function run(args: string[], env: Record<string, string>) {
@@ -86,13 +79,7 @@ t.test('a token file that cannot be read or holds no usable token stops the star
 });
 
 t.test('SIGTERM while a read of the token file hangs: the service ends within its grace, by SIGTERM, saying why', async (t) => {
-  const dir = t.testdir({ good: `${TOKEN}\n` });
-  const path = join(dir, 'token');
-  const fifo = join(dir, 'fifo');
-  repoint(path, 'good');
-  mkfifo(fifo);
-  t.teardown(() => void releaseFifo(fifo));
-  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
+  const { server, path } = await startWithTokenFile(t, t.testdir(), TOKEN);
   t.equal((await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).status, 404, 'authorised, then no such shard');
 
   // The mount hangs: the next look at the file (a second later, on a write) waits in open() for good.

@@ -8,20 +8,13 @@ import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
-import { hangTokenFile, isStuckReadWarning, mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
-import { startServer, type RunningServer } from '../helpers/server.js';
+import { hangTokenFile, isStuckReadWarning, startWithTokenFile } from '../helpers/fifo.js';
+import { within, type RunningServer } from '../helpers/server.js';
 
 const TOKEN = 'a-token-of-enough-length';
 /** Far beyond the 10 s grace, even on a loaded machine: a process still there then hangs. */
 const HANG_MS = 45_000;
 const GRACE_MS = 10_000;
-
-/** How `exited` ended: the exit code or signal name, or 'still running' after `ms`. */
-function within(exited: Promise<number | string>, ms: number): Promise<number | string> {
-  let timer: NodeJS.Timeout | undefined;
-  const giveUp = new Promise<string>((resolve) => (timer = setTimeout(() => resolve('still running'), ms)));
-  return Promise.race([exited, giveUp]).finally(() => clearTimeout(timer));
-}
 
 /**
  * Starts a PUT whose body never ends. The server answers `Expect: 100-continue` once it has the
@@ -62,17 +55,11 @@ const CUT_BY_SIGNAL = 'A second SIGTERM came while shutting down: the requests s
 const CUT_BY_GRACE = /^Shutting down took longer than its 10 s grace: the requests still in flight are cut off, and the process exits now with code 1\. A client that keeps a request open .* holds a shutdown up; it gets a reset connection and should retry\.$/;
 
 t.test('a shutdown held up by a request that never ends is cut short by its grace or a second signal: exit 1, or SIGTERM while a token read is stuck', async (t) => {
-  const root = t.testdir(Object.fromEntries(CASES.map((_, index) => [String(index), { good: `${TOKEN}\n` }])));
+  const root = t.testdir(Object.fromEntries(CASES.map((_, index) => [String(index), {}])));
   // The four run side by side: two of them wait out the whole grace.
   await Promise.all(
     CASES.map(async ({ name, stuck, twice }, index) => {
-      const dir = join(root, String(index));
-      const path = join(dir, 'token');
-      const fifo = join(dir, 'fifo');
-      repoint(path, 'good');
-      mkfifo(fifo);
-      t.teardown(() => void releaseFifo(fifo));
-      const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
+      const { server, path } = await startWithTokenFile(t, join(root, String(index)), TOKEN);
       if (stuck) {
         await hangTokenFile(server, path, 'fifo', TOKEN, HANG_MS);
         t.ok(server.logs().some(isStuckReadWarning), `${name}: a read of the token file is stuck`);

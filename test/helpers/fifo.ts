@@ -2,8 +2,10 @@
 // blocks, as a read on a hung network filesystem does), the kubelet's symlink swap, and a running
 // server brought to a stuck read of its token file.
 import { spawnSync } from 'node:child_process';
-import { closeSync, constants, openSync, renameSync, symlinkSync } from 'node:fs';
-import type { RunningServer } from './server.js';
+import { closeSync, constants, openSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Test } from 'tap';
+import { startServer, type RunningServer } from './server.js';
 
 export function mkfifo(path: string): void {
   const result = spawnSync('mkfifo', [path], { encoding: 'utf8' });
@@ -32,12 +34,28 @@ export function repoint(link: string, target: string): void {
   renameSync(`${link}.tmp`, link);
 }
 
+/**
+ * Starts the service (without nvidia-smi) on the token file `<dir>/token`: a symlink to `good`, which
+ * holds `token`, beside a FIFO `fifo` that hangTokenFile can point it at. The FIFO is released at
+ * teardown, so that no read stays blocked in open().
+ */
+export async function startWithTokenFile(t: Test, dir: string, token: string): Promise<{ server: RunningServer; path: string }> {
+  const path = join(dir, 'token');
+  const fifo = join(dir, 'fifo');
+  writeFileSync(join(dir, 'good'), `${token}\n`);
+  repoint(path, 'good');
+  mkfifo(fifo);
+  t.teardown(() => void releaseFifo(fifo));
+  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
+  return { server, path };
+}
+
 /** The server's warning that a read of its token file did not answer (auth.ts). */
 export const isStuckReadWarning = (entry: Record<string, unknown>): boolean =>
   entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
 
 /**
- * Points the server's token file `link` (a symlink) at the FIFO `fifo`, then writes with `token`
+ * Points the server's token file `link` (a symlink) at the FIFO `fifo` (a name beside it), then writes with `token`
  * every 100 ms until the server warns that its read of the file is stuck (it looks at the file at
  * most once a second, on a write), or `timeoutMs` passes. Answers the statuses of those writes.
  */

@@ -67,3 +67,10 @@ export async function startServer(t: Test, env: Record<string, string>, args: st
   };
   return { url, child, logs, lines, stderr: () => stderr, exited, fetch: request };
 }
+
+/** How `exited` ended: the exit code or signal name, or 'still running' after `ms`. */
+export function within(exited: Promise<number | string>, ms: number): Promise<number | string> {
+  let timer: NodeJS.Timeout | undefined;
+  const giveUp = new Promise<string>((resolve) => (timer = setTimeout(() => resolve('still running'), ms)));
+  return Promise.race([exited, giveUp]).finally(() => clearTimeout(timer));
+}
