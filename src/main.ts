@@ -39,8 +39,10 @@ ${settingsHelp()}
 /**
  * Logs to stdout, one JSON line each, written synchronously: a process that ends by a signal (a
  * read of the token file stuck, below) has every line it logged out first, in order, with nothing
- * left queued. Lines are few (requests are logged only when they fail, or at debug level). On a
- * terminal they go through pino-pretty's worker instead, and flushLog waits for it.
+ * left queued. Lines are few (requests are logged only when they fail, or at debug level). The
+ * price: a log reader that stops reading (a full pipe) stalls the service until it reads again,
+ * where an asynchronous logger would grow its queue without bound instead. On a terminal, lines go
+ * through pino-pretty's worker, which may lose the last ones when the process ends by a signal.
  */
 function createLogger(config: Config): Logger {
   if (process.stdout.isTTY) {
@@ -61,7 +63,7 @@ async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): P
   log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
 }
 
-/** Returns once every line logged so far is written out (pino-pretty's worker included). */
+/** Returns once every line logged so far is written out (on a terminal: taken by pino-pretty's worker). */
 function flushLog(log: Logger): void {
   (log as unknown as Record<symbol, { flushSync(): void }>)[symbols.streamSym]!.flushSync();
 }
@@ -87,6 +89,8 @@ function raiseSigterm(): void {
     if (!SIGTERM_HANDLERS_AT_START.includes(handler)) process.off('SIGTERM', handler);
   }
   process.emit('SIGTERM', 'SIGTERM');
+  // One that ran without ending the process would catch the signal below, and the exit would hang.
+  process.removeAllListeners('SIGTERM');
   process.kill(process.pid, 'SIGTERM');
 }
 
@@ -120,9 +124,12 @@ function cutShutdownShort(log: Logger, why: string): void {
   log.error(why);
   const [file] = stuckTokenFileReads();
   if (file === undefined) return;
-  log.warn({ file }, stuckReadMessage(file));
-  flushLog(log);
-  raiseSigterm();
+  try {
+    log.warn({ file }, stuckReadMessage(file));
+    flushLog(log);
+  } finally {
+    raiseSigterm();
+  }
 }
 
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
@@ -138,7 +145,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   }
   // Installed once listening: close-with-grace ends the process with code 0 when the event loop
   // empties, which would hide a start that failed (a port in use) from restart policies.
-  // It logs an uncaught error itself before calling this.
+  // On an uncaught error it calls this with the error (and no signal), which the first line names.
   closeWithGrace(
     {
       delay: SHUTDOWN_GRACE_MS,
@@ -146,14 +153,14 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       onTimeout: () =>
         cutShutdownShort(
           log,
-          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: the requests still in flight are cut off, and the process exits now with code 1. ` +
+          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: the requests still in flight are cut off, and the process ends now. ` +
             'A client that keeps a request open (a body it never finishes, an answer it does not read) holds a shutdown up; it gets a reset connection and should retry.',
         ),
       onSecondSignal: (signal) =>
-        cutShutdownShort(log, `A second ${signal} came while shutting down: the requests still in flight are cut off, and the process exits now with code 1.`),
+        cutShutdownShort(log, `A second ${signal} came while shutting down: the requests still in flight are cut off, and the process ends now.`),
     },
-    async ({ signal }) => {
-      log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
+    async ({ signal, err }) => {
+      log.info({ signal, err }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
       try {
         await app.close();
       } finally {

@@ -19,8 +19,9 @@
 // It also keeps the list of reads stuck in the whole process (stuckTokenFileReads: still pending past
 // their bound): Node's exit waits for every read it started to return (libuv joins its threadpool
 // threads), so one stuck on a hung mount keeps the process from exiting at all, and main.ts must
-// know it to end otherwise. A read merely in flight is not listed: it returns within milliseconds,
-// and an exit waits for it.
+// know it to end otherwise. A read within its bound is not listed: a working file answers within
+// milliseconds, and an exit waits for that; one that starts to hang is listed once its bound passes
+// (an exit in that second still hangs, until the kubelet's SIGKILL).
 import type { BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 
