@@ -6,7 +6,7 @@
 // instead of hanging it. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
 // kills running nvidia-smi children and exits 0 (1 when it is cut short: after 10 s, or on a second
 // signal); or, while a read of the token file is stuck on a hung mount, ends by SIGTERM
-// (endDespiteStuckReads, cutShutdownShort): Node cannot exit before that read returns.
+// (endIfReadStuck): Node cannot exit before that read returns.
 import closeWithGrace from 'close-with-grace';
 import { destination, pino, symbols, type Logger } from 'pino';
 import { buildApp } from './app.js';
@@ -81,8 +81,9 @@ function stuckReadMessage(file: string): string {
  * shows), which the kernel carries out whatever a read waits on. close-with-grace's handlers would
  * answer the signal with process.exit(), which hangs: the handlers installed since start go. Those
  * there before (exit hooks, as signal-exit's, which raise the signal again once they have run) are
- * run first, here and now, as the signal would run them: cutShutdownShort's caller goes on to
- * process.exit() without giving the event loop another turn.
+ * run first, here and now, as the signal would run them: the callers go on to an exit (close-with-
+ * grace's process.exit()) without giving the event loop another turn. The signal then ends the
+ * process before process.kill returns: nothing runs after it.
  */
 function raiseSigterm(): void {
   for (const handler of process.listeners('SIGTERM')) {
@@ -95,24 +96,25 @@ function raiseSigterm(): void {
 }
 
 /**
- * Ends the process when a read of the token file is stuck (still pending past its bound), and
- * returns when none is. Node's exit waits for every read it started to return (libuv joins its
- * threadpool threads), and a read stuck on a hung mount never does: neither process.exit() nor an
- * event loop left to empty would end the process, and it would hang until the kubelet's SIGKILL.
- * It says why in the log, or on stderr before there is one, then raises SIGTERM.
+ * Ends the process, by SIGTERM, when a read of the token file is stuck (still pending past its
+ * bound), after saying why in the log (on stderr before there is one); returns when none is. Node's
+ * exit waits for every read it started to return (libuv joins its threadpool threads), and a read
+ * stuck on a hung mount never does: neither process.exit() nor an event loop left to empty would
+ * end the process, and it would hang until the kubelet's SIGKILL. Called before every exit.
  */
-async function endDespiteStuckReads(log: Logger | null): Promise<void> {
+function endIfReadStuck(log: Logger | null): void {
   const [file] = stuckTokenFileReads();
   if (file === undefined) return;
-  if (log === null) {
-    process.stderr.write(`nodecompute: ${stuckReadMessage(file)}\n`);
-  } else {
-    log.warn({ file }, stuckReadMessage(file));
-    flushLog(log);
+  try {
+    if (log === null) {
+      process.stderr.write(`nodecompute: ${stuckReadMessage(file)}\n`);
+    } else {
+      log.warn({ file }, stuckReadMessage(file));
+      flushLog(log);
+    }
+  } finally {
+    raiseSigterm();
   }
-  raiseSigterm();
-  // Never go on to an exit that would hang: the signal ends the process (at once, or after those hooks).
-  return new Promise(() => {});
 }
 
 /**
@@ -122,14 +124,7 @@ async function endDespiteStuckReads(log: Logger | null): Promise<void> {
  */
 function cutShutdownShort(log: Logger, why: string): void {
   log.error(why);
-  const [file] = stuckTokenFileReads();
-  if (file === undefined) return;
-  try {
-    log.warn({ file }, stuckReadMessage(file));
-    flushLog(log);
-  } finally {
-    raiseSigterm();
-  }
+  endIfReadStuck(log);
 }
 
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
@@ -164,7 +159,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       try {
         await app.close();
       } finally {
-        await endDespiteStuckReads(log);
+        endIfReadStuck(log);
       }
     },
   );
@@ -218,5 +213,5 @@ const code = await main(process.argv.slice(2));
 if (code !== null) {
   process.exitCode = code;
   // A token file that did not answer at start leaves its read pending: the process would never end.
-  await endDespiteStuckReads(null);
+  endIfReadStuck(null);
 }

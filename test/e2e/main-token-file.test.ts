@@ -83,7 +83,7 @@ t.test('SIGTERM while a read of the token file hangs: the service ends within it
   t.equal((await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${TOKEN}` } })).status, 404, 'authorised, then no such shard');
 
   // The mount hangs: the next look at the file (a second later, on a write) waits in open() for good.
-  const statuses = await hangTokenFile(server, path, 'fifo', TOKEN, HANG_MS);
+  const statuses = await hangTokenFile(server, path, TOKEN, HANG_MS);
   t.ok(statuses.length > 0 && statuses.every((status) => status === 404), `writes are judged by the tokens last read: ${statuses.join(', ')}`);
   t.ok(server.logs().some(isStuckReadWarning), 'a read of the token file is stuck');
 

@@ -61,7 +61,7 @@ t.test('a shutdown held up by a request that never ends is cut short by its grac
     CASES.map(async ({ name, stuck, twice }, index) => {
       const { server, path } = await startWithTokenFile(t, join(root, String(index)), TOKEN);
       if (stuck) {
-        await hangTokenFile(server, path, 'fifo', TOKEN, HANG_MS);
+        await hangTokenFile(server, path, TOKEN, HANG_MS);
         t.ok(server.logs().some(isStuckReadWarning), `${name}: a read of the token file is stuck`);
       }
       const held = await holdRequestOpen(server);

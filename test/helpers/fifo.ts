@@ -55,12 +55,13 @@ export const isStuckReadWarning = (entry: Record<string, unknown>): boolean =>
   entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
 
 /**
- * Points the server's token file `link` (a symlink) at the FIFO `fifo` (a name beside it), then writes with `token`
- * every 100 ms until the server warns that its read of the file is stuck (it looks at the file at
- * most once a second, on a write), or `timeoutMs` passes. Answers the statuses of those writes.
+ * Points the token file `link` of a server started by startWithTokenFile at its FIFO, then writes
+ * with `token` every 100 ms until the server warns that its read of the file is stuck (it looks at
+ * the file at most once a second, on a write), or `timeoutMs` passes. Answers the statuses of those
+ * writes.
  */
-export async function hangTokenFile(server: RunningServer, link: string, fifo: string, token: string, timeoutMs: number): Promise<number[]> {
-  repoint(link, fifo);
+export async function hangTokenFile(server: RunningServer, link: string, token: string, timeoutMs: number): Promise<number[]> {
+  repoint(link, 'fifo');
   const statuses: number[] = [];
   const giveUpAt = Date.now() + timeoutMs;
   while (!server.logs().some(isStuckReadWarning) && Date.now() < giveUpAt) {

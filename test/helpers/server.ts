@@ -54,10 +54,8 @@ export async function startServer(t: Test, env: Record<string, string>, args: st
       return await fetch(`${url}${path}`, init);
     } catch (err) {
       const cause = (err as Error & { cause?: NodeJS.ErrnoException }).cause;
-      let timer: NodeJS.Timeout | undefined;
-      const end = await Promise.race([exited, new Promise<null>((resolve) => (timer = setTimeout(() => resolve(null), EXIT_NOTICE_MS)))]);
-      clearTimeout(timer);
-      const state = end === null ? `was still running ${EXIT_NOTICE_MS} ms later` : `had exited (${end})`;
+      const end = await within(exited, EXIT_NOTICE_MS);
+      const state = end === 'still running' ? `was still running ${EXIT_NOTICE_MS} ms later` : `had exited (${end})`;
       throw new Error(
         `${init?.method ?? 'GET'} ${path} got no answer (${cause?.code ?? cause?.message ?? (err as Error).message}); the server (pid ${child.pid}) ${state}. ` +
           `Its stderr: ${JSON.stringify(stderr)}. Its last log lines:\n${lines().slice(-10).join('\n')}`,
