@@ -6,7 +6,11 @@
 // OPTIONS on a known path answers 204 with the same Allow header (RFC 9110 9.3.7: it asks which
 // methods a path takes), so Allow always lists OPTIONS. There is no CORS: the 204 carries no
 // Access-Control-* header, so a browser's preflight from another origin still fails, as before.
-// The hidden routes stay out of the OpenAPI document (schema.hide).
+// The hidden routes stay out of the OpenAPI document (schema.hide). Fastify's router knows only the
+// common methods and would send any other that Node's parser accepts (PROPFIND, LOCK, ...) to the
+// 404 of a missing path: those become known methods too, answered nowhere, so a known path asked
+// with one is a 405 as well. CONNECT never reaches a route (Node hands it to a 'connect' listener).
+import { METHODS } from 'node:http';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { App } from '../src/app.js';
 import { MethodNotAllowedError } from '../src/errors.js';
@@ -16,6 +20,9 @@ import { MethodNotAllowedError } from '../src/errors.js';
  * route. Call the function it returns after the last route: it adds the hidden routes.
  */
 export function answerOtherMethods(app: App): () => void {
+  for (const method of METHODS) {
+    if (method !== 'CONNECT' && !app.supportedMethods.includes(method)) app.addHttpMethod(method, { hasBody: true });
+  }
   const urls = new Set<string>();
   let sealed = false;
   app.addHook('onRoute', (route) => {

@@ -4,9 +4,9 @@
 // checks the node; --help and --version say what they say. `serve` and `doctor` first read the
 // token file within a bound (config.ts's readStartTokens), so a file on a hung mount fails the start
 // instead of hanging it. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
-// kills running nvidia-smi children and exits 0 (1 when it is cut short: after 10 s, or on a second
-// signal); or, while a read of the token file is stuck on a hung mount, ends by SIGTERM
-// (endIfReadStuck): Node cannot exit before that read returns.
+// kills running nvidia-smi children and exits 0 (1 after an uncaught error, or when it is cut short:
+// after 10 s, on a second signal or another uncaught error); or, while a read of the token file is
+// stuck on a hung mount, ends by SIGTERM (endIfReadStuck): Node cannot exit before that read returns.
 import closeWithGrace from 'close-with-grace';
 import { destination, pino, symbols, type Logger } from 'pino';
 import { buildApp } from './app.js';
@@ -118,14 +118,18 @@ function endIfReadStuck(log: Logger | null): void {
 }
 
 /**
- * The shutdown is cut short (its grace ran out, or a second signal came): says so, and ends the
- * process at once. close-with-grace calls process.exit(1) right after this returns, so where a read
- * of the token file is stuck (that exit would hang) the process ends here, by SIGTERM.
+ * The shutdown is cut short (its grace ran out, a second signal came, or an uncaught error `err`):
+ * says so, and ends the process at once. close-with-grace calls process.exit(1) right after this
+ * returns, so where a read of the token file is stuck (that exit would hang) the process ends here,
+ * by SIGTERM.
  */
-function cutShutdownShort(log: Logger, why: string): void {
-  log.error(why);
+function cutShutdownShort(log: Logger, why: string, err?: unknown): void {
+  log.error({ err }, why);
   endIfReadStuck(log);
 }
+
+/** Said of an uncaught error, which nothing in nodecompute should let through. */
+const A_BUG = 'a bug in nodecompute: please report it with this line and the ones before it';
 
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
@@ -140,7 +144,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   }
   // Installed once listening: close-with-grace ends the process with code 0 when the event loop
   // empties, which would hide a start that failed (a port in use) from restart policies.
-  // On an uncaught error it calls this with the error (and no signal), which the first line names.
+  // On an uncaught error it calls the shutdown with the error (and no signal), and exits 1.
   closeWithGrace(
     {
       delay: SHUTDOWN_GRACE_MS,
@@ -153,9 +157,18 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
         ),
       onSecondSignal: (signal) =>
         cutShutdownShort(log, `A second ${signal} came while shutting down: the requests still in flight are cut off, and the process ends now.`),
+      onSecondError: (err) =>
+        cutShutdownShort(log, `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`, err),
     },
     async ({ signal, err }) => {
-      log.info({ signal, err }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
+      if (err === undefined) {
+        log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
+      } else {
+        log.error(
+          { err },
+          `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`,
+        );
+      }
       try {
         await app.close();
       } finally {

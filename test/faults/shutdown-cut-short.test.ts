@@ -1,11 +1,14 @@
 // A graceful shutdown of the real server (dist/src/main.js) that cannot finish: a client keeps a
 // request open (its body stops short), so the close waits for it. The shutdown is cut short when its
-// 10 s grace runs out, or at once on a second signal; either way the process says so and exits 1,
-// or, while a read of its token file is stuck on a hung mount (close-with-grace's process.exit(1)
-// would hang there), ends by SIGTERM with every line it logged written out.
+// 10 s grace runs out, or at once on a second signal or an uncaught error; either way the process
+// says so and exits 1, or, while a read of its token file is stuck on a hung mount (close-with-
+// grace's process.exit(1) would hang there), ends by SIGTERM with every line it logged written out.
+// An uncaught error comes from a module preloaded into the server, which throws one on each SIGWINCH
+// (a signal the service leaves alone): nothing in the service should ever let one through.
 import { once } from 'node:events';
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import t from 'tap';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { hangTokenFile, isStuckReadWarning, startWithTokenFile } from '../helpers/fifo.js';
@@ -36,30 +39,48 @@ async function holdRequestOpen(server: RunningServer): Promise<Socket> {
   return socket;
 }
 
+/** What starts the shutdown, or cuts it short: a SIGTERM, or an uncaught error. */
+type Blow = 'SIGTERM' | 'error';
+
 interface Case {
   name: string;
   /** Whether a read of the token file is stuck when the shutdown begins. */
   stuck: boolean;
-  /** Whether a second SIGTERM follows the first. */
-  twice: boolean;
+  first: Blow;
+  /** What cuts the shutdown short; none: its grace runs out. */
+  second: Blow | null;
 }
 
 const CASES: Case[] = [
-  { name: 'a second SIGTERM', stuck: false, twice: true },
-  { name: 'a second SIGTERM, a read of the token file stuck', stuck: true, twice: true },
-  { name: 'the grace runs out', stuck: false, twice: false },
-  { name: 'the grace runs out, a read of the token file stuck', stuck: true, twice: false },
+  { name: 'a second SIGTERM', stuck: false, first: 'SIGTERM', second: 'SIGTERM' },
+  { name: 'a second SIGTERM, a read of the token file stuck', stuck: true, first: 'SIGTERM', second: 'SIGTERM' },
+  { name: 'the grace runs out', stuck: false, first: 'SIGTERM', second: null },
+  { name: 'the grace runs out, a read of the token file stuck', stuck: true, first: 'SIGTERM', second: null },
+  { name: 'an uncaught error, then another', stuck: false, first: 'error', second: 'error' },
+  { name: 'a SIGTERM, then an uncaught error, a read of the token file stuck', stuck: true, first: 'SIGTERM', second: 'error' },
 ];
 
-const CUT_BY_SIGNAL = 'A second SIGTERM came while shutting down: the requests still in flight are cut off, and the process ends now.';
-const CUT_BY_GRACE = /^Shutting down took longer than its 10 s grace: the requests still in flight are cut off, and the process ends now\. A client that keeps a request open .* holds a shutdown up; it gets a reset connection and should retry\.$/;
+const INJECTED = 'injected by the test';
+const THROW_ON_SIGWINCH = `process.on('SIGWINCH', () => setImmediate(() => { throw new Error('${INJECTED}'); }));\n`;
 
-t.test('a shutdown held up by a request that never ends is cut short by its grace or a second signal: exit 1, or SIGTERM while a token read is stuck', async (t) => {
-  const root = t.testdir(Object.fromEntries(CASES.map((_, index) => [String(index), {}])));
-  // The four run side by side: two of them wait out the whole grace.
+const A_BUG = 'a bug in nodecompute: please report it with this line and the ones before it';
+const CUT: Record<Blow | 'grace', RegExp> = {
+  SIGTERM: /^A second SIGTERM came while shutting down: the requests still in flight are cut off, and the process ends now\.$/,
+  error: new RegExp(`^An uncaught error came while shutting down \\(${A_BUG}\\): the requests still in flight are cut off, and the process ends now\\.$`),
+  grace: /^Shutting down took longer than its 10 s grace: the requests still in flight are cut off, and the process ends now\. A client that keeps a request open .* holds a shutdown up; it gets a reset connection and should retry\.$/,
+};
+const SHUTTING_DOWN_AFTER_ERROR = `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`;
+
+const isInjected = (entry: Record<string, unknown>): boolean => (entry.err as { message?: string } | undefined)?.message === INJECTED;
+
+t.test('a shutdown held up by a request that never ends is cut short by its grace, a second signal or an uncaught error: exit 1, or SIGTERM while a token read is stuck', async (t) => {
+  const root = t.testdir({ 'throw-on-sigwinch.mjs': THROW_ON_SIGWINCH, ...Object.fromEntries(CASES.map((_, index) => [String(index), {}])) });
+  const preload = { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import=${pathToFileURL(join(root, 'throw-on-sigwinch.mjs')).href}` };
+  // They run side by side: two of them wait out the whole grace.
   await Promise.all(
-    CASES.map(async ({ name, stuck, twice }, index) => {
-      const { server, path } = await startWithTokenFile(t, join(root, String(index)), TOKEN);
+    CASES.map(async ({ name, stuck, first, second }, index) => {
+      const { server, path } = await startWithTokenFile(t, join(root, String(index)), TOKEN, preload);
+      const strike = (blow: Blow) => server.child.kill(blow === 'SIGTERM' ? 'SIGTERM' : 'SIGWINCH');
       if (stuck) {
         await hangTokenFile(server, path, TOKEN, HANG_MS);
         t.ok(server.logs().some(isStuckReadWarning), `${name}: a read of the token file is stuck`);
@@ -68,11 +89,11 @@ t.test('a shutdown held up by a request that never ends is cut short by its grac
       t.teardown(() => void held.destroy());
 
       const signalledAt = Date.now();
-      server.child.kill('SIGTERM');
-      if (twice) {
-        const closing = () => server.logs().some((entry) => String(entry.msg).startsWith('Shutting down: finishing in-flight requests'));
+      strike(first);
+      if (second !== null) {
+        const closing = () => server.logs().some((entry) => String(entry.msg).startsWith('Shutting down'));
         await waitUntil(closing, { timeoutMs: HANG_MS, what: `${name}: the shutdown to begin` });
-        server.child.kill('SIGTERM');
+        strike(second);
       }
       const end = await within(server.exited, HANG_MS);
       const tookMs = Date.now() - signalledAt;
@@ -82,10 +103,19 @@ t.test('a shutdown held up by a request that never ends is cut short by its grac
       });
 
       const logs = server.logs();
-      const cut = logs.filter((entry) => entry.level === 50);
+      const shuttingDown = logs.filter((entry) => String(entry.msg).startsWith('Shutting down') && !String(entry.msg).includes('grace'));
+      t.equal(shuttingDown.length, 1, `${name}: one line says the shutdown begins`);
+      if (first === 'error') {
+        t.match(shuttingDown[0], { level: 50, msg: SHUTTING_DOWN_AFTER_ERROR }, `${name}: the error that began it is a bug, at error level`);
+        t.ok(isInjected(shuttingDown[0]!), `${name}: and that line carries it`);
+      } else {
+        t.match(shuttingDown[0], { level: 30, signal: 'SIGTERM' }, `${name}: the signal that began it`);
+      }
+      const cut = logs.filter((entry) => entry.level === 50 && entry !== shuttingDown[0]);
       t.equal(cut.length, 1, `${name}: one line says the shutdown was cut short: ${JSON.stringify(cut)}`);
-      t.match(cut[0]?.msg, twice ? CUT_BY_SIGNAL : CUT_BY_GRACE, `${name}: what happened, and what it means`);
-      if (!twice) t.ok(tookMs >= GRACE_MS, `${name}: after the whole grace (${tookMs} ms)`);
+      t.match(cut[0]?.msg, CUT[second ?? 'grace'], `${name}: what happened, and what it means`);
+      t.equal(isInjected(cut[0]!), second === 'error', `${name}: the line carries the error that cut it short, if one did`);
+      if (second === null) t.ok(tookMs >= GRACE_MS, `${name}: after the whole grace (${tookMs} ms)`);
       if (stuck) {
         t.match(
           logs.at(-1),

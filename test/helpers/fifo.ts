@@ -37,16 +37,21 @@ export function repoint(link: string, target: string): void {
 /**
  * Starts the service (without nvidia-smi) on the token file `<dir>/token`: a symlink to `good`, which
  * holds `token`, beside a FIFO `fifo` that hangTokenFile can point it at. The FIFO is released at
- * teardown, so that no read stays blocked in open().
+ * teardown, so that no read stays blocked in open(). `env` adds to the server's environment.
  */
-export async function startWithTokenFile(t: Test, dir: string, token: string): Promise<{ server: RunningServer; path: string }> {
+export async function startWithTokenFile(
+  t: Test,
+  dir: string,
+  token: string,
+  env: Record<string, string> = {},
+): Promise<{ server: RunningServer; path: string }> {
   const path = join(dir, 'token');
   const fifo = join(dir, 'fifo');
   writeFileSync(join(dir, 'good'), `${token}\n`);
   repoint(path, 'good');
   mkfifo(fifo);
   t.teardown(() => void releaseFifo(fifo));
-  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path });
+  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FILE: path, ...env });
   return { server, path };
 }
 

@@ -2,7 +2,7 @@
 // path answers, in the one error body; OPTIONS on a known path: 204 with the same Allow. Paths that
 // do not exist stay 404. The expected Allow of every documented path is derived from the OpenAPI
 // document, so a new route or method is covered without touching this file.
-import { STATUS_CODES } from 'node:http';
+import { METHODS as HTTP_METHODS, STATUS_CODES } from 'node:http';
 import { readFileSync } from 'node:fs';
 import t, { type Test } from 'tap';
 import Fastify from 'fastify';
@@ -13,7 +13,8 @@ import { answerOtherMethods } from '../../routes/method-not-allowed.js';
 import { buildTestApp } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
-const METHODS = ['DELETE', 'GET', 'HEAD', 'OPTIONS', 'PATCH', 'POST', 'PUT', 'QUERY', 'TRACE'];
+/** Every method Node's parser accepts, WebDAV's included; CONNECT never reaches a route. */
+const METHODS = HTTP_METHODS.filter((method) => method !== 'CONNECT');
 
 function check405(t: Test, res: LightMyRequestResponse, method: string, path: string, allow: string): void {
   t.equal(res.statusCode, 405, `${method} ${path}: 405 (${res.body.slice(0, 200)})`);
@@ -67,6 +68,9 @@ t.test('the exact answers a user meets: POST /gpus, PATCH /shards/x, GET of a PO
   check405(t, await app.inject({ method: 'GET', url: '/shards/x/engine-output' }), 'GET', '/shards/x/engine-output', 'OPTIONS, POST');
   check405(t, await app.inject({ method: 'HEAD', url: '/shards/x/engine-output' }), 'HEAD', '/shards/x/engine-output', 'OPTIONS, POST');
   check405(t, await app.inject({ method: 'DELETE', url: '/shards' }), 'DELETE', '/shards', 'GET, HEAD, OPTIONS');
+  check405(t, await app.inject({ method: 'PROPFIND' as InjectOptions['method'], url: '/shards/x' }), 'PROPFIND', '/shards/x', 'DELETE, GET, HEAD, OPTIONS, PUT');
+  const propfind = await app.inject({ method: 'PROPFIND' as InjectOptions['method'], url: '/nope' });
+  t.equal(propfind.json().message, 'No route PROPFIND /nope. The API is listed at /docs and /openapi.json.', 'a WebDAV method on a missing path: 404');
 });
 
 t.test('the undocumented paths too: /openapi.json and the /docs pages, wildcard included', async (t) => {
