@@ -7,8 +7,9 @@
 // start time; for a cgroup, the same engine process in it: a new "gpus" or "graceMs") keeps it, one
 // for another target or a restarted container starts with only what was posted after the replacing
 // PUT arrived.
-// A target is registered under one id only: a second id for the same process or cgroup is refused
-// (attribution would give its memory to one id and leave the other on-cpu). A replacement for the
+// A target is registered under one id only: a second id for the same process or cgroup, or for a
+// process in a registered cgroup (or a cgroup holding a registered process), is refused (attribution
+// would give its memory to one id and leave the other on-cpu). A replacement for the
 // same run and the same GPUs keeps the registration time, and with it the grace clock: a control
 // plane that re-PUTs its shards periodically must not put an on-cpu shard back into `starting`; a
 // restarted container's re-PUT (the example's postStart hook) gives the new run its grace.
@@ -18,7 +19,7 @@ import type { Logger } from 'pino';
 import { ShardConflictError, StateFileInvalidError, StateWriteFailedError } from '../errors.js';
 import type { StateFile } from '../system/state-file.js';
 import { appendTail, type EngineAccount, parseLlamaLog } from './llama-log.js';
-import { ENGINES, ranInAnotherBoot, type ProcessIdentity, type ShardRecord } from './shard.js';
+import { ENGINES, ranInAnotherBoot, sameProcess, type ShardRecord } from './shard.js';
 
 const PersistedShardSchema = Type.Object({
   id: Type.String({ minLength: 1 }),
@@ -69,9 +70,10 @@ export interface Registry {
   /**
    * Registers or replaces a shard; resolves once the state file holds it, with the record stored.
    * Engine output follows the target, and so does the registration time (see the header). Rejects
-   * with ShardConflictError when another id holds the same target.
+   * with ShardConflictError when another id holds the same target, or one `overlaps` says covers
+   * the same processes (a PID shard's process in a cgroup shard's cgroup: what only /proc can tell).
    */
-  put(record: ShardRecord): Promise<PutResult>;
+  put(record: ShardRecord, overlaps?: Overlaps): Promise<PutResult>;
   /** Removes a shard; false when it was not registered. Resolves once the state file agrees. */
   remove(id: string): Promise<boolean>;
   engine(id: string): EngineState | undefined;
@@ -97,17 +99,18 @@ export interface PutResult {
   unchanged: boolean;
 }
 
+/**
+ * Whether another registration covers a process of the one being made, though its target differs
+ * (a cgroup against a PID): decided from /proc when the registration was read.
+ */
+export type Overlaps = (other: ShardRecord) => boolean;
+
 type Change = (draft: Map<string, ShardRecord>) => unknown;
 
 interface Queued {
   change: Change;
   resolve: (result: unknown) => void;
   reject: (err: Error) => void;
-}
-
-/** Whether two identities name the same process: PID and start time, in the same boot where both know it. */
-function sameProcess(a: ProcessIdentity, b: ProcessIdentity): boolean {
-  return a.pid === b.pid && a.startTime === b.startTime && !ranInAnotherBoot(a, b.bootId);
 }
 
 /** Whether a replacing registration names the same process or the same cgroup. */
@@ -147,19 +150,25 @@ function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
   );
 }
 
-/** Another id registered for the same target as `record`. */
-function conflicting(shards: ReadonlyMap<string, ShardRecord>, record: ShardRecord): ShardRecord | undefined {
-  for (const shard of shards.values()) if (shard.id !== record.id && sameTarget(shard, record)) return shard;
+/** Another id registered for the same target as `record`, or for a target that covers the same processes. */
+function conflicting(shards: ReadonlyMap<string, ShardRecord>, record: ShardRecord, overlaps: Overlaps): ShardRecord | undefined {
+  for (const shard of shards.values()) if (shard.id !== record.id && (sameTarget(shard, record) || overlaps(shard))) return shard;
   return undefined;
 }
 
+/** A registration's process, as a conflict names it: "PID (name, started at tick T)". */
+function processOf(record: ShardRecord): string {
+  return `${record.identity.pid} (${record.identity.name}, started at tick ${record.identity.startTime})`;
+}
+
 function conflictError(record: ShardRecord, other: ShardRecord): Error {
-  const target =
-    record.cgroup !== null
-      ? `The cgroup "${record.cgroup}"`
-      : `Process ${record.identity.pid} (${record.identity.name}, started at tick ${record.identity.startTime})`;
+  let target: string;
+  const named = record.cgroup !== null ? `The cgroup "${record.cgroup}"` : `Process ${processOf(record)}`;
+  if (sameTarget(record, other)) target = `${named} is`;
+  else if (other.cgroup === null) target = `${named} holds process ${processOf(other)}, which is`;
+  else target = `${named} ${record.cgroup !== null ? 'shares processes with' : 'runs in'} the cgroup "${other.cgroup}", which is`;
   return new ShardConflictError(
-    `${target} is already registered as shard "${other.id}". One process or cgroup under two ids would split its GPU memory: ` +
+    `${target} already registered as shard "${other.id}". One process or cgroup under two ids would split its GPU memory: ` +
       `attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. ` +
       `To register it as "${record.id}", DELETE /shards/${other.id} first; to change its GPUs, grace or engine, PUT /shards/${other.id} instead.`,
   );
@@ -290,13 +299,13 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     get engineVersion() {
       return engineVersion;
     },
-    async put(record) {
+    async put(record, overlaps = () => false) {
       // With nothing queued, answered at once from what is stored: a conflict, or a registration
       // repeated unchanged (a control plane reconciling its shards), which needs no write, no new
       // registry version and so no new attribution. Otherwise the batch decides, after the changes
       // queued before this one (a DELETE of the other id among them).
       if (queue.length === 0 && !writing) {
-        const stored = conflicting(committed, record);
+        const stored = conflicting(committed, record, overlaps);
         if (stored !== undefined) throw conflictError(record, stored);
         const previous = committed.get(record.id);
         if (previous !== undefined && replacement(previous, record).unchanged) return { created: false, shard: previous, graceKept: true, unchanged: true };
@@ -308,7 +317,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       let outcome: { conflict: ShardRecord } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean };
       try {
         outcome = await enqueue((draft) => {
-          const other = conflicting(draft, record);
+          const other = conflicting(draft, record, overlaps);
           if (other !== undefined) return { conflict: other };
           const previous = draft.get(record.id);
           const replaced = replacement(previous, record);

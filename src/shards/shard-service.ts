@@ -13,12 +13,18 @@ import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
-import type { ProcReader } from '../system/procfs.js';
+import { cgroupMatcher, type ProcReader } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
 import { readiness, restartedSince, type Readiness, type ReadinessState } from './readiness.js';
-import type { EngineState, Registry } from './registry.js';
-import type { ProcessIdentity, ShardRecord } from './shard.js';
+import type { EngineState, Overlaps, Registry } from './registry.js';
+import { sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
+
+/** What a registration names, as read from /proc: its identity, and which other registrations cover its processes. */
+interface Target {
+  identity: ProcessIdentity;
+  overlaps: Overlaps;
+}
 
 export interface ShardServiceDeps {
   registry: Registry;
@@ -106,22 +112,47 @@ export function createShardService(deps: ShardServiceDeps) {
     return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() };
   }
 
-  /** The cgroup's oldest running process that is not the pod's sandbox: the engine's run (see ShardRecord.identity). */
-  async function identityOfCgroup(cgroup: string): Promise<ProcessIdentity> {
+  /**
+   * Which registrations cover one of `held` (a target's running processes, read now) though their
+   * target differs: a PID shard of one of them, or a cgroup shard one of them runs in (as a pod UID
+   * and a container id of the pod name the same processes).
+   */
+  async function overlapsWith(held: ProcessIdentity[]): Promise<Overlaps> {
+    const cgroups = (await Promise.all(held.map((identity) => proc.readCgroup(identity.pid)))).map((paths) => paths ?? []);
+    return (other) => {
+      if (other.cgroup === null) return held.some((identity) => sameProcess(other.identity, identity));
+      const holds = cgroupMatcher(other.cgroup);
+      return cgroups.some(holds);
+    };
+  }
+
+  /** A process to register. */
+  async function targetOfPid(pid: number): Promise<Target> {
+    const identity = await identityOfPid(pid);
+    return { identity, overlaps: await overlapsWith([identity]) };
+  }
+
+  /**
+   * A cgroup to register: its identity is the cgroup's oldest running process that is not the pod's
+   * sandbox (the engine's run, see ShardRecord.identity).
+   */
+  async function targetOfCgroup(cgroup: string): Promise<Target> {
     const pids = (await proc.findPidsInCgroup(cgroup)).sort((a, b) => a - b);
+    const held: ProcessIdentity[] = [];
     let chosen: ProcessIdentity | null = null;
     let chosenIsEngine = false;
     for (const pid of pids) {
       const stat = await proc.readStat(pid);
       if (!stat || stat.state === 'Z' || stat.state === 'X') continue;
       const identity = { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() };
+      held.push(identity);
       const isEngine = !SANDBOX_COMMS.has(stat.comm);
       if (chosen === null || (isEngine && (!chosenIsEngine || identity.startTime < chosen.startTime))) {
         chosen = identity;
         chosenIsEngine = isEngine;
       }
     }
-    if (chosen !== null) return chosen;
+    if (chosen !== null) return { identity: chosen, overlaps: await overlapsWith(held) };
     throw new ProcessNotFoundError(
       `No process in ${proc.root} has a cgroup containing "${cgroup}". Give the container id or pod UID as /proc/PID/cgroup shows it ` +
         '(for a pod: its UID with "-" or "_" as the cgroup driver writes it), and register once the container runs.',
@@ -252,8 +283,8 @@ export function createShardService(deps: ShardServiceDeps) {
             : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
         );
       }
-      const [identity] = await Promise.all([
-        readable(body.pid !== undefined ? identityOfPid(body.pid) : identityOfCgroup(body.cgroup as string)),
+      const [{ identity, overlaps }] = await Promise.all([
+        readable(body.pid !== undefined ? targetOfPid(body.pid) : targetOfCgroup(body.cgroup as string)),
         checkGpus(body.gpus),
       ]);
       const record: ShardRecord = {
@@ -266,7 +297,7 @@ export function createShardService(deps: ShardServiceDeps) {
         registeredAt: now(),
         identity,
       };
-      const { created, shard, graceKept, unchanged } = await registry.put(record);
+      const { created, shard, graceKept, unchanged } = await registry.put(record, overlaps);
       const fields = { shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created, registeredAt: new Date(shard.registeredAt).toISOString() };
       if (unchanged) {
         // A control plane reconciling its shards re-PUTs them periodically: nothing to say, nothing to refresh.

@@ -40,3 +40,8 @@ export interface ShardRecord {
    */
   identity: ProcessIdentity;
 }
+
+/** Whether two identities name the same process: PID and start time, in the same boot where both know it. */
+export function sameProcess(a: ProcessIdentity, b: ProcessIdentity): boolean {
+  return a.pid === b.pid && a.startTime === b.startTime && !ranInAnotherBoot(a, b.bootId);
+}

@@ -425,15 +425,13 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     if (needles.some((needle) => needle === '')) {
       throw new Error('findPidsInCgroup needs a container id or pod UID: an empty one matches every process');
     }
-    const variants = needles.map((needle) => [needle, needleVariants(needle)] as const);
+    const matchers = needles.map((needle) => [needle, cgroupMatcher(needle)] as const);
     const found = new Map<string, number[]>(needles.map((needle) => [needle, []]));
     if (needles.length === 0) return found;
     await forEachInBatches(await listPids(), SCAN_BATCH, (pid) => {
       const mine = cgroupOf(pid);
       if (!mine) return;
-      for (const [needle, forms] of variants) {
-        if (mine.some((path) => forms.some((form) => path.includes(form)))) found.get(needle)!.push(pid);
-      }
+      for (const [needle, holds] of matchers) if (holds(mine)) found.get(needle)!.push(pid);
     });
     return found;
   };
@@ -577,10 +575,15 @@ function cgroupPathOf(line: string): string | null {
   return second < 0 || second === line.length - 1 ? null : line.slice(second + 1);
 }
 
-// The systemd cgroup driver writes a pod UID with '_' for '-' (kubepods-pod<uid>.slice), cgroupfs keeps '-'.
-function needleVariants(needle: string): string[] {
+/**
+ * Tells whether a process whose /proc/PID/cgroup paths are given (parseCgroup) is in the cgroup named
+ * by `needle`, a container id or pod UID: a path holds it, as cgroupfs writes it or as the systemd
+ * cgroup driver does, with '_' for '-' (kubepods-pod<uid>.slice).
+ */
+export function cgroupMatcher(needle: string): (paths: readonly string[]) => boolean {
   const systemd = needle.replaceAll('-', '_');
-  return systemd === needle ? [needle] : [needle, systemd];
+  const forms = systemd === needle ? [needle] : [needle, systemd];
+  return (paths) => paths.some((path) => forms.some((form) => path.includes(form)));
 }
 
 function pidsOf(names: string[]): number[] {

@@ -685,8 +685,45 @@ t.test('a cgroup under two ids is refused with 409 (fixture /proc)', async (t) =
   const twin = await app.inject({ method: 'PUT', url: '/shards/pod-again', payload: { cgroup: container, gpus: [0] } });
   t.equal(twin.statusCode, 409);
   t.match(twin.json().message, `The cgroup "${container}" is already registered as shard "pod". `);
-  const byPid = await app.inject({ method: 'PUT', url: '/shards/by-pid', payload: { pid: 300, gpus: [1] } });
-  t.equal(byPid.statusCode, 201, 'its process by PID is another registration (it is a shard\'s member, not the same target)');
+});
+
+t.test('a process and a cgroup that holds it under two ids are refused with 409, either way round, as are two cgroups of one pod (fixture /proc)', async (t) => {
+  const podUid = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
+  const container = 'cafe0123456789abcdef0123456789ab';
+  const inPod = `0::/kubepods.slice/kubepods-pod${podUid.replaceAll('-', '_')}.slice/cri-containerd-${container}.scope\n`;
+  const root = t.testdir({
+    '300': { stat: '300 (pause) S 1 300 300 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 900 0 0', cgroup: `0::/kubepods.slice/kubepods-pod${podUid.replaceAll('-', '_')}.slice/cri-containerd-sandbox.scope\n` },
+    '303': { stat: '303 (llama-server) S 1 303 303 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 950 0 0', cgroup: inPod },
+    '400': { stat: '400 (python3) S 1 400 400 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 990 0 0', cgroup: '0::/system.slice/other.service\n' },
+  });
+  const { app, config } = await buildTestApp(t, {
+    scenario: twoGpuNode(),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  const put = (id: string, payload: Record<string, unknown>) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload });
+  const ids = async () => (await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string }) => shard.id);
+  const REMEDY = (id: string, other: string) => `. One process or cgroup under two ids would split its GPU memory: attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. To register it as "${id}", DELETE /shards/${other} first;`;
+
+  t.equal((await put('pod', { cgroup: podUid, gpus: [0] })).statusCode, 201);
+  const stateFile = readFileSync(config.stateFile);
+  const byPid = await put('by-pid', { pid: 303, gpus: [0] });
+  t.equal(byPid.statusCode, 409, 'the engine of a registered pod, by its PID');
+  t.match(byPid.json(), { code: 'NODECOMPUTE_SHARD_CONFLICT' });
+  t.match(byPid.json().message, `Process 303 (llama-server, started at tick 950) runs in the cgroup "${podUid}", which is already registered as shard "pod"${REMEDY('by-pid', 'pod')}`);
+  const byContainer = await put('by-container', { cgroup: container, gpus: [0] });
+  t.equal(byContainer.statusCode, 409, 'a container of a registered pod, by its id');
+  t.match(byContainer.json().message, `The cgroup "${container}" shares processes with the cgroup "${podUid}", which is already registered as shard "pod"${REMEDY('by-container', 'pod')}`);
+  t.ok(readFileSync(config.stateFile).equals(stateFile), 'nothing written');
+  t.equal((await put('other', { pid: 400, gpus: [1] })).statusCode, 201, 'a process outside the pod is another shard');
+  t.same(await ids(), ['other', 'pod']);
+
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/pod' })).statusCode, 204);
+  t.equal((await put('by-pid', { pid: 303, gpus: [0] })).statusCode, 201, 'once the pod is removed, by its PID');
+  const pod = await put('pod', { cgroup: podUid, gpus: [0] });
+  t.equal(pod.statusCode, 409, 'and now the pod that holds that process');
+  t.match(pod.json().message, `The cgroup "${podUid}" holds process 303 (llama-server, started at tick 950), which is already registered as shard "by-pid"${REMEDY('pod', 'by-pid')}`);
+  t.same(await ids(), ['by-pid', 'other']);
 });
 
 t.test('an identical re-PUT keeps registeredAt and the grace clock: an on-cpu shard stays on-cpu; other GPUs restart the grace', async (t) => {
