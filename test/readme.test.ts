@@ -2,6 +2,7 @@
 import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { SETTINGS } from '../src/config.js';
+import { deviceLabel } from '../src/shards/compute.js';
 
 const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
 const spec = readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8');
@@ -27,4 +28,12 @@ t.test('every path in the API table is in the OpenAPI document', async (t) => {
   t.ok(paths.length >= 8);
   // /openapi.json serves the document itself and is hidden from it.
   for (const path of paths.filter((p) => p !== '/openapi.json')) t.match(spec, new RegExp(`^  ${path.replace(/[{}]/g, '\\$&')}:$`, 'm'), path);
+});
+
+t.test('the compute example labels its devices as the service does, from its own gpus', async (t) => {
+  const example = readme.split('\n').find((line) => line.startsWith('# {"shard":') && line.includes('"devices":'));
+  t.ok(example, 'the README shows a compute answer');
+  const devices = JSON.parse(/"devices":(\[[^\]]*\])/.exec(example!)![1]!) as string[];
+  const gpus = JSON.parse(/"gpus":(\[[^\]]*\])/.exec(example!)![1]!) as Array<{ index: number; usedMiB: number }>;
+  t.same(devices, gpus.map(deviceLabel), `${JSON.stringify(gpus)} reads ${JSON.stringify(devices)}`);
 });

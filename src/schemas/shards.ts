@@ -111,7 +111,9 @@ export const ComputeSchema = Type.Object({
     'CUDA when the shard holds memory on any GPU as nvidia-smi sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
       'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified).',
   ),
-  devices: Type.Array(Type.String(), { description: 'Each assigned GPU the shard holds memory on, as "GPU <index>: <GB> GB".' }),
+  devices: Type.Array(Type.String(), {
+    description: 'Each assigned GPU the shard holds memory on, for people to read: "GPU <index>: <size>", the size in binary units, GiB with one decimal from 1 GiB up ("GPU 0: 9.8 GiB" for 10000 MiB), whole MiB below ("GPU 0: 512 MiB"). gpus carries the same in MiB.',
+  }),
   gpus: Type.Array(GpuUsageSchema, { description: 'Assigned GPUs the shard holds memory on.' }),
   strayGpus: Type.Array(GpuUsageSchema, { description: 'GPUs the shard holds memory on but was not given.' }),
   engine: Nullable(EngineAccountSchema, "The engine's own account, or null when its output says nothing (or none was posted)."),

@@ -8,6 +8,7 @@
 //   CPU   its verdict is on-cpu (grace over with a GPU still not held, or the engine itself says CPU),
 //         or it was given no GPU and runs (ready) holding none, without its engine claiming CUDA;
 //   null  not known: starting, exited, unverified, or the snapshot does not include it yet.
+import { formatMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
 import type { ReadinessState } from './readiness.js';
@@ -28,9 +29,9 @@ export interface ShardCompute {
   engine: EngineAccount | null;
 }
 
-/** The device label llama.cpp users know: `GPU 0: 12.3 GB` (MiB / 1024, one decimal). */
+/** A GPU and the memory the shard holds there: `GPU 0: 9.8 GiB` for 10000 MiB, `GPU 0: 512 MiB` below 1 GiB. */
 export function deviceLabel(usage: GpuUsage): string {
-  return `GPU ${usage.index}: ${(usage.usedMiB / 1024).toFixed(1)} GB`;
+  return `GPU ${usage.index}: ${formatMemory(usage.usedMiB)}`;
 }
 
 function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): Backend | null {

@@ -5,6 +5,7 @@
 // nvidia-smi run. Every string that comes from the node (process names, reasons, nvidia-smi's own
 // messages) is escaped for HTML and stripped of control characters for terminals.
 import { formatDuration } from '../duration.js';
+import { formatMemory, formatMemoryUse } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
@@ -107,17 +108,8 @@ export interface StatusInput {
 
 const STATE_ORDER: readonly ReadinessState[] = ['ready', 'starting', 'on-cpu', 'exited', 'unverified'];
 
-export function gib(mib: number): string {
-  return (mib / 1024).toFixed(1);
-}
-
-/** GiB with one decimal from 1 GiB up, MiB below (the driver's own few MiB are not "0.0 GiB"). */
-export function size(mib: number): string {
-  return mib >= 1024 ? `${gib(mib)} GiB` : `${mib} MiB`;
-}
-
 function processLabel(process: ForeignProcess): string {
-  return `pid ${process.pid} ${process.name} (${process.usedMiB === null ? 'memory not reported' : size(process.usedMiB)})`;
+  return `pid ${process.pid} ${process.name} (${process.usedMiB === null ? 'memory not reported' : formatMemory(process.usedMiB)})`;
 }
 
 function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {
@@ -132,7 +124,7 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       label: shard.id,
       mib: usage.usedMiB,
       color: colors.get(shard.id)!,
-      title: `${shard.id}: ${size(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
+      title: `${shard.id}: ${formatMemory(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
       stray,
     });
   }
@@ -143,15 +135,15 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       label: 'foreign',
       mib: foreign.foreignMiB,
       color: null,
-      title: `foreign: ${size(foreign.foreignMiB)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
+      title: `foreign: ${formatMemory(foreign.foreignMiB)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
       stray: false,
     });
   }
   if (gpu.reservedMiB !== null && gpu.reservedMiB > 0) {
-    segments.push({ kind: 'reserved', label: 'reserved', mib: gpu.reservedMiB, color: null, title: `reserved by the driver: ${size(gpu.reservedMiB)}`, stray: false });
+    segments.push({ kind: 'reserved', label: 'reserved', mib: gpu.reservedMiB, color: null, title: `reserved by the driver: ${formatMemory(gpu.reservedMiB)}`, stray: false });
   }
   if (gpu.freeMiB !== null) {
-    segments.push({ kind: 'free', label: 'free', mib: gpu.freeMiB, color: null, title: `free: ${size(gpu.freeMiB)}`, stray: false });
+    segments.push({ kind: 'free', label: 'free', mib: gpu.freeMiB, color: null, title: `free: ${formatMemory(gpu.freeMiB)}`, stray: false });
   }
   return segments;
 }
@@ -213,12 +205,6 @@ function when(ms: number): string {
   return `${new Date(ms).toISOString().slice(0, 19).replace('T', ' ')} UTC`;
 }
 
-function used(gpu: GpuModel): string {
-  const usedText = gpu.usedMiB === null ? '?' : gib(gpu.usedMiB);
-  const totalText = gpu.totalMiB === null ? '?' : gib(gpu.totalMiB);
-  return `${usedText} / ${totalText} GiB`;
-}
-
 function summary(model: StatusModel): string {
   const parts = STATE_ORDER.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
   return parts.length > 0 ? parts.join(', ') : 'no shards';
@@ -230,19 +216,19 @@ const INLINE_LABEL_SHARE = 0.09;
 function segmentHtml(segment: Segment, total: number): string {
   const colour = segment.color === null ? '' : ` c${segment.color}`;
   const inline = segment.kind !== 'free' && segment.mib / total >= INLINE_LABEL_SHARE;
-  const text = inline ? `<span>${escapeHtml(segment.label)} ${size(segment.mib)}</span>` : '';
+  const text = inline ? `<span>${escapeHtml(segment.label)} ${formatMemory(segment.mib)}</span>` : '';
   return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${segment.mib}" title="${escapeHtml(segment.title)}">${text}</div>`;
 }
 
 function legendHtml(segment: Segment): string {
   const colour = segment.color === null ? '' : ` c${segment.color}`;
   const stray = segment.stray ? ' <em>not given this GPU</em>' : '';
-  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${size(segment.mib).replace(' ', '&nbsp;')}</b>${stray}</li>`;
+  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${formatMemory(segment.mib).replace(' ', '&nbsp;')}</b>${stray}</li>`;
 }
 
 function gpuHtml(gpu: GpuModel): string {
   const total = gpu.segments.reduce((sum, segment) => sum + segment.mib, 0);
-  const describe = gpu.segments.map((segment) => `${segment.label} ${size(segment.mib)}`).join(', ');
+  const describe = gpu.segments.map((segment) => `${segment.label} ${formatMemory(segment.mib)}`).join(', ');
   const bar =
     gpu.segments.length > 0
       ? `<div class="bar" role="img" aria-label="GPU ${gpu.index} memory: ${escapeHtml(describe)}">${gpu.segments.map((segment) => segmentHtml(segment, total)).join('')}</div>`
@@ -252,7 +238,7 @@ function gpuHtml(gpu: GpuModel): string {
   return `<div class="gpu">
 <div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span></div>
 ${bar}
-<span class="gpu-used">${used(gpu)}</span>
+<span class="gpu-used">${formatMemoryUse(gpu.usedMiB, gpu.totalMiB)}</span>
 <span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
 <ul class="legend">${[...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle].join('')}</ul>
 </div>`;
@@ -381,7 +367,7 @@ export function renderHtml(model: StatusModel): string {
   const shards =
     model.shards.length > 0
       ? `<table>
-<caption class="none" style="caption-side:bottom;text-align:left;padding:6px 2px;font-size:12px">Held: the given GPUs whose memory the shard's processes hold, as nvidia-smi lists them (GB as llama.cpp counts: MiB / 1024).</caption>
+<caption class="none" style="caption-side:bottom;text-align:left;padding:6px 2px;font-size:12px">Held: the given GPUs whose memory the shard's processes hold, as nvidia-smi lists them (1 GiB = 1024 MiB, the unit nvidia-smi reports).</caption>
 <thead><tr><th scope="col">Shard</th><th scope="col">State</th><th scope="col">GPUs given</th><th scope="col">GPUs held</th><th scope="col">Reason and warnings</th></tr></thead>
 <tbody>
 ${model.shards.map(shardRowHtml).join('\n')}
@@ -478,9 +464,9 @@ export function renderText(model: StatusModel): string {
   const gpuRows = model.gpus.map((gpu) => {
     const shards = gpu.segments
       .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
-      .map((segment) => `${segment.label} ${size(segment.mib)}${segment.stray ? ' (NOT given)' : ''}`);
+      .map((segment) => `${segment.label} ${formatMemory(segment.mib)}${segment.stray ? ' (NOT given)' : ''}`);
     const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
-    return [String(gpu.index), plain(gpu.name), textBar(gpu.segments), used(gpu), plain([...shards, ...idle].join(', '))];
+    return [String(gpu.index), plain(gpu.name), textBar(gpu.segments), formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
   });
   if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
   const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));

@@ -69,7 +69,7 @@ t.test('a shard holds a GPU through a grandchild in its process group; another g
   const compute = (await app.inject({ method: 'GET', url: '/shards/llama-a/compute' })).json();
   t.equal(compute.shard, 'llama-a');
   t.equal(compute.backend, 'CUDA');
-  t.same(compute.devices, ['GPU 1: 12.3 GB']);
+  t.same(compute.devices, ['GPU 1: 12.3 GiB']);
   t.same(compute.gpus, [{ index: 1, usedMiB: 12595 }]);
   t.same(compute.strayGpus, []);
   t.equal(compute.engine, null);

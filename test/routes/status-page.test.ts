@@ -139,8 +139,10 @@ t.test('the HTML page shows every GPU and shard with their memory and states', a
   const row = (id: string) => rows.find((r) => r.includes(`<span class="id">${id}</span>`)) ?? '';
   t.match(row('alpha-ready'), '<span class="badge ready">ready</span>');
   t.match(row('alpha-ready'), '<td>GPU 0</td>');
-  t.match(row('alpha-ready'), /<td class="held">GPU 0: 127\.0 GB<br><span class="stray-tag">GPU 1: 20\.0 GB \(not given\)<\/span><\/td>/);
+  t.match(row('alpha-ready'), /<td class="held">GPU 0: 127\.0 GiB<br><span class="stray-tag">GPU 1: 20\.0 GiB \(not given\)<\/span><\/td>/);
   t.match(row('alpha-ready'), 'Warning: holds memory on GPU 1, which it was not given');
+  t.match(html, '(1 GiB = 1024 MiB, the unit nvidia-smi reports)', 'the HELD caption names the binary unit');
+  t.notMatch(html, /\d GB\b/, 'no size labelled in decimal units');
   t.match(row('bravo-on-cpu'), '<span class="badge on-cpu">on-cpu</span>');
   t.match(row('bravo-on-cpu'), 'placed on GPU 2 but computing on the CPU');
   t.match(row('charlie-starting'), '<span class="badge starting">starting</span>');
@@ -172,8 +174,9 @@ t.test('the plain-text page is an aligned table of the same facts', async (t) =>
   const header = lineOf(text, 'SHARD ');
   t.match(header, /^SHARD\s+STATE\s+GIVEN\s+HELD\s+REASON \/ WARNINGS$/);
   const alpha = lineOf(text, 'alpha-ready');
-  t.match(alpha, /^alpha-ready\s+ready\s+0\s+GPU 0: 127\.0 GB, GPU 1: 20\.0 GB \(NOT given\)\s+warning: holds memory on GPU 1/);
+  t.match(alpha, /^alpha-ready\s+ready\s+0\s+GPU 0: 127\.0 GiB, GPU 1: 20\.0 GiB \(NOT given\)\s+warning: holds memory on GPU 1/);
   t.equal(alpha.indexOf('ready', 'alpha-ready'.length), header.indexOf('STATE'), 'columns aligned');
+  t.notMatch(text, /\d GB\b/, 'no size labelled in decimal units: the GPU table and HELD read alike');
   t.match(lineOf(text, 'bravo-on-cpu'), /^bravo-on-cpu\s+on-cpu\s+2\s+none\s+placed on GPU 2 but computing on the CPU/);
   t.match(lineOf(text, 'charlie-starting'), /^charlie-starting\s+starting\s+3\s+none\s+waiting for the shard/);
   t.match(lineOf(text, 'delta-exited'), new RegExp(`^delta-exited\\s+exited\\s+4\\s+none\\s+the shard's process exited: process ${shards.exited.pid} `));

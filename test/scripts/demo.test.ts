@@ -37,7 +37,7 @@ t.test('the demo node shows every state, a stray GPU and foreign memory, and sto
     'every state a shard can reach on a working node',
   );
   const byId = (id: string) => shards.find((shard) => shard.id === id)!;
-  t.same(byId('llama-70b').compute!.devices, ['GPU 0: 125.4 GB', 'GPU 1: 125.4 GB'], 'both tensor-parallel workers are attributed');
+  t.same(byId('llama-70b').compute!.devices, ['GPU 0: 125.4 GiB', 'GPU 1: 125.4 GiB'], 'both tensor-parallel workers are attributed');
   t.same(byId('qwen-32b').compute!.strayGpus.map((gpu) => gpu.index), [3], 'qwen holds GPU 3, which it was not given');
   t.match(byId('qwen-32b').status.warnings.join(' '), 'holds memory on GPU 3, which it was not given');
   t.equal(byId('llama-8b').compute!.engine!.backend, 'CPU', "llama.cpp's own log says CPU");

@@ -153,7 +153,7 @@ t.test('memory of a shard process nvidia-smi reports as [N/A] counts as held, 0 
   const [only] = foreignMemory(node);
   t.same({ shardMiB: only!.shardMiB, foreignMiB: only!.foreignMiB }, { shardMiB: 0, foreignMiB: 1000 });
   t.equal(foreignMemory(node), foreignMemory(node), 'computed once per view');
-  t.same(shardCompute(s, node, null, 'ready').devices, ['GPU 0: 0.0 GB']);
+  t.same(shardCompute(s, node, null, 'ready').devices, ['GPU 0: 0 MiB']);
 });
 
 t.test('compute: a shard absent from the attribution holds nothing, and its backend is not known', async (t) => {
