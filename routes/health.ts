@@ -72,6 +72,12 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const missing = listed.filter((pid) => snapshot.proc.get(pid) == null);
     const found = describeListedPids(listed.length, missing, proc.root);
     if (missing.length === 0) return found;
+    if (missing.length === listed.length) {
+      return (
+        `${found}; none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
+        'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.'
+      );
+    }
     return (
       `${found}; the other ${listed.length - missing.length} do, so this is the host's PID namespace and the missing ones most likely exited since nvidia-smi listed them. ` +
       'If the same PIDs stay missing, they live in another PID namespace (a VM or a nested container): run `nodecompute doctor`.'

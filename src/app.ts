@@ -224,7 +224,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     log,
     now,
   });
-  const node = createNodeService(snapshots, registry);
+  const node = createNodeService(snapshots, registry, log);
   const shards = createShardService({ registry, node, proc, defaultGraceMs: config.gpuGraceMs, log, now });
   const services: Services = {
     config,

@@ -11,6 +11,7 @@
 // shard's liveness is unknown. The last good snapshot, however old, is not used for this: past
 // max-stale it may describe processes that have changed since, while a failed refresh read /proc
 // just now.
+import type { Logger } from 'pino';
 import type { ShardRecord } from '../shards/shard.js';
 import type { Registry } from '../shards/registry.js';
 import { attribute, type Liveness } from './attribution.js';
@@ -58,8 +59,8 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
   return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness };
 }
 
-export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry): NodeService {
-  const derive = createNodeViewCache();
+export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry, log: Logger): NodeService {
+  const derive = createNodeViewCache(log);
   let lastProcOnly: { facts: ProcFacts; registryVersion: number; answer: ProcOnly } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({
     view,

@@ -1,6 +1,7 @@
 // Owns the answers derived from one snapshot and one registry version, computed once and shared by
 // every request that sees the same pair (attribution walks every GPU process, so it must not run
 // per request). Also owns the GPU view of GET /gpus.
+import type { Logger } from 'pino';
 import type { GpusResponse } from '../schemas/gpus.js';
 import type { ShardRecord } from '../shards/shard.js';
 import { attribute, type Attribution } from './attribution.js';
@@ -47,16 +48,43 @@ export function hiddenProcessesWarning(busy: number[]): string {
   );
 }
 
-function processesHidden(snapshot: NodeSnapshot): string | null {
-  const listed = snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid));
-  if (listed.length > 0) return listed.every((pid) => snapshot.proc.get(pid) == null) ? PID_NAMESPACE_WARNING : null;
-  const busy = busyGpus(snapshot.gpus);
-  return busy.length > 0 ? hiddenProcessesWarning(busy) : null;
+/** What one snapshot says about the PIDs nvidia-smi lists, kept to judge the next one by. */
+export interface PidsJudged {
+  snapshot: NodeSnapshot;
+  /** The listed PIDs this /proc does not have. */
+  missing: ReadonlySet<number>;
+  /** NodeView.processesHidden. */
+  hidden: string | null;
 }
 
-/** The view of one snapshot for one registry version: attribution and the facts every answer shares. */
-export function createNodeView(snapshot: NodeSnapshot, shards: readonly ShardRecord[], registryVersion: number): NodeView {
-  return { snapshot, attribution: attribute(snapshot, shards), registryVersion, processesHidden: processesHidden(snapshot) };
+/**
+ * Whether nvidia-smi's processes are hidden from this /proc. Every listed PID missing is the mark of
+ * another PID namespace, but also what a process that exited after nvidia-smi listed it leaves when
+ * it was the only one listed: one such refresh must not turn every shard unverified. So, after the
+ * first snapshot (`previous` null: a service starting in the wrong namespace says so at once), the
+ * mark counts only when a PID missing now was missing from the previous snapshot too, or that one
+ * already counted: another namespace's engines stay listed, an exited process does not.
+ */
+export function judgePids(snapshot: NodeSnapshot, previous: PidsJudged | null): PidsJudged {
+  const listed = new Set(snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)));
+  const missing = new Set([...listed].filter((pid) => snapshot.proc.get(pid) == null));
+  let hidden: string | null = null;
+  if (listed.size > 0) {
+    const persists = previous === null || previous.hidden !== null || [...missing].some((pid) => previous.missing.has(pid));
+    if (missing.size === listed.size && persists) hidden = PID_NAMESPACE_WARNING;
+  } else {
+    const busy = busyGpus(snapshot.gpus);
+    if (busy.length > 0) hidden = hiddenProcessesWarning(busy);
+  }
+  return { snapshot, missing, hidden };
+}
+
+/**
+ * The view of one snapshot for one registry version: attribution and the facts every answer shares.
+ * `pids`: judgePids of this snapshot (by default, judged as a first one).
+ */
+export function createNodeView(snapshot: NodeSnapshot, shards: readonly ShardRecord[], registryVersion: number, pids = judgePids(snapshot, null)): NodeView {
+  return { snapshot, attribution: attribute(snapshot, shards), registryVersion, processesHidden: pids.hidden };
 }
 
 export interface SnapshotMeta {
@@ -76,18 +104,38 @@ export function snapshotMeta(view: SnapshotView<unknown>): SnapshotMeta {
   return meta;
 }
 
-/** Memoises the derived view per snapshot object and registry version. */
-export function createNodeViewCache(): (
+/**
+ * Memoises the derived view per snapshot object and registry version; judges each new snapshot's
+ * PIDs against the one before it (judgePids), and says once when they turn hidden or visible again.
+ */
+export function createNodeViewCache(log: Logger): (
   snapshot: NodeSnapshot,
   registryVersion: number,
   shards: () => readonly ShardRecord[],
 ) => NodeView {
   let last: NodeView | null = null;
+  let pids: PidsJudged | null = null;
   return (snapshot, registryVersion, shards) => {
     if (last && last.snapshot === snapshot && last.registryVersion === registryVersion) return last;
-    last = createNodeView(snapshot, shards(), registryVersion);
+    if (pids?.snapshot !== snapshot) {
+      const judged = judgePids(snapshot, pids);
+      if (judged.hidden !== (pids?.hidden ?? null)) reportHidden(log, judged);
+      pids = judged;
+    }
+    last = createNodeView(snapshot, shards(), registryVersion, pids);
     return last;
   };
+}
+
+function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
+  if (hidden === null) {
+    log.info("nvidia-smi's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards.");
+    return;
+  }
+  log.warn(
+    { missingPids: [...missing].slice(0, 10) },
+    `${hidden} Until this is fixed, every shard reads unverified (its probe answers 200: there is no evidence either way), all GPU memory reads as foreign, and /readyz fails.`,
+  );
 }
 
 /** The `gpus` of GET /gpus: every GPU with its processes, each attributed to its shard. */

@@ -267,7 +267,7 @@ t.test('NodeService.procOnly: the latest failed refresh\'s facts, derived once p
   const snapshots = { get lastError() { return lastError; } } as unknown as SnapshotSource<NodeSnapshot>;
   const shards: ShardRecord[] = [{ id: 's', pid: 8, cgroup: null, gpus: [0], engine: 'other', graceMs: 0, registeredAt: 5, identity: { pid: 8, pgid: 8, startTime: 80, name: 'x' } }];
   const registry = { version: 1, list: () => shards } as unknown as Registry;
-  const node = createNodeService(snapshots, registry);
+  const node = createNodeService(snapshots, registry, pino({ level: 'silent' }));
   t.equal(node.procOnly(), null, 'no failed refresh');
   lastError = new Error('an error no refresh read /proc for');
   t.equal(node.procOnly(), null, 'a failure without facts');

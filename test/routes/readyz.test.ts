@@ -2,6 +2,7 @@
 // reason in the JSON, the nvidia-smi line while the last good snapshot is served over failing
 // refreshes, and the host-pid-namespace line when only some listed PIDs are missing (in the
 // doctor's words). The basics (200, 503 and their codes) are in health.test.ts.
+import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
@@ -127,4 +128,71 @@ t.test('host-pid-namespace: the line says how many listed PIDs exist, in the doc
 
   fake.update((s) => ({ ...s, gpus: s.gpus.map((gpu) => ({ ...gpu, usedMiB: 0 })), processes: [] }));
   t.same(await pidLine(), { status: 200, line: '[+]host-pid-namespace ok: no GPU process is running, so there is nothing to compare' }, 'idle GPUs');
+});
+
+t.test('host-pid-namespace: one refresh listing only a process that has exited is no namespace problem; still listed and missing at the next, it is, said once in the log', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+  const clock = manualClock();
+  const scenario = eightGpuNode();
+  const uuid = scenario.gpus[0]!.uuid;
+  const holding = [{ gpuUuid: uuid, pid: shard.pid, name: 'llama-server', usedMiB: 8000 }];
+  scenario.processes = holding;
+  const { app, fake } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 10_000, maxStaleMs: 0 }, deps: { now: clock.now, logger } });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [0], graceMs: 1000 } })).statusCode, 201);
+  const answers = async () => {
+    const readyz = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+    const probe = await app.inject({ method: 'GET', url: '/shards/s/ready' });
+    const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+    // No refresh left running: one begun now would list what the test changes next.
+    await settle(app);
+    return {
+      readyz: readyz.statusCode,
+      pidLine: readyz.body.split('\n')[1],
+      probe: probe.statusCode,
+      state: probe.json().state as string,
+      visible: /^nodecompute_gpu_processes_visible (\S+)$/m.exec(metrics)?.[1],
+    };
+  };
+  /** One refresh past the TTL, landed before the next answers. */
+  const nextRefresh = async () => {
+    clock.advance(10_001);
+    await app.inject({ method: 'GET', url: '/gpus' });
+    await settle(app);
+  };
+  const namespaceLines = () => lines.filter((line) => /PID namespace|match this \/proc again/.test(String(line.msg)));
+  t.match(await answers(), { readyz: 200, probe: 200, state: 'ready', visible: '1' });
+
+  // The shard stops holding its GPU, and the one process nvidia-smi still lists has exited.
+  fake.update((s) => ({ ...s, processes: [{ gpuUuid: uuid, pid: GONE_PID, name: 'python3', usedMiB: 500 }] }));
+  await nextRefresh();
+  const once = await answers();
+  t.match(once, { readyz: 200, probe: 503, state: 'on-cpu', visible: '1' }, 'one refresh: the shard is judged, not unverified');
+  t.equal(
+    once.pidLine,
+    `[+]host-pid-namespace ok: 1 of 1 PID(s) nvidia-smi lists do not exist in /proc (${GONE_PID}); none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
+      'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.',
+  );
+  t.same(namespaceLines(), [], 'nothing to say yet');
+
+  await nextRefresh();
+  const twice = await answers();
+  t.match(twice, { readyz: 503, probe: 200, state: 'unverified', visible: '0' }, 'still listed and missing: another PID namespace');
+  t.match(twice.pidLine, /^\[-\]host-pid-namespace failed: nvidia-smi lists GPU processes whose PIDs do not exist in this \/proc/);
+  await nextRefresh();
+  await answers();
+  t.match(namespaceLines(), [
+    {
+      level: 40,
+      missingPids: [GONE_PID],
+      msg: /^nvidia-smi lists GPU processes whose PIDs do not exist in this \/proc: .* Until this is fixed, every shard reads unverified \(its probe answers 200: there is no evidence either way\), all GPU memory reads as foreign, and \/readyz fails\.$/,
+    },
+  ], 'said once, when it began');
+
+  fake.update((s) => ({ ...s, processes: holding }));
+  await nextRefresh();
+  t.match(await answers(), { readyz: 200, probe: 200, state: 'ready', visible: '1' });
+  t.match(namespaceLines().slice(1), [{ level: 30, msg: "nvidia-smi's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards." }], 'and once when it ended');
+  t.equal(namespaceLines().length, 2);
 });
