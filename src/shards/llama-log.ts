@@ -478,6 +478,15 @@ function decide(run: Run): EngineAccount | null {
 }
 
 /**
+ * Whether an account rests on weights seen on a CUDA device (a `CUDA<n> model buffer` line, or the
+ * 2023 "VRAM used" after CUDA devices were found), not on CUDA merely being present: such an engine
+ * allocated GPU memory, which nvidia-smi must then list. Its evidence opens with that line.
+ */
+export function showsGpuWeights(account: EngineAccount): boolean {
+  return account.backend === 'CUDA' && (RE_WEIGHTS.test(account.evidence) || RE_VRAM.test(account.evidence));
+}
+
+/**
  * What llama.cpp's output says about where it computes; null when it says nothing about it.
  * Never throws.
  */

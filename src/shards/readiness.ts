@@ -5,6 +5,10 @@
 //   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU
 //              (for a cgroup shard, engine output posted before every one of its running processes
 //              started describes an earlier run of its container: it is set aside, with a warning);
+//              the reason follows what is known beyond the missing memory: memory held on a GPU it
+//              was not given, engine output showing weights on a CUDA device (which contradicts
+//              nvidia-smi, so what to check is the process and the device mapping, not the
+//              backend), output that says nothing, or none posted;
 //   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left,
 //              or only the pod's sandbox, whose engine container exited);
 //   unverified nvidia-smi cannot be asked, its processes are hidden from it or their PIDs are not
@@ -18,7 +22,7 @@
 import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
-import type { EngineAccount } from './llama-log.js';
+import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
@@ -45,6 +49,11 @@ export interface ReadinessInput {
   /** Why the snapshot is stale, when that is worth a warning (the last refresh failed, or nvidia-smi is slow). */
   staleReason: string | null;
   engine: EngineAccount | null;
+  /**
+   * Whether engine output was posted for the shard (and is kept): with `engine` null, it then says
+   * nothing about where the engine computes. Absent: none was.
+   */
+  enginePosted?: boolean;
   /**
    * When the engine output behind `engine` was last posted, in clock ticks since boot (the unit of
    * /proc start times); absent or null when unknown, and then the account is taken as current.
@@ -84,24 +93,103 @@ function engineCpuReason(shard: ShardRecord, engine: EngineAccount): string {
   return `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}. Its GPU backend did not load. ${ON_CPU_ADVICE}`;
 }
 
-function onCpuReason(shard: ShardRecord, missing: number[], node: NodeView, evidenceAt: number): string {
+/** Why there is no engine account to judge by: nothing posted, output that says nothing, or an earlier run's output set aside. */
+type NoAccount = 'not-posted' | 'silent' | 'earlier-run';
+
+/** GPUs the shard's processes hold memory on without having been given them, in index order. */
+function strayGpus(shard: ShardRecord, node: NodeView): number[] {
+  const holdings = node.attribution.holdings.get(shard.id);
+  return [...(holdings?.keys() ?? [])].filter((index) => !shard.gpus.includes(index)).sort((a, b) => a - b);
+}
+
+/** The engine's CUDA device names ("CUDA0"), as its account lists them. */
+function cudaNames(engine: EngineAccount): string {
+  const names = engine.devices.map((device) => device.split(':')[0] as string);
+  if (names.length === 0) return 'its CUDA devices';
+  return names.length === 1 ? (names[0] as string) : `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
+}
+
+/** How the process computing can lie outside what the shard covers: its PID (and process group), or its cgroup. */
+function notCovered(shard: ShardRecord): string {
+  return shard.cgroup === null
+    ? "a child started in another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup"
+    : `a process outside cgroup "${shard.cgroup}": register the pod or container the engine runs in`;
+}
+
+/** Memory on a GPU it was not given: the GPU backend loaded, on devices other than its placement. */
+function strayReason(shard: ShardRecord, strays: number[], held: string): string {
+  return (
+    `placed on ${gpuList(shard.gpus)} but holding memory on ${gpuList(strays)} instead, which it was not given: ${held} ` +
+    `Its GPU backend did load, on another GPU: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}. ` +
+    'Check them (CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus; GPU UUIDs avoid the difference), ' +
+    'or register the shard with the GPUs it uses.'
+  );
+}
+
+/** Engine output showing weights on a CUDA device, while nvidia-smi lists none of the shard's memory on its GPUs. */
+function conflictReason(shard: ShardRecord, missing: number[], engine: EngineAccount, held: string, vanished: string): string {
+  const devices = cudaNames(engine);
+  return (
+    `placed on ${gpuList(shard.gpus)}, but ${held}, although the engine output posted to /shards/${shard.id}/engine-output says ${engine.summary} (${engine.evidence}).${vanished} ` +
+    `Both cannot be true of the same process: the engine did put its weights on a GPU, but not as a process of this shard on ${gpuList(missing)}, or that output is from another run. ` +
+    `Find that memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, the engine runs in a process this shard does not cover (${notCovered(shard)}); ` +
+    `on another GPU, CUDA_VISIBLE_DEVICES (or the container's GPU runtime) maps ${devices} to that GPU, not to ${gpuList(missing)}; ` +
+    `nowhere, the output posted is another run's: post this run's to /shards/${shard.id}/engine-output.`
+  );
+}
+
+/** What the engine output says, or why there is none, for a reason that found no memory of the shard on some GPU. */
+function engineNote(shard: ShardRecord, engine: EngineAccount | null, noAccount: NoAccount): string {
+  const post = `/shards/${shard.id}/engine-output`;
+  if (engine !== null) {
+    return (
+      `The engine output posted says ${engine.summary}: its GPU backend loaded. ` +
+      `Post its output through model loading (llama.cpp at -lv 4 prints its "CUDA<n> model buffer size" lines) to ${post}, ` +
+      `and find the engine's memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, or on another GPU, ` +
+      `the engine runs in a process this shard does not cover (${notCovered(shard)}) or CUDA_VISIBLE_DEVICES maps ${cudaNames(engine)} to another GPU.`
+    );
+  }
+  const backend = 'Its GPU backend probably did not load.';
+  if (shard.engine !== 'llama.cpp') return `${backend} ${ON_CPU_ADVICE}`;
+  if (noAccount === 'silent') {
+    return (
+      `${backend} The output posted to ${post} says nothing about where llama.cpp computes: ` +
+      `post its log at -lv 4 (llama.cpp b9829 and later names its devices and buffers only then). ${ON_CPU_ADVICE}`
+    );
+  }
+  if (noAccount === 'earlier-run') {
+    return `${backend} The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp at -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
+  }
+  return `${backend} Post the engine's log (llama.cpp at -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
+}
+
+function onCpuReason(
+  shard: ShardRecord,
+  missing: number[],
+  node: NodeView,
+  evidenceAt: number,
+  engine: EngineAccount | null,
+  noAccount: NoAccount,
+): string {
   const gone = missing.filter((index) => !node.snapshot.gpus.some((gpu) => gpu.index === index));
   // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
   const held = `its processes hold no memory on ${gpuList(missing)}, ${formatDuration(evidenceAt - shard.registeredAt)} after registration (grace ${formatDuration(shard.graceMs)})`;
   const vanished = gone.length > 0 ? ` ${gpuList(gone)} is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).` : '';
-  const engineLog = shard.engine === 'llama.cpp' ? `Post the engine's log (llama.cpp at -lv 4) to /shards/${shard.id}/engine-output to see what it saw. ` : '';
-  return `${placedOnCpu(shard)}: ${held}.${vanished} Its GPU backend probably did not load. ${engineLog}${ON_CPU_ADVICE}`;
+  const strays = strayGpus(shard, node);
+  if (strays.length > 0) return strayReason(shard, strays, `${held}.${vanished}`);
+  if (engine !== null && showsGpuWeights(engine)) return conflictReason(shard, missing, engine, held, vanished);
+  return `${placedOnCpu(shard)}: ${held}.${vanished} ${engineNote(shard, engine, noAccount)}`;
 }
 
 function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, staleReason: string | null): string[] {
   const warnings: string[] = [];
   if (staleReason !== null) warnings.push(`answered from an older snapshot: ${staleReason}`);
-  const holdings = node.attribution.holdings.get(shard.id);
-  const strays = [...(holdings?.keys() ?? [])].filter((index) => !shard.gpus.includes(index)).sort((a, b) => a - b);
+  const strays = strayGpus(shard, node);
   if (strays.length > 0) {
     warnings.push(`holds memory on ${gpuList(strays)}, which it was not given: check CUDA_VISIBLE_DEVICES and the placement`);
   }
-  if (engine && engine.layersOffloaded !== null && engine.layersTotal !== null && engine.layersOffloaded < engine.layersTotal) {
+  // An engine that says it computes on the CPU offloaded nothing, whatever "offloaded N/M" it printed.
+  if (engine?.backend === 'CUDA' && engine.layersOffloaded !== null && engine.layersTotal !== null && engine.layersOffloaded < engine.layersTotal) {
     warnings.push(`the engine offloaded only ${engine.layersOffloaded} of ${engine.layersTotal} layers to the GPU; the rest runs on the CPU`);
   }
   return warnings;
@@ -194,5 +282,6 @@ export function readiness(input: ReadinessInput): Readiness {
     return blocked === undefined ? [] : [`GPU ${index} holds memory of a process whose owner is unknown: ${uncertainWhy(blocked)}`];
   });
   if (uncertain.length > 0) return verdict('unverified', null, [...warnings, ...uncertain]);
-  return verdict('on-cpu', onCpuReason(shard, missing, node, evidenceAt), warnings);
+  const noAccount: NoAccount = setAside !== null ? 'earlier-run' : input.enginePosted === true ? 'silent' : 'not-posted';
+  return verdict('on-cpu', onCpuReason(shard, missing, node, evidenceAt, engine, noAccount), warnings);
 }

@@ -228,6 +228,7 @@ export function createShardService(deps: ShardServiceDeps) {
       staleReason: current ? staleNews(current.view) : null,
       engine,
       engineTicks: posted?.tailStartedAtTicks ?? null,
+      enginePosted: posted !== undefined && posted.tail !== '',
       now: now(),
       ...(current === null ? { liveness: node.procOnly()?.liveness.get(shard.id) } : { evidenceAt: current.view.startedAt }),
       ...(unavailable === null ? {} : { unavailable }),

@@ -234,6 +234,41 @@ t.test('the engine saying CPU makes a GPU shard on-cpu at once, quoting what it 
   t.equal(compute.engine.backend, 'CPU');
 });
 
+const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
+const sample = (file: string): string => readFileSync(new URL(file, SAMPLES), 'utf8');
+
+t.test('on-cpu reasons agree with the engine output posted: weights on CUDA0 conflict with nvidia-smi, a CPU engine gets no offload warning, silent output is named', async (t) => {
+  const [d, elsewhere, c, e] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
+  // GPU 1 holds the model of a process in another process group, which shard d does not cover.
+  const { app, step } = await setup(t, twoGpuNode([{ gpuUuid: UUIDS[1]!, pid: elsewhere.members[0]!, name: 'llama-server', usedMiB: 64400 }]));
+  for (const [id, shard, gpus] of [['d', d, [1]], ['c', c, [0]], ['e', e, [0]]] as const) {
+    t.equal((await app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid: shard.pid, gpus, engine: 'llama.cpp', graceMs: 0 } })).statusCode, 201);
+  }
+  const post = (id: string, file: string) => app.inject({ method: 'POST', url: `/shards/${id}/engine-output`, payload: sample(file), headers: { 'content-type': 'text/plain' } });
+  t.match((await post('d', 'llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt')).json().account, { backend: 'CUDA', layersOffloaded: 48, layersTotal: 48 });
+  t.match((await post('c', 'llamacpp-log_2024-10_cortex1470_cuda-init-failed_claims-offload_cpu-only-buffer.txt')).json().account, { backend: 'CPU', layersOffloaded: 13, layersTotal: 33 });
+  t.equal((await post('e', 'llamacpp-server-log_2026_b9829plus-era_default-lv3_no-device-lines.txt')).json().account, null);
+  step();
+
+  const conflict = (await app.inject({ method: 'GET', url: '/shards/d/ready' })).json();
+  t.equal(conflict.state, 'on-cpu');
+  t.match(conflict.reason, /^placed on GPU 1, but its processes hold no memory on GPU 1, \d ms after registration \(grace 0 ms\), although the engine output posted to \/shards\/d\/engine-output says llama\.cpp put its model buffers on CUDA0 and offloaded 48\/48 layers \(load_tensors: CUDA0 model buffer size = 63980\.86 MiB\)\. Both cannot be true of the same process/);
+  t.match(conflict.reason, 'under no shard, the engine runs in a process this shard does not cover (a child started in another process group, or the wrong PID registered');
+  t.notMatch(conflict.reason, /probably did not load|Post the engine's log/);
+  t.same(conflict.warnings, []);
+  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+  t.match(gpus.gpus[1].processes, [{ pid: elsewhere.members[0], shard: null }], 'GET /gpus shows the memory the reason points at, under no shard');
+
+  const cpu = (await app.inject({ method: 'GET', url: '/shards/c/ready' })).json();
+  t.equal(cpu.state, 'on-cpu');
+  t.match(cpu.reason, 'llama.cpp found no usable GPU (ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected) although it reported 13/33 layers offloaded');
+  t.same(cpu.warnings, [], 'no "offloaded only 13 of 33 layers" beside a reason that says the claim is false');
+
+  const silent = (await app.inject({ method: 'GET', url: '/shards/e/ready' })).json();
+  t.equal(silent.state, 'on-cpu');
+  t.match(silent.reason, 'The output posted to /shards/e/engine-output says nothing about where llama.cpp computes: post its log at -lv 4');
+});
+
 t.test('a reused PID (fixture /proc) makes the shard exited', async (t) => {
   const root = t.testdir({ '4242': { stat: '4242 (llama-server) S 1 4242 4242 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 0' } });
   const clock = manualClock();

@@ -1,7 +1,7 @@
 import { readFileSync, readdirSync } from 'node:fs';
 import fc from 'fast-check';
 import t from 'tap';
-import { appendTail, ENGINE_TAIL_MAX_BYTES, type EngineAccount, parseLlamaLog } from '../../src/shards/llama-log.js';
+import { appendTail, ENGINE_TAIL_MAX_BYTES, type EngineAccount, parseLlamaLog, showsGpuWeights } from '../../src/shards/llama-log.js';
 
 const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
 const sample = (file: string): string => readFileSync(new URL(file, SAMPLES), 'utf8');
@@ -243,6 +243,25 @@ for (const { file, why, expected } of sampleCases) {
     t.same(parseLlamaLog(sample(file)), expected);
   });
 }
+
+t.test('weights shown on a GPU: a CUDA buffer line or the 2023 "VRAM used", never CUDA merely found, nor a host buffer', async (t) => {
+  const shown = LLAMA_SAMPLES.filter((file) => {
+    const account = parseLlamaLog(sample(file));
+    return account !== null && showsGpuWeights(account);
+  });
+  t.same(shown.sort(), [
+    'llamacpp-log_2023-12_ollama1341_ggml_init_cublas_2gpu_vram-used.txt',
+    'llamacpp-log_2024-01_ollama2266_journald_llm_load_tensors_multi-cuda.txt',
+    'llamacpp-log_2024_llamafile552_ggml_cuda_init_llm_load_tensors.txt',
+    'llamacpp-log_2025_ci_prefix-timestamps_load_tensors.txt',
+    'llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt',
+    'llamacpp-lv5_load_tensors_plus_nvsmi-compute-apps.txt',
+  ]);
+  // A CPU account whose evidence is a buffer line: every model buffer in host memory.
+  const host = parseLlamaLog('llama_model_loader: loaded meta data\nload_tensors:   CPU_Mapped model buffer size =  4685.30 MiB\nllama_context: n_ctx = 4096\n');
+  t.match(host, { backend: 'CPU', evidence: 'load_tensors: CPU_Mapped model buffer size = 4685.30 MiB' });
+  t.equal(showsGpuWeights(host!), false);
+});
 
 t.test('samples read the same through CRLF, journald, ISO, [epoch] and ANSI prefixes', async (t) => {
   const same = (line: string) => line;

@@ -1,12 +1,13 @@
 // The readiness verdict and compute over hand-made node views: the branches a live node rarely
 // shows on demand (several missing GPUs, a GPU gone from nvidia-smi, partial offload, a snapshot
 // older than the registration, hidden PIDs, zombies).
+import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { foreignMemory } from '../../src/node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import { shardCompute } from '../../src/shards/compute.js';
-import type { EngineAccount } from '../../src/shards/llama-log.js';
+import { type EngineAccount, parseLlamaLog } from '../../src/shards/llama-log.js';
 import { readiness } from '../../src/shards/readiness.js';
 import type { Liveness } from '../../src/node-state/attribution.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
@@ -396,6 +397,7 @@ t.test('a cgroup shard whose engine output predates every process it runs now: t
   t.equal(v.state, 'on-cpu', 'grace over and GPU 0 not held: on-cpu by nvidia-smi');
   t.match(v.reason, 'its processes hold no memory on GPU 0');
   t.notMatch(v.reason, 'the engine itself reports it');
+  t.match(v.reason, "Its GPU backend probably did not load. The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp at -lv 4) to /shards/pod/engine-output");
   const starting = readiness({ shard: { ...pod, registeredAt: NOW - 1000 }, node: missing, engine: cpu, engineTicks: 600, staleReason: null, now: NOW });
   t.equal(starting.state, 'starting', 'within grace, the old run\'s CPU no longer makes it on-cpu at once');
 
@@ -466,4 +468,120 @@ t.test('without nvidia-smi: /proc liveness and the engine\'s account still decid
   const restarted = judged({ shard: pod, liveness: { state: 'alive', oldestStart: 700 }, engine: cpu, engineTicks: 600 });
   t.equal(restarted.state, 'unverified', "an earlier run's CPU decides nothing");
   t.match(restarted.warnings, [unverified, /came, at least in part, from an earlier run/]);
+});
+
+const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
+/** What llama.cpp printed in a real sample, as the registry reads it. */
+const accountOf = (file: string): EngineAccount | null => parseLlamaLog(readFileSync(new URL(file, SAMPLES), 'utf8'));
+
+t.test('on-cpu while the engine output shows weights on a CUDA device: the reason says they conflict and what to check, not to post the log again', async (t) => {
+  // llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt: "CUDA0 model buffer size = 63980.86 MiB", 48/48 layers.
+  const engine = accountOf('llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt');
+  const d = shard({ id: 'd', gpus: [3] });
+  // GPU 3 holds 62 GiB of a process no shard covers (PID 200, its own process group).
+  const node = view([gpu(3, [[200, 64400]])], [stat(100, 100, 5), stat(200, 200, 6)], [d]);
+  const v = readiness({ shard: d, node, engine, enginePosted: true, staleReason: null, now: NOW });
+  t.equal(v.state, 'on-cpu', 'nvidia-smi decides: none of its processes holds GPU 3');
+  t.equal(
+    v.reason,
+    'placed on GPU 3, but its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s), although the engine output posted to /shards/d/engine-output ' +
+      'says llama.cpp put its model buffers on CUDA0 and offloaded 48/48 layers (load_tensors: CUDA0 model buffer size = 63980.86 MiB). ' +
+      'Both cannot be true of the same process: the engine did put its weights on a GPU, but not as a process of this shard on GPU 3, or that output is from another run. ' +
+      "Find that memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, the engine runs in a process this shard does not cover " +
+      "(a child started in another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup); " +
+      "on another GPU, CUDA_VISIBLE_DEVICES (or the container's GPU runtime) maps CUDA0 to that GPU, not to GPU 3; " +
+      "nowhere, the output posted is another run's: post this run's to /shards/d/engine-output.",
+  );
+  t.notMatch(v.reason, 'probably did not load', 'the engine says its backend loaded');
+  t.notMatch(v.reason, "Post the engine's log", 'the log is not asked for again');
+  t.same(v.warnings, [], '48 of 48 layers: no partial offload');
+  t.same(shardCompute(d, node, engine, v.state).engine, engine, 'compute.engine still shows what the engine said');
+
+  // llamacpp-log_2024-01_ollama2266_journald_llm_load_tensors_multi-cuda.txt: buffers on CUDA0 and CUDA1, for a pod registered by its cgroup.
+  const multi = accountOf('llamacpp-log_2024-01_ollama2266_journald_llm_load_tensors_multi-cuda.txt');
+  const pod = shard({ id: 'pod', pid: null, cgroup: POD_UID, gpus: [0, 1] });
+  const podNode = podView([gpu(0, []), gpu(1, [])], [named('llama-server', 12, 700)], [pod], { [POD_UID]: [12] });
+  const fromPod = readiness({ shard: pod, node: podNode, engine: multi, enginePosted: true, staleReason: null, now: NOW }).reason;
+  t.match(fromPod, 'says llama.cpp put its model buffers on CUDA0 and CUDA1 and offloaded 33/33 layers (llm_load_tensors: CUDA0 buffer size = 4695.56 MiB | llm_load_tensors: CUDA1 buffer size = 3912.97 MiB).');
+  t.match(fromPod, `a process this shard does not cover (a process outside cgroup "${POD_UID}": register the pod or container the engine runs in)`);
+  t.match(fromPod, 'maps CUDA0 and CUDA1 to that GPU, not to GPU 0 and GPU 1;');
+
+  // The 2023 "VRAM used" proof, cut from llamacpp-log_2023-12_ollama1341_ggml_init_cublas_2gpu_vram-used.txt without its device lines,
+  // for a shard whose GPU fell off the bus.
+  const vram = parseLlamaLog('llm_load_tensors: using CUDA for GPU acceleration\nllm_load_tensors: VRAM used: 6936.01 MiB\n');
+  t.same(vram?.devices, [], 'no device named');
+  const lost = readiness({ shard: d, node: view([gpu(0, [])], [stat(100, 100, 5)], [d]), engine: vram, staleReason: null, now: NOW }).reason;
+  t.match(lost, 'says llama.cpp reported 6936.01 MiB of VRAM used on its CUDA devices (llm_load_tensors: VRAM used: 6936.01 MiB). GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg). Both cannot');
+  t.match(lost, 'maps its CUDA devices to that GPU, not to GPU 3;');
+});
+
+t.test('on-cpu while the engine output finds CUDA but shows no weights: the reason asks for its output through model loading', async (t) => {
+  // llamacpp-server-log_2026-05-17_b9151-b9828-era_default-lv3_device_info.txt: device_info lists CUDA0, no buffer line at -lv 3.
+  const engine = accountOf('llamacpp-server-log_2026-05-17_b9151-b9828-era_default-lv3_device_info.txt');
+  const s = shard({ gpus: [0] });
+  const v = readiness({ shard: s, node: view([gpu(0, [])], [stat(100, 100, 5)], [s]), engine, enginePosted: true, staleReason: null, now: NOW });
+  t.equal(v.state, 'on-cpu');
+  t.equal(
+    v.reason,
+    'placed on GPU 0 but computing on the CPU: its processes hold no memory on GPU 0, 60.0 s after registration (grace 10.0 s). ' +
+      'The engine output posted says llama.cpp found CUDA0 but printed no model buffer line, so weights on the GPU are not confirmed: its GPU backend loaded. ' +
+      'Post its output through model loading (llama.cpp at -lv 4 prints its "CUDA<n> model buffer size" lines) to /shards/s/engine-output, ' +
+      "and find the engine's memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, or on another GPU, " +
+      "the engine runs in a process this shard does not cover (a child started in another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup) " +
+      'or CUDA_VISIBLE_DEVICES maps CUDA0 to another GPU.',
+  );
+  t.notMatch(v.reason, 'probably did not load');
+});
+
+t.test('on-cpu with engine output that says nothing: the reason says so instead of asking for a log already posted', async (t) => {
+  // llamacpp-server-log_2026_b9829plus-era_default-lv3_no-device-lines.txt: b9829+ at its default verbosity names no device.
+  t.equal(accountOf('llamacpp-server-log_2026_b9829plus-era_default-lv3_no-device-lines.txt'), null);
+  const s = shard({ gpus: [0] });
+  const node = view([gpu(0, [])], [stat(100, 100, 5)], [s]);
+  const judged = (enginePosted: boolean | undefined, engine: ShardRecord['engine'] = 'llama.cpp') =>
+    readiness({ shard: { ...s, engine }, node, engine: null, staleReason: null, now: NOW, ...(enginePosted === undefined ? {} : { enginePosted }) }).reason;
+  t.match(
+    judged(true),
+    'GPU 0, 60.0 s after registration (grace 10.0 s). Its GPU backend probably did not load. The output posted to /shards/s/engine-output says nothing about where llama.cpp computes: ' +
+      'post its log at -lv 4 (llama.cpp b9829 and later names its devices and buffers only then). Check the engine',
+  );
+  t.notMatch(judged(true), "Post the engine's log");
+  const notPosted = "Its GPU backend probably did not load. Post the engine's log (llama.cpp at -lv 4) to /shards/s/engine-output to see what it saw. Check the engine";
+  t.match(judged(false), notPosted);
+  t.match(judged(undefined), notPosted, 'absent: none posted');
+  t.notMatch(judged(true, 'vllm'), 'engine-output', 'only llama.cpp output is read: no advice about it for vLLM');
+});
+
+t.test('on-cpu while holding memory on a GPU it was not given: the backend loaded, on the wrong GPU', async (t) => {
+  const s = shard({ gpus: [3] });
+  const node = view([gpu(3, []), gpu(5, [[100, 64400]])], [stat(100, 100, 5)], [s]);
+  const engine = accountOf('llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt');
+  for (const [name, account] of [['no engine output', null], ['weights on CUDA0', engine]] as const) {
+    const v = readiness({ shard: s, node, engine: account, staleReason: null, now: NOW });
+    t.equal(v.state, 'on-cpu', name);
+    t.equal(
+      v.reason,
+      'placed on GPU 3 but holding memory on GPU 5 instead, which it was not given: its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s). ' +
+        "Its GPU backend did load, on another GPU: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it GPU 5. " +
+        'Check them (CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus; GPU UUIDs avoid the difference), or register the shard with the GPUs it uses.',
+      name,
+    );
+    t.same(v.warnings, ['holds memory on GPU 5, which it was not given: check CUDA_VISIBLE_DEVICES and the placement'], name);
+  }
+});
+
+t.test('an engine that says CPU gets no partial-offload warning, whatever "offloaded N/M" it printed', async (t) => {
+  // llamacpp-log_2024-10_cortex1470_cuda-init-failed_claims-offload_cpu-only-buffer.txt: CUDA init failed, "offloaded 13/33" claimed, one CPU buffer.
+  const engine = accountOf('llamacpp-log_2024-10_cortex1470_cuda-init-failed_claims-offload_cpu-only-buffer.txt');
+  t.match(engine, { backend: 'CPU', layersOffloaded: 13, layersTotal: 33 });
+  const s = shard({ gpus: [0] });
+  for (const [name, node] of [
+    ['holding GPU 0 (a CUDA context of a build that fell back)', view([gpu(0, [[100, 300]])], [stat(100, 100, 5)], [s])],
+    ['holding nothing', view([gpu(0, [])], [stat(100, 100, 5)], [s])],
+  ] as const) {
+    const v = readiness({ shard: s, node, engine, enginePosted: true, staleReason: null, now: NOW });
+    t.equal(v.state, 'on-cpu', name);
+    t.match(v.reason, 'llama.cpp found no usable GPU (ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected) although it reported 13/33 layers offloaded', name);
+    t.same(v.warnings, [], name);
+  }
 });
