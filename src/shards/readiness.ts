@@ -143,7 +143,7 @@ function engineNote(shard: ShardRecord, engine: EngineAccount | null, noAccount:
   const post = `/shards/${shard.id}/engine-output`;
   if (engine !== null) {
     return (
-      `The engine output posted says ${engine.summary}: its GPU backend loaded. ` +
+      `The engine output posted says ${engine.summary}. ` +
       `Post its output through model loading (llama.cpp at -lv 4 prints its "CUDA<n> model buffer size" lines) to ${post}, ` +
       `and find the engine's memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, or on another GPU, ` +
       `the engine runs in a process this shard does not cover (${notCovered(shard)}) or CUDA_VISIBLE_DEVICES maps ${cudaNames(engine)} to another GPU.`

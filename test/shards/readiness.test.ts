@@ -524,7 +524,7 @@ t.test('on-cpu while the engine output finds CUDA but shows no weights: the reas
   t.equal(
     v.reason,
     'placed on GPU 0 but computing on the CPU: its processes hold no memory on GPU 0, 60.0 s after registration (grace 10.0 s). ' +
-      'The engine output posted says llama.cpp found CUDA0 but printed no model buffer line, so weights on the GPU are not confirmed: its GPU backend loaded. ' +
+      'The engine output posted says llama.cpp found CUDA0 but printed no model buffer line, so weights on the GPU are not confirmed. ' +
       'Post its output through model loading (llama.cpp at -lv 4 prints its "CUDA<n> model buffer size" lines) to /shards/s/engine-output, ' +
       "and find the engine's memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, or on another GPU, " +
       "the engine runs in a process this shard does not cover (a child started in another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup) " +
