@@ -65,13 +65,13 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         description:
           'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer. ' +
           'A replacement for the same process (PID and start time, in the same boot of the node) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
-          '409 when another id already holds the same process or cgroup.',
+          '409 when another id already holds the same process or cgroup, a cgroup the process runs in, or a process the cgroup holds.',
         params,
         body: RegisterShardSchema,
         response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 409, 413, 415, 422, 503) },
       },
-      onRequest: authorise,
-      preValidation: requireContentType('application/json', `curl -X PUT -H 'Content-Type: application/json' -d '{"pid": 1234, "gpus": [0]}' ...`),
+      // Before the body is parsed: any other type, one the server has no parser for included, is told what to send.
+      onRequest: [authorise, requireContentType('application/json', `curl -X PUT -H 'Content-Type: application/json' -d '{"pid": 1234, "gpus": [0]}' ...`)],
     },
     async (request, reply) => {
       const { created, shard } = await shards.register(request.params.id, request.body);
@@ -183,8 +183,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         body: Type.String({ description: "The engine's output, as text." }),
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },
       },
-      onRequest: authorise,
-      preValidation: requireContentType('text/plain', "curl --data-binary @server.log -H 'Content-Type: text/plain' ..."),
+      onRequest: [authorise, requireContentType('text/plain', "curl --data-binary @server.log -H 'Content-Type: text/plain' ...")],
     },
     async (request) => {
       const state = shards.appendEngineOutput(request.params.id, request.body);

@@ -102,7 +102,7 @@ export const SETTINGS = {
     default: 800,
     accepts: 'an integer number of milliseconds from 0 to 600000',
     description:
-      "Longest a probe (/readyz, /shards/:id/ready, /shards, /metrics) waits for a snapshot it needs before answering without one; keep it under the probe's timeout (Kubernetes' default is 1 s).",
+      "Longest a probe (/readyz, /shards/:id/ready) or a poller (/shards, /shards/:id, /metrics, the status page /) waits for a snapshot it needs before answering without one; keep it under the probe's timeout (Kubernetes' default is 1 s).",
   },
   logLevel: {
     env: 'NODECOMPUTE_LOG_LEVEL',
@@ -192,12 +192,16 @@ export function defaultConfig(overrides: Partial<Config> = {}): Config {
   return { ...base, fileTokens: [], ...overrides };
 }
 
-function invalid(setting: Setting, raw: unknown, why?: string): never {
+/**
+ * Refuses a setting's value. `accepts`: what the setting takes, said after `why`; null when the value
+ * is in its range and only its combination with another setting is wrong (`why` says how).
+ */
+function invalid(setting: Setting, raw: unknown, why?: string, accepts: string | null = setting.accepts): never {
   // A token goes to stderr, and from there to a log store: say its length, never its value.
   const got = setting === SETTINGS.token ? `a secret of ${String(raw).length} characters (not shown)` : JSON.stringify(raw);
   throw new ConfigInvalidError(
-    `Invalid setting ${setting.env} (--${setting.flag}): got ${got}${why ? ` (${why})` : ''}; ` +
-      `it accepts ${setting.accepts}. Fix the environment variable or flag and start again.`,
+    `Invalid setting ${setting.env} (--${setting.flag}): got ${got}${why ? ` (${why})` : ''}` +
+      `${accepts === null ? '.' : `; it accepts ${accepts}.`} Fix the environment variable or flag and start again.`,
   );
 }
 
@@ -306,6 +310,7 @@ function checkCombinations(config: Config): string[] {
       config.maxStaleMs,
       `it is below NODECOMPUTE_CACHE_TTL_MS (${config.cacheTtlMs}): a snapshot only turns stale once it is older than the TTL, so stale answers could never be served. ` +
         `Set NODECOMPUTE_MAX_STALE_MS to at least ${config.cacheTtlMs} (the default is ${SETTINGS.maxStaleMs.default}), or lower NODECOMPUTE_CACHE_TTL_MS`,
+      null,
     );
   }
   const warnings: string[] = [];

@@ -42,6 +42,8 @@ export const ShardConflictError = coded('NODECOMPUTE_SHARD_CONFLICT', 409);
 export const UnsupportedMediaTypeError = coded('NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', 415);
 export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
 export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
+/** A PID that exists but can never be a shard's: init, or a kernel thread (most often a PID as a container sees it). */
+export const NotAShardProcessError = coded('NODECOMPUTE_NOT_A_SHARD_PROCESS', 422);
 export const StateWriteFailedError = coded('NODECOMPUTE_STATE_WRITE_FAILED', 503);
 export const ProcUnreadableError = coded('NODECOMPUTE_PROC_UNREADABLE', 503);
 export const InternalError = coded('NODECOMPUTE_INTERNAL', 500);

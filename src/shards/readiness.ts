@@ -237,9 +237,11 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   return verdict('unverified', null, setAside === null ? [unverified] : [unverified, setAside]);
 }
 
-/** When the listing a verdict rests on was begun, relative to the registration (never a negative time). */
+/** When the listing a verdict rests on was begun, inside the grace: relative to the registration (never a negative time). */
 function begun(shard: ShardRecord, evidenceAt: number): string {
-  return evidenceAt < shard.registeredAt ? 'before this shard was registered' : `${formatDuration(evidenceAt - shard.registeredAt)} after registration`;
+  return evidenceAt < shard.registeredAt
+    ? 'before this shard was registered'
+    : `${formatDuration(evidenceAt - shard.registeredAt)} after registration, before the grace ended`;
 }
 
 export function readiness(input: ReadinessInput): Readiness {
@@ -271,8 +273,8 @@ export function readiness(input: ReadinessInput): Readiness {
     // nvidia-smi, which makes it last, is a warning of its own (staleReason).
     return verdict(
       'starting',
-      `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun(shard, evidenceAt)}, ` +
-        'before the grace ended: the verdict waits for a listing begun after it.',
+      `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun(shard, evidenceAt)}: ` +
+        'the verdict waits for a listing begun after the grace.',
       warnings,
     );
   }

@@ -6,7 +6,7 @@
 // sees the change, rather than at every probe. While nvidia-smi cannot be asked, verdicts still use
 // what /proc said in the latest (failed) refresh (NodeService.procOnly): no read of its own per probe.
 import type { Logger } from 'pino';
-import { BadRequestError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
+import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
 import type { Current, NodeService } from '../node-state/node-service.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
@@ -96,7 +96,7 @@ export function createShardService(deps: ShardServiceDeps) {
       );
     }
     if (stat.pid === INIT_PID) {
-      throw new ProcessNotFoundError(
+      throw new NotAShardProcessError(
         `PID 1 in ${proc.root} is init (${stat.comm}), not a shard: every process on the node descends from it, so as a shard it would claim ` +
           "other workloads' GPU memory and none would read as foreign. This is probably a container's main process, PID 1 inside the container: " +
           "register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`; in Kubernetes `crictl inspect --output go-template --template '{{.info.pid}}' CONTAINER_ID` on the node), " +
@@ -104,7 +104,7 @@ export function createShardService(deps: ShardServiceDeps) {
       );
     }
     if (stat.pid === KTHREADD_PID || stat.ppid === KTHREADD_PID) {
-      throw new ProcessNotFoundError(
+      throw new NotAShardProcessError(
         `PID ${pid} in ${proc.root} is the kernel thread ${stat.comm}, not a shard. This is probably the PID as a container sees it: ` +
           "register the host PID (for a container's main process: `docker inspect -f '{{.State.Pid}}' CONTAINER`), or register the shard by its cgroup.",
       );

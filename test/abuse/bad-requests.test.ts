@@ -149,7 +149,7 @@ const table: BadRequest[] = [
     request: putRaw('/shards/new-shard', 'pid=1&gpus=1', { 'content-type': 'application/x-www-form-urlencoded' }),
     status: 415,
     code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
-    message: /Registrations are application\/json/,
+    message: /^This endpoint takes application\/json, not "application\/x-www-form-urlencoded"\. Example: curl -X PUT/,
   },
   { name: 'no content type on PUT', request: (c) => putRaw('/shards/new-shard', JSON.stringify(good(c)), {})(), status: 415, code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', message: /application\/json/ },
   {
@@ -237,7 +237,7 @@ const table: BadRequest[] = [
     name: "pid 1 (a container's main process, as the container sees it; init on the host)",
     request: register(() => ({ pid: 1, gpus: [1] })),
     status: 422,
-    code: 'NODECOMPUTE_PROCESS_NOT_FOUND',
+    code: 'NODECOMPUTE_NOT_A_SHARD_PROCESS',
     message: /^PID 1 in \/proc is init \(.*\), not a shard: .*register its host PID .*or register the pod by its cgroup/,
   },
   {

@@ -128,8 +128,8 @@ t.test('grace is judged by when the listing was begun: a refresh begun inside th
   t.equal(landed.json().state, 'starting', 'the grace is over by the clock, but not at the time of the evidence');
   t.equal(
     landed.json().reason,
-    'waiting for the shard to hold memory on GPU 1 (nvidia-smi lists none of its memory there yet). Its 5.0 s grace is over, but the latest nvidia-smi listing was begun 4.5 s after registration, ' +
-      'before the grace ended: the verdict waits for a listing begun after it.',
+    'waiting for the shard to hold memory on GPU 1 (nvidia-smi lists none of its memory there yet). Its 5.0 s grace is over, but the latest nvidia-smi listing was begun 4.5 s after registration, before the grace ended: ' +
+      'the verdict waits for a listing begun after the grace.',
     'no blame on nvidia-smi: its refresh was routine',
   );
   t.same(landed.json().warnings, [], 'nor a warning');
@@ -441,6 +441,7 @@ t.test('registering a kernel thread (fixture /proc) is refused as a container PI
   for (const [pid, comm] of [[2, 'kthreadd'], [57, 'kworker/1:1-events']] as const) {
     const res = await app.inject({ method: 'PUT', url: `/shards/k${pid}`, payload: { pid, gpus: [0] } });
     t.equal(res.statusCode, 422, comm);
+    t.equal(res.json().code, 'NODECOMPUTE_NOT_A_SHARD_PROCESS', `${comm}: it exists, but is no shard`);
     t.match(res.json().message, `PID ${pid} in ${root} is the kernel thread ${comm}, not a shard. This is probably the PID as a container sees it`);
     t.match(res.json().message, "docker inspect -f '{{.State.Pid}}' CONTAINER");
   }
@@ -683,7 +684,7 @@ t.test('PID 1 is refused: init in the host namespace, a container\'s main proces
   });
   const res = await app.inject({ method: 'PUT', url: '/shards/init', payload: { pid: 1, gpus: [0] } });
   t.equal(res.statusCode, 422);
-  t.equal(res.json().code, 'NODECOMPUTE_PROCESS_NOT_FOUND');
+  t.equal(res.json().code, 'NODECOMPUTE_NOT_A_SHARD_PROCESS', 'it exists: another code than a PID with no process');
   t.match(res.json().message, `PID 1 in ${root} is init (systemd), not a shard: every process on the node descends from it, so as a shard it would claim other workloads' GPU memory`);
   t.match(res.json().message, "This is probably a container's main process, PID 1 inside the container: register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`");
   t.match(res.json().message, 'crictl inspect');

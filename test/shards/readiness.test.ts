@@ -414,13 +414,17 @@ t.test('the starting reason after the grace: no blame on nvidia-smi, and never a
   t.equal(inside.state, 'starting');
   t.equal(
     inside.reason,
-    'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet). Its 3.0 s grace is over, but the latest nvidia-smi listing was begun 1.0 s after registration, ' +
-      'before the grace ended: the verdict waits for a listing begun after it.',
+    'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet). Its 3.0 s grace is over, but the latest nvidia-smi listing was begun 1.0 s after registration, before the grace ended: ' +
+      'the verdict waits for a listing begun after the grace.',
   );
   t.notMatch(inside.reason, 'slow', 'a routine refresh is not nvidia-smi being slow');
   const before = judged(NOW - 3600, 0);
   t.equal(before.state, 'starting');
-  t.match(before.reason, 'Its 0 ms grace is over, but the latest nvidia-smi listing was begun before this shard was registered, before the grace ended');
+  t.equal(
+    before.reason,
+    'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet). Its 0 ms grace is over, but the latest nvidia-smi listing was begun before this shard was registered: ' +
+      'the verdict waits for a listing begun after the grace.',
+  );
   t.notMatch(before.reason, /-\d/, 'no negative time');
   t.equal(judged(NOW - 400).state, 'on-cpu', 'a listing begun after the grace decides');
 });
