@@ -4,30 +4,17 @@
 // for another PID namespace. The view cache says once in the log when the judgement changes.
 import { pino } from 'pino';
 import t from 'tap';
-import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import { gpuState } from '../helpers/gpu-state.js';
 import { createNodeViewCache, judgePids, PID_NAMESPACE_WARNING, type PidsJudged } from '../../src/node-state/node-view.js';
 import type { ProcStat } from '../../src/system/procfs.js';
-
-function gpu(index: number, pids: number[], usedMiB = 1000): GpuState {
-  const uuid = `GPU-${index}`;
-  return {
-    index,
-    uuid,
-    name: 'NVIDIA H200',
-    totalMiB: 143771,
-    usedMiB,
-    freeMiB: 1,
-    reservedMiB: 614,
-    processes: pids.map((pid) => ({ pid, name: 'p', usedMiB: 500, gpuIndex: index, gpuUuid: uuid })),
-  };
-}
 
 /** A snapshot whose nvidia-smi lists `listed` on GPU 0 (and `also` on GPU 1), of which /proc has `present`. */
 function snapshot(listed: number[], present: number[], also: number[] = []): NodeSnapshot {
   const stat = (pid: number): ProcStat => ({ pid, comm: `p${pid}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 1 });
   return {
     takenAt: 0,
-    gpus: [gpu(0, listed), gpu(1, also)],
+    gpus: [gpuState(0, listed.map((pid) => [pid, 500])), gpuState(1, also.map((pid) => [pid, 500]))],
     proc: new Map(present.map((pid) => [pid, stat(pid)])),
     cgroupPids: new Map(),
     bootId: null,
@@ -60,11 +47,11 @@ t.test('after the first, only a PID that stays missing counts: a process that ex
 });
 
 t.test('no process listed: hidden only when GPUs hold memory (header-only process query), whatever came before', async (t) => {
-  const busyIdle: NodeSnapshot = { ...snapshot([], []), gpus: [gpu(0, [], 20_000), gpu(1, [], 3)] };
+  const busyIdle: NodeSnapshot = { ...snapshot([], []), gpus: [gpuState(0, [], 20_000), gpuState(1, [], 3)] };
   const [hidden] = judgeAll([busyIdle]);
   t.match(hidden, /^nvidia-smi lists no GPU process, yet GPU 0 has memory in use/);
   t.same(judgeAll([snapshot([7], [7]), busyIdle]).map((h) => h !== null), [false, true]);
-  t.same(judgeAll([busyIdle, { ...snapshot([], []), gpus: [gpu(0, [], 3)] }]), [hidden, null]);
+  t.same(judgeAll([busyIdle, { ...snapshot([], []), gpus: [gpuState(0, [], 3)] }]), [hidden, null]);
 });
 
 t.test('the view cache judges each new snapshot against the last, and logs each change once', async (t) => {

@@ -5,6 +5,7 @@ import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { foreignMemory } from '../../src/node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import { gpuState as gpu } from '../helpers/gpu-state.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import { shardCompute } from '../../src/shards/compute.js';
 import { type EngineAccount, parseLlamaLog } from '../../src/shards/llama-log.js';
@@ -14,20 +15,6 @@ import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';
 
 const NOW = 1_000_000;
-
-function gpu(index: number, processes: Array<[pid: number, usedMiB: number | null]>, usedMiB: number | null = 1000): GpuState {
-  const uuid = `GPU-${index}`;
-  return {
-    index,
-    uuid,
-    name: 'NVIDIA H200',
-    totalMiB: 143771,
-    usedMiB,
-    freeMiB: 1,
-    reservedMiB: 614,
-    processes: processes.map(([pid, mib]) => ({ pid, name: 'p', usedMiB: mib, gpuIndex: index, gpuUuid: uuid })),
-  };
-}
 
 function stat(pid: number, pgrp: number, startTime: number, state = 'S'): ProcStat {
   return { pid, comm: `p${pid}`, state, ppid: 1, pgrp, session: pgrp, startTime };
