@@ -1,5 +1,5 @@
 // Owns how a memory size reads for people (the compute devices, the status page, its tooltips and
-// captions): one way, so the same MiB never reads as two different sizes on one page. Units are
+// captions): one way, so a page never names one unit two ways (GB beside GiB). Units are
 // binary and say so: nvidia-smi reports MiB, a GiB is 1024 of them, and the label is "GiB", never
 // "GB" (10000 MiB is 9.8 GiB, which would be 10.5 GB). The JSON API keeps its numbers in MiB; only
 // these strings are for reading.

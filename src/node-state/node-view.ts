@@ -63,20 +63,20 @@ export interface PidsJudged {
  * it was the only one listed: one such refresh must not turn every shard unverified. So, after the
  * first snapshot (`previous` null: a service starting in the wrong namespace says so at once), the
  * mark counts only when a PID missing now was missing from the previous snapshot too, or that one
- * already counted: another namespace's engines stay listed, an exited process does not.
+ * already counted: another namespace's engines stay listed, an exited process does not. Idle GPUs
+ * (no process listed, no memory in use) are no evidence either way: the judgement before them
+ * stands, so the jobs that come after them are judged as the ones before were.
  */
 export function judgePids(snapshot: NodeSnapshot, previous: PidsJudged | null): PidsJudged {
   const listed = new Set(snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)));
   const missing = new Set([...listed].filter((pid) => snapshot.proc.get(pid) == null));
-  let hidden: string | null = null;
   if (listed.size > 0) {
     const persists = previous === null || previous.hidden !== null || [...missing].some((pid) => previous.missing.has(pid));
-    if (missing.size === listed.size && persists) hidden = PID_NAMESPACE_WARNING;
-  } else {
-    const busy = busyGpus(snapshot.gpus);
-    if (busy.length > 0) hidden = hiddenProcessesWarning(busy);
+    return { snapshot, missing, hidden: missing.size === listed.size && persists ? PID_NAMESPACE_WARNING : null };
   }
-  return { snapshot, missing, hidden };
+  const busy = busyGpus(snapshot.gpus);
+  if (busy.length > 0) return { snapshot, missing, hidden: hiddenProcessesWarning(busy) };
+  return previous === null ? { snapshot, missing, hidden: null } : { ...previous, snapshot };
 }
 
 /**
@@ -106,7 +106,8 @@ export function snapshotMeta(view: SnapshotView<unknown>): SnapshotMeta {
 
 /**
  * Memoises the derived view per snapshot object and registry version; judges each new snapshot's
- * PIDs against the one before it (judgePids), and says once when they turn hidden or visible again.
+ * PIDs against the one before it (judgePids), and says once when they turn hidden or visible again
+ * (not when only the words change, as the busy GPUs of a header-only process list do).
  */
 export function createNodeViewCache(log: Logger): (
   snapshot: NodeSnapshot,
@@ -119,7 +120,7 @@ export function createNodeViewCache(log: Logger): (
     if (last && last.snapshot === snapshot && last.registryVersion === registryVersion) return last;
     if (pids?.snapshot !== snapshot) {
       const judged = judgePids(snapshot, pids);
-      if (judged.hidden !== (pids?.hidden ?? null)) reportHidden(log, judged);
+      if ((judged.hidden === null) !== ((pids?.hidden ?? null) === null)) reportHidden(log, judged);
       pids = judged;
     }
     last = createNodeView(snapshot, shards(), registryVersion, pids);

@@ -119,8 +119,8 @@ function notCovered(shard: ShardRecord): string {
 /** Memory on a GPU it was not given: the GPU backend loaded, on devices other than its placement. */
 function strayReason(shard: ShardRecord, strays: number[], held: string): string {
   return (
-    `placed on ${gpuList(shard.gpus)} but holding memory on ${gpuList(strays)} instead, which it was not given: ${held} ` +
-    `Its GPU backend did load, on another GPU: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}. ` +
+    `placed on ${gpuList(shard.gpus)}; it holds memory on ${gpuList(strays)}, which it was not given, and ${held} ` +
+    `Its GPU backend loaded (a CUDA context at least) on a GPU it was not given: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}. ` +
     'Check them (CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus; GPU UUIDs avoid the difference), ' +
     'or register the shard with the GPUs it uses.'
   );

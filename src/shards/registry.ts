@@ -300,15 +300,17 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       return engineVersion;
     },
     async put(record, overlaps = () => false) {
-      // With nothing queued, answered at once from what is stored: a conflict, or a registration
-      // repeated unchanged (a control plane reconciling its shards), which needs no write, no new
-      // registry version and so no new attribution. Otherwise the batch decides, after the changes
-      // queued before this one (a DELETE of the other id among them).
+      // With nothing queued, answered at once from what is stored: a registration repeated unchanged
+      // (a control plane reconciling its shards), which needs no write, no new registry version and so
+      // no new attribution, or a conflict. Otherwise the batch decides, after the changes queued before
+      // this one (a DELETE of the other id among them). An unchanged repeat is never a conflict: it
+      // changes nothing, and registrations stored before overlaps were refused (a PID in a registered
+      // cgroup) must still be reconciled.
       if (queue.length === 0 && !writing) {
-        const stored = conflicting(committed, record, overlaps);
-        if (stored !== undefined) throw conflictError(record, stored);
         const previous = committed.get(record.id);
         if (previous !== undefined && replacement(previous, record).unchanged) return { created: false, shard: previous, graceKept: true, unchanged: true };
+        const stored = conflicting(committed, record, overlaps);
+        if (stored !== undefined) throw conflictError(record, stored);
       }
       const posted: { now: Posted } = { now: { tail: '', updatedAt: 0, postedAtTicks: null, tailStartedAtTicks: null } };
       let pending = inFlight.get(record.id);
@@ -317,10 +319,10 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       let outcome: { conflict: ShardRecord } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean };
       try {
         outcome = await enqueue((draft) => {
-          const other = conflicting(draft, record, overlaps);
-          if (other !== undefined) return { conflict: other };
           const previous = draft.get(record.id);
           const replaced = replacement(previous, record);
+          const other = replaced.unchanged ? undefined : conflicting(draft, record, overlaps);
+          if (other !== undefined) return { conflict: other };
           draft.set(record.id, replaced.stored);
           return { previous, ...replaced };
         });

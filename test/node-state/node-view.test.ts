@@ -51,16 +51,29 @@ t.test('no process listed: hidden only when GPUs hold memory (header-only proces
   const [hidden] = judgeAll([busyIdle]);
   t.match(hidden, /^nvidia-smi lists no GPU process, yet GPU 0 has memory in use/);
   t.same(judgeAll([snapshot([7], [7]), busyIdle]).map((h) => h !== null), [false, true]);
-  t.same(judgeAll([busyIdle, { ...snapshot([], []), gpus: [gpuState(0, [], 3)] }]), [hidden, null]);
+  t.same(judgeAll([snapshot([7], [7]), busyIdle, snapshot([7], [7])]).map((h) => h !== null), [false, true, false]);
+});
+
+t.test('idle GPUs are no evidence: the judgement before them stands, for them and for the jobs after them', async (t) => {
+  const idle = (): NodeSnapshot => ({ ...snapshot([], []), gpus: [gpuState(0, [], 3)] });
+  t.same(judgeAll([idle()]), [null], 'nothing to judge at first');
+  t.same(judgeAll([snapshot([9], []), idle(), snapshot([11], []), snapshot([11], [])]), [HIDDEN, HIDDEN, HIDDEN, HIDDEN], 'another namespace between two jobs is still one');
+  t.same(judgeAll([snapshot([7], [7]), idle(), snapshot([11], [7])]), [null, null, null], 'a process that exited right after idle GPUs is still a process that exited');
+  const [, busyHidden] = judgeAll([snapshot([7], [7]), { ...snapshot([], []), gpus: [gpuState(0, [], 20_000)] }, idle()]);
+  t.match(busyHidden, /^nvidia-smi lists no GPU process, yet GPU 0 has memory in use/);
+  t.same(judgeAll([{ ...snapshot([], []), gpus: [gpuState(0, [], 20_000)] }, idle()])[1], busyHidden, 'hidden processes stay hidden while the GPUs idle');
 });
 
 t.test('the view cache judges each new snapshot against the last, and logs each change once', async (t) => {
   const lines: Array<Record<string, unknown>> = [];
   const derive = createNodeViewCache(pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) }));
   const shards = () => [];
-  const run = [snapshot([7], [7]), snapshot([9], [7]), snapshot([9], [7]), snapshot([9], [7]), snapshot([7], [7])];
+  const idle = { ...snapshot([], []), gpus: [gpuState(0, [], 3)] };
+  const busy = (index: number): NodeSnapshot => ({ ...snapshot([], []), gpus: [gpuState(index, [], 20_000)] });
+  const run = [snapshot([7], [7]), snapshot([9], [7]), snapshot([9], [7]), idle, snapshot([9], [7]), busy(0), busy(1), snapshot([7], [7])];
   const judged = run.map((current) => derive(current, 1, shards).processesHidden);
-  t.same(judged, [null, null, HIDDEN, HIDDEN, null]);
+  t.same(judged.map((hidden) => hidden === HIDDEN || hidden), [null, null, true, true, true, judged[5], judged[6], null]);
+  t.not(judged[5], judged[6], 'the words change with the busy GPUs');
   t.equal(derive(run[4]!, 2, shards).processesHidden, null, 'a new registry version of the same snapshot is not judged again');
   t.match(lines, [
     { level: 40, missingPids: [9], msg: `${HIDDEN} Until this is fixed, every shard reads unverified (its probe answers 200: there is no evidence either way), all GPU memory reads as foreign, and /readyz fails.` },

@@ -543,7 +543,7 @@ t.test('on-cpu with engine output that says nothing: the reason says so instead 
   t.notMatch(judged(true, 'vllm'), 'engine-output', 'only llama.cpp output is read: no advice about it for vLLM');
 });
 
-t.test('on-cpu while holding memory on a GPU it was not given: the backend loaded, on the wrong GPU', async (t) => {
+t.test('on-cpu while holding memory on a GPU it was not given (and none on the one it was): the backend loaded, on the wrong GPU', async (t) => {
   const s = shard({ gpus: [3] });
   const node = view([gpu(3, []), gpu(5, [[100, 64400]])], [stat(100, 100, 5)], [s]);
   const engine = accountOf('llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt');
@@ -552,8 +552,8 @@ t.test('on-cpu while holding memory on a GPU it was not given: the backend loade
     t.equal(v.state, 'on-cpu', name);
     t.equal(
       v.reason,
-      'placed on GPU 3 but holding memory on GPU 5 instead, which it was not given: its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s). ' +
-        "Its GPU backend did load, on another GPU: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it GPU 5. " +
+      'placed on GPU 3; it holds memory on GPU 5, which it was not given, and its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s). ' +
+        "Its GPU backend loaded (a CUDA context at least) on a GPU it was not given: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it GPU 5. " +
         'Check them (CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus; GPU UUIDs avoid the difference), or register the shard with the GPUs it uses.',
       name,
     );

@@ -193,6 +193,38 @@ t.test('one process or cgroup under two ids is refused, naming the other id and 
   t.match(await registry.put({ ...record('a'), pid: null, cgroup: 'pod-b' }), { created: false }, 'a PID shard and a cgroup shard never conflict by themselves');
 });
 
+t.test('overlaps: a registration /proc says covers another id\'s processes is refused; an unchanged repeat of one stored before is not', async (t) => {
+  const dir = t.testdir({});
+  const { wrapped, counter } = instrumented(createStateFile(join(dir, 's.json'), { log }));
+  const registry = await loadRegistry({ stateFile: wrapped, log });
+  const pod: ShardRecord = { ...record('pod'), pid: null, cgroup: 'pod-a', identity: { pid: 9, pgid: 9, startTime: 3, name: 'pause' } };
+  const inPod = (other: ShardRecord) => other.cgroup === 'pod-a';
+  await registry.put(pod);
+  await t.rejects(registry.put(record('engine'), inPod), { code: 'NODECOMPUTE_SHARD_CONFLICT', message: /^Process 42 \(x, started at tick 7\) runs in the cgroup "pod-a", which is already registered as shard "pod"\. / });
+  t.same(registry.list().map((s) => s.id), ['pod']);
+
+  // As a release that did not refuse overlaps stored them: both ids.
+  await registry.put(record('engine'));
+  const writes = counter.writes;
+  t.match(await registry.put(record('engine'), inPod), { created: false, unchanged: true }, 'a control plane reconciling it is not refused');
+  t.equal(counter.writes, writes, 'and nothing is written');
+  await t.rejects(registry.put({ ...record('engine'), gpus: [1] }, inPod), { code: 'NODECOMPUTE_SHARD_CONFLICT' }, 'a change to it is');
+  // The same with a write under way, when the batch decides.
+  const { wrapped: slow, writing, open } = gated(createStateFile(join(dir, 'g.json'), { log }));
+  const queued = await loadRegistry({ stateFile: slow, log });
+  const first = queued.put(pod);
+  await writing;
+  const again = queued.put(record('engine'));
+  open();
+  await Promise.all([first, again]);
+  const unrelated = queued.put(record('x', 'other', 77));
+  const repeat = queued.put(record('engine'), inPod);
+  const changed = queued.put({ ...record('engine'), engine: 'vllm' }, inPod);
+  await unrelated;
+  t.match(await repeat, { unchanged: true }, 'queued behind a write: the unchanged repeat');
+  await t.rejects(changed, { code: 'NODECOMPUTE_SHARD_CONFLICT' }, 'queued behind a write: the change');
+});
+
 /** A state file whose writes wait until the test opens the gate (then fail, with `refuse`): the test acts while a PUT is in flight. */
 function gated(file: StateFile, refuse = false) {
   let open: () => void = () => {};
