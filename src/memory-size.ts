@@ -19,9 +19,12 @@ export function formatMemory(mib: number): string {
   return mib >= MIB_PER_GIB ? `${gibDigits(mib)} GiB` : `${mib} MiB`;
 }
 
-/** A GPU's use of its memory, "127.0 / 140.4 GiB"; "?" for a figure nvidia-smi did not report. */
+/**
+ * A GPU's use of its memory, "127.0 / 140.4 GiB"; below 1 GiB used, in MiB as formatMemory says it
+ * ("614 MiB / 140.4 GiB", as its segments read); "?" for a figure nvidia-smi did not report.
+ */
 export function formatMemoryUse(usedMiB: number | null, totalMiB: number | null): string {
-  const used = usedMiB === null ? '?' : gibDigits(usedMiB);
   const total = totalMiB === null ? '?' : gibDigits(totalMiB);
-  return `${used} / ${total} GiB`;
+  if (usedMiB !== null && usedMiB < MIB_PER_GIB) return `${formatMemory(usedMiB)} / ${total} GiB`;
+  return `${usedMiB === null ? '?' : gibDigits(usedMiB)} / ${total} GiB`;
 }

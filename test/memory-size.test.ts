@@ -31,6 +31,8 @@ t.test('a compute device reads the same size with the same label', async (t) => 
 
 t.test('a GPU\'s use of its memory, and the figures nvidia-smi did not report', async (t) => {
   t.equal(formatMemoryUse(32_362, 143_771), '31.6 / 140.4 GiB', 'nvsmi-capture_h200_590.48.01_load_default-table.txt: 32362MiB / 143771MiB');
+  t.equal(formatMemoryUse(614, 143_771), '614 MiB / 140.4 GiB', 'below 1 GiB used: MiB, as the segments of that GPU read');
+  t.equal(formatMemoryUse(1024, 143_771), '1.0 / 140.4 GiB');
   t.equal(formatMemoryUse(null, 143_771), '? / 140.4 GiB');
   t.equal(formatMemoryUse(null, null), '? / ? GiB', '[N/A] or [Insufficient Permissions]');
 });

@@ -166,7 +166,7 @@ t.test('the plain-text page is an aligned table of the same facts', async (t) =>
   t.match(gpu0, /^0\s+NVIDIA H200\s+\[#{45}\.{5}\]\s+127\.0 \/ 140\.4 GiB\s+alpha-ready 127\.0 GiB, foreign 9 MiB$/);
   t.match(lineOf(text, '1 '), /\[#{7}:?\.+\]\s+20\.0 \/ 140\.4 GiB\s+alpha-ready 20\.0 GiB \(NOT given\)/);
   t.match(lineOf(text, '2 '), /foreign 103\.4 GiB, bravo-on-cpu holds nothing$/);
-  t.match(lineOf(text, '3 '), /\[\.{50}\]\s+0\.0 \/ 140\.4 GiB\s+charlie-starting holds nothing$/);
+  t.match(lineOf(text, '3 '), /\[\.{50}\]\s+0 MiB \/ 140\.4 GiB\s+charlie-starting holds nothing$/);
   t.match(lineOf(text, '7 '), new RegExp(`\\[\\?{${TEXT_BAR_WIDTH}}\\]\\s+\\? / \\? GiB$`));
   for (const line of text.split('\n').filter((l) => /^\d\s/.test(l))) t.equal(line.indexOf('['), gpu0.indexOf('['), 'bars aligned');
   t.match(text, `GPU 5: pid 1425260 ${EVIL_NAME} (103.4 GiB)`);
