@@ -9,6 +9,7 @@ import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { readSample as sample } from '../helpers/samples.js';
 
 const UUIDS = ['GPU-11111111-0000-0000-0000-000000000000', 'GPU-22222222-0000-0000-0000-000000000000'];
 
@@ -234,8 +235,6 @@ t.test('the engine saying CPU makes a GPU shard on-cpu at once, quoting what it 
   t.equal(compute.engine.backend, 'CPU');
 });
 
-const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
-const sample = (file: string): string => readFileSync(new URL(file, SAMPLES), 'utf8');
 
 t.test('on-cpu reasons agree with the engine output posted: weights on CUDA0 conflict with nvidia-smi, a CPU engine gets no offload warning, silent output is named', async (t) => {
   const [d, elsewhere, c, e] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);

@@ -16,9 +16,8 @@ import { createProcReader, parseUptimeTicks, type ProcReader } from '../../src/s
 import { buildTestApp, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
 import { idleEightGpuNode, waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 import { isProcessAlive } from '../helpers/process-scan.js';
+import { readSample as sample } from '../helpers/samples.js';
 
-const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
-const sample = (file: string): string => readFileSync(new URL(file, SAMPLES), 'utf8');
 /** A run that died at CUDA init (quoted from llama.cpp issue 6184): it says CPU. */
 const NO_DEVICES = sample('llamacpp-log_2024-03_issue6184_no-cuda-devices-found_quoted.txt');
 /** What a b9829+ llama-server prints at its default verbosity: nothing about its devices. */

@@ -2,12 +2,10 @@
 // registration across container restarts, and output posted before the service has seen a restart
 // lands in the same tail. The verdict must come from the last run. (Where the text alone cannot tell
 // runs apart, the service does, by start times: test/shards/cgroup-restarts.test.ts.)
-import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { parseLlamaLog } from '../../src/shards/llama-log.js';
+import { readSample as sample } from '../helpers/samples.js';
 
-const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
-const sample = (file: string): string => readFileSync(new URL(file, SAMPLES), 'utf8');
 const lines = (...l: string[]): string => `${l.join('\n')}\n`;
 
 /** Runs that ended on the CPU. */

@@ -1,10 +1,9 @@
-import { readFileSync, readdirSync } from 'node:fs';
+import { readdirSync } from 'node:fs';
 import fc from 'fast-check';
 import t from 'tap';
 import { appendTail, ENGINE_TAIL_MAX_BYTES, type EngineAccount, parseLlamaLog, showsGpuWeights } from '../../src/shards/llama-log.js';
+import { readSample as sample, SAMPLES } from '../helpers/samples.js';
 
-const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
-const sample = (file: string): string => readFileSync(new URL(file, SAMPLES), 'utf8');
 const LLAMA_SAMPLES = readdirSync(SAMPLES).filter((file) => file.startsWith('llamacpp-'));
 
 const NOT_CONFIRMED = 'but printed no model buffer line, so weights on the GPU are not confirmed';

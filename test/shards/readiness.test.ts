@@ -1,7 +1,6 @@
 // The readiness verdict and compute over hand-made node views: the branches a live node rarely
 // shows on demand (several missing GPUs, a GPU gone from nvidia-smi, partial offload, a snapshot
 // older than the registration, hidden PIDs, zombies).
-import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { foreignMemory } from '../../src/node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
@@ -13,6 +12,7 @@ import { readiness } from '../../src/shards/readiness.js';
 import type { Liveness } from '../../src/node-state/attribution.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';
+import { readSample } from '../helpers/samples.js';
 
 const NOW = 1_000_000;
 
@@ -461,9 +461,8 @@ t.test('without nvidia-smi: /proc liveness and the engine\'s account still decid
   t.match(restarted.warnings, [unverified, /came, at least in part, from an earlier run/]);
 });
 
-const SAMPLES = new URL('../../../shared/samples/', import.meta.url);
 /** What llama.cpp printed in a real sample, as the registry reads it. */
-const accountOf = (file: string): EngineAccount | null => parseLlamaLog(readFileSync(new URL(file, SAMPLES), 'utf8'));
+const accountOf = (file: string): EngineAccount | null => parseLlamaLog(readSample(file));
 
 t.test('on-cpu while the engine output shows weights on a CUDA device: the reason says they conflict and what to check, not to post the log again', async (t) => {
   // llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt: "CUDA0 model buffer size = 63980.86 MiB", 48/48 layers.
