@@ -5,11 +5,10 @@
 // attribution and readiness all run for real. One shard per state, a stray GPU and foreign memory,
 // so every part of the status page and the API shows something. Tests start it on port 0 and stop it.
 import { spawn } from 'node:child_process';
-import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
 import { buildApp, type App } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';

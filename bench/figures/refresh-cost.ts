@@ -15,7 +15,6 @@ import { attribute } from '../../src/node-state/attribution.js';
 import { createSnapshotTaker } from '../../src/node-state/node-snapshot.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import {
-  COMPUTE_APPS_FIELDS,
   GPU_QUERY_FIELDS,
   parseComputeAppsCsv,
   parseGpuCsv,

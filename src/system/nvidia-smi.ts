@@ -19,7 +19,6 @@ import {
   NvidiaSmiTimeoutError,
   NvidiaSmiUnparsableError,
   type NvidiaSmiFailure,
-  type NvidiaSmiFailureCode,
 } from '../errors.js';
 
 export const GPU_QUERY_FIELDS = [

@@ -347,7 +347,7 @@ t.test('a token file that does not answer (a hung mount) holds a write up for a 
 });
 
 t.test('a token file that hangs, then answers with a bad content, reports the bad content: the latest problem, in the log and the doctor', async (t) => {
-  const { dir, path, fifo, app, clock, log, write } = await hangableTokenFileApp(t, { short: 'short\n', spaced: `${OLD}\nnew token with spaces\n` });
+  const { path, fifo, app, clock, log, write } = await hangableTokenFileApp(t, { short: 'short\n', spaced: `${OLD}\nnew token with spaces\n` });
   const tokenCheck = async () => {
     clock.advance(REPORT_REUSE_MS);
     return ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((check) => check.name === 'token')!;

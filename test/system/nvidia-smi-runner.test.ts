@@ -29,7 +29,6 @@ const GPU_ARGS_WITHOUT_RESERVED = [
   '--query-gpu=index,uuid,name,memory.total,memory.used,memory.free',
   '--format=csv',
 ];
-const APPS_ARGS = ['--query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory', '--format=csv'];
 
 interface Rig {
   fake: FakeNvidiaSmi;
