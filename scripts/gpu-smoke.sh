@@ -5,12 +5,14 @@
 # CUDA, its memory counted as shard memory, readiness going starting -> ready, and a shard that
 # never touches its GPU turning on-cpu after its grace. With --record it also saves the real
 # nvidia-smi answers to the exact queries the service makes, as test fixtures.
-# It needs only what it carries: dist/, node_modules/ and this script (scripts/README.md).
+# It needs only what it carries: dist/, node_modules/ and scripts/ (scripts/README.md).
 # Overrides (so CI can run it against the fake nvidia-smi, test/scripts/gpu-smoke.test.ts):
 #   NODE                  node to run (default: node on PATH; >= 20)
 #   NVIDIA_SMI            nvidia-smi to use, by the service and by --record (default: nvidia-smi)
 #   SMOKE_CUDA_CMD        sh command that holds memory on GPU 0 and then writes its own pid to
-#                         "$SMOKE_CUDA_PID_FILE" (default: python3 + torch, about 1 GiB)
+#                         "$SMOKE_CUDA_PID_FILE" (default: python3 scripts/cuda-hold.py, 1 GiB
+#                         through torch, or else through the CUDA driver API: libcuda.so.1)
+#   SMOKE_CUDA_DRIVER_LIB the driver library cuda-hold.py loads (default: libcuda.so.1)
 #   SMOKE_CUDA_PID_FILE   where that pid is written (default: in the work directory)
 #   SMOKE_READY_TIMEOUT_S how long smoke-gpu may take to become ready (default 60)
 #   SMOKE_CUDA_TIMEOUT_S  how long the CUDA process may take to report its pid (default 120)
@@ -41,7 +43,8 @@ NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
 READY_TIMEOUT_S=${SMOKE_READY_TIMEOUT_S:-60}
 CUDA_TIMEOUT_S=${SMOKE_CUDA_TIMEOUT_S:-120}
 MIN_MIB=${SMOKE_MIN_MIB:-900}
-# smoke-gpu must not turn on-cpu while torch starts: its grace outlasts the readiness wait.
+# smoke-gpu must not turn on-cpu while the CUDA process starts (torch takes seconds to import): its
+# grace outlasts the readiness wait.
 GPU_GRACE_MS=$(((READY_TIMEOUT_S + 30) * 1000))
 CPU_GRACE_MS=3000
 RECORD_DIR=''
@@ -292,36 +295,30 @@ fi
 CUDA_PID_FILE=${SMOKE_CUDA_PID_FILE:-$WORK/cuda.pid}
 rm -f "$CUDA_PID_FILE"
 CUDA_CMD=${SMOKE_CUDA_CMD:-}
-CUDA_WHAT="SMOKE_CUDA_CMD"
+CUDA_WHAT="the SMOKE_CUDA_CMD command"
 SKIP_CUDA=''
 if [ -z "$CUDA_CMD" ]; then
-  CUDA_WHAT="python3 + torch, 1 GiB on cuda:0"
+  # scripts/cuda-hold.py: 1 GiB on the first GPU in PCI order (nvidia-smi's GPU 0), through torch
+  # or else the CUDA driver API, which needs nothing but the driver.
   if ! command -v python3 >/dev/null 2>&1; then
     SKIP_CUDA="python3 is not installed"
-  elif ! torch_check=$(python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "torch " + torch.__version__ + " sees no CUDA device (CPU-only build, or no driver access)")' 2>&1); then
-    SKIP_CUDA="python3 cannot use torch on CUDA: $(short "$(tail -n 1 <<<"$torch_check")")"
+  elif ! hold_check=$(CUDA_DEVICE_ORDER=PCI_BUS_ID env -u CUDA_VISIBLE_DEVICES python3 "$ROOT/scripts/cuda-hold.py" --check 2>&1); then
+    # Not shortened: each way it tried gives its reason.
+    SKIP_CUDA="python3 cannot hold GPU memory: $(tail -n 1 <<<"$hold_check" | sed 's/^cuda-hold: cannot hold memory on GPU 0: //')"
+  else
+    CUDA_WHAT="python3 scripts/cuda-hold.py through $(tail -n 1 <<<"$hold_check"), 1 GiB on GPU 0"
   fi
-  # A tensor of 1 GiB on the first GPU in PCI order, which is nvidia-smi's GPU 0.
-  CUDA_CMD='exec python3 -c "
-import os, time, torch
-x = torch.empty(1024 ** 3, dtype=torch.uint8, device=\"cuda:0\")
-x.fill_(1)
-torch.cuda.synchronize()
-path = os.environ[\"SMOKE_CUDA_PID_FILE\"]
-open(path + \".tmp\", \"w\").write(str(os.getpid()))
-os.rename(path + \".tmp\", path)
-time.sleep(3600)
-"'
+  CUDA_CMD='exec python3 "$SMOKE_CUDA_HOLDER"'
 fi
 
 CUDA_PID=''
 if [ -n "$SKIP_CUDA" ]; then
-  echo "gpu-smoke: SKIPPING the CUDA checks: $SKIP_CUDA. Install torch with CUDA (pip install torch) or set SMOKE_CUDA_CMD." >&2
+  echo "gpu-smoke: SKIPPING the CUDA checks: $SKIP_CUDA. Check that the NVIDIA driver is installed and libcuda.so.1 loads (or install torch with CUDA), or set SMOKE_CUDA_CMD." >&2
   for name in "register smoke-gpu" "smoke-gpu starting -> ready" "/gpus: CUDA pid on GPU 0" "/shards/smoke-gpu/compute" "/gpus/foreign-memory"; do
     check "$name" SKIP "$SKIP_CUDA"
   done
 else
-  SMOKE_CUDA_PID_FILE=$CUDA_PID_FILE CUDA_DEVICE_ORDER=PCI_BUS_ID env -u CUDA_VISIBLE_DEVICES \
+  SMOKE_CUDA_PID_FILE=$CUDA_PID_FILE SMOKE_CUDA_HOLDER="$ROOT/scripts/cuda-hold.py" CUDA_DEVICE_ORDER=PCI_BUS_ID env -u CUDA_VISIBLE_DEVICES \
     setsid sh -c 'echo $$ > "$1"; sh -c "$2" & wait' smoke-leader "$WORK/leader.pid" "$CUDA_CMD" \
     </dev/null >"$WORK/cuda.log" 2>&1 &
   LEADER=$(wait_for_pid_file "$WORK/leader.pid" 10) || die "register smoke-gpu" "the process-group leader did not start"
@@ -329,7 +326,7 @@ else
 
   http PUT /shards/smoke-gpu "{\"pid\":$LEADER,\"gpus\":[0],\"engine\":\"other\"}"
   if [ "$STATUS" = 201 ]; then
-    check "register smoke-gpu" PASS "pid $LEADER (its process group), GPU 0"
+    check "register smoke-gpu" PASS "pid $LEADER (its process group), GPU 0; CUDA process: $CUDA_WHAT"
   else
     check "register smoke-gpu" FAIL "HTTP $STATUS: $(short "$BODY")"
   fi

@@ -182,8 +182,9 @@ t.test('nvidia-smi never lists the CUDA process: the GPU checks FAIL and the exi
   t.match(run.stderr, /last lines of the nodecompute log/, 'the service log is shown for a failed run');
 });
 
-// The default CUDA command is what runs on a GPU machine: python3 with torch. A stand-in torch
-// module (on PYTHONPATH) lets it run here, quoting and pid hand-over included.
+// The default CUDA command is what runs on a GPU machine: python3 scripts/cuda-hold.py, through torch
+// or else the CUDA driver API. A stand-in torch module (on PYTHONPATH) and a stand-in driver library
+// (compiled here from test/fixtures/cuda/) let it run here, quoting and pid hand-over included.
 const STAND_IN_TORCH = [
   'import os',
   '__version__ = "0.0-stand-in"',
@@ -207,6 +208,18 @@ const STAND_IN_TORCH = [
 ].join('\n');
 const python = spawnSync('python3', ['--version'], { encoding: 'utf8' });
 const noPython = python.status === 0 ? false : 'python3 is not installed here';
+const compiler = spawnSync('cc', ['--version'], { encoding: 'utf8' });
+const noDriverStandIn = noPython || (compiler.status === 0 ? false : 'no C compiler (cc) here to build the stand-in CUDA driver library');
+const HOLDER = join(ROOT, 'scripts', 'cuda-hold.py');
+
+/** Builds the stand-in libcuda.so.1 into `dir` and returns its path. */
+function standInDriver(dir: string): string {
+  const library = join(dir, 'libcuda-stand-in.so');
+  const source = join(ROOT, 'test', 'fixtures', 'cuda', 'libcuda-stand-in.c');
+  const build = spawnSync('cc', ['-shared', '-fPIC', '-Wall', '-Werror', '-o', library, source], { encoding: 'utf8' });
+  if (build.status !== 0) throw new Error(`cc could not build the stand-in driver: ${build.stderr}`);
+  return library;
+}
 
 t.test('the default CUDA command: python3 + torch (a stand-in module) holds GPU 0', { skip: noPython }, async (t) => {
   const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
@@ -221,12 +234,74 @@ t.test('the default CUDA command: python3 + torch (a stand-in module) holds GPU 
   t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
   for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
   t.equal(table.size, CHECKS.length - 1, 'every check but the recording');
+  t.match(table.get('register smoke-gpu')?.detail, /CUDA process: python3 scripts\/cuda-hold\.py through torch 0\.0-stand-in, 1 GiB on GPU 0$/);
 });
 
-t.test('torch without CUDA: the CUDA checks are SKIPPED with the reason, the rest pass', { skip: noPython }, async (t) => {
+t.test('torch without CUDA: the CUDA driver API (a stand-in libcuda) holds GPU 0', { skip: noDriverStandIn }, async (t) => {
   const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
   const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
-  const env = { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '0' };
+  const calls = join(dir, 'driver-calls.log');
+  const env = {
+    SMOKE_CUDA_CMD: '',
+    PYTHONPATH: join(dir, 'py'),
+    STAND_IN_CUDA: '0',
+    SMOKE_CUDA_DRIVER_LIB: standInDriver(dir),
+    STAND_IN_CUDA_LOG: calls,
+    CUDA_VISIBLE_DEVICES: '3',
+  };
+  const run = await runSmoke(t, fake, [], env, (pid) =>
+    fake.update((s) => {
+      s.processes.push({ gpuUuid: GPU0, pid, name: '/usr/bin/python3', usedMiB: 1024 });
+    }),
+  );
+  const table = rows(run.stdout);
+  t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
+  for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
+  t.match(table.get('register smoke-gpu')?.detail, /through the CUDA driver API \(.*libcuda-stand-in\.so, CUDA 13\.1\), 1 GiB on GPU 0$/);
+  // The --check run initialises the driver once; the holder then allocates and writes 1 GiB on device 0.
+  t.same(readFileSync(calls, 'utf8').trim().split('\n'), [
+    ...['cuInit', 'cuDeviceGetCount', 'cuDriverGetVersion'],
+    ...['cuInit', 'cuDeviceGetCount', 'cuDriverGetVersion'],
+    'cuDeviceGet 0',
+    'cuDevicePrimaryCtxRetain 0',
+    'cuCtxSetCurrent',
+    'cuMemAlloc_v2 1073741824',
+    'cuMemsetD8_v2 0x7f0000000000 1 1073741824',
+    'cuCtxSynchronize',
+  ]);
+});
+
+t.test('cuda-hold.py says which way failed and why, and writes no pid', { skip: noDriverStandIn }, async (t) => {
+  const dir = t.testdir({ py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const pidFile = join(dir, 'cuda.pid');
+  const base: NodeJS.ProcessEnv = { ...process.env, PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), SMOKE_CUDA_PID_FILE: pidFile };
+  delete base.CUDA_VISIBLE_DEVICES;
+  const hold = (env: NodeJS.ProcessEnv, args: string[] = []) => spawnSync('python3', [HOLDER, ...args], { env: { ...base, ...env }, encoding: 'utf8', timeout: 30_000 });
+  const through = 'through the CUDA driver API \\(.*libcuda-stand-in\\.so, CUDA 13\\.1\\)';
+  const noTorch = 'torch 0\\.0-stand-in sees no CUDA device \\(a CPU-only build, or no driver access\\)';
+  const cases: Array<[string, NodeJS.ProcessEnv, RegExp]> = [
+    ['out of memory', { CUDA_DEVICE_ORDER: 'PCI_BUS_ID', STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2' }, new RegExp(`^cuda-hold: cannot hold memory on GPU 0 ${through}: cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
+    ['the write', { CUDA_DEVICE_ORDER: 'PCI_BUS_ID', STAND_IN_CUDA_FAIL: 'cuMemsetD8_v2' }, new RegExp(`^cuda-hold: cannot hold memory on GPU 0 ${through}: cuMemsetD8_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
+    ['devices in the default order', {}, new RegExp(`^cuda-hold: cannot hold memory on GPU 0: ${noTorch}; cuInit failed: CUDA_ERROR_INVALID_DEVICE \\(101\\)$`)],
+    ['no device', { CUDA_DEVICE_ORDER: 'PCI_BUS_ID', STAND_IN_CUDA_DEVICES: '0' }, new RegExp(`^cuda-hold: cannot hold memory on GPU 0: ${noTorch}; the CUDA driver sees no device$`)],
+  ];
+  for (const [what, env, reason] of cases) {
+    const run = hold(env);
+    t.equal(run.status, 1, `${what}: exit 1`, { stderr: run.stderr });
+    t.match(run.stderr.trim(), reason, `${what}: says which way failed, and why`);
+    t.notOk(existsSync(pidFile), `${what}: no pid written`);
+  }
+  const check = hold({ CUDA_DEVICE_ORDER: 'PCI_BUS_ID' }, ['--check']);
+  t.equal(check.status, 0, '--check passes', { stderr: check.stderr });
+  t.match(check.stdout, /^the CUDA driver API \(.*libcuda-stand-in\.so, CUDA 13\.1\)\n$/, '--check names the way it would hold memory');
+  t.notOk(existsSync(pidFile), '--check holds nothing');
+});
+
+t.test('neither torch with CUDA nor a driver library: the CUDA checks are SKIPPED with the reasons, the rest pass', { skip: noPython }, async (t) => {
+  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  // No driver library either: the one in the path below does not exist.
+  const env = { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: join(dir, 'no-libcuda.so.1') };
   const run = await runSmoke(t, fake, [], env, () => undefined);
   const table = rows(run.stdout);
   t.equal(run.code, 0, 'exit 0: nothing failed', { stdout: run.stdout, stderr: run.stderr });
@@ -235,7 +310,9 @@ t.test('torch without CUDA: the CUDA checks are SKIPPED with the reason, the res
     skipped.map(([name]) => name),
     ['register smoke-gpu', 'smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory'],
   );
-  for (const [, row] of skipped) t.match(row.detail, /torch 0\.0-stand-in sees no CUDA device/);
+  for (const [, row] of skipped) {
+    t.match(row.detail, /^python3 cannot hold GPU memory: torch 0\.0-stand-in sees no CUDA device .*; the CUDA driver library cannot be loaded \(.*no-libcuda\.so\.1/);
+  }
   t.equal(table.get('smoke-cpu starting -> on-cpu')?.result, 'PASS');
   t.match(run.stdout, /0 failed, 5 skipped/);
   t.match(run.stderr, /SKIPPING the CUDA checks/);

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Owns the CUDA process of scripts/gpu-smoke.sh: it holds 1 GiB on CUDA device 0, writes its own
+pid to $SMOKE_CUDA_PID_FILE (a temporary file, then a rename) and sleeps until it is killed.
+
+It holds the memory through torch when torch sees a CUDA device, and otherwise through the CUDA
+driver API (libcuda.so.1, which every NVIDIA driver installs) called with ctypes, so a GPU machine
+without torch needs nothing beyond python3. Run it with CUDA_DEVICE_ORDER=PCI_BUS_ID and without
+CUDA_VISIBLE_DEVICES, so that CUDA's device 0 is nvidia-smi's GPU 0 (gpu-smoke.sh does).
+
+  cuda-hold.py --check   prints how it would hold the memory, or exits 1 saying why it cannot
+  cuda-hold.py           holds the memory
+
+SMOKE_CUDA_DRIVER_LIB names another driver library (tests load a stand-in with it).
+"""
+import ctypes
+import os
+import sys
+import time
+
+GIB = 1024**3
+
+
+class Unavailable(Exception):
+    """This way of holding GPU memory does not work here; the message says why."""
+
+
+def through_torch():
+    try:
+        import torch
+    except ImportError as err:
+        raise Unavailable(f"torch is not installed ({err})") from None
+    if not torch.cuda.is_available():
+        raise Unavailable(f"torch {torch.__version__} sees no CUDA device (a CPU-only build, or no driver access)")
+
+    def hold():
+        tensor = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
+        tensor.fill_(1)
+        torch.cuda.synchronize()
+        return tensor
+
+    return f"torch {torch.__version__}", hold
+
+
+def through_driver():
+    library = os.environ.get("SMOKE_CUDA_DRIVER_LIB", "libcuda.so.1")
+    try:
+        cuda = ctypes.CDLL(library)
+    except OSError as err:
+        raise Unavailable(f"the CUDA driver library cannot be loaded ({err})") from None
+
+    def call(name, *args):
+        status = getattr(cuda, name)(*args)
+        if status != 0:
+            text = ctypes.c_char_p()
+            cuda.cuGetErrorName(status, ctypes.byref(text))
+            raise Unavailable(f"{name} failed: {(text.value or b'unknown error').decode()} ({status})")
+
+    call("cuInit", 0)
+    count = ctypes.c_int()
+    call("cuDeviceGetCount", ctypes.byref(count))
+    if count.value < 1:
+        raise Unavailable("the CUDA driver sees no device")
+    version = ctypes.c_int()
+    call("cuDriverGetVersion", ctypes.byref(version))
+
+    def hold():
+        device = ctypes.c_int()
+        call("cuDeviceGet", ctypes.byref(device), 0)
+        context = ctypes.c_void_p()
+        call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+        call("cuCtxSetCurrent", context)
+        pointer = ctypes.c_uint64()
+        call("cuMemAlloc_v2", ctypes.byref(pointer), ctypes.c_size_t(GIB))
+        call("cuMemsetD8_v2", pointer, ctypes.c_ubyte(1), ctypes.c_size_t(GIB))
+        call("cuCtxSynchronize")
+        return pointer
+
+    major, minor = divmod(version.value, 1000)
+    return f"the CUDA driver API ({library}, CUDA {major}.{minor // 10})", hold
+
+
+def choose():
+    reasons = []
+    for way in (through_torch, through_driver):
+        try:
+            return way()
+        except Unavailable as err:
+            reasons.append(str(err))
+    raise Unavailable("; ".join(reasons))
+
+
+def main(args):
+    try:
+        what, hold = choose()
+    except Unavailable as err:
+        print(f"cuda-hold: cannot hold memory on GPU 0: {err}", file=sys.stderr)
+        return 1
+    if args == ["--check"]:
+        print(what)
+        return 0
+    try:
+        # Kept referenced until the process is killed: the memory stays allocated while it sleeps.
+        held = hold()
+    except Unavailable as err:
+        print(f"cuda-hold: cannot hold memory on GPU 0 through {what}: {err}", file=sys.stderr)
+        return 1
+    path = os.environ["SMOKE_CUDA_PID_FILE"]
+    with open(path + ".tmp", "w") as pid_file:
+        pid_file.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    print(f"cuda-hold: pid {os.getpid()} holds 1 GiB on GPU 0 through {what}", file=sys.stderr, flush=True)
+    while held is not None:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
