@@ -7,7 +7,8 @@
 # nvidia-smi answers to the exact queries the service makes, as test fixtures.
 # It needs only what it carries: dist/, node_modules/ and scripts/ (scripts/README.md).
 # Overrides (so CI can run it against the fake nvidia-smi, test/scripts/gpu-smoke.test.ts):
-#   NODE                  node to run (default: node on PATH; >= 20)
+#   NODE                  node to run (default: node/bin/node in a travel pack, else node on PATH;
+#                         >= 20)
 #   NVIDIA_SMI            nvidia-smi to use, by the service and by --record (default: nvidia-smi)
 #   SMOKE_CUDA_CMD        sh command that holds memory on GPU 0 and then writes its own pid to
 #                         "$SMOKE_CUDA_PID_FILE" (default: python3 scripts/cuda-hold.py, 1 GiB
@@ -33,11 +34,13 @@ nodecompute reports about it. Prints a PASS/FAIL table; exits 1 when any check f
   --keep          keep the work directory (service log, state file) for a look afterwards
   -h, --help      this text
 
-Run `npm run build` first, or carry dist/ and node_modules/ (see scripts/README.md).
+Run `npm run build` first, or carry it with scripts/pack-smoke.sh (see scripts/README.md).
 EOF
 }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The Node a travel pack carries (scripts/pack-smoke.sh --with-node), else the one on PATH.
+if [ -z "${NODE:-}" ] && [ -x "$ROOT/node/bin/node" ]; then NODE=$ROOT/node/bin/node; fi
 NODE=${NODE:-node}
 NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
 READY_TIMEOUT_S=${SMOKE_READY_TIMEOUT_S:-60}
@@ -132,7 +135,7 @@ now_ms() {
 finish() {
   local i passed=0 failed=0 skipped=0
   echo
-  echo "nodecompute GPU smoke check: nvidia-smi ${NVIDIA_SMI}, driver ${DRIVER:-unknown}, GPU 0 ${GPU_NAME:-unknown}"
+  echo "nodecompute GPU smoke check: nvidia-smi ${NVIDIA_SMI}, driver ${DRIVER:-unknown}, GPU 0 ${GPU_NAME:-unknown}, node ${NODE} ${NODE_VERSION:-}"
   printf '%-6s %-34s %s\n' RESULT CHECK DETAIL
   for i in "${!NAMES[@]}"; do
     printf '%-6s %-34s %s\n' "${RESULTS[$i]}" "${NAMES[$i]}" "${DETAILS[$i]}"
@@ -232,8 +235,9 @@ wait_for_pid_file() {
 [ -f "$ROOT/dist/src/main.js" ] || die "built service present" "$ROOT/dist/src/main.js is missing: run \`npm run build\` there, or carry dist/ along (scripts/README.md)"
 [ -d "$ROOT/node_modules" ] || die "built service present" "$ROOT/node_modules is missing: run \`npm ci --omit=dev\` there, or carry node_modules/ along"
 command -v "$NODE" >/dev/null 2>&1 || die "node present" "\"$NODE\" is not found: install Node.js >= 20 or set NODE to its path"
+NODE_VERSION=$("$NODE" --version)
 NODE_MAJOR=$("$NODE" -p 'process.versions.node.split(".")[0]')
-[ "$NODE_MAJOR" -ge 20 ] || die "node present" "$NODE is Node $("$NODE" --version); nodecompute needs >= 20"
+[ "$NODE_MAJOR" -ge 20 ] || die "node present" "$NODE is Node $NODE_VERSION; nodecompute needs >= 20"
 command -v setsid >/dev/null 2>&1 || die "setsid present" "setsid (util-linux) is needed to give the test processes their own process groups"
 
 if ! "$NVIDIA_SMI" -L >"$WORK/list-L.txt" 2>&1; then

@@ -3,20 +3,14 @@
 // pid to SMOKE_CUDA_PID_FILE; this test then makes the fake list that pid on GPU 0, as the real
 // nvidia-smi would once the process holds memory. A passing run must PASS every check and record
 // the service's exact queries; a run where nvidia-smi never lists the process must FAIL.
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import t, { type Test } from 'tap';
-import { createFakeNvidiaSmi, waitUntil, type FakeNvidiaSmi, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import t from 'tap';
+import { createFakeNvidiaSmi } from '../helpers/fake-nvidia-smi.js';
+import { CHECKS, GPU0, node, ROOT, rows, runSmoke, SCRIPT } from '../helpers/gpu-smoke-run.js';
 
 t.setTimeout(300_000);
-
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-const SCRIPT = join(ROOT, 'scripts', 'gpu-smoke.sh');
-const GPU0 = 'GPU-a44622e3-2296-6285-0a86-84d0f6c67900';
-const STAND_IN =
-  'sleep 1; echo $$ > "$SMOKE_CUDA_PID_FILE.tmp"; mv "$SMOKE_CUDA_PID_FILE.tmp" "$SMOKE_CUDA_PID_FILE"; exec sleep 600';
 
 function sources(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
@@ -48,88 +42,6 @@ t.before(() => {
   if (tsc.status !== 0) t.comment(`tsc exited ${tsc.status}: ${tsc.stdout}${tsc.stderr}`);
   if (!existsSync(join(ROOT, 'dist/src/main.js'))) throw new Error(`the build produced no dist/src/main.js: ${tsc.stdout}${tsc.stderr}`);
 });
-
-function node(): FakeScenario {
-  return {
-    driverVersion: '590.48.01',
-    gpus: [{ index: 0, uuid: GPU0, name: 'NVIDIA H200', totalMiB: 143771, usedMiB: 0, freeMiB: 143157, reservedMiB: 614 }],
-    processes: [],
-  };
-}
-
-interface SmokeRun {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-  cudaPid: number;
-}
-
-/** Runs the script; once the stand-in reports its pid, `onCuda` may make the fake list it. */
-async function runSmoke(
-  t: Test,
-  fake: FakeNvidiaSmi,
-  args: string[],
-  extraEnv: Record<string, string>,
-  onCuda: (pid: number) => void,
-): Promise<SmokeRun> {
-  const pidFile = join(fake.dir, 'cuda.pid');
-  const env: NodeJS.ProcessEnv = {
-    ...process.env,
-    NVIDIA_SMI: fake.path,
-    SMOKE_CUDA_CMD: STAND_IN,
-    SMOKE_CUDA_PID_FILE: pidFile,
-    SMOKE_CUDA_TIMEOUT_S: '60',
-    ...extraEnv,
-  };
-  if (env.SMOKE_CUDA_CMD === '') delete env.SMOKE_CUDA_CMD;
-  // The runner's loader hooks would slow every node the script starts, and coverage of the built
-  // service would be mapped onto sources that may have changed since the build.
-  delete env.NODE_OPTIONS;
-  delete env.NODE_V8_COVERAGE;
-  const child = spawn('bash', [SCRIPT, ...args], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
-  t.teardown(() => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
-  });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
-  child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-  const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
-  let done = false;
-  void exited.then(() => (done = true));
-  await waitUntil(() => done || /^\d+\n?$/.test(existsSync(pidFile) ? readFileSync(pidFile, 'utf8') : ''), {
-    timeoutMs: 120_000,
-    what: 'the stand-in CUDA process to write its pid',
-  });
-  const cudaPid = existsSync(pidFile) ? Number(readFileSync(pidFile, 'utf8')) : 0;
-  if (cudaPid > 0) onCuda(cudaPid);
-  const code = await exited;
-  return { code, stdout, stderr, cudaPid };
-}
-
-function rows(stdout: string): Map<string, { result: string; detail: string }> {
-  const table = new Map<string, { result: string; detail: string }>();
-  for (const line of stdout.split('\n')) {
-    const match = /^(PASS|FAIL|SKIP)\s+(.+?)\s{2,}(.*)$/.exec(line);
-    if (match) table.set(match[2] as string, { result: match[1] as string, detail: match[3] as string });
-  }
-  return table;
-}
-
-const CHECKS = [
-  'service starts',
-  '/readyz',
-  '/gpus lists GPU 0',
-  'register smoke-gpu',
-  'smoke-gpu starting -> ready',
-  '/gpus: CUDA pid on GPU 0',
-  '/shards/smoke-gpu/compute',
-  '/gpus/foreign-memory',
-  'record nvidia-smi outputs',
-  'smoke-cpu starting -> on-cpu',
-  'DELETE shards',
-  'service stops on SIGTERM',
-];
 
 t.test('a GPU process of the shard: every check passes and the queries are recorded', async (t) => {
   const dir = t.testdir({ smi: {}, recorded: {} });
