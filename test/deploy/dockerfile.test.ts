@@ -276,7 +276,7 @@ t.test('.dockerignore keeps host builds and local output out of the context', as
     .split('\n')
     .map((line) => line.trim())
     .filter((line) => line !== '' && !line.startsWith('#'));
-  for (const required of ['node_modules', '.git', 'dist', '.tap', 'test-artifacts']) {
+  for (const required of ['node_modules', '.git', 'dist', '.tap', 'test-artifacts', '.cache', '.smoke-pack']) {
     t.ok(entries.includes(required), `${required} is ignored`);
   }
   t.notOk(entries.some((entry) => ['package-lock.json', 'src', 'routes', 'tsconfig.json'].includes(entry)), 'the build inputs are kept');
