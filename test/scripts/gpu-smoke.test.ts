@@ -6,7 +6,7 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { createFakeNvidiaSmi } from '../helpers/fake-nvidia-smi.js';
 import { CHECKS, GPU0, node, ROOT, rows, runSmoke, SCRIPT } from '../helpers/gpu-smoke-run.js';
 
@@ -133,11 +133,13 @@ function standInDriver(dir: string): string {
   return library;
 }
 
-t.test('the default CUDA command: python3 + torch (a stand-in module) holds GPU 0', { skip: noPython }, async (t) => {
-  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+/**
+ * Runs the script with its default CUDA command (cuda-hold.py; torch from `dir`/py) and `env`; the
+ * fake lists the holder on GPU 0 once it reports its pid. Every check must pass; returns the table.
+ */
+async function runHolder(t: Test, dir: string, env: Record<string, string>) {
   const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
-  const env = { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '1', CUDA_VISIBLE_DEVICES: '3' };
-  const run = await runSmoke(t, fake, [], env, (pid) =>
+  const run = await runSmoke(t, fake, [], { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), CUDA_VISIBLE_DEVICES: '3', ...env }, (pid) =>
     fake.update((s) => {
       s.processes.push({ gpuUuid: GPU0, pid, name: '/usr/bin/python3', usedMiB: 1536 });
     }),
@@ -146,29 +148,19 @@ t.test('the default CUDA command: python3 + torch (a stand-in module) holds GPU 
   t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
   for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
   t.equal(table.size, CHECKS.length - 1, 'every check but the recording');
+  return table;
+}
+
+t.test('the default CUDA command: python3 + torch (a stand-in module) holds GPU 0', { skip: noPython }, async (t) => {
+  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const table = await runHolder(t, dir, { STAND_IN_CUDA: '1' });
   t.match(table.get('register smoke-gpu')?.detail, /CUDA process: python3 scripts\/cuda-hold\.py through torch 0\.0-stand-in, 1 GiB on GPU 0$/);
 });
 
 t.test('torch without CUDA: the CUDA driver API (a stand-in libcuda) holds GPU 0', { skip: noDriverStandIn }, async (t) => {
   const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
-  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
   const calls = join(dir, 'driver-calls.log');
-  const env = {
-    SMOKE_CUDA_CMD: '',
-    PYTHONPATH: join(dir, 'py'),
-    STAND_IN_CUDA: '0',
-    SMOKE_CUDA_DRIVER_LIB: standInDriver(dir),
-    STAND_IN_CUDA_LOG: calls,
-    CUDA_VISIBLE_DEVICES: '3',
-  };
-  const run = await runSmoke(t, fake, [], env, (pid) =>
-    fake.update((s) => {
-      s.processes.push({ gpuUuid: GPU0, pid, name: '/usr/bin/python3', usedMiB: 1024 });
-    }),
-  );
-  const table = rows(run.stdout);
-  t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
-  for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
+  const table = await runHolder(t, dir, { STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), STAND_IN_CUDA_LOG: calls });
   t.match(table.get('register smoke-gpu')?.detail, /through the CUDA driver API \(.*libcuda-stand-in\.so, CUDA 13\.1\), 1 GiB on GPU 0$/);
   // The --check run initialises the driver once; the holder then allocates and writes 1 GiB on device 0.
   t.same(readFileSync(calls, 'utf8').trim().split('\n'), [
