@@ -191,14 +191,18 @@ t.test('each verdict change is logged once, on-cpu and exited as warnings; probe
   await probe();
   clock.advance(5000);
   await probe();
+  await settle(app);
   fake.setScenario(twoGpuNode([{ gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'vllm', usedMiB: 9000 }]));
   await probe();
   await app.inject({ method: 'GET', url: '/metrics' });
+  await settle(app);
   fake.update((scenario) => ({ ...scenario, failures: { all: { kind: 'driver-unreachable' } } }));
   await probe();
+  await settle(app);
   fake.update((scenario) => ({ ...scenario, failures: {} }));
   await probe();
   await shard.kill();
+  await settle(app);
   fake.setScenario(twoGpuNode());
   await probe();
 
@@ -346,6 +350,7 @@ t.test('after the node restarts, a registration of the last boot is exited even 
   second.clock.advance(1);
   t.equal((await second.app.inject({ method: 'GET', url: '/shards/now/ready' })).json().state, 'ready');
 
+  await settle(second.app);
   second.fake.update((scenario) => ({ ...scenario, failures: { all: { kind: 'driver-unreachable' } } }));
   second.clock.advance(1);
   const blind = (await second.app.inject({ method: 'GET', url: '/shards/r/ready' })).json();
@@ -450,6 +455,7 @@ t.test('nvidia-smi gone -> unverified (200, with a warning); compute and foreign
   const shard = await spawnShardProcess(t, 1);
   const { app, step, fake } = await setup(t);
   await app.inject({ method: 'PUT', url: '/shards/u', payload: { pid: shard.pid, gpus: [0] } });
+  await settle(app);
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
   step();
   const res = await app.inject({ method: 'GET', url: '/shards/u/ready' });
@@ -643,6 +649,7 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
     t.equal((await app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid: shard.pid, gpus, engine: 'llama.cpp' } })).statusCode, 201);
   }
   await app.inject({ method: 'POST', url: '/shards/cpu/engine-output', payload: CUDA_FAILED_LOG, headers: { 'content-type': 'text/plain' } });
+  await settle(app);
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
   await gone.kill();
   clock.advance(1);
