@@ -2,13 +2,14 @@
 """Owns the CUDA process of scripts/gpu-smoke.sh: it holds 1 GiB on CUDA device 0, writes its own
 pid to $SMOKE_CUDA_PID_FILE (a temporary file, then a rename) and sleeps until it is killed.
 
-It holds the memory through torch when torch sees a CUDA device, and otherwise through the CUDA
-driver API (libcuda.so.1, which every NVIDIA driver installs) called with ctypes, so a GPU machine
-without torch needs nothing beyond python3. Run it with CUDA_DEVICE_ORDER=PCI_BUS_ID and without
-CUDA_VISIBLE_DEVICES, so that CUDA's device 0 is nvidia-smi's GPU 0 (gpu-smoke.sh does).
+It holds the memory through torch when torch sees a CUDA device, and otherwise (no torch, a broken
+one, or one whose allocation fails) through the CUDA driver API (libcuda.so.1, which every NVIDIA
+driver installs) called with ctypes, so a GPU machine without torch needs nothing beyond python3.
+It sets CUDA_DEVICE_ORDER=PCI_BUS_ID and drops CUDA_VISIBLE_DEVICES before CUDA starts, so that
+CUDA's device 0 is nvidia-smi's GPU 0.
 
   cuda-hold.py --check   prints how it would hold the memory, or exits 1 saying why it cannot
-  cuda-hold.py           holds the memory
+  cuda-hold.py           holds the memory, or exits 1 saying why each way failed
 
 SMOKE_CUDA_DRIVER_LIB names another driver library (tests load a stand-in with it).
 """
@@ -27,15 +28,26 @@ class Unavailable(Exception):
 def through_torch():
     try:
         import torch
-    except ImportError as err:
-        raise Unavailable(f"torch is not installed ({err})") from None
-    if not torch.cuda.is_available():
+    except ModuleNotFoundError as err:
+        if err.name != "torch":
+            raise Unavailable(f"torch cannot be imported ({type(err).__name__}: {err})") from None
+        raise Unavailable("torch is not installed") from None
+    except Exception as err:  # a torch that cannot load its own libraries, say
+        raise Unavailable(f"torch cannot be imported ({type(err).__name__}: {err})") from None
+    try:
+        available = torch.cuda.is_available()
+    except Exception as err:
+        raise Unavailable(f"torch {torch.__version__} cannot ask CUDA ({type(err).__name__}: {err})") from None
+    if not available:
         raise Unavailable(f"torch {torch.__version__} sees no CUDA device (a CPU-only build, or no driver access)")
 
     def hold():
-        tensor = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
-        tensor.fill_(1)
-        torch.cuda.synchronize()
+        try:
+            tensor = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
+            tensor.fill_(1)
+            torch.cuda.synchronize()
+        except Exception as err:
+            raise Unavailable(f"{type(err).__name__}: {err}") from None
         return tensor
 
     return f"torch {torch.__version__}", hold
@@ -79,31 +91,34 @@ def through_driver():
     return f"the CUDA driver API ({library}, CUDA {major}.{minor // 10})", hold
 
 
-def choose():
+def main(args):
+    if args not in ([], ["--check"]):
+        print(f"cuda-hold: unknown arguments {' '.join(args)}; usage: cuda-hold.py [--check]", file=sys.stderr)
+        return 2
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     reasons = []
     for way in (through_torch, through_driver):
         try:
-            return way()
+            what, hold = way()
         except Unavailable as err:
             reasons.append(str(err))
-    raise Unavailable("; ".join(reasons))
+            continue
+        if args == ["--check"]:
+            print(what)
+            return 0
+        try:
+            held = hold()
+        except Unavailable as err:
+            reasons.append(f"{what} could not hold it: {err}")
+            continue
+        hold_until_killed(what, held)
+    print(f"cuda-hold: cannot hold memory on GPU 0: {'; '.join(reasons)}", file=sys.stderr)
+    return 1
 
 
-def main(args):
-    try:
-        what, hold = choose()
-    except Unavailable as err:
-        print(f"cuda-hold: cannot hold memory on GPU 0: {err}", file=sys.stderr)
-        return 1
-    if args == ["--check"]:
-        print(what)
-        return 0
-    try:
-        # Kept referenced until the process is killed: the memory stays allocated while it sleeps.
-        held = hold()
-    except Unavailable as err:
-        print(f"cuda-hold: cannot hold memory on GPU 0 through {what}: {err}", file=sys.stderr)
-        return 1
+def hold_until_killed(what, held):
+    """Writes this process's pid where gpu-smoke.sh waits for it, then sleeps, `held` kept alive."""
     path = os.environ["SMOKE_CUDA_PID_FILE"]
     with open(path + ".tmp", "w") as pid_file:
         pid_file.write(str(os.getpid()))

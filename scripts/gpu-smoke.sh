@@ -24,13 +24,15 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: scripts/gpu-smoke.sh [--record [DIR]] [--keep]
+Usage: scripts/gpu-smoke.sh [--record [DIR]] [--require-cuda] [--keep]
 
 Starts dist/src/main.js on a free loopback port, runs a CUDA process on GPU 0 and checks what
 nodecompute reports about it. Prints a PASS/FAIL table; exits 1 when any check fails.
 
   --record [DIR]  also save the real nvidia-smi outputs of the service's queries into DIR
                   (default: test/fixtures/recorded/) as nvsmi-real_<gpu>_<driver>_<query>.txt
+  --require-cuda  fail, rather than skip, the CUDA checks when no CUDA process can be started
+                  (for a run whose point is the GPU: a skipped check is no proof)
   --keep          keep the work directory (service log, state file) for a look afterwards
   -h, --help      this text
 
@@ -40,7 +42,7 @@ EOF
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The Node a travel pack carries (scripts/pack-smoke.sh --with-node), else the one on PATH.
-if [ -z "${NODE:-}" ] && [ -x "$ROOT/node/bin/node" ]; then NODE=$ROOT/node/bin/node; fi
+if [ -z "${NODE:-}" ] && "$ROOT/node/bin/node" --version >/dev/null 2>&1; then NODE=$ROOT/node/bin/node; fi
 NODE=${NODE:-node}
 NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
 READY_TIMEOUT_S=${SMOKE_READY_TIMEOUT_S:-60}
@@ -52,6 +54,7 @@ GPU_GRACE_MS=$(((READY_TIMEOUT_S + 30) * 1000))
 CPU_GRACE_MS=3000
 RECORD_DIR=''
 KEEP=0
+REQUIRE_CUDA=0
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -63,6 +66,7 @@ while [ $# -gt 0 ]; do
       fi
       ;;
     --keep) KEEP=1 ;;
+    --require-cuda) REQUIRE_CUDA=1 ;;
     -h | --help)
       usage
       exit 0
@@ -214,9 +218,10 @@ short() {
   printf '%s' "$text"
 }
 
-# Waits until FILE holds a pid (written whole), for at most SECONDS; prints it.
+# Waits until FILE holds a pid (written whole), for at most SECONDS, or until process group PGID
+# (when given) has no process left to write it; prints it.
 wait_for_pid_file() {
-  local file=$1 seconds=$2 deadline content
+  local file=$1 seconds=$2 pgid=${3:-} deadline content gone=0
   deadline=$(($(now_ms) + seconds * 1000))
   while [ "$(now_ms)" -lt "$deadline" ]; do
     content=$(cat "$file" 2>/dev/null || true)
@@ -224,6 +229,9 @@ wait_for_pid_file() {
       printf '%s' "$content"
       return 0
     fi
+    # One more look at the file after the group is gone: it may have written it just before.
+    [ "$gone" = 1 ] && return 1
+    if [ -n "$pgid" ] && ! group_alive "$pgid"; then gone=1; fi
     sleep 0.1
   done
   return 1
@@ -235,7 +243,7 @@ wait_for_pid_file() {
 [ -f "$ROOT/dist/src/main.js" ] || die "built service present" "$ROOT/dist/src/main.js is missing: run \`npm run build\` there, or carry dist/ along (scripts/README.md)"
 [ -d "$ROOT/node_modules" ] || die "built service present" "$ROOT/node_modules is missing: run \`npm ci --omit=dev\` there, or carry node_modules/ along"
 command -v "$NODE" >/dev/null 2>&1 || die "node present" "\"$NODE\" is not found: install Node.js >= 20 or set NODE to its path"
-NODE_VERSION=$("$NODE" --version)
+NODE_VERSION=$("$NODE" --version 2>&1) || die "node present" "\"$NODE\" does not run: $(short "$NODE_VERSION")"
 NODE_MAJOR=$("$NODE" -p 'process.versions.node.split(".")[0]')
 [ "$NODE_MAJOR" -ge 20 ] || die "node present" "$NODE is Node $NODE_VERSION; nodecompute needs >= 20"
 command -v setsid >/dev/null 2>&1 || die "setsid present" "setsid (util-linux) is needed to give the test processes their own process groups"
@@ -306,11 +314,12 @@ if [ -z "$CUDA_CMD" ]; then
   # or else the CUDA driver API, which needs nothing but the driver.
   if ! command -v python3 >/dev/null 2>&1; then
     SKIP_CUDA="python3 is not installed"
-  elif ! hold_check=$(CUDA_DEVICE_ORDER=PCI_BUS_ID env -u CUDA_VISIBLE_DEVICES python3 "$ROOT/scripts/cuda-hold.py" --check 2>&1); then
+  elif ! hold_way=$(timeout "$CUDA_TIMEOUT_S" python3 "$ROOT/scripts/cuda-hold.py" --check 2>"$WORK/hold-check.err"); then
     # Not shortened: each way it tried gives its reason.
-    SKIP_CUDA="python3 cannot hold GPU memory: $(tail -n 1 <<<"$hold_check" | sed 's/^cuda-hold: cannot hold memory on GPU 0: //')"
+    SKIP_CUDA="python3 cannot hold GPU memory: $(tail -n 1 "$WORK/hold-check.err" | sed 's/^cuda-hold: cannot hold memory on GPU 0: //')"
+    [ -s "$WORK/hold-check.err" ] || SKIP_CUDA+="cuda-hold.py --check said nothing within ${CUDA_TIMEOUT_S} s"
   else
-    CUDA_WHAT="python3 scripts/cuda-hold.py through $(tail -n 1 <<<"$hold_check"), 1 GiB on GPU 0"
+    CUDA_WHAT="python3 scripts/cuda-hold.py through $hold_way, 1 GiB on GPU 0"
   fi
   CUDA_CMD='exec python3 "$SMOKE_CUDA_HOLDER"'
 fi
@@ -319,7 +328,7 @@ CUDA_PID=''
 if [ -n "$SKIP_CUDA" ]; then
   echo "gpu-smoke: SKIPPING the CUDA checks: $SKIP_CUDA. Check that the NVIDIA driver is installed and libcuda.so.1 loads (or install torch with CUDA), or set SMOKE_CUDA_CMD." >&2
   for name in "register smoke-gpu" "smoke-gpu starting -> ready" "/gpus: CUDA pid on GPU 0" "/shards/smoke-gpu/compute" "/gpus/foreign-memory"; do
-    check "$name" SKIP "$SKIP_CUDA"
+    if [ "$REQUIRE_CUDA" = 1 ]; then check "$name" FAIL "$SKIP_CUDA (--require-cuda)"; else check "$name" SKIP "$SKIP_CUDA"; fi
   done
 else
   SMOKE_CUDA_PID_FILE=$CUDA_PID_FILE SMOKE_CUDA_HOLDER="$ROOT/scripts/cuda-hold.py" CUDA_DEVICE_ORDER=PCI_BUS_ID env -u CUDA_VISIBLE_DEVICES \
@@ -346,6 +355,11 @@ else
     case "$state" in
       ready | on-cpu | exited) break ;;
     esac
+    # Anything but a verdict (a 404 when the registration failed, say) will not turn into one.
+    case "$STATUS" in
+      200 | 503) ;;
+      *) break ;;
+    esac
     sleep 0.5
   done
   waited=$((($(now_ms) - started) / 1000))
@@ -357,7 +371,7 @@ else
     check "smoke-gpu starting -> ready" FAIL "$seen (HTTP $STATUS) after ${waited} s: $(short "$reason")"
   fi
 
-  if CUDA_PID=$(wait_for_pid_file "$CUDA_PID_FILE" "$CUDA_TIMEOUT_S"); then
+  if CUDA_PID=$(wait_for_pid_file "$CUDA_PID_FILE" "$CUDA_TIMEOUT_S" "$LEADER"); then
     http GET /gpus
     on_gpu=$(js 'JSON.stringify(b.gpus.find((g) => g.index === 0)?.processes.find((p) => p.pid === Number(a[0])) ?? null)' "$CUDA_PID") || on_gpu=null
     if [ "$(js '(b.gpus.find((g) => g.index === 0)?.processes ?? []).some((p) => p.pid === Number(a[0]) && p.shard === "smoke-gpu")' "$CUDA_PID")" = true ]; then
@@ -383,7 +397,11 @@ else
       check "/gpus/foreign-memory" FAIL "GPU 0: shardMiB $shard_mib, expected >= $MIN_MIB: $(short "$BODY")"
     fi
   else
-    why="the CUDA process ($CUDA_WHAT) did not write its pid to $CUDA_PID_FILE within ${CUDA_TIMEOUT_S} s: $(short "$(tail -n 3 "$WORK/cuda.log")")"
+    if group_alive "$LEADER"; then
+      why="the CUDA process ($CUDA_WHAT) did not write its pid to $CUDA_PID_FILE within ${CUDA_TIMEOUT_S} s: $(short "$(tail -n 3 "$WORK/cuda.log")")"
+    else
+      why="the CUDA process ($CUDA_WHAT) exited without writing its pid: $(short "$(tail -n 3 "$WORK/cuda.log")")"
+    fi
     for name in "/gpus: CUDA pid on GPU 0" "/shards/smoke-gpu/compute" "/gpus/foreign-memory"; do check "$name" FAIL "$why"; done
   fi
 fi

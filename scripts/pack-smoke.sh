@@ -12,8 +12,8 @@ usage() {
 Usage: scripts/pack-smoke.sh [--with-node] [FILE]
 
 Builds the service and writes FILE (default: .smoke-pack/nodecompute-smoke.tar.xz), holding the
-folder nodecompute-smoke/ with dist/, node_modules/ (production dependencies only), scripts/ and
-package.json. On the GPU machine:
+folder nodecompute-smoke/ with dist/, node_modules/ (production dependencies only), scripts/,
+package.json and package-lock.json. On the GPU machine:
 
   tar xJf nodecompute-smoke.tar.xz     (or: python3 -m tarfile -e nodecompute-smoke.tar.xz .)
   nodecompute-smoke/scripts/gpu-smoke.sh --record
@@ -24,7 +24,7 @@ package.json. On the GPU machine:
 EOF
 }
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(CDPATH='' cd -- "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WITH_NODE=0
 FILE=''
 while [ $# -gt 0 ]; do
@@ -58,10 +58,10 @@ case "$FILE" in
     ;;
 esac
 mkdir -p "$(dirname "$FILE")"
-FILE=$(cd "$(dirname "$FILE")" && pwd)/$(basename "$FILE")
+FILE=$(CDPATH='' cd -- "$(dirname "$FILE")" && pwd)/$(basename "$FILE")
 
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/nodecompute-pack.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
+trap 'rm -rf "$STAGE" "$FILE.tmp"' EXIT
 PACK=$STAGE/nodecompute-smoke
 mkdir -p "$PACK"
 
@@ -81,7 +81,7 @@ if [ "$WITH_NODE" = 1 ]; then
   echo "pack-smoke: packed Node $("$PACK/node/bin/node" --version) from $node_bin" >&2
 fi
 
-tar -C "$STAGE" -cJf "$FILE.tmp" nodecompute-smoke
+tar -C "$STAGE" --owner=0 --group=0 --numeric-owner -cJf "$FILE.tmp" nodecompute-smoke
 mv "$FILE.tmp" "$FILE"
 echo "pack-smoke: wrote $FILE ($(($(wc -c <"$FILE") / 1024 / 1024)) MiB)" >&2
 echo "$FILE"

@@ -3,14 +3,14 @@
 // pid to SMOKE_CUDA_PID_FILE; this test then makes the fake list that pid on GPU 0, as the real
 // nvidia-smi would once the process holds memory. A passing run must PASS every check and record
 // the service's exact queries; a run where nvidia-smi never lists the process must FAIL.
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import t, { type Test } from 'tap';
-import { createFakeNvidiaSmi } from '../helpers/fake-nvidia-smi.js';
+import { createFakeNvidiaSmi, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { CHECKS, GPU0, node, ROOT, rows, runSmoke, SCRIPT } from '../helpers/gpu-smoke-run.js';
 
-t.setTimeout(300_000);
+t.setTimeout(600_000);
 
 function sources(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
@@ -99,12 +99,16 @@ t.test('nvidia-smi never lists the CUDA process: the GPU checks FAIL and the exi
 // (compiled here from test/fixtures/cuda/) let it run here, quoting and pid hand-over included.
 const STAND_IN_TORCH = [
   'import os',
+  'if os.environ.get("STAND_IN_TORCH") == "broken":',
+  '    raise OSError("libcudnn.so.9: cannot open shared object file: No such file or directory")',
   '__version__ = "0.0-stand-in"',
   'uint8 = "uint8"',
   'class _Tensor:',
   '    def fill_(self, value):',
   '        return self',
   'def empty(size, dtype=None, device=None):',
+  '    if os.environ.get("STAND_IN_TORCH") == "oom":',
+  '        raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB")',
   '    # nvidia-smi numbers GPUs in PCI order; CUDA does so only when told, and only without a mask.',
   '    assert device == "cuda:0" and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"',
   '    assert "CUDA_VISIBLE_DEVICES" not in os.environ',
@@ -175,30 +179,62 @@ t.test('torch without CUDA: the CUDA driver API (a stand-in libcuda) holds GPU 0
   ]);
 });
 
-t.test('cuda-hold.py says which way failed and why, and writes no pid', { skip: noDriverStandIn }, async (t) => {
+t.test('cuda-hold.py says why each way failed, and writes no pid', { skip: noDriverStandIn }, async (t) => {
   const dir = t.testdir({ py: { torch: { '__init__.py': STAND_IN_TORCH } } });
   const pidFile = join(dir, 'cuda.pid');
   const base: NodeJS.ProcessEnv = { ...process.env, PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), SMOKE_CUDA_PID_FILE: pidFile };
+  delete base.CUDA_DEVICE_ORDER;
   delete base.CUDA_VISIBLE_DEVICES;
   const hold = (env: NodeJS.ProcessEnv, args: string[] = []) => spawnSync('python3', [HOLDER, ...args], { env: { ...base, ...env }, encoding: 'utf8', timeout: 30_000 });
-  const through = 'through the CUDA driver API \\(.*libcuda-stand-in\\.so, CUDA 13\\.1\\)';
+  const driver = 'the CUDA driver API \\(.*libcuda-stand-in\\.so, CUDA 13\\.1\\)';
   const noTorch = 'torch 0\\.0-stand-in sees no CUDA device \\(a CPU-only build, or no driver access\\)';
+  const prefix = '^cuda-hold: cannot hold memory on GPU 0: ';
   const cases: Array<[string, NodeJS.ProcessEnv, RegExp]> = [
-    ['out of memory', { CUDA_DEVICE_ORDER: 'PCI_BUS_ID', STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2' }, new RegExp(`^cuda-hold: cannot hold memory on GPU 0 ${through}: cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
-    ['the write', { CUDA_DEVICE_ORDER: 'PCI_BUS_ID', STAND_IN_CUDA_FAIL: 'cuMemsetD8_v2' }, new RegExp(`^cuda-hold: cannot hold memory on GPU 0 ${through}: cuMemsetD8_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
-    ['devices in the default order', {}, new RegExp(`^cuda-hold: cannot hold memory on GPU 0: ${noTorch}; cuInit failed: CUDA_ERROR_INVALID_DEVICE \\(101\\)$`)],
-    ['no device', { CUDA_DEVICE_ORDER: 'PCI_BUS_ID', STAND_IN_CUDA_DEVICES: '0' }, new RegExp(`^cuda-hold: cannot hold memory on GPU 0: ${noTorch}; the CUDA driver sees no device$`)],
+    ['out of memory', { STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2' }, new RegExp(`${prefix}${noTorch}; ${driver} could not hold it: cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
+    ['the write', { STAND_IN_CUDA_FAIL: 'cuMemsetD8_v2' }, new RegExp(`${prefix}${noTorch}; ${driver} could not hold it: cuMemsetD8_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
+    ['no device', { STAND_IN_CUDA_DEVICES: '0' }, new RegExp(`${prefix}${noTorch}; the CUDA driver sees no device$`)],
+    [
+      'a broken torch and no driver library',
+      { STAND_IN_TORCH: 'broken', SMOKE_CUDA_DRIVER_LIB: join(dir, 'no-libcuda.so.1') },
+      new RegExp(`${prefix}torch cannot be imported \\(OSError: libcudnn\\.so\\.9: cannot open shared object file.*\\); the CUDA driver library cannot be loaded \\(.*no-libcuda\\.so\\.1`),
+    ],
+    [
+      'both allocations',
+      { STAND_IN_CUDA: '1', STAND_IN_TORCH: 'oom', STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2' },
+      new RegExp(`${prefix}torch 0\\.0-stand-in could not hold it: RuntimeError: CUDA out of memory\\. Tried to allocate 1\\.00 GiB; ${driver} could not hold it: cuMemAlloc_v2 failed`),
+    ],
   ];
   for (const [what, env, reason] of cases) {
     const run = hold(env);
     t.equal(run.status, 1, `${what}: exit 1`, { stderr: run.stderr });
-    t.match(run.stderr.trim(), reason, `${what}: says which way failed, and why`);
+    t.match(run.stderr.trim(), reason, `${what}: says why each way failed`);
     t.notOk(existsSync(pidFile), `${what}: no pid written`);
   }
-  const check = hold({ CUDA_DEVICE_ORDER: 'PCI_BUS_ID' }, ['--check']);
-  t.equal(check.status, 0, '--check passes', { stderr: check.stderr });
-  t.match(check.stdout, /^the CUDA driver API \(.*libcuda-stand-in\.so, CUDA 13\.1\)\n$/, '--check names the way it would hold memory');
+  const unknown = hold({}, ['--help']);
+  t.equal(unknown.status, 2, 'an unknown argument is a usage error, not an allocation');
+  t.match(unknown.stderr, /unknown arguments --help; usage: cuda-hold\.py \[--check\]/);
+
+  // The stand-in fails cuInit unless CUDA numbers devices in PCI order with no mask: the script sees to it.
+  const check = hold({ CUDA_VISIBLE_DEVICES: '3' }, ['--check']);
+  t.equal(check.status, 0, '--check passes, CUDA_VISIBLE_DEVICES dropped and PCI order set by the script itself', { stderr: check.stderr });
+  t.match(check.stdout, new RegExp(`^${driver}\\n$`), '--check names the way it would hold memory');
+  t.match(hold({ STAND_IN_TORCH: 'broken' }, ['--check']).stdout, new RegExp(`^${driver}\\n$`), 'a torch that cannot be imported is passed over');
   t.notOk(existsSync(pidFile), '--check holds nothing');
+});
+
+t.test("cuda-hold.py holds through the driver API when torch's allocation fails", { skip: noDriverStandIn }, async (t) => {
+  const dir = t.testdir({ py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const pidFile = join(dir, 'cuda.pid');
+  const calls = join(dir, 'driver-calls.log');
+  const env = { ...process.env, PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '1', STAND_IN_TORCH: 'oom', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), STAND_IN_CUDA_LOG: calls, SMOKE_CUDA_PID_FILE: pidFile };
+  const holder = spawn('python3', [HOLDER], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  t.teardown(() => holder.kill('SIGKILL'));
+  let stderr = '';
+  holder.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  await waitUntil(() => /\n/.test(stderr) || holder.exitCode !== null, { timeoutMs: 30_000, what: 'the holder to say what it holds' });
+  t.match(stderr, /^cuda-hold: pid \d+ holds 1 GiB on GPU 0 through the CUDA driver API \(/);
+  t.equal(readFileSync(pidFile, 'utf8'), String(holder.pid), 'its own pid, for gpu-smoke.sh');
+  t.match(readFileSync(calls, 'utf8'), /cuMemAlloc_v2 1073741824\ncuMemsetD8_v2 0x7f0000000000 1 1073741824\ncuCtxSynchronize\n$/);
 });
 
 t.test('neither torch with CUDA nor a driver library: the CUDA checks are SKIPPED with the reasons, the rest pass', { skip: noPython }, async (t) => {
@@ -220,6 +256,44 @@ t.test('neither torch with CUDA nor a driver library: the CUDA checks are SKIPPE
   t.equal(table.get('smoke-cpu starting -> on-cpu')?.result, 'PASS');
   t.match(run.stdout, /0 failed, 5 skipped/);
   t.match(run.stderr, /SKIPPING the CUDA checks/);
+});
+
+t.test('--require-cuda: no CUDA process is a FAIL, not a SKIP', { skip: noPython }, async (t) => {
+  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  const env = { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: join(dir, 'no-libcuda.so.1') };
+  const run = await runSmoke(t, fake, ['--require-cuda'], env, () => undefined);
+  const table = rows(run.stdout);
+  t.equal(run.code, 1, 'exit 1', { stdout: run.stdout, stderr: run.stderr });
+  for (const name of ['register smoke-gpu', 'smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory']) {
+    t.equal(table.get(name)?.result, 'FAIL', name);
+    t.match(table.get(name)?.detail, /^python3 cannot hold GPU memory: .* \(--require-cuda\)$/);
+  }
+  t.match(run.stdout, /5 failed, 0 skipped/);
+});
+
+t.test('a CUDA process that exits without its pid: the checks FAIL at once, with its output', async (t) => {
+  const dir = t.testdir({ smi: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  // It fails after its start-up, as torch does, once the shard is registered.
+  const env = { SMOKE_CUDA_CMD: 'sleep 2; echo "CUDA error: no kernel image is available" >&2; exit 3', SMOKE_CUDA_TIMEOUT_S: '600', SMOKE_READY_TIMEOUT_S: '600' };
+  const run = await runSmoke(t, fake, [], env, () => undefined);
+  const table = rows(run.stdout);
+  t.equal(run.code, 1, 'exit 1', { stdout: run.stdout, stderr: run.stderr });
+  // Only a process group found empty gives this reason; the 600 s wait would time the test out.
+  t.match(table.get('/gpus: CUDA pid on GPU 0')?.detail, /^the CUDA process \(the SMOKE_CUDA_CMD command\) exited without writing its pid: CUDA error: no kernel image is available/);
+  t.match(table.get('smoke-gpu starting -> ready')?.detail, /exited/, 'readiness saw the shard exit');
+});
+
+t.test('a CUDA process that exits before it is registered: no wait for a verdict that cannot come', async (t) => {
+  const dir = t.testdir({ smi: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  const env = { SMOKE_CUDA_CMD: 'exit 3', SMOKE_CUDA_TIMEOUT_S: '600', SMOKE_READY_TIMEOUT_S: '600' };
+  const run = await runSmoke(t, fake, [], env, () => undefined);
+  const table = rows(run.stdout);
+  t.equal(run.code, 1, 'exit 1', { stdout: run.stdout, stderr: run.stderr });
+  t.match(table.get('smoke-gpu starting -> ready')?.detail, /\(HTTP (404|503)\)/, 'no verdict, said at once');
+  t.match(table.get('/gpus: CUDA pid on GPU 0')?.detail, /exited without writing its pid/);
 });
 
 t.test('no nvidia-smi: one clear FAIL, no service started', async (t) => {

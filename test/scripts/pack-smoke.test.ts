@@ -31,6 +31,7 @@ t.test('the travel pack (scripts/pack-smoke.sh) runs the check away from the che
   t.same(readdirSync(packed).sort(), ['dist', 'node_modules', 'package-lock.json', 'package.json', 'scripts'], 'the built service, its dependencies and the scripts');
   t.ok(existsSync(join(packed, 'node_modules', 'fastify', 'package.json')), 'with the production dependencies');
   t.notOk(existsSync(join(packed, 'node_modules', 'tap')), 'without the dev dependencies');
+  t.ok(existsSync(join(packed, 'scripts', 'cuda-hold.py')), "with the CUDA process's script");
   // What --with-node adds (node/bin/node), without fetching a Node here: gpu-smoke.sh must pick it.
   mkdirSync(join(packed, 'node', 'bin'), { recursive: true });
   symlinkSync(process.execPath, join(packed, 'node', 'bin', 'node'));
