@@ -239,7 +239,6 @@ t.test('the engine saying CPU makes a GPU shard on-cpu at once, quoting what it 
   t.equal(compute.engine.backend, 'CPU');
 });
 
-
 t.test('on-cpu reasons agree with the engine output posted: weights on CUDA0 conflict with nvidia-smi, a CPU engine gets no offload warning, silent output is named', async (t) => {
   const [d, elsewhere, c, e] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
   // GPU 1 holds the model of a process in another process group, which shard d does not cover.
