@@ -118,13 +118,17 @@ def main(args):
 
 
 def hold_until_killed(what, held):
-    """Writes this process's pid where gpu-smoke.sh waits for it, then sleeps, `held` kept alive."""
+    """Writes this process's pid where gpu-smoke.sh waits for it, then sleeps until it is killed.
+
+    `held` (the tensor or device pointer) stays referenced by this frame, so the memory stays
+    allocated for as long as the process lives.
+    """
     path = os.environ["SMOKE_CUDA_PID_FILE"]
     with open(path + ".tmp", "w") as pid_file:
         pid_file.write(str(os.getpid()))
     os.rename(path + ".tmp", path)
     print(f"cuda-hold: pid {os.getpid()} holds 1 GiB on GPU 0 through {what}", file=sys.stderr, flush=True)
-    while held is not None:
+    while True:
         time.sleep(3600)
 
 
