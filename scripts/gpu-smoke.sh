@@ -350,7 +350,7 @@ else
   started=$(now_ms)
   while [ $(($(now_ms) - started)) -lt $((READY_TIMEOUT_S * 1000)) ]; do
     http GET /shards/smoke-gpu/ready
-    state=$(js 'b.state' 2>/dev/null || echo "HTTP-$STATUS")
+    state=$(js 'b.state ?? "HTTP-" + a[0]' "$STATUS" 2>/dev/null || echo "HTTP-$STATUS")
     [ "${seen##*-> }" = "$state" ] || seen="${seen:+$seen -> }$state"
     case "$state" in
       ready | on-cpu | exited) break ;;
@@ -464,7 +464,7 @@ else
   while [ $(($(now_ms) - registered)) -lt $((CPU_GRACE_MS + 15000)) ]; do
     http GET /shards/smoke-cpu/ready
     first_look=${first_look:-$(($(now_ms) - registered))}
-    state=$(js 'b.state' 2>/dev/null || echo "HTTP-$STATUS")
+    state=$(js 'b.state ?? "HTTP-" + a[0]' "$STATUS" 2>/dev/null || echo "HTTP-$STATUS")
     [ "${seen##*-> }" = "$state" ] || seen="${seen:+$seen -> }$state"
     [ "$state" = on-cpu ] && break
     sleep 0.5
