@@ -2,7 +2,9 @@
 // nvidia-smi; /readyz says whether the service can answer, from the cached snapshot within the probe
 // budget, with a Kubernetes-style checklist on ?verbose. Readiness holds on the last good snapshot
 // while it is younger than max-stale, as every answer does (a failing nvidia-smi run must not take
-// the node's agent out of its Service at once); the checklist then says so plainly.
+// the node's agent out of its Service at once); the checklist then says so plainly. It also fails
+// while registrations cannot be stored (the state file's directory takes no writes), since a node
+// whose agent refuses every registration cannot take shards.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { describeListedPids, NO_GPU_PROCESS } from '../src/doctor/doctor.js';
@@ -11,11 +13,12 @@ import { BadRequestError, isCodedError } from '../src/errors.js';
 import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
 import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js';
 import type { SnapshotView } from '../src/node-state/snapshot.js';
+import { cannotStore } from '../src/system/state-file.js';
 import { ErrorSchema } from '../src/schemas/common.js';
 
 const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) });
 const ReadySchema = Type.Object({
-  status: Type.Literal('ok', { description: 'ok: nvidia-smi answers and its PIDs are visible in /proc.' }),
+  status: Type.Literal('ok', { description: 'ok: nvidia-smi answers, its PIDs are visible in /proc, and registrations can be stored.' }),
   observedAt: Type.String({ format: 'date-time', description: 'When the snapshot behind this answer was taken.' }),
   ageMs: Type.Integer({ description: 'Its age in milliseconds.' }),
   stale: Type.Boolean({ description: 'True when it is older than the cache TTL or than the latest registration change; staleReason says why.' }),
@@ -44,7 +47,7 @@ type Check = { name: string; detail: string } & ({ ok: true } | { ok: false; cod
 type FailedCheck = Extract<Check, { ok: false }>;
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { node, probeBudgetMs, proc, config } = app.services;
+  const { node, probeBudgetMs, proc, config, stateFile } = app.services;
   // Made afresh for each path: one object used twice comes out of the OpenAPI YAML as an alias.
   const live = (summary: string) => ({ schema: { tags: ['health'], summary, response: { 200: LiveSchema } } });
   app.get('/livez', live('Liveness: 200 while the event loop runs; never depends on nvidia-smi.'), async () => ({ status: 'ok' as const }));
@@ -84,8 +87,22 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     );
   }
 
+  /** Whether a registration can be stored now (looked at afresh every few seconds, within the probe budget). */
+  async function stateFileCheck(): Promise<Check> {
+    const answer = await stateFile.writable(probeBudgetMs);
+    if (!answer.ok) return { name: 'state-file', ok: false, detail: cannotStore(stateFile.path, answer.reason), code: 'NODECOMPUTE_STATE_WRITE_FAILED' };
+    const stored = `registrations are stored in ${stateFile.path}`;
+    return { name: 'state-file', ok: true, detail: answer.warning ? `${stored}, but ${answer.warning.problem} ${answer.warning.fix}` : stored };
+  }
+
   /** The checks; the details of passing ones are only worked out for the checklist (probes skip them). */
   async function checks(checklist: boolean): Promise<{ checks: Check[]; meta: SnapshotMeta | null }> {
+    const [gpu, stored] = await Promise.all([gpuChecks(checklist), stateFileCheck()]);
+    return { checks: [...gpu.checks, stored], meta: gpu.meta };
+  }
+
+  /** The nvidia-smi and PID namespace checks, from the snapshot. */
+  async function gpuChecks(checklist: boolean): Promise<{ checks: Check[]; meta: SnapshotMeta | null }> {
     try {
       const { view, node: nodeView } = await node.current({ maxWaitMs: probeBudgetMs });
       return {
@@ -108,7 +125,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       schema: {
         tags: ['health'],
-        summary: 'Readiness: 200 when nvidia-smi answers (from the cache) and its PIDs are visible; 503 with the reason otherwise.',
+        summary: 'Readiness: 200 when nvidia-smi answers (from the cache), its PIDs are visible and registrations can be stored; 503 with the reason otherwise.',
         description:
           "With ?verbose (or ?verbose=true, ?verbose=1), a plain-text checklist in the style of Kubernetes' own /readyz?verbose; ?verbose=false or 0 is JSON, as without it. " +
           'Within NODECOMPUTE_MAX_STALE_MS of the last good snapshot readiness holds while nvidia-smi fails: `staleReason` (and the checklist) say so.',

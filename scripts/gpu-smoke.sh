@@ -288,7 +288,7 @@ until http GET /readyz && [ "$STATUS" = 200 ]; do
   break
 done
 if [ "$STATUS" = 200 ]; then
-  check "/readyz" PASS "nvidia-smi answers and its PIDs are visible"
+  check "/readyz" PASS "nvidia-smi answers, its PIDs are visible and registrations can be stored"
 else
   check "/readyz" FAIL "HTTP $STATUS: $(short "$BODY")"
 fi

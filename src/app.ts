@@ -60,6 +60,7 @@ export interface AppDeps {
   now?: () => number;
   nvidiaSmi?: NvidiaSmi;
   proc?: ProcReader;
+  stateFile?: StateFile;
 }
 
 declare module 'fastify' {
@@ -215,7 +216,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       onQuery: metrics.observeQuery,
     });
   const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
-  const stateFile = createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }) });
+  const stateFile = deps.stateFile ?? createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }), now });
   const registry = await loadRegistry({ stateFile, log });
   const snapshots = createSnapshotSource<NodeSnapshot>({
     take: createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(proc.bootId()), now }),

@@ -55,9 +55,12 @@ function createLogger(config: Config): Logger {
  * Takes the first snapshot, so that the log says at once whether nvidia-smi answers. When it does
  * not, the snapshot cache has already logged the failure with what it means for the answers (one
  * warning when failing starts or its reason changes): saying it again here would log it twice.
+ * Looks at the state directory too: one that takes no writes is logged (by state-file.ts) now,
+ * not at the first registration.
  */
 async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): Promise<void> {
-  const current = await app.services.node.current().catch(() => null);
+  const { node, stateFile, probeBudgetMs } = app.services;
+  const [current] = await Promise.all([node.current().catch(() => null), stateFile.writable(probeBudgetMs)]);
   if (current === null) return;
   const { snapshot } = current.view;
   log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');

@@ -46,6 +46,23 @@ t.test('without nvidia-smi the service starts, says so once and plainly, and ans
   t.match(entry.err, { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', message: /could not be run from "\/opt\/missing\/nvidia-smi"/ });
 });
 
+t.test('a state directory that cannot be made is an error in the start-up log and fails /readyz; the service still answers', async (t) => {
+  // Under /proc, mkdir answers ENOENT: the service must say so, not spin (Node's recursive mkdir does).
+  const stateFile = '/proc/nodecompute-no-such-dir/state/s.json';
+  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: stateFile });
+  await waitUntil(() => server.logs().some((entry) => entry.level === 50), { what: 'the start-up line about the state directory' });
+  t.match(server.logs().find((entry) => entry.level === 50), {
+    stateFile,
+    msg: `Registrations cannot be stored in ${stateFile}: cannot write in /proc/nodecompute-no-such-dir/state: ENOENT: no such file or directory, mkdir '/proc/nodecompute-no-such-dir'`,
+  });
+  const verbose = await (await server.fetch('/readyz?verbose')).text();
+  t.match(verbose, /\n\[-\]state-file failed: Registrations cannot be stored in .*\nreadyz check failed\n$/);
+  t.equal((await server.fetch('/livez')).status, 200);
+  t.equal(server.logs().filter((entry) => entry.level === 50).length, 1, 'said once, not at every look');
+  server.child.kill('SIGTERM');
+  t.equal(await server.exited, 0, 'and it stops promptly');
+});
+
 t.test('a bad setting stops the start with a message naming it', async (t) => {
   const result = spawnSync(process.execPath, [MAIN], { env: { ...process.env, NODECOMPUTE_PORT: 'eighty' }, encoding: 'utf8' });
   t.equal(result.status, 2);

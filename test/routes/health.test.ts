@@ -12,7 +12,7 @@ t.test('/readyz: 200 from the cache when nvidia-smi answers; ?verbose gives the 
   const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
   t.equal(verbose.statusCode, 200);
   t.match(verbose.headers['content-type'], /^text\/plain/);
-  t.match(verbose.body, /^\[\+\]nvidia-smi ok: snapshot (\d+ ms|\d+\.\d s) old, 8 GPUs\n\[\+\]host-pid-namespace ok: .*\nreadyz check passed\n$/);
+  t.match(verbose.body, /^\[\+\]nvidia-smi ok: snapshot (\d+ ms|\d+\.\d s) old, 8 GPUs\n\[\+\]host-pid-namespace ok: .*\n\[\+\]state-file ok: registrations are stored in .*\/state\/shards\.json\nreadyz check passed\n$/);
 });
 
 t.test('/readyz: 503 when nvidia-smi PIDs are not in this /proc (no host PID namespace)', async (t) => {

@@ -1,11 +1,15 @@
 // /readyz in the words an operator reads: which ?verbose values give the checklist, the stale
 // reason in the JSON, the nvidia-smi line while the last good snapshot is served over failing
 // refreshes, and the host-pid-namespace line when only some listed PIDs are missing (in the
-// doctor's words). The basics (200, 503 and their codes) are in health.test.ts.
+// doctor's words), and the state-file line when registrations cannot be stored. The basics (200,
+// 503 and their codes) are in health.test.ts.
+import { writeFileSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { createStateFile } from '../../src/system/state-file.js';
 
 /** A PID no test machine has (above the default pid_max of 4194304). */
 const GONE_PID = 4_194_400;
@@ -195,4 +199,43 @@ t.test('host-pid-namespace: one refresh listing only a process that has exited i
   t.match(await answers(), { readyz: 200, probe: 200, state: 'ready', visible: '1' });
   t.match(namespaceLines().slice(1), [{ level: 30, msg: "nvidia-smi's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards." }], 'and once when it ended');
   t.equal(namespaceLines().length, 2);
+});
+
+t.test('state-file: readiness fails while registrations cannot be stored, naming the file, the reason and the fix; the registrations are refused alike', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app, config } = await buildTestApp(t, { scenario: idleEightGpuNode() });
+  // The state directory is not there yet (it is made at the first write): a file takes its name.
+  writeFileSync(dirname(config.stateFile), 'not a directory\n');
+  const res = await app.inject({ method: 'GET', url: '/readyz' });
+  t.equal(res.statusCode, 503);
+  const reason = `cannot write in ${dirname(config.stateFile)}: EEXIST: file already exists, mkdir '${dirname(config.stateFile)}'`;
+  t.same(res.json(), {
+    statusCode: 503,
+    code: 'NODECOMPUTE_STATE_WRITE_FAILED',
+    error: 'Service Unavailable',
+    message:
+      `Registrations cannot be stored in ${config.stateFile}: ${reason}. Every registration and removal is refused (503) until they can; ` +
+      'the shards already stored are kept and served. Make the directory writable (mount its volume read-write; check for a full disk) ' +
+      'or set NODECOMPUTE_STATE_FILE to a path on a writable volume.',
+  });
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+  t.equal(verbose.statusCode, 503);
+  t.match(verbose.body, /^\[\+\]nvidia-smi ok: .*\n\[\+\]host-pid-namespace ok: .*\n\[-\]state-file failed: Registrations cannot be stored in .*\nreadyz check failed\n$/);
+  const put = await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [0] } });
+  t.equal(put.json().code, 'NODECOMPUTE_STATE_WRITE_FAILED', 'what readiness says is what a registration meets');
+});
+
+t.test('state-file: a directory that cannot be fsynced keeps readiness, and the checklist says what is at risk', async (t) => {
+  const syncDirectory = async () => {
+    throw Object.assign(new Error('EINVAL: invalid argument, fsync'), { code: 'EINVAL' });
+  };
+  const dir = t.testdir({});
+  const stateFile = createStateFile(`${dir}/shards.json`, { log: pino({ level: 'silent' }), syncDirectory });
+  const { app } = await buildTestApp(t, { scenario: idleEightGpuNode(), deps: { stateFile } });
+  const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
+  t.equal(verbose.statusCode, 200);
+  t.match(
+    verbose.body,
+    `[+]state-file ok: registrations are stored in ${dir}/shards.json, but fsync of ${dir} failed (EINVAL: invalid argument, fsync): a change is stored and served, yet a power cut right after it could bring back the previous file. This filesystem cannot fsync a directory`,
+  );
 });

@@ -465,3 +465,20 @@ t.test('the state file: a failed replace leaves no temp file; checkWritable says
     },
   }, 'a directory that cannot be fsynced still takes writes: a warning');
 });
+
+t.test('the state file: missing directories are made level by level, and one that cannot be made is an error, not a hang', async (t) => {
+  const dir = t.testdir({});
+  const nested = join(dir, 'a', 'b', 'c');
+  // Writers racing to make the same levels all succeed.
+  await Promise.all(['1', '2', '3'].map((name) => createStateFile(join(nested, `${name}.json`), { log }).write(name)));
+  t.same(readdirSync(nested).sort(), ['1.json', '2.json', '3.json']);
+  t.same(await createStateFile(join(dir, 'd', 'e', 'x.json'), { log }).checkWritable(), { ok: true, warning: null });
+  // Under /proc, mkdir answers ENOENT below a directory that exists: Node's recursive mkdir spins
+  // for ever there. The real /proc, as an operator's typo would meet it.
+  const underProc = createStateFile('/proc/nodecompute-no-such-dir/state/shards.json', { log });
+  t.same(await underProc.checkWritable(), {
+    ok: false,
+    reason: "cannot write in /proc/nodecompute-no-such-dir/state: ENOENT: no such file or directory, mkdir '/proc/nodecompute-no-such-dir'",
+  });
+  await t.rejects(underProc.write('{}'), { code: 'ENOENT' });
+});
