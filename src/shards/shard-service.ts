@@ -201,15 +201,20 @@ export function createShardService(deps: ShardServiceDeps) {
     return shard;
   }
 
-  /** The last verified verdict logged for each registration (a new registration starts afresh). */
-  const loggedVerdicts = new WeakMap<ShardRecord, ReadinessState>();
+  /**
+   * The last verified verdict logged for each shard id: a replaced registration (a new grace, say)
+   * carries on from it, so only a change of verdict is logged; a removed one is forgotten.
+   */
+  const loggedVerdicts = new Map<string, ReadinessState>();
 
   function logVerdictChange(shard: ShardRecord, verdict: Readiness): void {
     // Unverified means nvidia-smi cannot be asked: the snapshot cache logs that once for the node.
     if (verdict.state === 'unverified') return;
-    const previous = loggedVerdicts.get(shard) ?? null;
+    // A verdict on a registration replaced or removed meanwhile (a list that waited on a refresh) is history.
+    if (registry.get(shard.id) !== shard) return;
+    const previous = loggedVerdicts.get(shard.id) ?? null;
     if (previous === verdict.state) return;
-    loggedVerdicts.set(shard, verdict.state);
+    loggedVerdicts.set(shard.id, verdict.state);
     const level = verdict.state === 'on-cpu' || verdict.state === 'exited' ? 'warn' : 'info';
     log[level](
       { shard: shard.id, state: verdict.state, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
@@ -314,6 +319,7 @@ export function createShardService(deps: ShardServiceDeps) {
 
     async remove(id: string): Promise<void> {
       if (!(await registry.remove(id))) throw notFound(id);
+      loggedVerdicts.delete(id);
       node.invalidate();
       log.info({ shard: id }, 'Shard removed');
     },

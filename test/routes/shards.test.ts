@@ -191,6 +191,9 @@ t.test('each verdict change is logged once, on-cpu and exited as warnings; probe
   await probe();
   clock.advance(5000);
   await probe();
+  // A new grace for the same process: the registration goes on, and so does its verdict (still on-cpu).
+  await app.inject({ method: 'PUT', url: '/shards/v', payload: { pid: shard.pid, gpus: [1], graceMs: 4000 } });
+  await probe();
   await settle(app);
   fake.setScenario(twoGpuNode([{ gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'vllm', usedMiB: 9000 }]));
   await probe();
@@ -212,9 +215,43 @@ t.test('each verdict change is logged once, on-cpu and exited as warnings; probe
     [30, 'ready', 'on-cpu', 'Shard "v" is now ready'],
     [40, 'exited', 'ready', /^Shard "v" is now exited: the shard's process exited/],
   ]);
-  t.equal(verdictLines().length, 4, 'nothing for repeated probes, /metrics, or nvidia-smi being away and back');
+  t.equal(verdictLines().length, 4, 'nothing for repeated probes, a new grace, /metrics, or nvidia-smi being away and back');
   t.match(lines.find((line) => line.state === 'on-cpu'), { shard: 'v', shardPid: shard.pid, cgroup: null, gpus: [1] }, 'a line says which process to look at');
   t.notOk(lines.some((line) => line.msg === 'Request answered'), 'a 503 verdict is not logged as a failed request');
+});
+
+t.test('a list that waited on a refresh while a shard was removed answers it as listed, and logs no verdict for it', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { logger } });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/gone', payload: { pid: shard.pid, gpus: [1] } })).statusCode, 201);
+  await settle(app);
+  // The list's refresh takes 2 s: long enough for the removal to be stored meanwhile.
+  fake.update((scenario) => ({ ...scenario, delayMs: 2_000 }));
+  const listing = app.inject({ method: 'GET', url: '/shards' });
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/gone' })).statusCode, 204);
+  const listed = (await listing).json();
+  t.same(listed.shards.map((s: { id: string }) => s.id), ['gone'], 'listed before its removal');
+  t.notOk(lines.some((line) => line.shard === 'gone' && 'state' in line), 'no verdict logged for a shard no longer registered');
+});
+
+t.test('a removed shard\'s verdict is forgotten: registered again under its id, its first verdict is news again', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { app } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { logger } });
+  const verdictLines = () => lines.filter((line) => line.shard === 'w' && 'state' in line).map((line) => [line.state, line.previous]);
+  for (let round = 0; round < 2; round += 1) {
+    t.equal((await app.inject({ method: 'PUT', url: '/shards/w', payload: { pid: shard.pid, gpus: [1], graceMs: 0 } })).statusCode, 201);
+    t.equal((await app.inject({ method: 'GET', url: '/shards/w/ready' })).json().state, 'on-cpu');
+    await settle(app);
+    t.equal((await app.inject({ method: 'DELETE', url: '/shards/w' })).statusCode, 204);
+  }
+  t.same(verdictLines(), [
+    ['on-cpu', null],
+    ['on-cpu', null],
+  ]);
 });
 
 t.test('the engine saying CPU makes a GPU shard on-cpu at once, quoting what it saw', async (t) => {
