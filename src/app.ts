@@ -89,10 +89,14 @@ const PATTERN_RULES: Record<string, string> = {
 };
 
 /** Names the offending field and what it accepts, in the words of the schema's first complaint. */
-function describeValidation(err: FastifyError): string {
+function describeValidation(err: FastifyError, requestParams: unknown): string {
   // Fastify stops at the first failing keyword (allErrors is off), so there is exactly one.
   const first = err.validation![0]!;
   const where = `${err.validationContext}${first.instancePath}`;
+  // "/shards/" matches "/shards/:id" with nothing for the id: no pattern to quote, a path to fix.
+  if (where === 'params/id' && (requestParams as { id?: unknown } | undefined)?.id === '') {
+    return 'params/id is empty: a shard id goes between "/shards/" and the next "/" (GET /shards, without the trailing slash, lists them)';
+  }
   const params = first.params as Record<string, unknown>;
   if (typeof params.additionalProperty === 'string') {
     return `${where} has an unknown field "${params.additionalProperty}" (fields are case-sensitive; remove it or fix its spelling)`;
@@ -103,10 +107,10 @@ function describeValidation(err: FastifyError): string {
 }
 
 /** Fastify's own errors keep their status but get our codes and a message that says how to fix it. */
-function fastifyErrorBody(err: FastifyError) {
+function fastifyErrorBody(err: FastifyError, requestParams?: unknown) {
   const status = err.statusCode ?? 500;
   if (err.validation) {
-    return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err)}. See /docs for the expected shape.`);
+    return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err, requestParams)}. See /docs for the expected shape.`);
   }
   const known: Record<string, [number, string, string]> = {
     FST_ERR_CTP_BODY_TOO_LARGE: [413, 'NODECOMPUTE_PAYLOAD_TOO_LARGE', 'The request body is larger than this endpoint accepts: a registration takes at most 64 KiB of JSON, engine output at most 1 MiB a call (post the rest in further calls). Send less.'],
@@ -273,7 +277,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       }
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }
-    const mapped = fastifyErrorBody(err);
+    const mapped = fastifyErrorBody(err, request.params);
     if (mapped) return reply.status(mapped.statusCode).send(mapped);
     log.error({ ...requestFields(request), err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
     const internal = new InternalError(
