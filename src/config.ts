@@ -197,8 +197,10 @@ export function defaultConfig(overrides: Partial<Config> = {}): Config {
  * is in its range and only its combination with another setting is wrong (`why` says how).
  */
 function invalid(setting: Setting, raw: unknown, why?: string, accepts: string | null = setting.accepts): never {
-  // A token goes to stderr, and from there to a log store: say its length, never its value.
-  const got = setting === SETTINGS.token ? `a secret of ${String(raw).length} characters (not shown)` : JSON.stringify(raw);
+  // A token goes to stderr, and from there to a log store: say its length (as checked, without the
+  // whitespace around it), never its value.
+  const secret = String(raw).trim();
+  const got = setting !== SETTINGS.token ? JSON.stringify(raw) : secret === '' ? 'only whitespace' : `a secret of ${secret.length} characters, not shown`;
   throw new ConfigInvalidError(
     `Invalid setting ${setting.env} (--${setting.flag}): got ${got}${why ? ` (${why})` : ''}` +
       `${accepts === null ? '.' : `; it accepts ${accepts}.`} Fix the environment variable or flag and start again.`,
@@ -226,7 +228,7 @@ export function tokenProblem(token: string): string | null {
   if (token === '') return 'it is blank';
   // The bearer header ends at the first whitespace, so such a token could never be presented.
   if (/\s/.test(token)) return 'it contains whitespace, which an "Authorization: Bearer" header cannot carry';
-  if (token.length < 16) return `it has fewer than 16 characters (${token.length})`;
+  if (token.length < 16) return `it is ${token.length} characters long, and a token needs at least 16`;
   return null;
 }
 

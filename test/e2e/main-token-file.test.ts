@@ -71,7 +71,7 @@ t.test('a token file that cannot be read or holds no usable token stops the star
   t.equal(unreadable.end, 2);
   t.match(unreadable.stderr, `nodecompute: Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got ${JSON.stringify(missing)} (cannot read it: ENOENT: no such file or directory`);
   t.equal(short.end, 2);
-  t.match(short.stderr, '(the token on line 1 cannot work: it has fewer than 16 characters (5)); it accepts a path to a file holding one or more tokens');
+  t.match(short.stderr, '(the token on line 1 cannot work: it is 5 characters long, and a token needs at least 16); it accepts a path to a file holding one or more tokens');
   t.equal(help.end, 0, '--help answers whatever the token file');
   t.match(help.stdout, 'NODECOMPUTE_TOKEN_FILE');
   t.equal(doctor.end, 0, doctor.stdout + doctor.stderr);

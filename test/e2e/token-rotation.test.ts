@@ -26,7 +26,7 @@ async function retry<T>(attempt: () => Promise<T>, done: (answer: T) => boolean)
 
 t.test('bad token and staleness settings stop the start with exit code 2, naming the setting', async (t) => {
   const cases: Array<[Record<string, string>, RegExp]> = [
-    [{ NODECOMPUTE_TOKEN: ' '.repeat(20) }, /Invalid setting NODECOMPUTE_TOKEN \(--token\): got a secret of 20 characters \(not shown\) \(it is blank\)/],
+    [{ NODECOMPUTE_TOKEN: ' '.repeat(20) }, /Invalid setting NODECOMPUTE_TOKEN \(--token\): got only whitespace \(it is blank\); it accepts a secret/],
     [{ NODECOMPUTE_CACHE_TTL_MS: '60000' }, /Invalid setting NODECOMPUTE_MAX_STALE_MS \(--max-stale-ms\).*stale answers could never be served/],
   ];
   for (const [env, message] of cases) {

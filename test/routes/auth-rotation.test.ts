@@ -366,7 +366,7 @@ t.test('a token file that hangs, then answers with a bad content, reports the ba
   await waitUntil(() => stuckTokenFileReads().length === 0, { what: 'the stuck read to return' });
   clock.advance(TOKEN_FILE_CHECK_MS);
   t.equal(await write(OLD), 'accepted', 'the tokens last read stay in force');
-  const unusable = `The token file ${path} cannot be used: the token on line 1 cannot work: it has fewer than 16 characters (5).`;
+  const unusable = `The token file ${path} cannot be used: the token on line 1 cannot work: it is 5 characters long, and a token needs at least 16.`;
   t.match(log.at(40).at(-1)!.msg, unusable, 'the new problem is warned about');
   const check = await tokenCheck();
   t.match(check, { status: 'warn', detail: unusable }, 'and the doctor says it, not the hang that is over');
