@@ -9,11 +9,10 @@ import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { describeListedPids, NO_GPU_PROCESS } from '../src/doctor/doctor.js';
 import { formatDuration } from '../src/duration.js';
-import { BadRequestError, isCodedError } from '../src/errors.js';
+import { BadRequestError, cannotStoreMessage, isCodedError } from '../src/errors.js';
 import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
 import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js';
 import type { SnapshotView } from '../src/node-state/snapshot.js';
-import { cannotStore } from '../src/system/state-file.js';
 import { ErrorSchema } from '../src/schemas/common.js';
 
 const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) });
@@ -87,10 +86,10 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     );
   }
 
-  /** Whether a registration can be stored now (looked at afresh every few seconds, within the probe budget). */
+  /** Whether a registration can be stored: the last answer, looked at again in the background (state-file.ts). */
   async function stateFileCheck(): Promise<Check> {
     const answer = await stateFile.writable(probeBudgetMs);
-    if (!answer.ok) return { name: 'state-file', ok: false, detail: cannotStore(stateFile.path, answer.reason), code: 'NODECOMPUTE_STATE_WRITE_FAILED' };
+    if (!answer.ok) return { name: 'state-file', ok: false, detail: cannotStoreMessage(stateFile.path, answer.reason), code: 'NODECOMPUTE_STATE_WRITE_FAILED' };
     const stored = `registrations are stored in ${stateFile.path}`;
     return { name: 'state-file', ok: true, detail: answer.warning ? `${stored}, but ${answer.warning.problem} ${answer.warning.fix}` : stored };
   }

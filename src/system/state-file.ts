@@ -10,29 +10,26 @@
 // then (some FUSE and network filesystems cannot fsync a directory: EINVAL) is logged, not thrown,
 // so the registry never refuses a change that the file already holds. Each kind of failure is
 // logged as a warning once, then at debug: on such a filesystem every write fails the same way.
-// Whether the directory takes writes is also watched for /readyz (writable()): looked at afresh
-// at most every WRITABLE_LOOK_MS, bounded in time, and logged when it changes, so an unwritable
-// volume shows at start-up and whenever it turns, not only at the next registration.
+// Whether the directory takes writes is also watched for /readyz (writable()): the last answer is
+// served at once and looked at again in the background once WRITABLE_LOOK_MS old (a write of the
+// state file is an answer too); a look that does not land within its bound (a filesystem that does
+// not answer) is an answer of its own. A change between writable and not is logged, once, so an
+// unwritable volume shows at start-up and whenever it turns, not only at the next registration.
 // Missing directories are made one level at a time: Node's recursive mkdir never settles (and
 // spins a core) where mkdir answers ENOENT below a directory that exists, as it does under /proc.
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
+import { cannotStoreMessage } from '../errors.js';
 
 /** checkWritable's answer: writable (perhaps with a warning), or not and why. */
 export type Writability = { ok: true; warning: { problem: string; fix: string } | null } | { ok: false; reason: string };
 
-/** How long one look at whether the directory takes writes stands: each look writes a probe file there. */
-export const WRITABLE_LOOK_MS = 10_000;
+/** How old an answer of writable() gets before it is looked at again: each look writes and fsyncs a probe file. */
+export const WRITABLE_LOOK_MS = 60_000;
 
-/** What an unwritable state directory means and what to do: one text for the log and for /readyz. */
-export function cannotStore(path: string, reason: string): string {
-  return (
-    `Registrations cannot be stored in ${path}: ${reason}. Every registration and removal is refused (503) until they can; ` +
-    'the shards already stored are kept and served. Make the directory writable (mount its volume read-write; check for a full disk) ' +
-    'or set NODECOMPUTE_STATE_FILE to a path on a writable volume.'
-  );
-}
+/** What the probe file holds: enough to need a block of its own, so that a full disk shows. */
+const PROBE_CONTENT = Buffer.alloc(4096);
 
 export interface StateFile {
   readonly path: string;
@@ -44,14 +41,16 @@ export interface StateFile {
   /** Replaces the file's content atomically and durably. */
   write(text: string): Promise<void>;
   /**
-   * Whether a write would succeed now: creates and removes a probe file beside the state file, and
-   * fsyncs the directory. A directory that cannot be fsynced still takes writes: that is a warning.
+   * Whether a write would succeed now: writes, fsyncs and removes a probe file beside the state
+   * file, and fsyncs the directory. A directory that cannot be fsynced still takes writes: that is a
+   * warning.
    */
   checkWritable(): Promise<Writability>;
   /**
-   * checkWritable's answer, looked at afresh at most once per WRITABLE_LOOK_MS (one look at a time);
-   * a look not finished within `maxWaitMs` (a filesystem that does not answer) reads as not
-   * writable. A change between writable and not is logged, once.
+   * The last answer of checkWritable() or of a write, at once; one older than WRITABLE_LOOK_MS is
+   * looked at again in the background (one look at a time). Before any answer, waits for the first
+   * look. A look not landed within `maxWaitMs` (a filesystem that does not answer) answers not
+   * writable until it lands. A change between writable and not is logged, once.
    */
   writable(maxWaitMs: number): Promise<Writability>;
 }
@@ -98,7 +97,10 @@ async function makeDirectory(dir: string, parentMade = false): Promise<void> {
     await mkdir(dir);
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'EEXIST' && (await stat(dir)).isDirectory()) return;
+    if (code === 'EEXIST') {
+      if ((await stat(dir)).isDirectory()) return;
+      throw Object.assign(new Error(`${dir} exists and is not a directory`), { code: 'ENOTDIR' });
+    }
     const parent = dirname(dir);
     if (code !== 'ENOENT' || parentMade || parent === dir) throw err;
     await makeDirectory(parent);
@@ -160,8 +162,13 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     try {
       await makeDirectory(dir);
       const handle = await open(probe, 'w', 0o600);
-      await handle.close();
-      await rm(probe, { force: true });
+      try {
+        await handle.writeFile(PROBE_CONTENT);
+        await handle.sync();
+      } finally {
+        await handle.close();
+        await rm(probe, { force: true });
+      }
     } catch (err) {
       return { ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` };
     }
@@ -169,33 +176,39 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     return { ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } };
   }
 
-  let lastLook: { at: number; answer: Writability } | null = null;
+  let known: { at: number; answer: Writability } | null = null;
   let looking: Promise<Writability> | null = null;
-  /** Logs a change between writable and not; the first look logs only when it is not. */
+  /** Takes an answer as the one known; logs a change between writable and not (the first answer only when it is not). */
   const record = (answer: Writability): Writability => {
-    const was = lastLook?.answer.ok ?? true;
-    lastLook = { at: now(), answer };
-    if (!answer.ok && was) log.error({ stateFile: path, reason: answer.reason }, cannotStore(path, answer.reason));
+    const was = known?.answer.ok ?? true;
+    known = { at: now(), answer };
+    if (!answer.ok && was) log.error({ stateFile: path, reason: answer.reason }, cannotStoreMessage(path, answer.reason));
     if (answer.ok && !was) log.info({ stateFile: path }, `Registrations can be stored in ${path} again.`);
     return answer;
   };
-  async function writable(maxWaitMs: number): Promise<Writability> {
-    if (lastLook && now() - lastLook.at < WRITABLE_LOOK_MS) return lastLook.answer;
-    looking ??= checkWritable().then(record).finally(() => {
-      looking = null;
-    });
+  /** Settles when the look lands or, first, when its bound passes (an answer of its own); no second look meanwhile. */
+  function startLook(maxWaitMs: number): Promise<Writability> {
+    if (looking) return looking;
     let timer: NodeJS.Timeout | undefined;
-    const unanswered = new Promise<Writability>((resolve) => {
+    const landed = checkWritable().then((answer) => {
+      clearTimeout(timer);
+      looking = null;
+      return record(answer);
+    });
+    const late = new Promise<Writability>((resolve) => {
       timer = setTimeout(
-        () => resolve({ ok: false, reason: `writing a probe file in ${dir} did not finish within ${maxWaitMs} ms: its filesystem does not answer (a hung network mount?)` }),
+        () => resolve(record({ ok: false, reason: `writing a probe file in ${dir} did not finish within ${maxWaitMs} ms: its filesystem does not answer (a hung network mount?)` })),
         maxWaitMs,
       );
+      timer.unref();
     });
-    try {
-      return await Promise.race([looking, unanswered]);
-    } finally {
-      clearTimeout(timer);
-    }
+    looking = Promise.race([landed, late]);
+    return looking;
+  }
+  async function writable(maxWaitMs: number): Promise<Writability> {
+    if (known === null) return startLook(maxWaitMs);
+    if (now() - known.at >= WRITABLE_LOOK_MS) void startLook(maxWaitMs);
+    return known.answer;
   }
 
   return {
@@ -210,10 +223,10 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       }
     },
     async write(text) {
-      await makeDirectory(dir);
       sequence += 1;
       const temp = join(dir, `.${basename(path)}.${process.pid}.${sequence}.tmp`);
       try {
+        await makeDirectory(dir);
         const handle = await open(temp, 'w', 0o600);
         try {
           await handle.writeFile(text, 'utf8');
@@ -224,9 +237,11 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         await rename(temp, path);
       } catch (err) {
         await rm(temp, { force: true }).catch(() => undefined);
+        record({ ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` });
         throw err;
       }
       const failed = await syncDirectoryProblem();
+      record({ ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } });
       if (failed) {
         const kind = String(failed.err.code);
         const level = directorySyncFailures.has(kind) ? 'debug' : 'warn';

@@ -208,7 +208,7 @@ t.test('state-file: readiness fails while registrations cannot be stored, naming
   writeFileSync(dirname(config.stateFile), 'not a directory\n');
   const res = await app.inject({ method: 'GET', url: '/readyz' });
   t.equal(res.statusCode, 503);
-  const reason = `cannot write in ${dirname(config.stateFile)}: EEXIST: file already exists, mkdir '${dirname(config.stateFile)}'`;
+  const reason = `cannot write in ${dirname(config.stateFile)}: ${dirname(config.stateFile)} exists and is not a directory`;
   t.same(res.json(), {
     statusCode: 503,
     code: 'NODECOMPUTE_STATE_WRITE_FAILED',

@@ -450,7 +450,7 @@ t.test('the state file: a failed replace leaves no temp file; checkWritable says
   const blocked = createStateFile(join(dir, 'is-a-dir'), { log });
   await t.rejects(blocked.write('{}'), { code: 'EISDIR' });
   t.same(readdirSync(dir).sort(), ['file', 'is-a-dir'], 'the temp file was removed');
-  t.same(await createStateFile(join(dir, 'file', 'x.json'), { log }).checkWritable(), { ok: false, reason: `cannot write in ${join(dir, 'file')}: EEXIST: file already exists, mkdir '${join(dir, 'file')}'` });
+  t.same(await createStateFile(join(dir, 'file', 'x.json'), { log }).checkWritable(), { ok: false, reason: `cannot write in ${join(dir, 'file')}: ${join(dir, 'file')} exists and is not a directory` });
   mkdirSync(join(dir, 'ok'));
   writeFileSync(join(dir, 'ok', 'x.json'), '');
   t.same(await createStateFile(join(dir, 'ok', 'x.json'), { log }).checkWritable(), { ok: true, warning: null });

@@ -1,6 +1,7 @@
 // StateFile.writable(): whether the state directory takes writes, as /readyz asks it every few
-// seconds. Real directories, a real FIFO for a filesystem that does not answer (its open for
-// writing blocks until a reader comes), a manual clock for how long a look stands.
+// seconds: the last answer at once, looked at again in the background, writes counting as answers.
+// Real directories, a real FIFO for a filesystem that does not answer (its open for writing blocks
+// until a reader comes), a manual clock for how old an answer is.
 import { execFileSync } from 'node:child_process';
 import { closeSync, constants, existsSync, openSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -8,41 +9,83 @@ import t from 'tap';
 import { pino } from 'pino';
 import { createStateFile, WRITABLE_LOOK_MS } from '../../src/system/state-file.js';
 import { manualClock } from '../helpers/app.js';
+import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 
 function recordingLog() {
   const lines: Array<{ level: number; msg: string; reason?: string }> = [];
   return { lines, log: pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) }) };
 }
 
-t.test('writable: looked at once per WRITABLE_LOOK_MS; turning unwritable and back is logged once each way', async (t) => {
+/** Puts a file where the directory was (tests run as root, whom chmod does not stop); returns the undo. */
+function replaceDirectoryByFile(dir: string): () => void {
+  renameSync(dir, `${dir}.moved`);
+  writeFileSync(dir, 'not a directory\n');
+  return () => {
+    rmSync(dir);
+    renameSync(`${dir}.moved`, dir);
+  };
+}
+
+t.test('writable: the last answer at once, looked at again in the background once old; turning unwritable and back is logged once each way', async (t) => {
   const dir = t.testdir({ state: {} });
   const stateDir = join(dir, 'state');
+  const stateFile = join(stateDir, 'shards.json');
   const clock = manualClock();
   const { lines, log } = recordingLog();
-  const stateFile = createStateFile(join(stateDir, 'shards.json'), { log, now: clock.now });
+  const state = createStateFile(stateFile, { log, now: clock.now });
 
-  t.same(await stateFile.writable(5_000), { ok: true, warning: null });
+  t.same(await state.writable(5_000), { ok: true, warning: null }, 'the first answer is waited for');
   t.same(readdirSync(stateDir), [], 'the probe file is gone');
   t.same(lines, [], 'a writable directory at the first look says nothing');
 
-  // The volume goes away (tests run as root, whom chmod does not stop: a file takes its place).
-  renameSync(stateDir, `${stateDir}.moved`);
-  writeFileSync(stateDir, 'not a directory\n');
-  t.same(await stateFile.writable(5_000), { ok: true, warning: null }, 'within a look, the last answer stands');
+  const restore = replaceDirectoryByFile(stateDir);
+  t.same(await state.writable(5_000), { ok: true, warning: null }, 'until it is old, the last answer stands');
   clock.advance(WRITABLE_LOOK_MS);
-  const refused = { ok: false, reason: `cannot write in ${stateDir}: EEXIST: file already exists, mkdir '${stateDir}'` };
-  t.same(await stateFile.writable(5_000), refused);
-  clock.advance(WRITABLE_LOOK_MS);
-  t.same(await stateFile.writable(5_000), refused, 'looked at again, still refused');
-  t.match(lines, [{ level: 50, reason: refused.reason, msg: `Registrations cannot be stored in ${join(stateDir, 'shards.json')}: ${refused.reason}. Every registration and removal is refused (503)` }]);
-  t.equal(lines.length, 1, 'logged once, not at every look');
+  t.same(await state.writable(5_000), { ok: true, warning: null }, 'once old, it is still the answer while a look runs');
+  await waitUntil(() => lines.length === 1, { what: 'the look to land' });
+  const reason = `cannot write in ${stateDir}: ${stateDir} exists and is not a directory`;
+  t.same(await state.writable(5_000), { ok: false, reason });
+  t.match(lines, [{ level: 50, reason, msg: `Registrations cannot be stored in ${stateFile}: ${reason}. Every registration and removal is refused (503)` }]);
 
-  rmSync(stateDir);
-  renameSync(`${stateDir}.moved`, stateDir);
   clock.advance(WRITABLE_LOOK_MS);
-  t.same(await stateFile.writable(5_000), { ok: true, warning: null });
-  t.match(lines.slice(1), [{ level: 30, msg: `Registrations can be stored in ${join(stateDir, 'shards.json')} again.` }]);
-  t.equal(lines.length, 2);
+  await state.writable(5_000);
+  restore();
+  // A write is an answer too: it lands at once, without waiting for a look.
+  await state.write('{}');
+  t.same(await state.writable(5_000), { ok: true, warning: null });
+  t.match(lines.slice(1), [{ level: 30, msg: `Registrations can be stored in ${stateFile} again.` }]);
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  t.equal(lines.length, 2, 'the look started before the write, landing writable, says nothing more');
+});
+
+t.test('writable: one look at a time, however many ask while it runs', async (t) => {
+  const dir = t.testdir({});
+  const clock = manualClock();
+  let looks = 0;
+  const syncDirectory = async () => {
+    looks += 1;
+  };
+  const state = createStateFile(join(dir, 'shards.json'), { log: pino({ level: 'silent' }), now: clock.now, syncDirectory });
+  await Promise.all([state.writable(5_000), state.writable(5_000), state.writable(5_000)]);
+  t.equal(looks, 1, 'the first answer: one look for three questions');
+  clock.advance(WRITABLE_LOOK_MS);
+  await Promise.all([state.writable(5_000), state.writable(5_000), state.writable(5_000)]);
+  await waitUntil(() => looks === 2, { what: 'the background look' });
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  t.equal(looks, 2, 'once old: one look in the background for three questions');
+});
+
+t.test('writable: a failed write answers at once, and logs it', async (t) => {
+  const dir = t.testdir({ state: {} });
+  const stateDir = join(dir, 'state');
+  const { lines, log } = recordingLog();
+  const state = createStateFile(join(stateDir, 'shards.json'), { log });
+  t.same(await state.writable(5_000), { ok: true, warning: null });
+  const restore = replaceDirectoryByFile(stateDir);
+  await t.rejects(state.write('{}'), { code: 'ENOTDIR' });
+  t.same(await state.writable(5_000), { ok: false, reason: `cannot write in ${stateDir}: ${stateDir} exists and is not a directory` });
+  t.match(lines, [{ level: 50, msg: /^Registrations cannot be stored in / }]);
+  restore();
 });
 
 t.test('writable: a directory that cannot be fsynced takes writes, with the warning', async (t) => {
@@ -54,27 +97,43 @@ t.test('writable: a directory that cannot be fsynced takes writes, with the warn
   t.match(answer, { ok: true, warning: { problem: /fsync of .* failed \(EINVAL/, fix: /put NODECOMPUTE_STATE_FILE on a local disk/ } });
 });
 
-t.test('writable: a look that does not finish within the wait reads as not writable; one look at a time, and its answer counts once it lands', async (t) => {
+t.test('writable: a look not landed within its bound is an answer of its own, said once; the look\'s own answer counts once it lands', async (t) => {
   const dir = t.testdir({});
+  const clock = manualClock();
   const { lines, log } = recordingLog();
-  const stateFile = createStateFile(join(dir, 'shards.json'), { log });
-  // The probe file is a FIFO with no reader: opening it for writing blocks, as a hung mount does.
+  let looks = 0;
+  const syncDirectory = async () => {
+    looks += 1;
+  };
+  const state = createStateFile(join(dir, 'shards.json'), { log, now: clock.now, syncDirectory });
+  // The probe file is a FIFO with no reader: opening it for writing blocks, as on a hung mount.
   const probe = join(dir, `.shards.json.${process.pid}.probe`);
   execFileSync('mkfifo', [probe]);
   let reader: number | null = null;
   t.teardown(() => {
     // Whatever happened, the blocked open must end, or this process could not exit.
-    if (reader === null && existsSync(probe)) closeSync(openSync(probe, constants.O_RDONLY | constants.O_NONBLOCK));
+    if (reader === null && existsSync(probe)) reader = openSync(probe, constants.O_RDONLY | constants.O_NONBLOCK);
+    if (reader !== null) closeSync(reader);
   });
 
   const unanswered = { ok: false, reason: `writing a probe file in ${dir} did not finish within 50 ms: its filesystem does not answer (a hung network mount?)` };
-  t.same(await stateFile.writable(50), unanswered);
-  t.same(await stateFile.writable(50), unanswered, 'asked again, it waits on the same look');
+  t.same(await state.writable(50), unanswered);
+  t.match(lines, [{ level: 50, reason: unanswered.reason }], 'said when the bound passes');
+  clock.advance(WRITABLE_LOOK_MS);
+  t.same(await state.writable(50), unanswered, 'asked again once old: the same answer, at once');
 
   reader = openSync(probe, constants.O_RDONLY | constants.O_NONBLOCK);
-  t.teardown(() => closeSync(reader!));
-  // The look lands: the probe (the FIFO) is removed and the directory is writable after all.
-  t.same(await stateFile.writable(5_000), { ok: true, warning: null });
-  t.notOk(existsSync(probe), 'the look removed its probe');
-  t.same(lines, [], 'a look that lands writable says nothing');
+  // The look lands. A FIFO takes no fsync (EINVAL): that is its answer, still not writable.
+  await waitUntil(() => !existsSync(probe), { what: 'the look to remove its probe' });
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  t.match(await state.writable(50), { ok: false, reason: /^cannot write in .*: EINVAL: invalid argument, fsync$/ });
+  t.equal(lines.length, 1, 'still not writable: nothing more said');
+
+  // Looked at again with the FIFO gone: writable, and said so.
+  clock.advance(WRITABLE_LOOK_MS);
+  await state.writable(50);
+  await waitUntil(() => lines.length === 2, { what: 'the next look to land' });
+  t.same(await state.writable(50), { ok: true, warning: null });
+  t.equal(looks, 1);
+  t.match(lines[1], { level: 30, msg: /can be stored in .* again/ });
 });
