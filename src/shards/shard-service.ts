@@ -202,8 +202,10 @@ export function createShardService(deps: ShardServiceDeps) {
   }
 
   /**
-   * The last verified verdict logged for each shard id: a replaced registration (a new grace, say)
-   * carries on from it, so only a change of verdict is logged; a removed one is forgotten.
+   * The last verified verdict logged for each shard id. A replacement for the same process and GPUs
+   * (a new grace, say) carries on from it, so only a change of verdict is logged; one for another
+   * process, cgroup or GPUs starts afresh (its first verdict names the new target); a removed one is
+   * forgotten.
    */
   const loggedVerdicts = new Map<string, ReadinessState>();
 
@@ -304,6 +306,7 @@ export function createShardService(deps: ShardServiceDeps) {
         identity,
       };
       const { created, shard, graceKept, unchanged } = await registry.put(record, overlaps);
+      if (!graceKept) loggedVerdicts.delete(id);
       const fields = { shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created, registeredAt: new Date(shard.registeredAt).toISOString() };
       if (unchanged) {
         // A control plane reconciling its shards re-PUTs them periodically: nothing to say, nothing to refresh.
