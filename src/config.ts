@@ -193,14 +193,23 @@ export function defaultConfig(overrides: Partial<Config> = {}): Config {
 }
 
 /**
+ * How a refused token is named: a token goes to stderr, and from there to a log store, so its length
+ * (as checked, without the whitespace around it), never its value.
+ */
+function describeSecret(raw: unknown): string {
+  const text = String(raw);
+  const secret = text.trim();
+  if (text === '') return 'an empty value';
+  if (secret === '') return 'only whitespace';
+  return `a secret of ${secret.length} characters, not shown`;
+}
+
+/**
  * Refuses a setting's value. `accepts`: what the setting takes, said after `why`; null when the value
  * is in its range and only its combination with another setting is wrong (`why` says how).
  */
 function invalid(setting: Setting, raw: unknown, why?: string, accepts: string | null = setting.accepts): never {
-  // A token goes to stderr, and from there to a log store: say its length (as checked, without the
-  // whitespace around it), never its value.
-  const secret = String(raw).trim();
-  const got = setting !== SETTINGS.token ? JSON.stringify(raw) : secret === '' ? 'only whitespace' : `a secret of ${secret.length} characters, not shown`;
+  const got = setting === SETTINGS.token ? describeSecret(raw) : JSON.stringify(raw);
   throw new ConfigInvalidError(
     `Invalid setting ${setting.env} (--${setting.flag}): got ${got}${why ? ` (${why})` : ''}` +
       `${accepts === null ? '.' : `; it accepts ${accepts}.`} Fix the environment variable or flag and start again.`,
