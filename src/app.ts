@@ -81,36 +81,34 @@ function errorBody(statusCode: number, code: string, message: string) {
   return { statusCode, code, error: String(STATUS_CODES[statusCode]), message };
 }
 
-const PATTERN_RULES: Record<string, string> = {
-  'params/id': 'a shard id is 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',
-  'body/cgroup':
+/** What a field takes, said after the schema's complaint, by field and failing keyword. */
+const FIELD_RULES: Record<string, string> = {
+  'params/id minLength': 'the id is empty: a shard id goes between "/shards/" and the next "/"; GET /shards, without the trailing slash, lists them',
+  'params/id pattern': 'a shard id is 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',
+  'body/cgroup pattern':
     'a container id, 12 to 64 hex digits as `docker ps --no-trunc` or `crictl ps` show it, or a pod UID like 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0 (its metadata.uid); ' +
     "it is matched inside /proc/PID/cgroup, so a looser string would claim other workloads' processes",
 };
 
 /** Names the offending field and what it accepts, in the words of the schema's first complaint. */
-function describeValidation(err: FastifyError, requestParams: unknown): string {
+function describeValidation(err: FastifyError): string {
   // Fastify stops at the first failing keyword (allErrors is off), so there is exactly one.
   const first = err.validation![0]!;
   const where = `${err.validationContext}${first.instancePath}`;
-  // "/shards/" matches "/shards/:id" with nothing for the id: no pattern to quote, a path to fix.
-  if (where === 'params/id' && (requestParams as { id?: unknown } | undefined)?.id === '') {
-    return 'params/id is empty: a shard id goes between "/shards/" and the next "/" (GET /shards, without the trailing slash, lists them)';
-  }
   const params = first.params as Record<string, unknown>;
   if (typeof params.additionalProperty === 'string') {
     return `${where} has an unknown field "${params.additionalProperty}" (fields are case-sensitive; remove it or fix its spelling)`;
   }
   if (Array.isArray(params.allowedValues)) return `${where} must be one of: ${params.allowedValues.join(', ')}`;
-  const rule = first.keyword === 'pattern' ? PATTERN_RULES[where] : undefined;
+  const rule = FIELD_RULES[`${where} ${first.keyword}`];
   return `${where} ${first.message}${rule ? ` (${rule})` : ''}`;
 }
 
 /** Fastify's own errors keep their status but get our codes and a message that says how to fix it. */
-function fastifyErrorBody(err: FastifyError, requestParams?: unknown) {
+function fastifyErrorBody(err: FastifyError) {
   const status = err.statusCode ?? 500;
   if (err.validation) {
-    return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err, requestParams)}. See /docs for the expected shape.`);
+    return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err)}. See /docs for the expected shape.`);
   }
   const known: Record<string, [number, string, string]> = {
     FST_ERR_CTP_BODY_TOO_LARGE: [413, 'NODECOMPUTE_PAYLOAD_TOO_LARGE', 'The request body is larger than this endpoint accepts: a registration takes at most 64 KiB of JSON, engine output at most 1 MiB a call (post the rest in further calls). Send less.'],
@@ -277,7 +275,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       }
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }
-    const mapped = fastifyErrorBody(err, request.params);
+    const mapped = fastifyErrorBody(err);
     if (mapped) return reply.status(mapped.statusCode).send(mapped);
     log.error({ ...requestFields(request), err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
     const internal = new InternalError(

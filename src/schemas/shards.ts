@@ -11,6 +11,8 @@ export const MAX_GPU_INDEX = 63;
 
 export const ShardParamsSchema = Type.Object({
   id: Type.String({
+    // Checked before the pattern: an empty id ("/shards/") gets its own explanation (app.ts).
+    minLength: 1,
     pattern: SHARD_ID_PATTERN,
     description: 'Shard id: 1 to 128 characters of letters, digits, ".", "_" and "-", starting with a letter or digit.',
   }),

@@ -104,7 +104,7 @@ async function checkUnchanged(t: Test, app: App, stateFile: string, before: Obse
 
 const table: BadRequest[] = [
   // Bad ids (and path traversal through ids).
-  { name: 'id: empty', request: badId(''), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /params\/id is empty/ },
+  { name: 'id: empty', request: badId(''), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /params\/id must NOT have fewer than 1 characters \(the id is empty/ },
   { name: 'id: 129 characters', request: badId('a'.repeat(129)), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /id/ },
   { name: "id: starts with '.'", request: badId('.hidden'), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: ID_PATTERN },
   { name: "id: starts with '-'", request: badId('-rf'), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: ID_PATTERN },
@@ -130,9 +130,9 @@ const table: BadRequest[] = [
     request: () => ({ method: 'GET', url: '/shards/' }),
     status: 400,
     code: 'NODECOMPUTE_BAD_REQUEST',
-    message: /^Invalid request: params\/id is empty: a shard id goes between "\/shards\/" and the next "\/" \(GET \/shards, without the trailing slash, lists them\)\. See \/docs/,
+    message: /^Invalid request: params\/id must NOT have fewer than 1 characters \(the id is empty: a shard id goes between "\/shards\/" and the next "\/"; GET \/shards, without the trailing slash, lists them\)\. See \/docs/,
   },
-  { name: 'an empty id before /ready', request: () => ({ method: 'GET', url: '/shards//ready' }), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /params\/id is empty/ },
+  { name: 'an empty id before /ready', request: () => ({ method: 'GET', url: '/shards//ready' }), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /params\/id must NOT have fewer than 1 characters \(the id is empty/ },
 
   // Sizes.
   {
