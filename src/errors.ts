@@ -45,6 +45,12 @@ export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
 /** A PID that exists but can never be a shard's: init, or a kernel thread (most often a PID as a container sees it). */
 export const NotAShardProcessError = coded('NODECOMPUTE_NOT_A_SHARD_PROCESS', 422);
 export const StateWriteFailedError = coded('NODECOMPUTE_STATE_WRITE_FAILED', 503);
+export const ProcUnreadableError = coded('NODECOMPUTE_PROC_UNREADABLE', 503);
+export const InternalError = coded('NODECOMPUTE_INTERNAL', 500);
+
+// Raised at start-up only: they stop the service before it listens.
+export const ConfigInvalidError = coded('NODECOMPUTE_CONFIG_INVALID', 500);
+export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500);
 
 /** What a state directory that takes no writes means and what to do: one text for the log and for /readyz. */
 export function cannotStoreMessage(path: string, reason: string): string {
@@ -54,12 +60,6 @@ export function cannotStoreMessage(path: string, reason: string): string {
     'or set NODECOMPUTE_STATE_FILE to a path on a writable volume.'
   );
 }
-export const ProcUnreadableError = coded('NODECOMPUTE_PROC_UNREADABLE', 503);
-export const InternalError = coded('NODECOMPUTE_INTERNAL', 500);
-
-// Raised at start-up only: they stop the service before it listens.
-export const ConfigInvalidError = coded('NODECOMPUTE_CONFIG_INVALID', 500);
-export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500);
 
 /** A coded error of this module, recognised by its code prefix rather than by class. */
 export interface CodedError extends Error {
