@@ -52,8 +52,14 @@ function sendReady(reply: FastifyReply, state: ShardState): void {
   void reply.status(state.readiness.ready ? 200 : 503).type('application/json; charset=utf-8').send(body);
 }
 
+/** What a change's 503 means: the state file could not take it within `timeoutMs` (registry.ts). */
+const stateWrite503 = (timeoutMs: number): string =>
+  `503 NODECOMPUTE_STATE_WRITE_FAILED when the state file cannot be written (nothing was changed); 503 NODECOMPUTE_STATE_WRITE_PENDING when its write did not finish within ${timeoutMs / 1000} s ` +
+  '(a volume that does not answer): not acknowledged, yet it may still be stored once the write lands. Repeating the same request is safe either way (a repeated DELETE that answers 404 means the first one was stored).';
+
 const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { shards, probeBudgetMs, authorise } = app.services;
+  const { shards, probeBudgetMs, authorise, stateFile } = app.services;
+  const stateWriteAnswers = stateWrite503(stateFile.timeoutMs);
   const params = ShardParamsSchema;
 
   app.put(
@@ -65,7 +71,8 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         description:
           'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer. ' +
           'A replacement for the same process (PID and start time, in the same boot of the node) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
-          '409 when another id already holds the same process or cgroup, a cgroup the process runs in, or a process the cgroup holds.',
+          '409 when another id already holds the same process or cgroup, a cgroup the process runs in, or a process the cgroup holds. ' +
+          stateWriteAnswers,
         params,
         body: RegisterShardSchema,
         response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 409, 413, 415, 422, 503) },
@@ -120,6 +127,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         tags: ['shards'],
         summary: 'Remove a shard (204); its series and verdicts disappear.',
+        description: stateWriteAnswers,
         params,
         response: { 204: Type.Null({ description: 'Removed.' }), ...errorResponses(400, 401, 403, 404, 503) },
       },

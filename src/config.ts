@@ -268,7 +268,7 @@ const START_LOOK_PAUSE_MS = 100;
  * taking only a content that was stable while read. The config as it is without a token file.
  * Throws ConfigInvalidError saying which file, what happened and what to do: it cannot be read, holds
  * no usable token, keeps changing while read, or does not answer in time (a hung mount). In the last
- * case the read stays pending (it cannot be cancelled): see stuckTokenFileReads.
+ * case the read stays pending (it cannot be cancelled) and is listed in stuck-io.ts.
  */
 export async function readStartTokens(config: Config, options: TokenFileReaderOptions = {}): Promise<Config> {
   const path = config.tokenFile;

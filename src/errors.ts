@@ -45,6 +45,8 @@ export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
 /** A PID that exists but can never be a shard's: init, or a kernel thread (most often a PID as a container sees it). */
 export const NotAShardProcessError = coded('NODECOMPUTE_NOT_A_SHARD_PROCESS', 422);
 export const StateWriteFailedError = coded('NODECOMPUTE_STATE_WRITE_FAILED', 503);
+/** A change whose write of the state file did not finish in time: not acknowledged, yet it may still be stored. */
+export const StateWritePendingError = coded('NODECOMPUTE_STATE_WRITE_PENDING', 503);
 export const ProcUnreadableError = coded('NODECOMPUTE_PROC_UNREADABLE', 503);
 export const InternalError = coded('NODECOMPUTE_INTERNAL', 500);
 
@@ -56,8 +58,8 @@ export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500
 export function cannotStoreMessage(path: string, reason: string): string {
   return (
     `Registrations cannot be stored in ${path}: ${reason}. Every registration and removal is refused (503) until they can; ` +
-    'the shards already stored are kept and served. Make the directory writable (mount its volume read-write; check for a full disk) ' +
-    'or set NODECOMPUTE_STATE_FILE to a path on a writable volume.'
+    'the shards already stored are kept and served. Make the directory writable (mount its volume read-write; check for a full disk; ' +
+    'for a mount that does not answer, check its server and `dmesg`) or set NODECOMPUTE_STATE_FILE to a path on a writable volume.'
   );
 }
 

@@ -5,15 +5,16 @@
 // token file within a bound (config.ts's readStartTokens), so a file on a hung mount fails the start
 // instead of hanging it. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
 // kills running nvidia-smi children and exits 0 (1 after an uncaught error, or when it is cut short:
-// after 10 s, on a second signal or another uncaught error); or, while a read of the token file is
-// stuck on a hung mount, ends by SIGTERM (endIfReadStuck): Node cannot exit before that read returns.
+// after 10 s, on a second signal or another uncaught error); or, while a read or write of the token
+// file or the state file is stuck on a hung mount, ends by SIGTERM (endIfIoStuck): Node cannot exit
+// before that operation returns.
 import closeWithGrace from 'close-with-grace';
 import { destination, pino, symbols, type Logger } from 'pino';
 import { buildApp } from './app.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
 import { listenOn, type Listening } from './listen.js';
-import { stuckTokenFileReads } from './system/token-file.js';
+import { operationsKnown, stuckOperations, type StuckOperation } from './system/stuck-io.js';
 import { VERSION } from './version.js';
 
 const COMMANDS = ['serve', 'doctor'];
@@ -38,7 +39,7 @@ ${settingsHelp()}
 
 /**
  * Logs to stdout, one JSON line each, written synchronously: a process that ends by a signal (a
- * read of the token file stuck, below) has every line it logged out first, in order, with nothing
+ * file operation stuck, below) has every line it logged out first, in order, with nothing
  * left queued. Lines are few (requests are logged only when they fail, or at debug level). The
  * price: a log reader that stops reading (a full pipe) stalls the service until it reads again,
  * where an asynchronous logger would grow its queue without bound instead. On a terminal, lines go
@@ -71,11 +72,11 @@ function flushLog(log: Logger): void {
   (log as unknown as Record<symbol, { flushSync(): void }>)[symbols.streamSym]!.flushSync();
 }
 
-/** What is said when a read of the token file (`file`) keeps the process from exiting. */
-function stuckReadMessage(file: string): string {
+/** What is said when a file operation stuck on a hung mount keeps the process from exiting. */
+function stuckMessage({ what, file, fix }: StuckOperation): string {
   return (
-    `A read of the token file ${file} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ` +
-    'ending the process with SIGTERM instead (exit status 143). If this repeats, check that filesystem, or mount the token from a Kubernetes Secret (a tmpfs, which does not hang).'
+    `${what} ${file} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ` +
+    `ending the process with SIGTERM instead (exit status 143). ${fix}`
   );
 }
 
@@ -99,20 +100,22 @@ function raiseSigterm(): void {
 }
 
 /**
- * Ends the process, by SIGTERM, when a read of the token file is stuck (still pending past its
- * bound), after saying why in the log (on stderr before there is one); returns when none is. Node's
- * exit waits for every read it started to return (libuv joins its threadpool threads), and a read
- * stuck on a hung mount never does: neither process.exit() nor an event loop left to empty would
- * end the process, and it would hang until the kubelet's SIGKILL. Called before every exit.
+ * Ends the process, by SIGTERM, when a file operation is stuck (still pending past its bound:
+ * stuck-io.ts), after saying why in the log (on stderr before there is one); returns when none is.
+ * Node's exit waits for every file operation it started to return (libuv joins its threadpool
+ * threads), and one stuck on a hung mount never does: neither process.exit() nor an event loop left
+ * to empty would end the process, and it would hang until the kubelet's SIGKILL. Called before
+ * every exit, after operationsKnown() where there is time to wait for it (a shutdown cut short has
+ * none: an operation that is not listed yet then still holds the exit up).
  */
-function endIfReadStuck(log: Logger | null): void {
-  const [file] = stuckTokenFileReads();
-  if (file === undefined) return;
+function endIfIoStuck(log: Logger | null): void {
+  const [operation] = stuckOperations();
+  if (operation === undefined) return;
   try {
     if (log === null) {
-      process.stderr.write(`nodecompute: ${stuckReadMessage(file)}\n`);
+      process.stderr.write(`nodecompute: ${stuckMessage(operation)}\n`);
     } else {
-      log.warn({ file }, stuckReadMessage(file));
+      log.warn({ file: operation.file }, stuckMessage(operation));
       flushLog(log);
     }
   } finally {
@@ -123,12 +126,12 @@ function endIfReadStuck(log: Logger | null): void {
 /**
  * The shutdown is cut short (its grace ran out, a second signal came, or an uncaught error `err`):
  * says so, and ends the process at once. close-with-grace calls process.exit(1) right after this
- * returns, so where a read of the token file is stuck (that exit would hang) the process ends here,
- * by SIGTERM.
+ * returns, so where a file operation is stuck (that exit would hang) the process ends here, by
+ * SIGTERM.
  */
 function cutShutdownShort(log: Logger, why: string, err?: unknown): void {
   log.error({ err }, why);
-  endIfReadStuck(log);
+  endIfIoStuck(log);
 }
 
 /** Said of an uncaught error, which nothing in nodecompute should let through. */
@@ -175,7 +178,8 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       try {
         await app.close();
       } finally {
-        endIfReadStuck(log);
+        await operationsKnown();
+        endIfIoStuck(log);
       }
     },
   );
@@ -228,6 +232,7 @@ async function main(argv: string[]): Promise<number | null> {
 const code = await main(process.argv.slice(2));
 if (code !== null) {
   process.exitCode = code;
-  // A token file that did not answer at start leaves its read pending: the process would never end.
-  endIfReadStuck(null);
+  // A token file or state file that did not answer at start leaves its read pending: the process would never end.
+  await operationsKnown();
+  endIfIoStuck(null);
 }

@@ -1,7 +1,11 @@
 // Owns the set of registered shards and its persistence. Every change is written to the state file
 // before it is acknowledged; concurrent changes are group-committed (one atomic write covers every
 // change queued while the previous write ran), so a storm of registrations costs a few fsyncs and
-// loses nothing that was acknowledged. Engine output is kept in memory only: it is a bounded tail
+// loses nothing that was acknowledged. A change is answered within the state file's bound
+// (timeoutMs) even where its filesystem does not answer (a hung network mount): one still queued
+// then is withdrawn and answered "not stored"; one whose write is under way is answered "pending"
+// (503 either way), and is stored if that write lands later; while the state file says a write is
+// stuck, a change is refused at once. Engine output is kept in memory only: it is a bounded tail
 // that the engine can post again, and writing it to disk on every post would be a write amplifier.
 // It belongs to the run it came from: a registration replaced for the same run (the same PID and
 // start time; for a cgroup, the same engine process in it: a new "gpus" or "graceMs") keeps it, one
@@ -16,7 +20,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import type { Logger } from 'pino';
-import { ShardConflictError, StateFileInvalidError, StateWriteFailedError } from '../errors.js';
+import { ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
 import type { StateFile } from '../system/state-file.js';
 import { appendTail, type EngineAccount, parseLlamaLog } from './llama-log.js';
 import { ENGINES, ranInAnotherBoot, sameProcess, type ShardRecord } from './shard.js';
@@ -107,10 +111,23 @@ export type Overlaps = (other: ShardRecord) => boolean;
 
 type Change = (draft: Map<string, ShardRecord>) => unknown;
 
+/**
+ * What became of a change: stored, with what it answered; refused with its batch (the registry is as
+ * it was); or not stored for another reason (withdrawn, or refused before it was queued), while a
+ * write that may still change the registry is under way.
+ */
+type Settled<T> = { stored: true; result: T } | { stored: false; batchRefused: boolean };
+
 interface Queued {
   change: Change;
+  /** Told what became of the change, whether or not its caller is still waiting. */
+  settled: (outcome: Settled<unknown>) => void;
   resolve: (result: unknown) => void;
   reject: (err: Error) => void;
+  /** Answers the caller once the state file's bound passes. */
+  deadline: NodeJS.Timeout;
+  /** The caller was answered "pending" while the change's write was under way. */
+  answeredPending: boolean;
 }
 
 /** Whether a replacing registration names the same process or the same cgroup. */
@@ -264,30 +281,114 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       const batch = queue.splice(0);
       const draft = new Map(committed);
       const results = batch.map((item) => item.change(draft));
+      /** How many of the batch's callers were answered 503 pending while it was written. */
+      const late = () => batch.filter((item) => item.answeredPending).length;
       try {
         await stateFile.write(serialise(draft));
       } catch (err) {
         log.error({ err, stateFile: stateFile.path, changes: batch.length }, 'Could not write the state file; the changes were refused and nothing stored was lost');
         const failure = new StateWriteFailedError(
           `The change was not stored: writing the state file ${stateFile.path} failed (${(err as Error).message}). ` +
-            'Nothing already registered was lost. Make the state directory writable (disk full? read-only volume?) and retry.',
+            'Nothing already registered was lost. Make the state directory writable (disk full? read-only volume? a mount that does not answer?) and retry.',
           { cause: err },
         );
-        for (const item of batch) item.reject(failure);
+        sayLate(late(), 'were not stored after all: the write failed when it returned');
+        for (const item of batch) settle(item, { stored: false, batchRefused: true }, failure);
         continue;
       }
       committed = draft;
       version += 1;
-      batch.forEach((item, i) => item.resolve(results[i]));
+      sayLate(late(), 'are stored after all, as far as they changed anything (GET /shards shows what is stored)');
+      batch.forEach((item, i) => settle(item, { stored: true, result: results[i] }));
     }
     writing = false;
   }
 
-  function enqueue<T>(change: (draft: Map<string, ShardRecord>) => T): Promise<T> {
+  /** Says what became of the changes of a batch whose callers were answered 503 pending (`outcome`), if there were any. */
+  function sayLate(changes: number, outcome: string): void {
+    if (changes === 0) return;
+    log.info(
+      { stateFile: stateFile.path, changes },
+      `A write of the state file that had not finished in time returned: the ${changes} change(s) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile ${outcome}.`,
+    );
+  }
+
+  /** Tells the change's `settled` what became of it, and answers its caller (unless answered already). */
+  function settle(item: Queued, outcome: Settled<unknown>, failure?: Error): void {
+    clearTimeout(item.deadline);
+    item.settled(outcome);
+    if (outcome.stored) item.resolve(outcome.result);
+    else item.reject(failure!);
+  }
+
+  /** The state file's bound passed before the change was stored or refused: withdraws it if it is still queued, and answers its caller. */
+  function answerLate(item: Queued): void {
+    const index = queue.indexOf(item);
+    const bound = `${stateFile.timeoutMs} ms`;
+    if (index !== -1) {
+      queue.splice(index, 1);
+      settle(
+        item,
+        { stored: false, batchRefused: false },
+        new StateWriteFailedError(
+          `The change was not stored: ${bound} after it came, the state file ${stateFile.path} was still being written for earlier changes ` +
+            '(its filesystem does not answer: a hung network mount?). It was withdrawn, and nothing was changed. Retry once GET /readyz passes.',
+        ),
+      );
+      return;
+    }
+    item.answeredPending = true;
+    item.reject(
+      new StateWritePendingError(
+        `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile.path} that carries it had not finished ` +
+          '(its filesystem does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when the filesystem answers ' +
+          '(GET /shards shows what is stored). Retry once GET /readyz passes; repeating the same request is safe (a repeated DELETE that answers 404 means the first one was stored).',
+      ),
+    );
+  }
+
+  /**
+   * Queues `change` for the next batch; answers once the state file holds it or its batch is refused,
+   * or once the state file's bound passes (answerLate); refuses it at once while an operation on the
+   * state file is stuck. `settled` is told what became of it in any case.
+   */
+  function enqueue<T>(change: (draft: Map<string, ShardRecord>) => T, settled: (outcome: Settled<T>) => void): Promise<T> {
+    const stuck = stateFile.stuck();
+    if (stuck !== null) {
+      // Refused at once, not after waiting out the bound behind a write that does not return.
+      settled({ stored: false, batchRefused: false });
+      return Promise.reject(
+        new StateWriteFailedError(`The change was not stored: the state file ${stateFile.path} cannot be written now (${stuck}). Nothing was changed. Retry once GET /readyz passes.`),
+      );
+    }
     return new Promise<T>((resolve, reject) => {
-      queue.push({ change, resolve: resolve as (result: unknown) => void, reject });
+      const item: Queued = {
+        change,
+        settled: settled as (outcome: Settled<unknown>) => void,
+        resolve: resolve as (result: unknown) => void,
+        reject,
+        deadline: setTimeout(() => answerLate(item), stateFile.timeoutMs),
+        answeredPending: false,
+      };
+      queue.push(item);
       if (!writing) void drain();
     });
+  }
+
+  /** Moves the engine output to a stored registration of `record`, from the one it `replaced` or from what was `posted` since its PUT came. */
+  function carryEngineOutput(record: ShardRecord, replaced: ShardRecord | undefined, posted: Posted): void {
+    const kept = engines.get(record.id);
+    if (replaced !== undefined && sameRun(replaced, record)) {
+      // The same run of the same process or cgroup: its output still describes it (read again if the engine changed).
+      if (kept && replaced.engine !== record.engine) {
+        engines.set(record.id, engineState(record.engine, kept));
+        engineVersion += 1;
+      }
+    } else if (posted.tail !== '') {
+      // Another target: only what was posted after this PUT arrived can be its output.
+      engines.set(record.id, engineState(record.engine, posted));
+      engineVersion += 1;
+    } else if (engines.delete(record.id)) engineVersion += 1;
   }
 
   return {
@@ -316,50 +417,45 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       let pending = inFlight.get(record.id);
       if (!pending) inFlight.set(record.id, (pending = new Set()));
       pending.add(posted);
-      let outcome: { conflict: ShardRecord } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean };
-      try {
-        outcome = await enqueue((draft) => {
+      const outcome = await enqueue(
+        (draft): { conflict: ShardRecord } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean } => {
           const previous = draft.get(record.id);
           const replaced = replacement(previous, record);
           const other = replaced.unchanged ? undefined : conflicting(draft, record, overlaps);
           if (other !== undefined) return { conflict: other };
           draft.set(record.id, replaced.stored);
           return { previous, ...replaced };
-        });
-      } finally {
-        pending.delete(posted);
-        if (pending.size === 0) inFlight.delete(record.id);
-      }
+        },
+        // Whether or not the caller still waits: a write that landed late stored the change all the same.
+        (settled) => {
+          pending.delete(posted);
+          if (pending.size === 0) inFlight.delete(record.id);
+          if (settled.stored && !('conflict' in settled.result)) carryEngineOutput(record, settled.result.previous, posted.now);
+        },
+      );
       if ('conflict' in outcome) throw conflictError(record, outcome.conflict);
-      const replaced = outcome.previous;
-      const kept = engines.get(record.id);
-      if (replaced !== undefined && sameRun(replaced, record)) {
-        // The same run of the same process or cgroup: its output still describes it (read again if the engine changed).
-        if (kept && replaced.engine !== record.engine) {
-          engines.set(record.id, engineState(record.engine, kept));
-          engineVersion += 1;
-        }
-      } else if (posted.now.tail !== '') {
-        // Another target: only what was posted after this PUT arrived can be its output.
-        engines.set(record.id, engineState(record.engine, posted.now));
-        engineVersion += 1;
-      } else if (engines.delete(record.id)) engineVersion += 1;
-      return { created: replaced === undefined, shard: outcome.stored, graceKept: outcome.graceKept, unchanged: outcome.unchanged };
+      return { created: outcome.previous === undefined, shard: outcome.stored, graceKept: outcome.graceKept, unchanged: outcome.unchanged };
     },
     async remove(id) {
       // Nothing to write when the id is unknown and no change is pending that could add it.
       if (!committed.has(id) && queue.length === 0 && !writing) return false;
-      let removed: boolean;
+      let batchRefused = false;
       try {
-        removed = await enqueue((draft) => draft.delete(id));
+        return await enqueue(
+          (draft) => draft.delete(id),
+          (settled) => {
+            if (!settled.stored) batchRefused = settled.batchRefused;
+            else if (settled.result && engines.delete(id)) engineVersion += 1;
+          },
+        );
       } catch (err) {
         // The batch it rode in was refused, so the registry is as it was. If that holds no such
-        // shard, the removal changed nothing and the answer is "not registered", not a failed write.
-        if (committed.has(id)) throw err;
+        // shard, the removal changed nothing and the answer is "not registered", not a failed write
+        // (changes queued after it come after it). Otherwise (withdrawn, or its write pending) a
+        // write that may still add the shard is under way: that is not known.
+        if (!batchRefused || committed.has(id)) throw err;
         return false;
       }
-      if (removed && engines.delete(id)) engineVersion += 1;
-      return removed;
     },
     engine: (id) => engines.get(id),
     appendEngineOutput(id, text, now, ticks, fresh = false) {

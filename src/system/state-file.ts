@@ -15,12 +15,19 @@
 // state file is an answer too); a look that does not land within its bound (a filesystem that does
 // not answer) is an answer of its own. A change between writable and not is logged, once, so an
 // unwritable volume shows at start-up and whenever it turns, not only at the next registration.
+// A read, write or look still pending past timeoutMs is taken for a filesystem that does not answer
+// (a hung network mount): the directory is answered not writable, the operation is listed in
+// stuck-io.ts (main.ts must not wait for it to exit), and until it returns no other is started
+// (writes fail at once, looks answer why): each would block one of libuv's 4 threadpool threads for
+// good, and a few would stall every file operation of the process. (A look answers its caller by
+// the caller's own bound, a probe's budget, and counts as unwritable past it; it is not stuck yet.)
 // Missing directories are made one level at a time: Node's recursive mkdir never settles (and
 // spins a core) where mkdir answers ENOENT below a directory that exists, as it does under /proc.
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import { cannotStoreMessage } from '../errors.js';
+import { watch } from './stuck-io.js';
 
 /** checkWritable's answer: writable (perhaps with a warning), or not and why. */
 export type Writability = { ok: true; warning: { problem: string; fix: string } | null } | { ok: false; reason: string };
@@ -28,24 +35,39 @@ export type Writability = { ok: true; warning: { problem: string; fix: string } 
 /** How old an answer of writable() gets before it is looked at again: each look writes and fsyncs a probe file. */
 export const WRITABLE_LOOK_MS = 60_000;
 
+/** How long a read or a write of the state file, or the doctor's look, may take before its filesystem is taken for one that does not answer. */
+export const STATE_FILE_TIMEOUT_MS = 5_000;
+
+/** What to do about an operation stuck on the state file's filesystem (stuck-io.ts, main.ts). */
+const STUCK_FIX = 'If this repeats, check the volume that holds it (a hung network mount?), or set NODECOMPUTE_STATE_FILE to a path on a local disk.';
+
 /** What the probe file holds: enough to need a block of its own, so that a full disk shows. */
 const PROBE_CONTENT = Buffer.alloc(4096);
 
 export interface StateFile {
   readonly path: string;
+  /** How long a read or a write may take before the filesystem is taken for one that does not answer. */
+  readonly timeoutMs: number;
   /**
    * The file's text, or null when it does not exist yet. Other errors propagate. Temp files of
-   * crashed writes older than LEFTOVER_AGE_MS are removed first.
+   * crashed writes older than LEFTOVER_AGE_MS are removed first. Rejects once `timeoutMs` passes
+   * (the read is left pending: it cannot be cancelled).
    */
   read(): Promise<string | null>;
-  /** Replaces the file's content atomically and durably. */
+  /**
+   * Replaces the file's content atomically and durably; settles when the filesystem answers, which
+   * may be never. Past `timeoutMs` the directory is answered not writable until it does, and other
+   * writes meanwhile fail at once.
+   */
   write(text: string): Promise<void>;
   /**
    * Whether a write would succeed now: writes, fsyncs and removes a probe file beside the state
-   * file, and fsyncs the directory. A directory that cannot be fsynced still takes writes: that is a
-   * warning.
+   * file, and fsyncs the directory (joining a look under way), within `timeoutMs`. A directory that
+   * cannot be fsynced still takes writes: that is a warning.
    */
   checkWritable(): Promise<Writability>;
+  /** Why nothing is started on the directory now (an operation on it is stuck past its bound); null when something may be. */
+  stuck(): string | null;
   /**
    * The last answer of checkWritable() or of a write, at once; one older than WRITABLE_LOOK_MS is
    * looked at again in the background (one look at a time). Before any answer, waits for the first
@@ -60,6 +82,16 @@ export interface StateFileOptions {
   /** Makes the rename durable (fsync of the directory); tests stand in one that fails, as some filesystems' does. */
   syncDirectory?: (dir: string) => Promise<void>;
   now?: () => number;
+  /** STATE_FILE_TIMEOUT_MS unless given. */
+  timeoutMs?: number;
+}
+
+/** An operation on the state file's filesystem, as watched() names it. */
+interface Operation {
+  /** As the reason it is stuck starts: "reading /state/shards.json". */
+  doing: string;
+  /** As stuck-io.ts's list starts it: "A write of the state file". */
+  what: string;
 }
 
 /** errno codes with which a filesystem says it cannot fsync a directory at all. */
@@ -118,7 +150,7 @@ async function fsyncDirectory(dir: string): Promise<void> {
 }
 
 export function createStateFile(path: string, options: StateFileOptions): StateFile {
-  const { log, syncDirectory = fsyncDirectory, now = Date.now } = options;
+  const { log, syncDirectory = fsyncDirectory, now = Date.now, timeoutMs = STATE_FILE_TIMEOUT_MS } = options;
   const dir = dirname(path);
   const directorySyncFailures = new Set<string>();
   let sequence = 0;
@@ -156,8 +188,27 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       log.info({ stateFile: path, removed }, `Removed ${removed.length} temp file(s) that an interrupted write (a crash or a kill) left beside the state file; the state file itself is whole.`);
     }
   };
-  /** Whether a write would succeed now (see StateFile.checkWritable). */
-  async function checkWritable(): Promise<Writability> {
+  /** Per operation on the directory pending past timeoutMs: why the directory is not writable meanwhile. */
+  const hung = new Set<{ reason: string }>();
+  /**
+   * Settles as `operation` does. Past timeoutMs the filesystem is taken for one that does not answer
+   * (see the header): the operation is listed as stuck (stuck-io.ts) until it returns, and `onStuck`
+   * is told why (by default, that is the directory's answer until then).
+   */
+  function watched<T>(operation: Promise<T>, { doing, what }: Operation, onStuck = (reason: string): unknown => record({ ok: false, reason })): Promise<T> {
+    const entry = { reason: `${doing} did not finish within ${timeoutMs} ms: its filesystem does not answer (a hung network mount?)` };
+    return watch(operation, timeoutMs, { what, file: path, fix: STUCK_FIX }, () => {
+      hung.add(entry);
+      onStuck(entry.reason);
+    }).finally(() => hung.delete(entry));
+  }
+  /** See StateFile.stuck. */
+  const stuckReason = (): string | null => {
+    const [first] = hung;
+    return first === undefined ? null : `${first.reason}; that is still pending, and nothing else is written there until it returns`;
+  };
+  /** Whether a write would succeed now (see StateFile.checkWritable), however long that takes to say. */
+  async function lookAtDirectory(): Promise<Writability> {
     const probe = join(dir, `.${basename(path)}.${process.pid}.probe`);
     try {
       await makeDirectory(dir);
@@ -175,72 +226,100 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     const failed = await syncDirectoryProblem();
     return { ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } };
   }
+  /** Writes `text` to `temp`, durably, and renames it over the state file; answers what the directory fsync that follows put at risk. */
+  async function replaceWith(temp: string, text: string): Promise<DirectorySyncProblem | null> {
+    try {
+      await makeDirectory(dir);
+      const handle = await open(temp, 'w', 0o600);
+      try {
+        await handle.writeFile(text, 'utf8');
+        await handle.sync();
+      } finally {
+        await handle.close();
+      }
+      await rename(temp, path);
+    } catch (err) {
+      await rm(temp, { force: true }).catch(() => undefined);
+      throw err;
+    }
+    return syncDirectoryProblem();
+  }
+  async function readText(): Promise<string | null> {
+    await removeLeftovers();
+    try {
+      return await readFile(path, 'utf8');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+      throw err;
+    }
+  }
 
   let known: { at: number; answer: Writability } | null = null;
   let looking: Promise<Writability> | null = null;
-  /** Takes an answer as the one known; logs a change between writable and not (the first answer only when it is not). */
-  const record = (answer: Writability): Writability => {
+  /**
+   * Takes an answer as the one known (not writable while an operation on the directory is stuck,
+   * whatever another one found); logs a change between writable and not (the first answer only when
+   * it is not).
+   */
+  const record = (found: Writability): Writability => {
+    const stuck = stuckReason();
+    const answer: Writability = found.ok && stuck !== null ? { ok: false, reason: stuck } : found;
     const was = known?.answer.ok ?? true;
     known = { at: now(), answer };
     if (!answer.ok && was) log.error({ stateFile: path, reason: answer.reason }, cannotStoreMessage(path, answer.reason));
     if (answer.ok && !was) log.info({ stateFile: path }, `Registrations can be stored in ${path} again.`);
     return answer;
   };
-  /** Settles when the look lands or, first, when its bound passes (an answer of its own); no second look meanwhile. */
+  /**
+   * Settles when the look lands or, first, when `maxWaitMs` passes (an answer of its own); no second
+   * look meanwhile, and none while an operation on the directory is stuck (that is the answer).
+   */
   function startLook(maxWaitMs: number): Promise<Writability> {
     if (looking) return looking;
-    let timer: NodeJS.Timeout | undefined;
-    const landed = checkWritable().then((answer) => {
-      clearTimeout(timer);
-      looking = null;
-      return record(answer);
-    });
-    const late = new Promise<Writability>((resolve) => {
-      timer = setTimeout(
-        () => resolve(record({ ok: false, reason: `writing a probe file in ${dir} did not finish within ${maxWaitMs} ms: its filesystem does not answer (a hung network mount?)` })),
+    const stuck = stuckReason();
+    if (stuck !== null) return Promise.resolve({ ok: false, reason: stuck });
+    const doing = `writing a probe file in ${dir}`;
+    const look = new Promise<Writability>((resolve) => {
+      const late = setTimeout(
+        () => resolve(record({ ok: false, reason: `${doing} did not finish within ${maxWaitMs} ms: its filesystem does not answer (a hung network mount?)` })),
         maxWaitMs,
       );
-      timer.unref();
+      late.unref();
+      void watched(lookAtDirectory(), { doing, what: 'A write of a probe file beside the state file' }).then((answer) => {
+        clearTimeout(late);
+        looking = null;
+        resolve(record(answer));
+      });
     });
-    looking = Promise.race([landed, late]);
-    return looking;
+    looking = look;
+    return look;
   }
   async function writable(maxWaitMs: number): Promise<Writability> {
     if (known === null) return startLook(maxWaitMs);
-    if (now() - known.at >= WRITABLE_LOOK_MS) void startLook(maxWaitMs);
+    if (now() - known.at >= WRITABLE_LOOK_MS && stuckReason() === null) void startLook(maxWaitMs);
     return known.answer;
   }
 
   return {
     path,
-    async read() {
-      await removeLeftovers();
-      try {
-        return await readFile(path, 'utf8');
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
-        throw err;
-      }
+    timeoutMs,
+    read() {
+      return new Promise<string | null>((resolve, reject) => {
+        watched(readText(), { doing: `reading ${path}`, what: 'A read of the state file' }, (reason) => reject(new Error(reason))).then(resolve, reject);
+      });
     },
     async write(text) {
+      const stuck = stuckReason();
+      if (stuck !== null) throw new Error(stuck);
       sequence += 1;
       const temp = join(dir, `.${basename(path)}.${process.pid}.${sequence}.tmp`);
+      let failed: DirectorySyncProblem | null;
       try {
-        await makeDirectory(dir);
-        const handle = await open(temp, 'w', 0o600);
-        try {
-          await handle.writeFile(text, 'utf8');
-          await handle.sync();
-        } finally {
-          await handle.close();
-        }
-        await rename(temp, path);
+        failed = await watched(replaceWith(temp, text), { doing: `writing the state file (its temp file ${temp})`, what: 'A write of the state file' });
       } catch (err) {
-        await rm(temp, { force: true }).catch(() => undefined);
         record({ ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` });
         throw err;
       }
-      const failed = await syncDirectoryProblem();
       record({ ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } });
       if (failed) {
         const kind = String(failed.err.code);
@@ -249,7 +328,8 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         log[level]({ err: failed.err, stateFile: path }, `The state file ${path} was replaced, but the ${failed.problem} ${failed.fix}`);
       }
     },
-    checkWritable,
+    checkWritable: () => startLook(timeoutMs),
     writable,
+    stuck: stuckReason,
   };
 }

@@ -16,14 +16,14 @@
 //   rewritten in place (truncated, then written) can otherwise be caught half-written, and its
 //   partial tokens would replace the good ones. An unstable read is answered as such, and the
 //   next look tries again.
-// It also keeps the list of reads stuck in the whole process (stuckTokenFileReads: still pending past
-// their bound): Node's exit waits for every read it started to return (libuv joins its threadpool
-// threads), so one stuck on a hung mount keeps the process from exiting at all, and main.ts must
-// know it to end otherwise. A read within its bound is not listed: a working file answers within
-// milliseconds, and an exit waits for that; one that starts to hang is listed once its bound passes
-// (an exit in that second still hangs, until the kubelet's SIGKILL).
+// A read still pending past its bound is listed in stuck-io.ts until it returns: Node's exit waits for
+// every read it started (libuv joins its threadpool threads), so one stuck on a hung mount keeps the
+// process from exiting at all, and main.ts must know it to end otherwise. A read within its bound is
+// not listed: a working file answers within milliseconds, and an exit waits for that (and, should it
+// start to hang, for its bound to pass: stuck-io.ts's operationsKnown).
 import type { BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
+import { watch } from './stuck-io.js';
 
 /** How long a look at the token file may take before the caller is answered without it. */
 export const TOKEN_FILE_READ_TIMEOUT_MS = 1000;
@@ -101,13 +101,8 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
   }
 }
 
-/** The path of every read past its bound and still pending, once per read: libuv's threadpool is the process's, so is this list. */
-const stuck: string[] = [];
-
-/** The paths of the token-file reads still pending past their bound, in the whole process. */
-export function stuckTokenFileReads(): string[] {
-  return [...stuck];
-}
+/** What is said of a read of the token file stuck on a hung mount (stuck-io.ts, main.ts). */
+const STUCK_READ_FIX = 'If this repeats, check that filesystem, or mount the token from a Kubernetes Secret (a tmpfs, which does not hang).';
 
 interface Flight {
   answer: Promise<TokenFileLook>;
@@ -124,12 +119,19 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
   function look(): Promise<TokenFileLook> {
     if (flight !== null) return flight.isLate() ? Promise.resolve({ kind: 'late', timeoutMs }) : flight.answer;
     let late = false;
-    const read = readIfChanged(path, taken, beforeRead).then((outcome): TokenFileLook => {
+    let answerLate!: () => void;
+    const deadline = new Promise<TokenFileLook>((resolve) => {
+      answerLate = () => resolve({ kind: 'late', timeoutMs });
+    });
+    const about = { what: 'A read of the token file', file: path, fix: STUCK_READ_FIX };
+    const read = watch(readIfChanged(path, taken, beforeRead), timeoutMs, about, () => {
+      late = true;
+      // Read again once the file answers, so that its recovery is noticed (and said) even if it is unchanged.
+      taken = null;
+      answerLate();
+    }).then((outcome): TokenFileLook => {
       flight = null;
-      if (late) {
-        stuck.splice(stuck.indexOf(path), 1);
-        return { kind: 'late', timeoutMs }; // dropped: its callers were answered without it
-      }
+      if (late) return { kind: 'late', timeoutMs }; // dropped: its callers were answered without it
       if (outcome.kind === 'read') {
         taken = outcome.identity;
         return { kind: 'read', text: outcome.text };
@@ -138,17 +140,7 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
       if (outcome.kind === 'failed') taken = null;
       return outcome;
     });
-    let timer: NodeJS.Timeout | undefined;
-    const deadline = new Promise<TokenFileLook>((resolve) => {
-      timer = setTimeout(() => {
-        late = true;
-        stuck.push(path);
-        // Read again once the file answers, so that its recovery is noticed (and said) even if it is unchanged.
-        taken = null;
-        resolve({ kind: 'late', timeoutMs });
-      }, timeoutMs);
-    });
-    const answer = Promise.race([read, deadline]).finally(() => clearTimeout(timer));
+    const answer = Promise.race([read, deadline]);
     flight = { answer, isLate: () => late };
     return answer;
   }

@@ -10,8 +10,10 @@ import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader } from '../../src/system/procfs.js';
 import { createStateFile } from '../../src/system/state-file.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
-import { createFakeNvidiaSmi, eightGpuNode, idleEightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { createFakeNvidiaSmi, eightGpuNode, idleEightGpuNode, type FakeScenario, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { MAIN } from '../helpers/server.js';
+import { fifoTestdir, releaseBlockedWriter } from '../helpers/fifo.js';
+import { stuckOperations } from '../../src/system/stuck-io.js';
 
 const log = pino({ level: 'silent' });
 
@@ -23,7 +25,15 @@ async function cannotSyncDirectories(): Promise<void> {
 function doctorFor(
   t: Test,
   scenario: FakeScenario | null,
-  overrides: { proc?: string; limitsFile?: string; stateFile?: string; token?: boolean; slowQueryMs?: number; syncDirectory?: (dir: string) => Promise<void> } = {},
+  overrides: {
+    proc?: string;
+    limitsFile?: string;
+    stateFile?: string;
+    stateTimeoutMs?: number;
+    token?: boolean;
+    slowQueryMs?: number;
+    syncDirectory?: (dir: string) => Promise<void>;
+  } = {},
 ) {
   // Not t.testdir(): the test may hold its own fixture there.
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-doctor-'));
@@ -36,6 +46,7 @@ function doctorFor(
     stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json'), {
       log,
       ...(overrides.syncDirectory === undefined ? {} : { syncDirectory: overrides.syncDirectory }),
+      ...(overrides.stateTimeoutMs === undefined ? {} : { timeoutMs: overrides.stateTimeoutMs }),
     }),
     nvidiaSmiPath: path,
     tokenConfigured: overrides.token ?? false,
@@ -143,6 +154,27 @@ t.test('an unreadable proc root and an unwritable state directory fail with what
   t.equal(checks['state-file']!.status, 'fail');
   t.match(checks['state-file']!.detail, /cannot write in .*file/);
   t.equal(checks.token!.status, 'warn');
+});
+
+t.test('a state directory that does not answer fails within the bound, saying so, instead of hanging the doctor', async (t) => {
+  const { dir, fifo } = fifoTestdir(t);
+  // The probe file is a FIFO with no reader: opening it for writing blocks, as on a hung mount.
+  const probe = fifo(`.shards.json.${process.pid}.probe`);
+  const report = await doctorFor(t, idleEightGpuNode(), { stateFile: join(dir, 'shards.json'), stateTimeoutMs: 100 });
+  // The filesystem answers at last (before the test directory goes): the look ends, failed (EPIPE).
+  await waitUntil(
+    () => {
+      releaseBlockedWriter(probe);
+      return stuckOperations().length === 0;
+    },
+    { what: 'the look to return' },
+  );
+  t.match(byName(report)['state-file'], {
+    status: 'fail',
+    detail: `writing a probe file in ${dir} did not finish within 100 ms: its filesystem does not answer (a hung network mount?)`,
+    fix: /Make the state directory writable/,
+  });
+  t.equal(report.ok, false);
 });
 
 t.test('open files: too low a limit to keep every GPU process\'s stat file open is a warning with the fix', async (t) => {

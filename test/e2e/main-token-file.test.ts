@@ -4,33 +4,18 @@
 // before they listened; at shutdown, a read of it stuck on such a mount does not keep the process
 // alive (Node's exit waits for every read it started): it ends by SIGTERM, saying why, with every
 // line it logged written out first.
-import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
 import { createFakeNvidiaSmi, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { hangTokenFile, isStuckReadWarning, mkfifo, releaseFifo, startWithTokenFile } from '../helpers/fifo.js';
-import { MAIN, within } from '../helpers/server.js';
+import { runToEnd, within } from '../helpers/server.js';
 
 const TOKEN = 'a-token-of-enough-length';
 /** Far beyond what a working start or shutdown takes, even on a loaded machine: a process still there then hangs. */
 const HANG_MS = 45_000;
 
 /** Runs main.js to its end (killed if it is still running after HANG_MS). */
-function run(args: string[], env: Record<string, string>) {
-  const child = spawn(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
-  child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')));
-  return within(exited, HANG_MS).then(async (end) => {
-    if (end === 'still running') {
-      child.kill('SIGKILL');
-      await exited;
-    }
-    return { end, stdout, stderr };
-  });
-}
+const run = (args: string[], env: Record<string, string>) => runToEnd(args, env, HANG_MS);
 
 t.test('a token file that does not answer at start stops serve and doctor within a bound, by SIGTERM, saying what to check', async (t) => {
   const dir = t.testdir({ state: {} });

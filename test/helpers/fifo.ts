@@ -1,11 +1,41 @@
-// Owns the tests' stand-ins for a token file on a hung mount: a FIFO (open() on one with no writer
-// blocks, as a read on a hung network filesystem does), the kubelet's symlink swap, and a running
-// server brought to a stuck read of its token file.
+// Owns the tests' stand-ins for a file on a hung mount: a FIFO (open() on one blocks until the other
+// end is opened, as a read or write on a hung network filesystem does), the kubelet's symlink swap,
+// and a running server brought to a stuck read of its token file.
 import { spawnSync } from 'node:child_process';
 import { closeSync, constants, openSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Test } from 'tap';
+import { stuckOperations } from '../../src/system/stuck-io.js';
 import { startServer, type RunningServer } from './server.js';
+
+/**
+ * A test directory (holding `files`) for FIFOs, each released (both ends opened once) when the test ends, before the
+ * directory is removed: a FIFO removed first would leave whatever is blocked opening it blocked for
+ * good, and the test process with it. (t.testdir() removes its directory before the teardowns
+ * registered after it run, so this one registers its own first.)
+ */
+export function fifoTestdir(t: Test, files: Record<string, string> = {}): { dir: string; fifo: (name: string) => string } {
+  const made: string[] = [];
+  t.teardown(() => {
+    for (const path of made) {
+      releaseFifo(path);
+      releaseBlockedWriter(path);
+    }
+  });
+  const dir = t.testdir(files);
+  return {
+    dir,
+    fifo: (name) => {
+      const path = join(dir, name);
+      mkfifo(path);
+      made.push(path);
+      return path;
+    },
+  };
+}
+
+/** The files of the operations stuck now (stuck-io.ts). */
+export const stuckFiles = (): string[] => stuckOperations().map((operation) => operation.file);
 
 export function mkfifo(path: string): void {
   const result = spawnSync('mkfifo', [path], { encoding: 'utf8' });
@@ -22,6 +52,22 @@ export function releaseFifo(path: string): boolean {
     fd = openSync(path, constants.O_WRONLY | constants.O_NONBLOCK);
   } catch (err) {
     if (['ENXIO', 'ENOENT'].includes(String((err as NodeJS.ErrnoException).code))) return false;
+    throw err;
+  }
+  closeSync(fd);
+  return true;
+}
+
+/**
+ * Opens and closes the FIFO's reader end, which lets a writer blocked in open() go on (its writes
+ * then fail: EPIPE). Non-blocking, so it never waits itself; false when the FIFO is gone.
+ */
+export function releaseBlockedWriter(path: string): boolean {
+  let fd: number;
+  try {
+    fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
     throw err;
   }
   closeSync(fd);

@@ -66,6 +66,25 @@ export async function startServer(t: Test, env: Record<string, string>, args: st
   return { url, child, logs, lines, stderr: () => stderr, exited, fetch: request };
 }
 
+/**
+ * Runs main.js with `args` to its end, on the environment plus `env`: how it ended (the exit code or
+ * signal name, or 'still running' when it was killed after `hangMs`) and what it printed.
+ */
+export async function runToEnd(args: string[], env: Record<string, string>, hangMs: number): Promise<{ end: number | string; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout!.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+  child.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const exited = new Promise<number | string>((resolve) => child.on('exit', (code, signal) => resolve(code ?? signal ?? 'unknown')));
+  const end = await within(exited, hangMs);
+  if (end === 'still running') {
+    child.kill('SIGKILL');
+    await exited;
+  }
+  return { end, stdout, stderr };
+}
+
 /** How `exited` ended: the exit code or signal name, or 'still running' after `ms`. */
 export function within(exited: Promise<number | string>, ms: number): Promise<number | string> {
   let timer: NodeJS.Timeout | undefined;

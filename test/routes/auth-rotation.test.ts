@@ -12,12 +12,11 @@ import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createTokenFileSource, TOKEN_FILE_CHECK_MS, type TokenSource } from '../../src/auth.js';
 import { readStartTokens, resolveConfig } from '../../src/config.js';
-import { stuckTokenFileReads } from '../../src/system/token-file.js';
 import type { DoctorReport } from '../../src/doctor/doctor.js';
 import { REPORT_REUSE_MS } from '../../routes/doctor.js';
 import { buildTestApp, manualClock } from '../helpers/app.js';
 import { eightGpuNode, waitUntil } from '../helpers/fake-nvidia-smi.js';
-import { mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
+import { fifoTestdir, releaseFifo, repoint, stuckFiles } from '../helpers/fifo.js';
 
 const OLD = 'old-token-0123456789abcdef';
 const NEW = 'new-token-0123456789abcdef';
@@ -296,13 +295,10 @@ t.test('writes that arrive while the file is looked at wait for that look, and s
  * stand-in for a hung mount: repoint the symlink at 'fifo' to make the file hang.
  */
 async function hangableTokenFileApp(t: Test, files: Record<string, string> = {}) {
-  const dir = t.testdir({ good: `${OLD}\n`, ...files });
+  const { dir, fifo: makeFifo } = fifoTestdir(t, { good: `${OLD}\n`, ...files });
   const path = join(dir, 'token');
-  const fifo = join(dir, 'fifo');
+  const fifo = makeFifo('fifo');
   symlinkSync('good', path);
-  mkfifo(fifo);
-  // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
-  t.teardown(() => void releaseFifo(fifo));
   return { dir, path, fifo, ...(await tokenFileApp(t, path)) };
 }
 
@@ -363,7 +359,7 @@ t.test('a token file that hangs, then answers with a bad content, reports the ba
   // The mount answers again, with a content that cannot be used.
   repoint(path, 'short');
   await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
-  await waitUntil(() => stuckTokenFileReads().length === 0, { what: 'the stuck read to return' });
+  await waitUntil(() => stuckFiles().length === 0, { what: 'the stuck read to return' });
   clock.advance(TOKEN_FILE_CHECK_MS);
   t.equal(await write(OLD), 'accepted', 'the tokens last read stay in force');
   const unusable = `The token file ${path} cannot be used: the token on line 1 cannot work: it is 5 characters long, and a token needs at least 16.`;

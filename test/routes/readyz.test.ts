@@ -215,8 +215,8 @@ t.test('state-file: readiness fails while registrations cannot be stored, naming
     error: 'Service Unavailable',
     message:
       `Registrations cannot be stored in ${config.stateFile}: ${reason}. Every registration and removal is refused (503) until they can; ` +
-      'the shards already stored are kept and served. Make the directory writable (mount its volume read-write; check for a full disk) ' +
-      'or set NODECOMPUTE_STATE_FILE to a path on a writable volume.',
+      'the shards already stored are kept and served. Make the directory writable (mount its volume read-write; check for a full disk; ' +
+      'for a mount that does not answer, check its server and `dmesg`) or set NODECOMPUTE_STATE_FILE to a path on a writable volume.',
   });
   const verbose = await app.inject({ method: 'GET', url: '/readyz?verbose' });
   t.equal(verbose.statusCode, 503);

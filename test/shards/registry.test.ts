@@ -7,6 +7,7 @@ import { pino } from 'pino';
 import { loadRegistry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import { createStateFile, LEFTOVER_AGE_MS, type StateFile } from '../../src/system/state-file.js';
+import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 
 const log = pino({ level: 'silent' });
 
@@ -330,6 +331,81 @@ t.test('engine output posted while a replacing PUT is in flight is not lost', as
     await Promise.all([first, same, other]);
     t.match(registry.engine('s'), { tail: 'main: loading model\n' }, 'the other process keeps only what was posted after it was asked for');
   });
+});
+
+t.test('a write that does not finish within the bound: its change is answered pending and stored if it lands; changes queued behind it are withdrawn', async (t) => {
+  const path = join(t.testdir({}), 's.json');
+  await (await loadRegistry({ stateFile: createStateFile(path, { log }), log })).put(record('s', 'llama.cpp'));
+  const { wrapped, writing, open } = gated(createStateFile(path, { log }));
+  let stuck: string | null = null;
+  const lines: Array<Record<string, unknown>> = [];
+  const recording = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  // The registry answers within 100 ms; the real state file under it keeps its own bound.
+  const registry = await loadRegistry({ stateFile: { ...wrapped, timeoutMs: 100, stuck: () => stuck }, log: recording });
+  const version = registry.version;
+
+  const replacing = registry.put({ ...record('s', 'llama.cpp', 43), identity: { pid: 43, pgid: 43, startTime: 9, name: 'llama-server' } });
+  await writing;
+  registry.appendEngineOutput('s', CUDA_BUFFER, 2, 20);
+  const behind = registry.put(record('t', 'other', 44));
+  const removal = registry.remove('s');
+  await t.rejects(replacing, {
+    code: 'NODECOMPUTE_STATE_WRITE_PENDING',
+    statusCode: 503,
+    message:
+      `The change is not acknowledged: 100 ms after it came, the write of the state file ${path} that carries it had not finished ` +
+      '(its filesystem does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when the filesystem answers ' +
+      '(GET /shards shows what is stored). Retry once GET /readyz passes; repeating the same request is safe (a repeated DELETE that answers 404 means the first one was stored).',
+  });
+  await t.rejects(behind, {
+    code: 'NODECOMPUTE_STATE_WRITE_FAILED',
+    statusCode: 503,
+    message:
+      `The change was not stored: 100 ms after it came, the state file ${path} was still being written for earlier changes ` +
+      '(its filesystem does not answer: a hung network mount?). It was withdrawn, and nothing was changed. Retry once GET /readyz passes.',
+  });
+  await t.rejects(removal, { code: 'NODECOMPUTE_STATE_WRITE_FAILED', message: /withdrawn/ }, 'a removal too');
+  stuck = 'writing it did not finish within 100 ms';
+  await t.rejects(
+    registry.put(record('u', 'other', 45)),
+    { code: 'NODECOMPUTE_STATE_WRITE_FAILED', message: `The change was not stored: the state file ${path} cannot be written now (${stuck}). Nothing was changed. Retry once GET /readyz passes.` },
+    'once the state file says its write is stuck, a change is refused at once',
+  );
+  stuck = null;
+  t.equal(registry.get('s')?.pid, 42, 'nothing acknowledged, nothing served');
+  t.equal(registry.version, version);
+
+  open();
+  await waitUntil(() => registry.version > version, { what: 'the late write to land' });
+  t.equal(registry.get('s')?.pid, 43, 'the pending change is stored after all');
+  t.match(registry.engine('s'), { tail: CUDA_BUFFER, postedAtTicks: 20 }, 'with the output posted since its PUT came, as if it had been answered in time');
+  t.equal(registry.get('t'), undefined, 'a withdrawn change is never applied');
+  t.same(JSON.parse(readFileSync(path, 'utf8')).shards.map((shard: ShardRecord) => [shard.id, shard.pid]), [['s', 43]], 'the file agrees');
+  t.match(lines.at(-1), {
+    level: 30,
+    changes: 1,
+    msg: 'A write of the state file that had not finished in time returned: the 1 change(s) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile are stored after all, as far as they changed anything (GET /shards shows what is stored).',
+  });
+  t.match(await registry.put(record('t', 'other', 44)), { created: true }, 'writes go on');
+});
+
+t.test('a write that does not finish within the bound and then fails: nothing is stored, and that is said', async (t) => {
+  const path = join(t.testdir({}), 's.json');
+  await (await loadRegistry({ stateFile: createStateFile(path, { log }), log })).put(record('s'));
+  const { wrapped, writing, open } = gated(createStateFile(path, { log }), true);
+  const lines: Array<Record<string, unknown>> = [];
+  const recording = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const registry = await loadRegistry({ stateFile: { ...wrapped, timeoutMs: 100 }, log: recording });
+  const removal = registry.remove('s');
+  await writing;
+  await t.rejects(removal, { code: 'NODECOMPUTE_STATE_WRITE_PENDING' });
+  open();
+  await waitUntil(() => lines.length === 3, { what: 'the refused write to be said' });
+  t.ok(registry.get('s'), 'the shard stays');
+  t.match(lines.slice(1), [
+    { level: 50, msg: 'Could not write the state file; the changes were refused and nothing stored was lost' },
+    { level: 30, changes: 1, msg: /the 1 change\(s\) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile were not stored after all: the write failed when it returned\.$/ },
+  ]);
 });
 
 t.test('a replacement for the same target and GPUs keeps the registration time (the grace clock); another target or other GPUs restart it', async (t) => {

@@ -2,14 +2,15 @@
 // seconds: the last answer at once, looked at again in the background, writes counting as answers.
 // Real directories, a real FIFO for a filesystem that does not answer (its open for writing blocks
 // until a reader comes), a manual clock for how old an answer is.
-import { execFileSync } from 'node:child_process';
 import { closeSync, constants, existsSync, openSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
 import { createStateFile, WRITABLE_LOOK_MS } from '../../src/system/state-file.js';
+import { stuckOperations } from '../../src/system/stuck-io.js';
 import { manualClock } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { fifoTestdir } from '../helpers/fifo.js';
 
 function recordingLog() {
   const lines: Array<{ level: number; msg: string; reason?: string }> = [];
@@ -95,29 +96,32 @@ t.test('writable: a directory that cannot be fsynced takes writes, with the warn
 });
 
 t.test('writable: a look not landed within its bound is an answer of its own, said once; the look\'s own answer counts once it lands', async (t) => {
-  const dir = t.testdir({});
+  const { dir, fifo } = fifoTestdir(t);
   const clock = manualClock();
   const { lines, log } = recordingLog();
   let looks = 0;
   const syncDirectory = async () => {
     looks += 1;
   };
-  const state = createStateFile(join(dir, 'shards.json'), { log, now: clock.now, syncDirectory });
+  const state = createStateFile(join(dir, 'shards.json'), { log, now: clock.now, syncDirectory, timeoutMs: 200 });
   // The probe file is a FIFO with no reader: opening it for writing blocks, as on a hung mount.
-  const probe = join(dir, `.shards.json.${process.pid}.probe`);
-  execFileSync('mkfifo', [probe]);
+  const probe = fifo(`.shards.json.${process.pid}.probe`);
   let reader: number | null = null;
   t.teardown(() => {
-    // Whatever happened, the blocked open must end, or this process could not exit.
-    if (reader === null && existsSync(probe)) reader = openSync(probe, constants.O_RDONLY | constants.O_NONBLOCK);
     if (reader !== null) closeSync(reader);
   });
 
   const unanswered = { ok: false, reason: `writing a probe file in ${dir} did not finish within 50 ms: its filesystem does not answer (a hung network mount?)` };
-  t.same(await state.writable(50), unanswered);
+  t.same(await state.writable(50), unanswered, "answered within the probe's budget");
   t.match(lines, [{ level: 50, reason: unanswered.reason }], 'said when the bound passes');
+  await waitUntil(() => stuckOperations().length === 1, { what: "the look to pass the state file's own bound" });
+  t.match(stuckOperations(), [{ what: 'A write of a probe file beside the state file', file: join(dir, 'shards.json') }], 'listed once past the state file\'s bound: Node cannot exit before it returns');
+  const stuck = { ok: false, reason: `writing a probe file in ${dir} did not finish within 200 ms: its filesystem does not answer (a hung network mount?)` };
+  t.same(await state.writable(50), stuck, 'the answer says so');
+  await t.rejects(state.write('{}\n'), { message: `${stuck.reason}; that is still pending, and nothing else is written there until it returns` }, 'a write meanwhile fails at once');
   clock.advance(WRITABLE_LOOK_MS);
-  t.same(await state.writable(50), unanswered, 'asked again once old: the same answer, at once');
+  t.same(await state.writable(50), stuck, 'asked again once old: the same answer, at once');
+  t.equal(lines.length, 1, 'said once');
 
   reader = openSync(probe, constants.O_RDONLY | constants.O_NONBLOCK);
   // The look lands. A FIFO takes no fsync (EINVAL): that is its answer, still not writable. Asking
@@ -131,6 +135,7 @@ t.test('writable: a look not landed within its bound is an answer of its own, sa
   }
   t.match(answer, { ok: false, reason: landed });
   t.notOk(existsSync(probe), 'the look removed its probe');
+  t.same(stuckOperations(), [], 'no longer listed');
   t.equal(lines.length, 1, 'still not writable: nothing more said');
 
   // Looked at again with the FIFO gone: writable, and said so.

@@ -7,9 +7,9 @@ import { renameSync, symlinkSync, truncateSync, utimesSync, writeFileSync } from
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t from 'tap';
-import { createTokenFileReader, stuckTokenFileReads, type TokenFileLook } from '../../src/system/token-file.js';
+import { createTokenFileReader, type TokenFileLook } from '../../src/system/token-file.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
-import { mkfifo, releaseFifo, repoint } from '../helpers/fifo.js';
+import { fifoTestdir, releaseFifo, repoint, stuckFiles } from '../helpers/fifo.js';
 
 const A = 'token-a-0123456789abcdef\n';
 const B = 'token-b-0123456789abcdef\n';
@@ -97,26 +97,23 @@ t.test('concurrent looks share one read', async (t) => {
 });
 
 t.test('a file that does not answer: late within the bound, no second read while the first is pending, and it is read again once it answers', async (t) => {
-  const dir = t.testdir({ token: A });
-  const fifo = join(dir, 'fifo');
-  mkfifo(fifo);
+  const { dir, fifo: makeFifo } = fifoTestdir(t, { token: A });
+  const fifo = makeFifo('fifo');
   const path = join(dir, 'current');
   symlinkSync('fifo', path);
-  // Whatever happens, no threadpool thread stays blocked in open() once the test is over.
-  t.teardown(() => void releaseFifo(fifo));
   let reads = 0;
   const reader = createTokenFileReader(path, { timeoutMs: 200, beforeRead: () => void reads++ });
 
   const first = reader.look();
   t.equal(reader.look(), first, 'a look while the first is within its bound shares it');
-  t.same(stuckTokenFileReads(), [], 'a read within its bound is not stuck (an exit waits for it)');
+  t.same(stuckFiles(), [], 'a read within its bound is not stuck (an exit waits for it)');
   t.same(await first, { kind: 'late', timeoutMs: 200 });
   await waitUntil(() => reads === 1, { what: 'the read to reach open()' });
   // Each of these would block a threadpool thread if it started a read: 6 > libuv's 4 threads.
   for (let i = 0; i < 6; i += 1) t.same(await reader.look(), { kind: 'late', timeoutMs: 200 });
   t.equal(await readFile(join(dir, 'token'), 'utf8'), A, 'other file operations of the process still run');
   t.equal(reads, 1, 'no second read was started');
-  t.same(stuckTokenFileReads(), [path], 'the stuck read is listed, once: Node cannot exit before it returns');
+  t.same(stuckFiles(), [path], 'the stuck read is listed, once: Node cannot exit before it returns');
 
   // The hung read returns (once it waits in open(): the writer end opens only then), and the file
   // is fixed: the link points at a regular file again.
@@ -128,5 +125,5 @@ t.test('a file that does not answer: late within the bound, no second read while
     if (look.kind === 'late') await new Promise((resolve) => setTimeout(resolve, 20));
   }
   t.same(look, { kind: 'read', text: A }, "the late read's own result (the FIFO's end of file) was dropped; the file is read afresh");
-  t.same(stuckTokenFileReads(), [], 'no read is pending any more');
+  t.same(stuckFiles(), [], 'no read is pending any more');
 });

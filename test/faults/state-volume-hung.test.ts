@@ -1,0 +1,88 @@
+// The state file's volume stops answering (a hung network mount), as a real process sees it: a FIFO
+// stands in for the file, since open() on one blocks until its other end is opened. While the
+// service runs, the FIFO is the temp file the next write opens: the registration is answered 503
+// within the state file's bound instead of hanging, the next is refused at once, /readyz fails, and SIGTERM still ends the process (Node's exit would wait for the stuck write for good): by
+// SIGTERM, saying why. At start, the FIFO is the state file itself: the start fails within the bound,
+// saying what to check, instead of never listening.
+import { join } from 'node:path';
+import t from 'tap';
+import { STATE_FILE_TIMEOUT_MS } from '../../src/system/state-file.js';
+import { spawnShardProcess } from '../helpers/app.js';
+import { waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { mkfifo, releaseBlockedWriter } from '../helpers/fifo.js';
+import { runToEnd, startServer, within } from '../helpers/server.js';
+
+/** Far beyond the state file's bound and the shutdown's grace, even on a loaded machine: what is still waiting then hangs. */
+const HANG_MS = 45_000;
+const NO_NVIDIA_SMI = { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi' };
+const STUCK_FIX = 'If this repeats, check the volume that holds it (a hung network mount?), or set NODECOMPUTE_STATE_FILE to a path on a local disk.';
+
+t.test('a write that hangs: answered 503 within the bound, the next change refused, /readyz failing, and SIGTERM ends the process, saying why', async (t) => {
+  const dir = t.testdir({ state: {} });
+  const stateFile = join(dir, 'state', 's.json');
+  const [first, second] = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
+  const server = await startServer(t, { ...NO_NVIDIA_SMI, NODECOMPUTE_STATE_FILE: stateFile });
+  // The service's first write of the state file opens this temp file, and blocks there.
+  const temp = join(dir, 'state', `.s.json.${server.child.pid}.1.tmp`);
+  mkfifo(temp);
+  t.teardown(() => void releaseBlockedWriter(temp));
+  const put = (id: string, pid: number) =>
+    server.fetch(`/shards/${id}`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ pid, gpus: [0] }),
+      signal: AbortSignal.timeout(HANG_MS),
+    });
+  const bound = `${STATE_FILE_TIMEOUT_MS} ms`;
+
+  const pending = await put('a', first.pid);
+  t.equal(pending.status, 503, 'answered, not left hanging');
+  t.match(await pending.json(), {
+    code: 'NODECOMPUTE_STATE_WRITE_PENDING',
+    message: `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile} that carries it had not finished (its filesystem does not answer: a hung network mount?).`,
+  });
+  // The state file takes the write for stuck once its own bound passes (about when the PUT was answered).
+  await waitUntil(() => server.logs().some((entry) => entry.level === 50 && String(entry.msg).startsWith('Registrations cannot be stored')), {
+    what: 'the state file to take its write for stuck',
+  });
+  const ready = await server.fetch('/readyz?verbose');
+  t.equal(ready.status, 503);
+  const stuck = `writing the state file (its temp file ${temp}) did not finish within ${bound}: its filesystem does not answer (a hung network mount?)`;
+  t.match(await ready.text(), `[-]state-file failed: Registrations cannot be stored in ${stateFile}: ${stuck}.`);
+
+  const refused = await put('b', second.pid);
+  t.equal(refused.status, 503);
+  t.match(await refused.json(), {
+    code: 'NODECOMPUTE_STATE_WRITE_FAILED',
+    message: `The change was not stored: the state file ${stateFile} cannot be written now (${stuck}; that is still pending`,
+  }, 'the next change is refused, naming the stuck write');
+  const listed = await server.fetch('/shards');
+  t.equal(listed.status, 200, 'reads are answered meanwhile');
+  t.same(((await listed.json()) as { shards: unknown[] }).shards, [], 'nothing acknowledged, nothing served');
+
+  server.child.kill('SIGTERM');
+  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging until the kubelet SIGKILLs it');
+  t.match(
+    server.logs().at(-1),
+    {
+      level: 40,
+      file: stateFile,
+      msg: `A write of the state file ${stateFile} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
+    },
+    'the last line says why, and every line logged before it is out',
+  );
+});
+
+t.test('a state file that does not answer at start: the start fails within the bound, by SIGTERM, saying what to check', async (t) => {
+  const dir = t.testdir({});
+  const stateFile = join(dir, 's.json');
+  mkfifo(stateFile);
+  const result = await runToEnd(['serve'], { ...NO_NVIDIA_SMI, NODECOMPUTE_HOST: '127.0.0.1', NODECOMPUTE_PORT: '0', NODECOMPUTE_STATE_FILE: stateFile }, HANG_MS);
+  t.equal(result.end, 'SIGTERM', 'ended (exit status 143), not left hanging');
+  t.match(
+    result.stderr,
+    `nodecompute: cannot start: Cannot read the state file ${stateFile}: reading ${stateFile} did not finish within ${STATE_FILE_TIMEOUT_MS} ms: its filesystem does not answer (a hung network mount?).`,
+  );
+  t.match(result.stderr, `nodecompute: A read of the state file ${stateFile} is still pending (its filesystem does not answer)`);
+  t.notMatch(result.stdout, /listening/, 'the service never listened');
+});
