@@ -218,7 +218,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       onQuery: metrics.observeQuery,
     });
   const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
-  const stateFile = deps.stateFile ?? createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }), now });
+  const stateFile = deps.stateFile ?? createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }), now, timeoutMs: config.stateTimeoutMs });
   const registry = await loadRegistry({ stateFile, log });
   const snapshots = createSnapshotSource<NodeSnapshot>({
     take: createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(proc.bootId()), now }),

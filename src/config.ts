@@ -12,6 +12,7 @@ import { parseArgs } from 'node:util';
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { ConfigInvalidError } from './errors.js';
+import { STATE_FILE_TIMEOUT_MS } from './system/state-file.js';
 import { createTokenFileReader, type TokenFileReaderOptions } from './system/token-file.js';
 
 interface Setting {
@@ -123,6 +124,15 @@ export const SETTINGS = {
     accepts: 'a file path (its directory must be writable)',
     description: 'Where shard registrations are persisted (written atomically before each 2xx).',
   },
+  stateTimeoutMs: {
+    env: 'NODECOMPUTE_STATE_TIMEOUT_MS',
+    flag: 'state-timeout-ms',
+    schema: milliseconds(100, 600_000, 'state file timeout'),
+    default: STATE_FILE_TIMEOUT_MS,
+    accepts: 'an integer number of milliseconds from 100 to 600000',
+    description:
+      'How long a read or write of the state file may take before its volume is taken for one that does not answer (a hung network mount): the change is then answered 503, and nothing else is started there until the operation returns.',
+  },
   gpuGraceMs: {
     env: 'NODECOMPUTE_GPU_GRACE_MS',
     flag: 'gpu-grace-ms',
@@ -167,6 +177,7 @@ export interface Config {
   probeWaitMs: number;
   logLevel: (typeof LOG_LEVELS)[number];
   stateFile: string;
+  stateTimeoutMs: number;
   gpuGraceMs: number;
   /**
    * The bearer token for writes: NODECOMPUTE_TOKEN, or the first token NODECOMPUTE_TOKEN_FILE held

@@ -14,13 +14,16 @@ import { buildApp } from './app.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
 import { listenOn, type Listening } from './listen.js';
-import { operationsKnown, stuckOperations, type StuckOperation } from './system/stuck-io.js';
+import { operationsKnown, operationsUnderWay, stuckOperations, type StuckOperation } from './system/stuck-io.js';
 import { VERSION } from './version.js';
 
 const COMMANDS = ['serve', 'doctor'];
 
 /** How long a shutdown may take before it is cut short (close-with-grace's delay). */
 const SHUTDOWN_GRACE_MS = 10_000;
+
+/** How long a file operation under way when a shutdown is cut short has taken before it is taken for one that may hang. */
+const SUSPECT_OPERATION_MS = 1000;
 
 /** The SIGTERM handlers there before this module installed any: a preloaded tool's exit hooks, if any. */
 const SIGTERM_HANDLERS_AT_START = process.listeners('SIGTERM');
@@ -72,12 +75,10 @@ function flushLog(log: Logger): void {
   (log as unknown as Record<symbol, { flushSync(): void }>)[symbols.streamSym]!.flushSync();
 }
 
-/** What is said when a file operation stuck on a hung mount keeps the process from exiting. */
-function stuckMessage({ what, file, fix }: StuckOperation): string {
-  return (
-    `${what} ${file} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ` +
-    `ending the process with SIGTERM instead (exit status 143). ${fix}`
-  );
+/** What is said when a file operation stuck on a hung mount (or, `underWay`, one slow and not yet past its bound) keeps the process from exiting. */
+function stuckMessage({ what, file, fix }: StuckOperation, underWay = false): string {
+  const pending = underWay ? 'is still under way (its bound has not passed yet)' : 'is still pending (its filesystem does not answer)';
+  return `${what} ${file} ${pending}, and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${fix}`;
 }
 
 /**
@@ -105,17 +106,22 @@ function raiseSigterm(): void {
  * Node's exit waits for every file operation it started to return (libuv joins its threadpool
  * threads), and one stuck on a hung mount never does: neither process.exit() nor an event loop left
  * to empty would end the process, and it would hang until the kubelet's SIGKILL. Called before
- * every exit, after operationsKnown() where there is time to wait for it (a shutdown cut short has
- * none: an operation that is not listed yet then still holds the exit up).
+ * every exit, after operationsKnown() where there is time to wait for it; a shutdown cut short has
+ * none (`cutShort`), so an operation under way for a second already ends it the same way.
  */
-function endIfIoStuck(log: Logger | null): void {
-  const [operation] = stuckOperations();
+function endIfIoStuck(log: Logger | null, cutShort = false): void {
+  const [stuck] = stuckOperations();
+  // Cut short, there is no time to wait for one under way to return or pass its bound: one that has
+  // taken a second already is no healthy disk's, and is taken for one that may hang.
+  const [underWay] = cutShort ? operationsUnderWay(SUSPECT_OPERATION_MS) : [];
+  const operation = stuck ?? underWay;
   if (operation === undefined) return;
+  const message = stuckMessage(operation, stuck === undefined);
   try {
     if (log === null) {
-      process.stderr.write(`nodecompute: ${stuckMessage(operation)}\n`);
+      process.stderr.write(`nodecompute: ${message}\n`);
     } else {
-      log.warn({ file: operation.file }, stuckMessage(operation));
+      log.warn({ file: operation.file }, message);
       flushLog(log);
     }
   } finally {
@@ -126,12 +132,12 @@ function endIfIoStuck(log: Logger | null): void {
 /**
  * The shutdown is cut short (its grace ran out, a second signal came, or an uncaught error `err`):
  * says so, and ends the process at once. close-with-grace calls process.exit(1) right after this
- * returns, so where a file operation is stuck (that exit would hang) the process ends here, by
- * SIGTERM.
+ * returns, so where a file operation is stuck or still under way (that exit would or could hang)
+ * the process ends here, by SIGTERM.
  */
 function cutShutdownShort(log: Logger, why: string, err?: unknown): void {
   log.error({ err }, why);
-  endIfIoStuck(log);
+  endIfIoStuck(log, true);
 }
 
 /** Said of an uncaught error, which nothing in nodecompute should let through. */

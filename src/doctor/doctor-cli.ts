@@ -15,7 +15,7 @@ export async function runDoctorCli(config: Config, out: Writable): Promise<numbe
   const report = await runDoctor({
     nvidiaSmi: createNvidiaSmi({ path: config.nvidiaSmi, timeoutMs: config.smiTimeoutMs, log }),
     proc: createProcReader({ root: config.proc, log }),
-    stateFile: createStateFile(config.stateFile, { log }),
+    stateFile: createStateFile(config.stateFile, { log, timeoutMs: config.stateTimeoutMs }),
     nvidiaSmiPath: config.nvidiaSmi,
     tokenConfigured: config.token !== null,
     version: VERSION,

@@ -76,10 +76,12 @@ export interface Registry {
    * Engine output follows the target, and so does the registration time (see the header). Rejects
    * with ShardConflictError when another id holds the same target, or one `overlaps` says covers
    * the same processes (a PID shard's process in a cgroup shard's cgroup: what only /proc can tell).
+   * `stored` is told once it is stored, whether or not the caller still waits (a write that landed
+   * after its caller was answered 503 pending): what follows a registration belongs there.
    */
-  put(record: ShardRecord, overlaps?: Overlaps): Promise<PutResult>;
-  /** Removes a shard; false when it was not registered. Resolves once the state file agrees. */
-  remove(id: string): Promise<boolean>;
+  put(record: ShardRecord, overlaps?: Overlaps, stored?: (result: PutResult) => void): Promise<PutResult>;
+  /** Removes a shard; false when it was not registered. Resolves once the state file agrees; `removed` is told then, as put's `stored`. */
+  remove(id: string, removed?: () => void): Promise<boolean>;
   engine(id: string): EngineState | undefined;
   /**
    * Appends engine output to the shard's tail (or, `fresh`, starts a new tail with it: the old one is
@@ -128,6 +130,11 @@ interface Queued {
   deadline: NodeJS.Timeout;
   /** The caller was answered "pending" while the change's write was under way. */
   answeredPending: boolean;
+}
+
+/** What put() answers for a change its batch stored. */
+function putResult(stored: { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean }): PutResult {
+  return { created: stored.previous === undefined, shard: stored.stored, graceKept: stored.graceKept, unchanged: stored.unchanged };
 }
 
 /** Whether a replacing registration names the same process or the same cgroup. */
@@ -316,7 +323,14 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
   /** Tells the change's `settled` what became of it, and answers its caller (unless answered already). */
   function settle(item: Queued, outcome: Settled<unknown>, failure?: Error): void {
     clearTimeout(item.deadline);
-    item.settled(outcome);
+    try {
+      item.settled(outcome);
+    } catch (err) {
+      log.error(
+        { err },
+        `What follows a change to the registry failed; the change itself is ${outcome.stored ? 'stored' : 'not stored'}. This is a bug in nodecompute, please report it with this line.`,
+      );
+    }
     if (outcome.stored) item.resolve(outcome.result);
     else item.reject(failure!);
   }
@@ -341,7 +355,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     item.reject(
       new StateWritePendingError(
         `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile.path} that carries it had not finished ` +
-          '(its filesystem does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when the filesystem answers ' +
+          '(a slow volume, or one that does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when it lands ' +
           '(GET /shards shows what is stored). Retry once GET /readyz passes; repeating the same request is safe (a repeated DELETE that answers 404 means the first one was stored).',
       ),
     );
@@ -400,7 +414,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     get engineVersion() {
       return engineVersion;
     },
-    async put(record, overlaps = () => false) {
+    async put(record, overlaps = () => false, stored = () => undefined) {
       // With nothing queued, answered at once from what is stored: a registration repeated unchanged
       // (a control plane reconciling its shards), which needs no write, no new registry version and so
       // no new attribution, or a conflict. Otherwise the batch decides, after the changes queued before
@@ -409,9 +423,13 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       // cgroup) must still be reconciled.
       if (queue.length === 0 && !writing) {
         const previous = committed.get(record.id);
-        if (previous !== undefined && replacement(previous, record).unchanged) return { created: false, shard: previous, graceKept: true, unchanged: true };
-        const stored = conflicting(committed, record, overlaps);
-        if (stored !== undefined) throw conflictError(record, stored);
+        if (previous !== undefined && replacement(previous, record).unchanged) {
+          const result = { created: false, shard: previous, graceKept: true, unchanged: true };
+          stored(result);
+          return result;
+        }
+        const other = conflicting(committed, record, overlaps);
+        if (other !== undefined) throw conflictError(record, other);
       }
       const posted: { now: Posted } = { now: { tail: '', updatedAt: 0, postedAtTicks: null, tailStartedAtTicks: null } };
       let pending = inFlight.get(record.id);
@@ -430,13 +448,15 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
         (settled) => {
           pending.delete(posted);
           if (pending.size === 0) inFlight.delete(record.id);
-          if (settled.stored && !('conflict' in settled.result)) carryEngineOutput(record, settled.result.previous, posted.now);
+          if (!settled.stored || 'conflict' in settled.result) return;
+          carryEngineOutput(record, settled.result.previous, posted.now);
+          stored(putResult(settled.result));
         },
       );
       if ('conflict' in outcome) throw conflictError(record, outcome.conflict);
-      return { created: outcome.previous === undefined, shard: outcome.stored, graceKept: outcome.graceKept, unchanged: outcome.unchanged };
+      return putResult(outcome);
     },
-    async remove(id) {
+    async remove(id, removed = () => undefined) {
       // Nothing to write when the id is unknown and no change is pending that could add it.
       if (!committed.has(id) && queue.length === 0 && !writing) return false;
       let batchRefused = false;
@@ -445,7 +465,10 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
           (draft) => draft.delete(id),
           (settled) => {
             if (!settled.stored) batchRefused = settled.batchRefused;
-            else if (settled.result && engines.delete(id)) engineVersion += 1;
+            else if (settled.result) {
+              if (engines.delete(id)) engineVersion += 1;
+              removed();
+            }
           },
         );
       } catch (err) {

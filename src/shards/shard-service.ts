@@ -17,7 +17,7 @@ import { cgroupMatcher, type ProcReader } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
 import { readiness, restartedSince, type Readiness, type ReadinessState } from './readiness.js';
-import type { EngineState, Overlaps, Registry } from './registry.js';
+import type { EngineState, Overlaps, PutResult, Registry } from './registry.js';
 import { sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 /** What a registration names, as read from /proc: its identity, and which other registrations cover its processes. */
@@ -280,6 +280,28 @@ export function createShardService(deps: ShardServiceDeps) {
     }
   }
 
+  /** What follows a stored registration, whether or not its PUT still waits (its write may have landed after a 503 pending). */
+  function registered(id: string, { created, shard, graceKept, unchanged }: PutResult): void {
+    if (!graceKept) loggedVerdicts.delete(id);
+    const fields = { shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created, registeredAt: new Date(shard.registeredAt).toISOString() };
+    if (unchanged) {
+      // A control plane reconciling its shards re-PUTs them periodically: nothing to say, nothing to refresh.
+      log.debug(fields, 'Shard registration repeated unchanged; its grace clock goes on');
+      return;
+    }
+    node.invalidate();
+    if (created) log.info(fields, 'Shard registered');
+    else if (graceKept) log.info(fields, 'Shard registration replaced for the same process and GPUs; its grace clock goes on from its first registration');
+    else log.info(fields, 'Shard registration replaced with another process or other GPUs; its grace starts again');
+  }
+
+  /** What follows a stored removal, as registered(). */
+  function removed(id: string): void {
+    loggedVerdicts.delete(id);
+    node.invalidate();
+    log.info({ shard: id }, 'Shard removed');
+  }
+
   return {
     async register(id: string, body: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
       const hasPid = body.pid !== undefined;
@@ -305,26 +327,12 @@ export function createShardService(deps: ShardServiceDeps) {
         registeredAt: now(),
         identity,
       };
-      const { created, shard, graceKept, unchanged } = await registry.put(record, overlaps);
-      if (!graceKept) loggedVerdicts.delete(id);
-      const fields = { shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created, registeredAt: new Date(shard.registeredAt).toISOString() };
-      if (unchanged) {
-        // A control plane reconciling its shards re-PUTs them periodically: nothing to say, nothing to refresh.
-        log.debug(fields, 'Shard registration repeated unchanged; its grace clock goes on');
-        return { created, shard };
-      }
-      node.invalidate();
-      if (created) log.info(fields, 'Shard registered');
-      else if (graceKept) log.info(fields, 'Shard registration replaced for the same process and GPUs; its grace clock goes on from its first registration');
-      else log.info(fields, 'Shard registration replaced with another process or other GPUs; its grace starts again');
+      const { created, shard } = await registry.put(record, overlaps, (stored) => registered(id, stored));
       return { created, shard };
     },
 
     async remove(id: string): Promise<void> {
-      if (!(await registry.remove(id))) throw notFound(id);
-      loggedVerdicts.delete(id);
-      node.invalidate();
-      log.info({ shard: id }, 'Shard removed');
+      if (!(await registry.remove(id, () => removed(id)))) throw notFound(id);
     },
 
     /** Where a shard computes; nvidia-smi failures propagate (503): no snapshot, no answer. */

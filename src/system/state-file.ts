@@ -275,9 +275,9 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
    * look meanwhile, and none while an operation on the directory is stuck (that is the answer).
    */
   function startLook(maxWaitMs: number): Promise<Writability> {
-    if (looking) return looking;
     const stuck = stuckReason();
     if (stuck !== null) return Promise.resolve({ ok: false, reason: stuck });
+    if (looking) return looking;
     const doing = `writing a probe file in ${dir}`;
     const look = new Promise<Writability>((resolve) => {
       const late = setTimeout(

@@ -16,8 +16,8 @@ export interface StuckOperation {
 }
 
 const stuck = new Set<StuckOperation>();
-/** Per operation under way and not yet listed: settles once it returns or is listed. */
-const underWay = new Set<Promise<void>>();
+/** Each operation under way and not listed yet (with when it started), by a promise that settles once it returns or is listed. */
+const underWay = new Map<Promise<void>, { operation: StuckOperation; since: number }>();
 
 /**
  * Settles as `operation` does. Once it has been pending `boundMs`, it is listed as stuck (`about`
@@ -33,7 +33,7 @@ export function watch<T>(operation: Promise<T>, boundMs: number, about: StuckOpe
       resolve();
     };
   });
-  underWay.add(knownPromise);
+  underWay.set(knownPromise, { operation: entry, since: Date.now() });
   const timer = setTimeout(() => {
     listed = true;
     stuck.add(entry);
@@ -53,7 +53,16 @@ export function stuckOperations(): StuckOperation[] {
   return [...stuck];
 }
 
+/**
+ * The operations under way for at least `minAgeMs` whose bound has not passed yet: an exit that
+ * cannot wait for them may hang on one.
+ */
+export function operationsUnderWay(minAgeMs: number): StuckOperation[] {
+  const now = Date.now();
+  return [...underWay.values()].filter(({ since }) => now - since >= minAgeMs).map(({ operation }) => operation);
+}
+
 /** Settles once every operation under way now has returned or been listed as stuck (within its bound). */
 export async function operationsKnown(): Promise<void> {
-  await Promise.all([...underWay]);
+  await Promise.all([...underWay.keys()]);
 }

@@ -9,7 +9,7 @@ import t from 'tap';
 import { STATE_FILE_TIMEOUT_MS } from '../../src/system/state-file.js';
 import { spawnShardProcess } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
-import { mkfifo, releaseBlockedWriter } from '../helpers/fifo.js';
+import { blockedOpeningFifo, mkfifo } from '../helpers/fifo.js';
 import { runToEnd, startServer, within } from '../helpers/server.js';
 
 /** Far beyond the state file's bound and the shutdown's grace, even on a loaded machine: what is still waiting then hangs. */
@@ -22,10 +22,10 @@ t.test('a write that hangs: answered 503 within the bound, the next change refus
   const stateFile = join(dir, 'state', 's.json');
   const [first, second] = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
   const server = await startServer(t, { ...NO_NVIDIA_SMI, NODECOMPUTE_STATE_FILE: stateFile });
-  // The service's first write of the state file opens this temp file, and blocks there.
+  // The service's first write of the state file opens this temp file, and blocks there (in the
+  // service's process, which ends by the test's end, so nothing stays blocked).
   const temp = join(dir, 'state', `.s.json.${server.child.pid}.1.tmp`);
   mkfifo(temp);
-  t.teardown(() => void releaseBlockedWriter(temp));
   const put = (id: string, pid: number) =>
     server.fetch(`/shards/${id}`, {
       method: 'PUT',
@@ -39,7 +39,7 @@ t.test('a write that hangs: answered 503 within the bound, the next change refus
   t.equal(pending.status, 503, 'answered, not left hanging');
   t.match(await pending.json(), {
     code: 'NODECOMPUTE_STATE_WRITE_PENDING',
-    message: `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile} that carries it had not finished (its filesystem does not answer: a hung network mount?).`,
+    message: `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile} that carries it had not finished (a slow volume, or one that does not answer: a hung network mount?).`,
   });
   // The state file takes the write for stuck once its own bound passes (about when the PUT was answered).
   await waitUntil(() => server.logs().some((entry) => entry.level === 50 && String(entry.msg).startsWith('Registrations cannot be stored')), {
@@ -71,6 +71,34 @@ t.test('a write that hangs: answered 503 within the bound, the next change refus
     },
     'the last line says why, and every line logged before it is out',
   );
+});
+
+t.test('a shutdown cut short while a write is under way, its bound not passed yet: ends by SIGTERM, saying why, instead of hanging', async (t) => {
+  const dir = t.testdir({ state: {} });
+  const stateFile = join(dir, 'state', 's.json');
+  const shard = await spawnShardProcess(t, 0);
+  // A bound far beyond the test: the write stays under way, never listed as stuck.
+  const server = await startServer(t, { ...NO_NVIDIA_SMI, NODECOMPUTE_STATE_FILE: stateFile, NODECOMPUTE_STATE_TIMEOUT_MS: '600000' });
+  const pid = server.child.pid!;
+  mkfifo(join(dir, 'state', `.s.json.${pid}.1.tmp`));
+  const put = server
+    .fetch('/shards/a', { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ pid: shard.pid, gpus: [0] }) })
+    .catch((err: Error) => err);
+  await waitUntil(() => blockedOpeningFifo(pid), { what: 'the write to block in open()' });
+  // Under way for a second at least: no healthy disk's operation, so a cut-short exit must not wait for it.
+  await new Promise((resolve) => setTimeout(resolve, 1000));
+
+  server.child.kill('SIGTERM');
+  await waitUntil(() => server.logs().some((entry) => String(entry.msg).startsWith('Shutting down')), { what: 'the shutdown to begin' });
+  // The PUT holds the graceful shutdown up; a second signal cuts it short.
+  server.child.kill('SIGTERM');
+  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging until the kubelet SIGKILLs it');
+  t.match(server.logs().at(-1), {
+    level: 40,
+    file: stateFile,
+    msg: `A write of the state file ${stateFile} is still under way (its bound has not passed yet), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
+  });
+  t.type(await put, Error, 'the PUT got no answer: its connection ended with the process');
 });
 
 t.test('a state file that does not answer at start: the start fails within the bound, by SIGTERM, saying what to check', async (t) => {

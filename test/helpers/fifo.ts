@@ -2,7 +2,7 @@
 // end is opened, as a read or write on a hung network filesystem does), the kubelet's symlink swap,
 // and a running server brought to a stuck read of its token file.
 import { spawnSync } from 'node:child_process';
-import { closeSync, constants, openSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, openSync, readdirSync, readFileSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Test } from 'tap';
 import { stuckOperations } from '../../src/system/stuck-io.js';
@@ -32,6 +32,17 @@ export function fifoTestdir(t: Test, files: Record<string, string> = {}): { dir:
       return path;
     },
   };
+}
+
+/** Whether a thread of process `pid` is blocked opening a FIFO, waiting for its other end (Linux names that wait wait_for_partner). */
+export function blockedOpeningFifo(pid: number): boolean {
+  return readdirSync(`/proc/${pid}/task`).some((task) => {
+    try {
+      return readFileSync(`/proc/${pid}/task/${task}/wchan`, 'utf8') === 'wait_for_partner';
+    } catch {
+      return false; // the thread ended meanwhile
+    }
+  });
 }
 
 /** The files of the operations stuck now (stuck-io.ts). */

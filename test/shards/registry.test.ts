@@ -344,7 +344,10 @@ t.test('a write that does not finish within the bound: its change is answered pe
   const registry = await loadRegistry({ stateFile: { ...wrapped, timeoutMs: 100, stuck: () => stuck }, log: recording });
   const version = registry.version;
 
-  const replacing = registry.put({ ...record('s', 'llama.cpp', 43), identity: { pid: 43, pgid: 43, startTime: 9, name: 'llama-server' } });
+  const told: unknown[] = [];
+  const replacing = registry.put({ ...record('s', 'llama.cpp', 43), identity: { pid: 43, pgid: 43, startTime: 9, name: 'llama-server' } }, undefined, (result) =>
+    told.push(result),
+  );
   await writing;
   registry.appendEngineOutput('s', CUDA_BUFFER, 2, 20);
   const behind = registry.put(record('t', 'other', 44));
@@ -354,7 +357,7 @@ t.test('a write that does not finish within the bound: its change is answered pe
     statusCode: 503,
     message:
       `The change is not acknowledged: 100 ms after it came, the write of the state file ${path} that carries it had not finished ` +
-      '(its filesystem does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when the filesystem answers ' +
+      '(a slow volume, or one that does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when it lands ' +
       '(GET /shards shows what is stored). Retry once GET /readyz passes; repeating the same request is safe (a repeated DELETE that answers 404 means the first one was stored).',
   });
   await t.rejects(behind, {
@@ -365,6 +368,12 @@ t.test('a write that does not finish within the bound: its change is answered pe
       '(its filesystem does not answer: a hung network mount?). It was withdrawn, and nothing was changed. Retry once GET /readyz passes.',
   });
   await t.rejects(removal, { code: 'NODECOMPUTE_STATE_WRITE_FAILED', message: /withdrawn/ }, 'a removal too');
+  await t.rejects(
+    registry.remove('unknown'),
+    { code: 'NODECOMPUTE_STATE_WRITE_FAILED' },
+    'even of an id not stored: not "not registered" while a write that may still add it is pending',
+  );
+  t.same(told, [], 'what follows a stored registration waits for it to be stored');
   stuck = 'writing it did not finish within 100 ms';
   await t.rejects(
     registry.put(record('u', 'other', 45)),
@@ -378,6 +387,7 @@ t.test('a write that does not finish within the bound: its change is answered pe
   open();
   await waitUntil(() => registry.version > version, { what: 'the late write to land' });
   t.equal(registry.get('s')?.pid, 43, 'the pending change is stored after all');
+  t.match(told, [{ created: false, graceKept: false, shard: { pid: 43 } }], 'and what follows a stored registration is done then, though its caller was answered');
   t.match(registry.engine('s'), { tail: CUDA_BUFFER, postedAtTicks: 20 }, 'with the output posted since its PUT came, as if it had been answered in time');
   t.equal(registry.get('t'), undefined, 'a withdrawn change is never applied');
   t.same(JSON.parse(readFileSync(path, 'utf8')).shards.map((shard: ShardRecord) => [shard.id, shard.pid]), [['s', 43]], 'the file agrees');
@@ -406,6 +416,25 @@ t.test('a write that does not finish within the bound and then fails: nothing is
     { level: 50, msg: 'Could not write the state file; the changes were refused and nothing stored was lost' },
     { level: 30, changes: 1, msg: /the 1 change\(s\) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile were not stored after all: the write failed when it returned\.$/ },
   ]);
+});
+
+t.test('what follows a stored change is told once it is stored, unchanged repeats too; one that throws is logged and stops nothing', async (t) => {
+  const lines: Array<Record<string, unknown>> = [];
+  const recording = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const registry = await loadRegistry({ stateFile: createStateFile(join(t.testdir({}), 's.json'), { log }), log: recording });
+  const told: string[] = [];
+  await registry.put(record('a'), undefined, (result) => told.push(`a created=${result.created}`));
+  await registry.put(record('a'), undefined, (result) => told.push(`a unchanged=${result.unchanged}`));
+  t.equal(await registry.remove('a', () => told.push('a removed')), true);
+  t.equal(await registry.remove('a', () => told.push('a removed again')), false);
+  t.same(told, ['a created=true', 'a unchanged=true', 'a removed']);
+
+  const stored = await registry.put(record('b', 'other', 43), undefined, () => {
+    throw new Error('a bug in what follows');
+  });
+  t.equal(stored.created, true, 'the change is stored and answered all the same');
+  t.match(lines.at(-1), { level: 50, err: { message: 'a bug in what follows' }, msg: /the change itself is stored\. This is a bug in nodecompute/ });
+  t.match(await registry.put(record('c', 'other', 44)), { created: true }, 'and the registry goes on');
 });
 
 t.test('a replacement for the same target and GPUs keeps the registration time (the grace clock); another target or other GPUs restart it', async (t) => {
