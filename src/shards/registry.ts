@@ -326,10 +326,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     try {
       item.settled(outcome);
     } catch (err) {
-      log.error(
-        { err },
-        `What follows a change to the registry failed; the change itself is ${outcome.stored ? 'stored' : 'not stored'}. This is a bug in nodecompute, please report it with this line.`,
-      );
+      log.error({ err }, 'What follows a change to the registry failed; the registry itself is as answered. This is a bug in nodecompute, please report it with this line.');
     }
     if (outcome.stored) item.resolve(outcome.result);
     else item.reject(failure!);

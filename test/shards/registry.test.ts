@@ -433,7 +433,7 @@ t.test('what follows a stored change is told once it is stored, unchanged repeat
     throw new Error('a bug in what follows');
   });
   t.equal(stored.created, true, 'the change is stored and answered all the same');
-  t.match(lines.at(-1), { level: 50, err: { message: 'a bug in what follows' }, msg: /the change itself is stored\. This is a bug in nodecompute/ });
+  t.match(lines.at(-1), { level: 50, err: { message: 'a bug in what follows' }, msg: /the registry itself is as answered\. This is a bug in nodecompute/ });
   t.match(await registry.put(record('c', 'other', 44)), { created: true }, 'and the registry goes on');
 });
 
