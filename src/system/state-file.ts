@@ -86,6 +86,9 @@ export interface StateFileOptions {
   timeoutMs?: number;
 }
 
+/** Why the directory is not writable while `doing` has been pending `ms`. */
+const notFinished = (doing: string, ms: number): string => `${doing} did not finish within ${ms} ms: its filesystem does not answer (a hung network mount?)`;
+
 /** An operation on the state file's filesystem, as watched() names it. */
 interface Operation {
   /** As the reason it is stuck starts: "reading /state/shards.json". */
@@ -196,7 +199,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
    * is told why (by default, that is the directory's answer until then).
    */
   function watched<T>(operation: Promise<T>, { doing, what }: Operation, onStuck = (reason: string): unknown => record({ ok: false, reason })): Promise<T> {
-    const entry = { reason: `${doing} did not finish within ${timeoutMs} ms: its filesystem does not answer (a hung network mount?)` };
+    const entry = { reason: notFinished(doing, timeoutMs) };
     return watch(operation, timeoutMs, { what, file: path, fix: STUCK_FIX }, () => {
       hung.add(entry);
       onStuck(entry.reason);
@@ -281,7 +284,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     const doing = `writing a probe file in ${dir}`;
     const look = new Promise<Writability>((resolve) => {
       const late = setTimeout(
-        () => resolve(record({ ok: false, reason: `${doing} did not finish within ${maxWaitMs} ms: its filesystem does not answer (a hung network mount?)` })),
+        () => resolve(record({ ok: false, reason: notFinished(doing, maxWaitMs) })),
         maxWaitMs,
       );
       late.unref();
