@@ -2,6 +2,7 @@
 // Each app has its own prom-client registry (tests build many apps in one process). Node series are
 // rebuilt from the cached snapshot at every scrape, so a deleted shard's series disappear with it;
 // nvidia-smi timings and failures are recorded as the runs happen.
+import { createRequire } from 'node:module';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { NVIDIA_SMI_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
@@ -12,6 +13,27 @@ import type { QueryName, QueryObservation } from './system/nvidia-smi.js';
 import { VERSION } from './version.js';
 
 const MIB = 1024 * 1024;
+
+/** One of prom-client's default collectors (prom-client/lib/metrics/<name>.js), as collectDefaultMetrics calls it. */
+type DefaultCollector = (registry: Registry, config: { eventLoopMonitoringPrecision: number }) => void;
+/**
+ * prom-client's default process and Node metrics, but for `gc` (nodejs_gc_duration_seconds): its
+ * PerformanceObserver makes Node build and deliver an entry on every garbage collection, 80 to 190
+ * us each here (a scavenge comes every 200-250 requests under load). perf put it at 1.3 us of a
+ * 30-50 us readiness probe, 4 to 8% of the CPU per request in an A/B (README, Benchmarks); no alert
+ * or question of this service's operators needs GC timing.
+ * prom-client has no switch for one collector; its list and files are used as collectDefaultMetrics
+ * uses them, so a prom-client that renames one fails at start (tests), not silently.
+ */
+const DEFAULT_COLLECTORS = collectDefaultMetrics.metricsList.filter((name) => name !== 'gc');
+const requireCollector = createRequire(import.meta.url);
+
+function collectDefaultsButGc(registry: Registry): void {
+  for (const name of DEFAULT_COLLECTORS) {
+    const collect = requireCollector(`prom-client/lib/metrics/${name}`) as DefaultCollector;
+    collect(registry, { eventLoopMonitoringPrecision: 10 });
+  }
+}
 
 /** Every query: its failure counter starts at 0 for every code a run can fail with (errors.ts), so rate() sees the first failure. */
 const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
@@ -29,7 +51,7 @@ export interface Metrics {
 
 export function createMetrics(): Metrics {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry });
+  collectDefaultsButGc(registry);
   // prom-client names these gauges *_total, which Prometheus reserves for counters (promtool rejects
   // them); the handle and request counts they carry are rarely what an operator needs.
   for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {

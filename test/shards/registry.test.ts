@@ -388,6 +388,7 @@ t.test('a write that does not finish within the bound: its change is answered pe
   await waitUntil(() => registry.version > version, { what: 'the late write to land' });
   t.equal(registry.get('s')?.pid, 43, 'the pending change is stored after all');
   t.match(told, [{ created: false, graceKept: false, shard: { pid: 43 } }], 'and what follows a stored registration is done then, though its caller was answered');
+  t.equal(told.length, 1, 'once');
   t.match(registry.engine('s'), { tail: CUDA_BUFFER, postedAtTicks: 20 }, 'with the output posted since its PUT came, as if it had been answered in time');
   t.equal(registry.get('t'), undefined, 'a withdrawn change is never applied');
   t.same(JSON.parse(readFileSync(path, 'utf8')).shards.map((shard: ShardRecord) => [shard.id, shard.pid]), [['s', 43]], 'the file agrees');
