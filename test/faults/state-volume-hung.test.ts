@@ -1,9 +1,11 @@
 // The state file's volume stops answering (a hung network mount), as a real process sees it: a FIFO
 // stands in for the file, since open() on one blocks until its other end is opened. While the
 // service runs, the FIFO is the temp file the next write opens: the registration is answered 503
-// within the state file's bound instead of hanging, the next is refused at once, /readyz fails, and SIGTERM still ends the process (Node's exit would wait for the stuck write for good): by
-// SIGTERM, saying why. At start, the FIFO is the state file itself: the start fails within the bound,
-// saying what to check, instead of never listening.
+// within the state file's bound instead of hanging, the next is refused at once, /readyz fails, and
+// SIGTERM still ends the process (Node's exit would wait for the stuck write for good): by SIGTERM,
+// saying why, whether the write hung before the signal or hangs during the shutdown. At start, the
+// FIFO is the state file itself: the start fails within the bound, saying what to check, instead of
+// never listening.
 import { join } from 'node:path';
 import t from 'tap';
 import { STATE_FILE_TIMEOUT_MS } from '../../src/system/state-file.js';
@@ -99,6 +101,41 @@ t.test('a shutdown cut short while a write is under way, its bound not passed ye
     msg: `A write of the state file ${stateFile} is still under way (its bound has not passed yet), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
   });
   t.type(await put, Error, 'the PUT got no answer: its connection ended with the process');
+});
+
+t.test('SIGTERM while a write is under way, its bound not passed yet: the graceful shutdown answers the change, then ends by SIGTERM, saying why', async (t) => {
+  const dir = t.testdir({ state: {} });
+  const stateFile = join(dir, 'state', 's.json');
+  const shard = await spawnShardProcess(t, 0);
+  const server = await startServer(t, { ...NO_NVIDIA_SMI, NODECOMPUTE_STATE_FILE: stateFile });
+  const pid = server.child.pid!;
+  mkfifo(join(dir, 'state', `.s.json.${pid}.1.tmp`));
+  const put = server.fetch('/shards/a', {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ pid: shard.pid, gpus: [0] }),
+    signal: AbortSignal.timeout(HANG_MS),
+  });
+  await waitUntil(() => blockedOpeningFifo(pid), { what: 'the write to block in open()' });
+
+  // The volume hangs as the pod is being stopped: one signal, a graceful shutdown. The PUT's own
+  // deadline holds the close up about as long as the write's bound, so by the time the close ends
+  // the write is listed as stuck.
+  server.child.kill('SIGTERM');
+  const answer = await put;
+  t.equal(answer.status, 503, 'the change in flight is answered during the shutdown, not cut off');
+  t.match(await answer.json(), { code: 'NODECOMPUTE_STATE_WRITE_PENDING' });
+  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging on the write until the kubelet SIGKILLs it');
+  const logs = server.logs();
+  t.notOk(
+    logs.some((entry) => String(entry.msg).startsWith('Shutting down took longer')),
+    'within its grace: the shutdown was not cut short',
+  );
+  t.match(logs.at(-1), {
+    level: 40,
+    file: stateFile,
+    msg: `A write of the state file ${stateFile} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
+  }, 'the last line says why, and every line logged before it is out');
 });
 
 t.test('a state file that does not answer at start: the start fails within the bound, by SIGTERM, saying what to check', async (t) => {
