@@ -3,10 +3,12 @@
 // service runs, the FIFO is the temp file the next write opens: the registration is answered 503
 // within the state file's bound instead of hanging, the next is refused at once, /readyz fails, and
 // SIGTERM still ends the process (Node's exit would wait for the stuck write for good): by SIGTERM,
-// saying why, whether the write hung before the signal or hangs during the shutdown. At start, the
+// saying why, whether the write hung before the signal or hangs during the shutdown, and when only
+// the start-up look at the directory hangs, with no request to hold the shutdown up. At start, the
 // FIFO is the state file itself: the start fails within the bound, saying what to check, instead of
 // never listening.
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import t from 'tap';
 import { STATE_FILE_TIMEOUT_MS } from '../../src/system/state-file.js';
 import { spawnShardProcess } from '../helpers/app.js';
@@ -135,6 +137,47 @@ t.test('SIGTERM while a write is under way, its bound not passed yet: the gracef
     level: 40,
     file: stateFile,
     msg: `A write of the state file ${stateFile} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
+  }, 'the last line says why, and every line logged before it is out');
+});
+
+t.test('SIGTERM while the start-up look at the state directory hangs, its bound not passed yet: the exit waits for the bound, then ends by SIGTERM, saying why', async (t) => {
+  // No request holds this shutdown up: the close ends at once, and only the exit's wait for the
+  // operations under way (main.ts, operationsKnown) lets the look be listed as stuck before Node's
+  // exit would hang on it. The FIFO stands where the look writes its probe file; the service's own
+  // process makes it (a preload), as its name holds that process's PID and the look comes right
+  // after the start.
+  const boundMs = 8000;
+  const dir = t.testdir({
+    state: {},
+    'fifo-for-probe.mjs':
+      "import { spawnSync } from 'node:child_process';\n" +
+      "import { basename, dirname, join } from 'node:path';\n" +
+      'const stateFile = process.env.NODECOMPUTE_STATE_FILE;\n' +
+      "spawnSync('mkfifo', [join(dirname(stateFile), `.${basename(stateFile)}.${process.pid}.probe`)]);\n",
+  });
+  const stateFile = join(dir, 'state', 's.json');
+  const startedAt = Date.now();
+  const server = await startServer(t, {
+    ...NO_NVIDIA_SMI,
+    NODECOMPUTE_STATE_FILE: stateFile,
+    NODECOMPUTE_STATE_TIMEOUT_MS: String(boundMs),
+    NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import=${pathToFileURL(join(dir, 'fifo-for-probe.mjs')).href}`,
+  });
+  const pid = server.child.pid!;
+  await waitUntil(() => blockedOpeningFifo(pid), { what: 'the look to block in open()' });
+
+  server.child.kill('SIGTERM');
+  t.ok(Date.now() - startedAt < boundMs, 'signalled before the look had been under way for its bound: it was not listed as stuck yet');
+  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging on the look until the kubelet SIGKILLs it');
+  const logs = server.logs();
+  t.notOk(
+    logs.some((entry) => String(entry.msg).startsWith('Shutting down took longer')),
+    'within its grace: the shutdown was not cut short',
+  );
+  t.match(logs.at(-1), {
+    level: 40,
+    file: stateFile,
+    msg: `A write of a probe file beside the state file ${stateFile} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
   }, 'the last line says why, and every line logged before it is out');
 });
 
