@@ -172,14 +172,18 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       onSecondError: (err) =>
         cutShutdownShort(log, `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`, err),
     },
-    async ({ signal, err }) => {
-      if (err === undefined) {
-        log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
-      } else {
+    async (closing) => {
+      const { signal, err } = closing;
+      // An uncaught error is told by its key, not its value: a promise rejected with no reason (or
+      // `throw undefined`) comes as { err: undefined }, and close-with-grace would then exit 0.
+      const failed = 'err' in closing;
+      if (failed) {
         log.error(
-          { err },
+          err ? { err } : { thrown: String(err) },
           `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`,
         );
+      } else {
+        log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
       }
       try {
         await app.close();
@@ -187,6 +191,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
         await operationsKnown();
         endIfIoStuck(log);
       }
+      if (failed) process.exit(1);
     },
   );
   const { url, host, message } = listening;

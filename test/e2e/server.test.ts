@@ -1,11 +1,13 @@
 // The real server process: start-up without nvidia-smi, bad settings, restarts that keep shards, a
-// SIGKILL in the middle of a registration storm, and graceful shutdown with requests in flight.
+// SIGKILL in the middle of a registration storm, graceful shutdown with requests in flight, and the
+// exit code an uncaught error leaves.
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import t, { type Test } from 'tap';
 import { createFakeNvidiaSmi, eightGpuNode, livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { MAIN, startServer } from '../helpers/server.js';
@@ -227,6 +229,40 @@ t.test('SIGTERM finishes in-flight requests, kills nvidia-smi children and exits
   const smiPids = fake.invocations().map((invocation) => invocation.pid);
   await waitUntil(() => smiPids.every((pid) => livePidsInGroup(pid).length === 0), { what: 'every nvidia-smi group to be gone' });
   t.pass('no nvidia-smi process is left');
+});
+
+t.test('an uncaught error closes the service and exits 1, whatever was thrown, a promise rejected with no reason included', async (t) => {
+  const dir = tempDir(t);
+  // Preloaded into the server: on SIGWINCH (a signal the service leaves alone), throws what the test asks for.
+  const preload = join(dir, 'throw-on-sigwinch.mjs');
+  writeFileSync(
+    preload,
+    "process.on('SIGWINCH', () => setImmediate(() => {\n" +
+      "  if (process.env.THROWN === 'error') throw new Error('injected by the test');\n" +
+      '  void Promise.reject();\n' +
+      '}));\n',
+  );
+  const cases = [
+    { thrown: 'error', fields: { err: { message: 'injected by the test' } } },
+    { thrown: 'nothing', fields: { thrown: 'undefined' } },
+  ];
+  for (const { thrown, fields } of cases) {
+    const server = await startServer(t, {
+      NODECOMPUTE_NVIDIA_SMI: join(dir, 'missing-nvidia-smi'),
+      NODECOMPUTE_STATE_FILE: join(dir, `${thrown}.json`),
+      NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import=${pathToFileURL(preload).href}`,
+      THROWN: thrown,
+    });
+    server.child.kill('SIGWINCH');
+    t.equal(await server.exited, 1, `${thrown}: exit code 1, so the restart policy sees a failure`);
+    const shuttingDown = server.logs().filter((entry) => String(entry.msg).startsWith('Shutting down'));
+    t.equal(shuttingDown.length, 1, `${thrown}: one line says the shutdown begins`);
+    t.match(
+      shuttingDown[0],
+      { level: 50, msg: /^Shutting down after an uncaught error \(a bug in nodecompute: .*then exiting 1 for the restart policy/, ...fields },
+      `${thrown}: at error level, saying what was thrown`,
+    );
+  }
 });
 
 t.test('on a terminal the log is pretty; elsewhere it is JSON', async (t) => {
