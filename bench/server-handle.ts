@@ -7,10 +7,11 @@ import { fileURLToPath } from 'node:url';
 import type { FromServer, ServerSpec, ToServer } from './server.js';
 
 const SERVER_JS = fileURLToPath(new URL('./server.js', import.meta.url));
-/** The Node options the service ships with (package.json config.nodeOptions, the Dockerfile's NODE_OPTIONS). */
-const SERVICE_NODE_OPTIONS = (
-  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string } }
-).config.nodeOptions.split(' ');
+/** How the service ships (package.json's config, the Dockerfile's NODE_OPTIONS and MALLOC_ARENA_MAX). */
+const SHIPPED = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string; mallocArenaMax: string } }).config;
+const SERVICE_NODE_OPTIONS = SHIPPED.nodeOptions.split(' ');
+/** As `npm start` does, a MALLOC_ARENA_MAX of the caller's own wins. */
+const SERVICE_ENV = { ...process.env, MALLOC_ARENA_MAX: process.env.MALLOC_ARENA_MAX ?? SHIPPED.mallocArenaMax };
 const TAIL_CHARS = 4000;
 
 export interface ServerHandle {
@@ -56,7 +57,7 @@ function nextMessage<T extends FromServer['type']>(child: ChildProcess, type: T,
 }
 
 export async function startServer(name: string, spec: ServerSpec): Promise<ServerHandle> {
-  const child = spawn(process.execPath, [...SERVICE_NODE_OPTIONS, SERVER_JS], { stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+  const child = spawn(process.execPath, [...SERVICE_NODE_OPTIONS, SERVER_JS], { env: SERVICE_ENV, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
   let tail = '';
   const keep = (chunk: Buffer) => {
     tail = (tail + chunk.toString()).slice(-TAIL_CHARS);

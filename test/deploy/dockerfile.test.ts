@@ -167,6 +167,13 @@ t.test('NODE_OPTIONS caps the heap as npm start and the benchmarks do', async (t
   t.match(pkg.scripts.start, /NODE_OPTIONS="\$npm_package_config_nodeOptions \$NODE_OPTIONS"/, 'npm start uses them too, the caller\'s own options last (they win)');
 });
 
+t.test('MALLOC_ARENA_MAX bounds glibc malloc\'s arenas as npm start and the benchmarks do', async (t) => {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { mallocArenaMax: string }; scripts: { start: string } };
+  t.equal(env.get('MALLOC_ARENA_MAX'), pkg.config.mallocArenaMax, 'the image runs with package.json config.mallocArenaMax');
+  t.match(pkg.config.mallocArenaMax, /^[1-9]\d*$/, 'a positive count: glibc ignores anything else');
+  t.match(pkg.scripts.start, /MALLOC_ARENA_MAX="\$\{MALLOC_ARENA_MAX:-\$npm_package_config_mallocArenaMax\}"/, 'npm start sets it too, unless the caller has');
+});
+
 t.test('EXPOSE is the default port and VOLUME is the state file directory', async (t) => {
   t.equal(Number(one(runtime, 'EXPOSE').args), SETTINGS.port.default);
   t.notOk(env.has('NODECOMPUTE_PORT'), 'the port is left at its default');
@@ -222,6 +229,7 @@ t.test('`nodecompute` is on the image\'s PATH, as package.json bin installs it, 
   const imageEnv = {
     PATH: `${join(root, posix.dirname(bin))}:${dirname(process.execPath)}:/usr/bin:/bin`,
     NODE_OPTIONS: env.get('NODE_OPTIONS') as string,
+    MALLOC_ARENA_MAX: env.get('MALLOC_ARENA_MAX') as string,
     NODECOMPUTE_STATE_FILE: join(root, 'state', 'shards.json'),
     NODECOMPUTE_NVIDIA_SMI: join(root, 'no-nvidia-smi'),
   };
