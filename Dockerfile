@@ -68,9 +68,9 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 ENV NODE_OPTIONS="--max-old-space-size=128 --max-semi-space-size=2"
 
 # glibc's malloc gives threads that allocate at once arenas of their own (up to 8 per core), and what
-# they free stays resident in them. Two arenas kept RSS 2.5 to 8.6 MB lower over the memory
-# benchmark (Node 20 and 24, bench/README.md). Same value as package.json's config.mallocArenaMax
-# (a test keeps them equal).
+# they free stays resident in them. With two arenas RSS was lower in 6 of 6 paired runs of the
+# memory benchmark, by 2.5 to 8.6 MB (Node 20 and 24; bench/README.md). Same value as package.json's
+# config.mallocArenaMax (a test keeps them equal).
 ENV MALLOC_ARENA_MAX=2
 
 USER 10001:10001

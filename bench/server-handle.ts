@@ -10,8 +10,8 @@ const SERVER_JS = fileURLToPath(new URL('./server.js', import.meta.url));
 /** How the service ships (package.json's config, the Dockerfile's NODE_OPTIONS and MALLOC_ARENA_MAX). */
 const SHIPPED = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string; mallocArenaMax: string } }).config;
 const SERVICE_NODE_OPTIONS = SHIPPED.nodeOptions.split(' ');
-/** As `npm start` does, a MALLOC_ARENA_MAX of the caller's own wins. */
-const SERVICE_ENV = { ...process.env, MALLOC_ARENA_MAX: process.env.MALLOC_ARENA_MAX ?? SHIPPED.mallocArenaMax };
+/** As with `npm start`, a MALLOC_ARENA_MAX of the caller's own wins (an empty one counts as unset). */
+const SERVICE_ENV = { ...process.env, MALLOC_ARENA_MAX: process.env.MALLOC_ARENA_MAX || SHIPPED.mallocArenaMax };
 const TAIL_CHARS = 4000;
 
 export interface ServerHandle {

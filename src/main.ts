@@ -9,6 +9,7 @@
 // file or the state file is stuck on a hung mount, ends by SIGTERM (endIfIoStuck): Node cannot exit
 // before that operation returns.
 import closeWithGrace from 'close-with-grace';
+import { inspect } from 'node:util';
 import { destination, pino, symbols, type Logger } from 'pino';
 import { buildApp } from './app.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
@@ -130,15 +131,21 @@ function endIfIoStuck(log: Logger | null, cutShort = false): void {
 }
 
 /**
- * The shutdown is cut short (its grace ran out, a second signal came, or an uncaught error `err`):
- * says so, and ends the process at once. close-with-grace calls process.exit(1) right after this
+ * The shutdown is cut short (its grace ran out, a second signal came, or an uncaught error, which
+ * `fields` carry): says so, and ends the process at once. close-with-grace calls process.exit(1) right after this
  * returns, so where a file operation is stuck or still under way (that exit would or could hang)
  * the process ends here, by SIGTERM.
  */
-function cutShutdownShort(log: Logger, why: string, err?: unknown): void {
-  log.error({ err }, why);
+function cutShutdownShort(log: Logger, why: string, fields: object = {}): void {
+  log.error(fields, why);
   endIfIoStuck(log, true);
 }
+
+/**
+ * What an uncaught error's log line carries: the error, or, for a falsy value (a promise rejected
+ * with no reason, `throw ''`), that value as JavaScript writes it, which pino would leave out.
+ */
+const thrownFields = (err: unknown): { err: unknown } | { thrown: string } => (err ? { err } : { thrown: inspect(err) });
 
 /** Said of an uncaught error, which nothing in nodecompute should let through. */
 const A_BUG = 'a bug in nodecompute: please report it with this line and the ones before it';
@@ -156,7 +163,8 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   }
   // Installed once listening: close-with-grace ends the process with code 0 when the event loop
   // empties, which would hide a start that failed (a port in use) from restart policies.
-  // On an uncaught error it calls the shutdown with the error (and no signal), and exits 1.
+  // On an uncaught error it calls the shutdown with the error (and no signal); the shutdown then
+  // exits 1 itself, as close-with-grace exits 0 when the value thrown is falsy.
   closeWithGrace(
     {
       delay: SHUTDOWN_GRACE_MS,
@@ -170,7 +178,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       onSecondSignal: (signal) =>
         cutShutdownShort(log, `A second ${signal} came while shutting down: the requests still in flight are cut off, and the process ends now.`),
       onSecondError: (err) =>
-        cutShutdownShort(log, `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`, err),
+        cutShutdownShort(log, `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`, thrownFields(err)),
     },
     async (closing) => {
       const { signal, err } = closing;
@@ -179,7 +187,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       const failed = 'err' in closing;
       if (failed) {
         log.error(
-          err ? { err } : { thrown: String(err) },
+          thrownFields(err),
           `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`,
         );
       } else {

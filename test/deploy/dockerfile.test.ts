@@ -167,7 +167,7 @@ t.test('NODE_OPTIONS caps the heap as npm start and the benchmarks do', async (t
   t.match(pkg.scripts.start, /NODE_OPTIONS="\$npm_package_config_nodeOptions \$NODE_OPTIONS"/, 'npm start uses them too, the caller\'s own options last (they win)');
 });
 
-t.test('MALLOC_ARENA_MAX bounds glibc malloc\'s arenas as npm start and the benchmarks do', async (t) => {
+t.test('MALLOC_ARENA_MAX bounds glibc malloc\'s arenas in the image as npm start does', async (t) => {
   const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { mallocArenaMax: string }; scripts: { start: string } };
   t.equal(env.get('MALLOC_ARENA_MAX'), pkg.config.mallocArenaMax, 'the image runs with package.json config.mallocArenaMax');
   t.match(pkg.config.mallocArenaMax, /^[1-9]\d*$/, 'a positive count: glibc ignores anything else');

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import t, { type Test } from 'tap';
 import { createFakeNvidiaSmi, eightGpuNode, livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
-import { MAIN, startServer } from '../helpers/server.js';
+import { MAIN, startServer, within } from '../helpers/server.js';
 import { spawnShardProcess } from '../helpers/app.js';
 import { livePidsWithEnv } from '../helpers/process-scan.js';
 
@@ -239,22 +239,24 @@ t.test('an uncaught error closes the service and exits 1, whatever was thrown, a
     preload,
     "process.on('SIGWINCH', () => setImmediate(() => {\n" +
       "  if (process.env.THROWN === 'error') throw new Error('injected by the test');\n" +
+      "  if (process.env.THROWN === 'an empty string') throw '';\n" +
       '  void Promise.reject();\n' +
       '}));\n',
   );
   const cases = [
     { thrown: 'error', fields: { err: { message: 'injected by the test' } } },
     { thrown: 'nothing', fields: { thrown: 'undefined' } },
+    { thrown: 'an empty string', fields: { thrown: "''" } },
   ];
   for (const { thrown, fields } of cases) {
     const server = await startServer(t, {
       NODECOMPUTE_NVIDIA_SMI: join(dir, 'missing-nvidia-smi'),
-      NODECOMPUTE_STATE_FILE: join(dir, `${thrown}.json`),
+      NODECOMPUTE_STATE_FILE: join(dir, `${thrown.replaceAll(' ', '-')}.json`),
       NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import=${pathToFileURL(preload).href}`,
       THROWN: thrown,
     });
     server.child.kill('SIGWINCH');
-    t.equal(await server.exited, 1, `${thrown}: exit code 1, so the restart policy sees a failure`);
+    t.equal(await within(server.exited, 30_000), 1, `${thrown}: exit code 1, so the restart policy sees a failure`);
     const shuttingDown = server.logs().filter((entry) => String(entry.msg).startsWith('Shutting down'));
     t.equal(shuttingDown.length, 1, `${thrown}: one line says the shutdown begins`);
     t.match(
