@@ -9,17 +9,36 @@
 // never listening.
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { STATE_FILE_TIMEOUT_MS } from '../../src/system/state-file.js';
 import { spawnShardProcess } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { blockedOpeningFifo, mkfifo } from '../helpers/fifo.js';
-import { runToEnd, startServer, within } from '../helpers/server.js';
+import { runToEnd, startServer, within, type RunningServer } from '../helpers/server.js';
 
 /** Far beyond the state file's bound and the shutdown's grace, even on a loaded machine: what is still waiting then hangs. */
 const HANG_MS = 45_000;
 const NO_NVIDIA_SMI = { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi' };
 const STUCK_FIX = 'If this repeats, check the volume that holds it (a hung network mount?), or set NODECOMPUTE_STATE_FILE to a path on a local disk.';
+const STUCK = 'is still pending (its filesystem does not answer)';
+
+/** The last line of a process that ends by SIGTERM because `what` on `stateFile` is `pending`: stuck, or under way when the shutdown was cut short. */
+const sigtermLine = (what: string, stateFile: string, pending = STUCK) => ({
+  level: 40,
+  file: stateFile,
+  msg: `${what} ${stateFile} ${pending}, and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
+});
+
+/** The graceful shutdown, within its grace, ended by SIGTERM, its last line saying that `what` is stuck. */
+async function endedGracefullyBySigterm(t: Test, server: RunningServer, what: string, stateFile: string): Promise<void> {
+  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging until the kubelet SIGKILLs it');
+  const logs = server.logs();
+  t.notOk(
+    logs.some((entry) => String(entry.msg).startsWith('Shutting down took longer')),
+    'within its grace: the shutdown was not cut short',
+  );
+  t.match(logs.at(-1), sigtermLine(what, stateFile), 'the last line says why, and every line logged before it is out');
+}
 
 t.test('a write that hangs: answered 503 within the bound, the next change refused, /readyz failing, and SIGTERM ends the process, saying why', async (t) => {
   const dir = t.testdir({ state: {} });
@@ -65,16 +84,7 @@ t.test('a write that hangs: answered 503 within the bound, the next change refus
   t.same(((await listed.json()) as { shards: unknown[] }).shards, [], 'nothing acknowledged, nothing served');
 
   server.child.kill('SIGTERM');
-  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging until the kubelet SIGKILLs it');
-  t.match(
-    server.logs().at(-1),
-    {
-      level: 40,
-      file: stateFile,
-      msg: `A write of the state file ${stateFile} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
-    },
-    'the last line says why, and every line logged before it is out',
-  );
+  await endedGracefullyBySigterm(t, server, 'A write of the state file', stateFile);
 });
 
 t.test('a shutdown cut short while a write is under way, its bound not passed yet: ends by SIGTERM, saying why, instead of hanging', async (t) => {
@@ -97,11 +107,7 @@ t.test('a shutdown cut short while a write is under way, its bound not passed ye
   // The PUT holds the graceful shutdown up; a second signal cuts it short.
   server.child.kill('SIGTERM');
   t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging until the kubelet SIGKILLs it');
-  t.match(server.logs().at(-1), {
-    level: 40,
-    file: stateFile,
-    msg: `A write of the state file ${stateFile} is still under way (its bound has not passed yet), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
-  });
+  t.match(server.logs().at(-1), sigtermLine('A write of the state file', stateFile, 'is still under way (its bound has not passed yet)'));
   t.type(await put, Error, 'the PUT got no answer: its connection ended with the process');
 });
 
@@ -127,17 +133,7 @@ t.test('SIGTERM while a write is under way, its bound not passed yet: the gracef
   const answer = await put;
   t.equal(answer.status, 503, 'the change in flight is answered during the shutdown, not cut off');
   t.match(await answer.json(), { code: 'NODECOMPUTE_STATE_WRITE_PENDING' });
-  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging on the write until the kubelet SIGKILLs it');
-  const logs = server.logs();
-  t.notOk(
-    logs.some((entry) => String(entry.msg).startsWith('Shutting down took longer')),
-    'within its grace: the shutdown was not cut short',
-  );
-  t.match(logs.at(-1), {
-    level: 40,
-    file: stateFile,
-    msg: `A write of the state file ${stateFile} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
-  }, 'the last line says why, and every line logged before it is out');
+  await endedGracefullyBySigterm(t, server, 'A write of the state file', stateFile);
 });
 
 t.test('SIGTERM while the start-up look at the state directory hangs, its bound not passed yet: the exit waits for the bound, then ends by SIGTERM, saying why', async (t) => {
@@ -168,21 +164,12 @@ t.test('SIGTERM while the start-up look at the state directory hangs, its bound 
   await waitUntil(() => blockedOpeningFifo(pid), { what: 'the look to block in open()' });
 
   server.child.kill('SIGTERM');
-  t.equal(await within(server.exited, HANG_MS), 'SIGTERM', 'ended (exit status 143), not left hanging on the look until the kubelet SIGKILLs it');
-  const logs = server.logs();
+  await endedGracefullyBySigterm(t, server, 'A write of a probe file beside the state file', stateFile);
   // By the service's own clock: the look began after the line that says it listens.
-  const at = (prefix: string) => logs.find((entry) => String(entry.msg).startsWith(prefix))?.time as number;
-  const signalledAfterMs = at('Shutting down') - (logs.find((entry) => typeof entry.url === 'string')!.time as number);
+  const logs = server.logs();
+  const shuttingDownAt = logs.find((entry) => String(entry.msg).startsWith('Shutting down'))?.time as number;
+  const signalledAfterMs = shuttingDownAt - (logs.find((entry) => typeof entry.url === 'string')!.time as number);
   t.ok(signalledAfterMs < boundMs, `signalled ${signalledAfterMs} ms after listening, before the look's bound: it was not listed as stuck yet`);
-  t.notOk(
-    logs.some((entry) => String(entry.msg).startsWith('Shutting down took longer')),
-    'within its grace: the shutdown was not cut short',
-  );
-  t.match(logs.at(-1), {
-    level: 40,
-    file: stateFile,
-    msg: `A write of a probe file beside the state file ${stateFile} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${STUCK_FIX}`,
-  }, 'the last line says why, and every line logged before it is out');
 });
 
 t.test('a state file that does not answer at start: the start fails within the bound, by SIGTERM, saying what to check', async (t) => {
