@@ -132,9 +132,9 @@ function endIfIoStuck(log: Logger | null, cutShort = false): void {
 
 /**
  * The shutdown is cut short (its grace ran out, a second signal came, or an uncaught error, which
- * `fields` carry): says so, and ends the process at once. close-with-grace calls process.exit(1) right after this
- * returns, so where a file operation is stuck or still under way (that exit would or could hang)
- * the process ends here, by SIGTERM.
+ * `fields` carry): says so, and ends the process at once. close-with-grace calls process.exit(1)
+ * right after this returns, so where a file operation is stuck or still under way (that exit would
+ * or could hang) the process ends here, by SIGTERM.
  */
 function cutShutdownShort(log: Logger, why: string, fields: object = {}): void {
   log.error(fields, why);

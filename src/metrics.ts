@@ -20,8 +20,8 @@ type DefaultCollector = (registry: Registry, config: { eventLoopMonitoringPrecis
  * prom-client's default process and Node metrics, but for `gc` (nodejs_gc_duration_seconds): its
  * PerformanceObserver makes Node build and deliver an entry on every garbage collection, 80 to 190
  * us each here (a scavenge comes every 200-250 requests under load). perf put it at 1.3 us of a
- * 30-50 us readiness probe, 4 to 8% of the CPU per request in an A/B (bench/README.md, Findings); no alert
- * or question of this service's operators needs GC timing.
+ * 30-50 us readiness probe, 4 to 8% of the CPU per request in an A/B (bench/README.md, Findings);
+ * no alert or question of this service's operators needs GC timing.
  * prom-client has no switch for one collector; its list and files are used as collectDefaultMetrics
  * uses them, so a prom-client that renames one fails at start (tests), not silently.
  */
