@@ -160,7 +160,7 @@ t.test('ENV names are settings of the service, and their values are accepted', a
   t.ok(isAbsolute(config.stateFile), 'the state file path is absolute (WORKDIR must not matter)');
 });
 
-t.test('NODE_OPTIONS caps the heap as npm start and the benchmarks do', async (t) => {
+t.test('NODE_OPTIONS caps the heap in the image as npm start does', async (t) => {
   const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string }; scripts: { start: string } };
   t.equal(env.get('NODE_OPTIONS'), pkg.config.nodeOptions, 'the image runs with package.json config.nodeOptions');
   t.match(pkg.config.nodeOptions, /--max-old-space-size=\d+/);
