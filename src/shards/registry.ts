@@ -106,10 +106,12 @@ export interface PutResult {
 }
 
 /**
- * Whether another registration covers a process of the one being made, though its target differs
- * (a cgroup against a PID): decided from /proc when the registration was read.
+ * How another registration covers a process of the one being made, though its target differs (a
+ * cgroup against a PID, or a PID shard's descendant or process group against its PID), as the
+ * middle of a sentence that starts with the one being made ("runs in the cgroup \"pod-a\"");
+ * null when it does not. Decided from /proc when the registration was read.
  */
-export type Overlaps = (other: ShardRecord) => boolean;
+export type Overlaps = (other: ShardRecord) => string | null;
 
 type Change = (draft: Map<string, ShardRecord>) => unknown;
 
@@ -174,25 +176,34 @@ function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
   );
 }
 
-/** Another id registered for the same target as `record`, or for a target that covers the same processes. */
-function conflicting(shards: ReadonlyMap<string, ShardRecord>, record: ShardRecord, overlaps: Overlaps): ShardRecord | undefined {
-  for (const shard of shards.values()) if (shard.id !== record.id && (sameTarget(shard, record) || overlaps(shard))) return shard;
+/** Another id registered for the same target as `record`, or for a target that covers the same processes, and how. */
+interface Conflict {
+  other: ShardRecord;
+  /** How `record` relates to it (Overlaps); null for the same target. */
+  relation: string | null;
+}
+
+function conflicting(shards: ReadonlyMap<string, ShardRecord>, record: ShardRecord, overlaps: Overlaps): Conflict | undefined {
+  for (const shard of shards.values()) {
+    if (shard.id === record.id) continue;
+    if (sameTarget(shard, record)) return { other: shard, relation: null };
+    const relation = overlaps(shard);
+    if (relation !== null) return { other: shard, relation };
+  }
   return undefined;
 }
 
 /** A registration's process, as a conflict names it: "PID (name, started at tick T)". */
-function processOf(record: ShardRecord): string {
+export function processOf(record: Pick<ShardRecord, 'identity'>): string {
   return `${record.identity.pid} (${record.identity.name}, started at tick ${record.identity.startTime})`;
 }
 
-function conflictError(record: ShardRecord, other: ShardRecord): Error {
-  let target: string;
+function conflictError(record: ShardRecord, { other, relation }: Conflict): Error {
   const named = record.cgroup !== null ? `The cgroup "${record.cgroup}"` : `Process ${processOf(record)}`;
-  if (sameTarget(record, other)) target = `${named} is`;
-  else if (other.cgroup === null) target = `${named} holds process ${processOf(other)}, which is`;
-  else target = `${named} ${record.cgroup !== null ? 'shares processes with' : 'runs in'} the cgroup "${other.cgroup}", which is`;
+  const target = relation === null ? `${named} is` : `${named} ${relation}, which is`;
+  const family = record.cgroup === null && other.cgroup === null && relation !== null ? " A PID shard's descendants and the process group it leads are part of it." : '';
   return new ShardConflictError(
-    `${target} already registered as shard "${other.id}". One process or cgroup under two ids would split its GPU memory: ` +
+    `${target} already registered as shard "${other.id}".${family} One process or cgroup under two ids would split its GPU memory: ` +
       `attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. ` +
       `To register it as "${record.id}", DELETE /shards/${other.id} first; to change its GPUs, grace or engine, PUT /shards/${other.id} instead.`,
   );
@@ -411,7 +422,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     get engineVersion() {
       return engineVersion;
     },
-    async put(record, overlaps = () => false, stored = () => undefined) {
+    async put(record, overlaps = () => null, stored = () => undefined) {
       // With nothing queued, answered at once from what is stored: a registration repeated unchanged
       // (a control plane reconciling its shards), which needs no write, no new registry version and so
       // no new attribution, or a conflict. Otherwise the batch decides, after the changes queued before
@@ -425,19 +436,19 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
           stored(result);
           return result;
         }
-        const other = conflicting(committed, record, overlaps);
-        if (other !== undefined) throw conflictError(record, other);
+        const conflict = conflicting(committed, record, overlaps);
+        if (conflict !== undefined) throw conflictError(record, conflict);
       }
       const posted: { now: Posted } = { now: { tail: '', updatedAt: 0, postedAtTicks: null, tailStartedAtTicks: null } };
       let pending = inFlight.get(record.id);
       if (!pending) inFlight.set(record.id, (pending = new Set()));
       pending.add(posted);
       const outcome = await enqueue(
-        (draft): { conflict: ShardRecord } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean } => {
+        (draft): { conflict: Conflict } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean } => {
           const previous = draft.get(record.id);
           const replaced = replacement(previous, record);
-          const other = replaced.unchanged ? undefined : conflicting(draft, record, overlaps);
-          if (other !== undefined) return { conflict: other };
+          const conflict = replaced.unchanged ? undefined : conflicting(draft, record, overlaps);
+          if (conflict !== undefined) return { conflict };
           draft.set(record.id, replaced.stored);
           return { previous, ...replaced };
         },

@@ -9,7 +9,7 @@ import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
 import type { Current, NodeService } from '../node-state/node-service.js';
-import type { NodeSnapshot } from '../node-state/node-snapshot.js';
+import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
@@ -17,13 +17,19 @@ import { cgroupMatcher, type ProcReader } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
 import { readiness, restartedSince, type Readiness, type ReadinessState } from './readiness.js';
-import type { EngineState, Overlaps, PutResult, Registry } from './registry.js';
-import { sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
+import { processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
+import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 /** What a registration names, as read from /proc: its identity, and which other registrations cover its processes. */
 interface Target {
   identity: ProcessIdentity;
   overlaps: Overlaps;
+}
+
+/** What attribution counts as a process's own besides itself: its nearest ancestors and its process group. */
+interface Lineage {
+  ancestors: ProcessIdentity[];
+  pgid: number;
 }
 
 export interface ShardServiceDeps {
@@ -115,21 +121,70 @@ export function createShardService(deps: ShardServiceDeps) {
   /**
    * Which registrations cover one of `held` (a target's running processes, read now) though their
    * target differs: a PID shard of one of them, or a cgroup shard one of them runs in (as a pod UID
-   * and a container id of the pod name the same processes).
+   * and a container id of the pod name the same processes). `ofCgroup`: whether they are a cgroup's.
    */
-  async function overlapsWith(held: ProcessIdentity[]): Promise<Overlaps> {
+  async function overlapsWith(held: ProcessIdentity[], ofCgroup: boolean): Promise<Overlaps> {
     const cgroups = (await Promise.all(held.map((identity) => proc.readCgroup(identity.pid)))).map((paths) => paths ?? []);
     return (other) => {
-      if (other.cgroup === null) return held.some((identity) => sameProcess(other.identity, identity));
-      const holds = cgroupMatcher(other.cgroup);
-      return cgroups.some(holds);
+      if (other.cgroup === null) {
+        return held.some((identity) => sameProcess(other.identity, identity)) ? `holds process ${processOf(other)}` : null;
+      }
+      if (!cgroups.some(cgroupMatcher(other.cgroup))) return null;
+      return `${ofCgroup ? 'shares processes with' : 'runs in'} the cgroup "${other.cgroup}"`;
     };
   }
 
-  /** A process to register. */
+  /**
+   * A process's nearest ANCESTRY_DEPTH ancestors and its process group, read now, as attribution
+   * follows them (its rules 2 and 3); null when `identity` no longer runs (its PID may be another's).
+   */
+  async function lineageOf(identity: ProcessIdentity): Promise<Lineage | null> {
+    const stat = await proc.readStat(identity.pid);
+    if (!stat || stat.startTime !== identity.startTime) return null;
+    const ancestors: ProcessIdentity[] = [];
+    for (let ppid = stat.ppid; ppid > 0 && ancestors.length < ANCESTRY_DEPTH; ) {
+      const parent = await proc.readStat(ppid);
+      if (!parent) break;
+      ancestors.push({ pid: parent.pid, pgid: parent.pgrp, startTime: parent.startTime, name: parent.comm, ...ofThisBoot() });
+      ppid = parent.ppid;
+    }
+    return { ancestors, pgid: stat.pgrp };
+  }
+
+  /**
+   * A process to register. Besides the same process, a registered PID shard covers it when one is
+   * the other's descendant (within attribution's ANCESTRY_DEPTH), or a member of the process group
+   * the other leads: attribution would give the memory of the one registered second to it, and the
+   * first would read on-cpu while its engine computes on the GPU. Two shards that are siblings in one
+   * group (one script started both) are not covered by each other. The PID shards registered while
+   * this one is read are judged by what the registration itself shows (its ancestors and group).
+   */
   async function targetOfPid(pid: number): Promise<Target> {
     const identity = await identityOfPid(pid);
-    return { identity, overlaps: await overlapsWith([identity]) };
+    const others = registry.list().filter((shard) => shard.cgroup === null && !ranInAnotherBoot(shard.identity, proc.bootId()));
+    const [own, lineages] = await Promise.all([
+      lineageOf(identity),
+      Promise.all(others.map(async (shard) => [shard.id, await lineageOf(shard.identity)] as const)),
+    ]);
+    const lineageById = new Map(lineages);
+    const sameOrCgroup = await overlapsWith([identity], false);
+    return {
+      identity,
+      overlaps: (other) => {
+        const plain = sameOrCgroup(other);
+        if (plain !== null || other.cgroup !== null || own === null || ranInAnotherBoot(other.identity, proc.bootId())) return plain;
+        const theirs = lineageById.get(other.id);
+        // Gone since it was registered: its PID and group number may be another's now.
+        if (theirs === null) return null;
+        const process = `process ${processOf(other)}`;
+        if (own.ancestors.some((ancestor) => sameProcess(other.identity, ancestor))) return `descends from ${process}`;
+        if (theirs?.ancestors.some((ancestor) => sameProcess(identity, ancestor))) return `is an ancestor of ${process}`;
+        const theirGroup = theirs?.pgid ?? other.identity.pgid;
+        if (theirGroup === other.identity.pid && own.pgid === theirGroup) return `is in the process group ${process} leads`;
+        if (own.pgid === identity.pid && theirGroup === identity.pid) return `leads the process group ${process} is in`;
+        return null;
+      },
+    };
   }
 
   /**
@@ -152,7 +207,7 @@ export function createShardService(deps: ShardServiceDeps) {
         chosenIsEngine = isEngine;
       }
     }
-    if (chosen !== null) return { identity: chosen, overlaps: await overlapsWith(held) };
+    if (chosen !== null) return { identity: chosen, overlaps: await overlapsWith(held, true) };
     throw new ProcessNotFoundError(
       `No process in ${proc.root} has a cgroup containing "${cgroup}". Give the container id or pod UID as /proc/PID/cgroup shows it ` +
         '(for a pod: its UID with "-" or "_" as the cgroup driver writes it), and register once the container runs.',

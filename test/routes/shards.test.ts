@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
+import { createStateFile } from '../../src/system/state-file.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 import { readSample as sample } from '../helpers/samples.js';
@@ -811,6 +812,98 @@ t.test('a process and a cgroup that holds it under two ids are refused with 409,
   t.equal(pod.statusCode, 409, 'and now the pod that holds that process');
   t.match(pod.json().message, `The cgroup "${podUid}" holds process 303 (llama-server, started at tick 950), which is already registered as shard "by-pid"${REMEDY('pod', 'by-pid')}`);
   t.same(await ids(), ['by-pid', 'other']);
+});
+
+t.test("a PID shard's child or parent is refused under another id, as it would take the shard's GPU memory; sibling shards in one process group are not", async (t) => {
+  // The leader sh and its two sleep children, all in the leader's group; child 0 holds GPU 0.
+  const engine = await spawnShardProcess(t, 2);
+  const [child, sibling] = engine.members as [number, number];
+  const { app, config } = await buildTestApp(t, {
+    scenario: twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: child, name: 'sleep', usedMiB: 900 }]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+  });
+  const put = (id: string, pid: number) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus: [0] } });
+  const ids = async () => (await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string }) => shard.id);
+  const named = (pid: number, comm: string) => new RegExp(`process ${pid} \\(${comm}, started at tick \\d+\\)`);
+
+  t.equal((await put('engine', engine.pid)).statusCode, 201);
+  const stored = readFileSync(config.stateFile);
+  const worker = await put('worker', child);
+  t.equal(worker.statusCode, 409, "the engine's child, which holds its GPU memory");
+  t.match(worker.json(), { code: 'NODECOMPUTE_SHARD_CONFLICT' });
+  t.match(worker.json().message, new RegExp(`^Process ${child} \\(sleep, started at tick \\d+\\) descends from ${named(engine.pid, 'sh').source}, which is already registered as shard "engine"\\. A PID shard's descendants and the process group it leads are part of it\\. One process or cgroup under two ids would split its GPU memory: .* DELETE /shards/engine first;`));
+  t.ok(readFileSync(config.stateFile).equals(stored), 'nothing written');
+  t.same(await ids(), ['engine']);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/engine/ready' })).json().state, 'ready', 'the engine keeps its GPU memory');
+
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/engine' })).statusCode, 204);
+  t.equal((await put('worker', child)).statusCode, 201, 'once the engine is removed, its child by itself');
+  t.equal((await put('other-worker', sibling)).statusCode, 201, 'and its sibling: neither descends from the other, nor leads their group');
+  const parent = await put('engine', engine.pid);
+  t.equal(parent.statusCode, 409, 'and now the parent of a registered shard');
+  t.match(parent.json().message, new RegExp(`^Process ${engine.pid} \\(sh, started at tick \\d+\\) is an ancestor of ${named(child, 'sleep').source}, which is already registered as shard "worker"\\. A PID shard's`));
+  t.same(await ids(), ['other-worker', 'worker']);
+});
+
+t.test("the process group a PID shard leads is part of it: a member that no longer descends from it, or the leader of a shard's group, is refused under another id, also when both are registered at once", async (t) => {
+  const dir = t.testdir({
+    proc: {
+      // 500 leads its group; 501, in that group, was reparented to init (its parent exited).
+      '500': { stat: '500 (sh) S 1 500 500 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 900 0 0' },
+      '501': { stat: '501 (llama-server) S 1 500 500 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 910 0 0' },
+      // 700 leads its group, and 701 is its child.
+      '700': { stat: '700 (sh) S 1 700 700 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1000 0 0' },
+      '701': { stat: '701 (python3) S 700 700 700 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1010 0 0' },
+    },
+    state: {},
+  });
+  const log = pino({ level: 'silent' });
+  // A write the test holds until it opens the gate: a registration read while another is being stored.
+  const file = createStateFile(join(dir, 'state', 'shards.json'), { log });
+  let hold: { started: () => void; opened: Promise<void> } | null = null;
+  const stateFile = {
+    ...file,
+    write: async (text: string) => {
+      const held = hold;
+      hold = null;
+      if (held) {
+        held.started();
+        await held.opened;
+      }
+      return file.write(text);
+    },
+  };
+  const { app } = await buildTestApp(t, {
+    scenario: twoGpuNode(),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { proc: createProcReader({ root: join(dir, 'proc'), log }), stateFile },
+  });
+  const put = (id: string, pid: number) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus: [0] } });
+
+  t.equal((await put('leader', 500)).statusCode, 201);
+  const member = await put('member', 501);
+  t.equal(member.statusCode, 409, 'a member of the group the shard leads');
+  t.match(member.json().message, /^Process 501 \(llama-server, started at tick 910\) is in the process group process 500 \(sh, started at tick 900\) leads, which is already registered as shard "leader"\./);
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/leader' })).statusCode, 204);
+  t.equal((await put('member', 501)).statusCode, 201);
+  const leader = await put('leader', 500);
+  t.equal(leader.statusCode, 409, "the leader of a registered shard's group");
+  t.match(leader.json().message, /^Process 500 \(sh, started at tick 900\) leads the process group process 501 \(llama-server, started at tick 910\) is in, which is already registered as shard "member"\./);
+
+  // The child is being stored when its parent's registration is read: judged by what the parent's own reading shows.
+  let open = () => {};
+  const writing = new Promise<void>((started) => {
+    hold = { started, opened: new Promise<void>((resolve) => (open = resolve)) };
+  });
+  const first = put('kid', 701);
+  await writing;
+  const second = put('parent', 700);
+  open();
+  t.equal((await first).statusCode, 201);
+  const refused = await second;
+  t.equal(refused.statusCode, 409, 'the second of the two, whichever it is');
+  t.match(refused.json().message, /^Process 700 \(sh, started at tick 1000\) leads the process group process 701 \(python3, started at tick 1010\) is in, which is already registered as shard "kid"\./);
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string }) => shard.id), ['kid', 'member']);
 });
 
 t.test('an identical re-PUT keeps registeredAt and the grace clock: an on-cpu shard stays on-cpu; other GPUs restart the grace', async (t) => {

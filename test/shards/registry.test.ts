@@ -199,7 +199,7 @@ t.test('overlaps: a registration /proc says covers another id\'s processes is re
   const { wrapped, counter } = instrumented(createStateFile(join(dir, 's.json'), { log }));
   const registry = await loadRegistry({ stateFile: wrapped, log });
   const pod: ShardRecord = { ...record('pod'), pid: null, cgroup: 'pod-a', identity: { pid: 9, pgid: 9, startTime: 3, name: 'pause' } };
-  const inPod = (other: ShardRecord) => other.cgroup === 'pod-a';
+  const inPod = (other: ShardRecord) => (other.cgroup === 'pod-a' ? 'runs in the cgroup "pod-a"' : null);
   await registry.put(pod);
   await t.rejects(registry.put(record('engine'), inPod), { code: 'NODECOMPUTE_SHARD_CONFLICT', message: /^Process 42 \(x, started at tick 7\) runs in the cgroup "pod-a", which is already registered as shard "pod"\. / });
   t.same(registry.list().map((s) => s.id), ['pod']);
