@@ -227,10 +227,28 @@ function invalid(setting: Setting, raw: unknown, why?: string, accepts: string |
   );
 }
 
+/**
+ * What Kubernetes sets in every container of a namespace that has a Service named nodecompute with a
+ * cluster IP (enableServiceLinks, on by default): NODECOMPUTE_SERVICE_HOST, NODECOMPUTE_SERVICE_PORT
+ * (and _PORT_<NAME> per named port), NODECOMPUTE_PORT=tcp://IP:PORT and NODECOMPUTE_PORT_<N>_<PROTO>
+ * with _PROTO, _PORT and _ADDR. Only NODECOMPUTE_PORT is also a setting; the others are not unknown
+ * settings to warn about.
+ */
+const SERVICE_LINK_VARIABLE = /^NODECOMPUTE_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$/;
+const SERVICE_LINK_PORT = /^(tcp|udp|sctp):\/\//;
+
 function coerce(setting: Setting, raw: string | number | null): unknown {
   if (raw === null) return null;
   const isNumeric = setting.schema.type === 'integer';
   if (isNumeric && typeof raw === 'string') {
+    if (setting === SETTINGS.port && SERVICE_LINK_PORT.test(raw.trim())) {
+      invalid(
+        setting,
+        raw,
+        'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP. ' +
+          'Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT in the container\'s env, which wins',
+      );
+    }
     if (!/^-?\d+$/.test(raw.trim())) invalid(setting, raw, 'not an integer');
     return Number(raw.trim());
   }
@@ -415,6 +433,23 @@ function unknownFlag(argv: string[]): string | null {
   );
 }
 
+/** A warning for each NODECOMPUTE_ variable that is no setting (a typo is silently a default otherwise). */
+function unknownVariables(env: NodeJS.ProcessEnv): string[] {
+  const settings = Object.values(SETTINGS) as Setting[];
+  const known = new Set(settings.map((setting) => setting.env));
+  return Object.keys(env)
+    .filter((name) => name.startsWith('NODECOMPUTE_') && !known.has(name) && !SERVICE_LINK_VARIABLE.test(name))
+    .sort()
+    .map((name) => {
+      const guess = nearestWord(name, settings.map((setting) => setting.flag));
+      const meant = settings.find((setting) => setting.flag === guess);
+      return (
+        `The environment variable ${name} is not a setting of nodecompute and is ignored${meant === undefined ? '' : ` (did you mean ${meant.env}?)`}. ` +
+        'Run `nodecompute --help` for the settings and the variable of each.'
+      );
+    });
+}
+
 /**
  * Reads argv flags over environment variables over defaults; throws ConfigInvalidError. Reads no
  * file: the tokens of a token file are readStartTokens's.
@@ -450,7 +485,7 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
   } else if (resolved.token !== null) {
     resolved.token = fixedToken(resolved.token);
   }
-  const warnings = checkCombinations(resolved);
+  const warnings = [...unknownVariables(env), ...checkCombinations(resolved)];
   return {
     config: resolved,
     positionals: parsed.positionals,

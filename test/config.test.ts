@@ -150,6 +150,43 @@ t.test('stale answers need max-stale of at least the TTL; equal turns them off a
   t.equal(resolveConfig({}, ['--cache-ttl-ms', '5000', '--max-stale-ms', '5000']).config.maxStaleMs, 5000);
 });
 
+t.test('a NODECOMPUTE_ variable that is no setting is ignored with a warning naming the setting it likely meant; those Kubernetes sets for a Service are not warned about', async (t) => {
+  const { config, warnings } = resolveConfig(
+    {
+      NODECOMPUTE_PROT: '19480',
+      NODECOMPUTE_TOKENFILE: '/run/secrets/token',
+      NODECOMPUTE_COLOUR: 'blue',
+      NODECOMPUTE_SERVICE_HOST: '10.96.0.5',
+      NODECOMPUTE_SERVICE_PORT: '9470',
+      NODECOMPUTE_SERVICE_PORT_HTTP: '9470',
+      NODECOMPUTE_PORT_9470_TCP: 'tcp://10.96.0.5:9470',
+      NODECOMPUTE_PORT_9470_TCP_PROTO: 'tcp',
+      NODECOMPUTE_PORT_9470_TCP_PORT: '9470',
+      NODECOMPUTE_PORT_9470_TCP_ADDR: '10.96.0.5',
+      NODECOMPUTE_LOG_LEVEL: 'debug',
+      NODE_OPTIONS: '--max-old-space-size=128',
+    },
+    [],
+  );
+  t.same([config.port, config.tokenFile, config.logLevel], [9470, null, 'debug'], 'the typos change nothing; the setting is read');
+  t.same(warnings, [
+    'The environment variable NODECOMPUTE_COLOUR is not a setting of nodecompute and is ignored. Run `nodecompute --help` for the settings and the variable of each.',
+    'The environment variable NODECOMPUTE_PROT is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_PORT?). Run `nodecompute --help` for the settings and the variable of each.',
+    'The environment variable NODECOMPUTE_TOKENFILE is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_TOKEN_FILE?). Run `nodecompute --help` for the settings and the variable of each.',
+  ]);
+});
+
+t.test("NODECOMPUTE_PORT as a Kubernetes service link sets it (tcp://IP:PORT) stops the start, saying where it comes from", async (t) => {
+  t.throws(() => resolveConfig({ NODECOMPUTE_PORT: 'tcp://10.96.0.5:9470' }, []), {
+    code: 'NODECOMPUTE_CONFIG_INVALID',
+    message:
+      'Invalid setting NODECOMPUTE_PORT (--port): got "tcp://10.96.0.5:9470" (the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP. ' +
+      "Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT in the container's env, which wins); it accepts an integer from 0 to 65535 (0 picks a free port). Fix the environment variable or flag and start again.",
+  });
+  t.equal(resolveConfig({ NODECOMPUTE_PORT: 'tcp://10.96.0.5:9470' }, ['--port', '9471']).config.port, 9471, 'a --port flag wins over it');
+  t.throws(() => resolveConfig({ NODECOMPUTE_PORT: 'http://x' }, []), { message: /got "http:\/\/x" \(not an integer\)/ }, 'any other scheme is just not a port');
+});
+
 t.test("a probe wait over 1 s starts, with one warning about Kubernetes' 1 s probe timeout", async (t) => {
   t.same(resolveConfig({ NODECOMPUTE_PROBE_WAIT_MS: '1000' }, []).warnings, [], 'up to 1 s: no warning');
   const { config, warnings } = resolveConfig({ NODECOMPUTE_PROBE_WAIT_MS: '2500' }, []);

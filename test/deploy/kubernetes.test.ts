@@ -92,6 +92,7 @@ t.test('every manifest parses: all documents, no errors or warnings', async (t) 
 t.test('the DaemonSet runs in the host PID namespace on GPU nodes, with the NVIDIA runtime', async (t) => {
   t.equal(daemonSet.metadata.namespace, 'nodecompute');
   t.equal(pod.hostPID, true, 'hostPID: nvidia-smi reports host PIDs');
+  t.equal(pod.enableServiceLinks, false, "no Service sets NODECOMPUTE_PORT to a service link's tcp:// address");
   t.equal(pod.runtimeClassName, 'nvidia');
   t.equal(dsEnv.get('NVIDIA_VISIBLE_DEVICES')?.value, 'all');
   t.match(dsEnv.get('NVIDIA_DRIVER_CAPABILITIES')?.value, /(^|,)(utility|all)(,|$)/);
