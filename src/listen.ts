@@ -6,7 +6,8 @@
 // failed. Fastify hands :: straight to Node (only `localhost` makes it bind several addresses).
 // A kernel without IPv6 (booted with ipv6.disable=1) refuses :: with EAFNOSUPPORT, some sandboxes
 // with EADDRNOTAVAIL: only then, and only for the default, the service listens on 0.0.0.0. A host
-// the operator set is used as given; when it cannot be listened on, the start fails saying why. A
+// the operator set is used as given; when it cannot be listened on (a name that does not resolve
+// included), the start fails saying why. A
 // port already taken (a second nodecompute, or another program) fails the start too, saying what to
 // do rather than only Node's "listen EADDRINUSE". main.ts passes Fastify's listen; tests pass one
 // that fails as such a kernel would.
@@ -19,6 +20,12 @@ export const IPV4_HOST = '0.0.0.0';
 const UNAVAILABLE: Record<string, string> = {
   EAFNOSUPPORT: 'this kernel does not support its address family: IPv6 is disabled (ipv6.disable=1) or absent',
   EADDRNOTAVAIL: 'no network interface of this machine has that address',
+};
+
+/** Why a host that is a name could not be listened on: Node's getaddrinfo codes for a name that does not resolve. */
+const UNRESOLVED: Record<string, string> = {
+  ENOTFOUND: 'it is not an IP address, and no address was found for that name',
+  EAI_AGAIN: 'it is not an IP address, and resolving that name failed for now (the DNS server did not answer)',
 };
 
 export type Listen = (options: { host: string; port: number }) => Promise<string>;
@@ -68,9 +75,10 @@ async function listenOrFallBack(listen: Listen, { host, port, defaultHost }: { h
     return { url, host, message: `nodecompute is listening on ${host}${families(host)}` };
   } catch (err) {
     const code = String((err as NodeJS.ErrnoException).code);
-    const why = UNAVAILABLE[code];
+    const unavailable = UNAVAILABLE[code];
+    const why = unavailable ?? UNRESOLVED[code];
     if (why === undefined) throw err;
-    if (defaultHost && host === DUAL_STACK_HOST) {
+    if (unavailable !== undefined && defaultHost && host === DUAL_STACK_HOST) {
       const url = await listen({ host: IPV4_HOST, port });
       return {
         url,

@@ -147,6 +147,26 @@ t.test('a host that was set is used as given: no fallback, and a start that cann
     t.same(hosts, [NOT_HERE]);
   });
 
+  for (const [code, why] of [
+    ['ENOTFOUND', 'no address was found for that name'],
+    ['EAI_AGAIN', 'resolving that name failed for now (the DNS server did not answer)'],
+  ] as const) {
+    await t.test(`a name that does not resolve (${code})`, async (t) => {
+      // As Node's net.Server.listen rejects it after dns.lookup (a real lookup's answer depends on the machine's DNS).
+      const unresolved = Object.assign(new Error(`getaddrinfo ${code} notahost`), { code, syscall: 'getaddrinfo', hostname: 'notahost' });
+      const hosts: string[] = [];
+      const listen: Listen = ({ host }) => {
+        hosts.push(host);
+        return Promise.reject(unresolved);
+      };
+      await t.rejects(listenOn(listen, { host: 'notahost', port: 9470, defaultHost: false }), {
+        code: 'NODECOMPUTE_CONFIG_INVALID',
+        message: `NODECOMPUTE_HOST (--host) is "notahost", which this machine cannot listen on (${code}: it is not an IP address, and ${why}). Set it to an address of this machine, or unset it to listen on every address (:: with IPv6, 0.0.0.0 without).`,
+      });
+      t.same(hosts, ['notahost'], 'no second try');
+    });
+  }
+
   const given: Array<[string, string]> = [
     ['127.0.0.1', 'nodecompute is listening on 127.0.0.1'],
     ['0.0.0.0', 'nodecompute is listening on 0.0.0.0 (IPv4 only)'],
