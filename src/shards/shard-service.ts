@@ -227,16 +227,18 @@ export function createShardService(deps: ShardServiceDeps) {
     }
   }
 
-  /** GPU indices are checked against the node when nvidia-smi answers; otherwise they are taken on trust. */
-  async function checkGpus(gpus: number[]): Promise<void> {
-    if (gpus.length === 0) return;
+  /**
+   * GPU indices are checked against the node when nvidia-smi answers; otherwise they are taken on
+   * trust, and this says why (nvidia-smi's failure); null when they were checked.
+   */
+  async function checkGpus(gpus: number[]): Promise<string | null> {
+    if (gpus.length === 0) return null;
     let known: number[];
     try {
       known = (await node.current()).view.snapshot.gpus.map((gpu) => gpu.index);
     } catch (err) {
       if (!isCodedError(err)) throw err;
-      log.warn({ err, gpus }, 'Registering a shard without checking its GPUs: nvidia-smi cannot be asked');
-      return;
+      return err.message;
     }
     const unknown = gpus.filter((index) => !known.includes(index));
     if (unknown.length > 0) {
@@ -244,6 +246,7 @@ export function createShardService(deps: ShardServiceDeps) {
         `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them). Fix "gpus" in the registration.`,
       );
     }
+    return null;
   }
 
   function notFound(id: string): Error {
@@ -368,7 +371,7 @@ export function createShardService(deps: ShardServiceDeps) {
             : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
         );
       }
-      const [{ identity, overlaps }] = await Promise.all([
+      const [{ identity, overlaps }, unchecked] = await Promise.all([
         readable(body.pid !== undefined ? targetOfPid(body.pid) : targetOfCgroup(body.cgroup as string)),
         checkGpus(body.gpus),
       ]);
@@ -382,7 +385,14 @@ export function createShardService(deps: ShardServiceDeps) {
         registeredAt: now(),
         identity,
       };
-      const { created, shard } = await registry.put(record, overlaps, (stored) => registered(id, stored));
+      const { created, shard, unchanged } = await registry.put(record, overlaps, (stored) => registered(id, stored));
+      if (unchecked !== null && !unchanged) {
+        log.warn(
+          { shard: id, gpus: shard.gpus, nvidiaSmi: unchecked },
+          `Shard "${id}" was stored with GPU ${shard.gpus.join(', ')} unchecked: nvidia-smi cannot be asked, so they were taken on trust. ` +
+            "Once it answers, check that they are this node's (GET /gpus lists them).",
+        );
+      }
       return { created, shard };
     },
 

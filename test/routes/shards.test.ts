@@ -606,12 +606,31 @@ t.test('registration is validated against the node and /proc', async (t) => {
   t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, [], 'nothing registered by rejected writes');
 });
 
-t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration', async (t) => {
+t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration, with one warning per registration stored', async (t) => {
   const shard = await spawnShardProcess(t, 0);
-  const { app, fake } = await setup(t);
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), deps: { logger } });
   fake.update((s) => ({ ...s, failures: { all: { kind: 'no-devices' } } }));
-  const res = await app.inject({ method: 'PUT', url: '/shards/trust', payload: { pid: shard.pid, gpus: [7] } });
-  t.equal(res.statusCode, 201);
+  const put = (pid: number, gpus: number[]) => app.inject({ method: 'PUT', url: '/shards/trust', payload: { pid, gpus } });
+  const unchecked = () => lines.filter((line) => String(line.msg).includes('unchecked'));
+
+  t.equal((await put(shard.pid, [7])).statusCode, 201);
+  t.match(unchecked(), [
+    {
+      level: 40,
+      shard: 'trust',
+      gpus: [7],
+      nvidiaSmi: /^nvidia-smi exited with code 6 and said: "No devices were found"\. This means no GPU was found\./,
+      msg: 'Shard "trust" was stored with GPU 7 unchecked: nvidia-smi cannot be asked, so they were taken on trust. Once it answers, check that they are this node\'s (GET /gpus lists them).',
+    },
+  ]);
+  t.notOk('err' in unchecked()[0]!, 'the failure is said in its own words, without a stack');
+  t.equal((await put(shard.pid, [7])).statusCode, 200, 'a control plane repeating it');
+  t.equal(unchecked().length, 1, 'is not warned about again');
+  await shard.kill();
+  t.equal((await put(shard.pid, [6])).statusCode, 422, 'a registration refused for its process');
+  t.equal(unchecked().length, 1, 'is not said to be registered');
 });
 
 t.test('a verdict says nothing about a routine refresh, however long nobody asked; it warns once the refresh is slow', async (t) => {
