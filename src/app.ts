@@ -11,7 +11,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyReply, 
 import { pino, type Logger } from 'pino';
 import type { OpenAPIV3_1 } from 'openapi-types';
 import type { Config } from './config.js';
-import { InternalError, NotFoundError, isCodedError, type CodedError } from './errors.js';
+import { BadRequestError, InternalError, NotFoundError, isCodedError, type CodedError } from './errors.js';
 import { createAuth, type Auth } from './auth.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
@@ -115,7 +115,6 @@ function fastifyErrorBody(err: FastifyError) {
     FST_ERR_CTP_INVALID_MEDIA_TYPE: [415, 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', `${err.message}. Registrations are application/json; engine output is text/plain.`],
     FST_ERR_CTP_INVALID_CONTENT_LENGTH: [400, 'NODECOMPUTE_BAD_REQUEST', 'The Content-Length header does not match the body that was sent.'],
     FST_ERR_CTP_EMPTY_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', 'The JSON body is empty. Send a JSON object (see /docs).'],
-    FST_ERR_CTP_INVALID_JSON_BODY: [400, 'NODECOMPUTE_BAD_REQUEST', `The body could not be read as JSON: ${err.message}.`],
     FST_ERR_BAD_URL: [400, 'NODECOMPUTE_BAD_REQUEST', `${err.message}: the URL is not validly percent-encoded.`],
     FST_ERR_MAX_PARAM_LENGTH: [400, 'NODECOMPUTE_BAD_REQUEST', 'A path segment is too long: shard ids are at most 128 characters.'],
   };
@@ -125,6 +124,22 @@ function fastifyErrorBody(err: FastifyError) {
     return errorBody(status, 'NODECOMPUTE_BAD_REQUEST', `${err.message}.`);
   }
   return null;
+}
+
+/**
+ * Fastify's JSON parser says the same "not valid JSON" for a syntax error and for a "__proto__" key
+ * it refuses: this says which, and for a syntax error where (JSON.parse's own words).
+ */
+function whyNotJson(err: FastifyError, body: string): Error {
+  if (err.code !== 'FST_ERR_CTP_INVALID_JSON_BODY') return err;
+  try {
+    JSON.parse(body);
+  } catch (syntax) {
+    return new BadRequestError(`The body is not valid JSON: ${(syntax as Error).message}. Send one JSON object (see /docs).`);
+  }
+  return new BadRequestError(
+    'The body has a "__proto__" key, which is refused: it could change the prototype of the objects it is read into. Remove it; no field of the API has that name.',
+  );
 }
 
 /** Node's client errors that get an answer of their own, with the status Node itself would give them. */
@@ -266,7 +281,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, body, done) => {
     if (request.method === 'DELETE' && body === '') return done(null, undefined);
-    return parseJson(request, body as string, done);
+    return parseJson(request, body as string, (err, value) => done(err ? whyNotJson(err as FastifyError, body as string) : null, value));
   });
   app.setErrorHandler((err: FastifyError, request, reply) => {
     if (isCodedError(err)) {
