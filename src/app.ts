@@ -100,6 +100,11 @@ function describeValidation(err: FastifyError): string {
     return `${where} has an unknown field "${params.additionalProperty}" (fields are case-sensitive; remove it or fix its spelling)`;
   }
   if (Array.isArray(params.allowedValues)) return `${where} must be one of: ${params.allowedValues.join(', ')}`;
+  // ajv's own words here are "items ## 2 and 0 are identical".
+  if (first.keyword === 'uniqueItems') {
+    const [earlier, later] = [Number(params.i), Number(params.j)].sort((a, b) => a - b);
+    return `${where} must not list the same value twice: items ${earlier} and ${later} are equal (counting from 0)`;
+  }
   const rule = FIELD_RULES[`${where} ${first.keyword}`];
   return `${where} ${first.message}${rule ? ` (${rule})` : ''}`;
 }
