@@ -186,7 +186,9 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         tags: ['shards'],
         summary: "Feed what the engine printed (text/plain, up to 1 MiB a call); answers the engine's account of where it computes.",
-        description: 'A bounded tail is kept per shard. For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once.',
+        description:
+          'A bounded tail is kept per shard. Posts are appended as one stream, as the engine wrote it: a post that does not end with a newline is continued by the next one, so post whole lines or the chunks of the log in order. ' +
+          'For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once.',
         params,
         body: Type.String({ description: "The engine's output, as text." }),
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },

@@ -703,6 +703,19 @@ t.test('a steady probe keeps its verdict only while the snapshot, the registrati
 
 const CUDA_FAILED_LOG = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\nload_tensors:   CPU_Mapped model buffer size =  4685.30 MiB\n';
 
+t.test('engine output is one stream: a log posted in pieces cut mid-line reads as one post; a post without a final newline is continued by the next', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await setup(t);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/pieces', payload: { pid: shard.pid, gpus: [1], engine: 'llama.cpp' } })).statusCode, 201);
+  const post = async (text: string) =>
+    (await app.inject({ method: 'POST', url: '/shards/pieces/engine-output', payload: text, headers: { 'content-type': 'text/plain' } })).json();
+  const cut = CUDA_FAILED_LOG.indexOf('CUDA') + 2;
+  t.match(await post(CUDA_FAILED_LOG.slice(0, cut)), { account: null }, 'half a line says nothing yet');
+  const whole = await post(CUDA_FAILED_LOG.slice(cut));
+  t.match(whole, { account: { backend: 'CPU' }, tailBytes: Buffer.byteLength(CUDA_FAILED_LOG) }, 'the rest of it completes the line');
+  t.match(whole.account.evidence, /failed to initialize CUDA/);
+});
+
 t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cpu; only the rest is unverified, with no /proc read per probe', async (t) => {
   const [gone, cpu, alive] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
   const clock = manualClock();
