@@ -88,7 +88,8 @@ export function createShardService(deps: ShardServiceDeps) {
     return bootId === null ? {} : { bootId };
   }
 
-  async function identityOfPid(pid: number): Promise<ProcessIdentity> {
+  /** The process to register as a PID shard, and its parent's PID. */
+  async function identityOfPid(pid: number): Promise<{ identity: ProcessIdentity; ppid: number }> {
     const stat = await proc.readStat(pid);
     if (!stat) {
       throw new ProcessNotFoundError(
@@ -115,7 +116,7 @@ export function createShardService(deps: ShardServiceDeps) {
           "register the host PID (for a container's main process: `docker inspect -f '{{.State.Pid}}' CONTAINER`), or register the shard by its cgroup.",
       );
     }
-    return { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() };
+    return { identity: { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() }, ppid: stat.ppid };
   }
 
   /**
@@ -134,21 +135,23 @@ export function createShardService(deps: ShardServiceDeps) {
     };
   }
 
-  /**
-   * A process's nearest ANCESTRY_DEPTH ancestors and its process group, read now, as attribution
-   * follows them (its rules 2 and 3); null when `identity` no longer runs (its PID may be another's).
-   */
+  /** The nearest ANCESTRY_DEPTH ancestors of a process whose parent is `ppid`, read now, as attribution's rule 2 follows them. */
+  async function ancestorsFrom(ppid: number): Promise<ProcessIdentity[]> {
+    const ancestors: ProcessIdentity[] = [];
+    for (let next = ppid; next > 0 && ancestors.length < ANCESTRY_DEPTH; ) {
+      const parent = await proc.readStat(next);
+      if (!parent) break;
+      ancestors.push({ pid: parent.pid, pgid: parent.pgrp, startTime: parent.startTime, name: parent.comm, ...ofThisBoot() });
+      next = parent.ppid;
+    }
+    return ancestors;
+  }
+
+  /** A registered PID shard's ancestors and process group, read now; null when its process no longer runs (its PID may be another's). */
   async function lineageOf(identity: ProcessIdentity): Promise<Lineage | null> {
     const stat = await proc.readStat(identity.pid);
     if (!stat || stat.startTime !== identity.startTime) return null;
-    const ancestors: ProcessIdentity[] = [];
-    for (let ppid = stat.ppid; ppid > 0 && ancestors.length < ANCESTRY_DEPTH; ) {
-      const parent = await proc.readStat(ppid);
-      if (!parent) break;
-      ancestors.push({ pid: parent.pid, pgid: parent.pgrp, startTime: parent.startTime, name: parent.comm, ...ofThisBoot() });
-      ppid = parent.ppid;
-    }
-    return { ancestors, pgid: stat.pgrp };
+    return { ancestors: await ancestorsFrom(stat.ppid), pgid: stat.pgrp };
   }
 
   /**
@@ -160,19 +163,20 @@ export function createShardService(deps: ShardServiceDeps) {
    * this one is read are judged by what the registration itself shows (its ancestors and group).
    */
   async function targetOfPid(pid: number): Promise<Target> {
-    const identity = await identityOfPid(pid);
+    const { identity, ppid } = await identityOfPid(pid);
     const others = registry.list().filter((shard) => shard.cgroup === null && !ranInAnotherBoot(shard.identity, proc.bootId()));
-    const [own, lineages] = await Promise.all([
-      lineageOf(identity),
+    const [ancestors, lineages] = await Promise.all([
+      ancestorsFrom(ppid),
       Promise.all(others.map(async (shard) => [shard.id, await lineageOf(shard.identity)] as const)),
     ]);
+    const own: Lineage = { ancestors, pgid: identity.pgid };
     const lineageById = new Map(lineages);
     const sameOrCgroup = await overlapsWith([identity], false);
     return {
       identity,
       overlaps: (other) => {
         const plain = sameOrCgroup(other);
-        if (plain !== null || other.cgroup !== null || own === null || ranInAnotherBoot(other.identity, proc.bootId())) return plain;
+        if (plain !== null || other.cgroup !== null || ranInAnotherBoot(other.identity, proc.bootId())) return plain;
         const theirs = lineageById.get(other.id);
         // Gone since it was registered: its PID and group number may be another's now.
         if (theirs === null) return null;

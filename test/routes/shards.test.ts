@@ -858,6 +858,10 @@ t.test("a PID shard's child or parent is refused under another id, as it would t
   const ids = async () => (await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string }) => shard.id);
   const named = (pid: number, comm: string) => new RegExp(`process ${pid} \\(${comm}, started at tick \\d+\\)`);
 
+  // A shard whose process has ended since: its PID names nothing of its own now, so it covers nothing.
+  const ended = await spawnShardProcess(t, 0);
+  t.equal((await put('ended', ended.pid)).statusCode, 201);
+  await ended.kill();
   t.equal((await put('engine', engine.pid)).statusCode, 201);
   const stored = readFileSync(config.stateFile);
   const worker = await put('worker', child);
@@ -865,7 +869,7 @@ t.test("a PID shard's child or parent is refused under another id, as it would t
   t.match(worker.json(), { code: 'NODECOMPUTE_SHARD_CONFLICT' });
   t.match(worker.json().message, new RegExp(`^Process ${child} \\(sleep, started at tick \\d+\\) descends from ${named(engine.pid, 'sh').source}, which is already registered as shard "engine"\\. A PID shard's descendants and the process group it leads are part of it\\. One process or cgroup under two ids would split its GPU memory: .* DELETE /shards/engine first;`));
   t.ok(readFileSync(config.stateFile).equals(stored), 'nothing written');
-  t.same(await ids(), ['engine']);
+  t.same(await ids(), ['ended', 'engine']);
   t.equal((await app.inject({ method: 'GET', url: '/shards/engine/ready' })).json().state, 'ready', 'the engine keeps its GPU memory');
 
   t.equal((await app.inject({ method: 'DELETE', url: '/shards/engine' })).statusCode, 204);
@@ -874,7 +878,7 @@ t.test("a PID shard's child or parent is refused under another id, as it would t
   const parent = await put('engine', engine.pid);
   t.equal(parent.statusCode, 409, 'and now the parent of a registered shard');
   t.match(parent.json().message, new RegExp(`^Process ${engine.pid} \\(sh, started at tick \\d+\\) is an ancestor of ${named(child, 'sleep').source}, which is already registered as shard "worker"\\. A PID shard's`));
-  t.same(await ids(), ['other-worker', 'worker']);
+  t.same(await ids(), ['ended', 'other-worker', 'worker']);
 });
 
 t.test("the process group a PID shard leads is part of it: a member that no longer descends from it, or the leader of a shard's group, is refused under another id, also when both are registered at once", async (t) => {
