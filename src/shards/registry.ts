@@ -80,6 +80,12 @@ export interface Registry {
    * after its caller was answered 503 pending): what follows a registration belongs there.
    */
   put(record: ShardRecord, overlaps?: Overlaps, stored?: (result: PutResult) => void): Promise<PutResult>;
+  /**
+   * Whether put(record) would now be answered at once as an unchanged repeat (nothing queued or
+   * being written, and the same registration stored under its id): it is never a conflict, so the
+   * caller need not read what `overlaps` would judge by.
+   */
+  repeats(record: ShardRecord): boolean;
   /** Removes a shard; false when it was not registered. Resolves once the state file agrees; `removed` is told then, as put's `stored`. */
   remove(id: string, removed?: () => void): Promise<boolean>;
   engine(id: string): EngineState | undefined;
@@ -413,6 +419,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     } else if (engines.delete(record.id)) engineVersion += 1;
   }
 
+  const repeats = (record: ShardRecord): boolean => queue.length === 0 && !writing && replacement(committed.get(record.id), record).unchanged;
+
   return {
     list: () => [...committed.values()],
     get: (id) => committed.get(id),
@@ -422,6 +430,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     get engineVersion() {
       return engineVersion;
     },
+    repeats,
     async put(record, overlaps = () => null, stored = () => undefined) {
       // With nothing queued, answered at once from what is stored: a registration repeated unchanged
       // (a control plane reconciling its shards), which needs no write, no new registry version and so
@@ -431,7 +440,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       // cgroup) must still be reconciled.
       if (queue.length === 0 && !writing) {
         const previous = committed.get(record.id);
-        if (previous !== undefined && replacement(previous, record).unchanged) {
+        if (previous !== undefined && repeats(record)) {
           const result = { created: false, shard: previous, graceKept: true, unchanged: true };
           stored(result);
           return result;

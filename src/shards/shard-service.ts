@@ -161,9 +161,12 @@ export function createShardService(deps: ShardServiceDeps) {
    * first would read on-cpu while its engine computes on the GPU. Two shards that are siblings in one
    * group (one script started both) are not covered by each other. The PID shards registered while
    * this one is read are judged by what the registration itself shows (its ancestors and group).
+   * A registration that `repeats` (a control plane reconciling it) is never a conflict: the other
+   * shards' /proc entries are not read for it.
    */
-  async function targetOfPid(pid: number): Promise<Target> {
+  async function targetOfPid(pid: number, repeats: (identity: ProcessIdentity) => boolean): Promise<Target> {
     const { identity, ppid } = await identityOfPid(pid);
+    if (repeats(identity)) return { identity, overlaps: () => null };
     const others = registry.list().filter((shard) => shard.cgroup === null && !ranInAnotherBoot(shard.identity, proc.bootId()));
     const [ancestors, lineages] = await Promise.all([
       ancestorsFrom(ppid),
@@ -375,11 +378,7 @@ export function createShardService(deps: ShardServiceDeps) {
             : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
         );
       }
-      const [{ identity, overlaps }, unchecked] = await Promise.all([
-        readable(body.pid !== undefined ? targetOfPid(body.pid) : targetOfCgroup(body.cgroup as string)),
-        checkGpus(body.gpus),
-      ]);
-      const record: ShardRecord = {
+      const recordOf = (identity: ProcessIdentity): ShardRecord => ({
         id,
         pid: body.pid ?? null,
         cgroup: body.cgroup ?? null,
@@ -388,7 +387,12 @@ export function createShardService(deps: ShardServiceDeps) {
         graceMs: body.graceMs ?? deps.defaultGraceMs,
         registeredAt: now(),
         identity,
-      };
+      });
+      const [{ identity, overlaps }, unchecked] = await Promise.all([
+        readable(body.pid !== undefined ? targetOfPid(body.pid, (read) => registry.repeats(recordOf(read))) : targetOfCgroup(body.cgroup as string)),
+        checkGpus(body.gpus),
+      ]);
+      const record = recordOf(identity);
       const { created, shard, unchanged } = await registry.put(record, overlaps, (stored) => registered(id, stored));
       if (unchecked !== null && !unchanged) {
         log.warn(

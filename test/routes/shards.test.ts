@@ -850,9 +850,13 @@ t.test("a PID shard's child or parent is refused under another id, as it would t
   // The leader sh and its two sleep children, all in the leader's group; child 0 holds GPU 0.
   const engine = await spawnShardProcess(t, 2);
   const [child, sibling] = engine.members as [number, number];
+  const real = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
+  const statsRead: number[] = [];
+  const proc = { ...real, readStat: (pid: number) => (statsRead.push(pid), real.readStat(pid)) };
   const { app, config } = await buildTestApp(t, {
     scenario: twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: child, name: 'sleep', usedMiB: 900 }]),
     config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { proc },
   });
   const put = (id: string, pid: number) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus: [0] } });
   const ids = async () => (await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string }) => shard.id);
@@ -879,6 +883,9 @@ t.test("a PID shard's child or parent is refused under another id, as it would t
   t.equal(parent.statusCode, 409, 'and now the parent of a registered shard');
   t.match(parent.json().message, new RegExp(`^Process ${engine.pid} \\(sh, started at tick \\d+\\) is an ancestor of ${named(child, 'sleep').source}, which is already registered as shard "worker"\\. A PID shard's`));
   t.same(await ids(), ['ended', 'other-worker', 'worker']);
+  statsRead.length = 0;
+  t.equal((await put('worker', child)).statusCode, 200, 'a control plane repeating a registration');
+  t.same(statsRead, [child], "reads its process only: a repeat is never a conflict, so the other shards' are not read");
 });
 
 t.test("the process group a PID shard leads is part of it: a member that no longer descends from it, or the leader of a shard's group, is refused under another id, also when both are registered at once", async (t) => {
