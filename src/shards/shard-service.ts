@@ -20,10 +20,10 @@ import { readiness, restartedSince, type Readiness, type ReadinessState } from '
 import { processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
-/** What a registration names, as read from /proc: its identity, and which other registrations cover its processes. */
+/** What a registration names, as read from /proc: its identity, and which other registrations cover its processes (none judged for a repeat). */
 interface Target {
   identity: ProcessIdentity;
-  overlaps: Overlaps;
+  overlaps?: Overlaps;
 }
 
 /** What attribution counts as a process's own besides itself: its nearest ancestors and its process group. */
@@ -166,7 +166,7 @@ export function createShardService(deps: ShardServiceDeps) {
    */
   async function targetOfPid(pid: number, repeats: (identity: ProcessIdentity) => boolean): Promise<Target> {
     const { identity, ppid } = await identityOfPid(pid);
-    if (repeats(identity)) return { identity, overlaps: () => null };
+    if (repeats(identity)) return { identity };
     const others = registry.list().filter((shard) => shard.cgroup === null && !ranInAnotherBoot(shard.identity, proc.bootId()));
     const [ancestors, lineages] = await Promise.all([
       ancestorsFrom(ppid),
