@@ -71,7 +71,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         description:
           'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer. ' +
           'A replacement for the same process (PID and start time, in the same boot of the node) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
-          '409 when another id already holds the same process or cgroup, a cgroup the process runs in, a process the cgroup holds, or, for a PID, a process it descends from or that descends from it (within 4 generations), or the process group it is in or leads (a PID shard\'s descendants and the group it leads are part of it). ' +
+          '409 when another id already holds the same process or cgroup, a cgroup the process runs in, a process the cgroup holds, or, for a PID, a process it descends from or that descends from it (within 4 generations), a member of the process group it leads, or the leader of the group it is in (a PID shard\'s descendants and the group it leads are part of it). ' +
           stateWriteAnswers,
         params,
         body: RegisterShardSchema,

@@ -111,7 +111,7 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource {
     if (problem !== null) {
       problem = null;
       warnedOf = null;
-      log.info({ file: path }, `The token file ${path} can be used again (what was wrong with it is fixed); its tokens are in force from now on.`);
+      log.info({ file: path }, `The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`);
     }
     if (sameTokens(next, tokens)) return;
     tokens = next;

@@ -228,13 +228,14 @@ function invalid(setting: Setting, raw: unknown, why?: string, accepts: string |
 }
 
 /**
- * What Kubernetes sets in every container of a namespace that has a Service named nodecompute with a
- * cluster IP (enableServiceLinks, on by default): NODECOMPUTE_SERVICE_HOST, NODECOMPUTE_SERVICE_PORT
- * (and _PORT_<NAME> per named port), NODECOMPUTE_PORT=tcp://IP:PORT and NODECOMPUTE_PORT_<N>_<PROTO>
- * with _PROTO, _PORT and _ADDR. Only NODECOMPUTE_PORT is also a setting; the others are not unknown
- * settings to warn about.
+ * What Kubernetes sets in every container of a namespace for each Service with a cluster IP
+ * (enableServiceLinks, on by default), for a Service named nodecompute or nodecompute-<anything>
+ * (the name upper-cased, "-" as "_"): <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT (and _<PORT NAME> per
+ * named port), <NAME>_PORT=tcp://IP:PORT and <NAME>_PORT_<N>_<PROTO> with _PROTO, _PORT and _ADDR;
+ * Docker's legacy links set the same. Only NODECOMPUTE_PORT is also a setting; the others are not
+ * unknown settings to warn about.
  */
-const SERVICE_LINK_VARIABLE = /^NODECOMPUTE_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$/;
+const SERVICE_LINK_VARIABLE = /^NODECOMPUTE_([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$/;
 const SERVICE_LINK_PORT = /^(tcp|udp|sctp):\/\//;
 
 function coerce(setting: Setting, raw: string | number | null): unknown {
@@ -245,7 +246,7 @@ function coerce(setting: Setting, raw: string | number | null): unknown {
       invalid(
         setting,
         raw,
-        'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP. ' +
+        'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a container named nodecompute. ' +
           'Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT in the container\'s env, which wins',
       );
     }

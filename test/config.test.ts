@@ -150,7 +150,7 @@ t.test('stale answers need max-stale of at least the TTL; equal turns them off a
   t.equal(resolveConfig({}, ['--cache-ttl-ms', '5000', '--max-stale-ms', '5000']).config.maxStaleMs, 5000);
 });
 
-t.test('a NODECOMPUTE_ variable that is no setting is ignored with a warning naming the setting it likely meant; those Kubernetes sets for a Service are not warned about', async (t) => {
+t.test('a NODECOMPUTE_ variable that is no setting is ignored with a warning naming the setting it likely meant; those Kubernetes sets for a Service named nodecompute or nodecompute-* are not warned about', async (t) => {
   const { config, warnings } = resolveConfig(
     {
       NODECOMPUTE_PROT: '19480',
@@ -163,6 +163,10 @@ t.test('a NODECOMPUTE_ variable that is no setting is ignored with a warning nam
       NODECOMPUTE_PORT_9470_TCP_PROTO: 'tcp',
       NODECOMPUTE_PORT_9470_TCP_PORT: '9470',
       NODECOMPUTE_PORT_9470_TCP_ADDR: '10.96.0.5',
+      NODECOMPUTE_METRICS_SERVICE_HOST: '10.96.0.6',
+      NODECOMPUTE_METRICS_SERVICE_PORT_HTTP_METRICS: '9470',
+      NODECOMPUTE_METRICS_PORT: 'tcp://10.96.0.6:9470',
+      NODECOMPUTE_METRICS_PORT_9470_TCP_PROTO: 'tcp',
       NODECOMPUTE_LOG_LEVEL: 'debug',
       NODE_OPTIONS: '--max-old-space-size=128',
     },
@@ -180,7 +184,7 @@ t.test("NODECOMPUTE_PORT as a Kubernetes service link sets it (tcp://IP:PORT) st
   t.throws(() => resolveConfig({ NODECOMPUTE_PORT: 'tcp://10.96.0.5:9470' }, []), {
     code: 'NODECOMPUTE_CONFIG_INVALID',
     message:
-      'Invalid setting NODECOMPUTE_PORT (--port): got "tcp://10.96.0.5:9470" (the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP. ' +
+      'Invalid setting NODECOMPUTE_PORT (--port): got "tcp://10.96.0.5:9470" (the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a container named nodecompute. ' +
       "Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT in the container's env, which wins); it accepts an integer from 0 to 65535 (0 picks a free port). Fix the environment variable or flag and start again.",
   });
   t.equal(resolveConfig({ NODECOMPUTE_PORT: 'tcp://10.96.0.5:9470' }, ['--port', '9471']).config.port, 9471, 'a --port flag wins over it');

@@ -79,11 +79,13 @@ export interface Registry {
    * `stored` is told once it is stored, whether or not the caller still waits (a write that landed
    * after its caller was answered 503 pending): what follows a registration belongs there.
    */
-  put(record: ShardRecord, overlaps?: Overlaps, stored?: (result: PutResult) => void): Promise<PutResult>;
+  put(record: ShardRecord, overlaps?: Overlaps | null, stored?: (result: PutResult) => void): Promise<PutResult>;
   /**
    * Whether put(record) would now be answered at once as an unchanged repeat (nothing queued or
    * being written, and the same registration stored under its id): it is never a conflict, so the
-   * caller need not read what `overlaps` would judge by.
+   * caller need not read what `overlaps` would judge by, and may put it with `overlaps` null. Such a
+   * put that is no repeat by the time it is decided (the id was removed or changed meanwhile) is
+   * refused with NotARepeatError, and nothing is stored: the caller reads what it skipped and puts again.
    */
   repeats(record: ShardRecord): boolean;
   /** Removes a shard; false when it was not registered. Resolves once the state file agrees; `removed` is told then, as put's `stored`. */
@@ -118,6 +120,11 @@ export interface PutResult {
  * null when it does not. Decided from /proc when the registration was read.
  */
 export type Overlaps = (other: ShardRecord) => string | null;
+
+/** A put made as a repeat (`overlaps` null) that was no repeat when decided: not a client's error, the caller retries. */
+export class NotARepeatError extends Error {
+  override name = 'NotARepeatError';
+}
 
 type Change = (draft: Map<string, ShardRecord>) => unknown;
 
@@ -445,6 +452,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
           stored(result);
           return result;
         }
+        if (overlaps === null) throw new NotARepeatError(`shard "${record.id}" changed since its PUT was read`);
         const conflict = conflicting(committed, record, overlaps);
         if (conflict !== undefined) throw conflictError(record, conflict);
       }
@@ -453,11 +461,14 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       if (!pending) inFlight.set(record.id, (pending = new Set()));
       pending.add(posted);
       const outcome = await enqueue(
-        (draft): { conflict: Conflict } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean } => {
+        (draft): { conflict: Conflict } | { notARepeat: true } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean } => {
           const previous = draft.get(record.id);
           const replaced = replacement(previous, record);
-          const conflict = replaced.unchanged ? undefined : conflicting(draft, record, overlaps);
-          if (conflict !== undefined) return { conflict };
+          if (!replaced.unchanged) {
+            if (overlaps === null) return { notARepeat: true };
+            const conflict = conflicting(draft, record, overlaps);
+            if (conflict !== undefined) return { conflict };
+          }
           draft.set(record.id, replaced.stored);
           return { previous, ...replaced };
         },
@@ -465,11 +476,12 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
         (settled) => {
           pending.delete(posted);
           if (pending.size === 0) inFlight.delete(record.id);
-          if (!settled.stored || 'conflict' in settled.result) return;
+          if (!settled.stored || 'conflict' in settled.result || 'notARepeat' in settled.result) return;
           carryEngineOutput(record, settled.result.previous, posted.now);
           stored(putResult(settled.result));
         },
       );
+      if ('notARepeat' in outcome) throw new NotARepeatError(`shard "${record.id}" changed since its PUT was read`);
       if ('conflict' in outcome) throw conflictError(record, outcome.conflict);
       return putResult(outcome);
     },

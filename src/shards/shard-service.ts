@@ -13,18 +13,21 @@ import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.j
 import type { NodeView } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
-import { cgroupMatcher, type ProcReader } from '../system/procfs.js';
+import { cgroupMatcher, type ProcReader, type ProcStat } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
 import { readiness, restartedSince, type Readiness, type ReadinessState } from './readiness.js';
-import { processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
+import { NotARepeatError, processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
-/** What a registration names, as read from /proc: its identity, and which other registrations cover its processes (none judged for a repeat). */
+/** What a registration names, as read from /proc: its identity, and which other registrations cover its processes (null: a repeat, not judged; Registry.repeats). */
 interface Target {
   identity: ProcessIdentity;
-  overlaps?: Overlaps;
+  overlaps: Overlaps | null;
 }
+
+/** A process of this boot, as a map key. */
+const processKey = (identity: ProcessIdentity): string => `${identity.pid}@${identity.startTime}`;
 
 /** What attribution counts as a process's own besides itself: its nearest ancestors and its process group. */
 interface Lineage {
@@ -135,11 +138,23 @@ export function createShardService(deps: ShardServiceDeps) {
     };
   }
 
+  /**
+   * A stat read for a conflict check: undefined when it cannot be read (unparsable, or denied): a
+   * /proc entry of another process must not fail this registration, whose own reads fail it (503).
+   */
+  async function statIfReadable(pid: number): Promise<ProcStat | null | undefined> {
+    try {
+      return await proc.readStat(pid);
+    } catch {
+      return undefined;
+    }
+  }
+
   /** The nearest ANCESTRY_DEPTH ancestors of a process whose parent is `ppid`, read now, as attribution's rule 2 follows them. */
   async function ancestorsFrom(ppid: number): Promise<ProcessIdentity[]> {
     const ancestors: ProcessIdentity[] = [];
     for (let next = ppid; next > 0 && ancestors.length < ANCESTRY_DEPTH; ) {
-      const parent = await proc.readStat(next);
+      const parent = await statIfReadable(next);
       if (!parent) break;
       ancestors.push({ pid: parent.pid, pgid: parent.pgrp, startTime: parent.startTime, name: parent.comm, ...ofThisBoot() });
       next = parent.ppid;
@@ -147,10 +162,15 @@ export function createShardService(deps: ShardServiceDeps) {
     return ancestors;
   }
 
-  /** A registered PID shard's ancestors and process group, read now; null when its process no longer runs (its PID may be another's). */
-  async function lineageOf(identity: ProcessIdentity): Promise<Lineage | null> {
-    const stat = await proc.readStat(identity.pid);
-    if (!stat || stat.startTime !== identity.startTime) return null;
+  /**
+   * A registered PID shard's ancestors and process group, read now: null when its process no longer
+   * runs (exited, a zombie included, or its PID is another's now), as attribution counts it gone;
+   * undefined when its stat cannot be read (it is then judged by its registration).
+   */
+  async function lineageOf(identity: ProcessIdentity): Promise<Lineage | null | undefined> {
+    const stat = await statIfReadable(identity.pid);
+    if (stat === undefined) return undefined;
+    if (stat === null || stat.startTime !== identity.startTime || stat.state === 'Z' || stat.state === 'X') return null;
     return { ancestors: await ancestorsFrom(stat.ppid), pgid: stat.pgrp };
   }
 
@@ -159,29 +179,31 @@ export function createShardService(deps: ShardServiceDeps) {
    * the other's descendant (within attribution's ANCESTRY_DEPTH), or a member of the process group
    * the other leads: attribution would give the memory of the one registered second to it, and the
    * first would read on-cpu while its engine computes on the GPU. Two shards that are siblings in one
-   * group (one script started both) are not covered by each other. The PID shards registered while
-   * this one is read are judged by what the registration itself shows (its ancestors and group).
-   * A registration that `repeats` (a control plane reconciling it) is never a conflict: the other
-   * shards' /proc entries are not read for it.
+   * group (one script started both) are not covered by each other. A PID shard stored while this one
+   * is read (or whose stat cannot be read) is judged by what this registration shows (its ancestors
+   * and group) and by the group it was registered in; a child stored at the same moment as its parent
+   * that has left the parent's group is not caught. A registration that `repeats` (a control plane
+   * reconciling it) is never a conflict: the other shards' /proc entries are not read for it.
    */
   async function targetOfPid(pid: number, repeats: (identity: ProcessIdentity) => boolean): Promise<Target> {
     const { identity, ppid } = await identityOfPid(pid);
-    if (repeats(identity)) return { identity };
+    if (repeats(identity)) return { identity, overlaps: null };
     const others = registry.list().filter((shard) => shard.cgroup === null && !ranInAnotherBoot(shard.identity, proc.bootId()));
     const [ancestors, lineages] = await Promise.all([
       ancestorsFrom(ppid),
-      Promise.all(others.map(async (shard) => [shard.id, await lineageOf(shard.identity)] as const)),
+      Promise.all(others.map(async (shard) => [processKey(shard.identity), await lineageOf(shard.identity)] as const)),
     ]);
     const own: Lineage = { ancestors, pgid: identity.pgid };
-    const lineageById = new Map(lineages);
+    const lineageByProcess = new Map(lineages);
     const sameOrCgroup = await overlapsWith([identity], false);
     return {
       identity,
       overlaps: (other) => {
         const plain = sameOrCgroup(other);
         if (plain !== null || other.cgroup !== null || ranInAnotherBoot(other.identity, proc.bootId())) return plain;
-        const theirs = lineageById.get(other.id);
-        // Gone since it was registered: its PID and group number may be another's now.
+        // Keyed by process, not id: an id replaced since by another process was not read.
+        const theirs = lineageByProcess.get(processKey(other.identity));
+        // Gone since it was registered: it claims nothing, and its PID and group number may be another's now.
         if (theirs === null) return null;
         const process = `process ${processOf(other)}`;
         if (own.ancestors.some((ancestor) => sameProcess(other.identity, ancestor))) return `descends from ${process}`;
@@ -388,12 +410,15 @@ export function createShardService(deps: ShardServiceDeps) {
         registeredAt: now(),
         identity,
       });
-      const [{ identity, overlaps }, unchecked] = await Promise.all([
-        readable(body.pid !== undefined ? targetOfPid(body.pid, (read) => registry.repeats(recordOf(read))) : targetOfCgroup(body.cgroup as string)),
-        checkGpus(body.gpus),
-      ]);
-      const record = recordOf(identity);
-      const { created, shard, unchanged } = await registry.put(record, overlaps, (stored) => registered(id, stored));
+      const target = (repeats: (identity: ProcessIdentity) => boolean) =>
+        readable(body.pid !== undefined ? targetOfPid(body.pid, repeats) : targetOfCgroup(body.cgroup as string));
+      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity), overlaps, (stored) => registered(id, stored));
+      const [read, unchecked] = await Promise.all([target((identity) => registry.repeats(recordOf(identity))), checkGpus(body.gpus)]);
+      const { created, shard, unchanged } = await put(read).catch(async (err: unknown) => {
+        if (!(err instanceof NotARepeatError)) throw err;
+        // Read as a repeat, the id was removed or changed before it was decided: judged in full now.
+        return put(await target(() => false));
+      });
       if (unchecked !== null && !unchanged) {
         log.warn(
           { shard: id, gpus: shard.gpus, nvidiaSmi: unchecked },

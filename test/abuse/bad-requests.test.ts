@@ -194,8 +194,8 @@ const table: BadRequest[] = [
   // Wrong types and ranges.
   { name: 'pid as a string', request: register(() => ({ pid: '123', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer/ },
   { name: 'pid as a float', request: register((c) => ({ pid: c.pid + 0.5, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer/ },
-  { name: 'pid null beside a cgroup (as GET shows it)', request: register(() => ({ pid: null, cgroup: '0123456789ab', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer \(.*leave "pid" out rather than sending null\)/ },
-  { name: 'cgroup null beside a pid (as GET shows it)', request: register((c) => ({ pid: c.pid, cgroup: null, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/cgroup must be string \(.*leave "cgroup" out rather than sending null\)/ },
+  { name: 'pid null beside a cgroup (as GET shows it)', request: register(() => ({ pid: null, cgroup: '0123456789ab', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer \(.*leave "pid" out \(null is not accepted\)\)/ },
+  { name: 'cgroup null beside a pid (as GET shows it)', request: register((c) => ({ pid: c.pid, cgroup: null, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/cgroup must be string \(.*leave "cgroup" out \(null is not accepted\)\)/ },
   { name: 'pid negative', request: register(() => ({ pid: -5, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be >= 1/ },
   { name: 'pid zero', request: register(() => ({ pid: 0, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be >= 1/ },
   { name: 'pid above 4194304', request: register(() => ({ pid: 4_194_305, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be <= 4194304/ },

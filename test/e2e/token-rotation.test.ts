@@ -80,7 +80,7 @@ t.test('a Secret rotated in place reaches the running server, which keeps servin
   symlinkSync('..v2', join(dir, '..data_tmp'));
   renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
   await waitUntil(() => releaseFifo(fifo), { what: 'the server to wait in open() on the FIFO' });
-  const again = (entry: Record<string, unknown>) => entry.msg === `The token file ${join(dir, 'token')} can be used again (what was wrong with it is fixed); its tokens are in force from now on.`;
+  const again = (entry: Record<string, unknown>) => entry.msg === `The token file ${join(dir, 'token')} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`;
   await retry(() => write(NEW), () => server.logs().some(again));
   t.ok(server.logs().some(again), 'the file is read again once it answers');
   t.equal(server.logs().filter(isStuckReadWarning).length, 1, 'one warning for the whole hang');

@@ -161,7 +161,7 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   t.equal(await later(OLD), 'accepted');
   t.same(
     log.at(30).map((line) => line.msg),
-    [`The token file ${path} can be used again (what was wrong with it is fixed); its tokens are in force from now on.`],
+    [`The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`],
     'readable again, and the same tokens: no change to announce',
   );
 
@@ -179,7 +179,7 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   clock.advance(REPORT_REUSE_MS);
   t.match(await tokenCheck(), { status: 'ok', detail: 'a bearer token is configured for writes' }, 'and no more once the file is fixed');
   t.same(log.at(30).slice(-2).map((line) => line.msg), [
-    `The token file ${path} can be used again (what was wrong with it is fixed); its tokens are in force from now on.`,
+    `The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`,
     `Write tokens changed: 1 token(s) from ${path} are in force now.`,
   ]);
 });
@@ -275,7 +275,7 @@ t.test('a token file that is never stable while read (a /proc file, which says s
   clock.advance(TOKEN_FILE_CHECK_MS);
   t.same(await accepted(source, OLD, NEW), [NEW]);
   t.same(log.at(30).map((line) => line.msg), [
-    `The token file ${path} can be used again (what was wrong with it is fixed); its tokens are in force from now on.`,
+    `The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`,
     `Write tokens changed: 1 token(s) from ${path} are in force now.`,
   ]);
 });
@@ -337,7 +337,7 @@ t.test('a token file that does not answer (a hung mount) holds a write up for a 
     clock.advance(TOKEN_FILE_CHECK_MS);
   }
   t.same(log.at(30).map((line) => line.msg), [
-    `The token file ${path} can be used again (what was wrong with it is fixed); its tokens are in force from now on.`,
+    `The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`,
     `Write tokens changed: 2 token(s) from ${path} are in force now.`,
   ]);
 });

@@ -888,7 +888,7 @@ t.test("a PID shard's child or parent is refused under another id, as it would t
   t.same(statsRead, [child], "reads its process only: a repeat is never a conflict, so the other shards' are not read");
 });
 
-t.test("the process group a PID shard leads is part of it: a member that no longer descends from it, or the leader of a shard's group, is refused under another id, also when both are registered at once", async (t) => {
+t.test("the process group a PID shard leads is part of it: a member that no longer descends from it, or the leader of a shard's group, is refused under another id, also when the other is being stored as it is read", async (t) => {
   const dir = t.testdir({
     proc: {
       // 500 leads its group; 501, in that group, was reparented to init (its parent exited).
@@ -916,10 +916,13 @@ t.test("the process group a PID shard leads is part of it: a member that no long
       return file.write(text);
     },
   };
+  const real = createProcReader({ root: join(dir, 'proc'), log });
+  let onRead: ((pid: number) => void) | null = null;
+  const proc = { ...real, readStat: (pid: number) => (onRead?.(pid), real.readStat(pid)) };
   const { app } = await buildTestApp(t, {
     scenario: twoGpuNode(),
     config: { cacheTtlMs: 0, maxStaleMs: 0 },
-    deps: { proc: createProcReader({ root: join(dir, 'proc'), log }), stateFile },
+    deps: { proc, stateFile },
   });
   const put = (id: string, pid: number) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus: [0] } });
 
@@ -940,13 +943,59 @@ t.test("the process group a PID shard leads is part of it: a member that no long
   });
   const first = put('kid', 701);
   await writing;
+  // The gate opens once the parent's registration has read the shards stored (not the kid yet) and
+  // gone on to its own ancestors (its parent, PID 1, is not in this /proc).
+  const ancestorsRead = new Promise<void>((resolve) => (onRead = (pid) => pid === 1 && resolve()));
   const second = put('parent', 700);
+  await ancestorsRead;
   open();
   t.equal((await first).statusCode, 201);
   const refused = await second;
-  t.equal(refused.statusCode, 409, 'the second of the two, whichever it is');
+  t.equal(refused.statusCode, 409, 'the parent, stored second');
   t.match(refused.json().message, /^Process 700 \(sh, started at tick 1000\) leads the process group process 701 \(python3, started at tick 1010\) is in, which is already registered as shard "kid"\./);
   t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string }) => shard.id), ['kid', 'member']);
+});
+
+t.test('conflict reads: a shard gone (a zombie, or its PID another process now) covers nothing; an unreadable stat of another process fails no registration; a repeat removed before it is stored is judged in full', async (t) => {
+  const line = (pid: number, comm: string, state: string, ppid: number, pgrp: number, start: number) => `${pid} (${comm}) ${state} ${ppid} ${pgrp} ${pgrp} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 ${start} 0 0`;
+  const root = t.testdir({
+    '900': { stat: line(900, 'sh', 'S', 1, 900, 2000) },
+    '901': { stat: line(901, 'llama-server', 'S', 900, 900, 2010) },
+    '910': { stat: line(910, 'sh', 'S', 1, 910, 2100) },
+    '911': { stat: line(911, 'llama-server', 'S', 1, 910, 2110) },
+    '920': { stat: line(920, 'sh', 'S', 1, 920, 2200) },
+    '921': { stat: line(921, 'llama-server', 'S', 1, 920, 2210) },
+    '930': { stat: line(930, 'python3', 'S', 931, 930, 2400) },
+    '931': { stat: 'not a stat line' },
+    '940': { stat: line(940, 'sh', 'S', 1, 911, 2500) },
+  });
+  const real = createProcReader({ root, log: pino({ level: 'silent' }) });
+  let onRead: ((pid: number) => void) | null = null;
+  const proc = { ...real, readStat: (pid: number) => (onRead?.(pid), real.readStat(pid)) };
+  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { proc } });
+  const put = (id: string, pid: number, gpus: number[] = []) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus } });
+
+  for (const [id, pid] of [['zombie', 910], ['reused', 920], ['unreadable', 940]] as const) t.equal((await put(id, pid)).statusCode, 201);
+  writeFileSync(join(root, '910', 'stat'), line(910, 'sh', 'Z', 1, 910, 2100));
+  writeFileSync(join(root, '920', 'stat'), line(920, 'bash', 'S', 1, 920, 2300));
+  writeFileSync(join(root, '940', 'stat'), 'garbled');
+  t.equal((await put('orphan-of-zombie', 911)).statusCode, 201, "a member of a zombie's group: the zombie claims nothing");
+  t.equal((await put('orphan-of-reused', 921)).statusCode, 201, 'a member of a group whose leader PID names another process now');
+  t.equal((await put('unreadable-parent', 930)).statusCode, 201, 'a process whose parent cannot be read: its ancestry stops there');
+
+  t.equal((await put('engine', 901, [0])).statusCode, 201);
+  // The next repeat of "engine" waits on a slow nvidia-smi after its process was read; meanwhile
+  // "engine" is removed and its parent registered.
+  fake.update((scenario) => ({ ...scenario, delayMs: 1500 }));
+  const read = new Promise<void>((resolve) => (onRead = (pid) => pid === 901 && resolve()));
+  const repeat = put('engine', 901, [0]);
+  await read;
+  onRead = null;
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/engine' })).statusCode, 204);
+  t.equal((await put('parent', 900)).statusCode, 201);
+  const refused = await repeat;
+  t.equal(refused.statusCode, 409, 'no longer a repeat when it was decided, so judged in full');
+  t.match(refused.json().message, /^Process 901 \(llama-server, started at tick 2010\) descends from process 900 \(sh, started at tick 2000\), which is already registered as shard "parent"\./);
 });
 
 t.test('an identical re-PUT keeps registeredAt and the grace clock: an on-cpu shard stays on-cpu; other GPUs restart the grace', async (t) => {

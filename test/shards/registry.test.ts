@@ -226,6 +226,40 @@ t.test('overlaps: a registration /proc says covers another id\'s processes is re
   await t.rejects(changed, { code: 'NODECOMPUTE_SHARD_CONFLICT' }, 'queued behind a write: the change');
 });
 
+t.test('a put made as a repeat (no overlap judge) is stored only as an unchanged repeat; otherwise it is refused for the caller to judge it in full', async (t) => {
+  const dir = t.testdir({});
+  const { wrapped, counter } = instrumented(createStateFile(join(dir, 's.json'), { log }));
+  const registry = await loadRegistry({ stateFile: wrapped, log });
+  t.equal(registry.repeats(record('a')), false, 'nothing stored under the id: no repeat');
+  await t.rejects(registry.put(record('a'), null), { name: 'NotARepeatError' }, 'so a put made as one is refused');
+  await registry.put(record('a'));
+  t.equal(registry.repeats(record('a')), true);
+  t.equal(registry.repeats({ ...record('a'), gpus: [1] }), false, 'another GPU is a change');
+  t.match(await registry.put(record('a'), null), { created: false, unchanged: true }, 'a repeat needs no judge');
+  const writes = counter.writes;
+  await t.rejects(registry.put({ ...record('a'), gpus: [1] }, null), { name: 'NotARepeatError' }, 'a change is refused');
+  t.equal(counter.writes, writes, 'before any write');
+
+  // Decided in a batch, behind a write: the id was removed meanwhile.
+  const { wrapped: slow, writing, open } = gated(createStateFile(join(dir, 'g.json'), { log }));
+  const queued = await loadRegistry({ stateFile: slow, log });
+  const first = queued.put(record('b'));
+  await writing;
+  t.equal(queued.repeats(record('b')), false, 'nothing is a repeat while a write is under way');
+  open();
+  await first;
+  const { wrapped: held, writing: removing, open: land } = gated(slow);
+  const again = await loadRegistry({ stateFile: held, log });
+  t.equal(again.repeats(record('b')), true, 'read back: a repeat');
+  const removal = again.remove('b');
+  await removing;
+  const repeat = again.put(record('b'), null);
+  land();
+  await removal;
+  await t.rejects(repeat, { name: 'NotARepeatError' }, 'removed before its batch decided: refused');
+  t.same(again.list(), [], 'and not stored');
+});
+
 /** A state file whose writes wait until the test opens the gate (then fail, with `refuse`): the test acts while a PUT is in flight. */
 function gated(file: StateFile, refuse = false) {
   let open: () => void = () => {};
