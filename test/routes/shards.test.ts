@@ -986,11 +986,14 @@ t.test('conflict reads: a shard gone (a zombie, or its PID another process now) 
   t.equal((await put('engine', 901, [0])).statusCode, 201);
   // The next repeat of "engine" waits on a slow nvidia-smi after its process was read; meanwhile
   // "engine" is removed and its parent registered.
-  fake.update((scenario) => ({ ...scenario, delayMs: 1500 }));
+  // 4 s: room for the removal and the registration below on a loaded machine.
+  fake.update((scenario) => ({ ...scenario, delayMs: 4000 }));
   const read = new Promise<void>((resolve) => (onRead = (pid) => pid === 901 && resolve()));
   const repeat = put('engine', 901, [0]);
   await read;
   onRead = null;
+  // Its process read, it is judged a repeat within the same turn (microtasks); then it waits on nvidia-smi.
+  await new Promise((resolve) => setImmediate(resolve));
   t.equal((await app.inject({ method: 'DELETE', url: '/shards/engine' })).statusCode, 204);
   t.equal((await put('parent', 900)).statusCode, 201);
   const refused = await repeat;
