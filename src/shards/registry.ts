@@ -124,6 +124,10 @@ export type Overlaps = (other: ShardRecord) => string | null;
 /** A put made as a repeat (`overlaps` null) that was no repeat when decided: not a client's error, the caller retries. */
 export class NotARepeatError extends Error {
   override name = 'NotARepeatError';
+
+  constructor(id: string) {
+    super(`shard "${id}" changed since its PUT was read`);
+  }
 }
 
 type Change = (draft: Map<string, ShardRecord>) => unknown;
@@ -452,7 +456,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
           stored(result);
           return result;
         }
-        if (overlaps === null) throw new NotARepeatError(`shard "${record.id}" changed since its PUT was read`);
+        if (overlaps === null) throw new NotARepeatError(record.id);
         const conflict = conflicting(committed, record, overlaps);
         if (conflict !== undefined) throw conflictError(record, conflict);
       }
@@ -481,7 +485,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
           stored(putResult(settled.result));
         },
       );
-      if ('notARepeat' in outcome) throw new NotARepeatError(`shard "${record.id}" changed since its PUT was read`);
+      if ('notARepeat' in outcome) throw new NotARepeatError(record.id);
       if ('conflict' in outcome) throw conflictError(record, outcome.conflict);
       return putResult(outcome);
     },
