@@ -19,6 +19,11 @@ export function formatMemory(mib: number): string {
   return mib >= MIB_PER_GIB ? `${gibDigits(mib)} GiB` : `${mib} MiB`;
 }
 
+/** What a process or shard holds: formatMemory, or "memory not reported" where nvidia-smi says [N/A]. */
+export function formatHeldMemory(mib: number | null): string {
+  return mib === null ? 'memory not reported' : formatMemory(mib);
+}
+
 /**
  * A GPU's use of its memory, "127.0 / 140.4 GiB"; below 1 GiB used, in MiB as formatMemory says it
  * ("614 MiB / 140.4 GiB", as its segments read); "?" for a figure nvidia-smi did not report.

@@ -134,7 +134,10 @@ export function createMetrics(): Metrics {
           setMiB(foreign, labels, foreignByIndex.get(gpu.index) ?? null);
         }
         for (const [shard, holdings] of node.attribution.holdings) {
-          for (const holding of holdings.values()) setMiB(shardMemory, { shard, gpu: String(holding.index), uuid: holding.uuid }, holding.usedMiB);
+          // NaN, not absent, where nvidia-smi does not report it: the series still says the shard holds that GPU.
+          for (const holding of holdings.values()) {
+            shardMemory.set({ shard, gpu: String(holding.index), uuid: holding.uuid }, holding.usedMiB === null ? NaN : holding.usedMiB * MIB);
+          }
         }
       }
       for (const { shard, readiness } of shards) {

@@ -30,8 +30,11 @@ import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './no
 export interface ShardGpuHolding {
   index: number;
   uuid: string;
-  /** Sum of the known per-process memory; processes with [N/A] memory count as present but 0 MiB. */
-  usedMiB: number;
+  /**
+   * Sum of its processes' memory there; null when nvidia-smi does not report the memory of one of
+   * them ([N/A]): the process still holds the GPU, but how much is not known.
+   */
+  usedMiB: number | null;
   processes: GpuProcess[];
 }
 
@@ -293,7 +296,7 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
       ownerByPid.set(process.pid, owner);
       const perGpu = holdings.get(owner)!;
       const holding = perGpu.get(gpu.index) ?? { index: gpu.index, uuid: gpu.uuid, usedMiB: 0, processes: [] };
-      holding.usedMiB += process.usedMiB ?? 0;
+      holding.usedMiB = holding.usedMiB === null || process.usedMiB === null ? null : holding.usedMiB + process.usedMiB;
       holding.processes.push(process);
       perGpu.set(gpu.index, holding);
     }

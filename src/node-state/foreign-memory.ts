@@ -3,7 +3,8 @@
 // so it includes unlisted holders (the driver's own context memory, processes of other PID
 // namespaces), never below zero. A shard process whose memory nvidia-smi reports as [N/A] adds
 // nothing to the shards' share, so foreign then includes it: wrong on the safe side for placement,
-// which hands out less, never more.
+// which hands out less, never more. The answer counts those processes, so a reader knows shardMiB is
+// then a lower bound and foreignMiB an upper one.
 import type { NodeView } from './node-view.js';
 
 export interface ForeignProcess {
@@ -16,7 +17,10 @@ export interface GpuForeignMemory {
   index: number;
   uuid: string;
   usedMiB: number | null;
+  /** The shards' known share: their processes with [N/A] memory add nothing. */
   shardMiB: number;
+  /** Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]). */
+  unreportedShardProcesses: number;
   foreignMiB: number | null;
   foreignProcesses: ForeignProcess[];
 }
@@ -37,16 +41,19 @@ function computeForeignMemory(node: NodeView): GpuForeignMemory[] {
   const { ownerByPid } = node.attribution;
   return node.snapshot.gpus.map((gpu) => {
     let shardMiB = 0;
+    let unreportedShardProcesses = 0;
     const foreignProcesses: ForeignProcess[] = [];
     for (const process of gpu.processes) {
-      if (ownerByPid.has(process.pid)) shardMiB += process.usedMiB ?? 0;
-      else foreignProcesses.push({ pid: process.pid, name: process.name, usedMiB: process.usedMiB });
+      if (!ownerByPid.has(process.pid)) foreignProcesses.push({ pid: process.pid, name: process.name, usedMiB: process.usedMiB });
+      else if (process.usedMiB === null) unreportedShardProcesses += 1;
+      else shardMiB += process.usedMiB;
     }
     return {
       index: gpu.index,
       uuid: gpu.uuid,
       usedMiB: gpu.usedMiB,
       shardMiB,
+      unreportedShardProcesses,
       foreignMiB: gpu.usedMiB === null ? null : Math.max(0, gpu.usedMiB - shardMiB),
       foreignProcesses,
     };

@@ -97,6 +97,10 @@ export const EngineAccountSchema = Type.Object(
     devices: Type.Array(Type.String(), { description: 'Devices the engine reports using, as it names them.' }),
     layersOffloaded: Nullable(Type.Integer(), 'Layers offloaded to the GPU, from "offloaded N/M layers"; null when not printed.'),
     layersTotal: Nullable(Type.Integer(), 'Total layers, from "offloaded N/M layers"; null when not printed.'),
+    gpuBackendLoaded: Nullable(
+      Type.Boolean(),
+      'Whether its GPU backend loaded: true when it found or used a CUDA device (a CPU account then means no layers were put on the GPU: -ngl), false when it said no GPU is usable or listed only the CPU (the build, its libraries, the container\'s GPU runtime), null when its output does not say.',
+    ),
     evidence: Type.String({ description: 'The engine line(s) this account rests on.' }),
     summary: Type.String({ description: 'One sentence: what the engine itself saw.' }),
   },
@@ -105,7 +109,7 @@ export const EngineAccountSchema = Type.Object(
 
 const GpuUsageSchema = Type.Object({
   index: Type.Integer({ description: 'GPU index.' }),
-  usedMiB: Type.Integer({ description: "Memory the shard's processes hold there, in MiB ([N/A] counts as 0)." }),
+  usedMiB: Nullable(Type.Integer(), "Memory the shard's processes hold there, in MiB; null when nvidia-smi does not report it ([N/A]) for one of them (the GPU is held all the same)."),
 });
 
 export const ComputeSchema = Type.Object({
@@ -177,7 +181,11 @@ export const ForeignMemoryResponseSchema = Type.Object(
         index: Type.Integer({ description: 'GPU index.' }),
         uuid: Type.String({ description: 'GPU UUID.' }),
         usedMiB: Nullable(Type.Integer(), 'Used memory of the GPU in MiB; null when nvidia-smi cannot read it.'),
-        shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB." }),
+        shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB, as far as nvidia-smi reports it (see unreportedShardProcesses)." }),
+        unreportedShardProcesses: Type.Integer({
+          description:
+            "Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]: WSL2, Windows, some vGPU setups). Above 0, shardMiB is a lower bound and foreignMiB an upper bound: their memory reads as foreign, which placement never over-commits.",
+        }),
         foreignMiB: Nullable(Type.Integer(), 'used - shardMiB, never below zero: memory placement must not hand out; null when used is unknown.'),
         foreignProcesses: Type.Array(
           Type.Object({

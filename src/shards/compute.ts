@@ -8,7 +8,7 @@
 //   CPU   its verdict is on-cpu (grace over with a GPU still not held, or the engine itself says CPU),
 //         or it was given no GPU and runs (ready) holding none, without its engine claiming CUDA;
 //   null  not known: starting, exited, unverified, or the snapshot does not include it yet.
-import { formatMemory } from '../memory-size.js';
+import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
 import type { ReadinessState } from './readiness.js';
@@ -16,7 +16,8 @@ import type { ShardRecord } from './shard.js';
 
 export interface GpuUsage {
   index: number;
-  usedMiB: number;
+  /** null when nvidia-smi does not report the memory of one of the shard's processes there ([N/A]). */
+  usedMiB: number | null;
 }
 
 export type Backend = 'CUDA' | 'CPU';
@@ -29,9 +30,12 @@ export interface ShardCompute {
   engine: EngineAccount | null;
 }
 
-/** A GPU and the memory the shard holds there: `GPU 0: 9.8 GiB` for 10000 MiB, `GPU 0: 512 MiB` below 1 GiB. */
+/**
+ * A GPU and the memory the shard holds there: `GPU 0: 9.8 GiB` for 10000 MiB, `GPU 0: 512 MiB` below
+ * 1 GiB, `GPU 0: memory not reported` when nvidia-smi reports [N/A].
+ */
 export function deviceLabel(usage: GpuUsage): string {
-  return `GPU ${usage.index}: ${formatMemory(usage.usedMiB)}`;
+  return `GPU ${usage.index}: ${formatHeldMemory(usage.usedMiB)}`;
 }
 
 function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): Backend | null {

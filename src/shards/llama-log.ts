@@ -64,6 +64,12 @@ export interface EngineAccount {
   /** From `offloaded N/M layers to GPU`, else null. */
   layersOffloaded: number | null;
   layersTotal: number | null;
+  /**
+   * Whether its GPU backend loaded: true when the run found or used a CUDA device (so a CPU account
+   * means no weights were put on it: -ngl), false when it said no GPU is usable or listed only the
+   * CPU (the build, its libraries or the container's GPU runtime), null when the output does not say.
+   */
+  gpuBackendLoaded: boolean | null;
   /** The decisive line(s), prefixes removed and spaces collapsed, joined by " | ". */
   evidence: string;
   /** One sentence (no final period) saying what the engine itself saw. */
@@ -417,12 +423,20 @@ function presentDevices(run: Run): number[] {
   return [...indices].sort((a, b) => a - b);
 }
 
-function account(run: Run, backend: EngineBackend, indices: number[], evidence: string[], summary: string): EngineAccount {
+function account(
+  run: Run,
+  backend: EngineBackend,
+  indices: number[],
+  evidence: string[],
+  summary: string,
+  gpuBackendLoaded: boolean | null = true,
+): EngineAccount {
   return {
     backend,
     devices: indices.map((i) => describe(run, i)),
     layersOffloaded: run.layers?.offloaded ?? null,
     layersTotal: run.layers?.total ?? null,
+    gpuBackendLoaded,
     evidence: evidenceOf(evidence),
     summary,
   };
@@ -460,7 +474,8 @@ function decide(run: Run): EngineAccount | null {
     else if (devices) said = `llama.cpp saw no GPU device, only the CPU (${devices.line})`;
     else if (host.length > 0) said = `llama.cpp kept all its model buffers in host memory (${host.map((c) => c.line).join(' | ')})`;
     else said = `llama.cpp offloaded no layers to the GPU (${(first('zero-offload') as { line: string }).line})`;
-    return account(run, 'CPU', [], run.cpu.map((c) => c.line), `${said}${claimed}`);
+    const loaded = noGpu || devices ? false : run.found > 0 || run.presence.length > 0 ? true : null;
+    return account(run, 'CPU', [], run.cpu.map((c) => c.line), `${said}${claimed}`, loaded);
   }
   if (run.presence.length > 0) {
     const indices = presentDevices(run);

@@ -22,6 +22,7 @@
 import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
+import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
@@ -89,8 +90,49 @@ function placedOnCpu(shard: ShardRecord): string {
   return `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
 }
 
-function engineCpuReason(shard: ShardRecord, engine: EngineAccount): string {
-  return `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}. Its GPU backend did not load. ${ON_CPU_ADVICE}`;
+const GPU_LAYERS_ADVICE =
+  'start it with its model layers on the GPU (llama.cpp: -ngl / --n-gpu-layers, or LLAMA_ARG_N_GPU_LAYERS; a number at least the model\'s layer count puts them all there).';
+
+/** What to do about an engine that says CPU, by whether its GPU backend loaded (true, false, or not known). */
+function engineCpuAdvice(loaded: boolean | null): string {
+  if (loaded === true) return `Its GPU backend loaded, but no model layers were put on the GPU: ${GPU_LAYERS_ADVICE}`;
+  if (loaded === false) return `Its GPU backend did not load. ${ON_CPU_ADVICE}`;
+  return `Either its GPU backend did not load or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`;
+}
+
+/** The memory the shard's processes hold on the GPUs it was given, as device labels; empty without a node view. */
+function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
+  const holdings = node?.attribution.holdings.get(shard.id);
+  if (holdings === undefined) return [];
+  return [...holdings.values()]
+    .filter((holding) => shard.gpus.includes(holding.index))
+    .sort((a, b) => a.index - b.index)
+    .map(deviceLabel);
+}
+
+/**
+ * The engine says CPU. A run whose GPU backend loaded holds its CUDA context and compute buffers on
+ * the GPU without a single layer there, so memory held is no proof against it (and, where the output
+ * does not say whether the backend loaded, that memory shows it did); but memory held by an engine
+ * that found no usable GPU contradicts its output, and then the advice is about the output (another
+ * run's), not the build.
+ */
+function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeView | null): string {
+  const says = `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}.`;
+  const held = heldOnGiven(shard, node);
+  const post = `/shards/${shard.id}/engine-output`;
+  if (held.length === 0) return `${says} ${engineCpuAdvice(engine.gpuBackendLoaded)}`;
+  const holding = `nvidia-smi lists its processes holding ${held.join(', ')}`;
+  if (engine.gpuBackendLoaded === false) {
+    return (
+      `${says} Yet ${holding}, which an engine that found no usable GPU cannot hold: the output posted is most likely another run's (or another engine's). ` +
+      `Post this run's output (llama.cpp at -lv 4) to ${post}: the verdict follows the latest run in it. GET /gpus shows which of the shard's processes hold that memory.`
+    );
+  }
+  return (
+    `${says} ${holding}: a run without GPU layers holds its CUDA context and compute buffers there too. ${engineCpuAdvice(true)} ` +
+    `If that memory is more than those (the size of the weights), the output posted is another run's: post this run's to ${post}; the verdict follows the latest run in it.`
+  );
 }
 
 /** Why there is no engine account to judge by: nothing posted, output that says nothing, or an earlier run's output set aside. */
@@ -232,7 +274,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
-    return verdict('on-cpu', engineCpuReason(shard, engine), [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
+    return verdict('on-cpu', engineCpuReason(shard, engine, null), [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
   }
   return verdict('unverified', null, setAside === null ? [unverified] : [unverified, setAside]);
 }
@@ -255,7 +297,7 @@ export function readiness(input: ReadinessInput): Readiness {
   if (setAside !== null) warnings.push(setAside);
   if (liveness.state === 'unreadable') return verdict('unverified', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
-  if (shard.gpus.length > 0 && engineSaysCpu(engine)) return verdict('on-cpu', engineCpuReason(shard, engine), warnings);
+  if (shard.gpus.length > 0 && engineSaysCpu(engine)) return verdict('on-cpu', engineCpuReason(shard, engine, node), warnings);
   const held = node.attribution.holdings.get(shard.id);
   const missing = shard.gpus.filter((index) => !held?.has(index));
   if (missing.length === 0) return verdict('ready', null, warnings);

@@ -5,7 +5,7 @@
 // nvidia-smi run. Every string that comes from the node (process names, reasons, nvidia-smi's own
 // messages) is escaped for HTML and stripped of control characters for terminals.
 import { formatDuration } from '../duration.js';
-import { formatMemory, formatMemoryUse } from '../memory-size.js';
+import { formatHeldMemory, formatMemory, formatMemoryUse } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
@@ -37,7 +37,8 @@ export interface Segment {
   kind: SegmentKind;
   /** Shard id, or "foreign", "reserved", "free". */
   label: string;
-  mib: number;
+  /** null for a shard whose memory there nvidia-smi does not report ([N/A]): it is drawn without width. */
+  mib: number | null;
   /** Palette slot of the shard; null for the other kinds. */
   color: number | null;
   /** The tooltip: what this memory is, who holds it. */
@@ -109,7 +110,14 @@ export interface StatusInput {
 const STATE_ORDER: readonly ReadinessState[] = ['ready', 'starting', 'on-cpu', 'exited', 'unverified'];
 
 function processLabel(process: ForeignProcess): string {
-  return `pid ${process.pid} ${process.name} (${process.usedMiB === null ? 'memory not reported' : formatMemory(process.usedMiB)})`;
+  return `pid ${process.pid} ${process.name} (${formatHeldMemory(process.usedMiB)})`;
+}
+
+/** Foreign memory, as an upper bound when it includes shard processes' unreported memory. */
+function foreignAmount(foreignMiB: number, unreportedShardProcesses: number): string {
+  const n = unreportedShardProcesses;
+  if (n === 0) return formatMemory(foreignMiB);
+  return `up to ${formatMemory(foreignMiB)} (it includes the memory of ${n} shard process${n === 1 ? '' : 'es'} nvidia-smi does not report)`;
 }
 
 function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {
@@ -124,7 +132,7 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       label: shard.id,
       mib: usage.usedMiB,
       color: colors.get(shard.id)!,
-      title: `${shard.id}: ${formatMemory(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
+      title: `${shard.id}: ${formatHeldMemory(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
       stray,
     });
   }
@@ -135,7 +143,7 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       label: 'foreign',
       mib: foreign.foreignMiB,
       color: null,
-      title: `foreign: ${formatMemory(foreign.foreignMiB)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
+      title: `foreign: ${foreignAmount(foreign.foreignMiB, foreign.unreportedShardProcesses)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
       stray: false,
     });
   }
@@ -215,20 +223,21 @@ const INLINE_LABEL_SHARE = 0.09;
 
 function segmentHtml(segment: Segment, total: number): string {
   const colour = segment.color === null ? '' : ` c${segment.color}`;
-  const inline = segment.kind !== 'free' && segment.mib / total >= INLINE_LABEL_SHARE;
-  const text = inline ? `<span>${escapeHtml(segment.label)} ${formatMemory(segment.mib)}</span>` : '';
-  return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${segment.mib}" title="${escapeHtml(segment.title)}">${text}</div>`;
+  const mib = segment.mib ?? 0;
+  const inline = segment.kind !== 'free' && mib / total >= INLINE_LABEL_SHARE;
+  const text = inline ? `<span>${escapeHtml(segment.label)} ${formatMemory(mib)}</span>` : '';
+  return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${mib}" title="${escapeHtml(segment.title)}">${text}</div>`;
 }
 
 function legendHtml(segment: Segment): string {
   const colour = segment.color === null ? '' : ` c${segment.color}`;
   const stray = segment.stray ? ' <em>not given this GPU</em>' : '';
-  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${formatMemory(segment.mib).replace(' ', '&nbsp;')}</b>${stray}</li>`;
+  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${formatHeldMemory(segment.mib).replaceAll(' ', '&nbsp;')}</b>${stray}</li>`;
 }
 
 function gpuHtml(gpu: GpuModel): string {
-  const total = gpu.segments.reduce((sum, segment) => sum + segment.mib, 0);
-  const describe = gpu.segments.map((segment) => `${segment.label} ${formatMemory(segment.mib)}`).join(', ');
+  const total = gpu.segments.reduce((sum, segment) => sum + (segment.mib ?? 0), 0);
+  const describe = gpu.segments.map((segment) => `${segment.label} ${formatHeldMemory(segment.mib)}`).join(', ');
   const bar =
     gpu.segments.length > 0
       ? `<div class="bar" role="img" aria-label="GPU ${gpu.index} memory: ${escapeHtml(describe)}">${gpu.segments.map((segment) => segmentHtml(segment, total)).join('')}</div>`
@@ -420,9 +429,9 @@ const BAR_CHAR: Record<SegmentKind, string> = { shard: '#', foreign: '=', reserv
 
 /** Largest-remainder split of the bar's width, so the characters always add up to the width. */
 function textBar(segments: Segment[]): string {
-  const total = segments.reduce((sum, segment) => sum + segment.mib, 0);
+  const total = segments.reduce((sum, segment) => sum + (segment.mib ?? 0), 0);
   if (total <= 0) return `[${'?'.repeat(TEXT_BAR_WIDTH)}]`;
-  const exact = segments.map((segment) => (segment.mib / total) * TEXT_BAR_WIDTH);
+  const exact = segments.map((segment) => ((segment.mib ?? 0) / total) * TEXT_BAR_WIDTH);
   const cells = exact.map(Math.floor);
   let left = TEXT_BAR_WIDTH - cells.reduce((sum, n) => sum + n, 0);
   const byRemainder = exact.map((value, i) => ({ i, rest: value - Math.floor(value) })).sort((a, b) => b.rest - a.rest);
@@ -464,7 +473,7 @@ export function renderText(model: StatusModel): string {
   const gpuRows = model.gpus.map((gpu) => {
     const shards = gpu.segments
       .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
-      .map((segment) => `${segment.label} ${formatMemory(segment.mib)}${segment.stray ? ' (NOT given)' : ''}`);
+      .map((segment) => `${segment.label} ${formatHeldMemory(segment.mib)}${segment.stray ? ' (NOT given)' : ''}`);
     const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
     return [String(gpu.index), plain(gpu.name), textBar(gpu.segments), formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
   });

@@ -252,3 +252,34 @@ t.test('GPU processes hidden from this /proc read 0 on nodecompute_gpu_processes
   t.equal(sample(text, 'nodecompute_gpu_processes_visible', {}), 0);
   t.equal(sample(text, 'nodecompute_gpu_memory_foreign_bytes', { gpu: '0' }), 20000 * MIB, 'the memory reads as foreign');
 });
+
+t.test('a shard process whose memory nvidia-smi reports as [N/A] holds its GPU, with the amount unknown in every view', async (t) => {
+  const engine = await spawnShardProcess(t, 1);
+  const { app } = await buildTestApp(t, {
+    scenario: node([
+      { gpuUuid: UUIDS[0]!, pid: engine.members[0]!, name: 'llama-server', usedMiB: '[N/A]' },
+      { gpuUuid: UUIDS[0]!, pid: 77777, name: '[Not Found]', usedMiB: 3000 },
+    ]),
+    config: { cacheTtlMs: 60_000 },
+  });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/wsl', payload: { pid: engine.pid, gpus: [0], graceMs: 0 } })).statusCode, 201);
+  await settle(app);
+  const compute = (await app.inject({ method: 'GET', url: '/shards/wsl/compute' })).json();
+  t.same({ backend: compute.backend, devices: compute.devices, gpus: compute.gpus }, { backend: 'CUDA', devices: ['GPU 0: memory not reported'], gpus: [{ index: 0, usedMiB: null }] });
+  t.equal((await app.inject({ method: 'GET', url: '/shards/wsl/ready' })).json().state, 'ready');
+  const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus[0];
+  t.same({ shardMiB: foreign.shardMiB, unreportedShardProcesses: foreign.unreportedShardProcesses, foreignMiB: foreign.foreignMiB }, { shardMiB: 0, unreportedShardProcesses: 1, foreignMiB: 20000 });
+
+  const text = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  const check = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  t.equal(check.status, 0, `promtool check metrics: ${check.stdout}${check.stderr}`);
+  t.ok(Number.isNaN(sample(text, 'nodecompute_shard_gpu_memory_bytes', { shard: 'wsl', gpu: '0' })), 'NaN: the series says the GPU is held, the value that its size is unknown');
+  t.equal(sample(text, 'nodecompute_gpu_memory_foreign_bytes', { gpu: '0' }), 20000 * MIB, 'foreign stays an upper bound');
+
+  const page = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/plain' } })).body;
+  t.match(page, /wsl memory not reported/, 'the text page names the shard without a size');
+  const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
+  t.match(html, 'foreign: up to 19.5 GiB (it includes the memory of 1 shard process nvidia-smi does not report)');
+  t.match(html, 'wsl: memory not reported on GPU 0');
+  t.notMatch(html, /wsl[^<]*0 MiB/, 'nowhere 0 MiB');
+});

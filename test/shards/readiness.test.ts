@@ -61,7 +61,7 @@ t.test('several missing GPUs are listed in prose, and a GPU nvidia-smi no longer
 
 t.test('a partial offload and an old snapshot are warnings on a ready shard', async (t) => {
   const s = shard({ gpus: [0] });
-  const engine: EngineAccount = { backend: 'CUDA', devices: ['CUDA0'], layersOffloaded: 20, layersTotal: 33, evidence: 'x', summary: 'llama.cpp put ...' };
+  const engine: EngineAccount = { backend: 'CUDA', devices: ['CUDA0'], layersOffloaded: 20, layersTotal: 33, gpuBackendLoaded: true, evidence: 'x', summary: 'llama.cpp put ...' };
   const v = verdictOf(s, view([gpu(0, [[100, null]])], [stat(100, 100, 5)], [s]), engine, 'the last refresh failed: boom');
   t.equal(v.state, 'ready', 'a process listed with [N/A] memory still holds the GPU');
   t.same(v.warnings, [
@@ -135,13 +135,27 @@ t.test('a shard the view does not know yet (registered since), and a cgroup shar
   t.equal(verdictOf(pod, node).state, 'starting');
 });
 
-t.test('memory of a shard process nvidia-smi reports as [N/A] counts as held, 0 MiB', async (t) => {
-  const s = shard({ gpus: [0] });
-  const node = view([gpu(0, [[100, null], [200, 300]])], [stat(100, 100, 5), stat(200, 200, 9)], [s]);
-  const [only] = foreignMemory(node);
-  t.same({ shardMiB: only!.shardMiB, foreignMiB: only!.foreignMiB }, { shardMiB: 0, foreignMiB: 1000 });
+t.test('memory of a shard process nvidia-smi reports as [N/A] holds the GPU, and how much is not known anywhere', async (t) => {
+  const s = shard({ gpus: [0, 1] });
+  // Process 101 is the shard's child with 400 MiB on GPU 0, beside the shard's own [N/A]; 200 is foreign.
+  const node = view(
+    [gpu(0, [[100, null], [101, 400], [200, 300]], 5000), gpu(1, [[101, 700]], 2000)],
+    [stat(100, 100, 5), { ...stat(101, 100, 6), ppid: 100 }, stat(200, 200, 9)],
+    [s],
+  );
+  t.equal(verdictOf(s, node).state, 'ready', 'listed on both GPUs it was given');
+  const [gpu0, gpu1] = foreignMemory(node);
+  t.same(
+    { shardMiB: gpu0!.shardMiB, unreportedShardProcesses: gpu0!.unreportedShardProcesses, foreignMiB: gpu0!.foreignMiB },
+    { shardMiB: 400, unreportedShardProcesses: 1, foreignMiB: 4600 },
+    'the known share only: foreign is an upper bound, and the count says so',
+  );
+  t.same({ shardMiB: gpu1!.shardMiB, unreportedShardProcesses: gpu1!.unreportedShardProcesses, foreignMiB: gpu1!.foreignMiB }, { shardMiB: 700, unreportedShardProcesses: 0, foreignMiB: 1300 });
   t.equal(foreignMemory(node), foreignMemory(node), 'computed once per view');
-  t.same(shardCompute(s, node, null, 'ready').devices, ['GPU 0: 0 MiB']);
+  const compute = shardCompute(s, node, null, 'ready');
+  t.same(compute.gpus, [{ index: 0, usedMiB: null }, { index: 1, usedMiB: 700 }], 'a sum with an unknown part is unknown, not the known part');
+  t.same(compute.devices, ['GPU 0: memory not reported', 'GPU 1: 700 MiB']);
+  t.equal(compute.backend, 'CUDA');
 });
 
 t.test('compute: a shard absent from the attribution holds nothing, and its backend is not known', async (t) => {
@@ -151,7 +165,7 @@ t.test('compute: a shard absent from the attribution holds nothing, and its back
 });
 
 t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evidence of a verdict, else null', async (t) => {
-  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, evidence: 'x', summary: 'llama.cpp lists only the CPU' };
+  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, gpuBackendLoaded: false, evidence: 'x', summary: 'llama.cpp lists only the CPU' };
   const cuda: EngineAccount = { ...cpu, backend: 'CUDA', devices: ['CUDA0'], summary: 'llama.cpp put its weights on CUDA0' };
   const placed = shard({ gpus: [0] });
   const none = shard({ gpus: [] });
@@ -363,7 +377,7 @@ t.test('a cgroup whose processes are zombies, gone or unreadable', async (t) => 
 
 t.test('a cgroup shard whose engine output predates every process it runs now: the account is set aside, with a warning', async (t) => {
   const pod = shard({ id: 'pod', pid: null, cgroup: POD_UID, gpus: [0], registeredAt: NOW - 60_000 });
-  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, evidence: 'ggml_cuda_init: failed to initialize CUDA', summary: 'llama.cpp failed to initialize CUDA' };
+  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, gpuBackendLoaded: false, evidence: 'ggml_cuda_init: failed to initialize CUDA', summary: 'llama.cpp failed to initialize CUDA' };
   // The sandbox since tick 5; the restarted engine since tick 700, on GPU 0.
   const node = podView([gpu(0, [[12, 4000]])], [named('pause', 10, 5), named('llama-server', 12, 700)], [pod], { [POD_UID]: [10, 12] });
   const judged = (engineTicks: number | null | undefined) => readiness({ shard: pod, node, engine: cpu, staleReason: null, now: NOW, ...(engineTicks === undefined ? {} : { engineTicks }) });
@@ -438,7 +452,7 @@ t.test('reasons: spans from milliseconds to hours, long graces in minutes, and s
 
 t.test('without nvidia-smi: /proc liveness and the engine\'s account still decide exited and on-cpu', async (t) => {
   const s = shard({ gpus: [0] });
-  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, evidence: 'x', summary: 'llama.cpp failed to initialize CUDA' };
+  const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, gpuBackendLoaded: false, evidence: 'x', summary: 'llama.cpp failed to initialize CUDA' };
   const judged = (input: { shard?: ShardRecord; liveness?: Liveness; engine?: EngineAccount | null; engineTicks?: number }) =>
     readiness({ shard: input.shard ?? s, node: null, engine: input.engine ?? null, staleReason: null, now: NOW, unavailable: 'nvidia-smi timed out', ...input });
   const unverified = 'nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out';
@@ -503,6 +517,51 @@ t.test('on-cpu while the engine output shows weights on a CUDA device: the reaso
   const lost = readiness({ shard: d, node: view([gpu(0, [])], [stat(100, 100, 5)], [d]), engine: vram, staleReason: null, now: NOW }).reason;
   t.match(lost, 'says llama.cpp reported 6936.01 MiB of VRAM used on its CUDA devices (llm_load_tensors: VRAM used: 6936.01 MiB). GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg). Both cannot');
   t.match(lost, 'maps its CUDA devices to that GPU, not to GPU 3;');
+});
+
+t.test('the engine says CPU: the advice follows whether its GPU backend loaded, and memory its processes hold is weighed against it', async (t) => {
+  const ON_CPU_ADVICE = "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp)";
+  // llamacpp-log_2023-10_llava_ggml_init_cublas_offloaded-0of35_issue3616.txt: 2 CUDA devices found, then 0/35 layers offloaded.
+  const noLayers = accountOf('llamacpp-log_2023-10_llava_ggml_init_cublas_offloaded-0of35_issue3616.txt')!;
+  // llamacpp-log_2024-03_issue6184_no-cuda-devices-found_quoted.txt: no CUDA device found.
+  const noGpu = accountOf('llamacpp-log_2024-03_issue6184_no-cuda-devices-found_quoted.txt')!;
+  t.same([noLayers.gpuBackendLoaded, noGpu.gpuBackendLoaded], [true, false]);
+  const s = shard({ gpus: [2, 4] });
+  const idle = view([gpu(2, []), gpu(4, [])], [stat(100, 100, 5)], [s]);
+  // 103.4 GiB on each GPU it was given, in the engine's own process.
+  const loaded = view([gpu(2, [[100, 105842]]), gpu(4, [[100, 105842]])], [stat(100, 100, 5)], [s]);
+  const judged = (engine: EngineAccount, node: NodeView) => readiness({ shard: s, node, engine, enginePosted: true, staleReason: null, now: NOW });
+
+  const zero = judged(noLayers, idle);
+  t.equal(zero.state, 'on-cpu');
+  t.equal(
+    zero.reason,
+    'placed on GPU 2 and GPU 4 but computing on the CPU: the engine itself reports it. llama.cpp offloaded no layers to the GPU (llm_load_tensors: offloaded 0/35 layers to GPU). ' +
+      "Its GPU backend loaded, but no model layers were put on the GPU: start it with its model layers on the GPU (llama.cpp: -ngl / --n-gpu-layers, or LLAMA_ARG_N_GPU_LAYERS; a number at least the model's layer count puts them all there).",
+    'the backend loaded: no advice to check libraries',
+  );
+
+  const failed = judged(noGpu, idle);
+  t.match(failed.reason, `Its GPU backend did not load. ${ON_CPU_ADVICE}`, 'no GPU found and none held: the build and the runtime');
+
+  const conflict = judged(noGpu, loaded);
+  t.equal(conflict.state, 'on-cpu', "the engine's own account still decides");
+  t.equal(
+    conflict.reason,
+    "placed on GPU 2 and GPU 4 but computing on the CPU: the engine itself reports it. llama.cpp found no usable GPU (ggml_cuda_init: no CUDA devices found, CUDA will be disabled). " +
+      'Yet nvidia-smi lists its processes holding GPU 2: 103.4 GiB, GPU 4: 103.4 GiB, which an engine that found no usable GPU cannot hold: the output posted is most likely another run\'s (or another engine\'s). ' +
+      "Post this run's output (llama.cpp at -lv 4) to /shards/s/engine-output: the verdict follows the latest run in it. GET /gpus shows which of the shard's processes hold that memory.",
+  );
+  t.notMatch(conflict.reason, 'ldd', 'not the build: the output contradicts nvidia-smi');
+  t.same(shardCompute(s, loaded, noGpu, conflict.state).devices, ['GPU 2: 103.4 GiB', 'GPU 4: 103.4 GiB'], 'devices say what nvidia-smi lists');
+
+  const context = judged(noLayers, view([gpu(2, [[100, 520]]), gpu(4, [])], [stat(100, 100, 5)], [s]));
+  t.match(context.reason, 'nvidia-smi lists its processes holding GPU 2: 520 MiB: a run without GPU layers holds its CUDA context and compute buffers there too. Its GPU backend loaded, but no model layers');
+  t.match(context.reason, "If that memory is more than those (the size of the weights), the output posted is another run's: post this run's to /shards/s/engine-output;");
+
+  const unsaid = { ...noLayers, gpuBackendLoaded: null };
+  t.match(judged(unsaid, idle).reason, `Either its GPU backend did not load or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`);
+  t.match(judged(unsaid, loaded).reason, 'a run without GPU layers holds its CUDA context and compute buffers there too. Its GPU backend loaded', 'the memory held shows the backend loaded');
 });
 
 t.test('on-cpu while the engine output finds CUDA but shows no weights: the reason asks for its output through model loading', async (t) => {
