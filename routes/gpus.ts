@@ -14,7 +14,7 @@ import { createSnapshotJson, type SnapshotJson } from './snapshot-json.js';
 const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
   const sendGpus = createSnapshotJson(gpusResponse);
-  const sendForeign = createSnapshotJson(foreignMemory);
+  const sendForeign = createSnapshotJson((current) => ({ gpus: foreignMemory(current) }));
   /** A handler that answers at once from a cached snapshot, and waits (a promise) only when it must. */
   const answer = (json: SnapshotJson) => (request: FastifyRequest, reply: FastifyReply) => {
     const respond = (current: Current) => {

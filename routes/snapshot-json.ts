@@ -1,8 +1,9 @@
-// Owns the fast path of the big snapshot answers (/gpus, /gpus/foreign-memory): their `gpus` part
-// is the same for every request that sees the same node view, so it is serialised once per view;
+// Owns the fast path of the big snapshot answers (/gpus, /gpus/foreign-memory): their fields after
+// the snapshot header (`gpus`, and for /gpus `lostGpus`) are the same for every request that sees
+// the same node view, so they are serialised once per view;
 // the whole body (with the per-request age and staleness) is encoded once per distinct header, so
 // the requests of one millisecond share one buffer. The bodies are exactly what the route schemas
-// describe; tests compare them field by field. The digest of that `gpus` part is the answer's ETag
+// describe; tests compare them field by field. The digest of those fields is the answer's ETag
 // content (conditional.ts), computed once per view too.
 import type { FastifyReply } from 'fastify';
 import { contentTag } from './conditional.js';
@@ -25,13 +26,15 @@ export interface SnapshotJson {
   tag(node: NodeView): string;
 }
 
-export function createSnapshotJson(build: (node: NodeView) => unknown): SnapshotJson {
-  const serialised = new WeakMap<NodeView, { gpus: string; tag: string }>();
+/** `build` answers the body's fields after the snapshot header, at least one. */
+export function createSnapshotJson(build: (node: NodeView) => Record<string, unknown>): SnapshotJson {
+  const serialised = new WeakMap<NodeView, { fields: string; tag: string }>();
   const serialise = (node: NodeView) => {
     let entry = serialised.get(node);
     if (entry === undefined) {
-      const gpus = JSON.stringify(build(node));
-      entry = { gpus, tag: contentTag(gpus) };
+      // Without its braces, to follow the header's fields in one object.
+      const fields = JSON.stringify(build(node)).slice(1, -1);
+      entry = { fields, tag: contentTag(fields) };
       serialised.set(node, entry);
     }
     return entry;
@@ -50,7 +53,7 @@ export function createSnapshotJson(build: (node: NodeView) => unknown): Snapshot
         last.staleReason !== view.staleReason
       ) {
         const meta = JSON.stringify(snapshotMeta(view));
-        const body = Buffer.from(`${meta.slice(0, -1)},"gpus":${serialise(node).gpus}}`);
+        const body = Buffer.from(`${meta.slice(0, -1)},${serialise(node).fields}}`);
         last = { node, observedAt: view.observedAt, ageMs, stale: view.stale, staleReason: view.staleReason, body };
       }
       void reply.type('application/json; charset=utf-8').send(last.body);

@@ -70,6 +70,11 @@ export function createMetrics(): Metrics {
     'Memory of the GPU held by anything that is not a registered shard: placement must not hand it out.',
     gpuLabels,
   );
+  const lost = gauge(
+    'nodecompute_gpu_lost',
+    '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg); gpu is its last index. Absent when none is lost.',
+    gpuLabels,
+  );
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
   const shardPlaced = gauge(
     'nodecompute_shard_gpu_placed',
@@ -107,7 +112,7 @@ export function createMetrics(): Metrics {
 
   for (const query of QUERIES) for (const reason of NVIDIA_SMI_FAILURE_CODES) failures.inc({ query, reason }, 0);
 
-  const nodeGauges = [total, used, free, reserved, foreign, shardMemory, shardPlaced, shardReady, shardState];
+  const nodeGauges = [total, used, free, reserved, foreign, lost, shardMemory, shardPlaced, shardReady, shardState];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
     if (mib !== null) metric.set(labels, mib * MIB);
   };
@@ -133,6 +138,7 @@ export function createMetrics(): Metrics {
           setMiB(reserved, labels, gpu.reservedMiB);
           setMiB(foreign, labels, foreignByIndex.get(gpu.index) ?? null);
         }
+        for (const gpu of node.snapshot.lostGpus) lost.set({ gpu: String(gpu.index), uuid: gpu.uuid }, 1);
         for (const [shard, holdings] of node.attribution.holdings) {
           // NaN, not absent, where nvidia-smi does not report it: the series still says the shard holds that GPU.
           for (const holding of holdings.values()) {

@@ -53,6 +53,7 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
     cgroupPids: facts.cgroupPids,
     bootId: facts.bootId,
     unmatchedProcesses: [],
+    lostGpus: [],
     timings: { nvidiaSmiMs: 0, procMs: 0 },
   };
   const described = shards.filter((shard) => shard.registeredAt <= facts.startedAt);

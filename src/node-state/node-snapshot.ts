@@ -14,6 +14,7 @@
 import type { Logger } from 'pino';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
+import { createGpuRoster, type LostGpu } from './gpu-roster.js';
 
 /**
  * Generations above a GPU process among which attribution looks for its shard: an engine's GPU
@@ -51,6 +52,8 @@ export interface NodeSnapshot {
   bootId: string | null;
   /** Rows nvidia-smi listed under a UUID that matches no GPU of the GPU query. */
   unmatchedProcesses: ComputeAppRecord[];
+  /** GPUs an earlier snapshot of this process listed and this one does not (gpu-roster.ts), by index. */
+  lostGpus: LostGpu[];
   timings: { nvidiaSmiMs: number; procMs: number };
 }
 
@@ -178,6 +181,7 @@ async function readFactsAfterFailure(deps: SnapshotTakerDeps, error: unknown, st
 
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
   const { now } = deps;
+  const roster = createGpuRoster(deps.log);
   return async () => {
     const startedAt = now();
     const started = performance.now();
@@ -190,6 +194,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       throw err;
     }
     const smiDone = performance.now();
+    const lostGpus = roster.update(gpuRecords, now());
     const { gpus, unmatched } = joinGpusAndProcesses(gpuRecords, apps);
     if (unmatched.length > 0) {
       deps.log.warn(
@@ -217,6 +222,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       cgroupPids,
       bootId: deps.proc.bootId(),
       unmatchedProcesses: unmatched,
+      lostGpus,
       timings: { nvidiaSmiMs: smiDone - started, procMs: done - smiDone },
     };
   };

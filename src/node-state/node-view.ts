@@ -139,10 +139,10 @@ function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
   );
 }
 
-/** The `gpus` of GET /gpus: every GPU with its processes, each attributed to its shard. */
-export function gpusResponse(node: NodeView): GpusResponse['gpus'] {
+/** GET /gpus after its snapshot header: every GPU with its processes, each attributed to its shard, and the GPUs no longer listed. */
+export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
-  return node.snapshot.gpus.map((gpu) => ({
+  const gpus = node.snapshot.gpus.map((gpu) => ({
       index: gpu.index,
       uuid: gpu.uuid,
       name: gpu.name,
@@ -154,4 +154,6 @@ export function gpusResponse(node: NodeView): GpusResponse['gpus'] {
         shard: owner.get(process.pid) ?? null,
       })),
     }));
+  const lostGpus = node.snapshot.lostGpus.map((gpu) => ({ ...gpu, lastListedAt: new Date(gpu.lastListedAt).toISOString() }));
+  return { gpus, lostGpus };
 }

@@ -29,8 +29,22 @@ export const GpuSchema = Type.Object({
 });
 export type Gpu = Static<typeof GpuSchema>;
 
+export const LostGpuSchema = Type.Object({
+  index: Type.Integer({ minimum: 0, description: 'Its index when it was last listed.' }),
+  uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
+  name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
+  lastListedAt: Type.String({ format: 'date-time', description: 'When a snapshot last listed it.' }),
+});
+
 export const GpusResponseSchema = Type.Object(
-  { ...SnapshotMetaProperties, gpus: Type.Array(GpuSchema, { description: 'Every GPU nvidia-smi sees, by index.' }) },
+  {
+    ...SnapshotMetaProperties,
+    gpus: Type.Array(GpuSchema, { description: 'Every GPU nvidia-smi sees, by index.' }),
+    lostGpus: Type.Array(LostGpuSchema, {
+      description:
+        'GPUs nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
+    }),
+  },
   { description: 'The GPUs of this node and the processes on them.' },
 );
 export type GpusResponse = Static<typeof GpusResponseSchema>;

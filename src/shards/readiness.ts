@@ -90,6 +90,10 @@ function placedOnCpu(shard: ShardRecord): string {
   return `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
 }
 
+const GPU_GONE_ADVICE =
+  'Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L: such a GPU usually needs a reset or the node a reboot. ' +
+  'Meanwhile place the shard on another GPU (PUT it with its new gpus).';
+
 const GPU_LAYERS_ADVICE =
   'start it with its model layers on the GPU (llama.cpp: -ngl / --n-gpu-layers, or LLAMA_ARG_N_GPU_LAYERS; a number at least the model\'s layer count puts them all there).';
 
@@ -217,6 +221,8 @@ function onCpuReason(
   // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
   const held = `its processes hold no memory on ${gpuList(missing)}, ${formatDuration(evidenceAt - shard.registeredAt)} after registration (grace ${formatDuration(shard.graceMs)})`;
   const vanished = gone.length > 0 ? ` ${gpuList(gone)} is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).` : '';
+  // No engine, build or mapping can hold a GPU the driver no longer lists: the GPU is what to fix.
+  if (gone.length === missing.length) return `${placedOnCpu(shard)}: ${held}.${vanished} ${GPU_GONE_ADVICE}`;
   const strays = strayGpus(shard, node);
   if (strays.length > 0) return strayReason(shard, strays, `${held}.${vanished}`);
   if (engine !== null && showsGpuWeights(engine)) return conflictReason(shard, missing, engine, held, vanished);

@@ -85,6 +85,8 @@ export interface StatusModel {
   error: string | null;
   /** Why the GPU processes cannot be matched to this /proc (the node view's `processesHidden`); null when they can. */
   processesHidden: string | null;
+  /** The GPUs nvidia-smi listed earlier and no longer lists, one line each; empty when none. */
+  lostGpus: string[];
   /**
    * The stale banner: why the snapshot is not being renewed (the last refresh failed, or nvidia-smi is
    * slow now); null otherwise. A snapshot that is merely one refresh behind (stale-while-revalidate,
@@ -106,6 +108,10 @@ export interface StatusInput {
   version: string;
   now: number;
 }
+
+const LOST_GPUS = 'nvidia-smi no longer lists GPUs it listed earlier.';
+const LOST_GPUS_ADVICE =
+  'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
 
 const STATE_ORDER: readonly ReadinessState[] = ['ready', 'starting', 'on-cpu', 'exited', 'unverified'];
 
@@ -195,6 +201,7 @@ export function statusModel(input: StatusInput): StatusModel {
     snapshot: input.view ? snapshotMeta(input.view) : null,
     error: input.error,
     processesHidden: input.node?.processesHidden ?? null,
+    lostGpus: (input.node?.snapshot.lostGpus ?? []).map((gpu) => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}`),
     staleBanner: input.view ? staleNews(input.view) : null,
     gpus,
     shards,
@@ -365,6 +372,11 @@ export function renderHtml(model: StatusModel): string {
       `<div class="banner error" role="alert"><strong>nodecompute cannot tell whose GPU memory is whose.</strong> All of it reads as foreign, and no shard can be verified.<code>${escapeHtml(model.processesHidden)}</code></div>`,
     );
   }
+  if (model.lostGpus.length > 0) {
+    banners.push(
+      `<div class="banner error" role="alert"><strong>${LOST_GPUS}</strong> ${LOST_GPUS_ADVICE}<code>${model.lostGpus.map(escapeHtml).join('\n')}</code></div>`,
+    );
+  }
   const staleReason = model.staleBanner;
   if (staleReason) {
     banners.push(`<div class="banner stale" role="status"><strong>Showing an older snapshot.</strong><code>${escapeHtml(staleReason)}</code></div>`);
@@ -460,6 +472,9 @@ export function renderText(model: StatusModel): string {
   if (model.error !== null) {
     out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (a shard is unverified and keeps serving, unless /proc shows it exited or its engine says CPU):');
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
+  }
+  if (model.lostGpus.length > 0) {
+    out.push('', `!! ${LOST_GPUS} ${LOST_GPUS_ADVICE}`, ...model.lostGpus.map((line) => `!!   ${plain(line)}`));
   }
   if (model.processesHidden !== null) {
     out.push('', '!! nodecompute cannot tell whose GPU memory is whose (all of it reads as foreign, and no shard can be verified):', `!!   ${plain(model.processesHidden)}`);

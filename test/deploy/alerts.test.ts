@@ -1,7 +1,8 @@
 // Owns the checks of deploy/kubernetes/prometheusrule.yaml: promtool accepts the rules, and its unit
 // tests, fed with the /metrics of real nodecompute apps (one with shards on-cpu, exited and stray,
-// one whose GPU processes are hidden, one whose nvidia-smi fails), fire exactly the alerts each
-// node deserves, with their annotations rendered. A renamed metric or label fails here.
+// one whose GPU processes are hidden, one whose nvidia-smi fails, one whose GPU drops out of
+// nvidia-smi's list), fire exactly the alerts each node deserves, with their annotations rendered.
+// A renamed metric or label fails here.
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -103,9 +104,19 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   failing.fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
   clock.advance(5);
 
+  // Node 4: idle GPUs (nothing used, so no process can be hidden); GPU 1 drops out of nvidia-smi's list (fallen off the bus).
+  const idle = node([]);
+  const dropping = await buildTestApp(t, { scenario: { ...idle, gpus: idle.gpus.map((gpu) => ({ ...gpu, usedMiB: 0 })) }, config: { cacheTtlMs: 0 } });
+  t.equal((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().gpus.length, 2);
+  dropping.fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1) }));
+  // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
+  await dropping.app.inject({ method: 'GET', url: '/gpus' });
+  await settle(dropping.app);
+  t.same((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus.map((gpu: { uuid: string }) => gpu.uuid), [UUIDS[1]]);
+
   const scrape = async (app: typeof busy.app, instance: string): Promise<Sample[]> =>
     samples((await app.inject({ method: 'GET', url: '/metrics' })).body).map((s) => ({ ...s, labels: { ...s.labels, instance, job: 'nodecompute' } }));
-  const all = [...(await scrape(busy.app, 'gpu-node-1:9470')), ...(await scrape(hidden.app, 'gpu-node-2:9470')), ...(await scrape(failing.app, 'gpu-node-3:9470'))];
+  const all = [...(await scrape(busy.app, 'gpu-node-1:9470')), ...(await scrape(hidden.app, 'gpu-node-2:9470')), ...(await scrape(failing.app, 'gpu-node-3:9470')), ...(await scrape(dropping.app, 'gpu-node-4:9470'))];
   const find = (name: string, labels: Record<string, string>) => {
     const found = all.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v));
     t.ok(found, `the scrapes have ${name} ${JSON.stringify(labels)}`);
@@ -118,6 +129,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
     NodecomputeStrayGpuMemory: [expected('NodecomputeStrayGpuMemory', find('nodecompute_shard_gpu_memory_bytes', { shard: 'llama-a', gpu: '1' }))],
     NodecomputeGpuProcessesHidden: [expected('NodecomputeGpuProcessesHidden', find('nodecompute_gpu_processes_visible', { instance: 'gpu-node-2:9470' }))],
     NodecomputeNvidiaSmiDown: [expected('NodecomputeNvidiaSmiDown', find('nodecompute_nvidia_smi_up', { instance: 'gpu-node-3:9470' }))],
+    NodecomputeGpuLost: [expected('NodecomputeGpuLost', find('nodecompute_gpu_lost', { instance: 'gpu-node-4:9470', gpu: '1', uuid: UUIDS[1]! }))],
   };
   for (const sample of Object.values(alerts).flat()) delete (sample.exp_labels as Record<string, string>).__name__;
   t.same(Object.keys(alerts).sort(), rules.map((r) => r.alert).sort(), 'every rule is tested');

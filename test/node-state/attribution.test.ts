@@ -187,6 +187,7 @@ const node = fc
       cgroupPids: new Map(Object.entries(cgroups).map(([cgroup, pids]) => [cgroup, new Set(pids)])),
       bootId,
       unmatchedProcesses: [],
+      lostGpus: [],
       timings: { nvidiaSmiMs: 0, procMs: 0 },
     };
     const records = shards.map(

@@ -19,6 +19,7 @@ function snapshot(listed: number[], present: number[], also: number[] = []): Nod
     cgroupPids: new Map(),
     bootId: null,
     unmatchedProcesses: [],
+    lostGpus: [],
     timings: { nvidiaSmiMs: 1, procMs: 1 },
   };
 }

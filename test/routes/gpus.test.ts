@@ -3,7 +3,7 @@ import t from 'tap';
 import { GpusResponseSchema } from '../../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../../src/schemas/shards.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
-import { buildTestApp } from '../helpers/app.js';
+import { buildTestApp, settle } from '../helpers/app.js';
 import { schemaErrors } from '../helpers/schema.js';
 
 t.test('an 8-GPU node with processes is reported exactly', async (t) => {
@@ -75,4 +75,35 @@ t.test('each failure of nvidia-smi becomes its coded 503 with nvidia-smi\'s own 
     t.equal(res.json().code, c.code, c.failure.kind);
     t.match(res.json().message, c.words, c.failure.kind);
   }
+});
+
+t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status page and the metrics until it is listed again', async (t) => {
+  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), config: { cacheTtlMs: 0 } });
+  const first = await app.inject({ method: 'GET', url: '/gpus' });
+  t.same(first.json().lostGpus, []);
+  const lostUuid = first.json().gpus[6].uuid;
+  fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.index !== 6) }));
+  // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+
+  const res = await app.inject({ method: 'GET', url: '/gpus' });
+  const body = res.json();
+  t.same(schemaErrors(GpusResponseSchema, body), []);
+  t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 7]);
+  t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', lastListedAt: first.json().observedAt }], 'last listed by the first snapshot');
+  t.not(res.headers.etag, first.headers.etag, 'a new ETag: the node changed');
+  const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.match(metrics, `nodecompute_gpu_lost{gpu="6",uuid="${lostUuid}"} 1`);
+  const text = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/plain' } })).body;
+  t.match(text, `!! nvidia-smi no longer lists GPUs it listed earlier. They fell off the bus, were reset or were detached`);
+  t.match(text, `!!   GPU 6 (${lostUuid}, NVIDIA H200), last listed `);
+  const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
+  t.match(html, '<strong>nvidia-smi no longer lists GPUs it listed earlier.</strong>');
+
+  fake.update((s) => ({ ...s, gpus: eightGpuNode().gpus }));
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  t.same((await app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus, [], 'listed again: no longer lost');
+  t.notMatch((await app.inject({ method: 'GET', url: '/metrics' })).body, 'nodecompute_gpu_lost{');
 });

@@ -28,6 +28,7 @@ function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra:
     cgroupPids: new Map(),
     bootId: null,
     unmatchedProcesses: [],
+    lostGpus: [],
     timings: { nvidiaSmiMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);
@@ -321,6 +322,7 @@ function podView(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], mem
     cgroupPids: new Map(Object.entries(members).map(([cgroup, pids]) => [cgroup, new Set(pids)])),
     bootId: null,
     unmatchedProcesses: [],
+    lostGpus: [],
     timings: { nvidiaSmiMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);
@@ -510,13 +512,27 @@ t.test('on-cpu while the engine output shows weights on a CUDA device: the reaso
   t.match(fromPod, `a process this shard does not cover (a process outside cgroup "${POD_UID}": register the pod or container the engine runs in)`);
   t.match(fromPod, 'maps CUDA0 and CUDA1 to that GPU, not to GPU 0 and GPU 1;');
 
-  // The 2023 "VRAM used" proof, cut from llamacpp-log_2023-12_ollama1341_ggml_init_cublas_2gpu_vram-used.txt without its device lines,
-  // for a shard whose GPU fell off the bus.
+  // The 2023 "VRAM used" proof, cut from llamacpp-log_2023-12_ollama1341_ggml_init_cublas_2gpu_vram-used.txt without its device lines.
   const vram = parseLlamaLog('llm_load_tensors: using CUDA for GPU acceleration\nllm_load_tensors: VRAM used: 6936.01 MiB\n');
   t.same(vram?.devices, [], 'no device named');
-  const lost = readiness({ shard: d, node: view([gpu(0, [])], [stat(100, 100, 5)], [d]), engine: vram, staleReason: null, now: NOW }).reason;
-  t.match(lost, 'says llama.cpp reported 6936.01 MiB of VRAM used on its CUDA devices (llm_load_tensors: VRAM used: 6936.01 MiB). GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg). Both cannot');
-  t.match(lost, 'maps its CUDA devices to that GPU, not to GPU 3;');
+  const elsewhere = readiness({ shard: d, node: view([gpu(3, [])], [stat(100, 100, 5)], [d]), engine: vram, staleReason: null, now: NOW }).reason;
+  t.match(elsewhere, 'says llama.cpp reported 6936.01 MiB of VRAM used on its CUDA devices (llm_load_tensors: VRAM used: 6936.01 MiB). Both cannot');
+  t.match(elsewhere, 'maps its CUDA devices to that GPU, not to GPU 3;');
+});
+
+t.test('a shard whose every missing GPU is gone from nvidia-smi\'s list is told to fix the GPU, whatever its engine said', async (t) => {
+  const d = shard({ id: 'd', gpus: [3] });
+  const node = view([gpu(0, [])], [stat(100, 100, 5)], [d]);
+  const advice =
+    'placed on GPU 3 but computing on the CPU: its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s). GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg). ' +
+    'Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L: such a GPU usually needs a reset or the node a reboot. Meanwhile place the shard on another GPU (PUT it with its new gpus).';
+  const weights = accountOf('llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt');
+  for (const [name, engine] of [['no output', null], ['weights on CUDA0', weights]] as const) {
+    const v = readiness({ shard: d, node, engine, enginePosted: engine !== null, staleReason: null, now: NOW });
+    t.same({ state: v.state, reason: v.reason }, { state: 'on-cpu', reason: advice }, name);
+  }
+  const mixed = readiness({ shard: { ...d, gpus: [1, 3] }, node: view([gpu(1, [])], [stat(100, 100, 5)], [d]), engine: null, staleReason: null, now: NOW }).reason;
+  t.match(mixed, 'GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg). Its GPU backend probably did not load.', 'GPU 1 is listed and not held: the engine is still in question');
 });
 
 t.test('the engine says CPU: the advice follows whether its GPU backend loaded, and memory its processes hold is weighed against it', async (t) => {

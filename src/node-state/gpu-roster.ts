@@ -1,0 +1,56 @@
+// Owns which GPUs nvidia-smi has stopped listing: every GPU a snapshot of this process listed, by
+// UUID, and those the latest snapshot no longer lists. A GPU that falls off the bus (Xid 79), is
+// reset, or is detached from the node drops out of nvidia-smi's list without an error, and nothing
+// else would say so: its memory figures simply vanish from /gpus and /metrics, and only a shard
+// placed on it would notice. A GPU is lost from the first snapshot that does not list it until one
+// lists it again; each change is logged once. The roster lives as long as the process: a GPU lost
+// before nodecompute started was never listed, so it is not known here (the doctor's GPU count,
+// compared with the node's hardware, is the check for that).
+import type { Logger } from 'pino';
+import type { GpuRecord } from '../system/nvidia-smi.js';
+
+export interface LostGpu {
+  /** Its index when it was last listed (indices can shift once a GPU is gone). */
+  index: number;
+  uuid: string;
+  name: string;
+  /** When a snapshot last listed it (ms since the epoch). */
+  lastListedAt: number;
+}
+
+export interface GpuRoster {
+  /** Records the GPUs one snapshot lists, taken at `at`, and answers the GPUs it no longer lists, by index. */
+  update(listed: readonly GpuRecord[], at: number): LostGpu[];
+}
+
+export function createGpuRoster(log: Logger): GpuRoster {
+  const known = new Map<string, LostGpu>();
+  const lost = new Set<string>();
+  return {
+    update(listed, at) {
+      const now = new Set<string>();
+      for (const gpu of listed) {
+        now.add(gpu.uuid);
+        if (lost.delete(gpu.uuid)) {
+          const was = known.get(gpu.uuid)!;
+          log.info(
+            { gpu: gpu.index, uuid: gpu.uuid, missingForMs: at - was.lastListedAt },
+            `GPU ${gpu.index} (${gpu.uuid}) is listed by nvidia-smi again. Check dmesg for what happened to it while it was gone.`,
+          );
+        }
+        known.set(gpu.uuid, { index: gpu.index, uuid: gpu.uuid, name: gpu.name, lastListedAt: at });
+      }
+      for (const [uuid, gpu] of known) {
+        if (now.has(uuid) || lost.has(uuid)) continue;
+        lost.add(uuid);
+        log.warn(
+          { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },
+          `GPU ${gpu.index} (${uuid}, ${gpu.name}) is no longer listed by nvidia-smi: it fell off the bus, was reset or was detached. ` +
+            'Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it. ' +
+            'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
+        );
+      }
+      return [...lost].map((uuid) => known.get(uuid)!).sort((a, b) => a.index - b.index);
+    },
+  };
+}
