@@ -1,12 +1,14 @@
 // Owns GET /doctor: the node check as JSON, for operators and scripts that cannot exec into the pod.
 // A failed check answers 503 with the same report, as `nodecompute doctor` exits non-zero, so that
-// `curl -f` and HTTP monitors tell a sick node from a well one by the status alone.
+// `curl -f` and HTTP monitors tell a sick node from a well one by the status alone. A check cut off
+// by a shutdown (its nvidia-smi killed) is no report about the node: it answers as every request cut
+// off then does, a coded 503 (doctor.ts), so a monitor sees a stopping service, not a sick node.
 // The check runs nvidia-smi three times, so concurrent requests share one check and its report is
 // reused for a few seconds: an open endpoint must not let anyone start nvidia-smi without bound.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { runDoctor, type DoctorReport } from '../src/doctor/doctor.js';
-import { Nullable, StringEnum } from '../src/schemas/common.js';
+import { ErrorSchema, Nullable, StringEnum } from '../src/schemas/common.js';
 import { VERSION } from '../src/version.js';
 
 export const REPORT_REUSE_MS = 5000;
@@ -31,7 +33,7 @@ const doctorSchema = (description: string) => Type.Object(
 );
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { nvidiaSmi, proc, stateFile, config, now } = app.services;
+  const { nvidiaSmi, proc, stateFile, config, now, stopping } = app.services;
   let running: Promise<DoctorReport> | null = null;
   let last: { at: number; report: DoctorReport } | null = null;
   function check(): Promise<DoctorReport> {
@@ -44,6 +46,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       tokenProblem: app.services.tokenProblem(),
       version: VERSION,
       now,
+      stopping,
     })
       .then((report) => {
         last = { at: now(), report };
@@ -62,10 +65,17 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'Check this node: nvidia-smi and its version, GPUs, query time, host PID namespace, /proc, open files, state file, token.',
         description:
           'Runs nvidia-smi afresh (not from the cache). 200 when no check failed (warnings allowed), 503 with the same report when one did, ' +
-          `as \`nodecompute doctor\` exits non-zero; each check says what it found and what to do. A report is reused for ${REPORT_REUSE_MS / 1000} s.`,
+          `as \`nodecompute doctor\` exits non-zero; each check says what it found and what to do. A report is reused for ${REPORT_REUSE_MS / 1000} s. ` +
+          'A check that a shutdown of nodecompute cut off answers 503 with the error body instead (the code of the nvidia-smi run it killed), as other requests do then.',
         response: {
           200: doctorSchema('The node check, the same as `nodecompute doctor`: no check failed (`ok` is true; some may warn).'),
-          503: doctorSchema('The node check, the same as `nodecompute doctor`: at least one check failed (`ok` is false); its `fix` says what to do.'),
+          503: Type.Union(
+            [
+              doctorSchema('The node check, the same as `nodecompute doctor`: at least one check failed (`ok` is false); its `fix` says what to do.'),
+              ErrorSchema,
+            ],
+            { description: 'The node check with at least one check failed; or, when a shutdown of nodecompute cut the check off, the error body.' },
+          ),
         },
       },
     },

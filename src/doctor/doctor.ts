@@ -1,7 +1,11 @@
 // Owns the node check behind GET /doctor and `nodecompute doctor`: everything that must hold for
 // nodecompute's answers to be true, each check saying what it found and, when it fails, what to
 // do. It asks nvidia-smi afresh (the doctor is about now, not the cache) and reads /proc through
-// the readers it is given.
+// the readers it is given. An nvidia-smi query that fails while the service is shutting down (the
+// shutdown kills it) says nothing about the node: the check then rejects with the query's own coded
+// error, so that GET /doctor answers it as every request the shutdown cuts off is answered (a coded
+// 503), instead of a report that blames nvidia-smi and advises fixing it. `nodecompute doctor` does
+// not shut down under a check, and always reports.
 import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import type { NvidiaSmi } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
@@ -36,12 +40,20 @@ export interface DoctorDeps {
   now: () => number;
   /** A query slower than this gets a warning. */
   slowQueryMs?: number;
+  /** Whether the service is shutting down (see the header); never, unless given. */
+  stopping?: () => boolean;
 }
 
 const SLOW_QUERY_MS = 1000;
 
 function check(name: string, status: CheckStatus, detail: string, fix: string | null = null): DoctorCheck {
   return { name, status, detail, fix };
+}
+
+/** A failed nvidia-smi query's check; while the service is shutting down, the query's error itself (see the header). */
+function queryFailed(deps: DoctorDeps, err: unknown, name: string, fix: string): DoctorCheck {
+  if (deps.stopping?.() === true) throw err;
+  return check(name, 'fail', (err as Error).message, fix);
 }
 
 async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }> {
@@ -59,7 +71,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
       check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`),
     );
   } catch (err) {
-    checks.push(check('nvidia-smi', 'fail', (err as Error).message, 'Fix nvidia-smi first: every GPU answer depends on it.'));
+    checks.push(queryFailed(deps, err, 'nvidia-smi', 'Fix nvidia-smi first: every GPU answer depends on it.'));
     return { checks, pids: null, busy: [] };
   }
   try {
@@ -82,7 +94,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
     );
     return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value) };
   } catch (err) {
-    checks.push(check('gpus', 'fail', (err as Error).message, 'nvidia-smi answers --version but not the queries nodecompute uses; see the message.'));
+    checks.push(queryFailed(deps, err, 'gpus', 'nvidia-smi answers --version but not the queries nodecompute uses; see the message.'));
     return { checks, pids: null, busy: [] };
   }
 }

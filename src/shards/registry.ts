@@ -321,7 +321,9 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       try {
         await stateFile.write(serialise(draft));
       } catch (err) {
-        log.error({ err, stateFile: stateFile.path, changes: batch.length }, 'Could not write the state file; the changes were refused and nothing stored was lost');
+        // Detail only: each caller gets the failure (a coded 503, which app.ts logs once a minute),
+        // and the state file logs its directory turning unwritable, once.
+        log.debug({ err, stateFile: stateFile.path, changes: batch.length }, 'Could not write the state file; the changes were refused and nothing stored was lost');
         const failure = new StateWriteFailedError(
           `The change was not stored: writing the state file ${stateFile.path} failed (${(err as Error).message}). ` +
             'Nothing already registered was lost. Make the state directory writable (disk full? read-only volume? a mount that does not answer?) and retry.',

@@ -21,6 +21,10 @@
 // (writes fail at once, looks answer why): each would block one of libuv's 4 threadpool threads for
 // good, and a few would stall every file operation of the process. (A look answers its caller by
 // the caller's own bound, a probe's budget, and counts as unwritable past it; it is not stuck yet.)
+// A write that fails throws the system's words and code (EROFS: read-only file system) without the
+// path they name, most often that write's own temp file, a new name every time: the same failure then
+// reads the same on every write, so its 503 is logged as one (app.ts: once a minute) and /readyz's
+// reason stays put. The directory turning unwritable is the error line; each refused write is not.
 // Missing directories are made one level at a time: Node's recursive mkdir never settles (and
 // spins a core) where mkdir answers ENOENT below a directory that exists, as it does under /proc.
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
@@ -141,6 +145,13 @@ async function makeDirectory(dir: string, parentMade = false): Promise<void> {
     await makeDirectory(parent);
     await makeDirectory(dir, true);
   }
+}
+
+/** A failed write's error as its caller gets it (see the header); the original is its cause. */
+function writeFailure(err: unknown): Error {
+  const { message, code, syscall } = err as NodeJS.ErrnoException;
+  const said = syscall === undefined ? message : message.split(`, ${syscall}`)[0]!;
+  return Object.assign(new Error(said, { cause: err }), { code });
 }
 
 async function fsyncDirectory(dir: string): Promise<void> {
@@ -320,8 +331,9 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       try {
         failed = await watched(replaceWith(temp, text), { doing: `writing the state file (its temp file ${temp})`, what: 'A write of the state file' });
       } catch (err) {
-        record({ ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` });
-        throw err;
+        const failure = writeFailure(err);
+        record({ ok: false, reason: `cannot write in ${dir}: ${failure.message}` });
+        throw failure;
       }
       record({ ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } });
       if (failed) {

@@ -253,7 +253,27 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
   const spec = (await app.inject({ method: 'GET', url: '/openapi.json' })).json();
   const responses = spec.paths['/doctor'].get.responses;
   t.same(Object.keys(responses).sort(), ['200', '503'], 'the OpenAPI document declares both');
-  for (const status of ['200', '503']) t.ok(responses[status].content['application/json'].schema.properties.checks, `${status} carries the report`);
+  t.ok(responses['200'].content['application/json'].schema.properties.checks, '200 carries the report');
+  t.match(
+    responses['503'].content['application/json'].schema.anyOf,
+    [{ properties: { checks: { type: 'array' } } }, { required: ['statusCode', 'code', 'error', 'message'] }],
+    '503 carries the report, or the error body when a shutdown cut the check off',
+  );
+});
+
+t.test('GET /doctor cut off by a shutdown: the coded 503 every request cut off then gets, not a report blaming nvidia-smi', async (t) => {
+  // The --version query answers; the GPU query is the one the shutdown kills (the e2e test has the other).
+  const { app, fake } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), delayMs: { gpu: 60_000 } }, config: { smiTimeoutMs: 60_000 } });
+  const answer = app.inject({ method: 'GET', url: '/doctor' });
+  await waitUntil(() => fake.invocations().some((call) => call.argv.some((arg) => arg.startsWith('--query-gpu'))), { what: 'the doctor to query the GPUs' });
+  await app.close();
+  const res = await answer;
+  t.equal(res.statusCode, 503, res.body.slice(0, 400));
+  const body = res.json();
+  t.same(Object.keys(body).sort(), ['code', 'error', 'message', 'statusCode'], 'the one error shape, not a report');
+  t.equal(body.code, 'NODECOMPUTE_NVIDIA_SMI_FAILED', 'as /gpus answers when the shutdown kills its nvidia-smi');
+  t.match(body.message, /^nvidia-smi did not finish normally: .*nodecompute stopped it because nodecompute is shutting down\.$/);
+  t.notMatch(res.body, /Fix nvidia-smi first/);
 });
 
 t.test('`nodecompute doctor` prints the table and exits non-zero when something is wrong', async (t) => {

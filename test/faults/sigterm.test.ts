@@ -72,11 +72,8 @@ t.test('SIGTERM with slow requests in flight: all answered, exit 0, no nvidia-sm
     if (outcome.status === undefined) continue;
     t.ok(outcome.status === 200 || outcome.status === 503, `${outcome.path}: ${outcome.status} ${outcome.body!.slice(0, 400)}`);
     const body = JSON.parse(outcome.body!) as Record<string, unknown>;
-    if (outcome.status === 503 && outcome.path === '/doctor' && 'checks' in body) {
-      // The doctor's own answer: its report, failing because nvidia-smi did not answer in time.
-      t.equal(body.ok, false, '/doctor: the report says what failed');
-      t.same(Object.keys(body).sort(), ['checkedAt', 'checks', 'ok', 'version']);
-    } else if (outcome.status === 503) {
+    if (outcome.status === 503) {
+      // /doctor too: a check the shutdown cut off is no report about the node.
       t.same(Object.keys(body).sort(), ['code', 'error', 'message', 'statusCode'], `${outcome.path}: the one error shape`);
       t.match(body.code, /^NODECOMPUTE_/);
     }

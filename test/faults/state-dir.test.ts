@@ -3,13 +3,15 @@
 // open then fail (EEXIST / ENOTDIR) as they would on a read-only or vanished volume. A change is
 // then refused with a coded 503 naming the file and what to do, is not acknowledged, and loses
 // nothing already stored; once the directory is back, writes work again and a restarted service
-// finds every shard that was acknowledged.
-import { existsSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+// finds every shard that was acknowledged. A directory that takes no new file (one on procfs, which
+// refuses to create any) fails each write at its temp file instead: that failure, repeated, is one
+// error line when the directory turns and one warning a minute, in the same words every time.
+import { existsSync, readdirSync, readFileSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
 import { buildApp } from '../../src/app.js';
-import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { killLeftovers } from '../helpers/process-scan.js';
 
@@ -90,4 +92,63 @@ t.test('a state file whose parent path is a regular file: the first write is ref
   // Start-up reads the state file first; ENOTDIR there is not "no file yet", so the start fails loudly.
   const built = buildTestApp(t, { scenario: eightGpuNode(), config: { stateFile } });
   await t.rejects(built, { code: 'NODECOMPUTE_STATE_FILE_INVALID', message: /a-file\/state\/shards\.json/ }, 'refuses to start, naming the file');
+});
+
+t.test('writes refused the same way again and again: one error line when the directory turns, one warning a minute, the same words each time', async (t) => {
+  const [first, ...others] = await Promise.all(Array.from({ length: 6 }, () => spawnShardProcess(t, 0)));
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const clock = manualClock();
+  const { app, config, fake } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { logger, now: clock.now } });
+  t.teardown(() => killLeftovers(fake));
+  const stateDir = dirname(config.stateFile);
+  const put = (id: string, pid: number) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus: [0] } });
+  t.equal((await put('a', first!.pid)).statusCode, 201);
+
+  // procfs takes no new file, so each write fails at its own temp file, which the system's message names.
+  renameSync(stateDir, `${stateDir}.moved`);
+  symlinkSync('/proc', stateDir);
+  t.teardown(() => {
+    if (existsSync(`${stateDir}.moved`)) {
+      rmSync(stateDir, { force: true });
+      renameSync(`${stateDir}.moved`, stateDir);
+    }
+  });
+  const since = lines.length;
+  const refused = [];
+  for (const [i, shard] of others.slice(0, 3).entries()) refused.push(await put(`s${i}`, shard.pid));
+  t.same(refused.map((res) => [res.statusCode, res.json().code]), Array(3).fill([503, 'NODECOMPUTE_STATE_WRITE_FAILED']), 'each write refused');
+  const message = refused[0]!.json().message as string;
+  t.ok(
+    message.startsWith(`The change was not stored: writing the state file ${config.stateFile} failed (ENOENT: no such file or directory). `),
+    `names the state file and the system's error: ${message}`,
+  );
+  t.notMatch(message, /\.tmp|\/proc/, 'not the temp file the write made');
+  t.same(refused.map((res) => res.json().message), Array(3).fill(message), 'the same words every time');
+
+  const logged = () => lines.slice(since);
+  const failed = () => logged().filter((line) => line.msg === 'Request failed').map((line) => line.level);
+  t.same(failed(), [40, 20, 20], 'the 503 is one warning, its repeats debug lines');
+  t.match(
+    logged().filter((line) => (line.level as number) >= 50),
+    [{ stateFile: config.stateFile, msg: /^Registrations cannot be stored in .*: cannot write in .*: ENOENT: no such file or directory\. Every registration/ }],
+  );
+  t.equal(logged().filter((line) => (line.level as number) >= 50).length, 1, 'one error line: the directory turned unwritable; none per refused write');
+  t.same(
+    logged().filter((line) => (line.level as number) > 20 && JSON.stringify(line).includes('"stack"')),
+    [],
+    'no stack above debug: the failure is expected, and its words say it all',
+  );
+
+  clock.advance(60_000);
+  t.equal((await put('s3', others[3]!.pid)).statusCode, 503);
+  t.same(failed(), [40, 20, 20, 40], 'a minute on, the same failure is a warning again');
+
+  rmSync(stateDir);
+  renameSync(`${stateDir}.moved`, stateDir);
+  t.equal((await put('s4', others[4]!.pid)).statusCode, 201, 'writes work again');
+  t.match(logged().filter((line) => (line.level as number) >= 30 && line.msg !== 'Request failed'), [
+    { level: 50, msg: /^Registrations cannot be stored in / },
+    { level: 30, msg: `Registrations can be stored in ${config.stateFile} again.` },
+  ]);
 });
