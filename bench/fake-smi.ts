@@ -64,8 +64,8 @@ export function nodeLayout(total: number, shards: ShardGroup[], holders: number,
 /** The CSV nvidia-smi prints for GPU_QUERY_FIELDS and COMPUTE_APPS_FIELDS (header, units). */
 export function nodeCsv(layout: NodeLayout): { gpus: string; apps: string } {
   const gpus = [
-    'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB]',
-    ...layout.gpus.map((g) => `${g.index}, ${g.uuid}, ${g.name}, ${g.totalMiB} MiB, ${g.usedMiB} MiB, ${g.freeMiB} MiB, ${g.reservedMiB} MiB`),
+    'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current',
+    ...layout.gpus.map((g) => `${g.index}, ${g.uuid}, ${g.name}, ${g.totalMiB} MiB, ${g.usedMiB} MiB, ${g.freeMiB} MiB, ${g.reservedMiB} MiB, Disabled`),
   ];
   const apps = ['gpu_uuid, pid, process_name, used_gpu_memory [MiB]'];
   for (const gpu of layout.gpus) {

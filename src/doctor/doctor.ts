@@ -80,6 +80,17 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
     const visible = gpus.value.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ');
     // With no GPU visible nvidia-smi fails ("No devices were found", exit 6): that is the catch below.
     checks.push(check('gpus', 'ok', `${gpus.value.length} GPU(s) visible: ${visible}`));
+    const mig = gpus.value.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
+    if (mig.length > 0) {
+      checks.push(
+        check(
+          'mig',
+          'warn',
+          `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`,
+          'Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process\'s GPU and compute instance), not by their whole-GPU free or foreign memory.',
+        ),
+      );
+    }
     const slowest = Math.max(gpus.ms, apps.ms);
     const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
     checks.push(

@@ -194,7 +194,6 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       throw err;
     }
     const smiDone = performance.now();
-    const lostGpus = roster.update(gpuRecords, now());
     const { gpus, unmatched } = joinGpusAndProcesses(gpuRecords, apps);
     if (unmatched.length > 0) {
       deps.log.warn(
@@ -215,14 +214,15 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const proc = await deps.proc.readStats([...new Set([...gpuPids, ...shardPids, ...members])], { keep: true });
     await readParents(deps.proc, proc, gpuPids, shardPids);
     const done = performance.now();
+    const takenAt = now();
     return {
-      takenAt: now(),
+      takenAt,
       gpus,
       proc,
       cgroupPids,
       bootId: deps.proc.bootId(),
       unmatchedProcesses: unmatched,
-      lostGpus,
+      lostGpus: roster.update(gpuRecords, takenAt),
       timings: { nvidiaSmiMs: smiDone - started, procMs: done - smiDone },
     };
   };

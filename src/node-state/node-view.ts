@@ -147,6 +147,7 @@ export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostG
       uuid: gpu.uuid,
       name: gpu.name,
       memory: { totalMiB: gpu.totalMiB, usedMiB: gpu.usedMiB, freeMiB: gpu.freeMiB, reservedMiB: gpu.reservedMiB },
+      migMode: gpu.migMode,
       processes: gpu.processes.map((process) => ({
         pid: process.pid,
         name: process.name,

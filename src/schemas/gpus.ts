@@ -25,6 +25,10 @@ export const GpuSchema = Type.Object({
     },
     { description: 'Memory of the GPU as nvidia-smi reports it.' },
   ),
+  migMode: Nullable(
+    Type.String(),
+    'MIG mode (mig.mode.current): Enabled or Disabled; null where the GPU has no MIG mode or the driver does not report it. With MIG enabled, the memory figures (here, in foreign memory and per shard) are for the whole GPU, not per MIG instance.',
+  ),
   processes: Type.Array(GpuProcessSchema, { description: 'Compute processes holding memory on this GPU.' }),
 });
 export type Gpu = Static<typeof GpuSchema>;

@@ -51,6 +51,8 @@ export interface GpuModel {
   index: number;
   uuid: string;
   name: string;
+  /** MIG is enabled: its memory figures are the whole GPU's, not any instance's. */
+  mig: boolean;
   totalMiB: number | null;
   usedMiB: number | null;
   segments: Segment[];
@@ -108,6 +110,9 @@ export interface StatusInput {
   version: string;
   now: number;
 }
+
+/** Why a GPU is marked MIG: its figures are not what placement on its instances can use. */
+const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';
 
 const LOST_GPUS = 'nvidia-smi no longer lists GPUs it listed earlier.';
 const LOST_GPUS_ADVICE =
@@ -175,6 +180,7 @@ export function statusModel(input: StatusInput): StatusModel {
       index: gpu.index,
       uuid: gpu.uuid,
       name: gpu.name,
+      mig: gpu.migMode === 'Enabled',
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
       segments,
@@ -252,7 +258,7 @@ function gpuHtml(gpu: GpuModel): string {
   const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
   const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
   return `<div class="gpu">
-<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span></div>
+<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span>${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}</div>
 ${bar}
 <span class="gpu-used">${formatMemoryUse(gpu.usedMiB, gpu.totalMiB)}</span>
 <span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
@@ -310,6 +316,7 @@ h2{font-size:15px;margin:18px 0 8px;text-transform:uppercase;letter-spacing:.04e
 .gpu{display:grid;grid-template-columns:200px minmax(0,1fr) 130px;column-gap:16px;row-gap:3px;align-items:center;padding:7px 0;border-bottom:1px solid #eaeef2}
 .gpu:last-child{border-bottom:0}
 .gpu-index{font-weight:700;margin-right:10px}
+.gpu-mig{margin-left:8px;padding:0 6px;border:1px solid currentColor;border-radius:4px;font-size:11px}
 .gpu-uuid{color:var(--muted);font:10px/1.3 ui-monospace,"DejaVu Sans Mono",monospace;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .gpu-used{text-align:right;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}
 .section-head{display:flex;align-items:baseline;gap:16px;flex-wrap:wrap}
@@ -490,9 +497,10 @@ export function renderText(model: StatusModel): string {
       .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
       .map((segment) => `${segment.label} ${formatHeldMemory(segment.mib)}${segment.stray ? ' (NOT given)' : ''}`);
     const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
-    return [String(gpu.index), plain(gpu.name), textBar(gpu.segments), formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
+    return [String(gpu.index), plain(gpu.name) + (gpu.mig ? ' (MIG)' : ''), textBar(gpu.segments), formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
   });
   if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
+  if (model.gpus.some((gpu) => gpu.mig)) out.push(`  (MIG) ${MIG_NOTE}`);
   const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));
   if (foreign.length > 0) out.push('', 'FOREIGN PROCESSES', ...foreign);
   out.push('', 'SHARDS');

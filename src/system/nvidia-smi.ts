@@ -3,7 +3,8 @@
 // on a sick node live here in one place: every run has a hard deadline, a run that overstays it has
 // its whole process group killed, and a caller is answered at the deadline even if the child cannot
 // die (D state) or a grandchild keeps its output open. While a killed run is still alive a second
-// after SIGKILL, no other is started: on a wedged driver each would get stuck too, and pile up. The
+// after SIGKILL, no other is started: on a wedged driver each would get stuck too, and pile up; nor
+// is one once shutdown has killed the runs (killAll), as it could only hold the shutdown up. The
 // parsers are pure so they can be tested against real captured output (shared/samples) without a
 // GPU.
 //
@@ -29,6 +30,7 @@ export const GPU_QUERY_FIELDS = [
   'memory.used',
   'memory.free',
   'memory.reserved',
+  'mig.mode.current',
 ] as const;
 export const COMPUTE_APPS_FIELDS = ['gpu_uuid', 'pid', 'process_name', 'used_gpu_memory'] as const;
 
@@ -40,6 +42,11 @@ export interface GpuRecord {
   usedMiB: number | null;
   freeMiB: number | null;
   reservedMiB: number | null;
+  /**
+   * mig.mode.current: "Enabled" or "Disabled"; null where the GPU has no MIG mode ([N/A]) or it was
+   * not asked (a driver that does not know the field).
+   */
+  migMode: string | null;
 }
 
 export interface ComputeAppRecord {
@@ -176,13 +183,14 @@ function parseGpuLine(line: string, fields: readonly string[], command: string):
     usedMiB: memory('memory.used'),
     freeMiB: memory('memory.free'),
     reservedMiB: memory('memory.reserved'),
+    migMode: fields.includes('mig.mode.current') && !NO_VALUE.test(cell('mig.mode.current')) ? cell('mig.mode.current') : null,
   };
 }
 
 /**
  * Reads `--query-gpu=<fields>` output, with or without header and units. `fields` are the names that
- * were asked, in order (GPU_QUERY_FIELDS, possibly without memory.reserved); a memory field that was
- * not asked reads as null.
+ * were asked, in order (GPU_QUERY_FIELDS, possibly without the optional ones); a field that was not
+ * asked reads as null.
  */
 export function parseGpuCsv(text: string, fields: readonly string[]): GpuRecord[] {
   const missing = REQUIRED_GPU_FIELDS.filter((field) => !fields.includes(field));
@@ -263,8 +271,9 @@ const EXIT_MEANINGS: Record<number, string> = {
 };
 
 const UNKNOWN_EXIT = 'an error nodecompute has no specific advice for; see RETURN VALUE in nvidia-smi(1).';
-const RESERVED_REJECTED = /Field "memory\.reserved" is not a valid field to query/;
-const GPU_FIELDS_WITHOUT_RESERVED = GPU_QUERY_FIELDS.filter((field) => field !== 'memory.reserved');
+/** Fields newer than the oldest drivers: one a driver rejects is not asked again (it then reads as null). */
+const OPTIONAL_GPU_FIELDS: readonly string[] = ['memory.reserved', 'mig.mode.current'];
+const FIELD_REJECTED = /Field "([^"]+)" is not a valid field to query/;
 
 type Completed = Awaited<ReturnType<typeof spawnNvidiaSmi>>;
 
@@ -342,8 +351,11 @@ function stdoutOf(path: string, result: Completed, stopping: boolean): string {
   return result.stdout;
 }
 
-function rejectsReservedField(err: unknown): boolean {
-  return err instanceof NvidiaSmiFailedError && RESERVED_REJECTED.test(err.message);
+/** The optional field among `fields` that nvidia-smi rejected in `err`; null when it rejected none of them. */
+function rejectedOptionalField(err: unknown, fields: readonly string[]): string | null {
+  if (!(err instanceof NvidiaSmiFailedError)) return null;
+  const field = FIELD_REJECTED.exec(err.message)?.[1];
+  return field !== undefined && OPTIONAL_GPU_FIELDS.includes(field) && fields.includes(field) ? field : null;
 }
 
 export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
@@ -352,7 +364,8 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   const alive = new Set<number>();
   /** Runs killed at their deadline that had not exited: pid -> when they were killed (Date.now()). */
   const killedAt = new Map<number, number>();
-  // Older drivers do not know memory.reserved; once one says so, stop asking for the life of the reader.
+  // Older drivers do not know the optional fields; once one says so of a field, stop asking for it
+  // for the life of the reader.
   let gpuFields: readonly string[] = GPU_QUERY_FIELDS;
   let stopping = false;
 
@@ -412,10 +425,11 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   }
 
   async function run<T>(query: QueryName, args: string[], parse: (stdout: string) => T, deadline: number): Promise<T> {
-    const stuck = stuckRun();
-    if (stuck) {
-      onQuery?.({ query, durationMs: null, outcome: (stuck as NvidiaSmiFailure).code });
-      throw stuck;
+    // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
+    const refused = stopping ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
+    if (refused) {
+      onQuery?.({ query, durationMs: null, outcome: (refused as NvidiaSmiFailure).code });
+      throw refused;
     }
     const started = performance.now();
     try {
@@ -436,13 +450,15 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   async function queryGpus(): Promise<GpuRecord[]> {
     // One deadline for the whole call, retry included: a caller never waits longer than timeoutMs.
     const deadline = performance.now() + timeoutMs;
-    try {
-      return await askGpus(gpuFields, deadline);
-    } catch (err) {
-      if (gpuFields === GPU_FIELDS_WITHOUT_RESERVED || !rejectsReservedField(err)) throw err;
-      gpuFields = GPU_FIELDS_WITHOUT_RESERVED;
-      log.info('this driver does not know memory.reserved; asking without it from now on (reservedMiB will be null)');
-      return askGpus(gpuFields, deadline);
+    for (;;) {
+      try {
+        return await askGpus(gpuFields, deadline);
+      } catch (err) {
+        const field = rejectedOptionalField(err, gpuFields);
+        if (field === null) throw err;
+        gpuFields = gpuFields.filter((asked) => asked !== field);
+        log.info({ field }, `this driver does not know ${field}; asking without it from now on (it reads as null)`);
+      }
     }
   }
 

@@ -78,6 +78,26 @@ t.test('a healthy node: every check ok (the token is a warning only)', async (t)
   t.match(formatDoctorReport(report), /OK    nvidia-smi .*\n[^]*nodecompute doctor: this node is fine\.\n$/);
 });
 
+t.test('MIG enabled on some GPUs is a warning: the memory figures there are the whole GPU\'s, not an instance\'s', async (t) => {
+  const scenario = eightGpuNode();
+  scenario.processes = [];
+  for (const gpu of scenario.gpus) gpu.usedMiB = 0;
+  scenario.gpus[2]!.migMode = 'Enabled';
+  scenario.gpus[5]!.migMode = 'Enabled';
+  scenario.gpus[6]!.migMode = '[N/A]';
+  const report = await doctorFor(t, scenario, { token: true });
+  t.equal(report.ok, true, 'a warning, not a failure');
+  t.same(byName(report).mig, {
+    name: 'mig',
+    status: 'warn',
+    detail: "MIG is enabled on GPU 2, GPU 5: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance",
+    fix: "Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process's GPU and compute instance), not by their whole-GPU free or foreign memory.",
+  });
+  scenario.gpus[2]!.migMode = 'Disabled';
+  scenario.gpus[5]!.migMode = 'Disabled';
+  t.notOk('mig' in byName(await doctorFor(t, scenario, { token: true })), 'no check where no GPU has MIG enabled');
+});
+
 t.test('PIDs nvidia-smi lists that are missing from /proc: not in the host PID namespace', async (t) => {
   const report = await doctorFor(t, eightGpuNode());
   const check = byName(report)['host-pid-namespace']!;

@@ -77,6 +77,8 @@ export interface FakeScenario {
   cudaVersion?: string;
   /** false: an older driver that answers `Field "memory.reserved" is not a valid field to query.` */
   supportsReserved?: boolean;
+  /** false: a driver older than R450, which answers `Field "mig.mode.current" is not a valid field to query.` */
+  supportsMigMode?: boolean;
   /** `crlf`: line ends as on Windows. */
   lineEnding?: 'lf' | 'crlf';
   /** Wait this long before answering (or failing), for every query or per kind. */

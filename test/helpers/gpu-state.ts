@@ -12,6 +12,7 @@ export function gpuState(index: number, processes: Array<[pid: number, usedMiB: 
     usedMiB,
     freeMiB: 1,
     reservedMiB: 614,
+    migMode: 'Disabled',
     processes: processes.map(([pid, mib]) => ({ pid, name: 'p', usedMiB: mib, gpuIndex: index, gpuUuid: uuid })),
   };
 }

@@ -180,6 +180,7 @@ const node = fc
           usedMiB: 1,
           freeMiB: 1,
           reservedMiB: 0,
+          migMode: 'Disabled',
           processes: processes.map((p) => ({ pid: p.pid, name: `p${p.pid}`, usedMiB: p.usedMiB, gpuIndex: index, gpuUuid: `GPU-${index}` })),
         }),
       ),

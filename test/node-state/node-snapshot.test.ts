@@ -13,7 +13,7 @@ import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 
-const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 100, freeMiB: 80000, reservedMiB: 479 }));
+const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 100, freeMiB: 80000, reservedMiB: 479, migMode: 'Disabled' }));
 
 function smi(apps: ComputeAppRecord[]): NvidiaSmi {
   return {

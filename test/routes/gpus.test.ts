@@ -3,7 +3,7 @@ import t from 'tap';
 import { GpusResponseSchema } from '../../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../../src/schemas/shards.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
-import { buildTestApp, settle } from '../helpers/app.js';
+import { buildTestApp, manualClock, settle } from '../helpers/app.js';
 import { schemaErrors } from '../helpers/schema.js';
 
 t.test('an 8-GPU node with processes is reported exactly', async (t) => {
@@ -23,6 +23,7 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
     uuid: 'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
     name: 'NVIDIA H200',
     memory: { totalMiB: 143771, usedMiB: 130013, freeMiB: 13145, reservedMiB: 614 },
+    migMode: 'Disabled',
     processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null }],
   });
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 6, 7]);
@@ -78,8 +79,10 @@ t.test('each failure of nvidia-smi becomes its coded 503 with nvidia-smi\'s own 
 });
 
 t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status page and the metrics until it is listed again', async (t) => {
-  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), config: { cacheTtlMs: 0 } });
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), config: { cacheTtlMs: 0 }, deps: { now: clock.now } });
   const first = await app.inject({ method: 'GET', url: '/gpus' });
+  clock.advance(1000);
   t.same(first.json().lostGpus, []);
   const lostUuid = first.json().gpus[6].uuid;
   fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.index !== 6) }));
@@ -102,8 +105,26 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   t.match(html, '<strong>nvidia-smi no longer lists GPUs it listed earlier.</strong>');
 
   fake.update((s) => ({ ...s, gpus: eightGpuNode().gpus }));
+  clock.advance(1000);
   await app.inject({ method: 'GET', url: '/gpus' });
   await settle(app);
   t.same((await app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus, [], 'listed again: no longer lost');
   t.notMatch((await app.inject({ method: 'GET', url: '/metrics' })).body, 'nodecompute_gpu_lost{');
+});
+
+t.test('a GPU with MIG enabled says so in /gpus and on the status page; one without MIG mode is null', async (t) => {
+  const scenario = eightGpuNode();
+  scenario.gpus[1]!.migMode = 'Enabled';
+  scenario.gpus[7]!.migMode = '[N/A]';
+  const { app } = await buildTestApp(t, { scenario });
+  const body = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+  t.same(schemaErrors(GpusResponseSchema, body), []);
+  t.same(body.gpus.map((gpu: { migMode: string | null }) => gpu.migMode), ['Disabled', 'Enabled', 'Disabled', 'Disabled', 'Disabled', 'Disabled', 'Disabled', null]);
+  const text = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/plain' } })).body;
+  t.match(text, /\n1 +NVIDIA H200 \(MIG\) +\[/, 'the GPU row is marked');
+  t.match(text, '  (MIG) MIG is enabled: these memory figures are for the whole GPU, not per MIG instance');
+  t.equal(text.split('(MIG)').length - 1, 2, 'one GPU marked, and the note');
+  const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
+  t.equal(html.split('class="gpu-mig"').length - 1, 1);
+  t.match(html, '<span class="gpu-mig" title="MIG is enabled: these memory figures are for the whole GPU, not per MIG instance">MIG</span>');
 });

@@ -26,7 +26,7 @@ import {
 const SLACK_MS = 1500;
 const GPU_ARGS = [`--query-gpu=${GPU_QUERY_FIELDS.join(',')}`, '--format=csv'];
 const GPU_ARGS_WITHOUT_RESERVED = [
-  '--query-gpu=index,uuid,name,memory.total,memory.used,memory.free',
+  '--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,mig.mode.current',
   '--format=csv',
 ];
 
@@ -69,6 +69,7 @@ t.test('queryGpus reads every GPU of an 8x H200 node', async (t) => {
     usedMiB: 130013,
     freeMiB: 13145,
     reservedMiB: 614,
+    migMode: 'Disabled',
   });
   t.same(gpus.map((g) => g.index), [0, 1, 2, 3, 4, 5, 6, 7]);
   t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS], 'asks with header and units, no shell');
@@ -240,6 +241,21 @@ t.test('memory.reserved unknown to an older driver: one failing attempt, then re
   t.equal(fake.countQueries('gpu'), 4, 'a later failure is not retried');
 });
 
+t.test('a driver older than both optional fields: each one it rejects is dropped in turn, within one deadline, and remembered', async (t) => {
+  const { fake, smi, logs } = rig(t, { ...eightGpuNode(), supportsReserved: false, supportsMigMode: false });
+  const gpus = await smi.queryGpus();
+  t.ok(gpus.every((g) => g.reservedMiB === null && g.migMode === null && g.usedMiB !== null), 'both read as null, the rest is read');
+  const oldest = ['--query-gpu=index,uuid,name,memory.total,memory.used,memory.free', '--format=csv'];
+  t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS, GPU_ARGS_WITHOUT_RESERVED, oldest]);
+  t.same(
+    logs.filter((l) => l.level === 30).map((l) => l.field),
+    ['memory.reserved', 'mig.mode.current'],
+    'each said once, at info',
+  );
+  await smi.queryGpus();
+  t.same(fake.invocations().map((i) => i.argv).slice(3), [oldest], 'neither is asked again');
+});
+
 t.test('a driver that knows memory.reserved but fails is not retried without it', async (t) => {
   const { fake, smi } = rig(t, failing('gpu', { kind: 'library-mismatch' }));
   await t.rejects(smi.queryGpus(), { message: /exited with code 18/ });
@@ -362,6 +378,9 @@ t.test('killAll kills hung nvidia-smi process groups, grandchildren included', a
   t.equal(smi.running, 0);
   smi.killAll();
   t.pass('killAll with nothing running is harmless');
+  const runs = fake.invocations().length;
+  await t.rejects(smi.queryGpus(), { code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', message: 'nvidia-smi was not run: nodecompute is shutting down.' }, 'after killAll (the shutdown), no new run');
+  t.equal(fake.invocations().length, runs, 'nvidia-smi was not started');
 });
 
 t.test('onQuery is optional', async (t) => {

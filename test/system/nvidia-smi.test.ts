@@ -32,10 +32,11 @@ interface Case<T> {
 }
 
 const ZERO_UUID = 'GPU-00000000-0000-0000-0000-000000000000';
-const WITHOUT_RESERVED = GPU_QUERY_FIELDS.filter((f) => f !== 'memory.reserved');
+/** What the oldest drivers know: neither memory.reserved nor mig.mode.current. */
+const WITHOUT_OPTIONAL = GPU_QUERY_FIELDS.filter((f) => f !== 'memory.reserved' && f !== 'mig.mode.current');
 
 const lines = (...rows: string[]) => rows.map((row) => `${row}\n`).join('');
-const gpu = (index: number, uuid: string, name: string, mem: Array<number | null>): GpuRecord => ({
+const gpu = (index: number, uuid: string, name: string, mem: Array<number | null>, migMode: string | null = 'Disabled'): GpuRecord => ({
   index,
   uuid,
   name,
@@ -43,6 +44,7 @@ const gpu = (index: number, uuid: string, name: string, mem: Array<number | null
   usedMiB: mem[1] ?? null,
   freeMiB: mem[2] ?? null,
   reservedMiB: mem[3] ?? null,
+  migMode,
 });
 const app = (gpuUuid: string, pid: number, name: string, usedMiB: number | null): ComputeAppRecord => ({
   gpuUuid,
@@ -52,44 +54,44 @@ const app = (gpuUuid: string, pid: number, name: string, usedMiB: number | null)
 });
 
 const GPU_HEADER =
-  'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB]';
+  'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current';
 const APPS_HEADER = 'gpu_uuid, pid, process_name, used_gpu_memory [MiB]';
 
 const gpuCases: Array<Case<GpuRecord[]>> = [
   {
     name: 'h200 idle',
     source: { file: 'nvsmi-capture_h200_590.48.01_idle_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 0, 143158, 614])],
   },
   {
     name: 'h200 load',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
-    name: 'h100 MIG: the parent GPU is the only row',
+    name: 'h100 MIG: the parent GPU is the only row, MIG mode Enabled',
     source: { file: 'nvsmi-capture_h100-mig_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H100 80GB HBM3, 81559 MiB, 11125 MiB, 69956 MiB, 479 MiB`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H100 80GB HBM3', [81559, 11125, 69956, 479])],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H100 80GB HBM3, 81559 MiB, 11125 MiB, 69956 MiB, 479 MiB, Enabled`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H100 80GB HBM3', [81559, 11125, 69956, 479], 'Enabled')],
   },
   {
-    name: 'windows rtx2080s',
+    name: 'windows rtx2080s: no MIG mode ([N/A]) reads as null',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205])],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A]`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null)],
   },
   {
     name: 'windows rtx2080s with CRLF line ends (the capture stored LF; Windows prints CRLF)',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'columns cut, LF -> CRLF' },
-    text: `${GPU_HEADER}\r\n0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB\r\n`,
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205])],
+    text: `${GPU_HEADER}\r\n0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A]\r\n`,
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null)],
   },
   {
     name: 'h200 load, nounits (values bare, header keeps its units)',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS, units: false },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
@@ -101,7 +103,7 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       units: false,
       header: false,
     },
-    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614`),
+    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
@@ -113,8 +115,8 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       '5, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-f4f5db98-143f-0a8d-47ce-956fab39a736, 610.43.02, 97887 MiB, Disabled',
     ),
     expected: [
-      gpu(4, 'GPU-4c395b7a-a7e6-d90f-1ced-d96e8dd68288', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887]),
-      gpu(5, 'GPU-f4f5db98-143f-0a8d-47ce-956fab39a736', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887]),
+      gpu(4, 'GPU-4c395b7a-a7e6-d90f-1ced-d96e8dd68288', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887], 'Disabled'),
+      gpu(5, 'GPU-f4f5db98-143f-0a8d-47ce-956fab39a736', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887], 'Disabled'),
     ],
   },
   {
@@ -122,34 +124,34 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     source: {
       file: 'nvsmi-query-gpu_mig-container_insufficient-permissions_stableswarmui388.txt',
       kind: 'edited',
-      how: 'our columns: index 0 and an invented uuid added; name and the three memory cells as in the sample; reserved [N/A]',
+      how: 'our columns: index 0 and an invented uuid added; name and the three memory cells as in the sample; reserved [N/A]; MIG Enabled (a MIG container)',
     },
     text: lines(
       GPU_HEADER,
-      '0, GPU-5e3c0c4e-0000-0000-0000-000000000000, NVIDIA A100-SXM4-80GB, [Insufficient Permissions], [Insufficient Permissions], [Insufficient Permissions], [N/A]',
+      '0, GPU-5e3c0c4e-0000-0000-0000-000000000000, NVIDIA A100-SXM4-80GB, [Insufficient Permissions], [Insufficient Permissions], [Insufficient Permissions], [N/A], Enabled',
     ),
-    expected: [gpu(0, 'GPU-5e3c0c4e-0000-0000-0000-000000000000', 'NVIDIA A100-SXM4-80GB', [null, null, null, null])],
+    expected: [gpu(0, 'GPU-5e3c0c4e-0000-0000-0000-000000000000', 'NVIDIA A100-SXM4-80GB', [null, null, null, null], 'Enabled')],
   },
   {
-    name: 'older driver asked without memory.reserved: reservedMiB is null',
-    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: WITHOUT_RESERVED },
-    fields: WITHOUT_RESERVED,
+    name: 'older driver asked without memory.reserved and mig.mode.current: both read as null',
+    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: WITHOUT_OPTIONAL },
+    fields: WITHOUT_OPTIONAL,
     text: lines(
       'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB]',
       `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB`,
     ),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, null])],
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, null], null)],
   },
   {
     name: '[Unknown Error], N/A and [Not Supported] read as null',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory cells replaced by the markers' },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, [Unknown Error], N/A, [Not Supported], [N/A]`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [null, null, null, null])],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, [Unknown Error], N/A, [Not Supported], [N/A], [N/A]`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [null, null, null, null], null)],
   },
   {
     name: 'blank lines and trailing spaces are ignored; no output at all is no GPU',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'blank lines and spaces added' },
-    text: `\n${GPU_HEADER}  \n\n0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB   \n\n`,
+    text: `\n${GPU_HEADER}  \n\n0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled   \n\n`,
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
@@ -165,25 +167,25 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
     ),
     expected: {
-      error: /cannot read: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\. Make sure .*running\." \(expected 7 values/,
+      error: /cannot read: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\. Make sure .*running\." \(expected 8 values/,
     },
   },
   {
     name: 'a unit other than MiB is refused, not misread',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory.total in GiB' },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 140 GiB, 32362 MiB, 110796 MiB, 614 MiB`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 140 GiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled`),
     expected: { error: /"0, GPU-0.*, NVIDIA H200, 140 GiB, .*" \("140 GiB" is not a size in MiB\)/ },
   },
   {
     name: 'an index that is not a number',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'index replaced' },
-    text: lines(`[N/A], ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB`),
+    text: lines(`[N/A], ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled`),
     expected: { error: /index "\[N\/A\]" is not a whole number/ },
   },
   {
     name: 'an empty uuid',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'uuid emptied' },
-    text: lines('0, , NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB'),
+    text: lines('0, , NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled'),
     expected: { error: /"0, , NVIDIA H200.*" \(uuid is empty\)/ },
   },
   {
@@ -193,14 +195,14 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB]',
       `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB`,
     ),
-    expected: { error: /"index, uuid, name, .*memory.free \[MiB\]" \(the header does not match the fields asked: index, uuid, name, memory.total, memory.used, memory.free, memory.reserved\)/ },
+    expected: { error: /"index, uuid, name, .*memory.free \[MiB\]" \(the header does not match the fields asked: index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current\)/ },
   },
   {
     name: 'a header with the columns in another order',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'used and free swapped' },
     text: lines(
-      'index, uuid, name, memory.total [MiB], memory.free [MiB], memory.used [MiB], memory.reserved [MiB]',
-      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 110796 MiB, 32362 MiB, 614 MiB`,
+      'index, uuid, name, memory.total [MiB], memory.free [MiB], memory.used [MiB], memory.reserved [MiB], mig.mode.current',
+      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 110796 MiB, 32362 MiB, 614 MiB, Disabled`,
     ),
     expected: { error: /the header does not match the fields asked/ },
   },
@@ -524,7 +526,7 @@ t.test('parseGpuCsv', async (t) => {
     t.throws(() => parseGpuCsv('', ['memory.total', 'uuid']), new TypeError('parseGpuCsv needs the fields index, name'));
   });
   t.test('the error says which command to run by hand', async (t) => {
-    t.throws(() => parseGpuCsv('garbage\n', WITHOUT_RESERVED), {
+    t.throws(() => parseGpuCsv('garbage\n', WITHOUT_OPTIONAL), {
       message: /Run `nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free --format=csv` by hand/,
     });
   });
