@@ -5,10 +5,13 @@
 //   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU
 //              (for a cgroup shard, engine output posted before every one of its running processes
 //              started describes an earlier run of its container: it is set aside, with a warning);
-//              the reason follows what is known beyond the missing memory: memory held on a GPU it
+//              the reason follows what is known beyond the missing memory: a GPU nvidia-smi no
+//              longer lists (then the GPU is what to fix, not the engine), memory held on a GPU it
 //              was not given, engine output showing weights on a CUDA device (which contradicts
 //              nvidia-smi, so what to check is the process and the device mapping, not the
-//              backend), output that says nothing, or none posted;
+//              backend), output that says nothing, or none posted; when the engine says CPU, on
+//              whether its GPU backend loaded (no layers: -ngl; not loaded: the build) and whether
+//              memory its processes hold contradicts it (then the output is another run's);
 //   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left,
 //              or only the pod's sandbox, whose engine container exited);
 //   unverified nvidia-smi cannot be asked, its processes are hidden from it or their PIDs are not

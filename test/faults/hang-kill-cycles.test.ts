@@ -51,7 +51,9 @@ t.test(`${HTTP_CYCLES + DIRECT_CYCLES} hang-and-kill cycles leave no process beh
     ],
     'every cycle ended in the timeout error',
   );
-  t.ok(fake.invocations().length >= HTTP_CYCLES, `nvidia-smi started (${fake.invocations().length} logged invocations)`);
+  // The fake logs its invocation once it has started; on a loaded machine most runs are killed at the
+  // 300 ms deadline before that, so only some are logged. One proves the leftovers checked are real.
+  t.ok(fake.invocations().length >= 1, `nvidia-smi started (${fake.invocations().length} logged invocations)`);
   t.ok(fake.spawned().length >= 1, `some hung runs got as far as starting their grandchild (${fake.spawned().length})`);
 
   await waitUntil(() => smi.running === 0, { timeoutMs: 20_000, what: 'the runner to see every child exit' });

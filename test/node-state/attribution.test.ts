@@ -232,7 +232,9 @@ t.test('every GPU process goes to the owner the rule names; holdings sum what ea
         for (const gpu of snapshot.gpus) {
           const mine = gpu.processes.filter((process) => ownerByPid.get(process.pid) === shard.id);
           const holding = holdings.get(shard.id)?.get(gpu.index);
-          if (mine.length === 0 ? holding !== undefined : holding?.usedMiB !== mine.reduce((sum, p) => sum + (p.usedMiB ?? 0), 0)) return false;
+          // A sum with an unreported ([N/A]) part is unknown: null, not the known part.
+          const sum = mine.some((p) => p.usedMiB === null) ? null : mine.reduce((total, p) => total + p.usedMiB!, 0);
+          if (mine.length === 0 ? holding !== undefined : holding?.usedMiB !== sum) return false;
           if (holding && holding.processes.length !== mine.length) return false;
         }
       }

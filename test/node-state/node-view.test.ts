@@ -84,3 +84,15 @@ t.test('the view cache judges each new snapshot against the last, and logs each 
   ]);
   t.equal(lines.length, 2);
 });
+
+t.test('a registration between two snapshots does not judge the current one against itself', async (t) => {
+  const lines: Array<Record<string, unknown>> = [];
+  const derive = createNodeViewCache(pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) }));
+  const shards = () => [];
+  t.equal(derive(snapshot([7], [7]), 1, shards).processesHidden, null);
+  // Process 7 exited between nvidia-smi's listing and the /proc read: one refresh like that is no namespace problem.
+  const exited = snapshot([7], []);
+  t.equal(derive(exited, 1, shards).processesHidden, null);
+  t.equal(derive(exited, 2, shards).processesHidden, null, 'a PUT or DELETE (a new registry version) keeps the judgement of the same snapshot');
+  t.same(lines, [], 'and logs nothing');
+});

@@ -236,6 +236,27 @@ t.test('a failure right after invalidate() does not block the refresh it asked f
   t.equal((await next).snapshot.n, 9);
 });
 
+t.test('with a TTL of 0, failures still back off: 1 ms, then 2 ms, so a wedged driver is not asked once per request', async (t) => {
+  const h = harness({ ttlMs: 0, maxStaleMs: 0 });
+  const first = h.source.get();
+  h.calls[0]!.reject(new NvidiaSmiFailedError('x'));
+  await t.rejects(first, { message: 'x' });
+  await t.rejects(h.source.get(), { message: 'x' }, 'answered with the failure');
+  t.equal(h.calls.length, 1, 'no new run inside the 1 ms window');
+  h.advance(1);
+  const second = h.source.get();
+  t.equal(h.calls.length, 2, 'past it, a new run');
+  h.calls[1]!.reject(new NvidiaSmiFailedError('x'));
+  await t.rejects(second);
+  h.advance(1);
+  await t.rejects(h.source.get(), { message: 'x' });
+  t.equal(h.calls.length, 2, 'the second window is 2 ms');
+  h.advance(1);
+  void h.source.get().catch(() => undefined);
+  t.equal(h.calls.length, 3);
+  h.calls[2]!.resolve({ n: 1 });
+});
+
 t.test('a recovery after failures resets the failure state', async (t) => {
   const h = harness({ ttlMs: 0, maxStaleMs: 0 });
   const a = h.source.get();

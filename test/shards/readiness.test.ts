@@ -153,6 +153,9 @@ t.test('memory of a shard process nvidia-smi reports as [N/A] holds the GPU, and
   );
   t.same({ shardMiB: gpu1!.shardMiB, unreportedShardProcesses: gpu1!.unreportedShardProcesses, foreignMiB: gpu1!.foreignMiB }, { shardMiB: 700, unreportedShardProcesses: 0, foreignMiB: 1300 });
   t.equal(foreignMemory(node), foreignMemory(node), 'computed once per view');
+  // The two queries run at once: a process that grew in between can hold more than memory.used said.
+  const grew = view([gpu(0, [[100, 1500]], 1000)], [stat(100, 100, 5)], [s]);
+  t.match(foreignMemory(grew)[0], { usedMiB: 1000, shardMiB: 1500, foreignMiB: 0 }, 'foreign memory is never below zero');
   const compute = shardCompute(s, node, null, 'ready');
   t.same(compute.gpus, [{ index: 0, usedMiB: null }, { index: 1, usedMiB: 700 }], 'a sum with an unknown part is unknown, not the known part');
   t.same(compute.devices, ['GPU 0: memory not reported', 'GPU 1: 700 MiB']);
@@ -190,6 +193,7 @@ t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evide
     const verdict = verdictOf(s, node, engine);
     t.equal(shardCompute(s, node, engine, verdict.state).backend, backend, `${name} (${verdict.state})`);
   }
+  t.same(verdictOf(none, idle, cpu), { ready: true, state: 'ready', reason: null, warnings: [] }, 'given no GPU, computing on the CPU as its engine says: ready, not on-cpu');
   const hidden = view([gpu(0, [[90_000, 500]])], [stat(100, 100, 5)], [placed], [[90_000, null]]);
   t.equal(verdictOf(placed, hidden).state, 'unverified');
   t.equal(shardCompute(placed, hidden, null, 'unverified').backend, null, 'unverified: no evidence either way');
@@ -407,6 +411,15 @@ t.test('a cgroup shard whose engine output predates every process it runs now: t
   const pidShard = shard({ gpus: [0] });
   const single = view([gpu(0, [[100, 4000]])], [stat(100, 100, 5)], [pidShard]);
   t.equal(readiness({ shard: pidShard, node: single, engine: cpu, engineTicks: 1, staleReason: null, now: NOW }).state, 'on-cpu', 'a PID shard\'s output is its process\'s: a restart is a new registration');
+
+  // A process that joined the container after the engine (a `kubectl exec` shell) is no restart: the
+  // run is dated by its oldest process.
+  const withShell = podView([gpu(0, [[12, 4000]])], [named('pause', 10, 5), named('llama-server', 12, 700), named('bash', 13, 900)], [pod], { [POD_UID]: [10, 12, 13] });
+  t.same(withShell.attribution.liveness.get('pod'), { state: 'alive', oldestStart: 700 });
+  const current = readiness({ shard: pod, node: withShell, engine: cpu, engineTicks: 800, staleReason: null, now: NOW });
+  t.equal(current.state, 'on-cpu', 'posted while the engine ran: its CPU account decides');
+  t.match(current.reason, 'the engine itself reports it');
+  t.notMatch(current.warnings.join(' '), 'earlier run');
 });
 
 t.test('the starting reason after the grace: no blame on nvidia-smi, and never a negative time', async (t) => {

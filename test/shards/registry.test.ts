@@ -484,6 +484,11 @@ t.test('a replacement for the same target and GPUs keeps the registration time (
   t.match(await registry.put({ ...first, gpus: [1, 0], graceMs: 60_000, engine: 'vllm', registeredAt: 300 }), { graceKept: true, unchanged: false, shard: { registeredAt: 100, graceMs: 60_000 } }, 'a new grace or engine goes on from the first registration');
   t.equal(registry.get('a')?.registeredAt, 100);
   t.same(JSON.parse(readFileSync(join(dir, 's.json'), 'utf8')).shards[0].registeredAt, 100, 'and so does the state file');
+  t.match(await registry.put({ ...first, gpus: [0, 1, 2], registeredAt: 350 }), { graceKept: false, unchanged: false, shard: { gpus: [0, 1, 2], registeredAt: 350 } }, 'one GPU more: stored, and the grace restarts');
+  t.same(registry.get('a')?.gpus, [0, 1, 2]);
+  t.equal(registry.repeats({ ...first, gpus: [0, 1, 2, 3] }), false, 'a superset is no repeat');
+  t.equal(registry.repeats({ ...first, gpus: [0, 1] }), false, 'nor is a subset');
+  t.match(await registry.put({ ...first, gpus: [0, 1], registeredAt: 380 }), { graceKept: false, unchanged: false, shard: { gpus: [0, 1], registeredAt: 380 } }, 'one GPU fewer: stored, and the grace restarts');
   t.match(await registry.put({ ...first, gpus: [2], registeredAt: 400 }), { graceKept: false, unchanged: false, shard: { registeredAt: 400 } }, 'other GPUs: the grace restarts');
   t.match(await registry.put({ ...first, gpus: [2], identity: { ...first.identity, startTime: 8 }, registeredAt: 500 }), { graceKept: false, shard: { registeredAt: 500 } }, 'another process: the grace restarts');
   const pod = { ...first, pid: null, cgroup: 'pod-a', registeredAt: 600 };

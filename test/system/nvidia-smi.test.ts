@@ -189,6 +189,12 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     expected: { error: /"0, , NVIDIA H200.*" \(uuid is empty\)/ },
   },
   {
+    name: 'a line with more values than fields asked (noheader) is refused, not read by position',
+    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'our columns, no header, one value appended' },
+    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, 0 MiB`),
+    expected: { error: /\(expected 8 values \(index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current\), found 9\)/ },
+  },
+  {
     name: 'a header with fewer columns than asked',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory.reserved column dropped, asked for it' },
     text: lines(
