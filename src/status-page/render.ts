@@ -126,9 +126,8 @@ function processLabel(process: ForeignProcess): string {
 
 /** Foreign memory, as an upper bound when it includes shard processes' unreported memory. */
 function foreignAmount(foreignMiB: number, unreportedShardProcesses: number): string {
-  const n = unreportedShardProcesses;
-  if (n === 0) return formatMemory(foreignMiB);
-  return `up to ${formatMemory(foreignMiB)} (it includes the memory of ${n} shard process${n === 1 ? '' : 'es'} nvidia-smi does not report)`;
+  if (unreportedShardProcesses === 0) return formatMemory(foreignMiB);
+  return `up to ${formatMemory(foreignMiB)} (it includes the memory of ${unreportedShardProcesses} shard process(es) nvidia-smi does not report)`;
 }
 
 function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {

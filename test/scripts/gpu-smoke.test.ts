@@ -65,7 +65,7 @@ t.test('a GPU process of the shard: every check passes and the queries are recor
   t.same(readdirSync(recorded).sort(), ['commands', 'list-L', 'query-compute-apps', 'query-gpu', 'version'].map((q) => `${prefix}_${q}.txt`));
   const apps = readFileSync(join(recorded, `${prefix}_query-compute-apps.txt`), 'utf8');
   t.match(apps, new RegExp(`^gpu_uuid, pid, process_name, used_gpu_memory \\[MiB\\]\\n${GPU0}, ${run.cudaPid}, python3, 1530 MiB\\n$`), 'compute-apps recorded while the process ran');
-  t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\]\n0, GPU-/);
+  t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\], mig\.mode\.current\n0, GPU-/);
   t.match(readFileSync(join(recorded, `${prefix}_version.txt`), 'utf8'), /DRIVER version\s+: 590\.48\.01/);
   t.match(readFileSync(join(recorded, `${prefix}_list-L.txt`), 'utf8'), /^GPU 0: NVIDIA H200 \(UUID: GPU-/);
   t.match(readFileSync(join(recorded, `${prefix}_commands.txt`), 'utf8'), new RegExp(`while pid ${run.cudaPid} `));
