@@ -28,9 +28,9 @@ export function createGpuRoster(log: Logger): GpuRoster {
   const lost = new Set<string>();
   return {
     update(listed, at) {
-      const now = new Set<string>();
+      const listedNow = new Set<string>();
       for (const gpu of listed) {
-        now.add(gpu.uuid);
+        listedNow.add(gpu.uuid);
         if (lost.delete(gpu.uuid)) {
           const was = known.get(gpu.uuid)!;
           log.info(
@@ -41,7 +41,7 @@ export function createGpuRoster(log: Logger): GpuRoster {
         known.set(gpu.uuid, { index: gpu.index, uuid: gpu.uuid, name: gpu.name, lastListedAt: at });
       }
       for (const [uuid, gpu] of known) {
-        if (now.has(uuid) || lost.has(uuid)) continue;
+        if (listedNow.has(uuid) || lost.has(uuid)) continue;
         lost.add(uuid);
         log.warn(
           { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },

@@ -143,18 +143,18 @@ function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
 export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
   const gpus = node.snapshot.gpus.map((gpu) => ({
-      index: gpu.index,
-      uuid: gpu.uuid,
-      name: gpu.name,
-      memory: { totalMiB: gpu.totalMiB, usedMiB: gpu.usedMiB, freeMiB: gpu.freeMiB, reservedMiB: gpu.reservedMiB },
-      migMode: gpu.migMode,
-      processes: gpu.processes.map((process) => ({
-        pid: process.pid,
-        name: process.name,
-        usedMiB: process.usedMiB,
-        shard: owner.get(process.pid) ?? null,
-      })),
-    }));
+    index: gpu.index,
+    uuid: gpu.uuid,
+    name: gpu.name,
+    memory: { totalMiB: gpu.totalMiB, usedMiB: gpu.usedMiB, freeMiB: gpu.freeMiB, reservedMiB: gpu.reservedMiB },
+    migMode: gpu.migMode,
+    processes: gpu.processes.map((process) => ({
+      pid: process.pid,
+      name: process.name,
+      usedMiB: process.usedMiB,
+      shard: owner.get(process.pid) ?? null,
+    })),
+  }));
   const lostGpus = node.snapshot.lostGpus.map((gpu) => ({ ...gpu, lastListedAt: new Date(gpu.lastListedAt).toISOString() }));
   return { gpus, lostGpus };
 }

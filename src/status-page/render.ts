@@ -233,12 +233,16 @@ function summary(model: StatusModel): string {
 /** Segments wider than this share of the bar carry their label inside; the legend names them all. */
 const INLINE_LABEL_SHARE = 0.09;
 
+/** A segment's share of its bar: one whose size is not reported takes none (the legend still names it). */
+function widthOf(segment: Segment): number {
+  return segment.mib ?? 0;
+}
+
 function segmentHtml(segment: Segment, total: number): string {
   const colour = segment.color === null ? '' : ` c${segment.color}`;
-  const mib = segment.mib ?? 0;
-  const inline = segment.kind !== 'free' && mib / total >= INLINE_LABEL_SHARE;
-  const text = inline ? `<span>${escapeHtml(segment.label)} ${formatMemory(mib)}</span>` : '';
-  return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${mib}" title="${escapeHtml(segment.title)}">${text}</div>`;
+  const inline = segment.kind !== 'free' && widthOf(segment) / total >= INLINE_LABEL_SHARE;
+  const text = inline ? `<span>${escapeHtml(segment.label)} ${formatHeldMemory(segment.mib)}</span>` : '';
+  return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${widthOf(segment)}" title="${escapeHtml(segment.title)}">${text}</div>`;
 }
 
 function legendHtml(segment: Segment): string {
@@ -248,7 +252,7 @@ function legendHtml(segment: Segment): string {
 }
 
 function gpuHtml(gpu: GpuModel): string {
-  const total = gpu.segments.reduce((sum, segment) => sum + (segment.mib ?? 0), 0);
+  const total = gpu.segments.reduce((sum, segment) => sum + widthOf(segment), 0);
   const describe = gpu.segments.map((segment) => `${segment.label} ${formatHeldMemory(segment.mib)}`).join(', ');
   const bar =
     gpu.segments.length > 0
@@ -447,9 +451,9 @@ const BAR_CHAR: Record<SegmentKind, string> = { shard: '#', foreign: '=', reserv
 
 /** Largest-remainder split of the bar's width, so the characters always add up to the width. */
 function textBar(segments: Segment[]): string {
-  const total = segments.reduce((sum, segment) => sum + (segment.mib ?? 0), 0);
+  const total = segments.reduce((sum, segment) => sum + widthOf(segment), 0);
   if (total <= 0) return `[${'?'.repeat(TEXT_BAR_WIDTH)}]`;
-  const exact = segments.map((segment) => ((segment.mib ?? 0) / total) * TEXT_BAR_WIDTH);
+  const exact = segments.map((segment) => (widthOf(segment) / total) * TEXT_BAR_WIDTH);
   const cells = exact.map(Math.floor);
   let left = TEXT_BAR_WIDTH - cells.reduce((sum, n) => sum + n, 0);
   const byRemainder = exact.map((value, i) => ({ i, rest: value - Math.floor(value) })).sort((a, b) => b.rest - a.rest);
