@@ -33,7 +33,7 @@ const doctorSchema = (description: string) => Type.Object(
 );
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { nvidiaSmi, proc, stateFile, config, now, stopping } = app.services;
+  const { nvidiaSmi, proc, stateFile, config, now } = app.services;
   let running: Promise<DoctorReport> | null = null;
   let last: { at: number; report: DoctorReport } | null = null;
   function check(): Promise<DoctorReport> {
@@ -46,7 +46,6 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       tokenProblem: app.services.tokenProblem(),
       version: VERSION,
       now,
-      stopping,
     })
       .then((report) => {
         last = { at: now(), report };

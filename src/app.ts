@@ -53,8 +53,6 @@ export interface Services {
   authorise: Auth['authorise'];
   /** What is wrong with the token file now; null when nothing is. */
   tokenProblem: Auth['tokenProblem'];
-  /** Whether the service is shutting down (close() has begun): what fails from then on may be the shutdown's doing. */
-  stopping: () => boolean;
 }
 
 export interface AppDeps {
@@ -254,7 +252,6 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   });
   const node = createNodeService(snapshots, registry, log);
   const shards = createShardService({ registry, node, proc, defaultGraceMs: config.gpuGraceMs, log, now });
-  let stopping = false;
   const services: Services = {
     config,
     node,
@@ -267,7 +264,6 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
     ...createAuth(config, log, now),
-    stopping: () => stopping,
   };
   app.decorate('services', services);
 
@@ -358,8 +354,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   // preClose, not onClose: in-flight requests waiting on nvidia-smi must finish (with an error) for
   // close to complete, and their keep-alive connections must not hold the server open afterwards.
   app.addHook('preClose', async () => {
-    // Before the kills: a request that sees its nvidia-smi killed knows why (the doctor does).
-    stopping = true;
+    // A request that sees its nvidia-smi killed knows why from nvidiaSmi.stopped (the doctor does).
     nvidiaSmi.killAll();
     // A keep-alive connection whose request was in flight goes idle after its answer, and Node would
     // keep it open for the keep-alive timeout (Fastify's 72 s). Node arms that timeout only once an

@@ -62,6 +62,7 @@ function preparedSmi(csv: { gpus: string; apps: string }): NvidiaSmi {
     queryVersion: async () => ({ smiVersion: '590.48.01', driverVersion: '590.48.01', cudaVersion: '13.1' }),
     killAll: () => undefined,
     running: 0,
+    stopped: false,
   };
 }
 

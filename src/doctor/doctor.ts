@@ -40,8 +40,6 @@ export interface DoctorDeps {
   now: () => number;
   /** A query slower than this gets a warning. */
   slowQueryMs?: number;
-  /** Whether the service is shutting down (see the header); never, unless given. */
-  stopping?: () => boolean;
 }
 
 const SLOW_QUERY_MS = 1000;
@@ -52,7 +50,7 @@ function check(name: string, status: CheckStatus, detail: string, fix: string | 
 
 /** A failed nvidia-smi query's check; while the service is shutting down, the query's error itself (see the header). */
 function queryFailed(deps: DoctorDeps, err: unknown, name: string, fix: string): DoctorCheck {
-  if (deps.stopping?.() === true) throw err;
+  if (deps.nvidiaSmi.stopped) throw err;
   return check(name, 'fail', (err as Error).message, fix);
 }
 

@@ -88,8 +88,10 @@ export interface NvidiaSmi {
   queryGpus(): Promise<GpuRecord[]>;
   queryComputeApps(): Promise<ComputeAppRecord[]>;
   queryVersion(): Promise<NvidiaSmiVersion>;
-  /** SIGKILL every running nvidia-smi process group (used at shutdown). */
+  /** SIGKILL every running nvidia-smi process group and start no other (used at shutdown). */
   killAll(): void;
+  /** True once killAll has run: a query that fails from then on failed because of the shutdown. */
+  readonly stopped: boolean;
   /** How many nvidia-smi children are alive now. */
   readonly running: number;
 }
@@ -313,8 +315,8 @@ function failedError(result: Completed): Error {
   );
 }
 
-function abnormalEndError(result: Completed, stopping: boolean): Error {
-  const why = stopping
+function abnormalEndError(result: Completed, stopped: boolean): Error {
+  const why = stopped
     ? 'nodecompute stopped it because nodecompute is shutting down.'
     : 'Something outside nodecompute killed it (the OOM killer?) or it crashed; check `dmesg`.';
   return new NvidiaSmiFailedError(`nvidia-smi did not finish normally: ${String(result.shortMessage)}. ${why}`, { cause: result });
@@ -344,9 +346,9 @@ function timeoutError(timeoutMs: number, args: string[]): Error {
 }
 
 /** stdout of a run that exited 0, or the coded error that says why there is none. */
-function stdoutOf(path: string, result: Completed, stopping: boolean): string {
+function stdoutOf(path: string, result: Completed, stopped: boolean): string {
   if (result.code === 'ENOENT' || result.code === 'EACCES') throw notFoundError(path, result);
-  if (result.exitCode === undefined) throw abnormalEndError(result, stopping);
+  if (result.exitCode === undefined) throw abnormalEndError(result, stopped);
   if (result.exitCode !== 0) throw failedError(result);
   return result.stdout;
 }
@@ -367,7 +369,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   // Older drivers do not know the optional fields; once one says so of a field, stop asking for it
   // for the life of the reader.
   let gpuFields: readonly string[] = GPU_QUERY_FIELDS;
-  let stopping = false;
+  let stopped = false;
 
   /** The refusal to run while a killed run has outlived SIGKILL by STUCK_AFTER_MS; null when none has. */
   function stuckRun(): Error | null {
@@ -405,7 +407,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       child.then((result) => {
         clearTimeout(timer);
         try {
-          resolve(stdoutOf(path, result, stopping));
+          resolve(stdoutOf(path, result, stopped));
         } catch (err) {
           reject(err);
         }
@@ -426,7 +428,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
 
   async function run<T>(query: QueryName, args: string[], parse: (stdout: string) => T, deadline: number): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
-    const refused = stopping ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
+    const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
     if (refused) {
       onQuery?.({ query, durationMs: null, outcome: (refused as NvidiaSmiFailure).code });
       throw refused;
@@ -473,11 +475,14 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       ),
     queryVersion: () => run('version', ['--version'], parseVersion, performance.now() + timeoutMs),
     killAll: () => {
-      stopping = true;
+      stopped = true;
       for (const pid of alive) killGroup(pid, log);
     },
     get running() {
       return alive.size;
+    },
+    get stopped() {
+      return stopped;
     },
   };
 }

@@ -22,6 +22,7 @@ function smi(apps: ComputeAppRecord[]): NvidiaSmi {
     queryVersion: async () => ({ smiVersion: null, driverVersion: null, cudaVersion: null }),
     killAll: () => undefined,
     running: 0,
+    stopped: false,
   };
 }
 

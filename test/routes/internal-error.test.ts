@@ -8,7 +8,7 @@ import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
 function brokenNvidiaSmi(): NvidiaSmi {
   const bug = () => Promise.reject(new TypeError("Cannot read properties of undefined (reading 'split')"));
-  return { queryGpus: bug, queryComputeApps: bug, queryVersion: bug, killAll: () => undefined, running: 0 };
+  return { queryGpus: bug, queryComputeApps: bug, queryVersion: bug, killAll: () => undefined, running: 0, stopped: false };
 }
 
 t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', async (t) => {

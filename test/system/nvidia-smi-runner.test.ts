@@ -370,7 +370,9 @@ t.test('killAll kills hung nvidia-smi process groups, grandchildren included', a
   const groups = fake.invocations().map((i) => i.pid);
   for (const pgid of groups) t.ok(livePidsInGroup(pgid).length >= 2, `group ${pgid} holds the fake and its sleep`);
 
+  t.equal(smi.stopped, false, 'not stopped before killAll');
   smi.killAll();
+  t.equal(smi.stopped, true, 'stopped from killAll on: the failures that follow are the shutdown\'s doing');
   const errors = await Promise.all(pending);
   for (const err of errors) t.match(err, { code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', message: /killed with SIGKILL/ });
   for (const pgid of groups) await noneAlive(pgid);
