@@ -209,6 +209,11 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     logController: new ServiceLogController(log),
     bodyLimit: 64 * 1024,
     forceCloseConnections: 'idle',
+    // A request that arrives while the service stops (on a keep-alive connection whose request was in
+    // flight) is answered as any other, with Connection: close, instead of Fastify's uncoded 503 that
+    // says only "Service Unavailable": cached answers are still true, and what needs nvidia-smi gets
+    // its coded 503 saying it was not run because nodecompute is shutting down.
+    return503OnClosing: false,
     // A client that promises a body and stops sending must not hold a connection forever.
     requestTimeout: 30_000,
     // Ids may be 128 characters; a longer segment gets a coded 400 below, not the router's bare 414.

@@ -41,8 +41,4 @@ export class ServiceLogController extends LogController {
       'The error answer could not be serialised with its schema, so a generic 500 was sent; this is a bug in nodecompute, please report it',
     );
   }
-
-  override serviceUnavailable(): void {
-    this.#log.debug('A request arrived while nodecompute is stopping; it was answered 503 so that the client retries elsewhere');
-  }
 }

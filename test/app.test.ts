@@ -1,13 +1,15 @@
 // buildApp's defaults (with no deps it makes its own logger and readers from the config alone), how
 // it logs requests (answered ones at debug, coded failures as one warning a minute each), and how it
-// closes keep-alive connections.
+// closes keep-alive connections and answers the requests that arrive on them while it stops.
 import http from 'node:http';
+import { connect, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import t from 'tap';
 import { buildApp, writeClientError } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';
 import { buildTestApp } from './helpers/app.js';
 import { eightGpuNode, waitUntil } from './helpers/fake-nvidia-smi.js';
+import { parseResponses } from './helpers/raw-http.js';
 
 t.test('buildApp(config) needs nothing else', async (t) => {
   const dir = t.testdir({});
@@ -112,4 +114,53 @@ t.test('closing with a keep-alive request in flight: it is answered, and close d
   await closed;
   // Node would keep the idle connection for Fastify's 72 s keep-alive timeout.
   t.ok(Date.now() - closeStarted < 20_000, `closed ${Date.now() - closeStarted} ms after close began`);
+});
+
+t.test('a request that arrives while the app closes is answered as any other, with Connection: close: from the cache, or with the coded 503 of the nvidia-smi run it may not start', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { cacheTtlMs: 600_000 } });
+  let release!: () => void;
+  const held = new Promise<void>((resolve) => (release = resolve));
+  t.teardown(() => release());
+  const arrived: string[] = [];
+  app.server.on('request', (request: http.IncomingMessage) => void arrived.push(request.url!));
+  app.get('/test/held', async () => {
+    await held;
+    return 'done';
+  });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const { port } = app.server.address() as AddressInfo;
+  t.equal((await app.inject({ method: 'GET', url: '/gpus' })).statusCode, 200, 'a snapshot in the cache');
+  // Two keep-alive connections, each with a request in flight when the close begins; new
+  // connections are refused from then on, so only these can still bring a request.
+  const connections = ['/gpus', '/doctor'].map((later) => {
+    const socket = connect(port, '127.0.0.1');
+    let text = '';
+    socket.setEncoding('latin1').on('data', (data: string) => (text += data));
+    const closed = new Promise<void>((resolve) => socket.on('close', () => resolve()));
+    socket.write('GET /test/held HTTP/1.1\r\nHost: test\r\n\r\n');
+    return { socket, closed, later, responses: () => parseResponses(text) };
+  });
+  const count = (url: string) => arrived.filter((seen) => seen === url).length;
+  await waitUntil(() => count('/test/held') === 2, { what: 'both held requests to arrive' });
+  const closing = app.close();
+  for (const { socket, later } of connections) socket.write(`GET ${later} HTTP/1.1\r\nHost: test\r\n\r\n`);
+  // Released once both later requests are in: the answer to a held one lets its connection close.
+  await waitUntil(() => count('/gpus') === 1 && count('/doctor') === 1, { what: 'the later requests to arrive' });
+  release();
+  await Promise.all([closing, ...connections.map((connection) => connection.closed)]);
+
+  const [heldAnswer, fromCache] = connections[0]!.responses();
+  const [, refused] = connections[1]!.responses();
+  t.equal(heldAnswer?.status, 200, 'the request in flight is answered');
+  t.equal(fromCache?.status, 200, 'a later one too, from the snapshot in hand');
+  t.equal(JSON.parse(fromCache!.body).gpus.length, 8);
+  t.equal(fromCache?.headers.connection, 'close', 'and told the connection closes');
+  // The doctor asks nvidia-smi afresh, and the shutdown has stopped it.
+  t.equal(refused?.status, 503);
+  t.equal(refused?.headers.connection, 'close');
+  t.same(
+    JSON.parse(refused!.body),
+    { statusCode: 503, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', error: 'Service Unavailable', message: 'nvidia-smi was not run: nodecompute is shutting down.' },
+    'the one error shape, saying why',
+  );
 });

@@ -1,9 +1,9 @@
 // What Fastify itself reports about failed answers reaches the service's log, with the request it
 // belongs to: through the app for the failures a test can cause on demand (a stream that breaks
-// after its headers, a client that leaves mid-answer, a request while stopping), and on the
+// after its headers, a client that leaves mid-answer), and on the
 // controller itself for the two that need a broken error path inside Fastify.
 import http from 'node:http';
-import { connect, type AddressInfo } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { pino, type Logger } from 'pino';
@@ -12,7 +12,6 @@ import { buildApp } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';
 import { ServiceLogController } from '../src/fastify-log.js';
 import { waitUntil } from './helpers/fake-nvidia-smi.js';
-import { parseResponses } from './helpers/raw-http.js';
 
 type Line = Record<string, unknown> & { level: number; msg: string };
 
@@ -78,37 +77,6 @@ t.test('a client that leaves before the answer is complete: a debug line, not a 
   await waitUntil(() => lines.some((line) => /closed the connection before the answer was complete/.test(line.msg)), { what: 'the debug line' });
   t.match(lines.find((line) => /closed the connection/.test(line.msg)), { level: 20, url: '/test/endless' });
   t.notOk(lines.some((line) => line.level >= 40), 'no warning for a client that went away');
-});
-
-t.test('a request on a keep-alive connection while stopping: answered 503, one debug line', async (t) => {
-  const { lines, logger } = capture();
-  const app = await appWith(t, logger);
-  let received!: () => void;
-  const arrived = new Promise<void>((resolve) => (received = resolve));
-  let release!: () => void;
-  const held = new Promise<void>((resolve) => (release = resolve));
-  t.teardown(() => release());
-  app.get('/test/held', async () => {
-    received();
-    await held;
-    return 'done';
-  });
-  await app.listen({ host: '127.0.0.1', port: 0 });
-  const { port } = app.server.address() as AddressInfo;
-  // One connection: the first request is in flight when the close begins, the second arrives after.
-  const socket = connect(port, '127.0.0.1');
-  let text = '';
-  socket.setEncoding('latin1').on('data', (data: string) => (text += data));
-  const socketClosed = new Promise<void>((resolve) => socket.on('close', () => resolve()));
-  socket.write('GET /test/held HTTP/1.1\r\nHost: test\r\n\r\n');
-  await arrived;
-  const closing = app.close();
-  socket.write('GET /livez HTTP/1.1\r\nHost: test\r\n\r\n');
-  await waitUntil(() => lines.some((line) => /arrived while nodecompute is stopping/.test(line.msg)), { what: 'the debug line' });
-  release();
-  await Promise.all([closing, socketClosed]);
-  t.same(parseResponses(text).map((response) => response.status), [200, 503], 'the request in flight is answered, the later one refused with 503');
-  t.equal(lines.find((line) => /arrived while nodecompute is stopping/.test(line.msg))!.level, 20, 'at debug level');
 });
 
 t.test('the failures inside Fastify\'s own error path are logged with the request', async (t) => {
