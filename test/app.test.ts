@@ -9,6 +9,7 @@ import { buildApp, writeClientError } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';
 import { buildTestApp } from './helpers/app.js';
 import { eightGpuNode, waitUntil } from './helpers/fake-nvidia-smi.js';
+import { captureLog } from './helpers/log-capture.js';
 import { parseResponses } from './helpers/raw-http.js';
 
 t.test('buildApp(config) needs nothing else', async (t) => {
@@ -35,20 +36,16 @@ t.test('malformed HTTP on a socket the client already closed is left alone', asy
 
 t.test('at debug level every answered request is logged', async (t) => {
   const dir = t.testdir({});
-  const lines: string[] = [];
-  const { pino } = await import('pino');
-  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(line) });
+  const { log: logger, lines } = captureLog();
   const app = await buildApp(defaultConfig({ stateFile: join(dir, 's.json'), nvidiaSmi: join(dir, 'missing') }), { logger });
   t.teardown(() => app.close());
   await app.inject({ method: 'GET', url: '/livez' });
-  t.ok(lines.some((line) => line.includes('"url":"/livez"') && line.includes('"level":20') && line.includes('Request answered')));
+  t.ok(lines.some((line) => line.url === '/livez' && line.level === 20 && line.msg.includes('Request answered')));
 });
 
 t.test('a coded failure repeating on every request is one warning a minute, its repeats debug lines', async (t) => {
   const dir = t.testdir({});
-  const lines: Array<Record<string, unknown>> = [];
-  const { pino } = await import('pino');
-  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: logger, lines } = captureLog();
   let clock = Date.now();
   const app = await buildApp(defaultConfig({ stateFile: join(dir, 's.json'), nvidiaSmi: join(dir, 'missing') }), { logger, now: () => clock });
   t.teardown(() => app.close());
@@ -67,10 +64,8 @@ t.test('a coded failure repeating on every request is one warning a minute, its 
 
 t.test('the failures remembered for that are bounded: past 100 distinct ones the memory starts afresh', async (t) => {
   const dir = t.testdir({});
-  const lines: Array<Record<string, unknown>> = [];
-  const { pino } = await import('pino');
   const { createProcReader } = await import('../src/system/procfs.js');
-  const logger = pino({ level: 'warn' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: logger, lines } = captureLog('warn');
   const base = createProcReader({ root: '/proc', log: logger });
   // Each registration fails with a message of its own (the PID is in it): a distinct failure each.
   const readStat = (pid: number) => Promise.reject(new Error(`cannot read /proc/${pid}/stat: permission denied (EACCES).`));

@@ -6,19 +6,13 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import t, { type Test } from 'tap';
 import { buildApp } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';
 import { ServiceLogController } from '../src/fastify-log.js';
 import { waitUntil } from './helpers/fake-nvidia-smi.js';
-
-type Line = Record<string, unknown> & { level: number; msg: string };
-
-function capture(level = 'debug') {
-  const lines: Line[] = [];
-  return { lines, logger: pino({ level }, { write: (line: string) => lines.push(JSON.parse(line) as Line) }) };
-}
+import { captureLog } from './helpers/log-capture.js';
 
 async function appWith(t: Test, logger: Logger) {
   const dir = t.testdir({});
@@ -39,8 +33,8 @@ function breakingBody(first: string, error: Error | null): Readable {
 }
 
 t.test('an answer that breaks after its headers: a warning with the request, saying the client got a cut-off response', async (t) => {
-  const { lines, logger } = capture();
-  const app = await appWith(t, logger);
+  const { lines, log } = captureLog();
+  const app = await appWith(t, log);
   app.get('/test/breaks', (_request, reply) => reply.type('text/plain').send(breakingBody('partial', new Error('disk went away'))));
   await app.listen({ host: '127.0.0.1', port: 0 });
   const { port } = app.server.address() as AddressInfo;
@@ -65,8 +59,8 @@ t.test('an answer that breaks after its headers: a warning with the request, say
 });
 
 t.test('a client that leaves before the answer is complete: a debug line, not a warning', async (t) => {
-  const { lines, logger } = capture();
-  const app = await appWith(t, logger);
+  const { lines, log } = captureLog();
+  const app = await appWith(t, log);
   app.get('/test/endless', (_request, reply) => reply.type('text/plain').send(breakingBody('first part', null)));
   await app.listen({ host: '127.0.0.1', port: 0 });
   const { port } = app.server.address() as AddressInfo;
@@ -80,8 +74,8 @@ t.test('a client that leaves before the answer is complete: a debug line, not a 
 });
 
 t.test('the failures inside Fastify\'s own error path are logged with the request', async (t) => {
-  const { lines, logger } = capture('trace');
-  const controller = new ServiceLogController(logger);
+  const { lines, log } = captureLog('trace');
+  const controller = new ServiceLogController(log);
   const request = { id: 'req-7', method: 'GET', url: '/gpus' } as FastifyRequest;
   const reply = {} as FastifyReply;
   controller.writeHeadError(Object.assign(new Error('Invalid character in header'), { code: 'ERR_INVALID_CHAR' }), request, reply);

@@ -5,11 +5,11 @@
 // proves the repair, not a fast reader.
 import http from 'node:http';
 import { connect, type AddressInfo, type Socket } from 'node:net';
-import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { spareUnflushedAnswers, type SpareOptions } from '../src/unflushed-answers.js';
 import { buildTestApp } from './helpers/app.js';
 import { eightGpuNode, waitUntil } from './helpers/fake-nvidia-smi.js';
+import { captureLog } from './helpers/log-capture.js';
 
 const BODY_BYTES = 16 * 1024 * 1024;
 const READER_PAUSE_MS = 500;
@@ -164,8 +164,7 @@ t.test("the app's close: a slow reader of a large answer gets all of it", async 
 });
 
 t.test("the app's close: a client that never reads is cut after 5 s, with a warning that says so", async (t) => {
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'warn' }, { write: (line: string) => lines.push(JSON.parse(line) as Record<string, unknown>) });
+  const { log: logger, lines } = captureLog('warn');
   const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { logger } });
   let answer: http.ServerResponse | undefined;
   app.get('/test/large', (_request, reply) => {

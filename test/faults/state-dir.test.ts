@@ -13,6 +13,7 @@ import { pino } from 'pino';
 import { buildApp } from '../../src/app.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { captureLog } from '../helpers/log-capture.js';
 import { killLeftovers } from '../helpers/process-scan.js';
 
 t.test('the state directory replaced by a file: writes refused with STATE_WRITE_FAILED, nothing stored is lost', async (t) => {
@@ -96,8 +97,7 @@ t.test('a state file whose parent path is a regular file: the first write is ref
 
 t.test('writes refused the same way again and again: one error line when the directory turns, one warning a minute, the same words each time', async (t) => {
   const [first, ...others] = await Promise.all(Array.from({ length: 6 }, () => spawnShardProcess(t, 0)));
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: logger, lines } = captureLog();
   const clock = manualClock();
   const { app, config, fake } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { logger, now: clock.now } });
   t.teardown(() => killLeftovers(fake));
@@ -130,12 +130,12 @@ t.test('writes refused the same way again and again: one error line when the dir
   const failed = () => logged().filter((line) => line.msg === 'Request failed').map((line) => line.level);
   t.same(failed(), [40, 20, 20], 'the 503 is one warning, its repeats debug lines');
   t.match(
-    logged().filter((line) => (line.level as number) >= 50),
+    logged().filter((line) => line.level >= 50),
     [{ stateFile: config.stateFile, msg: /^Registrations cannot be stored in .*: cannot write in .*: ENOENT: no such file or directory\. Every registration/ }],
   );
-  t.equal(logged().filter((line) => (line.level as number) >= 50).length, 1, 'one error line: the directory turned unwritable; none per refused write');
+  t.equal(logged().filter((line) => line.level >= 50).length, 1, 'one error line: the directory turned unwritable; none per refused write');
   t.same(
-    logged().filter((line) => (line.level as number) > 20 && JSON.stringify(line).includes('"stack"')),
+    logged().filter((line) => line.level > 20 && JSON.stringify(line).includes('"stack"')),
     [],
     'no stack above debug: the failure is expected, and its words say it all',
   );
@@ -147,7 +147,7 @@ t.test('writes refused the same way again and again: one error line when the dir
   rmSync(stateDir);
   renameSync(`${stateDir}.moved`, stateDir);
   t.equal((await put('s4', others[4]!.pid)).statusCode, 201, 'writes work again');
-  t.match(logged().filter((line) => (line.level as number) >= 30 && line.msg !== 'Request failed'), [
+  t.match(logged().filter((line) => line.level >= 30 && line.msg !== 'Request failed'), [
     { level: 50, msg: /^Registrations cannot be stored in / },
     { level: 30, msg: `Registrations can be stored in ${config.stateFile} again.` },
   ]);

@@ -1,19 +1,12 @@
 // The GPU roster: a GPU nvidia-smi stops listing is lost from that snapshot until one lists it
 // again, each change logged once, with what to check.
-import { pino } from 'pino';
 import t from 'tap';
 import { createGpuRoster } from '../../src/node-state/gpu-roster.js';
 import { gpuState } from '../helpers/gpu-state.js';
-
-type Line = Record<string, unknown> & { level: number; msg: string };
-
-function captureLog() {
-  const written: Line[] = [];
-  return { lines: () => written, log: pino({ level: 'info' }, { write: (line: string) => void written.push(JSON.parse(line) as Line) }) };
-}
+import { captureLog } from '../helpers/log-capture.js';
 
 t.test('a GPU that drops out of the list is lost until it is listed again, and each change is logged once', async (t) => {
-  const { log, lines } = captureLog();
+  const { log, lines } = captureLog('info');
   const roster = createGpuRoster(log);
   const [g0, g1, g2] = [gpuState(0, []), gpuState(1, []), gpuState(2, [])];
   t.same(roster.update([g0!, g1!, g2!], 1000), [], 'all listed');
@@ -23,21 +16,21 @@ t.test('a GPU that drops out of the list is lost until it is listed again, and e
     { index: 2, uuid: 'GPU-2', name: 'NVIDIA H200', lastListedAt: 2000 },
   ], 'by index, each with when it was last listed');
   t.same(roster.update([g0!], 4000).map((gpu) => gpu.index), [1, 2], 'still lost');
-  const warnings = lines().filter((line) => line.level === 40);
+  const warnings = lines.filter((line) => line.level === 40);
   t.same(warnings.map((line) => line.uuid), ['GPU-1', 'GPU-2'], 'one warning per GPU, not one per snapshot');
   t.match(warnings[0]!.msg, 'GPU 1 (GPU-1, NVIDIA H200) is no longer listed by nvidia-smi: it fell off the bus, was reset or was detached.');
   t.match(warnings[0]!.msg, 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus)');
 
   // GPU 2 comes back, renumbered 1 (indices follow enumeration).
   t.same(roster.update([g0!, { ...g2!, index: 1 }], 5000).map((gpu) => gpu.uuid), ['GPU-1']);
-  const back = lines().filter((line) => line.level === 30);
+  const back = lines.filter((line) => line.level === 30);
   t.same(back.map((line) => [line.uuid, line.missingForMs]), [['GPU-2', 3000]]);
   t.match(back[0]!.msg, 'GPU 1 (GPU-2) is listed by nvidia-smi again.');
   t.same(roster.update([g0!, { ...g2!, index: 1 }, g1!], 6000), [], 'and GPU 1 too');
 });
 
 t.test('a snapshot that lists no GPU at all loses every one listed before', async (t) => {
-  const { log } = captureLog();
+  const { log } = captureLog('info');
   const roster = createGpuRoster(log);
   roster.update([gpuState(0, [])], 1);
   t.same(roster.update([], 2).map((gpu) => gpu.uuid), ['GPU-0']);

@@ -12,6 +12,7 @@ import type { Registry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 100, freeMiB: 80000, reservedMiB: 479, migMode: 'Disabled' }));
 
@@ -42,8 +43,7 @@ t.test('take: /proc facts for GPU and shard PIDs, cgroup members, and a warning 
     '5': { stat: '5 (a) S 1 5 5 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 50 0 0', cgroup: '0::/kubepods/podabcdef12-3456/x\n' },
     '8': { stat: '8 (shard) S 1 8 8 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 80 0 0', cgroup: '0::/system.slice/x\n' },
   });
-  const lines: string[] = [];
-  const log = pino({ level: 'warn' }, { write: (line: string) => lines.push(line) });
+  const { log, lines } = captureLog('warn');
   let cgroups: string[] = [];
   const take = createSnapshotTaker({
     nvidiaSmi: smi([
@@ -62,7 +62,7 @@ t.test('take: /proc facts for GPU and shard PIDs, cgroup members, and a warning 
   t.equal(snapshot.proc.get(9), null, 'a shard PID that is gone');
   t.same(snapshot.unmatchedProcesses.map((row) => row.pid), [6]);
   t.equal(snapshot.cgroupPids.size, 0, 'no cgroup shard, no scan');
-  t.ok(lines.some((line) => line.includes('GPU UUIDs its GPU query did not return') && line.includes('GPU-7')));
+  t.ok(lines.some((line) => line.msg.includes('GPU UUIDs its GPU query did not return') && Array.isArray(line.uuids) && line.uuids.includes('GPU-7')));
   t.ok(snapshot.timings.nvidiaSmiMs >= 0 && snapshot.timings.procMs >= 0);
 
   cgroups = ['abcdef12-3456'];
@@ -214,8 +214,7 @@ t.test('take, when nvidia-smi fails: the shards\' /proc facts stay with the erro
 });
 
 t.test('take, when nvidia-smi fails and /proc cannot be read either: the nvidia-smi error, no facts, one warning', async (t) => {
-  const lines: Array<{ msg: string }> = [];
-  const log = pino({ level: 'warn' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log, lines } = captureLog('warn');
   const proc = createProcReader({ root: '/nonexistent-proc-root', log });
   const failure = new Error('no devices');
   const take = createSnapshotTaker({

@@ -2,10 +2,10 @@
 // (judgePids): every listed PID missing counts at once in the first snapshot, and after it only
 // when some PID stays missing, so one refresh listing a process that has just exited is not taken
 // for another PID namespace. The view cache says once in the log when the judgement changes.
-import { pino } from 'pino';
 import t from 'tap';
 import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import { gpuState } from '../helpers/gpu-state.js';
+import { captureLog } from '../helpers/log-capture.js';
 import { createNodeViewCache, judgePids, PID_NAMESPACE_WARNING, type PidsJudged } from '../../src/node-state/node-view.js';
 import type { ProcStat } from '../../src/system/procfs.js';
 
@@ -66,8 +66,8 @@ t.test('idle GPUs are no evidence: the judgement before them stands, for them an
 });
 
 t.test('the view cache judges each new snapshot against the last, and logs each change once', async (t) => {
-  const lines: Array<Record<string, unknown>> = [];
-  const derive = createNodeViewCache(pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) }));
+  const { log, lines } = captureLog('info');
+  const derive = createNodeViewCache(log);
   const shards = () => [];
   const idle = { ...snapshot([], []), gpus: [gpuState(0, [], 3)] };
   const busy = (index: number): NodeSnapshot => ({ ...snapshot([], []), gpus: [gpuState(index, [], 20_000)] });
@@ -86,8 +86,8 @@ t.test('the view cache judges each new snapshot against the last, and logs each 
 });
 
 t.test('a registration between two snapshots does not judge the current one against itself', async (t) => {
-  const lines: Array<Record<string, unknown>> = [];
-  const derive = createNodeViewCache(pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) }));
+  const { log, lines } = captureLog('info');
+  const derive = createNodeViewCache(log);
   const shards = () => [];
   t.equal(derive(snapshot([7], [7]), 1, shards).processesHidden, null);
   // Process 7 exited between nvidia-smi's listing and the /proc read: one refresh like that is no namespace problem.

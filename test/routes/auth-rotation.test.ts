@@ -17,15 +17,13 @@ import { REPORT_REUSE_MS } from '../../routes/doctor.js';
 import { buildTestApp, manualClock } from '../helpers/app.js';
 import { eightGpuNode, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { fifoTestdir, releaseFifo, repoint, stuckFiles } from '../helpers/fifo.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 const OLD = 'old-token-0123456789abcdef';
 const NEW = 'new-token-0123456789abcdef';
 
-type LogLine = Record<string, unknown> & { level: number; msg: string };
-
 function capturingLogger() {
-  const lines: LogLine[] = [];
-  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line) as LogLine) });
+  const { log: logger, lines } = captureLog('info');
   // Only the token file's lines: the app logs other things too (no state file yet, refused writes).
   return { logger, lines, at: (level: number) => lines.filter((line) => line.level === level && 'file' in line) };
 }

@@ -5,6 +5,7 @@ import { pino } from 'pino';
 import type { NvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 function brokenNvidiaSmi(): NvidiaSmi {
   const bug = () => Promise.reject(new TypeError("Cannot read properties of undefined (reading 'split')"));
@@ -12,8 +13,7 @@ function brokenNvidiaSmi(): NvidiaSmi {
 }
 
 t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', async (t) => {
-  const lines: string[] = [];
-  const logger = pino({ level: 'error' }, { write: (line: string) => lines.push(line) });
+  const { log: logger, lines } = captureLog('error');
   const shard = await spawnShardProcess(t, 0);
   const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { nvidiaSmi: brokenNvidiaSmi(), logger } });
   const put = await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [] } });
@@ -28,11 +28,11 @@ t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', asy
       message: 'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',
     });
   }
-  const bugs = lines.filter((line) => line.includes('this is a bug in nodecompute') && line.includes('TypeError'));
+  const bugs = lines.filter((line) => line.msg.includes('this is a bug in nodecompute') && JSON.stringify(line.err).includes('TypeError'));
   t.equal(bugs.length, 9, 'each logged with the error');
-  t.equal(new Set(bugs.map((line) => JSON.parse(line).reqId)).size, 9, 'each with its own request id');
+  t.equal(new Set(bugs.map((line) => line.reqId)).size, 9, 'each with its own request id');
   t.same(
-    bugs.map((line) => `${JSON.parse(line).method} ${JSON.parse(line).url}`),
+    bugs.map((line) => `${line.method} ${line.url}`),
     ['/gpus', '/gpus/foreign-memory', '/readyz', '/shards', '/shards/s', '/shards/s/ready', '/shards/s/compute', '/metrics', '/'].map((url) => `GET ${url}`),
     'and the request it answered',
   );

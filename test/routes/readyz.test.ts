@@ -9,6 +9,7 @@ import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { captureLog } from '../helpers/log-capture.js';
 import { createStateFile } from '../../src/system/state-file.js';
 
 /** A PID no test machine has (above the default pid_max of 4194304). */
@@ -136,8 +137,7 @@ t.test('host-pid-namespace: the line says how many listed PIDs exist, in the doc
 
 t.test('host-pid-namespace: one refresh listing only a process that has exited is no namespace problem; still listed and missing at the next, it is, said once in the log', async (t) => {
   const shard = await spawnShardProcess(t, 0);
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'info' }, { write: (line: string) => void lines.push(JSON.parse(line) as Record<string, unknown>) });
+  const { log: logger, lines } = captureLog('info');
   const clock = manualClock();
   const scenario = eightGpuNode();
   const uuid = scenario.gpus[0]!.uuid;

@@ -9,6 +9,7 @@ import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { captureLog } from '../helpers/log-capture.js';
 import { readSample as sample } from '../helpers/samples.js';
 import { setup, twoGpuNode, UUIDS } from '../helpers/two-gpu-node.js';
 
@@ -152,8 +153,7 @@ t.test('timeline: starting -> on-cpu after grace, with an actionable reason; the
 
 t.test('each verdict change is logged once, on-cpu and exited as warnings; probes in between log nothing', async (t) => {
   const shard = await spawnShardProcess(t, 1);
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { lines, log: logger } = captureLog('info');
   const clock = manualClock();
   const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, logger } });
   const verdictLines = () => lines.filter((line) => typeof line.shard === 'string' && 'state' in line).map((line) => [line.level, line.state, line.previous, line.msg]);
@@ -198,8 +198,7 @@ t.test('each verdict change is logged once, on-cpu and exited as warnings; probe
 
 t.test('a list that waited on a refresh while a shard was removed answers it as listed, and logs no verdict for it', async (t) => {
   const shard = await spawnShardProcess(t, 1);
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { lines, log: logger } = captureLog('info');
   // nvidia-smi may take longer than the held refresh below: the list must get a verdict, not "unverified".
   const config = { cacheTtlMs: 0, maxStaleMs: 0, smiTimeoutMs: 30_000 };
   const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), config, deps: { logger } });
@@ -216,8 +215,7 @@ t.test('a list that waited on a refresh while a shard was removed answers it as 
 
 t.test('a removed shard\'s verdict is forgotten, and so is that of one replaced on other GPUs: its first verdict is news again', async (t) => {
   const shard = await spawnShardProcess(t, 1);
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { lines, log: logger } = captureLog('info');
   const { app } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { logger } });
   const verdictLines = () => lines.filter((line) => line.shard === 'w' && 'state' in line).map((line) => [line.state, line.previous]);
   for (let round = 0; round < 2; round += 1) {
@@ -583,8 +581,7 @@ t.test('registration is validated against the node and /proc', async (t) => {
 
 t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration, with one warning per registration stored', async (t) => {
   const shard = await spawnShardProcess(t, 0);
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { lines, log: logger } = captureLog('info');
   const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), deps: { logger } });
   fake.update((s) => ({ ...s, failures: { all: { kind: 'no-devices' } } }));
   const put = (pid: number, gpus: number[]) => app.inject({ method: 'PUT', url: '/shards/trust', payload: { pid, gpus } });
@@ -736,8 +733,7 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
 
 t.test('an identical re-PUT keeps registeredAt and the grace clock: an on-cpu shard stays on-cpu; other GPUs restart the grace', async (t) => {
   const shard = await spawnShardProcess(t, 1);
-  const lines: Array<Record<string, unknown>> = [];
-  const logger = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { lines, log: logger } = captureLog('debug');
   const clock = manualClock();
   const { app } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, logger } });
   const body = { pid: shard.pid, gpus: [1], graceMs: 5000 };

@@ -15,6 +15,7 @@ import { pino } from 'pino';
 import { createProcReader, parseUptimeTicks, type ProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
 import { idleEightGpuNode, waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { captureLog } from '../helpers/log-capture.js';
 import { isProcessAlive } from '../helpers/process-scan.js';
 import { readSample as sample } from '../helpers/samples.js';
 
@@ -188,17 +189,16 @@ t.test('the clock that /proc start times count in', async (t) => {
   const started = Number(readFileSync(`/proc/${child.pid}/stat`, 'utf8').split(') ')[1]!.split(' ')[19]);
   t.ok(before <= started && started <= real.ticksNow()!, `a process started between two readings (${before}, then ${started}) is dated between them`);
 
-  const warnings: string[] = [];
-  const log = pino({ level: 'warn' }, { write: (line: string) => warnings.push(JSON.parse(line).msg) });
+  const { log, messages: warnings } = captureLog('warn');
   t.equal(createProcReader({ root: t.testdir({}), log }).ticksNow(), null, 'a fixture tree without an uptime file: no clock');
-  t.same(warnings, [], 'and nothing to warn about');
+  t.same(warnings(), [], 'and nothing to warn about');
   const junk = createProcReader({ root: t.testdir({ uptime: 'soon\n' }), log });
   t.equal(junk.ticksNow(), null);
   t.equal(junk.ticksNow(), null);
   t.equal(createProcReader({ root: t.testdir({ uptime: {} }), log }).ticksNow(), null);
-  t.equal(warnings.length, 2, 'one warning per reader, however often it is asked');
-  t.match(warnings[0], /uptime does not read as \/proc\/uptime does, so engine output cannot be dated: .* Check that NODECOMPUTE_PROC points at the host's \/proc\./);
-  t.match(warnings[1], /^Cannot read .*uptime \(EISDIR/);
+  t.equal(warnings().length, 2, 'one warning per reader, however often it is asked');
+  t.match(warnings()[0], /uptime does not read as \/proc\/uptime does, so engine output cannot be dated: .* Check that NODECOMPUTE_PROC points at the host's \/proc\./);
+  t.match(warnings()[1], /^Cannot read .*uptime \(EISDIR/);
   t.equal(createProcReader({ root: t.testdir({ uptime: '12.34 5.00\n' }), log }).ticksNow(), 1234);
 });
 

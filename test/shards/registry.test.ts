@@ -8,6 +8,7 @@ import { loadRegistry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import { createStateFile, LEFTOVER_AGE_MS, type StateFile } from '../../src/system/state-file.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 const log = pino({ level: 'silent' });
 
@@ -372,8 +373,7 @@ t.test('a write that does not finish within the bound: its change is answered pe
   await (await loadRegistry({ stateFile: createStateFile(path, { log }), log })).put(record('s', 'llama.cpp'));
   const { wrapped, writing, open } = gated(createStateFile(path, { log }));
   let stuck: string | null = null;
-  const lines: Array<Record<string, unknown>> = [];
-  const recording = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: recording, lines } = captureLog('info');
   // The registry answers within 100 ms; the real state file under it keeps its own bound.
   const registry = await loadRegistry({ stateFile: { ...wrapped, timeoutMs: 100, stuck: () => stuck }, log: recording });
   const version = registry.version;
@@ -438,8 +438,7 @@ t.test('a write that does not finish within the bound and then fails: nothing is
   const path = join(t.testdir({}), 's.json');
   await (await loadRegistry({ stateFile: createStateFile(path, { log }), log })).put(record('s'));
   const { wrapped, writing, open } = gated(createStateFile(path, { log }), true);
-  const lines: Array<Record<string, unknown>> = [];
-  const recording = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: recording, lines } = captureLog();
   const registry = await loadRegistry({ stateFile: { ...wrapped, timeoutMs: 100 }, log: recording });
   const removal = registry.remove('s');
   await writing;
@@ -455,8 +454,7 @@ t.test('a write that does not finish within the bound and then fails: nothing is
 });
 
 t.test('what follows a stored change is told once it is stored, unchanged repeats too; one that throws is logged and stops nothing', async (t) => {
-  const lines: Array<Record<string, unknown>> = [];
-  const recording = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: recording, lines } = captureLog('info');
   const registry = await loadRegistry({ stateFile: createStateFile(join(t.testdir({}), 's.json'), { log }), log: recording });
   const told: string[] = [];
   await registry.put(record('a'), undefined, (result) => told.push(`a created=${result.created}`));
@@ -537,8 +535,7 @@ t.test('a DELETE queued before a PUT of the same target under another id frees i
 t.test('a directory that cannot be fsynced: the change is stored and acknowledged, with one warning per kind of failure', async (t) => {
   const dir = t.testdir({});
   const path = join(dir, 'shards.json');
-  const lines: Array<Record<string, unknown>> = [];
-  const logged = pino({ level: 'debug' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: logged, lines } = captureLog();
   let failure = { code: 'EINVAL', message: 'EINVAL: invalid argument, fsync' };
   const syncDirectory = async () => {
     throw Object.assign(new Error(failure.message), { code: failure.code });
@@ -575,8 +572,7 @@ t.test('reading at start-up removes the temp files of interrupted writes once a 
   for (const name of ['.shards.json.4242.7.tmp', '.shards.json.4242.probe', '.shards.json.bak', 'other.4242.1.tmp']) utimesSync(join(dir, name), old, old);
   // A leftover that cannot be looked at (a dangling link) is reported and skipped.
   symlinkSync(join(dir, 'nowhere'), join(dir, '.shards.json.4244.2.tmp'));
-  const lines: Array<{ level: number; msg: string; removed?: string[] }> = [];
-  const logger = pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) });
+  const { log: logger, lines } = captureLog('info');
   const file = createStateFile(join(dir, 'shards.json'), { log: logger });
   t.match(await file.read(), /nodecompute-shards/);
   t.same(

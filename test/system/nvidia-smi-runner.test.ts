@@ -22,6 +22,7 @@ import {
   type FakeNvidiaSmi,
   type FakeScenario,
 } from '../helpers/fake-nvidia-smi.js';
+import { captureLog, type LogLine } from '../helpers/log-capture.js';
 
 const SLACK_MS = 1500;
 const GPU_ARGS = [`--query-gpu=${GPU_QUERY_FIELDS.join(',')}`, '--format=csv'];
@@ -34,7 +35,7 @@ interface Rig {
   fake: FakeNvidiaSmi;
   smi: NvidiaSmi;
   observations: QueryObservation[];
-  logs: Array<Record<string, unknown>>;
+  logs: LogLine[];
 }
 
 /** `pathIn` picks another nvidia-smi path inside the fake's directory. */
@@ -42,8 +43,7 @@ function rig(t: Test, scenario: FakeScenario = eightGpuNode(), timeoutMs = 15_00
   const fake = createFakeNvidiaSmi(t.testdir(), scenario);
   const path = pathIn?.(fake.dir);
   const observations: QueryObservation[] = [];
-  const logs: Array<Record<string, unknown>> = [];
-  const log = pino({ level: 'debug' }, { write: (line: string) => logs.push(JSON.parse(line)) });
+  const { log, lines: logs } = captureLog();
   const smi = createNvidiaSmi({ path: path ?? fake.path, timeoutMs, log, onQuery: (o) => observations.push(o) });
   t.teardown(() => smi.killAll());
   return { fake, smi, observations, logs };
@@ -318,8 +318,7 @@ t.test('a killed nvidia-smi that stays alive (wedged driver, state D) blocks new
   // SIGKILL cannot be resisted here, so the stand-in for the wedged driver is a kill that does nothing:
   // the hung fake really stays alive, as nvidia-smi in state D does.
   const fake = createFakeNvidiaSmi(t.testdir(), failing('gpu', { kind: 'hang' }));
-  const logs: Array<Record<string, unknown>> = [];
-  const log = pino({ level: 'info' }, { write: (line: string) => logs.push(JSON.parse(line)) });
+  const { log, lines: logs } = captureLog('info');
   const observations: QueryObservation[] = [];
   const survived: Array<{ pid: number; at: number }> = [];
   const smi = createNvidiaSmi({

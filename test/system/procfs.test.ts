@@ -20,17 +20,11 @@ import {
   type ProcStat,
   type StatAnswer,
 } from '../../src/system/procfs.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 type ProcfsModule = typeof import('../../src/system/procfs.js');
-type LogEntry = { level: number; msg: string; pid?: number; root?: string; err?: { code?: string; message: string } };
 
 const WARN = 40;
-
-function captureLog() {
-  const entries: LogEntry[] = [];
-  const log = pino({ level: 'debug' }, { write: (line: string) => void entries.push(JSON.parse(line) as LogEntry) });
-  return { log, entries };
-}
 
 // Builds a stat line the way fs/proc/array.c prints it: fields 3..52 after "pid (comm)".
 function statLine(s: ProcStat): string {
@@ -218,8 +212,7 @@ t.test('bootId: the boot id of the proc root, read once; null without one, with 
     t.equal(parseBootId(bad), null, JSON.stringify(bad));
   }
 
-  const warnings: string[] = [];
-  const log = pino({ level: 'warn' }, { write: (line: string) => warnings.push(JSON.parse(line).msg) });
+  const { log, messages: warnings } = captureLog('warn');
   const root = t.testdir({ sys: { kernel: { random: { boot_id: 'aaaaaaaa-0000-4000-8000-000000000001\n' } } } });
   const reader = createProcReader({ root, log });
   t.equal(reader.bootId(), 'aaaaaaaa-0000-4000-8000-000000000001');
@@ -227,15 +220,15 @@ t.test('bootId: the boot id of the proc root, read once; null without one, with 
   t.equal(reader.bootId(), 'aaaaaaaa-0000-4000-8000-000000000001', 'read once: a boot id does not change while the node runs');
   t.equal(createProcReader({ root, log }).bootId(), 'bbbbbbbb-0000-4000-8000-000000000002', 'a new reader reads it again');
   t.equal(createProcReader({ root: t.testdir({}), log }).bootId(), null, 'a fixture tree without one');
-  t.same(warnings, [], 'says nothing to warn about');
+  t.same(warnings(), [], 'says nothing to warn about');
 
   const junk = createProcReader({ root: t.testdir({ sys: { kernel: { random: { boot_id: 'not a boot id\n' } } } }), log });
   t.equal(junk.bootId(), null);
   t.equal(junk.bootId(), null);
   t.equal(createProcReader({ root: t.testdir({ sys: { kernel: { random: { boot_id: {} } } } }), log }).bootId(), null, 'a directory in its place');
-  t.equal(warnings.length, 2, 'one warning per reader, however often it is asked');
-  t.match(warnings[0], /boot_id does not read as a boot id, so a shard registered before the node last restarted is told apart .* by PID and start time alone\. Check that NODECOMPUTE_PROC/);
-  t.match(warnings[1], /Cannot read .*boot_id \(EISDIR/);
+  t.equal(warnings().length, 2, 'one warning per reader, however often it is asked');
+  t.match(warnings()[0], /boot_id does not read as a boot id, so a shard registered before the node last restarted is told apart .* by PID and start time alone\. Check that NODECOMPUTE_PROC/);
+  t.match(warnings()[1], /Cannot read .*boot_id \(EISDIR/);
 });
 
 t.test('parseCgroup: v1, v2 and hybrid files give their paths', async (t) => {
@@ -275,7 +268,7 @@ t.test('parseCgroup: v1, v2 and hybrid files give their paths', async (t) => {
 });
 
 t.test('real processes: a detached child and its grandchild in the same process group', async (t) => {
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const proc = createProcReader({ root: '/proc', log });
   const child: ChildProcess = spawn('sh', ['-c', 'sleep 60 & echo $!; wait'], { detached: true, stdio: ['ignore', 'pipe', 'ignore'] });
   const childPid = child.pid as number;
@@ -338,7 +331,7 @@ t.test('fixture tree: stat cases a real machine cannot produce on demand', async
     '4245': {},
     '4246': { stat: '4246 (truncated' },
   });
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const proc = createProcReader({ root, log });
   t.equal(proc.root, root);
 
@@ -370,7 +363,7 @@ t.test('fixture tree: listPids and findPidsInCgroup', async (t) => {
     '12ab': { cgroup: `0::/kubepods/pod${podUid}/x\n` },
     cpuinfo: 'processor : 0\n',
   });
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const proc = createProcReader({ root, log });
 
   t.same(await proc.listPids(), [9, 100, 101, 102, 103], 'numeric entries only, in numeric order');
@@ -474,7 +467,7 @@ t.test('errors other than "gone" are thrown clearly and logged at warn', async (
     open: (path) => (pidOfPath(path) === '7' ? errnoError('EACCES') : undefined),
     read: (path) => ({ '8': errnoError('EIO'), '9': errnoError('ESRCH') })[pidOfPath(path)],
   });
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const proc = failing.procfs.createProcReader({ root, log });
 
   await t.rejects(proc.readStat(7), { message: /7\/stat: permission denied \(EACCES\)\. The proc root .* is not readable by this process\. .*hostPID: true/, cause: { code: 'EACCES' } }, 'EACCES names the root and the fix');
@@ -509,7 +502,7 @@ t.test('a file larger than the read buffer is read whole, and a later small file
     '300': { cgroup: big, stat: statLine({ pid: 300, comm: 'nested', state: 'S', ppid: 1, pgrp: 300, session: 300, startTime: 77 }) },
     '301': { cgroup: '0::/small\n' },
   });
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const proc = createProcReader({ root, log });
   t.same(await proc.readCgroup(300), paths, 'every line, the last one included');
   t.same(await proc.readCgroup(301), ['/small'], 'a small file read after it holds only its own bytes');
@@ -530,7 +523,7 @@ async function sleepers(t: Test, count: number): Promise<ChildProcess[]> {
 }
 
 t.test('readStats: real processes, each answer keyed to its own pid', async (t) => {
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const proc = createProcReader({ root: '/proc', log });
   const children = await sleepers(t, 5);
   const reaped = spawn('true', { stdio: 'ignore' });
@@ -651,7 +644,7 @@ t.test('readStats: out of descriptors while keeping, it gives half back and read
   // The descriptor limit, simulated: an open fails while `limit` files are open.
   let limit = 10;
   let refusal = 'EMFILE';
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError(refusal) : undefined) });
   const proc = failing.procfs.createProcReader({ root: '/proc', log });
   t.teardown(() => proc.release());
@@ -680,7 +673,7 @@ t.test('readStats: out of descriptors while keeping, it gives half back and read
 t.test('readStats: out of descriptors with none kept, a process cannot be read and keeping resumes later', async (t) => {
   let limit = 0;
   let refusal = 'EMFILE';
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const failing: FailingFs = await withFailingFs(t, { open: () => (failing.openNow() >= limit ? errnoError(refusal) : undefined) });
   const proc = failing.procfs.createProcReader({ root: '/proc', log });
   t.teardown(() => proc.release());
@@ -744,7 +737,7 @@ t.test('readStats: present, gone, malformed and unreadable entries; one warning 
     open: (path) => (pidOfPath(path) === '13' ? errnoError('EACCES') : undefined),
     read: (path) => ({ '14': errnoError('EIO'), '15': errnoError('ESRCH'), '17': new Error('a fault without an errno') })[pidOfPath(path)],
   });
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const proc = failing.procfs.createProcReader({ root, log });
 
   const stats = await proc.readStats([10, 11, 12, 13, 14, 15, 16, 17, 99999]);
@@ -789,7 +782,7 @@ t.test('readStats: more pids than one batch, yielding between batches', async (t
       return [String(pid), { stat: statLine({ pid, comm: `w${i}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 5000 + i }) }];
     }),
   );
-  const { log, entries } = captureLog();
+  const { log, lines: entries } = captureLog();
   const failing = await withFailingFs(t, {});
   const proc = failing.procfs.createProcReader({ root: t.testdir(tree), log });
   // Shuffled, with gone pids among them, so that an answer given to its neighbour would show.

@@ -12,18 +12,14 @@ import { stuckOperations } from '../../src/system/stuck-io.js';
 import { createStateFile } from '../../src/system/state-file.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { fifoTestdir, releaseBlockedWriter, releaseFifo } from '../helpers/fifo.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 const STUCK_FIX = 'If this repeats, check the volume that holds it (a hung network mount?), or set NODECOMPUTE_STATE_FILE to a path on a local disk.';
-
-function recordingLog() {
-  const lines: Array<{ level: number; msg: string; reason?: string }> = [];
-  return { lines, log: pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) }) };
-}
 
 t.test('a write that does not answer: unwritable and listed as stuck past its bound, nothing else started meanwhile; its own outcome counts once it returns', async (t) => {
   const { dir, fifo } = fifoTestdir(t);
   const path = join(dir, 's.json');
-  const { lines, log } = recordingLog();
+  const { lines, log } = captureLog('info');
   const state = createStateFile(path, { log, timeoutMs: 100 });
   const temp = fifo(`.s.json.${process.pid}.1.tmp`);
 
@@ -69,7 +65,7 @@ t.test('a write that does not answer: unwritable and listed as stuck past its bo
 t.test('an operation that lands fine while another is stuck does not make the directory writable', async (t) => {
   const { dir, fifo } = fifoTestdir(t);
   const path = join(dir, 's.json');
-  const { lines, log } = recordingLog();
+  const { lines, log } = captureLog('info');
   let syncs = 0;
   let landLook = (): void => undefined;
   // The look's directory fsync waits for the test; so it outlasts the bound, and lands when told.

@@ -11,11 +11,7 @@ import { stuckOperations } from '../../src/system/stuck-io.js';
 import { manualClock } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { fifoTestdir } from '../helpers/fifo.js';
-
-function recordingLog() {
-  const lines: Array<{ level: number; msg: string; reason?: string }> = [];
-  return { lines, log: pino({ level: 'info' }, { write: (line: string) => lines.push(JSON.parse(line)) }) };
-}
+import { captureLog } from '../helpers/log-capture.js';
 
 /** Puts a file where the directory was (tests run as root, whom chmod does not stop); returns the undo. */
 function replaceDirectoryByFile(dir: string): () => void {
@@ -32,7 +28,7 @@ t.test('writable: the last answer at once, looked at again in the background onc
   const stateDir = join(dir, 'state');
   const stateFile = join(stateDir, 'shards.json');
   const clock = manualClock();
-  const { lines, log } = recordingLog();
+  const { lines, log } = captureLog('info');
   const state = createStateFile(stateFile, { log, now: clock.now });
 
   t.same(await state.writable(5_000), { ok: true, warning: null }, 'the first answer is waited for');
@@ -76,7 +72,7 @@ t.test('writable: one look at a time, however many ask while it runs', async (t)
 t.test('writable: a failed write answers at once, and logs it', async (t) => {
   const dir = t.testdir({ state: {} });
   const stateDir = join(dir, 'state');
-  const { lines, log } = recordingLog();
+  const { lines, log } = captureLog('info');
   const state = createStateFile(join(stateDir, 'shards.json'), { log });
   t.same(await state.writable(5_000), { ok: true, warning: null });
   const restore = replaceDirectoryByFile(stateDir);
@@ -98,7 +94,7 @@ t.test('writable: a directory that cannot be fsynced takes writes, with the warn
 t.test('writable: a look not landed within its bound is an answer of its own, said once; the look\'s own answer counts once it lands', async (t) => {
   const { dir, fifo } = fifoTestdir(t);
   const clock = manualClock();
-  const { lines, log } = recordingLog();
+  const { lines, log } = captureLog('info');
   let looks = 0;
   const syncDirectory = async () => {
     looks += 1;
