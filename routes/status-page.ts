@@ -2,7 +2,8 @@
 // terminals (curl's `*/*` gets text: only a client that prefers text/html over text/plain gets
 // HTML). It answers from the same cached snapshot as every probe, within the probe budget, so
 // opening or auto-reloading it never adds nvidia-smi runs, and it still answers when nvidia-smi
-// cannot be asked (with a banner and every shard unverified).
+// cannot be asked (with a banner and every shard unverified, and, once the last good snapshot is
+// past max-stale, when that one was taken).
 import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
@@ -47,7 +48,8 @@ export function prefersHtml(accept: string | undefined): boolean {
 }
 
 const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { shards, probeBudgetMs, now } = app.services;
+  const { shards, probeBudgetMs, now, config } = app.services;
+  const { snapshots } = app.services.node;
   const host = hostname();
   app.get(
     '/',
@@ -75,7 +77,9 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const result = await shards.states(probeBudgetMs);
-      const model = statusModel({ ...result, host, version: VERSION, now: now() });
+      // Without a snapshot to serve, the one cached (past max-stale) still dates the outage: a look, not a run.
+      const lastGood = result.view === null ? snapshots.peek() : null;
+      const model = statusModel({ ...result, lastGood, maxStaleMs: config.maxStaleMs, host, version: VERSION, now: now() });
       const html = request.query.format === undefined ? prefersHtml(request.headers.accept) : request.query.format === 'html';
       reply.header('vary', 'Accept').header('cache-control', 'no-store');
       return reply.type(`${html ? 'text/html' : 'text/plain'}; charset=utf-8`).send(html ? renderHtml(model) : renderText(model));

@@ -31,6 +31,66 @@ const PALETTE: ReadonlyArray<readonly [string, string]> = [
   ['#b34a7a', '#ffffff'],
 ];
 
+/**
+ * Fills layered over a palette colour, so that more shards than colours on one GPU still read apart:
+ * slot k is colour k % 10 with fill floor(k / 10) (solid, stripes, dots).
+ */
+const FILLS = 3;
+
+/** Colour slots a shard can take: every palette colour in every fill. */
+export const COLOUR_SLOTS = PALETTE.length * FILLS;
+
+/**
+ * A shard's own colour, from its id alone (FNV-1a): it does not move when other shards come and go,
+ * as a colour by sorted position did (every colour shifted when a shard sorting first was added).
+ */
+export function shardHue(id: string): number {
+  let hash = 0x811c9dc5;
+  for (let i = 0; i < id.length; i += 1) hash = Math.imul(hash ^ id.charCodeAt(i), 0x01000193) >>> 0;
+  return hash % PALETTE.length;
+}
+
+/** The slots a shard of this hue tries, in order: its colour solid first, the next colours, then the other fills. */
+function slotsFrom(hue: number): number[] {
+  return Array.from({ length: COLOUR_SLOTS }, (_, k) => Math.floor(k / PALETTE.length) * PALETTE.length + ((hue + k) % PALETTE.length));
+}
+
+/** The first slot of this hue's order not in `taken`; null when every slot is. */
+function freeSlot(hue: number, taken: ReadonlySet<number>): number | null {
+  return slotsFrom(hue).find((slot) => !taken.has(slot)) ?? null;
+}
+
+export interface ColourClaim {
+  id: string;
+  registeredAt: number;
+  /** The GPUs whose bars it may appear on: those it was given and those it holds. */
+  gpus: readonly number[];
+}
+
+/**
+ * One colour slot per shard, its hue's where it can: shards that share a GPU never share a slot.
+ * Oldest registration first (then id: ids are unique), each taking the first slot its GPU neighbours already
+ * coloured have not taken, so a new shard never moves an older one's colour: it is the one to step
+ * aside. A shard all of whose slots its neighbours hold keeps its hue here; the bar resolves it.
+ */
+export function shardColours(claims: readonly ColourClaim[]): Map<string, number> {
+  const colours = new Map<string, number>();
+  const byGpu = new Map<number, string[]>();
+  const order = [...claims].sort((a, b) => a.registeredAt - b.registeredAt || (a.id < b.id ? -1 : 1));
+  for (const { id, gpus } of order) {
+    const taken = new Set(gpus.flatMap((gpu) => (byGpu.get(gpu) ?? []).map((other) => colours.get(other)!)));
+    colours.set(id, freeSlot(shardHue(id), taken) ?? shardHue(id));
+    for (const gpu of new Set(gpus)) byGpu.set(gpu, [...(byGpu.get(gpu) ?? []), id]);
+  }
+  return colours;
+}
+
+/** The classes of a colour slot: its palette colour, and its fill past the first ten. */
+export function colourClass(slot: number): string {
+  const fill = Math.floor(slot / PALETTE.length) % FILLS;
+  return `c${slot % PALETTE.length}${fill > 0 ? ` f${fill}` : ''}`;
+}
+
 export type SegmentKind = 'shard' | 'foreign' | 'reserved' | 'free';
 
 export interface Segment {
@@ -39,8 +99,10 @@ export interface Segment {
   label: string;
   /** null for a shard whose memory there nvidia-smi does not report ([N/A]): it is drawn without width. */
   mib: number | null;
-  /** Palette slot of the shard; null for the other kinds. */
+  /** Colour slot of the shard on this bar (see colourClass); null for the other kinds. */
   color: number | null;
+  /** Foreign memory that includes shard processes' unreported memory: an upper bound, shown as "up to". */
+  upTo: boolean;
   /** The tooltip: what this memory is, who holds it. */
   title: string;
   /** A shard holding a GPU it was not given. */
@@ -55,6 +117,11 @@ export interface GpuModel {
   mig: boolean;
   totalMiB: number | null;
   usedMiB: number | null;
+  /**
+   * nvidia-smi reports the used and the total memory, and the segments have a size: without them no
+   * bar can be drawn to scale (shard segments alone would fill it, or leave it white, as if free).
+   */
+  memoryKnown: boolean;
   segments: Segment[];
   foreignProcesses: ForeignProcess[];
   /** Shards given this GPU that hold no memory on it. */
@@ -83,6 +150,11 @@ export interface StatusModel {
   generatedAt: number;
   /** The snapshot the verdicts come from; null when nvidia-smi cannot be asked. */
   snapshot: SnapshotMeta | null;
+  /**
+   * With no snapshot: the last good one, too old to be served (past max-stale), so the header can date
+   * the outage; null otherwise.
+   */
+  lastGood: { observedAt: number; ageMs: number; maxStaleMs: number } | null;
   /** Why nvidia-smi cannot be asked; null when it answered. */
   error: string | null;
   /** Why the GPU processes cannot be matched to this /proc (the node view's `processesHidden`); null when they can. */
@@ -106,6 +178,12 @@ export interface StatusInput {
   view: SnapshotView<NodeSnapshot> | null;
   node: NodeView | null;
   error: string | null;
+  /**
+   * The cached snapshot however old (the snapshot source's peek), when there is no view; with
+   * maxStaleMs, the header then says when the last good one was taken.
+   */
+  lastGood?: { observedAt: number; ageMs: number } | null;
+  maxStaleMs?: number;
   host: string;
   version: string;
   now: number;
@@ -130,6 +208,25 @@ function foreignAmount(foreignMiB: number, unreportedShardProcesses: number): st
   return `up to ${formatMemory(foreignMiB)} (it includes the memory of ${unreportedShardProcesses} shard process(es) nvidia-smi does not report)`;
 }
 
+/** A segment's share of its bar: one whose size is not reported takes none (the legend still names it). */
+function widthOf(segment: Segment): number {
+  return segment.mib ?? 0;
+}
+
+/**
+ * One bar's shard colours, in segment order: each shard's own slot, unless an earlier segment on
+ * this bar already has it (possible only when a shard's neighbours held every slot), then the next
+ * free one, on this bar only; past COLOUR_SLOTS shards on one bar a slot repeats.
+ */
+export function barColours(slots: readonly number[]): number[] {
+  const taken = new Set<number>();
+  return slots.map((slot) => {
+    const colour = taken.has(slot) ? (freeSlot(slot % PALETTE.length, taken) ?? slot) : slot;
+    taken.add(colour);
+    return colour;
+  });
+}
+
 function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {
   const segments: Segment[] = [];
   for (const { shard, compute } of states) {
@@ -142,6 +239,7 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       label: shard.id,
       mib: usage.usedMiB,
       color: colors.get(shard.id)!,
+      upTo: false,
       title: `${shard.id}: ${formatHeldMemory(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
       stray,
     });
@@ -153,21 +251,41 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       label: 'foreign',
       mib: foreign.foreignMiB,
       color: null,
+      upTo: foreign.unreportedShardProcesses > 0,
       title: `foreign: ${foreignAmount(foreign.foreignMiB, foreign.unreportedShardProcesses)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
       stray: false,
     });
   }
   if (gpu.reservedMiB !== null && gpu.reservedMiB > 0) {
-    segments.push({ kind: 'reserved', label: 'reserved', mib: gpu.reservedMiB, color: null, title: `reserved by the driver: ${formatMemory(gpu.reservedMiB)}`, stray: false });
+    segments.push({ kind: 'reserved', label: 'reserved', mib: gpu.reservedMiB, color: null, upTo: false, title: `reserved by the driver: ${formatMemory(gpu.reservedMiB)}`, stray: false });
   }
   if (gpu.freeMiB !== null) {
-    segments.push({ kind: 'free', label: 'free', mib: gpu.freeMiB, color: null, title: `free: ${formatMemory(gpu.freeMiB)}`, stray: false });
+    segments.push({ kind: 'free', label: 'free', mib: gpu.freeMiB, color: null, upTo: false, title: `free: ${formatMemory(gpu.freeMiB)}`, stray: false });
   }
+  const shards = segments.filter((segment) => segment.color !== null);
+  barColours(shards.map((segment) => segment.color!)).forEach((colour, i) => {
+    shards[i]!.color = colour;
+  });
   return segments;
 }
 
+/**
+ * A warning that ends with nvidia-smi's own message, which the banner already gives in full: once
+ * on the page, not once per shard.
+ */
+function pointToBanner(warning: string, error: string | null): string {
+  const suffix = `: ${error}`;
+  return error !== null && warning.endsWith(suffix) ? `${warning.slice(0, -suffix.length)} (nvidia-smi's message is at the top of the page)` : warning;
+}
+
 export function statusModel(input: StatusInput): StatusModel {
-  const colors = new Map(input.states.map(({ shard }, i) => [shard.id, i % PALETTE.length]));
+  const colors = shardColours(
+    input.states.map(({ shard, compute }) => ({
+      id: shard.id,
+      registeredAt: shard.registeredAt,
+      gpus: [...shard.gpus, ...(compute ? [...compute.gpus, ...compute.strayGpus].map((held) => held.index) : [])],
+    })),
+  );
   const counts = Object.fromEntries(STATE_ORDER.map((state) => [state, 0])) as Record<ReadinessState, number>;
   for (const { readiness } of input.states) counts[readiness.state] += 1;
   // foreignMemory answers one entry per GPU, in the snapshot's order.
@@ -182,6 +300,7 @@ export function statusModel(input: StatusInput): StatusModel {
       mig: gpu.migMode === 'Enabled',
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
+      memoryKnown: gpu.totalMiB !== null && gpu.usedMiB !== null && segments.some((segment) => widthOf(segment) > 0),
       segments,
       foreignProcesses: foreign[i]!.foreignProcesses,
       idleShards: input.states.filter(({ shard }) => shard.gpus.includes(gpu.index) && !holders.has(shard.id)).map(({ shard }) => shard.id),
@@ -197,13 +316,15 @@ export function statusModel(input: StatusInput): StatusModel {
     held: compute ? compute.devices : null,
     strays: compute ? compute.strayGpus.map(deviceLabel) : [],
     reason: readiness.reason,
-    warnings: readiness.warnings,
+    warnings: readiness.warnings.map((warning) => pointToBanner(warning, input.error)),
   }));
+  const lastGood = input.view === null && input.lastGood && input.maxStaleMs !== undefined && input.lastGood.ageMs > input.maxStaleMs ? input.lastGood : null;
   return {
     host: input.host,
     version: input.version,
     generatedAt: input.now,
     snapshot: input.view ? snapshotMeta(input.view) : null,
+    lastGood: lastGood && { observedAt: lastGood.observedAt, ageMs: lastGood.ageMs, maxStaleMs: input.maxStaleMs! },
     error: input.error,
     processesHidden: input.node?.processesHidden ?? null,
     lostGpus: (input.node?.snapshot.lostGpus ?? []).map((gpu) => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}`),
@@ -225,6 +346,18 @@ function when(ms: number): string {
   return `${new Date(ms).toISOString().slice(0, 19).replace('T', ' ')} UTC`;
 }
 
+/** The header's word on the snapshot: its time and age, or, without one, when the last good one was taken. */
+function snapshotLine(model: StatusModel): string {
+  if (model.snapshot) return `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old)`;
+  if (model.lastGood === null) return 'no nvidia-smi snapshot';
+  const { observedAt, ageMs, maxStaleMs } = model.lastGood;
+  return `no nvidia-smi snapshot: the last good one, of ${when(observedAt)} (${formatDuration(ageMs)} ago), is past max-stale (${formatDuration(maxStaleMs)})`;
+}
+
+/** What the GPUs held column lists. */
+const HELD_NOTE =
+  'GPUs held: every GPU whose memory the shard\'s processes hold, as nvidia-smi lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
+
 function summary(model: StatusModel): string {
   const parts = STATE_ORDER.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
   return parts.length > 0 ? parts.join(', ') : 'no shards';
@@ -233,31 +366,30 @@ function summary(model: StatusModel): string {
 /** Segments wider than this share of the bar carry their label inside; the legend names them all. */
 const INLINE_LABEL_SHARE = 0.09;
 
-/** A segment's share of its bar: one whose size is not reported takes none (the legend still names it). */
-function widthOf(segment: Segment): number {
-  return segment.mib ?? 0;
+/** What a segment holds, as its label, legend and the text page say it: "up to" where it is an upper bound. */
+function amountOf(segment: Segment): string {
+  return `${segment.upTo ? 'up to ' : ''}${formatHeldMemory(segment.mib)}`;
 }
 
 function segmentHtml(segment: Segment, total: number): string {
-  const colour = segment.color === null ? '' : ` c${segment.color}`;
+  const colour = segment.color === null ? '' : ` ${colourClass(segment.color)}`;
   const inline = segment.kind !== 'free' && widthOf(segment) / total >= INLINE_LABEL_SHARE;
-  const text = inline ? `<span>${escapeHtml(segment.label)} ${formatHeldMemory(segment.mib)}</span>` : '';
+  const text = inline ? `<span>${escapeHtml(segment.label)} ${amountOf(segment)}</span>` : '';
   return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${widthOf(segment)}" title="${escapeHtml(segment.title)}">${text}</div>`;
 }
 
 function legendHtml(segment: Segment): string {
-  const colour = segment.color === null ? '' : ` c${segment.color}`;
+  const colour = segment.color === null ? '' : ` ${colourClass(segment.color)}`;
   const stray = segment.stray ? ' <em>not given this GPU</em>' : '';
-  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${formatHeldMemory(segment.mib).replaceAll(' ', '&nbsp;')}</b>${stray}</li>`;
+  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${amountOf(segment).replaceAll(' ', '&nbsp;')}</b>${stray}</li>`;
 }
 
 function gpuHtml(gpu: GpuModel): string {
   const total = gpu.segments.reduce((sum, segment) => sum + widthOf(segment), 0);
-  const describe = gpu.segments.map((segment) => `${segment.label} ${formatHeldMemory(segment.mib)}`).join(', ');
-  const bar =
-    gpu.segments.length > 0
-      ? `<div class="bar" role="img" aria-label="GPU ${gpu.index} memory: ${escapeHtml(describe)}">${gpu.segments.map((segment) => segmentHtml(segment, total)).join('')}</div>`
-      : '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>';
+  const describe = gpu.segments.map((segment) => `${segment.label} ${amountOf(segment)}`).join(', ');
+  const bar = gpu.memoryKnown
+    ? `<div class="bar" role="img" aria-label="GPU ${gpu.index} memory: ${escapeHtml(describe)}">${gpu.segments.map((segment) => segmentHtml(segment, total)).join('')}</div>`
+    : '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>';
   const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
   const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
   return `<div class="gpu">
@@ -292,40 +424,47 @@ function shardRowHtml(row: ShardRow): string {
   const warnings = row.warnings.map((warning) => `<p class="warning">Warning: ${escapeHtml(warning)}</p>`).join('');
   const note = reason + warnings || '<span class="none">-</span>';
   return `<tr>
-<th scope="row"><i class="sw shard c${row.color}" aria-hidden="true"></i><span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
-<td><span class="badge ${row.state}">${row.state}</span></td>
-<td>${listOrDash(row.given.map((index) => `GPU ${index}`))}</td>
-<td class="held">${heldHtml(row)}</td>
-<td class="why">${note}</td>
+<th scope="row"><i class="sw shard ${colourClass(row.color)}" aria-hidden="true"></i><span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
+<td data-label="State"><span class="badge ${row.state}">${row.state}</span></td>
+<td class="given" data-label="Given">${listOrDash(row.given.map((index) => `GPU ${index}`))}</td>
+<td class="held" data-label="Held">${heldHtml(row)}</td>
+<td class="why" data-label="Reason">${note}</td>
 </tr>`;
 }
+
+/** Below this width the shard table becomes one card per shard, each cell labelled. */
+const CARDS_BELOW_PX = 900;
+/** Below this width a GPU's row stacks: name and figures, then its bar, its legend and its UUID, each the full width. */
+const STACK_BELOW_PX = 700;
 
 const CSS = `
 :root{--fg:#1f2328;--muted:#57606a;--line:#d0d7de;--bg:#f6f8fa;--card:#fff}
 *{box-sizing:border-box}
 body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:var(--fg);background:var(--bg)}
 header{background:#1f2328;color:#fff;padding:14px 28px;display:flex;flex-wrap:wrap;align-items:baseline;gap:6px 22px}
-header h1{font-size:20px;margin:0;font-weight:650}
+header h1{font-size:20px;margin:0;font-weight:650;overflow-wrap:anywhere}
 header h1 .host{font-weight:400;color:#c9d1d9}
 header .meta{margin:0;color:#c9d1d9;font-size:13px}
-.counts{list-style:none;margin:0 0 0 auto;padding:0;display:flex;gap:8px}
+header .meta .outage{color:#ffb3ad;font-weight:600}
+.counts{list-style:none;margin:0 0 0 auto;padding:0;display:flex;flex-wrap:wrap;gap:8px}
 main{padding:16px 28px 8px;max-width:1480px}
 h2{font-size:15px;margin:18px 0 8px;text-transform:uppercase;letter-spacing:.04em;color:var(--muted)}
 .banner{border-radius:6px;padding:10px 14px;margin:8px 0;border:1px solid}
 .banner.error{background:#ffebe9;border-color:#cf222e;color:#82071e}
 .banner.stale{background:#fff8c5;border-color:#bf8700;color:#4d2d00}
-.banner code{font:12px/1.4 ui-monospace,"DejaVu Sans Mono",monospace;white-space:pre-wrap;word-break:break-word;display:block;margin-top:4px}
+.banner code{font:12px/1.4 ui-monospace,"DejaVu Sans Mono",monospace;white-space:pre-wrap;overflow-wrap:anywhere;display:block;margin-top:4px}
 .gpus{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:4px 16px}
-.gpu{display:grid;grid-template-columns:200px minmax(0,1fr) 130px;column-gap:16px;row-gap:3px;align-items:center;padding:7px 0;border-bottom:1px solid #eaeef2}
+.gpu{display:grid;grid-template-columns:200px minmax(0,1fr) 130px;grid-template-areas:"id bar used" "uuid legend legend";column-gap:16px;row-gap:3px;align-items:center;padding:7px 0;border-bottom:1px solid #eaeef2}
 .gpu:last-child{border-bottom:0}
+.gpu-id{grid-area:id;min-width:0;overflow-wrap:anywhere}
 .gpu-index{font-weight:700;margin-right:10px}
 .gpu-mig{margin-left:8px;padding:0 6px;border:1px solid currentColor;border-radius:4px;font-size:11px}
-.gpu-uuid{color:var(--muted);font:10px/1.3 ui-monospace,"DejaVu Sans Mono",monospace;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
-.gpu-used{text-align:right;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}
+.gpu-uuid{grid-area:uuid;min-width:0;color:var(--muted);font:10px/1.3 ui-monospace,"DejaVu Sans Mono",monospace;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.gpu-used{grid-area:used;text-align:right;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}
 .section-head{display:flex;align-items:baseline;gap:16px;flex-wrap:wrap}
 .key{list-style:none;margin:0;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;color:var(--muted)}
-.bar{display:flex;height:22px;border-radius:4px;overflow:hidden;border:1px solid #afb8c1;background:#fff}
-.bar.unknown{align-items:center;padding:0 8px;color:var(--muted);font-size:12px}
+.bar{grid-area:bar;min-width:0;display:flex;height:22px;border-radius:4px;overflow:hidden;border:1px solid #afb8c1;background:#fff}
+.bar.unknown{align-items:center;padding:0 8px;color:var(--muted);font-size:12px;white-space:nowrap;text-overflow:ellipsis;background:repeating-linear-gradient(135deg,#f6f8fa 0 6px,#eaeef2 6px 12px)}
 .seg{min-width:0;display:flex;align-items:center;overflow:hidden;white-space:nowrap;font-size:12px;font-weight:600}
 .seg span{padding:0 6px;overflow:hidden;text-overflow:ellipsis}
 .seg.shard{min-width:3px}
@@ -336,20 +475,30 @@ h2{font-size:15px;margin:18px 0 8px;text-transform:uppercase;letter-spacing:.04e
 .free{background:#fff}
 .stray{box-shadow:inset 0 0 0 2px #cf222e}
 ${PALETTE.map(([bg, fg], i) => `.c${i}{background:${bg};color:${fg}}`).join('\n')}
-.legend{list-style:none;margin:0;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;color:var(--muted)}
+.f1{background-image:repeating-linear-gradient(45deg,rgba(255,255,255,.5) 0 3px,transparent 3px 7px)}
+.f2{background-image:radial-gradient(rgba(0,0,0,.45) 1.5px,transparent 2px);background-size:5px 5px}
+.seg.f1 span,.seg.f2 span{background-color:inherit;border-radius:3px;margin:0 3px}
+.legend{grid-area:legend;min-width:0;list-style:none;margin:0;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;color:var(--muted)}
+.legend li{min-width:0;overflow-wrap:anywhere}
 .legend b{color:var(--fg);font-weight:600}
 .legend em{color:#cf222e;font-style:normal;font-weight:600}
 .legend .idle{color:#82071e}
 .sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px;border:1px solid rgba(0,0,0,.25)}
-table{width:100%;border-collapse:collapse;background:var(--card);border:1px solid var(--line);border-radius:8px;overflow:hidden}
+.table-wrap{overflow-x:auto;background:var(--card);border:1px solid var(--line);border-radius:8px}
+table{width:100%;border-collapse:collapse}
 th,td{text-align:left;vertical-align:top;padding:8px 12px;border-bottom:1px solid #eaeef2}
+tbody tr:last-child th,tbody tr:last-child td{border-bottom:0}
 thead th{white-space:nowrap;background:#eaeef2;font-size:12px;text-transform:uppercase;letter-spacing:.04em;color:var(--muted)}
-tbody th{font-weight:600;white-space:nowrap}
-tbody th small{display:block;font-weight:400;color:var(--muted);margin-left:18px}
+tbody th{position:relative;padding-left:30px;min-width:calc(30px + 14ch);font-weight:600}
+tbody th>.sw{position:absolute;left:12px;top:12px}
+tbody th .id,tbody th small{display:block;max-width:36ch;overflow-wrap:anywhere}
+tbody th small{font-weight:400;color:var(--muted)}
 td{font-variant-numeric:tabular-nums}
-td.held{white-space:nowrap}
-td.why{max-width:620px;font-size:13px}
+td.given{white-space:nowrap}
+td.held{min-width:11ch}
+td.why{min-width:26ch;max-width:620px;font-size:13px;overflow-wrap:anywhere}
 td.why p{margin:0 0 4px}
+.note{margin:0;padding:6px 2px;font-size:12px}
 .warning{color:#6f4a00}
 .none{color:var(--muted)}
 .stray-tag{color:#a40e26;font-weight:600}
@@ -360,17 +509,36 @@ td.why p{margin:0 0 4px}
 .badge.exited{background:#6e7781;color:#fff}
 .badge.unverified{background:#0969da;color:#fff}
 .empty{background:var(--card);border:1px dashed var(--line);border-radius:8px;padding:14px;color:var(--muted)}
-footer{padding:8px 28px 18px;color:var(--muted);font-size:12px}
+footer{padding:8px 28px 18px;color:var(--muted);font-size:12px;overflow-wrap:anywhere}
 footer a{color:#0550ae}
+@media (max-width:${CARDS_BELOW_PX}px){
+.shards thead{position:absolute;width:1px;height:1px;overflow:hidden;clip-path:inset(50%);white-space:nowrap}
+.shards,.shards tbody,.shards tr,.shards tbody th,.shards td{display:block}
+.shards tr{padding:6px 0;border-bottom:1px solid #eaeef2}
+.shards tbody tr:last-child{border-bottom:0}
+.shards tbody th,.shards td{border:0;padding:3px 12px;min-width:0;max-width:none}
+.shards tbody th{padding-left:30px}
+.shards tbody th>.sw{top:7px}
+.shards td{position:relative;padding-left:calc(12px + 6.5em);white-space:normal}
+.shards td::before{content:attr(data-label);position:absolute;left:12px;top:5px;font-size:11px;font-weight:600;text-transform:uppercase;letter-spacing:.04em;color:var(--muted)}
+.shards tbody th .id,.shards tbody th small{max-width:none}
+}
+@media (max-width:${STACK_BELOW_PX}px){
+header{padding:12px 14px}
+main{padding:12px 14px 8px}
+footer{padding:8px 14px 18px}
+.counts{margin-left:0}
+.gpus{padding:4px 12px}
+.gpu{grid-template-columns:minmax(0,1fr) auto;grid-template-areas:"id used" "bar bar" "legend legend" "uuid uuid";padding:9px 0}
+.gpu-uuid{white-space:normal;overflow-wrap:anywhere}
+}
 `;
 
 export function renderHtml(model: StatusModel): string {
   const counts = STATE_ORDER.filter((state) => model.counts[state] > 0)
     .map((state) => `<li><span class="badge ${state}">${model.counts[state]} ${state}</span></li>`)
     .join('');
-  const meta = model.snapshot
-    ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old) · reloads every ${REFRESH_SECONDS} s`
-    : `no nvidia-smi snapshot · reloads every ${REFRESH_SECONDS} s`;
+  const meta = `${model.snapshot ? escapeHtml(snapshotLine(model)) : `<span class="outage">${escapeHtml(snapshotLine(model))}</span>`} · reloads every ${REFRESH_SECONDS} s`;
   const banners: string[] = [];
   if (model.error !== null) {
     banners.push(
@@ -397,13 +565,13 @@ export function renderHtml(model: StatusModel): string {
       : '<p class="empty">No GPU figures: nvidia-smi gave none (see above).</p>';
   const shards =
     model.shards.length > 0
-      ? `<table>
-<caption class="none" style="caption-side:bottom;text-align:left;padding:6px 2px;font-size:12px">Held: the given GPUs whose memory the shard's processes hold, as nvidia-smi lists them (1 GiB = 1024 MiB, the unit nvidia-smi reports).</caption>
+      ? `<div class="table-wrap"><table class="shards" aria-describedby="held-note">
 <thead><tr><th scope="col">Shard</th><th scope="col">State</th><th scope="col">GPUs given</th><th scope="col">GPUs held</th><th scope="col">Reason and warnings</th></tr></thead>
 <tbody>
 ${model.shards.map(shardRowHtml).join('\n')}
 </tbody>
-</table>`
+</table></div>
+<p class="note none" id="held-note">${escapeHtml(HELD_NOTE)}</p>`
       : '<p class="empty">No shard is registered on this node. Register one with <code>PUT /shards/&lt;id&gt;</code> (see /docs).</p>';
   return `<!doctype html>
 <html lang="en">
@@ -447,12 +615,14 @@ export function plain(text: string): string {
 
 export const TEXT_BAR_WIDTH = 50;
 
+/** A GPU whose memory figures nvidia-smi does not report. */
+const UNKNOWN_BAR = `[${'?'.repeat(TEXT_BAR_WIDTH)}]`;
+
 const BAR_CHAR: Record<SegmentKind, string> = { shard: '#', foreign: '=', reserved: ':', free: '.' };
 
-/** Largest-remainder split of the bar's width, so the characters always add up to the width. */
+/** Largest-remainder split of the bar's width, so the characters always add up to the width (memoryKnown: the total is above 0). */
 function textBar(segments: Segment[]): string {
   const total = segments.reduce((sum, segment) => sum + widthOf(segment), 0);
-  if (total <= 0) return `[${'?'.repeat(TEXT_BAR_WIDTH)}]`;
   const exact = segments.map((segment) => (widthOf(segment) / total) * TEXT_BAR_WIDTH);
   const cells = exact.map(Math.floor);
   let left = TEXT_BAR_WIDTH - cells.reduce((sum, n) => sum + n, 0);
@@ -478,7 +648,7 @@ function table(header: string[], rows: string[][]): string[] {
 export function renderText(model: StatusModel): string {
   const out: string[] = [];
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
-  out.push(model.snapshot ? `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old)` : 'no nvidia-smi snapshot');
+  out.push(snapshotLine(model));
   if (model.error !== null) {
     out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (a shard is unverified and keeps serving, unless /proc shows it exited or its engine says CPU):');
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
@@ -498,9 +668,9 @@ export function renderText(model: StatusModel): string {
   const gpuRows = model.gpus.map((gpu) => {
     const shards = gpu.segments
       .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
-      .map((segment) => `${segment.label} ${formatHeldMemory(segment.mib)}${segment.stray ? ' (NOT given)' : ''}`);
+      .map((segment) => `${segment.label} ${amountOf(segment)}${segment.stray ? ' (NOT given)' : ''}`);
     const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
-    return [String(gpu.index), plain(gpu.name) + (gpu.mig ? ' (MIG)' : ''), textBar(gpu.segments), formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
+    return [String(gpu.index), plain(gpu.name) + (gpu.mig ? ' (MIG)' : ''), gpu.memoryKnown ? textBar(gpu.segments) : UNKNOWN_BAR, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
   });
   if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
   if (model.gpus.some((gpu) => gpu.mig)) out.push(`  (MIG) ${MIG_NOTE}`);

@@ -12,10 +12,10 @@ import type { App } from '../../src/app.js';
 import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { SnapshotView } from '../../src/node-state/snapshot.js';
 import type { ShardState } from '../../src/shards/shard-service.js';
-import { renderHtml, renderText, statusModel, TEXT_BAR_WIDTH } from '../../src/status-page/render.js';
+import { colourClass, renderHtml, renderText, shardHue, statusModel, TEXT_BAR_WIDTH } from '../../src/status-page/render.js';
 import { prefersHtml } from '../../routes/status-page.js';
 import { buildTestApp, manualClock, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
-import { eightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { eightGpuNode, idleEightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const execFileAsync = promisify(execFile);
 const CHROMIUM = '/usr/bin/chromium';
@@ -126,7 +126,7 @@ t.test('the HTML page shows every GPU and shard with their memory and states', a
   t.match(html, 'nvidia-smi reports no memory figures for this GPU');
   t.match(html, /title="alpha-ready: 127\.0 GiB on GPU 0">\s*<span>alpha-ready 127\.0 GiB<\/span>/, 'shard segment, labelled, with a tooltip');
   t.match(html, 'title="alpha-ready: 20.0 GiB on GPU 1 (a GPU it was NOT given)"');
-  t.match(html, /class="seg shard c0 stray"/);
+  t.match(html, `class="seg shard ${colourClass(shardHue('alpha-ready'))} stray"`, "alpha's own colour: no shard shares its GPUs");
   t.match(html, /class="seg foreign" style="flex-grow:9" title="foreign: 9 MiB held by no registered shard \(driver context/, 'foreign residue on GPU 0');
   t.match(html, /class="seg free" style="flex-grow:13145" title="free: 12\.8 GiB"/);
   t.match(html, /class="seg reserved" style="flex-grow:614"/);
@@ -138,10 +138,12 @@ t.test('the HTML page shows every GPU and shard with their memory and states', a
   t.equal(rows.length, 5, 'one row per shard');
   const row = (id: string) => rows.find((r) => r.includes(`<span class="id">${id}</span>`)) ?? '';
   t.match(row('alpha-ready'), '<span class="badge ready">ready</span>');
-  t.match(row('alpha-ready'), '<td>GPU 0</td>');
-  t.match(row('alpha-ready'), /<td class="held">GPU 0: 127\.0 GiB<br><span class="stray-tag">GPU 1: 20\.0 GiB \(not given\)<\/span><\/td>/);
+  t.match(row('alpha-ready'), '<td class="given" data-label="Given">GPU 0</td>');
+  t.match(row('alpha-ready'), /<td class="held" data-label="Held">GPU 0: 127\.0 GiB<br><span class="stray-tag">GPU 1: 20\.0 GiB \(not given\)<\/span><\/td>/);
   t.match(row('alpha-ready'), 'Warning: holds memory on GPU 1, which it was not given');
-  t.match(html, '(1 GiB = 1024 MiB, the unit nvidia-smi reports)', 'the HELD caption names the binary unit');
+  t.match(html, '(1 GiB = 1024 MiB, the unit nvidia-smi reports)', 'the HELD note names the binary unit');
+  t.match(html, /<table class="shards" aria-describedby="held-note">.*<p class="note none" id="held-note">GPUs held: every GPU whose memory the shard&#39;s processes hold, as nvidia-smi lists them, a GPU it was not given marked &#34;not given&#34;/s, 'the note says the column lists GPUs not given too');
+  t.notMatch(html, 'the given GPUs whose memory', 'not the old caption, which said only given GPUs were listed');
   t.notMatch(html, /\d GB\b/, 'no size labelled in decimal units');
   t.match(row('bravo-on-cpu'), '<span class="badge on-cpu">on-cpu</span>');
   t.match(row('bravo-on-cpu'), 'placed on GPU 2 but computing on the CPU');
@@ -150,7 +152,23 @@ t.test('the HTML page shows every GPU and shard with their memory and states', a
   t.match(row('delta-exited'), '<span class="badge exited">exited</span>');
   t.match(row('delta-exited'), "the shard&#39;s process exited");
   t.match(row('echo-cpu-only'), '<span class="badge ready">ready</span>');
-  t.match(row('echo-cpu-only'), /<td><span class="none">none<\/span><\/td>\n<td class="held"><span class="none">none<\/span><\/td>\n<td class="why"><span class="none">-<\/span><\/td>/);
+  for (const id of Object.keys(EXPECTED)) {
+    t.same([...row(id).matchAll(/data-label="(\w+)"/g)].map((m) => m[1]), ['State', 'Given', 'Held', 'Reason'], `${id}: every cell labelled for the narrow-screen cards`);
+  }
+  t.match(row('echo-cpu-only'), /<td class="given" data-label="Given"><span class="none">none<\/span><\/td>\n<td class="held" data-label="Held"><span class="none">none<\/span><\/td>\n<td class="why" data-label="Reason"><span class="none">-<\/span><\/td>/);
+  // Responsive without a script: a phone stacks each GPU (its bar the full width), the shard table
+  // turns into labelled cards, and a long id wraps within a bounded width instead of pushing the reason off-screen.
+  const css = /<style>(.*)<\/style>/s.exec(html)![1]!;
+  t.match(html, '<meta name="viewport" content="width=device-width, initial-scale=1">');
+  t.match(css, /@media \(max-width:700px\)\{[^@]*\.gpu\{grid-template-columns:minmax\(0,1fr\) auto;grid-template-areas:"id used" "bar bar" "legend legend" "uuid uuid"/, 'a narrow screen stacks each GPU');
+  t.match(css, /\.gpu\{display:grid;grid-template-columns:200px minmax\(0,1fr\) 130px;grid-template-areas:"id bar used" "uuid legend legend"/, 'a wide one keeps the row');
+  t.match(css, /@media \(max-width:900px\)\{[^@]*\.shards td::before\{content:attr\(data-label\)/, 'below 900 px each shard is a card, its cells labelled');
+  t.match(css, '.table-wrap{overflow-x:auto', 'a table wider than the screen scrolls rather than being cut off');
+  t.match(html, '<div class="table-wrap"><table class="shards"');
+  t.match(css, 'tbody th .id,tbody th small{display:block;max-width:36ch;overflow-wrap:anywhere}', 'a 128-character id or a cgroup id wraps, within a bounded width');
+  t.notMatch(css, /tbody th\{[^}]*nowrap/, 'no id is held on one line');
+  t.match(css, /td\.why\{min-width:26ch;/, 'the reason keeps a readable width');
+  t.match(css, '.legend li{min-width:0;overflow-wrap:anywhere}', 'a long process name or id in a legend wraps');
 });
 
 t.test('the plain-text page is an aligned table of the same facts', async (t) => {
@@ -250,12 +268,17 @@ t.test('nvidia-smi cannot be asked: a banner with its words, and every shard sti
   t.match(html, 'No GPU figures: nvidia-smi gave none (see above).');
   t.match(html, 'no nvidia-smi snapshot');
   t.match(html, '<span class="badge unverified">unverified</span>');
-  t.match(html, /<span class="id">alpha<\/span>.*<td>GPU 0<br>GPU 1<\/td>\n<td class="held"><span class="none">unknown<\/span><\/td>/s);
+  t.match(html, /<span class="id">alpha<\/span>.*<td class="given" data-label="Given">GPU 0<br>GPU 1<\/td>\n<td class="held" data-label="Held"><span class="none">unknown<\/span><\/td>/s);
   const text = (await page(app)).body;
   t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified");
   t.match(text, "!!   nvidia-smi exited with code 9 and said: \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver");
   t.match(text, 'none: nvidia-smi gave no GPU figures (see above)');
-  t.match(lineOf(text, 'alpha'), /^alpha\s+unverified\s+0,1\s+unknown\s+warning: nvidia-smi cannot be asked/);
+  t.match(lineOf(text, 'alpha'), /^alpha\s+unverified\s+0,1\s+unknown\s+warning: nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving \(nvidia-smi's message is at the top of the page\)$/);
+  // nvidia-smi's words once, in the banner, not again in every shard's row.
+  t.equal(html.split("couldn&#39;t communicate with the NVIDIA driver").length - 1, 1, 'HTML: once');
+  t.equal(text.split("couldn't communicate with the NVIDIA driver").length - 1, 1, 'text: once');
+  t.match(html, /<td class="why" data-label="Reason"><p class="warning">Warning: nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving \(nvidia-smi&#39;s message is at the top of the page\)<\/p><\/td>/);
+  t.notMatch(html, 'past max-stale', 'never a snapshot, so no last good one to date');
 });
 
 t.test('an older snapshot served while nvidia-smi fails carries a stale banner', async (t) => {
@@ -275,6 +298,18 @@ t.test('an older snapshot served while nvidia-smi fails carries a stale banner',
   t.match(text, /!! showing an older snapshot: .*No devices were found/);
   t.match(lineOf(text, '0 '), /NVIDIA H200/, 'the last good GPUs are still shown');
   t.match((await page(app, 'text/html')).body, /<div class="banner stale" role="status"><strong>Showing an older snapshot.<\/strong><code>.*No devices were found/);
+  t.notMatch(text, 'past max-stale', 'within max-stale the snapshot is served, and the header dates it');
+  // Past max-stale (30 s) nothing is served, but the header still says when the last good snapshot was taken.
+  const lastGood = app.services.node.snapshots.peek()!.observedAt;
+  const stamp = new Date(lastGood).toISOString().slice(0, 19).replace('T', ' ');
+  clock.advance(31_000);
+  for (let i = 0; i < 200 && !text.includes('past max-stale'); i += 1) {
+    text = (await page(app)).body;
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  t.match(lineOf(text, 'no nvidia-smi snapshot'), `no nvidia-smi snapshot: the last good one, of ${stamp} UTC (33.0 s ago), is past max-stale (30.0 s)`);
+  t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified", 'with the error banner');
+  t.match((await page(app, 'text/html')).body, `<p class="meta"><span class="outage">no nvidia-smi snapshot: the last good one, of ${stamp} UTC (33.0 s ago), is past max-stale (30.0 s)</span> · reloads every 5 s</p>`);
 });
 
 t.test('a page after a quiet spell is one refresh behind: no stale banner, unless that refresh is slow', async (t) => {
@@ -330,6 +365,102 @@ t.test('a node with no GPU (nvidia-smi: "No devices were found") and no shard sa
   const text = (await page(app)).body;
   t.match(text, ': no shards\n');
   t.match(text, 'none registered: register one with PUT /shards/<id>');
+});
+
+/** The HTML of GPU `index`'s row. */
+function gpuBlock(html: string, index: number): string {
+  return html.split('<div class="gpu">').find((block) => block.startsWith(`\n<div class="gpu-id"><span class="gpu-index">GPU ${index}</span>`)) ?? '';
+}
+
+/** Shard id -> colour classes of its segment on GPU `index`'s bar. */
+function barColoursOf(html: string, index: number): Record<string, string> {
+  return Object.fromEntries([...gpuBlock(html, index).matchAll(/<div class="seg shard ([^"]+?)(?: stray)?" style="[^"]*" title="([^:]+):/g)].map((m) => [m[2]!, m[1]!]));
+}
+
+/** Shard id -> colour classes of its swatch in the shard table. */
+function tableColoursOf(html: string): Record<string, string> {
+  return Object.fromEntries([...html.matchAll(/<th scope="row"><i class="sw shard ([^"]+)" aria-hidden="true"><\/i><span class="id">([^<]+)<\/span>/g)].map((m) => [m[2]!, m[1]!]));
+}
+
+async function pageWhere(app: App, accept: string | undefined, done: (body: string) => boolean): Promise<string> {
+  let body = '';
+  for (let i = 0; i < 300 && !done(body); i += 1) {
+    body = (await page(app, accept)).body;
+    if (!done(body)) await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return body;
+}
+
+t.test('shard colours come from their ids: segments on one bar never share one, and a new shard moves no older one', async (t) => {
+  const hue = (id: string) => shardHue(id);
+  const old = 'mistral-old';
+  // Two more ids of the same hue: one sorting after it, one sorting first (as the explorer's "aaa").
+  const twin = Array.from({ length: 1000 }, (_, i) => `x-twin-${i}`).find((id) => hue(id) === hue(old))!;
+  const first = Array.from({ length: 1000 }, (_, i) => `aaa-${i}`).find((id) => hue(id) === hue(old))!;
+  const [a, b, c] = await Promise.all([1, 2, 3].map(() => spawnShardProcess(t, 1)));
+  const node = idleEightGpuNode();
+  const gpu0 = node.gpus[0]!;
+  const held = (shard: ShardProcess) => ({ gpuUuid: gpu0.uuid, pid: shard.members[0]!, name: 'python3', usedMiB: 20480 });
+  const withProcesses = (scenario: FakeScenario, shards: ShardProcess[]) => {
+    scenario.processes = shards.map(held);
+    scenario.gpus[0]!.usedMiB = 20480 * shards.length + 9;
+    scenario.gpus[0]!.freeMiB = 143771 - 614 - scenario.gpus[0]!.usedMiB;
+    return scenario;
+  };
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: withProcesses(node, [a!, b!]), deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  await register(t, app, old, { pid: a!.pid, gpus: [0] });
+  clock.advance(1000);
+  await register(t, app, twin, { pid: b!.pid, gpus: [0] });
+  clock.advance(1000);
+  const before = await pageWhere(app, BROWSER_ACCEPT, (html) => Object.keys(barColoursOf(html, 0)).length === 2);
+  const bar = barColoursOf(before, 0);
+  t.equal(bar[old], colourClass(hue(old)), 'the older shard has its own colour');
+  t.equal(bar[twin], colourClass((hue(old) + 1) % 10), 'the newer one, of the same hue, steps to the next colour');
+  t.same(tableColoursOf(before), bar, 'the table shows each shard in its bar colour');
+
+  fake.update((scenario) => withProcesses(scenario, [a!, b!, c!]));
+  await register(t, app, first, { pid: c!.pid, gpus: [0] });
+  clock.advance(1000);
+  const after = await pageWhere(app, BROWSER_ACCEPT, (html) => Object.keys(barColoursOf(html, 0)).length === 3);
+  const bar3 = barColoursOf(after, 0);
+  t.equal(bar3[old], bar[old], `${first} sorts first, and ${old} keeps its colour`);
+  t.equal(bar3[twin], bar[twin], `and so does ${twin}`);
+  t.equal(new Set(Object.values(bar3)).size, 3, `three shards on GPU 0, three colours: ${JSON.stringify(bar3)}`);
+  t.same(tableColoursOf(after), bar3);
+  t.match(after, `.c${hue(old)}{background:`, 'its colour is defined');
+});
+
+t.test('[N/A] memory: foreign is "up to" on the bar, in the legend and in text; a GPU without memory figures draws no scale', async (t) => {
+  const [na, mig] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
+  const node = eightGpuNode();
+  const [g0, g1] = node.gpus;
+  // GPU 0: the shard's process reports [N/A] (WSL2, vGPU), so its memory reads as foreign: an upper bound.
+  node.processes = node.processes.filter((p) => p.gpuUuid !== g1!.uuid);
+  node.processes.push({ gpuUuid: g0!.uuid, pid: na.members[0]!, name: 'llama-server', usedMiB: '[N/A]' });
+  // GPU 1: MIG, memory figures withheld from an unprivileged pod; its shard's process reports 20 GiB.
+  Object.assign(g1!, { migMode: 'Enabled', totalMiB: '[Insufficient Permissions]', usedMiB: '[Insufficient Permissions]', freeMiB: '[Insufficient Permissions]', reservedMiB: '[Insufficient Permissions]' });
+  node.processes.push({ gpuUuid: g1!.uuid, pid: mig.members[0]!, name: 'python3', usedMiB: 20480 });
+  const { app } = await buildTestApp(t, { scenario: node, deps: { now: manualClock().now }, config: { smiTimeoutMs: 60_000 } });
+  await register(t, app, 'na-shard', { pid: na.pid, gpus: [0] });
+  await register(t, app, 'mig-shard', { pid: mig.pid, gpus: [1] });
+  const html = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('mig-shard <b>'));
+  const gpu0 = gpuBlock(html, 0);
+  t.match(gpu0, /<div class="seg foreign" style="flex-grow:130013" title="foreign: up to 127\.0 GiB \(it includes the memory of 1 shard process\(es\) nvidia-smi does not report\)/);
+  t.match(gpu0, '<span>foreign up to 127.0 GiB</span>', 'the label on the bar');
+  t.match(gpu0, 'foreign <b>up&nbsp;to&nbsp;127.0&nbsp;GiB</b>', 'the legend');
+  t.match(gpu0, 'aria-label="GPU 0 memory: na-shard memory not reported, foreign up to 127.0 GiB, reserved 614 MiB, free');
+  t.match(gpu0, 'na-shard <b>memory&nbsp;not&nbsp;reported</b>');
+  const gpu1 = gpuBlock(html, 1);
+  t.match(gpu1, '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>', 'no scale: not a white, free-looking bar');
+  t.notMatch(gpu1, 'class="seg', 'no segment drawn');
+  t.match(gpu1, 'mig-shard <b>20.0&nbsp;GiB</b>', 'the legend still names what the shard holds');
+  t.match(gpu1, '<span class="gpu-mig"');
+  t.notMatch(gpuBlock(html, 2), 'up to', 'a GPU whose shard processes report their memory gives an exact figure');
+  const text = await pageWhere(app, undefined, (body) => body.includes('mig-shard 20.0 GiB'));
+  t.match(lineOf(text, '0 '), /na-shard memory not reported, foreign up to 127\.0 GiB$/);
+  t.match(lineOf(text, '1 '), new RegExp(`^1\\s+NVIDIA H200 \\(MIG\\)\\s+\\[\\?{${TEXT_BAR_WIDTH}}\\]\\s+\\? / \\? GiB\\s+mig-shard 20\\.0 GiB$`));
+  t.match(lineOf(text, '2 '), /foreign 103\.4 GiB$/);
 });
 
 t.test('a cgroup shard is named by its cgroup', async (t) => {
@@ -395,4 +526,7 @@ t.test('headless Chromium renders the page: every GPU and shard in the DOM, and 
   const png = join(ARTIFACTS, 'status-page.png');
   await chromium(`--screenshot=${png}`, '--window-size=1280,900');
   t.ok(existsSync(png) && statSync(png).size > 10_000, `screenshot written to ${png}`);
+  const phone = join(ARTIFACTS, 'status-page-375.png');
+  await chromium(`--screenshot=${phone}`, '--window-size=375,1600');
+  t.ok(existsSync(phone) && statSync(phone).size > 10_000, `a phone-width screenshot written to ${phone}`);
 });
