@@ -84,17 +84,18 @@ export function rows(stdout: string): Map<string, { result: string; detail: stri
   return table;
 }
 
-/** Every check, in the order the script runs them. */
+/** Every check, in the order the script runs them (with --record, and a CUDA process that reports its pid). */
 export const CHECKS = [
   'service starts',
   '/readyz',
   '/gpus lists GPU 0',
   'register smoke-gpu',
+  'record nvidia-smi outputs',
+  'host PID namespace',
   'smoke-gpu starting -> ready',
   '/gpus: CUDA pid on GPU 0',
   '/shards/smoke-gpu/compute',
   '/gpus/foreign-memory',
-  'record nvidia-smi outputs',
   'smoke-cpu starting -> on-cpu',
   'DELETE shards',
   'service stops on SIGTERM',

@@ -2,15 +2,18 @@
 // and the fake nvidia-smi, with a `sleep` standing in for the CUDA process. The stand-in writes its
 // pid to SMOKE_CUDA_PID_FILE; this test then makes the fake list that pid on GPU 0, as the real
 // nvidia-smi would once the process holds memory. A passing run must PASS every check and record
-// the service's exact queries; a run where nvidia-smi never lists the process must FAIL.
+// the service's exact queries (and the doctor's report); a run where nvidia-smi never lists the
+// process must FAIL; a run outside the host's PID namespace must say so in one row, at once; on a
+// GPU 0 with MIG devices the CUDA process must be pointed at the first of them.
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import t, { type Test } from 'tap';
-import { createFakeNvidiaSmi, waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { createFakeNvidiaSmi, waitUntil, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 import { CHECKS, GPU0, node, ROOT, rows, runSmoke, SCRIPT } from '../helpers/gpu-smoke-run.js';
 
-t.setTimeout(600_000);
+// About a dozen runs of the script, each starting the service and a doctor: minutes on a busy machine.
+t.setTimeout(900_000);
 
 function sources(dir: string): string[] {
   return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
@@ -59,10 +62,14 @@ t.test('a GPU process of the shard: every check passes and the queries are recor
   for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
   t.match(table.get('smoke-gpu starting -> ready')?.detail, /^starting -> ready after/, 'readiness went starting -> ready');
   t.match(table.get('/gpus/foreign-memory')?.detail, /shardMiB 1530 /);
+  t.match(table.get('host PID namespace')?.detail, new RegExp(`^nvidia-smi lists the CUDA process as pid ${run.cudaPid} \\(GPU 0\\), the pid this /proc \\(PID namespace pid:\\[\\d+\\]\\) has for it$`));
   t.match(run.stdout, /0 failed, 0 skipped/);
+  t.match(run.stdout, /^nodecompute GPU smoke check: .*, GPU 0 NVIDIA H200 \(MIG Disabled\), PID namespace pid:\[\d+\]( \(.*\))?, node /m, 'the header names the MIG mode and the PID namespace');
+  t.match(run.stdout, / 0 failed, 0 skipped\n\nnodecompute doctor \(exit 0; evidence, not a check of this script\):\n {4}OK {4}nvidia-smi /, "the doctor's report follows the table, indented");
 
   const prefix = 'nvsmi-real_nvidia-h200_590.48.01';
-  t.same(readdirSync(recorded).sort(), ['commands', 'list-L', 'query-compute-apps', 'query-gpu', 'version'].map((q) => `${prefix}_${q}.txt`));
+  t.same(readdirSync(recorded).sort(), ['commands', 'doctor', 'list-L', 'query-compute-apps', 'query-gpu', 'version'].map((q) => `${prefix}_${q}.txt`));
+  t.match(readFileSync(join(recorded, `${prefix}_doctor.txt`), 'utf8'), /^OK {4}nvidia-smi .*\n[^]*nodecompute doctor: /, "the doctor's report is recorded");
   const apps = readFileSync(join(recorded, `${prefix}_query-compute-apps.txt`), 'utf8');
   t.match(apps, new RegExp(`^gpu_uuid, pid, process_name, used_gpu_memory \\[MiB\\]\\n${GPU0}, ${run.cudaPid}, python3, 1530 MiB\\n$`), 'compute-apps recorded while the process ran');
   t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\], mig\.mode\.current\n0, GPU-/);
@@ -88,14 +95,58 @@ t.test('nvidia-smi never lists the CUDA process: the GPU checks FAIL and the exi
   }
   t.match(table.get('/gpus: CUDA pid on GPU 0')?.detail, new RegExp(`pid ${run.cudaPid} is not among GPU 0's processes`));
   t.match(table.get('smoke-gpu starting -> ready')?.detail, /^starting \(HTTP 503\)/);
+  t.equal(table.get('host PID namespace')?.result, 'SKIP', 'nothing listed: no telling the PID namespace');
+  t.match(table.get('host PID namespace')?.detail, /^cannot tell: within 10 s nvidia-smi listed neither the CUDA process/);
   for (const name of ['service starts', 'register smoke-gpu', 'smoke-cpu starting -> on-cpu', 'service stops on SIGTERM']) {
     t.equal(table.get(name)?.result, 'PASS', `${name} still passes: ${table.get(name)?.detail}`);
   }
+  t.match(table.get('/gpus/foreign-memory')?.detail, /^GPU 0: shardMiB \d+ after 5 s, expected >= 900: /, 'shard memory is looked at for 5 s before failing');
   t.match(run.stderr, /last lines of the nodecompute log/, 'the service log is shown for a failed run');
 });
 
-// The default CUDA command is what runs on a GPU machine: python3 scripts/cuda-hold.py, through torch
-// or else the CUDA driver API. A stand-in torch module (on PYTHONPATH) and a stand-in driver library
+/** A pid this /proc does not have: what nvidia-smi reports for our process from another PID namespace. */
+function absentPid(): number {
+  let pid = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8')) - 1;
+  while (existsSync(`/proc/${pid}`)) pid -= 1;
+  return pid;
+}
+
+t.test("not the host's PID namespace: one clear FAIL as soon as the CUDA process holds GPU 0, and the checks that cannot pass are skipped", async (t) => {
+  const dir = t.testdir({ smi: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  const foreign = absentPid();
+  const started = Date.now();
+  // The readiness wait is long: only the namespace check can make this run short.
+  const run = await runSmoke(t, fake, [], { SMOKE_HTTP_CLIENT: 'curl', SMOKE_READY_TIMEOUT_S: '120' }, () =>
+    fake.update((s) => {
+      s.processes.push({ gpuUuid: GPU0, pid: foreign, name: '[Not Found]', usedMiB: 1530 });
+      s.gpus[0]!.usedMiB = 1548;
+    }),
+  );
+  const elapsed = Date.now() - started;
+  const table = rows(run.stdout);
+  t.equal(run.code, 1, 'exit 1', { stdout: run.stdout, stderr: run.stderr });
+  t.equal(table.get('host PID namespace')?.result, 'FAIL');
+  t.match(
+    table.get('host PID namespace')?.detail,
+    new RegExp(
+      `^not the host's PID namespace: nvidia-smi reports pid ${foreign} \\(\\[Not Found\\], 1530 MiB\\) on GPU 0, and this /proc \\(PID namespace pid:\\[\\d+\\]\\) has no such pid, ` +
+        `while it has the CUDA process as pid ${run.cudaPid}, which nvidia-smi does not list.*\\. Run this with the host's PID namespace \\(docker run --pid=host, hostPID: true in Kubernetes\\)$`,
+    ),
+  );
+  for (const name of ['smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory', 'smoke-cpu starting -> on-cpu']) {
+    t.equal(table.get(name)?.result, 'SKIP', name);
+    t.match(table.get(name)?.detail, /^cannot pass outside the host's PID namespace \(see host PID namespace\)$/);
+  }
+  for (const name of ['service starts', '/readyz', '/gpus lists GPU 0', 'register smoke-gpu', 'DELETE shards', 'service stops on SIGTERM']) {
+    t.equal(table.get(name)?.result, 'PASS', `${name}: ${table.get(name)?.detail}`);
+  }
+  t.match(run.stdout, /1 failed, 5 skipped/);
+  t.ok(elapsed < 60_000, `the run took ${elapsed} ms, not the readiness wait of 120 s`);
+});
+
+// The default CUDA command is what runs on a GPU machine: python3 scripts/cuda-hold.py, through the
+// CUDA driver API or else torch. A stand-in torch module (on PYTHONPATH) and a stand-in driver library
 // (compiled here from test/fixtures/cuda/) let it run here, quoting and pid hand-over included.
 const STAND_IN_TORCH = [
   'import os',
@@ -111,7 +162,7 @@ const STAND_IN_TORCH = [
   '        raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB")',
   '    # nvidia-smi numbers GPUs in PCI order; CUDA does so only when told, and only without a mask.',
   '    assert device == "cuda:0" and os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"',
-  '    assert "CUDA_VISIBLE_DEVICES" not in os.environ',
+  '    assert os.environ.get("CUDA_VISIBLE_DEVICES") == os.environ.get("STAND_IN_CUDA_VISIBLE_DEVICES")',
   '    return _Tensor()',
   'class cuda:',
   '    @staticmethod',
@@ -141,8 +192,8 @@ function standInDriver(dir: string): string {
  * Runs the script with its default CUDA command (cuda-hold.py; torch from `dir`/py) and `env`; the
  * fake lists the holder on GPU 0 once it reports its pid. Every check must pass; returns the table.
  */
-async function runHolder(t: Test, dir: string, env: Record<string, string>) {
-  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+async function runHolder(t: Test, dir: string, env: Record<string, string>, scenario = node()) {
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), scenario);
   const run = await runSmoke(t, fake, [], { SMOKE_CUDA_CMD: '', PYTHONPATH: join(dir, 'py'), CUDA_VISIBLE_DEVICES: '3', ...env }, (pid) =>
     fake.update((s) => {
       s.processes.push({ gpuUuid: GPU0, pid, name: '/usr/bin/python3', usedMiB: 1536 });
@@ -152,19 +203,19 @@ async function runHolder(t: Test, dir: string, env: Record<string, string>) {
   t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
   for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
   t.equal(table.size, CHECKS.length - 1, 'every check but the recording');
-  return table;
+  return { table, stdout: run.stdout };
 }
 
-t.test('the default CUDA command: python3 + torch (a stand-in module) holds GPU 0', { skip: noPython }, async (t) => {
+t.test('the default CUDA command: no driver library, so python3 + torch (a stand-in module) holds GPU 0', { skip: noPython }, async (t) => {
   const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
-  const table = await runHolder(t, dir, { STAND_IN_CUDA: '1' });
+  const { table } = await runHolder(t, dir, { STAND_IN_CUDA: '1', SMOKE_CUDA_DRIVER_LIB: join(dir, 'no-libcuda.so.1') });
   t.match(table.get('register smoke-gpu')?.detail, /CUDA process: python3 scripts\/cuda-hold\.py through torch 0\.0-stand-in, 1 GiB on GPU 0$/);
 });
 
-t.test('torch without CUDA: the CUDA driver API (a stand-in libcuda) holds GPU 0', { skip: noDriverStandIn }, async (t) => {
+t.test('the default CUDA command: the CUDA driver API (a stand-in libcuda) holds GPU 0', { skip: noDriverStandIn }, async (t) => {
   const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
   const calls = join(dir, 'driver-calls.log');
-  const table = await runHolder(t, dir, { STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), STAND_IN_CUDA_LOG: calls });
+  const { table } = await runHolder(t, dir, { STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), STAND_IN_CUDA_LOG: calls });
   t.match(table.get('register smoke-gpu')?.detail, /through the CUDA driver API \(.*libcuda-stand-in\.so, CUDA 13\.1\), 1 GiB on GPU 0$/);
   // The --check run initialises the driver once; the holder then allocates and writes 1 GiB on device 0.
   t.same(readFileSync(calls, 'utf8').trim().split('\n'), [
@@ -179,10 +230,50 @@ t.test('torch without CUDA: the CUDA driver API (a stand-in libcuda) holds GPU 0
   ]);
 });
 
+// GPU 0 of the H200 MIG capture (shared/samples/nvsmi-capture_h200-mig_590.48.01_list-L.txt): its
+// five MIG devices, as `nvidia-smi -L` lists them. With MIG enabled CUDA sees MIG devices only.
+const H200_MIG_DEVICES = [
+  { profile: '1c.3g.71gb', uuid: 'MIG-00000000-0000-0000-0000-000000000000' },
+  { profile: '2c.3g.71gb', uuid: 'MIG-00000001-0000-0000-0000-000000000001' },
+  { profile: '2g.35gb', uuid: 'MIG-00000002-0000-0000-0000-000000000002' },
+  { profile: '1g.18gb', uuid: 'MIG-00000003-0000-0000-0000-000000000003' },
+  { profile: '1g.18gb', uuid: 'MIG-00000004-0000-0000-0000-000000000004' },
+];
+
+function migNode(): FakeScenario {
+  const scenario = node();
+  Object.assign(scenario.gpus[0]!, { migMode: 'Enabled', migDevices: H200_MIG_DEVICES });
+  return scenario;
+}
+
+t.test("MIG on GPU 0: the CUDA process is pointed at GPU 0's first MIG device, and the header says MIG is on", { skip: noDriverStandIn }, async (t) => {
+  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const calls = join(dir, 'driver-calls.log');
+  const first = H200_MIG_DEVICES[0]!.uuid;
+  // The stand-in driver fails cuInit unless CUDA_VISIBLE_DEVICES is exactly this.
+  const env = { STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), STAND_IN_CUDA_LOG: calls, STAND_IN_CUDA_VISIBLE_DEVICES: first };
+  const { table, stdout } = await runHolder(t, dir, env, migNode());
+  t.match(table.get('register smoke-gpu')?.detail, new RegExp(`through the CUDA driver API \\(.*\\) on GPU 0's MIG device ${first}, 1 GiB on GPU 0$`));
+  t.match(stdout, new RegExp(`, GPU 0 NVIDIA H200 \\(MIG Enabled; CUDA on its MIG device ${first}\\), `), 'the header names the MIG mode and device');
+  t.same(
+    readFileSync(calls, 'utf8').split('\n').filter((line) => line.startsWith('cuInit')),
+    [`cuInit CUDA_VISIBLE_DEVICES=${first}`, `cuInit CUDA_VISIBLE_DEVICES=${first}`],
+    'the check and the holder both saw the MIG device',
+  );
+});
+
 t.test('cuda-hold.py says why each way failed, and writes no pid', { skip: noDriverStandIn }, async (t) => {
-  const dir = t.testdir({ py: { torch: { '__init__.py': STAND_IN_TORCH } } });
+  const dir = t.testdir({ smi: {}, py: { torch: { '__init__.py': STAND_IN_TORCH } } });
   const pidFile = join(dir, 'cuda.pid');
-  const base: NodeJS.ProcessEnv = { ...process.env, PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '0', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), SMOKE_CUDA_PID_FILE: pidFile };
+  // No nvidia-smi to ask for MIG devices: CUDA_VISIBLE_DEVICES is dropped.
+  const base: NodeJS.ProcessEnv = {
+    ...process.env,
+    PYTHONPATH: join(dir, 'py'),
+    STAND_IN_CUDA: '0',
+    SMOKE_CUDA_DRIVER_LIB: standInDriver(dir),
+    SMOKE_CUDA_PID_FILE: pidFile,
+    NVIDIA_SMI: join(dir, 'no-nvidia-smi'),
+  };
   delete base.CUDA_DEVICE_ORDER;
   delete base.CUDA_VISIBLE_DEVICES;
   const hold = (env: NodeJS.ProcessEnv, args: string[] = []) => spawnSync('python3', [HOLDER, ...args], { env: { ...base, ...env }, encoding: 'utf8', timeout: 30_000 });
@@ -190,51 +281,74 @@ t.test('cuda-hold.py says why each way failed, and writes no pid', { skip: noDri
   const noTorch = 'torch 0\\.0-stand-in sees no CUDA device \\(a CPU-only build, or no driver access\\)';
   const prefix = '^cuda-hold: cannot hold memory on GPU 0: ';
   const cases: Array<[string, NodeJS.ProcessEnv, RegExp]> = [
-    ['out of memory', { STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2' }, new RegExp(`${prefix}${noTorch}; ${driver} could not hold it: cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
-    ['the write', { STAND_IN_CUDA_FAIL: 'cuMemsetD8_v2' }, new RegExp(`${prefix}${noTorch}; ${driver} could not hold it: cuMemsetD8_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\)$`)],
-    ['no device', { STAND_IN_CUDA_DEVICES: '0' }, new RegExp(`${prefix}${noTorch}; the CUDA driver sees no device$`)],
+    ['out of memory', { STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2' }, new RegExp(`${prefix}${driver} could not hold it: cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\); ${noTorch}$`)],
+    ['the write', { STAND_IN_CUDA_FAIL: 'cuMemsetD8_v2' }, new RegExp(`${prefix}${driver} could not hold it: cuMemsetD8_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\); ${noTorch}$`)],
+    ['no device', { STAND_IN_CUDA_DEVICES: '0' }, new RegExp(`${prefix}the CUDA driver sees no device; ${noTorch}$`)],
     [
       'a broken torch and no driver library',
       { STAND_IN_TORCH: 'broken', SMOKE_CUDA_DRIVER_LIB: join(dir, 'no-libcuda.so.1') },
-      new RegExp(`${prefix}torch cannot be imported \\(OSError: libcudnn\\.so\\.9: cannot open shared object file.*\\); the CUDA driver library cannot be loaded \\(.*no-libcuda\\.so\\.1`),
+      new RegExp(`${prefix}the CUDA driver library cannot be loaded \\(.*no-libcuda\\.so\\.1.*\\); torch cannot be imported \\(OSError: libcudnn\\.so\\.9: cannot open shared object file`),
     ],
     [
       'both allocations',
       { STAND_IN_CUDA: '1', STAND_IN_TORCH: 'oom', STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2' },
-      new RegExp(`${prefix}torch 0\\.0-stand-in could not hold it: RuntimeError: CUDA out of memory\\. Tried to allocate 1\\.00 GiB; ${driver} could not hold it: cuMemAlloc_v2 failed`),
+      new RegExp(`${prefix}${driver} could not hold it: cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY \\(2\\); torch 0\\.0-stand-in could not hold it: RuntimeError: CUDA out of memory\\. Tried to allocate 1\\.00 GiB$`),
     ],
+    ['only torch asked for (--ways torch)', { STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2', args: '--ways torch' }, new RegExp(`${prefix}${noTorch}$`)],
   ];
-  for (const [what, env, reason] of cases) {
-    const run = hold(env);
+  for (const [what, { args, ...env }, reason] of cases) {
+    const run = hold(env, args === undefined ? [] : args.split(' '));
     t.equal(run.status, 1, `${what}: exit 1`, { stderr: run.stderr });
     t.match(run.stderr.trim(), reason, `${what}: says why each way failed`);
     t.notOk(existsSync(pidFile), `${what}: no pid written`);
   }
   const unknown = hold({}, ['--help']);
   t.equal(unknown.status, 2, 'an unknown argument is a usage error, not an allocation');
-  t.match(unknown.stderr, /unknown arguments --help; usage: cuda-hold\.py \[--check\]/);
+  t.match(unknown.stderr, /unknown arguments --help; usage: cuda-hold\.py \[--ways driver,torch\] \[--check\]/);
+  t.equal(hold({}, ['--ways', 'driver,cupy', '--check']).status, 2, 'an unknown way is a usage error');
 
   // The stand-in fails cuInit unless CUDA numbers devices in PCI order with no mask: the script sees to it.
   const check = hold({ CUDA_VISIBLE_DEVICES: '3' }, ['--check']);
   t.equal(check.status, 0, '--check passes, CUDA_VISIBLE_DEVICES dropped and PCI order set by the script itself', { stderr: check.stderr });
   t.match(check.stdout, new RegExp(`^${driver}\\n$`), '--check names the way it would hold memory');
-  t.match(hold({ STAND_IN_TORCH: 'broken' }, ['--check']).stdout, new RegExp(`^${driver}\\n$`), 'a torch that cannot be imported is passed over');
+  t.match(hold({ STAND_IN_TORCH: 'broken' }, ['--check']).stdout, new RegExp(`^${driver}\\n$`), 'the driver comes first: torch is not even imported');
+  t.match(hold({ STAND_IN_CUDA: '1' }, ['--ways', 'torch', '--check']).stdout, /^torch 0\.0-stand-in\n$/, '--ways torch asks torch alone');
+
+  // GPU 0 with MIG devices (nvidia-smi -L of the H200 MIG capture): the first of them, by its UUID.
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), migNode());
+  const first = H200_MIG_DEVICES[0]!.uuid;
+  const mig = hold({ NVIDIA_SMI: fake.path, STAND_IN_CUDA_VISIBLE_DEVICES: first }, ['--check']);
+  t.equal(mig.status, 0, 'CUDA_VISIBLE_DEVICES is the MIG UUID the stand-in expects', { stderr: mig.stderr });
+  t.match(mig.stdout, new RegExp(`^${driver} on GPU 0's MIG device ${first}\\n$`));
+  const noMig = hold({ NVIDIA_SMI: fake.path }, ['--check']);
+  t.equal(noMig.status, 1, 'the stand-in refuses a CUDA_VISIBLE_DEVICES it did not expect: the MIG device was set');
+  t.match(noMig.stderr, new RegExp(`\\(CUDA_VISIBLE_DEVICES=${first}, GPU 0's first MIG device\\)\\n$`), 'a failure names the MIG device');
   t.notOk(existsSync(pidFile), '--check holds nothing');
 });
 
-t.test("cuda-hold.py holds through the driver API when torch's allocation fails", { skip: noDriverStandIn }, async (t) => {
+t.test("cuda-hold.py holds through torch when the driver's allocation fails", { skip: noDriverStandIn }, async (t) => {
   const dir = t.testdir({ py: { torch: { '__init__.py': STAND_IN_TORCH } } });
   const pidFile = join(dir, 'cuda.pid');
   const calls = join(dir, 'driver-calls.log');
-  const env = { ...process.env, PYTHONPATH: join(dir, 'py'), STAND_IN_CUDA: '1', STAND_IN_TORCH: 'oom', SMOKE_CUDA_DRIVER_LIB: standInDriver(dir), STAND_IN_CUDA_LOG: calls, SMOKE_CUDA_PID_FILE: pidFile };
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    PYTHONPATH: join(dir, 'py'),
+    STAND_IN_CUDA: '1',
+    STAND_IN_CUDA_FAIL: 'cuMemAlloc_v2',
+    SMOKE_CUDA_DRIVER_LIB: standInDriver(dir),
+    STAND_IN_CUDA_LOG: calls,
+    SMOKE_CUDA_PID_FILE: pidFile,
+    NVIDIA_SMI: join(dir, 'no-nvidia-smi'),
+  };
+  delete env.CUDA_VISIBLE_DEVICES;
   const holder = spawn('python3', [HOLDER], { env, stdio: ['ignore', 'ignore', 'pipe'] });
   t.teardown(() => holder.kill('SIGKILL'));
   let stderr = '';
   holder.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
   await waitUntil(() => /\n/.test(stderr) || holder.exitCode !== null, { timeoutMs: 30_000, what: 'the holder to say what it holds' });
-  t.match(stderr, /^cuda-hold: pid \d+ holds 1 GiB on GPU 0 through the CUDA driver API \(/);
+  t.match(stderr, /^cuda-hold: pid \d+ holds 1 GiB on GPU 0 through torch 0\.0-stand-in\n/);
   t.equal(readFileSync(pidFile, 'utf8'), String(holder.pid), 'its own pid, for gpu-smoke.sh');
-  t.match(readFileSync(calls, 'utf8'), /cuMemAlloc_v2 1073741824\ncuMemsetD8_v2 0x7f0000000000 1 1073741824\ncuCtxSynchronize\n$/);
+  t.match(readFileSync(calls, 'utf8'), /cuMemAlloc_v2 1073741824\n$/, 'the driver was tried first, and its allocation failed');
 });
 
 t.test('neither torch with CUDA nor a driver library: the CUDA checks are SKIPPED with the reasons, the rest pass', { skip: noPython }, async (t) => {
@@ -248,13 +362,13 @@ t.test('neither torch with CUDA nor a driver library: the CUDA checks are SKIPPE
   const skipped = [...table].filter(([, row]) => row.result === 'SKIP');
   t.same(
     skipped.map(([name]) => name),
-    ['register smoke-gpu', 'smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory'],
+    ['register smoke-gpu', 'host PID namespace', 'smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory'],
   );
   for (const [, row] of skipped) {
-    t.match(row.detail, /^python3 cannot hold GPU memory: torch 0\.0-stand-in sees no CUDA device .*; the CUDA driver library cannot be loaded \(.*no-libcuda\.so\.1/);
+    t.match(row.detail, /^python3 cannot hold GPU memory: the CUDA driver library cannot be loaded \(.*no-libcuda\.so\.1.*\); torch 0\.0-stand-in sees no CUDA device /);
   }
   t.equal(table.get('smoke-cpu starting -> on-cpu')?.result, 'PASS');
-  t.match(run.stdout, /0 failed, 5 skipped/);
+  t.match(run.stdout, /0 failed, 6 skipped/);
   t.match(run.stderr, /SKIPPING the CUDA checks/);
 });
 
@@ -265,11 +379,11 @@ t.test('--require-cuda: no CUDA process is a FAIL, not a SKIP', { skip: noPython
   const run = await runSmoke(t, fake, ['--require-cuda'], env, () => undefined);
   const table = rows(run.stdout);
   t.equal(run.code, 1, 'exit 1', { stdout: run.stdout, stderr: run.stderr });
-  for (const name of ['register smoke-gpu', 'smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory']) {
+  for (const name of ['register smoke-gpu', 'host PID namespace', 'smoke-gpu starting -> ready', '/gpus: CUDA pid on GPU 0', '/shards/smoke-gpu/compute', '/gpus/foreign-memory']) {
     t.equal(table.get(name)?.result, 'FAIL', name);
     t.match(table.get(name)?.detail, /^python3 cannot hold GPU memory: .* \(--require-cuda\)$/);
   }
-  t.match(run.stdout, /5 failed, 0 skipped/);
+  t.match(run.stdout, /6 failed, 0 skipped/);
 });
 
 // A CUDA process that dies ends the waits at once: 600 s waits would time the test out. Exiting
