@@ -53,6 +53,8 @@ export interface Services {
   authorise: Auth['authorise'];
   /** What is wrong with the token file now; null when nothing is. */
   tokenProblem: Auth['tokenProblem'];
+  /** Looks at the token file now (throttled and bounded as for writes): for the doctor. */
+  tokenFile: Auth['tokenFile'];
 }
 
 export interface AppDeps {

@@ -6,8 +6,8 @@
 // It also owns which tokens of the token file are in force while the service runs:
 // NODECOMPUTE_TOKEN_FILE may hold several tokens (any one is accepted) and is re-read when it
 // changes, so a Secret rotated in place ("old + new", then "new") never locks out shard pods that
-// already carry the new token. The file is looked at lazily, by writes, at most once a second: no
-// timer, and nothing at all on a node nobody writes to. The looking itself (asynchronous, bounded in
+// already carry the new token. The file is looked at lazily, by writes and GET /doctor, at most once
+// a second: no timer, and nothing at all on a node nobody writes to or asks. The looking itself (asynchronous, bounded in
 // time, taking only a content that was stable while read) is src/system/token-file.ts's.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
@@ -174,16 +174,38 @@ function tokenSource(config: Config, log: Logger, now: () => number): TokenSourc
   return config.token === null ? null : fixedToken(config.token);
 }
 
+/** The token file as the service sees it: which file, how many tokens are in force, and what is wrong with it. */
+export interface TokenFileState {
+  path: string;
+  tokens: number;
+  /** What is wrong with the file (the tokens last read stay in force); null when nothing is. */
+  problem: string | null;
+}
+
 export interface Auth {
   /** The onRequest hook of every write route. */
   authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void;
   /** What is wrong with the token file now, for the doctor; null when nothing is (or there is no file). */
   tokenProblem(): string | null;
+  /**
+   * Looks at the token file now, as a write does (at most once a second, waiting at most the read's
+   * timeout for it), and says what it found: the doctor's view of the file is then the file's, not
+   * the last write's. Null without a token file.
+   */
+  tokenFile: (() => Promise<TokenFileState>) | null;
 }
 
 export function createAuth(config: Config, log: Logger, now: () => number = Date.now): Auth {
   const source = tokenSource(config, log, now);
   const tokenProblem = () => source?.problem() ?? null;
+  const path = config.tokenFile;
+  const tokenFile =
+    path === null || source === null
+      ? null
+      : async (): Promise<TokenFileState> => {
+          const digests = await source.current();
+          return { path, tokens: digests.length, problem: source.problem() };
+        };
   function authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void {
     if (source === null) {
       if (isLoopback(request.socket.remoteAddress)) return done();
@@ -220,5 +242,5 @@ export function createAuth(config: Config, log: Logger, now: () => number = Date
     if (digests instanceof Promise) digests.then(judge, done);
     else judge(digests);
   }
-  return { authorise, tokenProblem };
+  return { authorise, tokenProblem, tokenFile };
 }

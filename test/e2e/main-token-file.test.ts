@@ -60,7 +60,7 @@ t.test('a token file that cannot be read or holds no usable token stops the star
   t.equal(help.end, 0, '--help answers whatever the token file');
   t.match(help.stdout, 'NODECOMPUTE_TOKEN_FILE');
   t.equal(doctor.end, 0, doctor.stdout + doctor.stderr);
-  t.match(doctor.stdout, /OK\s+token\s+a bearer token is configured for writes/, 'the doctor sees the tokens read from the file');
+  t.match(doctor.stdout, new RegExp(`OK\\s+token\\s+1 token\\(s\\) from ${join(dir, 'good')} are in force for writes`), 'the doctor sees the tokens read from the file');
 });
 
 t.test('SIGTERM while a read of the token file hangs: the service ends within its grace, by SIGTERM, saying why', async (t) => {

@@ -175,11 +175,32 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   writeFileSync(path, `${NEW}\n`);
   t.equal(await later(NEW), 'accepted');
   clock.advance(REPORT_REUSE_MS);
-  t.match(await tokenCheck(), { status: 'ok', detail: 'a bearer token is configured for writes' }, 'and no more once the file is fixed');
+  t.match(await tokenCheck(), { status: 'ok', detail: `1 token(s) from ${path} are in force for writes` }, 'and no more once the file is fixed');
   t.same(log.at(30).slice(-2).map((line) => line.msg), [
     `The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`,
     `Write tokens changed: 1 token(s) from ${path} are in force now.`,
   ]);
+});
+
+t.test('GET /doctor looks at the token file itself: a Secret deleted or rotated reads as it is now, with no write', async (t) => {
+  const secret = secretVolume(t, `${OLD}\n`);
+  const { app, clock, log } = await tokenFileApp(t, secret.path);
+  const tokenCheck = async () => {
+    clock.advance(REPORT_REUSE_MS);
+    return ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((check) => check.name === 'token')!;
+  };
+  t.same(await tokenCheck(), { name: 'token', status: 'ok', detail: `1 token(s) from ${secret.path} are in force for writes`, fix: null });
+
+  secret.publish(`${OLD}\n${NEW}\n`);
+  t.match(await tokenCheck(), { status: 'ok', detail: `2 token(s) from ${secret.path} are in force for writes` }, 'mid-rotation: both are in force');
+  t.same(log.at(30).map((line) => line.msg), [`Write tokens changed: 2 token(s) from ${secret.path} are in force now.`], 'the look is the one writes make, with its log line');
+
+  rmSync(join(secret.path, '..', '..data'));
+  const deleted = await tokenCheck();
+  t.equal(deleted.status, 'warn', 'a deleted Secret is seen without any write');
+  t.match(deleted.detail, `The token file ${secret.path} cannot be read (ENOENT`);
+  t.match(deleted.detail, 'The 2 token(s) last read from it stay in force');
+  t.match(log.at(40).at(-1)!.msg, /cannot be read \(ENOENT/, 'and warned about');
 });
 
 t.test('a token file missing after start: the tokens read at start stay until it appears', async (t) => {
