@@ -13,7 +13,7 @@ import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { parseAllDocuments } from 'yaml';
 import { TOKEN_FILE_CHECK_MS } from '../../src/auth.js';
-import { readStartTokens, resolveConfig, SETTINGS, type Config } from '../../src/config.js';
+import { readStartTokens, resolveConfig, SETTINGS, tokenProblem, type Config } from '../../src/config.js';
 import { RegisterShardSchema } from '../../src/schemas/shards.js';
 import { ENGINES } from '../../src/shards/shard.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
@@ -181,7 +181,10 @@ t.test('the token: a Secret file read through NODECOMPUTE_TOKEN_FILE', async (t)
   t.equal(secret.metadata.namespace, daemonSet.metadata.namespace);
   const item = volume.secret.items.find((i: Doc) => i.path === basename(tokenFile));
   t.ok(item, `the file ${basename(tokenFile)} is projected`);
-  t.ok(secret.stringData[item.key].length >= 16, 'the example token is long enough to be accepted');
+  // A placeholder anyone can read must never become a cluster's write token.
+  t.match(tokenProblem(secret.stringData[item.key]), /^it is the placeholder of the example Secret/, 'the example token is refused, if applied by mistake');
+  const shardSecret = find('Secret', volume.secret.secretName, shardObjects);
+  t.match(tokenProblem(shardSecret.stringData.token), /^it is the placeholder/, "so is the shard namespace's copy");
   t.equal(pod.securityContext.fsGroup, imageUid, 'fsGroup makes the secret file readable with defaultMode 0440');
   t.equal(volume.secret.defaultMode, 0o440, 'read by the owner and group only');
 });
