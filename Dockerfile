@@ -7,9 +7,15 @@
 #
 # Run it on a GPU node (the NVIDIA Container Toolkit injects a glibc nvidia-smi, hence a glibc base):
 #   docker build --build-arg VERSION="$(node -p "require('./package.json').version")" -t nodecompute .
+#   mkdir -p secrets && openssl rand -hex 32 > secrets/token && sudo chown -R 10001 secrets && sudo chmod 400 secrets/token
 #   docker run -d --name nodecompute --runtime=nvidia --gpus all --pid=host --init \
-#     -p 9470:9470 -v nodecompute-state:/var/lib/nodecompute nodecompute
+#     -p 9470:9470 -v nodecompute-state:/var/lib/nodecompute \
+#     -v "$PWD/secrets:/run/secrets/nodecompute:ro" -e NODECOMPUTE_TOKEN_FILE=/run/secrets/nodecompute/token nodecompute
 #   docker exec nodecompute nodecompute doctor
+# The token is needed even on a single host: through -p, a write from the host reaches the container
+# from the bridge's address (172.17.0.1), not from loopback, and without a token only loopback may
+# write. The directory is mounted, not the file: a bind-mounted file keeps its inode, so a token
+# replaced with a rename (mv secrets/token.new secrets/token) would never reach the container.
 # --pid=host is required: nvidia-smi reports host PIDs, and without the host's PID namespace
 # nodecompute cannot tell whose GPU memory is whose (doctor and /readyz say so). --init reaps
 # orphans when node is PID 1; under --pid=host (or hostPID in Kubernetes) the host's init does.

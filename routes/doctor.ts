@@ -43,7 +43,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       stateFile,
       nvidiaSmiPath: config.nvidiaSmi,
       tokenConfigured: config.token !== null,
-      tokenProblem: app.services.tokenProblem(),
+      tokenFile: app.services.tokenFile,
       version: VERSION,
       now,
     })

@@ -23,6 +23,7 @@ import { createProcReader, type ProcReader } from './system/procfs.js';
 import { createStateFile, type StateFile } from './system/state-file.js';
 import { ErrorSchema } from './schemas/common.js';
 import { createMetrics, type Metrics } from './metrics.js';
+import { createRepeatLimit } from './repeat-limit.js';
 import { VERSION } from './version.js';
 import { completeOpenApi } from './openapi-document.js';
 import { keepTickObjectShape } from './tick-shape.js';
@@ -53,6 +54,8 @@ export interface Services {
   authorise: Auth['authorise'];
   /** What is wrong with the token file now; null when nothing is. */
   tokenProblem: Auth['tokenProblem'];
+  /** Looks at the token file now (throttled and bounded as for writes): for the doctor. */
+  tokenFile: Auth['tokenFile'];
 }
 
 export interface AppDeps {
@@ -190,10 +193,6 @@ export function writeClientError(err: NodeJS.ErrnoException, socket: import('nod
 const CLOSING_KEEP_ALIVE_MS = 1;
 /** While closing, how long an answer already ended may take to reach a slow reader (main.ts's grace is 10 s). */
 const CLOSING_ANSWER_WAIT_MS = 5_000;
-/** How often the same coded failure is logged as a warning while it repeats. */
-const REPEATED_FAILURE_WARNING_MS = 60_000;
-/** Distinct failures remembered for that; past it the memory starts afresh (messages may carry ids). */
-const DISTINCT_FAILURES_KEPT = 100;
 
 export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App> {
   // First, so that V8 keeps process.nextTick on its fast path in this process (see tick-shape.ts).
@@ -268,25 +267,17 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     metrics,
     now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
-    ...createAuth(config, log, now),
+    ...createAuth(config, log, now, metrics.countRefusedWrite),
   };
   app.decorate('services', services);
 
   // A coded failure (nvidia-smi down, an unwritable state file) repeats on every request while it
   // lasts, and pollers ask every second: each distinct one is a warning at most once a minute, and
   // its repeats are debug lines.
-  const warnedAt = new Map<string, number>();
   // Such a failure is expected, not a bug: its code and message say it all. pino's error serializer
   // would add "type":"Object" and an empty stack to them, so these lines get their own.
   const failureLog = log.child({}, { serializers: { err: (err: CodedError) => ({ code: err.code, message: err.message }) } });
-  const failureLevel = (code: string, message: string): 'warn' | 'debug' => {
-    const key = `${code}: ${message}`;
-    const last = warnedAt.get(key);
-    if (last !== undefined && now() - last < REPEATED_FAILURE_WARNING_MS) return 'debug';
-    if (warnedAt.size >= DISTINCT_FAILURES_KEPT) warnedAt.clear();
-    warnedAt.set(key, now());
-    return 'warn';
-  };
+  const failureLevel = createRepeatLimit(now);
   // Many HTTP clients send Content-Type: application/json on every request, and a DELETE carries no
   // body: that is no body, not an empty JSON document. Everything else is Fastify's own JSON parser,
   // with its defaults (a __proto__ key refused, constructor keys kept).
@@ -299,7 +290,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   app.setErrorHandler((err: FastifyError, request, reply) => {
     if (isCodedError(err)) {
       if (err.statusCode >= 500) {
-        failureLog[failureLevel(err.code, err.message)]({ ...requestFields(request), err }, 'Request failed');
+        failureLog[failureLevel(`${err.code}: ${err.message}`)]({ ...requestFields(request), err }, 'Request failed');
       }
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }

@@ -6,14 +6,15 @@
 // It also owns which tokens of the token file are in force while the service runs:
 // NODECOMPUTE_TOKEN_FILE may hold several tokens (any one is accepted) and is re-read when it
 // changes, so a Secret rotated in place ("old + new", then "new") never locks out shard pods that
-// already carry the new token. The file is looked at lazily, by writes, at most once a second: no
-// timer, and nothing at all on a node nobody writes to. The looking itself (asynchronous, bounded in
+// already carry the new token. The file is looked at lazily, by writes and GET /doctor, at most once
+// a second: no timer, and nothing at all on a node nobody writes to or asks. The looking itself (asynchronous, bounded in
 // time, taking only a content that was stable while read) is src/system/token-file.ts's.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
 import type { Logger } from 'pino';
-import { parseTokenFile, type Config } from './config.js';
+import { parseTokenFile, unreadableTokenFile, type Config } from './config.js';
 import { ForbiddenError, UnauthorizedError } from './errors.js';
+import { createRepeatLimit } from './repeat-limit.js';
 import { createTokenFileReader, type TokenFileLook, type TokenFileReaderOptions } from './system/token-file.js';
 
 /** How often, at most, writes look at the token file: a burst of writes or of wrong tokens costs one stat a second. */
@@ -68,7 +69,7 @@ function sameTokens(a: readonly string[], b: readonly string[]): boolean {
 const UNSTABLE_LOOKS_WARNED = 2;
 
 const FIX_THE_SECRET =
-  'Check the Secret (its key must hold one token a line, each at least 16 characters) and its mount; the file is re-read within a second of the next write once it is fixed.';
+  'Check the Secret (its key must hold one token a line, each at least 16 characters; "#" starts a comment line) and its mount; the file is re-read within a second of the next write once it is fixed.';
 
 export interface TokenFileOptions {
   path: string;
@@ -124,8 +125,12 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource {
     switch (look.kind) {
       case 'unchanged':
         return;
-      case 'failed':
+      case 'failed': {
+        const denied = unreadableTokenFile(path, look.err, look.file);
+        // Its mode or owner, not its content: the fix is said in the first sentence, with the user.
+        if (denied !== null) return trouble(`failed: ${look.err.message}`, `cannot be read (${look.err.message})`, `${denied}; it is read again within a second of the next write.`);
         return trouble(`failed: ${look.err.message}`, `cannot be read (${look.err.message})`);
+      }
       case 'late':
         return trouble(
           'late',
@@ -174,34 +179,97 @@ function tokenSource(config: Config, log: Logger, now: () => number): TokenSourc
   return config.token === null ? null : fixedToken(config.token);
 }
 
+/** The token file as the service sees it: which file, how many tokens are in force, and what is wrong with it. */
+export interface TokenFileState {
+  path: string;
+  tokens: number;
+  /** What is wrong with the file (the tokens last read stay in force); null when nothing is. */
+  problem: string | null;
+}
+
 export interface Auth {
   /** The onRequest hook of every write route. */
   authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void;
   /** What is wrong with the token file now, for the doctor; null when nothing is (or there is no file). */
   tokenProblem(): string | null;
+  /**
+   * Looks at the token file now, as a write does (at most once a second, waiting at most the read's
+   * timeout for it), and says what it found: the doctor's view of the file is then the file's, not
+   * the last write's. Null without a token file.
+   */
+  tokenFile: (() => Promise<TokenFileState>) | null;
 }
 
-export function createAuth(config: Config, log: Logger, now: () => number = Date.now): Auth {
+/** Why a write was refused before it was looked at: the label of nodecompute_writes_refused_total. */
+export const WRITE_REFUSALS = [
+  /** No "Authorization: Bearer <token>" header (or one of another scheme) while a token is configured. */
+  'missing-token',
+  /** A bearer token that matches none in force. */
+  'wrong-token',
+  /** No token configured, and the write came from the network, not loopback. */
+  'not-loopback',
+] as const;
+export type WriteRefusal = (typeof WRITE_REFUSALS)[number];
+
+/** An address as people write it: an IPv4 client of a dual-stack socket shows as ::ffff:a.b.c.d. */
+function displayAddress(address: string | undefined): string {
+  return String(address).replace(/^::ffff:/, '');
+}
+
+/** How writes are authorised, as the start-up log says it: from the config, with the tokens read at start. */
+export function describeWriteAccess(config: Config): string {
+  if (config.tokenFile !== null) {
+    return `Writes need a bearer token: ${config.fileTokens.length} token(s) from ${config.tokenFile} (re-read when it changes).`;
+  }
+  if (config.token !== null) return 'Writes need a bearer token: 1 token from NODECOMPUTE_TOKEN.';
+  return (
+    'No token is configured: writes are accepted from loopback only (127.0.0.1, ::1). Writes from other machines, ' +
+    "or through Docker's -p or a proxy, are refused: set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) to accept them with a bearer token."
+  );
+}
+
+export function createAuth(config: Config, log: Logger, now: () => number, onRefused: (reason: WriteRefusal) => void): Auth {
   const source = tokenSource(config, log, now);
   const tokenProblem = () => source?.problem() ?? null;
+  const path = config.tokenFile;
+  const tokenFile =
+    path === null || source === null
+      ? null
+      : async (): Promise<TokenFileState> => {
+          const digests = await source.current();
+          return { path, tokens: digests.length, problem: source.problem() };
+        };
+  // A caller that keeps retrying with a stale token (or none) would log a line a second: each reason
+  // and address is a warning once a minute at most, its repeats debug lines; the counter counts all.
+  const level = createRepeatLimit(now);
+  function refused(reason: WriteRefusal, request: FastifyRequest, msg: string): void {
+    onRefused(reason);
+    const remoteAddress = request.socket.remoteAddress;
+    log[level(`${reason} ${remoteAddress}`)]({ reason, remoteAddress, method: request.method, url: request.url }, `${msg} (repeats from this address are logged at debug level for a minute)`);
+  }
+
   function authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void {
     if (source === null) {
-      if (isLoopback(request.socket.remoteAddress)) return done();
-      log.warn({ remoteAddress: request.socket.remoteAddress, url: request.url }, 'Refused a write from the network: no token is configured');
+      const remoteAddress = request.socket.remoteAddress;
+      if (isLoopback(remoteAddress)) return done();
+      refused('not-loopback', request, 'Refused a write from the network: no token is configured, so only loopback may write');
       return done(
         new ForbiddenError(
-          'Writes are accepted from loopback only because no token is configured on this node. Set NODECOMPUTE_TOKEN (or NODECOMPUTE_TOKEN_FILE) and send "Authorization: Bearer <token>".',
+          `Writes are accepted from loopback only (127.0.0.1, ::1) because no token is configured on this node, and this write came from ${displayAddress(remoteAddress)}. ` +
+            "Behind Docker's -p (a write from the host arrives from the bridge's address, such as 172.17.0.1) or a proxy, no write comes from loopback: " +
+            'set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) on this node and send "Authorization: Bearer <token>".',
         ),
       );
     }
     const presented = bearer(request.headers.authorization);
     reply.header('www-authenticate', 'Bearer realm="nodecompute"');
     if (presented === null) {
+      refused('missing-token', request, 'Refused a write without "Authorization: Bearer <token>"');
       return done(new UnauthorizedError(`This write needs "Authorization: Bearer <token>" with a token configured on this node (${source.setting}).`));
     }
     const judge = (digests: readonly Buffer[]): void => {
       if (!matchesAny(digests, presented)) {
-        log.warn({ remoteAddress: request.socket.remoteAddress, url: request.url }, 'Refused a write with a wrong bearer token');
+        refused('wrong-token', request, 'Refused a write with a wrong bearer token');
         return done(
           new UnauthorizedError(
             `The bearer token does not match any token configured on this node (${source.setting}). Check the Secret the caller uses` +
@@ -220,5 +288,5 @@ export function createAuth(config: Config, log: Logger, now: () => number = Date
     if (digests instanceof Promise) digests.then(judge, done);
     else judge(digests);
   }
-  return { authorise, tokenProblem };
+  return { authorise, tokenProblem, tokenFile };
 }

@@ -13,7 +13,7 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { ConfigInvalidError } from './errors.js';
 import { STATE_FILE_TIMEOUT_MS } from './system/state-file.js';
-import { createTokenFileReader, type TokenFileReaderOptions } from './system/token-file.js';
+import { createTokenFileReader, type FileOwner, type TokenFileReaderOptions } from './system/token-file.js';
 
 interface Setting {
   env: string;
@@ -147,7 +147,7 @@ export const SETTINGS = {
     // Checked by tokenProblem, with the lines of the token file.
     schema: Type.Union([Type.Null(), Type.String()]),
     default: null,
-    accepts: 'a secret of at least 16 characters without whitespace',
+    accepts: 'a secret of at least 16 characters, each a letter, a digit or one of - . _ ~ + / (= at the end only: RFC 6750), such as `openssl rand -hex 32` makes',
     description: 'Bearer token required for writes. Without a token, writes are accepted from loopback only.',
   },
   tokenFile: {
@@ -156,11 +156,11 @@ export const SETTINGS = {
     schema: Type.Union([Type.Null(), Type.String({ minLength: 1 })]),
     default: null,
     accepts:
-      'a path to a file holding one or more tokens, one a line, each at least 16 characters without whitespace (e.g. a mounted Kubernetes Secret)',
+      'a path to a file holding one or more tokens, one a line, each at least 16 characters of letters, digits and - . _ ~ + / (= at the end only: RFC 6750), with "#" starting a comment line (e.g. a mounted Kubernetes Secret)',
     description:
       'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. ' +
       `It is read at start, which fails if the file cannot be read, holds no usable token or does not answer within ${TOKEN_FILE_START_TIMEOUT_MS / 1000} s (a hung mount). ` +
-      'It is re-read when it changes (checked at most once a second, on writes), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
+      'It is re-read when it changes (checked at most once a second, on writes and GET /doctor), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
   },
 } as const satisfies Record<string, Setting>;
 
@@ -262,30 +262,76 @@ function validate(setting: Setting, raw: string | number | null): unknown {
   return value;
 }
 
-/** Why `token` (already trimmed) can never authorise a write, or null when it can. */
+/** RFC 6750's b64token, what "Authorization: Bearer" carries: letters, digits, - . _ ~ + /, then = at the end. */
+const B64TOKEN = /^[A-Za-z0-9\-._~+/]+=*$/;
+
+/** Values that start so are placeholders of the examples (deploy/kubernetes/secret.example.yaml), known to anyone. */
+const PLACEHOLDER = /^REPLACE-ME/i;
+
+/** Why `token` (already trimmed) can never authorise a write, or null when it can. Never says the token. */
 export function tokenProblem(token: string): string | null {
   if (token === '') return 'it is blank';
   // The bearer header ends at the first whitespace, so such a token could never be presented.
   if (/\s/.test(token)) return 'it contains whitespace, which an "Authorization: Bearer" header cannot carry';
+  // Node reads header bytes as Latin-1, the token file as UTF-8: such a token can never match.
+  const foreign = token.search(/[^\x21-\x7e]/);
+  if (foreign >= 0) {
+    return `character ${foreign + 1} of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)`;
+  }
+  if (!B64TOKEN.test(token)) {
+    // A character outside the set, else an "=" before the end.
+    const outside = token.search(/[^A-Za-z0-9\-._~+/=]/);
+    const at = outside >= 0 ? outside : Math.max(token.search(/=+[^=]/), 0);
+    return `character ${at + 1} of it is not one a bearer token may hold (RFC 6750: letters, digits, - . _ ~ + /, and = at the end only). Use a token of letters and digits (openssl rand -hex 32)`;
+  }
   if (token.length < 16) return `it is ${token.length} characters long, and a token needs at least 16`;
+  if (PLACEHOLDER.test(token)) {
+    return 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"';
+  }
   return null;
 }
 
 export type TokenFileContent = { tokens: string[]; problem: null } | { tokens: null; problem: string };
 
-/** The tokens of a token file: one a line; blank lines and whitespace around a token are ignored. */
+/**
+ * The tokens of a token file: one a line; blank lines, lines starting with "#" (comments, such as
+ * who rotated it when) and whitespace around a token are ignored. "#" cannot start a token (RFC
+ * 6750), so a comment is never taken for one.
+ */
 export function parseTokenFile(text: string): TokenFileContent {
   const tokens: string[] = [];
   const lines = text.split('\n');
   for (const [index, line] of lines.entries()) {
     const token = line.trim();
-    if (token === '') continue;
+    if (token === '' || token.startsWith('#')) continue;
     const problem = tokenProblem(token);
     if (problem !== null) return { tokens: null, problem: `the token on line ${index + 1} cannot work: ${problem}` };
     if (!tokens.includes(token)) tokens.push(token);
   }
-  if (tokens.length === 0) return { tokens: null, problem: 'it holds no token (it is empty or blank)' };
+  if (tokens.length === 0) return { tokens: null, problem: 'it holds no token (it is empty, blank or only comments)' };
   return { tokens, problem: null };
+}
+
+/**
+ * What is said of a token file this process may not read (EACCES, EPERM): the setting is right, the
+ * file's mode or owner is not, so it names the user the service runs as and the file's owner and
+ * mode (`file`, when its stat worked; else a directory on the way to it is what is closed). Null for
+ * another failure.
+ */
+export function unreadableTokenFile(path: string, err: Error, file: FileOwner | null): string | null {
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code !== 'EACCES' && code !== 'EPERM') return null;
+  /* c8 ignore next -- process.getuid exists on every POSIX system; nodecompute reads /proc, so it runs on Linux. */
+  const user = process.getuid ? `uid ${process.getuid()}, gid ${process.getgid!()}, groups ${process.getgroups!().join(',')}` : 'this user';
+  const whose =
+    file === null
+      ? 'a directory on the way to it does not let that user through'
+      : `it is owned by uid ${file.uid}, gid ${file.gid}, with mode 0${file.mode.toString(8)}, which does not let that user read it`;
+  return (
+    `The token file ${path} cannot be read by nodecompute (${code}): nodecompute runs as ${user}, and ${whose}. ` +
+    'Make it readable to that user: in Kubernetes, the Secret volume\'s defaultMode (0440) with the pod\'s fsGroup set to the group the service runs as; ' +
+    'with Docker or systemd, chown the file (or its directory) to that uid, or chmod it'
+  );
 }
 
 /** Unstable reads at start before giving up: one is a rewrite caught in the act, the next reads the finished file. */
@@ -315,7 +361,12 @@ export async function readStartTokens(config: Config, options: TokenFileReaderOp
     if (content.problem !== null) invalid(SETTINGS.tokenFile, path, content.problem);
     return { ...config, token: content.tokens[0]!, fileTokens: content.tokens };
   }
-  if (look.kind === 'failed') invalid(SETTINGS.tokenFile, path, `cannot read it: ${look.err.message}`);
+  if (look.kind === 'failed') {
+    // The setting is right; the file's mode or owner is not.
+    const denied = unreadableTokenFile(path, look.err, look.file);
+    if (denied !== null) throw new ConfigInvalidError(`${denied}, then start again.`);
+    invalid(SETTINGS.tokenFile, path, `cannot read it: ${look.err.message}`);
+  }
   if (look.kind === 'unstable') {
     invalid(
       SETTINGS.tokenFile,

@@ -12,6 +12,7 @@ import closeWithGrace from 'close-with-grace';
 import { inspect } from 'node:util';
 import { destination, pino, symbols, type Logger } from 'pino';
 import { buildApp } from './app.js';
+import { describeWriteAccess } from './auth.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
 import { listenOn, type Listening } from './listen.js';
@@ -204,6 +205,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   );
   const { url, host, message } = listening;
   log.info({ url, host, version: VERSION, nvidiaSmi: config.nvidiaSmi, proc: config.proc, stateFile: config.stateFile }, message);
+  log.info({ tokenFile: config.tokenFile }, describeWriteAccess(config));
   await warmUp(app, log);
 }
 

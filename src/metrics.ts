@@ -1,9 +1,10 @@
 // Owns the Prometheus metrics, in Prometheus' conventions (prefix nodecompute_, bytes, seconds).
 // Each app has its own prom-client registry (tests build many apps in one process). Node series are
 // rebuilt from the cached snapshot at every scrape, so a deleted shard's series disappear with it;
-// nvidia-smi timings and failures are recorded as the runs happen.
+// nvidia-smi timings and failures, and refused writes, are recorded as they happen.
 import { createRequire } from 'node:module';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { WRITE_REFUSALS, type WriteRefusal } from './auth.js';
 import { NVIDIA_SMI_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
 import type { NodeView } from './node-state/node-view.js';
@@ -41,6 +42,8 @@ const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
 export interface Metrics {
   registry: Registry;
   observeQuery: (observation: QueryObservation) => void;
+  /** Counts a write refused by auth.ts, by why. */
+  countRefusedWrite: (reason: WriteRefusal) => void;
   /**
    * Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked; `ageMs` of the
    * last good snapshot; `nvidiaSmiUp` false when the last refresh failed, even while an older
@@ -110,7 +113,17 @@ export function createMetrics(): Metrics {
     registers: [registry],
   });
 
+  const refusedWrites = new Counter({
+    name: 'nodecompute_writes_refused_total',
+    help:
+      'Writes (PUT, DELETE, POST) refused before they were looked at, by reason: missing-token (no "Authorization: Bearer" while a token is configured), ' +
+      'wrong-token (a token that matches none in force: a caller left behind by a rotation), not-loopback (no token configured, and the write came from the network).',
+    labelNames: ['reason'],
+    registers: [registry],
+  });
+
   for (const query of QUERIES) for (const reason of NVIDIA_SMI_FAILURE_CODES) failures.inc({ query, reason }, 0);
+  for (const reason of WRITE_REFUSALS) refusedWrites.inc({ reason }, 0);
 
   const nodeGauges = [total, used, free, reserved, foreign, lost, shardMemory, shardPlaced, shardReady, shardState];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
@@ -119,6 +132,7 @@ export function createMetrics(): Metrics {
 
   return {
     registry,
+    countRefusedWrite: (reason) => refusedWrites.inc({ reason }),
     observeQuery(observation) {
       if (observation.durationMs !== null) duration.observe({ query: observation.query }, observation.durationMs / 1000);
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });

@@ -2,7 +2,7 @@
 // it accepts; the help lists every setting. The token file is read at start by readStartTokens,
 // within a bound: a file that does not answer (a FIFO without a writer stands in for a hung mount)
 // fails the start with a message saying what to check, instead of hanging it.
-import { mkdirSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, statSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import {
@@ -15,6 +15,7 @@ import {
   settingsHelp,
   TOKEN_FILE_START_TIMEOUT_MS,
   tokenProblem,
+  unreadableTokenFile,
 } from '../src/config.js';
 import { TOKEN_FILE_READ_TIMEOUT_MS } from '../src/system/token-file.js';
 import { waitUntil } from './helpers/fake-nvidia-smi.js';
@@ -76,7 +77,7 @@ t.test('bad values stop the start with the setting, the value and what it accept
     [{}, ['--bogus'], /^unknown flag --bogus\. Run `nodecompute --help` for the flags/],
     [{}, ['--port'], /^Option '--port <value>' argument missing\. Run `nodecompute --help` for the settings\.$/],
     // 20 spaces: accepted before, and then no bearer header could ever match.
-    [{ NODECOMPUTE_TOKEN: ' '.repeat(20) }, [], /NODECOMPUTE_TOKEN \(--token\).*\(it is blank\); it accepts a secret of at least 16 characters without whitespace/],
+    [{ NODECOMPUTE_TOKEN: ' '.repeat(20) }, [], /NODECOMPUTE_TOKEN \(--token\).*\(it is blank\); it accepts a secret of at least 16 characters, each a letter, a digit or one of - \. _ ~ \+ \/ \(= at the end only: RFC 6750\)/],
     [{}, ['--token', ''], /NODECOMPUTE_TOKEN \(--token\): got an empty value \(it is blank\)/],
     [{}, ['--token', 's3cret-token 0123456789'], /NODECOMPUTE_TOKEN \(--token\): got a secret of 23 characters, not shown \(it contains whitespace/],
     [{ NODECOMPUTE_TOKEN: 's3cret-token\t0123456789' }, [], /NODECOMPUTE_TOKEN.*contains whitespace, which an "Authorization: Bearer" header cannot carry/],
@@ -141,7 +142,10 @@ t.test('a token from the variable or flag: whitespace around it is ignored, one 
   const { config } = resolveConfig({ NODECOMPUTE_TOKEN: '  s3cret-token-0123456789\n' }, []);
   t.equal(config.token, 's3cret-token-0123456789', 'a Secret made with echo still works');
   t.same(config.fileTokens, [], 'the file tokens are for the file only');
-  t.equal(resolveConfig({}, ['--token', 'a,b;c:d"e\'f-0123456789']).config.token, 'a,b;c:d"e\'f-0123456789', 'any printable characters');
+  t.equal(resolveConfig({}, ['--token', 'aZ09-._~+/bcdefgh==']).config.token, 'aZ09-._~+/bcdefgh==', "RFC 6750's characters, = at the end");
+  t.throws(() => resolveConfig({}, ['--token', 'a,b;c:d"e\'f-0123456789']), {
+    message: /^Invalid setting NODECOMPUTE_TOKEN \(--token\): got a secret of 22 characters, not shown \(character 2 of it is not one a bearer token may hold \(RFC 6750/,
+  }, 'other printable characters are refused, without echoing them');
 });
 
 t.test('stale answers need max-stale of at least the TTL; equal turns them off and is accepted', async (t) => {
@@ -209,6 +213,15 @@ t.test('what a token may be: the same rules for the variable, the flag and each 
     ['', 'it is blank'],
     ['s3cret token 0123456789', 'it contains whitespace, which an "Authorization: Bearer" header cannot carry'],
     ['s3cret\u00a0token-0123456789', 'it contains whitespace, which an "Authorization: Bearer" header cannot carry'],
+    // Node reads header bytes as Latin-1: a UTF-8 token from the file could never be matched.
+    ['pässwörtpässwört01', 'character 2 of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)'],
+    ['control\u0001character-0123', 'character 8 of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)'],
+    ['#rotated-2026-12-01-by-ops', 'character 1 of it is not one a bearer token may hold (RFC 6750: letters, digits, - . _ ~ + /, and = at the end only). Use a token of letters and digits (openssl rand -hex 32)'],
+    ['base64-with=inside-0123', 'character 12 of it is not one a bearer token may hold (RFC 6750: letters, digits, - . _ ~ + /, and = at the end only). Use a token of letters and digits (openssl rand -hex 32)'],
+    ['================', 'character 1 of it is not one a bearer token may hold (RFC 6750: letters, digits, - . _ ~ + /, and = at the end only). Use a token of letters and digits (openssl rand -hex 32)'],
+    ['aGVsbG8gd29ybGQhIQ+/==', null],
+    ['REPLACE-ME-with-at-least-16-random-characters', 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"'],
+    ['replace-me-0123456789abcdef', 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"'],
   ];
   for (const [token, problem] of cases) t.equal(tokenProblem(token), problem, JSON.stringify(token));
 });
@@ -219,8 +232,11 @@ t.test('a token file holds one token a line; blank lines and surrounding whitesp
   t.same(parseTokenFile(`${old}\n`), { tokens: [old], problem: null });
   t.same(parseTokenFile(`\n  ${old}  \r\n\n\t${next}\r\n\n`), { tokens: [old, next], problem: null }, 'CRLF, tabs and blank lines');
   t.same(parseTokenFile(`${old}\n${old}\n`), { tokens: [old], problem: null }, 'a token twice counts once');
-  t.same(parseTokenFile(''), { tokens: null, problem: 'it holds no token (it is empty or blank)' });
-  t.same(parseTokenFile(' \n\n  \n'), { tokens: null, problem: 'it holds no token (it is empty or blank)' });
+  t.same(parseTokenFile(''), { tokens: null, problem: 'it holds no token (it is empty, blank or only comments)' });
+  t.same(parseTokenFile(' \n\n  \n'), { tokens: null, problem: 'it holds no token (it is empty, blank or only comments)' });
+  t.same(parseTokenFile(`# rotated 2026-12-01 by ops\n${old}\n  #next one:\n${next}\n`), { tokens: [old, next], problem: null }, '"#" starts a comment line, spaces or not');
+  t.same(parseTokenFile('# nothing yet\n'), { tokens: null, problem: 'it holds no token (it is empty, blank or only comments)' });
+  t.match(parseTokenFile(`${old}\n${next}#not-a-comment\n`).problem, /^the token on line 2 cannot work: character 21 of it is not one a bearer token may hold/, 'only a whole line is a comment');
   t.match(parseTokenFile(`${old}\n\nnew token 0123456789\n`).problem, /^the token on line 3 cannot work: it contains whitespace/);
   t.match(parseTokenFile(`${old}\nshort\n`).problem, /^the token on line 2 cannot work: it is 5 characters long, and a token needs at least 16$/);
 });
@@ -278,6 +294,28 @@ t.test('a token file that cannot be read, or is never stable while read, stops t
     message:
       /\(it was not stable while it was read, 3 times in a row \(37 bytes were read from it, but its size says 0\): it is not a regular file \(a pipe, a \/proc or \/sys file\), or something keeps rewriting it in place\. Point it at a regular file that is replaced with a rename/,
   });
+});
+
+t.test('a token file this user may not read (EACCES) stops the start saying whose it is and who runs, not "invalid setting"', async (t) => {
+  const dir = t.testdir({ token: 'a-token-of-enough-length\n' });
+  const path = join(dir, 'token');
+  chmodSync(path, 0o640);
+  const { uid, gid } = statSync(path);
+  // The test may run as root, whom no mode stops: the open fails as it would for another user (the
+  // stat before it is real). test/e2e/main-token-file.test.ts has a real one, as another uid.
+  const denied = () => {
+    throw Object.assign(new Error(`EACCES: permission denied, open '${path}'`), { code: 'EACCES' });
+  };
+  await t.rejects(startTokens(path, { beforeRead: denied }), {
+    code: 'NODECOMPUTE_CONFIG_INVALID',
+    message:
+      `The token file ${path} cannot be read by nodecompute (EACCES): nodecompute runs as uid ${process.getuid!()}, gid ${process.getgid!()}, groups ${process.getgroups!().join(',')}, ` +
+      `and it is owned by uid ${uid}, gid ${gid}, with mode 0640, which does not let that user read it. Make it readable to that user: in Kubernetes, the Secret volume's defaultMode (0440) ` +
+      "with the pod's fsGroup set to the group the service runs as; with Docker or systemd, chown the file (or its directory) to that uid, or chmod it, then start again.",
+  });
+  const eperm = Object.assign(new Error('EPERM: operation not permitted'), { code: 'EPERM' });
+  t.match(unreadableTokenFile(path, eperm, null), /\(EPERM\): nodecompute runs as uid \d+.*, and a directory on the way to it does not let that user through\./, 'a closed directory, where the file cannot even be stat\'d');
+  t.equal(unreadableTokenFile(path, Object.assign(new Error('ENOENT'), { code: 'ENOENT' }), null), null, 'another failure is said as before');
 });
 
 t.test('a token file caught half-rewritten at start is read again, and its finished content is taken', async (t) => {

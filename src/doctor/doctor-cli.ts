@@ -2,12 +2,18 @@
 // the human table; the exit code is non-zero when any check failed, so scripts can gate on it.
 import type { Writable } from 'node:stream';
 import { pino } from 'pino';
+import type { TokenFileState } from '../auth.js';
 import type { Config } from '../config.js';
 import { createNvidiaSmi } from '../system/nvidia-smi.js';
 import { createProcReader } from '../system/procfs.js';
 import { createStateFile } from '../system/state-file.js';
 import { VERSION } from '../version.js';
 import { formatDoctorReport, runDoctor } from './doctor.js';
+
+/** The tokens read from the token file at start (readStartTokens refuses to start without one). */
+function fileTokens({ tokenFile: path, fileTokens: tokens }: Config): (() => Promise<TokenFileState>) | null {
+  return path === null ? null : async () => ({ path, tokens: tokens.length, problem: null });
+}
 
 export async function runDoctorCli(config: Config, out: Writable): Promise<number> {
   // The table is the output; reader warnings would only repeat it.
@@ -18,6 +24,7 @@ export async function runDoctorCli(config: Config, out: Writable): Promise<numbe
     stateFile: createStateFile(config.stateFile, { log, timeoutMs: config.stateTimeoutMs }),
     nvidiaSmiPath: config.nvidiaSmi,
     tokenConfigured: config.token !== null,
+    tokenFile: fileTokens(config),
     version: VERSION,
     now: Date.now,
   });

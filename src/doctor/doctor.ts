@@ -10,6 +10,7 @@ import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import type { NvidiaSmi } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
+import type { TokenFileState } from '../auth.js';
 
 export type CheckStatus = 'ok' | 'warn' | 'fail';
 
@@ -34,8 +35,11 @@ export interface DoctorDeps {
   stateFile: StateFile;
   nvidiaSmiPath: string;
   tokenConfigured: boolean;
-  /** What is wrong with the token file now, as the running service sees it (the CLI cannot tell). */
-  tokenProblem?: string | null;
+  /**
+   * The token file, looked at now: how many tokens are in force and what is wrong with it, as the
+   * running service sees it (the CLI: what it read at start). Null or absent without a token file.
+   */
+  tokenFile?: (() => Promise<TokenFileState>) | null;
   version: string;
   now: () => number;
   /** A query slower than this gets a warning. */
@@ -185,19 +189,26 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
         ? check('state-file', 'ok', `${deps.stateFile.path} can be written`)
         : check('state-file', 'warn', `${deps.stateFile.path} can be written, but the ${writable.warning.problem}`, writable.warning.fix),
   );
-  checks.push(
-    deps.tokenConfigured
-      ? deps.tokenProblem
-        ? check('token', 'warn', deps.tokenProblem, 'Fix the token file as the detail says; until then a token rotated into it is not accepted.')
-        : check('token', 'ok', 'a bearer token is configured for writes')
-      : check('token', 'warn', 'no token is configured: writes are accepted from loopback only', 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards.'),
-  );
+  checks.push(await tokenCheck(deps));
   return {
     ok: checks.every((c) => c.status !== 'fail'),
     version: deps.version,
     checkedAt: new Date(deps.now()).toISOString(),
     checks,
   };
+}
+
+/** Whether writes can be authorised, and by which tokens: the token file is looked at now. */
+async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
+  if (!deps.tokenConfigured) {
+    return check('token', 'warn', 'no token is configured: writes are accepted from loopback only', 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards.');
+  }
+  if (!deps.tokenFile) return check('token', 'ok', 'a bearer token is configured for writes (NODECOMPUTE_TOKEN)');
+  const file = await deps.tokenFile();
+  if (file.problem !== null) {
+    return check('token', 'warn', file.problem, 'Fix the token file as the detail says; until then a token rotated into it is not accepted.');
+  }
+  return check('token', 'ok', `${file.tokens} token(s) from ${file.path} are in force for writes`);
 }
 
 /** The human table of `nodecompute doctor`. */

@@ -35,8 +35,8 @@ export type TokenFileLook =
   | { kind: 'read'; text: string }
   /** The file changed while it was read, or its size does not match what was read: nothing taken. */
   | { kind: 'unstable'; detail: string }
-  /** stat, open or read failed (ENOENT, EACCES, EISDIR...). */
-  | { kind: 'failed'; err: Error }
+  /** stat, open or read failed (ENOENT, EACCES, EISDIR...); `file`: its owner and mode, when the stat worked. */
+  | { kind: 'failed'; err: Error; file: FileOwner | null }
   /** The file did not answer within timeoutMs; a read of it is still pending. */
   | { kind: 'late'; timeoutMs: number };
 
@@ -53,6 +53,14 @@ export interface TokenFileReaderOptions {
    * racing the read would: there is no other way to land a change in that gap on demand.
    */
   beforeRead?: () => void | Promise<void>;
+}
+
+/** Who may read a file: what is said when this process may not (EACCES). */
+export interface FileOwner {
+  uid: number;
+  gid: number;
+  /** The permission bits, e.g. 0o600. */
+  mode: number;
 }
 
 /** Changes when the file is replaced (a kubelet symlink swap gives a new inode) or rewritten in place. */
@@ -74,9 +82,12 @@ function sameIdentity(a: FileIdentity, b: FileIdentity): boolean {
 type ReadOutcome = Exclude<TokenFileLook, { kind: 'read' | 'late' }> | { kind: 'read'; text: string; identity: FileIdentity };
 
 async function readIfChanged(path: string, taken: FileIdentity | null, beforeRead: TokenFileReaderOptions['beforeRead']): Promise<ReadOutcome> {
+  let owner: FileOwner | null = null;
   try {
     // Follows symlinks: the identity of the file the tokens are read from.
-    const before = identityOf(await stat(path, { bigint: true }));
+    const stats = await stat(path, { bigint: true });
+    owner = { uid: Number(stats.uid), gid: Number(stats.gid), mode: Number(stats.mode & 0o7777n) };
+    const before = identityOf(stats);
     if (taken !== null && sameIdentity(before, taken)) return { kind: 'unchanged' };
     await beforeRead?.();
     // A plain blocking open, as a path read does: on a FIFO without a writer it waits, like a read
@@ -97,7 +108,7 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
     }
     return { kind: 'read', text: bytes.toString('utf8'), identity: after };
   } catch (err) {
-    return { kind: 'failed', err: err as Error };
+    return { kind: 'failed', err: err as Error, file: owner };
   }
 }
 

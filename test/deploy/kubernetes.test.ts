@@ -6,13 +6,14 @@
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { basename, join, posix } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import t, { type Test } from 'tap';
 import { parseAllDocuments } from 'yaml';
-import { readStartTokens, resolveConfig, SETTINGS, type Config } from '../../src/config.js';
+import { TOKEN_FILE_CHECK_MS } from '../../src/auth.js';
+import { readStartTokens, resolveConfig, SETTINGS, tokenProblem, type Config } from '../../src/config.js';
 import { RegisterShardSchema } from '../../src/schemas/shards.js';
 import { ENGINES } from '../../src/shards/shard.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
@@ -180,7 +181,10 @@ t.test('the token: a Secret file read through NODECOMPUTE_TOKEN_FILE', async (t)
   t.equal(secret.metadata.namespace, daemonSet.metadata.namespace);
   const item = volume.secret.items.find((i: Doc) => i.path === basename(tokenFile));
   t.ok(item, `the file ${basename(tokenFile)} is projected`);
-  t.ok(secret.stringData[item.key].length >= 16, 'the example token is long enough to be accepted');
+  // A placeholder anyone can read must never become a cluster's write token.
+  t.match(tokenProblem(secret.stringData[item.key]), /^it is the placeholder of the example Secret/, 'the example token is refused, if applied by mistake');
+  const shardSecret = find('Secret', volume.secret.secretName, shardObjects);
+  t.match(tokenProblem(shardSecret.stringData.token), /^it is the placeholder/, "so is the shard namespace's copy");
   t.equal(pod.securityContext.fsGroup, imageUid, 'fsGroup makes the secret file readable with defaultMode 0440');
   t.equal(volume.secret.defaultMode, 0o440, 'read by the owner and group only');
 });
@@ -279,10 +283,17 @@ t.test('the example shard: one GPU, downward API, and hooks that use the real AP
   t.equal(llamaEnv.get('POD_UID')?.valueFrom?.fieldRef?.fieldPath, 'metadata.uid');
   t.equal(Number(llamaEnv.get('NODECOMPUTE_PORT')?.value), httpPort.hostPort, "nodecompute's hostPort");
   t.equal(Number(llamaEnv.get('LLAMA_ARG_PORT')?.value), llama.ports.find((p: Doc) => p.name === 'http').containerPort);
-  const tokenRef = llamaEnv.get('NODECOMPUTE_TOKEN')?.valueFrom?.secretKeyRef;
-  const secret = find('Secret', tokenRef.name, shardObjects);
+  // The token is a file the hooks read at each call: an env var would keep the old token after a rotation.
+  t.notOk(llamaEnv.has('NODECOMPUTE_TOKEN'), 'the token is not an env var (never updated in a running pod)');
+  const shardTokenFile: string = llamaEnv.get('NODECOMPUTE_TOKEN_FILE')?.value;
+  const tokenMount = llama.volumeMounts.find((m: Doc) => m.mountPath === posix.dirname(shardTokenFile));
+  t.ok(tokenMount?.readOnly, `the Secret is mounted read-only at ${posix.dirname(shardTokenFile)}`);
+  t.notOk(tokenMount.subPath, 'the whole volume, not a subPath (which the kubelet never updates)');
+  const tokenVolume = shardPod.volumes.find((v: Doc) => v.name === tokenMount.name).secret;
+  t.ok(tokenVolume.items.some((i: Doc) => i.key === 'token' && i.path === posix.basename(shardTokenFile)), 'the key token is the file the hooks read');
+  const secret = find('Secret', tokenVolume.secretName, shardObjects);
   t.equal(secret.metadata.namespace, shardDeployment.metadata.namespace, 'the token Secret is in the shard namespace');
-  t.ok(secret.stringData[tokenRef.key]);
+  t.ok(secret.stringData.token);
 
   const mount = llama.volumeMounts.find((m: Doc) => shardPod.volumes.some((v: Doc) => v.name === m.name && v.configMap?.name === hooks.metadata.name));
   const script = (name: string) => [`bash`, posix.join(mount.mountPath, name)];
@@ -311,9 +322,15 @@ interface HookResult {
 
 t.test('the hook scripts, run by bash against a live nodecompute', async (t) => {
   const TOKEN = 'k8s-example-token-0123456789abcdef';
+  const NEW_TOKEN = 'k8s-rotated-token-fedcba9876543210';
   const POD_NAME = 'llama-server-5d8c7b9f4-x2k8q';
   const POD_UID = randomUUID();
-  const dir = t.testdir({ hooks: hooks.data, 'container-smi': {}, 'stranger-smi': {} });
+  const dir = t.testdir({ hooks: hooks.data, 'container-smi': {}, 'stranger-smi': {}, node: { token: `${TOKEN}\n` }, pod: { token: `${TOKEN}\n` } });
+  /** Replaces a token file with a rename, as the kubelet updates a mounted Secret. */
+  const publish = (which: 'node' | 'pod', content: string) => {
+    writeFileSync(join(dir, which, 'token.new'), content);
+    renameSync(join(dir, which, 'token.new'), join(dir, which, 'token'));
+  };
   const shard = await spawnShardProcess(t, 1);
   const engine = shard.members[0] as number;
 
@@ -329,7 +346,7 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
   const hostGpus = [gpu(0, 'GPU-4f31bb83-f8dc-d0af-029e-bc4356e6afeb'), gpu(1, 'GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90')];
   const { app, fake } = await buildTestApp(t, {
     scenario: { gpus: hostGpus, processes: [] },
-    config: { token: TOKEN },
+    config: { token: TOKEN, tokenFile: join(dir, 'node', 'token'), fileTokens: [TOKEN] },
     deps: { proc },
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -354,7 +371,7 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
         PATH: `${smi}:${process.env.PATH}`,
         NODE_IP: '127.0.0.1',
         NODECOMPUTE_PORT: String(port),
-        NODECOMPUTE_TOKEN: TOKEN,
+        NODECOMPUTE_TOKEN_FILE: join(dir, 'pod', 'token'),
         POD_NAME,
         POD_UID,
         LLAMA_ARG_PORT: String(llamaPort),
@@ -384,9 +401,18 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
   });
 
   await t.test('registration with a wrong token is refused, with the reason', async (t) => {
-    const result = await hook('register.sh', { NODECOMPUTE_TOKEN: 'not-the-token-of-this-node' });
+    const wrong = join(dir, 'wrong-token');
+    writeFileSync(wrong, 'not-the-token-of-this-node\n');
+    const result = await hook('register.sh', { NODECOMPUTE_TOKEN_FILE: wrong });
     t.equal(result.code, 1);
     t.match(result.stdout, /refused the registration .* \(HTTP 401\): .*bearer token does not match/);
+  });
+
+  await t.test('a token file the pod cannot read fails the registration at once, saying so', async (t) => {
+    const result = await hook('register.sh', { NODECOMPUTE_TOKEN_FILE: join(dir, 'no-such-secret', 'token') });
+    t.equal(result.code, 1);
+    t.match(result.stdout, /^cannot read the token file .*no-such-secret\/token, so the registration cannot carry a token: is the nodecompute-token Secret mounted there/);
+    t.equal(result.stderr, '', 'no bash noise');
   });
 
   await t.test('a GPU nodecompute does not see is not registered', async (t) => {
@@ -396,6 +422,9 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
   });
 
   await t.test('postStart registers the pod by UID on the host index of its GPU', async (t) => {
+    // A rotation under way: the pod's Secret already has "old + new" (with a comment), its node only
+    // the old. The newest is sent first, refused, then the older one is.
+    publish('pod', `# rotated by ops\n ${TOKEN} \r\n\n${NEW_TOKEN}\n`);
     const result = await hook('register.sh');
     t.equal(result.code, 0, result.stdout + result.stderr);
     t.match(result.stdout, `registered shard ${POD_NAME} on GPU 1`);
@@ -427,14 +456,39 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
     t.match(result.stdout, /llama-server is not healthy yet \(HTTP 503\): .*loading model/);
   });
 
-  await t.test('preStop removes the shard and never fails', async (t) => {
+  await t.test('after a rotation the pod has not received yet, preStop says NOT deregistered (HTTP 401) and fails; once the file is updated, it removes the shard', async (t) => {
+    // The node's Secret ends the rotation ("new") while the pod's file still holds the old token.
+    publish('node', `${NEW_TOKEN}\n`);
+    publish('pod', `${TOKEN}\n`);
+    // The node looks at its token file at most once a second, at a write.
+    await new Promise((resolve) => setTimeout(resolve, TOKEN_FILE_CHECK_MS + 100));
+    const stale = await hook('deregister.sh');
+    t.equal(stale.code, 1, 'the hook fails, so the FailedPreStopHook event carries why');
+    t.match(stale.stdout, new RegExp(`^NOT deregistered: shard ${POD_NAME} \\(HTTP 401: token rotated\\? no token in .*pod/token is accepted by nodecompute on this node\\): .*does not match`));
+    t.match(stale.stdout, `It stays registered, and reads exited once the pod is gone, until DELETE /shards/${POD_NAME} is sent`);
+    t.notMatch(stale.stdout, /^deregistered/m);
+    t.equal((await app.inject({ method: 'GET', url: `/shards/${POD_NAME}` })).statusCode, 200, 'still registered');
+
+    // The kubelet updates the pod's file: the hook reads it at its next call, no restart needed.
+    publish('pod', `${NEW_TOKEN}\n`);
     const first = await hook('deregister.sh');
-    t.equal(first.code, 0);
-    t.match(first.stdout, `deregistered shard ${POD_NAME} (HTTP 204)`);
+    t.equal(first.code, 0, first.stdout);
+    t.equal(first.stdout, `deregistered shard ${POD_NAME} (HTTP 204)\n`);
     t.equal((await app.inject({ method: 'GET', url: `/shards/${POD_NAME}` })).statusCode, 404);
     const again = await hook('deregister.sh');
     t.equal(again.code, 0);
-    t.match(again.stdout, '(HTTP 404)');
+    t.equal(again.stdout, `deregistered shard ${POD_NAME} (HTTP 404: it was not registered)\n`);
+  });
+
+  await t.test('preStop when nodecompute does not answer: NOT deregistered, saying so', async (t) => {
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const deadPort = (closed.address() as { port: number }).port;
+    await new Promise<void>((resolve) => closed.close(() => resolve()));
+    const result = await hook('deregister.sh', { NODECOMPUTE_PORT: String(deadPort) });
+    t.equal(result.code, 1);
+    t.match(result.stdout, new RegExp(`^NOT deregistered: shard ${POD_NAME} \\(cannot connect to 127\\.0\\.0\\.1:${deadPort}\\)\n`));
+    t.equal(result.stderr, '');
   });
 
   await t.test('when nodecompute does not answer, the probe passes on llama-server\'s health and says it is unverified', async (t) => {

@@ -4,7 +4,10 @@
 // before they listened; at shutdown, a read of it stuck on such a mount does not keep the process
 // alive (Node's exit waits for every read it started): it ends by SIGTERM, saying why, with every
 // line it logged written out first.
+import { spawnSync } from 'node:child_process';
+import { chmodSync, statSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { createFakeNvidiaSmi, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { hangTokenFile, isStuckReadWarning, mkfifo, releaseFifo, startWithTokenFile } from '../helpers/fifo.js';
@@ -60,7 +63,7 @@ t.test('a token file that cannot be read or holds no usable token stops the star
   t.equal(help.end, 0, '--help answers whatever the token file');
   t.match(help.stdout, 'NODECOMPUTE_TOKEN_FILE');
   t.equal(doctor.end, 0, doctor.stdout + doctor.stderr);
-  t.match(doctor.stdout, /OK\s+token\s+a bearer token is configured for writes/, 'the doctor sees the tokens read from the file');
+  t.match(doctor.stdout, new RegExp(`OK\\s+token\\s+1 token\\(s\\) from ${join(dir, 'good')} are in force for writes`), 'the doctor sees the tokens read from the file');
 });
 
 t.test('SIGTERM while a read of the token file hangs: the service ends within its grace, by SIGTERM, saying why', async (t) => {
@@ -86,4 +89,25 @@ t.test('SIGTERM while a read of the token file hangs: the service ends within it
     },
     'the last line says why, and every line logged before it is out',
   );
+});
+
+t.test('a token file the service user may not read stops the start naming the uid it runs as and the file\'s owner and mode, not "invalid setting"', async (t) => {
+  const dir = t.testdir({ token: `${TOKEN}\n` });
+  const path = join(dir, 'token');
+  // As root, the service is started as nobody (root reads any file); as another user, the file is closed to it.
+  const root = process.getuid!() === 0;
+  const uid = root ? 65534 : process.getuid!();
+  chmodSync(path, root ? 0o600 : 0o000);
+  // Only the settings: tap's coverage hooks could not write their files as another user.
+  const result = spawnSync(process.execPath, [fileURLToPath(new URL('../../dist/src/main.js', import.meta.url)), 'doctor'], {
+    env: { PATH: String(process.env.PATH), NODECOMPUTE_TOKEN_FILE: path },
+    encoding: 'utf8',
+    timeout: HANG_MS,
+    ...(root ? { uid, gid: uid } : {}),
+  });
+  t.equal(result.status, 2, result.stderr);
+  t.match(result.stderr, `nodecompute: The token file ${path} cannot be read by nodecompute (EACCES): nodecompute runs as uid ${uid}, gid `);
+  t.match(result.stderr, new RegExp(`it is owned by uid ${statSync(path).uid}, gid ${statSync(path).gid}, with mode 0${root ? '600' : ''}, which does not let that user read it`));
+  t.match(result.stderr, "the Secret volume's defaultMode (0440) with the pod's fsGroup");
+  t.notMatch(result.stderr, /Invalid setting/, 'the setting is right; the file is not');
 });

@@ -46,6 +46,9 @@ t.test('a Secret rotated in place reaches the running server, which keeps servin
     NODECOMPUTE_TOKEN_FILE: join(dir, 'token'),
     NODECOMPUTE_PROBE_WAIT_MS: '1500',
   });
+  const access = `Writes need a bearer token: 1 token(s) from ${join(dir, 'token')} (re-read when it changes).`;
+  await waitUntil(() => server.logs().some((entry) => entry.msg === access), { what: 'the start-up line saying how writes are authorised' });
+  t.match(server.logs().find((entry) => entry.msg === access), { level: 30, tokenFile: join(dir, 'token') }, 'the start says how writes are authorised');
   const warnings = server.logs().filter((entry) => entry.level === 40);
   t.equal(warnings.length, 1, 'one warning at start');
   t.match(warnings[0]!.msg, /NODECOMPUTE_PROBE_WAIT_MS is 1500 ms.*Raise the probes' timeoutSeconds/);

@@ -5,7 +5,7 @@
 // and one that does not answer (a hung mount: a FIFO without a writer stands in for it), which never
 // holds a write up for longer than the read's bound.
 import { createHash } from 'node:crypto';
-import { mkdirSync, renameSync, rmSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, renameSync, rmSync, statSync, symlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
@@ -148,7 +148,7 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   t.equal(await later(OLD), 'accepted', 'and again: no warning for a problem already said');
   const warnings = log.at(40);
   t.equal(warnings.length, 3, 'one warning per problem, as it changes');
-  t.match(warnings[0]!.msg, `The token file ${path} cannot be used: it holds no token (it is empty or blank). The 1 token(s) last read from it stay in force`);
+  t.match(warnings[0]!.msg, `The token file ${path} cannot be used: it holds no token (it is empty, blank or only comments). The 1 token(s) last read from it stay in force`);
   t.match(warnings[0]!.msg, /Check the Secret .* and its mount; the file is re-read within a second of the next write once it is fixed\./);
   t.same([warnings[0]!.file, warnings[0]!.tokens], [path, 1]);
   t.match(warnings[1]!.msg, `The token file ${path} cannot be read (ENOENT: no such file or directory`);
@@ -175,11 +175,68 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   writeFileSync(path, `${NEW}\n`);
   t.equal(await later(NEW), 'accepted');
   clock.advance(REPORT_REUSE_MS);
-  t.match(await tokenCheck(), { status: 'ok', detail: 'a bearer token is configured for writes' }, 'and no more once the file is fixed');
+  t.match(await tokenCheck(), { status: 'ok', detail: `1 token(s) from ${path} are in force for writes` }, 'and no more once the file is fixed');
   t.same(log.at(30).slice(-2).map((line) => line.msg), [
     `The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`,
     `Write tokens changed: 1 token(s) from ${path} are in force now.`,
   ]);
+});
+
+t.test('GET /doctor looks at the token file itself: a Secret deleted or rotated reads as it is now, with no write', async (t) => {
+  const secret = secretVolume(t, `${OLD}\n`);
+  const { app, clock, log } = await tokenFileApp(t, secret.path);
+  const tokenCheck = async () => {
+    clock.advance(REPORT_REUSE_MS);
+    return ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((check) => check.name === 'token')!;
+  };
+  t.same(await tokenCheck(), { name: 'token', status: 'ok', detail: `1 token(s) from ${secret.path} are in force for writes`, fix: null });
+
+  secret.publish(`${OLD}\n${NEW}\n`);
+  t.match(await tokenCheck(), { status: 'ok', detail: `2 token(s) from ${secret.path} are in force for writes` }, 'mid-rotation: both are in force');
+  t.same(log.at(30).map((line) => line.msg), [`Write tokens changed: 2 token(s) from ${secret.path} are in force now.`], 'the look is the one writes make, with its log line');
+
+  rmSync(join(secret.path, '..', '..data'));
+  const deleted = await tokenCheck();
+  t.equal(deleted.status, 'warn', 'a deleted Secret is seen without any write');
+  t.match(deleted.detail, `The token file ${secret.path} cannot be read (ENOENT`);
+  t.match(deleted.detail, 'The 2 token(s) last read from it stay in force');
+  t.match(log.at(40).at(-1)!.msg, /cannot be read \(ENOENT/, 'and warned about');
+});
+
+t.test('a token file changed to tokens that can never work (non-ASCII, the example placeholder) or that this user may not read keeps the tokens in force, saying why', async (t) => {
+  const dir = t.testdir({ token: `${OLD}\n` });
+  const path = join(dir, 'token');
+  const clock = manualClock();
+  const log = capturingLogger();
+  let deny = false;
+  // As root no mode stops a read: the open fails as it would for another user (the stat is real).
+  const beforeRead = () => {
+    if (deny) throw Object.assign(new Error(`EACCES: permission denied, open '${path}'`), { code: 'EACCES' });
+  };
+  const source = createTokenFileSource({ path, initial: [OLD], log: log.logger, now: clock.now, beforeRead });
+  const look = async (content: string | null) => {
+    if (content !== null) writeFileSync(path, content);
+    clock.advance(TOKEN_FILE_CHECK_MS);
+    return accepted(source, OLD, NEW);
+  };
+  t.same(await look(`${OLD}\npässwörtpässwört01\n`), [OLD]);
+  t.match(source.problem(), `The token file ${path} cannot be used: the token on line 2 cannot work: character 2 of it is not printable ASCII, so it can never match`);
+  t.same(await look('REPLACE-ME-with-at-least-16-random-characters\n'), [OLD]);
+  t.match(source.problem(), 'cannot be used: the token on line 1 cannot work: it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read');
+  t.same(await look(`# rotated by ops\n${OLD}\n${NEW}\n`), [OLD, NEW], 'a comment line is no token');
+  t.equal(source.problem(), null);
+
+  chmodSync(path, 0o600);
+  deny = true;
+  t.same(await look(`${NEW}\n`), [OLD, NEW], 'unreadable: the tokens last read stay');
+  const { uid, gid } = statSync(path);
+  t.match(source.problem(), `The token file ${path} cannot be read (EACCES: permission denied`);
+  t.match(source.problem(), `nodecompute runs as uid ${process.getuid!()}, gid ${process.getgid!()}`);
+  t.match(source.problem(), `it is owned by uid ${uid}, gid ${gid}, with mode 0600, which does not let that user read it`);
+  t.match(source.problem(), /defaultMode \(0440\) with the pod's fsGroup.*; it is read again within a second of the next write\.$/);
+  t.equal(log.at(40).length, 3, 'each problem warned about once');
+  deny = false;
+  t.same(await look(null), [NEW], 'readable again: its tokens are taken');
 });
 
 t.test('a token file missing after start: the tokens read at start stay until it appears', async (t) => {

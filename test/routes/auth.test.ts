@@ -1,8 +1,11 @@
 // Who may write: a configured bearer token (constant-time compared), else loopback only. Reads stay open.
 import t from 'tap';
-import { isLoopback } from '../../src/auth.js';
-import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
+import { describeWriteAccess, isLoopback, WRITE_REFUSALS } from '../../src/auth.js';
+import { defaultConfig } from '../../src/config.js';
+import { REPEATED_WARNING_MS } from '../../src/repeat-limit.js';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 const TOKEN = 'correct-horse-battery-staple';
 
@@ -45,6 +48,9 @@ t.test('without a token, writes are accepted from loopback only', async (t) => {
     t.equal(res.statusCode, 403, remoteAddress);
     t.equal(res.json().code, 'NODECOMPUTE_FORBIDDEN');
     t.match(res.json().message, 'NODECOMPUTE_TOKEN');
+    const shown = remoteAddress.replace('::ffff:', '');
+    t.match(res.json().message, `Writes are accepted from loopback only (127.0.0.1, ::1) because no token is configured on this node, and this write came from ${shown}. `, 'it names the address the write came from');
+    t.match(res.json().message, "Behind Docker's -p (a write from the host arrives from the bridge's address, such as 172.17.0.1) or a proxy, no write comes from loopback");
   }
   for (const remoteAddress of ['127.0.0.1', '::1', '::ffff:127.0.0.1']) {
     const res = await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [] }, remoteAddress });
@@ -58,4 +64,69 @@ t.test('loopback: any 127.0.0.0/8 address, and nothing else (::1 and v4-mapped o
   t.ok(isLoopback('127.10.0.1'));
   t.notOk(isLoopback(undefined));
   t.notOk(isLoopback('128.0.0.1'));
+});
+
+/** The value of an unlabelled-but-for-reason counter series in a /metrics text. */
+function refusedCount(text: string, reason: string): number | undefined {
+  const line = text.split('\n').find((l) => l.startsWith(`nodecompute_writes_refused_total{reason="${reason}"} `));
+  return line === undefined ? undefined : Number(line.split(' ').at(-1));
+}
+
+t.test('refused writes are counted by reason and logged, once a minute per reason and address, never with the token', async (t) => {
+  const clock = manualClock();
+  const { log: logger, lines } = captureLog('debug');
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { token: TOKEN }, deps: { now: clock.now, logger } });
+  const metrics = async () => (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  const before = await metrics();
+  for (const reason of WRITE_REFUSALS) t.equal(refusedCount(before, reason), 0, `${reason} starts at 0, so increase() sees the first`);
+
+  const del = (remoteAddress: string, authorization?: string) =>
+    app.inject({ method: 'DELETE', url: '/shards/a', remoteAddress, headers: authorization === undefined ? {} : { authorization } });
+  const refusals = () => lines.filter((line) => typeof line.reason === 'string');
+  for (let i = 0; i < 5; i += 1) t.equal((await del('10.0.0.7')).statusCode, 401);
+  t.same(
+    refusals().map((line) => [line.level, line.reason, line.remoteAddress, line.method, line.url]),
+    [[40, 'missing-token', '10.0.0.7', 'DELETE', '/shards/a'], ...Array.from({ length: 4 }, () => [20, 'missing-token', '10.0.0.7', 'DELETE', '/shards/a'])],
+    'a write without a header is logged too: a warning, then its repeats at debug level',
+  );
+  t.match(refusals()[0]!.msg, 'Refused a write without "Authorization: Bearer <token>" (repeats from this address are logged at debug level for a minute)');
+
+  await del('10.0.0.7', 'Bearer wrong-token-presented-here');
+  await del('10.0.0.7', 'Bearer wrong-token-presented-here');
+  await del('10.0.0.8', 'Bearer wrong-token-presented-here');
+  t.same(
+    refusals().slice(5).map((line) => [line.level, line.reason, line.remoteAddress]),
+    [[40, 'wrong-token', '10.0.0.7'], [20, 'wrong-token', '10.0.0.7'], [40, 'wrong-token', '10.0.0.8']],
+    'another reason, or another address, is a warning of its own',
+  );
+  clock.advance(REPEATED_WARNING_MS);
+  await del('10.0.0.7');
+  t.equal(refusals().at(-1)!.level, 40, 'a minute later, a warning again');
+  t.notMatch(JSON.stringify(lines), /wrong-token-presented-here|correct-horse/, 'no token is ever logged');
+
+  const after = await metrics();
+  t.equal(refusedCount(after, 'missing-token'), 6, 'every refusal is counted, logged at warn or not');
+  t.equal(refusedCount(after, 'wrong-token'), 3);
+  t.equal(refusedCount(after, 'not-loopback'), 0);
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/a', headers: { authorization: `Bearer ${TOKEN}` } })).statusCode, 404, 'an accepted write');
+  t.equal(refusedCount(await metrics(), 'wrong-token'), 3, 'is not counted');
+});
+
+t.test('without a token, a write from the network is counted and logged as not-loopback', async (t) => {
+  const { log: logger, lines } = captureLog('info');
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { logger } });
+  const res = await app.inject({ method: 'DELETE', url: '/shards/a', remoteAddress: '::ffff:172.17.0.1' });
+  t.equal(res.statusCode, 403);
+  t.match(res.json().message, /, and this write came from 172\.17\.0\.1\. Behind Docker's -p/);
+  t.match(lines.find((line) => line.reason === 'not-loopback'), { level: 40, remoteAddress: '::ffff:172.17.0.1', msg: /^Refused a write from the network: no token is configured, so only loopback may write/ });
+  t.equal(refusedCount((await app.inject({ method: 'GET', url: '/metrics' })).body, 'not-loopback'), 1);
+});
+
+t.test('how writes are authorised, as the start-up line says it', async (t) => {
+  t.equal(
+    describeWriteAccess(defaultConfig({ tokenFile: '/var/run/secrets/nodecompute/token', token: 'a'.repeat(16), fileTokens: ['a'.repeat(16), 'b'.repeat(16)] })),
+    'Writes need a bearer token: 2 token(s) from /var/run/secrets/nodecompute/token (re-read when it changes).',
+  );
+  t.equal(describeWriteAccess(defaultConfig({ token: TOKEN })), 'Writes need a bearer token: 1 token from NODECOMPUTE_TOKEN.');
+  t.match(describeWriteAccess(defaultConfig({})), /^No token is configured: writes are accepted from loopback only \(127\.0\.0\.1, ::1\)\. .*Docker's -p.*set NODECOMPUTE_TOKEN_FILE/);
 });
