@@ -22,6 +22,7 @@
 #   SMOKE_CUDA_WAY_TIMEOUT_S how long cuda-hold.py --check may take for each way, the driver's
 #                         and torch's (default 60)
 #   SMOKE_CUDA_PID_FILE   where that pid is written (default: in the work directory)
+#   SMOKE_START_TIMEOUT_S how long the service may take to answer /livez (default 20)
 #   SMOKE_READY_TIMEOUT_S how long smoke-gpu may take to become ready (default 60)
 #   SMOKE_CUDA_TIMEOUT_S  how long the CUDA process may take to report its pid (default 120)
 #   SMOKE_MIN_MIB         shard memory expected on GPU 0 (default 900)
@@ -53,6 +54,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ -z "${NODE:-}" ] && "$ROOT/node/bin/node" --version >/dev/null 2>&1; then NODE=$ROOT/node/bin/node; fi
 NODE=${NODE:-node}
 NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
+START_TIMEOUT_S=${SMOKE_START_TIMEOUT_S:-20}
 READY_TIMEOUT_S=${SMOKE_READY_TIMEOUT_S:-60}
 CUDA_TIMEOUT_S=${SMOKE_CUDA_TIMEOUT_S:-120}
 WAY_TIMEOUT_S=${SMOKE_CUDA_WAY_TIMEOUT_S:-60}
@@ -306,7 +308,7 @@ until http GET /livez && [ "$STATUS" = 200 ]; do
   if ! kill -0 "$SERVICE_PID" 2>/dev/null; then
     die "service starts" "it exited: $(short "$(tail -n 3 "$WORK/service.log")")"
   fi
-  [ $(($(now_ms) - started)) -lt 20000 ] || die "service starts" "no 200 from /livez within 20 s (last: HTTP $STATUS)"
+  [ $(($(now_ms) - started)) -lt $((START_TIMEOUT_S * 1000)) ] || die "service starts" "no 200 from /livez within $START_TIMEOUT_S s (last: HTTP $STATUS)"
   sleep 0.2
 done
 check "service starts" PASS "pid $SERVICE_PID answers /livez on 127.0.0.1:$PORT"
