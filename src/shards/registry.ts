@@ -310,7 +310,7 @@ export async function readRegistryFile(stateFile: StateFile): Promise<StateFileR
       ok: false,
       problem: `Cannot read the state file ${stateFile.path}: ${(err as Error).message}.`,
       fix: permissionDenied(err)
-        ? `nodecompute runs as uid ${process.getuid?.()}, gid ${process.getgid?.()}: make the file and its directory theirs (\`chown -R\` the state directory: a file written by an earlier run as another user stays unreadable), or point NODECOMPUTE_STATE_FILE elsewhere.`
+        ? `nodecompute runs as uid ${process.getuid!()}, gid ${process.getgid!()}: make the file and its directory theirs (\`chown -R\` the state directory: a file written by an earlier run as another user stays unreadable), or point NODECOMPUTE_STATE_FILE elsewhere.`
         : 'Check its permissions and the volume it lives on, or point NODECOMPUTE_STATE_FILE elsewhere.',
       cause: err,
     };

@@ -295,8 +295,8 @@ function killGroup(pid: number, log: Logger): void {
   }
 }
 
-/** Whether `path` is a directory; false when it cannot be told. */
-function isDirectory(path: string): boolean {
+/** Whether `path` is a directory; false when it cannot be told (it cannot be looked at: a parent this user may not search). */
+export function isDirectory(path: string): boolean {
   try {
     return statSync(path).isDirectory();
   } catch {

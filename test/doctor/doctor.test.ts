@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
-import { formatDoctorReport, runDoctor, type DoctorReport } from '../../src/doctor/doctor.js';
+import { formatDoctorReport, runDoctor, type DoctorDeps, type DoctorReport } from '../../src/doctor/doctor.js';
 import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader } from '../../src/system/procfs.js';
 import { createStateFile } from '../../src/system/state-file.js';
@@ -32,6 +32,7 @@ function doctorFor(
     token?: boolean;
     slowQueryMs?: number;
     syncDirectory?: (dir: string) => Promise<void>;
+    deps?: Partial<DoctorDeps>;
   } = {},
 ) {
   // Not t.testdir(): the test may hold its own fixture there.
@@ -52,6 +53,7 @@ function doctorFor(
     version: '9.9.9',
     now: () => Date.parse('2026-11-29T12:00:00Z'),
     ...(overrides.slowQueryMs === undefined ? {} : { slowQueryMs: overrides.slowQueryMs }),
+    ...overrides.deps,
   });
 }
 
@@ -157,6 +159,19 @@ t.test('a detail of several lines (nvidia-smi\'s own words) keeps to its column 
   t.notMatch(table, /^NVML/m, 'no line starts at column 0');
   const multiLineFix = formatDoctorReport({ ok: true, version: '1', checkedAt: '', checks: [{ name: 'x', status: 'warn', detail: 'a', fix: 'one\ntwo' }] });
   t.equal(multiLineFix, 'WARN  x  a\n         fix: one\n         two\n\nnodecompute doctor: this node is fine.\n');
+});
+
+t.test('what a start says of the settings: its warnings as the first row, a token file it refuses as a failed token check', async (t) => {
+  const warnings = ['The environment variable NODECOMPUTE_TOKEN_FIEL is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_TOKEN_FILE?).', 'A second warning.'];
+  const refused = 'Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got "/x" (cannot read it: ENOENT: no such file or directory, open \'/x\'); it accepts a path.';
+  const report = await doctorFor(t, idleEightGpuNode(), { token: true, deps: { settingsWarnings: warnings, tokenFileRefused: refused } });
+  t.same(report.checks[0], { name: 'settings', status: 'warn', detail: warnings.join('\n'), fix: null }, 'each warning says what to do');
+  t.match(byName(report).token, { status: 'fail', detail: refused, fix: /^Fix the token file .*`nodecompute serve` stops at start \(exit 2\); a service already running keeps the tokens it last read\.$/ });
+  t.equal(report.ok, false);
+  t.match(formatDoctorReport(report), /^WARN  settings  +The environment variable NODECOMPUTE_TOKEN_FIEL .*\n +A second warning\.$/m);
+  const none = await doctorFor(t, idleEightGpuNode(), { token: true, deps: { settingsWarnings: [] } });
+  t.same(none.checks[0], { name: 'settings', status: 'ok', detail: 'no setting looks mistyped or at odds with another', fix: null });
+  t.notOk('settings' in byName(await doctorFor(t, idleEightGpuNode())), 'GET /doctor has no such row: the service logged them at its start');
 });
 
 t.test('no GPU process: nothing to compare', async (t) => {

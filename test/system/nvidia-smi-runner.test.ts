@@ -9,6 +9,7 @@ import { pino } from 'pino';
 import { isCodedError } from '../../src/errors.js';
 import {
   createNvidiaSmi,
+  isDirectory,
   GPU_QUERY_FIELDS,
   type NvidiaSmi,
   type QueryObservation,
@@ -233,6 +234,14 @@ t.test('nvidia-smi given as a directory: said to be a directory, not a permissio
       `nvidia-smi could not be run from ${JSON.stringify(join(dir, 'bin'))}: it is a directory, not the nvidia-smi executable (EACCES). ` +
       `Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to the executable's full path (${JSON.stringify(join(dir, 'bin', 'nvidia-smi'))}, if it is in there), or leave it unset to find nvidia-smi on PATH.`,
   });
+});
+
+t.test('isDirectory: a path that cannot be looked at reads as no directory, so the permission words stand', async (t) => {
+  const dir = t.testdir({ file: 'x' });
+  t.equal(isDirectory(dir), true);
+  t.equal(isDirectory(join(dir, 'file')), false);
+  t.equal(isDirectory(join(dir, 'missing')), false);
+  t.equal(isDirectory(`${dir}/bad\0name`), false, 'stat throws (an invalid path): not a directory, and no throw');
 });
 
 t.test('a bare name is looked up on PATH: not found there, or found and not executable, the message says so and shows PATH', async (t) => {
