@@ -21,10 +21,12 @@ const doctorSchema = (description: string) => Type.Object(
     checkedAt: Type.String({ format: 'date-time', description: 'When the checks ran.' }),
     checks: Type.Array(
       Type.Object({
-        name: Type.String({ description: 'Check name: nvidia-smi, gpus, query-time, host-pid-namespace, proc, open-files, state-file, token.' }),
+        name: Type.String({
+          description: 'Check name: nvidia-smi, gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, token.',
+        }),
         status: StringEnum(['ok', 'warn', 'fail'], 'ok, warn or fail.'),
         detail: Type.String({ description: 'What was found.' }),
-        fix: Nullable(Type.String(), 'What to do; null when nothing needs doing.'),
+        fix: Nullable(Type.String(), "What to do; null when nothing needs doing, or when the detail ends with it (nvidia-smi's failures)."),
       }),
       { description: 'Each check, in order.' },
     ),
@@ -33,7 +35,7 @@ const doctorSchema = (description: string) => Type.Object(
 );
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { nvidiaSmi, proc, stateFile, config, now } = app.services;
+  const { nvidiaSmi, proc, stateFile, config, now, node } = app.services;
   let running: Promise<DoctorReport> | null = null;
   let last: { at: number; report: DoctorReport } | null = null;
   function check(): Promise<DoctorReport> {
@@ -44,6 +46,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       nvidiaSmiPath: config.nvidiaSmi,
       tokenConfigured: config.token !== null,
       tokenFile: app.services.tokenFile,
+      snapshot: node.peek()?.view.snapshot ?? null,
       version: VERSION,
       now,
     })
@@ -61,7 +64,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       schema: {
         tags: ['operators'],
-        summary: 'Check this node: nvidia-smi and its version, GPUs, query time, host PID namespace, /proc, open files, state file, token.',
+        summary: 'Check this node: nvidia-smi and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, token.',
         description:
           'Runs nvidia-smi afresh (not from the cache). 200 when no check failed (warnings allowed), 503 with the same report when one did, ' +
           `as \`nodecompute doctor\` exits non-zero; each check says what it found and what to do. A report is reused for ${REPORT_REUSE_MS / 1000} s. ` +

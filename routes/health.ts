@@ -7,7 +7,7 @@
 // whose agent refuses every registration cannot take shards.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { describeListedPids, NO_GPU_PROCESS } from '../src/doctor/doctor.js';
+import { describeListedPids, NO_GPU_PROCESS, SOME_PIDS_MISSING_FIX } from '../src/doctor/doctor.js';
 import { formatDuration } from '../src/duration.js';
 import { BadRequestError, cannotStoreMessage, isCodedError } from '../src/errors.js';
 import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
@@ -42,7 +42,8 @@ const CHECKLIST = new Map([
   ['0', false],
 ]);
 
-type Check = { name: string; detail: string } & ({ ok: true } | { ok: false; code: string });
+/** `warning`: passes, yet the doctor warns about the same (the checklist says so, in the doctor's words). */
+type Check = { name: string; detail: string } & ({ ok: true; warning?: boolean } | { ok: false; code: string });
 type FailedCheck = Extract<Check, { ok: false }>;
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
@@ -67,23 +68,29 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     return `snapshot ${formatDuration(view.ageMs)} old, ${gpus} GPUs${view.stale ? ` (stale: ${view.staleReason})` : ''}`;
   }
 
-  /** The host-pid-namespace line when it passes: in the doctor's words, and never "all" when some are missing. */
-  function listedPidsDetail(snapshot: NodeSnapshot): string {
+  /**
+   * The host-pid-namespace check when it passes: in the doctor's words, never "all" when some are
+   * missing, and a warning where the doctor warns (it fails where all are missing: it has no previous
+   * snapshot to tell processes that exited from another namespace's).
+   */
+  function listedPidsCheck(snapshot: NodeSnapshot): Check {
+    const name = 'host-pid-namespace';
     const listed = [...new Set(snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)))];
-    if (listed.length === 0) return NO_GPU_PROCESS;
+    if (listed.length === 0) return { name, ok: true, detail: NO_GPU_PROCESS };
     const missing = listed.filter((pid) => snapshot.proc.get(pid) == null);
     const found = describeListedPids(listed.length, missing, proc.root);
-    if (missing.length === 0) return found;
+    if (missing.length === 0) return { name, ok: true, detail: found };
     if (missing.length === listed.length) {
-      return (
-        `${found}; none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
-        'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.'
-      );
+      return {
+        name,
+        ok: true,
+        warning: true,
+        detail:
+          `${found}; none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
+          'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.',
+      };
     }
-    return (
-      `${found}; the other ${listed.length - missing.length} do, so this is the host's PID namespace and the missing ones most likely exited since nvidia-smi listed them. ` +
-      'If the same PIDs stay missing, they live in another PID namespace (a VM or a nested container): run `nodecompute doctor`.'
-    );
+    return { name, ok: true, warning: true, detail: `${found}. Readiness does not depend on it; what to do: ${SOME_PIDS_MISSING_FIX}` };
   }
 
   /** Whether a registration can be stored: the last answer, looked at again in the background (state-file.ts). */
@@ -109,7 +116,9 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
           { name: 'nvidia-smi', ok: true, detail: checklist ? snapshotDetail(view) : '' },
           nodeView.processesHidden !== null
             ? { name: 'host-pid-namespace', ok: false, detail: nodeView.processesHidden, code: 'NODECOMPUTE_PID_NAMESPACE' }
-            : { name: 'host-pid-namespace', ok: true, detail: checklist ? listedPidsDetail(nodeView.snapshot) : '' },
+            : checklist
+              ? listedPidsCheck(nodeView.snapshot)
+              : { name: 'host-pid-namespace', ok: true, detail: '' },
         ],
         meta: snapshotMeta(view),
       };
@@ -151,7 +160,9 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const result = await checks(checklist);
       const failed = result.checks.find((check): check is FailedCheck => !check.ok);
       if (checklist) {
-        const lines = result.checks.map((check) => (check.ok ? `[+]${check.name} ok: ${check.detail}` : `[-]${check.name} failed: ${check.detail}`));
+        const lines = result.checks.map((check) =>
+          check.ok ? `[+]${check.name} ok${check.warning ? ', with a warning' : ''}: ${check.detail}` : `[-]${check.name} failed: ${check.detail}`,
+        );
         lines.push(failed ? 'readyz check failed' : 'readyz check passed');
         return reply.status(failed ? 503 : 200).type('text/plain; charset=utf-8').send(`${lines.join('\n')}\n`);
       }

@@ -3,7 +3,7 @@
 // (on :: by default, 0.0.0.0 on a kernel without IPv6: listen.ts), and handles signals. `nodecompute` and `nodecompute serve` run the service; `nodecompute doctor`
 // checks the node; --help and --version say what they say. `serve` and `doctor` first read the
 // token file within a bound (config.ts's readStartTokens), so a file on a hung mount fails the start
-// instead of hanging it. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
+// instead of hanging it; the doctor reports a file a start refuses as a failed check and goes on. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
 // kills running nvidia-smi children and exits 0 (1 after an uncaught error, or when it is cut short:
 // after 10 s, on a second signal or another uncaught error); or, while a read or write of the token
 // file or the state file is stuck on a hung mount, ends by SIGTERM (endIfIoStuck): Node cannot exit
@@ -237,10 +237,12 @@ async function main(argv: string[]): Promise<number | null> {
   try {
     config = await readStartTokens(cli.config);
   } catch (err) {
+    // The doctor reports a token file a start refuses as a failed check, among the others.
+    if (command === 'doctor') return runDoctorCli(cli.config, process.stdout, { settingsWarnings: cli.warnings, tokenFileRefused: (err as Error).message });
     process.stderr.write(`nodecompute: ${(err as Error).message}\n`);
     return 2;
   }
-  if (command === 'doctor') return runDoctorCli(config, process.stdout);
+  if (command === 'doctor') return runDoctorCli(config, process.stdout, { settingsWarnings: cli.warnings, tokenFileRefused: null });
   try {
     await serve(config, cli);
   } catch (err) {

@@ -1,5 +1,7 @@
 // Owns `nodecompute doctor`: builds the readers from the settings, runs the checks once and prints
-// the human table; the exit code is non-zero when any check failed, so scripts can gate on it.
+// the human table; the exit code is non-zero when any check failed, so scripts can gate on it. What
+// a start would say about the settings comes along: its warnings (a mistyped variable) as a row, and
+// a token file a start refuses as a failed check rather than no report at all.
 import type { Writable } from 'node:stream';
 import { pino } from 'pino';
 import type { TokenFileState } from '../auth.js';
@@ -15,7 +17,14 @@ function fileTokens({ tokenFile: path, fileTokens: tokens }: Config): (() => Pro
   return path === null ? null : async () => ({ path, tokens: tokens.length, problem: null });
 }
 
-export async function runDoctorCli(config: Config, out: Writable): Promise<number> {
+export interface DoctorCliOptions {
+  /** The warnings a start logs about the settings (ResolvedCli.warnings). */
+  settingsWarnings: readonly string[];
+  /** Why a start refuses the token file (readStartTokens's message); null when it does not. */
+  tokenFileRefused: string | null;
+}
+
+export async function runDoctorCli(config: Config, out: Writable, options: DoctorCliOptions): Promise<number> {
   // The table is the output; reader warnings would only repeat it.
   const log = pino({ level: 'silent' });
   const report = await runDoctor({
@@ -25,6 +34,8 @@ export async function runDoctorCli(config: Config, out: Writable): Promise<numbe
     nvidiaSmiPath: config.nvidiaSmi,
     tokenConfigured: config.token !== null,
     tokenFile: fileTokens(config),
+    tokenFileRefused: options.tokenFileRefused,
+    settingsWarnings: options.settingsWarnings,
     version: VERSION,
     now: Date.now,
   });

@@ -5,9 +5,16 @@
 // shutdown kills it) says nothing about the node: the check then rejects with the query's own coded
 // error, so that GET /doctor answers it as every request the shutdown cuts off is answered (a coded
 // 503), instead of a report that blames nvidia-smi and advises fixing it. `nodecompute doctor` does
-// not shut down under a check, and always reports.
+// not shut down under a check, and always reports. The doctor fails where a start would: the state
+// file is read and parsed as a start does (registry.ts's readRegistryFile), and the CLI reports a
+// token file a start refuses, with the warnings a start logs about the settings. The running
+// service adds what only it knows: the GPUs it has lost since it started (gpu-roster.ts).
+import { formatDuration } from '../duration.js';
+import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
+import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
-import type { NvidiaSmi } from '../system/nvidia-smi.js';
+import { readRegistryFile } from '../shards/registry.js';
+import type { GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -18,7 +25,7 @@ export interface DoctorCheck {
   name: string;
   status: CheckStatus;
   detail: string;
-  /** What to do; null when nothing needs doing. */
+  /** What to do; null when nothing needs doing, or when the detail ends with it (nvidia-smi's failures, the settings' warnings). */
   fix: string | null;
 }
 
@@ -28,6 +35,9 @@ export interface DoctorReport {
   checkedAt: string;
   checks: DoctorCheck[];
 }
+
+/** What the service's latest snapshot knows of the GPUs. */
+export type KnownGpus = Pick<NodeSnapshot, 'takenAt' | 'gpus' | 'lostGpus'>;
 
 export interface DoctorDeps {
   nvidiaSmi: NvidiaSmi;
@@ -40,6 +50,15 @@ export interface DoctorDeps {
    * running service sees it (the CLI: what it read at start). Null or absent without a token file.
    */
   tokenFile?: (() => Promise<TokenFileState>) | null;
+  /** Why a start would refuse the token file (readStartTokens's message): the CLI's, which reads it as a start does. */
+  tokenFileRefused?: string | null;
+  /** The warnings a start logs about the settings (config.ts); the CLI's: the service logged them at its start. */
+  settingsWarnings?: readonly string[];
+  /**
+   * The service's latest snapshot (null before the first), for the GPUs it has lost: the running
+   * service's only; the CLI has listed no GPU before this run, so it has no such check.
+   */
+  snapshot?: KnownGpus | null;
   version: string;
   now: () => number;
   /** A query slower than this gets a warning. */
@@ -52,10 +71,13 @@ function check(name: string, status: CheckStatus, detail: string, fix: string | 
   return { name, status, detail, fix };
 }
 
-/** A failed nvidia-smi query's check; while the service is shutting down, the query's error itself (see the header). */
-function queryFailed(deps: DoctorDeps, err: unknown, name: string, fix: string): DoctorCheck {
+/**
+ * A failed nvidia-smi query's check; while the service is shutting down, the query's error itself
+ * (see the header). Its message ends with what to do about that failure: there is no other fix.
+ */
+function queryFailed(deps: DoctorDeps, err: unknown, name: string, context = ''): DoctorCheck {
   if (deps.nvidiaSmi.stopped) throw err;
-  return check(name, 'fail', (err as Error).message, fix);
+  return check(name, 'fail', `${context}${(err as Error).message}`);
 }
 
 async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }> {
@@ -64,7 +86,16 @@ async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }
   return { value, ms: Math.round(performance.now() - started) };
 }
 
-async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[]; pids: number[] | null; busy: number[] }> {
+interface SmiFindings {
+  checks: DoctorCheck[];
+  /** The PIDs the process query lists; null when it could not be asked. */
+  pids: number[] | null;
+  busy: number[];
+  /** The GPUs the GPU query lists; null when it could not be asked. */
+  gpus: GpuRecord[] | null;
+}
+
+async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   const checks: DoctorCheck[] = [];
   try {
     const version = await deps.nvidiaSmi.queryVersion();
@@ -73,11 +104,17 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
       check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`),
     );
   } catch (err) {
-    checks.push(queryFailed(deps, err, 'nvidia-smi', 'Fix nvidia-smi first: every GPU answer depends on it.'));
-    return { checks, pids: null, busy: [] };
+    checks.push(queryFailed(deps, err, 'nvidia-smi'));
+    return { checks, pids: null, busy: [], gpus: null };
+  }
+  let gpus: { value: GpuRecord[]; ms: number };
+  try {
+    gpus = await timed(() => deps.nvidiaSmi.queryGpus());
+  } catch (err) {
+    checks.push(queryFailed(deps, err, 'gpus', 'nvidia-smi answers --version, but its GPU query (--query-gpu), which every GPU answer needs, fails: '));
+    return { checks, pids: null, busy: [], gpus: null };
   }
   try {
-    const gpus = await timed(() => deps.nvidiaSmi.queryGpus());
     const apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
     const visible = gpus.value.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ');
     // With no GPU visible nvidia-smi fails ("No devices were found", exit 6): that is the catch below.
@@ -105,11 +142,42 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<{ checks: DoctorCheck[
           )
         : check('query-time', 'ok', `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms`),
     );
-    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value) };
+    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value), gpus: gpus.value };
   } catch (err) {
-    checks.push(queryFailed(deps, err, 'gpus', 'nvidia-smi answers --version but not the queries nodecompute uses; see the message.'));
-    return { checks, pids: null, busy: [] };
+    checks.push(
+      queryFailed(
+        deps,
+        err,
+        'gpus',
+        `nvidia-smi answers --version and its GPU query (${gpus.value.length} GPU(s)), but its process query (--query-compute-apps), which tells whose memory is whose, fails: `,
+      ),
+    );
+    return { checks, pids: null, busy: [], gpus: gpus.value };
   }
+}
+
+/**
+ * The GPUs the service has lost: those its roster has lost (the latest snapshot's lostGpus) and
+ * those that snapshot listed, less the ones this check's GPU query lists (`listed`; null when it
+ * could not be asked). In the roster's words (gpu-roster.ts).
+ */
+function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, now: number): DoctorCheck {
+  if (snapshot == null) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
+  const lost = new Map<string, LostGpu>(snapshot.lostGpus.map((gpu) => [gpu.uuid, gpu]));
+  if (listed !== null) {
+    for (const { index, uuid, name } of snapshot.gpus) if (!lost.has(uuid)) lost.set(uuid, { index, uuid, name, lastListedAt: snapshot.takenAt });
+    for (const gpu of listed) lost.delete(gpu.uuid);
+  }
+  if (lost.size === 0) return check('lost-gpus', 'ok', 'every GPU nodecompute has listed since it started is still listed');
+  const lines = [...lost.values()]
+    .sort((a, b) => a.index - b.index)
+    .map((gpu) => `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago)`);
+  return check(
+    'lost-gpus',
+    'fail',
+    `${lines.join('\n')}:\n${LOST_GPU_MEANING}`,
+    `${LOST_GPU_FIX} If it was detached on purpose, restart nodecompute to forget it.`,
+  );
 }
 
 /** The host-pid-namespace check with no GPU process listed (and no memory in use hidden from it). */
@@ -122,10 +190,28 @@ export const NO_GPU_PROCESS = 'no GPU process is running, so there is nothing to
 export function describeListedPids(listed: number, missing: readonly number[], root: string): string {
   if (missing.length === 0) return `all ${listed} PID(s) nvidia-smi lists exist in ${root}`;
   const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
-  return `${missing.length} of ${listed} PID(s) nvidia-smi lists do not exist in ${root} (${shown})`;
+  const found = `${missing.length} of ${listed} PID(s) nvidia-smi lists do not exist in ${root} (${shown})`;
+  if (missing.length === listed) return found;
+  return (
+    `${found}; the other ${listed - missing.length} do, so this is the host's PID namespace and the missing ones most likely exited since nvidia-smi listed them. ` +
+    'If the same PIDs stay missing, they live in another PID namespace (a VM or a nested container), and their memory reads as foreign'
+  );
 }
 
-async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[]): Promise<DoctorCheck> {
+/** What to do about some (not all) of the listed PIDs missing: the doctor's fix, and what /readyz?verbose points to. */
+export const SOME_PIDS_MISSING_FIX =
+  "Run the doctor again in a minute: a process that exited is no longer listed by then. PIDs that stay missing belong to processes nodecompute cannot see (another PID namespace): find them with `nvidia-smi` on the host, and run their work where nodecompute's /proc sees it.";
+
+async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[], procReadable: boolean): Promise<DoctorCheck> {
+  if (pids.length > 0 && !procReadable) {
+    // Every PID would read as missing: that says nothing about the PID namespace.
+    return check(
+      'host-pid-namespace',
+      'warn',
+      `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), so whether they exist there is unknown`,
+      'Fix the proc check first, then run the doctor again.',
+    );
+  }
   if (pids.length === 0 && busy.length > 0) {
     return check(
       'host-pid-namespace',
@@ -147,7 +233,7 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
     describeListedPids(pids.length, missing, proc.root),
     status === 'fail'
       ? "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), or set NODECOMPUTE_PROC to the host's /proc."
-      : 'Some processes may have exited between the two reads; re-run. If it persists, they live in another PID namespace (a VM or a nested container).',
+      : SOME_PIDS_MISSING_FIX,
   );
 }
 
@@ -168,28 +254,48 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
   return check('open-files', 'ok', `${limit}: up to ${keepLimit} /proc stat files kept open between snapshots${processes}`);
 }
 
+/**
+ * Whether registrations could be stored in the state file's directory and, where they could, whether
+ * a start could use the file (read and parsed as loadRegistry does: a corrupt or unreadable one stops
+ * it). The read is made only where the look at the directory succeeded: one that did not may be on
+ * a mount that does not answer, where a read would block another thread for good.
+ */
+async function stateFileCheck(stateFile: StateFile): Promise<DoctorCheck> {
+  const writable = await stateFile.checkWritable();
+  if (!writable.ok) return check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.');
+  const read = await readRegistryFile(stateFile);
+  if (!read.ok) return check('state-file', 'fail', `${read.problem} nodecompute stops at start on it (exit 1): the service cannot start, or restart, until it is fixed.`, read.fix);
+  const holds = read.shards === null ? 'does not exist yet (a first start: no shards)' : `holds ${read.shards.length} shard registration(s)`;
+  return writable.warning === null
+    ? check('state-file', 'ok', `${stateFile.path} ${holds} and can be written`)
+    : check('state-file', 'warn', `${stateFile.path} ${holds} and can be written, but the ${writable.warning.problem}`, writable.warning.fix);
+}
+
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
-  const [smi, procReadable, writable] = await Promise.all([
+  const [smi, procReadable, stateFile] = await Promise.all([
     nvidiaSmiChecks(deps),
     deps.proc.checkReadable(),
-    deps.stateFile.checkWritable(),
+    stateFileCheck(deps.stateFile),
   ]);
-  const checks = [...smi.checks];
-  if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy));
+  const checks: DoctorCheck[] = [];
+  if (deps.settingsWarnings !== undefined) {
+    // Each warning says what to do.
+    checks.push(
+      deps.settingsWarnings.length === 0
+        ? check('settings', 'ok', 'no setting looks mistyped or at odds with another')
+        : check('settings', 'warn', deps.settingsWarnings.join('\n')),
+    );
+  }
+  checks.push(...smi.checks);
+  if (deps.snapshot !== undefined) checks.push(lostGpusCheck(deps.snapshot, smi.gpus, deps.now()));
+  if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy, procReadable.ok));
   checks.push(
     procReadable.ok
       ? check('proc', 'ok', `${deps.proc.root} is readable`)
       : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it."),
   );
   checks.push(openFilesCheck(deps.proc, smi.pids === null ? null : smi.pids.length));
-  checks.push(
-    !writable.ok
-      ? check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.')
-      : writable.warning === null
-        ? check('state-file', 'ok', `${deps.stateFile.path} can be written`)
-        : check('state-file', 'warn', `${deps.stateFile.path} can be written, but the ${writable.warning.problem}`, writable.warning.fix),
-  );
-  checks.push(await tokenCheck(deps));
+  checks.push(stateFile, await tokenCheck(deps));
   return {
     ok: checks.every((c) => c.status !== 'fail'),
     version: deps.version,
@@ -200,6 +306,14 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
 
 /** Whether writes can be authorised, and by which tokens: the token file is looked at now. */
 async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
+  if (deps.tokenFileRefused) {
+    return check(
+      'token',
+      'fail',
+      deps.tokenFileRefused,
+      'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); a service already running keeps the tokens it last read.',
+    );
+  }
   if (!deps.tokenConfigured) {
     return check('token', 'warn', 'no token is configured: writes are accepted from loopback only', 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards.');
   }
@@ -215,9 +329,12 @@ async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
 export function formatDoctorReport(report: DoctorReport): string {
   const mark = { ok: 'OK  ', warn: 'WARN', fail: 'FAIL' } as const;
   const width = Math.max(...report.checks.map((c) => c.name.length));
+  const indent = ' '.repeat(width + 8);
+  // A detail or fix of several lines (nvidia-smi's own words can be) keeps to its column.
+  const continued = (text: string) => text.replace(/\n/g, `\n${indent}`);
   const lines = report.checks.flatMap((c) => {
-    const row = `${mark[c.status]}  ${c.name.padEnd(width)}  ${c.detail}`;
-    return c.fix ? [row, `${' '.repeat(width + 8)}fix: ${c.fix}`] : [row];
+    const row = `${mark[c.status]}  ${c.name.padEnd(width)}  ${continued(c.detail)}`;
+    return c.fix ? [row, `${indent}fix: ${continued(c.fix)}`] : [row];
   });
   const verdict = report.ok ? 'nodecompute doctor: this node is fine.' : 'nodecompute doctor: something is wrong (see FAIL above).';
   return `${lines.join('\n')}\n\n${verdict}\n`;

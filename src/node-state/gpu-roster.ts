@@ -23,6 +23,13 @@ export interface GpuRoster {
   update(listed: readonly GpuRecord[], at: number): LostGpu[];
 }
 
+/** The words for a lost GPU, in the log and in the doctor alike. */
+export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>): string => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}) is no longer listed by nvidia-smi`;
+export const LOST_GPU_MEANING =
+  'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it.';
+export const LOST_GPU_FIX =
+  'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.';
+
 export function createGpuRoster(log: Logger): GpuRoster {
   const known = new Map<string, LostGpu>();
   const lost = new Set<string>();
@@ -45,9 +52,7 @@ export function createGpuRoster(log: Logger): GpuRoster {
         lost.add(uuid);
         log.warn(
           { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },
-          `GPU ${gpu.index} (${uuid}, ${gpu.name}) is no longer listed by nvidia-smi: it fell off the bus, was reset or was detached. ` +
-            'Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it. ' +
-            'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
+          `${gpuNoLongerListed(gpu)}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
         );
       }
       return [...lost].map((uuid) => known.get(uuid)!).sort((a, b) => a.index - b.index);

@@ -266,41 +266,65 @@ function serialise(shards: Map<string, ShardRecord>): string {
   return `${JSON.stringify(state, null, 2)}\n`;
 }
 
-function parseState(path: string, text: string): ShardRecord[] {
+/**
+ * What reading the state file found: its registrations (null: no file yet, a first start), or why a
+ * start cannot use it, in two parts: what is wrong, and what to do.
+ */
+export type StateFileRead = { ok: true; shards: ShardRecord[] | null } | { ok: false; problem: string; fix: string; cause?: unknown };
+
+function parseState(path: string, text: string): StateFileRead {
   let data: unknown;
   try {
     data = JSON.parse(text);
   } catch (err) {
-    throw new StateFileInvalidError(
-      `The state file ${path} is not valid JSON (${(err as Error).message}). It was left untouched. ` +
-        'Restore it from a backup, fix it by hand, or move it away to start with no shards (the control plane must then register them again).',
-      { cause: err },
-    );
+    return {
+      ok: false,
+      problem: `The state file ${path} is not valid JSON (${(err as Error).message}). It was left untouched.`,
+      fix: 'Restore it from a backup, fix it by hand, or move it away to start with no shards (the control plane must then register them again).',
+      cause: err,
+    };
   }
   if (!Value.Check(StateSchema, data)) {
     const first = Value.Errors(StateSchema, data).First()!;
-    throw new StateFileInvalidError(
-      `The state file ${path} is not a nodecompute shard registry: ${first.path} ${first.message}. ` +
-        'It was left untouched. Fix it by hand, or move it away to start with no shards.',
-    );
+    return {
+      ok: false,
+      problem: `The state file ${path} is not a nodecompute shard registry: ${first.path} ${first.message}. It was left untouched.`,
+      fix: 'Fix it by hand, or move it away to start with no shards.',
+    };
   }
-  return data.shards;
+  return { ok: true, shards: data.shards };
 }
 
-export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }): Promise<Registry> {
-  const { stateFile, log } = deps;
+const permissionDenied = (err: unknown): boolean => ['EACCES', 'EPERM'].includes(String((err as NodeJS.ErrnoException).code));
+
+/**
+ * Reads and parses the state file as a start does: the one way to, for loadRegistry and for the
+ * doctor, which must fail exactly where a start would.
+ */
+export async function readRegistryFile(stateFile: StateFile): Promise<StateFileRead> {
   let text: string | null;
   try {
     text = await stateFile.read();
   } catch (err) {
-    throw new StateFileInvalidError(
-      `Cannot read the state file ${stateFile.path}: ${(err as Error).message}. Check its permissions and the volume it lives on, or point NODECOMPUTE_STATE_FILE elsewhere.`,
-      { cause: err },
-    );
+    return {
+      ok: false,
+      problem: `Cannot read the state file ${stateFile.path}: ${(err as Error).message}.`,
+      fix: permissionDenied(err)
+        ? `nodecompute runs as uid ${process.getuid!()}, gid ${process.getgid!()}: make the file and its directory theirs (\`chown -R\` the state directory: a file written by an earlier run as another user stays unreadable), or point NODECOMPUTE_STATE_FILE elsewhere.`
+        : 'Check its permissions and the volume it lives on, or point NODECOMPUTE_STATE_FILE elsewhere.',
+      cause: err,
+    };
   }
+  return text === null ? { ok: true, shards: null } : parseState(stateFile.path, text);
+}
+
+export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }): Promise<Registry> {
+  const { stateFile, log } = deps;
+  const read = await readRegistryFile(stateFile);
+  if (!read.ok) throw new StateFileInvalidError(`${read.problem} ${read.fix}`, { cause: read.cause });
   let committed = new Map<string, ShardRecord>();
-  if (text !== null) for (const shard of parseState(stateFile.path, text)) committed.set(shard.id, shard);
-  log.info({ stateFile: stateFile.path, shards: committed.size }, text === null ? 'No state file yet; starting with no shards' : 'Loaded shard registrations');
+  for (const shard of read.shards ?? []) committed.set(shard.id, shard);
+  log.info({ stateFile: stateFile.path, shards: committed.size }, read.shards === null ? 'No state file yet; starting with no shards' : 'Loaded shard registrations');
 
   const engines = new Map<string, EngineState>();
   // Per shard id, what was posted since each of its in-flight PUTs arrived.

@@ -12,6 +12,8 @@
 // columns came back in the order asked (nvidia-smi's output is "not guaranteed to be backwards
 // compatible"), and the ` MiB` unit on each value proves the unit instead of assuming it. The parsers
 // still accept noheader and nounits output, so captured output in any of those forms can be read.
+import { statSync } from 'node:fs';
+import { join } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
 import {
@@ -293,16 +295,45 @@ function killGroup(pid: number, log: Logger): void {
   }
 }
 
+/** Whether `path` is a directory; false when it cannot be told (it cannot be looked at: a parent this user may not search). */
+export function isDirectory(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+const CANNOT_SEE_GPUS =
+  'Without it nodecompute cannot see the GPUs. Install the NVIDIA driver utilities on the host; in a ' +
+  'container, run with the NVIDIA runtime (docker --gpus all, or runtimeClassName: nvidia) and ' +
+  'NVIDIA_DRIVER_CAPABILITIES=utility so nvidia-smi is mounted; or set NODECOMPUTE_NVIDIA_SMI to its full path.';
+
+/**
+ * Why nvidia-smi could not be started (ENOENT or EACCES), in the terms of what was given: a bare
+ * name is looked up on PATH (the environment the child inherits, shown as it is), a path is a file,
+ * and a directory is not a program (exec says EACCES of it, which would read as a permission problem).
+ */
 function notFoundError(path: string, result: Completed): Error {
-  const problem =
-    result.code === 'ENOENT' ? 'there is no such file' : 'the file exists but this user may not execute it';
-  return new NvidiaSmiNotFoundError(
-    `nvidia-smi could not be run from ${JSON.stringify(path)}: ${problem} (${String(result.code)}). ` +
-      'Without it nodecompute cannot see the GPUs. Install the NVIDIA driver utilities on the host; in a ' +
-      'container, run with the NVIDIA runtime (docker --gpus all, or runtimeClassName: nvidia) and ' +
-      'NVIDIA_DRIVER_CAPABILITIES=utility so nvidia-smi is mounted; or set NODECOMPUTE_NVIDIA_SMI to its full path.',
-    { cause: result },
-  );
+  const code = String(result.code);
+  const onPath = !path.includes('/');
+  let said: string;
+  if (onPath) {
+    const searched = `PATH is ${JSON.stringify(process.env.PATH ?? '')}`;
+    said =
+      code === 'ENOENT'
+        ? `no program of that name was found on PATH (${code}; ${searched}). ${CANNOT_SEE_GPUS}`
+        : `a file of that name on PATH may not be executed by this user, or is a directory (${code}; ${searched}). ${CANNOT_SEE_GPUS}`;
+  } else if (code === 'ENOENT') {
+    said = `there is no such file (${code}). ${CANNOT_SEE_GPUS}`;
+  } else if (isDirectory(path)) {
+    said =
+      `it is a directory, not the nvidia-smi executable (${code}). ` +
+      `Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to the executable's full path (${JSON.stringify(join(path, 'nvidia-smi'))}, if it is in there), or leave it unset to find nvidia-smi on PATH.`;
+  } else {
+    said = `the file exists but this user may not execute it (${code}). Check its mode (\`ls -l ${path}\`: it needs an x bit this user has). ${CANNOT_SEE_GPUS}`;
+  }
+  return new NvidiaSmiNotFoundError(`nvidia-smi could not be run from ${JSON.stringify(path)}: ${said}`, { cause: result });
 }
 
 function failedError(result: Completed): Error {

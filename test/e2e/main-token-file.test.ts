@@ -34,18 +34,23 @@ t.test('a token file that does not answer at start stops serve and doctor within
   ]);
   for (const [name, result, fifo] of [['serve', serve, fifos[0]!], ['doctor', doctor, fifos[1]!]] as const) {
     t.equal(result.end, 'SIGTERM', `${name}: ended (exit status 143), not left hanging`);
+    // serve says it on stderr; the doctor as its token check, among the others.
+    const said = name === 'serve' ? result.stderr : result.stdout;
     t.match(
-      result.stderr,
-      `nodecompute: The token file ${fifo} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within 5000 ms, and its read is still pending: the filesystem that holds it likely hangs`,
+      said,
+      `The token file ${fifo} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within 5000 ms, and its read is still pending: the filesystem that holds it likely hangs`,
       `${name}: what happened, and what to do`,
     );
-    t.match(result.stderr, `Check that filesystem (does \`cat ${fifo}\` return?), or mount the token from a Kubernetes Secret`);
+    t.match(said, `Check that filesystem (does \`cat ${fifo}\` return?), or mount the token from a Kubernetes Secret`);
     t.match(result.stderr, `nodecompute: A read of the token file ${fifo} is still pending (its filesystem does not answer), and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143).`);
   }
+  t.match(serve.stderr, /^nodecompute: The token file /m);
+  t.match(doctor.stdout, /^FAIL  token +The token file /m);
+  t.match(doctor.stdout, /^FAIL  nvidia-smi /m, 'the doctor ran its other checks');
   t.notMatch(serve.stdout, /listening/, 'the service never listened');
 });
 
-t.test('a token file that cannot be read or holds no usable token stops the start with exit code 2; --help does not read it; doctor reads it', async (t) => {
+t.test('a token file that cannot be read or holds no usable token stops the start with exit code 2; --help does not read it; doctor reads it, and fails its token check', async (t) => {
   const dir = t.testdir({ short: 'short\n', good: `${TOKEN}\n`, smi: {} });
   const fake = createFakeNvidiaSmi(join(dir, 'smi'), idleEightGpuNode());
   const start = (args: string[], tokenFile: string) => run(args, { NODECOMPUTE_TOKEN_FILE: tokenFile, NODECOMPUTE_STATE_FILE: join(dir, 'state', 's.json') });
@@ -58,8 +63,8 @@ t.test('a token file that cannot be read or holds no usable token stops the star
   ]);
   t.equal(unreadable.end, 2);
   t.match(unreadable.stderr, `nodecompute: Invalid setting NODECOMPUTE_TOKEN_FILE (--token-file): got ${JSON.stringify(missing)} (cannot read it: ENOENT: no such file or directory`);
-  t.equal(short.end, 2);
-  t.match(short.stderr, '(the token on line 1 cannot work: it is 5 characters long, and a token needs at least 16); it accepts a path to a file holding one or more tokens');
+  t.equal(short.end, 1, 'the doctor: a failed check');
+  t.match(short.stdout, /^FAIL  token +Invalid setting NODECOMPUTE_TOKEN_FILE .*\(the token on line 1 cannot work: it is 5 characters long, and a token needs at least 16\); it accepts a path to a file holding one or more tokens/m);
   t.equal(help.end, 0, '--help answers whatever the token file');
   t.match(help.stdout, 'NODECOMPUTE_TOKEN_FILE');
   t.equal(doctor.end, 0, doctor.stdout + doctor.stderr);

@@ -9,6 +9,7 @@ import { pino } from 'pino';
 import { isCodedError } from '../../src/errors.js';
 import {
   createNvidiaSmi,
+  isDirectory,
   GPU_QUERY_FIELDS,
   type NvidiaSmi,
   type QueryObservation,
@@ -220,7 +221,45 @@ t.test('a file that may not be executed: NvidiaSmiNotFoundError (EACCES)', async
   writeFileSync(join(fake.dir, 'not-executable'), '#!/bin/sh\n', { mode: 0o644 });
   await t.rejects(smi.queryVersion(), {
     code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
-    message: /the file exists but this user may not execute it \(EACCES\)/,
+    message: /the file exists but this user may not execute it \(EACCES\)\. Check its mode \(`ls -l .*not-executable`: it needs an x bit this user has\)\. Without it/,
+  });
+});
+
+t.test('nvidia-smi given as a directory: said to be a directory, not a permission problem', async (t) => {
+  const dir = t.testdir({ bin: {} });
+  const smi = createNvidiaSmi({ path: join(dir, 'bin'), timeoutMs: 15_000, log: pino({ level: 'silent' }) });
+  await t.rejects(smi.queryVersion(), {
+    code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
+    message:
+      `nvidia-smi could not be run from ${JSON.stringify(join(dir, 'bin'))}: it is a directory, not the nvidia-smi executable (EACCES). ` +
+      `Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to the executable's full path (${JSON.stringify(join(dir, 'bin', 'nvidia-smi'))}, if it is in there), or leave it unset to find nvidia-smi on PATH.`,
+  });
+});
+
+t.test('isDirectory: a path that cannot be looked at reads as no directory, so the permission words stand', async (t) => {
+  const dir = t.testdir({ file: 'x' });
+  t.equal(isDirectory(dir), true);
+  t.equal(isDirectory(join(dir, 'file')), false);
+  t.equal(isDirectory(join(dir, 'missing')), false);
+  t.equal(isDirectory(`${dir}/bad\0name`), false, 'stat throws (an invalid path): not a directory, and no throw');
+});
+
+t.test('a bare name is looked up on PATH: not found there, or found and not executable, the message says so and shows PATH', async (t) => {
+  const dir = t.testdir({ bin: { 'nvidia-smi-not-executable': '#!/bin/sh\n' } });
+  const path = process.env.PATH;
+  process.env.PATH = `${join(dir, 'bin')}:/nonexistent-bin`;
+  t.teardown(() => {
+    process.env.PATH = path;
+  });
+  const run = (name: string) => createNvidiaSmi({ path: name, timeoutMs: 15_000, log: pino({ level: 'silent' }) }).queryVersion();
+  const searched = `PATH is ${JSON.stringify(`${join(dir, 'bin')}:/nonexistent-bin`)}`;
+  await t.rejects(run('nvidia-smi-nowhere'), {
+    code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
+    message: `nvidia-smi could not be run from "nvidia-smi-nowhere": no program of that name was found on PATH (ENOENT; ${searched}). Without it nodecompute cannot see the GPUs.`,
+  });
+  await t.rejects(run('nvidia-smi-not-executable'), {
+    code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
+    message: `nvidia-smi could not be run from "nvidia-smi-not-executable": a file of that name on PATH may not be executed by this user, or is a directory (EACCES; ${searched}).`,
   });
 });
 
