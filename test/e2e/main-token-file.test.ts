@@ -103,9 +103,12 @@ t.test('a token file the service user may not read stops the start naming the ui
   const root = process.getuid!() === 0;
   const uid = root ? 65534 : process.getuid!();
   chmodSync(path, root ? 0o600 : 0o000);
-  // Only the settings: tap's coverage hooks could not write their files as another user.
-  const result = spawnSync(process.execPath, [fileURLToPath(new URL('../../dist/src/main.js', import.meta.url)), 'doctor'], {
-    env: { PATH: String(process.env.PATH), NODECOMPUTE_TOKEN_FILE: path },
+  // Only the settings, and through a shell that drops the NODE_OPTIONS tap adds to every child it
+  // spawns: tap's process-info and coverage hooks could not write their files as another user.
+  const main = fileURLToPath(new URL('../../dist/src/main.js', import.meta.url));
+  // `serve`, which stops at start on it (`doctor` reports it as a failed check: doctor-cli.test.ts).
+  const result = spawnSync('sh', ['-c', 'unset NODE_OPTIONS; exec "$0" "$@"', process.execPath, main, 'serve'], {
+    env: { PATH: String(process.env.PATH), NODECOMPUTE_TOKEN_FILE: path, NODECOMPUTE_HOST: '127.0.0.1', NODECOMPUTE_PORT: '0' },
     encoding: 'utf8',
     timeout: HANG_MS,
     ...(root ? { uid, gid: uid } : {}),
