@@ -52,8 +52,6 @@ export interface Services {
   probeBudgetMs: number;
   /** The onRequest hook of every write route. */
   authorise: Auth['authorise'];
-  /** What is wrong with the token file now; null when nothing is. */
-  tokenProblem: Auth['tokenProblem'];
   /** Looks at the token file now (throttled and bounded as for writes): for the doctor. */
   tokenFile: Auth['tokenFile'];
 }

@@ -7,8 +7,9 @@
 // NODECOMPUTE_TOKEN_FILE may hold several tokens (any one is accepted) and is re-read when it
 // changes, so a Secret rotated in place ("old + new", then "new") never locks out shard pods that
 // already carry the new token. The file is looked at lazily, by writes and GET /doctor, at most once
-// a second: no timer, and nothing at all on a node nobody writes to or asks. The looking itself (asynchronous, bounded in
-// time, taking only a content that was stable while read) is src/system/token-file.ts's.
+// a second: no timer, and nothing at all on a node nobody writes to or asks. The looking itself
+// (asynchronous, bounded in time, taking only a content that was stable while read) is
+// src/system/token-file.ts's.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
 import type { Logger } from 'pino';
@@ -52,13 +53,16 @@ export interface TokenSource {
    * write waits for that look (bounded by the reader's timeout), so it is judged by what it finds.
    */
   current(): readonly Buffer[] | Promise<readonly Buffer[]>;
-  /** What is wrong with the token file now (the tokens last read stay in force); null when nothing is. */
+}
+
+/** The token file's source: also what is wrong with the file now (the tokens last read stay in force); null when nothing is. */
+export interface TokenFileSource extends TokenSource {
   problem(): string | null;
 }
 
 function fixedToken(token: string): TokenSource {
   const digests = [digest(token)];
-  return { setting: 'NODECOMPUTE_TOKEN', current: () => digests, problem: () => null };
+  return { setting: 'NODECOMPUTE_TOKEN', current: () => digests };
 }
 
 function sameTokens(a: readonly string[], b: readonly string[]): boolean {
@@ -87,7 +91,7 @@ export interface TokenFileOptions {
  * refusing every write because a Secret was briefly wrong would take the whole node's registrations
  * down with it.
  */
-export function createTokenFileSource(options: TokenFileOptions): TokenSource {
+export function createTokenFileSource(options: TokenFileOptions): TokenFileSource {
   const { path, log, now } = options;
   const reader = createTokenFileReader(path, { beforeRead: options.beforeRead });
   let tokens = options.initial;
@@ -174,10 +178,6 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource {
   };
 }
 
-function tokenSource(config: Config, log: Logger, now: () => number): TokenSource | null {
-  if (config.tokenFile !== null) return createTokenFileSource({ path: config.tokenFile, initial: config.fileTokens, log, now });
-  return config.token === null ? null : fixedToken(config.token);
-}
 
 /** The token file as the service sees it: which file, how many tokens are in force, and what is wrong with it. */
 export interface TokenFileState {
@@ -190,8 +190,6 @@ export interface TokenFileState {
 export interface Auth {
   /** The onRequest hook of every write route. */
   authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void;
-  /** What is wrong with the token file now, for the doctor; null when nothing is (or there is no file). */
-  tokenProblem(): string | null;
   /**
    * Looks at the token file now, as a write does (at most once a second, waiting at most the read's
    * timeout for it), and says what it found: the doctor's view of the file is then the file's, not
@@ -229,15 +227,15 @@ export function describeWriteAccess(config: Config): string {
 }
 
 export function createAuth(config: Config, log: Logger, now: () => number, onRefused: (reason: WriteRefusal) => void): Auth {
-  const source = tokenSource(config, log, now);
-  const tokenProblem = () => source?.problem() ?? null;
   const path = config.tokenFile;
+  const fileSource = path === null ? null : createTokenFileSource({ path, initial: config.fileTokens, log, now });
+  const source: TokenSource | null = fileSource ?? (config.token === null ? null : fixedToken(config.token));
   const tokenFile =
-    path === null || source === null
+    fileSource === null || path === null
       ? null
       : async (): Promise<TokenFileState> => {
-          const digests = await source.current();
-          return { path, tokens: digests.length, problem: source.problem() };
+          const digests = await fileSource.current();
+          return { path, tokens: digests.length, problem: fileSource.problem() };
         };
   // A caller that keeps retrying with a stale token (or none) would log a line a second: each reason
   // and address is a warning once a minute at most, its repeats debug lines; the counter counts all.
@@ -288,5 +286,5 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
     if (digests instanceof Promise) digests.then(judge, done);
     else judge(digests);
   }
-  return { authorise, tokenProblem, tokenFile };
+  return { authorise, tokenFile };
 }

@@ -37,7 +37,7 @@ t.test('with a token configured, writes need it; reads stay open', async (t) => 
     401,
     'engine output is a write',
   );
-  t.equal(app.services.tokenProblem(), null, 'a token given in the environment has nothing that can go wrong later');
+  t.equal(app.services.tokenFile, null, 'a token given in the environment has no file to look at later');
 });
 
 t.test('without a token, writes are accepted from loopback only', async (t) => {
