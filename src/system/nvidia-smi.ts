@@ -319,7 +319,7 @@ function notFoundError(path: string, result: Completed): Error {
   const onPath = !path.includes('/');
   let said: string;
   if (onPath) {
-    const searched = `PATH is ${JSON.stringify(process.env.PATH ?? '')}`;
+    const searched = `PATH is ${JSON.stringify(process.env.PATH)}`;
     said =
       code === 'ENOENT'
         ? `no program of that name was found on PATH (${code}; ${searched}). ${CANNOT_SEE_GPUS}`

@@ -65,11 +65,11 @@ t.test('a GPU process of the shard: every check passes and the queries are recor
   t.match(table.get('host PID namespace')?.detail, new RegExp(`^nvidia-smi lists the CUDA process as pid ${run.cudaPid} \\(GPU 0\\), the pid this /proc \\(PID namespace pid:\\[\\d+\\]\\) has for it$`));
   t.match(run.stdout, /0 failed, 0 skipped/);
   t.match(run.stdout, /^nodecompute GPU smoke check: .*, GPU 0 NVIDIA H200 \(MIG Disabled\), PID namespace pid:\[\d+\]( \(.*\))?, node /m, 'the header names the MIG mode and the PID namespace');
-  t.match(run.stdout, / 0 failed, 0 skipped\n\nnodecompute doctor \(exit 0; evidence, not a check of this script\):\n {4}OK {4}nvidia-smi /, "the doctor's report follows the table, indented");
+  t.match(run.stdout, / 0 failed, 0 skipped\n\nnodecompute doctor \(exit 0; evidence, not a check of this script\):\n {4}OK {4}settings .*\n {4}OK {4}nvidia-smi /, "the doctor's report follows the table, indented");
 
   const prefix = 'nvsmi-real_nvidia-h200_590.48.01';
   t.same(readdirSync(recorded).sort(), ['commands', 'doctor', 'list-L', 'query-compute-apps', 'query-gpu', 'version'].map((q) => `${prefix}_${q}.txt`));
-  t.match(readFileSync(join(recorded, `${prefix}_doctor.txt`), 'utf8'), /^OK {4}nvidia-smi .*\n[^]*nodecompute doctor: /, "the doctor's report is recorded");
+  t.match(readFileSync(join(recorded, `${prefix}_doctor.txt`), 'utf8'), /^OK {4}settings .*\nOK {4}nvidia-smi .*\n[^]*nodecompute doctor: /, "the doctor's report is recorded");
   const apps = readFileSync(join(recorded, `${prefix}_query-compute-apps.txt`), 'utf8');
   t.match(apps, new RegExp(`^gpu_uuid, pid, process_name, used_gpu_memory \\[MiB\\]\\n${GPU0}, ${run.cudaPid}, python3, 1530 MiB\\n$`), 'compute-apps recorded while the process ran');
   t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\], mig\.mode\.current\n0, GPU-/);
