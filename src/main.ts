@@ -1,13 +1,14 @@
 #!/usr/bin/env node
 // Owns the process: the only place that reads process.env and argv (through config.ts), listens
-// (on :: by default, 0.0.0.0 on a kernel without IPv6: listen.ts), and handles signals. `nodecompute` and `nodecompute serve` run the service; `nodecompute doctor`
-// checks the node; --help and --version say what they say. `serve` and `doctor` first read the
-// token file within a bound (config.ts's readStartTokens), so a file on a hung mount fails the start
-// instead of hanging it; the doctor reports a file a start refuses as a failed check and goes on. On SIGTERM/SIGINT the server stops accepting, finishes in-flight requests,
-// kills running nvidia-smi children and exits 0 (1 after an uncaught error, or when it is cut short:
-// after 10 s, on a second signal or another uncaught error); or, while a read or write of the token
-// file or the state file is stuck on a hung mount, ends by SIGTERM (endIfIoStuck): Node cannot exit
-// before that operation returns.
+// (on :: by default, 0.0.0.0 on a kernel without IPv6: listen.ts), and handles signals.
+// `nodecompute` and `nodecompute serve` run the service; `nodecompute doctor` checks the node;
+// --help and --version say what they say. `serve` and `doctor` first read the token file within a
+// bound (config.ts's readStartTokens), so a file on a hung mount fails the start instead of hanging
+// it; the doctor reports a file a start refuses as a failed check and goes on. On SIGTERM/SIGINT
+// the server stops accepting, finishes in-flight requests, kills running nvidia-smi children and
+// exits 0 (1 after an uncaught error, or when it is cut short: after 10 s, on a second signal or
+// another uncaught error); or, while a read or write of the token file or the state file is stuck
+// on a hung mount, ends by SIGTERM (endIfIoStuck): Node cannot exit before that operation returns.
 import closeWithGrace from 'close-with-grace';
 import { inspect } from 'node:util';
 import { destination, pino, symbols, type Logger } from 'pino';

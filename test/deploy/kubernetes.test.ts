@@ -74,6 +74,15 @@ function daemonSetEnv(tokenPath: string): Record<string, string> {
   );
 }
 
+/** A loopback port that was just listened on and closed: nothing answers there. */
+async function closedPort(): Promise<number> {
+  const closed = createServer();
+  await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+  const { port } = closed.address() as { port: number };
+  await new Promise<void>((resolve) => closed.close(() => resolve()));
+  return port;
+}
+
 t.test('every manifest parses: all documents, no errors or warnings', async (t) => {
   t.ok(files.length >= 6, files.join(', '));
   for (const [name, docs] of parsed) {
@@ -481,10 +490,7 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
   });
 
   await t.test('preStop when nodecompute does not answer: NOT deregistered, saying so', async (t) => {
-    const closed = createServer();
-    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
-    const deadPort = (closed.address() as { port: number }).port;
-    await new Promise<void>((resolve) => closed.close(() => resolve()));
+    const deadPort = await closedPort();
     const result = await hook('deregister.sh', { NODECOMPUTE_PORT: String(deadPort) });
     t.equal(result.code, 1);
     t.match(result.stdout, new RegExp(`^NOT deregistered: shard ${POD_NAME} \\(cannot connect to 127\\.0\\.0\\.1:${deadPort}\\)\n`));
@@ -492,10 +498,7 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
   });
 
   await t.test('when nodecompute does not answer, the probe passes on llama-server\'s health and says it is unverified', async (t) => {
-    const closed = createServer();
-    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
-    const deadPort = (closed.address() as { port: number }).port;
-    await new Promise<void>((resolve) => closed.close(() => resolve()));
+    const deadPort = await closedPort();
     const result = await hook('ready.sh', { NODECOMPUTE_PORT: String(deadPort) });
     t.equal(result.code, 0, 'a node agent that is down is no evidence against the shard');
     t.match(result.stdout, new RegExp(`^unverified: nodecompute on this node \\(127\\.0\\.0\\.1:${deadPort}\\) does not answer .*so ready on llama-server's own health`));
