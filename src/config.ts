@@ -147,7 +147,7 @@ export const SETTINGS = {
     // Checked by tokenProblem, with the lines of the token file.
     schema: Type.Union([Type.Null(), Type.String()]),
     default: null,
-    accepts: 'a secret of at least 16 characters, each a letter, a digit or one of - . _ ~ + / (= at the end only: RFC 6750), such as `openssl rand -hex 32` makes',
+    accepts: 'a secret of at least 16 characters, printable ASCII without spaces, such as `openssl rand -hex 32` makes',
     description: 'Bearer token required for writes. Without a token, writes are accepted from loopback only.',
   },
   tokenFile: {
@@ -156,7 +156,7 @@ export const SETTINGS = {
     schema: Type.Union([Type.Null(), Type.String({ minLength: 1 })]),
     default: null,
     accepts:
-      'a path to a file holding one or more tokens, one a line, each at least 16 characters of letters, digits and - . _ ~ + / (= at the end only: RFC 6750), with "#" starting a comment line (e.g. a mounted Kubernetes Secret)',
+      'a path to a file holding one or more tokens, one a line, each at least 16 characters, printable ASCII without spaces, with "#" starting a comment line (so no token there starts with "#"; e.g. a mounted Kubernetes Secret)',
     description:
       'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. ' +
       `It is read at start, which fails if the file cannot be read, holds no usable token or does not answer within ${TOKEN_FILE_START_TIMEOUT_MS / 1000} s (a hung mount). ` +
@@ -262,13 +262,15 @@ function validate(setting: Setting, raw: string | number | null): unknown {
   return value;
 }
 
-/** RFC 6750's b64token, what "Authorization: Bearer" carries: letters, digits, - . _ ~ + /, then = at the end. */
-const B64TOKEN = /^[A-Za-z0-9\-._~+/]+=*$/;
-
 /** Values that start so are placeholders of the examples (deploy/kubernetes/secret.example.yaml), known to anyone. */
 const PLACEHOLDER = /^REPLACE-ME/i;
 
-/** Why `token` (already trimmed) can never authorise a write, or null when it can. Never says the token. */
+/**
+ * Why `token` (already trimmed) can never authorise a write, or null when it can. Never says the token.
+ * Any printable ASCII is taken, not only RFC 6750's b64token (letters, digits, - . _ ~ + / and a
+ * trailing =): HTTP clients send a token with "!" or "$" as it is and it matches, and a password
+ * manager makes such tokens; refusing them would stop a node that used one at its next start.
+ */
 export function tokenProblem(token: string): string | null {
   if (token === '') return 'it is blank';
   // The bearer header ends at the first whitespace, so such a token could never be presented.
@@ -277,12 +279,6 @@ export function tokenProblem(token: string): string | null {
   const foreign = token.search(/[^\x21-\x7e]/);
   if (foreign >= 0) {
     return `character ${foreign + 1} of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)`;
-  }
-  if (!B64TOKEN.test(token)) {
-    // A character outside the set, else an "=" before the end.
-    const outside = token.search(/[^A-Za-z0-9\-._~+/=]/);
-    const at = outside >= 0 ? outside : Math.max(token.search(/=+[^=]/), 0);
-    return `character ${at + 1} of it is not one a bearer token may hold (RFC 6750: letters, digits, - . _ ~ + /, and = at the end only). Use a token of letters and digits (openssl rand -hex 32)`;
   }
   if (token.length < 16) return `it is ${token.length} characters long, and a token needs at least 16`;
   if (PLACEHOLDER.test(token)) {
@@ -295,8 +291,8 @@ export type TokenFileContent = { tokens: string[]; problem: null } | { tokens: n
 
 /**
  * The tokens of a token file: one a line; blank lines, lines starting with "#" (comments, such as
- * who rotated it when) and whitespace around a token are ignored. "#" cannot start a token (RFC
- * 6750), so a comment is never taken for one.
+ * who rotated it when) and whitespace around a token are ignored. So a token kept in a file cannot
+ * start with "#": such a line is a comment (the README says so).
  */
 export function parseTokenFile(text: string): TokenFileContent {
   const tokens: string[] = [];

@@ -331,7 +331,8 @@ interface HookResult {
 
 t.test('the hook scripts, run by bash against a live nodecompute', async (t) => {
   const TOKEN = 'k8s-example-token-0123456789abcdef';
-  const NEW_TOKEN = 'k8s-rotated-token-fedcba9876543210';
+  // Characters a shell would expand or glob if the hooks let it: they must reach the header as they are.
+  const NEW_TOKEN = 'k8s-rotated!$HOME*?\'"\\-fedcba9876543210';
   const POD_NAME = 'llama-server-5d8c7b9f4-x2k8q';
   const POD_UID = randomUUID();
   const dir = t.testdir({ hooks: hooks.data, 'container-smi': {}, 'stranger-smi': {}, node: { token: `${TOKEN}\n` }, pod: { token: `${TOKEN}\n` } });

@@ -11,7 +11,8 @@ import { isStuckReadWarning, releaseFifo } from '../helpers/fifo.js';
 import { MAIN, startServer } from '../helpers/server.js';
 
 const OLD = 'old-token-0123456789abcdef';
-const NEW = 'new-token-0123456789abcdef';
+// Punctuation beyond RFC 6750's b64token, as a password manager makes: sent as it is, it matches.
+const NEW = `new!token$0123"'#,;:?@[]^{|}~\\`;
 
 /** Calls `attempt` every 100 ms until `done` says its answer will do; gives up after 10 s. */
 async function retry<T>(attempt: () => Promise<T>, done: (answer: T) => boolean): Promise<T> {
