@@ -237,6 +237,10 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
           const digests = await fileSource.current();
           return { path, tokens: digests.length, problem: fileSource.problem() };
         };
+  const rotationHint =
+    path === null
+      ? '.'
+      : `; after a rotation, this node takes the new token within a second of ${path} changing (a Kubernetes Secret's mounted file changes a minute or two after the Secret does).`;
   // A caller that keeps retrying with a stale token (or none) would log a line a second: each reason
   // and address is a warning once a minute at most, its repeats debug lines; the counter counts all.
   const level = createRepeatLimit(now);
@@ -271,9 +275,7 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
         return done(
           new UnauthorizedError(
             `The bearer token does not match any token configured on this node (${source.setting}). Check the Secret the caller uses` +
-              (source.setting === 'NODECOMPUTE_TOKEN_FILE'
-                ? "; after a rotation, this node takes the new token within a second once the kubelet has updated its mounted file (a minute or two after the Secret changes)."
-                : '.'),
+              rotationHint,
           ),
         );
       }
