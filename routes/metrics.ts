@@ -1,6 +1,8 @@
 // Owns GET /metrics, the Prometheus scrape. It reads the cached snapshot like every other answer,
 // so a scrape never causes more nvidia-smi runs than the cache allows, and it answers (with
-// nodecompute_nvidia_smi_up 0) even when nvidia-smi cannot be asked.
+// nodecompute_nvidia_smi_up 0) even when nvidia-smi cannot be asked. A rendering also looks at the
+// token file as a write does (at most once a second, waiting 1 s at most for a hung mount), so
+// nodecompute_token_file_ok says within a scrape that a Secret was deleted or broken.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import type { FastifyReply, FastifyRequest } from 'fastify';
@@ -25,10 +27,10 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     cached.version === registry.version &&
     cached.engineVersion === registry.engineVersion;
   const render = async (at: number): Promise<Buffer> => {
-    const { states, node } = await shards.states(probeBudgetMs);
+    const [{ states, node }, tokenFile] = await Promise.all([shards.states(probeBudgetMs), app.services.tokenFile?.() ?? null]);
     const lastGood = app.services.node.peek();
     const nvidiaSmiUp = lastGood !== null && !lastGood.view.failing;
-    metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, shards: states });
+    metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, shards: states, tokenFile });
     // Keyed after the wait: the refresh it may have waited for is what was rendered.
     const body = Buffer.from(await metrics.registry.metrics());
     cached = { generation: snapshots.generation, failing: failing(), version: registry.version, engineVersion: registry.engineVersion, at, body };

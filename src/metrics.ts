@@ -1,10 +1,11 @@
 // Owns the Prometheus metrics, in Prometheus' conventions (prefix nodecompute_, bytes, seconds).
 // Each app has its own prom-client registry (tests build many apps in one process). Node series are
 // rebuilt from the cached snapshot at every scrape, so a deleted shard's series disappear with it;
-// nvidia-smi timings and failures, and refused writes, are recorded as they happen.
+// nvidia-smi timings and failures, and refused writes, are recorded as they happen; the token file's
+// health is what the scrape's own look at it found.
 import { createRequire } from 'node:module';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
-import { WRITE_REFUSALS, type WriteRefusal } from './auth.js';
+import { WRITE_REFUSALS, type TokenFileState, type WriteRefusal } from './auth.js';
 import { NVIDIA_SMI_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
 import type { NodeView } from './node-state/node-view.js';
@@ -47,9 +48,9 @@ export interface Metrics {
   /**
    * Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked; `ageMs` of the
    * last good snapshot; `nvidiaSmiUp` false when the last refresh failed, even while an older
-   * snapshot is still served.
+   * snapshot is still served; `tokenFile` what a look at NODECOMPUTE_TOKEN_FILE found, null without one.
    */
-  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; shards: ShardState[] }): void;
+  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }
 
 export function createMetrics(): Metrics {
@@ -98,6 +99,17 @@ export function createMetrics(): Metrics {
     'nodecompute_gpu_processes_visible',
     "1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when they are hidden (no host PID namespace, or a GPU-sharing layer): no memory can then be attributed to a shard. NaN while nvidia-smi cannot be asked.",
   );
+  const tokenFileOk = gauge(
+    'nodecompute_token_file_ok',
+    '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (each scrape looks, at most once a second); 0 when it cannot be read, holds no usable token, hangs or keeps changing: ' +
+      'the tokens last read stay in force, but a rotated token is not picked up (GET /doctor says why). file is its path. Absent without a token file.',
+    ['file'],
+  );
+  const tokensInForce = gauge(
+    'nodecompute_token_file_tokens',
+    'Write tokens in force from NODECOMPUTE_TOKEN_FILE: 2 during a rotation ("old + new"), 1 before and after it. file is its path. Absent without a token file.',
+    ['file'],
+  );
   gauge('nodecompute_build_info', 'Always 1; the version label says which nodecompute runs.', ['version']).set({ version: VERSION }, 1);
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
@@ -125,7 +137,7 @@ export function createMetrics(): Metrics {
   for (const query of QUERIES) for (const reason of NVIDIA_SMI_FAILURE_CODES) failures.inc({ query, reason }, 0);
   for (const reason of WRITE_REFUSALS) refusedWrites.inc({ reason }, 0);
 
-  const nodeGauges = [total, used, free, reserved, foreign, lost, shardMemory, shardPlaced, shardReady, shardState];
+  const rebuiltGauges = [total, used, free, reserved, foreign, lost, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
     if (mib !== null) metric.set(labels, mib * MIB);
   };
@@ -137,8 +149,12 @@ export function createMetrics(): Metrics {
       if (observation.durationMs !== null) duration.observe({ query: observation.query }, observation.durationMs / 1000);
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
-    update({ node, ageMs, nvidiaSmiUp, shards }) {
-      for (const metric of nodeGauges) metric.reset();
+    update({ node, ageMs, nvidiaSmiUp, shards, tokenFile }) {
+      for (const metric of rebuiltGauges) metric.reset();
+      if (tokenFile !== null) {
+        tokenFileOk.set({ file: tokenFile.path }, tokenFile.problem === null ? 1 : 0);
+        tokensInForce.set({ file: tokenFile.path }, tokenFile.tokens);
+      }
       up.set(node !== null && nvidiaSmiUp ? 1 : 0);
       age.set(ageMs === null ? Number.NaN : ageMs / 1000);
       processesVisible.set(node === null ? Number.NaN : node.processesHidden === null ? 1 : 0);

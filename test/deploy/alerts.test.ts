@@ -1,7 +1,8 @@
 // Owns the checks of deploy/kubernetes/prometheusrule.yaml: promtool accepts the rules, and its unit
 // tests, fed with the /metrics of real nodecompute apps (one with shards on-cpu, exited and stray,
 // one whose GPU processes are hidden, one whose nvidia-smi fails, one whose GPU drops out of
-// nvidia-smi's list), fire exactly the alerts each node deserves, with their annotations rendered.
+// nvidia-smi's list, one whose token file is deleted), fire exactly the alerts each node deserves,
+// with their annotations rendered.
 // A renamed metric or label fails here.
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -10,6 +11,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import { parse } from 'yaml';
+import { readStartTokens, resolveConfig } from '../../src/config.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
@@ -106,7 +108,8 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
 
   // Node 4: idle GPUs (nothing used, so no process can be hidden); GPU 1 drops out of nvidia-smi's list (fallen off the bus).
   const idle = node([]);
-  const dropping = await buildTestApp(t, { scenario: { ...idle, gpus: idle.gpus.map((gpu) => ({ ...gpu, usedMiB: 0 })) }, config: { cacheTtlMs: 0 } });
+  const idleScenario = { ...idle, gpus: idle.gpus.map((gpu) => ({ ...gpu, usedMiB: 0 })) };
+  const dropping = await buildTestApp(t, { scenario: idleScenario, config: { cacheTtlMs: 0 } });
   t.equal((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().gpus.length, 2);
   dropping.fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1) }));
   // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
@@ -114,9 +117,15 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   await settle(dropping.app);
   t.same((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus.map((gpu: { uuid: string }) => gpu.uuid), [UUIDS[1]]);
 
+  // Node 5: its token file (a Secret's) is deleted after start; the tokens read at start stay in force.
+  const tokenFile = join(t.testdir({ token: 'alerts-token-0123456789\n' }), 'token');
+  const { token, fileTokens } = await readStartTokens(resolveConfig({ NODECOMPUTE_TOKEN_FILE: tokenFile }, []).config);
+  const noSecret = await buildTestApp(t, { scenario: idleScenario, config: { token, tokenFile, fileTokens } });
+  rmSync(tokenFile);
+
   const scrape = async (app: typeof busy.app, instance: string): Promise<Sample[]> =>
     samples((await app.inject({ method: 'GET', url: '/metrics' })).body).map((s) => ({ ...s, labels: { ...s.labels, instance, job: 'nodecompute' } }));
-  const all = [...(await scrape(busy.app, 'gpu-node-1:9470')), ...(await scrape(hidden.app, 'gpu-node-2:9470')), ...(await scrape(failing.app, 'gpu-node-3:9470')), ...(await scrape(dropping.app, 'gpu-node-4:9470'))];
+  const all = [...(await scrape(busy.app, 'gpu-node-1:9470')), ...(await scrape(hidden.app, 'gpu-node-2:9470')), ...(await scrape(failing.app, 'gpu-node-3:9470')), ...(await scrape(dropping.app, 'gpu-node-4:9470')), ...(await scrape(noSecret.app, 'gpu-node-5:9470'))];
   const find = (name: string, labels: Record<string, string>) => {
     const found = all.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v));
     t.ok(found, `the scrapes have ${name} ${JSON.stringify(labels)}`);
@@ -130,6 +139,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
     NodecomputeGpuProcessesHidden: [expected('NodecomputeGpuProcessesHidden', find('nodecompute_gpu_processes_visible', { instance: 'gpu-node-2:9470' }))],
     NodecomputeNvidiaSmiDown: [expected('NodecomputeNvidiaSmiDown', find('nodecompute_nvidia_smi_up', { instance: 'gpu-node-3:9470' }))],
     NodecomputeGpuLost: [expected('NodecomputeGpuLost', find('nodecompute_gpu_lost', { instance: 'gpu-node-4:9470', gpu: '1', uuid: UUIDS[1]! }))],
+    NodecomputeTokenFileBroken: [expected('NodecomputeTokenFileBroken', find('nodecompute_token_file_ok', { instance: 'gpu-node-5:9470', file: tokenFile }))],
   };
   for (const sample of Object.values(alerts).flat()) delete (sample.exp_labels as Record<string, string>).__name__;
   t.same(Object.keys(alerts).sort(), rules.map((r) => r.alert).sort(), 'every rule is tested');

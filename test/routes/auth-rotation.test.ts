@@ -207,6 +207,34 @@ t.test('GET /doctor looks at the token file itself: a Secret deleted or rotated 
   t.match(log.at(40).at(-1)!.msg, /cannot be read \(ENOENT/, 'and warned about');
 });
 
+/** A gauge's value in a /metrics text; undefined when the series is absent. */
+function gaugeValue(text: string, name: string, labels: string): number | undefined {
+  const line = text.split('\n').find((l) => l.startsWith(`${name}${labels} `));
+  return line === undefined ? undefined : Number(line.split(' ').at(-1));
+}
+
+t.test('each scrape looks at the token file: nodecompute_token_file_ok turns 0 when the Secret is deleted, with no write, and the tokens in force are counted', async (t) => {
+  const secret = secretVolume(t, `${OLD}\n`);
+  const { app, clock } = await tokenFileApp(t, secret.path);
+  const scrape = async () => {
+    clock.advance(TOKEN_FILE_CHECK_MS);
+    const text = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+    const file = `{file="${secret.path}"}`;
+    return { ok: gaugeValue(text, 'nodecompute_token_file_ok', file), tokens: gaugeValue(text, 'nodecompute_token_file_tokens', file) };
+  };
+  t.same(await scrape(), { ok: 1, tokens: 1 });
+  secret.publish(`${OLD}\n${NEW}\n`);
+  t.same(await scrape(), { ok: 1, tokens: 2 }, 'mid-rotation: both are in force');
+  rmSync(join(secret.path, '..', '..data'));
+  t.same(await scrape(), { ok: 0, tokens: 2 }, 'a deleted Secret reads 0; the tokens last read stay in force');
+  secret.publish(`${NEW}\n`);
+  t.same(await scrape(), { ok: 1, tokens: 1 }, 'and 1 again once the Secret is back');
+
+  const { app: withoutFile } = await buildTestApp(t, { scenario: eightGpuNode(), config: { token: OLD } });
+  const text = (await withoutFile.inject({ method: 'GET', url: '/metrics' })).body;
+  t.notMatch(text, /^nodecompute_token_file_\w+[{ ]/m, 'no samples without a token file (a token from the environment cannot break)');
+});
+
 t.test('a token file changed to tokens that can never work (non-ASCII, the example placeholder) or that this user may not read keeps the tokens in force, saying why', async (t) => {
   const dir = t.testdir({ token: `${OLD}\n` });
   const path = join(dir, 'token');
