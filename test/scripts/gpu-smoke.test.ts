@@ -94,7 +94,9 @@ t.test('nvidia-smi never lists the CUDA process: the GPU checks FAIL and the exi
     t.equal(table.get(name)?.result, 'FAIL', `${name}: ${table.get(name)?.detail}`);
   }
   t.match(table.get('/gpus: CUDA pid on GPU 0')?.detail, new RegExp(`pid ${run.cudaPid} is not among GPU 0's processes`));
-  t.match(table.get('smoke-gpu starting -> ready')?.detail, /^starting \(HTTP 503\)/);
+  // Never ready: still starting when the wait ends, or, on a machine loaded enough that the wait
+  // outlasts the shard's grace, on-cpu by then.
+  t.match(table.get('smoke-gpu starting -> ready')?.detail, /^starting( -> on-cpu)? \(HTTP 503\)/);
   t.equal(table.get('host PID namespace')?.result, 'SKIP', 'nothing listed: no telling the PID namespace');
   t.match(table.get('host PID namespace')?.detail, /^cannot tell: within 10 s nvidia-smi listed neither the CUDA process/);
   for (const name of ['service starts', 'register smoke-gpu', 'smoke-cpu starting -> on-cpu', 'service stops on SIGTERM']) {
