@@ -46,6 +46,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       nvidiaSmiPath: config.nvidiaSmi,
       tokenConfigured: config.token !== null,
       tokenFile: app.services.tokenFile,
+      settingsWarnings: app.services.settingsWarnings,
       snapshot: node.peek()?.view.snapshot ?? null,
       version: VERSION,
       now,
@@ -64,7 +65,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       schema: {
         tags: ['operators'],
-        summary: 'Check this node: nvidia-smi and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, token.',
+        summary: 'Check this node: the settings, nvidia-smi and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, token.',
         description:
           'Runs nvidia-smi afresh (not from the cache). 200 when no check failed (warnings allowed), 503 with the same report when one did, ' +
           `as \`nodecompute doctor\` exits non-zero; each check says what it found and what to do. A report is reused for ${REPORT_REUSE_MS / 1000} s. ` +

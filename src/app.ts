@@ -54,6 +54,8 @@ export interface Services {
   authorise: Auth['authorise'];
   /** Looks at the token file now (throttled and bounded as for writes): for the doctor. */
   tokenFile: Auth['tokenFile'];
+  /** The warnings the start logged about the settings: the doctor repeats them. */
+  settingsWarnings: readonly string[];
 }
 
 export interface AppDeps {
@@ -62,6 +64,8 @@ export interface AppDeps {
   nvidiaSmi?: NvidiaSmi;
   proc?: ProcReader;
   stateFile?: StateFile;
+  /** The warnings the start logged about the settings (config.ts), for GET /doctor's settings row; none by default. */
+  settingsWarnings?: readonly string[];
 }
 
 declare module 'fastify' {
@@ -265,6 +269,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     metrics,
     now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
+    settingsWarnings: deps.settingsWarnings ?? [],
     ...createAuth(config, log, now, metrics.countRefusedWrite),
   };
   app.decorate('services', services);

@@ -155,7 +155,7 @@ const A_BUG = 'a bug in nodecompute: please report it with this line and the one
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
   for (const warning of cli.warnings) log.warn(warning);
-  const app = await buildApp(config, { logger: log });
+  const app = await buildApp(config, { logger: log, settingsWarnings: cli.warnings });
   let listening: Listening;
   try {
     listening = await listenOn((options) => app.listen(options), { host: config.host, port: config.port, defaultHost: cli.defaultHost });

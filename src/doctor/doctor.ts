@@ -7,8 +7,9 @@
 // 503), instead of a report that blames nvidia-smi and advises fixing it. `nodecompute doctor` does
 // not shut down under a check, and always reports. The doctor fails where a start would: the state
 // file is read and parsed as a start does (registry.ts's readRegistryFile), and the CLI reports a
-// token file a start refuses, with the warnings a start logs about the settings. The running
-// service adds what only it knows: the GPUs it has lost since it started (gpu-roster.ts).
+// token file a start refuses. Both say the warnings a start logs about the settings (a mistyped
+// variable). The running service adds what only it knows: the GPUs it has lost since it started
+// (gpu-roster.ts).
 import { formatDuration } from '../duration.js';
 import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
@@ -52,7 +53,7 @@ export interface DoctorDeps {
   tokenFile?: (() => Promise<TokenFileState>) | null;
   /** Why a start would refuse the token file (readStartTokens's message): the CLI's, which reads it as a start does. */
   tokenFileRefused?: string | null;
-  /** The warnings a start logs about the settings (config.ts); the CLI's: the service logged them at its start. */
+  /** The warnings a start logs about the settings (config.ts): the CLI's own, the service's from its start. */
   settingsWarnings?: readonly string[];
   /**
    * The service's latest snapshot (null before the first), for the GPUs it has lost: the running

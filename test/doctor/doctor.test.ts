@@ -171,7 +171,7 @@ t.test('what a start says of the settings: its warnings as the first row, a toke
   t.match(formatDoctorReport(report), /^WARN  settings  +The environment variable NODECOMPUTE_TOKEN_FIEL .*\n +A second warning\.$/m);
   const none = await doctorFor(t, idleEightGpuNode(), { token: true, deps: { settingsWarnings: [] } });
   t.same(none.checks[0], { name: 'settings', status: 'ok', detail: 'no setting looks mistyped or at odds with another', fix: null });
-  t.notOk('settings' in byName(await doctorFor(t, idleEightGpuNode())), 'GET /doctor has no such row: the service logged them at its start');
+  t.notOk('settings' in byName(await doctorFor(t, idleEightGpuNode())), 'no row when the caller has no settings to say');
 });
 
 t.test('no GPU process: nothing to compare', async (t) => {
@@ -343,7 +343,7 @@ t.test('GET /doctor answers the same report as JSON; concurrent requests share o
   const res = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(res.statusCode, 503, 'a failed check');
   t.equal(res.json().ok, false);
-  t.match(res.json().checks, [{ name: 'nvidia-smi', status: 'ok' }]);
+  t.match(res.json().checks, [{ name: 'settings', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }], 'the settings row first, as in the CLI');
   t.ok(res.json().checks.some((check: { name: string; status: string }) => check.name === 'host-pid-namespace' && check.status === 'fail'));
 });
 
@@ -353,7 +353,7 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
   const well = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(well.statusCode, 200);
   t.match(well.headers['content-type'], /^application\/json/);
-  t.match(well.json(), { ok: true, checks: [{ name: 'nvidia-smi', status: 'ok' }] });
+  t.match(well.json(), { ok: true, checks: [{ name: 'settings', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }] });
   t.ok(well.json().checks.some((check: { name: string; status: string }) => check.name === 'token' && check.status === 'warn'), 'a warning alone is still 200');
 
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
@@ -365,7 +365,7 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
     ok: false,
     version: String,
     checkedAt: String,
-    checks: [{ name: 'nvidia-smi', status: 'fail', detail: /exited with code 9.*This means the NVIDIA driver is not loaded\. Install or load it/, fix: null }],
+    checks: [{ name: 'settings', status: 'ok' }, { name: 'nvidia-smi', status: 'fail', detail: /exited with code 9.*This means the NVIDIA driver is not loaded\. Install or load it/, fix: null }],
   });
   const again = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(again.statusCode, 503, 'the reused report keeps its status');

@@ -48,6 +48,15 @@ t.test('without nvidia-smi the service starts, says so once and plainly, and ans
   t.match(entry.err, { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', message: /could not be run from "\/opt\/missing\/nvidia-smi"/ });
 });
 
+t.test('a mistyped variable is warned about at start, and GET /doctor says it again, far from the start-up log', async (t) => {
+  const dir = tempDir(t);
+  const server = await startServer(t, { NODECOMPUTE_NVIDIA_SMI: '/opt/missing/nvidia-smi', NODECOMPUTE_STATE_FILE: join(dir, 's.json'), NODECOMPUTE_TOKEN_FIEL: '/x' });
+  const warning = server.logs().find((entry) => /NODECOMPUTE_TOKEN_FIEL/.test(String(entry.msg)));
+  t.match(warning, { level: 40, msg: /did you mean NODECOMPUTE_TOKEN_FILE\?/ });
+  const report = (await (await server.fetch('/doctor')).json()) as { checks: Array<{ name: string; status: string; detail: string }> };
+  t.same(report.checks[0], { name: 'settings', status: 'warn', detail: warning!.msg, fix: null }, 'the same words, as the first row');
+});
+
 t.test('a state directory that cannot be made is an error in the start-up log and fails /readyz; the service still answers', async (t) => {
   // Under /proc, mkdir answers ENOENT: the service must say so, not spin (Node's recursive mkdir does).
   const stateFile = '/proc/nodecompute-no-such-dir/state/s.json';
