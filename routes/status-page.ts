@@ -3,7 +3,7 @@
 // HTML). It answers from the same cached snapshot as every probe, within the probe budget, so
 // opening or auto-reloading it never adds nvidia-smi runs, and it still answers when nvidia-smi
 // cannot be asked (with a banner and every shard unverified, and, once the last good snapshot is
-// past max-stale, when that one was taken).
+// past max-stale, when that one was taken and which GPUs it had lost).
 import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
@@ -77,7 +77,7 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const result = await shards.states(probeBudgetMs);
-      // Without a snapshot to serve, the one cached (past max-stale) still dates the outage: a look, not a run.
+      // Without a snapshot to serve, the one cached (past max-stale) still dates the outage and names the lost GPUs: a look, not a run.
       const lastGood = result.view === null ? snapshots.peek() : null;
       const model = statusModel({ ...result, lastGood, maxStaleMs: config.maxStaleMs, host, version: VERSION, now: now() });
       const html = request.query.format === undefined ? prefersHtml(request.headers.accept) : request.query.format === 'html';

@@ -166,7 +166,7 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
   if (snapshot == null) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
   const lost = new Map<string, LostGpu>(snapshot.lostGpus.map((gpu) => [gpu.uuid, gpu]));
   if (listed !== null) {
-    for (const { index, uuid, name } of snapshot.gpus) if (!lost.has(uuid)) lost.set(uuid, { index, uuid, name, lastListedAt: snapshot.takenAt });
+    for (const { index, uuid, name } of snapshot.gpus) if (!lost.has(uuid)) lost.set(uuid, { index, uuid, name, lastListedAt: snapshot.takenAt, lostAt: now });
     for (const gpu of listed) lost.delete(gpu.uuid);
   }
   if (lost.size === 0) return check('lost-gpus', 'ok', 'every GPU nodecompute has listed since it started is still listed');

@@ -16,6 +16,8 @@ export interface LostGpu {
   name: string;
   /** When a snapshot last listed it (ms since the epoch). */
   lastListedAt: number;
+  /** When the first snapshot that did not list it was taken: it went between lastListedAt and this. */
+  lostAt: number;
 }
 
 export interface GpuRoster {
@@ -31,8 +33,9 @@ export const LOST_GPU_FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.';
 
 export function createGpuRoster(log: Logger): GpuRoster {
-  const known = new Map<string, LostGpu>();
-  const lost = new Set<string>();
+  const known = new Map<string, Omit<LostGpu, 'lostAt'>>();
+  /** Lost GPUs by UUID, each with when it was first missed. */
+  const lost = new Map<string, number>();
   return {
     update(listed, at) {
       const listedNow = new Set<string>();
@@ -49,13 +52,13 @@ export function createGpuRoster(log: Logger): GpuRoster {
       }
       for (const [uuid, gpu] of known) {
         if (listedNow.has(uuid) || lost.has(uuid)) continue;
-        lost.add(uuid);
+        lost.set(uuid, at);
         log.warn(
           { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },
           `${gpuNoLongerListed(gpu)}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
         );
       }
-      return [...lost].map((uuid) => known.get(uuid)!).sort((a, b) => a.index - b.index);
+      return [...lost].map(([uuid, lostAt]) => ({ ...known.get(uuid)!, lostAt })).sort((a, b) => a.index - b.index);
     },
   };
 }

@@ -155,6 +155,6 @@ export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostG
       shard: owner.get(process.pid) ?? null,
     })),
   }));
-  const lostGpus = node.snapshot.lostGpus.map((gpu) => ({ ...gpu, lastListedAt: new Date(gpu.lastListedAt).toISOString() }));
+  const lostGpus = node.snapshot.lostGpus.map(({ index, uuid, name, lastListedAt }) => ({ index, uuid, name, lastListedAt: new Date(lastListedAt).toISOString() }));
   return { gpus, lostGpus };
 }

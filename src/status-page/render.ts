@@ -3,10 +3,13 @@
 // script, no external asset, so it works offline and behind any proxy) or as an aligned plain-text
 // page for curl. Pure: the route gathers the inputs from the cache, so rendering never causes an
 // nvidia-smi run. Every string that comes from the node (process names, reasons, nvidia-smi's own
-// messages) is escaped for HTML and stripped of control characters for terminals.
+// messages) is escaped for HTML and stripped of control characters for terminals. A GPU the node
+// has lost (gpu-roster.ts) keeps its row, in its index position, so an 8-GPU node never silently
+// reads as 7; past max-stale the last good snapshot still says which GPUs were lost by then.
 import { formatDuration } from '../duration.js';
 import { formatHeldMemory, formatMemory, formatMemoryUse } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
+import type { LostGpu } from '../node-state/gpu-roster.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
@@ -128,6 +131,17 @@ export interface GpuModel {
   idleShards: string[];
 }
 
+/** A GPU nvidia-smi listed earlier and no longer lists: no memory figures, as its memory is unknown (not free). */
+export interface LostGpuModel extends LostGpu {
+  /**
+   * The UUID of the GPU nvidia-smi lists under this index now (it renumbered the GPUs after this one),
+   * whose row shows the shards given the index; null when no GPU has the index.
+   */
+  indexTakenBy: string | null;
+  /** The shards given its index, when no other GPU has taken it: their verdicts say what it means for them. */
+  placed: Array<{ id: string; state: ReadinessState; color: number }>;
+}
+
 export interface ShardRow {
   id: string;
   state: ReadinessState;
@@ -159,8 +173,11 @@ export interface StatusModel {
   error: string | null;
   /** Why the GPU processes cannot be matched to this /proc (the node view's `processesHidden`); null when they can. */
   processesHidden: string | null;
-  /** The GPUs nvidia-smi listed earlier and no longer lists, one line each; empty when none. */
-  lostGpus: string[];
+  /**
+   * The GPUs nvidia-smi listed earlier and no longer lists, by index; empty when none. Past max-stale
+   * (lastGood set), those of the last good snapshot: nothing since says whether they are back.
+   */
+  lostGpus: LostGpuModel[];
   /**
    * The stale banner: why the snapshot is not being renewed (the last refresh failed, or nvidia-smi is
    * slow now); null otherwise. A snapshot that is merely one refresh behind (stale-while-revalidate,
@@ -180,9 +197,9 @@ export interface StatusInput {
   error: string | null;
   /**
    * The cached snapshot however old (the snapshot source's peek), when there is no view; with
-   * maxStaleMs, the header then says when the last good one was taken.
+   * maxStaleMs, the header then says when the last good one was taken, and its lost GPUs are shown.
    */
-  lastGood?: { observedAt: number; ageMs: number } | null;
+  lastGood?: { observedAt: number; ageMs: number; snapshot: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> } | null;
   maxStaleMs?: number;
   host: string;
   version: string;
@@ -193,6 +210,8 @@ export interface StatusInput {
 const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';
 
 const LOST_GPUS = 'nvidia-smi no longer lists GPUs it listed earlier.';
+/** Past max-stale, what the lost rows under "no GPU figures" are. */
+const LOST_ROWS_NOTE = 'Below, the GPUs its last good snapshot no longer listed.';
 const LOST_GPUS_ADVICE =
   'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
 
@@ -270,6 +289,28 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
 }
 
 /**
+ * The GPUs `known` (the snapshot served, or past max-stale the last good one) says are lost. Shards
+ * given a lost GPU's index are placed on it only while no listed GPU has that index: once nvidia-smi
+ * renumbers the rest, they are judged on the GPU that took it.
+ */
+function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>): LostGpuModel[] {
+  if (known === null) return [];
+  return known.lostGpus.map((gpu) => {
+    const indexTakenBy = known.gpus.find((listed) => listed.index === gpu.index)?.uuid ?? null;
+    const placed = indexTakenBy === null ? states.filter(({ shard }) => shard.gpus.includes(gpu.index)) : [];
+    return {
+      index: gpu.index,
+      uuid: gpu.uuid,
+      name: gpu.name,
+      lastListedAt: gpu.lastListedAt,
+      lostAt: gpu.lostAt,
+      indexTakenBy,
+      placed: placed.map(({ shard, readiness }) => ({ id: shard.id, state: readiness.state, color: colors.get(shard.id)! })),
+    };
+  });
+}
+
+/**
  * A warning that ends with nvidia-smi's own message, which the banner already gives in full: once
  * on the page, not once per shard.
  */
@@ -327,7 +368,7 @@ export function statusModel(input: StatusInput): StatusModel {
     lastGood: lastGood && { observedAt: lastGood.observedAt, ageMs: lastGood.ageMs, maxStaleMs: input.maxStaleMs! },
     error: input.error,
     processesHidden: input.node?.processesHidden ?? null,
-    lostGpus: (input.node?.snapshot.lostGpus ?? []).map((gpu) => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}`),
+    lostGpus: lostGpuModels(input.node?.snapshot ?? lastGood?.snapshot ?? null, input.states, colors),
     staleBanner: input.view ? staleNews(input.view) : null,
     gpus,
     shards,
@@ -352,6 +393,34 @@ function snapshotLine(model: StatusModel): string {
   if (model.lastGood === null) return 'no nvidia-smi snapshot';
   const { observedAt, ageMs, maxStaleMs } = model.lastGood;
   return `no nvidia-smi snapshot: the last good one, of ${when(observedAt)} (${formatDuration(ageMs)} ago), is past max-stale (${formatDuration(maxStaleMs)})`;
+}
+
+/** Past max-stale: the lost GPUs shown are the last good snapshot's. */
+function lostAsOf(observedAt: number): string {
+  return `As of the last good snapshot, of ${when(observedAt)}: nvidia-smi cannot be asked now, so whether they are listed again is unknown.`;
+}
+
+/** One lost GPU, for the banners: what it was, and when it went (between its last listing and the first snapshot without it). */
+function lostLine(gpu: LostGpuModel, now: number): string {
+  return `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}, missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago)`;
+}
+
+/** Where the shards placed on a lost GPU are, as its row says it. */
+function placedOn(gpu: LostGpuModel): string {
+  if (gpu.indexTakenBy !== null) return `nvidia-smi lists ${gpu.indexTakenBy} as GPU ${gpu.index} now: shards given GPU ${gpu.index} are judged on that one`;
+  return gpu.placed.length === 0 ? 'no shard is placed on it' : `placed on it: ${gpu.placed.map((shard) => `${shard.id} (${shard.state})`).join(', ')}`;
+}
+
+/**
+ * The rows of the GPU table in index order: the GPUs listed, and the lost ones where they were; a lost
+ * one before the GPU listed under its index now.
+ */
+function inIndexOrder<T>(model: StatusModel, listed: (gpu: GpuModel) => T, lost: (gpu: LostGpuModel) => T): T[] {
+  const rows = [
+    ...model.lostGpus.map((gpu) => ({ index: gpu.index, rank: 0, row: lost(gpu) })),
+    ...model.gpus.map((gpu) => ({ index: gpu.index, rank: 1, row: listed(gpu) })),
+  ];
+  return rows.sort((a, b) => a.index - b.index || a.rank - b.rank).map(({ row }) => row);
 }
 
 /** What the GPUs held column lists. */
@@ -398,6 +467,24 @@ ${bar}
 <span class="gpu-used">${formatMemoryUse(gpu.usedMiB, gpu.totalMiB)}</span>
 <span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
 <ul class="legend">${[...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle].join('')}</ul>
+</div>`;
+}
+
+/** A lost GPU's row: struck out and greyed, a grey bar with no figures, and the shards placed on it (their verdicts say why). */
+function lostGpuHtml(gpu: LostGpuModel, now: number): string {
+  const placed =
+    gpu.placed.length > 0
+      ? gpu.placed.map(
+          (shard) =>
+            `<li><i class="sw shard ${colourClass(shard.color)}" aria-hidden="true"></i>${escapeHtml(shard.id)}: placed on it, <span class="badge ${shard.state}">${shard.state}</span></li>`,
+        )
+      : [`<li>${escapeHtml(placedOn(gpu))}</li>`];
+  return `<div class="gpu lost">
+<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span><span class="badge gpu-lost">lost</span></div>
+<div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>
+<span class="gpu-used">unknown</span>
+<span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
+<ul class="legend"><li>missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago), last listed ${when(gpu.lastListedAt)}</li>${placed.join('')}</ul>
 </div>`;
 }
 
@@ -465,6 +552,10 @@ h2{font-size:15px;margin:18px 0 8px;text-transform:uppercase;letter-spacing:.04e
 .key{list-style:none;margin:0;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;color:var(--muted)}
 .bar{grid-area:bar;min-width:0;display:flex;height:22px;border-radius:4px;overflow:hidden;border:1px solid #afb8c1;background:#fff}
 .bar.unknown{align-items:center;padding:0 8px;color:var(--muted);font-size:12px;white-space:nowrap;text-overflow:ellipsis;background:repeating-linear-gradient(135deg,#f6f8fa 0 6px,#eaeef2 6px 12px)}
+.gpu.lost .gpu-index,.gpu.lost .gpu-name{color:var(--muted);text-decoration:line-through}
+.gpu.lost .gpu-used{color:var(--muted);font-weight:400}
+.badge.gpu-lost{margin-left:8px;background:#82071e;color:#fff}
+.bar.lost{height:auto;min-height:22px;align-items:center;padding:2px 8px;color:var(--muted);font-size:12px;line-height:1.3;border-style:dashed;background:#eaeef2}
 .seg{min-width:0;display:flex;align-items:center;overflow:hidden;white-space:nowrap;font-size:12px;font-weight:600}
 .seg span{padding:0 6px;overflow:hidden;text-overflow:ellipsis}
 .seg.shard{min-width:3px}
@@ -551,18 +642,19 @@ export function renderHtml(model: StatusModel): string {
     );
   }
   if (model.lostGpus.length > 0) {
-    banners.push(
-      `<div class="banner error" role="alert"><strong>${LOST_GPUS}</strong> ${LOST_GPUS_ADVICE}<code>${model.lostGpus.map(escapeHtml).join('\n')}</code></div>`,
-    );
+    const asOf = model.lastGood ? `${lostAsOf(model.lastGood.observedAt)} ` : '';
+    const lines = model.lostGpus.map((gpu) => escapeHtml(lostLine(gpu, model.generatedAt)));
+    banners.push(`<div class="banner error" role="alert"><strong>${LOST_GPUS}</strong> ${asOf}${LOST_GPUS_ADVICE}<code>${lines.join('\n')}</code></div>`);
   }
   const staleReason = model.staleBanner;
   if (staleReason) {
     banners.push(`<div class="banner stale" role="status"><strong>Showing an older snapshot.</strong><code>${escapeHtml(staleReason)}</code></div>`);
   }
-  const gpus =
-    model.gpus.length > 0
-      ? `<div class="gpus">${model.gpus.map(gpuHtml).join('\n')}</div>`
-      : '<p class="empty">No GPU figures: nvidia-smi gave none (see above).</p>';
+  const gpuRows = inIndexOrder(model, gpuHtml, (gpu) => lostGpuHtml(gpu, model.generatedAt));
+  const gpus = [
+    ...(model.gpus.length > 0 ? [] : [`<p class="empty">No GPU figures: nvidia-smi gave none (see above).${model.lastGood && model.lostGpus.length > 0 ? ` ${LOST_ROWS_NOTE}` : ''}</p>`]),
+    ...(gpuRows.length > 0 ? [`<div class="gpus">${gpuRows.join('\n')}</div>`] : []),
+  ].join('\n');
   const shards =
     model.shards.length > 0
       ? `<div class="table-wrap"><table class="shards" aria-describedby="held-note">
@@ -618,6 +710,10 @@ export const TEXT_BAR_WIDTH = 50;
 /** A GPU whose memory figures nvidia-smi does not report. */
 const UNKNOWN_BAR = `[${'?'.repeat(TEXT_BAR_WIDTH)}]`;
 
+const LOST_LABEL = ' lost: memory unknown ';
+/** A lost GPU: no figures, and unlike the unknown bar, no GPU behind it. */
+const LOST_BAR = `[${LOST_LABEL.padStart((TEXT_BAR_WIDTH + LOST_LABEL.length) / 2, '-').padEnd(TEXT_BAR_WIDTH, '-')}]`;
+
 const BAR_CHAR: Record<SegmentKind, string> = { shard: '#', foreign: '=', reserved: ':', free: '.' };
 
 /** Largest-remainder split of the bar's width, so the characters always add up to the width (memoryKnown: the total is above 0). */
@@ -654,7 +750,8 @@ export function renderText(model: StatusModel): string {
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
   }
   if (model.lostGpus.length > 0) {
-    out.push('', `!! ${LOST_GPUS} ${LOST_GPUS_ADVICE}`, ...model.lostGpus.map((line) => `!!   ${plain(line)}`));
+    const asOf = model.lastGood ? `${lostAsOf(model.lastGood.observedAt)} ` : '';
+    out.push('', `!! ${LOST_GPUS} ${asOf}${LOST_GPUS_ADVICE}`, ...model.lostGpus.map((gpu) => `!!   ${plain(lostLine(gpu, model.generatedAt))}`));
   }
   if (model.processesHidden !== null) {
     out.push('', '!! nodecompute cannot tell whose GPU memory is whose (all of it reads as foreign, and no shard can be verified):', `!!   ${plain(model.processesHidden)}`);
@@ -664,14 +761,16 @@ export function renderText(model: StatusModel): string {
     out.push('', `!! showing an older snapshot: ${plain(staleReason)}`);
   }
   out.push('', 'GPUS  (# shards  = foreign  : reserved  . free)');
-  if (model.gpus.length === 0) out.push('  none: nvidia-smi gave no GPU figures (see above)');
-  const gpuRows = model.gpus.map((gpu) => {
+  if (model.gpus.length === 0) out.push(`  none: nvidia-smi gave no GPU figures (see above)${model.lastGood && model.lostGpus.length > 0 ? `. ${LOST_ROWS_NOTE}` : ''}`);
+  const listedRow = (gpu: GpuModel) => {
     const shards = gpu.segments
       .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
       .map((segment) => `${segment.label} ${amountOf(segment)}${segment.stray ? ' (NOT given)' : ''}`);
     const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
     return [String(gpu.index), plain(gpu.name) + (gpu.mig ? ' (MIG)' : ''), gpu.memoryKnown ? textBar(gpu.segments) : UNKNOWN_BAR, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
-  });
+  };
+  const lostRow = (gpu: LostGpuModel) => [String(gpu.index), `${plain(gpu.name)} (LOST)`, LOST_BAR, 'unknown', plain(placedOn(gpu))];
+  const gpuRows = inIndexOrder(model, listedRow, lostRow);
   if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
   if (model.gpus.some((gpu) => gpu.mig)) out.push(`  (MIG) ${MIG_NOTE}`);
   const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));

@@ -1,0 +1,78 @@
+// GET / through the real app and the fake nvidia-smi while a GPU drops out of its listing: the page
+// keeps a row for it (HTML and text) with the shard placed on it, keeps it past max-stale while
+// nvidia-smi cannot be asked, and drops it once nvidia-smi lists the GPU again.
+import t from 'tap';
+import type { App } from '../../src/app.js';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import { idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
+
+const BROWSER_ACCEPT = 'text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8';
+
+/** The page once `done` holds for it (a refresh may still be running behind the first answers). */
+async function pageWhere(app: App, accept: string, done: (body: string) => boolean): Promise<string> {
+  let body = '';
+  for (let i = 0; i < 300; i += 1) {
+    body = (await app.inject({ method: 'GET', url: '/', headers: { accept } })).body;
+    if (done(body)) return body;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  throw new Error(`the page never got there; the last one:\n${body}`);
+}
+
+/** The indices of the GPU rows in page order, a lost one marked. */
+const htmlRows = (html: string) => [...html.matchAll(/<div class="gpu( lost)?">\n<div class="gpu-id"><span class="gpu-index">GPU (\d+)<\/span>/g)].map((m) => `${m[2]}${m[1] ? ' lost' : ''}`);
+const textRows = (text: string) => text.split('\n').filter((line) => /^\d+ /.test(line));
+
+t.test('a GPU that drops out of the listing keeps its row, with the shard placed on it, in HTML and text, past max-stale too, until it is listed again', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  // An idle node but for the shard on GPU 6: the sample's other processes are of no PID here, and
+  // with the shard's gone from the listing they alone would read as another PID namespace.
+  const scenario = idleEightGpuNode();
+  const gpu6 = scenario.gpus[6]!;
+  Object.assign(gpu6, { usedMiB: 106139, freeMiB: 143771 - 614 - 106139 + 1 });
+  scenario.processes = [{ gpuUuid: gpu6.uuid, pid: shard.members[0]!, name: 'python3', usedMiB: 106130 }];
+  const clock = manualClock(Date.parse('2026-11-29T12:00:00Z'));
+  const { app, fake } = await buildTestApp(t, { scenario, deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/llama-6', payload: { pid: shard.pid, gpus: [6], graceMs: 0 } })).statusCode, 201);
+  const before = await pageWhere(app, BROWSER_ACCEPT, (html) => html.includes('<span class="badge ready">ready</span>'));
+  t.same(htmlRows(before), ['0', '1', '2', '3', '4', '5', '6', '7']);
+  t.notMatch(before, 'class="gpu lost"');
+
+  // GPU 6 falls off the bus: nvidia-smi lists the other seven, and no process on it.
+  fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.uuid !== gpu6.uuid), processes: s.processes.filter((process) => process.gpuUuid !== gpu6.uuid) }));
+  clock.advance(2000);
+  const html = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('class="gpu lost"') && body.includes('<span class="badge on-cpu">on-cpu</span></li>'));
+  t.same(htmlRows(html), ['0', '1', '2', '3', '4', '5', '6 lost', '7'], 'eight rows: GPU 6 where it was');
+  const lost = html.split('<div class="gpu lost">')[1]!.split('\n</div>')[0]!;
+  t.match(lost, '<span class="gpu-name">NVIDIA H200</span><span class="badge gpu-lost">lost</span>');
+  t.match(lost, `<span class="gpu-uuid" title="${gpu6.uuid}">${gpu6.uuid}</span>`);
+  t.match(lost, '<span class="gpu-used">unknown</span>');
+  t.notMatch(lost, 'class="seg', 'no memory drawn');
+  t.match(lost, /<li>missing since 2026-11-29 12:00:0\d UTC \([^)]+ ago\), last listed 2026-11-29 12:00:0\d UTC<\/li>/);
+  t.match(lost, /llama-6: placed on it, <span class="badge on-cpu">on-cpu<\/span><\/li>/);
+  t.match(html, /<span class="id">llama-6<\/span>.*GPU 6 is not visible to nvidia-smi at all any more/s, "the shard's verdict says why");
+  const text = await pageWhere(app, '*/*', (body) => body.includes('(LOST)'));
+  t.same(textRows(text).map((line) => line.split(' ')[0]), ['0', '1', '2', '3', '4', '5', '6', '7']);
+  t.match(textRows(text)[6]!, /^6\s+NVIDIA H200 \(LOST\)\s+\[-+ lost: memory unknown -+\]\s+unknown\s+placed on it: llama-6 \(on-cpu\)$/);
+  t.match(text, new RegExp(`!!   GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\), last listed 2026-11-29 12:00:0\\d UTC, missing since 2026-11-29 12:00:0\\d UTC`));
+
+  // nvidia-smi cannot be asked any more, and the last good snapshot (which had lost GPU 6) ages past max-stale (30 s).
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  clock.advance(31_000);
+  const staleHtml = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('past max-stale'));
+  t.same(htmlRows(staleHtml), ['6 lost'], 'no figures now, but the lost GPU still shown');
+  t.match(staleHtml, 'No GPU figures: nvidia-smi gave none (see above). Below, the GPUs its last good snapshot no longer listed.');
+  t.match(staleHtml, /<strong>nvidia-smi no longer lists GPUs it listed earlier.<\/strong> As of the last good snapshot, of 2026-11-29 12:00:0\d UTC: nvidia-smi cannot be asked now/);
+  t.match(staleHtml, /llama-6: placed on it, <span class="badge unverified">unverified<\/span><\/li>/);
+  const staleText = await pageWhere(app, '*/*', (body) => body.includes('past max-stale'));
+  t.match(textRows(staleText)[0]!, /^6\s+NVIDIA H200 \(LOST\)\s.*placed on it: llama-6 \(unverified\)$/);
+  t.match(staleText, '!! nvidia-smi no longer lists GPUs it listed earlier. As of the last good snapshot, of 2026-11-29 12:00:0');
+
+  // GPU 6 is back (after a reset), with the shard's memory on it; past any back-off after the failures.
+  fake.update(() => scenario);
+  clock.advance(30_000);
+  const back = await pageWhere(app, BROWSER_ACCEPT, (body) => !body.includes('past max-stale') && !body.includes('class="gpu lost"') && body.includes('<span class="badge ready">ready</span>'));
+  t.same(htmlRows(back), ['0', '1', '2', '3', '4', '5', '6', '7']);
+  t.notMatch(back, 'no longer lists GPUs');
+  t.notMatch(await pageWhere(app, '*/*', (body) => !body.includes('(LOST)')), 'no longer lists GPUs');
+});
