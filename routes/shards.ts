@@ -160,7 +160,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       schema: {
         tags: ['shards'],
-        summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked), 503 when starting, on-cpu or exited.',
+        summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked), 503 when starting, on-cpu, stopped or exited.',
         description: 'Answers from the cached snapshot within a probe budget well under Kubernetes\' 1 s default timeout.',
         params,
         response: { 200: ReadyResponseSchema, 503: ReadyResponseSchema, ...errorResponses(400, 404) },

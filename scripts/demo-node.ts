@@ -169,8 +169,8 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
     throw err;
   }
 
-  const [llama70b, qwen, mistral, phi, llama8b, gemma, notebook] = await Promise.all(
-    [2, 1, 1, 1, 1, 1, 1].map((children) => spawnGroup(children, groups)),
+  const [llama70b, qwen, mistral, phi, llama8b, gemma, granite, notebook] = await Promise.all(
+    [2, 1, 1, 1, 1, 1, 1, 1].map((children) => spawnGroup(children, groups)),
   );
   fake.setScenario(
       scenario([
@@ -179,6 +179,7 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
         { gpu: 2, pid: qwen!.members[0]!, name: '/opt/llama.cpp/build/bin/llama-server', usedMiB: 67_214 },
         { gpu: 3, pid: qwen!.members[0]!, name: '/opt/llama.cpp/build/bin/llama-server', usedMiB: 11_502 },
         { gpu: 4, pid: notebook!.members[0]!, name: '/opt/conda/bin/python3 -m ipykernel_launcher', usedMiB: 24_576 },
+        { gpu: 7, pid: granite!.members[0]!, name: '/opt/llama.cpp/build/bin/llama-server', usedMiB: 9_126 },
         { gpu: 7, pid: 1_758_887, name: '[Not Found]', usedMiB: 58_060 },
       ]),
   );
@@ -188,6 +189,11 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
       id: 'gemma-9b',
       state: 'exited',
       explanation: "registered on GPU 7, then its process group was killed: the shard's process is gone.",
+    },
+    {
+      id: 'granite-8b',
+      state: 'stopped',
+      explanation: `llama.cpp on GPU 7, holding 8.9 GiB, then sent SIGSTOP (what Ctrl-Z in its terminal does): it keeps its memory but answers nothing. \`kill -CONT ${granite!.pid}\` makes it ready.`,
     },
     {
       id: 'llama-70b',
@@ -225,6 +231,8 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
   service.appendEngineOutput('llama-8b', CUDA_MISSING_LOG);
   await service.register('gemma-9b', { pid: gemma!.pid, gpus: [7] });
   killGroup(gemma!.pid);
+  await service.register('granite-8b', { pid: granite!.pid, gpus: [7], engine: 'llama.cpp' });
+  process.kill(granite!.pid, 'SIGSTOP');
   const settled = await settle(app, shards, 30_000);
 
   return {

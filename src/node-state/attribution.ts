@@ -22,7 +22,10 @@
 // could not be read this refresh is 'unreadable', not gone: it keeps its claims (its PID most likely
 // still is it) and its readiness says what failed. Likewise a GPU process that no rule could give
 // to a shard because a stat on its way (its own, or an ancestor's) was unreadable is 'uncertain' on
-// its GPU: a shard missing that GPU has no evidence against it.
+// its GPU: a shard missing that GPU has no evidence against it. A shard whose process is stopped
+// (state T: SIGSTOP or SIGTSTP; t: halted by a debugger or tracer; for a cgroup shard, every member
+// that has not exited, the pod's sandbox aside) is 'stopped', not gone: it answers nothing, but it
+// still holds its memory, so it keeps its claims and that memory stays its own, not foreign.
 import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
 import { isReadable, type ProcStat, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
@@ -41,11 +44,13 @@ export interface ShardGpuHolding {
 export type Liveness =
   /**
    * For a cgroup shard, `oldestStart` is the start time (clock ticks since boot) of the oldest of
-   * its running processes other than the pod's sandbox, when the snapshot read every member: engine
-   * output posted before it describes an earlier run.
+   * its processes that have not exited (stopped ones too) other than the pod's sandbox, when the
+   * snapshot read every member: engine output posted before it describes an earlier run.
    */
   | { state: 'alive'; oldestStart?: number }
   | { state: 'gone'; why: string }
+  /** It exists but is stopped, and answers nothing until it runs again; `why` names its stopped processes and what resumes them. */
+  | { state: 'stopped'; why: string }
   /** Its stat could not be read or parsed this refresh: whether it runs is unknown; `why` says what to do. */
   | { state: 'unreadable'; why: string }
   /** The snapshot was taken before this shard was registered: no /proc facts yet. */
@@ -69,6 +74,58 @@ function unreadableWhy(stat: UnreadableStat): string {
   return (
     `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. ` +
     `Whether it still runs is unverified, so it keeps serving. ${stat.advice}`
+  );
+}
+
+/** A process stopped by a signal (T: SIGSTOP, SIGTSTP) or by a tracer (t); it resumes where it stopped. */
+function isStopped(stat: ProcStat): boolean {
+  return stat.state === 'T' || stat.state === 't';
+}
+
+// Stopped processes of a cgroup named one by one in a reason; the rest are counted (all are in its advice).
+const STOPPED_LISTED = 5;
+
+/** What a stop state means, in the words of its stat. */
+const STOP_MEANING = {
+  T: 'state T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background',
+  t: 'state t: a debugger such as gdb, or another tracer, attached to it and halted it',
+} as const;
+
+function capitalised(text: string): string {
+  return `${text.charAt(0).toUpperCase()}${text.slice(1)}`;
+}
+
+/**
+ * Why a shard is stopped, for the operator: which processes, what their state means and what
+ * resumes each kind (SIGCONT does not resume a traced process: only its tracer can). `cgroup` is
+ * null for a PID shard, whose one process is `stopped[0]`.
+ */
+function stoppedWhy(stopped: readonly ProcStat[], cgroup: string | null): string {
+  const byPid = [...stopped].sort((a, b) => a.pid - b.pid);
+  const signalled = byPid.filter((stat) => stat.state === 'T').map((stat) => stat.pid);
+  const traced = byPid.filter((stat) => stat.state === 't').map((stat) => stat.pid);
+  const meaning = [signalled.length > 0 ? STOP_MEANING.T : null, traced.length > 0 ? STOP_MEANING.t : null].filter((line) => line !== null).join('; ');
+  let what: string;
+  if (cgroup === null) {
+    const [stat] = byPid as [ProcStat];
+    what = `process ${stat.pid} (${stat.comm}) is stopped (${meaning})`;
+  } else {
+    const listed = byPid.slice(0, STOPPED_LISTED).map((stat) => `${stat.pid} (${stat.comm}, state ${stat.state})`).join(', ');
+    const more = byPid.length > STOPPED_LISTED ? `, and ${byPid.length - STOPPED_LISTED} more` : '';
+    what = `every process of cgroup "${cgroup}" that has not exited, the pod's sandbox aside, is stopped: ${listed}${more}. ${capitalised(meaning)}`;
+  }
+  const toDo: string[] = [];
+  if (signalled.length > 0) {
+    const resume = `\`kill -CONT ${signalled.join(' ')}\``;
+    toDo.push(cgroup === null ? `resume it with ${resume}, or \`fg\` in that terminal` : `resume those in state T with ${resume} on the node (these are host PIDs)`);
+  }
+  if (traced.length > 0) {
+    const which = cgroup === null ? 'let it' : `let those in state t (${traced.join(' ')})`;
+    toDo.push(`${which} continue in the debugger, or detach the debugger (gdb: \`detach\`): \`kill -CONT\` does not resume a traced process`);
+  }
+  return (
+    `${what}. A stopped process keeps all its memory, GPU memory included, but answers no request, so traffic sent to it hangs. ` +
+    `${capitalised(toDo.join('; '))}. The verdict changes by itself once it runs again`
   );
 }
 
@@ -96,6 +153,7 @@ function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness 
       why: `PID ${pid} now belongs to another process (${stat.comm}, started at tick ${stat.startTime}, not ${shard.identity.startTime}): the registered process exited and its PID was reused`,
     };
   }
+  if (isStopped(stat)) return { state: 'stopped', why: stoppedWhy([stat], null) };
   return { state: 'alive' };
 }
 
@@ -121,17 +179,20 @@ function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
 /**
  * A cgroup shard is alive while a process of its cgroup runs that is not the pod's sandbox. A member
  * the snapshot holds no answer for (a hand-made snapshot) counts as running. One whose stat could
- * not be read may be the engine: when nothing else runs, whether the shard does is unverified.
+ * not be read may be the engine: when nothing else runs, whether the shard does is unverified. When
+ * every other member that has not exited is stopped, the shard is stopped; one running member, the
+ * pod's sandbox aside, keeps it alive, since /proc cannot tell which process of a pod serves.
  */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
   if (members.size === 0) return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };
   const sandbox: ProcStat[] = [];
+  const stopped: ProcStat[] = [];
   const zombies: number[] = [];
   let unreadable: UnreadableStat | undefined;
   let running = false;
-  // Known only when every member's stat is.
+  // Known only when every member's stat is. A stopped member is of the current run as much as a running one.
   let oldestStart: number | undefined = Infinity;
   for (const pid of members) {
     const answer = snapshot.proc.get(pid);
@@ -145,12 +206,14 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
     } else if (answer.state === 'Z' || answer.state === 'X') zombies.push(pid);
     else if (SANDBOX_COMMS.has(answer.comm)) sandbox.push(answer);
     else {
-      running = true;
+      if (isStopped(answer)) stopped.push(answer);
+      else running = true;
       if (oldestStart !== undefined) oldestStart = Math.min(oldestStart, answer.startTime);
     }
   }
   if (running) return oldestStart === undefined ? { state: 'alive' } : { state: 'alive', oldestStart };
   if (unreadable !== undefined) return { state: 'unreadable', why: unreadableWhy(unreadable) };
+  if (stopped.length > 0) return { state: 'stopped', why: stoppedWhy(stopped, cgroup) };
   if (sandbox.length > 0) return { state: 'gone', why: sandboxWhy(cgroup, sandbox) };
   if (zombies.length > 0) {
     const what = zombies.length === 1 ? `its last process ${zombies[0]} has exited (a zombie` : `its last processes ${zombies.join(' ')} have exited (zombies`;

@@ -4,10 +4,12 @@
 // control plane acts on CPU as a fallback to fix:
 //   CUDA  the shard holds memory on some GPU (one it was not given still counts: strayGpus says which),
 //         unless its verdict is on-cpu because the engine itself says CPU (a CUDA build that fell
-//         back still holds a CUDA context on the GPU);
+//         back still holds a CUDA context on the GPU), or it is stopped;
 //   CPU   its verdict is on-cpu (grace over with a GPU still not held, or the engine itself says CPU),
 //         or it was given no GPU and runs (ready) holding none, without its engine claiming CUDA;
-//   null  not known: starting, exited, unverified, or the snapshot does not include it yet.
+//   null  not known: starting, exited, unverified, or the snapshot does not include it yet; and
+//         stopped, which computes nowhere until it runs again (the GPUs it holds are still listed:
+//         a stopped process keeps its memory).
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';
@@ -39,6 +41,7 @@ export function deviceLabel(usage: GpuUsage): string {
 }
 
 function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): Backend | null {
+  if (state === 'stopped') return null;
   // As the verdict judges: a CUDA build that fell back still holds a CUDA context on the GPU.
   if (state === 'on-cpu' && engine?.backend === 'CPU') return 'CPU';
   if (holdsGpu) return 'CUDA';

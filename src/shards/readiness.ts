@@ -12,15 +12,23 @@
 //              backend), output that says nothing, or none posted; when the engine says CPU, on
 //              whether its GPU backend loaded (no layers: -ngl; not loaded: the build) and whether
 //              memory its processes hold contradicts it (then the output is another run's);
+//   stopped    its process is stopped (state T: SIGSTOP, or SIGTSTP from Ctrl-Z in its terminal; t:
+//              halted by a debugger or tracer; for a cgroup shard, every process of it that has not
+//              exited, the pod's sandbox aside): it keeps its GPU memory but answers no request.
+//              Whatever else is true, nothing is served, so it comes before starting, on-cpu and
+//              unverified; what would still count once it runs again (a given GPU it holds nothing
+//              on, an engine that says CPU) is a warning, as is nvidia-smi failing to say what it holds;
 //   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left,
-//              or only the pod's sandbox, whose engine container exited);
+//              or only the pod's sandbox, whose engine container exited); it comes before stopped
+//              (its PID reused by a process that is stopped is exited);
 //   unverified nvidia-smi cannot be asked, its processes are hidden from it or their PIDs are not
 //              visible in this /proc, or the shard's own /proc stat could not be read this
 //              refresh: no evidence either way, so the shard keeps serving and the answer carries
 //              a warning.
-// Neither an exit nor the engine's own CPU account depends on nvidia-smi: while it cannot be asked,
-// /proc (read by the failed refresh, see node-service.ts) still makes a shard exited, and the
-// engine's account still makes it on-cpu; only what nvidia-smi alone can show stays unverified.
+// Neither an exit, a stop nor the engine's own CPU account depends on nvidia-smi: while it cannot be
+// asked, /proc (read by the failed refresh, see node-service.ts) still makes a shard exited or
+// stopped, and the engine's account still makes it on-cpu; only what nvidia-smi alone can show
+// stays unverified.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
@@ -30,7 +38,7 @@ import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
-export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'exited', 'unverified'] as const;
+export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'stopped', 'exited', 'unverified'] as const;
 export type ReadinessState = (typeof READINESS_STATES)[number];
 
 export interface Readiness {
@@ -265,13 +273,42 @@ function earlierRun(shard: ShardRecord, liveness: Liveness, engine: EngineAccoun
   );
 }
 
+/**
+ * Given GPUs a stopped shard holds no memory on, as a warning: it outlives the stop, and decides the
+ * verdict once the shard runs again. Only where nvidia-smi can show it: not while processes are
+ * hidden from it, nor on a GPU holding memory of a process whose owner is unknown.
+ */
+function unheldWhileStopped(shard: ShardRecord, node: NodeView): string[] {
+  if (node.processesHidden !== null) return [];
+  // A shard the attribution judged stopped has holdings there, if only an empty map.
+  const held = node.attribution.holdings.get(shard.id)!;
+  const missing = shard.gpus.filter((index) => !held.has(index) && !node.attribution.uncertain.has(index));
+  if (missing.length === 0) return [];
+  return [
+    `it holds no memory on ${gpuList(missing)} (nvidia-smi lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)`,
+  ];
+}
+
+/**
+ * The verdict of a shard whose process is stopped (`why`, from attribution): not ready, whatever
+ * nvidia-smi says, since it answers nothing. `warnings`: what the GPU picture adds (or that there is
+ * none); an engine that says CPU is added, since it still counts once the shard runs again.
+ */
+function stoppedVerdict(input: ReadinessInput, why: string, warnings: string[]): Readiness {
+  const { shard, engine } = input;
+  if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
+    warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it runs again, it reads on-cpu`);
+  }
+  return verdict('stopped', `${why}.`, warnings);
+}
+
 function uncertainWhy(stat: UnreadableStat): string {
   return `the /proc stat of process ${stat.pid} on its way to a shard could not be read in this refresh (${stat.unreadable}), so it may be this shard's. ${stat.advice}`;
 }
 
 /**
  * The verdict while nvidia-smi cannot be asked: what /proc and the engine's own account decide
- * without it (exited, on-cpu), else unverified.
+ * without it (exited, stopped, on-cpu), else unverified.
  */
 function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const { shard } = input;
@@ -279,6 +316,9 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
   const liveness: Liveness = input.liveness ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', `the shard's process exited: ${liveness.why}.`, []);
+  if (liveness.state === 'stopped') {
+    return stoppedVerdict(input, liveness.why, [`nvidia-smi cannot be asked, so which GPU memory it holds is unverified: ${why}`]);
+  }
   if (liveness.state === 'unreadable') return verdict('unverified', null, [unverified, liveness.why]);
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
@@ -300,6 +340,9 @@ export function readiness(input: ReadinessInput): Readiness {
   if (node === null) return withoutNvidiaSmi(input);
   const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', `the shard's process exited: ${liveness.why}.`, []);
+  if (liveness.state === 'stopped') {
+    return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...unheldWhileStopped(shard, node)]);
+  }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
   const warnings = warningsFor(shard, node, engine, input.staleReason);

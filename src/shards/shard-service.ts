@@ -2,7 +2,7 @@
 // /proc), removing, taking engine output (dated in /proc's clock; a restarted cgroup shard's output
 // starts a new tail), and answering each shard's compute and readiness from the current snapshot.
 // The routes stay thin; readers arrive as dependencies so this module never touches the OS itself.
-// A shard's verdict changing (starting, ready, on-cpu, exited) is logged once, when a request first
+// A shard's verdict changing (starting, ready, on-cpu, stopped, exited) is logged once, when a request first
 // sees the change, rather than at every probe. While nvidia-smi cannot be asked, verdicts still use
 // what /proc said in the latest (failed) refresh (NodeService.procOnly): no read of its own per probe.
 import type { Logger } from 'pino';
@@ -304,7 +304,7 @@ export function createShardService(deps: ShardServiceDeps) {
     const previous = loggedVerdicts.get(shard.id) ?? null;
     if (previous === verdict.state) return;
     loggedVerdicts.set(shard.id, verdict.state);
-    const level = verdict.state === 'on-cpu' || verdict.state === 'exited' ? 'warn' : 'info';
+    const level = verdict.state === 'on-cpu' || verdict.state === 'stopped' || verdict.state === 'exited' ? 'warn' : 'info';
     log[level](
       { shard: shard.id, state: verdict.state, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
       `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`,
@@ -338,7 +338,7 @@ export function createShardService(deps: ShardServiceDeps) {
 
   /**
    * Probes arrive every few seconds per pod and mostly get the same answer. A verdict whose text
-   * does not depend on the clock (ready, exited) is kept per node view, shard record, engine output
+   * does not depend on the clock (ready, stopped, exited) is kept per node view, shard record, engine output
    * version and staleness note, so a steady shard's probe computes nothing. Starting and on-cpu
    * verdicts say how long ago things happened and are made afresh.
    */
@@ -349,7 +349,7 @@ export function createShardService(deps: ShardServiceDeps) {
     const kept = steadyProbes.get(current.node)?.get(shard.id);
     if (kept && kept.shard === shard && kept.engineVersion === registry.engineVersion && kept.staleNote === note) return kept.state;
     const state = stateOf(shard, current, null, false);
-    if (state.readiness.state === 'ready' || state.readiness.state === 'exited') {
+    if (state.readiness.state === 'ready' || state.readiness.state === 'stopped' || state.readiness.state === 'exited') {
       let perShard = steadyProbes.get(current.node);
       if (!perShard) steadyProbes.set(current.node, (perShard = new Map()));
       perShard.set(shard.id, { shard, engineVersion: registry.engineVersion, staleNote: note, state });

@@ -215,7 +215,7 @@ const LOST_ROWS_NOTE = 'Below, the GPUs its last good snapshot no longer listed.
 const LOST_GPUS_ADVICE =
   'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
 
-const STATE_ORDER: readonly ReadinessState[] = ['ready', 'starting', 'on-cpu', 'exited', 'unverified'];
+const STATE_ORDER: readonly ReadinessState[] = ['ready', 'starting', 'on-cpu', 'stopped', 'exited', 'unverified'];
 
 function processLabel(process: ForeignProcess): string {
   return `pid ${process.pid} ${process.name} (${formatHeldMemory(process.usedMiB)})`;
@@ -597,6 +597,7 @@ td.why p{margin:0 0 4px}
 .badge.ready{background:#1a7f37;color:#fff}
 .badge.starting{background:#f2c744;color:#1f2328}
 .badge.on-cpu{background:#cf222e;color:#fff}
+.badge.stopped{background:#8250df;color:#fff}
 .badge.exited{background:#6e7781;color:#fff}
 .badge.unverified{background:#0969da;color:#fff}
 .empty{background:var(--card);border:1px dashed var(--line);border-radius:8px;padding:14px;color:var(--muted)}
@@ -633,7 +634,7 @@ export function renderHtml(model: StatusModel): string {
   const banners: string[] = [];
   if (model.error !== null) {
     banners.push(
-      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> A shard is shown as unverified and keeps serving, unless /proc shows it exited or its engine says it computes on the CPU. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
+      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> A shard is shown as unverified and keeps serving, unless /proc shows it exited or stopped, or its engine says it computes on the CPU. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
     );
   }
   if (model.processesHidden !== null) {
@@ -746,7 +747,7 @@ export function renderText(model: StatusModel): string {
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
   out.push(snapshotLine(model));
   if (model.error !== null) {
-    out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (a shard is unverified and keeps serving, unless /proc shows it exited or its engine says CPU):');
+    out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (a shard is unverified and keeps serving, unless /proc shows it exited or stopped, or its engine says CPU):');
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
   }
   if (model.lostGpus.length > 0) {

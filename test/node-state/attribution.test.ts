@@ -4,7 +4,9 @@
 // failing that, to the first shard whose process group holds it when no other process claims the
 // group (live shards by their current group, gone ones by their last known group, whatever their
 // PID). A shard that is gone claims nothing, and its reason names the memory its group still holds;
-// a cgroup shard is gone once no member runs but the pod's sandbox (`pause`). A PID shard registered
+// a cgroup shard is gone once no member runs but the pod's sandbox (`pause`). A shard whose process
+// is stopped (T or t; for a cgroup, every member but the sandbox and zombies) is stopped, and claims
+// as a live one does: a stopped process keeps its memory. A PID shard registered
 // in an earlier boot of the node is gone and claims, contests and orphans nothing: its PID and group
 // number are this boot's now.
 // The rule is written below as the obvious loop over every shard for every process; attribute() must
@@ -24,6 +26,12 @@ const pid = fc.integer({ min: 1, max: 12 });
 const group = fc.integer({ min: 1, max: 4 });
 const mostly = (value: boolean) => fc.oneof({ weight: 9, arbitrary: fc.constant(value) }, { weight: 1, arbitrary: fc.constant(!value) });
 const startTime = fc.oneof({ weight: 9, arbitrary: fc.constant(1) }, { weight: 1, arbitrary: fc.constant(2) });
+const state = fc.oneof(
+  { weight: 14, arbitrary: fc.constant('S') },
+  { weight: 2, arbitrary: fc.constant('Z') },
+  { weight: 1, arbitrary: fc.constant('T') },
+  { weight: 1, arbitrary: fc.constant('t') },
+);
 // A third of the processes have no parent in the snapshot's PID space (0), so that chains end and the group rule gets its turn.
 const parent = fc.oneof({ weight: 1, arbitrary: fc.constant(0) }, { weight: 2, arbitrary: pid });
 
@@ -83,29 +91,34 @@ function ruleOwner(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liven
   return soleGroupClaimant(inGroup, liveness) ? inGroup[0]!.id : undefined;
 }
 
-/** A PID shard's liveness state from its stat: not read yet, gone (absent, zombie, reused), unreadable, or alive. */
+const isStopped = (state: string) => state === 'T' || state === 't';
+
+/** A PID shard's liveness state from its stat: not read yet, gone (absent, zombie, reused), unreadable, stopped, or alive. */
 function ruleLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness['state'] {
   if (earlierBoot(snapshot, shard)) return 'gone';
   if (!snapshot.proc.has(shard.identity.pid)) return 'unknown';
   const answer = snapshot.proc.get(shard.identity.pid)!;
   if (answer === null) return 'gone';
   if ('unreadable' in answer) return 'unreadable';
-  return answer.state === 'Z' || answer.state === 'X' || answer.startTime !== shard.identity.startTime ? 'gone' : 'alive';
+  if (answer.state === 'Z' || answer.state === 'X' || answer.startTime !== shard.identity.startTime) return 'gone';
+  return isStopped(answer.state) ? 'stopped' : 'alive';
 }
 
 /**
- * A cgroup shard's liveness state: not scanned yet; alive while a member runs that is not the pod's
- * sandbox (`pause`), or that the snapshot did not read; else unreadable when a member's stat was,
- * else gone (every member gone, a zombie or the sandbox).
+ * A cgroup shard's liveness state: not scanned yet; alive while a member runs (is not stopped) that
+ * is not the pod's sandbox (`pause`), or that the snapshot did not read; else unreadable when a
+ * member's stat was; else stopped when a member other than the sandbox is and is no zombie; else
+ * gone (every member gone, a zombie or the sandbox).
  */
 function ruleCgroupLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness['state'] {
   const members = snapshot.cgroupPids.get(cgroup);
   if (members === undefined) return 'unknown';
   const answers = [...members].map((member) => snapshot.proc.get(member));
-  const runs = (answer: StatAnswer | undefined) =>
-    answer === undefined || (answer !== null && !('unreadable' in answer) && answer.state !== 'Z' && answer.state !== 'X' && answer.comm !== 'pause');
-  if (answers.some(runs)) return 'alive';
-  return answers.some((answer) => answer != null && 'unreadable' in answer) ? 'unreadable' : 'gone';
+  const engine = (answer: StatAnswer | undefined): answer is ProcStat =>
+    answer != null && !('unreadable' in answer) && answer.state !== 'Z' && answer.state !== 'X' && answer.comm !== 'pause';
+  if (answers.some((answer) => answer === undefined || (engine(answer) && !isStopped(answer.state)))) return 'alive';
+  if (answers.some((answer) => answer != null && 'unreadable' in answer)) return 'unreadable';
+  return answers.some((answer) => engine(answer) && isStopped(answer.state)) ? 'stopped' : 'gone';
 }
 
 /**
@@ -128,11 +141,12 @@ function ruleOrphans(snapshot: NodeSnapshot, shard: ShardRecord, ownerByPid: Rea
 
 const node = fc
   .record({
-    // Per PID: absent from /proc (undefined), gone (null), unreadable this time, or a stat with a parent, a group and a state.
+    // Per PID: absent from /proc (undefined), gone (null), unreadable this time, or a stat with a parent, a group and a state
+    // (sleeping most often; a zombie, stopped by a signal or stopped by a tracer now and then).
     stats: fc.array(
       fc.oneof(
         { weight: 1, arbitrary: fc.constant('unreadable' as const) },
-        { weight: 9, arbitrary: fc.option(fc.record({ ppid: parent, pgrp: group, zombie: mostly(false), sandbox: mostly(false), startTime }), { nil: null }) },
+        { weight: 9, arbitrary: fc.option(fc.record({ ppid: parent, pgrp: group, state, sandbox: mostly(false), startTime }), { nil: null }) },
       ),
       { minLength: 12, maxLength: 12 },
     ),
@@ -167,7 +181,7 @@ const node = fc
       const at = i + 1;
       if (!listed[i]) return;
       if (entry === 'unreadable') proc.set(at, { pid: at, unreadable: 'reading it failed (EIO)', advice: 'see the log' });
-      else proc.set(at, entry === null ? null : { pid: at, comm: entry.sandbox ? 'pause' : `p${at}`, state: entry.zombie ? 'Z' : 'S', ppid: entry.ppid, pgrp: entry.pgrp, session: 1, startTime: entry.startTime });
+      else proc.set(at, entry === null ? null : { pid: at, comm: entry.sandbox ? 'pause' : `p${at}`, state: entry.state, ppid: entry.ppid, pgrp: entry.pgrp, session: 1, startTime: entry.startTime });
     });
     const snapshot: NodeSnapshot = {
       takenAt: 1,
@@ -255,6 +269,10 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
     foreign: 0,
     gone: 0,
     unreadable: 0,
+    // A PID shard, and a cgroup shard, whose processes are stopped: stopped, and owning what they hold.
+    stoppedPid: 0,
+    stoppedCgroup: 0,
+    ownedByStopped: 0,
     orphansNamed: 0,
     // A cgroup shard with members, none of them running but the pod's sandbox: gone.
     sandboxOnly: 0,
@@ -280,6 +298,7 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
           const owner = shards.find((shard) => shard.id === ownerByPid.get(candidate));
           const { isIt, byAncestor, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
           const named = byAncestor.filter((claimants) => claimants.length > 0);
+          if (owner !== undefined && liveness.get(owner.id)?.state === 'stopped') seen.ownedByStopped += 1;
           if (owner === undefined) seen.foreign += 1;
           else if (isIt.length > 0) seen[owner.cgroup !== null ? 'byCgroup' : 'byPid'] += 1;
           else if (named.length > 0) seen.byAncestor += 1;
@@ -302,6 +321,7 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
         if (earlierBoot(snapshot, shard) && stat?.startTime === shard.identity.startTime && stat.state === 'S') seen.earlierBootCollision += 1;
         if (shard.cgroup === null && shard.identity.bootId !== undefined && snapshot.bootId === null) seen.bootUnknownNow += 1;
       }
+      for (const shard of shards) if (liveness.get(shard.id)?.state === 'stopped') seen[shard.cgroup === null ? 'stoppedPid' : 'stoppedCgroup'] += 1;
       const states = [...liveness.values()];
       seen.gone += states.filter((state) => state.state === 'gone').length;
       seen.unreadable += states.filter((state) => state.state === 'unreadable').length;

@@ -484,6 +484,28 @@ t.test('a cgroup shard is named by its cgroup', async (t) => {
   t.match(renderText(model), /^pod-a\s+unverified\s+0\s+unknown\s+-$/m);
 });
 
+t.test('a stopped shard: its own badge and count, its reason in the row; the outage banner says /proc still shows it', async (t) => {
+  const reason = 'process 4242 (llama-server) is stopped (state T: it was sent SIGSTOP, ...). The verdict changes by itself once it runs again.';
+  const state: ShardState = {
+    shard: { id: 'paused', pid: 4242, cgroup: null, gpus: [0], engine: 'llama.cpp', graceMs: 0, registeredAt: 0, identity: { pid: 4242, pgid: 4242, startTime: 1, name: 'llama-server' } },
+    readiness: { ready: false, state: 'stopped', reason, warnings: ['nvidia-smi cannot be asked, so which GPU memory it holds is unverified: boom'] },
+    compute: null,
+    observedAt: null,
+  };
+  const model = statusModel({ states: [state], view: null as SnapshotView<NodeSnapshot> | null, node: null, error: 'boom', host: 'h', version: '0', now: 0 });
+  const html = renderHtml(model);
+  t.match(html, '.badge.stopped{background:#8250df;color:#fff}', 'a colour of its own, white on it readable (4.7:1)');
+  t.match(html, '<li><span class="badge stopped">1 stopped</span></li>');
+  t.match(html, '<td data-label="State"><span class="badge stopped">stopped</span></td>');
+  t.match(html, 'unless /proc shows it exited or stopped, or its engine says it computes on the CPU');
+  const text = renderText(model);
+  t.match(text, /^nodecompute 0 on h: 1 stopped$/m);
+  t.match(text, 'unless /proc shows it exited or stopped, or its engine says CPU');
+  const row = lineOf(text, 'paused');
+  t.match(row, /^paused\s+stopped\s+0\s+unknown\s+process 4242 \(llama-server\) is stopped /);
+  t.ok(row.endsWith(`${reason} | warning: nvidia-smi cannot be asked, so which GPU memory it holds is unverified (nvidia-smi's message is at the top of the page)`), 'the reason, then the warning, pointing at the banner');
+});
+
 // In CI chromium must be there (.ci/run installs it): a missing one fails the test instead of skipping it.
 const withoutChromium = !existsSync(CHROMIUM) && !process.env.CI ? `${CHROMIUM} is not installed (apt-get install chromium); CI runs this test` : false;
 

@@ -33,7 +33,7 @@ t.test('the demo node shows every state, a stray GPU and foreign memory, and sto
   t.same(states, Object.fromEntries(demo.shards.map((shard) => [shard.id, shard.state])), 'GET /shards agrees with the demo');
   t.same(
     [...new Set(Object.values(states))].sort(),
-    ['exited', 'on-cpu', 'ready', 'starting'],
+    ['exited', 'on-cpu', 'ready', 'starting', 'stopped'],
     'every state a shard can reach on a working node',
   );
   const byId = (id: string) => shards.find((shard) => shard.id === id)!;
@@ -44,6 +44,8 @@ t.test('the demo node shows every state, a stray GPU and foreign memory, and sto
   t.match(byId('llama-8b').status.reason, 'the engine itself reports it');
   t.match(byId('phi-3-mini').status.reason, 'hold no memory on GPU 5');
   t.match(byId('gemma-9b').status.reason, "the shard's process exited");
+  t.match(byId('granite-8b').status.reason, /^process \d+ \(sh\) is stopped \(state T: /);
+  t.same(byId('granite-8b').compute!.devices, ['GPU 7: 8.9 GiB'], 'a stopped shard keeps its memory');
 
   const foreign = (await (await fetch(`${demo.url}/gpus/foreign-memory`)).json()) as {
     gpus: Array<{ index: number; foreignMiB: number; foreignProcesses: Array<{ name: string }> }>;
@@ -52,9 +54,9 @@ t.test('the demo node shows every state, a stray GPU and foreign memory, and sto
   t.same(foreign.gpus[7]!.foreignProcesses.map((p) => p.name), ['[Not Found]']);
   t.equal(foreign.gpus[0]!.foreignMiB, 9, 'only the driver residue is foreign on a shard-held GPU');
 
-  t.equal(demo.groups.length, 7, 'six shards and one foreign notebook');
+  t.equal(demo.groups.length, 8, 'seven shards and one foreign notebook');
   const alive = demo.groups.filter((pgid) => livePidsInGroup(pgid).length > 0);
-  t.equal(alive.length, 6, 'every group but the killed shard runs');
+  t.equal(alive.length, 7, 'every group but the killed shard is there (the stopped one too)');
   await demo.stop();
   stopped = true;
   await waitUntil(() => demo.groups.every((pgid) => livePidsInGroup(pgid).length === 0), { what: 'every demo process to die' });
