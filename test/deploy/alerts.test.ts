@@ -1,5 +1,5 @@
 // Owns the checks of deploy/kubernetes/prometheusrule.yaml: promtool accepts the rules, and its unit
-// tests, fed with the /metrics of real nodecompute apps (one with shards on-cpu, exited and stray,
+// tests, fed with the /metrics of real nodecompute apps (one with shards on-cpu, stopped, exited and stray,
 // one whose GPU processes are hidden, one whose nvidia-smi fails, one whose GPU drops out of
 // nvidia-smi's list, one whose token file is deleted), fire exactly the alerts each node deserves,
 // with their annotations rendered.
@@ -13,7 +13,7 @@ import t from 'tap';
 import { parse } from 'yaml';
 import { readStartTokens, resolveConfig } from '../../src/config.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
-import type { FakeProcess, FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const RULES = fileURLToPath(new URL('../../deploy/kubernetes/prometheusrule.yaml', import.meta.url));
 const UUIDS = ['GPU-aaaaaaaa-0000-0000-0000-000000000000', 'GPU-bbbbbbbb-0000-0000-0000-000000000000'];
@@ -82,6 +82,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   const ready = await spawnShardProcess(t, 1);
   const onCpu = await spawnShardProcess(t, 0);
   const exited = await spawnShardProcess(t, 0);
+  const stopped = await spawnShardProcess(t, 0);
   const busy = await buildTestApp(t, {
     scenario: node([
       { gpuUuid: UUIDS[0]!, pid: ready.members[0]!, name: 'llama-server', usedMiB: 12000 },
@@ -93,7 +94,11 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   t.equal((await put('llama-a', { pid: ready.pid, gpus: [0] })).statusCode, 201);
   t.equal((await put('llama-b', { pid: onCpu.pid, gpus: [1], graceMs: 0 })).statusCode, 201);
   t.equal((await put('llama-c', { pid: exited.pid, gpus: [1] })).statusCode, 201);
+  t.equal((await put('llama-d', { pid: stopped.pid, gpus: [] })).statusCode, 201);
   await exited.kill();
+  // SIGKILL, which its teardown sends, ends a stopped process too.
+  process.kill(stopped.pid, 'SIGSTOP');
+  await waitUntil(() => /\) T /.test(readFileSync(`/proc/${stopped.pid}/stat`, 'utf8')), { what: `process ${stopped.pid} to stop` });
   await settle(busy.app);
 
   // Node 2: nvidia-smi lists a process this /proc does not have.
@@ -134,6 +139,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
 
   const alerts: Record<string, ReturnType<typeof expected>[]> = {
     NodecomputeShardOnCpu: [expected('NodecomputeShardOnCpu', find('nodecompute_shard_state', { shard: 'llama-b', state: 'on-cpu' }))],
+    NodecomputeShardStopped: [expected('NodecomputeShardStopped', find('nodecompute_shard_state', { shard: 'llama-d', state: 'stopped' }))],
     NodecomputeShardExited: [expected('NodecomputeShardExited', find('nodecompute_shard_state', { shard: 'llama-c', state: 'exited' }))],
     NodecomputeStrayGpuMemory: [expected('NodecomputeStrayGpuMemory', find('nodecompute_shard_gpu_memory_bytes', { shard: 'llama-a', gpu: '1' }))],
     NodecomputeGpuProcessesHidden: [expected('NodecomputeGpuProcessesHidden', find('nodecompute_gpu_processes_visible', { instance: 'gpu-node-2:9470' }))],
