@@ -427,9 +427,12 @@ function inIndexOrder<T>(model: StatusModel, listed: (gpu: GpuModel) => T, lost:
 const HELD_NOTE =
   'GPUs held: every GPU whose memory the shard\'s processes hold, as nvidia-smi lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
 
+/** The page's one line (its tab title, the text view's first line): a lost GPU first, where a dashboard of tabs shows it. */
 function summary(model: StatusModel): string {
   const parts = STATE_ORDER.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
-  return parts.length > 0 ? parts.join(', ') : 'no shards';
+  const shards = parts.length > 0 ? parts.join(', ') : 'no shards';
+  const lost = model.lostGpus.length;
+  return lost === 0 ? shards : `${lost} GPU${lost === 1 ? '' : 's'} LOST · ${shards}`;
 }
 
 /** Segments wider than this share of the bar carry their label inside; the legend names them all. */

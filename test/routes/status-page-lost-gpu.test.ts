@@ -37,12 +37,14 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   const before = await pageWhere(app, BROWSER_ACCEPT, (html) => html.includes('<span class="badge ready">ready</span>'));
   t.same(htmlRows(before), ['0', '1', '2', '3', '4', '5', '6', '7']);
   t.notMatch(before, 'class="gpu lost"');
+  t.match(before, /<title>[^<]*nodecompute · 1 ready<\/title>/);
 
   // GPU 6 falls off the bus: nvidia-smi lists the other seven, and no process on it.
   fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.uuid !== gpu6.uuid), processes: s.processes.filter((process) => process.gpuUuid !== gpu6.uuid) }));
   clock.advance(2000);
   const html = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('class="gpu lost"') && body.includes('<span class="badge on-cpu">on-cpu</span></li>'));
   t.same(htmlRows(html), ['0', '1', '2', '3', '4', '5', '6 lost', '7'], 'eight rows: GPU 6 where it was');
+  t.match(html, /<title>[^<]*nodecompute · 1 GPU LOST · 1 on-cpu<\/title>/, 'the tab title says it first, for a wall of dashboards');
   const lost = html.split('<div class="gpu lost">')[1]!.split('\n</div>')[0]!;
   t.match(lost, '<span class="gpu-name">NVIDIA H200</span><span class="badge gpu-lost">lost</span>');
   t.match(lost, `<span class="gpu-uuid" title="${gpu6.uuid}">${gpu6.uuid}</span>`);
@@ -52,6 +54,7 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   t.match(lost, /llama-6: placed on it, <span class="badge on-cpu">on-cpu<\/span><\/li>/);
   t.match(html, /<span class="id">llama-6<\/span>.*GPU 6 is not visible to nvidia-smi at all any more/s, "the shard's verdict says why");
   const text = await pageWhere(app, '*/*', (body) => body.includes('(LOST)'));
+  t.match(text, /^nodecompute \S+ on .+: 1 GPU LOST · 1 on-cpu\n/, 'and the text view its first line');
   t.same(textRows(text).map((line) => line.split(' ')[0]), ['0', '1', '2', '3', '4', '5', '6', '7']);
   t.match(textRows(text)[6]!, /^6\s+NVIDIA H200 \(LOST\)\s+\[-+ lost: memory unknown -+\]\s+unknown\s+placed on it: llama-6 \(on-cpu\)$/);
   t.match(text, new RegExp(`!!   GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\), last listed 2026-11-29 12:00:0\\d UTC, missing since 2026-11-29 12:00:0\\d UTC`));

@@ -147,6 +147,7 @@ t.test('a lost GPU with no shard placed on it says so; a lost last GPU comes las
   const model = statusModel(input(snapshotOf(gpus, [LOST_3, lost7], []), []));
   const html = renderHtml(model);
   t.same(htmlRows(html), ['0', '1', '2', '3 lost', '4', '5', '6', '7 lost']);
+  t.match(html, /<title>[^<]*nodecompute · 2 GPUs LOST · no shards<\/title>/);
   t.match(lostBlock(html, 3), '<li>no shard is placed on it</li>');
   t.match(lostBlock(html, 7), '<span class="gpu-name">H200 &#60;b&#62;&#38;</span>');
   t.match(lostBlock(html, 7), 'missing since 2026-11-29 11:10:30 UTC (50 min ago), last listed 2026-11-29 11:00:30 UTC');
