@@ -24,8 +24,10 @@
 // to a shard because a stat on its way (its own, or an ancestor's) was unreadable is 'uncertain' on
 // its GPU: a shard missing that GPU has no evidence against it. A shard whose process is stopped
 // (state T: SIGSTOP or SIGTSTP; t: halted by a debugger or tracer; for a cgroup shard, every member
-// that has not exited, the pod's sandbox aside) is 'stopped', not gone: it answers nothing, but it
-// still holds its memory, so it keeps its claims and that memory stays its own, not foreign.
+// that has not exited, the pod's sandbox aside; and, in a shard that otherwise runs, a process that
+// holds its GPU memory, such as a tensor-parallel worker, which stalls every request) is 'stopped',
+// not gone: it answers nothing, but it still holds its memory, so it keeps its claims and that
+// memory stays its own, not foreign.
 import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
 import { isReadable, type ProcStat, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
@@ -96,37 +98,68 @@ function capitalised(text: string): string {
 }
 
 /**
- * Why a shard is stopped, for the operator: which processes, what their state means and what
- * resumes each kind (SIGCONT does not resume a traced process: only its tracer can). `cgroup` is
- * null for a PID shard, whose one process is `stopped[0]`.
+ * Which stopped processes make a shard stopped: its registered process (a PID shard), every member
+ * of its cgroup that has not exited, or, in a shard that otherwise runs, the processes that hold its
+ * GPU memory (each with the GPUs it holds).
  */
-function stoppedWhy(stopped: readonly ProcStat[], cgroup: string | null): string {
+type StoppedSubject = { kind: 'process' } | { kind: 'cgroup'; cgroup: string } | { kind: 'gpu-holders'; gpusOf: ReadonlyMap<number, number[]> };
+
+/**
+ * Why a shard is stopped, for the operator: which processes, what their state means and what
+ * resumes each kind (SIGCONT does not resume a traced process: only its tracer can).
+ */
+function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): string {
   const byPid = [...stopped].sort((a, b) => a.pid - b.pid);
   const signalled = byPid.filter((stat) => stat.state === 'T').map((stat) => stat.pid);
   const traced = byPid.filter((stat) => stat.state === 't').map((stat) => stat.pid);
   const meaning = [signalled.length > 0 ? STOP_MEANING.T : null, traced.length > 0 ? STOP_MEANING.t : null].filter((line) => line !== null).join('; ');
+  const listed = (describe: (stat: ProcStat) => string) => {
+    const more = byPid.length > STOPPED_LISTED ? `, and ${byPid.length - STOPPED_LISTED} more` : '';
+    return `${byPid.slice(0, STOPPED_LISTED).map(describe).join(', ')}${more}`;
+  };
   let what: string;
-  if (cgroup === null) {
+  if (subject.kind === 'process') {
     const [stat] = byPid as [ProcStat];
     what = `process ${stat.pid} (${stat.comm}) is stopped (${meaning})`;
+  } else if (subject.kind === 'cgroup') {
+    what = `every process of cgroup "${subject.cgroup}" that has not exited, the pod's sandbox aside, is stopped: ${listed((stat) => `${stat.pid} (${stat.comm}, state ${stat.state})`)}. ${capitalised(meaning)}`;
   } else {
-    const listed = byPid.slice(0, STOPPED_LISTED).map((stat) => `${stat.pid} (${stat.comm}, state ${stat.state})`).join(', ');
-    const more = byPid.length > STOPPED_LISTED ? `, and ${byPid.length - STOPPED_LISTED} more` : '';
-    what = `every process of cgroup "${cgroup}" that has not exited, the pod's sandbox aside, is stopped: ${listed}${more}. ${capitalised(meaning)}`;
+    const gpus = (pid: number) => subject.gpusOf.get(pid)!.map((index) => `GPU ${index}`).join(', ');
+    what =
+      `a process of it that holds its GPU memory is stopped while the rest of it runs: ${listed((stat) => `${stat.pid} (${stat.comm}, state ${stat.state}, on ${gpus(stat.pid)})`)}. ` +
+      `A stopped worker (a tensor-parallel rank, say) stalls every request that needs it. ${capitalised(meaning)}`;
   }
   const toDo: string[] = [];
   if (signalled.length > 0) {
     const resume = `\`kill -CONT ${signalled.join(' ')}\``;
-    toDo.push(cgroup === null ? `resume it with ${resume}, or \`fg\` in that terminal` : `resume those in state T with ${resume} on the node (these are host PIDs)`);
+    toDo.push(subject.kind === 'process' ? `resume it with ${resume}, or \`fg\` in that terminal` : `resume those in state T with ${resume} on the node (these are host PIDs)`);
   }
   if (traced.length > 0) {
-    const which = cgroup === null ? 'let it' : `let those in state t (${traced.join(' ')})`;
+    const which = subject.kind === 'process' ? 'let it' : `let those in state t (${traced.join(' ')})`;
     toDo.push(`${which} continue in the debugger, or detach the debugger (gdb: \`detach\`): \`kill -CONT\` does not resume a traced process`);
   }
   return (
     `${what}. A stopped process keeps all its memory, GPU memory included, but answers no request, so traffic sent to it hangs. ` +
     `${capitalised(toDo.join('; '))}. The verdict changes by itself once it runs again`
   );
+}
+
+/** A running shard's GPU-holding processes that are stopped, each with the GPUs it holds; null when none is. */
+function stoppedGpuHolders(snapshot: NodeSnapshot, holdings: ReadonlyMap<number, ShardGpuHolding>): { stopped: ProcStat[]; gpusOf: Map<number, number[]> } | null {
+  const gpusOf = new Map<number, number[]>();
+  const stopped: ProcStat[] = [];
+  for (const holding of holdings.values()) {
+    for (const { pid } of holding.processes) {
+      const stat = statOf(snapshot, pid);
+      if (stat === undefined || !isStopped(stat)) continue;
+      const gpus = gpusOf.get(pid);
+      if (gpus === undefined) {
+        gpusOf.set(pid, [holding.index]);
+        stopped.push(stat);
+      } else if (!gpus.includes(holding.index)) gpus.push(holding.index);
+    }
+  }
+  return stopped.length === 0 ? null : { stopped, gpusOf };
 }
 
 function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
@@ -153,7 +186,7 @@ function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness 
       why: `PID ${pid} now belongs to another process (${stat.comm}, started at tick ${stat.startTime}, not ${shard.identity.startTime}): the registered process exited and its PID was reused`,
     };
   }
-  if (isStopped(stat)) return { state: 'stopped', why: stoppedWhy([stat], null) };
+  if (isStopped(stat)) return { state: 'stopped', why: stoppedWhy([stat], { kind: 'process' }) };
   return { state: 'alive' };
 }
 
@@ -213,7 +246,7 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   }
   if (running) return oldestStart === undefined ? { state: 'alive' } : { state: 'alive', oldestStart };
   if (unreadable !== undefined) return { state: 'unreadable', why: unreadableWhy(unreadable) };
-  if (stopped.length > 0) return { state: 'stopped', why: stoppedWhy(stopped, cgroup) };
+  if (stopped.length > 0) return { state: 'stopped', why: stoppedWhy(stopped, { kind: 'cgroup', cgroup }) };
   if (sandbox.length > 0) return { state: 'gone', why: sandboxWhy(cgroup, sandbox) };
   if (zombies.length > 0) {
     const what = zombies.length === 1 ? `its last process ${zombies[0]} has exited (a zombie` : `its last processes ${zombies.join(' ')} have exited (zombies`;
@@ -368,6 +401,10 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
     const state = liveness.get(shard.id)!;
     if (state.state === 'gone' && shard.cgroup === null && !ranInAnotherBoot(shard.identity, snapshot.bootId)) {
       liveness.set(shard.id, { state: 'gone', why: withOrphans(state.why, shard, snapshot, ownerByPid) });
+    }
+    if (state.state === 'alive') {
+      const holders = stoppedGpuHolders(snapshot, holdings.get(shard.id)!);
+      if (holders !== null) liveness.set(shard.id, { state: 'stopped', why: stoppedWhy(holders.stopped, { kind: 'gpu-holders', gpusOf: holders.gpusOf }) });
     }
   }
   return { ownerByPid, uncertain, holdings, liveness };

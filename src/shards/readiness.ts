@@ -14,7 +14,8 @@
 //              memory its processes hold contradicts it (then the output is another run's);
 //   stopped    its process is stopped (state T: SIGSTOP, or SIGTSTP from Ctrl-Z in its terminal; t:
 //              halted by a debugger or tracer; for a cgroup shard, every process of it that has not
-//              exited, the pod's sandbox aside): it keeps its GPU memory but answers no request.
+//              exited, the pod's sandbox aside; or a process of it that holds its GPU memory, a
+//              worker whose stop stalls every request): it keeps its GPU memory but answers no request.
 //              Whatever else is true, nothing is served, so it comes before starting, on-cpu and
 //              unverified; what would still count once it runs again (a given GPU it holds nothing
 //              on, an engine that says CPU) is a warning, as is nvidia-smi failing to say what it holds;

@@ -5,8 +5,9 @@
 // group (live shards by their current group, gone ones by their last known group, whatever their
 // PID). A shard that is gone claims nothing, and its reason names the memory its group still holds;
 // a cgroup shard is gone once no member runs but the pod's sandbox (`pause`). A shard whose process
-// is stopped (T or t; for a cgroup, every member but the sandbox and zombies) is stopped, and claims
-// as a live one does: a stopped process keeps its memory. A PID shard registered
+// is stopped (T or t; for a cgroup, every member but the sandbox and zombies), or that runs but for a
+// stopped process holding its GPU memory, is stopped, and claims as a live one does: a stopped
+// process keeps its memory. A PID shard registered
 // in an earlier boot of the node is gone and claims, contests and orphans nothing: its PID and group
 // number are this boot's now.
 // The rule is written below as the obvious loop over every shard for every process; attribute() must
@@ -122,6 +123,16 @@ function ruleCgroupLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness['s
 }
 
 /**
+ * A shard the rules above find alive is stopped all the same when a GPU process it owns (by the
+ * ownership rule, checked on its own below) is: a stopped worker stalls the engine.
+ */
+function withStoppedHolders(state: Liveness['state'], snapshot: NodeSnapshot, shard: ShardRecord, ownerByPid: ReadonlyMap<number, string>): Liveness['state'] {
+  if (state !== 'alive') return state;
+  const owned = snapshot.gpus.flatMap((gpu) => gpu.processes).filter((process) => ownerByPid.get(process.pid) === shard.id);
+  return owned.some((process) => isStopped(readable(snapshot, process.pid)?.state ?? '')) ? 'stopped' : 'alive';
+}
+
+/**
  * A gone PID shard's orphans: GPU processes other than its own PID that no shard owns, in its group,
  * started no earlier than it; none when the group's number is led by a process younger than the
  * shard (the number was reused).
@@ -233,8 +244,8 @@ t.test('every GPU process goes to the owner the rule names; holdings sum what ea
     fc.property(node, ({ snapshot, shards }) => {
       const { ownerByPid, holdings, liveness } = attribute(snapshot, shards);
       for (const shard of shards) {
-        if (shard.cgroup === null && liveness.get(shard.id)?.state !== ruleLiveness(snapshot, shard)) return false;
-        if (shard.cgroup !== null && liveness.get(shard.id)?.state !== ruleCgroupLiveness(snapshot, shard.cgroup)) return false;
+        const rule = shard.cgroup === null ? ruleLiveness(snapshot, shard) : ruleCgroupLiveness(snapshot, shard.cgroup);
+        if (liveness.get(shard.id)?.state !== withStoppedHolders(rule, snapshot, shard, ownerByPid)) return false;
         if (!reasonNamesOrphans(snapshot, shard, liveness.get(shard.id), ownerByPid)) return false;
       }
       const listed = snapshot.gpus.flatMap((gpu) => gpu.processes);
@@ -272,6 +283,8 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
     // A PID shard, and a cgroup shard, whose processes are stopped: stopped, and owning what they hold.
     stoppedPid: 0,
     stoppedCgroup: 0,
+    // A shard that runs but for a stopped process holding its GPU memory: stopped.
+    stoppedGpuHolder: 0,
     ownedByStopped: 0,
     orphansNamed: 0,
     // A cgroup shard with members, none of them running but the pod's sandbox: gone.
@@ -325,6 +338,7 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
       const states = [...liveness.values()];
       seen.gone += states.filter((state) => state.state === 'gone').length;
       seen.unreadable += states.filter((state) => state.state === 'unreadable').length;
+      seen.stoppedGpuHolder += states.filter((state) => state.state === 'stopped' && state.why.startsWith('a process of it that holds its GPU memory')).length;
       seen.orphansNamed += states.filter((state) => state.state === 'gone' && state.why.includes('still holds GPU memory')).length;
       seen.sandboxOnly += states.filter((state) => state.state === 'gone' && state.why.includes("only the pod's sandbox")).length;
     }),

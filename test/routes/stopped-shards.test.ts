@@ -2,7 +2,8 @@
 // does to a terminal's job; SIGTSTP itself is discarded for a detached, orphaned group such as a
 // test's) and SIGCONTed, judged through the app with the fake nvidia-smi listing its memory. It
 // reads stopped (503) while it keeps its GPU memory, which stays its own, and ready again once it
-// runs, with nvidia-smi answering or not; a pod is stopped only once every process of it is.
+// runs, with nvidia-smi answering or not; a pod is stopped once every process of it is, or one that
+// holds its GPU memory is.
 // Cgroup membership, which a test cannot arrange for real processes, is what the /proc reader's
 // cgroup scan answers (as in test/shards/cgroup-restarts.test.ts).
 import { readFileSync } from 'node:fs';
@@ -135,7 +136,7 @@ function podProc(members: number[]): ProcReader {
   };
 }
 
-t.test('a pod is stopped only once every process of it is: one still running keeps it ready', async (t) => {
+t.test('a pod is stopped once every process of it is, or one that holds its GPU memory is: a stopped helper keeps it ready', async (t) => {
   const [server, worker] = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
   const clock = manualClock();
   const scenario = twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: worker.pid, name: 'python3', usedMiB: 20_000 }]);
@@ -150,9 +151,9 @@ t.test('a pod is stopped only once every process of it is: one still running kee
   };
   t.match(await probe(), { status: 200, body: { state: 'ready' } });
 
-  await signal(worker.pid, 'SIGSTOP');
-  t.match(await probe(), { status: 200, body: { state: 'ready' } }, 'the server still runs: alive, and its memory is held');
   await signal(server.pid, 'SIGSTOP');
+  t.match(await probe(), { status: 200, body: { state: 'ready' } }, 'a process holding no GPU memory stopped, the worker running: alive, its memory held');
+  await signal(worker.pid, 'SIGSTOP');
   const stopped = await probe();
   t.equal(stopped.status, 503);
   const [first, second] = [server.pid, worker.pid].sort((a, b) => a - b);
@@ -162,6 +163,10 @@ t.test('a pod is stopped only once every process of it is: one still running kee
   const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
   t.match(gpus.gpus[0].processes, [{ pid: worker.pid, shard: 'pod' }], 'the stopped pod keeps its memory');
 
+  await signal(server.pid, 'SIGCONT');
+  const workerStopped = await probe();
+  t.equal(workerStopped.status, 503, 'the process holding its GPU memory still stopped: a stalled worker stalls the engine');
+  t.match(workerStopped.body.reason, `a process of it that holds its GPU memory is stopped while the rest of it runs: ${worker.pid} (sleep, state T, on GPU 0). `);
   await signal(worker.pid, 'SIGCONT');
-  t.match(await probe(), { status: 200, body: { state: 'ready' } }, 'one process running again is enough');
+  t.match(await probe(), { status: 200, body: { state: 'ready' } }, 'both running again: ready');
 });

@@ -115,6 +115,44 @@ t.test('a stopped shard whose child still runs is stopped, and the child\'s memo
   t.equal(verdict(s, node).state, 'stopped', 'the registered process answers the requests: stopped, it answers none');
 });
 
+t.test('a running shard whose GPU worker is stopped (a tensor-parallel rank) is stopped: the worker stalls every request; a stopped process holding nothing does not count', async (t) => {
+  const s = shard({ gpus: [0, 1] });
+  const rank0 = stat(101, 'S', { ppid: 100, comm: 'worker-0' });
+  const rank1 = stat(102, 'T', { ppid: 100, comm: 'worker-1' });
+  const idle = stat(103, 'T', { ppid: 100, comm: 'tokenizer' });
+  const snap = snapshot([gpu(0, [[101, 7000]]), gpu(1, [[102, 7000]])], [stat(100, 'S'), rank0, rank1, idle]);
+  const node = view(snap, [s]);
+  const v = verdict(s, node);
+  t.same(v, {
+    ready: false,
+    state: 'stopped',
+    reason:
+      'a process of it that holds its GPU memory is stopped while the rest of it runs: 102 (worker-1, state T, on GPU 1). ' +
+      'A stopped worker (a tensor-parallel rank, say) stalls every request that needs it. ' +
+      'State T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background. ' +
+      `${KEEPS} Resume those in state T with \`kill -CONT 102\` on the node (these are host PIDs). ${BY_ITSELF}`,
+    warnings: [],
+  });
+  t.equal(node.attribution.ownerByPid.get(102), 's', 'its memory stays the shard\'s');
+
+  const running = view(snapshot([gpu(0, [[101, 7000]]), gpu(1, [[102, 7000]])], [stat(100, 'S'), rank0, { ...rank1, state: 'R' }, idle]), [s]);
+  t.equal(verdict(s, running).state, 'ready', 'a stopped process that holds no GPU memory (a helper) is not the engine stalling');
+});
+
+t.test('stopped GPU workers: one on two GPUs named once with both, a traced one told apart, more than five counted; a cgroup shard too', async (t) => {
+  const s = shard({ gpus: [0, 1] });
+  const wide = stat(101, 't', { ppid: 100, comm: 'worker' });
+  const node = view(snapshot([gpu(0, [[101, 3000]]), gpu(1, [[101, 3000]])], [stat(100, 'S'), wide]), [s]);
+  t.match(verdict(s, node).reason, /^a process of it that holds its GPU memory is stopped while the rest of it runs: 101 \(worker, state t, on GPU 0, GPU 1\)\. .* Let those in state t \(101\) continue in the debugger/);
+
+  const pod = podShard([0]);
+  const ranks = [201, 202, 203, 204, 205, 206, 207].map((pid) => stat(pid, 'T', { comm: `rank-${pid}` }));
+  const many = view(snapshot([gpu(0, ranks.map((r) => [r.pid, 100]))], [stat(200, 'S', { comm: 'api-server' }), ...ranks], { cgroups: { [POD]: [200, ...ranks.map((r) => r.pid)] } }), [pod]);
+  const reason = verdict(pod, many).reason!;
+  t.match(reason, '201 (rank-201, state T, on GPU 0), 202 (rank-202, state T, on GPU 0), 203 (rank-203, state T, on GPU 0), 204 (rank-204, state T, on GPU 0), 205 (rank-205, state T, on GPU 0), and 2 more.');
+  t.match(reason, '`kill -CONT 201 202 203 204 205 206 207`');
+});
+
 t.test('an exit beats a stop: a zombie, or the PID reused by a stopped process, is exited', async (t) => {
   const s = shard();
   t.equal(verdict(s, view(snapshot([gpu(0, [])], [stat(100, 'Z')]), [s])).state, 'exited');
@@ -198,9 +236,12 @@ t.test('a cgroup shard is stopped when every member but the sandbox and zombies 
   t.equal(stopped.attribution.ownerByPid.get(20), 'pod', 'its memory stays its own');
 
   const oneRuns = [...members, stat(23, 'R', { comm: 'worker', startTime: 6 })];
-  const alive = view(snapshot([gpu(0, [[20, 9000]])], oneRuns, { cgroups: { [POD]: [10, 20, 21, 22, 23] } }), [pod]);
+  // The running worker holds the memory (were it a stopped one, the shard would be stopped: see above).
+  const alive = view(snapshot([gpu(0, [[23, 9000]])], oneRuns, { cgroups: { [POD]: [10, 20, 21, 22, 23] } }), [pod]);
   t.same(alive.attribution.liveness.get('pod'), { state: 'alive', oldestStart: 3 }, 'a stopped member is of the current run: the oldest start counts it');
   t.equal(verdict(pod, alive).state, 'ready');
+  const holderStopped = view(snapshot([gpu(0, [[20, 9000]])], oneRuns, { cgroups: { [POD]: [10, 20, 21, 22, 23] } }), [pod]);
+  t.match(verdict(pod, holderStopped).reason, /^a process of it that holds its GPU memory is stopped while the rest of it runs: 20 \(llama-server, state T, on GPU 0\)/, 'one running member, but the GPU holder stopped: stopped');
 
   const unreadable: StatAnswer = { pid: 24, unreadable: 'reading it failed (EIO)', advice: 'see the log' };
   const unsure = view(snapshot([gpu(0, [[20, 9000]])], [...members, unreadable], { cgroups: { [POD]: [10, 20, 21, 22, 24] } }), [pod]);
