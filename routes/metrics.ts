@@ -30,7 +30,8 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const [{ states, node }, tokenFile] = await Promise.all([shards.states(probeBudgetMs), app.services.tokenFile?.() ?? null]);
     const lastGood = app.services.node.peek();
     const nvidiaSmiUp = lastGood !== null && !lastGood.view.failing;
-    metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, shards: states, tokenFile });
+    const lostGpus = lastGood?.view.snapshot.lostGpus ?? [];
+    metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, lostGpus, shards: states, tokenFile });
     // Keyed after the wait: the refresh it may have waited for is what was rendered.
     const body = Buffer.from(await metrics.registry.metrics());
     cached = { generation: snapshots.generation, failing: failing(), version: registry.version, engineVersion: registry.engineVersion, at, body };

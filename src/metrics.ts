@@ -8,6 +8,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import { WRITE_REFUSALS, type TokenFileState, type WriteRefusal } from './auth.js';
 import { NVIDIA_SMI_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
+import type { LostGpu } from './node-state/gpu-roster.js';
 import type { NodeView } from './node-state/node-view.js';
 import { READINESS_STATES } from './shards/readiness.js';
 import type { ShardState } from './shards/shard-service.js';
@@ -48,9 +49,11 @@ export interface Metrics {
   /**
    * Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked; `ageMs` of the
    * last good snapshot; `nvidiaSmiUp` false when the last refresh failed, even while an older
-   * snapshot is still served; `tokenFile` what a look at NODECOMPUTE_TOKEN_FILE found, null without one.
+   * snapshot is still served; `lostGpus` the GPUs the last good snapshot had lost (past max-stale
+   * too: nvidia-smi failing is how a lost GPU most often shows, and the alert must not resolve
+   * then); `tokenFile` what a look at NODECOMPUTE_TOKEN_FILE found, null without one.
    */
-  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
+  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: readonly LostGpu[]; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }
 
 export function createMetrics(): Metrics {
@@ -76,7 +79,8 @@ export function createMetrics(): Metrics {
   );
   const lost = gauge(
     'nodecompute_gpu_lost',
-    '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg); gpu is its last index. Absent when none is lost.',
+    '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg); gpu is its last index. ' +
+      'While nvidia-smi fails, the GPUs its last good listing had lost stay (a lost GPU often makes every query fail). Absent when none is lost.',
     gpuLabels,
   );
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
@@ -149,7 +153,7 @@ export function createMetrics(): Metrics {
       if (observation.durationMs !== null) duration.observe({ query: observation.query }, observation.durationMs / 1000);
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
-    update({ node, ageMs, nvidiaSmiUp, shards, tokenFile }) {
+    update({ node, ageMs, nvidiaSmiUp, lostGpus, shards, tokenFile }) {
       for (const metric of rebuiltGauges) metric.reset();
       if (tokenFile !== null) {
         tokenFileOk.set({ file: tokenFile.path }, tokenFile.problem === null ? 1 : 0);
@@ -168,7 +172,6 @@ export function createMetrics(): Metrics {
           setMiB(reserved, labels, gpu.reservedMiB);
           setMiB(foreign, labels, foreignByIndex.get(gpu.index) ?? null);
         }
-        for (const gpu of node.snapshot.lostGpus) lost.set({ gpu: String(gpu.index), uuid: gpu.uuid }, 1);
         for (const [shard, holdings] of node.attribution.holdings) {
           // NaN, not absent, where nvidia-smi does not report it: the series still says the shard holds that GPU.
           for (const holding of holdings.values()) {
@@ -176,6 +179,7 @@ export function createMetrics(): Metrics {
           }
         }
       }
+      for (const gpu of lostGpus) lost.set({ gpu: String(gpu.index), uuid: gpu.uuid }, 1);
       for (const { shard, readiness } of shards) {
         shardReady.set({ shard: shard.id }, readiness.ready ? 1 : 0);
         for (const gpu of shard.gpus) shardPlaced.set({ shard: shard.id, gpu: String(gpu) }, 1);

@@ -104,8 +104,18 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
   t.match(html, '<strong>nvidia-smi no longer lists GPUs it listed earlier.</strong>');
 
-  fake.update((s) => ({ ...s, gpus: eightGpuNode().gpus }));
-  clock.advance(1000);
+  // Then every query fails, as nvidia-smi often does on a node with a lost GPU, past max-stale (30 s).
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'gpu-lost' } } }));
+  clock.advance(31_000);
+  t.equal((await app.inject({ method: 'GET', url: '/gpus' })).statusCode, 503);
+  await settle(app);
+  const failing = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.match(failing, 'nodecompute_nvidia_smi_up 0');
+  t.match(failing, `nodecompute_gpu_lost{gpu="6",uuid="${lostUuid}"} 1`, 'the last good listing\'s lost GPU stays, so its alert does not resolve');
+
+  fake.update((s) => ({ ...s, gpus: eightGpuNode().gpus, failures: {} }));
+  // Past the back-off after the failures.
+  clock.advance(31_000);
   await app.inject({ method: 'GET', url: '/gpus' });
   await settle(app);
   t.same((await app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus, [], 'listed again: no longer lost');
