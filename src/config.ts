@@ -280,6 +280,10 @@ export function tokenProblem(token: string): string | null {
   if (foreign >= 0) {
     return `character ${foreign + 1} of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)`;
   }
+  // Shapes a random token almost never has, and a hand-edited Secret often does: kept, the quotes or
+  // the name would be part of the token, and every caller would be refused.
+  if (/^(["']).+\1$/.test(token)) return 'it is wrapped in quotes, which would be part of the token: write the token without them';
+  if (/^\w*token\w*=/i.test(token)) return 'it looks like an assignment (NAME=token): put only the token there, without the name and "="';
   if (token.length < 16) return `it is ${token.length} characters long, and a token needs at least 16`;
   if (PLACEHOLDER.test(token)) {
     return 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"';

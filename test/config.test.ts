@@ -220,6 +220,13 @@ t.test('what a token may be: the same rules for the variable, the flag and each 
     ['pa$$w0rd!from-a-vault', null],
     ['a,b;c:d"e\'f-0123456789', null],
     ['base64-with=inside-0123', null],
+    // A hand-edited Secret's mistakes, which the quotes or the name would make part of the token.
+    ['"quoted-token-0123456789"', 'it is wrapped in quotes, which would be part of the token: write the token without them'],
+    ["'quoted-token-0123456789'", 'it is wrapped in quotes, which would be part of the token: write the token without them'],
+    ['"half-quoted-token-0123456789', null],
+    ['NODECOMPUTE_TOKEN="0123456789abcdef0123"', 'it looks like an assignment (NAME=token): put only the token there, without the name and "="'],
+    ['token=0123456789abcdef0123', 'it looks like an assignment (NAME=token): put only the token there, without the name and "="'],
+    ['Xk2=9f!Qz$0123456789', null],
     ['aGVsbG8gd29ybGQhIQ+/==', null],
     ['REPLACE-ME-with-at-least-16-random-characters', 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"'],
     ['replace-me-0123456789abcdef', 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"'],

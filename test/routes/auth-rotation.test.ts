@@ -227,6 +227,8 @@ t.test('each scrape looks at the token file: nodecompute_token_file_ok turns 0 w
   t.same(await scrape(), { ok: 1, tokens: 2 }, 'mid-rotation: both are in force');
   rmSync(join(secret.path, '..', '..data'));
   t.same(await scrape(), { ok: 0, tokens: 2 }, 'a deleted Secret reads 0; the tokens last read stay in force');
+  secret.publish(`"${NEW}"\n`);
+  t.same(await scrape(), { ok: 0, tokens: 2 }, 'a hand-edited Secret with the token in quotes reads 0 too: the quotes would be part of it');
   secret.publish(`${NEW}\n`);
   t.same(await scrape(), { ok: 1, tokens: 1 }, 'and 1 again once the Secret is back');
 
