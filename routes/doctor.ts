@@ -22,7 +22,7 @@ const doctorSchema = (description: string) => Type.Object(
     checks: Type.Array(
       Type.Object({
         name: Type.String({
-          description: 'Check name: nvidia-smi, gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, token.',
+          description: 'Check name: settings, nvidia-smi, gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, token.',
         }),
         status: StringEnum(['ok', 'warn', 'fail'], 'ok, warn or fail.'),
         detail: Type.String({ description: 'What was found.' }),
@@ -64,6 +64,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/doctor',
     {
       schema: {
+        operationId: 'runDoctor',
         tags: ['operators'],
         summary: 'Check this node: the settings, nvidia-smi and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, token.',
         description:

@@ -31,6 +31,7 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/gpus',
     {
       schema: {
+        operationId: 'listGpus',
         tags: ['gpus'],
         summary: 'Every GPU of this node, its memory, and the compute processes on it with the shard each belongs to.',
         response: { 200: GpusResponseSchema, 304: {}, ...errorResponses(503) },
@@ -42,6 +43,7 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/gpus/foreign-memory',
     {
       schema: {
+        operationId: 'getForeignMemory',
         tags: ['gpus'],
         summary: 'Per GPU, the memory held by anything that is not a registered shard: what placement must not hand out.',
         response: { 200: ForeignMemoryResponseSchema, 304: {}, ...errorResponses(503) },

@@ -15,7 +15,7 @@ import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js'
 import type { SnapshotView } from '../src/node-state/snapshot.js';
 import { ErrorSchema } from '../src/schemas/common.js';
 
-const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) });
+const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) }, { description: 'The process answers.' });
 const ReadySchema = Type.Object({
   status: Type.Literal('ok', { description: 'ok: nvidia-smi answers, its PIDs are visible in /proc, and registrations can be stored.' }),
   observedAt: Type.String({ format: 'date-time', description: 'When the snapshot behind this answer was taken.' }),
@@ -49,9 +49,9 @@ type FailedCheck = Extract<Check, { ok: false }>;
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node, probeBudgetMs, proc, config, stateFile } = app.services;
   // Made afresh for each path: one object used twice comes out of the OpenAPI YAML as an alias.
-  const live = (summary: string) => ({ schema: { tags: ['health'], summary, response: { 200: LiveSchema } } });
-  app.get('/livez', live('Liveness: 200 while the event loop runs; never depends on nvidia-smi.'), async () => ({ status: 'ok' as const }));
-  app.get('/healthz', live('Same as /livez.'), async () => ({ status: 'ok' as const }));
+  const live = (operationId: string, summary: string) => ({ schema: { operationId, tags: ['health'], summary, response: { 200: LiveSchema } } });
+  app.get('/livez', live('getLivez', 'Liveness: 200 while the event loop runs; never depends on nvidia-smi.'), async () => ({ status: 'ok' as const }));
+  app.get('/healthz', live('getHealthz', 'Same as /livez.'), async () => ({ status: 'ok' as const }));
 
   /** The nvidia-smi line of the checklist: how old the snapshot is and, on the last good one, why. */
   function snapshotDetail(view: SnapshotView<NodeSnapshot>): string {
@@ -132,6 +132,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/readyz',
     {
       schema: {
+        operationId: 'getReadyz',
         tags: ['health'],
         summary: 'Readiness: 200 when nvidia-smi answers (from the cache), its PIDs are visible and registrations can be stored; 503 with the reason otherwise.',
         description:
@@ -143,9 +144,15 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
           ),
         }),
         response: {
-          200: { content: { 'application/json': { schema: ReadySchema }, 'text/plain': { schema: Type.String({ description: 'The checklist (?verbose).' }) } } },
+          200: {
+            description: 'The service can answer: a snapshot within max-stale, the GPU processes visible in this /proc, registrations storable.',
+            content: { 'application/json': { schema: ReadySchema }, 'text/plain': { schema: Type.String({ description: 'The checklist (?verbose).' }) } },
+          },
           400: ErrorSchema,
-          503: { content: { 'application/json': { schema: ErrorSchema }, 'text/plain': { schema: Type.String({ description: 'The checklist (?verbose).' }) } } },
+          503: {
+            description: 'The service cannot answer truthfully: the error body (or the checklist) says which check failed and what to do.',
+            content: { 'application/json': { schema: ErrorSchema }, 'text/plain': { schema: Type.String({ description: 'The checklist (?verbose).' }) } },
+          },
         },
       },
     },

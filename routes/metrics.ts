@@ -41,6 +41,7 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/metrics',
     {
       schema: {
+        operationId: 'getMetrics',
         tags: ['operators'],
         summary: 'Prometheus metrics: GPU memory (total, used, free, reserved, foreign), shard memory, readiness and state, nvidia-smi timings and failures, process metrics.',
         produces: ['text/plain'],

@@ -66,6 +66,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/shards/:id',
     {
       schema: {
+        operationId: 'registerShard',
         tags: ['shards'],
         summary: 'Register (201) or replace (200) a shard: a PID (and its process group) or a cgroup, placed on some GPUs.',
         description:
@@ -75,7 +76,11 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
           stateWriteAnswers,
         params,
         body: RegisterShardSchema,
-        response: { 200: ShardRecordSchema, 201: ShardRecordSchema, ...errorResponses(400, 401, 403, 409, 413, 415, 422, 503) },
+        response: {
+          200: { ...ShardRecordSchema, description: 'Replaced: the shard as stored now.' },
+          201: { ...ShardRecordSchema, description: 'Registered: the shard as stored.' },
+          ...errorResponses(400, 401, 403, 409, 413, 415, 422, 503),
+        },
       },
       // Before the body is parsed: any other type, one the server has no parser for included, is told what to send.
       onRequest: [authorise, requireContentType('application/json', `curl -X PUT -H 'Content-Type: application/json' -d '{"pid": 1234, "gpus": [0]}' ...`)],
@@ -90,6 +95,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/shards',
     {
       schema: {
+        operationId: 'listShards',
         tags: ['shards'],
         summary: 'Every shard with its state, reason and compute, from one snapshot: what a control plane polls.',
         description: 'Carries an ETag; send it back in If-None-Match to get 304 until a registration, a verdict, the number of warnings, what a shard holds or the engine account changes, or nvidia-smi starts failing (or becomes far slower than usual).',
@@ -109,6 +115,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/shards/:id',
     {
       schema: {
+        operationId: 'getShard',
         tags: ['shards'],
         summary: 'One shard with its state, reason and compute, and the snapshot they come from (as in GET /shards).',
         params,
@@ -125,6 +132,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/shards/:id',
     {
       schema: {
+        operationId: 'deregisterShard',
         tags: ['shards'],
         summary: 'Remove a shard (204); its series and verdicts disappear.',
         description: stateWriteAnswers,
@@ -143,6 +151,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/shards/:id/compute',
     {
       schema: {
+        operationId: 'getShardCompute',
         tags: ['shards'],
         summary: 'Where the shard computes as nvidia-smi sees it: the GPUs its processes hold memory on, strays, and the engine\'s own account.',
         params,
@@ -159,6 +168,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/shards/:id/ready',
     {
       schema: {
+        operationId: 'probeShardReadiness',
         tags: ['shards'],
         summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked), 503 when starting, on-cpu, stopped or exited.',
         description: 'Answers from the cached snapshot within a probe budget well under Kubernetes\' 1 s default timeout.',
@@ -184,6 +194,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       bodyLimit: ENGINE_OUTPUT_MAX_BYTES,
       schema: {
+        operationId: 'postEngineOutput',
         tags: ['shards'],
         summary: "Feed what the engine printed (text/plain, up to 1 MiB a call); answers the engine's account of where it computes.",
         description:

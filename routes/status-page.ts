@@ -7,7 +7,7 @@
 import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { errorResponses, StringEnum } from '../src/schemas/common.js';
+import { ErrorSchema, StringEnum } from '../src/schemas/common.js';
 import { renderHtml, renderText, statusModel } from '../src/status-page/render.js';
 import { VERSION } from '../src/version.js';
 
@@ -55,6 +55,7 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/',
     {
       schema: {
+        operationId: 'getStatusPage',
         tags: ['operators'],
         summary: 'Status page: every GPU\'s memory split by shard, foreign and free, and every shard\'s state, reason and the GPUs it holds.',
         description:
@@ -71,7 +72,8 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
               'text/plain': { schema: Type.String({ description: 'The same as aligned plain text.' }) },
             },
           },
-          ...errorResponses(400),
+          // JSON whatever the page's types: `produces` would otherwise claim them for the error too.
+          400: { description: 'A ?format other than html or text.', content: { 'application/json': { schema: ErrorSchema } } },
         },
       },
     },

@@ -27,6 +27,21 @@ t.test('/openapi.json serves the same document and every route declares its erro
   t.match(docs.headers['content-type'], /text\/html/);
 });
 
+t.test('every operation has its own operationId and every response a description, as client generators need', async (t) => {
+  const spec = parse(readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8')) as {
+    paths: Record<string, Record<string, { operationId?: string; responses: Record<string, { description?: string }> }>>;
+  };
+  const operations = Object.entries(spec.paths).flatMap(([path, item]) => Object.entries(item).map(([method, op]) => ({ at: `${method.toUpperCase()} ${path}`, op })));
+  const ids = operations.map(({ op }) => op.operationId);
+  for (const { at, op } of operations) {
+    t.match(op.operationId, /^[a-z][A-Za-z]+$/, `${at}: ${op.operationId}`);
+    for (const [status, response] of Object.entries(op.responses)) {
+      t.ok(response.description && response.description !== 'Default Response', `${at} ${status} says what it is: ${response.description}`);
+    }
+  }
+  t.equal(new Set(ids).size, ids.length, 'no two alike');
+});
+
 t.test('writes declare the bearer scheme; answers that can be 304 declare If-None-Match, ETag and a bodiless 304', async (t) => {
   const spec = parse(readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8')) as {
     components: { securitySchemes: Record<string, { type: string; scheme: string }> };

@@ -233,6 +233,8 @@ t.test('Accept negotiation: only a client preferring text/html gets HTML; ?forma
   t.same(operation.tags, ['operators']);
   t.match(operation.summary, 'Status page');
   t.same(Object.keys(operation.responses['200'].content).sort(), ['text/html', 'text/plain'], 'both media types documented');
+  t.match(bad.headers['content-type'], /^application\/json/);
+  t.same(Object.keys(operation.responses['400'].content), ['application/json'], 'the 400 documented as what it is: JSON, not the page\'s types');
 });
 
 t.test('the page reads the cached snapshot: reloading it runs nvidia-smi no more', async (t) => {
