@@ -1,10 +1,11 @@
 // Owns the GPU resources: GET /gpus (every GPU, its memory and processes, each attributed to its
-// shard) and GET /gpus/foreign-memory (per GPU, memory that is not a registered shard's).
+// shard) and GET /gpus/foreign-memory (per GPU, memory that is not a registered shard's); both name
+// the GPUs lost since nodecompute started.
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Current } from '../src/node-state/node-service.js';
 import { foreignMemory } from '../src/node-state/foreign-memory.js';
-import { gpusResponse } from '../src/node-state/node-view.js';
+import { gpusResponse, lostGpusJson } from '../src/node-state/node-view.js';
 import { errorResponses } from '../src/schemas/common.js';
 import { GpusResponseSchema } from '../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../src/schemas/shards.js';
@@ -14,7 +15,7 @@ import { createSnapshotJson, type SnapshotJson } from './snapshot-json.js';
 const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
   const sendGpus = createSnapshotJson(gpusResponse);
-  const sendForeign = createSnapshotJson((current) => ({ gpus: foreignMemory(current) }));
+  const sendForeign = createSnapshotJson((current) => ({ gpus: foreignMemory(current), lostGpus: lostGpusJson(current) }));
   /** A handler that answers at once from a cached snapshot, and waits (a promise) only when it must. */
   const answer = (json: SnapshotJson) => (request: FastifyRequest, reply: FastifyReply) => {
     const respond = (current: Current) => {

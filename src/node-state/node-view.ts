@@ -155,6 +155,16 @@ export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostG
       shard: owner.get(process.pid) ?? null,
     })),
   }));
-  const lostGpus = node.snapshot.lostGpus.map(({ index, uuid, name, lastListedAt }) => ({ index, uuid, name, lastListedAt: new Date(lastListedAt).toISOString() }));
-  return { gpus, lostGpus };
+  return { gpus, lostGpus: lostGpusJson(node) };
+}
+
+/** The GPUs no longer listed, as GET /gpus and GET /gpus/foreign-memory say them. */
+export function lostGpusJson(node: NodeView): GpusResponse['lostGpus'] {
+  return node.snapshot.lostGpus.map(({ index, uuid, name, lastListedAt, lostAt }) => ({
+    index,
+    uuid,
+    name,
+    lastListedAt: new Date(lastListedAt).toISOString(),
+    lostAt: new Date(lostAt).toISOString(),
+  }));
 }

@@ -38,16 +38,21 @@ export const LostGpuSchema = Type.Object({
   uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
   name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
   lastListedAt: Type.String({ format: 'date-time', description: 'When a snapshot last listed it.' }),
+  lostAt: Type.String({ format: 'date-time', description: 'When the first snapshot that did not list it was taken: it went between lastListedAt and this.' }),
 });
+
+/** The lost GPUs of GET /gpus and GET /gpus/foreign-memory. */
+export const LostGpusSchema = () =>
+  Type.Array(LostGpuSchema, {
+    description:
+      'GPUs nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
+  });
 
 export const GpusResponseSchema = Type.Object(
   {
     ...SnapshotMetaProperties,
     gpus: Type.Array(GpuSchema, { description: 'Every GPU nvidia-smi sees, by index.' }),
-    lostGpus: Type.Array(LostGpuSchema, {
-      description:
-        'GPUs nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
-    }),
+    lostGpus: LostGpusSchema(),
   },
   { description: 'The GPUs of this node and the processes on them.' },
 );

@@ -4,6 +4,7 @@ import { Type, type Static, type TUnsafe } from '@sinclair/typebox';
 import { ENGINES } from '../shards/shard.js';
 import { READINESS_STATES } from '../shards/readiness.js';
 import { Nullable, SnapshotMetaProperties, StringEnum } from './common.js';
+import { LostGpusSchema } from './gpus.js';
 
 export const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
 export const MAX_PID = 4_194_304;
@@ -199,8 +200,9 @@ export const ForeignMemoryResponseSchema = Type.Object(
       }),
       { description: 'Per GPU.' },
     ),
+    lostGpus: LostGpusSchema(),
   },
-  { description: 'Per GPU, the memory held by anything that is not a registered shard.' },
+  { description: 'Per GPU, the memory held by anything that is not a registered shard; and the GPUs lost, which have no memory to hand out.' },
 );
 
 export const EngineOutputResponseSchema = Type.Object(

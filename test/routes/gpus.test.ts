@@ -94,7 +94,10 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   const body = res.json();
   t.same(schemaErrors(GpusResponseSchema, body), []);
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 7]);
-  t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', lastListedAt: first.json().observedAt }], 'last listed by the first snapshot');
+  t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', lastListedAt: first.json().observedAt, lostAt: body.observedAt }], 'last listed by the first snapshot, missed by this one');
+  const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
+  t.same(schemaErrors(ForeignMemoryResponseSchema, foreign), []);
+  t.same(foreign.lostGpus, body.lostGpus, 'placement, which reads foreign memory, is told too: GPU 6 is gone, not free');
   t.not(res.headers.etag, first.headers.etag, 'a new ETag: the node changed');
   const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
   t.match(metrics, `nodecompute_gpu_lost{gpu="6",uuid="${lostUuid}"} 1`);
