@@ -306,7 +306,10 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     return reply.status(500).send(errorBody(500, internal.code, internal.message));
   });
   app.setNotFoundHandler((request, reply) => {
-    const err = new NotFoundError(`No route ${request.method} ${request.url.split('?')[0]}. The API is listed at /docs and /openapi.json.`);
+    const path = request.url.split('?')[0]!;
+    // A trailing slash is the likeliest slip: say the route it meant, where there is one.
+    const meant = path.length > 1 && path.endsWith('/') && app.hasRoute({ method: request.method as 'GET', url: path.slice(0, -1) }) ? ` Did you mean ${path.slice(0, -1)}, without the trailing slash?` : '';
+    const err = new NotFoundError(`No route ${request.method} ${path}.${meant} The API is listed at /docs and /openapi.json.`);
     return reply.status(404).send(errorBody(404, err.code, err.message));
   });
   // Probes arrive every few seconds from every pod: answered requests are logged at debug level only,

@@ -459,6 +459,9 @@ function editDistance(a: string, b: string): number {
  */
 export function nearestWord(typed: string, candidates: readonly string[]): string | null {
   const word = typed.toLowerCase().replace(/^nodecompute[-_]/, '').replace(/_/g, '-');
+  // The unit left out (cache-ttl for cache-ttl-ms) is three edits away, yet the likeliest meaning.
+  const withUnit = candidates.find((candidate) => candidate === `${word}-ms`);
+  if (withUnit !== undefined) return withUnit;
   let best: { candidate: string; distance: number } | null = null;
   for (const candidate of candidates) {
     const distance = editDistance(word, candidate);

@@ -109,6 +109,7 @@ t.test('an unknown flag is named as typed, with the flag it most likely meant, a
     [['--nvidia_smi', '/usr/bin/nvidia-smi'], `unknown flag --nvidia_smi (did you mean --nvidia-smi?). ${help}`],
     [['--NODECOMPUTE_PORT', '9000'], `unknown flag --NODECOMPUTE_PORT (did you mean --port?). ${help}`],
     [['--verison'], `unknown flag --verison (did you mean --version?). ${help}`],
+    [['--cache-ttl', '500'], `unknown flag --cache-ttl (did you mean --cache-ttl-ms?). ${help}`],
     // One dash reads as the short flags -p -o -r -t: the argument is named as it was typed.
     [['-port', '9000'], `unknown flag -port (did you mean --port?). ${help}`],
     [['-x'], `unknown flag -x. ${help}`],
@@ -172,12 +173,14 @@ t.test('a NODECOMPUTE_ variable that is no setting is ignored with a warning nam
       NODECOMPUTE_METRICS_PORT: 'tcp://10.96.0.6:9470',
       NODECOMPUTE_METRICS_PORT_9470_TCP_PROTO: 'tcp',
       NODECOMPUTE_LOG_LEVEL: 'debug',
+      NODECOMPUTE_CACHE_TTL: '500',
       NODE_OPTIONS: '--max-old-space-size=128',
     },
     [],
   );
   t.same([config.port, config.tokenFile, config.logLevel], [9470, null, 'debug'], 'the typos change nothing; the setting is read');
   t.same(warnings, [
+    'The environment variable NODECOMPUTE_CACHE_TTL is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_CACHE_TTL_MS?). Run `nodecompute --help` for the settings and the variable of each.',
     'The environment variable NODECOMPUTE_COLOUR is not a setting of nodecompute and is ignored. Run `nodecompute --help` for the settings and the variable of each.',
     'The environment variable NODECOMPUTE_PROT is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_PORT?). Run `nodecompute --help` for the settings and the variable of each.',
     'The environment variable NODECOMPUTE_TOKENFILE is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_TOKEN_FILE?). Run `nodecompute --help` for the settings and the variable of each.',

@@ -25,7 +25,12 @@ export const ErrorSchema = Type.Object(
 export type ErrorBody = Static<typeof ErrorSchema>;
 
 export const SnapshotMetaProperties = {
-  observedAt: Type.String({ format: 'date-time', description: 'When the node snapshot behind this answer was taken.' }),
+  observedAt: Type.String({
+    format: 'date-time',
+    description:
+      'When the node snapshot behind this answer was completed; its nvidia-smi and /proc reads began up to one nvidia-smi run before (ageMs counts from here). ' +
+      'So observedAt after registeredAt does not mean a snapshot saw a shard: one that began before the registration is stale, saying the shard registry changed since it was taken.',
+  }),
   ageMs: Type.Integer({ minimum: 0, description: 'Age of that snapshot in milliseconds when this answer was made.' }),
   stale: Type.Boolean({
     description:

@@ -430,7 +430,9 @@ export function createShardService(deps: ShardServiceDeps) {
     },
 
     async remove(id: string): Promise<void> {
-      if (!(await registry.remove(id, () => removed(id)))) throw notFound(id);
+      if (!(await registry.remove(id, () => removed(id)))) {
+        throw new ShardNotFoundError(`No shard "${id}" is registered on this node, so there is nothing to remove: if this DELETE repeats an earlier one, that one removed it. GET /shards lists those registered.`);
+      }
     },
 
     /** Where a shard computes; nvidia-smi failures propagate (503): no snapshot, no answer. */

@@ -288,6 +288,8 @@ const table: BadRequest[] = [
 
   // Unknown routes, wrong methods, unknown shards.
   { name: 'unknown route', request: () => ({ method: 'GET', url: '/nope' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/nope/ },
+  { name: 'unknown route: /nope/ (a trailing slash, and nothing without it either)', request: () => ({ method: 'GET', url: '/nope/' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /^No route GET \/nope\/\. The API is listed/ },
+  { name: '/gpus/ (a trailing slash)', request: () => ({ method: 'GET', url: '/gpus/?x=1' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /^No route GET \/gpus\/\. Did you mean \/gpus, without the trailing slash\? / },
   { name: 'unknown route under /shards', request: () => ({ method: 'GET', url: '/shards/existing/secrets' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/shards\/existing\/secrets/ },
   { name: 'traversal to /etc/passwd (encoded, whole URL)', request: () => ({ method: 'GET', url: '/%2e%2e/%2e%2e/etc/passwd' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET/ },
   { name: 'PATCH /shards/a/b (no such path, whatever the method)', request: () => ({ method: 'PATCH', url: '/shards/a/b', headers: json, payload: '{}' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route PATCH \/shards\/a\/b/ },
@@ -308,7 +310,7 @@ const table: BadRequest[] = [
   { name: 'POST /gpus with broken JSON', request: () => ({ method: 'POST', url: '/gpus', headers: json, payload: '{"pid": ' }), status: 405, code: METHOD, message: /POST \/gpus is not allowed/, allow: 'GET, HEAD, OPTIONS' },
   { name: 'POST /gpus over the body limit', request: () => ({ method: 'POST', url: '/gpus', headers: json, payload: JSON.stringify({ pad: 'x'.repeat(70_000) }) }), status: 405, code: METHOD, message: /POST \/gpus is not allowed/, allow: 'GET, HEAD, OPTIONS' },
   { name: 'PATCH /shards/existing from 10.1.2.3 (405, not 403: no method here writes that way)', request: () => ({ method: 'PATCH', url: '/shards/existing', headers: json, payload: '{}', remoteAddress: '10.1.2.3' }), status: 405, code: METHOD, message: /PATCH \/shards\/existing is not allowed/, allow: 'DELETE, GET, HEAD, OPTIONS, PUT' },
-  { name: 'DELETE an unknown shard', request: () => ({ method: 'DELETE', url: '/shards/nope' }), status: 404, code: 'NODECOMPUTE_SHARD_NOT_FOUND', message: /No shard "nope" is registered/ },
+  { name: 'DELETE an unknown shard', request: () => ({ method: 'DELETE', url: '/shards/nope' }), status: 404, code: 'NODECOMPUTE_SHARD_NOT_FOUND', message: /^No shard "nope" is registered on this node, so there is nothing to remove: if this DELETE repeats an earlier one, that one removed it\./ },
   {
     name: 'engine-output to an unknown shard',
     request: () => ({ method: 'POST', url: '/shards/nope/engine-output', headers: text, payload: 'hello' }),
