@@ -4,11 +4,12 @@
 // of whether nvidia-smi is failing; and Cache-Control: max-age of the snapshot's remaining freshness
 // (0 once it is stale). A matching If-None-Match gets 304 with no body, so a poller moves almost
 // nothing while the node is steady, yet sees at once that nvidia-smi started failing (or became far
-// slower than usual). The ETag is weak (W/): observedAt, ageMs and the seconds in a reason move
-// while what the answer says does not.
+// slower than usual). The ETag is weak (W/): observedAt, ageMs and the spans of time in a reason
+// move while what the answer says does not.
 import { createHash } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../src/app.js';
+import { withoutDurations } from '../src/duration.js';
 import type { SnapshotView } from '../src/node-state/snapshot.js';
 import type { ShardState } from '../src/shards/shard-service.js';
 
@@ -17,10 +18,23 @@ export function contentTag(text: string): string {
   return createHash('sha1').update(text).digest('base64url').slice(0, 16);
 }
 
-/** The content of GET /shards that a poller acts on: registrations, verdicts, warnings (how many: their wording carries times) and compute. */
+/**
+ * The content of GET /shards that a poller acts on: registrations, verdicts with their reasons and
+ * warnings (without the spans of time they carry, which move at every snapshot: a cause that
+ * changes, an engine that did not load becoming a GPU lost, is a change) and compute.
+ */
 export function shardsTag(states: ShardState[]): string {
   return contentTag(
-    JSON.stringify(states.map(({ shard, readiness, compute }) => [shard, readiness.state, readiness.ready, readiness.warnings.length, compute])),
+    JSON.stringify(
+      states.map(({ shard, readiness, compute }) => [
+        shard,
+        readiness.state,
+        readiness.ready,
+        readiness.reason === null ? null : withoutDurations(readiness.reason),
+        readiness.warnings.map(withoutDurations),
+        compute,
+      ]),
+    ),
   );
 }
 

@@ -4,6 +4,7 @@
 // (119.9 s, then 2 min; 119.9 min, then 2 h), so short spans keep their precision. The unit is
 // chosen after rounding: 119.96 s reads "2 min", never "120.0 s". Seconds always show their tenth
 // ("8.0 s of its 10.0 s grace"); minutes and hours only when there is one ("60 min", "2.5 min").
+// It also masks those spans in a text, for what compares texts apart from their times (ETags).
 
 const SECOND = 1000;
 const MINUTE = 60 * SECOND;
@@ -23,4 +24,9 @@ export function formatDuration(ms: number): string {
   const tenthsOfMinute = Math.round(size / (MINUTE / 10));
   if (tenthsOfMinute < 1200) return `${sign}${tenthsOfMinute / 10} min`;
   return `${sign}${Math.round(size / (HOUR / 10)) / 10} h`;
+}
+
+/** A text with every span formatDuration wrote masked: what it says, apart from how long ago. */
+export function withoutDurations(text: string): string {
+  return text.replace(/-?\d+(?:\.\d+)? (?:ms|s|min|h)\b/g, '#');
 }

@@ -2,7 +2,7 @@
 // checklist. Each unit's edges, the rounding that picks the unit, and the spans that should not
 // happen (negative, after a clock step).
 import t from 'tap';
-import { formatDuration } from '../src/duration.js';
+import { formatDuration, withoutDurations } from '../src/duration.js';
 
 const MINUTE = 60_000;
 const HOUR = 60 * MINUTE;
@@ -67,4 +67,10 @@ t.test('every span reads as one number and one unit, and never goes back down as
     previous = current;
   }
   t.pass('monotonic, one unit each, from 0 to 3 h');
+});
+
+t.test('withoutDurations masks every span formatDuration writes, and nothing else', async (t) => {
+  const spans = [850, 1500, 119_900, 120_000, 3_588_000, 7_200_000, -250].map(formatDuration);
+  t.equal(withoutDurations(`after ${spans.join(', then ')}.`), `after ${spans.map(() => '#').join(', then ')}.`);
+  t.equal(withoutDurations('GPU 3 (process 1234, 9000 MiB, 8.8 GiB), 2 shards, tick 4404377'), 'GPU 3 (process 1234, 9000 MiB, 8.8 GiB), 2 shards, tick 4404377');
 });

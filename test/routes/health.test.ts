@@ -124,6 +124,32 @@ t.test('pollers slower than the cache TTL get 304 while the node says the same, 
 });
 
 
+t.test('pollers: a verdict whose reason changes cause gets a new /shards ETag; one whose reason only counts time does not', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 1_000 }, deps: { now: clock.now } });
+  await app.inject({ method: 'PUT', url: '/shards/p', payload: { pid: shard.pid, gpus: [3], graceMs: 0 } });
+  await app.inject({ method: 'GET', url: '/shards' });
+  await settle(app);
+  const first = await app.inject({ method: 'GET', url: '/shards' });
+  const before = first.json().shards[0].status.reason as string;
+  t.match(before, /hold no memory on GPU 3, [\d.]+ (ms|s) after registration/, 'on-cpu, the reason counting time');
+  clock.advance(3_000);
+  await app.inject({ method: 'GET', url: '/shards' });
+  await settle(app);
+  const later = await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': first.headers.etag as string } });
+  t.equal(later.statusCode, 304, 'the same cause, only later');
+  t.not((await app.inject({ method: 'GET', url: '/shards' })).json().shards[0].status.reason, before, 'though its words moved with the time');
+
+  fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.index !== 3) }));
+  clock.advance(3_000);
+  await app.inject({ method: 'GET', url: '/shards' });
+  await settle(app);
+  const lost = await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': first.headers.etag as string } });
+  t.equal(lost.statusCode, 200, 'still on-cpu, now because GPU 3 is gone: a change a poller must see');
+  t.match(lost.json().shards[0].status, { state: 'on-cpu', reason: /GPU 3 is not visible to nvidia-smi/ });
+});
+
 t.test('pollers: the ETag changes when nvidia-smi fails, so a 304 never hides it; a routine refresh is no change', async (t) => {
   const clock = manualClock();
   const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 10_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
