@@ -193,7 +193,7 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
     {
       id: 'granite-8b',
       state: 'stopped',
-      explanation: `llama.cpp on GPU 7, holding 8.9 GiB, then sent SIGSTOP (what Ctrl-Z in its terminal does): it keeps its memory but answers nothing. \`kill -CONT ${granite!.pid}\` makes it ready.`,
+      explanation: `llama.cpp on GPU 7, holding 8.9 GiB, then its process group sent SIGSTOP (what Ctrl-Z in its terminal does): it keeps its memory but answers nothing. \`kill -CONT -- -${granite!.pid}\` (the whole group) makes it ready.`,
     },
     {
       id: 'llama-70b',
@@ -232,7 +232,7 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
   await service.register('gemma-9b', { pid: gemma!.pid, gpus: [7] });
   killGroup(gemma!.pid);
   await service.register('granite-8b', { pid: granite!.pid, gpus: [7], engine: 'llama.cpp' });
-  process.kill(granite!.pid, 'SIGSTOP');
+  process.kill(-granite!.pid, 'SIGSTOP');
   const settled = await settle(app, shards, 30_000);
 
   return {
