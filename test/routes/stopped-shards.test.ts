@@ -9,6 +9,7 @@
 import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { pino } from 'pino';
+import type { App } from '../../src/app.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
@@ -38,6 +39,15 @@ interface ReadyBody {
   observedAt: string | null;
 }
 
+/** A probe of shard `id` a millisecond later each time (so each reads the newest snapshot), with its status and body. */
+function prober(app: App, clock: ReturnType<typeof manualClock>, id: string) {
+  return async () => {
+    clock.advance(1);
+    const res = await app.inject({ method: 'GET', url: `/shards/${id}/ready` });
+    return { status: res.statusCode, body: res.json() as ReadyBody };
+  };
+}
+
 t.test('a PID shard SIGSTOPped is stopped (503) and keeps its memory; SIGCONT makes it ready again; each change is logged once', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const { lines, log: logger } = captureLog('info');
@@ -45,11 +55,7 @@ t.test('a PID shard SIGSTOPped is stopped (503) and keeps its memory; SIGCONT ma
   const scenario = twoGpuNode([{ gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 9000 }]);
   const { app } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, logger } });
   t.equal((await app.inject({ method: 'PUT', url: '/shards/paused', payload: { pid: shard.pid, gpus: [1], engine: 'llama.cpp' } })).statusCode, 201);
-  const probe = async () => {
-    clock.advance(1);
-    const res = await app.inject({ method: 'GET', url: '/shards/paused/ready' });
-    return { status: res.statusCode, body: res.json() as ReadyBody };
-  };
+  const probe = prober(app, clock, 'paused');
   t.match(await probe(), { status: 200, body: { state: 'ready' } });
 
   await signal(shard.pid, 'SIGSTOP');
@@ -144,11 +150,7 @@ t.test('a pod is stopped once every process of it is, or one that holds its GPU 
   const { app } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, proc } });
   const put = await app.inject({ method: 'PUT', url: '/shards/pod', payload: { cgroup: POD_UID, gpus: [0], engine: 'vllm' } });
   t.equal(put.statusCode, 201, put.body);
-  const probe = async () => {
-    clock.advance(1);
-    const res = await app.inject({ method: 'GET', url: '/shards/pod/ready' });
-    return { status: res.statusCode, body: res.json() as ReadyBody };
-  };
+  const probe = prober(app, clock, 'pod');
   t.match(await probe(), { status: 200, body: { state: 'ready' } });
 
   await signal(server.pid, 'SIGSTOP');
