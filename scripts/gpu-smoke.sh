@@ -462,7 +462,7 @@ look_at_readiness() {
   STATE=$(js 'b.state ?? "HTTP-" + a[0]' "$STATUS" 2>/dev/null || echo "HTTP-$STATUS")
   [ "${SEEN##*-> }" = "$STATE" ] || SEEN="${SEEN:+$SEEN -> }$STATE"
   case "$STATE" in
-    ready | on-cpu | stopped | exited | unverified) return 0 ;;
+    ready | on-cpu | gpu-lost | stopped | exited | unverified) return 0 ;;
   esac
   case "$STATUS" in
     200 | 503) return 1 ;;
@@ -663,7 +663,7 @@ else
       first_look=${first_look:-$(($(now_ms) - registered))}
       state=$(js 'b.state ?? "HTTP-" + a[0]' "$STATUS" 2>/dev/null || echo "HTTP-$STATUS")
       [ "${seen##*-> }" = "$state" ] || seen="${seen:+$seen -> }$state"
-      case "$state" in on-cpu | stopped | exited) break ;; esac
+      case "$state" in on-cpu | gpu-lost | stopped | exited) break ;; esac
       sleep 0.5
     done
     elapsed=$(($(now_ms) - registered))

@@ -116,7 +116,7 @@ const GpuUsageSchema = Type.Object({
 export const ComputeSchema = Type.Object({
   backend: NullableBackend(
     'CUDA when the shard holds memory on any GPU as nvidia-smi sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
-      'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified) and while it is stopped, ' +
+      'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified, gpu-lost holding no GPU still listed) and while it is stopped, ' +
       'which computes nowhere until it runs again (gpus still lists the memory it keeps).',
   ),
   devices: Type.Array(Type.String(), {
@@ -134,7 +134,7 @@ export const ComputeResponseSchema = Type.Object(
 
 export const ReadinessSchema = Type.Object({
   ready: Type.Boolean({ description: 'True for ready and unverified: the probe passes.' }),
-  state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, stopped, exited or unverified.'),
+  state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by nvidia-smi), stopped, exited or unverified.'),
   reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),
   warnings: Type.Array(Type.String(), { description: 'Things worth knowing that do not change the verdict.' }),
 });

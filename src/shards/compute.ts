@@ -7,9 +7,10 @@
 //         back still holds a CUDA context on the GPU), or it is stopped;
 //   CPU   its verdict is on-cpu (grace over with a GPU still not held, or the engine itself says CPU),
 //         or it was given no GPU and runs (ready) holding none, without its engine claiming CUDA;
-//   null  not known: starting, exited, unverified, or the snapshot does not include it yet; and
-//         stopped, which computes nowhere until it runs again (the GPUs it holds are still listed:
-//         a stopped process keeps its memory).
+//   null  not known: starting, exited, unverified, or the snapshot does not include it yet; a
+//         gpu-lost shard holding no memory on a GPU still listed; and stopped, which computes
+//         nowhere until it runs again (the GPUs it holds are still listed: a stopped process keeps
+//         its memory).
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { EngineAccount } from './llama-log.js';

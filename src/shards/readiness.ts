@@ -5,19 +5,23 @@
 //   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU
 //              (for a cgroup shard, engine output posted before every one of its running processes
 //              started describes an earlier run of its container: it is set aside, with a warning);
-//              the reason follows what is known beyond the missing memory: a GPU nvidia-smi no
-//              longer lists (then the GPU is what to fix, not the engine), memory held on a GPU it
+//              the reason follows what is known beyond the missing memory: memory held on a GPU it
 //              was not given, engine output showing weights on a CUDA device (which contradicts
 //              nvidia-smi, so what to check is the process and the device mapping, not the
 //              backend), output that says nothing, or none posted; when the engine says CPU, on
 //              whether its GPU backend loaded (no layers: -ngl; not loaded: the build) and whether
 //              memory its processes hold contradicts it (then the output is another run's);
+//   gpu-lost   a GPU it was given is no longer listed by nvidia-smi (fallen off the bus, reset or
+//              detached): no engine, build or mapping can compute on it, so the GPU is what to fix,
+//              at once (no grace: waiting cannot bring it back) and whatever else is true of the
+//              engine (an engine that says CPU is a warning, which counts once it has GPUs again);
+//              it comes before starting, on-cpu and unverified, since it rests on the GPU list alone;
 //   stopped    its process is stopped (state T: SIGSTOP, or SIGTSTP from Ctrl-Z in its terminal; t:
 //              halted by a debugger or tracer; for a cgroup shard, every process of it that has not
 //              exited, the pod's sandbox aside; or a process of it that holds its GPU memory, a
 //              worker whose stop stalls every request): it keeps its GPU memory but answers no request.
-//              Whatever else is true, nothing is served, so it comes before starting, on-cpu and
-//              unverified; what would still count once it runs again (a given GPU it holds nothing
+//              Whatever else is true, nothing is served, so it comes before gpu-lost, starting, on-cpu
+//              and unverified; what would still count once it runs again (a given GPU it holds nothing
 //              on, an engine that says CPU) is a warning, as is nvidia-smi failing to say what it holds;
 //   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left,
 //              or only the pod's sandbox, whose engine container exited); it comes before stopped
@@ -33,13 +37,14 @@
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
+import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
-export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'stopped', 'exited', 'unverified'] as const;
+export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
 export type ReadinessState = (typeof READINESS_STATES)[number];
 
 export interface Readiness {
@@ -101,10 +106,6 @@ function engineSaysCpu(engine: EngineAccount | null): engine is EngineAccount {
 function placedOnCpu(shard: ShardRecord): string {
   return `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
 }
-
-const GPU_GONE_ADVICE =
-  'Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L: such a GPU usually needs a reset or the node a reboot. ' +
-  'Meanwhile place the shard on another GPU (PUT it with its new gpus).';
 
 const GPU_LAYERS_ADVICE =
   'start it with its model layers on the GPU (llama.cpp: -ngl / --n-gpu-layers, or LLAMA_ARG_N_GPU_LAYERS; a number at least the model\'s layer count puts them all there).';
@@ -185,10 +186,10 @@ function strayReason(shard: ShardRecord, strays: number[], held: string): string
 }
 
 /** Engine output showing weights on a CUDA device, while nvidia-smi lists none of the shard's memory on its GPUs. */
-function conflictReason(shard: ShardRecord, missing: number[], engine: EngineAccount, held: string, vanished: string): string {
+function conflictReason(shard: ShardRecord, missing: number[], engine: EngineAccount, held: string): string {
   const devices = cudaNames(engine);
   return (
-    `placed on ${gpuList(shard.gpus)}, but ${held}, although the engine output posted to /shards/${shard.id}/engine-output says ${engine.summary} (${engine.evidence}).${vanished} ` +
+    `placed on ${gpuList(shard.gpus)}, but ${held}, although the engine output posted to /shards/${shard.id}/engine-output says ${engine.summary} (${engine.evidence}). ` +
     `Both cannot be true of the same process: the engine did put its weights on a GPU, but not as a process of this shard on ${gpuList(missing)}, or that output is from another run. ` +
     `Find that memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, the engine runs in a process this shard does not cover (${notCovered(shard)}); ` +
     `on another GPU, CUDA_VISIBLE_DEVICES (or the container's GPU runtime) maps ${devices} to that GPU, not to ${gpuList(missing)}; ` +
@@ -229,16 +230,42 @@ function onCpuReason(
   engine: EngineAccount | null,
   noAccount: NoAccount,
 ): string {
-  const gone = missing.filter((index) => !node.snapshot.gpus.some((gpu) => gpu.index === index));
   // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
   const held = `its processes hold no memory on ${gpuList(missing)}, ${formatDuration(evidenceAt - shard.registeredAt)} after registration (grace ${formatDuration(shard.graceMs)})`;
-  const vanished = gone.length > 0 ? ` ${gpuList(gone)} is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).` : '';
-  // No engine, build or mapping can hold a GPU the driver no longer lists: the GPU is what to fix.
-  if (gone.length === missing.length) return `${placedOnCpu(shard)}: ${held}.${vanished} ${GPU_GONE_ADVICE}`;
   const strays = strayGpus(shard, node);
-  if (strays.length > 0) return strayReason(shard, strays, `${held}.${vanished}`);
-  if (engine !== null && showsGpuWeights(engine)) return conflictReason(shard, missing, engine, held, vanished);
-  return `${placedOnCpu(shard)}: ${held}.${vanished} ${engineNote(shard, engine, noAccount)}`;
+  if (strays.length > 0) return strayReason(shard, strays, `${held}.`);
+  if (engine !== null && showsGpuWeights(engine)) return conflictReason(shard, missing, engine, held);
+  return `${placedOnCpu(shard)}: ${held}. ${engineNote(shard, engine, noAccount)}`;
+}
+
+/** Given GPUs the latest listing does not have (by index, as the shard was given them). */
+function unlistedGpus(shard: ShardRecord, node: NodeView): number[] {
+  return shard.gpus.filter((index) => !node.snapshot.gpus.some((gpu) => gpu.index === index));
+}
+
+/** One unlisted GPU, as the roster knows it (what it was and since when it is missing), or as not known to this run. */
+function unlistedGpu(index: number, node: NodeView): string {
+  const lost = node.snapshot.lostGpus.find((gpu) => gpu.index === index);
+  if (lost === undefined) {
+    return `GPU ${index} is not listed by nvidia-smi (it was already missing when nodecompute started, or nvidia-smi numbers the GPUs differently since a GPU went)`;
+  }
+  return `${gpuNoLongerListed(lost)} (missing since ${new Date(lost.lostAt).toISOString()})`;
+}
+
+/**
+ * The verdict of a shard placed on a GPU nvidia-smi no longer lists: the GPU is what to fix, and
+ * meanwhile the shard needs other GPUs. It rests on the GPU list alone (no time in it, so it is
+ * cached like a ready verdict); an engine that says CPU is a warning, for once it has GPUs again.
+ */
+function gpuLostVerdict(shard: ShardRecord, unlisted: number[], node: NodeView, engine: EngineAccount | null, warnings: string[]): Readiness {
+  if (engineSaysCpu(engine)) {
+    warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it has GPUs again, it reads on-cpu`);
+  }
+  const reason =
+    `placed on ${gpuList(shard.gpus)}, but ${unlisted.map((index) => unlistedGpu(index, node)).join('; ')}: ${LOST_GPU_MEANING} ` +
+    `This shard cannot serve as placed. ${LOST_GPU_FIX} ` +
+    'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
+  return verdict('gpu-lost', reason, warnings);
 }
 
 function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, staleReason: string | null): string[] {
@@ -348,6 +375,8 @@ export function readiness(input: ReadinessInput): Readiness {
   const engine = setAside === null ? input.engine : null;
   const warnings = warningsFor(shard, node, engine, input.staleReason);
   if (setAside !== null) warnings.push(setAside);
+  const unlisted = unlistedGpus(shard, node);
+  if (unlisted.length > 0) return gpuLostVerdict(shard, unlisted, node, engine, warnings);
   if (liveness.state === 'unreadable') return verdict('unverified', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) return verdict('on-cpu', engineCpuReason(shard, engine, node), warnings);

@@ -2,12 +2,14 @@
 // /proc), removing, taking engine output (dated in /proc's clock; a restarted cgroup shard's output
 // starts a new tail), and answering each shard's compute and readiness from the current snapshot.
 // The routes stay thin; readers arrive as dependencies so this module never touches the OS itself.
-// A shard's verdict changing (starting, ready, on-cpu, stopped, exited) is logged once, when a request first
-// sees the change, rather than at every probe. While nvidia-smi cannot be asked, verdicts still use
-// what /proc said in the latest (failed) refresh (NodeService.procOnly): no read of its own per probe.
+// A shard's verdict changing (starting, ready, on-cpu, gpu-lost, stopped, exited) is logged once, when
+// a request first sees the change, rather than at every probe. While nvidia-smi cannot be asked,
+// verdicts still use what /proc said in the latest (failed) refresh (NodeService.procOnly): no read of
+// its own per probe.
 import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
+import { gpuNoLongerListed, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { Current, NodeService } from '../node-state/node-service.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
@@ -262,20 +264,21 @@ export function createShardService(deps: ShardServiceDeps) {
    */
   async function checkGpus(gpus: number[]): Promise<string | null> {
     if (gpus.length === 0) return null;
-    let known: number[];
+    let snapshot: NodeSnapshot;
     try {
-      known = (await node.current()).view.snapshot.gpus.map((gpu) => gpu.index);
+      snapshot = (await node.current()).view.snapshot;
     } catch (err) {
       if (!isCodedError(err)) throw err;
       return err.message;
     }
+    const known = snapshot.gpus.map((gpu) => gpu.index);
     const unknown = gpus.filter((index) => !known.includes(index));
-    if (unknown.length > 0) {
-      throw new UnknownGpuError(
-        `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them). Fix "gpus" in the registration.`,
-      );
-    }
-    return null;
+    if (unknown.length === 0) return null;
+    const lost = snapshot.lostGpus.filter((gpu) => unknown.includes(gpu.index) && !known.includes(gpu.index));
+    const lostNote = lost.map((gpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}: ${LOST_GPU_MEANING}`).join('');
+    throw new UnknownGpuError(
+      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${lostNote} Fix "gpus" in the registration.`,
+    );
   }
 
   function notFound(id: string): Error {
@@ -304,7 +307,7 @@ export function createShardService(deps: ShardServiceDeps) {
     const previous = loggedVerdicts.get(shard.id) ?? null;
     if (previous === verdict.state) return;
     loggedVerdicts.set(shard.id, verdict.state);
-    const level = verdict.state === 'on-cpu' || verdict.state === 'stopped' || verdict.state === 'exited' ? 'warn' : 'info';
+    const level = verdict.state === 'ready' || verdict.state === 'starting' ? 'info' : 'warn';
     log[level](
       { shard: shard.id, state: verdict.state, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
       `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`,
@@ -338,10 +341,11 @@ export function createShardService(deps: ShardServiceDeps) {
 
   /**
    * Probes arrive every few seconds per pod and mostly get the same answer. A verdict whose text
-   * does not depend on the clock (ready, stopped, exited) is kept per node view, shard record, engine output
-   * version and staleness note, so a steady shard's probe computes nothing. Starting and on-cpu
+   * does not depend on the clock (ready, gpu-lost, stopped, exited) is kept per node view, shard record,
+   * engine output version and staleness note, so a steady shard's probe computes nothing. Starting and on-cpu
    * verdicts say how long ago things happened and are made afresh.
    */
+  const CLOCK_FREE_STATES: ReadonlySet<ReadinessState> = new Set(['ready', 'gpu-lost', 'stopped', 'exited']);
   const steadyProbes = new WeakMap<NodeView, Map<string, { shard: ShardRecord; engineVersion: number; staleNote: string | null; state: ShardState }>>();
 
   function probeState(shard: ShardRecord, current: Current): ShardState {
@@ -349,7 +353,7 @@ export function createShardService(deps: ShardServiceDeps) {
     const kept = steadyProbes.get(current.node)?.get(shard.id);
     if (kept && kept.shard === shard && kept.engineVersion === registry.engineVersion && kept.staleNote === note) return kept.state;
     const state = stateOf(shard, current, null, false);
-    if (state.readiness.state === 'ready' || state.readiness.state === 'stopped' || state.readiness.state === 'exited') {
+    if (CLOCK_FREE_STATES.has(state.readiness.state)) {
       let perShard = steadyProbes.get(current.node);
       if (!perShard) steadyProbes.set(current.node, (perShard = new Map()));
       perShard.set(shard.id, { shard, engineVersion: registry.engineVersion, staleNote: note, state });

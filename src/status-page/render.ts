@@ -13,7 +13,7 @@ import type { LostGpu } from '../node-state/gpu-roster.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
-import type { ReadinessState } from '../shards/readiness.js';
+import { READINESS_STATES, type ReadinessState } from '../shards/readiness.js';
 import { deviceLabel } from '../shards/compute.js';
 import type { ShardState } from '../shards/shard-service.js';
 
@@ -215,8 +215,6 @@ const LOST_ROWS_NOTE = 'Below, the GPUs its last good snapshot no longer listed.
 const LOST_GPUS_ADVICE =
   'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
 
-const STATE_ORDER: readonly ReadinessState[] = ['ready', 'starting', 'on-cpu', 'stopped', 'exited', 'unverified'];
-
 function processLabel(process: ForeignProcess): string {
   return `pid ${process.pid} ${process.name} (${formatHeldMemory(process.usedMiB)})`;
 }
@@ -327,7 +325,7 @@ export function statusModel(input: StatusInput): StatusModel {
       gpus: [...shard.gpus, ...(compute ? [...compute.gpus, ...compute.strayGpus].map((held) => held.index) : [])],
     })),
   );
-  const counts = Object.fromEntries(STATE_ORDER.map((state) => [state, 0])) as Record<ReadinessState, number>;
+  const counts = Object.fromEntries(READINESS_STATES.map((state) => [state, 0])) as Record<ReadinessState, number>;
   for (const { readiness } of input.states) counts[readiness.state] += 1;
   // foreignMemory answers one entry per GPU, in the snapshot's order.
   const foreign = input.node ? foreignMemory(input.node) : [];
@@ -429,7 +427,7 @@ const HELD_NOTE =
 
 /** The page's one line (its tab title, the text view's first line): a lost GPU first, where a dashboard of tabs shows it. */
 function summary(model: StatusModel): string {
-  const parts = STATE_ORDER.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
+  const parts = READINESS_STATES.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
   const shards = parts.length > 0 ? parts.join(', ') : 'no shards';
   const lost = model.lostGpus.length;
   return lost === 0 ? shards : `${lost} GPU${lost === 1 ? '' : 's'} LOST · ${shards}`;
@@ -557,7 +555,7 @@ h2{font-size:15px;margin:18px 0 8px;text-transform:uppercase;letter-spacing:.04e
 .bar.unknown{align-items:center;padding:0 8px;color:var(--muted);font-size:12px;white-space:nowrap;text-overflow:ellipsis;background:repeating-linear-gradient(135deg,#f6f8fa 0 6px,#eaeef2 6px 12px)}
 .gpu.lost .gpu-index,.gpu.lost .gpu-name{color:var(--muted);text-decoration:line-through}
 .gpu.lost .gpu-used{color:var(--muted);font-weight:400}
-.badge.gpu-lost{margin-left:8px;background:#82071e;color:#fff}
+.gpu-id .badge{margin-left:8px}
 .bar.lost{height:auto;min-height:22px;align-items:center;padding:2px 8px;color:var(--muted);font-size:12px;line-height:1.3;border-style:dashed;background:#eaeef2}
 .seg{min-width:0;display:flex;align-items:center;overflow:hidden;white-space:nowrap;font-size:12px;font-weight:600}
 .seg span{padding:0 6px;overflow:hidden;text-overflow:ellipsis}
@@ -600,6 +598,7 @@ td.why p{margin:0 0 4px}
 .badge.ready{background:#1a7f37;color:#fff}
 .badge.starting{background:#f2c744;color:#1f2328}
 .badge.on-cpu{background:#cf222e;color:#fff}
+.badge.gpu-lost{background:#82071e;color:#fff}
 .badge.stopped{background:#8250df;color:#fff}
 .badge.exited{background:#6e7781;color:#fff}
 .badge.unverified{background:#0969da;color:#fff}
@@ -630,7 +629,7 @@ footer{padding:8px 14px 18px}
 `;
 
 export function renderHtml(model: StatusModel): string {
-  const counts = STATE_ORDER.filter((state) => model.counts[state] > 0)
+  const counts = READINESS_STATES.filter((state) => model.counts[state] > 0)
     .map((state) => `<li><span class="badge ${state}">${model.counts[state]} ${state}</span></li>`)
     .join('');
   const meta = `${model.snapshot ? escapeHtml(snapshotLine(model)) : `<span class="outage">${escapeHtml(snapshotLine(model))}</span>`} · reloads every ${REFRESH_SECONDS} s`;

@@ -1,7 +1,7 @@
 // Owns the checks of deploy/kubernetes/prometheusrule.yaml: promtool accepts the rules, and its unit
 // tests, fed with the /metrics of real nodecompute apps (one with shards on-cpu, stopped, exited and stray,
 // one whose GPU processes are hidden, one whose nvidia-smi fails, one whose GPU drops out of
-// nvidia-smi's list, one whose token file is deleted), fire exactly the alerts each node deserves,
+// nvidia-smi's list under a shard, one whose token file is deleted), fire exactly the alerts each node deserves,
 // with their annotations rendered.
 // A renamed metric or label fails here.
 import { spawnSync } from 'node:child_process';
@@ -112,15 +112,27 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   clock.advance(5);
 
   // Node 4: idle GPUs (nothing used, so no process can be hidden); GPU 1 drops out of nvidia-smi's list (fallen off the bus).
+  // The shard placed on it, on-cpu before (no grace, nothing held), is then gpu-lost: the GPU alert
+  // is the one that fires, not the shard's on-cpu alert beside it.
   const idle = node([]);
   const idleScenario = { ...idle, gpus: idle.gpus.map((gpu) => ({ ...gpu, usedMiB: 0 })) };
   const dropping = await buildTestApp(t, { scenario: idleScenario, config: { cacheTtlMs: 0 } });
+  const onLostGpu = await spawnShardProcess(t, 0);
+  t.equal((await dropping.app.inject({ method: 'PUT', url: '/shards/llama-e', payload: { pid: onLostGpu.pid, gpus: [1], graceMs: 0 } })).statusCode, 201);
+  let before = '';
+  for (let i = 0; i < 200 && before !== 'on-cpu'; i += 1) {
+    // The first answers may come from a snapshot taken before the registration (unverified).
+    before = (await dropping.app.inject({ method: 'GET', url: '/shards/llama-e/ready' })).json().state;
+    await settle(dropping.app);
+  }
+  t.equal(before, 'on-cpu');
   t.equal((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().gpus.length, 2);
   dropping.fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1) }));
   // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
   await dropping.app.inject({ method: 'GET', url: '/gpus' });
   await settle(dropping.app);
   t.same((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus.map((gpu: { uuid: string }) => gpu.uuid), [UUIDS[1]]);
+  t.equal((await dropping.app.inject({ method: 'GET', url: '/shards/llama-e/ready' })).json().state, 'gpu-lost');
 
   // Node 5: its token file (a Secret's) is deleted after start; the tokens read at start stay in force.
   const tokenFile = join(t.testdir({ token: 'alerts-token-0123456789\n' }), 'token');

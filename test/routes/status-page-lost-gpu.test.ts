@@ -1,6 +1,7 @@
 // GET / through the real app and the fake nvidia-smi while a GPU drops out of its listing: the page
-// keeps a row for it (HTML and text) with the shard placed on it, keeps it past max-stale while
-// nvidia-smi cannot be asked, and drops it once nvidia-smi lists the GPU again.
+// keeps a row for it (HTML and text) with the shard placed on it (gpu-lost, and a PUT naming the GPU
+// is refused, saying it was lost), keeps it past max-stale while nvidia-smi cannot be asked, and
+// drops it once nvidia-smi lists the GPU again.
 import t from 'tap';
 import type { App } from '../../src/app.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
@@ -42,21 +43,32 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   // GPU 6 falls off the bus: nvidia-smi lists the other seven, and no process on it.
   fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.uuid !== gpu6.uuid), processes: s.processes.filter((process) => process.gpuUuid !== gpu6.uuid) }));
   clock.advance(2000);
-  const html = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('class="gpu lost"') && body.includes('<span class="badge on-cpu">on-cpu</span></li>'));
+  const html = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('class="gpu lost"') && body.includes('<span class="badge gpu-lost">gpu-lost</span></li>'));
   t.same(htmlRows(html), ['0', '1', '2', '3', '4', '5', '6 lost', '7'], 'eight rows: GPU 6 where it was');
-  t.match(html, /<title>[^<]*nodecompute · 1 GPU LOST · 1 on-cpu<\/title>/, 'the tab title says it first, for a wall of dashboards');
+  t.match(html, /<title>[^<]*nodecompute · 1 GPU LOST · 1 gpu-lost<\/title>/, 'the tab title says it first, for a wall of dashboards');
   const lost = html.split('<div class="gpu lost">')[1]!.split('\n</div>')[0]!;
   t.match(lost, '<span class="gpu-name">NVIDIA H200</span><span class="badge gpu-lost">lost</span>');
   t.match(lost, `<span class="gpu-uuid" title="${gpu6.uuid}">${gpu6.uuid}</span>`);
   t.match(lost, '<span class="gpu-used">unknown</span>');
   t.notMatch(lost, 'class="seg', 'no memory drawn');
   t.match(lost, /<li>missing since 2026-11-29 12:00:0\d UTC \([^)]+ ago\), last listed 2026-11-29 12:00:0\d UTC<\/li>/);
-  t.match(lost, /llama-6: placed on it, <span class="badge on-cpu">on-cpu<\/span><\/li>/);
-  t.match(html, /<span class="id">llama-6<\/span>.*GPU 6 is not visible to nvidia-smi at all any more/s, "the shard's verdict says why");
+  t.match(lost, /llama-6: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/);
+  t.match(html, new RegExp(`<span class="id">llama-6</span>.*placed on GPU 6, but GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi \\(missing since 2026-11-29T12:00:0\\d`, 's'), "the shard's verdict says why");
+  const probe = await app.inject({ method: 'GET', url: '/shards/llama-6/ready' });
+  t.same([probe.statusCode, probe.json().state], [503, 'gpu-lost'], 'the probe fails: the shard cannot serve as placed');
+  t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/compute' })).json().backend, null, 'not CPU: nothing says where it computes now');
+  const again = await app.inject({ method: 'PUT', url: '/shards/llama-6', payload: { pid: shard.pid, gpus: [6], graceMs: 0 } });
+  t.equal(again.statusCode, 422, 'a registration cannot name a GPU that is not listed');
+  t.match(
+    again.json().message,
+    new RegExp(`^GPU 6 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as nvidia-smi numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi since 2026-11-29T12:00:0\\d\\.\\d{3}Z: it fell off the bus`),
+    'and says it was lost',
+  );
+  t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/ready' })).json().state, 'gpu-lost', 'the refused PUT left the registration as it was');
   const text = await pageWhere(app, '*/*', (body) => body.includes('(LOST)'));
-  t.match(text, /^nodecompute \S+ on .+: 1 GPU LOST · 1 on-cpu\n/, 'and the text view its first line');
+  t.match(text, /^nodecompute \S+ on .+: 1 GPU LOST · 1 gpu-lost\n/, 'and the text view its first line');
   t.same(textRows(text).map((line) => line.split(' ')[0]), ['0', '1', '2', '3', '4', '5', '6', '7']);
-  t.match(textRows(text)[6]!, /^6\s+NVIDIA H200 \(LOST\)\s+\[-+ lost: memory unknown -+\]\s+unknown\s+placed on it: llama-6 \(on-cpu\)$/);
+  t.match(textRows(text)[6]!, /^6\s+NVIDIA H200 \(LOST\)\s+\[-+ lost: memory unknown -+\]\s+unknown\s+placed on it: llama-6 \(gpu-lost\)$/);
   t.match(text, new RegExp(`!!   GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\), last listed 2026-11-29 12:00:0\\d UTC, missing since 2026-11-29 12:00:0\\d UTC`));
 
   // nvidia-smi cannot be asked any more, and the last good snapshot (which had lost GPU 6) ages past max-stale (30 s).

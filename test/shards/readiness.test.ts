@@ -1,5 +1,5 @@
 // The readiness verdict and compute over hand-made node views: the branches a live node rarely
-// shows on demand (several missing GPUs, a GPU gone from nvidia-smi, partial offload, a snapshot
+// shows on demand (several missing GPUs, partial offload, a snapshot
 // older than the registration, hidden PIDs, zombies).
 import t from 'tap';
 import { foreignMemory } from '../../src/node-state/foreign-memory.js';
@@ -51,12 +51,11 @@ function shard(overrides: Partial<ShardRecord> = {}): ShardRecord {
 const verdictOf = (s: ShardRecord, node: NodeView | null, engine: EngineAccount | null = null, staleReason: string | null = null) =>
   readiness({ shard: s, node, engine, staleReason, now: NOW, unavailable: 'nvidia-smi timed out' });
 
-t.test('several missing GPUs are listed in prose, and a GPU nvidia-smi no longer shows is called out', async (t) => {
+t.test('several missing GPUs are listed in prose', async (t) => {
   const s = shard({ gpus: [0, 1, 3], engine: 'vllm' });
-  const v = verdictOf(s, view([gpu(0, [[101, 500]]), gpu(1, [])], [stat(100, 100, 5), stat(101, 100, 6)], [s]));
+  const v = verdictOf(s, view([gpu(0, [[101, 500]]), gpu(1, []), gpu(3, [])], [stat(100, 100, 5), stat(101, 100, 6)], [s]));
   t.equal(v.state, 'on-cpu');
   t.match(v.reason, 'placed on GPU 0, GPU 1 and GPU 3 but computing on the CPU: its processes hold no memory on GPU 1 and GPU 3, 60.0 s after registration');
-  t.match(v.reason, 'GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg).');
   t.notMatch(v.reason, 'engine-output', 'an engine other than llama.cpp gets no llama.cpp advice');
 });
 
@@ -531,21 +530,6 @@ t.test('on-cpu while the engine output shows weights on a CUDA device: the reaso
   const elsewhere = readiness({ shard: d, node: view([gpu(3, [])], [stat(100, 100, 5)], [d]), engine: vram, staleReason: null, now: NOW }).reason;
   t.match(elsewhere, 'says llama.cpp reported 6936.01 MiB of VRAM used on its CUDA devices (llm_load_tensors: VRAM used: 6936.01 MiB). Both cannot');
   t.match(elsewhere, 'maps its CUDA devices to that GPU, not to GPU 3;');
-});
-
-t.test('a shard whose every missing GPU is gone from nvidia-smi\'s list is told to fix the GPU, whatever its engine said', async (t) => {
-  const d = shard({ id: 'd', gpus: [3] });
-  const node = view([gpu(0, [])], [stat(100, 100, 5)], [d]);
-  const advice =
-    'placed on GPU 3 but computing on the CPU: its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s). GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg). ' +
-    'Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L: such a GPU usually needs a reset or the node a reboot. Meanwhile place the shard on another GPU (PUT it with its new gpus).';
-  const weights = accountOf('llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt');
-  for (const [name, engine] of [['no output', null], ['weights on CUDA0', weights]] as const) {
-    const v = readiness({ shard: d, node, engine, enginePosted: engine !== null, staleReason: null, now: NOW });
-    t.same({ state: v.state, reason: v.reason }, { state: 'on-cpu', reason: advice }, name);
-  }
-  const mixed = readiness({ shard: { ...d, gpus: [1, 3] }, node: view([gpu(1, [])], [stat(100, 100, 5)], [d]), engine: null, staleReason: null, now: NOW }).reason;
-  t.match(mixed, 'GPU 3 is not visible to nvidia-smi at all any more (fallen off the bus? see dmesg). Its GPU backend probably did not load.', 'GPU 1 is listed and not held: the engine is still in question');
 });
 
 t.test('the engine says CPU: the advice follows whether its GPU backend loaded, and memory its processes hold is weighed against it', async (t) => {

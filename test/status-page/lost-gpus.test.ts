@@ -17,8 +17,8 @@ import { gpuState } from '../helpers/gpu-state.js';
 
 const NOW = Date.parse('2026-11-29T12:00:30Z');
 
-function stat(pid: number): ProcStat {
-  return { pid, comm: `p${pid}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 5 };
+function stat(pid: number, state = 'S'): ProcStat {
+  return { pid, comm: `p${pid}`, state, ppid: 1, pgrp: pid, session: pid, startTime: 5 };
 }
 
 function shard(id: string, pid: number, gpus: number[], graceMs = 0): ShardRecord {
@@ -37,11 +37,12 @@ function shard(id: string, pid: number, gpus: number[], graceMs = 0): ShardRecor
 /** GPU 3 (GPU-3), last listed 30 s ago, missing since 25 s ago. */
 const LOST_3: LostGpu = { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200', lastListedAt: NOW - 30_000, lostAt: NOW - 25_000 };
 
-function snapshotOf(gpus: GpuState[], lostGpus: LostGpu[], pids: number[]): NodeSnapshot {
+/** `stopped`: the PIDs among `pids` in state T. */
+function snapshotOf(gpus: GpuState[], lostGpus: LostGpu[], pids: number[], stopped: number[] = []): NodeSnapshot {
   return {
     takenAt: NOW,
     gpus,
-    proc: new Map(pids.map((pid) => [pid, stat(pid)])),
+    proc: new Map(pids.map((pid) => [pid, stat(pid, stopped.includes(pid) ? 'T' : 'S')])),
     cgroupPids: new Map(),
     bootId: null,
     unmatchedProcesses: [],
@@ -71,18 +72,18 @@ function lostBlock(html: string, index: number): string {
 }
 
 t.test('a lost GPU keeps its row in its index position: struck out, a lost badge, its UUID and name, since when, no figures, and the shards placed on it', async (t) => {
-  // GPU 3 is gone; llama-a (grace over) and llama-c (in grace) were placed on it, llama-b holds GPU 0.
+  // GPU 3 is gone; llama-a and llama-c (its process stopped) were placed on it, llama-b holds GPU 0.
   const gpus = [0, 1, 2, 4, 5, 6, 7].map((index) => gpuState(index, index === 0 ? [[101, 20480]] : []));
   const shards = [shard('llama-a', 100, [3]), shard('llama-b', 101, [0]), shard('llama-c', 102, [3], 3_600_000)];
-  const model = statusModel(input(snapshotOf(gpus, [LOST_3], [100, 101, 102]), shards));
+  const model = statusModel(input(snapshotOf(gpus, [LOST_3], [100, 101, 102], [102]), shards));
   const colourOf = (id: string) => model.shards.find((row) => row.id === id)!.color;
   t.same(model.lostGpus, [
     {
       ...LOST_3,
       indexTakenBy: null,
       placed: [
-        { id: 'llama-a', state: 'on-cpu', color: colourOf('llama-a') },
-        { id: 'llama-c', state: 'starting', color: colourOf('llama-c') },
+        { id: 'llama-a', state: 'gpu-lost', color: colourOf('llama-a') },
+        { id: 'llama-c', state: 'stopped', color: colourOf('llama-c') },
       ],
     },
   ]);
@@ -103,9 +104,9 @@ t.test('a lost GPU keeps its row in its index position: struck out, a lost badge
   t.notMatch(lost, /class="seg|GiB|free:/, 'no segment, no size');
   t.match(lost, '<span class="gpu-uuid" title="GPU-3">GPU-3</span>');
   t.match(lost, '<li>missing since 2026-11-29 12:00:05 UTC (25.0 s ago), last listed 2026-11-29 12:00:00 UTC</li>');
-  t.match(lost, `<li><i class="sw shard ${colourClass(colourOf('llama-a'))}" aria-hidden="true"></i>llama-a: placed on it, <span class="badge on-cpu">on-cpu</span></li>`);
-  t.match(lost, `<li><i class="sw shard ${colourClass(colourOf('llama-c'))}" aria-hidden="true"></i>llama-c: placed on it, <span class="badge starting">starting</span></li>`);
-  t.match(html, /<span class="id">llama-a<\/span>.*GPU 3 is not visible to nvidia-smi at all any more/s, "the shard's own verdict says why");
+  t.match(lost, `<li><i class="sw shard ${colourClass(colourOf('llama-a'))}" aria-hidden="true"></i>llama-a: placed on it, <span class="badge gpu-lost">gpu-lost</span></li>`);
+  t.match(lost, `<li><i class="sw shard ${colourClass(colourOf('llama-c'))}" aria-hidden="true"></i>llama-c: placed on it, <span class="badge stopped">stopped</span></li>`);
+  t.match(html, /<span class="id">llama-a<\/span>.*placed on GPU 3, but GPU 3 \(GPU-3, NVIDIA H200\) is no longer listed by nvidia-smi \(missing since 2026-11-29T12:00:05.000Z\)/s, "the shard's own verdict says why");
   t.match(html, '<code>GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago)</code>', 'the banner stays, with the same dates');
   // Greyed and struck out, on the GPU rows' own grid: the narrow-screen stacking applies to it as to any GPU.
   const css = /<style>(.*)<\/style>/s.exec(html)![1]!;
@@ -118,7 +119,7 @@ t.test('a lost GPU keeps its row in its index position: struck out, a lost badge
   const rows = textRows(text);
   t.same(rows.map((line) => line.split(' ')[0]), ['0', '1', '2', '3', '4', '5', '6', '7']);
   const row3 = rows[3]!;
-  t.match(row3, /^3\s+NVIDIA H200 \(LOST\)\s+\[-{14} lost: memory unknown -{14}\]\s+unknown\s+placed on it: llama-a \(on-cpu\), llama-c \(starting\)$/);
+  t.match(row3, /^3\s+NVIDIA H200 \(LOST\)\s+\[-{14} lost: memory unknown -{14}\]\s+unknown\s+placed on it: llama-a \(gpu-lost\), llama-c \(stopped\)$/);
   for (const line of rows) t.equal(line.indexOf('['), rows[0]!.indexOf('['), 'bars aligned');
   t.equal(row3.indexOf(']') - row3.indexOf('['), rows[0]!.indexOf(']') - rows[0]!.indexOf('['), 'as wide as a bar');
   t.match(text, '!!   GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago)');
