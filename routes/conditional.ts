@@ -30,6 +30,7 @@ export function shardsTag(states: ShardState[]): string {
         shard,
         readiness.state,
         readiness.ready,
+        readiness.cause,
         readiness.reason === null ? null : withoutDurations(readiness.reason),
         readiness.warnings.map(withoutDurations),
         compute,

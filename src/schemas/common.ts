@@ -52,6 +52,11 @@ export function StringEnum<const T extends readonly string[]>(values: T, descrip
   return Type.Unsafe<T[number]>({ type: 'string', enum: [...values], description });
 }
 
+/** One of `values` or null, as one `enum` with null among its values (a nullable enum must list null to accept it). */
+export function NullableStringEnum<const T extends readonly string[]>(values: T, description: string): TUnsafe<T[number] | null> {
+  return Type.Unsafe<T[number] | null>({ type: ['string', 'null'], enum: [...values, null], description });
+}
+
 /** Error responses, by status, for a route's `response` schema. */
 export function errorResponses<const S extends readonly number[]>(...statuses: S): { [K in S[number]]: typeof ErrorSchema } {
   return Object.fromEntries(statuses.map((status) => [status, ErrorSchema])) as { [K in S[number]]: typeof ErrorSchema };

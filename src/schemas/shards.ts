@@ -1,9 +1,9 @@
 // Owns the schemas of the shard API: registration, the shard record, where a shard computes, its
 // readiness verdict, the engine's account and the foreign-memory view.
-import { Type, type Static, type TUnsafe } from '@sinclair/typebox';
+import { Type, type Static } from '@sinclair/typebox';
 import { ENGINES } from '../shards/shard.js';
-import { READINESS_STATES } from '../shards/readiness.js';
-import { Nullable, SnapshotMetaProperties, StringEnum } from './common.js';
+import { READINESS_STATES, VERDICT_CAUSES } from '../shards/readiness.js';
+import { Nullable, NullableStringEnum, SnapshotMetaProperties, StringEnum } from './common.js';
 import { LostGpusSchema } from './gpus.js';
 
 export const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
@@ -27,11 +27,6 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
 
 const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, vllm or other; llama.cpp output posted to engine-output is understood.');
 const BACKENDS = ['CUDA', 'CPU'] as const;
-
-/** A backend or null, as one `enum` with null among its values (a nullable enum must list null to accept it). */
-function NullableBackend(description: string): TUnsafe<(typeof BACKENDS)[number] | null> {
-  return Type.Unsafe<(typeof BACKENDS)[number] | null>({ type: ['string', 'null'], enum: [...BACKENDS, null], description });
-}
 
 /**
  * What a cgroup registration may name: a container id (12 to 64 hex digits, as docker, podman and
@@ -114,7 +109,8 @@ const GpuUsageSchema = Type.Object({
 });
 
 export const ComputeSchema = Type.Object({
-  backend: NullableBackend(
+  backend: NullableStringEnum(
+    BACKENDS,
     'CUDA when the shard holds memory on any GPU as nvidia-smi sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
       'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified, gpu-lost holding no GPU still listed) and while it is stopped, ' +
       'which computes nowhere until it runs again (gpus still lists the memory it keeps).',
@@ -135,6 +131,15 @@ export const ComputeResponseSchema = Type.Object(
 export const ReadinessSchema = Type.Object({
   ready: Type.Boolean({ description: 'True for ready and unverified: the probe passes.' }),
   state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by nvidia-smi), stopped, exited or unverified.'),
+  cause: NullableStringEnum(
+    VERDICT_CAUSES,
+    'What decided the verdict, for programs (reason says it for people); null when ready. ' +
+      'starting: awaiting-snapshot, awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
+      'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
+      'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, nvidia-smi none on its GPUs), no-gpu-memory. ' +
+      'gpu-lost: gpu-not-listed. stopped: process-stopped. exited: process-exited. ' +
+      'unverified: nvidia-smi-unavailable, processes-hidden, stat-unreadable, gpu-owner-unknown, not-in-snapshot. New codes may be added: treat an unknown one as its state says.',
+  ),
   reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),
   warnings: Type.Array(Type.String(), { description: 'Things worth knowing that do not change the verdict.' }),
 });

@@ -47,9 +47,43 @@ import type { ShardRecord } from './shard.js';
 export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
 export type ReadinessState = (typeof READINESS_STATES)[number];
 
+/**
+ * What decided a verdict, for programs (the reason says it for people), one code per decision below;
+ * null when ready. A control plane acts on these: on-cpu by a build or a driver (the engine's GPU
+ * backend failed) is not fixed by a restart, one without GPU layers is fixed by the engine's flags.
+ */
+export const VERDICT_CAUSES = [
+  // starting
+  'awaiting-snapshot', // no snapshot since the registration includes it yet, within its grace
+  'awaiting-gpu-memory', // some GPU not held yet, within its grace
+  'awaiting-listing', // grace over, but the latest listing was begun before it ended
+  // on-cpu
+  'engine-gpu-backend-failed', // the engine says CPU: its GPU backend did not load
+  'engine-no-gpu-layers', // the engine says CPU: its GPU backend loaded, with no layers on the GPU
+  'engine-reports-cpu', // the engine says CPU, without saying whether its GPU backend loaded
+  'memory-on-other-gpu', // no memory on a GPU it was given, memory on one it was not
+  'engine-output-conflicts', // no memory on a GPU it was given, while its engine output shows weights on a GPU
+  'no-gpu-memory', // no memory on a GPU it was given, grace over
+  // gpu-lost
+  'gpu-not-listed', // a GPU it was given is no longer listed by nvidia-smi
+  // stopped
+  'process-stopped', // its process, every process of its cgroup, or a process holding its GPU memory is stopped
+  // exited
+  'process-exited', // its process is gone (or a zombie, or its PID reused; a cgroup with no engine left)
+  // unverified
+  'nvidia-smi-unavailable', // nvidia-smi cannot be asked
+  'processes-hidden', // nvidia-smi's processes cannot be matched to this /proc
+  'stat-unreadable', // the shard's own /proc stat could not be read this refresh
+  'gpu-owner-unknown', // a GPU it misses holds memory of a process whose owner could not be read
+  'not-in-snapshot', // grace over, and no snapshot since the registration includes it yet
+] as const;
+export type VerdictCause = (typeof VERDICT_CAUSES)[number];
+
 export interface Readiness {
   ready: boolean;
   state: ReadinessState;
+  /** What decided the verdict (VERDICT_CAUSES); null when ready. */
+  cause: VerdictCause | null;
   reason: string | null;
   warnings: string[];
 }
@@ -95,8 +129,19 @@ function gpuList(indices: number[]): string {
 const ON_CPU_ADVICE =
   "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.";
 
-function verdict(state: ReadinessState, reason: string | null, warnings: string[]): Readiness {
-  return { ready: state === 'ready' || state === 'unverified', state, reason, warnings };
+function verdict(state: ReadinessState, cause: VerdictCause | null, reason: string | null, warnings: string[]): Readiness {
+  return { ready: state === 'ready' || state === 'unverified', state, cause, reason, warnings };
+}
+
+/** The cause of an on-cpu verdict the engine's own account decides, by whether its GPU backend loaded. */
+function engineCpuCause(engine: EngineAccount): VerdictCause {
+  if (engine.gpuBackendLoaded === true) return 'engine-no-gpu-layers';
+  return engine.gpuBackendLoaded === false ? 'engine-gpu-backend-failed' : 'engine-reports-cpu';
+}
+
+/** The on-cpu verdict the engine's own account decides. */
+function engineCpuVerdict(shard: ShardRecord, engine: EngineAccount, node: NodeView | null, warnings: string[]): Readiness {
+  return verdict('on-cpu', engineCpuCause(engine), engineCpuReason(shard, engine, node), warnings);
 }
 
 function engineSaysCpu(engine: EngineAccount | null): engine is EngineAccount {
@@ -222,20 +267,21 @@ function engineNote(shard: ShardRecord, engine: EngineAccount | null, noAccount:
   return `${backend} Post the engine's log (llama.cpp at -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
 }
 
-function onCpuReason(
+function onCpuVerdict(
   shard: ShardRecord,
   missing: number[],
   node: NodeView,
   evidenceAt: number,
   engine: EngineAccount | null,
   noAccount: NoAccount,
-): string {
+  warnings: string[],
+): Readiness {
   // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
   const held = `its processes hold no memory on ${gpuList(missing)}, ${formatDuration(evidenceAt - shard.registeredAt)} after registration (grace ${formatDuration(shard.graceMs)})`;
   const strays = strayGpus(shard, node);
-  if (strays.length > 0) return strayReason(shard, strays, `${held}.`);
-  if (engine !== null && showsGpuWeights(engine)) return conflictReason(shard, missing, engine, held);
-  return `${placedOnCpu(shard)}: ${held}. ${engineNote(shard, engine, noAccount)}`;
+  if (strays.length > 0) return verdict('on-cpu', 'memory-on-other-gpu', strayReason(shard, strays, `${held}.`), warnings);
+  if (engine !== null && showsGpuWeights(engine)) return verdict('on-cpu', 'engine-output-conflicts', conflictReason(shard, missing, engine, held), warnings);
+  return verdict('on-cpu', 'no-gpu-memory', `${placedOnCpu(shard)}: ${held}. ${engineNote(shard, engine, noAccount)}`, warnings);
 }
 
 /** Given GPUs the latest listing does not have (by index, as the shard was given them). */
@@ -265,7 +311,7 @@ function gpuLostVerdict(shard: ShardRecord, unlisted: number[], node: NodeView, 
     `placed on ${gpuList(shard.gpus)}, but ${unlisted.map((index) => unlistedGpu(index, node)).join('; ')}: ${LOST_GPU_MEANING} ` +
     `This shard cannot serve as placed. ${LOST_GPU_FIX} ` +
     'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
-  return verdict('gpu-lost', reason, warnings);
+  return verdict('gpu-lost', 'gpu-not-listed', reason, warnings);
 }
 
 function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, staleReason: string | null): string[] {
@@ -327,7 +373,7 @@ function stoppedVerdict(input: ReadinessInput, why: string, warnings: string[]):
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
     warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it runs again, it reads on-cpu`);
   }
-  return verdict('stopped', `${why}.`, warnings);
+  return verdict('stopped', 'process-stopped', `${why}.`, warnings);
 }
 
 function uncertainWhy(stat: UnreadableStat): string {
@@ -343,17 +389,17 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const why = input.unavailable ?? 'unknown reason';
   const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
   const liveness: Liveness = input.liveness ?? { state: 'unknown' };
-  if (liveness.state === 'gone') return verdict('exited', `the shard's process exited: ${liveness.why}.`, []);
+  if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
     return stoppedVerdict(input, liveness.why, [`nvidia-smi cannot be asked, so which GPU memory it holds is unverified: ${why}`]);
   }
-  if (liveness.state === 'unreadable') return verdict('unverified', null, [unverified, liveness.why]);
+  if (liveness.state === 'unreadable') return verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, liveness.why]);
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
-    return verdict('on-cpu', engineCpuReason(shard, engine, null), [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
+    return engineCpuVerdict(shard, engine, null, [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
   }
-  return verdict('unverified', null, setAside === null ? [unverified] : [unverified, setAside]);
+  return verdict('unverified', 'nvidia-smi-unavailable', null, setAside === null ? [unverified] : [unverified, setAside]);
 }
 
 /** When the listing a verdict rests on was begun, inside the grace: relative to the registration (never a negative time). */
@@ -367,7 +413,7 @@ export function readiness(input: ReadinessInput): Readiness {
   const { shard, node, now } = input;
   if (node === null) return withoutNvidiaSmi(input);
   const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
-  if (liveness.state === 'gone') return verdict('exited', `the shard's process exited: ${liveness.why}.`, []);
+  if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
     return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...unheldWhileStopped(shard, node)]);
   }
@@ -377,37 +423,38 @@ export function readiness(input: ReadinessInput): Readiness {
   if (setAside !== null) warnings.push(setAside);
   const unlisted = unlistedGpus(shard, node);
   if (unlisted.length > 0) return gpuLostVerdict(shard, unlisted, node, engine, warnings);
-  if (liveness.state === 'unreadable') return verdict('unverified', null, [...warnings, liveness.why]);
+  if (liveness.state === 'unreadable') return verdict('unverified', 'stat-unreadable', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
-  if (shard.gpus.length > 0 && engineSaysCpu(engine)) return verdict('on-cpu', engineCpuReason(shard, engine, node), warnings);
+  if (shard.gpus.length > 0 && engineSaysCpu(engine)) return engineCpuVerdict(shard, engine, node, warnings);
   const held = node.attribution.holdings.get(shard.id);
   const missing = shard.gpus.filter((index) => !held?.has(index));
-  if (missing.length === 0) return verdict('ready', null, warnings);
+  if (missing.length === 0) return verdict('ready', null, null, warnings);
   const left = shard.registeredAt + shard.graceMs - now;
   if (liveness.state === 'unknown') {
     if (left > 0) {
-      return verdict('starting', `registered ${formatDuration(now - shard.registeredAt)} ago; waiting for the first snapshot that includes it (${formatDuration(left)} of grace left).`, warnings);
+      return verdict('starting', 'awaiting-snapshot', `registered ${formatDuration(now - shard.registeredAt)} ago; waiting for the first snapshot that includes it (${formatDuration(left)} of grace left).`, warnings);
     }
-    return verdict('unverified', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet (the next refresh will): until one does, where it computes is unverified']);
+    return verdict('unverified', 'not-in-snapshot', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet (the next refresh will): until one does, where it computes is unverified']);
   }
   const waiting = `waiting for the shard to hold memory on ${gpuList(missing)} (nvidia-smi lists none of its memory there yet)`;
-  if (left > 0) return verdict('starting', `${waiting}; ${formatDuration(left)} of its ${formatDuration(shard.graceMs)} grace left.`, warnings);
+  if (left > 0) return verdict('starting', 'awaiting-gpu-memory', `${waiting}; ${formatDuration(left)} of its ${formatDuration(shard.graceMs)} grace left.`, warnings);
   if (evidenceAt < shard.registeredAt + shard.graceMs) {
     // Routine right after the grace ends (the snapshot served was begun before); a slow or failing
     // nvidia-smi, which makes it last, is a warning of its own (staleReason).
     return verdict(
       'starting',
+      'awaiting-listing',
       `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun(shard, evidenceAt)}: ` +
         'the verdict waits for a listing begun after the grace.',
       warnings,
     );
   }
-  if (node.processesHidden !== null) return verdict('unverified', null, [...warnings, node.processesHidden]);
+  if (node.processesHidden !== null) return verdict('unverified', 'processes-hidden', null, [...warnings, node.processesHidden]);
   const uncertain = missing.flatMap((index) => {
     const blocked = node.attribution.uncertain.get(index);
     return blocked === undefined ? [] : [`GPU ${index} holds memory of a process whose owner is unknown: ${uncertainWhy(blocked)}`];
   });
-  if (uncertain.length > 0) return verdict('unverified', null, [...warnings, ...uncertain]);
+  if (uncertain.length > 0) return verdict('unverified', 'gpu-owner-unknown', null, [...warnings, ...uncertain]);
   const noAccount: NoAccount = setAside !== null ? 'earlier-run' : input.enginePosted === true ? 'silent' : 'not-posted';
-  return verdict('on-cpu', onCpuReason(shard, missing, node, evidenceAt, engine, noAccount), warnings);
+  return onCpuVerdict(shard, missing, node, evidenceAt, engine, noAccount, warnings);
 }

@@ -309,7 +309,7 @@ export function createShardService(deps: ShardServiceDeps) {
     loggedVerdicts.set(shard.id, verdict.state);
     const level = verdict.state === 'ready' || verdict.state === 'starting' ? 'info' : 'warn';
     log[level](
-      { shard: shard.id, state: verdict.state, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
+      { shard: shard.id, state: verdict.state, cause: verdict.cause, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
       `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`,
     );
   }

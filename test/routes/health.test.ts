@@ -124,11 +124,11 @@ t.test('pollers slower than the cache TTL get 304 while the node says the same, 
 });
 
 
-t.test('pollers: a verdict whose reason changes cause gets a new /shards ETag; one whose reason only counts time does not', async (t) => {
+t.test('pollers: a verdict whose reason says something new gets a new /shards ETag, in the same state and cause; one whose reason only counts time does not', async (t) => {
   const shard = await spawnShardProcess(t, 0);
   const clock = manualClock();
-  const { app, fake } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 1_000 }, deps: { now: clock.now } });
-  await app.inject({ method: 'PUT', url: '/shards/p', payload: { pid: shard.pid, gpus: [3], graceMs: 0 } });
+  const { app } = await buildTestApp(t, { scenario: idleEightGpuNode(), config: { cacheTtlMs: 1_000 }, deps: { now: clock.now } });
+  await app.inject({ method: 'PUT', url: '/shards/p', payload: { pid: shard.pid, gpus: [3], graceMs: 0, engine: 'llama.cpp' } });
   await app.inject({ method: 'GET', url: '/shards' });
   await settle(app);
   const first = await app.inject({ method: 'GET', url: '/shards' });
@@ -141,13 +141,13 @@ t.test('pollers: a verdict whose reason changes cause gets a new /shards ETag; o
   t.equal(later.statusCode, 304, 'the same cause, only later');
   t.not((await app.inject({ method: 'GET', url: '/shards' })).json().shards[0].status.reason, before, 'though its words moved with the time');
 
-  fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.index !== 3) }));
-  clock.advance(3_000);
-  await app.inject({ method: 'GET', url: '/shards' });
-  await settle(app);
-  const lost = await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': first.headers.etag as string } });
-  t.equal(lost.statusCode, 200, 'still on-cpu, now because GPU 3 is gone: a change a poller must see');
-  t.match(lost.json().shards[0].status, { state: 'on-cpu', reason: /GPU 3 is not visible to nvidia-smi/ });
+  // Engine output that says nothing about where it computes: the advice changes, nothing else does.
+  const posted = await app.inject({ method: 'POST', url: '/shards/p/engine-output', payload: 'main: server is listening on http://127.0.0.1:8080\n', headers: { 'content-type': 'text/plain' } });
+  t.equal(posted.statusCode, 200, posted.body);
+  const told = await app.inject({ method: 'GET', url: '/shards', headers: { 'if-none-match': first.headers.etag as string } });
+  t.equal(told.statusCode, 200, 'the reason now says what the output lacks: a change a poller must see');
+  t.match(told.json().shards[0], { status: { state: 'on-cpu', cause: 'no-gpu-memory', reason: /says nothing about where llama\.cpp computes/ }, compute: { engine: null } });
+  t.match(first.json().shards[0], { status: { state: 'on-cpu', cause: 'no-gpu-memory' }, compute: { engine: null } });
 });
 
 t.test('pollers: the ETag changes when nvidia-smi fails, so a 304 never hides it; a routine refresh is no change', async (t) => {

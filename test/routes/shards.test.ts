@@ -60,7 +60,7 @@ t.test('a shard holds a GPU through a grandchild in its process group; another g
 
   const ready = await app.inject({ method: 'GET', url: '/shards/llama-a/ready' });
   t.equal(ready.statusCode, 200);
-  t.same({ ...ready.json(), observedAt: 'x' }, { shard: 'llama-a', ready: true, state: 'ready', reason: null, warnings: [], observedAt: 'x' });
+  t.same({ ...ready.json(), observedAt: 'x' }, { shard: 'llama-a', ready: true, state: 'ready', cause: null, reason: null, warnings: [], observedAt: 'x' });
 });
 
 t.test('timeline: starting -> ready, and a stray GPU is a warning', async (t) => {

@@ -4,7 +4,7 @@
 // drops it once nvidia-smi lists the GPU again.
 import t from 'tap';
 import type { App } from '../../src/app.js';
-import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import { idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
 const BROWSER_ACCEPT = 'text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8';
@@ -55,7 +55,7 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   t.match(lost, /llama-6: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/);
   t.match(html, new RegExp(`<span class="id">llama-6</span>.*placed on GPU 6, but GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi \\(missing since 2026-11-29T12:00:0\\d`, 's'), "the shard's verdict says why");
   const probe = await app.inject({ method: 'GET', url: '/shards/llama-6/ready' });
-  t.same([probe.statusCode, probe.json().state], [503, 'gpu-lost'], 'the probe fails: the shard cannot serve as placed');
+  t.same([probe.statusCode, probe.json().state, probe.json().cause], [503, 'gpu-lost', 'gpu-not-listed'], 'the probe fails: the shard cannot serve as placed');
   t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/compute' })).json().backend, null, 'not CPU: nothing says where it computes now');
   const again = await app.inject({ method: 'PUT', url: '/shards/llama-6', payload: { pid: shard.pid, gpus: [6], graceMs: 0 } });
   t.equal(again.statusCode, 422, 'a registration cannot name a GPU that is not listed');
@@ -72,6 +72,9 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   t.match(text, new RegExp(`!!   GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\), last listed 2026-11-29 12:00:0\\d UTC, missing since 2026-11-29 12:00:0\\d UTC`));
 
   // nvidia-smi cannot be asked any more, and the last good snapshot (which had lost GPU 6) ages past max-stale (30 s).
+  // A refresh the requests above began must land first: one still running would date the last
+  // good snapshot after the clock moves, and keep it within max-stale.
+  await settle(app);
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
   clock.advance(31_000);
   const staleHtml = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('past max-stale'));

@@ -477,7 +477,7 @@ t.test('a cgroup shard is named by its cgroup', async (t) => {
       registeredAt: 0,
       identity: { pid: 1, pgid: 1, startTime: 1, name: 'x' },
     },
-    readiness: { ready: true, state: 'unverified', reason: null, warnings: [] },
+    readiness: { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', reason: null, warnings: [] },
     compute: null,
     observedAt: null,
   };
@@ -490,7 +490,7 @@ t.test('a stopped shard: its own badge and count, its reason in the row; the out
   const reason = 'process 4242 (llama-server) is stopped (state T: it was sent SIGSTOP, ...). The verdict changes by itself once it runs again.';
   const state: ShardState = {
     shard: { id: 'paused', pid: 4242, cgroup: null, gpus: [0], engine: 'llama.cpp', graceMs: 0, registeredAt: 0, identity: { pid: 4242, pgid: 4242, startTime: 1, name: 'llama-server' } },
-    readiness: { ready: false, state: 'stopped', reason, warnings: ['nvidia-smi cannot be asked, so which GPU memory it holds is unverified: boom'] },
+    readiness: { ready: false, state: 'stopped', cause: 'process-stopped', reason, warnings: ['nvidia-smi cannot be asked, so which GPU memory it holds is unverified: boom'] },
     compute: null,
     observedAt: null,
   };

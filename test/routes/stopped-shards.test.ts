@@ -65,6 +65,7 @@ t.test('a PID shard SIGSTOPped is stopped (503) and keeps its memory; SIGCONT ma
     shard: 'paused',
     ready: false,
     state: 'stopped',
+    cause: 'process-stopped',
     reason:
       `process ${shard.pid} (sh) is stopped (state T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background). ` +
       'A stopped process keeps all its memory, GPU memory included, but answers no request, so traffic sent to it hangs. ' +

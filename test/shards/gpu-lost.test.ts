@@ -6,14 +6,15 @@
 // and test/deploy/alerts.test.ts.
 import t from 'tap';
 import type { LostGpu } from '../../src/node-state/gpu-roster.js';
-import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
-import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
+import type { GpuState } from '../../src/node-state/node-snapshot.js';
+import type { NodeView } from '../../src/node-state/node-view.js';
 import { shardCompute } from '../../src/shards/compute.js';
 import type { EngineAccount } from '../../src/shards/llama-log.js';
 import { readiness } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
+import { handMadeView, procStat, shardRecord } from '../helpers/hand-made-view.js';
 
 const NOW = Date.parse('2026-12-02T12:00:00Z');
 /** GPU 3 as the roster knows it: last listed a minute ago, missing since 55 s ago. */
@@ -22,37 +23,13 @@ const FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU. ' +
   'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
 
-function stat(pid: number, state = 'S'): ProcStat {
-  return { pid, comm: 'llama-server', state, ppid: 1, pgrp: 100, session: 100, startTime: 5 };
-}
-
 /** `extra`: /proc answers other than a stat read (null: no such process; an unreadable stat). */
 function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], lostGpus: LostGpu[] = [LOST_3], extra: Array<[number, StatAnswer]> = []): NodeView {
-  const snapshot: NodeSnapshot = {
-    takenAt: NOW,
-    gpus,
-    proc: new Map<number, StatAnswer>([...stats.map((answer): [number, StatAnswer] => [answer.pid, answer]), ...extra]),
-    cgroupPids: new Map(),
-    bootId: null,
-    unmatchedProcesses: [],
-    lostGpus,
-    timings: { nvidiaSmiMs: 1, procMs: 1 },
-  };
-  return createNodeView(snapshot, shards, 1);
+  return handMadeView({ now: NOW, gpus, stats, otherAnswers: extra, lostGpus }, shards);
 }
 
 function shard(overrides: Partial<ShardRecord> = {}): ShardRecord {
-  return {
-    id: 's',
-    pid: 100,
-    cgroup: null,
-    gpus: [3],
-    engine: 'llama.cpp',
-    graceMs: 10_000,
-    registeredAt: NOW - 120_000,
-    identity: { pid: 100, pgid: 100, startTime: 5, name: 'llama-server' },
-    ...overrides,
-  };
+  return shardRecord(NOW, { gpus: [3], registeredAt: NOW - 120_000, ...overrides });
 }
 
 const verdictOf = (s: ShardRecord, node: NodeView, engine: EngineAccount | null = null) => readiness({ shard: s, node, engine, enginePosted: engine !== null, staleReason: null, now: NOW });
@@ -70,10 +47,11 @@ const CUDA_ENGINE: EngineAccount = { ...CPU_ENGINE, backend: 'CUDA', devices: ['
 
 t.test('a shard on a GPU nvidia-smi no longer lists: gpu-lost, naming the GPU, since when, and what to do', async (t) => {
   const s = shard();
-  const node = view([gpu(0, []), gpu(1, [])], [stat(100)], [s]);
+  const node = view([gpu(0, []), gpu(1, [])], [procStat(100)], [s]);
   t.same(verdictOf(s, node), {
     ready: false,
     state: 'gpu-lost',
+    cause: 'gpu-not-listed',
     reason:
       'placed on GPU 3, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z): ' +
       'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it. ' +
@@ -85,7 +63,7 @@ t.test('a shard on a GPU nvidia-smi no longer lists: gpu-lost, naming the GPU, s
 
 t.test('at once, within its grace too, and whatever the engine said: waiting cannot bring a GPU back', async (t) => {
   const young = shard({ registeredAt: NOW - 1000 });
-  const node = view([gpu(0, [])], [stat(100)], [young]);
+  const node = view([gpu(0, [])], [procStat(100)], [young]);
   for (const [name, engine] of [['no output', null], ['weights on CUDA0', CUDA_ENGINE]] as const) {
     const v = verdictOf(young, node, engine);
     t.same([v.state, v.warnings], ['gpu-lost', []], name);
@@ -98,7 +76,7 @@ t.test('at once, within its grace too, and whatever the engine said: waiting can
 
 t.test('one lost GPU of several: gpu-lost, even while the others are held (its tensor-parallel peer is gone)', async (t) => {
   const s = shard({ gpus: [1, 3] });
-  const node = view([gpu(1, [[100, 70_000]])], [stat(100)], [s]);
+  const node = view([gpu(1, [[100, 70_000]])], [procStat(100)], [s]);
   const v = verdictOf(s, node);
   t.equal(v.state, 'gpu-lost');
   t.match(v.reason, /^placed on GPU 1 and GPU 3, but GPU 3 \(GPU-3, NVIDIA H200\) is no longer listed/);
@@ -108,7 +86,7 @@ t.test('one lost GPU of several: gpu-lost, even while the others are held (its t
 
 t.test('a GPU the roster never saw (gone before nodecompute started) and two lost at once', async (t) => {
   const s = shard({ gpus: [3, 5] });
-  const v = verdictOf(s, view([gpu(0, [])], [stat(100)], [s]));
+  const v = verdictOf(s, view([gpu(0, [])], [procStat(100)], [s]));
   t.equal(v.state, 'gpu-lost');
   t.match(
     v.reason,
@@ -120,18 +98,18 @@ t.test('a GPU the roster never saw (gone before nodecompute started) and two los
 t.test('precedence: exited and stopped come first; gpu-lost comes before unverified, whatever /proc or nvidia-smi hides', async (t) => {
   const s = shard();
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, null]])).state, 'exited', 'its process is gone: nothing to move');
-  t.equal(verdictOf(s, view([gpu(0, [])], [stat(100, 'T')], [s])).state, 'stopped', 'a stopped process: resume it first');
+  t.equal(verdictOf(s, view([gpu(0, [])], [procStat(100, 'T')], [s])).state, 'stopped', 'a stopped process: resume it first');
   const unreadable: UnreadableStat = { pid: 100, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' };
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, unreadable]])).state, 'gpu-lost', 'its own stat unreadable: the GPU list alone decides');
-  const hiddenNode = view([gpu(0, [[4_194_305, 9000]])], [stat(100)], [s], [LOST_3], [[4_194_305, null]]);
+  const hiddenNode = view([gpu(0, [[4_194_305, 9000]])], [procStat(100)], [s], [LOST_3], [[4_194_305, null]]);
   t.not(hiddenNode.processesHidden, null, 'nvidia-smi PIDs of another namespace');
   t.equal(verdictOf(s, hiddenNode).state, 'gpu-lost');
 });
 
 t.test('a GPU listed again, or an index nvidia-smi gives another GPU now, is judged as listed', async (t) => {
   const s = shard({ gpus: [3], graceMs: 0 });
-  const back = view([gpu(3, [[100, 9000]])], [stat(100)], [s], []);
+  const back = view([gpu(3, [[100, 9000]])], [procStat(100)], [s], []);
   t.equal(verdictOf(s, back).state, 'ready');
-  const renumbered = view([gpu(3, [])], [stat(100)], [s]);
+  const renumbered = view([gpu(3, [])], [procStat(100)], [s]);
   t.equal(verdictOf(s, renumbered).state, 'on-cpu', 'index 3 is listed (by another UUID): the shard is judged on that GPU, as the status page says');
 });

@@ -120,7 +120,7 @@ t.test('a zombie shard process has exited and claims no memory', async (t) => {
 
 t.test('without a node view the shard is unverified with the reason', async (t) => {
   const v = verdictOf(shard(), null);
-  t.same(v, { ready: true, state: 'unverified', reason: null, warnings: ['nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out'] });
+  t.same(v, { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', reason: null, warnings: ['nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out'] });
   const bare = readiness({ shard: shard(), node: null, engine: null, staleReason: null, now: NOW });
   t.match(bare.warnings, [/unknown reason/]);
 });
@@ -192,7 +192,7 @@ t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evide
     const verdict = verdictOf(s, node, engine);
     t.equal(shardCompute(s, node, engine, verdict.state).backend, backend, `${name} (${verdict.state})`);
   }
-  t.same(verdictOf(none, idle, cpu), { ready: true, state: 'ready', reason: null, warnings: [] }, 'given no GPU, computing on the CPU as its engine says: ready, not on-cpu');
+  t.same(verdictOf(none, idle, cpu), { ready: true, state: 'ready', cause: null, reason: null, warnings: [] }, 'given no GPU, computing on the CPU as its engine says: ready, not on-cpu');
   const hidden = view([gpu(0, [[90_000, 500]])], [stat(100, 100, 5)], [placed], [[90_000, null]]);
   t.equal(verdictOf(placed, hidden).state, 'unverified');
   t.equal(shardCompute(placed, hidden, null, 'unverified').backend, null, 'unverified: no evidence either way');
@@ -207,8 +207,8 @@ t.test('two shards started by one script share its process group: each engine ch
   const scripted = [child(100, 99, 5), child(101, 99, 6), child(102, 100, 7), child(103, 101, 8)];
   const node = view([gpu(0, [[102, 70_000]]), gpu(1, [[103, 70_000]])], scripted, [b, a]);
   t.same([...node.attribution.ownerByPid].sort(), [[102, 'a'], [103, 'b']]);
-  t.same(verdictOf(a, node), { ready: true, state: 'ready', reason: null, warnings: [] }, 'a holds GPU 0 and no stray GPU');
-  t.same(verdictOf(b, node), { ready: true, state: 'ready', reason: null, warnings: [] }, 'b holds GPU 1, not on-cpu');
+  t.same(verdictOf(a, node), { ready: true, state: 'ready', cause: null, reason: null, warnings: [] }, 'a holds GPU 0 and no stray GPU');
+  t.same(verdictOf(b, node), { ready: true, state: 'ready', cause: null, reason: null, warnings: [] }, 'b holds GPU 1, not on-cpu');
 
   // A process of the group that descends from neither (a helper the script started, or an orphan):
   // either shard could own it, so neither does, and its memory reads as foreign.
@@ -235,7 +235,7 @@ t.test('a shard whose own stat cannot be read this refresh keeps serving, unveri
     "Whether it still runs is unverified, so it keeps serving. Raise the container's open-file limit (nofile, for example 65536).";
   t.same(node.attribution.liveness.get('s'), { state: 'unreadable', why });
   const v = verdictOf(s, node, null, 'the last refresh failed: boom');
-  t.same(v, { ready: true, state: 'unverified', reason: null, warnings: ['answered from an older snapshot: the last refresh failed: boom', why] }, 'not exited: no evidence that it is gone');
+  t.same(v, { ready: true, state: 'unverified', cause: 'stat-unreadable', reason: null, warnings: ['answered from an older snapshot: the last refresh failed: boom', why] }, 'not exited: no evidence that it is gone');
   t.same([...node.attribution.ownerByPid].sort(), [[100, 's'], [101, 's']], 'it keeps its PID and its registered group');
   t.equal(node.processesHidden, null, 'an unreadable stat is not a PID of another namespace');
 });
@@ -470,19 +470,20 @@ t.test('without nvidia-smi: /proc liveness and the engine\'s account still decid
   const judged = (input: { shard?: ShardRecord; liveness?: Liveness; engine?: EngineAccount | null; engineTicks?: number }) =>
     readiness({ shard: input.shard ?? s, node: null, engine: input.engine ?? null, staleReason: null, now: NOW, unavailable: 'nvidia-smi timed out', ...input });
   const unverified = 'nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out';
-  t.same(judged({ liveness: { state: 'gone', why: 'process 100 no longer exists' } }), { ready: false, state: 'exited', reason: "the shard's process exited: process 100 no longer exists.", warnings: [] });
+  t.same(judged({ liveness: { state: 'gone', why: 'process 100 no longer exists' } }), { ready: false, state: 'exited', cause: 'process-exited', reason: "the shard's process exited: process 100 no longer exists.", warnings: [] });
   t.same(judged({ liveness: { state: 'gone', why: 'x' }, engine: cpu }).state, 'exited', 'gone outranks what the engine said');
   t.same(judged({ liveness: { state: 'alive' }, engine: cpu }), {
     ready: false,
     state: 'on-cpu',
+    cause: 'engine-gpu-backend-failed',
     reason: "placed on GPU 0 but computing on the CPU: the engine itself reports it. llama.cpp failed to initialize CUDA. Its GPU backend did not load. " +
       "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.",
     warnings: ["nvidia-smi cannot be asked, so this verdict rests on the engine's own output: nvidia-smi timed out"],
   });
   t.equal(judged({ engine: cpu }).state, 'on-cpu', 'no /proc facts: the engine\'s word still holds');
-  t.same(judged({ liveness: { state: 'alive' } }), { ready: true, state: 'unverified', reason: null, warnings: [unverified] });
+  t.same(judged({ liveness: { state: 'alive' } }), { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', reason: null, warnings: [unverified] });
   t.same(judged({ shard: { ...s, gpus: [] }, liveness: { state: 'alive' }, engine: cpu }).state, 'unverified', 'a shard given no GPU is not on-cpu for computing on the CPU');
-  t.same(judged({ liveness: { state: 'unreadable', why: 'EMFILE' }, engine: cpu }), { ready: true, state: 'unverified', reason: null, warnings: [unverified, 'EMFILE'] });
+  t.same(judged({ liveness: { state: 'unreadable', why: 'EMFILE' }, engine: cpu }), { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', reason: null, warnings: [unverified, 'EMFILE'] });
   const pod = shard({ id: 'pod', pid: null, cgroup: POD_UID, gpus: [0] });
   const restarted = judged({ shard: pod, liveness: { state: 'alive', oldestStart: 700 }, engine: cpu, engineTicks: 600 });
   t.equal(restarted.state, 'unverified', "an earlier run's CPU decides nothing");

@@ -84,6 +84,7 @@ t.test('a PID shard stopped by a signal (T): stopped, 503, the reason says what,
   t.same(v, {
     ready: false,
     state: 'stopped',
+    cause: 'process-stopped',
     reason:
       'process 100 (llama-server) is stopped (state T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background). ' +
       `${KEEPS} Resume it with \`kill -CONT 100\`, or \`fg\` in that terminal. ${BY_ITSELF}`,
@@ -126,6 +127,7 @@ t.test('a running shard whose GPU worker is stopped (a tensor-parallel rank) is 
   t.same(v, {
     ready: false,
     state: 'stopped',
+    cause: 'process-stopped',
     reason:
       'a process of it that holds its GPU memory is stopped while the rest of it runs: 102 (worker-1, state T, on GPU 1). ' +
       'A stopped worker (a tensor-parallel rank, say) stalls every request that needs it. ' +
@@ -210,6 +212,7 @@ t.test('nvidia-smi failing: /proc still says stopped, with or without an engine 
   t.same(v, {
     ready: false,
     state: 'stopped',
+    cause: 'process-stopped',
     reason: v.reason,
     warnings: ['nvidia-smi cannot be asked, so which GPU memory it holds is unverified: nvidia-smi timed out'],
   });
