@@ -10,6 +10,7 @@ import { NVIDIA_SMI_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
 import type { LostGpu } from './node-state/gpu-roster.js';
 import type { NodeView } from './node-state/node-view.js';
+import { placedIndices } from './node-state/placement.js';
 import { READINESS_STATES } from './shards/readiness.js';
 import type { ShardState } from './shards/shard-service.js';
 import type { QueryName, QueryObservation } from './system/nvidia-smi.js';
@@ -86,7 +87,7 @@ export function createMetrics(): Metrics {
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
   const shardPlaced = gauge(
     'nodecompute_shard_gpu_placed',
-    '1 for each GPU a shard was placed on (its registration). Memory a shard holds on a GPU it was not placed on is stray.',
+    '1 for each GPU a shard was placed on (its registration), under the index nvidia-smi gives that GPU now; a placed GPU no longer listed has none. Memory a shard holds on a GPU it was not placed on is stray.',
     ['shard', 'gpu'],
   );
   const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
@@ -182,7 +183,7 @@ export function createMetrics(): Metrics {
       for (const gpu of lostGpus) lost.set({ gpu: String(gpu.index), uuid: gpu.uuid }, 1);
       for (const { shard, readiness } of shards) {
         shardReady.set({ shard: shard.id }, readiness.ready ? 1 : 0);
-        for (const gpu of shard.gpus) shardPlaced.set({ shard: shard.id, gpu: String(gpu) }, 1);
+        for (const gpu of placedIndices(shard, node?.snapshot.gpus ?? null)) shardPlaced.set({ shard: shard.id, gpu: String(gpu) }, 1);
         for (const state of READINESS_STATES) shardState.set({ shard: shard.id, state }, state === readiness.state ? 1 : 0);
       }
     },

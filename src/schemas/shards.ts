@@ -62,7 +62,11 @@ export const ShardRecordSchema = Type.Object({
   id: Type.String({ description: 'Shard id.' }),
   pid: Nullable(Type.Integer(), 'The registered PID; null for a cgroup shard.'),
   cgroup: Nullable(Type.String(), 'The registered cgroup string; null for a PID shard.'),
-  gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given.' }),
+  gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given, as nvidia-smi numbered them at registration.' }),
+  gpuUuids: Nullable(
+    Type.Array(Type.String()),
+    "The UUIDs of those GPUs at registration, in the same order: the shard is judged on these devices, under the index nvidia-smi gives them now (it renumbers the GPUs after one drops out). Null when nvidia-smi could not be asked at registration (the GPUs were taken on trust, and are judged by index).",
+  ),
   engine: EngineSchema,
   graceMs: Type.Integer({ description: 'Grace window in milliseconds.' }),
   registeredAt: Type.String({

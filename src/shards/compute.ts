@@ -1,7 +1,7 @@
 // Owns the answer to "where does this shard compute, as nvidia-smi sees it": the assigned GPUs its
-// processes hold memory on (devices), the GPUs it holds but was not given (strays), and the
-// engine's own account when it posted its output. The backend says only what is known, since a
-// control plane acts on CPU as a fallback to fix:
+// processes hold memory on (devices, by their index in the listing: see placement.ts), the GPUs it
+// holds but was not given (strays), and the engine's own account when it posted its output. The
+// backend says only what is known, since a control plane acts on CPU as a fallback to fix:
 //   CUDA  the shard holds memory on some GPU (one it was not given still counts: strayGpus says which),
 //         unless its verdict is on-cpu because the engine itself says CPU (a CUDA build that fell
 //         back still holds a CUDA context on the GPU), or it is stopped;
@@ -13,6 +13,7 @@
 //         its memory).
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
+import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount } from './llama-log.js';
 import type { ReadinessState } from './readiness.js';
 import type { ShardRecord } from './shard.js';
@@ -54,7 +55,7 @@ function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount 
 /** `state`: the shard's readiness verdict on the same view, which says whether CPU is known. */
 export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, state: ReadinessState): ShardCompute {
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
-  const assigned = new Set(shard.gpus);
+  const assigned = new Set(placedIndices(shard, node.snapshot.gpus));
   const gpus = held.filter((holding) => assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
   const strayGpus = held.filter((holding) => !assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
   return {

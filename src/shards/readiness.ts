@@ -34,11 +34,14 @@
 // asked, /proc (read by the failed refresh, see node-service.ts) still makes a shard exited or
 // stopped, and the engine's account still makes it on-cpu; only what nvidia-smi alone can show
 // stays unverified.
+// A shard is judged on the devices its registration named, under the index nvidia-smi gives each now
+// (node-state/placement.ts): after nvidia-smi renumbers the GPUs, a warning says so.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
 import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
+import { placementOf, type Renumbered, type UnlistedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
@@ -284,18 +287,20 @@ function onCpuVerdict(
   return verdict('on-cpu', 'no-gpu-memory', `${placedOnCpu(shard)}: ${held}. ${engineNote(shard, engine, noAccount)}`, warnings);
 }
 
-/** Given GPUs the latest listing does not have (by index, as the shard was given them). */
-function unlistedGpus(shard: ShardRecord, node: NodeView): number[] {
-  return shard.gpus.filter((index) => !node.snapshot.gpus.some((gpu) => gpu.index === index));
+/** One unlisted GPU, as the roster knows it (what it was and since when it is missing), or as not known to this run. */
+function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
+  const lost = node.snapshot.lostGpus.find((gpu) => (uuid === undefined ? gpu.index === index : gpu.uuid === uuid));
+  if (lost !== undefined) return `${gpuNoLongerListed({ ...lost, index })} (missing since ${new Date(lost.lostAt).toISOString()})`;
+  if (uuid !== undefined) return `GPU ${index} (${uuid}) is not listed by nvidia-smi (it was already missing when nodecompute started)`;
+  return `GPU ${index} is not listed by nvidia-smi (it was already missing when nodecompute started, or nvidia-smi numbers the GPUs differently since a GPU went)`;
 }
 
-/** One unlisted GPU, as the roster knows it (what it was and since when it is missing), or as not known to this run. */
-function unlistedGpu(index: number, node: NodeView): string {
-  const lost = node.snapshot.lostGpus.find((gpu) => gpu.index === index);
-  if (lost === undefined) {
-    return `GPU ${index} is not listed by nvidia-smi (it was already missing when nodecompute started, or nvidia-smi numbers the GPUs differently since a GPU went)`;
-  }
-  return `${gpuNoLongerListed(lost)} (missing since ${new Date(lost.lostAt).toISOString()})`;
+/** A given GPU nvidia-smi lists under another index now, as a warning: the verdict follows the device. */
+function renumberedWarning({ registered, now, uuid }: Renumbered): string {
+  return (
+    `GPU ${registered} as registered (${uuid}) is GPU ${now} now: nvidia-smi renumbered the GPUs after one went, and this shard is judged on GPU ${now}, the same device. ` +
+    `An engine restarted with GPUs named by index (CUDA_VISIBLE_DEVICES=${registered}) would land on another device: name them by UUID, or PUT the shard with its new gpus`
+  );
 }
 
 /**
@@ -303,12 +308,12 @@ function unlistedGpu(index: number, node: NodeView): string {
  * meanwhile the shard needs other GPUs. It rests on the GPU list alone (no time in it, so it is
  * cached like a ready verdict); an engine that says CPU is a warning, for once it has GPUs again.
  */
-function gpuLostVerdict(shard: ShardRecord, unlisted: number[], node: NodeView, engine: EngineAccount | null, warnings: string[]): Readiness {
+function gpuLostVerdict(shard: ShardRecord, unlisted: UnlistedGpu[], node: NodeView, engine: EngineAccount | null, warnings: string[]): Readiness {
   if (engineSaysCpu(engine)) {
     warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it has GPUs again, it reads on-cpu`);
   }
   const reason =
-    `placed on ${gpuList(shard.gpus)}, but ${unlisted.map((index) => unlistedGpu(index, node)).join('; ')}: ${LOST_GPU_MEANING} ` +
+    `placed on ${gpuList(shard.gpus)}, but ${unlisted.map((gpu) => unlistedGpu(gpu, node)).join('; ')}: ${LOST_GPU_MEANING} ` +
     `This shard cannot serve as placed. ${LOST_GPU_FIX} ` +
     'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
   return verdict('gpu-lost', 'gpu-not-listed', reason, warnings);
@@ -410,19 +415,22 @@ function begun(shard: ShardRecord, evidenceAt: number): string {
 }
 
 export function readiness(input: ReadinessInput): Readiness {
-  const { shard, node, now } = input;
+  const { node, now } = input;
   if (node === null) return withoutNvidiaSmi(input);
+  const placement = placementOf(input.shard, node.snapshot.gpus);
+  // Judged on its GPUs' indices in this listing: the registered ones unless nvidia-smi renumbered them.
+  const shard = placement.renumbered.length === 0 ? input.shard : { ...input.shard, gpus: placement.indices };
+  const renumbered = placement.renumbered.map(renumberedWarning);
   const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
-    return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...unheldWhileStopped(shard, node)]);
+    return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...renumbered, ...unheldWhileStopped(shard, node)]);
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
-  const warnings = warningsFor(shard, node, engine, input.staleReason);
+  const warnings = [...warningsFor(shard, node, engine, input.staleReason), ...renumbered];
   if (setAside !== null) warnings.push(setAside);
-  const unlisted = unlistedGpus(shard, node);
-  if (unlisted.length > 0) return gpuLostVerdict(shard, unlisted, node, engine, warnings);
+  if (placement.unlisted.length > 0) return gpuLostVerdict(input.shard, placement.unlisted, node, engine, warnings);
   if (liveness.state === 'unreadable') return verdict('unverified', 'stat-unreadable', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) return engineCpuVerdict(shard, engine, node, warnings);

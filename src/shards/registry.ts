@@ -30,6 +30,7 @@ const PersistedShardSchema = Type.Object({
   pid: Type.Union([Type.Integer({ minimum: 1 }), Type.Null()]),
   cgroup: Type.Union([Type.String({ minLength: 1 }), Type.Null()]),
   gpus: Type.Array(Type.Integer({ minimum: 0 })),
+  gpuUuids: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
   engine: Type.Union(ENGINES.map((engine) => Type.Literal(engine))),
   graceMs: Type.Integer({ minimum: 0 }),
   registeredAt: Type.Integer({ minimum: 0 }),
@@ -172,8 +173,16 @@ function sameRun(a: ShardRecord, b: ShardRecord): boolean {
   return sameTarget(a, b) && sameProcess(a.identity, b.identity);
 }
 
-function sameGpus(a: readonly number[], b: readonly number[]): boolean {
-  return a.length === b.length && a.every((index) => b.includes(index));
+function sameMembers<T>(a: readonly T[], b: readonly T[]): boolean {
+  return a.length === b.length && a.every((member) => b.includes(member));
+}
+
+/**
+ * The same GPUs: the same devices where both registrations know their UUIDs (after nvidia-smi
+ * renumbers, another index can name the same GPU, and the same index another), else the same indices.
+ */
+function sameGpus(a: ShardRecord, b: ShardRecord): boolean {
+  return a.gpuUuids !== undefined && b.gpuUuids !== undefined ? sameMembers(a.gpuUuids, b.gpuUuids) : sameMembers(a.gpus, b.gpus);
 }
 
 /** Every field but the registration time. */
@@ -182,7 +191,8 @@ function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
     a.id === b.id &&
     a.pid === b.pid &&
     a.cgroup === b.cgroup &&
-    sameGpus(a.gpus, b.gpus) &&
+    sameMembers(a.gpus, b.gpus) &&
+    a.gpuUuids?.join() === b.gpuUuids?.join() &&
     a.engine === b.engine &&
     a.graceMs === b.graceMs &&
     a.identity.pid === b.identity.pid &&
@@ -232,7 +242,7 @@ function conflictError(record: ShardRecord, { other, relation }: Conflict): Erro
  * on from the same start); otherwise the new one, whose grace starts now.
  */
 function replacement(previous: ShardRecord | undefined, record: ShardRecord): { stored: ShardRecord; graceKept: boolean; unchanged: boolean } {
-  if (previous === undefined || !sameRun(previous, record) || !sameGpus(previous.gpus, record.gpus)) return { stored: record, graceKept: false, unchanged: false };
+  if (previous === undefined || !sameRun(previous, record) || !sameGpus(previous, record)) return { stored: record, graceKept: false, unchanged: false };
   if (sameRegistration(previous, record)) return { stored: previous, graceKept: true, unchanged: true };
   return { stored: { ...record, registeredAt: previous.registeredAt }, graceKept: true, unchanged: false };
 }

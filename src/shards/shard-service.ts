@@ -81,7 +81,7 @@ const INIT_PID = 1;
 const KTHREADD_PID = 2;
 
 export function shardBody(shard: ShardRecord): ShardRecordBody {
-  return { ...shard, registeredAt: new Date(shard.registeredAt).toISOString() };
+  return { ...shard, gpuUuids: shard.gpuUuids ?? null, registeredAt: new Date(shard.registeredAt).toISOString() };
 }
 
 export function createShardService(deps: ShardServiceDeps) {
@@ -259,21 +259,21 @@ export function createShardService(deps: ShardServiceDeps) {
   }
 
   /**
-   * GPU indices are checked against the node when nvidia-smi answers; otherwise they are taken on
-   * trust, and this says why (nvidia-smi's failure); null when they were checked.
+   * GPU indices are checked against the node when nvidia-smi answers, and each one's UUID kept
+   * (placement.ts); otherwise they are taken on trust, and `unchecked` says why (nvidia-smi's failure).
    */
-  async function checkGpus(gpus: number[]): Promise<string | null> {
-    if (gpus.length === 0) return null;
+  async function checkGpus(gpus: number[]): Promise<{ unchecked: string | null; uuids?: string[] }> {
+    if (gpus.length === 0) return { unchecked: null, uuids: [] };
     let snapshot: NodeSnapshot;
     try {
       snapshot = (await node.current()).view.snapshot;
     } catch (err) {
       if (!isCodedError(err)) throw err;
-      return err.message;
+      return { unchecked: err.message };
     }
     const known = snapshot.gpus.map((gpu) => gpu.index);
     const unknown = gpus.filter((index) => !known.includes(index));
-    if (unknown.length === 0) return null;
+    if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
     const lost = snapshot.lostGpus.filter((gpu) => unknown.includes(gpu.index) && !known.includes(gpu.index));
     const lostNote = lost.map((gpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}: ${LOST_GPU_MEANING}`).join('');
     throw new UnknownGpuError(
@@ -404,20 +404,27 @@ export function createShardService(deps: ShardServiceDeps) {
             : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
         );
       }
-      const recordOf = (identity: ProcessIdentity): ShardRecord => ({
+      const recordOf = (identity: ProcessIdentity, gpuUuids: string[] | undefined): ShardRecord => ({
         id,
         pid: body.pid ?? null,
         cgroup: body.cgroup ?? null,
         gpus: [...body.gpus],
+        ...(gpuUuids === undefined ? {} : { gpuUuids }),
         engine: body.engine ?? 'other',
         graceMs: body.graceMs ?? deps.defaultGraceMs,
         registeredAt: now(),
         identity,
       });
+      // Until nvidia-smi answers, the UUIDs the same GPUs had in this id's registration (unchecked, they
+      // are the best knowledge of which devices are meant).
+      const uuidsBefore = (): string[] | undefined => {
+        const before = registry.get(id);
+        return before !== undefined && before.gpus.join() === body.gpus.join() ? before.gpuUuids : undefined;
+      };
       const target = (repeats: (identity: ProcessIdentity) => boolean) =>
         readable(body.pid !== undefined ? targetOfPid(body.pid, repeats) : targetOfCgroup(body.cgroup as string));
-      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity), overlaps, (stored) => registered(id, stored));
-      const [read, unchecked] = await Promise.all([target((identity) => registry.repeats(recordOf(identity))), checkGpus(body.gpus)]);
+      const [read, { unchecked, uuids }] = await Promise.all([target((identity) => registry.repeats(recordOf(identity, uuidsBefore()))), checkGpus(body.gpus)]);
+      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids ?? uuidsBefore()), overlaps, (stored) => registered(id, stored));
       const { created, shard, unchanged } = await put(read).catch(async (err: unknown) => {
         if (!(err instanceof NotARepeatError)) throw err;
         // Read as a repeat, the id was removed or changed before it was decided: judged in full now.

@@ -30,6 +30,12 @@ export interface ShardRecord {
   pid: number | null;
   cgroup: string | null;
   gpus: number[];
+  /**
+   * The UUIDs of `gpus` at registration, in the same order: the shard is judged on these devices
+   * under whatever index nvidia-smi gives them later (node-state/placement.ts). Absent when
+   * nvidia-smi could not be asked at registration, or in a registration stored before they were kept.
+   */
+  gpuUuids?: string[];
   engine: Engine;
   /** How long after registration the shard may go without holding its GPUs before it is on-cpu. */
   graceMs: number;

@@ -11,6 +11,7 @@ import { formatHeldMemory, formatMemory, formatMemoryUse } from '../memory-size.
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { LostGpu } from '../node-state/gpu-roster.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
+import { placedIndices, placementOf } from '../node-state/placement.js';
 import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import { READINESS_STATES, type ReadinessState } from '../shards/readiness.js';
@@ -134,11 +135,11 @@ export interface GpuModel {
 /** A GPU nvidia-smi listed earlier and no longer lists: no memory figures, as its memory is unknown (not free). */
 export interface LostGpuModel extends LostGpu {
   /**
-   * The UUID of the GPU nvidia-smi lists under this index now (it renumbered the GPUs after this one),
-   * whose row shows the shards given the index; null when no GPU has the index.
+   * The UUID of the GPU nvidia-smi lists under this index now (it renumbered the GPUs after this one);
+   * null when no GPU has the index.
    */
   indexTakenBy: string | null;
-  /** The shards given its index, when no other GPU has taken it: their verdicts say what it means for them. */
+  /** The shards placed on it (placement.ts: by UUID; by index where registered without): their verdicts say what it means for them. */
   placed: Array<{ id: string; state: ReadinessState; color: number }>;
 }
 
@@ -250,7 +251,7 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
     // With a node view every shard has a compute answer.
     const usage = [...compute!.gpus, ...compute!.strayGpus].find((held) => held.index === gpu.index);
     if (!usage) continue;
-    const stray = !shard.gpus.includes(gpu.index);
+    const stray = compute!.strayGpus.includes(usage);
     segments.push({
       kind: 'shard',
       label: shard.id,
@@ -286,16 +287,15 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
   return segments;
 }
 
-/**
- * The GPUs `known` (the snapshot served, or past max-stale the last good one) says are lost. Shards
- * given a lost GPU's index are placed on it only while no listed GPU has that index: once nvidia-smi
- * renumbers the rest, they are judged on the GPU that took it.
- */
+/** The GPUs `known` (the snapshot served, or past max-stale the last good one) says are lost, with the shards placed on each. */
 function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>): LostGpuModel[] {
   if (known === null) return [];
+  const unlisted = states.map((state) => ({ state, unlisted: placementOf(state.shard, known.gpus).unlisted }));
   return known.lostGpus.map((gpu) => {
     const indexTakenBy = known.gpus.find((listed) => listed.index === gpu.index)?.uuid ?? null;
-    const placed = indexTakenBy === null ? states.filter(({ shard }) => shard.gpus.includes(gpu.index)) : [];
+    const placed = unlisted
+      .filter(({ unlisted: gone }) => gone.some(({ index, uuid }) => (uuid === undefined ? index === gpu.index : uuid === gpu.uuid)))
+      .map(({ state }) => state);
     return {
       index: gpu.index,
       uuid: gpu.uuid,
@@ -329,7 +329,9 @@ export function statusModel(input: StatusInput): StatusModel {
   for (const { readiness } of input.states) counts[readiness.state] += 1;
   // foreignMemory answers one entry per GPU, in the snapshot's order.
   const foreign = input.node ? foreignMemory(input.node) : [];
-  const gpus = (input.node?.snapshot.gpus ?? []).map((gpu, i): GpuModel => {
+  const listed = input.node?.snapshot.gpus ?? [];
+  const placed = new Map(input.states.map(({ shard }) => [shard.id, placedIndices(shard, listed)]));
+  const gpus = listed.map((gpu, i): GpuModel => {
     const segments = segmentsOf(gpu, foreign[i]!, input.states, colors);
     const holders = new Set(segments.filter((segment) => segment.kind === 'shard').map((segment) => segment.label));
     return {
@@ -342,7 +344,7 @@ export function statusModel(input: StatusInput): StatusModel {
       memoryKnown: gpu.totalMiB !== null && gpu.usedMiB !== null && segments.some((segment) => widthOf(segment) > 0),
       segments,
       foreignProcesses: foreign[i]!.foreignProcesses,
-      idleShards: input.states.filter(({ shard }) => shard.gpus.includes(gpu.index) && !holders.has(shard.id)).map(({ shard }) => shard.id),
+      idleShards: input.states.filter(({ shard }) => placed.get(shard.id)!.includes(gpu.index) && !holders.has(shard.id)).map(({ shard }) => shard.id),
     };
   });
   const shards = input.states.map(({ shard, readiness, compute }): ShardRow => ({
@@ -405,8 +407,16 @@ function lostLine(gpu: LostGpuModel, now: number): string {
 
 /** Where the shards placed on a lost GPU are, as its row says it. */
 function placedOn(gpu: LostGpuModel): string {
-  if (gpu.indexTakenBy !== null) return `nvidia-smi lists ${gpu.indexTakenBy} as GPU ${gpu.index} now: shards given GPU ${gpu.index} are judged on that one`;
-  return gpu.placed.length === 0 ? 'no shard is placed on it' : `placed on it: ${gpu.placed.map((shard) => `${shard.id} (${shard.state})`).join(', ')}`;
+  const placed = gpu.placed.length === 0 ? NOT_PLACED : `placed on it: ${gpu.placed.map((shard) => `${shard.id} (${shard.state})`).join(', ')}`;
+  const taken = indexTakenNote(gpu);
+  return taken === null ? placed : `${taken}; ${placed}`;
+}
+
+const NOT_PLACED = 'no shard is placed on it';
+
+/** Which GPU has the lost one's index now, if nvidia-smi renumbered the GPUs after it. */
+function indexTakenNote(gpu: LostGpuModel): string | null {
+  return gpu.indexTakenBy === null ? null : `nvidia-smi lists ${gpu.indexTakenBy} as GPU ${gpu.index} now`;
 }
 
 /**
@@ -479,7 +489,9 @@ function lostGpuHtml(gpu: LostGpuModel, now: number): string {
           (shard) =>
             `<li><i class="sw shard ${colourClass(shard.color)}" aria-hidden="true"></i>${escapeHtml(shard.id)}: placed on it, <span class="badge ${shard.state}">${shard.state}</span></li>`,
         )
-      : [`<li>${escapeHtml(placedOn(gpu))}</li>`];
+      : [`<li>${NOT_PLACED}</li>`];
+  const taken = indexTakenNote(gpu);
+  if (taken !== null) placed.unshift(`<li>${escapeHtml(taken)}</li>`);
   return `<div class="gpu lost">
 <div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span><span class="badge gpu-lost">lost</span></div>
 <div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>

@@ -95,6 +95,15 @@ t.test('a GPU the roster never saw (gone before nodecompute started) and two los
   );
 });
 
+t.test('registered with its UUID: the roster is asked by UUID, whatever index the GPU had when it went', async (t) => {
+  const s = shard({ gpuUuids: ['GPU-3'] });
+  const renumberedFirst: LostGpu = { ...LOST_3, index: 2 };
+  const known = verdictOf(s, view([gpu(0, [])], [procStat(100)], [s], [renumberedFirst]));
+  t.match(known.reason, 'placed on GPU 3, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z)', 'the index it was registered with');
+  const unknown = verdictOf(s, view([gpu(0, [])], [procStat(100)], [s], []));
+  t.match(unknown.reason, 'placed on GPU 3, but GPU 3 (GPU-3) is not listed by nvidia-smi (it was already missing when nodecompute started):');
+});
+
 t.test('precedence: exited and stopped come first; gpu-lost comes before unverified, whatever /proc or nvidia-smi hides', async (t) => {
   const s = shard();
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, null]])).state, 'exited', 'its process is gone: nothing to move');

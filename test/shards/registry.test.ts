@@ -499,6 +499,19 @@ t.test('a replacement for the same target and GPUs keeps the registration time (
   );
 });
 
+t.test('with GPU UUIDs, the same GPUs are the same devices: a new index for one keeps the grace clock, the same index for another restarts it', async (t) => {
+  const dir = t.testdir({});
+  const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
+  const first = { ...record('a'), gpus: [2], gpuUuids: ['GPU-c'], registeredAt: 100 };
+  await registry.put(first);
+  t.same(JSON.parse(readFileSync(join(dir, 's.json'), 'utf8')).shards[0].gpuUuids, ['GPU-c'], 'kept in the state file');
+  t.same((await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log })).get('a')?.gpuUuids, ['GPU-c'], 'and read back');
+  t.match(await registry.put({ ...first, gpus: [1], registeredAt: 200 }), { graceKept: true, unchanged: false, shard: { gpus: [1], registeredAt: 100 } }, 'renumbered: the same device under its new index');
+  t.match(await registry.put({ ...first, gpus: [1], gpuUuids: ['GPU-b'], registeredAt: 300 }), { graceKept: false, shard: { registeredAt: 300 } }, 'the same index, another device: the grace restarts');
+  t.match(await registry.put({ ...first, gpus: [1], gpuUuids: undefined, registeredAt: 400 }), { graceKept: true, unchanged: false, shard: { registeredAt: 300 } }, 'taken on trust: judged by index, stored without UUIDs');
+  t.equal(registry.get('a')?.gpuUuids, undefined);
+});
+
 t.test('a repeated registration with nothing queued is answered without a write or a new registry version', async (t) => {
   const dir = t.testdir({});
   const path = join(dir, 's.json');

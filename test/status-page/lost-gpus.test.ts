@@ -126,20 +126,24 @@ t.test('a lost GPU keeps its row in its index position: struck out, a lost badge
   t.notMatch(text, 'As of the last good snapshot', 'the snapshot is current');
 });
 
-t.test('GPUs renumbered after the loss: the lost row comes before the GPU listed under its index now, which holds the shards given it', async (t) => {
-  // nvidia-smi numbers the GPUs that are left 0 to 6: GPU-4 is GPU 3 now, and the shard given GPU 3 computes there.
+t.test('GPUs renumbered after the loss: the lost row comes before the GPU listed under its index now, and lists the shards of its own device', async (t) => {
+  // nvidia-smi numbers the GPUs that are left 0 to 6: GPU-4 is GPU 3 now. llama-a was given GPU 3
+  // without its UUID (taken on trust): judged by index, it computes there. llama-b was given GPU 3
+  // with its UUID, GPU-3: that device is lost.
   const gpus = [0, 1, 2, 4, 5, 6, 7].map((was, index) => ({ ...gpuState(index, index === 3 ? [[100, 20480]] : []), uuid: `GPU-${was}` }));
   for (const gpu of gpus) for (const process of gpu.processes) process.gpuUuid = gpu.uuid;
-  const model = statusModel(input(snapshotOf(gpus, [LOST_3], [100]), [shard('llama-a', 100, [3])]));
-  t.match(model.lostGpus, [{ index: 3, uuid: 'GPU-3', indexTakenBy: 'GPU-4', placed: [] }]);
-  t.equal(model.shards[0]!.state, 'ready', 'judged on the GPU numbered 3 now');
+  const byUuid = { ...shard('llama-b', 101, [3]), gpuUuids: ['GPU-3'] };
+  const model = statusModel(input(snapshotOf(gpus, [LOST_3], [100, 101]), [shard('llama-a', 100, [3]), byUuid]));
+  t.match(model.lostGpus, [{ index: 3, uuid: 'GPU-3', indexTakenBy: 'GPU-4', placed: [{ id: 'llama-b', state: 'gpu-lost' }] }]);
+  t.same(model.shards.map((row) => row.state), ['ready', 'gpu-lost'], 'llama-a judged on the GPU numbered 3 now, llama-b on its own device');
   const html = renderHtml(model);
   t.same(htmlRows(html), ['0', '1', '2', '3 lost', '3', '4', '5', '6']);
-  t.match(lostBlock(html, 3), '<li>nvidia-smi lists GPU-4 as GPU 3 now: shards given GPU 3 are judged on that one</li>');
+  t.match(lostBlock(html, 3), /<li>nvidia-smi lists GPU-4 as GPU 3 now<\/li><li><i class="sw shard [^"]+" aria-hidden="true"><\/i>llama-b: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/);
   t.notMatch(lostBlock(html, 3), 'llama-a');
   const rows = textRows(renderText(model));
-  t.match(rows[3]!, /^3\s+NVIDIA H200 \(LOST\)\s+\[.*\]\s+unknown\s+nvidia-smi lists GPU-4 as GPU 3 now: shards given GPU 3 are judged on that one$/);
-  t.match(rows[4]!, /^3\s+NVIDIA H200\s+\[#/, 'the GPU numbered 3 now, holding the shard');
+  t.match(rows[3]!, /^3\s+NVIDIA H200 \(LOST\)\s+\[.*\]\s+unknown\s+nvidia-smi lists GPU-4 as GPU 3 now; placed on it: llama-b \(gpu-lost\)$/);
+  t.match(rows[4]!, /^3\s+NVIDIA H200\s+\[#/, 'the GPU numbered 3 now, holding llama-a');
+  t.notMatch(rows[4]!, 'llama-b', 'llama-b is not idle on a GPU that is not its own');
 });
 
 t.test('a lost GPU with no shard placed on it says so; a lost last GPU comes last; what nvidia-smi called it is escaped', async (t) => {
