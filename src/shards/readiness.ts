@@ -418,13 +418,15 @@ export function readiness(input: ReadinessInput): Readiness {
   const { node, now } = input;
   if (node === null) return withoutNvidiaSmi(input);
   const placement = placementOf(input.shard, node.snapshot.gpus);
-  // Judged on its GPUs' indices in this listing: the registered ones unless nvidia-smi renumbered them.
-  const shard = placement.renumbered.length === 0 ? input.shard : { ...input.shard, gpus: placement.indices };
+  // Judged on its GPUs' indices in this listing: the registered ones unless some went or were renumbered.
+  const moved = placement.renumbered.length > 0 || placement.unlisted.length > 0;
+  const shard = moved ? { ...input.shard, gpus: placement.indices } : input.shard;
   const renumbered = placement.renumbered.map(renumberedWarning);
   const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
-    return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...renumbered, ...unheldWhileStopped(shard, node)]);
+    const lost = placement.unlisted.map((gpu) => `${unlistedGpu(gpu, node)}: once it runs again, it reads gpu-lost`);
+    return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...renumbered, ...lost, ...unheldWhileStopped(shard, node)]);
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;

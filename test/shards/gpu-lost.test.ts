@@ -107,7 +107,13 @@ t.test('registered with its UUID: the roster is asked by UUID, whatever index th
 t.test('precedence: exited and stopped come first; gpu-lost comes before unverified, whatever /proc or nvidia-smi hides', async (t) => {
   const s = shard();
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, null]])).state, 'exited', 'its process is gone: nothing to move');
-  t.equal(verdictOf(s, view([gpu(0, [])], [procStat(100, 'T')], [s])).state, 'stopped', 'a stopped process: resume it first');
+  const stopped = verdictOf(s, view([gpu(0, [])], [procStat(100, 'T')], [s]));
+  t.equal(stopped.state, 'stopped', 'a stopped process: resume it first');
+  t.same(
+    stopped.warnings,
+    ['GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z): once it runs again, it reads gpu-lost'],
+    'what still counts once it runs, and not "it holds no memory on GPU 3"',
+  );
   const unreadable: UnreadableStat = { pid: 100, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' };
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, unreadable]])).state, 'gpu-lost', 'its own stat unreadable: the GPU list alone decides');
   const hiddenNode = view([gpu(0, [[4_194_305, 9000]])], [procStat(100)], [s], [LOST_3], [[4_194_305, null]]);
