@@ -41,7 +41,7 @@ import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
 import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
-import { placementOf, type Renumbered, type UnlistedGpu } from '../node-state/placement.js';
+import { placementOf, type Placement, type Renumbered, type UnlistedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
@@ -292,7 +292,10 @@ function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
   const lost = node.snapshot.lostGpus.find((gpu) => (uuid === undefined ? gpu.index === index : gpu.uuid === uuid));
   if (lost !== undefined) return `${gpuNoLongerListed({ ...lost, index })} (missing since ${new Date(lost.lostAt).toISOString()})`;
   if (uuid !== undefined) return `GPU ${index} (${uuid}) is not listed by nvidia-smi (it was already missing when nodecompute started)`;
-  return `GPU ${index} is not listed by nvidia-smi (it was already missing when nodecompute started, or nvidia-smi numbers the GPUs differently since a GPU went)`;
+  return (
+    `GPU ${index} is not listed by nvidia-smi (it was already missing when nodecompute started, nvidia-smi numbers the GPUs differently since a GPU went, ` +
+    'or the registration, taken on trust while nvidia-smi could not be asked, names a GPU this node does not have)'
+  );
 }
 
 /** A given GPU nvidia-smi lists under another index now, as a warning: the verdict follows the device. */
@@ -308,12 +311,13 @@ function renumberedWarning({ registered, now, uuid }: Renumbered): string {
  * meanwhile the shard needs other GPUs. It rests on the GPU list alone (no time in it, so it is
  * cached like a ready verdict); an engine that says CPU is a warning, for once it has GPUs again.
  */
-function gpuLostVerdict(shard: ShardRecord, unlisted: UnlistedGpu[], node: NodeView, engine: EngineAccount | null, warnings: string[]): Readiness {
+function gpuLostVerdict(shard: ShardRecord, placement: Placement, node: NodeView, engine: EngineAccount | null, warnings: string[]): Readiness {
   if (engineSaysCpu(engine)) {
     warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it has GPUs again, it reads on-cpu`);
   }
   const reason =
-    `placed on ${gpuList(shard.gpus)}, but ${unlisted.map((gpu) => unlistedGpu(gpu, node)).join('; ')}: ${LOST_GPU_MEANING} ` +
+    // "As registered" where its other GPUs have new indices: the same numbers may name other GPUs now.
+    `placed on ${gpuList(shard.gpus)}${placement.renumbered.length > 0 ? ' as registered' : ''}, but ${placement.unlisted.map((gpu) => unlistedGpu(gpu, node)).join('; ')}: ${LOST_GPU_MEANING} ` +
     `This shard cannot serve as placed. ${LOST_GPU_FIX} ` +
     'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
   return verdict('gpu-lost', 'gpu-not-listed', reason, warnings);
@@ -373,10 +377,11 @@ function unheldWhileStopped(shard: ShardRecord, node: NodeView): string[] {
  * nvidia-smi says, since it answers nothing. `warnings`: what the GPU picture adds (or that there is
  * none); an engine that says CPU is added, since it still counts once the shard runs again.
  */
-function stoppedVerdict(input: ReadinessInput, why: string, warnings: string[]): Readiness {
+function stoppedVerdict(input: ReadinessInput, why: string, warnings: string[], gpuLost = false): Readiness {
   const { shard, engine } = input;
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
-    warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it runs again, it reads on-cpu`);
+    // A lost GPU comes first once it runs: the engine's word counts only once it has GPUs again.
+    warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it ${gpuLost ? 'has GPUs again' : 'runs again'}, it reads on-cpu`);
   }
   return verdict('stopped', 'process-stopped', `${why}.`, warnings);
 }
@@ -426,13 +431,13 @@ export function readiness(input: ReadinessInput): Readiness {
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
     const lost = placement.unlisted.map((gpu) => `${unlistedGpu(gpu, node)}: once it runs again, it reads gpu-lost`);
-    return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...renumbered, ...lost, ...unheldWhileStopped(shard, node)]);
+    return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...renumbered, ...lost, ...unheldWhileStopped(shard, node)], lost.length > 0);
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
   const warnings = [...warningsFor(shard, node, engine, input.staleReason), ...renumbered];
   if (setAside !== null) warnings.push(setAside);
-  if (placement.unlisted.length > 0) return gpuLostVerdict(input.shard, placement.unlisted, node, engine, warnings);
+  if (placement.unlisted.length > 0) return gpuLostVerdict(input.shard, placement, node, engine, warnings);
   if (liveness.state === 'unreadable') return verdict('unverified', 'stat-unreadable', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) return engineCpuVerdict(shard, engine, node, warnings);

@@ -302,6 +302,14 @@ function parseState(path: string, text: string): StateFileRead {
       fix: 'Fix it by hand, or move it away to start with no shards.',
     };
   }
+  const mismatched = data.shards.find((shard) => shard.gpuUuids !== undefined && shard.gpuUuids.length !== shard.gpus.length);
+  if (mismatched !== undefined) {
+    return {
+      ok: false,
+      problem: `The state file ${path} gives shard "${mismatched.id}" ${mismatched.gpus.length} GPU(s) but ${mismatched.gpuUuids!.length} GPU UUID(s): each GPU index needs its UUID, in the same order. It was left untouched.`,
+      fix: 'Fix it by hand (remove "gpuUuids" to have the shard judged by index), or move it away to start with no shards.',
+    };
+  }
   return { ok: true, shards: data.shards };
 }
 

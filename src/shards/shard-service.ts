@@ -415,16 +415,22 @@ export function createShardService(deps: ShardServiceDeps) {
         registeredAt: now(),
         identity,
       });
-      // Until nvidia-smi answers, the UUIDs the same GPUs had in this id's registration (unchecked, they
-      // are the best knowledge of which devices are meant).
-      const uuidsBefore = (): string[] | undefined => {
+      // A PUT that repeats this id's GPUs (a controller re-PUTting its spec) means the devices the
+      // registration kept, whatever indices nvidia-smi gives them now: a lost one stays lost, a
+      // renumbered one stays the shard's. Their UUIDs, in the body's order; undefined otherwise.
+      const repeatedUuids = (): string[] | undefined => {
         const before = registry.get(id);
-        return before !== undefined && before.gpus.join() === body.gpus.join() ? before.gpuUuids : undefined;
+        if (before?.gpuUuids === undefined || before.gpus.length !== body.gpus.length || !body.gpus.every((index) => before.gpus.includes(index))) return undefined;
+        return body.gpus.map((index) => before.gpuUuids![before.gpus.indexOf(index)]!);
       };
+      const kept = repeatedUuids();
       const target = (repeats: (identity: ProcessIdentity) => boolean) =>
         readable(body.pid !== undefined ? targetOfPid(body.pid, repeats) : targetOfCgroup(body.cgroup as string));
-      const [read, { unchecked, uuids }] = await Promise.all([target((identity) => registry.repeats(recordOf(identity, uuidsBefore()))), checkGpus(body.gpus)]);
-      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids ?? uuidsBefore()), overlaps, (stored) => registered(id, stored));
+      const [read, { unchecked, uuids }] = await Promise.all([
+        target((identity) => registry.repeats(recordOf(identity, kept))),
+        kept === undefined ? checkGpus(body.gpus) : { unchecked: null, uuids: kept },
+      ]);
+      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids), overlaps, (stored) => registered(id, stored));
       const { created, shard, unchanged } = await put(read).catch(async (err: unknown) => {
         if (!(err instanceof NotARepeatError)) throw err;
         // Read as a repeat, the id was removed or changed before it was decided: judged in full now.

@@ -112,8 +112,8 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   clock.advance(5);
 
   // Node 4: idle GPUs (nothing used, so no process can be hidden); GPU 1 drops out of nvidia-smi's list (fallen off the bus).
-  // The shard placed on it, on-cpu before (no grace, nothing held), is then gpu-lost: the GPU alert
-  // is the one that fires, not the shard's on-cpu alert beside it.
+  // The shard placed on it, on-cpu before (no grace, nothing held), is then gpu-lost: the GPU's and
+  // the shard's gpu-lost alerts fire, not the shard's on-cpu alert.
   const idle = node([]);
   const idleScenario = { ...idle, gpus: idle.gpus.map((gpu) => ({ ...gpu, usedMiB: 0 })) };
   const dropping = await buildTestApp(t, { scenario: idleScenario, config: { cacheTtlMs: 0 } });
@@ -156,6 +156,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
     NodecomputeStrayGpuMemory: [expected('NodecomputeStrayGpuMemory', find('nodecompute_shard_gpu_memory_bytes', { shard: 'llama-a', gpu: '1' }))],
     NodecomputeGpuProcessesHidden: [expected('NodecomputeGpuProcessesHidden', find('nodecompute_gpu_processes_visible', { instance: 'gpu-node-2:9470' }))],
     NodecomputeNvidiaSmiDown: [expected('NodecomputeNvidiaSmiDown', find('nodecompute_nvidia_smi_up', { instance: 'gpu-node-3:9470' }))],
+    NodecomputeShardGpuLost: [expected('NodecomputeShardGpuLost', find('nodecompute_shard_state', { instance: 'gpu-node-4:9470', shard: 'llama-e', state: 'gpu-lost' }))],
     NodecomputeGpuLost: [expected('NodecomputeGpuLost', find('nodecompute_gpu_lost', { instance: 'gpu-node-4:9470', gpu: '1', uuid: UUIDS[1]! }))],
     NodecomputeTokenFileBroken: [expected('NodecomputeTokenFileBroken', find('nodecompute_token_file_ok', { instance: 'gpu-node-5:9470', file: tokenFile }))],
   };

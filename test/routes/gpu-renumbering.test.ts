@@ -53,8 +53,16 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   t.match(page, /^1\s+NVIDIA H200 \(LOST\)\s.*nvidia-smi lists GPU-2c2c2c2c-0000-0000-0000-000000000000 as GPU 1 now; placed on it: s1 \(gpu-lost\)$/m, 'the lost row lists its own shard');
   t.notMatch(page, /s\d holds nothing/, 'no shard is idle on its GPU');
 
-  // A re-PUT of s2 with its new index names the same device: the same run goes on.
+  // A controller re-PUTs each shard's spec unchanged: the same devices, whatever index nvidia-smi gives them now.
   const before = (await app.inject({ method: 'GET', url: '/shards/s2' })).json().registeredAt;
+  for (const [i, shard] of shards.entries()) {
+    const repeat = await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } });
+    t.same([repeat.statusCode, repeat.json().gpuUuids], [200, [UUIDS[i]]], `s${i}: its own device, not the one under index ${i} now`);
+  }
+  t.same((await Promise.all(['s0', 's1', 's2'].map(probe))).map((v) => v.state), ['ready', 'gpu-lost', 'ready'], 'the verdicts stand');
+  t.equal((await app.inject({ method: 'GET', url: '/shards/s2' })).json().registeredAt, before, 'and the grace clock');
+
+  // A re-PUT of s2 with its new index names the same device: the same run goes on.
   const moved = await app.inject({ method: 'PUT', url: '/shards/s2', payload: { pid: shards[2]!.pid, gpus: [1], graceMs: 0 } });
   t.same([moved.statusCode, moved.json().gpus, moved.json().gpuUuids, moved.json().registeredAt], [200, [1], [UUIDS[2]], before], 'same device: the same run goes on');
   t.same((await probe('s2')).warnings, [], 'registered under its index now: nothing renumbered');

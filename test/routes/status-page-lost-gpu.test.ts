@@ -58,13 +58,16 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   t.same([probe.statusCode, probe.json().state, probe.json().cause], [503, 'gpu-lost', 'gpu-not-listed'], 'the probe fails: the shard cannot serve as placed');
   t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/compute' })).json().backend, null, 'not CPU: nothing says where it computes now');
   const again = await app.inject({ method: 'PUT', url: '/shards/llama-6', payload: { pid: shard.pid, gpus: [6], graceMs: 0 } });
-  t.equal(again.statusCode, 422, 'a registration cannot name a GPU that is not listed');
+  t.same([again.statusCode, again.json().gpuUuids], [200, [gpu6.uuid]], "a controller's repeat of the shard's spec keeps its device: nothing to refuse, nothing changes");
+  const other = await spawnShardProcess(t, 0);
+  const fresh = await app.inject({ method: 'PUT', url: '/shards/llama-6b', payload: { pid: other.pid, gpus: [6] } });
+  t.equal(fresh.statusCode, 422, 'a new registration cannot name a GPU that is not listed');
   t.match(
-    again.json().message,
+    fresh.json().message,
     new RegExp(`^GPU 6 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as nvidia-smi numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi since 2026-11-29T12:00:0\\d\\.\\d{3}Z: it fell off the bus`),
     'and says it was lost',
   );
-  t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/ready' })).json().state, 'gpu-lost', 'the refused PUT left the registration as it was');
+  t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/ready' })).json().state, 'gpu-lost', 'the repeat left the verdict as it was');
   const text = await pageWhere(app, '*/*', (body) => body.includes('(LOST)'));
   t.match(text, /^nodecompute \S+ on .+: 1 GPU LOST · 1 gpu-lost\n/, 'and the text view its first line');
   t.same(textRows(text).map((line) => line.split(' ')[0]), ['0', '1', '2', '3', '4', '5', '6', '7']);

@@ -91,7 +91,8 @@ t.test('a GPU the roster never saw (gone before nodecompute started) and two los
   t.match(
     v.reason,
     'placed on GPU 3 and GPU 5, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z); ' +
-      'GPU 5 is not listed by nvidia-smi (it was already missing when nodecompute started, or nvidia-smi numbers the GPUs differently since a GPU went): it fell off the bus',
+      'GPU 5 is not listed by nvidia-smi (it was already missing when nodecompute started, nvidia-smi numbers the GPUs differently since a GPU went, ' +
+      'or the registration, taken on trust while nvidia-smi could not be asked, names a GPU this node does not have): it fell off the bus',
   );
 });
 
@@ -104,6 +105,15 @@ t.test('registered with its UUID: the roster is asked by UUID, whatever index th
   t.match(unknown.reason, 'placed on GPU 3, but GPU 3 (GPU-3) is not listed by nvidia-smi (it was already missing when nodecompute started):');
 });
 
+t.test('a lost GPU beside a renumbered one: "as registered", since its number may name another GPU now', async (t) => {
+  const s = shard({ gpus: [1, 2], gpuUuids: ['GPU-1', 'GPU-2'] });
+  const node = view([gpu(0, []), { ...gpu(1, [[100, 9000]]), uuid: 'GPU-2' }], [procStat(100)], [s], [{ ...LOST_3, index: 1, uuid: 'GPU-1' }]);
+  const v = verdictOf(s, node);
+  t.equal(v.state, 'gpu-lost');
+  t.match(v.reason, /^placed on GPU 1 and GPU 2 as registered, but GPU 1 \(GPU-1, NVIDIA H200\) is no longer listed/);
+  t.match(v.warnings, [/^GPU 2 as registered \(GPU-2\) is GPU 1 now/]);
+});
+
 t.test('precedence: exited and stopped come first; gpu-lost comes before unverified, whatever /proc or nvidia-smi hides', async (t) => {
   const s = shard();
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, null]])).state, 'exited', 'its process is gone: nothing to move');
@@ -114,6 +124,8 @@ t.test('precedence: exited and stopped come first; gpu-lost comes before unverif
     ['GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z): once it runs again, it reads gpu-lost'],
     'what still counts once it runs, and not "it holds no memory on GPU 3"',
   );
+  const saysCpu = readiness({ shard: s, node: view([gpu(0, [])], [procStat(100, 'T')], [s]), engine: CPU_ENGINE, enginePosted: true, staleReason: null, now: NOW });
+  t.match(saysCpu.warnings, [/reads gpu-lost$/, 'the engine output posted says it computes on the CPU (llama.cpp found no usable GPU): once it has GPUs again, it reads on-cpu'], 'the lost GPU first, then the engine');
   const unreadable: UnreadableStat = { pid: 100, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' };
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, unreadable]])).state, 'gpu-lost', 'its own stat unreadable: the GPU list alone decides');
   const hiddenNode = view([gpu(0, [[4_194_305, 9000]])], [procStat(100)], [s], [LOST_3], [[4_194_305, null]]);

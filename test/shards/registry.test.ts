@@ -4,7 +4,7 @@ import { mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, utimesSync
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
-import { loadRegistry } from '../../src/shards/registry.js';
+import { loadRegistry, readRegistryFile } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import { createStateFile, LEFTOVER_AGE_MS, type StateFile } from '../../src/system/state-file.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
@@ -510,6 +510,16 @@ t.test('with GPU UUIDs, the same GPUs are the same devices: a new index for one 
   t.match(await registry.put({ ...first, gpus: [1], gpuUuids: ['GPU-b'], registeredAt: 300 }), { graceKept: false, shard: { registeredAt: 300 } }, 'the same index, another device: the grace restarts');
   t.match(await registry.put({ ...first, gpus: [1], gpuUuids: undefined, registeredAt: 400 }), { graceKept: true, unchanged: false, shard: { registeredAt: 300 } }, 'taken on trust: judged by index, stored without UUIDs');
   t.equal(registry.get('a')?.gpuUuids, undefined);
+});
+
+t.test('a state file whose GPU UUIDs do not match its GPUs stops the load, naming the shard, and is left untouched', async (t) => {
+  const dir = t.testdir({});
+  const path = join(dir, 's.json');
+  const text = JSON.stringify({ format: 'nodecompute-shards/v1', shards: [{ ...record('a'), gpus: [0, 1], gpuUuids: ['GPU-a'] }] });
+  writeFileSync(path, text);
+  const read = await readRegistryFile(createStateFile(path, { log }));
+  t.match(read, { ok: false, problem: `The state file ${path} gives shard "a" 2 GPU(s) but 1 GPU UUID(s): each GPU index needs its UUID, in the same order.`, fix: /remove "gpuUuids"/ });
+  t.equal(readFileSync(path, 'utf8'), text);
 });
 
 t.test('a repeated registration with nothing queued is answered without a write or a new registry version', async (t) => {
