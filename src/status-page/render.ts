@@ -17,6 +17,7 @@ import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import { READINESS_STATES, type ReadinessState } from '../shards/readiness.js';
 import { deviceLabel } from '../shards/compute.js';
 import type { ShardState } from '../shards/shard-service.js';
+import type { ShardRecord } from '../shards/shard.js';
 
 /** Seconds between the page's own reloads (meta refresh: no script needed). */
 export const REFRESH_SECONDS = 5;
@@ -150,7 +151,8 @@ export interface ShardRow {
   /** "pid 1234" or "cgroup abc...". */
   process: string;
   color: number;
-  given: number[];
+  /** The GPUs it was given, as registered: "2", "2→1" when nvidia-smi lists that device as GPU 1 now, "2 lost" when it lists it no more. */
+  given: string[];
   /** compute.devices, or null when nvidia-smi cannot be asked. */
   held: string[] | null;
   /** GPUs held but not given, labelled like devices. */
@@ -353,7 +355,7 @@ export function statusModel(input: StatusInput): StatusModel {
     engine: shard.engine,
     process: shard.pid !== null ? `pid ${shard.pid}` : `cgroup ${shard.cgroup}`,
     color: colors.get(shard.id)!,
-    given: shard.gpus,
+    given: givenLabels(shard, input.node),
     held: compute ? compute.devices : null,
     strays: compute ? compute.strayGpus.map(deviceLabel) : [],
     reason: readiness.reason,
@@ -413,6 +415,17 @@ function placedOn(gpu: LostGpuModel): string {
 }
 
 const NOT_PLACED = 'no shard is placed on it';
+
+/** A shard's given GPUs, each as registered and, where that differs, where nvidia-smi has it now. */
+function givenLabels(shard: ShardRecord, node: NodeView | null): string[] {
+  if (node === null) return shard.gpus.map(String);
+  const placement = placementOf(shard, node.snapshot.gpus);
+  return shard.gpus.map((index) => {
+    const moved = placement.renumbered.find((gpu) => gpu.registered === index);
+    if (moved !== undefined) return `${index}→${moved.now}`;
+    return placement.unlisted.some((gpu) => gpu.index === index) ? `${index} lost` : String(index);
+  });
+}
 
 /** Which GPU has the lost one's index now, if nvidia-smi renumbered the GPUs after it. */
 function indexTakenNote(gpu: LostGpuModel): string | null {
@@ -526,7 +539,7 @@ function shardRowHtml(row: ShardRow): string {
   return `<tr>
 <th scope="row"><i class="sw shard ${colourClass(row.color)}" aria-hidden="true"></i><span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
 <td data-label="State"><span class="badge ${row.state}">${row.state}</span></td>
-<td class="given" data-label="Given">${listOrDash(row.given.map((index) => `GPU ${index}`))}</td>
+<td class="given" data-label="Given">${listOrDash(row.given.map((label) => `GPU ${label}`))}</td>
 <td class="held" data-label="Held">${heldHtml(row)}</td>
 <td class="why" data-label="Reason">${note}</td>
 </tr>`;

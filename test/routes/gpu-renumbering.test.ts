@@ -52,6 +52,9 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   const page = (await app.inject({ method: 'GET', url: '/', headers: { accept: '*/*' } })).body;
   t.match(page, /^1\s+NVIDIA H200 \(LOST\)\s.*nvidia-smi lists GPU-2c2c2c2c-0000-0000-0000-000000000000 as GPU 1 now; placed on it: s1 \(gpu-lost\)$/m, 'the lost row lists its own shard');
   t.notMatch(page, /s\d holds nothing/, 'no shard is idle on its GPU');
+  t.match(page, /^s1\s+gpu-lost\s+1 lost\s/m, 'the shards table: s1 given GPU 1, which is lost');
+  t.match(page, /^s2\s+ready\s+2→1\s+GPU 1: /m, 's2 given GPU 2, listed as GPU 1 now, which it holds');
+  t.match((await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body, '<td class="given" data-label="Given">GPU 2→1</td>');
 
   // A controller re-PUTs each shard's spec unchanged: the same devices, whatever index nvidia-smi gives them now.
   const before = (await app.inject({ method: 'GET', url: '/shards/s2' })).json().registeredAt;
