@@ -261,16 +261,19 @@ export function createShardService(deps: ShardServiceDeps) {
   /**
    * GPU indices are checked against the node when nvidia-smi answers, and each one's UUID kept
    * (placement.ts); otherwise they are taken on trust, and `unchecked` says why (nvidia-smi's failure).
+   * `kept`: the devices a repeat of the registration's GPUs names, whatever their indices now; they
+   * are not checked, but the registration waits for the snapshot as any other does.
    */
-  async function checkGpus(gpus: number[]): Promise<{ unchecked: string | null; uuids?: string[] }> {
+  async function checkGpus(gpus: number[], kept: string[] | undefined): Promise<{ unchecked: string | null; uuids?: string[] }> {
     if (gpus.length === 0) return { unchecked: null, uuids: [] };
     let snapshot: NodeSnapshot;
     try {
       snapshot = (await node.current()).view.snapshot;
     } catch (err) {
       if (!isCodedError(err)) throw err;
-      return { unchecked: err.message };
+      return kept === undefined ? { unchecked: err.message } : { unchecked: null, uuids: kept };
     }
+    if (kept !== undefined) return { unchecked: null, uuids: kept };
     const known = snapshot.gpus.map((gpu) => gpu.index);
     const unknown = gpus.filter((index) => !known.includes(index));
     if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
@@ -428,7 +431,7 @@ export function createShardService(deps: ShardServiceDeps) {
         readable(body.pid !== undefined ? targetOfPid(body.pid, repeats) : targetOfCgroup(body.cgroup as string));
       const [read, { unchecked, uuids }] = await Promise.all([
         target((identity) => registry.repeats(recordOf(identity, kept))),
-        kept === undefined ? checkGpus(body.gpus) : { unchecked: null, uuids: kept },
+        checkGpus(body.gpus, kept),
       ]);
       const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids), overlaps, (stored) => registered(id, stored));
       const { created, shard, unchanged } = await put(read).catch(async (err: unknown) => {
