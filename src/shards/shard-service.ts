@@ -277,7 +277,7 @@ export function createShardService(deps: ShardServiceDeps) {
     const known = snapshot.gpus.map((gpu) => gpu.index);
     const unknown = gpus.filter((index) => !known.includes(index));
     if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
-    const lost = snapshot.lostGpus.filter((gpu) => unknown.includes(gpu.index) && !known.includes(gpu.index));
+    const lost = snapshot.lostGpus.filter((gpu) => unknown.includes(gpu.index));
     const lostNote = lost.map((gpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}: ${LOST_GPU_MEANING}`).join('');
     throw new UnknownGpuError(
       `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${lostNote} Fix "gpus" in the registration.`,
