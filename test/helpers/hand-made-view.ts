@@ -1,6 +1,7 @@
-// Builds hand-made node views and shard records, for tests that judge verdicts without nvidia-smi
+// Builds hand-made node views, shard records and an engine account, for tests that judge verdicts without nvidia-smi
 // or /proc: a snapshot of the given GPUs, /proc answers and lost GPUs, taken at `now`.
 import type { LostGpu } from '../../src/node-state/gpu-roster.js';
+import type { EngineAccount } from '../../src/shards/llama-log.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
@@ -49,3 +50,14 @@ export function shardRecord(now: number, overrides: Partial<ShardRecord> = {}): 
     ...overrides,
   };
 }
+
+/** What llama.cpp's account says when its CUDA backend found no usable device: CPU, the backend not loaded. */
+export const NO_GPU_ENGINE: EngineAccount = {
+  backend: 'CPU',
+  devices: [],
+  layersOffloaded: null,
+  layersTotal: null,
+  gpuBackendLoaded: false,
+  evidence: 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected',
+  summary: 'llama.cpp found no usable GPU (ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected)',
+};

@@ -14,7 +14,7 @@ import { readiness } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
-import { handMadeView, procStat, shardRecord } from '../helpers/hand-made-view.js';
+import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord } from '../helpers/hand-made-view.js';
 
 const NOW = Date.parse('2026-12-02T12:00:00Z');
 /** GPU 3 as the roster knows it: last listed a minute ago, missing since 55 s ago. */
@@ -34,15 +34,7 @@ function shard(overrides: Partial<ShardRecord> = {}): ShardRecord {
 
 const verdictOf = (s: ShardRecord, node: NodeView, engine: EngineAccount | null = null) => readiness({ shard: s, node, engine, enginePosted: engine !== null, staleReason: null, now: NOW });
 
-const CPU_ENGINE: EngineAccount = {
-  backend: 'CPU',
-  devices: [],
-  layersOffloaded: null,
-  layersTotal: null,
-  gpuBackendLoaded: false,
-  evidence: 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected',
-  summary: 'llama.cpp found no usable GPU',
-};
+const CPU_ENGINE = NO_GPU_ENGINE;
 const CUDA_ENGINE: EngineAccount = { ...CPU_ENGINE, backend: 'CUDA', devices: ['CUDA0'], gpuBackendLoaded: true, summary: 'llama.cpp put its model buffers on CUDA0' };
 
 t.test('a shard on a GPU nvidia-smi no longer lists: gpu-lost, naming the GPU, since when, and what to do', async (t) => {
@@ -70,7 +62,7 @@ t.test('at once, within its grace too, and whatever the engine said: waiting can
   }
   const saysCpu = verdictOf(young, node, CPU_ENGINE);
   t.equal(saysCpu.state, 'gpu-lost', 'the GPU is what to fix first, not the build');
-  t.same(saysCpu.warnings, ['the engine output posted says it computes on the CPU (llama.cpp found no usable GPU): once it has GPUs again, it reads on-cpu']);
+  t.same(saysCpu.warnings, [`the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`]);
   t.equal(shardCompute(young, node, CPU_ENGINE, 'gpu-lost').backend, null, 'not the CPU of an on-cpu verdict');
 });
 
@@ -125,7 +117,7 @@ t.test('precedence: exited and stopped come first; gpu-lost comes before unverif
     'what still counts once it runs, and not "it holds no memory on GPU 3"',
   );
   const saysCpu = readiness({ shard: s, node: view([gpu(0, [])], [procStat(100, 'T')], [s]), engine: CPU_ENGINE, enginePosted: true, staleReason: null, now: NOW });
-  t.match(saysCpu.warnings, [/reads gpu-lost$/, 'the engine output posted says it computes on the CPU (llama.cpp found no usable GPU): once it has GPUs again, it reads on-cpu'], 'the lost GPU first, then the engine');
+  t.match(saysCpu.warnings, [/reads gpu-lost$/, `the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`], 'the lost GPU first, then the engine');
   const unreadable: UnreadableStat = { pid: 100, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' };
   t.equal(verdictOf(s, view([gpu(0, [])], [], [s], [LOST_3], [[100, unreadable]])).state, 'gpu-lost', 'its own stat unreadable: the GPU list alone decides');
   const hiddenNode = view([gpu(0, [[4_194_305, 9000]])], [procStat(100)], [s], [LOST_3], [[4_194_305, null]]);

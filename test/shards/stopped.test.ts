@@ -12,11 +12,11 @@ import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.
 import { procOnlyLiveness } from '../../src/node-state/node-service.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import { shardCompute } from '../../src/shards/compute.js';
-import type { EngineAccount } from '../../src/shards/llama-log.js';
 import { readiness, type ReadinessInput } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
+import { NO_GPU_ENGINE, shardRecord } from '../helpers/hand-made-view.js';
 
 const NOW = 1_000_000;
 const POD = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';
@@ -41,17 +41,7 @@ function snapshot(gpus: GpuState[], stats: StatAnswer[], extra: { cgroups?: Reco
 }
 
 function shard(overrides: Partial<ShardRecord> = {}): ShardRecord {
-  return {
-    id: 's',
-    pid: 100,
-    cgroup: null,
-    gpus: [0],
-    engine: 'llama.cpp',
-    graceMs: 10_000,
-    registeredAt: NOW - 60_000,
-    identity: { pid: 100, pgid: 100, startTime: 5, name: 'llama-server' },
-    ...overrides,
-  };
+  return shardRecord(NOW, overrides);
 }
 
 function podShard(gpus = [0]): ShardRecord {
@@ -64,15 +54,7 @@ function verdict(s: ShardRecord, node: NodeView | null, more: Partial<ReadinessI
   return readiness({ shard: s, node, engine: null, staleReason: null, now: NOW, unavailable: 'nvidia-smi timed out', ...more });
 }
 
-const CPU_ENGINE: EngineAccount = {
-  backend: 'CPU',
-  devices: [],
-  layersOffloaded: null,
-  layersTotal: null,
-  gpuBackendLoaded: false,
-  evidence: 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected',
-  summary: 'llama.cpp found no usable GPU (ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected)',
-};
+const CPU_ENGINE = NO_GPU_ENGINE;
 
 const KEEPS = 'A stopped process keeps all its memory, GPU memory included, but answers no request, so traffic sent to it hangs.';
 const BY_ITSELF = 'The verdict changes by itself once it runs again.';

@@ -9,22 +9,14 @@ import { readiness, VERDICT_CAUSES, type ReadinessInput, type ReadinessState, ty
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { UnreadableStat } from '../../src/system/procfs.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
-import { handMadeView, procStat, shardRecord } from '../helpers/hand-made-view.js';
+import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord } from '../helpers/hand-made-view.js';
 
 const NOW = 1_000_000;
 /** A PID above Linux's largest pid_max (2^22): listed by nvidia-smi, never present in /proc. */
 const INVISIBLE_PID = 4_194_305;
 const EMFILE = (pid: number): UnreadableStat => ({ pid, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' });
 
-const engineSaysCpu = (gpuBackendLoaded: boolean | null): EngineAccount => ({
-  backend: 'CPU',
-  devices: [],
-  layersOffloaded: null,
-  layersTotal: null,
-  gpuBackendLoaded,
-  evidence: 'x',
-  summary: 'llama.cpp lists only the CPU',
-});
+const engineSaysCpu = (gpuBackendLoaded: boolean | null): EngineAccount => ({ ...NO_GPU_ENGINE, gpuBackendLoaded });
 const WEIGHTS_ON_CUDA0: EngineAccount = {
   backend: 'CUDA',
   devices: ['CUDA0'],
