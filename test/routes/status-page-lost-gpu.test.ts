@@ -40,7 +40,10 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   t.notMatch(before, 'class="gpu lost"');
   t.match(before, /<title>[^<]*nodecompute · 1 ready<\/title>/);
 
-  // GPU 6 falls off the bus: nvidia-smi lists the other seven, and no process on it.
+  // GPU 6 falls off the bus: nvidia-smi lists the other seven, and no process on it. A refresh the
+  // requests above began must land first: one running across the change would read the GPUs before
+  // it and the processes after (GPU 6 busy, no process: hidden), and the manual clock never expires it.
+  await settle(app);
   fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.uuid !== gpu6.uuid), processes: s.processes.filter((process) => process.gpuUuid !== gpu6.uuid) }));
   clock.advance(2000);
   const html = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('class="gpu lost"') && body.includes('<span class="badge gpu-lost">gpu-lost</span></li>'));
