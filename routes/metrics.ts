@@ -30,7 +30,8 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const [{ states, node }, tokenFile] = await Promise.all([shards.states(probeBudgetMs), app.services.tokenFile?.() ?? null]);
     const lastGood = app.services.node.peek();
     const nvidiaSmiUp = lastGood !== null && !lastGood.view.failing;
-    const lostGpus = lastGood?.view.snapshot.lostGpus ?? [];
+    const unreachable = app.services.node.unreachable().flatMap(({ listed }) => (listed === null ? [] : [listed]));
+    const lostGpus = [...(lastGood?.view.snapshot.lostGpus ?? []), ...unreachable];
     metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, lostGpus, shards: states, tokenFile });
     // Keyed after the wait: the refresh it may have waited for is what was rendered.
     const body = Buffer.from(await metrics.registry.metrics());

@@ -52,9 +52,9 @@ export interface Metrics {
    * last good snapshot; `nvidiaSmiUp` false when the last refresh failed, even while an older
    * snapshot is still served; `lostGpus` the GPUs the last good snapshot had lost (past max-stale
    * too: nvidia-smi failing is how a lost GPU most often shows, and the alert must not resolve
-   * then); `tokenFile` what a look at NODECOMPUTE_TOKEN_FILE found, null without one.
+   * then) and those nvidia-smi's failure says it cannot reach; `tokenFile` what a look at NODECOMPUTE_TOKEN_FILE found, null without one.
    */
-  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: readonly LostGpu[]; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
+  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }
 
 export function createMetrics(): Metrics {
@@ -80,7 +80,8 @@ export function createMetrics(): Metrics {
   );
   const lost = gauge(
     'nodecompute_gpu_lost',
-    '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg); gpu is its last index. ' +
+    '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg), ' +
+      'or says it cannot reach (every query fails naming its bus id: "GPU is lost"); gpu is its last index. ' +
       'While nvidia-smi fails, the GPUs its last good listing had lost stay (a lost GPU often makes every query fail). Absent when none is lost.',
     gpuLabels,
   );

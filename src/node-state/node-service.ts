@@ -15,8 +15,10 @@ import type { Logger } from 'pino';
 import type { ShardRecord } from '../shards/shard.js';
 import type { Registry } from '../shards/registry.js';
 import { attribute, type Liveness } from './attribution.js';
+import { unreachableGpusIn } from '../system/nvidia-smi.js';
 import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapshot.js';
 import { createNodeViewCache, type NodeView } from './node-view.js';
+import { listedAs, type UnreachableListedGpu } from './placement.js';
 import type { GetOptions, SnapshotSource, SnapshotView } from './snapshot.js';
 
 export interface Current {
@@ -41,6 +43,11 @@ export interface NodeService {
   invalidate(): void;
   /** What the latest refresh read in /proc for the shards when its nvidia-smi query failed; null when it did not fail or read nothing. */
   procOnly(): ProcOnly | null;
+  /**
+   * The GPUs nvidia-smi said it cannot reach when the latest refresh failed, as the last good
+   * listing knew them; empty when it did not fail, or failed otherwise. The same array until either changes.
+   */
+  unreachable(): readonly UnreachableListedGpu[];
   readonly snapshots: SnapshotSource<NodeSnapshot>;
 }
 
@@ -60,9 +67,12 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
   return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness };
 }
 
+const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
+
 export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry, log: Logger): NodeService {
   const derive = createNodeViewCache(log);
   let lastProcOnly: { facts: ProcFacts; registryVersion: number; answer: ProcOnly } | null = null;
+  let lastUnreachable: { error: Error; listing: NodeSnapshot | undefined; answer: readonly UnreachableListedGpu[] } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({
     view,
     node: derive(view.snapshot, registry.version, () => registry.list()),
@@ -87,6 +97,16 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
         lastProcOnly = { facts, registryVersion: registry.version, answer: procOnlyLiveness(facts, registry.list()) };
       }
       return lastProcOnly.answer;
+    },
+    unreachable() {
+      const error = snapshots.lastError;
+      if (error === null) return NONE_UNREACHABLE;
+      const listing = snapshots.peek()?.snapshot;
+      if (lastUnreachable?.error !== error || lastUnreachable.listing !== listing) {
+        const named = unreachableGpusIn(error.message);
+        lastUnreachable = { error, listing, answer: named.length === 0 ? NONE_UNREACHABLE : listedAs(named, listing?.gpus ?? null) };
+      }
+      return lastUnreachable.answer;
     },
     snapshots,
   };

@@ -146,6 +146,7 @@ export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostG
     index: gpu.index,
     uuid: gpu.uuid,
     name: gpu.name,
+    busId: gpu.busId,
     memory: { totalMiB: gpu.totalMiB, usedMiB: gpu.usedMiB, freeMiB: gpu.freeMiB, reservedMiB: gpu.reservedMiB },
     migMode: gpu.migMode,
     processes: gpu.processes.map((process) => ({

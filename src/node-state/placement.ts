@@ -6,6 +6,9 @@
 // keeps its own GPU under the index nvidia-smi gives it now, and a lost GPU is lost for its shard
 // only. A registration without UUIDs (stored unchecked while nvidia-smi could not be asked, or by
 // an older version) is judged by index.
+// Also which given GPUs nvidia-smi says it cannot reach: it then fails the whole query and names the
+// GPU by PCI bus id only, which the last listing that had it turns into its index and UUID.
+import type { GpuRecord, UnreachableGpu } from '../system/nvidia-smi.js';
 import type { GpuState } from './node-snapshot.js';
 import type { ShardRecord } from '../shards/shard.js';
 
@@ -52,4 +55,34 @@ export function placementOf(shard: ShardRecord, gpus: readonly GpuState[]): Plac
 /** The indices `shard`'s given GPUs have among `gpus` (those still listed); as registered without a listing. */
 export function placedIndices(shard: ShardRecord, gpus: readonly GpuState[] | null): number[] {
   return gpus === null ? shard.gpus : placementOf(shard, gpus).indices;
+}
+
+/** A GPU nvidia-smi says it cannot reach, and what the last listing that had its bus id said it was. */
+export interface UnreachableListedGpu extends UnreachableGpu {
+  /** null when no listing of this process had its bus id (it went before nodecompute started). */
+  listed: Pick<GpuRecord, 'index' | 'uuid' | 'name'> | null;
+}
+
+/** `unreachable` (from a failed query), each matched by bus id with `listing` (the last good one). */
+export function listedAs(unreachable: readonly UnreachableGpu[], listing: readonly GpuRecord[] | null): UnreachableListedGpu[] {
+  return unreachable.map((gpu) => {
+    const listed = listing?.find((record) => record.busId === gpu.busId);
+    return { ...gpu, listed: listed === undefined ? null : { index: listed.index, uuid: listed.uuid, name: listed.name } };
+  });
+}
+
+/** An unreachable GPU a listing had, so a shard's GPU can be matched with it. */
+export type UnreachableKnownGpu = UnreachableGpu & { listed: NonNullable<UnreachableListedGpu['listed']> };
+
+/**
+ * The given GPUs of `shard` among `unreachable`: by UUID, or by index for a registration without
+ * UUIDs. One no listing had cannot be matched with a shard's GPU.
+ */
+export function unreachableGiven(shard: ShardRecord, unreachable: readonly UnreachableListedGpu[]): UnreachableKnownGpu[] {
+  if (unreachable.length === 0) return [];
+  return shard.gpus.flatMap((registered, position) => {
+    const uuid = shard.gpuUuids?.[position];
+    const found = unreachable.find(({ listed }) => listed !== null && (uuid === undefined ? listed.index === registered : listed.uuid === uuid));
+    return found === undefined ? [] : [found as UnreachableKnownGpu];
+  });
 }

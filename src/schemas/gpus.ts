@@ -16,6 +16,10 @@ export const GpuSchema = Type.Object({
   index: Type.Integer({ minimum: 0, description: 'GPU index, as nvidia-smi numbers it.' }),
   uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
   name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
+  busId: Nullable(
+    Type.String(),
+    "PCI bus id (pci.bus_id), e.g. 00000000:83:00.0: how the kernel (dmesg's NVRM and Xid lines) and nvidia-smi's errors name this GPU; null where nvidia-smi reports none.",
+  ),
   memory: Type.Object(
     {
       totalMiB: MiB('Total memory'),

@@ -12,7 +12,10 @@
 //              whether its GPU backend loaded (no layers: -ngl; not loaded: the build) and whether
 //              memory its processes hold contradicts it (then the output is another run's);
 //   gpu-lost   a GPU it was given is no longer listed by nvidia-smi (fallen off the bus, reset or
-//              detached): no engine, build or mapping can compute on it, so the GPU is what to fix,
+//              detached), or nvidia-smi says it cannot reach it (a failed query naming the GPU by bus
+//              id, "GPU is lost", which the last good listing maps to the GPU; it holds past
+//              max-stale, when other shards read unverified): no engine, build or mapping can
+//              compute on it, so the GPU is what to fix,
 //              at once (no grace: waiting cannot bring it back) and whatever else is true of the
 //              engine (an engine that says CPU is a warning, which counts once it has GPUs again);
 //              it comes before starting, on-cpu and unverified, since it rests on the GPU list alone;
@@ -41,7 +44,7 @@ import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
 import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
-import { placementOf, type Placement, type Renumbered, type UnlistedGpu } from '../node-state/placement.js';
+import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { UnreadableStat } from '../system/procfs.js';
@@ -69,6 +72,7 @@ export const VERDICT_CAUSES = [
   'no-gpu-memory', // no memory on a GPU it was given, grace over
   // gpu-lost
   'gpu-not-listed', // a GPU it was given is no longer listed by nvidia-smi
+  'gpu-unreachable', // nvidia-smi fails, saying it cannot reach a GPU it was given ("GPU is lost")
   // stopped
   'process-stopped', // its process, every process of its cgroup, or a process holding its GPU memory is stopped
   // exited
@@ -96,6 +100,11 @@ export interface ReadinessInput {
   /** Null when nvidia-smi cannot be asked; `unavailable` then says why. */
   node: NodeView | null;
   unavailable?: string;
+  /**
+   * The GPUs nvidia-smi said it cannot reach when the latest refresh failed (NodeService.unreachable);
+   * absent or empty when none. With `node` given, that node is the last good snapshot, served stale.
+   */
+  unreachable?: readonly UnreachableListedGpu[];
   /**
    * Only when `node` is null: the shard's liveness from /proc, read without nvidia-smi (absent or
    * undefined when there is none).
@@ -306,21 +315,39 @@ function renumberedWarning({ registered, now, uuid }: Renumbered): string {
   );
 }
 
+/** One given GPU nvidia-smi cannot reach, in its words, as the last listing that had it knew it. */
+function unreachableGpu({ busId, said, listed }: UnreachableKnownGpu): string {
+  return `nvidia-smi cannot reach GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId}): it says ${JSON.stringify(said)}`;
+}
+
+const UNREACHABLE_MEANING =
+  "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.";
+
 /**
- * The verdict of a shard placed on a GPU nvidia-smi no longer lists: the GPU is what to fix, and
- * meanwhile the shard needs other GPUs. It rests on the GPU list alone (no time in it, so it is
- * cached like a ready verdict); an engine that says CPU is a warning, for once it has GPUs again.
+ * The verdict of a shard placed on a GPU nvidia-smi no longer lists, or says it cannot reach: the
+ * GPU is what to fix, and meanwhile the shard needs other GPUs. It rests on the GPU list alone (no
+ * time in it, so it is cached like a ready verdict); an engine that says CPU is a warning, for once
+ * it has GPUs again. `gone`: the given GPUs no longer listed, as unlistedGpu says them.
  */
-function gpuLostVerdict(shard: ShardRecord, placement: Placement, node: NodeView, engine: EngineAccount | null, warnings: string[]): Readiness {
+function gpuLostVerdict(
+  shard: ShardRecord,
+  gone: readonly string[],
+  unreachable: readonly UnreachableKnownGpu[],
+  asRegistered: boolean,
+  engine: EngineAccount | null,
+  warnings: string[],
+): Readiness {
   if (engineSaysCpu(engine)) {
     warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it has GPUs again, it reads on-cpu`);
   }
+  const described = [...gone, ...unreachable.map(unreachableGpu)].join('; ');
+  const meaning = gone.length > 0 ? `: ${LOST_GPU_MEANING}${unreachable.length > 0 ? ` ${UNREACHABLE_MEANING}` : ''}` : `. ${UNREACHABLE_MEANING}`;
   const reason =
     // "As registered" where its other GPUs have new indices: the same numbers may name other GPUs now.
-    `placed on ${gpuList(shard.gpus)}${placement.renumbered.length > 0 ? ' as registered' : ''}, but ${placement.unlisted.map((gpu) => unlistedGpu(gpu, node)).join('; ')}: ${LOST_GPU_MEANING} ` +
+    `placed on ${gpuList(shard.gpus)}${asRegistered ? ' as registered' : ''}, but ${described}${meaning} ` +
     `This shard cannot serve as placed. ${LOST_GPU_FIX} ` +
     'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
-  return verdict('gpu-lost', 'gpu-not-listed', reason, warnings);
+  return verdict('gpu-lost', gone.length > 0 ? 'gpu-not-listed' : 'gpu-unreachable', reason, warnings);
 }
 
 function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, staleReason: string | null): string[] {
@@ -399,13 +426,19 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const why = input.unavailable ?? 'unknown reason';
   const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
   const liveness: Liveness = input.liveness ?? { state: 'unknown' };
+  const unreachable = unreachableGiven(shard, input.unreachable ?? []);
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
-    return stoppedVerdict(input, liveness.why, [`nvidia-smi cannot be asked, so which GPU memory it holds is unverified: ${why}`]);
+    const lost = unreachable.map((gpu) => `${unreachableGpu(gpu)}: once it runs again, it reads gpu-lost`);
+    return stoppedVerdict(input, liveness.why, [`nvidia-smi cannot be asked, so which GPU memory it holds is unverified: ${why}`, ...lost], lost.length > 0);
   }
-  if (liveness.state === 'unreadable') return verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, liveness.why]);
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
+  if (unreachable.length > 0) {
+    const warnings = [...(liveness.state === 'unreadable' ? [liveness.why] : []), ...(setAside === null ? [] : [setAside])];
+    return gpuLostVerdict(shard, [], unreachable, false, engine, warnings);
+  }
+  if (liveness.state === 'unreadable') return verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, liveness.why]);
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
     return engineCpuVerdict(shard, engine, null, [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
   }
@@ -427,17 +460,19 @@ export function readiness(input: ReadinessInput): Readiness {
   const moved = placement.renumbered.length > 0 || placement.unlisted.length > 0;
   const shard = moved ? { ...input.shard, gpus: placement.indices } : input.shard;
   const renumbered = placement.renumbered.map(renumberedWarning);
+  const gone = placement.unlisted.map((gpu) => unlistedGpu(gpu, node));
+  const unreachable = unreachableGiven(input.shard, input.unreachable ?? []);
   const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
-    const lost = placement.unlisted.map((gpu) => `${unlistedGpu(gpu, node)}: once it runs again, it reads gpu-lost`);
+    const lost = [...gone, ...unreachable.map(unreachableGpu)].map((gpu) => `${gpu}: once it runs again, it reads gpu-lost`);
     return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...renumbered, ...lost, ...unheldWhileStopped(shard, node)], lost.length > 0);
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
   const warnings = [...warningsFor(shard, node, engine, input.staleReason), ...renumbered];
   if (setAside !== null) warnings.push(setAside);
-  if (placement.unlisted.length > 0) return gpuLostVerdict(input.shard, placement, node, engine, warnings);
+  if (gone.length > 0 || unreachable.length > 0) return gpuLostVerdict(input.shard, gone, unreachable, placement.renumbered.length > 0, engine, warnings);
   if (liveness.state === 'unreadable') return verdict('unverified', 'stat-unreadable', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) return engineCpuVerdict(shard, engine, node, warnings);

@@ -13,6 +13,7 @@ import { gpuNoLongerListed, LOST_GPU_MEANING } from '../node-state/gpu-roster.js
 import type { Current, NodeService } from '../node-state/node-service.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
+import type { UnreachableListedGpu } from '../node-state/placement.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
 import { cgroupMatcher, type ProcReader, type ProcStat } from '../system/procfs.js';
@@ -332,6 +333,7 @@ export function createShardService(deps: ShardServiceDeps) {
       now: now(),
       ...(current === null ? { liveness: node.procOnly()?.liveness.get(shard.id) } : { evidenceAt: current.view.startedAt }),
       ...(unavailable === null ? {} : { unavailable }),
+      unreachable: node.unreachable(),
     });
     logVerdictChange(shard, verdict);
     return {
@@ -345,21 +347,23 @@ export function createShardService(deps: ShardServiceDeps) {
   /**
    * Probes arrive every few seconds per pod and mostly get the same answer. A verdict whose text
    * does not depend on the clock (ready, gpu-lost, stopped, exited) is kept per node view, shard record,
-   * engine output version and staleness note, so a steady shard's probe computes nothing. Starting and on-cpu
+   * engine output version, staleness note and unreachable GPUs, so a steady shard's probe computes nothing. Starting and on-cpu
    * verdicts say how long ago things happened and are made afresh.
    */
   const CLOCK_FREE_STATES: ReadonlySet<ReadinessState> = new Set(['ready', 'gpu-lost', 'stopped', 'exited']);
-  const steadyProbes = new WeakMap<NodeView, Map<string, { shard: ShardRecord; engineVersion: number; staleNote: string | null; state: ShardState }>>();
+  type SteadyProbe = { shard: ShardRecord; engineVersion: number; staleNote: string | null; unreachable: readonly UnreachableListedGpu[]; state: ShardState };
+  const steadyProbes = new WeakMap<NodeView, Map<string, SteadyProbe>>();
 
   function probeState(shard: ShardRecord, current: Current): ShardState {
     const note = staleNews(current.view);
+    const unreachable = node.unreachable();
     const kept = steadyProbes.get(current.node)?.get(shard.id);
-    if (kept && kept.shard === shard && kept.engineVersion === registry.engineVersion && kept.staleNote === note) return kept.state;
+    if (kept && kept.shard === shard && kept.engineVersion === registry.engineVersion && kept.staleNote === note && kept.unreachable === unreachable) return kept.state;
     const state = stateOf(shard, current, null, false);
     if (CLOCK_FREE_STATES.has(state.readiness.state)) {
       let perShard = steadyProbes.get(current.node);
       if (!perShard) steadyProbes.set(current.node, (perShard = new Map()));
-      perShard.set(shard.id, { shard, engineVersion: registry.engineVersion, staleNote: note, state });
+      perShard.set(shard.id, { shard, engineVersion: registry.engineVersion, staleNote: note, unreachable, state });
     }
     return state;
   }

@@ -33,6 +33,7 @@ export const GPU_QUERY_FIELDS = [
   'memory.free',
   'memory.reserved',
   'mig.mode.current',
+  'pci.bus_id',
 ] as const;
 export const COMPUTE_APPS_FIELDS = ['gpu_uuid', 'pid', 'process_name', 'used_gpu_memory'] as const;
 
@@ -49,6 +50,11 @@ export interface GpuRecord {
    * not asked (a driver that does not know the field).
    */
   migMode: string | null;
+  /**
+   * pci.bus_id, as the query prints it (00000000:83:00.0); null where nvidia-smi has no value or it
+   * was not asked. nvidia-smi's error lines and the kernel's (dmesg) name a GPU by it.
+   */
+  busId: string | null;
 }
 
 export interface ComputeAppRecord {
@@ -188,7 +194,52 @@ function parseGpuLine(line: string, fields: readonly string[], command: string):
     freeMiB: memory('memory.free'),
     reservedMiB: memory('memory.reserved'),
     migMode: fields.includes('mig.mode.current') && !NO_VALUE.test(cell('mig.mode.current')) ? cell('mig.mode.current') : null,
+    busId: fields.includes('pci.bus_id') ? parseBusId(cell('pci.bus_id'), line, command) : null,
   };
+}
+
+const BUS_ID = /^([0-9a-f]{1,8}):([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$/i;
+
+/**
+ * A PCI bus id in the form nvidia-smi's query prints (an 8-digit domain, upper case: 00000000:83:00.0),
+ * from any form nvidia-smi or the kernel writes (its error lines give a 4-digit domain, dmesg lower
+ * case); null when `text` is not one.
+ */
+export function canonicalBusId(text: string): string | null {
+  const match = BUS_ID.exec(text.trim());
+  if (match === null) return null;
+  const [, domain, bus, device, fn] = match as unknown as [string, string, string, string, string];
+  return `${domain.padStart(8, '0')}:${bus.padStart(2, '0')}:${device.padStart(2, '0')}.${fn}`.toUpperCase();
+}
+
+function parseBusId(cell: string, line: string, command: string): string | null {
+  if (NO_VALUE.test(cell)) return null;
+  const busId = canonicalBusId(cell);
+  if (busId === null) throw unparsable(line, `pci.bus_id ${JSON.stringify(cell)} is not a PCI bus id (domain:bus:device.function)`, command);
+  return busId;
+}
+
+/** A GPU nvidia-smi could not reach, in its own words. */
+export interface UnreachableGpu {
+  /** Its PCI bus id, in canonicalBusId's form. */
+  busId: string;
+  /** What nvidia-smi said of it ("GPU is lost. Reboot the system to recover this GPU", "Unknown Error"). */
+  said: string;
+}
+
+// nvidia-smi fails the whole query when it cannot get a handle on one GPU, and names that GPU by bus
+// id: "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system
+// to recover this GPU" (exit 15), or "...for GPU0000:07:00.0: Unknown Error" (samples).
+const DEVICE_HANDLE_FAILURE = /Unable to determine the device handle for GPU ?([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]): ([^\n"]*)/g;
+
+/** The GPUs nvidia-smi's output (or a failure message quoting it) says it cannot reach, once each. */
+export function unreachableGpusIn(text: string): UnreachableGpu[] {
+  const found = new Map<string, UnreachableGpu>();
+  for (const [, bus, said] of text.matchAll(DEVICE_HANDLE_FAILURE)) {
+    const busId = canonicalBusId(bus as string);
+    if (busId !== null && !found.has(busId)) found.set(busId, { busId, said: (said as string).trim() });
+  }
+  return [...found.values()];
 }
 
 /**

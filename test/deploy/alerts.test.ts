@@ -1,7 +1,8 @@
 // Owns the checks of deploy/kubernetes/prometheusrule.yaml: promtool accepts the rules, and its unit
 // tests, fed with the /metrics of real nodecompute apps (one with shards on-cpu, stopped, exited and stray,
 // one whose GPU processes are hidden, one whose nvidia-smi fails, one whose GPU drops out of
-// nvidia-smi's list under a shard, one whose token file is deleted), fire exactly the alerts each node deserves,
+// nvidia-smi's list under a shard, one whose token file is deleted, one whose nvidia-smi fails naming the GPU
+// under a shard), fire exactly the alerts each node deserves,
 // with their annotations rendered.
 // A renamed metric or label fails here.
 import { spawnSync } from 'node:child_process';
@@ -134,6 +135,22 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   t.same((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus.map((gpu: { uuid: string }) => gpu.uuid), [UUIDS[1]]);
   t.equal((await dropping.app.inject({ method: 'GET', url: '/shards/llama-e/ready' })).json().state, 'gpu-lost');
 
+  // Node 6: nvidia-smi fails every query, naming GPU 1 by bus id ("GPU is lost"), past max-stale: the
+  // shard on it is gpu-lost and the GPU lost, as on node 4, and nvidia-smi is down, as on node 3.
+  const onUnreachableGpu = await spawnShardProcess(t, 1);
+  const clock6 = manualClock();
+  const unreachable = await buildTestApp(t, {
+    scenario: node([{ gpuUuid: UUIDS[1]!, pid: onUnreachableGpu.members[0]!, name: 'llama-server', usedMiB: 12000 }]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { now: clock6.now },
+  });
+  t.equal((await unreachable.app.inject({ method: 'PUT', url: '/shards/llama-f', payload: { pid: onUnreachableGpu.pid, gpus: [1] } })).statusCode, 201);
+  await settle(unreachable.app);
+  t.equal((await unreachable.app.inject({ method: 'GET', url: '/shards/llama-f/ready' })).json().state, 'ready');
+  unreachable.fake.update((s) => ({ ...s, failures: { all: { kind: 'gpu-lost', busId: '0000:02:00.0' } } }));
+  clock6.advance(5);
+  t.equal((await unreachable.app.inject({ method: 'GET', url: '/shards/llama-f/ready' })).json().cause, 'gpu-unreachable');
+
   // Node 5: its token file (a Secret's) is deleted after start; the tokens read at start stay in force.
   const tokenFile = join(t.testdir({ token: 'alerts-token-0123456789\n' }), 'token');
   const { token, fileTokens } = await readStartTokens(resolveConfig({ NODECOMPUTE_TOKEN_FILE: tokenFile }, []).config);
@@ -142,7 +159,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
 
   const scrape = async (app: typeof busy.app, instance: string): Promise<Sample[]> =>
     samples((await app.inject({ method: 'GET', url: '/metrics' })).body).map((s) => ({ ...s, labels: { ...s.labels, instance, job: 'nodecompute' } }));
-  const all = [...(await scrape(busy.app, 'gpu-node-1:9470')), ...(await scrape(hidden.app, 'gpu-node-2:9470')), ...(await scrape(failing.app, 'gpu-node-3:9470')), ...(await scrape(dropping.app, 'gpu-node-4:9470')), ...(await scrape(noSecret.app, 'gpu-node-5:9470'))];
+  const all = [...(await scrape(busy.app, 'gpu-node-1:9470')), ...(await scrape(hidden.app, 'gpu-node-2:9470')), ...(await scrape(failing.app, 'gpu-node-3:9470')), ...(await scrape(dropping.app, 'gpu-node-4:9470')), ...(await scrape(noSecret.app, 'gpu-node-5:9470')), ...(await scrape(unreachable.app, 'gpu-node-6:9470'))];
   const find = (name: string, labels: Record<string, string>) => {
     const found = all.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v));
     t.ok(found, `the scrapes have ${name} ${JSON.stringify(labels)}`);
@@ -155,9 +172,12 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
     NodecomputeShardExited: [expected('NodecomputeShardExited', find('nodecompute_shard_state', { shard: 'llama-c', state: 'exited' }))],
     NodecomputeStrayGpuMemory: [expected('NodecomputeStrayGpuMemory', find('nodecompute_shard_gpu_memory_bytes', { shard: 'llama-a', gpu: '1' }))],
     NodecomputeGpuProcessesHidden: [expected('NodecomputeGpuProcessesHidden', find('nodecompute_gpu_processes_visible', { instance: 'gpu-node-2:9470' }))],
-    NodecomputeNvidiaSmiDown: [expected('NodecomputeNvidiaSmiDown', find('nodecompute_nvidia_smi_up', { instance: 'gpu-node-3:9470' }))],
-    NodecomputeShardGpuLost: [expected('NodecomputeShardGpuLost', find('nodecompute_shard_state', { instance: 'gpu-node-4:9470', shard: 'llama-e', state: 'gpu-lost' }))],
-    NodecomputeGpuLost: [expected('NodecomputeGpuLost', find('nodecompute_gpu_lost', { instance: 'gpu-node-4:9470', gpu: '1', uuid: UUIDS[1]! }))],
+    NodecomputeNvidiaSmiDown: ['gpu-node-3:9470', 'gpu-node-6:9470'].map((instance) => expected('NodecomputeNvidiaSmiDown', find('nodecompute_nvidia_smi_up', { instance }))),
+    NodecomputeShardGpuLost: [
+      expected('NodecomputeShardGpuLost', find('nodecompute_shard_state', { instance: 'gpu-node-4:9470', shard: 'llama-e', state: 'gpu-lost' })),
+      expected('NodecomputeShardGpuLost', find('nodecompute_shard_state', { instance: 'gpu-node-6:9470', shard: 'llama-f', state: 'gpu-lost' })),
+    ],
+    NodecomputeGpuLost: ['gpu-node-4:9470', 'gpu-node-6:9470'].map((instance) => expected('NodecomputeGpuLost', find('nodecompute_gpu_lost', { instance, gpu: '1', uuid: UUIDS[1]! }))),
     NodecomputeTokenFileBroken: [expected('NodecomputeTokenFileBroken', find('nodecompute_token_file_ok', { instance: 'gpu-node-5:9470', file: tokenFile }))],
   };
   for (const sample of Object.values(alerts).flat()) delete (sample.exp_labels as Record<string, string>).__name__;

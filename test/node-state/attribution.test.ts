@@ -206,6 +206,7 @@ const node = fc
           freeMiB: 1,
           reservedMiB: 0,
           migMode: 'Disabled',
+          busId: null,
           processes: processes.map((p) => ({ pid: p.pid, name: `p${p.pid}`, usedMiB: p.usedMiB, gpuIndex: index, gpuUuid: `GPU-${index}` })),
         }),
       ),

@@ -22,6 +22,7 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
     index: 0,
     uuid: 'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
     name: 'NVIDIA H200',
+    busId: '00000000:18:00.0',
     memory: { totalMiB: 143771, usedMiB: 130013, freeMiB: 13145, reservedMiB: 614 },
     migMode: 'Disabled',
     processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null }],

@@ -7,10 +7,12 @@
 import t from 'tap';
 import type { LostGpu } from '../../src/node-state/gpu-roster.js';
 import type { GpuState } from '../../src/node-state/node-snapshot.js';
+import type { Liveness } from '../../src/node-state/attribution.js';
 import type { NodeView } from '../../src/node-state/node-view.js';
+import type { UnreachableListedGpu } from '../../src/node-state/placement.js';
 import { shardCompute } from '../../src/shards/compute.js';
 import type { EngineAccount } from '../../src/shards/llama-log.js';
-import { readiness } from '../../src/shards/readiness.js';
+import { readiness, type ReadinessInput } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
@@ -131,4 +133,63 @@ t.test('a GPU listed again, or an index nvidia-smi gives another GPU now, is jud
   t.equal(verdictOf(s, back).state, 'ready');
   const renumbered = view([gpu(3, [])], [procStat(100)], [s]);
   t.equal(verdictOf(s, renumbered).state, 'on-cpu', 'index 3 is listed (by another UUID): the shard is judged on that GPU, as the status page says');
+});
+
+// nvidia-smi fails, naming GPU 3 by bus id: the last good listing (the view, served stale; or, past
+// max-stale, none) says which GPU that is (NodeService.unreachable). The real service is in
+// test/routes/gpu-unreachable.test.ts.
+const SAID = 'GPU is lost. Reboot the system to recover this GPU';
+const UNREACHABLE_3: UnreachableListedGpu = { busId: '00000000:04:00.0', said: SAID, listed: { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200' } };
+const CANNOT_REACH_3 = `nvidia-smi cannot reach GPU 3 (GPU-3, NVIDIA H200, PCI 00000000:04:00.0): it says "${SAID}"`;
+const UNREACHABLE_MEANING =
+  "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.";
+
+t.test('a GPU nvidia-smi says it cannot reach: gpu-lost on the stale view, in its words, before starting and on-cpu', async (t) => {
+  const s = shard({ gpuUuids: ['GPU-3'] });
+  const stale = view([gpu(0, []), gpu(3, [[100, 9000]])], [procStat(100)], [s], []);
+  const judge = (shard: ShardRecord, node: NodeView, engine: EngineAccount | null = null) =>
+    readiness({ shard, node, engine, enginePosted: engine !== null, staleReason: null, now: NOW, unreachable: [UNREACHABLE_3] });
+  t.same(judge(s, stale), {
+    ready: false,
+    state: 'gpu-lost',
+    cause: 'gpu-unreachable',
+    reason: `placed on GPU 3, but ${CANNOT_REACH_3}. ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX}`,
+    warnings: [],
+  });
+  t.equal(verdictOf(s, stale).state, 'ready', 'without the failure, the same view is ready');
+  t.same(judge(s, stale, CPU_ENGINE).warnings, [`the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`]);
+  const stopped = judge(s, view([gpu(0, []), gpu(3, [[100, 9000]])], [procStat(100, 'T')], [s], []));
+  t.same([stopped.state, stopped.warnings], ['stopped', [`${CANNOT_REACH_3}: once it runs again, it reads gpu-lost`]]);
+
+  const byIndex = shard();
+  t.equal(judge(byIndex, stale).cause, 'gpu-unreachable', 'a registration without UUIDs is matched by the index the listing gave the GPU');
+  const otherDevice = shard({ gpuUuids: ['GPU-9'] });
+  t.equal(judge(otherDevice, view([gpu(3, [[100, 9000]])], [procStat(100)], [otherDevice], [])).state, 'gpu-lost', "GPU-9 is not listed: that decides, not GPU 3's failure");
+  t.equal(judge(otherDevice, view([gpu(3, [[100, 9000]])], [procStat(100)], [otherDevice], [])).cause, 'gpu-not-listed');
+  const onGpu4 = shard({ gpus: [4], gpuUuids: ['GPU-4'] });
+  t.same(judge(onGpu4, view([gpu(3, []), gpu(4, [[100, 9000]])], [procStat(100)], [onGpu4], [])).state, 'ready', 'a shard on a GPU nvidia-smi can reach is judged as before');
+
+  const both = shard({ gpus: [3, 5], gpuUuids: ['GPU-3', 'GPU-5'] });
+  const lost5: LostGpu = { ...LOST_3, index: 5, uuid: 'GPU-5' };
+  const mixed = judge(both, view([gpu(3, [[100, 9000]])], [procStat(100)], [both], [lost5]));
+  t.equal(mixed.cause, 'gpu-not-listed', 'a GPU gone from the listing names the cause');
+  t.match(mixed.reason, `but GPU 5 (GPU-5, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z); ${CANNOT_REACH_3}: it fell off the bus, was reset or was detached.`);
+  t.match(mixed.reason, `shards placed on it cannot hold it. ${UNREACHABLE_MEANING} This shard`);
+});
+
+t.test('past max-stale (no view): gpu-lost from /proc and the last listing, after an exit and a stop', async (t) => {
+  const s = shard({ gpuUuids: ['GPU-3'] });
+  const judge = (liveness: Liveness, extra: Partial<ReadinessInput> = {}) =>
+    readiness({ shard: s, node: null, unavailable: `nvidia-smi exited with code 15 and said: "${SAID}"`, liveness, engine: null, staleReason: null, now: NOW, unreachable: [UNREACHABLE_3], ...extra });
+  t.same(judge({ state: 'alive' }), { ready: false, state: 'gpu-lost', cause: 'gpu-unreachable', reason: `placed on GPU 3, but ${CANNOT_REACH_3}. ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX}`, warnings: [] });
+  t.equal(judge({ state: 'gone', why: 'no such process' }).state, 'exited');
+  const stopped = judge({ state: 'stopped', why: 'process 100 is stopped' });
+  t.same([stopped.state, stopped.warnings.slice(1)], ['stopped', [`${CANNOT_REACH_3}: once it runs again, it reads gpu-lost`]]);
+  t.same(judge({ state: 'unreadable', why: 'its stat could not be read' }).warnings, ['its stat could not be read'], 'whether it runs is unknown, and said');
+  t.same(judge({ state: 'alive' }, { engine: CPU_ENGINE, enginePosted: true }).warnings, [`the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`]);
+  const pod = shard({ gpuUuids: ['GPU-3'], cgroup: 'pod-a' });
+  const earlier = readiness({ shard: pod, node: null, liveness: { state: 'alive', oldestStart: 50 }, engine: CPU_ENGINE, engineTicks: 10, enginePosted: true, staleReason: null, now: NOW, unreachable: [UNREACHABLE_3] });
+  t.same([earlier.state, earlier.warnings.length], ['gpu-lost', 1], "an earlier run's output is set aside, and said");
+  t.match(earlier.warnings[0], /came, at least in part, from an earlier run/);
+  t.equal(judge({ state: 'alive' }, { unreachable: [{ ...UNREACHABLE_3, listed: null }] }).state, 'unverified', 'a bus id no listing had names no GPU of the shard');
 });

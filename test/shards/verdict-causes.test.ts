@@ -57,6 +57,12 @@ const cases: Case[] = [
   { name: 'weights on CUDA0 by its output, none by nvidia-smi', input: { node: idle(), engine: WEIGHTS_ON_CUDA0, enginePosted: true }, state: 'on-cpu', cause: 'engine-output-conflicts' },
   { name: 'grace over, nothing held', input: { node: idle() }, state: 'on-cpu', cause: 'no-gpu-memory' },
   { name: 'its GPU no longer listed', input: { node: handMadeView({ now: NOW, gpus: [gpu(1, [])], stats: [procStat(100)] }, [s]) }, state: 'gpu-lost', cause: 'gpu-not-listed' },
+  {
+    name: 'nvidia-smi fails, saying it cannot reach its GPU',
+    input: { node: null, liveness: { state: 'alive' }, unreachable: [{ busId: '00000000:01:00.0', said: 'GPU is lost', listed: { index: 0, uuid: 'GPU-0', name: 'NVIDIA H200' } }] },
+    state: 'gpu-lost',
+    cause: 'gpu-unreachable',
+  },
   { name: 'its process stopped', input: { node: handMadeView({ now: NOW, gpus: [gpu(0, [])], stats: [procStat(100, 'T')] }, [s]) }, state: 'stopped', cause: 'process-stopped' },
   { name: 'its process stopped, nvidia-smi down', input: { node: null, liveness: { state: 'stopped', why: 'process 100 is stopped' } }, state: 'stopped', cause: 'process-stopped' },
   { name: 'its process gone', input: { node: handMadeView({ now: NOW, gpus: [gpu(0, [])], otherAnswers: [[100, null]] }, [s]) }, state: 'exited', cause: 'process-exited' },

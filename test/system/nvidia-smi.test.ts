@@ -13,9 +13,12 @@ import {
   GPU_QUERY_FIELDS,
   parseComputeAppsCsv,
   parseGpuCsv,
+  canonicalBusId,
   parseVersion,
+  unreachableGpusIn,
   type ComputeAppRecord,
   type GpuRecord,
+  type UnreachableGpu,
 } from '../../src/system/nvidia-smi.js';
 
 type Source =
@@ -36,7 +39,9 @@ const ZERO_UUID = 'GPU-00000000-0000-0000-0000-000000000000';
 const WITHOUT_OPTIONAL = GPU_QUERY_FIELDS.filter((f) => f !== 'memory.reserved' && f !== 'mig.mode.current');
 
 const lines = (...rows: string[]) => rows.map((row) => `${row}\n`).join('');
-const gpu = (index: number, uuid: string, name: string, mem: Array<number | null>, migMode: string | null = 'Disabled'): GpuRecord => ({
+/** The bus id of the H200 of the captures. */
+const H200_BUS = '00000000:83:00.0';
+const gpu = (index: number, uuid: string, name: string, mem: Array<number | null>, migMode: string | null = 'Disabled', busId: string | null = H200_BUS): GpuRecord => ({
   index,
   uuid,
   name,
@@ -45,6 +50,7 @@ const gpu = (index: number, uuid: string, name: string, mem: Array<number | null
   freeMiB: mem[2] ?? null,
   reservedMiB: mem[3] ?? null,
   migMode,
+  busId,
 });
 const app = (gpuUuid: string, pid: number, name: string, usedMiB: number | null): ComputeAppRecord => ({
   gpuUuid,
@@ -54,44 +60,44 @@ const app = (gpuUuid: string, pid: number, name: string, usedMiB: number | null)
 });
 
 const GPU_HEADER =
-  'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current';
+  'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id';
 const APPS_HEADER = 'gpu_uuid, pid, process_name, used_gpu_memory [MiB]';
 
 const gpuCases: Array<Case<GpuRecord[]>> = [
   {
     name: 'h200 idle',
     source: { file: 'nvsmi-capture_h200_590.48.01_idle_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled, ${H200_BUS}`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 0, 143158, 614])],
   },
   {
     name: 'h200 load',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
     name: 'h100 MIG: the parent GPU is the only row, MIG mode Enabled',
     source: { file: 'nvsmi-capture_h100-mig_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H100 80GB HBM3, 81559 MiB, 11125 MiB, 69956 MiB, 479 MiB, Enabled`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H100 80GB HBM3', [81559, 11125, 69956, 479], 'Enabled')],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H100 80GB HBM3, 81559 MiB, 11125 MiB, 69956 MiB, 479 MiB, Enabled, 00000000:00:09.0`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H100 80GB HBM3', [81559, 11125, 69956, 479], 'Enabled', '00000000:00:09.0')],
   },
   {
     name: 'windows rtx2080s: no MIG mode ([N/A]) reads as null',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A]`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null)],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A], 00000000:0C:00.0`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null, '00000000:0C:00.0')],
   },
   {
     name: 'windows rtx2080s with CRLF line ends (the capture stored LF; Windows prints CRLF)',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'columns cut, LF -> CRLF' },
-    text: `${GPU_HEADER}\r\n0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A]\r\n`,
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null)],
+    text: `${GPU_HEADER}\r\n0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A], 00000000:0C:00.0\r\n`,
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null, '00000000:0C:00.0')],
   },
   {
     name: 'h200 load, nounits (values bare, header keeps its units)',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS, units: false },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled, ${H200_BUS}`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
@@ -103,7 +109,7 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       units: false,
       header: false,
     },
-    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled`),
+    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled, ${H200_BUS}`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
@@ -115,8 +121,8 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       '5, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-f4f5db98-143f-0a8d-47ce-956fab39a736, 610.43.02, 97887 MiB, Disabled',
     ),
     expected: [
-      gpu(4, 'GPU-4c395b7a-a7e6-d90f-1ced-d96e8dd68288', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887], 'Disabled'),
-      gpu(5, 'GPU-f4f5db98-143f-0a8d-47ce-956fab39a736', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887], 'Disabled'),
+      gpu(4, 'GPU-4c395b7a-a7e6-d90f-1ced-d96e8dd68288', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887], 'Disabled', null),
+      gpu(5, 'GPU-f4f5db98-143f-0a8d-47ce-956fab39a736', 'NVIDIA RTX PRO 6000 Blackwell Server Edition', [97887], 'Disabled', null),
     ],
   },
   {
@@ -124,34 +130,34 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     source: {
       file: 'nvsmi-query-gpu_mig-container_insufficient-permissions_stableswarmui388.txt',
       kind: 'edited',
-      how: 'our columns: index 0 and an invented uuid added; name and the three memory cells as in the sample; reserved [N/A]; MIG Enabled (a MIG container)',
+      how: 'our columns: index 0 and an invented uuid added; name and the three memory cells as in the sample; reserved [N/A]; MIG Enabled (a MIG container); an invented bus id',
     },
     text: lines(
       GPU_HEADER,
-      '0, GPU-5e3c0c4e-0000-0000-0000-000000000000, NVIDIA A100-SXM4-80GB, [Insufficient Permissions], [Insufficient Permissions], [Insufficient Permissions], [N/A], Enabled',
+      '0, GPU-5e3c0c4e-0000-0000-0000-000000000000, NVIDIA A100-SXM4-80GB, [Insufficient Permissions], [Insufficient Permissions], [Insufficient Permissions], [N/A], Enabled, 00000000:4B:00.0',
     ),
-    expected: [gpu(0, 'GPU-5e3c0c4e-0000-0000-0000-000000000000', 'NVIDIA A100-SXM4-80GB', [null, null, null, null], 'Enabled')],
+    expected: [gpu(0, 'GPU-5e3c0c4e-0000-0000-0000-000000000000', 'NVIDIA A100-SXM4-80GB', [null, null, null, null], 'Enabled', '00000000:4B:00.0')],
   },
   {
     name: 'older driver asked without memory.reserved and mig.mode.current: both read as null',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: WITHOUT_OPTIONAL },
     fields: WITHOUT_OPTIONAL,
     text: lines(
-      'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB]',
-      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB`,
+      'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], pci.bus_id',
+      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, ${H200_BUS}`,
     ),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, null], null)],
   },
   {
     name: '[Unknown Error], N/A and [Not Supported] read as null',
-    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory cells replaced by the markers' },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, [Unknown Error], N/A, [Not Supported], [N/A], [N/A]`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [null, null, null, null], null)],
+    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory and bus id cells replaced by the markers' },
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, [Unknown Error], N/A, [Not Supported], [N/A], [N/A], [N/A]`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [null, null, null, null], null, null)],
   },
   {
     name: 'blank lines and trailing spaces are ignored; no output at all is no GPU',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'blank lines and spaces added' },
-    text: `\n${GPU_HEADER}  \n\n0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled   \n\n`,
+    text: `\n${GPU_HEADER}  \n\n0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}   \n\n`,
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
   },
   {
@@ -167,32 +173,32 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
     ),
     expected: {
-      error: /cannot read: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\. Make sure .*running\." \(expected 8 values/,
+      error: /cannot read: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\. Make sure .*running\." \(expected 9 values/,
     },
   },
   {
     name: 'a unit other than MiB is refused, not misread',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory.total in GiB' },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 140 GiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 140 GiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
     expected: { error: /"0, GPU-0.*, NVIDIA H200, 140 GiB, .*" \("140 GiB" is not a size in MiB\)/ },
   },
   {
     name: 'an index that is not a number',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'index replaced' },
-    text: lines(`[N/A], ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled`),
+    text: lines(`[N/A], ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
     expected: { error: /index "\[N\/A\]" is not a whole number/ },
   },
   {
     name: 'an empty uuid',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'uuid emptied' },
-    text: lines('0, , NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled'),
+    text: lines(`0, , NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
     expected: { error: /"0, , NVIDIA H200.*" \(uuid is empty\)/ },
   },
   {
     name: 'a line with more values than fields asked (noheader) is refused, not read by position',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'our columns, no header, one value appended' },
-    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, 0 MiB`),
-    expected: { error: /\(expected 8 values \(index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current\), found 9\)/ },
+    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 0 MiB`),
+    expected: { error: /\(expected 9 values \(index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current, pci.bus_id\), found 10\)/ },
   },
   {
     name: 'a header with fewer columns than asked',
@@ -201,16 +207,22 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB]',
       `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB`,
     ),
-    expected: { error: /"index, uuid, name, .*memory.free \[MiB\]" \(the header does not match the fields asked: index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current\)/ },
+    expected: { error: /"index, uuid, name, .*memory.free \[MiB\]" \(the header does not match the fields asked: index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current, pci.bus_id\)/ },
   },
   {
     name: 'a header with the columns in another order',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'used and free swapped' },
     text: lines(
-      'index, uuid, name, memory.total [MiB], memory.free [MiB], memory.used [MiB], memory.reserved [MiB], mig.mode.current',
-      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 110796 MiB, 32362 MiB, 614 MiB, Disabled`,
+      'index, uuid, name, memory.total [MiB], memory.free [MiB], memory.used [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id',
+      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 110796 MiB, 32362 MiB, 614 MiB, Disabled, ${H200_BUS}`,
     ),
     expected: { error: /the header does not match the fields asked/ },
+  },
+  {
+    name: 'a bus id that is not one is refused, not kept',
+    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'pci.bus_id replaced' },
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, 83:00`),
+    expected: { error: /pci.bus_id "83:00" is not a PCI bus id \(domain:bus:device.function\)/ },
   },
 ];
 
@@ -482,6 +494,63 @@ const versionCases: Array<Case<{ smiVersion: string | null; driverVersion: strin
   },
 ];
 
+const LOST_SAID = 'GPU is lost. Reboot the system to recover this GPU';
+
+/** What nvidia-smi says when it cannot reach a GPU: never an error, at most nothing. */
+const unreachableCases: Array<Case<UnreachableGpu[]>> = [
+  {
+    name: 'GPU is lost (exit 15): the bus id, with a space after GPU',
+    source: { file: 'nvsmi-err_device-handle_gpu-is-lost_owod81.txt', kind: 'verbatim' },
+    text: lines(`Unable to determine the device handle for GPU 0000:02:00.0: ${LOST_SAID}`),
+    expected: [{ busId: '00000000:02:00.0', said: LOST_SAID }],
+  },
+  {
+    name: 'Unknown Error, no space after GPU',
+    source: { file: 'nvsmi-err_device-handle_unknown-error_no-space_2024.txt', kind: 'verbatim' },
+    text: lines('$ nvidia-smi', 'Unable to determine the device handle for GPU0000:07:00.0: Unknown Error'),
+    expected: [{ busId: '00000000:07:00.0', said: 'Unknown Error' }],
+  },
+  {
+    name: 'Unknown Error, upper-case hex',
+    source: { file: 'nvsmi-err_device-handle_unknown-error_with-space_2015.txt', kind: 'verbatim' },
+    text: lines('Unable to determine the device handle for GPU 0000:0B:00.0: Unknown Error'),
+    expected: [{ busId: '00000000:0B:00.0', said: 'Unknown Error' }],
+  },
+  {
+    name: 'two GPUs, one named twice: each once, in order',
+    source: { file: 'nvsmi-err_device-handle_gpu-is-lost_owod81.txt', kind: 'edited', how: 'a second GPU and a repeat added' },
+    text: lines(
+      `Unable to determine the device handle for GPU 0000:5d:00.0: ${LOST_SAID}`,
+      'Unable to determine the device handle for GPU 0000:02:00.0: Unknown Error',
+      `Unable to determine the device handle for GPU 0000:5D:00.0: ${LOST_SAID}`,
+    ),
+    expected: [
+      { busId: '00000000:5D:00.0', said: LOST_SAID },
+      { busId: '00000000:02:00.0', said: 'Unknown Error' },
+    ],
+  },
+  {
+    name: "quoted in nodecompute's failure message: what it said ends at the quote",
+    source: { file: 'nvsmi-err_device-handle_gpu-is-lost_owod81.txt', kind: 'edited', how: "wrapped as the runner's error message words it" },
+    text: `nvidia-smi exited with code 15 and said: "Unable to determine the device handle for GPU 0000:02:00.0: ${LOST_SAID}". This means a GPU has fallen off the bus.`,
+    expected: [{ busId: '00000000:02:00.0', said: LOST_SAID }],
+  },
+  {
+    name: 'a bus id that is not one is passed over',
+    source: { file: 'nvsmi-err_device-handle_unknown-error_with-space_2015.txt', kind: 'edited', how: 'a three-digit bus number' },
+    text: lines('Unable to determine the device handle for GPU 0000:10B:00.0: Unknown Error'),
+    expected: [],
+  },
+  {
+    name: 'a failure that names no GPU: none',
+    source: { file: 'nvsmi-err_couldnt-communicate_gcp-pr18.txt', kind: 'verbatim' },
+    text: lines(
+      "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
+    ),
+    expected: [],
+  },
+];
+
 function runCases<T>(t: Test, cases: Array<Case<T>>, parse: (c: Case<T>) => T): void {
   for (const c of cases) {
     t.test(`${c.name} [${c.source.file}]`, async (t) => {
@@ -511,7 +580,7 @@ function cutColumns(sample: string, source: Extract<Source, { kind: 'columns' }>
 }
 
 t.test('every verbatim and columns case is cut from its sample', { skip: samplesDir ? false : 'shared/samples not present' }, async (t) => {
-  const all = [...gpuCases, ...appCases, ...versionCases] as Array<Case<unknown>>;
+  const all = [...gpuCases, ...appCases, ...versionCases, ...unreachableCases] as Array<Case<unknown>>;
   for (const c of all) {
     const sample = readFileSync(join(samplesDir as string, c.source.file), 'utf8');
     const caseLines = c.text.split('\n').filter((line) => line !== '');
@@ -533,7 +602,7 @@ t.test('parseGpuCsv', async (t) => {
   });
   t.test('the error says which command to run by hand', async (t) => {
     t.throws(() => parseGpuCsv('garbage\n', WITHOUT_OPTIONAL), {
-      message: /Run `nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free --format=csv` by hand/,
+      message: /Run `nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free,pci.bus_id --format=csv` by hand/,
     });
   });
 });
@@ -544,4 +613,15 @@ t.test('parseComputeAppsCsv', async (t) => {
 
 t.test('parseVersion', async (t) => {
   runCases(t, versionCases, (c) => parseVersion(c.text));
+});
+
+t.test('unreachableGpusIn', async (t) => {
+  runCases(t, unreachableCases, (c) => unreachableGpusIn(c.text));
+});
+
+t.test('canonicalBusId: the query form from the forms nvidia-smi and the kernel write', async (t) => {
+  t.equal(canonicalBusId('00000000:83:00.0'), '00000000:83:00.0', 'the query form (the H200 capture) as it is');
+  t.equal(canonicalBusId('0000:b3:00.0'), '00000000:B3:00.0', "dmesg's form (dmesg_gpu-fallen-off-bus_nvsentinel155.txt)");
+  t.equal(canonicalBusId(' 0:3:0.1 '), '00000000:03:00.1', 'short fields padded');
+  for (const text of ['', '83:00.0', '0000:83:00', '0000:83:00.8', 'GPU-00000000', '0000:zz:00.0']) t.equal(canonicalBusId(text), null, JSON.stringify(text));
 });

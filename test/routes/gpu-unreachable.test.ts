@@ -1,0 +1,117 @@
+// A GPU nvidia-smi cannot reach: every query fails naming it by PCI bus id ("Unable to determine the
+// device handle for GPU 0000:02:00.0: GPU is lost", exit 15), as nvidia-smi does once a GPU has
+// fallen off the bus. Through the real app, the fake nvidia-smi and real shard processes whose
+// children hold the GPUs, on a clock the test moves: the shard placed on that GPU is gpu-lost at
+// once (cause gpu-unreachable), while the last good snapshot is served and past max-stale too, when
+// the node's other shard reads unverified; nodecompute_gpu_lost names the GPU; a stopped shard on it
+// is warned; once nvidia-smi answers again, both are ready. And when no listing ever had the GPU
+// (nvidia-smi failing since nodecompute started), nothing maps its bus id to a shard's GPU.
+import t from 'tap';
+import type { App } from '../../src/app.js';
+import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import type { FakeGpu, FakeScenario } from '../helpers/fake-nvidia-smi.js';
+
+const UUIDS = ['GPU-0a0a0a0a-0000-0000-0000-000000000000', 'GPU-1b1b1b1b-0000-0000-0000-000000000000'];
+const LOST = 'GPU is lost. Reboot the system to recover this GPU';
+/** The fake's bus id of GPU 1 (00000000:02:00.0), in the form nvidia-smi's error line gives it. */
+const GPU1_BUS = '0000:02:00.0';
+
+const gpuAt = (index: number): FakeGpu => ({ index, uuid: UUIDS[index]!, name: 'NVIDIA H200', totalMiB: 143771, usedMiB: 20000, freeMiB: 123157, reservedMiB: 614 });
+
+async function probe(app: App, id: string) {
+  const answer = await app.inject({ method: 'GET', url: `/shards/${id}/ready` });
+  return { status: answer.statusCode, ...answer.json() };
+}
+
+/** The probes of both shards once any refresh a request starts has landed. */
+async function verdicts(app: App) {
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  return Promise.all(['s0', 's1'].map((id) => probe(app, id)));
+}
+
+t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and past max-stale, until nvidia-smi answers again', async (t) => {
+  const shards = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
+  const scenario: FakeScenario = {
+    gpus: [gpuAt(0), gpuAt(1)],
+    processes: shards.map((shard, i) => ({ gpuUuid: UUIDS[i]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 19000 })),
+  };
+  const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
+  const { app, fake } = await buildTestApp(t, { scenario, deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  for (const [i, shard] of shards.entries()) {
+    t.equal((await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
+  }
+  t.same((await verdicts(app)).map((v) => v.state), ['ready', 'ready']);
+  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus;
+  t.same(
+    gpus.map((gpu: { busId: string }) => gpu.busId),
+    ['00000000:01:00.0', '00000000:02:00.0'],
+    "/gpus gives each GPU's bus id, as nvidia-smi's errors and dmesg name it",
+  );
+
+  // GPU 1 falls off the bus: every nvidia-smi query fails, naming it.
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'gpu-lost', busId: GPU1_BUS } } }));
+  clock.advance(1500);
+  const [s0, s1] = await verdicts(app);
+  t.same([s1.status, s1.state, s1.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'the shard on the GPU nvidia-smi cannot reach fails its probe at once');
+  t.match(
+    s1.reason,
+    `placed on GPU 1, but nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}". ` +
+      'A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung',
+  );
+  t.match(s1.reason, /This shard cannot serve as placed\. Check `dmesg` for NVIDIA Xid errors .* Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus\.$/);
+  t.same([s0.status, s0.state], [200, 'ready'], 'the other shard is judged on the last good snapshot, within max-stale');
+  t.match(s0.warnings, [/^answered from an older snapshot: the last refresh failed: nvidia-smi exited with code 15/]);
+  t.same(
+    (await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string; status: { state: string } }) => [shard.id, shard.status.state]),
+    [
+      ['s0', 'ready'],
+      ['s1', 'gpu-lost'],
+    ],
+  );
+  const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.match(metrics, new RegExp(`^nodecompute_gpu_lost\\{gpu="1",uuid="${UUIDS[1]}"\\} 1$`, 'm'), 'the GPU is lost for the alert too');
+  t.notMatch(metrics, /^nodecompute_gpu_lost\{gpu="0"/m);
+  t.match(metrics, /^nodecompute_shard_state\{shard="s1",state="gpu-lost"\} 1$/m);
+
+  // Past max-stale nothing of nvidia-smi's is served: the other shard is unverified, this one still gpu-lost.
+  clock.advance(30_000);
+  const [later0, later1] = await Promise.all(['s0', 's1'].map((id) => probe(app, id)));
+  t.same([later1.status, later1.state, later1.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'still gpu-lost, from the last listing that had the GPU');
+  t.match(later1.reason, `nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0)`);
+  t.same([later0.status, later0.state, later0.cause], [200, 'unverified', 'nvidia-smi-unavailable'], 'nothing is known of the GPU the other shard holds');
+  const failed = await app.inject({ method: 'GET', url: '/gpus' });
+  t.equal(failed.statusCode, 503);
+  t.match(failed.json().message, `Unable to determine the device handle for GPU ${GPU1_BUS}: ${LOST}`);
+  t.match((await app.inject({ method: 'GET', url: '/metrics' })).body, new RegExp(`^nodecompute_gpu_lost\\{gpu="1",uuid="${UUIDS[1]}"\\} 1$`, 'm'), 'and for the alert');
+
+  // Stopped, it answers nothing: that comes first, with the lost GPU as a warning.
+  process.kill(shards[1]!.pid, 'SIGSTOP');
+  t.teardown(() => process.kill(shards[1]!.pid, 'SIGCONT'));
+  clock.advance(60_000);
+  const stopped = await probe(app, 's1');
+  t.same([stopped.state, stopped.cause], ['stopped', 'process-stopped']);
+  t.match(stopped.warnings, [/^nvidia-smi cannot be asked/, `nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}": once it runs again, it reads gpu-lost`]);
+  process.kill(shards[1]!.pid, 'SIGCONT');
+
+  // The GPU is reset and nvidia-smi answers again.
+  fake.update((s) => ({ ...s, failures: {} }));
+  clock.advance(60_000);
+  t.same((await verdicts(app)).map((v) => [v.state, v.warnings]), [
+    ['ready', []],
+    ['ready', []],
+  ]);
+  t.notMatch((await app.inject({ method: 'GET', url: '/metrics' })).body, /^nodecompute_gpu_lost\{/m);
+});
+
+t.test('nvidia-smi failing since start, naming a GPU: no listing maps its bus id, so the shard is unverified, and the failure says which GPU', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const scenario: FakeScenario = { gpus: [gpuAt(0), gpuAt(1)], processes: [], failures: { all: { kind: 'gpu-lost', busId: GPU1_BUS } } };
+  const { app } = await buildTestApp(t, { scenario });
+  const put = await app.inject({ method: 'PUT', url: '/shards/s1', payload: { pid: shard.pid, gpus: [1] } });
+  t.same([put.statusCode, put.json().gpuUuids], [201, null], 'taken on trust');
+  const verdict = await probe(app, 's1');
+  t.same([verdict.status, verdict.state, verdict.cause], [200, 'unverified', 'nvidia-smi-unavailable']);
+  t.match(verdict.warnings, [`Unable to determine the device handle for GPU ${GPU1_BUS}: ${LOST}`]);
+  t.notMatch((await app.inject({ method: 'GET', url: '/metrics' })).body, /^nodecompute_gpu_lost\{/m, 'no GPU known to be lost');
+});
