@@ -11,11 +11,12 @@
 // variable). The running service adds what only it knows: the GPUs it has lost since it started
 // (gpu-roster.ts).
 import { formatDuration } from '../duration.js';
-import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
+import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, UNREACHABLE_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
+import { listedAs } from '../node-state/placement.js';
 import { readRegistryFile } from '../shards/registry.js';
-import type { GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
+import { unreachableGpusIn, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -94,6 +95,8 @@ interface SmiFindings {
   busy: number[];
   /** The GPUs the GPU query lists; null when it could not be asked. */
   gpus: GpuRecord[] | null;
+  /** The GPUs the GPU query failed saying it cannot reach; empty when it did not fail so. */
+  unreachable: UnreachableGpu[];
 }
 
 async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
@@ -106,14 +109,14 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
     );
   } catch (err) {
     checks.push(queryFailed(deps, err, 'nvidia-smi'));
-    return { checks, pids: null, busy: [], gpus: null };
+    return { checks, pids: null, busy: [], gpus: null, unreachable: [] };
   }
   let gpus: { value: GpuRecord[]; ms: number };
   try {
     gpus = await timed(() => deps.nvidiaSmi.queryGpus());
   } catch (err) {
     checks.push(queryFailed(deps, err, 'gpus', 'nvidia-smi answers --version, but its GPU query (--query-gpu), which every GPU answer needs, fails: '));
-    return { checks, pids: null, busy: [], gpus: null };
+    return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
   }
   try {
     const apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
@@ -143,7 +146,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
           )
         : check('query-time', 'ok', `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms`),
     );
-    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value), gpus: gpus.value };
+    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value), gpus: gpus.value, unreachable: [] };
   } catch (err) {
     checks.push(
       queryFailed(
@@ -153,32 +156,31 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
         `nvidia-smi answers --version and its GPU query (${gpus.value.length} GPU(s)), but its process query (--query-compute-apps), which tells whose memory is whose, fails: `,
       ),
     );
-    return { checks, pids: null, busy: [], gpus: gpus.value };
+    return { checks, pids: null, busy: [], gpus: gpus.value, unreachable: [] };
   }
 }
 
 /**
  * The GPUs the service has lost: those its roster has lost (the latest snapshot's lostGpus) and
  * those that snapshot listed, less the ones this check's GPU query lists (`listed`; null when it
- * could not be asked). In the roster's words (gpu-roster.ts).
+ * could not be asked), in the roster's words (gpu-roster.ts); and those the query failed saying it
+ * cannot reach (`unreachable`), named as that snapshot listed them.
  */
-function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, now: number): DoctorCheck {
-  if (snapshot == null) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
-  const lost = new Map<string, LostGpu>(snapshot.lostGpus.map((gpu) => [gpu.uuid, gpu]));
-  if (listed !== null) {
+function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, unreachable: readonly UnreachableGpu[], now: number): DoctorCheck {
+  const cut = listedAs(unreachable, snapshot?.gpus ?? null).map(({ busId, said, listed }) => gpuUnreachable(busId, said, listed));
+  if (snapshot == null && cut.length === 0) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
+  const lost = new Map<string, LostGpu>(snapshot?.lostGpus.map((gpu) => [gpu.uuid, gpu]));
+  if (snapshot != null && listed !== null) {
     for (const { index, uuid, name } of snapshot.gpus) if (!lost.has(uuid)) lost.set(uuid, { index, uuid, name, lastListedAt: snapshot.takenAt, lostAt: now });
     for (const gpu of listed) lost.delete(gpu.uuid);
   }
-  if (lost.size === 0) return check('lost-gpus', 'ok', 'every GPU nodecompute has listed since it started is still listed');
+  if (lost.size === 0 && cut.length === 0) return check('lost-gpus', 'ok', 'every GPU nodecompute has listed since it started is still listed');
   const lines = [...lost.values()]
     .sort((a, b) => a.index - b.index)
     .map((gpu) => `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago)`);
-  return check(
-    'lost-gpus',
-    'fail',
-    `${lines.join('\n')}:\n${LOST_GPU_MEANING}`,
-    `${LOST_GPU_FIX} If it was detached on purpose, restart nodecompute to forget it.`,
-  );
+  const meaning = lost.size > 0 ? `:\n${LOST_GPU_MEANING}${cut.length > 0 ? ` ${UNREACHABLE_GPU_MEANING}` : ''}` : `\n${UNREACHABLE_GPU_MEANING}`;
+  const fix = lost.size > 0 ? `${LOST_GPU_FIX} If it was detached on purpose, restart nodecompute to forget it.` : LOST_GPU_FIX;
+  return check('lost-gpus', 'fail', `${[...lines, ...cut].join('\n')}${meaning}`, fix);
 }
 
 /** The host-pid-namespace check with no GPU process listed (and no memory in use hidden from it). */
@@ -288,7 +290,7 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
     );
   }
   checks.push(...smi.checks);
-  if (deps.snapshot !== undefined) checks.push(lostGpusCheck(deps.snapshot, smi.gpus, deps.now()));
+  if (deps.snapshot !== undefined) checks.push(lostGpusCheck(deps.snapshot, smi.gpus, smi.unreachable, deps.now()));
   if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy, procReadable.ok));
   checks.push(
     procReadable.ok

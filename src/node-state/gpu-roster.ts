@@ -29,6 +29,11 @@ export interface GpuRoster {
 export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>): string => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}) is no longer listed by nvidia-smi`;
 export const LOST_GPU_MEANING =
   'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it.';
+/** nvidia-smi's words for a GPU it cannot reach (its failed query names it by bus id), with what the last listing that had it said it was. */
+export const gpuUnreachable = (busId: string, said: string, listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null): string =>
+  `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
+export const UNREACHABLE_GPU_MEANING =
+  "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.";
 export const LOST_GPU_FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.';
 

@@ -42,7 +42,7 @@
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
 import type { Liveness } from '../node-state/attribution.js';
-import { gpuNoLongerListed, LOST_GPU_FIX, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
+import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, UNREACHABLE_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
@@ -316,12 +316,7 @@ function renumberedWarning({ registered, now, uuid }: Renumbered): string {
 }
 
 /** One given GPU nvidia-smi cannot reach, in its words, as the last listing that had it knew it. */
-function unreachableGpu({ busId, said, listed }: UnreachableKnownGpu): string {
-  return `nvidia-smi cannot reach GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId}): it says ${JSON.stringify(said)}`;
-}
-
-const UNREACHABLE_MEANING =
-  "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.";
+const unreachableGpu = ({ busId, said, listed }: UnreachableKnownGpu): string => gpuUnreachable(busId, said, listed);
 
 /**
  * The verdict of a shard placed on a GPU nvidia-smi no longer lists, or says it cannot reach: the
@@ -341,7 +336,7 @@ function gpuLostVerdict(
     warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it has GPUs again, it reads on-cpu`);
   }
   const described = [...gone, ...unreachable.map(unreachableGpu)].join('; ');
-  const meaning = gone.length > 0 ? `: ${LOST_GPU_MEANING}${unreachable.length > 0 ? ` ${UNREACHABLE_MEANING}` : ''}` : `. ${UNREACHABLE_MEANING}`;
+  const meaning = gone.length > 0 ? `: ${LOST_GPU_MEANING}${unreachable.length > 0 ? ` ${UNREACHABLE_GPU_MEANING}` : ''}` : `. ${UNREACHABLE_GPU_MEANING}`;
   const reason =
     // "As registered" where its other GPUs have new indices: the same numbers may name other GPUs now.
     `placed on ${gpuList(shard.gpus)}${asRegistered ? ' as registered' : ''}, but ${described}${meaning} ` +

@@ -43,4 +43,29 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
 
   fake.update((s) => ({ ...s, failures: {}, gpus: [...s.gpus.slice(0, 3), gpu3, ...s.gpus.slice(3)] }));
   t.match(await lostCheck(), { status: 200, check: { status: 'ok' } }, 'listed again: no longer lost, even before a snapshot says so');
+
+  // GPU 5 falls off the bus: nvidia-smi's GPU query fails, naming it by bus id ("GPU is lost", exit 15).
+  const gpu5 = scenario.gpus[5]!;
+  t.equal((await app.inject({ method: 'GET', url: '/gpus' })).statusCode, 200, 'a snapshot lists GPU 5 with its bus id');
+  fake.update((s) => ({ ...s, failures: { gpu: { kind: 'gpu-lost', busId: gpu5.busId!.slice(4) } } }));
+  t.match(
+    await lostCheck(),
+    {
+      status: 503,
+      check: {
+        status: 'fail',
+        detail:
+          `nvidia-smi cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU"\n` +
+          "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.",
+        fix: 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
+      },
+    },
+    'named as the last snapshot listed it',
+  );
+});
+
+t.test('GET /doctor with nvidia-smi failing since start, naming a GPU it cannot reach: no listing says which GPU that is, so its bus id alone', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), failures: { gpu: { kind: 'gpu-lost', busId: '0000:5D:00.0' } } } });
+  const check = ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((c) => c.name === 'lost-gpus');
+  t.match(check, { status: 'fail', detail: /^nvidia-smi cannot reach the GPU at PCI 00000000:5D:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU"\nA GPU nvidia-smi cannot get a handle on/ });
 });
