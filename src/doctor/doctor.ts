@@ -167,20 +167,25 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
  * cannot reach (`unreachable`), named as that snapshot listed them.
  */
 function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, unreachable: readonly UnreachableGpu[], now: number): DoctorCheck {
-  const cut = listedAs(unreachable, snapshot?.gpus ?? null).map(({ busId, said, listed }) => gpuUnreachable(busId, said, listed));
-  if (snapshot == null && cut.length === 0) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
+  if (snapshot == null && unreachable.length === 0) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
   const lost = new Map<string, LostGpu>(snapshot?.lostGpus.map((gpu) => [gpu.uuid, gpu]));
   if (snapshot != null && listed !== null) {
-    for (const { index, uuid, name } of snapshot.gpus) if (!lost.has(uuid)) lost.set(uuid, { index, uuid, name, lastListedAt: snapshot.takenAt, lostAt: now });
+    for (const { index, uuid, name, busId } of snapshot.gpus) if (!lost.has(uuid)) lost.set(uuid, { index, uuid, name, busId, lastListedAt: snapshot.takenAt, lostAt: now });
     for (const gpu of listed) lost.delete(gpu.uuid);
   }
+  // A GPU the roster has lost already is said once, as lost.
+  const cut = listedAs(unreachable, snapshot ?? null).filter(({ listed: known }) => known === null || !lost.has(known.uuid));
   if (lost.size === 0 && cut.length === 0) return check('lost-gpus', 'ok', 'every GPU nodecompute has listed since it started is still listed');
-  const lines = [...lost.values()]
-    .sort((a, b) => a.index - b.index)
-    .map((gpu) => `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago)`);
-  const meaning = lost.size > 0 ? `:\n${LOST_GPU_MEANING}${cut.length > 0 ? ` ${UNREACHABLE_GPU_MEANING}` : ''}` : `\n${UNREACHABLE_GPU_MEANING}`;
+  const parts = [];
+  if (lost.size > 0) {
+    const lines = [...lost.values()]
+      .sort((a, b) => a.index - b.index)
+      .map((gpu) => `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago)`);
+    parts.push(`${lines.join('\n')}:\n${LOST_GPU_MEANING}`);
+  }
+  if (cut.length > 0) parts.push(`${cut.map(({ busId, said, listed: known }) => gpuUnreachable(busId, said, known)).join('\n')}:\n${UNREACHABLE_GPU_MEANING}`);
   const fix = lost.size > 0 ? `${LOST_GPU_FIX} If it was detached on purpose, restart nodecompute to forget it.` : LOST_GPU_FIX;
-  return check('lost-gpus', 'fail', `${[...lines, ...cut].join('\n')}${meaning}`, fix);
+  return check('lost-gpus', 'fail', parts.join('\n'), fix);
 }
 
 /** The host-pid-namespace check with no GPU process listed (and no memory in use hidden from it). */

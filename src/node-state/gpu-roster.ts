@@ -14,6 +14,8 @@ export interface LostGpu {
   index: number;
   uuid: string;
   name: string;
+  /** Its PCI bus id when it was last listed (GpuRecord.busId): nvidia-smi's errors name it by this. */
+  busId: string | null;
   /** When a snapshot last listed it (ms since the epoch). */
   lastListedAt: number;
   /** When the first snapshot that did not list it was taken: it went between lastListedAt and this. */
@@ -33,7 +35,7 @@ export const LOST_GPU_MEANING =
 export const gpuUnreachable = (busId: string, said: string, listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null): string =>
   `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
 export const UNREACHABLE_GPU_MEANING =
-  "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.";
+  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.";
 export const LOST_GPU_FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.';
 
@@ -53,7 +55,7 @@ export function createGpuRoster(log: Logger): GpuRoster {
             `GPU ${gpu.index} (${gpu.uuid}) is listed by nvidia-smi again. Check dmesg for what happened to it while it was gone.`,
           );
         }
-        known.set(gpu.uuid, { index: gpu.index, uuid: gpu.uuid, name: gpu.name, lastListedAt: at });
+        known.set(gpu.uuid, { index: gpu.index, uuid: gpu.uuid, name: gpu.name, busId: gpu.busId, lastListedAt: at });
       }
       for (const [uuid, gpu] of known) {
         if (listedNow.has(uuid) || lost.has(uuid)) continue;

@@ -15,7 +15,7 @@ import type { Logger } from 'pino';
 import type { ShardRecord } from '../shards/shard.js';
 import type { Registry } from '../shards/registry.js';
 import { attribute, type Liveness } from './attribution.js';
-import { unreachableGpusIn } from '../system/nvidia-smi.js';
+import { unreachableGpusIn, type UnreachableGpu } from '../system/nvidia-smi.js';
 import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapshot.js';
 import { createNodeViewCache, type NodeView } from './node-view.js';
 import { listedAs, type UnreachableListedGpu } from './placement.js';
@@ -44,8 +44,9 @@ export interface NodeService {
   /** What the latest refresh read in /proc for the shards when its nvidia-smi query failed; null when it did not fail or read nothing. */
   procOnly(): ProcOnly | null;
   /**
-   * The GPUs nvidia-smi said it cannot reach when the latest refresh failed, as the last good
-   * listing knew them; empty when it did not fail, or failed otherwise. The same array until either changes.
+   * The GPUs nvidia-smi said it cannot reach in the refreshes that failed since the last good one, as
+   * that snapshot knew them (a later failure that names none, a timeout say, does not bring a GPU
+   * back: only a good refresh does); empty while refreshes succeed. The same array until it changes.
    */
   unreachable(): readonly UnreachableListedGpu[];
   readonly snapshots: SnapshotSource<NodeSnapshot>;
@@ -72,7 +73,8 @@ const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry, log: Logger): NodeService {
   const derive = createNodeViewCache(log);
   let lastProcOnly: { facts: ProcFacts; registryVersion: number; answer: ProcOnly } | null = null;
-  let lastUnreachable: { error: Error; listing: NodeSnapshot | undefined; answer: readonly UnreachableListedGpu[] } | null = null;
+  /** What the failures since the good snapshot of `generation` named, by bus id: the last failure read, and the answer. */
+  let named: { generation: number; seen: Error | null; gpus: Map<string, UnreachableGpu>; answer: readonly UnreachableListedGpu[] } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({
     view,
     node: derive(view.snapshot, registry.version, () => registry.list()),
@@ -101,12 +103,14 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
     unreachable() {
       const error = snapshots.lastError;
       if (error === null) return NONE_UNREACHABLE;
-      const listing = snapshots.peek()?.snapshot;
-      if (lastUnreachable?.error !== error || lastUnreachable.listing !== listing) {
-        const named = unreachableGpusIn(error.message);
-        lastUnreachable = { error, listing, answer: named.length === 0 ? NONE_UNREACHABLE : listedAs(named, listing?.gpus ?? null) };
+      if (named?.generation !== snapshots.generation) named = { generation: snapshots.generation, seen: null, gpus: new Map(), answer: NONE_UNREACHABLE };
+      if (named.seen !== error) {
+        named.seen = error;
+        const before = named.gpus.size;
+        for (const gpu of unreachableGpusIn(error.message)) if (!named.gpus.has(gpu.busId)) named.gpus.set(gpu.busId, gpu);
+        if (named.gpus.size !== before) named.answer = listedAs([...named.gpus.values()], snapshots.peek()?.snapshot ?? null);
       }
-      return lastUnreachable.answer;
+      return named.answer;
     },
     snapshots,
   };

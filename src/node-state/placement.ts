@@ -7,9 +7,10 @@
 // only. A registration without UUIDs (stored unchecked while nvidia-smi could not be asked, or by
 // an older version) is judged by index.
 // Also which given GPUs nvidia-smi says it cannot reach: it then fails the whole query and names the
-// GPU by PCI bus id only, which the last listing that had it turns into its index and UUID.
+// GPU by PCI bus id only, which the last snapshot that knew it (listed, or lost since) turns into its
+// index and UUID.
 import type { GpuRecord, UnreachableGpu } from '../system/nvidia-smi.js';
-import type { GpuState } from './node-snapshot.js';
+import type { GpuState, NodeSnapshot } from './node-snapshot.js';
 import type { ShardRecord } from '../shards/shard.js';
 
 export interface UnlistedGpu {
@@ -63,10 +64,13 @@ export interface UnreachableListedGpu extends UnreachableGpu {
   listed: Pick<GpuRecord, 'index' | 'uuid' | 'name'> | null;
 }
 
-/** `unreachable` (from a failed query), each matched by bus id with `listing` (the last good one). */
-export function listedAs(unreachable: readonly UnreachableGpu[], listing: readonly GpuRecord[] | null): UnreachableListedGpu[] {
+/**
+ * `unreachable` (from a failed query), each matched by bus id with `known` (the last good snapshot):
+ * a GPU it lists, or one it has lost (a GPU may drop out of the listing before nvidia-smi fails on it).
+ */
+export function listedAs(unreachable: readonly UnreachableGpu[], known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null): UnreachableListedGpu[] {
   return unreachable.map((gpu) => {
-    const listed = listing?.find((record) => record.busId === gpu.busId);
+    const listed = known?.gpus.find((record) => record.busId === gpu.busId) ?? known?.lostGpus.find((lost) => lost.busId === gpu.busId);
     return { ...gpu, listed: listed === undefined ? null : { index: listed.index, uuid: listed.uuid, name: listed.name } };
   });
 }

@@ -335,13 +335,14 @@ function gpuLostVerdict(
   if (engineSaysCpu(engine)) {
     warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it has GPUs again, it reads on-cpu`);
   }
-  const described = [...gone, ...unreachable.map(unreachableGpu)].join('; ');
-  const meaning = gone.length > 0 ? `: ${LOST_GPU_MEANING}${unreachable.length > 0 ? ` ${UNREACHABLE_GPU_MEANING}` : ''}` : `. ${UNREACHABLE_GPU_MEANING}`;
+  const parts: string[] = [];
+  if (gone.length > 0) parts.push(`${gone.join('; ')}: ${LOST_GPU_MEANING}`);
+  if (unreachable.length > 0) parts.push(`${unreachable.map(unreachableGpu).join('; ')}: ${UNREACHABLE_GPU_MEANING}`);
   const reason =
     // "As registered" where its other GPUs have new indices: the same numbers may name other GPUs now.
-    `placed on ${gpuList(shard.gpus)}${asRegistered ? ' as registered' : ''}, but ${described}${meaning} ` +
+    `placed on ${gpuList(shard.gpus)}${asRegistered ? ' as registered' : ''}, but ${parts.join(' Also, ')} ` +
     `This shard cannot serve as placed. ${LOST_GPU_FIX} ` +
-    'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
+    `Meanwhile start its engine on ${gone.length > 0 ? 'GPUs that are listed' : 'other GPUs'} and PUT the shard with its new gpus.`;
   return verdict('gpu-lost', gone.length > 0 ? 'gpu-not-listed' : 'gpu-unreachable', reason, warnings);
 }
 
@@ -456,7 +457,10 @@ export function readiness(input: ReadinessInput): Readiness {
   const shard = moved ? { ...input.shard, gpus: placement.indices } : input.shard;
   const renumbered = placement.renumbered.map(renumberedWarning);
   const gone = placement.unlisted.map((gpu) => unlistedGpu(gpu, node));
-  const unreachable = unreachableGiven(input.shard, input.unreachable ?? []);
+  // A GPU this listing no longer has is said once, as not listed.
+  const unreachable = unreachableGiven(input.shard, input.unreachable ?? []).filter(
+    ({ listed }) => !placement.unlisted.some(({ index, uuid }) => (uuid === undefined ? index === listed.index : uuid === listed.uuid)),
+  );
   const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {

@@ -302,6 +302,7 @@ function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, st
       index: gpu.index,
       uuid: gpu.uuid,
       name: gpu.name,
+      busId: gpu.busId,
       lastListedAt: gpu.lastListedAt,
       lostAt: gpu.lostAt,
       indexTakenBy,

@@ -194,7 +194,8 @@ function parseGpuLine(line: string, fields: readonly string[], command: string):
     freeMiB: memory('memory.free'),
     reservedMiB: memory('memory.reserved'),
     migMode: fields.includes('mig.mode.current') && !NO_VALUE.test(cell('mig.mode.current')) ? cell('mig.mode.current') : null,
-    busId: fields.includes('pci.bus_id') ? parseBusId(cell('pci.bus_id'), line, command) : null,
+    // Only to match nvidia-smi's errors with a GPU: a value of another form reads as null rather than failing the listing.
+    busId: fields.includes('pci.bus_id') ? canonicalBusId(cell('pci.bus_id')) : null,
   };
 }
 
@@ -212,12 +213,7 @@ export function canonicalBusId(text: string): string | null {
   return `${domain.padStart(8, '0')}:${bus.padStart(2, '0')}:${device.padStart(2, '0')}.${fn}`.toUpperCase();
 }
 
-function parseBusId(cell: string, line: string, command: string): string | null {
-  if (NO_VALUE.test(cell)) return null;
-  const busId = canonicalBusId(cell);
-  if (busId === null) throw unparsable(line, `pci.bus_id ${JSON.stringify(cell)} is not a PCI bus id (domain:bus:device.function)`, command);
-  return busId;
-}
+
 
 /** A GPU nvidia-smi could not reach, in its own words. */
 export interface UnreachableGpu {
@@ -227,10 +223,12 @@ export interface UnreachableGpu {
   said: string;
 }
 
-// nvidia-smi fails the whole query when it cannot get a handle on one GPU, and names that GPU by bus
-// id: "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system
-// to recover this GPU" (exit 15), or "...for GPU0000:07:00.0: Unknown Error" (samples).
-const DEVICE_HANDLE_FAILURE = /Unable to determine the device handle for GPU ?([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]): ([^\n"]*)/g;
+// nvidia-smi names a GPU it cannot get a handle on by bus id: "Unable to determine the device handle
+// for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU" (exit 15), or "...for
+// GPU0000:07:00.0: Unknown Error" (samples). Public reports show other forms of the same line: "for
+// gpu 0000:23:00.0" (-L, lower case), "for GPU0: 0000:23:00.0" (--query-gpu, with the index) and
+// the words on the next line (Windows).
+const DEVICE_HANDLE_FAILURE = /Unable to determine the device handle for gpu\s*(?:\d+:\s*)?([0-9a-f]+:[0-9a-f]+:[0-9a-f]+\.[0-9a-f]):\s*([^\n"]*)/gi;
 
 /** The GPUs nvidia-smi's output (or a failure message quoting it) says it cannot reach, once each. */
 export function unreachableGpusIn(text: string): UnreachableGpu[] {

@@ -55,8 +55,8 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
       check: {
         status: 'fail',
         detail:
-          `nvidia-smi cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU"\n` +
-          "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.",
+          `nvidia-smi cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU":\n` +
+          "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.",
         fix: 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
       },
     },
@@ -67,5 +67,5 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
 t.test('GET /doctor with nvidia-smi failing since start, naming a GPU it cannot reach: no listing says which GPU that is, so its bus id alone', async (t) => {
   const { app } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), failures: { gpu: { kind: 'gpu-lost', busId: '0000:5D:00.0' } } } });
   const check = ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((c) => c.name === 'lost-gpus');
-  t.match(check, { status: 'fail', detail: /^nvidia-smi cannot reach the GPU at PCI 00000000:5D:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU"\nA GPU nvidia-smi cannot get a handle on/ });
+  t.match(check, { status: 'fail', detail: /^nvidia-smi cannot reach the GPU at PCI 00000000:5D:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU":\nnvidia-smi cannot get a handle on that GPU/ });
 });

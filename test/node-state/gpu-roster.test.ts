@@ -10,10 +10,10 @@ t.test('a GPU that drops out of the list is lost until it is listed again, and e
   const roster = createGpuRoster(log);
   const [g0, g1, g2] = [gpuState(0, []), gpuState(1, []), gpuState(2, [])];
   t.same(roster.update([g0!, g1!, g2!], 1000), [], 'all listed');
-  t.same(roster.update([g0!, g2!], 2000), [{ index: 1, uuid: 'GPU-1', name: 'NVIDIA H200', lastListedAt: 1000, lostAt: 2000 }]);
+  t.same(roster.update([g0!, g2!], 2000), [{ index: 1, uuid: 'GPU-1', name: 'NVIDIA H200', busId: '00000000:02:00.0', lastListedAt: 1000, lostAt: 2000 }], 'with its bus id, by which nvidia-smi errors name it');
   t.same(roster.update([g0!], 3000), [
-    { index: 1, uuid: 'GPU-1', name: 'NVIDIA H200', lastListedAt: 1000, lostAt: 2000 },
-    { index: 2, uuid: 'GPU-2', name: 'NVIDIA H200', lastListedAt: 2000, lostAt: 3000 },
+    { index: 1, uuid: 'GPU-1', name: 'NVIDIA H200', busId: '00000000:02:00.0', lastListedAt: 1000, lostAt: 2000 },
+    { index: 2, uuid: 'GPU-2', name: 'NVIDIA H200', busId: '00000000:03:00.0', lastListedAt: 2000, lostAt: 3000 },
   ], 'by index, each with when it was last listed and when first missed');
   t.same(roster.update([g0!], 4000).map((gpu) => [gpu.index, gpu.lostAt]), [[1, 2000], [2, 3000]], 'still lost, since the snapshot that first missed it');
   const warnings = lines.filter((line) => line.level === 40);

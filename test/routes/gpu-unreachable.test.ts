@@ -56,10 +56,11 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.same([s1.status, s1.state, s1.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'the shard on the GPU nvidia-smi cannot reach fails its probe at once');
   t.match(
     s1.reason,
-    `placed on GPU 1, but nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}". ` +
-      'A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung',
+    `placed on GPU 1, but nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}": ` +
+      'nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power)',
   );
-  t.match(s1.reason, /This shard cannot serve as placed\. Check `dmesg` for NVIDIA Xid errors .* Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus\.$/);
+  t.match(s1.reason, /This shard cannot serve as placed\. Check `dmesg` for NVIDIA Xid errors .* Meanwhile start its engine on other GPUs and PUT the shard with its new gpus\.$/);
+  t.equal(app.services.node.unreachable(), app.services.node.unreachable(), 'the same answer while nothing changes: the probe cache keys on it');
   t.same([s0.status, s0.state], [200, 'ready'], 'the other shard is judged on the last good snapshot, within max-stale');
   t.match(s0.warnings, [/^answered from an older snapshot: the last refresh failed: nvidia-smi exited with code 15/]);
   t.same(
@@ -94,6 +95,14 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.match(stopped.warnings, [/^nvidia-smi cannot be asked/, `nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}": once it runs again, it reads gpu-lost`]);
   process.kill(shards[1]!.pid, 'SIGCONT');
 
+  // nvidia-smi fails otherwise now (the driver unreachable, a hang): nothing says the GPU is back.
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  clock.advance(60_000);
+  const otherFailure = await probe(app, 's1');
+  t.same([otherFailure.status, otherFailure.cause], [503, 'gpu-unreachable'], 'still gpu-lost: only a good listing brings a GPU back');
+  t.match((await probe(app, 's0')).warnings, [/exited with code 9/], 'the other shard sees the new failure');
+  t.match((await app.inject({ method: 'GET', url: '/metrics' })).body, new RegExp(`^nodecompute_gpu_lost\\{gpu="1",uuid="${UUIDS[1]}"\\} 1$`, 'm'));
+
   // The GPU is reset and nvidia-smi answers again.
   fake.update((s) => ({ ...s, failures: {} }));
   clock.advance(60_000);
@@ -114,4 +123,30 @@ t.test('nvidia-smi failing since start, naming a GPU: no listing maps its bus id
   t.same([verdict.status, verdict.state, verdict.cause], [200, 'unverified', 'nvidia-smi-unavailable']);
   t.match(verdict.warnings, [`Unable to determine the device handle for GPU ${GPU1_BUS}: ${LOST}`]);
   t.notMatch((await app.inject({ method: 'GET', url: '/metrics' })).body, /^nodecompute_gpu_lost\{/m, 'no GPU known to be lost');
+});
+
+t.test('a GPU that drops out of the listing, then makes every query fail: gpu-lost past max-stale too', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const holder = { gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 19000 };
+  const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
+  const { app, fake } = await buildTestApp(t, { scenario: { gpus: [gpuAt(0), gpuAt(1)], processes: [holder] }, deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/s1', payload: { pid: shard.pid, gpus: [1], graceMs: 0 } })).statusCode, 201);
+  await settle(app);
+  t.equal((await probe(app, 's1')).state, 'ready');
+  fake.update((s) => ({ ...s, gpus: [gpuAt(0)], processes: [] }));
+  clock.advance(1500);
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  t.same((await probe(app, 's1')).cause, 'gpu-not-listed', 'first it drops out of the listing');
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'gpu-lost', busId: GPU1_BUS } } }));
+  clock.advance(1500);
+  await app.inject({ method: 'GET', url: '/gpus' });
+  await settle(app);
+  const stale = await probe(app, 's1');
+  t.same([stale.state, stale.cause], ['gpu-lost', 'gpu-not-listed'], 'within max-stale, as the last listing says');
+  t.equal(stale.reason.split(UUIDS[1]).length - 1, 1, 'the GPU said once');
+  clock.advance(30_000);
+  const later = await probe(app, 's1');
+  t.same([later.status, later.state, later.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'past max-stale: the bus id is matched with the GPU the snapshot lost');
+  t.match(later.reason, `nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0)`);
 });

@@ -20,7 +20,7 @@ import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord } from '../helpers/h
 
 const NOW = Date.parse('2026-12-02T12:00:00Z');
 /** GPU 3 as the roster knows it: last listed a minute ago, missing since 55 s ago. */
-const LOST_3: LostGpu = { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200', lastListedAt: NOW - 60_000, lostAt: NOW - 55_000 };
+const LOST_3: LostGpu = { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200', busId: '00000000:04:00.0', lastListedAt: NOW - 60_000, lostAt: NOW - 55_000 };
 const FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU. ' +
   'Meanwhile start its engine on GPUs that are listed and PUT the shard with its new gpus.';
@@ -142,7 +142,8 @@ const SAID = 'GPU is lost. Reboot the system to recover this GPU';
 const UNREACHABLE_3: UnreachableListedGpu = { busId: '00000000:04:00.0', said: SAID, listed: { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200' } };
 const CANNOT_REACH_3 = `nvidia-smi cannot reach GPU 3 (GPU-3, NVIDIA H200, PCI 00000000:04:00.0): it says "${SAID}"`;
 const UNREACHABLE_MEANING =
-  "A GPU nvidia-smi cannot get a handle on has fallen off the bus or hung: nothing computes on it, and until it is fixed nvidia-smi answers nothing at all, so this node's other shards read unverified once the last good snapshot is older than max-stale.";
+  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.";
+const FIX_ELSEWHERE = FIX.replace('on GPUs that are listed', 'on other GPUs');
 
 t.test('a GPU nvidia-smi says it cannot reach: gpu-lost on the stale view, in its words, before starting and on-cpu', async (t) => {
   const s = shard({ gpuUuids: ['GPU-3'] });
@@ -153,7 +154,7 @@ t.test('a GPU nvidia-smi says it cannot reach: gpu-lost on the stale view, in it
     ready: false,
     state: 'gpu-lost',
     cause: 'gpu-unreachable',
-    reason: `placed on GPU 3, but ${CANNOT_REACH_3}. ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX}`,
+    reason: `placed on GPU 3, but ${CANNOT_REACH_3}: ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX_ELSEWHERE}`,
     warnings: [],
   });
   t.equal(verdictOf(s, stale).state, 'ready', 'without the failure, the same view is ready');
@@ -173,15 +174,25 @@ t.test('a GPU nvidia-smi says it cannot reach: gpu-lost on the stale view, in it
   const lost5: LostGpu = { ...LOST_3, index: 5, uuid: 'GPU-5' };
   const mixed = judge(both, view([gpu(3, [[100, 9000]])], [procStat(100)], [both], [lost5]));
   t.equal(mixed.cause, 'gpu-not-listed', 'a GPU gone from the listing names the cause');
-  t.match(mixed.reason, `but GPU 5 (GPU-5, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z); ${CANNOT_REACH_3}: it fell off the bus, was reset or was detached.`);
-  t.match(mixed.reason, `shards placed on it cannot hold it. ${UNREACHABLE_MEANING} This shard`);
+  t.equal(
+    mixed.reason,
+    'placed on GPU 3 and GPU 5, but GPU 5 (GPU-5, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z): ' +
+      'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it. ' +
+      `Also, ${CANNOT_REACH_3}: ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX}`,
+    'each GPU with what its own state means',
+  );
+  const lostThenUnreachable = shard({ gpuUuids: ['GPU-3'] });
+  const once = judge(lostThenUnreachable, view([gpu(0, [])], [procStat(100)], [lostThenUnreachable], [LOST_3]));
+  t.same([once.cause, once.reason!.split('GPU-3').length - 1], ['gpu-not-listed', 1], 'a GPU the listing lost and nvidia-smi cannot reach is said once, as not listed');
+  const byIndexOnce = judge(shard(), view([gpu(0, [])], [procStat(100)], [shard()], [LOST_3]));
+  t.same([byIndexOnce.cause, byIndexOnce.reason!.split('GPU-3').length - 1], ['gpu-not-listed', 1], 'and so for a registration without UUIDs, by index');
 });
 
 t.test('past max-stale (no view): gpu-lost from /proc and the last listing, after an exit and a stop', async (t) => {
   const s = shard({ gpuUuids: ['GPU-3'] });
   const judge = (liveness: Liveness, extra: Partial<ReadinessInput> = {}) =>
     readiness({ shard: s, node: null, unavailable: `nvidia-smi exited with code 15 and said: "${SAID}"`, liveness, engine: null, staleReason: null, now: NOW, unreachable: [UNREACHABLE_3], ...extra });
-  t.same(judge({ state: 'alive' }), { ready: false, state: 'gpu-lost', cause: 'gpu-unreachable', reason: `placed on GPU 3, but ${CANNOT_REACH_3}. ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX}`, warnings: [] });
+  t.same(judge({ state: 'alive' }), { ready: false, state: 'gpu-lost', cause: 'gpu-unreachable', reason: `placed on GPU 3, but ${CANNOT_REACH_3}: ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX_ELSEWHERE}`, warnings: [] });
   t.equal(judge({ state: 'gone', why: 'no such process' }).state, 'exited');
   const stopped = judge({ state: 'stopped', why: 'process 100 is stopped' });
   t.same([stopped.state, stopped.warnings.slice(1)], ['stopped', [`${CANNOT_REACH_3}: once it runs again, it reads gpu-lost`]]);

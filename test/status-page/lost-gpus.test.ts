@@ -35,7 +35,7 @@ function shard(id: string, pid: number, gpus: number[], graceMs = 0): ShardRecor
 }
 
 /** GPU 3 (GPU-3), last listed 30 s ago, missing since 25 s ago. */
-const LOST_3: LostGpu = { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200', lastListedAt: NOW - 30_000, lostAt: NOW - 25_000 };
+const LOST_3: LostGpu = { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200', busId: '00000000:04:00.0', lastListedAt: NOW - 30_000, lostAt: NOW - 25_000 };
 
 /** `stopped`: the PIDs among `pids` in state T. */
 function snapshotOf(gpus: GpuState[], lostGpus: LostGpu[], pids: number[], stopped: number[] = []): NodeSnapshot {
@@ -147,7 +147,7 @@ t.test('GPUs renumbered after the loss: the lost row comes before the GPU listed
 });
 
 t.test('a lost GPU with no shard placed on it says so; a lost last GPU comes last; what nvidia-smi called it is escaped', async (t) => {
-  const lost7: LostGpu = { index: 7, uuid: 'GPU-7', name: 'H200 <b>&', lastListedAt: NOW - 3_600_000, lostAt: NOW - 3_000_000 };
+  const lost7: LostGpu = { index: 7, uuid: 'GPU-7', name: 'H200 <b>&', busId: null, lastListedAt: NOW - 3_600_000, lostAt: NOW - 3_000_000 };
   const gpus = [0, 1, 2, 4, 5, 6].map((index) => gpuState(index, []));
   const model = statusModel(input(snapshotOf(gpus, [LOST_3, lost7], []), []));
   const html = renderHtml(model);

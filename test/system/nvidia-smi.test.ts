@@ -219,10 +219,10 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     expected: { error: /the header does not match the fields asked/ },
   },
   {
-    name: 'a bus id that is not one is refused, not kept',
+    name: 'a bus id of another form reads as null: it only matches errors with a GPU, and must not fail the listing',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'pci.bus_id replaced' },
     text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, 83:00`),
-    expected: { error: /pci.bus_id "83:00" is not a PCI bus id \(domain:bus:device.function\)/ },
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', null)],
   },
 ];
 
@@ -534,6 +534,41 @@ const unreachableCases: Array<Case<UnreachableGpu[]>> = [
     source: { file: 'nvsmi-err_device-handle_gpu-is-lost_owod81.txt', kind: 'edited', how: "wrapped as the runner's error message words it" },
     text: `nvidia-smi exited with code 15 and said: "Unable to determine the device handle for GPU 0000:02:00.0: ${LOST_SAID}". This means a GPU has fallen off the bus.`,
     expected: [{ busId: '00000000:02:00.0', said: LOST_SAID }],
+  },
+  {
+    name: 'lower-case "gpu" (nvidia-smi -L on an H100 node, 2026)',
+    source: {
+      file: 'nvsmi-err_device-handle_unknown-error_with-space_2015.txt',
+      kind: 'edited',
+      how: 'the line as a public fault report (GitHub, 2026-03) quotes nvidia-smi -L: "gpu" in lower case, another bus',
+    },
+    text: lines('Unable to determine the device handle for gpu 0000:23:00.0: Unknown Error', 'GPU 1: NVIDIA H100 80GB HBM3'),
+    expected: [{ busId: '00000000:23:00.0', said: 'Unknown Error' }],
+  },
+  {
+    name: 'the index before the bus id (--query-gpu on the same node)',
+    source: {
+      file: 'nvsmi-err_device-handle_unknown-error_with-space_2015.txt',
+      kind: 'edited',
+      how: 'the two lines the same report quotes for nvidia-smi --query-gpu: "GPU0: " and "GPU2: " before the bus ids',
+    },
+    text: lines('Unable to determine the device handle for GPU0: 0000:23:00.0: Unknown Error', 'Unable to determine the device handle for GPU2: 0000:43:00.0: Unknown Error'),
+    expected: [
+      { busId: '00000000:23:00.0', said: 'Unknown Error' },
+      { busId: '00000000:43:00.0', said: 'Unknown Error' },
+    ],
+  },
+  {
+    name: 'its words broken over two lines: the first is what it said',
+    source: { file: 'nvsmi-err_device-handle_gpu-is-lost_owod81.txt', kind: 'edited', how: 'broken after "GPU is lost.", as public notes (GitHub, 2026) quote it' },
+    text: lines('Unable to determine the device handle for GPU 0000:01:00.0: GPU is lost.', 'Reboot the system to recover this GPU'),
+    expected: [{ busId: '00000000:01:00.0', said: 'GPU is lost.' }],
+  },
+  {
+    name: 'the words after the bus id on the next line',
+    source: { file: 'nvsmi-err_device-handle_gpu-is-lost_owod81.txt', kind: 'edited', how: 'broken after the bus id: a form nodecompute should not depend on the line staying whole for' },
+    text: lines('Unable to determine the device handle for gpu 0000:01:00.0:', LOST_SAID),
+    expected: [{ busId: '00000000:01:00.0', said: LOST_SAID }],
   },
   {
     name: 'a bus id that is not one is passed over',
