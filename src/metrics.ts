@@ -52,7 +52,8 @@ export interface Metrics {
    * last good snapshot; `nvidiaSmiUp` false when the last refresh failed, even while an older
    * snapshot is still served; `lostGpus` the GPUs the last good snapshot had lost (past max-stale
    * too: nvidia-smi failing is how a lost GPU most often shows, and the alert must not resolve
-   * then) and those nvidia-smi's failure says it cannot reach; `tokenFile` what a look at NODECOMPUTE_TOKEN_FILE found, null without one.
+   * then) and those nvidia-smi's failure says it cannot reach; `tokenFile` what a look at
+   * NODECOMPUTE_TOKEN_FILE found, null without one.
    */
   update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }

@@ -176,14 +176,14 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
   // A GPU the roster has lost already is said once, as lost.
   const cut = listedAs(unreachable, snapshot ?? null).filter(({ listed: known }) => known === null || !lost.has(known.uuid));
   if (lost.size === 0 && cut.length === 0) return check('lost-gpus', 'ok', 'every GPU nodecompute has listed since it started is still listed');
-  const parts = [];
+  const parts: string[] = [];
   if (lost.size > 0) {
     const lines = [...lost.values()]
       .sort((a, b) => a.index - b.index)
       .map((gpu) => `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago)`);
     parts.push(`${lines.join('\n')}:\n${LOST_GPU_MEANING}`);
   }
-  if (cut.length > 0) parts.push(`${cut.map(({ busId, said, listed: known }) => gpuUnreachable(busId, said, known)).join('\n')}:\n${UNREACHABLE_GPU_MEANING}`);
+  if (cut.length > 0) parts.push(`${cut.map(gpuUnreachable).join('\n')}:\n${UNREACHABLE_GPU_MEANING}`);
   const fix = lost.size > 0 ? `${LOST_GPU_FIX} If it was detached on purpose, restart nodecompute to forget it.` : LOST_GPU_FIX;
   return check('lost-gpus', 'fail', parts.join('\n'), fix);
 }

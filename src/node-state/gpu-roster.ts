@@ -32,7 +32,7 @@ export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>)
 export const LOST_GPU_MEANING =
   'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it.';
 /** nvidia-smi's words for a GPU it cannot reach (its failed query names it by bus id), with what the last listing that had it said it was. */
-export const gpuUnreachable = (busId: string, said: string, listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null): string =>
+export const gpuUnreachable = ({ busId, said, listed }: { busId: string; said: string; listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null }): string =>
   `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
 export const UNREACHABLE_GPU_MEANING =
   "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.";

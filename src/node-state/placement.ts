@@ -86,7 +86,9 @@ export function unreachableGiven(shard: ShardRecord, unreachable: readonly Unrea
   if (unreachable.length === 0) return [];
   return shard.gpus.flatMap((registered, position) => {
     const uuid = shard.gpuUuids?.[position];
-    const found = unreachable.find(({ listed }) => listed !== null && (uuid === undefined ? listed.index === registered : listed.uuid === uuid));
-    return found === undefined ? [] : [found as UnreachableKnownGpu];
+    const found = unreachable.find(
+      (gpu): gpu is UnreachableKnownGpu => gpu.listed !== null && (uuid === undefined ? gpu.listed.index === registered : gpu.listed.uuid === uuid),
+    );
+    return found === undefined ? [] : [found];
   });
 }

@@ -315,9 +315,6 @@ function renumberedWarning({ registered, now, uuid }: Renumbered): string {
   );
 }
 
-/** One given GPU nvidia-smi cannot reach, in its words, as the last listing that had it knew it. */
-const unreachableGpu = ({ busId, said, listed }: UnreachableKnownGpu): string => gpuUnreachable(busId, said, listed);
-
 /**
  * The verdict of a shard placed on a GPU nvidia-smi no longer lists, or says it cannot reach: the
  * GPU is what to fix, and meanwhile the shard needs other GPUs. It rests on the GPU list alone (no
@@ -337,7 +334,7 @@ function gpuLostVerdict(
   }
   const parts: string[] = [];
   if (gone.length > 0) parts.push(`${gone.join('; ')}: ${LOST_GPU_MEANING}`);
-  if (unreachable.length > 0) parts.push(`${unreachable.map(unreachableGpu).join('; ')}: ${UNREACHABLE_GPU_MEANING}`);
+  if (unreachable.length > 0) parts.push(`${unreachable.map(gpuUnreachable).join('; ')}: ${UNREACHABLE_GPU_MEANING}`);
   const reason =
     // "As registered" where its other GPUs have new indices: the same numbers may name other GPUs now.
     `placed on ${gpuList(shard.gpus)}${asRegistered ? ' as registered' : ''}, but ${parts.join(' Also, ')} ` +
@@ -425,7 +422,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const unreachable = unreachableGiven(shard, input.unreachable ?? []);
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
-    const lost = unreachable.map((gpu) => `${unreachableGpu(gpu)}: once it runs again, it reads gpu-lost`);
+    const lost = unreachable.map((gpu) => `${gpuUnreachable(gpu)}: once it runs again, it reads gpu-lost`);
     return stoppedVerdict(input, liveness.why, [`nvidia-smi cannot be asked, so which GPU memory it holds is unverified: ${why}`, ...lost], lost.length > 0);
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
@@ -457,14 +454,15 @@ export function readiness(input: ReadinessInput): Readiness {
   const shard = moved ? { ...input.shard, gpus: placement.indices } : input.shard;
   const renumbered = placement.renumbered.map(renumberedWarning);
   const gone = placement.unlisted.map((gpu) => unlistedGpu(gpu, node));
-  // A GPU this listing no longer has is said once, as not listed.
-  const unreachable = unreachableGiven(input.shard, input.unreachable ?? []).filter(
-    ({ listed }) => !placement.unlisted.some(({ index, uuid }) => (uuid === undefined ? index === listed.index : uuid === listed.uuid)),
+  // Only GPUs this listing has: one it no longer lists is said once, as not listed.
+  const unreachable = unreachableGiven(
+    input.shard,
+    (input.unreachable ?? []).filter(({ listed }) => node.snapshot.gpus.some((gpu) => gpu.uuid === listed?.uuid)),
   );
   const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
-    const lost = [...gone, ...unreachable.map(unreachableGpu)].map((gpu) => `${gpu}: once it runs again, it reads gpu-lost`);
+    const lost = [...gone, ...unreachable.map(gpuUnreachable)].map((gpu) => `${gpu}: once it runs again, it reads gpu-lost`);
     return stoppedVerdict(input, liveness.why, [...warningsFor(shard, node, input.engine, input.staleReason), ...renumbered, ...lost, ...unheldWhileStopped(shard, node)], lost.length > 0);
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);

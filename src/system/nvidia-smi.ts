@@ -213,8 +213,6 @@ export function canonicalBusId(text: string): string | null {
   return `${domain.padStart(8, '0')}:${bus.padStart(2, '0')}:${device.padStart(2, '0')}.${fn}`.toUpperCase();
 }
 
-
-
 /** A GPU nvidia-smi could not reach, in its own words. */
 export interface UnreachableGpu {
   /** Its PCI bus id, in canonicalBusId's form. */
@@ -226,8 +224,8 @@ export interface UnreachableGpu {
 // nvidia-smi names a GPU it cannot get a handle on by bus id: "Unable to determine the device handle
 // for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU" (exit 15), or "...for
 // GPU0000:07:00.0: Unknown Error" (samples). Public reports show other forms of the same line: "for
-// gpu 0000:23:00.0" (-L, lower case), "for GPU0: 0000:23:00.0" (--query-gpu, with the index) and
-// the words on the next line (Windows).
+// gpu 0000:23:00.0" (-L, lower case), "for GPU0: 0000:23:00.0" (--query-gpu, with the index), and
+// the line broken after "GPU is lost." (what it said is then read up to the break).
 const DEVICE_HANDLE_FAILURE = /Unable to determine the device handle for gpu\s*(?:\d+:\s*)?([0-9a-f]+:[0-9a-f]+:[0-9a-f]+\.[0-9a-f]):\s*([^\n"]*)/gi;
 
 /** The GPUs nvidia-smi's output (or a failure message quoting it) says it cannot reach, once each. */
