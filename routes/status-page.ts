@@ -48,8 +48,8 @@ export function prefersHtml(accept: string | undefined): boolean {
 }
 
 const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { shards, probeBudgetMs, now, config } = app.services;
-  const { snapshots } = app.services.node;
+  const { shards, probeBudgetMs, now, config, node } = app.services;
+  const { snapshots } = node;
   const host = hostname();
   app.get(
     '/',
@@ -81,7 +81,7 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const result = await shards.states(probeBudgetMs);
       // Without a snapshot to serve, the one cached (past max-stale) still dates the outage and names the lost GPUs: a look, not a run.
       const lastGood = result.view === null ? snapshots.peek() : null;
-      const model = statusModel({ ...result, lastGood, maxStaleMs: config.maxStaleMs, host, version: VERSION, now: now() });
+      const model = statusModel({ ...result, unreachable: node.unreachable(), lastGood, maxStaleMs: config.maxStaleMs, host, version: VERSION, now: now() });
       const html = request.query.format === undefined ? prefersHtml(request.headers.accept) : request.query.format === 'html';
       reply.header('vary', 'Accept').header('cache-control', 'no-store');
       return reply.type(`${html ? 'text/html' : 'text/plain'}; charset=utf-8`).send(html ? renderHtml(model) : renderText(model));

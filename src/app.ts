@@ -11,7 +11,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyReply, 
 import { pino, type Logger } from 'pino';
 import type { OpenAPIV3_1 } from 'openapi-types';
 import type { Config } from './config.js';
-import { BadRequestError, InternalError, NotFoundError, isCodedError, type CodedError } from './errors.js';
+import { BadRequestError, InternalError, NotFoundError, isCodedError, isNvidiaSmiFailure, type CodedError } from './errors.js';
 import { createAuth, type Auth } from './auth.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
@@ -295,6 +295,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       if (err.statusCode >= 500) {
         failureLog[failureLevel(`${err.code}: ${err.message}`)]({ ...requestFields(request), err }, 'Request failed');
       }
+      // Within a failure's back-off window nvidia-smi is not run again: asking sooner gets this same answer.
+      const backOffMs = isNvidiaSmiFailure(err) ? node.snapshots.backOffMs : null;
+      if (backOffMs !== null) void reply.header('retry-after', String(Math.ceil(backOffMs / 1000)));
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
     }
     const mapped = fastifyErrorBody(err);

@@ -1,10 +1,12 @@
 // Owns what the route schemas cannot say in the OpenAPI document, added to it once it is built:
-// the bearer token that writes need, and the conditional-GET exchange of the pollable answers
-// (If-None-Match in, ETag and Cache-Control out, 304 with no body). Declaring these as route
+// the bearer token that writes need, the conditional-GET exchange of the pollable answers
+// (If-None-Match in, ETag and Cache-Control out, 304 with no body), and the Retry-After of a read's
+// 503 while an nvidia-smi failure is waited out (app.ts's error handler). Declaring these as route
 // schemas instead would make Fastify validate headers on every probe-path request. Every object is
 // made afresh where it is used: a shared one would come out as YAML anchors and aliases, which
 // some OpenAPI tools do not follow.
 import type { OpenAPIV3_1 } from 'openapi-types';
+import { ErrorSchema } from './schemas/common.js';
 
 const WRITE_METHODS = ['put', 'post', 'delete'] as const;
 
@@ -32,11 +34,22 @@ const conditionalHeaders = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
   'Cache-Control': { description: "max-age: the snapshot's remaining freshness in seconds (0 once it is stale).", schema: { type: 'string' } },
 });
 
+const retryAfterHeader = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
+  'Retry-After': {
+    description:
+      'With an nvidia-smi failure that nodecompute is waiting out before it runs nvidia-smi again (one TTL after a failure, doubling with each failure in a row up to 30 s): the seconds left. Asking sooner gets the same answer. Absent otherwise.',
+    schema: { type: 'integer', minimum: 1 },
+  },
+});
+
 type Operation = OpenAPIV3_1.OperationObject;
 
 function completeOperation(method: string, operation: Operation): void {
   if ((WRITE_METHODS as readonly string[]).includes(method)) operation.security = [{ bearer: [] }];
   const responses = operation.responses;
+  // A read's 503 with the error body is an nvidia-smi failure (a write's is the state file's).
+  const unavailable = responses?.['503'] as OpenAPIV3_1.ResponseObject | undefined;
+  if (unavailable && method === 'get' && unavailable.description === ErrorSchema.description) unavailable.headers = retryAfterHeader();
   if (!responses?.['304']) return;
   operation.parameters = [...(operation.parameters ?? []), ifNoneMatch()];
   responses['304'] = { description: 'Not Modified: the If-None-Match tag is current. No body.', headers: conditionalHeaders() };
@@ -44,7 +57,7 @@ function completeOperation(method: string, operation: Operation): void {
   if (ok) ok.headers = { ...ok.headers, ...conditionalHeaders() };
 }
 
-/** Adds the bearer scheme to every write and the conditional-GET headers to every answer that can be 304. */
+/** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, and Retry-After to a read's nvidia-smi 503. */
 export function completeOpenApi(document: OpenAPIV3_1.Document): OpenAPIV3_1.Document {
   document.components = { ...document.components, securitySchemes: { ...document.components?.securitySchemes, bearer: BEARER_SCHEME } };
   // @fastify/swagger puts only operations, keyed by method, in each path item.

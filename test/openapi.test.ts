@@ -18,9 +18,14 @@ t.test('/openapi.json serves the same document and every route declares its erro
   const spec = res.json();
   t.same(spec, parse(readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8')));
   t.ok(spec.components.schemas.Error, 'the error body is one named schema');
-  for (const path of ['/gpus', '/gpus/foreign-memory', '/shards/{id}/compute']) {
+  const nvidiaSmi503 = ['/gpus', '/gpus/foreign-memory', '/shards/{id}/compute'];
+  for (const path of nvidiaSmi503) {
     t.ok(spec.paths[path].get.responses['503'], `${path} declares its 503`);
   }
+  const withRetryAfter = Object.entries(spec.paths as Record<string, Record<string, { responses: Record<string, { headers?: Record<string, unknown> }> }>>).flatMap(([path, item]) =>
+    Object.entries(item).filter(([, op]) => op.responses['503']?.headers?.['Retry-After']).map(([method]) => `${method} ${path}`),
+  );
+  t.same(withRetryAfter, nvidiaSmi503.map((path) => `get ${path}`), "Retry-After on the reads whose 503 is nvidia-smi's failure, not on a write's state-file 503 nor a verdict");
   t.ok(spec.paths['/shards/{id}'].put.responses['422'], 'PUT /shards/{id} declares 422');
   const docs = await app.inject({ method: 'GET', url: '/docs/' });
   t.equal(docs.statusCode, 200);

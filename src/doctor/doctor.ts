@@ -95,7 +95,7 @@ interface SmiFindings {
   busy: number[];
   /** The GPUs the GPU query lists; null when it could not be asked. */
   gpus: GpuRecord[] | null;
-  /** The GPUs the GPU query failed saying it cannot reach; empty when it did not fail so. */
+  /** The GPUs the version or GPU query failed saying it cannot reach; empty when neither failed so. */
   unreachable: UnreachableGpu[];
 }
 
@@ -109,7 +109,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
     );
   } catch (err) {
     checks.push(queryFailed(deps, err, 'nvidia-smi'));
-    return { checks, pids: null, busy: [], gpus: null, unreachable: [] };
+    return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
   }
   let gpus: { value: GpuRecord[]; ms: number };
   try {

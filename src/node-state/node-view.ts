@@ -6,6 +6,7 @@ import type { GpusResponse } from '../schemas/gpus.js';
 import type { ShardRecord } from '../shards/shard.js';
 import { attribute, type Attribution } from './attribution.js';
 import type { NodeSnapshot } from './node-snapshot.js';
+import type { UnreachableListedGpu } from './placement.js';
 import type { SnapshotView } from './snapshot.js';
 
 export interface NodeView {
@@ -139,8 +140,16 @@ function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
   );
 }
 
-/** GET /gpus after its snapshot header: every GPU with its processes, each attributed to its shard, and the GPUs no longer listed. */
-export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
+/** What nvidia-smi said of the GPU of `uuid` in `unreachable` (NodeService.unreachable()); null when it did not name it. */
+export function unreachableSaid(uuid: string, unreachable: readonly UnreachableListedGpu[]): string | null {
+  return unreachable.find(({ listed }) => listed?.uuid === uuid)?.said ?? null;
+}
+
+/**
+ * GET /gpus after its snapshot header: every GPU with its processes, each attributed to its shard,
+ * and whether nvidia-smi has said since that it cannot reach it; and the GPUs no longer listed.
+ */
+export function gpusResponse(node: NodeView, unreachable: readonly UnreachableListedGpu[]): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
   const gpus = node.snapshot.gpus.map((gpu) => ({
     index: gpu.index,
@@ -155,6 +164,7 @@ export function gpusResponse(node: NodeView): Pick<GpusResponse, 'gpus' | 'lostG
       usedMiB: process.usedMiB,
       shard: owner.get(process.pid) ?? null,
     })),
+    unreachable: unreachableSaid(gpu.uuid, unreachable),
   }));
   return { gpus, lostGpus: lostGpusJson(node) };
 }

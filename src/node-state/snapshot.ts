@@ -74,6 +74,12 @@ export interface SnapshotSource<S> {
   readonly generation: number;
   /** The error of the latest refresh while none has succeeded since it; null otherwise. */
   readonly lastError: Error | null;
+  /**
+   * While a recent failure holds nvidia-smi back (its window, see recentFailure) and nothing runs,
+   * the ms until a request may start the next refresh; null when one may start now or is under way.
+   * What a 503 tells its client to wait (Retry-After).
+   */
+  readonly backOffMs: number | null;
 }
 
 /**
@@ -214,9 +220,15 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
    * in the kernel that even SIGKILL cannot end, and each retry would add two more.
    */
   function recentFailure(): Error | null {
+    return backOffLeft() === null ? null : lastFailure!.error;
+  }
+
+  /** The ms left of the latest failure's window; null when there is none or it has passed. */
+  function backOffLeft(): number | null {
     if (!lastFailure || lastFailure.epoch !== epoch) return null;
     const window = Math.min(Math.max(ttlMs, 1) * 2 ** (lastFailure.count - 1), MAX_FAILURE_WINDOW_MS);
-    return now() - lastFailure.at < window ? lastFailure.error : null;
+    const left = lastFailure.at + window - now();
+    return left > 0 ? left : null;
   }
 
   function maybeRefreshInBackground(): void {
@@ -276,6 +288,9 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     },
     get lastError() {
       return lastFailure?.error ?? null;
+    },
+    get backOffMs() {
+      return inFlight ? null : backOffLeft();
     },
   };
 }

@@ -4,6 +4,13 @@ import { Nullable, SnapshotMetaProperties } from './common.js';
 
 const MiB = (description: string) => Nullable(Type.Integer({ minimum: 0 }), `${description} in MiB; null when nvidia-smi reports it as [N/A] or [Insufficient Permissions].`);
 
+/** A GPU's `unreachable` in GET /gpus and GET /gpus/foreign-memory. */
+export const UnreachableSchema = () =>
+  Nullable(
+    Type.String(),
+    'What nvidia-smi said of this GPU when its queries since this snapshot failed naming it by bus id (e.g. "GPU is lost. Reboot the system to recover this GPU"): it cannot reach the GPU, so the figures here, from the last good snapshot, no longer hold and nothing should be placed on it; shards placed on it read gpu-lost. null otherwise.',
+  );
+
 export const GpuProcessSchema = Type.Object({
   pid: Type.Integer({ minimum: 1, description: 'Host PID, as nvidia-smi reports it.' }),
   name: Type.String({ description: 'Process name as nvidia-smi reports it; [Not Found] for a PID of another PID namespace.' }),
@@ -34,6 +41,7 @@ export const GpuSchema = Type.Object({
     'MIG mode (mig.mode.current): Enabled or Disabled; null where the GPU has no MIG mode or the driver does not report it. With MIG enabled, the memory figures (here, in foreign memory and per shard) are for the whole GPU, not per MIG instance.',
   ),
   processes: Type.Array(GpuProcessSchema, { description: 'Compute processes holding memory on this GPU.' }),
+  unreachable: UnreachableSchema(),
 });
 export type Gpu = Static<typeof GpuSchema>;
 

@@ -4,7 +4,7 @@ import { Type, type Static } from '@sinclair/typebox';
 import { ENGINES } from '../shards/shard.js';
 import { READINESS_STATES, VERDICT_CAUSES } from '../shards/readiness.js';
 import { Nullable, NullableStringEnum, SnapshotMetaProperties, StringEnum } from './common.js';
-import { LostGpusSchema } from './gpus.js';
+import { LostGpusSchema, UnreachableSchema } from './gpus.js';
 
 export const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
 export const MAX_PID = 4_194_304;
@@ -206,6 +206,7 @@ export const ForeignMemoryResponseSchema = Type.Object(
           }),
           { description: 'Processes on this GPU that belong to no shard.' },
         ),
+        unreachable: UnreachableSchema(),
       }),
       { description: 'Per GPU.' },
     ),

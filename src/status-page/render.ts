@@ -5,14 +5,15 @@
 // nvidia-smi run. Every string that comes from the node (process names, reasons, nvidia-smi's own
 // messages) is escaped for HTML and stripped of control characters for terminals. A GPU the node
 // has lost (gpu-roster.ts) keeps its row, in its index position, so an 8-GPU node never silently
-// reads as 7; past max-stale the last good snapshot still says which GPUs were lost by then.
+// reads as 7; past max-stale the last good snapshot still says which GPUs were lost by then. A GPU
+// nvidia-smi's failing queries name as unreachable is marked on its row, with what nvidia-smi said.
 import { formatDuration } from '../duration.js';
 import { formatHeldMemory, formatMemory, formatMemoryUse } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { LostGpu } from '../node-state/gpu-roster.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
-import { placedIndices, placementOf } from '../node-state/placement.js';
-import { snapshotMeta, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
+import { placedIndices, placementOf, type UnreachableListedGpu } from '../node-state/placement.js';
+import { snapshotMeta, unreachableSaid, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import { READINESS_STATES, type ReadinessState } from '../shards/readiness.js';
 import { deviceLabel } from '../shards/compute.js';
@@ -120,6 +121,8 @@ export interface GpuModel {
   name: string;
   /** MIG is enabled: its memory figures are the whole GPU's, not any instance's. */
   mig: boolean;
+  /** What nvidia-smi said when its queries since this snapshot failed naming this GPU; null when they did not. */
+  unreachable: string | null;
   totalMiB: number | null;
   usedMiB: number | null;
   /**
@@ -198,6 +201,8 @@ export interface StatusInput {
   view: SnapshotView<NodeSnapshot> | null;
   node: NodeView | null;
   error: string | null;
+  /** The GPUs nvidia-smi's failing queries say it cannot reach (NodeService.unreachable()). */
+  unreachable: readonly UnreachableListedGpu[];
   /**
    * The cached snapshot however old (the snapshot source's peek), when there is no view; with
    * maxStaleMs, the header then says when the last good one was taken, and its lost GPUs are shown.
@@ -213,6 +218,9 @@ export interface StatusInput {
 const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';
 
 const LOST_GPUS = 'nvidia-smi no longer lists GPUs it listed earlier.';
+
+/** What an unreachable GPU's row says besides nvidia-smi's words. */
+const UNREACHABLE_NOTE = 'nvidia-smi cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot';
 /** Past max-stale, what the lost rows under "no GPU figures" are. */
 const LOST_ROWS_NOTE = 'Below, the GPUs its last good snapshot no longer listed.';
 const LOST_GPUS_ADVICE =
@@ -342,6 +350,7 @@ export function statusModel(input: StatusInput): StatusModel {
       uuid: gpu.uuid,
       name: gpu.name,
       mig: gpu.migMode === 'Enabled',
+      unreachable: unreachableSaid(gpu.uuid, input.unreachable),
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
       memoryKnown: gpu.totalMiB !== null && gpu.usedMiB !== null && segments.some((segment) => widthOf(segment) > 0),
@@ -453,7 +462,7 @@ const HELD_NOTE =
 function summary(model: StatusModel): string {
   const parts = READINESS_STATES.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
   const shards = parts.length > 0 ? parts.join(', ') : 'no shards';
-  const lost = model.lostGpus.length;
+  const lost = model.lostGpus.length + model.gpus.filter((gpu) => gpu.unreachable !== null).length;
   return lost === 0 ? shards : `${lost} GPU${lost === 1 ? '' : 's'} LOST · ${shards}`;
 }
 
@@ -486,12 +495,14 @@ function gpuHtml(gpu: GpuModel): string {
     : '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>';
   const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
   const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
-  return `<div class="gpu">
-<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span>${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}</div>
+  const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${UNREACHABLE_NOTE}. It says: ${escapeHtml(gpu.unreachable)}</li>`];
+  const badge = gpu.unreachable === null ? '' : '<span class="badge gpu-lost">unreachable</span>';
+  return `<div class="gpu${gpu.unreachable === null ? '' : ' unreachable'}">
+<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span>${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${badge}</div>
 ${bar}
 <span class="gpu-used">${formatMemoryUse(gpu.usedMiB, gpu.totalMiB)}</span>
 <span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
-<ul class="legend">${[...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle].join('')}</ul>
+<ul class="legend">${[...unreachable, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle].join('')}</ul>
 </div>`;
 }
 
@@ -796,12 +807,14 @@ export function renderText(model: StatusModel): string {
       .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
       .map((segment) => `${segment.label} ${amountOf(segment)}${segment.stray ? ' (NOT given)' : ''}`);
     const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
-    return [String(gpu.index), plain(gpu.name) + (gpu.mig ? ' (MIG)' : ''), gpu.memoryKnown ? textBar(gpu.segments) : UNKNOWN_BAR, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
+    const marks = (gpu.mig ? ' (MIG)' : '') + (gpu.unreachable === null ? '' : ' (UNREACHABLE)');
+    return [String(gpu.index), plain(gpu.name) + marks, gpu.memoryKnown ? textBar(gpu.segments) : UNKNOWN_BAR, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
   };
   const lostRow = (gpu: LostGpuModel) => [String(gpu.index), `${plain(gpu.name)} (LOST)`, LOST_BAR, 'unknown', plain(placedOn(gpu))];
   const gpuRows = inIndexOrder(model, listedRow, lostRow);
   if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
   if (model.gpus.some((gpu) => gpu.mig)) out.push(`  (MIG) ${MIG_NOTE}`);
+  for (const gpu of model.gpus) if (gpu.unreachable !== null) out.push(`  (UNREACHABLE) GPU ${gpu.index}: ${UNREACHABLE_NOTE}. It says: ${plain(gpu.unreachable)}`);
   const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));
   if (foreign.length > 0) out.push('', 'FOREIGN PROCESSES', ...foreign);
   out.push('', 'SHARDS');

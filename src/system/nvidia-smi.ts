@@ -128,6 +128,24 @@ function unparsable(line: string, reason: string, command: string) {
   );
 }
 
+/**
+ * `parse` for a CSV query's stdout, refusing an empty one: with `--format=csv` nvidia-smi always
+ * prints the header (only it when no process runs), and on a node without GPUs it exits 6. An empty
+ * answer that exited 0 is a cut or replaced output, and read as "no GPUs" it would mark every GPU lost.
+ */
+function csvAnswer<T>(parse: (stdout: string) => T, command: string): (stdout: string) => T {
+  return (stdout) => {
+    if (contentLines(stdout).length === 0) {
+      throw new NvidiaSmiUnparsableError(
+        `nvidia-smi exited 0 but printed nothing, not even the CSV header it always prints (on a node without GPUs it fails with "No devices were found" instead). ` +
+          'nodecompute does not read that as "no GPUs": it keeps the last good snapshot while it is younger than max-stale. Something cut or replaced its output: ' +
+          `check which nvidia-smi is on PATH (a wrapper script, a container runtime hook) and run \`${command}\` by hand to see what it prints.`,
+      );
+    }
+    return parse(stdout);
+  };
+}
+
 function contentLines(text: string): string[] {
   return text.split(/\r?\n/).filter((line) => line.trim() !== '');
 }
@@ -524,7 +542,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
 
   function askGpus(fields: readonly string[], deadline: number): Promise<GpuRecord[]> {
     const args = [`--query-gpu=${fields.join(',')}`, '--format=csv'];
-    return run('gpus', args, (stdout) => parseGpuCsv(stdout, fields), deadline);
+    return run('gpus', args, csvAnswer((stdout) => parseGpuCsv(stdout, fields), gpuCommand(fields)), deadline);
   }
 
   async function queryGpus(): Promise<GpuRecord[]> {
@@ -548,7 +566,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       run(
         'compute-apps',
         [`--query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')}`, '--format=csv'],
-        parseComputeAppsCsv,
+        csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND),
         performance.now() + timeoutMs,
       ),
     queryVersion: () => run('version', ['--version'], parseVersion, performance.now() + timeoutMs),

@@ -47,21 +47,25 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
   // GPU 5 falls off the bus: nvidia-smi's GPU query fails, naming it by bus id ("GPU is lost", exit 15).
   const gpu5 = scenario.gpus[5]!;
   t.equal((await app.inject({ method: 'GET', url: '/gpus' })).statusCode, 200, 'a snapshot lists GPU 5 with its bus id');
-  fake.update((s) => ({ ...s, failures: { gpu: { kind: 'gpu-lost', busId: gpu5.busId!.slice(4) } } }));
-  t.match(
-    await lostCheck(),
-    {
-      status: 503,
-      check: {
-        status: 'fail',
-        detail:
-          `nvidia-smi cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU":\n` +
-          "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.",
-        fix: 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
+  const gpu5Named = async (message: string) =>
+    t.match(
+      await lostCheck(),
+      {
+        status: 503,
+        check: {
+          status: 'fail',
+          detail:
+            `nvidia-smi cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU":\n` +
+            "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.",
+          fix: 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
+        },
       },
-    },
-    'named as the last snapshot listed it',
-  );
+      message,
+    );
+  fake.update((s) => ({ ...s, failures: { gpu: { kind: 'gpu-lost', busId: gpu5.busId!.slice(4) } } }));
+  await gpu5Named('named as the last snapshot listed it');
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'gpu-lost', busId: gpu5.busId!.slice(4) } } }));
+  await gpu5Named('and so when even nvidia-smi --version fails naming it');
 });
 
 t.test('GET /doctor with nvidia-smi failing since start, naming a GPU it cannot reach: no listing says which GPU that is, so its bus id alone', async (t) => {

@@ -73,6 +73,12 @@ const cases: FailureCase[] = [
     message: [/cannot read/, /index, name|0, NVIDIA H200/],
   },
   {
+    name: 'nothing at all with exit 0 (not even the CSV header)',
+    failure: { kind: 'custom', stdout: '', exitCode: 0 },
+    code: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE',
+    message: [/printed nothing, not even the CSV header/, /does not read that as "no GPUs"/, /check which nvidia-smi is on PATH/],
+  },
+  {
     name: 'garbage with exit 0 (binary noise)',
     failure: { kind: 'garbage', text: '\u0000\u0001\u0002\ufffd\ufffd, \u0007\n\u001b[31m' },
     code: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE',

@@ -136,32 +136,40 @@ t.test('a cold failure is remembered for one TTL window, then retried', async (t
   t.equal((await retry).snapshot.n, 7);
 });
 
-t.test('failures in a row back off: one TTL, then twice, four times... up to 30 s', async (t) => {
+t.test('failures in a row back off: one TTL, then twice, four times... up to 30 s; backOffMs says what is left', async (t) => {
   const h = harness({ ttlMs: 1000 });
+  t.equal(h.source.backOffMs, null, 'nothing to wait out before any failure');
   const fail = async (n: number) => {
     const pending = h.source.get();
     t.equal(h.calls.length, n, `attempt ${n} ran`);
+    t.equal(h.source.backOffMs, null, 'none while a refresh runs: its answer is the next news');
     h.calls[n - 1]!.reject(new NvidiaSmiFailedError(`failure ${n}`));
     await t.rejects(pending);
   };
   await fail(1);
+  t.equal(h.source.backOffMs, 1000, 'the first window is one TTL');
   h.advance(1000);
+  t.equal(h.source.backOffMs, null, 'past it, a request runs nvidia-smi again');
   await fail(2);
   h.advance(1999);
+  t.equal(h.source.backOffMs, 1);
   await t.rejects(h.source.get(), { message: 'failure 2' }, 'still inside the doubled window');
   t.equal(h.calls.length, 2);
   h.advance(1);
   await fail(3);
+  t.equal(h.source.backOffMs, 4000);
   for (let n = 4; n <= 7; n += 1) {
     h.advance(30_000);
     await fail(n);
   }
+  t.equal(h.source.backOffMs, 30_000, 'the window stops growing at 30 s');
   h.advance(29_999);
   await t.rejects(h.source.get(), { message: 'failure 7' }, 'the window stops growing at 30 s');
   h.advance(1);
   const recovered = h.source.get();
   h.calls[7]!.resolve({ n: 1 });
   t.equal((await recovered).snapshot.n, 1);
+  t.equal(h.source.backOffMs, null, 'a success ends the back-off');
 });
 
 t.test('maxWaitMs bounds how long a caller waits; the refresh goes on', async (t) => {
@@ -230,6 +238,7 @@ t.test('a failure right after invalidate() does not block the refresh it asked f
   h.calls[0]!.reject(new NvidiaSmiFailedError('first'));
   await t.rejects(first);
   h.source.invalidate();
+  t.equal(h.source.backOffMs, null, 'nothing to wait out: the next request runs nvidia-smi');
   const next = h.source.get();
   t.equal(h.calls.length, 2);
   h.calls[1]!.resolve({ n: 9 });

@@ -4,8 +4,9 @@
 // children hold the GPUs, on a clock the test moves: the shard placed on that GPU is gpu-lost at
 // once (cause gpu-unreachable), while the last good snapshot is served and past max-stale too, when
 // the node's other shard reads unverified; nodecompute_gpu_lost names the GPU; a stopped shard on it
-// is warned; once nvidia-smi answers again, both are ready. And when no listing ever had the GPU
-// (nvidia-smi failing since nodecompute started), nothing maps its bus id to a shard's GPU.
+// is warned; /gpus, /gpus/foreign-memory and the status page mark the GPU unreachable; once
+// nvidia-smi answers again, both are ready. And when no listing ever had the GPU (nvidia-smi failing
+// since nodecompute started), nothing maps its bus id to a shard's GPU.
 import t from 'tap';
 import type { App } from '../../src/app.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
@@ -42,7 +43,10 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
     t.equal((await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
   }
   t.same((await verdicts(app)).map((v) => v.state), ['ready', 'ready']);
-  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus;
+  const good = await app.inject({ method: 'GET', url: '/gpus' });
+  const goodTag = String(good.headers.etag);
+  const gpus = good.json().gpus;
+  t.same(gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable), [null, null], 'both GPUs reachable');
   t.same(
     gpus.map((gpu: { busId: string }) => gpu.busId),
     ['00000000:01:00.0', '00000000:02:00.0'],
@@ -62,6 +66,27 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.match(s1.reason, /This shard cannot serve as placed\. Check `dmesg` for NVIDIA Xid errors .* Meanwhile start its engine on other GPUs and PUT the shard with its new gpus\.$/);
   t.equal(app.services.node.unreachable(), app.services.node.unreachable(), 'the same answer while nothing changes: the probe cache keys on it');
   t.same([s0.status, s0.state], [200, 'ready'], 'the other shard is judged on the last good snapshot, within max-stale');
+  const staleGpus = await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': goodTag } });
+  t.equal(staleGpus.statusCode, 200, 'a GPU turning unreachable changes the /gpus answer: no 304 on the old ETag');
+  t.same(
+    staleGpus.json().gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable),
+    [null, LOST],
+    '/gpus, served from the last good snapshot, marks the GPU nvidia-smi cannot reach with what it said',
+  );
+  t.same(
+    (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable),
+    [null, LOST],
+    'and so does foreign memory: nothing is to be placed there',
+  );
+  const text = (await app.inject({ method: 'GET', url: '/?format=text' })).body;
+  t.match(text, /^nodecompute .*: 1 GPU LOST · /, 'the status page counts it as lost');
+  t.match(text, /^1 +NVIDIA H200 \(UNREACHABLE\) /m, 'and marks its row');
+  t.notMatch(text, /^0 +NVIDIA H200 \(UNREACHABLE\)/m);
+  t.match(text, `(UNREACHABLE) GPU 1: nvidia-smi cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot. It says: ${LOST}`);
+  const html = (await app.inject({ method: 'GET', url: '/?format=html' })).body;
+  t.equal(html.match(/<div class="gpu unreachable">\n<div class="gpu-id"><span class="gpu-index">GPU (\d)/g)?.length, 1, 'one GPU row marked in HTML');
+  t.match(html, /<span class="gpu-index">GPU 1<\/span><span class="gpu-name">NVIDIA H200<\/span><span class="badge gpu-lost">unreachable<\/span>/);
+  t.match(html, `It says: ${LOST}</li>`);
   t.match(s0.warnings, [/^answered from an older snapshot: the last refresh failed: nvidia-smi exited with code 15/]);
   t.same(
     (await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string; status: { state: string } }) => [shard.id, shard.status.state]),
@@ -111,6 +136,12 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
     ['ready', []],
   ]);
   t.notMatch((await app.inject({ method: 'GET', url: '/metrics' })).body, /^nodecompute_gpu_lost\{/m);
+  t.same(
+    (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable),
+    [null, null],
+    'and /gpus no longer marks it',
+  );
+  t.notMatch((await app.inject({ method: 'GET', url: '/?format=text' })).body, /UNREACHABLE|LOST/, 'nor the status page');
 });
 
 t.test('nvidia-smi failing since start, naming a GPU: no listing maps its bus id, so the shard is unverified, and the failure says which GPU', async (t) => {

@@ -2,7 +2,7 @@
 import t from 'tap';
 import { GpusResponseSchema } from '../../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../../src/schemas/shards.js';
-import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { eightGpuNode, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { buildTestApp, manualClock, settle } from '../helpers/app.js';
 import { schemaErrors } from '../helpers/schema.js';
 
@@ -26,6 +26,7 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
     memory: { totalMiB: 143771, usedMiB: 130013, freeMiB: 13145, reservedMiB: 614 },
     migMode: 'Disabled',
     processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null }],
+    unreachable: null,
   });
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 6, 7]);
   t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null }], 'a name with ", " survives');
@@ -77,6 +78,29 @@ t.test('each failure of nvidia-smi becomes its coded 503 with nvidia-smi\'s own 
     t.equal(res.json().code, c.code, c.failure.kind);
     t.match(res.json().message, c.words, c.failure.kind);
   }
+});
+
+t.test('while a failure is waited out, its 503 says when nvidia-smi runs again (Retry-After), and asking sooner runs nothing', async (t) => {
+  const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
+  const { app, fake } = await buildTestApp(t, { scenario: { ...eightGpuNode(), failures: { all: { kind: 'driver-unreachable' } } }, deps: { now: clock.now } });
+  const ask = async (url: string) => {
+    const res = await app.inject({ method: 'GET', url });
+    return { status: res.statusCode, retryAfter: res.headers['retry-after'] };
+  };
+  t.same(await ask('/gpus'), { status: 503, retryAfter: '1' }, 'the first failure is waited out for one TTL (1 s)');
+  /** Each refresh runs both queries; the second may still run when the first one's failure is answered. */
+  const runsReach = (n: number) => waitUntil(() => fake.invocations().length >= n, { what: `${n} nvidia-smi runs` });
+  await runsReach(2);
+  clock.advance(400);
+  t.same(await ask('/gpus/foreign-memory'), { status: 503, retryAfter: '1' }, '600 ms left, rounded up to a whole second');
+  t.same(await ask('/shards/nobody/compute'), { status: 404, retryAfter: undefined }, 'only an nvidia-smi failure says it');
+  clock.advance(600);
+  t.same(await ask('/gpus'), { status: 503, retryAfter: '2' }, 'run again past it, failed again: the window doubles');
+  await runsReach(4);
+  clock.advance(2000);
+  fake.update((s) => ({ ...s, failures: {} }));
+  t.same(await ask('/gpus'), { status: 200, retryAfter: undefined }, 'once nvidia-smi answers, nothing to wait out');
+  t.equal(fake.countQueries('gpu'), 3, 'two refreshes failed, the third answered: none ran inside a window');
 });
 
 t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status page and the metrics until it is listed again', async (t) => {

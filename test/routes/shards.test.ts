@@ -54,8 +54,8 @@ t.test('a shard holds a GPU through a grandchild in its process group; another g
 
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
   t.same(foreign.gpus, [
-    { index: 0, uuid: UUIDS[0], usedMiB: 318, shardMiB: 0, unreportedShardProcesses: 0, foreignMiB: 318, foreignProcesses: [{ pid: 999_999, name: '[Not Found]', usedMiB: 300 }] },
-    { index: 1, uuid: UUIDS[1], usedMiB: 14661, shardMiB: 12595, unreportedShardProcesses: 0, foreignMiB: 2066, foreignProcesses: [{ pid: other.members[0], name: 'python3', usedMiB: 2048 }] },
+    { index: 0, uuid: UUIDS[0], usedMiB: 318, shardMiB: 0, unreportedShardProcesses: 0, foreignMiB: 318, foreignProcesses: [{ pid: 999_999, name: '[Not Found]', usedMiB: 300 }], unreachable: null },
+    { index: 1, uuid: UUIDS[1], usedMiB: 14661, shardMiB: 12595, unreportedShardProcesses: 0, foreignMiB: 2066, foreignProcesses: [{ pid: other.members[0], name: 'python3', usedMiB: 2048 }], unreachable: null },
   ]);
 
   const ready = await app.inject({ method: 'GET', url: '/shards/llama-a/ready' });

@@ -481,7 +481,7 @@ t.test('a cgroup shard is named by its cgroup', async (t) => {
     compute: null,
     observedAt: null,
   };
-  const model = statusModel({ states: [state], view: null as SnapshotView<NodeSnapshot> | null, node: null, error: 'boom', host: 'h', version: '0', now: 0 });
+  const model = statusModel({ states: [state], view: null as SnapshotView<NodeSnapshot> | null, node: null, error: 'boom', unreachable: [], host: 'h', version: '0', now: 0 });
   t.match(renderHtml(model), 'vllm · cgroup f00dfeedcafe');
   t.match(renderText(model), /^pod-a\s+unverified\s+0\s+unknown\s+-$/m);
 });
@@ -494,7 +494,7 @@ t.test('a stopped shard: its own badge and count, its reason in the row; the out
     compute: null,
     observedAt: null,
   };
-  const model = statusModel({ states: [state], view: null as SnapshotView<NodeSnapshot> | null, node: null, error: 'boom', host: 'h', version: '0', now: 0 });
+  const model = statusModel({ states: [state], view: null as SnapshotView<NodeSnapshot> | null, node: null, error: 'boom', unreachable: [], host: 'h', version: '0', now: 0 });
   const html = renderHtml(model);
   t.match(html, '.badge.stopped{background:#8250df;color:#fff}', 'a colour of its own, white on it readable (4.7:1)');
   t.match(html, '<li><span class="badge stopped">1 stopped</span></li>');

@@ -59,7 +59,7 @@ function input(snapshot: NodeSnapshot, shards: ShardRecord[]): StatusInput {
     return { shard: record, readiness: verdict, compute: shardCompute(record, node, null, verdict.state), observedAt: NOW };
   });
   const view: SnapshotView<NodeSnapshot> = { snapshot, observedAt: NOW, startedAt: NOW, ageMs: 0, stale: false, staleReason: null, failing: false, slow: false };
-  return { states, view, node, error: null, host: 'gpu-node-7', version: '0.1.0', now: NOW };
+  return { states, view, node, error: null, unreachable: [], host: 'gpu-node-7', version: '0.1.0', now: NOW };
 }
 
 /** The indices of the GPU rows, in page order. */
@@ -174,7 +174,7 @@ t.test('past max-stale the last good snapshot still names the lost GPUs: rows an
     compute: null,
     observedAt: null,
   };
-  const model = statusModel({ states: [state], view: null, node: null, error: 'nvidia-smi exited with code 9', lastGood, maxStaleMs: 30_000, host: 'h', version: '0', now: NOW });
+  const model = statusModel({ states: [state], view: null, node: null, error: 'nvidia-smi exited with code 9', unreachable: [], lastGood, maxStaleMs: 30_000, host: 'h', version: '0', now: NOW });
   t.same(model.gpus, [], "the last good snapshot's figures are too old to show");
   t.match(model.lostGpus, [{ index: 3, uuid: 'GPU-3', indexTakenBy: null, placed: [{ id: 'llama-a', state: 'unverified' }] }]);
   const asOf = 'As of the last good snapshot, of 2026-11-29 11:59:45 UTC: nvidia-smi cannot be asked now, so whether they are listed again is unknown.';
@@ -193,7 +193,7 @@ t.test('past max-stale the last good snapshot still names the lost GPUs: rows an
   t.same(textRows(text).map((line) => line.split(' ')[0]), ['3']);
   t.match(textRows(text)[0]!, /\(LOST\).*placed on it: llama-a \(unverified\)$/);
 
-  const none = statusModel({ states: [], view: null, node: null, error: 'boom', lastGood: { ...lastGood, snapshot: snapshotOf(gpus, [], []) }, maxStaleMs: 30_000, host: 'h', version: '0', now: NOW });
+  const none = statusModel({ states: [], view: null, node: null, error: 'boom', unreachable: [], lastGood: { ...lastGood, snapshot: snapshotOf(gpus, [], []) }, maxStaleMs: 30_000, host: 'h', version: '0', now: NOW });
   t.match(renderHtml(none), '<p class="empty">No GPU figures: nvidia-smi gave none (see above).</p>\n</section>', 'no GPU lost by then: no rows, no note');
   t.match(renderText(none), '  none: nvidia-smi gave no GPU figures (see above)\n\n');
 });

@@ -193,6 +193,18 @@ t.test('garbage with exit 0: NvidiaSmiUnparsableError quoting the line', async (
   t.match(observations, [{ query: 'version', outcome: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE' }]);
 });
 
+t.test('nothing printed with exit 0, not even the CSV header: NvidiaSmiUnparsableError, not "no GPUs" or "no processes"', async (t) => {
+  for (const stdout of ['', '\n  \n']) {
+    const { smi, observations } = rig(t, failing('all', { kind: 'custom', stdout, exitCode: 0 }));
+    const empty = { code: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', message: /^nvidia-smi exited 0 but printed nothing, not even the CSV header/ };
+    await t.rejects(smi.queryGpus(), { ...empty, message: /run `nvidia-smi --query-gpu=index,uuid,name,.* --format=csv` by hand/ }, JSON.stringify(stdout));
+    await t.rejects(smi.queryComputeApps(), { ...empty, message: /run `nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory --format=csv` by hand/ }, JSON.stringify(stdout));
+    t.match(observations, [{ query: 'gpus', outcome: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE' }, { query: 'compute-apps', outcome: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE' }]);
+  }
+  const idle = rig(t, { ...eightGpuNode(), processes: [] });
+  t.same(await idle.smi.queryComputeApps(), [], 'the header alone is no process, as an idle node answers');
+});
+
 t.test('killed by a signal (the OOM killer): NvidiaSmiFailedError saying so', async (t) => {
   const { smi } = rig(t, failing('gpu', { kind: 'killed-by-signal' }));
   await t.rejects(smi.queryGpus(), {
