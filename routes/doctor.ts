@@ -22,7 +22,7 @@ const doctorSchema = (description: string) => Type.Object(
     checks: Type.Array(
       Type.Object({
         name: Type.String({
-          description: 'Check name: settings, nvidia-smi, gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, token.',
+          description: 'Check name: settings, nvidia-smi, gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, registered-gpus, token.',
         }),
         status: StringEnum(['ok', 'warn', 'fail'], 'ok, warn or fail.'),
         detail: Type.String({ description: 'What was found.' }),
@@ -66,7 +66,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         operationId: 'runDoctor',
         tags: ['operators'],
-        summary: 'Check this node: the settings, nvidia-smi and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, token.',
+        summary: 'Check this node: the settings, nvidia-smi and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, registered GPUs, token.',
         description:
           'Runs nvidia-smi afresh (not from the cache). 200 when no check failed (warnings allowed), 503 with the same report when one did, ' +
           `as \`nodecompute doctor\` exits non-zero; each check says what it found and what to do. A report is reused for ${REPORT_REUSE_MS / 1000} s. ` +

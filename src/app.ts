@@ -13,6 +13,7 @@ import type { OpenAPIV3_1 } from 'openapi-types';
 import type { Config } from './config.js';
 import { BadRequestError, InternalError, NotFoundError, isCodedError, isNvidiaSmiFailure, type CodedError } from './errors.js';
 import { createAuth, type Auth } from './auth.js';
+import { unreachableListedIn } from './node-state/gpu-roster.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
 import { createSnapshotSource } from './node-state/snapshot.js';
@@ -295,10 +296,13 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       if (err.statusCode >= 500) {
         failureLog[failureLevel(`${err.code}: ${err.message}`)]({ ...requestFields(request), err }, 'Request failed');
       }
-      // Within a failure's back-off window nvidia-smi is not run again: asking sooner gets this same answer.
-      const backOffMs = isNvidiaSmiFailure(err) ? node.snapshots.backOffMs : null;
+      // The snapshots' own failure (not, say, the doctor's query): within its back-off window nvidia-smi
+      // is not run again, so asking sooner gets this same answer; and its bus ids can be named.
+      const snapshotFailure = isNvidiaSmiFailure(err) && err === node.snapshots.lastError;
+      const backOffMs = snapshotFailure ? node.snapshots.backOffMs : null;
       if (backOffMs !== null) void reply.header('retry-after', String(Math.ceil(backOffMs / 1000)));
-      return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, err.message));
+      const message = snapshotFailure ? err.message + unreachableListedIn(err.message, node.unreachable()) : err.message;
+      return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, message));
     }
     const mapped = fastifyErrorBody(err);
     if (mapped) return reply.status(mapped.statusCode).send(mapped);

@@ -37,7 +37,7 @@ const conditionalHeaders = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
 const retryAfterHeader = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
   'Retry-After': {
     description:
-      'With an nvidia-smi failure that nodecompute is waiting out before it runs nvidia-smi again (one TTL after a failure, doubling with each failure in a row up to 30 s): the seconds left. Asking sooner gets the same answer. Absent otherwise.',
+      'With an nvidia-smi failure that nodecompute is waiting out before it runs nvidia-smi again (one TTL after a failure, doubling with each failure in a row up to 30 s): the seconds left. Asking sooner gets the same answer, unless a shard registration or removal comes first (it makes the next request try at once). Absent otherwise.',
     schema: { type: 'integer', minimum: 1 },
   },
 });

@@ -9,13 +9,15 @@
 // file is read and parsed as a start does (registry.ts's readRegistryFile), and the CLI reports a
 // token file a start refuses. Both say the warnings a start logs about the settings (a mistyped
 // variable). The running service adds what only it knows: the GPUs it has lost since it started
-// (gpu-roster.ts).
+// (gpu-roster.ts). Both check the GPUs the stored registrations name against nvidia-smi's listing:
+// a GPU gone before the service started (before the CLI's run) only they remember.
 import { formatDuration } from '../duration.js';
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, UNREACHABLE_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import { listedAs } from '../node-state/placement.js';
 import { readRegistryFile } from '../shards/registry.js';
+import type { ShardRecord } from '../shards/shard.js';
 import { unreachableGpusIn, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
@@ -109,6 +111,8 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
     );
   } catch (err) {
     checks.push(queryFailed(deps, err, 'nvidia-smi'));
+    // The samples show the device-handle failure from plain nvidia-smi and --query-gpu; whether
+    // --version fails so too is not known, and reading it costs nothing where it does not.
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
   }
   let gpus: { value: GpuRecord[]; ms: number };
@@ -268,15 +272,43 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
  * it). The read is made only where the look at the directory succeeded: one that did not may be on
  * a mount that does not answer, where a read would block another thread for good.
  */
-async function stateFileCheck(stateFile: StateFile): Promise<DoctorCheck> {
+async function stateFileCheck(stateFile: StateFile): Promise<{ check: DoctorCheck; shards: ShardRecord[] | null }> {
   const writable = await stateFile.checkWritable();
-  if (!writable.ok) return check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.');
+  if (!writable.ok) return { check: check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.'), shards: null };
   const read = await readRegistryFile(stateFile);
-  if (!read.ok) return check('state-file', 'fail', `${read.problem} nodecompute stops at start on it (exit 1): the service cannot start, or restart, until it is fixed.`, read.fix);
+  if (!read.ok) return { check: check('state-file', 'fail', `${read.problem} nodecompute stops at start on it (exit 1): the service cannot start, or restart, until it is fixed.`, read.fix), shards: null };
   const holds = read.shards === null ? 'does not exist yet (a first start: no shards)' : `holds ${read.shards.length} shard registration(s)`;
-  return writable.warning === null
-    ? check('state-file', 'ok', `${stateFile.path} ${holds} and can be written`)
-    : check('state-file', 'warn', `${stateFile.path} ${holds} and can be written, but the ${writable.warning.problem}`, writable.warning.fix);
+  return {
+    check:
+      writable.warning === null
+        ? check('state-file', 'ok', `${stateFile.path} ${holds} and can be written`)
+        : check('state-file', 'warn', `${stateFile.path} ${holds} and can be written, but the ${writable.warning.problem}`, writable.warning.fix),
+    shards: read.shards ?? [],
+  };
+}
+
+/**
+ * The GPUs the stored registrations (`shards`) name by UUID that the doctor's GPU query does not
+ * list (`listed`) and that the service has not listed since it started (`known`, its latest
+ * snapshot; the lost-gpus check speaks for those it has): gone before the service started, or
+ * before this CLI run, which only the registrations remember.
+ */
+function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly GpuRecord[], known: KnownGpus | null | undefined): DoctorCheck {
+  const seen = new Set([...listed, ...(known?.gpus ?? []), ...(known?.lostGpus ?? [])].map((gpu) => gpu.uuid));
+  const byUuid = shards.filter((shard) => (shard.gpuUuids?.length ?? 0) > 0);
+  const missing = byUuid.flatMap((shard) =>
+    shard.gpuUuids!.flatMap((uuid, i) => (seen.has(uuid) ? [] : [`shard "${shard.id}" was given ${uuid} (GPU ${shard.gpus[i]} when it was registered)`])),
+  );
+  if (byUuid.length === 0) return check('registered-gpus', 'ok', 'no stored shard registration names a GPU by UUID, so none can be missing');
+  if (missing.length === 0) return check('registered-gpus', 'ok', `nvidia-smi lists every GPU the ${byUuid.length} shard registration(s) naming GPUs by UUID name`);
+  const [it, each] = missing.length === 1 ? ['it', 'it'] : ['them', 'each'];
+  const since = known === undefined ? '' : `, and this service has not listed ${it} since it started`;
+  return check(
+    'registered-gpus',
+    'fail',
+    `${missing.join('\n')}:\nnvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.`,
+    `${LOST_GPU_FIX} Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.`,
+  );
 }
 
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
@@ -303,7 +335,9 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
       : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it."),
   );
   checks.push(openFilesCheck(deps.proc, smi.pids === null ? null : smi.pids.length));
-  checks.push(stateFile, await tokenCheck(deps));
+  checks.push(stateFile.check);
+  if (smi.gpus !== null && stateFile.shards !== null) checks.push(registeredGpusCheck(stateFile.shards, smi.gpus, deps.snapshot));
+  checks.push(await tokenCheck(deps));
   return {
     ok: checks.every((c) => c.status !== 'fail'),
     version: deps.version,

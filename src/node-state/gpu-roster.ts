@@ -7,7 +7,8 @@
 // before nodecompute started was never listed, so it is not known here (the doctor's GPU count,
 // compared with the node's hardware, is the check for that).
 import type { Logger } from 'pino';
-import type { GpuRecord } from '../system/nvidia-smi.js';
+import { unreachableGpusIn, type GpuRecord } from '../system/nvidia-smi.js';
+import type { UnreachableListedGpu } from './placement.js';
 
 export interface LostGpu {
   /** Its index when it was last listed (indices can shift once a GPU is gone). */
@@ -34,6 +35,18 @@ export const LOST_GPU_MEANING =
 /** nvidia-smi's words for a GPU it cannot reach (its failed query names it by bus id), with what the last listing that had it said it was. */
 export const gpuUnreachable = ({ busId, said, listed }: { busId: string; said: string; listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null }): string =>
   `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
+/**
+ * For an nvidia-smi failure `message`, which names GPUs it cannot reach by bus id alone: what
+ * nodecompute last listed each as (`unreachable`, NodeService.unreachable(): a GPU of the latest
+ * snapshot, or one it has lost since), as a sentence to append; '' when the message names none a
+ * listing had. A bus id no listing had is left as nvidia-smi said it.
+ */
+export function unreachableListedIn(message: string, unreachable: readonly UnreachableListedGpu[]): string {
+  const named = new Set(unreachableGpusIn(message).map((gpu) => gpu.busId));
+  const known = unreachable.filter((gpu) => named.has(gpu.busId) && gpu.listed !== null);
+  if (known.length === 0) return '';
+  return ` nodecompute last listed ${known.map(({ busId, listed }) => `PCI ${busId} as GPU ${listed!.index} (${listed!.uuid}, ${listed!.name})`).join(', ')}.`;
+}
 export const UNREACHABLE_GPU_MEANING =
   "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.";
 export const LOST_GPU_FIX =

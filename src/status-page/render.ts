@@ -10,9 +10,9 @@
 import { formatDuration } from '../duration.js';
 import { formatHeldMemory, formatMemory, formatMemoryUse } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
-import type { LostGpu } from '../node-state/gpu-roster.js';
+import { gpuUnreachable, type LostGpu } from '../node-state/gpu-roster.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
-import { placedIndices, placementOf, type UnreachableListedGpu } from '../node-state/placement.js';
+import { placedIndices, placementOf, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { snapshotMeta, unreachableSaid, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import { READINESS_STATES, type ReadinessState } from '../shards/readiness.js';
@@ -184,6 +184,11 @@ export interface StatusModel {
    * (lastGood set), those of the last good snapshot: nothing since says whether they are back.
    */
   lostGpus: LostGpuModel[];
+  /**
+   * The GPUs nvidia-smi's failing queries say it cannot reach that a listing had, less the lost ones
+   * (their rows say enough): marked on their rows, and past max-stale, with no rows, said under the table.
+   */
+  unreachableGpus: UnreachableKnownGpu[];
   /**
    * The stale banner: why the snapshot is not being renewed (the last refresh failed, or nvidia-smi is
    * slow now); null otherwise. A snapshot that is merely one refresh behind (stale-while-revalidate,
@@ -372,6 +377,7 @@ export function statusModel(input: StatusInput): StatusModel {
     warnings: readiness.warnings.map((warning) => pointToBanner(warning, input.error)),
   }));
   const lastGood = input.view === null && input.lastGood && input.maxStaleMs !== undefined && input.lastGood.ageMs > input.maxStaleMs ? input.lastGood : null;
+  const lostGpus = lostGpuModels(input.node?.snapshot ?? lastGood?.snapshot ?? null, input.states, colors);
   return {
     host: input.host,
     version: input.version,
@@ -380,7 +386,8 @@ export function statusModel(input: StatusInput): StatusModel {
     lastGood: lastGood && { observedAt: lastGood.observedAt, ageMs: lastGood.ageMs, maxStaleMs: input.maxStaleMs! },
     error: input.error,
     processesHidden: input.node?.processesHidden ?? null,
-    lostGpus: lostGpuModels(input.node?.snapshot ?? lastGood?.snapshot ?? null, input.states, colors),
+    lostGpus,
+    unreachableGpus: input.unreachable.filter((gpu): gpu is UnreachableKnownGpu => gpu.listed !== null && !lostGpus.some((lost) => lost.uuid === gpu.listed!.uuid)),
     staleBanner: input.view ? staleNews(input.view) : null,
     gpus,
     shards,
@@ -462,7 +469,7 @@ const HELD_NOTE =
 function summary(model: StatusModel): string {
   const parts = READINESS_STATES.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
   const shards = parts.length > 0 ? parts.join(', ') : 'no shards';
-  const lost = model.lostGpus.length + model.gpus.filter((gpu) => gpu.unreachable !== null).length;
+  const lost = model.lostGpus.length + model.unreachableGpus.length;
   return lost === 0 ? shards : `${lost} GPU${lost === 1 ? '' : 's'} LOST · ${shards}`;
 }
 
@@ -611,7 +618,7 @@ ${PALETTE.map(([bg, fg], i) => `.c${i}{background:${bg};color:${fg}}`).join('\n'
 .legend li{min-width:0;overflow-wrap:anywhere}
 .legend b{color:var(--fg);font-weight:600}
 .legend em{color:#cf222e;font-style:normal;font-weight:600}
-.legend .idle{color:#82071e}
+.legend .idle,.legend .unreachable,.empty.unreachable{color:#82071e}
 .sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px;border:1px solid rgba(0,0,0,.25)}
 .table-wrap{overflow-x:auto;background:var(--card);border:1px solid var(--line);border-radius:8px}
 table{width:100%;border-collapse:collapse}
@@ -693,6 +700,7 @@ export function renderHtml(model: StatusModel): string {
   const gpuRows = inIndexOrder(model, gpuHtml, (gpu) => lostGpuHtml(gpu, model.generatedAt));
   const gpus = [
     ...(model.gpus.length > 0 ? [] : [`<p class="empty">No GPU figures: nvidia-smi gave none (see above).${model.lastGood && model.lostGpus.length > 0 ? ` ${LOST_ROWS_NOTE}` : ''}</p>`]),
+    ...(model.gpus.length > 0 ? [] : model.unreachableGpus.map((gpu) => `<p class="empty unreachable">${escapeHtml(gpuUnreachable(gpu))}</p>`)),
     ...(gpuRows.length > 0 ? [`<div class="gpus">${gpuRows.join('\n')}</div>`] : []),
   ].join('\n');
   const shards =
@@ -801,7 +809,10 @@ export function renderText(model: StatusModel): string {
     out.push('', `!! showing an older snapshot: ${plain(staleReason)}`);
   }
   out.push('', 'GPUS  (# shards  = foreign  : reserved  . free)');
-  if (model.gpus.length === 0) out.push(`  none: nvidia-smi gave no GPU figures (see above)${model.lastGood && model.lostGpus.length > 0 ? `. ${LOST_ROWS_NOTE}` : ''}`);
+  if (model.gpus.length === 0) {
+    out.push(`  none: nvidia-smi gave no GPU figures (see above)${model.lastGood && model.lostGpus.length > 0 ? `. ${LOST_ROWS_NOTE}` : ''}`);
+    out.push(...model.unreachableGpus.map((gpu) => `  (UNREACHABLE) ${plain(gpuUnreachable(gpu))}`));
+  }
   const listedRow = (gpu: GpuModel) => {
     const shards = gpu.segments
       .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')

@@ -441,6 +441,17 @@ function timeoutError(timeoutMs: number, args: string[]): Error {
   );
 }
 
+/** The deadline passed after nvidia-smi itself exited: something it started still holds its output open. */
+function outputHeldError(path: string, timeoutMs: number, args: string[]): Error {
+  return new NvidiaSmiTimeoutError(
+    `nvidia-smi (nvidia-smi ${args.join(' ')}) exited, but its output was still open ${timeoutMs} ms after it started: a process it ` +
+      'started holds it, so nodecompute stopped waiting and killed its process group (a process that left the group outlives that). ' +
+      `nvidia-smi does not do this itself; a wrapper at ${JSON.stringify(path)} (NODECOMPUTE_NVIDIA_SMI) that leaves a background process with its stdout does. ` +
+      `Find the holder with \`fuser -v\` or \`lsof\` on the wrapper's output and make the wrapper \`exec\` nvidia-smi, or redirect its ` +
+      "background processes' output away from stdout.",
+  );
+}
+
 /** stdout of a run that exited 0, or the coded error that says why there is none. */
 function stdoutOf(path: string, result: Completed, stopped: boolean): string {
   if (result.code === 'ENOENT' || result.code === 'EACCES') throw notFoundError(path, result);
@@ -498,7 +509,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
         // group is killed even when nvidia-smi itself has exited: a child of it may hold its output.
         killTimedOut(pid as number);
         if (!exited) killedAt.set(pid as number, Date.now());
-        reject(timeoutError(timeoutMs, args));
+        reject(exited ? outputHeldError(path, timeoutMs, args) : timeoutError(timeoutMs, args));
       }, Math.max(0, deadline - performance.now()));
       child.then((result) => {
         clearTimeout(timer);

@@ -1,9 +1,10 @@
 // GET /doctor and the GPUs the running service has lost (gpu-roster.ts): the check the CLI cannot
-// make, since it has listed no GPU before its own run.
+// make, since it has listed no GPU before its own run; and, after a restart, the GPUs only the stored
+// registrations remember (registered-gpus).
 import t from 'tap';
 import type { DoctorReport } from '../../src/doctor/doctor.js';
 import { REPORT_REUSE_MS } from '../../routes/doctor.js';
-import { buildTestApp, manualClock } from '../helpers/app.js';
+import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
 t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, with when it was last listed, until nvidia-smi lists it again', async (t) => {
@@ -72,4 +73,55 @@ t.test('GET /doctor with nvidia-smi failing since start, naming a GPU it cannot 
   const { app } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), failures: { gpu: { kind: 'gpu-lost', busId: '0000:5D:00.0' } } } });
   const check = ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((c) => c.name === 'lost-gpus');
   t.match(check, { status: 'fail', detail: /^nvidia-smi cannot reach the GPU at PCI 00000000:5D:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU":\nnvidia-smi cannot get a handle on that GPU/ });
+});
+
+t.test('GET /doctor after a restart: a GPU gone before it started is remembered by the registrations alone, and said once', async (t) => {
+  const shards = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
+  const scenario = idleEightGpuNode();
+  const [gpu1, gpu3] = [scenario.gpus[1]!, scenario.gpus[3]!];
+  const first = await buildTestApp(t, { scenario });
+  for (const [i, gpus] of [[1], [3]].entries()) {
+    t.equal((await first.app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shards[i]!.pid, gpus } })).statusCode, 201);
+  }
+  await first.app.close();
+
+  // GPU 1 falls off the bus while nodecompute is down; it starts again on the same state file.
+  const clock = manualClock(Date.parse('2026-11-29T12:00:00Z'));
+  const { app, fake } = await buildTestApp(t, {
+    scenario: { ...scenario, gpus: scenario.gpus.filter((gpu) => gpu !== gpu1) },
+    deps: { now: clock.now },
+    config: { stateFile: first.config.stateFile, cacheTtlMs: 0, maxStaleMs: 0 },
+  });
+  const report = async () => {
+    clock.advance(REPORT_REUSE_MS);
+    const res = await app.inject({ method: 'GET', url: '/doctor' });
+    return { status: res.statusCode, checks: Object.fromEntries((res.json() as DoctorReport).checks.map((check) => [check.name, check])) };
+  };
+  const restarted = await report();
+  t.equal(restarted.status, 503);
+  t.match(restarted.checks['lost-gpus'], { status: 'ok' }, 'the roster never listed it');
+  t.same(restarted.checks['registered-gpus'], {
+    name: 'registered-gpus',
+    status: 'fail',
+    detail:
+      `shard "s0" was given ${gpu1.uuid} (GPU 1 when it was registered):\n` +
+      'nvidia-smi does not list it, and this service has not listed it since it started: it fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.',
+    fix:
+      'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU. ' +
+      "Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.",
+  });
+  t.equal((await app.inject({ method: 'GET', url: '/shards/s0/ready' })).json().state, 'gpu-lost', 'as the shard itself says');
+
+  // GPU 3 goes while the service runs: the roster's lost GPU, said by lost-gpus alone.
+  t.equal((await app.inject({ method: 'GET', url: '/gpus' })).statusCode, 200);
+  fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.uuid !== gpu3.uuid) }));
+  clock.advance(1000);
+  t.equal((await app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus[0].uuid, gpu3.uuid);
+  const later = await report();
+  t.match(later.checks['lost-gpus'], { status: 'fail', detail: new RegExp(`^GPU 3 \\(${gpu3.uuid}, `) });
+  t.notMatch(later.checks['registered-gpus']!.detail, gpu3.uuid, 'not said twice');
+  t.match(later.checks['registered-gpus']!.detail, gpu1.uuid);
+
+  await app.inject({ method: 'DELETE', url: '/shards/s0' });
+  t.match((await report()).checks['registered-gpus'], { status: 'ok', detail: 'nvidia-smi lists every GPU the 1 shard registration(s) naming GPUs by UUID name' }, 'once its shard is removed');
 });

@@ -70,7 +70,8 @@ t.test('a healthy node: every check ok (the token is a warning only)', async (t)
   t.equal(report.version, '9.9.9');
   t.equal(report.checkedAt, '2026-11-29T12:00:00.000Z');
   const checks = byName(report);
-  t.same(Object.keys(checks), ['nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'open-files', 'state-file', 'token']);
+  t.same(Object.keys(checks), ['nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token']);
+  t.equal(checks['registered-gpus']!.detail, 'no stored shard registration names a GPU by UUID, so none can be missing');
   t.match(checks['open-files']!.detail, /^an open-file limit of \d+: up to \d+ \/proc stat files kept open between snapshots \(1 GPU process\(es\) now\)$/);
   t.match(checks['nvidia-smi']!.detail, 'nvidia-smi 590.48.01, driver 590.48.01, CUDA 13.1');
   t.match(checks.gpus!.detail, '8 GPU(s) visible: GPU 0 NVIDIA H200');
@@ -213,7 +214,7 @@ t.test('nvidia-smi answers --version but the queries fail, each named; slow quer
       /^nvidia-smi answers --version and its GPU query \(8 GPU\(s\)\), but its process query \(--query-compute-apps\), which tells whose memory is whose, fails: nvidia-smi exited with code 2 and said: "Field "pid" is not a valid field to query\."\. This means nvidia-smi rejected an argument/,
     fix: null,
   });
-  t.same(apps.checks.map((check) => check.name), ['nvidia-smi', 'gpus', 'proc', 'open-files', 'state-file', 'token'], 'what needs the processes is not checked');
+  t.same(apps.checks.map((check) => check.name), ['nvidia-smi', 'gpus', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token'], 'what needs the processes is not checked');
   const slow = byName(await doctorFor(t, { ...eightGpuNode(), processes: [], delayMs: { gpu: 300 } }, { slowQueryMs: 100 }));
   t.equal(slow['query-time']!.status, 'warn');
   t.match(slow['query-time']!.fix, 'persistence mode');
@@ -395,4 +396,37 @@ t.test('GET /doctor cut off by a shutdown: the coded 503 every request cut off t
   t.equal(body.code, 'NODECOMPUTE_NVIDIA_SMI_FAILED', 'as /gpus answers when the shutdown kills its nvidia-smi');
   t.match(body.message, /^nvidia-smi did not finish normally: .*nodecompute stopped it because nodecompute is shutting down\.$/);
   t.notMatch(res.body, /"checks"/);
+});
+
+t.test('the GPUs the stored registrations name: those nvidia-smi no longer lists fail, whatever index the others have now', async (t) => {
+  const shards = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
+  const scenario = idleEightGpuNode();
+  const { app, config, fake } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 0, maxStaleMs: 0 } });
+  for (const [i, gpus] of [[2], [5, 6]].entries()) {
+    t.equal((await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shards[i]!.pid, gpus } })).statusCode, 201);
+  }
+  // Registered while nvidia-smi fails: taken on trust, by index alone, so no UUID of it can be missed.
+  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  const trusted = await app.inject({ method: 'PUT', url: '/shards/s2', payload: { pid: shards[2]!.pid, gpus: [7] } });
+  t.same([trusted.statusCode, trusted.json().gpuUuids], [201, null]);
+  await app.close();
+  const [gpu2, gpu6] = [scenario.gpus[2]!, scenario.gpus[6]!];
+  // GPUs 2 and 6 are gone: nvidia-smi numbers those after them lower, so GPU 5 is 4 now.
+  const without = { ...scenario, gpus: scenario.gpus.filter((gpu) => gpu !== gpu2 && gpu !== gpu6).map((gpu, index) => ({ ...gpu, index })) };
+  const report = await doctorFor(t, without, { stateFile: config.stateFile });
+  t.equal(report.ok, false);
+  t.same(byName(report)['registered-gpus'], {
+    name: 'registered-gpus',
+    status: 'fail',
+    detail:
+      `shard "s0" was given ${gpu2.uuid} (GPU 2 when it was registered)\n` +
+      `shard "s1" was given ${gpu6.uuid} (GPU 6 when it was registered):\n` +
+      'nvidia-smi does not list them: each fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.',
+    fix:
+      'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU. ' +
+      "Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.",
+  });
+  const listed = byName(await doctorFor(t, scenario, { stateFile: config.stateFile }))['registered-gpus'];
+  t.same([listed!.status, listed!.detail], ['ok', 'nvidia-smi lists every GPU the 2 shard registration(s) naming GPUs by UUID name']);
+  t.notOk('registered-gpus' in byName(await doctorFor(t, null, { stateFile: config.stateFile })), 'without a GPU listing, nothing to compare');
 });

@@ -1,7 +1,9 @@
 // The GPU roster: a GPU nvidia-smi stops listing is lost from that snapshot until one lists it
-// again, each change logged once, with what to check.
+// again, each change logged once, with what to check; and what a failure's bus ids were last listed as.
 import t from 'tap';
-import { createGpuRoster } from '../../src/node-state/gpu-roster.js';
+import { createGpuRoster, unreachableListedIn } from '../../src/node-state/gpu-roster.js';
+import { listedAs } from '../../src/node-state/placement.js';
+import { unreachableGpusIn } from '../../src/system/nvidia-smi.js';
 import { gpuState } from '../helpers/gpu-state.js';
 import { captureLog } from '../helpers/log-capture.js';
 
@@ -34,4 +36,21 @@ t.test('a snapshot that lists no GPU at all loses every one listed before', asyn
   const roster = createGpuRoster(log);
   roster.update([gpuState(0, [])], 1);
   t.same(roster.update([], 2).map((gpu) => gpu.uuid), ['GPU-0']);
+});
+
+t.test("a failure naming several bus ids: each one a listing had is named as last listed, listed or lost; the others are left as nvidia-smi said", async (t) => {
+  const message =
+    'nvidia-smi exited with code 15 and said: "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU\n' +
+    'Unable to determine the device handle for GPU 0000:03:00.0: Unknown Error\nUnable to determine the device handle for GPU 0000:5D:00.0: Unknown Error".';
+  const [g0, g1, g2] = [gpuState(0, []), gpuState(1, []), gpuState(2, [])];
+  // GPU 2 dropped out of the listing before nvidia-smi failed on it: the snapshot has it as lost.
+  const known = { gpus: [g0!, g1!], lostGpus: [{ index: 2, uuid: 'GPU-2', name: 'NVIDIA H200', busId: g2!.busId, lastListedAt: 1000, lostAt: 2000 }] };
+  const unreachable = listedAs(unreachableGpusIn(message), known);
+  t.equal(unreachable.length, 3);
+  t.equal(
+    unreachableListedIn(message, unreachable),
+    ' nodecompute last listed PCI 00000000:02:00.0 as GPU 1 (GPU-1, NVIDIA H200), PCI 00000000:03:00.0 as GPU 2 (GPU-2, NVIDIA H200).',
+  );
+  t.equal(unreachableListedIn('nvidia-smi exited with code 9 and said: "NVIDIA-SMI has failed"', unreachable), '', 'a message naming no bus id: nothing to add');
+  t.equal(unreachableListedIn(message, []), '', 'nothing known of them: nothing to add');
 });
