@@ -118,12 +118,16 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         operationId: 'getShard',
         tags: ['shards'],
         summary: 'One shard with its state, reason and compute, and the snapshot they come from (as in GET /shards).',
+        description: 'Carries an ETag, as GET /shards does, for this shard alone.',
         params,
-        response: { 200: ShardResponseSchema, ...errorResponses(400, 404) },
+        response: { 200: ShardResponseSchema, 304: {}, ...errorResponses(400, 404) },
       },
     },
-    async (request) => {
+    async (request, reply) => {
       const { state, view, error } = await shards.state(request.params.id, probeBudgetMs);
+      if (view && conditional(app.services, request, reply, view, shardsTag([state]))) {
+        return reply.status(304).send();
+      }
       return { ...statusBody(state), ...snapshotHeader(view, error) };
     },
   );

@@ -49,6 +49,7 @@ export const LostGpuSchema = Type.Object({
   index: Type.Integer({ minimum: 0, description: 'Its index when it was last listed.' }),
   uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
   name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
+  busId: Nullable(Type.String(), 'Its PCI bus id when it was last listed (as in GpuSchema), to find it in dmesg; null where nvidia-smi reported none.'),
   lastListedAt: Type.String({ format: 'date-time', description: 'When a snapshot last listed it.' }),
   lostAt: Type.String({ format: 'date-time', description: 'When the first snapshot that did not list it was taken: it went between lastListedAt and this.' }),
 });

@@ -109,7 +109,7 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   const first = await app.inject({ method: 'GET', url: '/gpus' });
   clock.advance(1000);
   t.same(first.json().lostGpus, []);
-  const lostUuid = first.json().gpus[6].uuid;
+  const { uuid: lostUuid, busId: lostBusId } = first.json().gpus[6];
   fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.index !== 6) }));
   // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
   await app.inject({ method: 'GET', url: '/gpus' });
@@ -119,7 +119,7 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   const body = res.json();
   t.same(schemaErrors(GpusResponseSchema, body), []);
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 7]);
-  t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', lastListedAt: first.json().observedAt, lostAt: body.observedAt }], 'last listed by the first snapshot, missed by this one');
+  t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', busId: lostBusId, lastListedAt: first.json().observedAt, lostAt: body.observedAt }], 'last listed by the first snapshot, missed by this one');
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
   t.same(schemaErrors(ForeignMemoryResponseSchema, foreign), []);
   t.same(foreign.lostGpus, body.lostGpus, 'placement, which reads foreign memory, is told too: GPU 6 is gone, not free');

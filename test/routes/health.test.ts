@@ -74,6 +74,14 @@ t.test('pollers: ETag and Cache-Control; If-None-Match gets 304 until what the a
   t.equal(changed.json().shards.length, 1);
   const etag2 = changed.headers.etag as string;
   t.not(etag2, etag);
+  const one = await app.inject({ method: 'GET', url: '/shards/p' });
+  const oneTag = one.headers.etag as string;
+  t.match([one.statusCode, oneTag], [200, /^W\/"[\w-]{16}"$/], 'one shard has its own ETag');
+  t.equal((await app.inject({ method: 'GET', url: '/shards/p', headers: { 'if-none-match': oneTag } })).statusCode, 304);
+  await app.inject({ method: 'PUT', url: '/shards/p', payload: { pid: shard.pid, gpus: [], engine: 'vllm' } });
+  const engineChanged = await app.inject({ method: 'GET', url: '/shards/p', headers: { 'if-none-match': oneTag } });
+  t.same([engineChanged.statusCode, engineChanged.json().engine], [200, 'vllm'], 'its registration changed: a new answer');
+  await app.inject({ method: 'PUT', url: '/shards/p', payload: { pid: shard.pid, gpus: [] } });
 
   const gpus = await app.inject({ method: 'GET', url: '/gpus' });
   t.equal((await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': gpus.headers.etag as string } })).statusCode, 304);
