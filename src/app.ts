@@ -11,7 +11,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyReply, 
 import { pino, type Logger } from 'pino';
 import type { OpenAPIV3_1 } from 'openapi-types';
 import type { Config } from './config.js';
-import { BadRequestError, InternalError, NotFoundError, isCodedError, isNvidiaSmiFailure, type CodedError } from './errors.js';
+import { BadRequestError, InternalError, NotFoundError, isCodedError, type CodedError } from './errors.js';
 import { createAuth, type Auth } from './auth.js';
 import { unreachableListedIn } from './node-state/gpu-roster.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
@@ -296,9 +296,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       if (err.statusCode >= 500) {
         failureLog[failureLevel(`${err.code}: ${err.message}`)]({ ...requestFields(request), err }, 'Request failed');
       }
-      // The snapshots' own failure (not, say, the doctor's query): within its back-off window nvidia-smi
-      // is not run again, so asking sooner gets this same answer; and its bus ids can be named.
-      const snapshotFailure = isNvidiaSmiFailure(err) && err === node.snapshots.lastError;
+      // The snapshots' own failure, nvidia-smi's (not, say, the doctor's query): within its back-off
+      // window nvidia-smi is not run again, so asking sooner gets this same answer; and its bus ids can be named.
+      const snapshotFailure = err === node.snapshots.lastError;
       const backOffMs = snapshotFailure ? node.snapshots.backOffMs : null;
       if (backOffMs !== null) void reply.header('retry-after', String(Math.ceil(backOffMs / 1000)));
       const message = snapshotFailure ? err.message + unreachableListedIn(err.message, node.unreachable()) : err.message;

@@ -74,10 +74,6 @@ export interface NvidiaSmiFailure extends CodedError {
   code: NvidiaSmiFailureCode;
 }
 
-export function isNvidiaSmiFailure(err: unknown): err is NvidiaSmiFailure {
-  return isCodedError(err) && (NVIDIA_SMI_FAILURE_CODES as readonly string[]).includes(err.code);
-}
-
 export function isCodedError(err: unknown): err is CodedError {
   return (
     err instanceof Error &&

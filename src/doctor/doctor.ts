@@ -296,10 +296,10 @@ async function stateFileCheck(stateFile: StateFile): Promise<{ check: DoctorChec
 function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly GpuRecord[], known: KnownGpus | null | undefined): DoctorCheck {
   const seen = new Set([...listed, ...(known?.gpus ?? []), ...(known?.lostGpus ?? [])].map((gpu) => gpu.uuid));
   const byUuid = shards.filter((shard) => (shard.gpuUuids?.length ?? 0) > 0);
+  if (byUuid.length === 0) return check('registered-gpus', 'ok', 'no stored shard registration names a GPU by UUID, so none can be missing');
   const missing = byUuid.flatMap((shard) =>
     shard.gpuUuids!.flatMap((uuid, i) => (seen.has(uuid) ? [] : [`shard "${shard.id}" was given ${uuid} (GPU ${shard.gpus[i]} when it was registered)`])),
   );
-  if (byUuid.length === 0) return check('registered-gpus', 'ok', 'no stored shard registration names a GPU by UUID, so none can be missing');
   if (missing.length === 0) return check('registered-gpus', 'ok', `nvidia-smi lists every GPU the ${byUuid.length} shard registration(s) naming GPUs by UUID name`);
   const [it, each] = missing.length === 1 ? ['it', 'it'] : ['them', 'each'];
   const since = known === undefined ? '' : `, and this service has not listed ${it} since it started`;

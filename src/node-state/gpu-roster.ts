@@ -4,8 +4,9 @@
 // else would say so: its memory figures simply vanish from /gpus and /metrics, and only a shard
 // placed on it would notice. A GPU is lost from the first snapshot that does not list it until one
 // lists it again; each change is logged once. The roster lives as long as the process: a GPU lost
-// before nodecompute started was never listed, so it is not known here (the doctor's GPU count,
-// compared with the node's hardware, is the check for that).
+// before nodecompute started was never listed, so it is not known here (the doctor's
+// registered-gpus check finds those a stored registration names; its GPU count, compared with the
+// node's hardware, the others). It also holds the words for a GPU nvidia-smi cannot reach.
 import type { Logger } from 'pino';
 import { unreachableGpusIn, type GpuRecord } from '../system/nvidia-smi.js';
 import type { UnreachableListedGpu } from './placement.js';
