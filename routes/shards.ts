@@ -174,7 +174,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         operationId: 'probeShardReadiness',
         tags: ['shards'],
-        summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked), 503 when starting, on-cpu, gpu-lost, stopped or exited.',
+        summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked, and last saw it ready), 503 when starting, on-cpu, gpu-lost, stopped or exited.',
         description: 'Answers from the cached snapshot within a probe budget well under Kubernetes\' 1 s default timeout.',
         params,
         response: { 200: ReadyResponseSchema, 503: ReadyResponseSchema, ...errorResponses(400, 404) },

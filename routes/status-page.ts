@@ -2,8 +2,8 @@
 // terminals (curl's `*/*` gets text: only a client that prefers text/html over text/plain gets
 // HTML). It answers from the same cached snapshot as every probe, within the probe budget, so
 // opening or auto-reloading it never adds nvidia-smi runs, and it still answers when nvidia-smi
-// cannot be asked (with a banner and every shard unverified, and, once the last good snapshot is
-// past max-stale, when that one was taken and which GPUs it had lost).
+// cannot be asked (with a banner, each shard's verdict as readiness.ts gives it then, and, once the
+// last good snapshot is past max-stale, when that one was taken and which GPUs it had lost).
 import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';

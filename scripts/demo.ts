@@ -54,7 +54,7 @@ const lines = [
   'Foreign memory: a notebook (a real process, not registered) holds 24 GiB of GPU 4, and a process of',
   'another PID namespace ([Not Found]) holds 57 GiB of GPU 7.',
   '',
-  '"unverified" is node-wide: it shows when nvidia-smi cannot be asked. To see it, add',
+  '"unverified" shows when nvidia-smi cannot be asked, on the shards it last saw ready (the others keep their verdict). To see it, add',
   '  "failures": { "all": { "kind": "driver-unreachable" } }',
   `to ${demo.scenarioPath} (the fake nvidia-smi reads it at every call); remove it to recover.`,
   '',

@@ -49,7 +49,7 @@ export function unreachableListedIn(message: string, unreachable: readonly Unrea
   return ` nodecompute last listed ${known.map(({ busId, listed }) => `PCI ${busId} as GPU ${listed!.index} (${listed!.uuid}, ${listed!.name})`).join(', ')}.`;
 }
 export const UNREACHABLE_GPU_MEANING =
-  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.";
+  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.";
 export const LOST_GPU_FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.';
 

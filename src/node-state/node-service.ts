@@ -20,6 +20,7 @@ import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapsh
 import { createNodeViewCache, type NodeView } from './node-view.js';
 import { listedAs, type UnreachableListedGpu } from './placement.js';
 import type { GetOptions, SnapshotSource, SnapshotView } from './snapshot.js';
+import type { StatAnswer } from '../system/procfs.js';
 
 export interface Current {
   view: SnapshotView<NodeSnapshot>;
@@ -32,6 +33,8 @@ export interface ProcOnly {
   takenAt: number;
   /** Per shard id; absent for a shard the facts do not describe (registered since). */
   liveness: ReadonlyMap<string, Liveness>;
+  /** The stats read: the shards' processes, and the GPU processes of the last good snapshot. */
+  proc: ReadonlyMap<number, StatAnswer>;
 }
 
 export interface NodeService {
@@ -65,7 +68,7 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
     timings: { nvidiaSmiMs: 0, procMs: 0 },
   };
   const described = shards.filter((shard) => shard.registeredAt <= facts.startedAt);
-  return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness };
+  return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness, proc: facts.proc };
 }
 
 const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];

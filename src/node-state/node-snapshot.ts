@@ -165,23 +165,26 @@ async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<str
  * Reads the shards' /proc facts after nvidia-smi failed and leaves them with the error. A /proc that
  * cannot be read here leaves none: the nvidia-smi failure is the answer either way.
  */
-async function readFactsAfterFailure(deps: SnapshotTakerDeps, error: unknown, startedAt: number): Promise<void> {
+async function readFactsAfterFailure(deps: SnapshotTakerDeps, error: unknown, startedAt: number, listedPids: readonly number[]): Promise<void> {
   if (!(error instanceof Error)) return;
   try {
     const interest = deps.interest();
     const cgroupPids = await scanCgroups(deps.proc, [...new Set(interest.cgroups)]);
     const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
     // Not kept: the stat files kept open are the full snapshot's, which this read must not shrink.
-    const proc = await deps.proc.readStats([...new Set([...interest.pids, ...members])]);
+    // The last good listing's GPU processes too: whether they still run says whether what it showed of a shard still holds.
+    const proc = await deps.proc.readStats([...new Set([...interest.pids, ...members, ...listedPids])]);
     factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids, bootId: deps.proc.bootId() });
   } catch (err) {
-    deps.log.warn({ err }, "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, every shard is unverified");
+    deps.log.warn({ err }, "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, no exit or stop of a shard can be seen, and each keeps the verdict nvidia-smi's last listing gave it (one it showed ready reads unverified)");
   }
 }
 
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
   const { now } = deps;
   const roster = createGpuRoster(deps.log);
+  /** The GPU processes of the last snapshot taken: read again after a failure. */
+  let listedPids: readonly number[] = [];
   return async () => {
     const startedAt = now();
     const started = performance.now();
@@ -190,7 +193,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     try {
       [gpuRecords, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
     } catch (err) {
-      await readFactsAfterFailure(deps, err, startedAt);
+      await readFactsAfterFailure(deps, err, startedAt, listedPids);
       throw err;
     }
     const smiDone = performance.now();
@@ -215,6 +218,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     await readParents(deps.proc, proc, gpuPids, shardPids);
     const done = performance.now();
     const takenAt = now();
+    listedPids = [...gpuPids];
     return {
       takenAt,
       gpus,

@@ -161,7 +161,7 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
         if (!repeated) {
           const consequence = good
             ? 'Answers use the last good snapshot while it is younger than max-stale (marked stale), then fail with this error.'
-            : 'There is no snapshot yet: GPU answers are 503 with this error and shard verdicts are unverified until it is fixed.';
+            : 'There is no snapshot yet: GPU answers are 503 with this error until it is fixed, and no shard can be seen on its GPUs (one registered since nodecompute started reads starting; see the README, "While nvidia-smi cannot be asked").';
           log.warn(
             { code: (error as { code?: string }).code, lastGoodAgeMs: good ? now() - good.observedAt : null },
             `Node snapshot refresh failed: ${error.message} ${consequence}`,

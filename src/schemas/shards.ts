@@ -138,10 +138,10 @@ export const ReadinessSchema = Type.Object({
   cause: NullableStringEnum(
     VERDICT_CAUSES,
     'What decided the verdict, for programs (reason says it for people); null when ready. ' +
-      'starting: awaiting-snapshot, awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
+      'starting: awaiting-snapshot, awaiting-nvidia-smi (nvidia-smi cannot be asked, and no listing has shown it on its GPUs: lasts as long as nvidia-smi fails), awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
       'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
       'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, nvidia-smi none on its GPUs), no-gpu-memory. ' +
-      'gpu-lost: gpu-not-listed. stopped: process-stopped. exited: process-exited. ' +
+      'gpu-lost: gpu-not-listed, gpu-unreachable (nvidia-smi fails, saying it cannot reach one). stopped: process-stopped. exited: process-exited. ' +
       'unverified: nvidia-smi-unavailable, processes-hidden, stat-unreadable, gpu-owner-unknown, not-in-snapshot. New codes may be added: treat an unknown one as its state says.',
   ),
   reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),

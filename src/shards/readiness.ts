@@ -1,7 +1,9 @@
 // Owns the readiness verdict of a shard, the answer a Kubernetes probe acts on:
 //   ready      alive and holding memory on every GPU it was given (or given none);
 //   starting   alive, some GPU not held yet, still within its grace window (nvidia-smi lags
-//              behind a process that just created its CUDA context);
+//              behind a process that just created its CUDA context); or, while nvidia-smi cannot
+//              be asked, not seen holding its GPUs by any listing since it was registered (or
+//              since its engine started again);
 //   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU
 //              (for a cgroup shard, engine output posted before every one of its running processes
 //              started describes an earlier run of its container: it is set aside, with a warning);
@@ -14,7 +16,7 @@
 //   gpu-lost   a GPU it was given is no longer listed by nvidia-smi (fallen off the bus, reset or
 //              detached), or nvidia-smi says it cannot reach it (a failed query naming the GPU by bus
 //              id, "GPU is lost", which the last good listing maps to the GPU; it holds past
-//              max-stale, when other shards read unverified): no engine, build or mapping can
+//              max-stale too): no engine, build or mapping can
 //              compute on it, so the GPU is what to fix,
 //              at once (no grace: waiting cannot bring it back) and whatever else is true of the
 //              engine (an engine that says CPU is a warning, which counts once it has GPUs again);
@@ -29,14 +31,16 @@
 //   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left,
 //              or only the pod's sandbox, whose engine container exited); it comes before stopped
 //              (its PID reused by a process that is stopped is exited);
-//   unverified nvidia-smi cannot be asked, its processes are hidden from it or their PIDs are not
+//   unverified nvidia-smi cannot be asked (and its last good listing showed the shard ready, or an
+//              earlier run of nodecompute registered it), its processes are hidden from it or their PIDs are not
 //              visible in this /proc, or the shard's own /proc stat could not be read this
 //              refresh: no evidence either way, so the shard keeps serving and the answer carries
 //              a warning.
 // Neither an exit, a stop nor the engine's own CPU account depends on nvidia-smi: while it cannot be
 // asked, /proc (read by the failed refresh, see node-service.ts) still makes a shard exited or
-// stopped, and the engine's account still makes it on-cpu; only what nvidia-smi alone can show
-// stays unverified.
+// stopped, and the engine's account still makes it on-cpu. What nvidia-smi alone can show holds
+// against a shard, never for it (lastListingVerdict): a shard its last good listing showed ready is
+// unverified, and one it showed starting, on-cpu or gpu-lost, or never saw, is not ready.
 // A shard is judged on the devices its registration named, under the index nvidia-smi gives each now
 // (node-state/placement.ts): after nvidia-smi renumbers the GPUs, a warning says so.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
@@ -47,7 +51,7 @@ import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
-import type { UnreadableStat } from '../system/procfs.js';
+import type { StatAnswer, UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
 export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
@@ -61,6 +65,7 @@ export type ReadinessState = (typeof READINESS_STATES)[number];
 export const VERDICT_CAUSES = [
   // starting
   'awaiting-snapshot', // no snapshot since the registration includes it yet, within its grace
+  'awaiting-nvidia-smi', // nvidia-smi cannot be asked, and no listing has shown it on its GPUs since it was registered (or its engine started again)
   'awaiting-gpu-memory', // some GPU not held yet, within its grace
   'awaiting-listing', // grace over, but the latest listing was begun before it ended
   // on-cpu
@@ -110,6 +115,26 @@ export interface ReadinessInput {
    * undefined when there is none).
    */
   liveness?: Liveness | undefined;
+  /**
+   * Only when `node` is null: the last good snapshot, however old (its node view, and when its refresh
+   * began); absent or null when no refresh of this run of nodecompute has succeeded.
+   */
+  lastGood?: { node: NodeView; startedAt: number; observedAt: number } | null;
+  /**
+   * Only when `node` is null: when this run of nodecompute began judging shards. One registered
+   * before it may have been seen ready by an earlier run; absent, every shard counts as such.
+   */
+  judgingSince?: number;
+  /**
+   * Only when `node` is null: the stats the failed refresh read (ProcOnly.proc), of the shards'
+   * processes and of the last good snapshot's GPU processes; absent when it read none.
+   */
+  procNow?: ReadonlyMap<number, StatAnswer>;
+  /**
+   * With `node` given: the shard's liveness as /proc says it now, to judge by instead of the one that
+   * snapshot read (when `node` is a last good snapshot judged past max-stale).
+   */
+  livenessNow?: Liveness;
   /** Why the snapshot is stale, when that is worth a warning (the last refresh failed, or nvidia-smi is slow). */
   staleReason: string | null;
   engine: EngineAccount | null;
@@ -412,7 +437,8 @@ function uncertainWhy(stat: UnreadableStat): string {
 
 /**
  * The verdict while nvidia-smi cannot be asked: what /proc and the engine's own account decide
- * without it (exited, stopped, on-cpu), else unverified.
+ * without it (exited, stopped, on-cpu), a GPU nvidia-smi's failure names (gpu-lost), then what its
+ * last good listing still says against the shard, else unverified.
  */
 function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const { shard } = input;
@@ -427,15 +453,101 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
-  if (unreachable.length > 0) {
-    const warnings = [...(liveness.state === 'unreadable' ? [liveness.why] : []), ...(setAside === null ? [] : [setAside])];
-    return gpuLostVerdict(shard, [], unreachable, false, engine, warnings);
+  const besides = [...(liveness.state === 'unreadable' ? [liveness.why] : []), ...(setAside === null ? [] : [setAside])];
+  if (unreachable.length > 0) return gpuLostVerdict(shard, [], unreachable, false, engine, besides);
+  // An unreadable stat comes before the engine's word, as it does with a snapshot.
+  const judgedEngine = liveness.state === 'unreadable' ? null : engine;
+  const last = lastListingVerdict(input, liveness, why, besides);
+  // As with a snapshot, a GPU gone from the listing comes before what the engine says.
+  if (last?.state === 'gpu-lost') return last;
+  if (shard.gpus.length > 0 && engineSaysCpu(judgedEngine)) {
+    return engineCpuVerdict(shard, judgedEngine, null, [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
   }
-  if (liveness.state === 'unreadable') return verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, liveness.why]);
-  if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
-    return engineCpuVerdict(shard, engine, null, [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
+  return last ?? verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, ...besides]);
+}
+
+/**
+ * Past max-stale, nvidia-smi's last word holds against a shard, never for it. Keeping a shard that
+ * served on its GPUs serving is fail-open (its CUDA contexts outlive a broken nvidia-smi, and failing
+ * every probe of the node would make a monitoring failure an outage), but admitting one nvidia-smi
+ * never saw there is not (an engine started while the driver fails most likely cannot use CUDA).
+ * So the last good listing's GPU facts are judged with /proc's word now (a stop since ended reads as
+ * running, a grace since ended as waiting for a listing), and the verdict holds when it is against
+ * the shard (starting, on-cpu, gpu-lost). A shard with GPUs the listing does not describe
+ * (registered after its refresh began, or none succeeded in this run), or whose engine started
+ * again since (exited then, or every process that held its memory on one of its GPUs then gone now),
+ * has not been seen on them: starting, unless registered before this run, which may have seen it
+ * ready. Null: unverified. The engine's own CPU account is left to the caller, which weighs it now.
+ */
+function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: string, besides: string[]): Readiness | null {
+  const { shard, lastGood, now } = input;
+  if (shard.gpus.length === 0) return null;
+  if (lastGood === undefined || lastGood === null || shard.registeredAt > lastGood.startedAt) {
+    if (input.judgingSince === undefined || shard.registeredAt < input.judgingSince) return null;
+    return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, and no nvidia-smi listing since has included it`, why, besides);
   }
-  return verdict('unverified', 'nvidia-smi-unavailable', null, setAside === null ? [unverified] : [unverified, setAside]);
+  const listing = `nvidia-smi's last good listing (${new Date(lastGood.observedAt).toISOString()}, ${formatDuration(Math.max(0, now - lastGood.observedAt))} ago)`;
+  if (liveness.state === 'alive') {
+    if (lastGood.node.attribution.liveness.get(shard.id)?.state === 'gone') {
+      return unseenVerdict(shard, `${listing} showed it exited, and its engine runs again since`, why, besides);
+    }
+    const exited = holdersGone(lastGood.node, shard, input.procNow);
+    if (exited.length > 0) {
+      return unseenVerdict(shard, `every process that held its memory on ${gpuList(exited)} in ${listing} has exited since (its engine restarted)`, why, besides);
+    }
+  }
+  const prior = readiness({
+    shard,
+    node: lastGood.node,
+    evidenceAt: lastGood.startedAt,
+    staleReason: null,
+    engine: input.engine,
+    engineTicks: input.engineTicks ?? null,
+    enginePosted: input.enginePosted === true,
+    now,
+    ...(liveness.state === 'unknown' ? {} : { livenessNow: liveness }),
+  });
+  if (!HELD_STATES.has(prior.state)) return null;
+  return {
+    ...prior,
+    reason: `nvidia-smi cannot be asked; ${listing} showed: ${prior.reason}`,
+    warnings: [`nvidia-smi cannot be asked, so this verdict holds until it answers: ${why}`, ...prior.warnings],
+  };
+}
+
+/** Verdicts of the last good listing that hold past max-stale: those against the shard that /proc cannot end. */
+const HELD_STATES: ReadonlySet<ReadinessState> = new Set(['starting', 'on-cpu', 'gpu-lost', 'exited', 'stopped']);
+
+/**
+ * The GPUs it was given on which every process that held the shard's memory in `listed` has exited
+ * since (by PID and start time, in the stats read now), under that listing's indices; none when
+ * those stats are not at hand.
+ */
+function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<number, StatAnswer> | undefined): number[] {
+  if (procNow === undefined) return [];
+  const runs = (pid: number): boolean => {
+    const then = listed.snapshot.proc.get(pid);
+    const now = procNow.get(pid);
+    // Not read, or unreadable either time: not known to have exited.
+    if (now === undefined || (now !== null && 'unreadable' in now) || then === null || then === undefined || 'unreadable' in then) return true;
+    return now !== null && now.startTime === then.startTime && now.state !== 'Z' && now.state !== 'X';
+  };
+  const given = placementOf(shard, listed.snapshot.gpus).indices;
+  const holdings = listed.attribution.holdings.get(shard.id);
+  return [...(holdings?.values() ?? [])]
+    .filter((holding) => given.includes(holding.index) && !holding.processes.some((process) => runs(process.pid)))
+    .map((holding) => holding.index);
+}
+
+/** Starting, for a shard no listing has shown on its GPUs while nvidia-smi cannot be asked: `since` says why none has. */
+function unseenVerdict(shard: ShardRecord, since: string, why: string, besides: string[]): Readiness {
+  return verdict(
+    'starting',
+    'awaiting-nvidia-smi',
+    `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until nvidia-smi answers and lists its memory there. ` +
+      'Fix nvidia-smi first (`nodecompute doctor` on this node): an engine started while the driver fails most likely cannot use CUDA either.',
+    [`nvidia-smi cannot be asked: ${why}`, ...besides],
+  );
 }
 
 /** When the listing a verdict rests on was begun, inside the grace: relative to the registration (never a negative time). */
@@ -459,7 +571,7 @@ export function readiness(input: ReadinessInput): Readiness {
     input.shard,
     (input.unreachable ?? []).filter(({ listed }) => node.snapshot.gpus.some((gpu) => gpu.uuid === listed?.uuid)),
   );
-  const liveness: Liveness = node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
+  const liveness: Liveness = input.livenessNow ?? node.attribution.liveness.get(shard.id) ?? { state: 'unknown' };
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
     const lost = [...gone, ...unreachable.map(gpuUnreachable)].map((gpu) => `${gpu}: once it runs again, it reads gpu-lost`);

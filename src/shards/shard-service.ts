@@ -5,7 +5,7 @@
 // A shard's verdict changing (starting, ready, on-cpu, gpu-lost, stopped, exited) is logged once, when
 // a request first sees the change, rather than at every probe. While nvidia-smi cannot be asked,
 // verdicts still use what /proc said in the latest (failed) refresh (NodeService.procOnly): no read of
-// its own per probe.
+// its own per probe; and the last good snapshot, whose verdict holds against a shard, never for it.
 import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
@@ -19,7 +19,7 @@ import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
 import { cgroupMatcher, type ProcReader, type ProcStat } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
-import { readiness, restartedSince, type Readiness, type ReadinessState } from './readiness.js';
+import { readiness, restartedSince, type Readiness, type ReadinessInput, type ReadinessState } from './readiness.js';
 import { NotARepeatError, processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
@@ -87,6 +87,8 @@ export function shardBody(shard: ShardRecord): ShardRecordBody {
 
 export function createShardService(deps: ShardServiceDeps) {
   const { registry, node, proc, log, now } = deps;
+  /** Shards registered before this run may have been seen ready by an earlier one (readiness.ts, lastListingVerdict). */
+  const judgingSince = now();
 
   /** The boot a process read now belongs to, for its identity (nothing when /proc cannot say). */
   function ofThisBoot(): { bootId?: string } {
@@ -318,6 +320,18 @@ export function createShardService(deps: ShardServiceDeps) {
     );
   }
 
+  /** What judges a shard when there is no snapshot to serve: /proc as the failed refresh read it, and nvidia-smi's last word. */
+  function withoutSnapshot(shard: ShardRecord): Pick<ReadinessInput, 'liveness' | 'lastGood' | 'judgingSince' | 'procNow'> {
+    const last = node.peek();
+    const procOnly = node.procOnly();
+    return {
+      liveness: procOnly?.liveness.get(shard.id),
+      ...(procOnly === null ? {} : { procNow: procOnly.proc }),
+      lastGood: last === null ? null : { node: last.node, startedAt: last.view.startedAt, observedAt: last.view.observedAt },
+      judgingSince,
+    };
+  }
+
   /** The verdict (and, unless a probe only needs the verdict, the compute) of one shard. */
   function stateOf(shard: ShardRecord, current: Current | null, unavailable: string | null, withCompute = true): ShardState {
     const posted = registry.engine(shard.id);
@@ -331,7 +345,7 @@ export function createShardService(deps: ShardServiceDeps) {
       engineTicks: posted?.tailStartedAtTicks ?? null,
       enginePosted: posted !== undefined && posted.tail !== '',
       now: now(),
-      ...(current === null ? { liveness: node.procOnly()?.liveness.get(shard.id) } : { evidenceAt: current.view.startedAt }),
+      ...(current === null ? withoutSnapshot(shard) : { evidenceAt: current.view.startedAt }),
       ...(unavailable === null ? {} : { unavailable }),
       unreachable: node.unreachable(),
     });
@@ -485,8 +499,8 @@ export function createShardService(deps: ShardServiceDeps) {
     },
 
     /**
-     * One shard's state and compute from the current snapshot, with that snapshot; nvidia-smi failures
-     * become `unverified` (no snapshot, and why).
+     * One shard's state and compute from the current snapshot, with that snapshot; on an nvidia-smi
+     * failure, the verdict without a snapshot (readiness.ts), no snapshot, and why.
      */
     async state(id: string, maxWaitMs: number): Promise<{ state: ShardState; view: SnapshotView<NodeSnapshot> | null; error: string | null }> {
       requireShard(id);
@@ -502,7 +516,7 @@ export function createShardService(deps: ShardServiceDeps) {
       return current ? probeState(shard, current) : null;
     },
 
-    /** A probe's verdict (no compute), waiting at most `maxWaitMs` for a refresh; nvidia-smi failures become `unverified`. */
+    /** A probe's verdict (no compute), waiting at most `maxWaitMs` for a refresh; nvidia-smi failures give the verdict without a snapshot. */
     async probe(id: string, maxWaitMs: number): Promise<ShardState> {
       requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);
@@ -510,7 +524,7 @@ export function createShardService(deps: ShardServiceDeps) {
       return current ? probeState(shard, current) : stateOf(shard, null, why, false);
     },
 
-    /** Every shard's state from one snapshot, with that snapshot; nvidia-smi failures become `unverified`. */
+    /** Every shard's state from one snapshot, with that snapshot; nvidia-smi failures give verdicts without a snapshot. */
     async states(maxWaitMs: number): Promise<{
       states: ShardState[];
       view: SnapshotView<NodeSnapshot> | null;

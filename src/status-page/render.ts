@@ -680,7 +680,7 @@ export function renderHtml(model: StatusModel): string {
   const banners: string[] = [];
   if (model.error !== null) {
     banners.push(
-      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> A shard is shown as unverified and keeps serving, unless /proc shows it exited or stopped, or its engine says it computes on the CPU. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
+      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> A shard it last saw ready is shown as unverified and keeps serving; one it last saw starting, on the CPU or on a lost GPU keeps that verdict, and one it has not seen since its registration reads starting. /proc still shows an exit or a stop, and an engine's own output the CPU. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
     );
   }
   if (model.processesHidden !== null) {
@@ -794,7 +794,7 @@ export function renderText(model: StatusModel): string {
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
   out.push(snapshotLine(model));
   if (model.error !== null) {
-    out.push('', '!! nvidia-smi cannot be asked, so no shard\'s GPU use can be verified (a shard is unverified and keeps serving, unless /proc shows it exited or stopped, or its engine says CPU):');
+    out.push('', "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified (a shard it last saw ready is unverified and keeps serving; any other keeps its last verdict, or reads starting if nvidia-smi never saw it; /proc still shows exits and stops, an engine's output the CPU):");
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
   }
   if (model.lostGpus.length > 0) {

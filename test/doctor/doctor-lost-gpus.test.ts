@@ -57,7 +57,7 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
           status: 'fail',
           detail:
             `nvidia-smi cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU":\n` +
-            "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.",
+            "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.",
           fix: 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
         },
       },

@@ -1,7 +1,7 @@
 // nvidia-smi failing in each way the real one does (its exit codes and words, from
 // shared/samples/nvsmi-err_*), printing garbage, dying by a signal, and its binary vanishing while
 // the service runs. Every answer is a coded 503 that quotes what nvidia-smi said and what to do;
-// the shard probes say `unverified` instead of failing; nothing is left running; and the service
+// a shard registered meanwhile reads `starting` (a verdict, not an error); nothing is left running; and the service
 // recovers by itself once nvidia-smi works again.
 import { chmodSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import t from 'tap';
@@ -107,12 +107,13 @@ for (const c of cases) {
     t.equal(readyz.statusCode, 503);
     t.equal(readyz.json().code, c.code, '/readyz gives the same code');
 
-    // A registration is still taken (GPUs on trust) and its probe says unverified, not a 5xx error.
+    // A registration is still taken (GPUs on trust); nvidia-smi never saw it on its GPU, so its probe
+    // says starting (a verdict with the failure as a warning), not an error.
     const put = await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [0] } });
     t.equal(put.statusCode, 201, 'registering does not need nvidia-smi');
     const ready = await app.inject({ method: 'GET', url: '/shards/s/ready' });
-    t.equal(ready.statusCode, 200, 'the probe passes: nodecompute cannot verify, it does not claim failure');
-    t.equal(ready.json().state, 'unverified');
+    t.equal(ready.statusCode, 503, 'the probe fails: nothing has shown the shard on its GPU');
+    t.match(ready.json(), { ready: false, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /no nvidia-smi listing since has included it/ });
     const warnings = ready.json().warnings as string[];
     t.ok(warnings.some((w) => c.message[0]!.test(w)), `a warning quotes nvidia-smi's failure: ${JSON.stringify(warnings)}`);
     const list = await app.inject({ method: 'GET', url: '/shards' });

@@ -19,6 +19,8 @@ export interface HandMadeNode {
   /** /proc answers other than a stat read: null for no such process, or an unreadable stat. */
   otherAnswers?: Array<[number, StatAnswer]>;
   lostGpus?: LostGpu[];
+  /** The PIDs found in each cgroup a shard names. */
+  cgroupPids?: Array<[string, number[]]>;
 }
 
 /** The view of such a snapshot with `shards` registered. */
@@ -27,7 +29,7 @@ export function handMadeView(node: HandMadeNode, shards: ShardRecord[]): NodeVie
     takenAt: node.now,
     gpus: node.gpus,
     proc: new Map<number, StatAnswer>([...(node.stats ?? []).map((stat): [number, StatAnswer] => [stat.pid, stat]), ...(node.otherAnswers ?? [])]),
-    cgroupPids: new Map(),
+    cgroupPids: new Map((node.cgroupPids ?? []).map(([cgroup, pids]) => [cgroup, new Set(pids)])),
     bootId: null,
     unmatchedProcesses: [],
     lostGpus: node.lostGpus ?? [],

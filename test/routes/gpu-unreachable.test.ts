@@ -146,14 +146,14 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.notMatch((await app.inject({ method: 'GET', url: '/?format=text' })).body, /UNREACHABLE|LOST/, 'nor the status page');
 });
 
-t.test('nvidia-smi failing since start, naming a GPU: no listing maps its bus id, so the shard is unverified, and the failure says which GPU', async (t) => {
+t.test('nvidia-smi failing since start, naming a GPU: no listing maps its bus id, so the shard is not gpu-lost but starting (never seen on its GPU), and the failure says which GPU', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const scenario: FakeScenario = { gpus: [gpuAt(0), gpuAt(1)], processes: [], failures: { all: { kind: 'gpu-lost', busId: GPU1_BUS } } };
   const { app } = await buildTestApp(t, { scenario });
   const put = await app.inject({ method: 'PUT', url: '/shards/s1', payload: { pid: shard.pid, gpus: [1] } });
   t.same([put.statusCode, put.json().gpuUuids], [201, null], 'taken on trust');
   const verdict = await probe(app, 's1');
-  t.same([verdict.status, verdict.state, verdict.cause], [200, 'unverified', 'nvidia-smi-unavailable']);
+  t.same([verdict.status, verdict.state, verdict.cause], [503, 'starting', 'awaiting-nvidia-smi']);
   t.match(verdict.warnings, [`Unable to determine the device handle for GPU ${GPU1_BUS}: ${LOST}`]);
   const failed = await app.inject({ method: 'GET', url: '/gpus' });
   t.same([failed.statusCode, /last listed/.test(failed.json().message)], [503, false], "no listing to say which GPU that is: the 503 has nvidia-smi's words alone");

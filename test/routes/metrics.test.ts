@@ -132,7 +132,8 @@ t.test('when nvidia-smi fails, metrics still answer: up 0, failures counted, no 
   t.ok(failed[0]! + failed[1]! >= 1, `failures counted by reason (${failed.join(' + ')})`);
   t.notMatch(text, /^nodecompute_gpu_memory_total_bytes\{/m);
   t.ok(Number.isNaN(sample(text, 'nodecompute_gpu_processes_visible', {})), 'whether processes are visible is unknown, not 0');
-  t.equal(sample(text, 'nodecompute_shard_state', { shard: 's', state: 'unverified' }), 1);
+  t.equal(sample(text, 'nodecompute_shard_state', { shard: 's', state: 'starting' }), 1, 'registered since the last good listing: never seen on its GPU');
+  t.equal(sample(text, 'nodecompute_shard_state', { shard: 's', state: 'unverified' }), 0);
   t.equal(sample(text, 'nodecompute_snapshot_age_seconds', {}), 0.005, 'the age of the last good snapshot keeps growing');
 });
 

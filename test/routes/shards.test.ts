@@ -470,11 +470,13 @@ t.test('registering a kernel thread (fixture /proc) is refused as a container PI
   }
 });
 
-t.test('nvidia-smi gone -> unverified (200, with a warning); compute and foreign memory are 503', async (t) => {
+t.test('nvidia-smi gone -> a shard it saw ready is unverified (200, with a warning); compute and foreign memory are 503', async (t) => {
   const shard = await spawnShardProcess(t, 1);
-  const { app, step, fake } = await setup(t);
+  const { app, step, fake, setProcesses } = await setup(t);
+  setProcesses([{ gpuUuid: UUIDS[0]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 4096 }]);
   await app.inject({ method: 'PUT', url: '/shards/u', payload: { pid: shard.pid, gpus: [0] } });
   await settle(app);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/u/ready' })).json().state, 'ready');
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
   step();
   const res = await app.inject({ method: 'GET', url: '/shards/u/ready' });
@@ -688,7 +690,7 @@ t.test('engine output is one stream: a log posted in pieces cut mid-line reads a
   t.match(whole.account.evidence, /failed to initialize CUDA/);
 });
 
-t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cpu; only the rest is unverified, with no /proc read per probe', async (t) => {
+t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cpu; a shard it saw ready is unverified, with no /proc read per probe', async (t) => {
   const [gone, cpu, alive] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
   const clock = manualClock();
   const reads = { stats: 0 };
@@ -699,7 +701,9 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
     t.equal((await app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid: shard.pid, gpus, engine: 'llama.cpp' } })).statusCode, 201);
   }
   await app.inject({ method: 'POST', url: '/shards/cpu/engine-output', payload: CUDA_FAILED_LOG, headers: { 'content-type': 'text/plain' } });
+  fake.setScenario(twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: alive.members[0]!, name: 'llama-server', usedMiB: 4096 }]));
   await settle(app);
+  t.equal((await app.inject({ method: 'GET', url: '/shards/alive/ready' })).json().state, 'ready');
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
   await gone.kill();
   clock.advance(1);
@@ -715,7 +719,7 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
     warnings: [/^nvidia-smi cannot be asked, so this verdict rests on the engine's own output: .*couldn't communicate with the NVIDIA driver/],
   });
   const unverified = await app.inject({ method: 'GET', url: '/shards/alive/ready' });
-  t.equal(unverified.statusCode, 200, 'alive, and only nvidia-smi could tell where it computes');
+  t.equal(unverified.statusCode, 200, 'alive, last seen ready, and only nvidia-smi could tell where it computes now');
   t.match(unverified.json(), { state: 'unverified', warnings: [/^nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: /] });
 
   const readsBefore = reads.stats;
@@ -724,11 +728,11 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
   const list = (await app.inject({ method: 'GET', url: '/shards' })).json();
   t.same(list.shards.map((s: { id: string; status: { state: string }; compute: unknown }) => [s.id, s.status.state, s.compute]), [['alive', 'unverified', null], ['cpu', 'on-cpu', null], ['gone', 'exited', null]]);
 
-  // A shard registered after that read is not described by it: unverified, not exited.
+  // A shard registered after that read is not described by it: not exited; and nvidia-smi never saw it, so starting.
   const late = await spawnShardProcess(t, 0);
   clock.advance(1);
   t.equal((await app.inject({ method: 'PUT', url: '/shards/late', payload: { pid: late.pid, gpus: [0] } })).statusCode, 201, 'GPUs taken on trust');
-  t.equal((await app.inject({ method: 'GET', url: '/shards/late/ready' })).json().state, 'unverified');
+  t.match((await app.inject({ method: 'GET', url: '/shards/late/ready' })).json(), { state: 'starting', cause: 'awaiting-nvidia-smi' });
 });
 
 t.test('an identical re-PUT keeps registeredAt and the grace clock: an on-cpu shard stays on-cpu; other GPUs restart the grace', async (t) => {

@@ -251,7 +251,7 @@ t.test('the page reads the cached snapshot: reloading it runs nvidia-smi no more
   t.equal(fake.countQueries('gpu'), runs, 'ten more pages, no more nvidia-smi runs within the TTL');
 });
 
-t.test('nvidia-smi cannot be asked: a banner with its words, and every shard still listed as unverified', async (t) => {
+t.test('nvidia-smi cannot be asked: a banner with its words, and a shard it never saw listed as starting', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const { app } = await buildTestApp(t, {
     scenario: { ...eightGpuNode(), failures: { all: { kind: 'driver-unreachable' } } },
@@ -269,17 +269,17 @@ t.test('nvidia-smi cannot be asked: a banner with its words, and every shard sti
   t.match(html, "NVIDIA-SMI has failed because it couldn&#39;t communicate with the NVIDIA driver");
   t.match(html, 'No GPU figures: nvidia-smi gave none (see above).');
   t.match(html, 'no nvidia-smi snapshot');
-  t.match(html, '<span class="badge unverified">unverified</span>');
+  t.match(html, '<span class="badge starting">starting</span>');
   t.match(html, /<span class="id">alpha<\/span>.*<td class="given" data-label="Given">GPU 0<br>GPU 1<\/td>\n<td class="held" data-label="Held"><span class="none">unknown<\/span><\/td>/s);
   const text = (await page(app)).body;
   t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified");
   t.match(text, "!!   nvidia-smi exited with code 9 and said: \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver");
   t.match(text, 'none: nvidia-smi gave no GPU figures (see above)');
-  t.match(lineOf(text, 'alpha'), /^alpha\s+unverified\s+0,1\s+unknown\s+warning: nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving \(nvidia-smi's message is at the top of the page\)$/);
+  t.match(lineOf(text, 'alpha'), /^alpha\s+starting\s+0,1\s+unknown\s+registered .* ago, and no nvidia-smi listing since has included it, .* \| warning: nvidia-smi cannot be asked \(nvidia-smi's message is at the top of the page\)$/);
   // nvidia-smi's words once, in the banner, not again in every shard's row.
   t.equal(html.split("couldn&#39;t communicate with the NVIDIA driver").length - 1, 1, 'HTML: once');
   t.equal(text.split("couldn't communicate with the NVIDIA driver").length - 1, 1, 'text: once');
-  t.match(html, /<td class="why" data-label="Reason"><p class="warning">Warning: nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving \(nvidia-smi&#39;s message is at the top of the page\)<\/p><\/td>/);
+  t.match(html, /<p class="warning">Warning: nvidia-smi cannot be asked \(nvidia-smi&#39;s message is at the top of the page\)<\/p><\/td>/);
   t.notMatch(html, 'past max-stale', 'never a snapshot, so no last good one to date');
 });
 
@@ -499,10 +499,10 @@ t.test('a stopped shard: its own badge and count, its reason in the row; the out
   t.match(html, '.badge.stopped{background:#8250df;color:#fff}', 'a colour of its own, white on it readable (4.7:1)');
   t.match(html, '<li><span class="badge stopped">1 stopped</span></li>');
   t.match(html, '<td data-label="State"><span class="badge stopped">stopped</span></td>');
-  t.match(html, 'unless /proc shows it exited or stopped, or its engine says it computes on the CPU');
+  t.match(html, '/proc still shows an exit or a stop');
   const text = renderText(model);
   t.match(text, /^nodecompute 0 on h: 1 stopped$/m);
-  t.match(text, 'unless /proc shows it exited or stopped, or its engine says CPU');
+  t.match(text, '/proc still shows exits and stops');
   const row = lineOf(text, 'paused');
   t.match(row, /^paused\s+stopped\s+0\s+unknown\s+process 4242 \(llama-server\) is stopped /);
   t.ok(row.endsWith(`${reason} | warning: nvidia-smi cannot be asked, so which GPU memory it holds is unverified (nvidia-smi's message is at the top of the page)`), 'the reason, then the warning, pointing at the banner');

@@ -1,5 +1,5 @@
 // The demo node (`npm run demo`): started on a free port with its real processes, every readiness
-// state but the node-wide `unverified` appears in GET /shards over HTTP, the stray GPU and the
+// state but `unverified` (which needs nvidia-smi failing) appears in GET /shards over HTTP, the stray GPU and the
 // foreign memory are there, and stop() leaves no process and no temp dir behind.
 import { existsSync } from 'node:fs';
 import t from 'tap';

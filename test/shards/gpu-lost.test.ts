@@ -142,7 +142,7 @@ const SAID = 'GPU is lost. Reboot the system to recover this GPU';
 const UNREACHABLE_3: UnreachableListedGpu = { busId: '00000000:04:00.0', said: SAID, listed: { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200' } };
 const CANNOT_REACH_3 = `nvidia-smi cannot reach GPU 3 (GPU-3, NVIDIA H200, PCI 00000000:04:00.0): it says "${SAID}"`;
 const UNREACHABLE_MEANING =
-  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards read unverified once the last good snapshot is older than max-stale.";
+  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.";
 const FIX_ELSEWHERE = FIX.replace('on GPUs that are listed', 'on other GPUs');
 
 t.test('a GPU nvidia-smi says it cannot reach: gpu-lost on the stale view, in its words, before starting and on-cpu', async (t) => {

@@ -68,6 +68,12 @@ const cases: Case[] = [
   { name: 'its process gone', input: { node: handMadeView({ now: NOW, gpus: [gpu(0, [])], otherAnswers: [[100, null]] }, [s]) }, state: 'exited', cause: 'process-exited' },
   { name: 'its process gone, nvidia-smi down', input: { node: null, liveness: { state: 'gone', why: 'no process 100' } }, state: 'exited', cause: 'process-exited' },
   { name: 'nvidia-smi down', input: { node: null, liveness: { state: 'alive' } }, state: 'unverified', cause: 'nvidia-smi-unavailable' },
+  {
+    name: 'nvidia-smi down since before the registration, in this run',
+    input: { node: null, liveness: { state: 'alive' }, lastGood: null, judgingSince: s.registeredAt },
+    state: 'starting',
+    cause: 'awaiting-nvidia-smi',
+  },
   { name: 'nvidia-smi down, its stat unreadable too', input: { node: null, liveness: { state: 'unreadable', why: 'EMFILE' } }, state: 'unverified', cause: 'nvidia-smi-unavailable' },
   {
     name: "nvidia-smi's processes of another PID namespace",
