@@ -51,7 +51,7 @@ import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
-import type { StatAnswer, UnreadableStat } from '../system/procfs.js';
+import { isReadable, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
 export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
@@ -473,7 +473,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
  * never saw there is not (an engine started while the driver fails most likely cannot use CUDA).
  * So the last good listing's GPU facts are judged with /proc's word now (a stop since ended reads as
  * running, a grace since ended as waiting for a listing), and the verdict holds when it is against
- * the shard (starting, on-cpu, gpu-lost). A shard with GPUs the listing does not describe
+ * the shard (starting, on-cpu, gpu-lost; exited or stopped while /proc has no word on it now). A shard with GPUs the listing does not describe
  * (registered after its refresh began, or none succeeded in this run), or whose engine started
  * again since (exited then, or every process that held its memory on one of its GPUs then gone now),
  * has not been seen on them: starting, unless registered before this run, which may have seen it
@@ -526,11 +526,12 @@ const HELD_STATES: ReadonlySet<ReadinessState> = new Set(['starting', 'on-cpu', 
 function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<number, StatAnswer> | undefined): number[] {
   if (procNow === undefined) return [];
   const runs = (pid: number): boolean => {
-    const then = listed.snapshot.proc.get(pid);
     const now = procNow.get(pid);
-    // Not read, or unreadable either time: not known to have exited.
-    if (now === undefined || (now !== null && 'unreadable' in now) || then === null || then === undefined || 'unreadable' in then) return true;
-    return now !== null && now.startTime === then.startTime && now.state !== 'Z' && now.state !== 'X';
+    if (now === null) return false;
+    const then = listed.snapshot.proc.get(pid);
+    // Not read now, or unreadable either time: not known to have exited.
+    if (!isReadable(now) || !isReadable(then)) return true;
+    return now.startTime === then.startTime && now.state !== 'Z' && now.state !== 'X';
   };
   const given = placementOf(shard, listed.snapshot.gpus).indices;
   const holdings = listed.attribution.holdings.get(shard.id);
