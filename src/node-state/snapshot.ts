@@ -7,7 +7,8 @@
 //     once (marked stale) while one refresh runs in the background;
 //   - failure-aware: a failed refresh is remembered for one TTL window, doubling with each failure
 //     in a row up to 30 s (no retry storm); within max-stale the last good snapshot is served with
-//     the reason, beyond it callers get the error;
+//     the reason, beyond it callers get the error at once, also while the retry after the window
+//     runs (only the caller that starts the retry waits for it);
 //   - registry-aware: after a registration or removal, snapshots taken before it are stale and the
 //     next request starts a refresh;
 //   - fair to nvidia-smi: a stale answer is routine (one refresh period behind while the next runs)
@@ -236,9 +237,20 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     refresh();
   }
 
+  /**
+   * What a caller with no snapshot to serve is answered at once instead of waiting: the latest
+   * failure, within its window and also while the retry after it runs. That retry asks a driver that
+   * has just failed; joining it would hold every caller up to nvidia-smi's timeout for what is most
+   * likely the same answer. The caller that starts the retry waits for it, so the first request
+   * after the window sees a fixed nvidia-smi.
+   */
+  function failureToAnswer(): Error | null {
+    return recentFailure() ?? (inFlight && lastFailure ? lastFailure.error : null);
+  }
+
   async function waitForRefresh(maxWaitMs: number | undefined): Promise<Good<S>> {
-    const failure = recentFailure();
-    if (failure && !inFlight) throw failure;
+    const failure = failureToAnswer();
+    if (failure) throw failure;
     const pending = refresh();
     if (maxWaitMs === undefined) return pending;
     let timer: NodeJS.Timeout | undefined;

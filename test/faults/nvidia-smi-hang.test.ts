@@ -50,6 +50,35 @@ t.test('cold cache, nvidia-smi hangs: 503 NVIDIA_SMI_TIMEOUT at the deadline, an
   t.equal(again.json().code, 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT');
 });
 
+t.test('no snapshot, nvidia-smi still hanging: while its retry hangs, only the request that started it waits; the others get the 503 at once', async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, {
+    scenario: { ...eightGpuNode(), failures: HANG },
+    config: { smiTimeoutMs: 2000, cacheTtlMs: 1000 },
+    deps: { now: clock.now },
+  });
+  withSafetyNet(t, fake);
+  const snapshots = app.services.node.snapshots;
+  t.equal((await app.inject({ method: 'GET', url: '/gpus' })).json().code, 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 'the first run hangs to its deadline');
+  await nothingLeft(t, app, fake);
+
+  clock.advance(1000); // the back-off window (one TTL) has passed
+  const retrying = app.inject({ method: 'GET', url: '/gpus' });
+  await waitUntil(() => snapshots.refreshing, { timeoutMs: 5000, what: 'the retry to start' });
+  for (const url of ['/gpus', '/gpus/foreign-memory']) {
+    const res = await app.inject({ method: 'GET', url });
+    t.equal(res.statusCode, 503, `${url} during the retry`);
+    t.equal(res.json().code, 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 'the failure on record');
+    t.equal(res.headers['retry-after'], undefined, 'no back-off to tell while the retry runs');
+    t.equal(snapshots.refreshing, true, 'answered while the retry still ran: it did not wait for it');
+  }
+  const retried = await retrying;
+  t.equal(retried.statusCode, 503);
+  t.match(retried.json().message, /did not answer within 2000 ms/, 'the caller that started the retry got its own answer');
+  t.equal(fake.countQueries('gpu'), 2, 'one retry, not one per request');
+  await nothingLeft(t, app, fake);
+});
+
 t.test('a good snapshot younger than max-stale: answers at once (stale, saying why) while nvidia-smi hangs; fresh again after it recovers', async (t) => {
   const clock = manualClock();
   const shard = await spawnShardProcess(t, 1);

@@ -136,6 +136,32 @@ t.test('a cold failure is remembered for one TTL window, then retried', async (t
   t.equal((await retry).snapshot.n, 7);
 });
 
+t.test('while the retry after a failure runs, only its caller waits: the others get the failure at once', async (t) => {
+  const h = harness();
+  const first = h.source.get();
+  h.calls[0]!.reject(new NvidiaSmiFailedError('driver gone'));
+  await t.rejects(first);
+  h.advance(1000);
+  const retrying = h.source.get();
+  t.equal(h.calls.length, 2, 'the window passed: this caller started the retry');
+  await t.rejects(h.source.get({ maxWaitMs: 1000 }), { message: 'driver gone' }, 'a probe during the retry is answered the failure, not held');
+  await t.rejects(h.source.get(), { message: 'driver gone' });
+  t.equal(h.calls.length, 2, 'nobody started a second retry');
+  t.equal(h.source.backOffMs, null, 'no back-off to tell while the retry runs');
+  h.calls[1]!.resolve({ n: 2 });
+  t.equal((await retrying).snapshot.n, 2, 'the caller that started the retry sees nvidia-smi answer again');
+  t.equal((await h.source.get()).snapshot.n, 2);
+});
+
+t.test('with no failure on record, callers join the refresh under way (a cold start, or past max-stale)', async (t) => {
+  const h = await warmed({ ttlMs: 1000, maxStaleMs: 5000 });
+  h.advance(6000);
+  const waiting = [h.source.get(), h.source.get()];
+  t.equal(h.calls.length, 2, 'one refresh for both');
+  h.calls[1]!.resolve({ n: 3 });
+  t.same((await Promise.all(waiting)).map((view) => view.snapshot.n), [3, 3]);
+});
+
 t.test('failures in a row back off: one TTL, then twice, four times... up to 30 s; backOffMs says what is left', async (t) => {
   const h = harness({ ttlMs: 1000 });
   t.equal(h.source.backOffMs, null, 'nothing to wait out before any failure');

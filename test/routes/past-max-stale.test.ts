@@ -73,8 +73,15 @@ t.test("past max-stale, nvidia-smi's last word holds against a shard, never for 
   );
 
   // nvidia-smi answers again: the loading shard now holds its GPU, the one on the CPU still does not.
-  fake.setScenario(twoGpuNode([holding(served.members[0]!, 0), holding(loading.members[0]!, 1), holding(late.pid, 0)]));
+  fake.setScenario({ ...twoGpuNode([holding(served.members[0]!, 0), holding(loading.members[0]!, 1), holding(late.pid, 0)]), delayMs: 300 });
+  // The first probe after the back-off runs nvidia-smi again and waits for it; probes meanwhile get
+  // the held verdicts at once.
   step(30_000);
+  const retrying = probe(app, 'served');
+  await waitUntil(() => app.services.node.snapshots.refreshing, { what: 'the retry to start' });
+  t.match(await probe(app, 'cpu'), { status: 503, state: 'on-cpu', warnings: [HELD] }, 'a probe during the retry is not held up by it');
+  await retrying;
+  await settle(app);
   const after = await Promise.all(['served', 'loading', 'cpu', 'late'].map((id) => probe(app, id)));
   t.same(after.map((v) => v.state), ['ready', 'ready', 'on-cpu', 'ready'], 'a fresh listing decides again');
 });
