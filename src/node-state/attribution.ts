@@ -29,7 +29,7 @@
 // not gone: it answers nothing, but it still holds its memory, so it keeps its claims and that
 // memory stays its own, not foreign.
 import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
-import { isReadable, type ProcStat, type UnreadableStat } from '../system/procfs.js';
+import { hasExited, isReadable, type ProcStat, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
 export interface ShardGpuHolding {
@@ -177,7 +177,7 @@ function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness 
   const stat = snapshot.proc.get(pid);
   if (!stat) return { state: 'gone', why: `process ${pid} no longer exists` };
   if ('unreadable' in stat) return { state: 'unreadable', why: unreadableWhy(stat) };
-  if (stat.state === 'Z' || stat.state === 'X') {
+  if (hasExited(stat)) {
     return { state: 'gone', why: `process ${pid} has exited (a zombie its parent has not reaped yet)` };
   }
   if (stat.startTime !== shard.identity.startTime) {
@@ -236,7 +236,7 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
     } else if ('unreadable' in answer) {
       unreadable ??= answer;
       oldestStart = undefined;
-    } else if (answer.state === 'Z' || answer.state === 'X') zombies.push(pid);
+    } else if (hasExited(answer)) zombies.push(pid);
     else if (SANDBOX_COMMS.has(answer.comm)) sandbox.push(answer);
     else {
       if (isStopped(answer)) stopped.push(answer);

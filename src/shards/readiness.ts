@@ -51,7 +51,7 @@ import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
-import { isReadable, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
+import { hasExited, isReadable, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
 export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
@@ -531,7 +531,7 @@ function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<
     const then = listed.snapshot.proc.get(pid);
     // Not read now, or unreadable either time: not known to have exited.
     if (!isReadable(now) || !isReadable(then)) return true;
-    return now.startTime === then.startTime && now.state !== 'Z' && now.state !== 'X';
+    return now.startTime === then.startTime && !hasExited(now);
   };
   const given = placementOf(shard, listed.snapshot.gpus).indices;
   const holdings = listed.attribution.holdings.get(shard.id);

@@ -16,7 +16,7 @@ import type { NodeView } from '../node-state/node-view.js';
 import type { UnreachableListedGpu } from '../node-state/placement.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
-import { cgroupMatcher, type ProcReader, type ProcStat } from '../system/procfs.js';
+import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
 import { readiness, restartedSince, type Readiness, type ReadinessInput, type ReadinessState } from './readiness.js';
@@ -105,7 +105,7 @@ export function createShardService(deps: ShardServiceDeps) {
           "if the shard runs in a container, nodecompute needs the host's PID namespace (--pid=host / hostPID: true) to see it.",
       );
     }
-    if (stat.state === 'Z' || stat.state === 'X') {
+    if (hasExited(stat)) {
       throw new ProcessNotFoundError(
         `Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register the shard once its engine runs.`,
       );
@@ -175,7 +175,7 @@ export function createShardService(deps: ShardServiceDeps) {
   async function lineageOf(identity: ProcessIdentity): Promise<Lineage | null | undefined> {
     const stat = await statIfReadable(identity.pid);
     if (stat === undefined) return undefined;
-    if (stat === null || stat.startTime !== identity.startTime || stat.state === 'Z' || stat.state === 'X') return null;
+    if (stat === null || stat.startTime !== identity.startTime || hasExited(stat)) return null;
     return { ancestors: await ancestorsFrom(stat.ppid), pgid: stat.pgrp };
   }
 
@@ -232,7 +232,7 @@ export function createShardService(deps: ShardServiceDeps) {
     let chosenIsEngine = false;
     for (const pid of pids) {
       const stat = await proc.readStat(pid);
-      if (!stat || stat.state === 'Z' || stat.state === 'X') continue;
+      if (!stat || hasExited(stat)) continue;
       const identity = { pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() };
       held.push(identity);
       const isEngine = !SANDBOX_COMMS.has(stat.comm);

@@ -31,8 +31,9 @@
 //   EACCES from flooding the log.
 // - Running out of file descriptors (EMFILE, ENFILE) while stat files are kept open gives half of
 //   them back and reads on (see readKept), with a warning saying what to raise.
-// - A zombie (state Z or X) still has a stat and is read like any process; deciding that it has
-//   exited (and that a PID with another start time was reused) is attribution's job.
+// - A zombie (state Z or X) still has a stat and is read like any process; hasExited tells such a
+//   stat apart. Deciding what an exit means (and that a PID with another start time was reused) is
+//   attribution's job.
 import { closeSync, openSync, readSync, statfsSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -66,6 +67,11 @@ export type StatAnswer = ProcStat | UnreadableStat | null;
 
 export function isReadable(answer: StatAnswer | undefined): answer is ProcStat {
   return answer != null && !('unreadable' in answer);
+}
+
+/** A zombie (Z) or a dead task (X): the process has exited, and its stat only waits for its parent to reap it. */
+export function hasExited(stat: ProcStat): boolean {
+  return stat.state === 'Z' || stat.state === 'X';
 }
 
 export class ProcParseError extends Error {
