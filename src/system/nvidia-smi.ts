@@ -298,22 +298,33 @@ export function parseComputeAppsCsv(text: string): ComputeAppRecord[] {
   return lines.map(parseComputeAppLine);
 }
 
-const VERSION_KEYS = new Map<string, keyof NvidiaSmiVersion>([
-  ['nvidia-smi version', 'smiVersion'],
-  ['driver version', 'driverVersion'],
-  ['cuda version', 'cudaVersion'],
+// Drivers from 610 on write `DRIVER version      : Deprecated, see "KMD version" instead` (and the
+// same of `CUDA version`, pointing at `CUDA UMD version`) and give the numbers on the new lines
+// (public outputs of 610.57.04 to 616.56; shared/samples has no capture of one yet). The new lines win
+// over the old ones, and a value that is not a version number is not taken for one.
+const VERSION_KEYS = new Map<string, { field: keyof NvidiaSmiVersion; renamed: boolean }>([
+  ['nvidia-smi version', { field: 'smiVersion', renamed: false }],
+  ['driver version', { field: 'driverVersion', renamed: false }],
+  ['kmd version', { field: 'driverVersion', renamed: true }],
+  ['cuda version', { field: 'cudaVersion', renamed: false }],
+  ['cuda umd version', { field: 'cudaVersion', renamed: true }],
 ]);
+const VERSION_NUMBER = /^\d+(?:\.\d+)*$/;
 
 /** Reads `nvidia-smi --version` ("KEY version : VALUE" lines); keys it does not know are ignored. */
 export function parseVersion(text: string): NvidiaSmiVersion {
   const version: NvidiaSmiVersion = { smiVersion: null, driverVersion: null, cudaVersion: null };
+  const fromRenamed = new Set<keyof NvidiaSmiVersion>();
   for (const line of contentLines(text)) {
-    const [key, ...value] = line.split(':');
+    const [key, ...rest] = line.split(':');
     const target = VERSION_KEYS.get((key as string).trim().toLowerCase());
-    if (target !== undefined) version[target] = value.join(':').trim();
+    const value = rest.join(':').trim();
+    if (target === undefined || !VERSION_NUMBER.test(value) || (fromRenamed.has(target.field) && !target.renamed)) continue;
+    version[target.field] = value;
+    if (target.renamed) fromRenamed.add(target.field);
   }
   if (Object.values(version).every((v) => v === null)) {
-    throw unparsable(text.trim().split(/\r?\n/)[0] as string, 'no version line found', 'nvidia-smi --version');
+    throw unparsable(text.trim().split(/\r?\n/)[0] as string, 'no version number found', 'nvidia-smi --version');
   }
   return version;
 }

@@ -106,6 +106,11 @@ t.test('queryVersion reads nvidia-smi --version', async (t) => {
   t.match(observations, [{ query: 'version', outcome: 'ok' }]);
 });
 
+t.test('queryVersion on a driver from 610 on, whose DRIVER and CUDA lines only say "Deprecated"', async (t) => {
+  const { smi } = rig(t, { ...eightGpuNode(), driverVersion: '610.57.04', cudaVersion: '13.3' });
+  t.same(await smi.queryVersion(), { smiVersion: '610.57.04', driverVersion: '610.57.04', cudaVersion: '13.3' });
+});
+
 t.test('every call sees the node as it is now', async (t) => {
   const { fake, smi } = rig(t);
   t.equal((await smi.queryComputeApps()).length, 8);

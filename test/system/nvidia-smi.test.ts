@@ -481,16 +481,45 @@ const versionCases: Array<Case<{ smiVersion: string | null; driverVersion: strin
     expected: { smiVersion: '590.48.01', driverVersion: '590.48.01', cudaVersion: null },
   },
   {
+    name: 'driver 610 and later: the DRIVER and CUDA lines say "Deprecated", the numbers are on KMD and CUDA UMD',
+    source: {
+      file: 'nvsmi-capture_h200_590.48.01_version.txt',
+      kind: 'edited',
+      how: 'laid out as public outputs of driver 610.57.04 show it (no capture of 610 in shared/samples yet)',
+    },
+    text: lines(
+      'NVIDIA-SMI version  : 610.57.04',
+      'NVML version        : 610.57',
+      'DRIVER version      : Deprecated, see "KMD version" instead',
+      'CUDA version        : Deprecated, see "CUDA UMD version" instead',
+      'KMD version         : 610.57.04',
+      'CUDA UMD version    : 13.3',
+    ),
+    expected: { smiVersion: '610.57.04', driverVersion: '610.57.04', cudaVersion: '13.3' },
+  },
+  {
+    name: 'the renamed lines win wherever they stand, and prose is never a version',
+    source: { file: 'nvsmi-capture_h200_590.48.01_version.txt', kind: 'edited', how: 'renamed lines first, old ones after, one with a number' },
+    text: lines('KMD version         : 610.62', 'CUDA UMD version    : 13.3', 'DRIVER version      : 610.61', 'CUDA version        : Deprecated, see "CUDA UMD version" instead'),
+    expected: { smiVersion: null, driverVersion: '610.62', cudaVersion: '13.3' },
+  },
+  {
+    name: 'a deprecated line with no renamed line beside it reads as unknown',
+    source: { file: 'nvsmi-capture_h200_590.48.01_version.txt', kind: 'edited', how: 'the 610 DRIVER line, no KMD line' },
+    text: lines('NVIDIA-SMI version  : 610.88', 'DRIVER version      : Deprecated, see "KMD version" instead', 'CUDA UMD version    : 13.3'),
+    expected: { smiVersion: '610.88', driverVersion: null, cudaVersion: '13.3' },
+  },
+  {
     name: 'an error instead of versions is quoted',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_topo-m_ERROR_exit255.txt', kind: 'verbatim' },
     text: lines("ERROR: Option -m is missing its value. Please run 'nvidia-smi -h' for help."),
-    expected: { error: /"ERROR: Option -m is missing its value\. Please run 'nvidia-smi -h' for help\." \(no version line found\)/ },
+    expected: { error: /"ERROR: Option -m is missing its value\. Please run 'nvidia-smi -h' for help\." \(no version number found\)/ },
   },
   {
     name: 'nothing at all',
     source: { file: 'nvsmi-capture_h200_590.48.01_version.txt', kind: 'edited', how: 'empty' },
     text: '',
-    expected: { error: /cannot read: "" \(no version line found\)/ },
+    expected: { error: /cannot read: "" \(no version number found\)/ },
   },
 ];
 
