@@ -516,10 +516,12 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
     }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
-        // Only a spawned run can overstay: one that could not be spawned has settled at once. The
+        // A run that could not be spawned (no pid) has nothing to kill and settles by itself, at
+        // once, with why (ENOENT, EACCES): it must not be taken for a run stuck past SIGKILL. The
         // group is killed even when nvidia-smi itself has exited: a child of it may hold its output.
-        killTimedOut(pid as number);
-        if (!exited) killedAt.set(pid as number, Date.now());
+        if (pid === undefined) return;
+        killTimedOut(pid);
+        if (!exited) killedAt.set(pid, Date.now());
         reject(exited ? outputHeldError(path, timeoutMs, args) : timeoutError(timeoutMs, args));
       }, Math.max(0, deadline - performance.now()));
       child.then((result) => {

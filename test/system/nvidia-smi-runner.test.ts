@@ -234,6 +234,15 @@ t.test('no nvidia-smi at the path: NvidiaSmiNotFoundError naming the path and wh
   t.equal(smi.running, 0);
 });
 
+t.test('a run that could not be spawned is never taken for one stuck past its deadline, however short the deadline', async (t) => {
+  const { smi, fake } = rig(t, eightGpuNode(), 0, (dir) => join(dir, 'missing'));
+  for (let i = 0; i < 20; i++) {
+    await t.rejects(smi.queryGpus(), { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND' }, `run ${i}: not found, not "still alive although it was killed"`);
+  }
+  writeFileSync(join(fake.dir, 'missing'), '#!/bin/sh\nexit 0\n', { mode: 0o755 });
+  await t.rejects(smi.queryVersion(), { message: /did not answer within 0 ms|no version number found/ }, 'once it exists, it is run');
+});
+
 t.test('a file that may not be executed: NvidiaSmiNotFoundError (EACCES)', async (t) => {
   const { smi, fake } = rig(t, eightGpuNode(), 15_000, (dir) => join(dir, 'not-executable'));
   writeFileSync(join(fake.dir, 'not-executable'), '#!/bin/sh\n', { mode: 0o644 });
