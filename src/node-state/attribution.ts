@@ -217,6 +217,14 @@ function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
  * pod's sandbox aside, keeps it alive, since /proc cannot tell which process of a pod serves.
  */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
+  if (snapshot.cgroupScanFailed !== undefined) {
+    return {
+      state: 'unreadable',
+      why:
+        `which processes are in cgroup "${cgroup}" could not be read in this refresh: ${snapshot.cgroupScanFailed}. ` +
+        'Whether it still runs, and where it computes, is unverified, so it keeps serving. Run `nodecompute doctor` on this node; the next refresh reads them again.',
+    };
+  }
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
   if (members.size === 0) return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };

@@ -62,6 +62,7 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
     gpus: [],
     proc: facts.proc,
     cgroupPids: facts.cgroupPids,
+    ...(facts.cgroupScanFailed === undefined ? {} : { cgroupScanFailed: facts.cgroupScanFailed }),
     bootId: facts.bootId,
     unmatchedProcesses: [],
     lostGpus: [],

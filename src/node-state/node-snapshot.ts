@@ -14,6 +14,7 @@
 import type { Logger } from 'pino';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
+import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
 
 /**
@@ -48,6 +49,11 @@ export interface NodeSnapshot {
   proc: ReadonlyMap<number, StatAnswer>;
   /** For each cgroup string of a registered shard, the PIDs whose cgroup paths contain it. */
   cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
+  /**
+   * Why the scan for the cgroup shards' processes failed in this refresh (cgroupPids is then empty,
+   * and whether each cgroup shard runs is unknown); absent when it did not fail.
+   */
+  cgroupScanFailed?: string;
   /** The boot these PIDs belong to (ProcReader.bootId); null when /proc cannot say. */
   bootId: string | null;
   /** Rows nvidia-smi listed under a UUID that matches no GPU of the GPU query. */
@@ -67,6 +73,8 @@ export interface ProcFacts {
   takenAt: number;
   proc: ReadonlyMap<number, StatAnswer>;
   cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
+  /** As NodeSnapshot's. */
+  cgroupScanFailed?: string;
   bootId: string | null;
 }
 
@@ -162,19 +170,47 @@ async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<str
 }
 
 /**
+ * The cgroup scan of a snapshot whose nvidia-smi answered. One process whose cgroup file cannot be
+ * read (out of descriptors, EIO) fails the scan, and the snapshot must not fail with it: the GPUs and
+ * every PID shard are as readable as ever. Its cgroup shards then read unverified (attribution.ts),
+ * and their processes' memory counts as foreign, which errs on the safe side for placement.
+ */
+async function scanCgroupsOrWhy(deps: SnapshotTakerDeps, needles: string[], level: RepeatLimit): Promise<{ cgroupPids: Map<string, Set<number>>; failed?: string }> {
+  try {
+    return { cgroupPids: await scanCgroups(deps.proc, needles) };
+  } catch (err) {
+    const failed = (err as Error).message;
+    // Keyed by the system's code, not the message: that names the process, a different one each time.
+    const code = ((err as Error).cause as NodeJS.ErrnoException | undefined)?.code;
+    deps.log[level(code ?? failed)](
+      { err, cgroupShards: needles.length },
+      `Could not find the processes of the cgroup shards in /proc: ${failed}. Until a refresh can, whether each cgroup shard runs is unverified (it keeps serving, with this reason) ` +
+        "and its processes' GPU memory counts as foreign. PID shards and the GPUs are not affected. Run `nodecompute doctor` on this node.",
+    );
+    return { cgroupPids: new Map(), failed };
+  }
+}
+
+/**
  * Reads the shards' /proc facts after nvidia-smi failed and leaves them with the error. A /proc that
  * cannot be read here leaves none: the nvidia-smi failure is the answer either way.
  */
-async function readFactsAfterFailure(deps: SnapshotTakerDeps, error: unknown, startedAt: number, listedPids: readonly number[]): Promise<void> {
+async function readFactsAfterFailure(
+  deps: SnapshotTakerDeps,
+  error: unknown,
+  startedAt: number,
+  listedPids: readonly number[],
+  scanFailureLevel: RepeatLimit,
+): Promise<void> {
   if (!(error instanceof Error)) return;
   try {
     const interest = deps.interest();
-    const cgroupPids = await scanCgroups(deps.proc, [...new Set(interest.cgroups)]);
+    const { cgroupPids, failed } = await scanCgroupsOrWhy(deps, [...new Set(interest.cgroups)], scanFailureLevel);
     const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
     // Not kept: the stat files kept open are the full snapshot's, which this read must not shrink.
     // The last good listing's GPU processes too: whether they still run says whether what it showed of a shard still holds.
     const proc = await deps.proc.readStats([...new Set([...interest.pids, ...members, ...listedPids])]);
-    factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids, bootId: deps.proc.bootId() });
+    factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids, ...(failed === undefined ? {} : { cgroupScanFailed: failed }), bootId: deps.proc.bootId() });
   } catch (err) {
     deps.log.warn({ err }, "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, no exit or stop of a shard can be seen, and each keeps the verdict nvidia-smi's last listing gave it (one it showed ready reads unverified)");
   }
@@ -183,6 +219,7 @@ async function readFactsAfterFailure(deps: SnapshotTakerDeps, error: unknown, st
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
   const { now } = deps;
   const roster = createGpuRoster(deps.log);
+  const scanFailureLevel = createRepeatLimit(now);
   /** The GPU processes of the last snapshot taken: read again after a failure. */
   let listedPids: readonly number[] = [];
   return async () => {
@@ -193,7 +230,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     try {
       [gpuRecords, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
     } catch (err) {
-      await readFactsAfterFailure(deps, err, startedAt, listedPids);
+      await readFactsAfterFailure(deps, err, startedAt, listedPids, scanFailureLevel);
       throw err;
     }
     const smiDone = performance.now();
@@ -212,7 +249,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     // snapshot, not null (gone): running out of descriptors must not call every shard exited. The
     // reader logs those once per call. The same PIDs come back next refresh, so their stat files
     // are kept open.
-    const cgroupPids = await scanCgroups(deps.proc, [...new Set(interest.cgroups)]);
+    const { cgroupPids, failed } = await scanCgroupsOrWhy(deps, [...new Set(interest.cgroups)], scanFailureLevel);
     const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
     const proc = await deps.proc.readStats([...new Set([...gpuPids, ...shardPids, ...members])], { keep: true });
     await readParents(deps.proc, proc, gpuPids, shardPids);
@@ -224,6 +261,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       gpus,
       proc,
       cgroupPids,
+      ...(failed === undefined ? {} : { cgroupScanFailed: failed }),
       bootId: deps.proc.bootId(),
       unmatchedProcesses: unmatched,
       lostGpus: roster.update(gpuRecords, takenAt),

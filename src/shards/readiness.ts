@@ -85,7 +85,7 @@ export const VERDICT_CAUSES = [
   // unverified
   'nvidia-smi-unavailable', // nvidia-smi cannot be asked
   'processes-hidden', // nvidia-smi's processes cannot be matched to this /proc
-  'stat-unreadable', // the shard's own /proc stat could not be read this refresh
+  'stat-unreadable', // the shard's own /proc stat (a cgroup shard's: which processes are in it) could not be read this refresh
   'gpu-owner-unknown', // a GPU it misses holds memory of a process whose owner could not be read
   'not-in-snapshot', // grace over, and no snapshot since the registration includes it yet
 ] as const;

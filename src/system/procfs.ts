@@ -379,8 +379,8 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     }
   };
 
-  const cgroupOf = (pid: number): string[] | null => {
-    const bytes = readPidFile(pid, 'cgroup', warn);
+  const cgroupOf = (pid: number, report: Warn = warn): string[] | null => {
+    const bytes = readPidFile(pid, 'cgroup', report);
     return bytes === null ? null : parseCgroup(bytes.toString('utf8'));
   };
 
@@ -426,7 +426,9 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
 
   // One pass over the proc root answers every needle: a snapshot with many cgroup shards must not
   // read every process's cgroup file once per shard. Unlike readStats, an unreadable cgroup file
-  // fails the scan: a process passed over could be the one a shard is looking for.
+  // fails the scan: a process passed over could be the one a shard is looking for. Its callers say
+  // what the failure means (a registration refused, a snapshot whose cgroup shards are unverified),
+  // so the scan itself logs nothing.
   const findPidsInCgroups = async (needles: string[]): Promise<Map<string, number[]>> => {
     if (needles.some((needle) => needle === '')) {
       throw new Error('findPidsInCgroup needs a container id or pod UID: an empty one matches every process');
@@ -435,7 +437,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     const found = new Map<string, number[]>(needles.map((needle) => [needle, []]));
     if (needles.length === 0) return found;
     await forEachInBatches(await listPids(), SCAN_BATCH, (pid) => {
-      const mine = cgroupOf(pid);
+      const mine = cgroupOf(pid, quiet);
       if (!mine) return;
       for (const [needle, holds] of matchers) if (holds(mine)) found.get(needle)!.push(pid);
     });

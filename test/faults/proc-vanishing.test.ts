@@ -12,6 +12,7 @@ import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode, livePidsInGroup, waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 import { killLeftovers } from '../helpers/process-scan.js';
+import { captureLog } from '../helpers/log-capture.js';
 
 const silent = pino({ level: 'silent' });
 
@@ -135,6 +136,61 @@ t.test('fixture /proc: entries deleted between registration and the next snapsho
   t.equal((await get('/shards/pod/ready')).json().state, 'exited', 'no process left in its cgroup: exited');
   t.equal((await get('/gpus')).statusCode, 200);
   t.equal((await get('/metrics')).statusCode, 200);
+});
+
+t.test("fixture /proc: one process's cgroup file that cannot be read fails the cgroup scan, not the snapshot", async (t) => {
+  const podCgroup = '0::/kubepods.slice/kubepods-pod0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0.slice/cri-containerd-1.scope\n';
+  const root = t.testdir({
+    '4242': { stat: statLine(4242, 'llama-server', 4242, 5000), cgroup: '0::/system.slice/llama.service\n' },
+    '6000': { stat: statLine(6000, 'vllm', 6000, 7000), cgroup: podCgroup },
+    '7000': { stat: statLine(7000, 'bash', 7000, 8000), cgroup: '0::/user.slice/user-0.slice\n' },
+  });
+  const { log, lines } = captureLog('warn');
+  const clock = manualClock();
+  const scenario = eightGpuNode();
+  scenario.processes = [
+    { gpuUuid: scenario.gpus[0]!.uuid, pid: 4242, name: 'llama-server', usedMiB: 9000 },
+    { gpuUuid: scenario.gpus[2]!.uuid, pid: 6000, name: 'vllm', usedMiB: 3000 },
+  ];
+  const { app } = await buildTestApp(t, {
+    scenario,
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { now: clock.now, proc: createProcReader({ root, log: silent }), logger: log },
+  });
+  const get = async (url: string) => {
+    clock.advance(1);
+    return app.inject({ method: 'GET', url });
+  };
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: 4242, gpus: [0], graceMs: 0 } })).statusCode, 201);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/pod', payload: { cgroup: '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0', gpus: [2], graceMs: 0 } })).statusCode, 201);
+  t.equal((await get('/shards/pod/ready')).json().state, 'ready');
+
+  // Another process's cgroup file turns unreadable (a directory here: EISDIR; on a node, EMFILE or EIO).
+  rmSync(join(root, '7000', 'cgroup'));
+  mkdirSync(join(root, '7000', 'cgroup'));
+  const pid = await get('/shards/s/ready');
+  t.match({ status: pid.statusCode, ...pid.json() }, { status: 200, state: 'ready', warnings: [] }, 'a PID shard is judged as ever');
+  const pod = await get('/shards/pod/ready');
+  t.match(
+    { status: pod.statusCode, ...pod.json() },
+    {
+      status: 200,
+      state: 'unverified',
+      cause: 'stat-unreadable',
+      warnings: [/^which processes are in cgroup "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0" could not be read in this refresh: cannot read .*\/7000\/cgroup: EISDIR.* keeps serving\. Run `nodecompute doctor`/],
+    },
+    'the cgroup shard keeps serving, saying why its verdict is unverified',
+  );
+  const foreign = (await get('/gpus/foreign-memory')).json();
+  t.same(foreign.gpus[2].foreignProcesses.map((p: { pid: number }) => p.pid), [6000], "the pod's memory counts as foreign meanwhile: placement errs on the safe side");
+  t.equal((await get('/metrics')).statusCode, 200);
+  const warned = lines.filter((line) => /^Could not find the processes of the cgroup shards in \/proc/.test(line.msg));
+  t.equal(warned.length, 1, 'one warning for the same failure in refresh after refresh');
+  t.match(warned[0], { cgroupShards: 1, msg: /PID shards and the GPUs are not affected/ });
+
+  rmSync(join(root, '7000', 'cgroup'), { recursive: true });
+  writeFileSync(join(root, '7000', 'cgroup'), '0::/user.slice/user-0.slice\n');
+  t.equal((await get('/shards/pod/ready')).json().state, 'ready', 'readable again: judged again');
 });
 
 t.test('real processes listed by nvidia-smi exit while the snapshot is being taken', async (t) => {

@@ -219,9 +219,9 @@ t.test('take, when nvidia-smi fails and /proc cannot be read either: the nvidia-
   const failure = new Error('no devices');
   const take = createSnapshotTaker({
     nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject(failure) },
-    proc: { ...proc, findPidsInCgroups: async () => Promise.reject(new Error('EACCES: /proc')) },
+    proc: { ...proc, readStats: async () => Promise.reject(new Error('EACCES: /proc')) },
     log,
-    interest: () => ({ pids: [8], cgroups: ['abcdef12-3456'] }),
+    interest: () => ({ pids: [8], cgroups: [] }),
     now: () => 1,
   });
   await t.rejects(take(), failure);
@@ -230,6 +230,39 @@ t.test('take, when nvidia-smi fails and /proc cannot be read either: the nvidia-
   const odd = createSnapshotTaker({ nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject('not an Error') }, proc, log, interest: () => ({ pids: [], cgroups: [] }), now: () => 1 });
   await t.rejects(odd(), 'not an Error');
   t.equal(lines.length, 1, 'a rejection that is not an Error carries nothing, and is no /proc failure');
+});
+
+t.test('take: a cgroup scan that fails (one unreadable cgroup file) leaves the snapshot, and the facts after a failure, to the rest', async (t) => {
+  const root = t.testdir({
+    '5': { stat: '5 (a) S 1 5 5 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 50 0 0', cgroup: '0::/kubepods/podabcdef12-3456/x\n' },
+    '8': { stat: '8 (shard) S 1 8 8 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 80 0 0', cgroup: { 'not-a-file': '' } },
+  });
+  const { log, lines } = captureLog('debug');
+  let failure: Error | null = null;
+  const take = createSnapshotTaker({
+    nvidiaSmi: { ...smi([{ gpuUuid: 'GPU-0', pid: 5, name: 'a', usedMiB: 10 }]), queryGpus: async () => (failure ? Promise.reject(failure) : gpus) },
+    proc: createProcReader({ root, log: pino({ level: 'silent' }) }),
+    log,
+    interest: () => ({ pids: [8], cgroups: ['abcdef12-3456'] }),
+    now: () => 1,
+  });
+  const snapshot = await take();
+  t.match(snapshot.cgroupScanFailed, /^cannot read .*\/8\/cgroup: EISDIR/);
+  t.same([...snapshot.cgroupPids], [], 'no member is known');
+  t.same(snapshot.gpus[0]!.processes.map((p) => p.pid), [5], "nvidia-smi's listing is kept");
+  t.match(statOf(snapshot, 8), { comm: 'shard' }, "the PID shard's stat is read as ever");
+  t.equal(attribute(snapshot, []).liveness.size, 0);
+  await take();
+  failure = new Error('no devices');
+  await t.rejects(take(), failure);
+  const facts = procFactsAfter(failure)!;
+  t.match(facts.cgroupScanFailed, /EISDIR/, 'the facts after a failure say so too');
+  t.match(facts.proc.get(8), { comm: 'shard' });
+  t.same(
+    lines.filter((line) => /^Could not find the processes of the cgroup shards/.test(line.msg)).map((line) => line.level),
+    [40, 20, 20],
+    'a warning, then the same failure at debug level',
+  );
 });
 
 t.test('procOnlyLiveness: the facts describe only shards registered before they were read', async (t) => {
@@ -259,6 +292,15 @@ t.test('procOnlyLiveness: the facts describe only shards registered before they 
   const afterRestart = procOnlyLiveness(facts, [{ ...before, identity: { ...before.identity, bootId: 'boot-before' } }]).liveness.get('before');
   t.match(afterRestart, { state: 'gone', why: /^the node has restarted since it was registered \(boot boot-before, now boot-now\)/ }, 'the facts name their boot: PID 8 of an earlier boot is gone');
   t.equal(liveness.get('late'), undefined, 'registered after the read: its PID may have been another process then (here: another start time)');
+  const pod: ShardRecord = { ...shard('pod', 20, 1000), pid: null, cgroup: 'abcdef12-3456' };
+  t.match(procOnlyLiveness(facts, [pod]).liveness.get('pod'), { state: 'alive' });
+  const scanFailed = procOnlyLiveness({ ...facts, cgroupPids: new Map(), cgroupScanFailed: 'cannot read /proc/7/cgroup: EIO' }, [pod, shard('alive', 8, 1000)]).liveness;
+  t.match(
+    scanFailed.get('pod'),
+    { state: 'unreadable', why: /^which processes are in cgroup "abcdef12-3456" could not be read in this refresh: cannot read \/proc\/7\/cgroup: EIO\./ },
+    "a failed cgroup scan leaves whether a cgroup shard runs unknown",
+  );
+  t.same(scanFailed.get('alive'), { state: 'alive' }, "and a PID shard's as read");
 });
 
 t.test('NodeService.procOnly: the latest failed refresh\'s facts, derived once per facts and registry version', async (t) => {
