@@ -296,9 +296,10 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
   const group = groupOf(snapshot, shard);
   // A gone shard claims nothing: its PID may now be someone else's, and memory its orphans still
   // hold is, for placement, as unavailable as anybody else's. It still contests its group, so that
-  // its orphans do not pass to another shard in the same group.
+  // its orphans do not pass to another shard in the same group, unless the number names another
+  // group now.
   if (liveness.state === 'gone') {
-    claims.byGroup.set(group, null);
+    if (!groupNumberReused(snapshot, group, shard)) claims.byGroup.set(group, null);
     return;
   }
   const pid = shard.identity.pid;
@@ -329,6 +330,16 @@ function unreadableOnTheWay(pid: number, snapshot: NodeSnapshot): UnreadableStat
   return undefined;
 }
 
+/**
+ * Whether the process group number a gone shard was in names another group now. Linux frees a
+ * group's number only once no process is in it: a leader younger than the shard means the number
+ * was given to a new group, whose processes are not this shard's orphans.
+ */
+function groupNumberReused(snapshot: NodeSnapshot, group: number, shard: ShardRecord): boolean {
+  const leader = statOf(snapshot, group);
+  return leader !== undefined && leader.startTime > shard.identity.startTime;
+}
+
 /** The owner of a GPU process by the three rules of the header, in their order. */
 function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): string | undefined {
   const strong = claims.strong.get(pid);
@@ -354,10 +365,7 @@ function memoryOf(process: GpuProcess): string {
  */
 function withOrphans(why: string, shard: ShardRecord, snapshot: NodeSnapshot, ownerByPid: ReadonlyMap<number, string>): string {
   const group = groupOf(snapshot, shard);
-  // Linux frees a group's number only once no process is in it: a leader younger than the shard
-  // means the number now belongs to another group, whose processes are not this shard's orphans.
-  const leader = statOf(snapshot, group);
-  if (leader !== undefined && leader.startTime > shard.identity.startTime) return why;
+  if (groupNumberReused(snapshot, group, shard)) return why;
   const orphanOf = (pid: number) => {
     const stat = statOf(snapshot, pid);
     // Its children started after it; an older member of a shared group is not one of them.

@@ -3,7 +3,7 @@
 // nearest ancestor (ppid after ppid through the stats the snapshot has, ANCESTRY_DEPTH generations);
 // failing that, to the first shard whose process group holds it when no other process claims the
 // group (live shards by their current group, gone ones by their last known group, whatever their
-// PID). A shard that is gone claims nothing, and its reason names the memory its group still holds;
+// PID, while no process younger than them leads it: the number was reused). A shard that is gone claims nothing, and its reason names the memory its group still holds;
 // a cgroup shard is gone once no member runs but the pod's sandbox (`pause`). A shard whose process
 // is stopped (T or t; for a cgroup, every member but the sandbox and zombies), or that runs but for a
 // stopped process holding its GPU memory, is stopped, and claims as a live one does: a stopped
@@ -19,6 +19,8 @@ import { attribute, type Liveness } from '../../src/node-state/attribution.js';
 import { ANCESTRY_DEPTH, type GpuState, type NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
+import { gpuState } from '../helpers/gpu-state.js';
+import { handMadeView, shardRecord } from '../helpers/hand-made-view.js';
 
 const SEED = 20_261_130;
 // A small PID space, so that shard PIDs, parents, groups, GPU processes and cgroup members overlap;
@@ -51,6 +53,12 @@ function earlierBoot(snapshot: NodeSnapshot, shard: ShardRecord): boolean {
   return shard.cgroup === null && shard.identity.bootId !== undefined && snapshot.bootId !== null && shard.identity.bootId !== snapshot.bootId;
 }
 
+/** Whether a PID shard's group number is led by a process younger than the shard: another group has it now. */
+function groupReused(snapshot: NodeSnapshot, shard: ShardRecord): boolean {
+  const leader = readable(snapshot, lastGroup(snapshot, shard));
+  return leader !== undefined && leader.startTime > shard.identity.startTime;
+}
+
 /** A PID shard's group: its process's current one while that is still its process, else the registered one. */
 function lastGroup(snapshot: NodeSnapshot, shard: ShardRecord): number {
   const stat = readable(snapshot, shard.identity.pid);
@@ -59,7 +67,8 @@ function lastGroup(snapshot: NodeSnapshot, shard: ShardRecord): number {
 
 /**
  * The rule's claimants of a process, each list in id order: the live shards it is; per ancestor
- * (nearest first), the live shards that ancestor is; and every PID shard, gone or not, whose group holds it.
+ * (nearest first), the live shards that ancestor is; and every PID shard whose group holds it: a gone
+ * one only while its group's number is not led by a process younger than it (see groupReused).
  */
 function ruleClaimants(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number) {
   const ordered = byId(shards);
@@ -74,7 +83,14 @@ function ruleClaimants(snapshot: NodeSnapshot, shards: readonly ShardRecord[], l
   return {
     isIt: live.filter((shard) => isIt(shard, candidate)),
     byAncestor: ancestors.map((ancestor) => live.filter((shard) => isIt(shard, ancestor))),
-    inGroup: ordered.filter((shard) => shard.cgroup === null && !earlierBoot(snapshot, shard) && group !== undefined && lastGroup(snapshot, shard) === group),
+    inGroup: ordered.filter(
+      (shard) =>
+        shard.cgroup === null &&
+        !earlierBoot(snapshot, shard) &&
+        group !== undefined &&
+        lastGroup(snapshot, shard) === group &&
+        !(liveness.get(shard.id)?.state === 'gone' && groupReused(snapshot, shard)),
+    ),
   };
 }
 
@@ -138,10 +154,8 @@ function withStoppedHolders(state: Liveness['state'], snapshot: NodeSnapshot, sh
  * shard (the number was reused).
  */
 function ruleOrphans(snapshot: NodeSnapshot, shard: ShardRecord, ownerByPid: ReadonlyMap<number, string>): number[] {
-  if (earlierBoot(snapshot, shard)) return [];
+  if (earlierBoot(snapshot, shard) || groupReused(snapshot, shard)) return [];
   const group = lastGroup(snapshot, shard);
-  const leader = readable(snapshot, group);
-  if (leader && leader.startTime > shard.identity.startTime) return [];
   return snapshot.gpus
     .flatMap((gpu) => gpu.processes.map((process) => process.pid))
     .filter((gpuPid) => {
@@ -346,4 +360,17 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
     { seed: SEED, numRuns: 5000 },
   );
   for (const [name, count] of Object.entries(seen)) t.ok(count > 50, `${name}: ${count}`);
+});
+
+t.test("a gone shard's group number, reused by a new group, is that group's: its processes are not contested", async (t) => {
+  const now = 10_000_000;
+  const stat = (pid: number, ppid: number, startTime: number, comm = 'python'): ProcStat => ({ pid, comm, state: 'S', ppid, pgrp: 500, session: 500, startTime });
+  // "old" was PID 500 leading group 500 (started at tick 5), exited and was never removed. PID 500 now
+  // leads a new group 500 (a launcher, tick 900) whose ranks are siblings: rank 0 is registered, rank 1 holds GPU 1.
+  const old = shardRecord(now, { id: 'old', pid: 500, identity: { pid: 500, pgid: 500, startTime: 5, name: 'llama-server' } });
+  const rank0 = shardRecord(now, { id: 'rank0', pid: 600, gpus: [0, 1], identity: { pid: 600, pgid: 500, startTime: 901, name: 'python' } });
+  const view = handMadeView({ now, gpus: [gpuState(0, [[600, 9000]]), gpuState(1, [[601, 9000]])], stats: [stat(500, 1, 900, 'torchrun'), stat(600, 500, 901), stat(601, 500, 901)] }, [old, rank0]);
+  t.match(view.attribution.liveness.get('old'), { state: 'gone', why: /^PID 500 now belongs to another process/ });
+  t.equal(view.attribution.ownerByPid.get(601), 'rank0', "rank 1 is in rank 0's group, which no live shard contests");
+  t.same([...(view.attribution.holdings.get('rank0')?.keys() ?? [])].sort(), [0, 1]);
 });
