@@ -29,7 +29,7 @@
 // not gone: it answers nothing, but it still holds its memory, so it keeps its claims and that
 // memory stays its own, not foreign.
 import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
-import { hasExited, isReadable, type ProcStat, type UnreadableStat } from '../system/procfs.js';
+import { hasExited, isReadable, type ProcStat, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
 export interface ShardGpuHolding {
@@ -144,13 +144,19 @@ function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): stri
   );
 }
 
-/** A running shard's GPU-holding processes that are stopped, each with the GPUs it holds; null when none is. */
-function stoppedGpuHolders(snapshot: NodeSnapshot, holdings: ReadonlyMap<number, ShardGpuHolding>): { stopped: ProcStat[]; gpusOf: Map<number, number[]> } | null {
+/**
+ * A running shard's GPU-holding processes that are stopped, each with the GPUs it holds, by their
+ * stats in `statNow` (undefined: not known); null when none is.
+ */
+function stoppedGpuHolders(
+  holdings: ReadonlyMap<number, ShardGpuHolding>,
+  statNow: (pid: number) => ProcStat | undefined,
+): { stopped: ProcStat[]; gpusOf: Map<number, number[]> } | null {
   const gpusOf = new Map<number, number[]>();
   const stopped: ProcStat[] = [];
   for (const holding of holdings.values()) {
     for (const { pid } of holding.processes) {
-      const stat = statOf(snapshot, pid);
+      const stat = statNow(pid);
       if (stat === undefined || !isStopped(stat)) continue;
       const gpus = gpusOf.get(pid);
       if (gpus === undefined) {
@@ -160,6 +166,26 @@ function stoppedGpuHolders(snapshot: NodeSnapshot, holdings: ReadonlyMap<number,
     }
   }
   return stopped.length === 0 ? null : { stopped, gpusOf };
+}
+
+/**
+ * While nvidia-smi cannot be asked: a shard /proc finds running is stopped all the same when a
+ * process that held its GPU memory in `listed` (the last good listing, with its attribution's
+ * `holdings` of the shard) is the same process now (PID and start time, in `procNow`) and stopped.
+ * Null when none is.
+ */
+export function stoppedSinceListing(
+  listed: NodeSnapshot,
+  holdings: ReadonlyMap<number, ShardGpuHolding> | undefined,
+  procNow: ReadonlyMap<number, StatAnswer>,
+): Liveness | null {
+  if (holdings === undefined) return null;
+  const holders = stoppedGpuHolders(holdings, (pid) => {
+    const now = procNow.get(pid);
+    const then = statOf(listed, pid);
+    return isReadable(now) && then !== undefined && now.startTime === then.startTime ? now : undefined;
+  });
+  return holders === null ? null : { state: 'stopped', why: stoppedWhy(holders.stopped, { kind: 'gpu-holders', gpusOf: holders.gpusOf }) };
 }
 
 function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
@@ -419,7 +445,7 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
       liveness.set(shard.id, { state: 'gone', why: withOrphans(state.why, shard, snapshot, ownerByPid) });
     }
     if (state.state === 'alive') {
-      const holders = stoppedGpuHolders(snapshot, holdings.get(shard.id)!);
+      const holders = stoppedGpuHolders(holdings.get(shard.id)!, (pid) => statOf(snapshot, pid));
       if (holders !== null) liveness.set(shard.id, { state: 'stopped', why: stoppedWhy(holders.stopped, { kind: 'gpu-holders', gpusOf: holders.gpusOf }) });
     }
   }

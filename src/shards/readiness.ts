@@ -45,7 +45,7 @@
 // (node-state/placement.ts): after nvidia-smi renumbers the GPUs, a warning says so.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
-import type { Liveness } from '../node-state/attribution.js';
+import { stoppedSinceListing, type Liveness } from '../node-state/attribution.js';
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, UNREACHABLE_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
@@ -444,7 +444,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const { shard } = input;
   const why = input.unavailable ?? 'unknown reason';
   const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
-  const liveness: Liveness = input.liveness ?? { state: 'unknown' };
+  const liveness = livenessWithoutNvidiaSmi(input);
   const unreachable = unreachableGiven(shard, input.unreachable ?? []);
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
@@ -464,6 +464,18 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
     return engineCpuVerdict(shard, judgedEngine, null, [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
   }
   return last ?? verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, ...besides]);
+}
+
+/**
+ * Whether the shard runs, from /proc now: a shard that runs is stopped all the same when a process
+ * that held its GPU memory in the last good listing, one that listing describes it in, is stopped
+ * now (a stopped tensor-parallel rank stalls the engine, as it does with a snapshot).
+ */
+function livenessWithoutNvidiaSmi(input: ReadinessInput): Liveness {
+  const liveness: Liveness = input.liveness ?? { state: 'unknown' };
+  const { lastGood, procNow, shard } = input;
+  if (liveness.state !== 'alive' || lastGood == null || procNow === undefined || shard.registeredAt > lastGood.startedAt) return liveness;
+  return stoppedSinceListing(lastGood.node.snapshot, lastGood.node.attribution.holdings.get(shard.id), procNow) ?? liveness;
 }
 
 /**

@@ -123,3 +123,19 @@ t.test("output set aside as an earlier run's leaves the engine's word out of the
   t.match(setAside.warnings, [/holds until it answers: boom$/, /came, at least in part, from an earlier run/]);
   t.equal(setAside.warnings.length, 2, 'said once');
 });
+
+t.test('a process that held its memory in the listing and is stopped now: stopped, as with a snapshot, while the shard itself runs', async (t) => {
+  const leader = { ...procStat(100), startTime: 5 };
+  const worker = { ...procStat(101), ppid: 100, pgrp: 100, startTime: 5 };
+  const lastGood = { node: handMadeView({ now: STARTED, gpus: [gpu(0, [[101, 9000]])], stats: [leader, worker] }, [s]), startedAt: STARTED, observedAt: OBSERVED };
+  t.match(judge(s, lastGood, { procNow: new Map([[100, leader], [101, worker]]) }), { state: 'unverified' }, 'its worker runs: it keeps serving');
+  const stopped = judge(s, lastGood, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) });
+  t.match(stopped, { ready: false, state: 'stopped', cause: 'process-stopped', warnings: [/^nvidia-smi cannot be asked, so which GPU memory it holds is unverified: boom$/] }, 'its worker stopped since the listing');
+  t.match(stopped.reason, /a process of it that holds its GPU memory is stopped while the rest of it runs: 101 \(llama-server, state T, on GPU 0\)/);
+  const stoppedThen = { node: handMadeView({ now: STARTED, gpus: [gpu(0, [[101, 9000]])], stats: [leader, { ...worker, state: 'T' }] }, [s]), startedAt: STARTED, observedAt: OBSERVED };
+  t.match(judge(s, stoppedThen, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) }), { state: 'stopped' }, 'stopped then and still stopped');
+  t.match(judge(s, stoppedThen, { procNow: new Map([[100, leader], [101, worker]]) }), { state: 'unverified' }, 'stopped then, running again now: it was on its GPU');
+  t.match(judge(s, lastGood, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T', startTime: 900 }]]) }), { state: 'starting', cause: 'awaiting-nvidia-smi' }, 'a stopped process that took its PID since is not its worker: the worker has exited');
+  const late = shardRecord(NOW, { registeredAt: STARTED + 1 });
+  t.match(judge(late, lastGood, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) }), { state: 'starting', cause: 'awaiting-nvidia-smi' }, 'a shard the listing does not describe has no holders in it');
+});
