@@ -499,6 +499,17 @@ t.test('failure knobs', async (t) => {
   t.match(await run(fake, ['-L']), { stderr: 'fake nvidia-smi: unknown failure kind "nonsense" in the scenario\n', exitCode: 2 });
 });
 
+t.test('a GPU the driver cannot reach: left out of every listing, said on stderr, exit 0', async (t) => {
+  const two = { gpus: [h200(), h200({ index: 1, uuid: 'GPU-1', busId: '00000000:34:00.0' })], processes: [{ gpuUuid: 'GPU-1', pid: 42, name: 'python3', usedMiB: 10 }] };
+  const fake = createFakeNvidiaSmi(t.testdir(), { ...two, unreachable: [{ index: 1 }] });
+  const said = 'Unable to determine the device handle for GPU1: 0000:34:00.0: Unknown Error\n';
+  t.same(await run(fake, ['--query-gpu=index', '--format=csv,noheader']), { stdout: '0\n', stderr: said, exitCode: 0, signal: undefined });
+  t.same(await run(fake, ['--query-compute-apps=pid', '--format=csv']), { stdout: 'pid\n', stderr: said, exitCode: 0, signal: undefined });
+  t.match(await run(fake, ['-L']), { stdout: /^GPU 0: NVIDIA H200 \(UUID: /, stderr: said, exitCode: 0 });
+  fake.update((s) => ({ ...s, unreachable: [{ index: 0, said: 'GPU is lost. Reboot the system to recover this GPU' }, { index: 1 }] }));
+  t.match(await run(fake, ['--query-gpu=index', '--format=csv']), { stdout: 'No devices were found\n', stderr: /GPU0: 0000:83:00\.0: GPU is lost\. Reboot the system to recover this GPU\n.*GPU1/s, exitCode: 6 }, 'none left');
+});
+
 t.test('slow answers take at least delayMs, per kind or for all', async (t) => {
   const fake = createFakeNvidiaSmi(t.testdir(), { ...eightGpuNode(), delayMs: { version: 400 } });
   let started = Date.now();

@@ -57,7 +57,7 @@ export interface RefreshCostResult {
 
 function preparedSmi(csv: { gpus: string; apps: string }): NvidiaSmi {
   return {
-    queryGpus: async () => parseGpuCsv(csv.gpus, GPU_QUERY_FIELDS),
+    queryGpus: async () => ({ gpus: parseGpuCsv(csv.gpus, GPU_QUERY_FIELDS), unreachable: [] }),
     queryComputeApps: async () => parseComputeAppsCsv(csv.apps),
     queryVersion: async () => ({ smiVersion: '590.48.01', driverVersion: '590.48.01', cudaVersion: '13.1' }),
     killAll: () => undefined,

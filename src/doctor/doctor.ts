@@ -18,7 +18,7 @@ import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import { listedAs } from '../node-state/placement.js';
 import { readRegistryFile } from '../shards/registry.js';
 import type { ShardRecord } from '../shards/shard.js';
-import { unreachableGpusIn, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
+import { unreachableGpusIn, type GpuListing, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -115,13 +115,16 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
     // --version fails so too is not known, and reading it costs nothing where it does not.
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
   }
-  let gpus: { value: GpuRecord[]; ms: number };
+  let listing: { value: GpuListing; ms: number };
   try {
-    gpus = await timed(() => deps.nvidiaSmi.queryGpus());
+    listing = await timed(() => deps.nvidiaSmi.queryGpus());
   } catch (err) {
     checks.push(queryFailed(deps, err, 'gpus', 'nvidia-smi answers --version, but its GPU query (--query-gpu), which every GPU answer needs, fails: '));
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
   }
+  // The GPUs it said it cannot reach while it listed the others: the lost-gpus check names them.
+  const { unreachable } = listing.value;
+  const gpus = { value: listing.value.gpus, ms: listing.ms };
   try {
     const apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
     const visible = gpus.value.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ');
@@ -150,7 +153,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
           )
         : check('query-time', 'ok', `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms`),
     );
-    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value), gpus: gpus.value, unreachable: [] };
+    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value), gpus: gpus.value, unreachable };
   } catch (err) {
     checks.push(
       queryFailed(
@@ -160,7 +163,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
         `nvidia-smi answers --version and its GPU query (${gpus.value.length} GPU(s)), but its process query (--query-compute-apps), which tells whose memory is whose, fails: `,
       ),
     );
-    return { checks, pids: null, busy: [], gpus: gpus.value, unreachable: [] };
+    return { checks, pids: null, busy: [], gpus: gpus.value, unreachable };
   }
 }
 
@@ -182,9 +185,15 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
   if (lost.size === 0 && cut.length === 0) return check('lost-gpus', 'ok', 'every GPU nodecompute has listed since it started is still listed');
   const parts: string[] = [];
   if (lost.size > 0) {
+    // What this check's own query said of a lost GPU's bus id, where it listed the others.
+    const saidOf = new Map(unreachable.map((gpu) => [gpu.busId, gpu.said]));
     const lines = [...lost.values()]
       .sort((a, b) => a.index - b.index)
-      .map((gpu) => `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago)`);
+      .map((gpu) => {
+        const said = gpu.busId === null ? undefined : saidOf.get(gpu.busId);
+        const says = said === undefined ? '' : `; nvidia-smi says of its bus id ${gpu.busId}: ${JSON.stringify(said)}`;
+        return `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago${says})`;
+      });
     parts.push(`${lines.join('\n')}:\n${LOST_GPU_MEANING}`);
   }
   if (cut.length > 0) parts.push(`${cut.map(gpuUnreachable).join('\n')}:\n${UNREACHABLE_GPU_MEANING}`);

@@ -6,9 +6,11 @@
 // lists it again; each change is logged once. The roster lives as long as the process: a GPU lost
 // before nodecompute started was never listed, so it is not known here (the doctor's
 // registered-gpus check finds those a stored registration names; its GPU count, compared with the
-// node's hardware, the others). It also holds the words for a GPU nvidia-smi cannot reach.
+// node's hardware, the others). It also holds the words for a GPU nvidia-smi cannot reach: those of
+// a failed query, and those a listing printed beside the GPUs it did list (a lost GPU then carries
+// them, and one never listed is logged once with them while they last).
 import type { Logger } from 'pino';
-import { unreachableGpusIn, type GpuRecord } from '../system/nvidia-smi.js';
+import { unreachableGpusIn, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { UnreachableListedGpu } from './placement.js';
 
 export interface LostGpu {
@@ -22,11 +24,16 @@ export interface LostGpu {
   lastListedAt: number;
   /** When the first snapshot that did not list it was taken: it went between lastListedAt and this. */
   lostAt: number;
+  /** What the latest listing said of its bus id, when it said it cannot reach it ("Unknown Error"). */
+  said?: string;
 }
 
 export interface GpuRoster {
-  /** Records the GPUs one snapshot lists, taken at `at`, and answers the GPUs it no longer lists, by index. */
-  update(listed: readonly GpuRecord[], at: number): LostGpu[];
+  /**
+   * Records the GPUs one snapshot lists, taken at `at`, with those its listing said it cannot reach
+   * (`unreachable`), and answers the GPUs it no longer lists, by index.
+   */
+  update(listed: readonly GpuRecord[], at: number, unreachable?: readonly UnreachableGpu[]): LostGpu[];
 }
 
 /** The words for a lost GPU, in the log and in the doctor alike. */
@@ -57,8 +64,11 @@ export function createGpuRoster(log: Logger): GpuRoster {
   const known = new Map<string, Omit<LostGpu, 'lostAt'>>();
   /** Lost GPUs by UUID, each with when it was first missed. */
   const lost = new Map<string, number>();
+  /** Bus ids no listing had that a listing says it cannot reach, logged once while it says so. */
+  let unknownSaid = new Set<string>();
   return {
-    update(listed, at) {
+    update(listed, at, unreachable = []) {
+      const saidOf = new Map(unreachable.map((gpu) => [gpu.busId, gpu.said]));
       const listedNow = new Set<string>();
       for (const gpu of listed) {
         listedNow.add(gpu.uuid);
@@ -74,12 +84,30 @@ export function createGpuRoster(log: Logger): GpuRoster {
       for (const [uuid, gpu] of known) {
         if (listedNow.has(uuid) || lost.has(uuid)) continue;
         lost.set(uuid, at);
+        const said = gpu.busId === null ? undefined : saidOf.get(gpu.busId);
         log.warn(
           { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },
-          `${gpuNoLongerListed(gpu)}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
+          `${gpuNoLongerListed(gpu)}${said === undefined ? '' : ` (it says of its bus id ${gpu.busId}: ${JSON.stringify(said)})`}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
         );
       }
-      return [...lost].map(([uuid, lostAt]) => ({ ...known.get(uuid)!, lostAt })).sort((a, b) => a.index - b.index);
+      const knownBusIds = new Set([...known.values()].map((gpu) => gpu.busId));
+      const unknown = unreachable.filter((gpu) => !knownBusIds.has(gpu.busId));
+      for (const gpu of unknown) {
+        if (unknownSaid.has(gpu.busId)) continue;
+        log.warn(
+          { busId: gpu.busId },
+          `${gpuUnreachable({ ...gpu, listed: null })}, and lists the other GPUs. nodecompute never listed that GPU (it was lost before nodecompute started), ` +
+            `so it is not in /gpus and no shard can be placed on it. ${LOST_GPU_FIX}`,
+        );
+      }
+      unknownSaid = new Set(unknown.map((gpu) => gpu.busId));
+      return [...lost]
+        .map(([uuid, lostAt]) => {
+          const gpu = known.get(uuid)!;
+          const said = gpu.busId === null ? undefined : saidOf.get(gpu.busId);
+          return said === undefined ? { ...gpu, lostAt } : { ...gpu, lostAt, said };
+        })
+        .sort((a, b) => a.index - b.index);
     },
   };
 }

@@ -12,7 +12,7 @@
 // turn an exited shard into an unverified, ready one. The read happens once per failed refresh, which
 // the snapshot cache runs at most once per failure window, never per request.
 import type { Logger } from 'pino';
-import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
+import type { ComputeAppRecord, GpuListing, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
 import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
@@ -225,16 +225,16 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
   return async () => {
     const startedAt = now();
     const started = performance.now();
-    let gpuRecords: GpuRecord[];
+    let listing: GpuListing;
     let apps: ComputeAppRecord[];
     try {
-      [gpuRecords, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
+      [listing, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
     } catch (err) {
       await readFactsAfterFailure(deps, err, startedAt, listedPids, scanFailureLevel);
       throw err;
     }
     const smiDone = performance.now();
-    const { gpus, unmatched } = joinGpusAndProcesses(gpuRecords, apps);
+    const { gpus, unmatched } = joinGpusAndProcesses(listing.gpus, apps);
     if (unmatched.length > 0) {
       deps.log.warn(
         { rows: unmatched.length, uuids: [...new Set(unmatched.map((row) => row.gpuUuid))] },
@@ -264,7 +264,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       ...(failed === undefined ? {} : { cgroupScanFailed: failed }),
       bootId: deps.proc.bootId(),
       unmatchedProcesses: unmatched,
-      lostGpus: roster.update(gpuRecords, takenAt),
+      lostGpus: roster.update(listing.gpus, takenAt, listing.unreachable),
       timings: { nvidiaSmiMs: smiDone - started, procMs: done - smiDone },
     };
   };

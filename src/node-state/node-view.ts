@@ -171,12 +171,13 @@ export function gpusResponse(node: NodeView, unreachable: readonly UnreachableLi
 
 /** The GPUs no longer listed, as GET /gpus and GET /gpus/foreign-memory say them. */
 export function lostGpusJson(node: NodeView): GpusResponse['lostGpus'] {
-  return node.snapshot.lostGpus.map(({ index, uuid, name, busId, lastListedAt, lostAt }) => ({
+  return node.snapshot.lostGpus.map(({ index, uuid, name, busId, lastListedAt, lostAt, said }) => ({
     index,
     uuid,
     name,
     busId,
     lastListedAt: new Date(lastListedAt).toISOString(),
     lostAt: new Date(lostAt).toISOString(),
+    unreachable: said ?? null,
   }));
 }

@@ -52,6 +52,10 @@ export const LostGpuSchema = Type.Object({
   busId: Nullable(Type.String(), 'Its PCI bus id when it was last listed (as in GpuSchema), to find it in dmesg; null where nvidia-smi reported none.'),
   lastListedAt: Type.String({ format: 'date-time', description: 'When a snapshot last listed it.' }),
   lostAt: Type.String({ format: 'date-time', description: 'When the first snapshot that did not list it was taken: it went between lastListedAt and this.' }),
+  unreachable: Nullable(
+    Type.String(),
+    'What the latest listing said of its bus id, when nvidia-smi printed beside the GPUs it listed that it cannot reach this one (e.g. "Unknown Error", "GPU is lost. Reboot the system to recover this GPU"); null when it said nothing of it.',
+  ),
 });
 
 /** The lost GPUs of GET /gpus and GET /gpus/foreign-memory. */

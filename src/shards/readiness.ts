@@ -324,7 +324,10 @@ function onCpuVerdict(
 /** One unlisted GPU, as the roster knows it (what it was and since when it is missing), or as not known to this run. */
 function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
   const lost = node.snapshot.lostGpus.find((gpu) => (uuid === undefined ? gpu.index === index : gpu.uuid === uuid));
-  if (lost !== undefined) return `${gpuNoLongerListed({ ...lost, index })} (missing since ${new Date(lost.lostAt).toISOString()})`;
+  if (lost !== undefined) {
+    const said = lost.said === undefined ? '' : `; it says of its bus id ${lost.busId}: ${JSON.stringify(lost.said)}`;
+    return `${gpuNoLongerListed({ ...lost, index })} (missing since ${new Date(lost.lostAt).toISOString()}${said})`;
+  }
   if (uuid !== undefined) return `GPU ${index} (${uuid}) is not listed by nvidia-smi (it was already missing when nodecompute started)`;
   return (
     `GPU ${index} is not listed by nvidia-smi (it was already missing when nodecompute started, nvidia-smi numbers the GPUs differently since a GPU went, ` +

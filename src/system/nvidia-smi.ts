@@ -92,8 +92,15 @@ export interface NvidiaSmiOptions {
   killTimedOut?: (pid: number) => void;
 }
 
+/** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach. */
+export interface GpuListing {
+  gpus: GpuRecord[];
+  /** Its "Unable to determine the device handle" lines, by bus id; empty when it printed none. */
+  unreachable: UnreachableGpu[];
+}
+
 export interface NvidiaSmi {
-  queryGpus(): Promise<GpuRecord[]>;
+  queryGpus(): Promise<GpuListing>;
   queryComputeApps(): Promise<ComputeAppRecord[]>;
   queryVersion(): Promise<NvidiaSmiVersion>;
   /** SIGKILL every running nvidia-smi process group and start no other (used at shutdown). */
@@ -148,6 +155,17 @@ function csvAnswer<T>(parse: (stdout: string) => T, command: string): (stdout: s
 
 function contentLines(text: string): string[] {
   return text.split(/\r?\n/).filter((line) => line.trim() !== '');
+}
+
+/**
+ * The lines of a CSV answer that are CSV: not those in which nvidia-smi says it cannot reach a GPU.
+ * Where the driver has lost one GPU of several, nvidia-smi says so and lists the others (public
+ * transcripts of plain `nvidia-smi` on drivers 525 to 610 show it; a monitoring tool's notes say the
+ * query forms do the same with exit 0), so the rows it did print are read, and the runner keeps its
+ * words (GpuListing.unreachable).
+ */
+function csvLines(text: string): string[] {
+  return contentLines(text).filter((line) => !DEVICE_HANDLE_LINE.test(line));
 }
 
 function cellsOf(line: string): string[] {
@@ -245,6 +263,7 @@ export interface UnreachableGpu {
 // gpu 0000:23:00.0" (-L, lower case), "for GPU0: 0000:23:00.0" (--query-gpu, with the index), and
 // the line broken after "GPU is lost." (what it said is then read up to the break).
 const DEVICE_HANDLE_FAILURE = /Unable to determine the device handle for gpu\s*(?:\d+:\s*)?([0-9a-f]+:[0-9a-f]+:[0-9a-f]+\.[0-9a-f]):\s*([^\n"]*)/gi;
+const DEVICE_HANDLE_LINE = new RegExp(DEVICE_HANDLE_FAILURE.source, 'i');
 
 /** The GPUs nvidia-smi's output (or a failure message quoting it) says it cannot reach, once each. */
 export function unreachableGpusIn(text: string): UnreachableGpu[] {
@@ -265,7 +284,7 @@ export function parseGpuCsv(text: string, fields: readonly string[]): GpuRecord[
   const missing = REQUIRED_GPU_FIELDS.filter((field) => !fields.includes(field));
   if (missing.length > 0) throw new TypeError(`parseGpuCsv needs the fields ${missing.join(', ')}`);
   const command = gpuCommand(fields);
-  const lines = contentLines(text);
+  const lines = csvLines(text);
   checkHeader(splitHeader(lines, fields[0] as string), fields, command);
   return lines.map((line) => parseGpuLine(line, fields, command));
 }
@@ -293,7 +312,7 @@ function parseComputeAppLine(line: string): ComputeAppRecord {
 /** Reads `--query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory` output, with or without
  *  header and units. A header alone, or nothing, means no process holds a compute context. */
 export function parseComputeAppsCsv(text: string): ComputeAppRecord[] {
-  const lines = contentLines(text);
+  const lines = csvLines(text);
   checkHeader(splitHeader(lines, COMPUTE_APPS_FIELDS[0]), COMPUTE_APPS_FIELDS, COMPUTE_APPS_COMMAND);
   return lines.map(parseComputeAppLine);
 }
@@ -463,12 +482,18 @@ function outputHeldError(path: string, timeoutMs: number, args: string[]): Error
   );
 }
 
-/** stdout of a run that exited 0, or the coded error that says why there is none. */
-function stdoutOf(path: string, result: Completed, stopped: boolean): string {
+/** What a run that exited 0 printed: stdout, and both streams in the order they were written. */
+interface Answered {
+  stdout: string;
+  all: string;
+}
+
+/** What a run that exited 0 printed, or the coded error that says why it did not. */
+function answerOf(path: string, result: Completed, stopped: boolean): Answered {
   if (result.code === 'ENOENT' || result.code === 'EACCES') throw notFoundError(path, result);
   if (result.exitCode === undefined) throw abnormalEndError(result, stopped);
   if (result.exitCode !== 0) throw failedError(result);
-  return result.stdout;
+  return { stdout: result.stdout, all: String(result.all) };
 }
 
 /** The optional field among `fields` that nvidia-smi rejected in `err`; null when it rejected none of them. */
@@ -498,7 +523,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   }
 
   /** Runs nvidia-smi once; settles by `deadline` (performance.now() time) whatever the child does. */
-  function execute(args: string[], deadline: number): Promise<string> {
+  function execute(args: string[], deadline: number): Promise<Answered> {
     const child = spawnNvidiaSmi(path, args);
     const pid = child.pid;
     let exited = false;
@@ -527,7 +552,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       child.then((result) => {
         clearTimeout(timer);
         try {
-          resolve(stdoutOf(path, result, stopped));
+          resolve(answerOf(path, result, stopped));
         } catch (err) {
           reject(err);
         }
@@ -546,7 +571,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
     onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as NvidiaSmiFailure).code });
   }
 
-  async function run<T>(query: QueryName, args: string[], parse: (stdout: string) => T, deadline: number): Promise<T> {
+  async function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline: number): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
     const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
     if (refused) {
@@ -564,12 +589,16 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
     }
   }
 
-  function askGpus(fields: readonly string[], deadline: number): Promise<GpuRecord[]> {
+  const computeAppsAnswer = csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND);
+
+  function askGpus(fields: readonly string[], deadline: number): Promise<GpuListing> {
     const args = [`--query-gpu=${fields.join(',')}`, '--format=csv'];
-    return run('gpus', args, csvAnswer((stdout) => parseGpuCsv(stdout, fields), gpuCommand(fields)), deadline);
+    const parse = csvAnswer((stdout) => parseGpuCsv(stdout, fields), gpuCommand(fields));
+    // Its words of a GPU it cannot reach, on whichever stream it wrote them.
+    return run('gpus', args, ({ stdout, all }) => ({ gpus: parse(stdout), unreachable: unreachableGpusIn(all) }), deadline);
   }
 
-  async function queryGpus(): Promise<GpuRecord[]> {
+  async function queryGpus(): Promise<GpuListing> {
     // One deadline for the whole call, retry included: a caller never waits longer than timeoutMs.
     const deadline = performance.now() + timeoutMs;
     for (;;) {
@@ -590,10 +619,10 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
       run(
         'compute-apps',
         [`--query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')}`, '--format=csv'],
-        csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND),
+        ({ stdout }) => computeAppsAnswer(stdout),
         performance.now() + timeoutMs,
       ),
-    queryVersion: () => run('version', ['--version'], parseVersion, performance.now() + timeoutMs),
+    queryVersion: () => run('version', ['--version'], ({ stdout }) => parseVersion(stdout), performance.now() + timeoutMs),
     killAll: () => {
       stopped = true;
       for (const pid of alive) killGroup(pid, log);

@@ -85,6 +85,8 @@ export interface FakeScenario {
   delayMs?: number | Partial<Record<FakeQueryKind, number>>;
   /** A failure for one kind of query, or for all; the specific kind wins. */
   failures?: Partial<Record<FakeQueryKind | 'all', FakeFailure>>;
+  /** GPUs (by index) the driver cannot reach: left out of every listing, which says so on stderr; `said`: `Unknown Error` when absent. */
+  unreachable?: Array<{ index: number; said?: string }>;
 }
 
 export interface FakeInvocation {

@@ -31,6 +31,22 @@ t.test('a GPU that drops out of the list is lost until it is listed again, and e
   t.same(roster.update([g0!, { ...g2!, index: 1 }, g1!], 6000), [], 'and GPU 1 too');
 });
 
+t.test("a GPU the listing says it cannot reach: lost with nvidia-smi's words; one never listed is logged once while it says so", async (t) => {
+  const { log, lines } = captureLog('info');
+  const roster = createGpuRoster(log);
+  const [g0, g1] = [gpuState(0, []), gpuState(1, [])];
+  roster.update([g0!, g1!], 1000);
+  const said = [{ busId: '00000000:02:00.0', said: 'Unknown Error' }, { busId: '00000000:0A:00.0', said: 'GPU is lost. Reboot the system to recover this GPU' }];
+  t.match(roster.update([g0!], 2000, said), [{ index: 1, busId: '00000000:02:00.0', lostAt: 2000, said: 'Unknown Error' }]);
+  roster.update([g0!], 3000, said);
+  t.same(roster.update([g0!], 4000), [{ index: 1, uuid: 'GPU-1', name: 'NVIDIA H200', busId: '00000000:02:00.0', lastListedAt: 1000, lostAt: 2000 }], 'lost still, its words gone once nvidia-smi no longer says them');
+  roster.update([g0!], 5000, said);
+  const warnings = lines.filter((line) => line.level === 40).map((line) => line.msg);
+  t.equal(warnings.length, 3, 'the lost GPU once; the unknown bus id once, and again once said anew after a listing that did not say it');
+  t.match(warnings[0], 'GPU 1 (GPU-1, NVIDIA H200) is no longer listed by nvidia-smi (it says of its bus id 00000000:02:00.0: "Unknown Error"): it fell off the bus');
+  t.match(warnings[1], 'nvidia-smi cannot reach the GPU at PCI 00000000:0A:00.0: it says "GPU is lost. Reboot the system to recover this GPU", and lists the other GPUs. nodecompute never listed that GPU');
+});
+
 t.test('a snapshot that lists no GPU at all loses every one listed before', async (t) => {
   const { log } = captureLog('info');
   const roster = createGpuRoster(log);

@@ -18,7 +18,7 @@ const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, 
 
 function smi(apps: ComputeAppRecord[]): NvidiaSmi {
   return {
-    queryGpus: async () => gpus,
+    queryGpus: async () => ({ gpus, unreachable: [] }),
     queryComputeApps: async () => apps,
     queryVersion: async () => ({ smiVersion: null, driverVersion: null, cudaVersion: null }),
     killAll: () => undefined,
@@ -240,7 +240,7 @@ t.test('take: a cgroup scan that fails (one unreadable cgroup file) leaves the s
   const { log, lines } = captureLog('debug');
   let failure: Error | null = null;
   const take = createSnapshotTaker({
-    nvidiaSmi: { ...smi([{ gpuUuid: 'GPU-0', pid: 5, name: 'a', usedMiB: 10 }]), queryGpus: async () => (failure ? Promise.reject(failure) : gpus) },
+    nvidiaSmi: { ...smi([{ gpuUuid: 'GPU-0', pid: 5, name: 'a', usedMiB: 10 }]), queryGpus: async () => (failure ? Promise.reject(failure) : { gpus, unreachable: [] }) },
     proc: createProcReader({ root, log: pino({ level: 'silent' }) }),
     log,
     interest: () => ({ pids: [8], cgroups: ['abcdef12-3456'] }),

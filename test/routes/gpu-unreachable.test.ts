@@ -188,3 +188,35 @@ t.test('a GPU that drops out of the listing, then makes every query fail: gpu-lo
   t.match(page, /^nodecompute .*: 1 GPU LOST · /, 'the status page counts the GPU once: its lost row says it');
   t.notMatch(page, /\(UNREACHABLE\)/);
 });
+
+t.test('a GPU the driver loses while nvidia-smi lists the others (exit 0): its shard is gpu-lost in nvidia-smi\'s words, the node goes on', async (t) => {
+  const shards = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
+  const scenario: FakeScenario = {
+    gpus: [gpuAt(0), gpuAt(1)],
+    processes: shards.map((shard, i) => ({ gpuUuid: UUIDS[i]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 19000 })),
+  };
+  const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
+  const { app, fake } = await buildTestApp(t, { scenario, deps: { now: clock.now }, config: { maxStaleMs: 0 } });
+  for (const [i, shard] of shards.entries()) {
+    t.equal((await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
+  }
+  t.same((await verdicts(app)).map((v) => v.state), ['ready', 'ready']);
+
+  fake.update((s) => ({ ...s, unreachable: [{ index: 1 }] }));
+  clock.advance(1500);
+  const [s0, s1] = await verdicts(app);
+  t.match(s0, { status: 200, state: 'ready', warnings: [] }, 'the shard on the GPU it still lists is judged on a fresh listing, past max-stale');
+  t.match(s1, { status: 503, state: 'gpu-lost', cause: 'gpu-not-listed' });
+  t.match(s1.reason, `placed on GPU 1, but GPU 1 (${UUIDS[1]}, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T12:00:01.500Z; it says of its bus id 00000000:02:00.0: "Unknown Error")`);
+  const listed = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+  t.equal(listed.stale, false);
+  t.same(listed.gpus.map((gpu: { index: number }) => gpu.index), [0]);
+  t.match(listed.lostGpus, [{ index: 1, uuid: UUIDS[1], busId: '00000000:02:00.0', unreachable: 'Unknown Error' }]);
+  const doctor = (await app.inject({ method: 'GET', url: '/doctor' })).json();
+  t.match(doctor.checks.find((check: { name: string }) => check.name === 'lost-gpus'), { status: 'fail', detail: /Unknown Error/ });
+
+  fake.update((s) => ({ ...s, unreachable: [] }));
+  clock.advance(1500);
+  t.same((await verdicts(app)).map((v) => v.state), ['ready', 'ready'], 'listed again: both ready');
+  t.same((await app.inject({ method: 'GET', url: '/gpus' })).json().lostGpus, []);
+});

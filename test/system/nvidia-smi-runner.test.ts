@@ -60,7 +60,7 @@ async function noneAlive(pgid: number): Promise<void> {
 
 t.test('queryGpus reads every GPU of an 8x H200 node', async (t) => {
   const { fake, smi, observations, logs } = rig(t);
-  const gpus = await smi.queryGpus();
+  const { gpus } = await smi.queryGpus();
   t.equal(gpus.length, 8);
   t.same(gpus[0], {
     index: 0,
@@ -109,6 +109,24 @@ t.test('queryVersion reads nvidia-smi --version', async (t) => {
 t.test('queryVersion on a driver from 610 on, whose DRIVER and CUDA lines only say "Deprecated"', async (t) => {
   const { smi } = rig(t, { ...eightGpuNode(), driverVersion: '610.57.04', cudaVersion: '13.3' });
   t.same(await smi.queryVersion(), { smiVersion: '610.57.04', driverVersion: '610.57.04', cudaVersion: '13.3' });
+});
+
+t.test('a GPU the driver cannot reach: the others are listed, and its bus id comes with what nvidia-smi said of it', async (t) => {
+  const node = eightGpuNode();
+  const { smi, observations } = rig(t, { ...node, unreachable: [{ index: 1 }, { index: 5, said: 'GPU is lost. Reboot the system to recover this GPU' }] });
+  const { gpus, unreachable } = await smi.queryGpus();
+  t.same(gpus.map((gpu) => gpu.index), [0, 2, 3, 4, 6, 7]);
+  t.same(unreachable, [
+    { busId: node.gpus[1]!.busId, said: 'Unknown Error' },
+    { busId: node.gpus[5]!.busId, said: 'GPU is lost. Reboot the system to recover this GPU' },
+  ]);
+  const lost = new Set([node.gpus[1]!.uuid, node.gpus[5]!.uuid]);
+  const apps = await smi.queryComputeApps();
+  t.ok(apps.length > 0, 'the process query lists what it can too');
+  t.same(apps.map((app) => app.pid), node.processes.filter((p) => !lost.has(p.gpuUuid)).map((p) => p.pid), 'the processes of the GPUs it can reach');
+  t.match(observations, [{ query: 'gpus', outcome: 'ok' }, { query: 'compute-apps', outcome: 'ok' }]);
+  const all = await rig(t).smi.queryGpus();
+  t.same([all.gpus.length, all.unreachable], [8, []], 'a node whose GPUs are all reachable');
 });
 
 t.test('every call sees the node as it is now', async (t) => {
@@ -184,7 +202,7 @@ for (const f of failures) {
 
 t.test('a failure of one query leaves the others working', async (t) => {
   const { smi } = rig(t, failing('compute-apps', { kind: 'gpu-lost', busId: '0000:DB:00.0' }));
-  t.equal((await smi.queryGpus()).length, 8);
+  t.equal((await smi.queryGpus()).gpus.length, 8);
   await t.rejects(smi.queryComputeApps(), { message: /GPU 0000:DB:00\.0: GPU is lost/ });
   t.equal((await smi.queryVersion()).driverVersion, '590.48.01');
 });
@@ -292,7 +310,7 @@ t.test('a bare name is looked up on PATH: not found there, or found and not exec
 
 t.test('memory.reserved unknown to an older driver: one failing attempt, then remembered', async (t) => {
   const { fake, smi, observations, logs } = rig(t, { ...eightGpuNode(), supportsReserved: false });
-  const gpus = await smi.queryGpus();
+  const { gpus } = await smi.queryGpus();
   t.equal(gpus.length, 8);
   t.ok(gpus.every((g) => g.reservedMiB === null && g.totalMiB === 143771), 'reservedMiB is null, the rest is read');
   t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS, GPU_ARGS_WITHOUT_RESERVED]);
@@ -309,7 +327,7 @@ t.test('memory.reserved unknown to an older driver: one failing attempt, then re
 
 t.test('a driver older than both optional fields: each one it rejects is dropped in turn, within one deadline, and remembered', async (t) => {
   const { fake, smi, logs } = rig(t, { ...eightGpuNode(), supportsReserved: false, supportsMigMode: false });
-  const gpus = await smi.queryGpus();
+  const { gpus } = await smi.queryGpus();
   t.ok(gpus.every((g) => g.reservedMiB === null && g.migMode === null && g.usedMiB !== null), 'both read as null, the rest is read');
   const oldest = ['--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,pci.bus_id', '--format=csv'];
   t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS, GPU_ARGS_WITHOUT_RESERVED, oldest]);
@@ -366,7 +384,7 @@ t.test('a grandchild that left the group and holds stdout open: still answered a
     t.ok(spawn && livePidsInGroup(spawn.childPid).includes(spawn.childPid), 'the grandchild is out of reach of the group kill');
     t.equal(smi.running, 0, 'nvidia-smi itself has exited');
     await setTimeout(1_100);
-    t.equal((await smi.queryGpus()).length, 8, 'an nvidia-smi that had exited by its deadline is not taken for a stuck one');
+    t.equal((await smi.queryGpus()).gpus.length, 8, 'an nvidia-smi that had exited by its deadline is not taken for a stuck one');
   } finally {
     for (const { childPid } of fake.spawned()) process.kill(childPid, 'SIGKILL');
   }
@@ -458,7 +476,7 @@ t.test('killAll kills hung nvidia-smi process groups, grandchildren included', a
 t.test('onQuery is optional', async (t) => {
   const fake = createFakeNvidiaSmi(t.testdir(), eightGpuNode());
   const smi = createNvidiaSmi({ path: fake.path, timeoutMs: 15_000, log: pino({ level: 'silent' }) });
-  t.equal((await smi.queryGpus()).length, 8);
+  t.equal((await smi.queryGpus()).gpus.length, 8);
   await t.rejects(
     createNvidiaSmi({ path: join(fake.dir, 'missing'), timeoutMs: 15_000, log: pino({ level: 'silent' }) }).queryGpus(),
     { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND' },

@@ -89,6 +89,17 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null, '00000000:0C:00.0')],
   },
   {
+    name: 'a GPU it cannot reach, said beside the rows it lists (before them, or after): the rows are read',
+    source: { file: 'nvsmi-err_device-handle_unknown-error_with-space_2015.txt', kind: 'edited', how: 'its line, in the 610 form with the index, among the H200 capture\'s rows' },
+    text: lines(
+      'Unable to determine the device handle for GPU1: 0000:0B:00.0: Unknown Error',
+      GPU_HEADER,
+      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled, ${H200_BUS}`,
+      'Unable to determine the device handle for GPU 0000:0C:00.0: Unknown Error',
+    ),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 0, 143158, 614])],
+  },
+  {
     name: 'windows rtx2080s with CRLF line ends (the capture stored LF; Windows prints CRLF)',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'columns cut, LF -> CRLF' },
     text: `${GPU_HEADER}\r\n0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A], 00000000:0C:00.0\r\n`,
@@ -227,6 +238,12 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
 ];
 
 const appCases: Array<Case<ComputeAppRecord[]>> = [
+  {
+    name: 'a GPU it cannot reach, said before the header: the rows are read',
+    source: { file: 'nvsmi-err_device-handle_unknown-error_no-space_2024.txt', kind: 'edited', how: 'its line before the H200 capture\'s header and a row' },
+    text: lines('Unable to determine the device handle for GPU0000:07:00.0: Unknown Error', APPS_HEADER, `${ZERO_UUID}, 10291, /root/tools/memhog, 2566 MiB`),
+    expected: [app(ZERO_UUID, 10291, '/root/tools/memhog', 2566)],
+  },
   {
     name: 'h200 load: three processes',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-compute-apps.csv', kind: 'columns', columns: COMPUTE_APPS_FIELDS },
