@@ -186,11 +186,11 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
   const parts: string[] = [];
   if (lost.size > 0) {
     // What this check's own query said of a lost GPU's bus id, where it listed the others.
-    const saidOf = new Map(unreachable.map((gpu) => [gpu.busId, gpu.said]));
+    const saidOf = new Map<string | null, string>(unreachable.map((gpu) => [gpu.busId, gpu.said]));
     const lines = [...lost.values()]
       .sort((a, b) => a.index - b.index)
       .map((gpu) => {
-        const said = gpu.busId === null ? undefined : saidOf.get(gpu.busId);
+        const said = saidOf.get(gpu.busId);
         const says = said === undefined ? '' : `; nvidia-smi says of its bus id ${gpu.busId}: ${JSON.stringify(said)}`;
         return `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago${says})`;
       });

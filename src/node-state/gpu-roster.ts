@@ -68,7 +68,7 @@ export function createGpuRoster(log: Logger): GpuRoster {
   let unknownSaid = new Set<string>();
   return {
     update(listed, at, unreachable = []) {
-      const saidOf = new Map(unreachable.map((gpu) => [gpu.busId, gpu.said]));
+      const saidOf = new Map<string | null, string>(unreachable.map((gpu) => [gpu.busId, gpu.said]));
       const listedNow = new Set<string>();
       for (const gpu of listed) {
         listedNow.add(gpu.uuid);
@@ -84,7 +84,7 @@ export function createGpuRoster(log: Logger): GpuRoster {
       for (const [uuid, gpu] of known) {
         if (listedNow.has(uuid) || lost.has(uuid)) continue;
         lost.set(uuid, at);
-        const said = gpu.busId === null ? undefined : saidOf.get(gpu.busId);
+        const said = saidOf.get(gpu.busId);
         log.warn(
           { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },
           `${gpuNoLongerListed(gpu)}${said === undefined ? '' : ` (it says of its bus id ${gpu.busId}: ${JSON.stringify(said)})`}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
@@ -104,7 +104,7 @@ export function createGpuRoster(log: Logger): GpuRoster {
       return [...lost]
         .map(([uuid, lostAt]) => {
           const gpu = known.get(uuid)!;
-          const said = gpu.busId === null ? undefined : saidOf.get(gpu.busId);
+          const said = saidOf.get(gpu.busId);
           return said === undefined ? { ...gpu, lostAt } : { ...gpu, lostAt, said };
         })
         .sort((a, b) => a.index - b.index);

@@ -263,6 +263,18 @@ t.test('take: a cgroup scan that fails (one unreadable cgroup file) leaves the s
     [40, 20, 20],
     'a warning, then the same failure at debug level',
   );
+  const { log: otherLog, lines: otherLines } = captureLog('debug');
+  const proc = createProcReader({ root, log: pino({ level: 'silent' }) });
+  const uncoded = createSnapshotTaker({
+    nvidiaSmi: smi([]),
+    proc: { ...proc, findPidsInCgroups: async () => Promise.reject(new Error('the scan gave up')) },
+    log: otherLog,
+    interest: () => ({ pids: [], cgroups: ['abcdef12-3456'] }),
+    now: () => 1,
+  });
+  t.equal((await uncoded()).cgroupScanFailed, 'the scan gave up');
+  await uncoded();
+  t.same(otherLines.map((line) => line.level), [40, 20], 'a failure without a system code repeats by its message');
 });
 
 t.test('procOnlyLiveness: the facts describe only shards registered before they were read', async (t) => {

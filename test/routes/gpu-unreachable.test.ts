@@ -7,8 +7,9 @@
 // is warned; /gpus, /gpus/foreign-memory and the status page mark the GPU unreachable; once
 // nvidia-smi answers again, both are ready. And when no listing ever had the GPU (nvidia-smi failing
 // since nodecompute started), nothing maps its bus id to a shard's GPU.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import type { App } from '../../src/app.js';
+import type { Config } from '../../src/config.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
 import type { FakeGpu, FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
@@ -31,18 +32,24 @@ async function verdicts(app: App) {
   return Promise.all(['s0', 's1'].map((id) => probe(app, id)));
 }
 
-t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and past max-stale, until nvidia-smi answers again', async (t) => {
+/** Shards s0 and s1, real processes whose children hold GPU 0 and GPU 1, registered and ready. */
+async function twoReadyShards(t: Test, config: Partial<Config>) {
   const shards = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
   const scenario: FakeScenario = {
     gpus: [gpuAt(0), gpuAt(1)],
     processes: shards.map((shard, i) => ({ gpuUuid: UUIDS[i]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 19000 })),
   };
   const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
-  const { app, fake } = await buildTestApp(t, { scenario, deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  const built = await buildTestApp(t, { scenario, deps: { now: clock.now }, config });
   for (const [i, shard] of shards.entries()) {
-    t.equal((await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
+    t.equal((await built.app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
   }
-  t.same((await verdicts(app)).map((v) => v.state), ['ready', 'ready']);
+  t.same((await verdicts(built.app)).map((v) => v.state), ['ready', 'ready']);
+  return { ...built, clock, shards };
+}
+
+t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and past max-stale, until nvidia-smi answers again', async (t) => {
+  const { app, fake, clock, shards } = await twoReadyShards(t, { smiTimeoutMs: 60_000 });
   const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus;
   t.same(gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable), [null, null], 'both GPUs reachable');
   t.same(
@@ -190,17 +197,7 @@ t.test('a GPU that drops out of the listing, then makes every query fail: gpu-lo
 });
 
 t.test('a GPU the driver loses while nvidia-smi lists the others (exit 0): its shard is gpu-lost in nvidia-smi\'s words, the node goes on', async (t) => {
-  const shards = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
-  const scenario: FakeScenario = {
-    gpus: [gpuAt(0), gpuAt(1)],
-    processes: shards.map((shard, i) => ({ gpuUuid: UUIDS[i]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 19000 })),
-  };
-  const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
-  const { app, fake } = await buildTestApp(t, { scenario, deps: { now: clock.now }, config: { maxStaleMs: 0 } });
-  for (const [i, shard] of shards.entries()) {
-    t.equal((await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
-  }
-  t.same((await verdicts(app)).map((v) => v.state), ['ready', 'ready']);
+  const { app, fake, clock } = await twoReadyShards(t, { maxStaleMs: 0 });
 
   fake.update((s) => ({ ...s, unreachable: [{ index: 1 }] }));
   clock.advance(1500);

@@ -119,7 +119,7 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   const body = res.json();
   t.same(schemaErrors(GpusResponseSchema, body), []);
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 7]);
-  t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', busId: lostBusId, lastListedAt: first.json().observedAt, lostAt: body.observedAt }], 'last listed by the first snapshot, missed by this one');
+  t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', busId: lostBusId, lastListedAt: first.json().observedAt, lostAt: body.observedAt, unreachable: null }], 'last listed by the first snapshot, missed by this one; nvidia-smi said nothing of it');
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
   t.same(schemaErrors(ForeignMemoryResponseSchema, foreign), []);
   t.same(foreign.lostGpus, body.lostGpus, 'placement, which reads foreign memory, is told too: GPU 6 is gone, not free');
