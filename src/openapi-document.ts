@@ -28,7 +28,8 @@ const ifNoneMatch = (): OpenAPIV3_1.ParameterObject => ({
 const conditionalHeaders = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
   ETag: {
     description:
-      'A weak tag of the snapshot, the registry version and the snapshot freshness (for /shards also the engine output version and the verdicts); send it back in If-None-Match.',
+      "A weak tag: a digest of what the answer says (every GPU's memory and processes with their shards; for /shards, the registrations, verdicts with their reasons and warnings, what each shard holds and the engine's account), " +
+      'not of when it was observed, so it stays the same across snapshots while the node says the same; a suffix marks an answer served while nvidia-smi fails or is far slower than usual. Send it back in If-None-Match.',
     schema: { type: 'string' },
   },
   'Cache-Control': { description: "max-age: the snapshot's remaining freshness in seconds (0 once it is stale).", schema: { type: 'string' } },

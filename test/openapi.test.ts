@@ -67,5 +67,10 @@ t.test('writes declare the bearer scheme; answers that can be 304 declare If-Non
     t.ok(op.parameters?.some((p) => p.name === 'If-None-Match' && p.in === 'header'), `${path}: If-None-Match`);
     t.notOk(op.responses['304']!.content, `${path}: a 304 has no body`);
     for (const status of ['200', '304']) t.same(Object.keys(op.responses[status]!.headers ?? {}), ['ETag', 'Cache-Control'], `${path} ${status}: ETag and Cache-Control`);
+    // conditional.ts: a digest of the content, with a suffix while nvidia-smi fails or is slow; not of the snapshot or its age.
+    const etag = (op.responses['200']!.headers!.ETag as { description: string }).description;
+    t.match(etag, /a digest of what the answer says/, `${path}: the ETag is said to digest the content`);
+    t.match(etag, /suffix .* nvidia-smi fails or is far slower than usual/, `${path}: and to carry a suffix while nvidia-smi is in trouble`);
+    t.notMatch(etag, /registry version|freshness/, `${path}: not the snapshot, a registry version or freshness`);
   }
 });
