@@ -314,8 +314,13 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   });
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split('?')[0]!;
-    // A trailing slash is the likeliest slip: say the route it meant, where there is one.
-    const meant = path.length > 1 && path.endsWith('/') && app.hasRoute({ method: request.method as 'GET', url: path.slice(0, -1) }) ? ` Did you mean ${path.slice(0, -1)}, without the trailing slash?` : '';
+    // A trailing slash is the likeliest slip: say the path it meant, where the router has a route for
+    // it. findRoute matches a concrete path as a request would (hasRoute compares route patterns, and
+    // so never knew /shards/s1/ready); every method finds one on a path that exists (405s included).
+    // Not the /docs files' wildcard, which matches any path below it, files or not.
+    const trimmed = path.slice(0, -1);
+    const route = path.length > 1 && path.endsWith('/') ? app.findRoute({ method: request.method as 'GET', url: trimmed }) : null;
+    const meant = route && !('*' in route.params) ? ` Did you mean ${trimmed}, without the trailing slash?` : '';
     const err = new NotFoundError(`No route ${request.method} ${path}.${meant} The API is listed at /docs and /openapi.json.`);
     return reply.status(404).send(errorBody(404, err.code, err.message));
   });

@@ -34,6 +34,30 @@ t.test('malformed HTTP on a socket the client already closed is left alone', asy
   t.match(written[1], /^HTTP\/1\.1 408 Request Timeout\r\n[^]*"code":"NODECOMPUTE_REQUEST_TIMEOUT"[^]*not completed within 30 s/);
 });
 
+t.test('a path asked with a trailing slash is told the path it meant, whatever the method, where the router has one for the path without it', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  const meant = (method: string, path: string) =>
+    `No route ${method} ${path}. Did you mean ${path.slice(0, -1)}, without the trailing slash? The API is listed at /docs and /openapi.json.`;
+  // A concrete path of a route with a parameter (a route pattern never matches it), and ones without.
+  for (const path of ['/shards/s1/ready/', '/shards/s1/engine-output/', '/gpus/', '/docs/json/']) {
+    for (const method of ['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'PROPFIND']) {
+      const res = await app.inject({ method: method as 'GET', url: `${path}?x=1` });
+      t.equal(res.statusCode, 404, `${method} ${path}: 404`);
+      t.equal(res.json().message, meant(method, path), `${method} ${path}: the hint`);
+    }
+    // A HEAD answer has no body; its Content-Length is that of the one with the hint.
+    const head = await app.inject({ method: 'HEAD', url: path });
+    t.equal(head.statusCode, 404, `HEAD ${path}: 404`);
+    const body = { statusCode: 404, code: 'NODECOMPUTE_NOT_FOUND', error: 'Not Found', message: meant('HEAD', path) };
+    t.equal(Number(head.headers['content-length']), Buffer.byteLength(JSON.stringify(body)), `HEAD ${path}: the hint`);
+  }
+  // The /docs files' wildcard matches any path below it: no hint where there is no such file.
+  for (const path of ['/docs/static/nope.css/', '/shards/s1/nope/']) {
+    const res = await app.inject({ method: 'GET', url: path });
+    t.equal(res.json().message, `No route GET ${path}. The API is listed at /docs and /openapi.json.`, `${path}: no hint`);
+  }
+});
+
 t.test('at debug level every answered request is logged', async (t) => {
   const dir = t.testdir({});
   const { log: logger, lines } = captureLog();

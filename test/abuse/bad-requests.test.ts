@@ -290,6 +290,13 @@ const table: BadRequest[] = [
   { name: 'unknown route', request: () => ({ method: 'GET', url: '/nope' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/nope/ },
   { name: 'unknown route: /nope/ (a trailing slash, and nothing without it either)', request: () => ({ method: 'GET', url: '/nope/' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /^No route GET \/nope\/\. The API is listed/ },
   { name: '/gpus/ (a trailing slash)', request: () => ({ method: 'GET', url: '/gpus/?x=1' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /^No route GET \/gpus\/\. Did you mean \/gpus, without the trailing slash\? / },
+  {
+    name: "a shard's probe with a trailing slash",
+    request: () => ({ method: 'GET', url: '/shards/existing/ready/' }),
+    status: 404,
+    code: 'NODECOMPUTE_NOT_FOUND',
+    message: /^No route GET \/shards\/existing\/ready\/\. Did you mean \/shards\/existing\/ready, without the trailing slash\? /,
+  },
   { name: 'unknown route under /shards', request: () => ({ method: 'GET', url: '/shards/existing/secrets' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/shards\/existing\/secrets/ },
   { name: 'traversal to /etc/passwd (encoded, whole URL)', request: () => ({ method: 'GET', url: '/%2e%2e/%2e%2e/etc/passwd' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET/ },
   { name: 'PATCH /shards/a/b (no such path, whatever the method)', request: () => ({ method: 'PATCH', url: '/shards/a/b', headers: json, payload: '{}' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route PATCH \/shards\/a\/b/ },
