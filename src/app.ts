@@ -11,7 +11,16 @@ import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyReply, 
 import { pino, type Logger } from 'pino';
 import type { OpenAPIV3_1 } from 'openapi-types';
 import type { Config } from './config.js';
-import { BadRequestError, InternalError, NotFoundError, isCodedError, type CodedError } from './errors.js';
+import {
+  BadRequestError,
+  ForbiddenError,
+  InternalError,
+  NotFoundError,
+  PreconditionFailedError,
+  RangeNotSatisfiableError,
+  isCodedError,
+  type CodedError,
+} from './errors.js';
 import { createAuth, type Auth } from './auth.js';
 import { unreachableListedIn } from './node-state/gpu-roster.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
@@ -118,8 +127,40 @@ function describeValidation(err: FastifyError): string {
   return `${where} ${first.message}${rule ? ` (${rule})` : ''}`;
 }
 
+/**
+ * A 4xx raised without a code, by status: the ones the /docs files' server (@fastify/static) gives
+ * for a ".." path, a NUL byte, or an If-Match or Range the file does not fit. `where` is the method
+ * and path asked.
+ */
+const UNCODED_CLIENT_ERRORS: Record<number, (where: string, detail: string) => CodedError> = {
+  400: (where, detail) =>
+    new BadRequestError(
+      `${where} is malformed (${detail}): a path may hold no NUL byte (%00), and its percent-encoding must be valid. Fix the URL; the API is listed at /docs and /openapi.json.`,
+    ),
+  403: (where) =>
+    new ForbiddenError(
+      `${where} is refused: a path that climbs out of its folder with ".." (percent-encoded or not) is never served. Ask for the file by its own path; the API is listed at /docs and /openapi.json.`,
+    ),
+  412: (where) =>
+    new PreconditionFailedError(
+      `${where}: the file is not the copy the If-Match or If-Unmodified-Since header names (it changed, or nodecompute was upgraded), so the condition fails. Fetch it again without that header.`,
+    ),
+  416: (where) =>
+    new RangeNotSatisfiableError(
+      `${where}: the Range header asks for bytes the file does not have. Fetch it without Range, or ask for a range within its size (the Content-Length of a HEAD request).`,
+    ),
+};
+
+/**
+ * The code of any other 4xx raised without one: its status text, as the codes of errors.ts are
+ * named (403 is NODECOMPUTE_FORBIDDEN, 416 NODECOMPUTE_RANGE_NOT_SATISFIABLE).
+ */
+function codeOfStatus(status: number): string {
+  return `NODECOMPUTE_${String(STATUS_CODES[status]).toUpperCase().replace(/[^A-Z0-9]+/g, '_')}`;
+}
+
 /** Fastify's own errors keep their status but get our codes and a message that says how to fix it. */
-function fastifyErrorBody(err: FastifyError) {
+function fastifyErrorBody(err: FastifyError, request: { method: string; url: string }) {
   const status = err.statusCode ?? 500;
   if (err.validation) {
     return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err)}. See /docs for the expected shape.`);
@@ -135,7 +176,10 @@ function fastifyErrorBody(err: FastifyError) {
   const mapped = err.code ? known[err.code] : undefined;
   if (mapped) return errorBody(...mapped);
   if (status >= 400 && status < 500) {
-    return errorBody(status, 'NODECOMPUTE_BAD_REQUEST', `${err.message}.`);
+    const where = `${request.method} ${request.url.split('?')[0]}`;
+    const uncoded = UNCODED_CLIENT_ERRORS[status]?.(where, err.message);
+    if (uncoded) return errorBody(status, uncoded.code, uncoded.message);
+    return errorBody(status, codeOfStatus(status), `${where} was refused (${err.message}). Check it against the API at /docs and /openapi.json.`);
   }
   return null;
 }
@@ -220,8 +264,8 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     requestTimeout: 30_000,
     // Ids may be 128 characters; a longer segment gets a coded 400 below, not the router's bare 414.
     routerOptions: { maxParamLength: 256 },
-    frameworkErrors: (err, _request, reply: FastifyReply) => {
-      const body = fastifyErrorBody(err as FastifyError) ?? errorBody(400, 'NODECOMPUTE_BAD_REQUEST', err.message);
+    frameworkErrors: (err, request, reply: FastifyReply) => {
+      const body = fastifyErrorBody(err as FastifyError, request) ?? errorBody(400, 'NODECOMPUTE_BAD_REQUEST', err.message);
       void reply.status(body.statusCode).send(body);
     },
     clientErrorHandler: writeClientError,
@@ -304,7 +348,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       const message = snapshotFailure ? err.message + unreachableListedIn(err.message, node.unreachable()) : err.message;
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, message));
     }
-    const mapped = fastifyErrorBody(err);
+    const mapped = fastifyErrorBody(err, request);
     if (mapped) return reply.status(mapped.statusCode).send(mapped);
     log.error({ ...requestFields(request), err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
     const internal = new InternalError(

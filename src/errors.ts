@@ -39,7 +39,11 @@ export const NotFoundError = coded('NODECOMPUTE_NOT_FOUND', 404);
 export const ShardNotFoundError = coded('NODECOMPUTE_SHARD_NOT_FOUND', 404);
 export const MethodNotAllowedError = coded('NODECOMPUTE_METHOD_NOT_ALLOWED', 405);
 export const ShardConflictError = coded('NODECOMPUTE_SHARD_CONFLICT', 409);
+/** An If-Match or If-Unmodified-Since that a /docs file no longer fits (@fastify/static). */
+export const PreconditionFailedError = coded('NODECOMPUTE_PRECONDITION_FAILED', 412);
 export const UnsupportedMediaTypeError = coded('NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', 415);
+/** A Range beyond the end of a /docs file (@fastify/static). */
+export const RangeNotSatisfiableError = coded('NODECOMPUTE_RANGE_NOT_SATISFIABLE', 416);
 export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
 export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
 /** A PID that exists but can never be a shard's: init, or a kernel thread (most often a PID as a container sees it). */

@@ -58,6 +58,22 @@ t.test('a path asked with a trailing slash is told the path it meant, whatever t
   }
 });
 
+t.test('a 4xx raised without a code of ours gets the code of its status, never NODECOMPUTE_BAD_REQUEST for all', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  // As a plugin would raise one (http-errors: a status and its text, no code).
+  app.get('/test/teapot', async () => {
+    throw Object.assign(new Error("I'm a Teapot"), { statusCode: 418 });
+  });
+  const res = await app.inject({ method: 'GET', url: '/test/teapot?x=1' });
+  t.equal(res.statusCode, 418);
+  t.same(res.json(), {
+    statusCode: 418,
+    code: 'NODECOMPUTE_I_M_A_TEAPOT',
+    error: "I'm a Teapot",
+    message: "GET /test/teapot was refused (I'm a Teapot). Check it against the API at /docs and /openapi.json.",
+  });
+});
+
 t.test('at debug level every answered request is logged', async (t) => {
   const dir = t.testdir({});
   const { log: logger, lines } = captureLog();

@@ -297,6 +297,22 @@ const table: BadRequest[] = [
     code: 'NODECOMPUTE_NOT_FOUND',
     message: /^No route GET \/shards\/existing\/ready\/\. Did you mean \/shards\/existing\/ready, without the trailing slash\? /,
   },
+  // The /docs files' server raises these uncoded: each gets the code of its status and what to do.
+  { name: 'a /docs file with a NUL byte in its path', request: () => ({ method: 'GET', url: '/docs/static/a%00b.css' }), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /^GET \/docs\/static\/a%00b\.css is malformed \(Bad Request\): a path may hold no NUL byte \(%00\)/ },
+  {
+    name: 'a /docs file asked If-Match a copy it is not',
+    request: () => ({ method: 'GET', url: '/docs/static/swagger-ui.css', headers: { 'if-match': '"not-this-copy"' } }),
+    status: 412,
+    code: 'NODECOMPUTE_PRECONDITION_FAILED',
+    message: /^GET \/docs\/static\/swagger-ui\.css: the file is not the copy the If-Match .* Fetch it again without that header\.$/,
+  },
+  {
+    name: 'a /docs file asked for a Range past its end',
+    request: () => ({ method: 'GET', url: '/docs/static/swagger-ui.css', headers: { range: 'bytes=999999999-' } }),
+    status: 416,
+    code: 'NODECOMPUTE_RANGE_NOT_SATISFIABLE',
+    message: /^GET \/docs\/static\/swagger-ui\.css: the Range header asks for bytes the file does not have\. Fetch it without Range/,
+  },
   { name: 'unknown route under /shards', request: () => ({ method: 'GET', url: '/shards/existing/secrets' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/shards\/existing\/secrets/ },
   { name: 'traversal to /etc/passwd (encoded, whole URL)', request: () => ({ method: 'GET', url: '/%2e%2e/%2e%2e/etc/passwd' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET/ },
   { name: 'PATCH /shards/a/b (no such path, whatever the method)', request: () => ({ method: 'PATCH', url: '/shards/a/b', headers: json, payload: '{}' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route PATCH \/shards\/a\/b/ },
@@ -440,6 +456,13 @@ t.test('bad requests without a token configured', async (t) => {
         status: 404,
         code: 'NODECOMPUTE_NOT_FOUND',
         message: /No route GET/,
+      },
+      {
+        name: "a /docs file path climbing out with '%2e%2e'",
+        chunks: ['GET /docs/static/%2e%2e/package.json HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n'],
+        status: 403,
+        code: 'NODECOMPUTE_FORBIDDEN',
+        message: /^GET \/docs\/static\/%2e%2e\/package\.json is refused: a path that climbs out of its folder with "\.\." .* Ask for the file by its own path/,
       },
       {
         name: 'a method HTTP does not define',
