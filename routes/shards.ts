@@ -71,6 +71,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'Register (201) or replace (200) a shard: a PID (and its process group) or a cgroup, placed on some GPUs.',
         description:
           'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer. ' +
+          'The body is UTF-8 JSON, sent as it is: a Content-Encoding other than identity (gzip, say) or a charset other than UTF-8 or US-ASCII is refused (415). ' +
           'A replacement for the same process (PID and start time, in the same boot of the node) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
           '409 when another id already holds the same process or cgroup, a cgroup the process runs in, a process the cgroup holds, or, for a PID, a process it descends from or that descends from it (within 4 generations), a member of the process group it leads, or the leader of the group it is in (a PID shard\'s descendants and the group it leads are part of it). ' +
           stateWriteAnswers,
@@ -203,7 +204,8 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: "Feed what the engine printed (text/plain, up to 1 MiB a call); answers the engine's account of where it computes.",
         description:
           'A bounded tail is kept per shard. Posts are appended as one stream, as the engine wrote it: a post that does not end with a newline is continued by the next one, so post whole lines or the chunks of the log in order. ' +
-          'For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once.',
+          'For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once. ' +
+          'The body is UTF-8 text, sent as it is: a Content-Encoding other than identity (gzip, say) or a charset other than UTF-8 or US-ASCII is refused (415), since it would be kept mangled.',
         params,
         body: Type.String({ description: "The engine's output, as text." }),
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },

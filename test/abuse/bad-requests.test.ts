@@ -7,6 +7,7 @@
 // the machine.
 import { existsSync, readFileSync } from 'node:fs';
 import { STATUS_CODES } from 'node:http';
+import { gzipSync } from 'node:zlib';
 import type { AddressInfo } from 'node:net';
 import t, { type Test } from 'tap';
 import type { InjectOptions } from 'fastify';
@@ -180,6 +181,42 @@ const table: BadRequest[] = [
     status: 415,
     code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
     message: /text\/plain/,
+  },
+  // Bodies that would be read wrong: compressed (nothing decodes them) or in another charset than UTF-8.
+  {
+    name: 'a gzipped registration',
+    request: (c) => ({ method: 'PUT', url: '/shards/new-shard', headers: { ...json, 'content-encoding': 'gzip' }, payload: gzipSync(JSON.stringify(good(c))) }),
+    status: 415,
+    code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
+    message: /^This endpoint takes the body as it is, and this one is encoded \("Content-Encoding: gzip"\): nodecompute does not decode request bodies, .* Send it uncompressed, without a Content-Encoding header\. Example: curl -X PUT/,
+  },
+  {
+    name: 'gzipped engine output',
+    request: () => ({ method: 'POST', url: '/shards/existing/engine-output', headers: { ...text, 'content-encoding': 'GZIP' }, payload: gzipSync('ggml_cuda_init: found 1 CUDA devices\n') }),
+    status: 415,
+    code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
+    message: /"Content-Encoding: GZIP"\): .*read the encoded bytes as text\/plain\. Send it uncompressed/,
+  },
+  {
+    name: 'engine output encoded twice, identity among them',
+    request: () => ({ method: 'POST', url: '/shards/existing/engine-output', headers: { ...text, 'content-encoding': 'identity, br' }, payload: 'x' }),
+    status: 415,
+    code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
+    message: /"Content-Encoding: br"/,
+  },
+  {
+    name: 'engine output in Latin-1',
+    request: () => ({ method: 'POST', url: '/shards/existing/engine-output', headers: { 'content-type': 'text/plain; charset=iso-8859-1' }, payload: Buffer.from('caf\xe9\n', 'latin1') }),
+    status: 415,
+    code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
+    message: /^This endpoint reads text\/plain as UTF-8, and this body says it is "iso-8859-1" .* Convert it \(iconv -f iso-8859-1 -t UTF-8\) and send "Content-Type: text\/plain; charset=utf-8", or no charset\./,
+  },
+  {
+    name: 'a registration in UTF-16 (quoted charset)',
+    request: (c) => ({ method: 'PUT', url: '/shards/new-shard', headers: { 'content-type': 'application/json; charset="UTF-16"' }, payload: Buffer.from(JSON.stringify(good(c)), 'utf16le') }),
+    status: 415,
+    code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
+    message: /reads application\/json as UTF-8, and this body says it is "UTF-16"/,
   },
 
   // Bodies that are not a registration.

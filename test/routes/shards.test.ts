@@ -437,6 +437,27 @@ t.test('a DELETE that says application/json but carries no body is a plain DELET
   t.equal(poisoned.statusCode, 400, 'Fastify\'s own parser still refuses __proto__');
 });
 
+t.test('a body is taken as sent in UTF-8: identity and UTF-8 or US-ASCII however spelt pass; another coding is 415 with Accept-Encoding: identity', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await setup(t);
+  const put = (headers: Record<string, string>) => app.inject({ method: 'PUT', url: '/shards/utf', headers, payload: JSON.stringify({ pid: shard.pid, gpus: [0] }) });
+  for (const type of ['application/json', 'application/json; charset=utf-8', 'application/json;charset=UTF-8', 'application/json; charset="utf8"', 'application/json; charset=US-ASCII']) {
+    t.ok([200, 201].includes((await put({ 'content-type': type })).statusCode), `${type}: registered`);
+  }
+  t.equal((await put({ 'content-type': 'application/json', 'content-encoding': 'Identity' })).statusCode, 200, 'Content-Encoding: identity is the body as sent');
+  const post = (headers: Record<string, string>, payload: string) => app.inject({ method: 'POST', url: '/shards/utf/engine-output', headers, payload });
+  const accepted = await post({ 'content-type': 'text/plain; format=flowed; charset=utf-8', 'content-encoding': '' }, 'load_tensors: offloaded 33/33 layers to GPU — café\n');
+  t.equal(accepted.statusCode, 200, 'UTF-8 text with an empty Content-Encoding');
+  t.match(app.services.registry.engine('utf')?.tail, /café\n$/, 'kept as it was written');
+  const gzipped = await post({ 'content-type': 'text/plain', 'content-encoding': 'gzip' }, 'x');
+  t.equal(gzipped.statusCode, 415);
+  t.equal(gzipped.headers['accept-encoding'], 'identity', 'RFC 9110 15.5.16: the codings a request may use');
+  const latin1 = await post({ 'content-type': 'text/plain; charset=ISO-8859-1' }, 'x');
+  t.equal(latin1.statusCode, 415);
+  t.equal(latin1.headers['accept-encoding'], undefined, 'not for a charset');
+  t.match(app.services.registry.engine('utf')?.tail, /café\n$/, 'neither was kept');
+});
+
 t.test('registering a zombie is refused: the process has already exited', async (t) => {
   // The background sleep exits at once; its parent, exec'd into a long sleep, never reaps it.
   const parent = spawn('sh', ['-c', 'sleep 0 & echo $!; exec sleep 600'], { stdio: ['ignore', 'pipe', 'ignore'], detached: true });
