@@ -12,7 +12,7 @@ import { formatDuration } from '../src/duration.js';
 import { BadRequestError, cannotStoreMessage, isCodedError } from '../src/errors.js';
 import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
 import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js';
-import type { SnapshotView } from '../src/node-state/snapshot.js';
+import { retryAfterSeconds, type SnapshotView } from '../src/node-state/snapshot.js';
 import { ErrorSchema } from '../src/schemas/common.js';
 
 const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) }, { description: 'The process answers.' });
@@ -42,8 +42,11 @@ const CHECKLIST = new Map([
   ['0', false],
 ]);
 
-/** `warning`: passes, yet the doctor warns about the same (the checklist says so, in the doctor's words). */
-type Check = { name: string; detail: string } & ({ ok: true; warning?: boolean } | { ok: false; code: string });
+/**
+ * `warning`: passes, yet the doctor warns about the same (the checklist says so, in the doctor's words).
+ * `retryAfter`: the seconds nvidia-smi's failure is waited out before it runs again (as /gpus's 503 says it).
+ */
+type Check = { name: string; detail: string } & ({ ok: true; warning?: boolean } | { ok: false; code: string; retryAfter?: number | null });
 type FailedCheck = Extract<Check, { ok: false }>;
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
@@ -124,7 +127,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       };
     } catch (err) {
       if (!isCodedError(err)) throw err;
-      return { checks: [{ name: 'nvidia-smi', ok: false, detail: err.message, code: err.code }], meta: null };
+      return { checks: [{ name: 'nvidia-smi', ok: false, detail: err.message, code: err.code, retryAfter: retryAfterSeconds(node.snapshots, err) }], meta: null };
     }
   }
 
@@ -166,6 +169,8 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       }
       const result = await checks(checklist);
       const failed = result.checks.find((check): check is FailedCheck => !check.ok);
+      // nvidia-smi's check comes first: while its failure is waited out, asking sooner gets this answer.
+      if (failed?.retryAfter != null) void reply.header('retry-after', String(failed.retryAfter));
       if (checklist) {
         const lines = result.checks.map((check) =>
           check.ok ? `[+]${check.name} ok${check.warning ? ', with a warning' : ''}: ${check.detail}` : `[-]${check.name} failed: ${check.detail}`,

@@ -18,6 +18,8 @@ import {
   NotFoundError,
   PreconditionFailedError,
   RangeNotSatisfiableError,
+  StateWriteFailedError,
+  StateWritePendingError,
   isCodedError,
   type CodedError,
 } from './errors.js';
@@ -25,7 +27,7 @@ import { createAuth, type Auth } from './auth.js';
 import { unreachableListedIn } from './node-state/gpu-roster.js';
 import { createNodeService, type NodeService } from './node-state/node-service.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
-import { createSnapshotSource } from './node-state/snapshot.js';
+import { createSnapshotSource, retryAfterSeconds } from './node-state/snapshot.js';
 import { createShardService, type ShardService } from './shards/shard-service.js';
 import { loadRegistry, type Registry } from './shards/registry.js';
 import { createNvidiaSmi, type NvidiaSmi } from './system/nvidia-smi.js';
@@ -326,6 +328,12 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   // would add "type":"Object" and an empty stack to them, so these lines get their own.
   const failureLog = log.child({}, { serializers: { err: (err: CodedError) => ({ code: err.code, message: err.message }) } });
   const failureLevel = createRepeatLimit(now);
+  // A change refused because the state file cannot take it (the volume unwritable, or a write stuck on
+  // one that does not answer, which refuses every other change at once) is refused again if retried
+  // at once, and a controller's loop would spin on it. Such a write is given stateTimeoutMs before its
+  // volume is taken for one that does not answer: a retry sooner most likely meets the same fault,
+  // and one that waits this long (5 s by default) loses at most that much once the volume is back.
+  const stateRetryAfter = Math.ceil(config.stateTimeoutMs / 1000);
   // Many HTTP clients send Content-Type: application/json on every request, and a DELETE carries no
   // body: that is no body, not an empty JSON document. Everything else is Fastify's own JSON parser,
   // with its defaults (a __proto__ key refused, constructor keys kept).
@@ -343,8 +351,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       // The snapshots' own failure, nvidia-smi's (not, say, the doctor's query): within its back-off
       // window nvidia-smi is not run again, so asking sooner gets this same answer; and its bus ids can be named.
       const snapshotFailure = err === node.snapshots.lastError;
-      const backOffMs = snapshotFailure ? node.snapshots.backOffMs : null;
-      if (backOffMs !== null) void reply.header('retry-after', String(Math.ceil(backOffMs / 1000)));
+      const stateFailure = err instanceof StateWriteFailedError || err instanceof StateWritePendingError;
+      const retryAfter = retryAfterSeconds(node.snapshots, err) ?? (stateFailure ? stateRetryAfter : null);
+      if (retryAfter !== null) void reply.header('retry-after', String(retryAfter));
       const message = snapshotFailure ? err.message + unreachableListedIn(err.message, node.unreachable()) : err.message;
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, message));
     }

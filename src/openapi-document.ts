@@ -1,7 +1,8 @@
 // Owns what the route schemas cannot say in the OpenAPI document, added to it once it is built:
 // the bearer token that writes need, the conditional-GET exchange of the pollable answers
-// (If-None-Match in, ETag and Cache-Control out, 304 with no body), and the Retry-After of a read's
-// 503 while an nvidia-smi failure is waited out (app.ts's error handler). Declaring these as route
+// (If-None-Match in, ETag and Cache-Control out, 304 with no body), and the Retry-After of a 503:
+// a read's (/readyz's included) while an nvidia-smi failure is waited out, a write's when the state
+// file cannot take the change (app.ts's error handler, health.ts). Declaring these as route
 // schemas instead would make Fastify validate headers on every probe-path request. Every object is
 // made afresh where it is used: a shared one would come out as YAML anchors and aliases, which
 // some OpenAPI tools do not follow.
@@ -43,14 +44,26 @@ const retryAfterHeader = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
   },
 });
 
+const stateRetryAfterHeader = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
+  'Retry-After': {
+    description:
+      'With NODECOMPUTE_STATE_WRITE_FAILED or NODECOMPUTE_STATE_WRITE_PENDING: NODECOMPUTE_STATE_TIMEOUT_MS in whole seconds (5 by default), the time a write is given before its volume is taken for one that does not answer. ' +
+      'While the state file cannot take a change, one retried sooner is most likely refused again (at once, while a write is stuck). Absent otherwise.',
+    schema: { type: 'integer', minimum: 0 },
+  },
+});
+
 type Operation = OpenAPIV3_1.OperationObject;
 
-function completeOperation(method: string, operation: Operation): void {
-  if ((WRITE_METHODS as readonly string[]).includes(method)) operation.security = [{ bearer: [] }];
+function completeOperation(path: string, method: string, operation: Operation): void {
+  const write = (WRITE_METHODS as readonly string[]).includes(method);
+  if (write) operation.security = [{ bearer: [] }];
   const responses = operation.responses;
-  // A read's 503 with the error body is an nvidia-smi failure (a write's is the state file's).
+  // A read's 503 with the error body is an nvidia-smi failure, and so can /readyz's be (its checklist
+  // is another body); a write's is the state file's.
   const unavailable = responses?.['503'] as OpenAPIV3_1.ResponseObject | undefined;
-  if (unavailable && method === 'get' && unavailable.description === ErrorSchema.description) unavailable.headers = retryAfterHeader();
+  if (unavailable && ((method === 'get' && unavailable.description === ErrorSchema.description) || path === '/readyz')) unavailable.headers = retryAfterHeader();
+  if (unavailable && write) unavailable.headers = stateRetryAfterHeader();
   if (!responses?.['304']) return;
   operation.parameters = [...(operation.parameters ?? []), ifNoneMatch()];
   responses['304'] = { description: 'Not Modified: the If-None-Match tag is current. No body.', headers: conditionalHeaders() };
@@ -58,12 +71,12 @@ function completeOperation(method: string, operation: Operation): void {
   if (ok) ok.headers = { ...ok.headers, ...conditionalHeaders() };
 }
 
-/** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, and Retry-After to a read's nvidia-smi 503. */
+/** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, and Retry-After to the 503s that carry it. */
 export function completeOpenApi(document: OpenAPIV3_1.Document): OpenAPIV3_1.Document {
   document.components = { ...document.components, securitySchemes: { ...document.components?.securitySchemes, bearer: BEARER_SCHEME } };
   // @fastify/swagger puts only operations, keyed by method, in each path item.
-  for (const item of Object.values(document.paths as Record<string, Record<string, Operation>>)) {
-    for (const [method, operation] of Object.entries(item)) completeOperation(method, operation);
+  for (const [path, item] of Object.entries(document.paths as Record<string, Record<string, Operation>>)) {
+    for (const [method, operation] of Object.entries(item)) completeOperation(path, method, operation);
   }
   return document;
 }

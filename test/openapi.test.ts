@@ -22,10 +22,17 @@ t.test('/openapi.json serves the same document and every route declares its erro
   for (const path of nvidiaSmi503) {
     t.ok(spec.paths[path].get.responses['503'], `${path} declares its 503`);
   }
-  const withRetryAfter = Object.entries(spec.paths as Record<string, Record<string, { responses: Record<string, { headers?: Record<string, unknown> }> }>>).flatMap(([path, item]) =>
-    Object.entries(item).filter(([, op]) => op.responses['503']?.headers?.['Retry-After']).map(([method]) => `${method} ${path}`),
+  const retryAfter = Object.entries(spec.paths as Record<string, Record<string, { responses: Record<string, { headers?: Record<string, { description: string }> }> }>>).flatMap(([path, item]) =>
+    Object.entries(item).flatMap(([method, op]) => {
+      const header = op.responses['503']?.headers?.['Retry-After'];
+      return header ? [[`${method} ${path}`, header.description] as const] : [];
+    }),
   );
-  t.same(withRetryAfter, nvidiaSmi503.map((path) => `get ${path}`), "Retry-After on the reads whose 503 is nvidia-smi's failure, not on a write's state-file 503 nor a verdict");
+  const nvidiaSmi = retryAfter.filter(([, description]) => description.startsWith('With an nvidia-smi failure')).map(([at]) => at);
+  t.same(nvidiaSmi.sort(), [...nvidiaSmi503, '/readyz'].map((path) => `get ${path}`).sort(), "Retry-After of nvidia-smi's failure on the reads whose 503 it is, /readyz's included, not on a verdict");
+  const stateFile = retryAfter.filter(([, description]) => description.startsWith('With NODECOMPUTE_STATE_WRITE_FAILED or NODECOMPUTE_STATE_WRITE_PENDING')).map(([at]) => at);
+  t.same(stateFile.sort(), ['delete /shards/{id}', 'put /shards/{id}'], "Retry-After of the state file's failure on the writes whose 503 it is");
+  t.equal(retryAfter.length, nvidiaSmi.length + stateFile.length, 'and nowhere else');
   t.ok(spec.paths['/shards/{id}'].put.responses['422'], 'PUT /shards/{id} declares 422');
   const docs = await app.inject({ method: 'GET', url: '/docs/' });
   t.equal(docs.statusCode, 200);

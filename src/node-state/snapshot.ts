@@ -84,6 +84,16 @@ export interface SnapshotSource<S> {
 }
 
 /**
+ * The Retry-After, in whole seconds, of a 503 for `err`: while the snapshots' own failure is waited
+ * out, nvidia-smi is not run again, so asking sooner gets the same answer. Null for any other error,
+ * and while the retry may start now or runs.
+ */
+export function retryAfterSeconds(snapshots: Pick<SnapshotSource<unknown>, 'lastError' | 'backOffMs'>, err: Error): number | null {
+  const backOffMs = err === snapshots.lastError ? snapshots.backOffMs : null;
+  return backOffMs === null ? null : Math.ceil(backOffMs / 1000);
+}
+
+/**
  * Why a view's staleness is worth a warning: the last refresh failed, or the one under way is slow.
  * Null when it is routine (one refresh period behind, or just behind a registry change) or fresh.
  */

@@ -60,6 +60,7 @@ t.test('a write that hangs: answered 503 within the bound, the next change refus
 
   const pending = await put('a', first.pid);
   t.equal(pending.status, 503, 'answered, not left hanging');
+  t.equal(pending.headers.get('retry-after'), String(Math.ceil(STATE_FILE_TIMEOUT_MS / 1000)), 'saying to wait the state timeout before retrying');
   t.match(await pending.json(), {
     code: 'NODECOMPUTE_STATE_WRITE_PENDING',
     message: `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile} that carries it had not finished (a slow volume, or one that does not answer: a hung network mount?).`,
@@ -75,6 +76,7 @@ t.test('a write that hangs: answered 503 within the bound, the next change refus
 
   const refused = await put('b', second.pid);
   t.equal(refused.status, 503);
+  t.equal(refused.headers.get('retry-after'), String(Math.ceil(STATE_FILE_TIMEOUT_MS / 1000)), 'refused at once, and told not to retry at once');
   t.match(await refused.json(), {
     code: 'NODECOMPUTE_STATE_WRITE_FAILED',
     message: `The change was not stored: the state file ${stateFile} cannot be written now (${stuck}; that is still pending`,

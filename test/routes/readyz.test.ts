@@ -226,6 +226,28 @@ t.test('state-file: readiness fails while registrations cannot be stored, naming
   t.match(verbose.body, /^\[\+\]nvidia-smi ok: .*\n\[\+\]host-pid-namespace ok: .*\n\[-\]state-file failed: Registrations cannot be stored in .*\nreadyz check failed\n$/);
   const put = await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [0] } });
   t.equal(put.json().code, 'NODECOMPUTE_STATE_WRITE_FAILED', 'what readiness says is what a registration meets');
+  t.equal(put.headers['retry-after'], '5', 'and it says to wait NODECOMPUTE_STATE_TIMEOUT_MS before retrying, not to spin');
+  t.equal(res.headers['retry-after'], undefined, "/readyz's state-file 503 has no nvidia-smi back-off to tell");
+});
+
+t.test("nvidia-smi failing with no snapshot to serve: /readyz's 503 carries Retry-After while the failure is waited out, as /gpus's does", async (t) => {
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), failures: { all: { kind: 'driver-unreachable' } } }, deps: { now: clock.now } });
+  const ask = async (url: string) => {
+    const res = await app.inject({ method: 'GET', url });
+    return { status: res.statusCode, retryAfter: res.headers['retry-after'], type: String(res.headers['content-type']).split(';')[0] };
+  };
+  t.same(await ask('/readyz'), { status: 503, retryAfter: '1', type: 'application/json' }, 'the first failure is waited out for one TTL (1 s)');
+  await settle(app);
+  clock.advance(400);
+  t.same(await ask('/readyz?verbose'), { status: 503, retryAfter: '1', type: 'text/plain' }, 'the checklist too: 600 ms left, rounded up');
+  t.same(await ask('/gpus'), { status: 503, retryAfter: '1', type: 'application/json' }, 'the same as /gpus says');
+  clock.advance(600);
+  t.same(await ask('/readyz'), { status: 503, retryAfter: '2', type: 'application/json' }, 'run again past it, failed again: the window doubles');
+  await settle(app);
+  clock.advance(2000);
+  fake.update((s) => ({ ...s, failures: {} }));
+  t.same(await ask('/readyz'), { status: 200, retryAfter: undefined, type: 'application/json' }, 'once nvidia-smi answers, nothing to wait out');
 });
 
 t.test('state-file: a directory that cannot be fsynced keeps readiness, and the checklist says what is at risk', async (t) => {
