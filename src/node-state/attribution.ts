@@ -169,6 +169,19 @@ function stoppedGpuHolders(
 }
 
 /**
+ * A process `listed` read, as `procNow` reads it: its stat when it is the same process (PID and start
+ * time) and has not exited; null when it has exited since (gone, a zombie, or its PID another
+ * process's now); undefined when that is not known (not read, or unreadable either time).
+ */
+export function sameProcessNow(listed: NodeSnapshot, procNow: ReadonlyMap<number, StatAnswer>, pid: number): ProcStat | null | undefined {
+  const now = procNow.get(pid);
+  if (now === null) return null;
+  const then = statOf(listed, pid);
+  if (!isReadable(now) || then === undefined) return undefined;
+  return now.startTime === then.startTime && !hasExited(now) ? now : null;
+}
+
+/**
  * While nvidia-smi cannot be asked: a shard /proc finds running is stopped all the same when a
  * process that held its GPU memory in `listed` (the last good listing, with its attribution's
  * `holdings` of the shard) is the same process now (PID and start time, in `procNow`) and stopped.
@@ -180,11 +193,7 @@ export function stoppedSinceListing(
   procNow: ReadonlyMap<number, StatAnswer>,
 ): Liveness | null {
   if (holdings === undefined) return null;
-  const holders = stoppedGpuHolders(holdings, (pid) => {
-    const now = procNow.get(pid);
-    const then = statOf(listed, pid);
-    return isReadable(now) && then !== undefined && now.startTime === then.startTime ? now : undefined;
-  });
+  const holders = stoppedGpuHolders(holdings, (pid) => sameProcessNow(listed, procNow, pid) ?? undefined);
   return holders === null ? null : { state: 'stopped', why: stoppedWhy(holders.stopped, { kind: 'gpu-holders', gpusOf: holders.gpusOf }) };
 }
 

@@ -45,13 +45,13 @@
 // (node-state/placement.ts): after nvidia-smi renumbers the GPUs, a warning says so.
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
-import { stoppedSinceListing, type Liveness } from '../node-state/attribution.js';
+import { sameProcessNow, stoppedSinceListing, type Liveness } from '../node-state/attribution.js';
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, UNREACHABLE_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
 import { type EngineAccount, showsGpuWeights } from './llama-log.js';
-import { hasExited, isReadable, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
+import type { StatAnswer, UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 
 export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
@@ -477,7 +477,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
 function livenessWithoutNvidiaSmi(input: ReadinessInput): Liveness {
   const liveness: Liveness = input.liveness ?? { state: 'unknown' };
   const { lastGood, procNow, shard } = input;
-  if (liveness.state !== 'alive' || lastGood == null || procNow === undefined || shard.registeredAt > lastGood.startedAt) return liveness;
+  if (liveness.state !== 'alive' || !describes(lastGood, shard) || procNow === undefined) return liveness;
   return stoppedSinceListing(lastGood.node.snapshot, lastGood.node.attribution.holdings.get(shard.id), procNow) ?? liveness;
 }
 
@@ -497,7 +497,7 @@ function livenessWithoutNvidiaSmi(input: ReadinessInput): Liveness {
 function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: string, besides: string[]): Readiness | null {
   const { shard, lastGood, now } = input;
   if (shard.gpus.length === 0) return null;
-  if (lastGood === undefined || lastGood === null || shard.registeredAt > lastGood.startedAt) {
+  if (!describes(lastGood, shard)) {
     if (input.judgingSince === undefined || shard.registeredAt < input.judgingSince) return null;
     return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, and no nvidia-smi listing since has included it`, why, besides);
   }
@@ -530,6 +530,11 @@ function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: stri
   };
 }
 
+/** Whether the last good listing describes the shard: its refresh began once the shard was registered. */
+function describes(lastGood: ReadinessInput['lastGood'], shard: ShardRecord): lastGood is NonNullable<ReadinessInput['lastGood']> {
+  return lastGood != null && shard.registeredAt <= lastGood.startedAt;
+}
+
 /** Verdicts of the last good listing that hold past max-stale: those against the shard that /proc cannot end. */
 const HELD_STATES: ReadonlySet<ReadinessState> = new Set(['starting', 'on-cpu', 'gpu-lost', 'exited', 'stopped']);
 
@@ -540,14 +545,8 @@ const HELD_STATES: ReadonlySet<ReadinessState> = new Set(['starting', 'on-cpu', 
  */
 function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<number, StatAnswer> | undefined): number[] {
   if (procNow === undefined) return [];
-  const runs = (pid: number): boolean => {
-    const now = procNow.get(pid);
-    if (now === null) return false;
-    const then = listed.snapshot.proc.get(pid);
-    // Not read now, or unreadable either time: not known to have exited.
-    if (!isReadable(now) || !isReadable(then)) return true;
-    return now.startTime === then.startTime && !hasExited(now);
-  };
+  // Not known to have exited (not read now, or unreadable either time) counts as running.
+  const runs = (pid: number): boolean => sameProcessNow(listed.snapshot, procNow, pid) !== null;
   const given = placementOf(shard, listed.snapshot.gpus).indices;
   const holdings = listed.attribution.holdings.get(shard.id);
   return [...(holdings?.values() ?? [])]
