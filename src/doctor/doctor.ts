@@ -12,7 +12,7 @@
 // (gpu-roster.ts). Both check the GPUs the stored registrations name against nvidia-smi's listing:
 // a GPU gone before the service started (before the CLI's run) only they remember.
 import { formatDuration } from '../duration.js';
-import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, UNREACHABLE_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
+import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, saidOfBusId, UNREACHABLE_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import { listedAs } from '../node-state/placement.js';
@@ -191,7 +191,7 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
       .sort((a, b) => a.index - b.index)
       .map((gpu) => {
         const said = saidOf.get(gpu.busId);
-        const says = said === undefined ? '' : `; nvidia-smi says of its bus id ${gpu.busId}: ${JSON.stringify(said)}`;
+        const says = said === undefined ? '' : `; ${saidOfBusId(gpu.busId, said)}`;
         return `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago${says})`;
       });
     parts.push(`${lines.join('\n')}:\n${LOST_GPU_MEANING}`);

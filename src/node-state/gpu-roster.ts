@@ -36,6 +36,9 @@ export interface GpuRoster {
   update(listed: readonly GpuRecord[], at: number, unreachable?: readonly UnreachableGpu[]): LostGpu[];
 }
 
+/** What a listing said of a lost GPU's bus id, in the log, the doctor and a shard's reason alike. */
+export const saidOfBusId = (busId: string | null, said: string): string => `nvidia-smi says of its bus id ${busId}: ${JSON.stringify(said)}`;
+
 /** The words for a lost GPU, in the log and in the doctor alike. */
 export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>): string => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}) is no longer listed by nvidia-smi`;
 export const LOST_GPU_MEANING =
@@ -87,7 +90,7 @@ export function createGpuRoster(log: Logger): GpuRoster {
         const said = saidOf.get(gpu.busId);
         log.warn(
           { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },
-          `${gpuNoLongerListed(gpu)}${said === undefined ? '' : ` (it says of its bus id ${gpu.busId}: ${JSON.stringify(said)})`}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
+          `${gpuNoLongerListed(gpu)}${said === undefined ? '' : ` (${saidOfBusId(gpu.busId, said)})`}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
         );
       }
       const knownBusIds = new Set([...known.values()].map((gpu) => gpu.busId));

@@ -46,7 +46,7 @@
 // Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
 import { sameProcessNow, stoppedSinceListing, type Liveness } from '../node-state/attribution.js';
-import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, UNREACHABLE_GPU_MEANING } from '../node-state/gpu-roster.js';
+import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, saidOfBusId, UNREACHABLE_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
@@ -325,7 +325,7 @@ function onCpuVerdict(
 function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
   const lost = node.snapshot.lostGpus.find((gpu) => (uuid === undefined ? gpu.index === index : gpu.uuid === uuid));
   if (lost !== undefined) {
-    const said = lost.said === undefined ? '' : `; it says of its bus id ${lost.busId}: ${JSON.stringify(lost.said)}`;
+    const said = lost.said === undefined ? '' : `; ${saidOfBusId(lost.busId, lost.said)}`;
     return `${gpuNoLongerListed({ ...lost, index })} (missing since ${new Date(lost.lostAt).toISOString()}${said})`;
   }
   if (uuid !== undefined) return `GPU ${index} (${uuid}) is not listed by nvidia-smi (it was already missing when nodecompute started)`;

@@ -43,7 +43,7 @@ t.test("a GPU the listing says it cannot reach: lost with nvidia-smi's words; on
   roster.update([g0!], 5000, said);
   const warnings = lines.filter((line) => line.level === 40).map((line) => line.msg);
   t.equal(warnings.length, 3, 'the lost GPU once; the unknown bus id once, and again once said anew after a listing that did not say it');
-  t.match(warnings[0], 'GPU 1 (GPU-1, NVIDIA H200) is no longer listed by nvidia-smi (it says of its bus id 00000000:02:00.0: "Unknown Error"): it fell off the bus');
+  t.match(warnings[0], 'GPU 1 (GPU-1, NVIDIA H200) is no longer listed by nvidia-smi (nvidia-smi says of its bus id 00000000:02:00.0: "Unknown Error"): it fell off the bus');
   t.match(warnings[1], 'nvidia-smi cannot reach the GPU at PCI 00000000:0A:00.0: it says "GPU is lost. Reboot the system to recover this GPU", and lists the other GPUs. nodecompute never listed that GPU');
 });
 
