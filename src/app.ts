@@ -358,7 +358,13 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, message));
     }
     const mapped = fastifyErrorBody(err, request);
-    if (mapped) return reply.status(mapped.statusCode).send(mapped);
+    if (mapped) {
+      // Headers the error carries stay, as Fastify's own handler keeps them: the /docs files' 416
+      // names the file's size (Content-Range: bytes */SIZE), which a client needs to ask again.
+      const { headers } = err as { headers?: Record<string, string> };
+      if (headers !== undefined) void reply.headers(headers);
+      return reply.status(mapped.statusCode).send(mapped);
+    }
     log.error({ ...requestFields(request), err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
     const internal = new InternalError(
       'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',

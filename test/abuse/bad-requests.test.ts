@@ -35,6 +35,8 @@ interface BadRequest {
   message: RegExp;
   /** The Allow header a 405 must carry: the methods the path answers. */
   allow?: string;
+  /** The Content-Range header a 416 must carry (RFC 9110 15.5.17): the size the file has. */
+  contentRange?: RegExp;
 }
 
 interface Answer {
@@ -349,6 +351,7 @@ const table: BadRequest[] = [
     status: 416,
     code: 'NODECOMPUTE_RANGE_NOT_SATISFIABLE',
     message: /^GET \/docs\/static\/swagger-ui\.css: the Range header asks for bytes the file does not have\. Fetch it without Range/,
+    contentRange: /^bytes \*\/[1-9][0-9]*$/,
   },
   { name: 'unknown route under /shards', request: () => ({ method: 'GET', url: '/shards/existing/secrets' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/shards\/existing\/secrets/ },
   { name: 'traversal to /etc/passwd (encoded, whole URL)', request: () => ({ method: 'GET', url: '/%2e%2e/%2e%2e/etc/passwd' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET/ },
@@ -417,6 +420,8 @@ t.test('bad requests without a token configured', async (t) => {
       const res = await app.inject(c.request(ctx));
       checkError(t, res, c.status, c.code, c.message);
       t.equal(res.headers.allow, c.allow, c.allow === undefined ? 'no Allow header' : 'Allow lists the methods the path answers');
+      if (c.contentRange === undefined) t.notOk('content-range' in res.headers, 'no Content-Range header');
+      else t.match(res.headers['content-range'], c.contentRange, 'Content-Range names the size the file has');
       await checkUnchanged(t, app, config.stateFile, before);
     });
   }
