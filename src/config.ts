@@ -454,14 +454,17 @@ function editDistance(a: string, b: string): number {
 
 /**
  * The candidate a mistyped word most likely meant: the same word in another spelling (case, `_` for
- * `-`, the NODECOMPUTE_ prefix of the variable), or the nearest within two edits; null when none is
- * that near.
+ * `-`, the NODECOMPUTE_ prefix of the variable), the one candidate it names without its first words
+ * (ttl-ms for cache-ttl-ms), or the nearest within two edits; null when none is that near.
  */
 export function nearestWord(typed: string, candidates: readonly string[]): string | null {
   const word = typed.toLowerCase().replace(/^nodecompute[-_]/, '').replace(/_/g, '-');
   // The unit left out (cache-ttl for cache-ttl-ms) is three edits away, yet the likeliest meaning.
   const withUnit = candidates.find((candidate) => candidate === `${word}-ms`);
   if (withUnit !== undefined) return withUnit;
+  // So is a name cut short at the front (TTL_MS, GRACE_MS), when only one candidate ends that way.
+  const endingSo = candidates.filter((candidate) => candidate.endsWith(`-${word}`) || candidate.endsWith(`-${word}-ms`));
+  if (endingSo.length === 1) return endingSo[0]!;
   let best: { candidate: string; distance: number } | null = null;
   for (const candidate of candidates) {
     const distance = editDistance(word, candidate);

@@ -130,6 +130,12 @@ t.test('nearestWord: another spelling of a word, or a near one, else nothing', a
   t.equal(nearestWord('srvee', words), 'serve', 'a transposition and an edit');
   t.equal(nearestWord('fly', words), null);
   t.equal(nearestWord('do', words), null, 'too short to tell');
+  const settings = ['cache-ttl-ms', 'smi-timeout-ms', 'state-timeout-ms', 'gpu-grace-ms', 'state-file', 'token-file'];
+  t.equal(nearestWord('NODECOMPUTE_TTL_MS', settings), 'cache-ttl-ms', 'the name cut short at the front');
+  t.equal(nearestWord('grace', settings), 'gpu-grace-ms', 'cut short at the front, the unit left out');
+  t.equal(nearestWord('timeout-ms', settings), null, 'two settings end so: neither is guessed');
+  t.equal(nearestWord('file', settings), null, 'nor here');
+  t.equal(nearestWord('ms', settings), null, 'a unit alone names no setting');
 });
 
 t.test('a refused token is never echoed: its length is enough to find it', async (t) => {
