@@ -9,10 +9,12 @@
 //      in its own process group;
 //   3. to the shard whose process group holds it, when exactly one shard's process claims that
 //      group: a live PID shard by its current group, a gone one by its last known group (its orphans
-//      may still be in it). A group claimed by several processes, with no ancestry to tell, gives
-//      the process to no shard, so its memory reads as foreign: still counted as used, which no
-//      placement decision can over-commit, where a guess could call a shard ready on another
-//      shard's memory.
+//      may still be in it); and only when it started no earlier than the shard's process, as its
+//      descendants and their orphans did: an older member (the leader of a group the shard does
+//      not lead, a sibling its script started first) is not the shard's. A group claimed by several
+//      processes, with no ancestry to tell, gives the process to no shard, so its memory reads as
+//      foreign: still counted as used, which no placement decision can over-commit, where a guess
+//      could call a shard ready on another shard's memory.
 // Shards are taken in id order and the first claim stands, so a PID two shards claim (one process
 // registered twice) goes deterministically to the first, with its children and its group.
 // A shard that is gone claims nothing, but its exited reason names the GPU memory its process group
@@ -310,12 +312,13 @@ function groupOf(snapshot: NodeSnapshot, shard: ShardRecord): number {
 /**
  * Who claims a GPU process, built once per attribution so that each process costs a few map lookups
  * whatever the number of shards: `strong` holds every PID a shard *is* (its PID, or a member of its
- * cgroup), first id first; `byGroup` the one live shard process a process group belongs to, or null
- * when no single one does (two processes claim it, or a gone shard does).
+ * cgroup), first id first; `byGroup` the one live shard process a process group belongs to (with its
+ * start time: members older than it are not its), or null when no single one does (two processes
+ * claim it, or a gone shard does).
  */
 interface Claims {
   strong: Map<number, string>;
-  byGroup: Map<number, { pid: number; shard: string } | null>;
+  byGroup: Map<number, { pid: number; shard: string; startTime: number } | null>;
 }
 
 function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): void {
@@ -340,7 +343,7 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
   const pid = shard.identity.pid;
   if (!claims.strong.has(pid)) claims.strong.set(pid, shard.id);
   const held = claims.byGroup.get(group);
-  if (held === undefined) claims.byGroup.set(group, { pid, shard: shard.id });
+  if (held === undefined) claims.byGroup.set(group, { pid, shard: shard.id, startTime: shard.identity.startTime });
   else if (held !== null && held.pid !== pid) claims.byGroup.set(group, null);
 }
 
@@ -381,8 +384,10 @@ function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): string | 
   if (strong !== undefined) return strong;
   const ancestor = shardAncestor(pid, snapshot, claims.strong);
   if (ancestor !== undefined) return ancestor;
-  const group = statOf(snapshot, pid)?.pgrp;
-  return group === undefined ? undefined : claims.byGroup.get(group)?.shard;
+  const stat = statOf(snapshot, pid);
+  if (stat === undefined) return undefined;
+  const claim = claims.byGroup.get(stat.pgrp);
+  return claim != null && stat.startTime >= claim.startTime ? claim.shard : undefined;
 }
 
 // Orphans listed one by one in a reason; the rest are counted.

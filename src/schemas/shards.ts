@@ -39,7 +39,7 @@ export const CGROUP_PATTERN = '^(?:[0-9a-f]{12,64}|[0-9a-f]{8}([-_])[0-9a-f]{4}\
 export const RegisterShardSchema = Type.Object(
   {
     pid: Type.Optional(
-      Type.Integer({ minimum: 1, maximum: MAX_PID, description: "Host PID of the shard's main process; its descendants, and its process group unless another shard shares it, count as the shard." }),
+      Type.Integer({ minimum: 1, maximum: MAX_PID, description: "Host PID of the shard's main process; its descendants, and the members of its process group that started after it unless another shard shares the group, count as the shard." }),
     ),
     cgroup: Type.Optional(
       Type.String({
@@ -76,7 +76,7 @@ export const ShardRecordSchema = Type.Object({
   identity: Type.Object(
     {
       pid: Type.Integer({ description: 'PID of the process (for a cgroup shard: its lowest PID at registration).' }),
-      pgid: Type.Integer({ description: 'Its process group id at registration; GPU processes of its current group belong to the shard unless another shard shares the group.' }),
+      pgid: Type.Integer({ description: 'Its process group id at registration; GPU processes of its current group that started after it belong to the shard unless another shard shares the group.' }),
       startTime: Type.Integer({ description: 'Its start time in clock ticks since boot: a reused PID has another.' }),
       name: Type.String({ description: 'Its command name (comm) at registration.' }),
       bootId: Type.Optional(

@@ -3,7 +3,8 @@
 // nearest ancestor (ppid after ppid through the stats the snapshot has, ANCESTRY_DEPTH generations);
 // failing that, to the first shard whose process group holds it when no other process claims the
 // group (live shards by their current group, gone ones by their last known group, whatever their
-// PID, while no process younger than them leads it: the number was reused). A shard that is gone claims nothing, and its reason names the memory its group still holds;
+// PID, while no process younger than them leads it: the number was reused) and it started no
+// earlier than that shard's process. A shard that is gone claims nothing, and its reason names the memory its group still holds;
 // a cgroup shard is gone once no member runs but the pod's sandbox (`pause`). A shard whose process
 // is stopped (T or t; for a cgroup, every member but the sandbox and zombies), or that runs but for a
 // stopped process holding its GPU memory, is stopped, and claims as a live one does: a stopped
@@ -28,7 +29,8 @@ const SEED = 20_261_130;
 const pid = fc.integer({ min: 1, max: 12 });
 const group = fc.integer({ min: 1, max: 4 });
 const mostly = (value: boolean) => fc.oneof({ weight: 9, arbitrary: fc.constant(value) }, { weight: 1, arbitrary: fc.constant(!value) });
-const startTime = fc.oneof({ weight: 9, arbitrary: fc.constant(1) }, { weight: 1, arbitrary: fc.constant(2) });
+// Shards' processes start at tick 1: a process at 2 is younger than them (a PID reused, or a child), one at 0 older.
+const startTime = fc.oneof({ weight: 8, arbitrary: fc.constant(1) }, { weight: 1, arbitrary: fc.constant(2) }, { weight: 1, arbitrary: fc.constant(0) });
 const state = fc.oneof(
   { weight: 14, arbitrary: fc.constant('S') },
   { weight: 2, arbitrary: fc.constant('Z') },
@@ -100,12 +102,20 @@ function soleGroupClaimant(inGroup: ShardRecord[], liveness: ReadonlyMap<string,
   return live.length === inGroup.length && new Set(live.map((shard) => shard.identity.pid)).size === 1;
 }
 
-/** The rule: the first shard it is, else the first its nearest shard ancestor is, else the first of its group's sole claimant. */
+/** Whether a group member started no earlier than the claimant's process, as its descendants and their orphans did. */
+function startedSince(snapshot: NodeSnapshot, candidate: number, claimant: ShardRecord): boolean {
+  return readable(snapshot, candidate)!.startTime >= claimant.identity.startTime;
+}
+
+/**
+ * The rule: the first shard it is, else the first its nearest shard ancestor is, else the first of
+ * its group's sole claimant, when it started no earlier than that claimant's process.
+ */
 function ruleOwner(snapshot: NodeSnapshot, shards: readonly ShardRecord[], liveness: ReadonlyMap<string, Liveness>, candidate: number): string | undefined {
   const { isIt, byAncestor, inGroup } = ruleClaimants(snapshot, shards, liveness, candidate);
   const nearest = byAncestor.find((claimants) => claimants.length > 0);
   if (isIt[0] ?? nearest?.[0]) return (isIt[0] ?? nearest![0]!).id;
-  return soleGroupClaimant(inGroup, liveness) ? inGroup[0]!.id : undefined;
+  return soleGroupClaimant(inGroup, liveness) && startedSince(snapshot, candidate, inGroup[0]!) ? inGroup[0]!.id : undefined;
 }
 
 const isStopped = (state: string) => state === 'T' || state === 't';
@@ -313,6 +323,8 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
     groupOfTwoLive: 0,
     groupOfGoneAndLive: 0,
     groupOfOneProcessTwice: 0,
+    // A member of a group one shard claims alone, started before that shard's process: not its.
+    groupOlderMember: 0,
     // A PID shard of an earlier boot whose PID runs now with its start time: gone all the same.
     earlierBootCollision: 0,
     // A PID shard of a boot /proc cannot name now: judged by its PID and start time.
@@ -342,6 +354,7 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
           if (new Set(inGroup.filter((shard) => !isGone(shard)).map((shard) => shard.identity.pid)).size > 1) seen.groupOfTwoLive += 1;
           if (inGroup.length > 1 && soleGroupClaimant(inGroup, liveness)) seen.groupOfOneProcessTwice += 1;
           if (inGroup.some(isGone) && inGroup.some((shard) => !isGone(shard))) seen.groupOfGoneAndLive += 1;
+          if (soleGroupClaimant(inGroup, liveness) && !startedSince(snapshot, candidate, inGroup[0]!)) seen.groupOlderMember += 1;
         }
       }
       for (const shard of shards) {

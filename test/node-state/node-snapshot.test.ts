@@ -72,8 +72,8 @@ t.test('take: /proc facts for GPU and shard PIDs, cgroup members, and a warning 
 
 t.test('take: reads the parents through which a GPU process may descend from a shard, and no others', async (t) => {
   // "pid (comm) S ppid pgrp session ... starttime": every process its own start time.
-  const st = (pid: number, ppid: number, session: number, pgrp = session) =>
-    `${pid} (p${pid}) S ${ppid} ${pgrp} ${session} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 ${pid * 10} 0 0\n`;
+  const st = (pid: number, ppid: number, session: number, pgrp = session, startTime = pid * 10) =>
+    `${pid} (p${pid}) S ${ppid} ${pgrp} ${session} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 ${startTime} 0 0\n`;
   const tree: Record<string, string> = {
     // Session 50: a script (its leader) that started shard 100.
     50: st(50, 1, 50),
@@ -93,10 +93,12 @@ t.test('take: reads the parents through which a GPU process may descend from a s
     212: st(212, 213, 50),
     213: st(213, 214, 50),
     214: st(214, 100, 50),
-    70: st(70, 1, 50), // re-parented to PID 1
-    80: st(80, 81, 50),
+    // Started after the shard (PIDs wrap), in its group, with no chain to it:
+    70: st(70, 1, 50, 50, 1100), // re-parented to PID 1
+    80: st(80, 81, 50, 50, 1200),
     81: '81 (truncated', // its parent's stat does not parse: the chain stops there
-    90: st(90, 91, 50), // its parent is gone
+    90: st(90, 91, 50, 50, 1300), // its parent is gone
+    75: st(75, 1, 50), // a program the script started before the shard (re-parented): in its group, not its
     // A foreign session, and a session led by a GPU process with shard 61 in it.
     300: st(300, 301, 300),
     301: st(301, 1, 300),
@@ -115,7 +117,7 @@ t.test('take: reads the parents through which a GPU process may descend from a s
     },
   };
   const listed = (pids: number[]) => smi(pids.map((pid) => ({ gpuUuid: 'GPU-0', pid, name: `p${pid}`, usedMiB: 10 })));
-  const gpuPids = [102, 103, 104, 105, 200, 210, 70, 80, 90, 300, 60];
+  const gpuPids = [102, 103, 104, 105, 200, 210, 70, 80, 90, 75, 300, 60];
   const take = createSnapshotTaker({ nvidiaSmi: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100, 61], cgroups: [] }), now: () => 1 });
   const snapshot = await take();
   t.same(
@@ -140,7 +142,7 @@ t.test('take: reads the parents through which a GPU process may descend from a s
   t.same(
     gpuPids.filter((pid) => owners.get(pid) === 's'),
     [102, 103, 104, 105, 200, 70, 80, 90],
-    'descendants within reach and members of its group are the shard; 210 (5 generations, another group) and the other sessions are not',
+    'descendants within reach and members of its group started after it are the shard; 75 (older), 210 (5 generations, another group) and the other sessions are not',
   );
 
   calls.length = 0;

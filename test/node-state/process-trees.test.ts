@@ -1,6 +1,7 @@
 // Attribution over real process trees, through the app: the fake nvidia-smi lists real PIDs and the
 // real /proc is read. Two shards that one script started without job control (one process group),
-// each computing in a grandchild; a shard's process that exits while its engine child keeps the GPU;
+// each computing in a grandchild; a shard in a script's group beside an older GPU program; a shard's
+// process that exits while its engine child keeps the GPU;
 // and a shard whose own stat stops parsing (a fixture /proc: a real one cannot be made to).
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
@@ -115,6 +116,42 @@ t.test('two shards started by one script, each computing in a grandchild: each h
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
   t.same(foreign.gpus[0].foreignProcesses.map((p: { pid: number }) => p.pid), [a.worker], "the orphan's memory is foreign");
   t.ok(fake.countQueries('compute-apps') > 0);
+});
+
+t.test("a shard that does not lead its group: an older member's GPU memory is not its, so it does not read ready on it", async (t) => {
+  // A script without job control starts a "warm-up" CUDA program, then the engine, in its own group.
+  // The engine registered computes on the CPU (it holds nothing); the older program holds GPU 2,
+  // the engine's GPU. Its memory must read as foreign, not make the engine ready.
+  const dir = t.testdir({ 'launch.sh': ['sleep 600 & echo $!', 'sleep 0.2', 'sleep 600 & echo $!', 'wait', ''].join('\n') });
+  const child = spawn('sh', [join(dir, 'launch.sh')], { detached: true, stdio: ['ignore', 'pipe', 'ignore'] });
+  const script = child.pid!;
+  t.teardown(async () => {
+    process.kill(-script, 'SIGKILL');
+    await waitUntil(() => livePidsInGroup(script).length === 0, { what: `process group ${script} to die` });
+  });
+  const printed: number[] = [];
+  const lines = createInterface({ input: child.stdout! });
+  lines.on('line', (line) => printed.push(Number(line)));
+  await waitUntil(() => printed.length === 2, { what: `the script ${script} to start its programs` });
+  lines.close();
+  const [older, engine] = printed as [number, number];
+  const stats = await groupStats(script);
+  t.ok(stats.get(older)!.startTime < stats.get(engine)!.startTime, 'the warm-up program started clock ticks before the engine');
+  t.equal(stats.get(engine)!.pgrp, script, "the engine is in the script's group, which it does not lead");
+
+  const clock = manualClock();
+  const { app } = await buildTestApp(t, {
+    scenario: withProcesses([{ gpuUuid: uuids[2]!, pid: older, name: 'python3', usedMiB: 3000 }]),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { now: clock.now },
+  });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: engine, gpus: [2], engine: 'llama.cpp', graceMs: 0 } })).statusCode, 201);
+  clock.advance(1);
+  const ready = await app.inject({ method: 'GET', url: '/shards/s/ready' });
+  t.equal(ready.statusCode, 503, ready.body);
+  t.same([ready.json().state, ready.json().cause], ['on-cpu', 'no-gpu-memory'], "the engine holds nothing on GPU 2: the older program's memory is no evidence for it");
+  const gpu = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus[2];
+  t.same([gpu.shardMiB, gpu.foreignMiB, gpu.foreignProcesses.map((p: { pid: number }) => p.pid)], [0, gpu.usedMiB, [older]], 'that memory is foreign: placement must not hand it out');
 });
 
 t.test('a group leader that exits while its engine child holds the GPU: exited, and the reason names the child', async (t) => {
