@@ -48,9 +48,9 @@
 // the tail may end mid-block (device_info prints its CUDA line ~300 ms after its header);
 // --list-devices is the exception: it prints its list in one go and exits.
 //
-// Lines may carry any prefix (journald, ISO/docker timestamps, [tags], llama.cpp's
-// "0.00.316.450 I ", module tags like "srv  "), CRLF and ANSI colours; after an unknown prefix a
-// line is re-anchored at a known function name. Line regexes are anchored with bounded repetition
+// Lines may carry any prefix (journald, ISO/docker timestamps, docker compose's "name-1  | ",
+// [tags], llama.cpp's "0.00.316.450 I ", module tags like "srv  "), CRLF and ANSI colours; after an
+// unknown prefix a line is re-anchored at a known function name (device and warning lines have none). Line regexes are anchored with bounded repetition
 // and no nested quantifier, and lines over 4096 characters are skipped, so a 1 MiB tail parses in
 // one linear pass (about 50 ms) and no input can make it throw.
 
@@ -93,6 +93,8 @@ const PREFIXES: readonly RegExp[] = [
   // ISO or docker timestamps: "2024-10-11T12:45:53.660Z ", "2026-05-17 10:44:25.389 | ", and
   // journalctl -o short-iso: "2024-01-30T09:13:15+0000 host ollama[5307]: "
   /^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: [^ ]{1,253} [^ :[\]]{1,64}\[\d{1,10}\]:)?(?: \| | |$)/,
+  // docker compose logs: "llamacpp-server-1  | " (service and replica, then a pipe)
+  /^[A-Za-z0-9][\w.-]{0,63} \| /,
   // bracketed stamps and tags: "[1706570000] ", "[CORTEX]::Error: "
   /^\[[^\]]{0,64}\](?:::[A-Za-z]{1,16}:)? ?/,
   // llama.cpp --log-timestamps: "0.00.316.450 "

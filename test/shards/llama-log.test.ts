@@ -279,7 +279,7 @@ t.test('weights shown on a GPU: a CUDA buffer line or the 2023 "VRAM used", neve
   t.equal(showsGpuWeights(host!), false);
 });
 
-t.test('samples read the same through CRLF, journald, ISO, [epoch] and ANSI prefixes', async (t) => {
+t.test('samples read the same through CRLF, journald, ISO, docker compose, [epoch] and ANSI prefixes', async (t) => {
   const same = (line: string) => line;
   const wrappers: Array<[string, (line: string, i: number) => string, string]> = [
     ['CRLF', same, '\r\n'],
@@ -287,6 +287,7 @@ t.test('samples read the same through CRLF, journald, ISO, [epoch] and ANSI pref
     ['journald', (line, i) => `Jan  5 12:00:${String(i % 60).padStart(2, '0')} gpu-node-7 ollama[123]: ${line}`, '\n'],
     ['journald short-iso', (line) => `2024-01-30T09:13:15+0000 gpu-node-7 ollama[5307]: ${line}`, '\n'],
     ['ISO + docker pipe', (line) => `2026-05-17 10:44:25.389 | ${line}`, '\n'],
+    ['docker compose', (line) => `llamacpp-server-1  | ${line}`, '\n'],
     ['[epoch] stamp', (line) => `[1706570000] ${line}`, '\n'],
     ['[tag]::Level:', (line) => `2024-10-11T12:45:53.660Z [CORTEX]::Error: ${line}`, '\n'],
     ['llama.cpp timestamp + level', (line) => `0.00.316.463 I ${line}`, '\n'],
@@ -324,6 +325,46 @@ t.test('synthetic prefixes', async (t) => {
     'module tags before device_info lines',
   );
   t.equal(parseLlamaLog(lines(`${'x'.repeat(5000)} ${buffer}`)), null, 'lines over 4 KiB are not read');
+});
+
+t.test('docker compose logs: a "service-1  | " prefix before every line', async (t) => {
+  // public file 23230519965 (a README quoting `docker compose logs` of a llama.cpp CUDA image, 2024 build)
+  const compose = lines(
+    'llamacpp-server-1  | ggml_cuda_init: found 1 CUDA devices:',
+    'llamacpp-server-1  |   Device 0: NVIDIA T600 Laptop GPU, compute capability 7.5, VMM: yes',
+    'llamacpp-server-1  | llm_load_tensors: ggml ctx size =    0.27 MiB',
+    'llamacpp-server-1  | llm_load_tensors: offloading 12 repeating layers to GPU',
+    'llamacpp-server-1  | llm_load_tensors: offloaded 12/33 layers to GPU',
+    'llamacpp-server-1  | llm_load_tensors:        CPU buffer size =  4169.52 MiB',
+    'llamacpp-server-1  | llm_load_tensors:      CUDA0 buffer size =  2362.81 MiB',
+  );
+  t.same(parseLlamaLog(compose), {
+    backend: 'CUDA',
+    devices: ['CUDA0: NVIDIA T600 Laptop GPU'],
+    layersOffloaded: 12,
+    layersTotal: 33,
+    gpuBackendLoaded: true,
+    evidence: 'llm_load_tensors: CUDA0 buffer size = 2362.81 MiB',
+    summary: 'llama.cpp put its model buffers on CUDA0 and offloaded 12/33 layers',
+  });
+  // edited: the b9692 CUDA-DLL-missing sample (llamacpp-server-log_b9692_cuda-dll-missing_...) behind
+  // the same compose prefix; without it nothing here starts with a known function name.
+  const cpuOnly = sample('llamacpp-server-log_b9692_cuda-dll-missing_cpu-only-device_info_from-test-literal.txt')
+    .split('\n')
+    .slice(0, -1)
+    .map((line) => `llamacpp-server-1  | ${line}`)
+    .join('\n');
+  t.same(
+    parseLlamaLog(`${cpuOnly}\n`),
+    parseLlamaLog(sample('llamacpp-server-log_b9692_cuda-dll-missing_cpu-only-device_info_from-test-literal.txt')),
+    'a CUDA build that fell back to the CPU is told behind the prefix too',
+  );
+  t.match(parseLlamaLog(`${cpuOnly}\n`), { backend: 'CPU', gpuBackendLoaded: false });
+  // public file 25378562007 (ggml-org/ci, llama-embedding -ngl 99 on a CPU build), behind the prefix (edited)
+  t.match(
+    parseLlamaLog(lines('llama-1  | warning: no usable GPU found, --gpu-layers option will be ignored', 'llama-1  | warning: one possible reason is that llama.cpp was compiled without GPU support')),
+    { backend: 'CPU', evidence: 'warning: no usable GPU found, --gpu-layers option will be ignored' },
+  );
 });
 
 t.test('weights on CUDA outweigh everything else in the same run', async (t) => {
