@@ -37,7 +37,8 @@
 //      with no CUDA device in sight -> null: neither CUDA nor CPU, the contract has no word for it.
 //   3. the 2023 "VRAM used: X" > 0 where CUDA devices were found -> CUDA (that era's proof).
 //   4. any CPU evidence -> CPU: failed to initialize CUDA / no CUDA devices found / no usable GPU /
-//      not compiled with GPU offload; "offloaded 0/N" or "VRAM used: 0"; device_info or
+//      not compiled with GPU offload (a warning the run's "found N CUDA devices" follows is not:
+//      llama-server b9031..b9049 printed it before loading its backends, issue 22748); "offloaded 0/N" or "VRAM used: 0"; device_info or
 //      --list-devices naming no GPU; a complete block of model buffers all in host memory (the
 //      cortex.cpp case: "offloaded 13/33" claimed, only a CPU buffer allocated). A block that
 //      opens the text is not complete: the tail may have cut its CUDA0 line off.
@@ -345,6 +346,9 @@ function classify(st: State, line: string): void {
       st.run.cpu.push({ kind: 'no-gpu', line });
     } else {
       st.run.found = count;
+      // b9031..b9049 (and mtmd-cli) warn "no usable GPU found" while parsing -ngl, before loading
+      // their backends: a process that then finds CUDA devices did not ignore -ngl.
+      st.run.cpu = st.run.cpu.filter((c) => !RE_NO_GPU_WARNING.test(c.line));
       st.run.presence.push(line);
       st.block = { kind: 'cuda-enum' };
     }

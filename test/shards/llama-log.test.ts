@@ -367,6 +367,42 @@ t.test('docker compose logs: a "service-1  | " prefix before every line', async 
   );
 });
 
+t.test('a "no usable GPU found" warning printed before the same process found its CUDA devices is not CPU evidence', async (t) => {
+  // https://github.com/ggml-org/llama.cpp/issues/22748 (b9049 llama-server, router child [58713]: the
+  // warning comes from argument parsing, before the CUDA backend was loaded; "-ngl" was not ignored and
+  // the GPU was used, see also issue 22778 and PR 22790)
+  const b9049 = lines(
+    '[58713] warning: no usable GPU found, --gpu-layers option will be ignored',
+    '[58713] warning: one possible reason is that llama.cpp was compiled without GPU support',
+    '[58713] warning: consult docs/build.md for compilation instructions',
+    '[58713] main: n_parallel is set to auto, using n_parallel = 4 and kv_unified = true',
+    '[58713] ggml_cuda_init: found 1 CUDA devices (Total VRAM: 8150 MiB):',
+    '[58713]   Device 0: NVIDIA GeForce RTX 5060 Laptop GPU, compute capability 12.0, VMM: yes, VRAM: 8150 MiB',
+    '[58713] load_backend: loaded CUDA backend from C:\\Apps\\llamacpp\\ggml-cuda.dll',
+    '[58713] load_backend: loaded RPC backend from C:\\Apps\\llamacpp\\ggml-rpc.dll',
+    '[58713] load_backend: loaded CPU backend from C:\\Apps\\llamacpp\\ggml-cpu-alderlake.dll',
+    '[58713] build_info: b9049-2496f9c14',
+  );
+  t.same(parseLlamaLog(b9049), {
+    backend: 'CUDA',
+    devices: ['CUDA0: NVIDIA GeForce RTX 5060 Laptop GPU (8150 MiB)'],
+    layersOffloaded: null,
+    layersTotal: null,
+    gpuBackendLoaded: true,
+    evidence:
+      'ggml_cuda_init: found 1 CUDA devices (Total VRAM: 8150 MiB): | Device 0: NVIDIA GeForce RTX 5060 Laptop GPU, compute capability 12.0, VMM: yes, VRAM: 8150 MiB',
+    summary: `llama.cpp found CUDA0 ${NOT_CONFIRMED}`,
+  });
+  // Other CPU evidence of that run still counts (edited: the same run, then no layers offloaded).
+  t.match(parseLlamaLog(b9049 + lines('load_tensors: offloaded 0/33 layers to GPU')), {
+    backend: 'CPU',
+    gpuBackendLoaded: true,
+    evidence: 'load_tensors: offloaded 0/33 layers to GPU',
+  });
+  // The warning with no CUDA device found in its run still says CPU (ggml-org/ci, CPU build: public file 25378562007).
+  t.match(parseLlamaLog(lines('warning: no usable GPU found, --gpu-layers option will be ignored')), { backend: 'CPU', gpuBackendLoaded: false });
+});
+
 t.test('weights on CUDA outweigh everything else in the same run', async (t) => {
   const account = parseLlamaLog(
     lines(
