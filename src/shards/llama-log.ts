@@ -5,6 +5,7 @@
 // signal, and the operator-facing reason quotes its evidence verbatim, so it must be exact.
 //
 // What each llama.cpp generation prints (samples in ../shared/samples/llamacpp-*):
+//   2023-05  llama_model_load_internal: [cublas] total VRAM used: X MB (no device line)
 //   2023     ggml_init_cublas: found N CUDA devices: + "  Device i: NAME, compute capability ..."
 //            llm_load_tensors: offloaded N/M layers to GPU, then "VRAM used: X MiB" (no buffer lines)
 //   2024     ggml_cuda_init: ... the same header, then llm_load_tensors: CUDA0 buffer size = X MiB
@@ -122,7 +123,7 @@ const RE_DEVICE_INFO_ITEM = /^- ([^ ]{1,64}) ?: (.{0,1024})$/;
 const RE_LIST_HEADER = /^Available devices:$/;
 const RE_OFFLOADED = /^(?:\w{1,64}: )?offloaded (\d{1,6})\/(\d{1,6}) layers to GPU/;
 const RE_WEIGHTS = /^(?:llm_)?load_tensors: ([^ ]{1,64}) (?:model )?buffer size ?= ?(\d{1,12}(?:\.\d{1,6})?) MiB/;
-const RE_VRAM = /^\w{1,64}: (?:total )?VRAM used: (\d{1,12}(?:\.\d{1,6})?) Mi?B/;
+const RE_VRAM = /^\w{1,64}: (\[cublas\] )?(?:total )?VRAM used: (\d{1,12}(?:\.\d{1,6})?) Mi?B/;
 const RE_USING_DEVICE = /^\w{1,64}: using device ([^ ]{1,64}) \((.{1,1024})\) - \d{1,9} MiB free$/;
 const RE_MAIN_DEVICE = /^ggml_cuda_set_main_device: using device (\d{1,4}) \((.{1,1024})\) as main device/;
 const RE_USING_CUDA = /^\w{1,64}: using CUDA for GPU acceleration/;
@@ -368,7 +369,9 @@ function classify(st: State, line: string): void {
     if (offloaded === 0) st.run.cpu.push({ kind: 'zero-offload', line });
   } else if ((m = RE_VRAM.exec(line))) {
     beginLoad(st);
-    if (Number(m[1]) > 0) st.run.vram = { mib: m[1] as string, line };
+    // May 2023 (build ~550) tagged the line "[cublas]" and printed no device line: the tag is CUDA.
+    if (m[1] !== undefined) st.run.presence.push(line);
+    if (Number(m[2]) > 0) st.run.vram = { mib: m[2] as string, line };
     else st.run.cpu.push({ kind: 'zero-offload', line });
   } else if ((m = RE_USING_DEVICE.exec(line))) {
     beginLoad(st);

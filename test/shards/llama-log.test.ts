@@ -581,6 +581,32 @@ t.test('2023 "VRAM used"', async (t) => {
     },
   );
   t.equal(parseLlamaLog(lines('llama_model_load_internal: total VRAM used: 3475 MB')), null, 'no CUDA in sight (CLBlast printed it too)');
+  // May 2023 (build 550): cuBLAS tagged its lines, and printed no device line. Public file 2596492486
+  // (a blog's `main.exe ... -ngl 4` run); llama.cpp's docs/development/token_generation_performance_tips.md
+  // quotes the same lines as the sign that the GPU is used.
+  const build550 = lines(
+    'main: build = 550 (79b2d5b)',
+    'llama_model_load_internal: mem required  = 27497.09 MB (+ 1026.00 MB per state)',
+    'llama_model_load_internal: [cublas] offloading 4 layers to GPU',
+    'llama_model_load_internal: [cublas] total VRAM used: 3088 MB',
+    'llama_init_from_file: kv self size  =   22.50 MB',
+  );
+  t.same(parseLlamaLog(build550), {
+    backend: 'CUDA',
+    devices: [],
+    layersOffloaded: null,
+    layersTotal: null,
+    gpuBackendLoaded: true,
+    evidence: 'llama_model_load_internal: [cublas] total VRAM used: 3088 MB',
+    summary: 'llama.cpp reported 3088 MiB of VRAM used on its CUDA devices',
+  });
+  t.equal(showsGpuWeights(parseLlamaLog(build550)!), true);
+  // edited: the same run with -ngl 0
+  t.match(parseLlamaLog(lines('llama_model_load_internal: [cublas] offloading 0 layers to GPU', 'llama_model_load_internal: [cublas] total VRAM used: 0 MB')), {
+    backend: 'CPU',
+    gpuBackendLoaded: true,
+    evidence: 'llama_model_load_internal: [cublas] total VRAM used: 0 MB',
+  });
 });
 
 t.test('other accelerators and claims say nothing about CUDA vs CPU', async (t) => {
