@@ -15,7 +15,8 @@
 //            block: "  - CUDA0   : NAME (T MiB, F MiB free)", CPU last
 //   b9829+   "common_params_print_info: verbosity = 3 (adjust with ...)" first (b11146 prints
 //            "llama_server: initializing ..." before it), then nothing about devices at the
-//            default verbosity: such a log says nothing (null)
+//            default verbosity: such a log says nothing (null); where it prints device_info
+//            (b10145) each line reads "cmn  common_param: device_info:", "...:   - CPU : ..."
 //   --list-devices  "Available devices:" then "  CUDA0: NAME (T MiB, F MiB free)" (CPU not listed)
 //
 // Decision, over the LAST run in the text, so a restarted engine's older output cannot outvote the
@@ -105,6 +106,8 @@ const PREFIXES: readonly RegExp[] = [
   /^[IWEDT] /,
   // llama-server module tags (b9829+): "srv load_model: ", "cmn - CUDA0 : " (only before what we read)
   /^[a-z]{3,4} (?=- |Device \d|CUDA\d|Available devices:|\w{1,64}:(?: |$))/,
+  // ...then its function (b10145): "cmn  common_param: device_info:", "cmn  common_param:   - CPU : "
+  /^common_param: (?=device_info:$|- )/,
 ];
 
 // Function prefixes that may follow an unknown prefix: the line is re-anchored at them.

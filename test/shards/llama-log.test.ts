@@ -403,6 +403,51 @@ t.test('a "no usable GPU found" warning printed before the same process found it
   t.match(parseLlamaLog(lines('warning: no usable GPU found, --gpu-layers option will be ignored')), { backend: 'CPU', gpuBackendLoaded: false });
 });
 
+t.test('b10145 prints device_info under its function name: "cmn  common_param: device_info:"', async (t) => {
+  // public file 59756353065 (a Rust test of a llama-server sidecar: a CPU-only build, "observed, not assumed")
+  const cpuOnly = [
+    '0.00.057.089 I cmn  common_param: device_info:',
+    '0.00.057.093 I cmn  common_param:   - CPU     : INTEL(R) XEON(R) GOLD 6530 (773849 MiB, 773849 MiB free)',
+    '0.00.876.628 I load_tensors:   CPU_Mapped model buffer size =  2862.99 MiB',
+    '0.05.859.504 I srv  llama_server: model loaded',
+  ];
+  t.same(parseLlamaLog(lines(...cpuOnly)), {
+    backend: 'CPU',
+    devices: [],
+    layersOffloaded: null,
+    layersTotal: null,
+    gpuBackendLoaded: false,
+    evidence:
+      'device_info: - CPU : INTEL(R) XEON(R) GOLD 6530 (773849 MiB, 773849 MiB free) | load_tensors: CPU_Mapped model buffer size = 2862.99 MiB',
+    summary: 'llama.cpp saw no GPU device, only the CPU (device_info: - CPU : INTEL(R) XEON(R) GOLD 6530 (773849 MiB, 773849 MiB free))',
+  });
+  t.match(parseLlamaLog(lines(cpuOnly[0] as string, cpuOnly[1] as string, cpuOnly[3] as string)), { backend: 'CPU', gpuBackendLoaded: false }, 'the device table alone');
+  // Same file, "verbatim from the vendored b10145": a Metal device is neither CUDA nor CPU.
+  t.equal(
+    parseLlamaLog(
+      lines(
+        '0.00.070.257 I cmn  common_param: device_info:',
+        '0.00.070.265 I cmn  common_param:   - MTL0    : Apple M1 Pro (25559 MiB, 25558 MiB free)',
+        '0.00.070.265 I cmn  common_param:   - BLAS    : Accelerate (0 MiB, 0 MiB free)',
+        '0.00.532.412 I llama_prepare_model_devices: using device MTL0 (Apple M1 Pro) (unknown id) - 25558 MiB free',
+        '0.02.399.687 I srv  llama_server: model loaded',
+      ),
+    ),
+    null,
+  );
+  // edited: the same table on a CUDA node (the b9151 sample's CUDA0 line under b10145's prefix)
+  t.same(
+    parseLlamaLog(
+      lines(
+        '0.00.061.002 I cmn  common_param: device_info:',
+        '0.00.061.010 I cmn  common_param:   - CUDA0   : NVIDIA GeForce RTX 5090 (32606 MiB, 30930 MiB free)',
+        '0.00.061.020 I cmn  common_param:   - CPU     : AMD Ryzen 9 5950X 16-Core Processor (64297 MiB, 64297 MiB free)',
+      ),
+    )?.devices,
+    ['CUDA0: NVIDIA GeForce RTX 5090 (32606 MiB)'],
+  );
+});
+
 t.test('weights on CUDA outweigh everything else in the same run', async (t) => {
   const account = parseLlamaLog(
     lines(
