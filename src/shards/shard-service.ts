@@ -282,8 +282,17 @@ export function createShardService(deps: ShardServiceDeps) {
     if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
     const lost = snapshot.lostGpus.filter((gpu) => unknown.includes(gpu.index));
     const lostNote = lost.map((gpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}: ${LOST_GPU_MEANING}`).join('');
+    // A lost GPU of another index renumbers those after it: the index asked for is most likely one of them.
+    const renumberNote = snapshot.lostGpus
+      .filter((gpu) => !unknown.includes(gpu.index))
+      .map(
+        (gpu) =>
+          ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}, and nvidia-smi numbers only the GPUs it lists: ` +
+          'those after it usually moved down one index. GET /gpus gives each GPU\'s index and UUID now.',
+      )
+      .join('');
     throw new UnknownGpuError(
-      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${lostNote} Fix "gpus" in the registration.`,
+      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${lostNote}${renumberNote} Fix "gpus" in the registration.`,
     );
   }
 
