@@ -10,7 +10,7 @@
 import { formatDuration } from '../duration.js';
 import { formatHeldMemory, formatMemory, formatMemoryUse } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
-import { gpuUnreachable, type LostGpu } from '../node-state/gpu-roster.js';
+import { gpuUnreachable, saidOfBusId, type LostGpu } from '../node-state/gpu-roster.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { placedIndices, placementOf, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { snapshotMeta, unreachableSaid, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
@@ -318,6 +318,7 @@ function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, st
       busId: gpu.busId,
       lastListedAt: gpu.lastListedAt,
       lostAt: gpu.lostAt,
+      ...(gpu.said === undefined ? {} : { said: gpu.said }),
       indexTakenBy,
       placed: placed.map(({ shard, readiness }) => ({ id: shard.id, state: readiness.state, color: colors.get(shard.id)! })),
     };
@@ -419,9 +420,13 @@ function lostAsOf(observedAt: number): string {
   return `As of the last good snapshot, of ${when(observedAt)}: nvidia-smi cannot be asked now, so whether they are listed again is unknown.`;
 }
 
-/** One lost GPU, for the banners: what it was, and when it went (between its last listing and the first snapshot without it). */
+/**
+ * One lost GPU, for the banners: what it was, when it went (between its last listing and the first
+ * snapshot without it), and what nvidia-smi says of it where it says something ("Unknown Error").
+ */
 function lostLine(gpu: LostGpuModel, now: number): string {
-  return `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}, missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago)`;
+  const line = `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}, missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago)`;
+  return gpu.said === undefined ? line : `${line}; ${saidOfBusId(gpu.busId, gpu.said)}`;
 }
 
 /** Where the shards placed on a lost GPU are, as its row says it. */
@@ -524,6 +529,7 @@ function lostGpuHtml(gpu: LostGpuModel, now: number): string {
       : [`<li>${NOT_PLACED}</li>`];
   const taken = indexTakenNote(gpu);
   if (taken !== null) placed.unshift(`<li>${escapeHtml(taken)}</li>`);
+  if (gpu.said !== undefined) placed.unshift(`<li class="unreachable">${escapeHtml(saidOfBusId(gpu.busId, gpu.said))}</li>`);
   return `<div class="gpu lost">
 <div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span><span class="badge gpu-lost">lost</span></div>
 <div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>

@@ -162,6 +162,22 @@ t.test('a lost GPU with no shard placed on it says so; a lost last GPU comes las
   t.match(rows[7]!, /^7\s+H200 <b>& \(LOST\)\s/);
 });
 
+t.test("what nvidia-smi says of a lost GPU's bus id, while it lists the others, is in its row and the banners, escaped", async (t) => {
+  // The "Unable to determine the device handle for GPU1: 0000:04:00.0: Unknown Error" line, and an edited one with markup.
+  const said: LostGpu = { ...LOST_3, said: 'Unknown Error' };
+  const marked: LostGpu = { index: 7, uuid: 'GPU-7', name: 'NVIDIA H200', busId: '00000000:08:00.0', lastListedAt: NOW - 30_000, lostAt: NOW - 25_000, said: 'GPU <is> lost & gone' };
+  const gpus = [0, 1, 2, 4, 5, 6].map((index) => gpuState(index, []));
+  const model = statusModel(input(snapshotOf(gpus, [said, marked], []), []));
+  const html = renderHtml(model);
+  t.match(lostBlock(html, 3), '<ul class="legend"><li>missing since 2026-11-29 12:00:05 UTC (25.0 s ago), last listed 2026-11-29 12:00:00 UTC</li><li class="unreachable">nvidia-smi says of its bus id 00000000:04:00.0: &#34;Unknown Error&#34;</li><li>no shard is placed on it</li></ul>');
+  t.match(lostBlock(html, 7), '<li class="unreachable">nvidia-smi says of its bus id 00000000:08:00.0: &#34;GPU &#60;is&#62; lost &#38; gone&#34;</li>');
+  t.match(html, '<code>GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); nvidia-smi says of its bus id 00000000:04:00.0: &#34;Unknown Error&#34;\nGPU 7 (GPU-7');
+  const text = renderText(model);
+  t.match(text, '!!   GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); nvidia-smi says of its bus id 00000000:04:00.0: "Unknown Error"\n');
+  t.match(text, '!!   GPU 7 (GPU-7, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); nvidia-smi says of its bus id 00000000:08:00.0: "GPU <is> lost & gone"\n');
+  t.notMatch(renderHtml(statusModel(input(snapshotOf(gpus, [LOST_3], []), []))), 'says of its bus id', 'nothing said, nothing shown');
+});
+
 t.test('past max-stale the last good snapshot still names the lost GPUs: rows and banner, dated, without its stale figures', async (t) => {
   const gpus = [0, 1, 2, 4, 5, 6, 7].map((index) => gpuState(index, []));
   // Lost at 11:59:20, by the last good snapshot, of 11:59:45; nvidia-smi has failed since.
