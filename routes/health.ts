@@ -99,7 +99,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   /** Whether a registration can be stored: the last answer, looked at again in the background (state-file.ts). */
   async function stateFileCheck(): Promise<Check> {
     const answer = await stateFile.writable(probeBudgetMs);
-    if (!answer.ok) return { name: 'state-file', ok: false, detail: cannotStoreMessage(stateFile.path, answer.reason), code: 'NODECOMPUTE_STATE_WRITE_FAILED' };
+    if (!answer.ok) return { name: 'state-file', ok: false, detail: cannotStoreMessage(stateFile.path, answer), code: 'NODECOMPUTE_STATE_WRITE_FAILED' };
     const stored = `registrations are stored in ${stateFile.path}`;
     return { name: 'state-file', ok: true, detail: answer.warning ? `${stored}, but ${answer.warning.problem} ${answer.warning.fix}` : stored };
   }

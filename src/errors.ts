@@ -59,12 +59,12 @@ export const ConfigInvalidError = coded('NODECOMPUTE_CONFIG_INVALID', 500);
 export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500);
 
 /** What a state directory that takes no writes means and what to do: one text for the log and for /readyz. */
-export function cannotStoreMessage(path: string, reason: string): string {
-  return (
-    `Registrations cannot be stored in ${path}: ${reason}. Every registration and removal is refused (503) until they can; ` +
-    'the shards already stored are kept and served. Make the directory writable (mount its volume read-write; check for a full disk; ' +
-    'for a mount that does not answer, check its server and `dmesg`) or set NODECOMPUTE_STATE_FILE to a path on a writable volume.'
-  );
+export function cannotStoreMessage(path: string, why: { reason: string; fix?: string }): string {
+  const fix =
+    why.fix ??
+    'Make the directory writable (mount its volume read-write; check for a full disk; ' +
+      'for a mount that does not answer, check its server and `dmesg`) or set NODECOMPUTE_STATE_FILE to a path on a writable volume.';
+  return `Registrations cannot be stored in ${path}: ${why.reason}. Every registration and removal is refused (503) until they can; the shards already stored are kept and served. ${fix}`;
 }
 
 /** A coded error of this module, recognised by its code prefix rather than by class. */

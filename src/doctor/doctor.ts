@@ -283,7 +283,7 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
  */
 async function stateFileCheck(stateFile: StateFile): Promise<{ check: DoctorCheck; shards: ShardRecord[] | null }> {
   const writable = await stateFile.checkWritable();
-  if (!writable.ok) return { check: check('state-file', 'fail', writable.reason, 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.'), shards: null };
+  if (!writable.ok) return { check: check('state-file', 'fail', writable.reason, writable.fix ?? 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.'), shards: null };
   const read = await readRegistryFile(stateFile);
   if (!read.ok) return { check: check('state-file', 'fail', `${read.problem} nodecompute stops at start on it (exit 1): the service cannot start, or restart, until it is fixed.`, read.fix), shards: null };
   const holds = read.shards === null ? 'does not exist yet (a first start: no shards)' : `holds ${read.shards.length} shard registration(s)`;

@@ -27,14 +27,28 @@
 // reason stays put. The directory turning unwritable is the error line; each refused write is not.
 // Missing directories are made one level at a time: Node's recursive mkdir never settles (and
 // spins a core) where mkdir answers ENOENT below a directory that exists, as it does under /proc.
+// One writer only: the file is compared with the text this process last read or wrote before each
+// write and each look. Another content there (a second nodecompute given the same state file, an
+// edit by hand) fails the write, with code STATE_FILE_CHANGED, instead of throwing that change away
+// (the other instance's acknowledged registrations): the directory reads not writable, with that
+// reason, until a restart reads the file again. Content, not inode or mtime: some FUSE filesystems
+// give a file another inode number on every lookup.
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import { cannotStoreMessage } from '../errors.js';
 import { watch } from './stuck-io.js';
 
-/** checkWritable's answer: writable (perhaps with a warning), or not and why. */
-export type Writability = { ok: true; warning: { problem: string; fix: string } | null } | { ok: false; reason: string };
+/** checkWritable's answer: writable (perhaps with a warning), or not, why, and what to do where it is not the directory's own fault. */
+export type Writability = { ok: true; warning: { problem: string; fix: string } | null } | { ok: false; reason: string; fix?: string };
+
+/** The code of a write refused because another process changed the file (see the header). */
+export const STATE_FILE_CHANGED = 'NODECOMPUTE_STATE_FILE_CHANGED';
+
+/** What to do about a state file another process changed. */
+export const STATE_FILE_CHANGED_FIX =
+  'Only one nodecompute may use a state file: stop the other one (two DaemonSets, or a copy started by hand, with the same NODECOMPUTE_STATE_FILE on this node), ' +
+  'then restart this nodecompute so that it reads the file again.';
 
 /** How old an answer of writable() gets before it is looked at again: each look writes and fsyncs a probe file. */
 export const WRITABLE_LOOK_MS = 60_000;
@@ -55,7 +69,8 @@ export interface StateFile {
   /**
    * The file's text, or null when it does not exist yet. Other errors propagate. Temp files of
    * crashed writes older than LEFTOVER_AGE_MS are removed first. Rejects once `timeoutMs` passes
-   * (the read is left pending: it cannot be cancelled).
+   * (the read is left pending: it cannot be cancelled). The first read, before any write, is what
+   * later writes expect to find there (see the header).
    */
   read(): Promise<string | null>;
   /**
@@ -88,6 +103,11 @@ export interface StateFileOptions {
   now?: () => number;
   /** STATE_FILE_TIMEOUT_MS unless given. */
   timeoutMs?: number;
+}
+
+/** The directory's answer after a write or look failed with `err`. */
+function unwritable(dir: string, err: NodeJS.ErrnoException): Writability {
+  return err.code === STATE_FILE_CHANGED ? { ok: false, reason: err.message, fix: STATE_FILE_CHANGED_FIX } : { ok: false, reason: `cannot write in ${dir}: ${err.message}` };
 }
 
 /** Why the directory is not writable while `doing` has been pending `ms`. */
@@ -147,6 +167,17 @@ async function makeDirectory(dir: string, parentMade = false): Promise<void> {
   }
 }
 
+/** The file holds text this process did not last read or write there. */
+function changedElsewhere(path: string): Error {
+  return Object.assign(
+    new Error(
+      `${path} was changed by another process since this nodecompute last read or wrote it (a second nodecompute with the same state file, or an edit by hand), ` +
+        'and writing now would throw that change away',
+    ),
+    { code: STATE_FILE_CHANGED },
+  );
+}
+
 /** A failed write's error as its caller gets it (see the header); the original is its cause. */
 function writeFailure(err: unknown): Error {
   const { message, code, syscall } = err as NodeJS.ErrnoException;
@@ -168,6 +199,24 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   const dir = dirname(path);
   const directorySyncFailures = new Set<string>();
   let sequence = 0;
+  /**
+   * The text this process last wrote there, or read first (null: no file); undefined before either.
+   * A later read (the doctor's) does not take on what it finds: the file as changed elsewhere is not
+   * this process's.
+   */
+  let ownText: string | null | undefined;
+  /** Throws changedElsewhere when the file holds another text than ownText. */
+  const checkUnchanged = async (): Promise<void> => {
+    if (ownText === undefined) return;
+    let found: string | null;
+    try {
+      found = await readFile(path, 'utf8');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      found = null;
+    }
+    if (found !== ownText) throw changedElsewhere(path);
+  };
   /** Null when the directory fsync worked. */
   const syncDirectoryProblem = async (): Promise<DirectorySyncProblem | null> => {
     try {
@@ -237,6 +286,11 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     } catch (err) {
       return { ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` };
     }
+    try {
+      await checkUnchanged();
+    } catch (err) {
+      return unwritable(dir, err as NodeJS.ErrnoException);
+    }
     const failed = await syncDirectoryProblem();
     return { ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } };
   }
@@ -251,7 +305,9 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       } finally {
         await handle.close();
       }
+      await checkUnchanged();
       await rename(temp, path);
+      ownText = text;
     } catch (err) {
       await rm(temp, { force: true }).catch(() => undefined);
       throw err;
@@ -260,12 +316,15 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   }
   async function readText(): Promise<string | null> {
     await removeLeftovers();
+    let text: string | null;
     try {
-      return await readFile(path, 'utf8');
+      text = await readFile(path, 'utf8');
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
-      throw err;
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      text = null;
     }
+    if (ownText === undefined) ownText = text;
+    return text;
   }
 
   let known: { at: number; answer: Writability } | null = null;
@@ -280,7 +339,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     const answer: Writability = found.ok && stuck !== null ? { ok: false, reason: stuck } : found;
     const was = known?.answer.ok ?? true;
     known = { at: now(), answer };
-    if (!answer.ok && was) log.error({ stateFile: path, reason: answer.reason }, cannotStoreMessage(path, answer.reason));
+    if (!answer.ok && was) log.error({ stateFile: path, reason: answer.reason }, cannotStoreMessage(path, answer));
     if (answer.ok && !was) log.info({ stateFile: path }, `Registrations can be stored in ${path} again.`);
     return answer;
   };
@@ -332,7 +391,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         failed = await watched(replaceWith(temp, text), { doing: `writing the state file (its temp file ${temp})`, what: 'A write of the state file' });
       } catch (err) {
         const failure = writeFailure(err);
-        record({ ok: false, reason: `cannot write in ${dir}: ${failure.message}` });
+        record(unwritable(dir, failure));
         throw failure;
       }
       record({ ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } });

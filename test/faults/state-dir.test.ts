@@ -12,7 +12,7 @@ import t from 'tap';
 import { pino } from 'pino';
 import { buildApp } from '../../src/app.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
-import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
+import { eightGpuNode, idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { captureLog } from '../helpers/log-capture.js';
 import { killLeftovers } from '../helpers/process-scan.js';
 
@@ -151,4 +151,61 @@ t.test('writes refused the same way again and again: one error line when the dir
     { level: 50, msg: /^Registrations cannot be stored in / },
     { level: 30, msg: `Registrations can be stored in ${config.stateFile} again.` },
   ]);
+});
+
+t.test('two services given one state file: the second writer is refused, loudly, and no acknowledged registration is lost', async (t) => {
+  const [a, b, c] = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
+  const { log: logger, lines } = captureLog();
+  // An idle node: /readyz then fails for the state file alone.
+  const first = await buildTestApp(t, { scenario: idleEightGpuNode() });
+  t.teardown(() => killLeftovers(first.fake));
+  const put = (app: typeof first.app, id: string, pid: number) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus: [0] } });
+  t.equal((await put(first.app, 'a', a!.pid)).statusCode, 201);
+  // A copy started by hand (or a second DaemonSet) with the same NODECOMPUTE_STATE_FILE: it reads a.
+  const second = await buildApp(first.config, { logger });
+  t.teardown(() => second.close());
+  t.same(((await second.inject({ method: 'GET', url: '/shards' })).json().shards as Array<{ id: string }>).map((s) => s.id), ['a']);
+
+  // The first writes again after the second read the file: the second's next write would throw b away.
+  t.equal((await put(first.app, 'b', b!.pid)).statusCode, 201);
+  const refused = await put(second, 'c', c!.pid);
+  t.equal(refused.statusCode, 503, refused.body);
+  t.equal(refused.json().code, 'NODECOMPUTE_STATE_WRITE_FAILED');
+  t.equal(
+    refused.json().message,
+    `The change was not stored: writing the state file ${first.config.stateFile} failed (${first.config.stateFile} was changed by another process since this nodecompute last read or wrote it ` +
+      '(a second nodecompute with the same state file, or an edit by hand), and writing now would throw that change away). Nothing already registered was lost. ' +
+      'Only one nodecompute may use a state file: stop the other one (two DaemonSets, or a copy started by hand, with the same NODECOMPUTE_STATE_FILE on this node), ' +
+      'then restart this nodecompute so that it reads the file again.',
+  );
+  t.same(
+    (JSON.parse(readFileSync(first.config.stateFile, 'utf8')) as { shards: Array<{ id: string }> }).shards.map((s) => s.id),
+    ['a', 'b'],
+    'the file keeps every registration the first acknowledged',
+  );
+  t.match(
+    lines.filter((line) => line.level >= 50),
+    [{ msg: /^Registrations cannot be stored in .*: .* was changed by another process .* Only one nodecompute may use a state file: stop the other one/ }],
+    'the second says so in its log, once, with what to do',
+  );
+  const readyz = await second.inject({ method: 'GET', url: '/readyz' });
+  t.equal(readyz.statusCode, 503, 'the second is not ready: it cannot store a registration');
+  t.match(readyz.body, /was changed by another process.*restart this nodecompute so that it reads the file again/);
+  t.equal((await second.inject({ method: 'DELETE', url: '/shards/a' })).statusCode, 503, 'nor a removal');
+  const doctor = (await second.inject({ method: 'GET', url: '/doctor' })).json() as { checks: Array<{ name: string }> };
+  t.match(
+    doctor.checks.find((check) => check.name === 'state-file'),
+    { status: 'fail', detail: / was changed by another process since this nodecompute last read or wrote it/, fix: /^Only one nodecompute may use a state file/ },
+    "the doctor's state-file check fails, with what to do",
+  );
+  t.equal((await second.inject({ method: 'PUT', url: '/shards/c', payload: { pid: c!.pid, gpus: [0] } })).statusCode, 503, "the doctor's read of the file does not make it the second's");
+
+  // The first goes on: its own writes are what the file holds.
+  t.equal((await put(first.app, 'c', c!.pid)).statusCode, 201, 'the first still stores');
+  // A restart of the second reads the file again and stores once more (the first stopped first).
+  await first.app.close();
+  await second.close();
+  const restarted = await buildApp(first.config, { logger: pino({ level: 'silent' }) });
+  t.teardown(() => restarted.close());
+  t.equal((await restarted.inject({ method: 'DELETE', url: '/shards/c' })).statusCode, 204, 'a restarted one writes again');
 });

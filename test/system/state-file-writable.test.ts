@@ -2,11 +2,11 @@
 // seconds: the last answer at once, looked at again in the background, writes counting as answers.
 // Real directories, a real FIFO for a filesystem that does not answer (its open for writing blocks
 // until a reader comes), a manual clock for how old an answer is.
-import { closeSync, constants, existsSync, openSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, existsSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
-import { createStateFile, WRITABLE_LOOK_MS } from '../../src/system/state-file.js';
+import { createStateFile, STATE_FILE_CHANGED, STATE_FILE_CHANGED_FIX, WRITABLE_LOOK_MS } from '../../src/system/state-file.js';
 import { stuckOperations } from '../../src/system/stuck-io.js';
 import { manualClock } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
@@ -80,6 +80,34 @@ t.test('writable: a failed write answers at once, and logs it', async (t) => {
   t.same(await state.writable(5_000), { ok: false, reason: `cannot write in ${stateDir}: ${stateDir} exists and is not a directory` });
   t.match(lines, [{ level: 50, msg: /^Registrations cannot be stored in / }]);
   restore();
+});
+
+t.test('one writer: the file is what this process first read or last wrote, or the write is refused and the directory reads not writable', async (t) => {
+  const dir = t.testdir({});
+  const path = join(dir, 'shards.json');
+  const { lines, log } = captureLog('info');
+  const mine = createStateFile(path, { log });
+  const other = createStateFile(path, { log: pino({ level: 'silent' }) });
+  t.equal(await mine.read(), null, 'no file yet: that is what mine expects to find');
+  await other.write('{"theirs":1}');
+  await t.rejects(mine.write('{"mine":1}'), { code: STATE_FILE_CHANGED, message: `${path} was changed by another process since this nodecompute last read or wrote it (a second nodecompute with the same state file, or an edit by hand), and writing now would throw that change away` });
+  t.equal(readFileSync(path, 'utf8'), '{"theirs":1}', "the other's file is kept");
+  t.same(await mine.writable(5_000), { ok: false, reason: `${path} was changed by another process since this nodecompute last read or wrote it (a second nodecompute with the same state file, or an edit by hand), and writing now would throw that change away`, fix: STATE_FILE_CHANGED_FIX });
+  t.match(lines, [{ level: 50, msg: /^Registrations cannot be stored in .*: .* was changed by another process .*the shards already stored are kept and served\. Only one nodecompute may use a state file/ }]);
+  t.equal(await mine.read(), '{"theirs":1}', 'a later read sees the file as it is');
+  await t.rejects(mine.write('{"mine":2}'), { code: STATE_FILE_CHANGED }, 'and does not make it mine');
+  t.match(await mine.checkWritable(), { ok: false, fix: STATE_FILE_CHANGED_FIX }, 'a look says the same');
+
+  writeFileSync(path, '{"mine":0}');
+  const restarted = createStateFile(path, { log: pino({ level: 'silent' }) });
+  t.equal(await restarted.read(), '{"mine":0}');
+  await restarted.write('{"mine":1}');
+  await restarted.write('{"mine":2}');
+  t.equal(readFileSync(path, 'utf8'), '{"mine":2}', 'its own writes follow one another');
+  rmSync(path);
+  mkdirSync(path);
+  await t.rejects(restarted.write('{"mine":3}'), { code: 'EISDIR' }, 'a file that cannot be read fails the write with its own error');
+  t.match(await restarted.writable(5_000), { ok: false, reason: `cannot write in ${dir}: EISDIR: illegal operation on a directory` });
 });
 
 t.test('writable: a directory that cannot be fsynced takes writes, with the warning', async (t) => {
