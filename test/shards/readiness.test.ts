@@ -161,6 +161,42 @@ t.test('memory of a shard process nvidia-smi reports as [N/A] holds the GPU, and
   t.equal(compute.backend, 'CUDA');
 });
 
+t.test('a foreign process whose memory nvidia-smi reports as [N/A] is still foreign, with its memory not known', async (t) => {
+  const s = shard({ gpus: [0] });
+  const node = view([gpu(0, [[100, 500], [300, null]], 2000)], [stat(100, 100, 5), stat(300, 300, 9)], [s]);
+  t.same(foreignMemory(node)[0], {
+    index: 0,
+    uuid: 'GPU-0',
+    usedMiB: 2000,
+    shardMiB: 500,
+    unreportedShardProcesses: 0,
+    foreignMiB: 1500,
+    foreignProcesses: [{ pid: 300, name: 'p', usedMiB: null }],
+  });
+});
+
+t.test('compute: memory on a GPU the shard was not given is stray, never one of its devices', async (t) => {
+  const s = shard({ gpus: [0] });
+  // The shard's process on GPU 0 and GPU 1, its child on GPU 2 with [N/A] memory.
+  const node = view(
+    [gpu(0, [[100, 4000]]), gpu(1, [[100, 100]]), gpu(2, [[101, null]])],
+    [stat(100, 100, 5), { ...stat(101, 100, 6), ppid: 100 }],
+    [s],
+  );
+  const v = verdictOf(s, node);
+  t.equal(v.state, 'ready');
+  t.same(shardCompute(s, node, null, v.state), {
+    backend: 'CUDA',
+    devices: ['GPU 0: 3.9 GiB'],
+    gpus: [{ index: 0, usedMiB: 4000 }],
+    strayGpus: [
+      { index: 1, usedMiB: 100 },
+      { index: 2, usedMiB: null },
+    ],
+    engine: null,
+  });
+});
+
 t.test('compute: a shard absent from the attribution holds nothing, and its backend is not known', async (t) => {
   const s = shard({ gpus: [0] });
   const node = view([gpu(0, [])], [stat(100, 100, 5)], []);
@@ -184,6 +220,7 @@ t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evide
     ['freshly registered, before any snapshot includes it', { ...placed, registeredAt: NOW - 1000 }, view([gpu(0, [])], [], []), null, null],
     ['exited: not running', placed, gone, null, null],
     ['exited, although its output said CPU', placed, gone, cpu, null],
+    ['given no GPU, exited: not running, not a CPU shard', none, view([gpu(0, [])], [], [none], [[100, null]]), null, null],
     ['given no GPU, alive, holding none: a CPU shard', none, idle, null, 'CPU'],
     ['given no GPU, and its engine says CPU', none, idle, cpu, 'CPU'],
     ['given no GPU, holding none, yet its engine says CUDA', none, idle, cuda, null],
@@ -442,6 +479,21 @@ t.test('the starting reason after the grace: no blame on nvidia-smi, and never a
   );
   t.notMatch(before.reason, /-\d/, 'no negative time');
   t.equal(judged(NOW - 400).state, 'on-cpu', 'a listing begun after the grace decides');
+});
+
+t.test('the grace ends at registeredAt + graceMs exactly: a listing begun then decides, and the judgement is dated no later than now', async (t) => {
+  const s = shard({ gpus: [0], graceMs: 3000, registeredAt: NOW - 3000 });
+  const node = view([gpu(0, [])], [stat(100, 100, 5)], [s]);
+  const judged = (shard: ShardRecord, evidenceAt: number) => readiness({ shard, node, engine: null, staleReason: null, now: NOW, evidenceAt });
+  t.equal(judged({ ...s, registeredAt: NOW - 2999 }, NOW).state, 'starting', 'one millisecond before the end: still within its grace');
+  const atEnd = judged(s, NOW);
+  t.equal(atEnd.state, 'on-cpu', 'no grace left, and the listing was begun as it ended');
+  t.match(atEnd.reason, 'hold no memory on GPU 0, 3.0 s after registration (grace 3.0 s)');
+  t.equal(judged(s, NOW - 1).cause, 'awaiting-listing', 'a listing begun a millisecond before the end still waits');
+  // A refresh that began after the request took its time: the judgement is dated now, not in the future.
+  t.match(judged(s, NOW + 500).reason, 'hold no memory on GPU 0, 3.0 s after registration');
+  const unseen = view([gpu(0, [])], [], [s]);
+  t.equal(verdictOf(s, unseen).cause, 'not-in-snapshot', 'not in any snapshot when the grace ends: unverified, no longer starting');
 });
 
 t.test('reasons: spans from milliseconds to hours, long graces in minutes, and sentences that start with a capital', async (t) => {
