@@ -104,6 +104,9 @@ t.test('an engine that started again after the listing has not been seen on its 
     t.match(restarted.reason, `every process that held its memory on GPU 0 in ${LISTING} has exited since (its engine restarted), so it has not been seen holding memory on GPU 0`);
   }
   t.match(judge(pod, then([200, 300]), { liveness: alive }), { state: 'unverified' }, 'no stats read now: nothing known to have exited');
+  const worker = { ...engine, pid: 201, ppid: 200 };
+  const twoHolders = { node: handMadeView({ now: STARTED, gpus: [gpu(0, [[200, 9000], [201, 500]])], stats: [engine, worker], cgroupPids: [['c0ffee0c0ffee', [200, 201]]] }, [pod]), startedAt: STARTED, observedAt: OBSERVED };
+  t.match(judge(pod, twoHolders, { liveness: alive, procNow: new Map([[200, engine], [201, null]]) }), { state: 'unverified' }, 'one of two processes that held its GPU exited, the other runs: not restarted');
   const unattributed = { node: handMadeView({ now: STARTED, gpus: [gpu(0, [[200, 9000]])], stats: [engine] }, []), startedAt: STARTED, observedAt: OBSERVED };
   t.match(judge(pod, unattributed, { liveness: alive, procNow: new Map([[200, null]]) }), { state: 'on-cpu' }, 'a listing that gave the shard no memory: no holder to have exited, judged on the listing');
   const exitedThen = judge(pod, then([]), { liveness: alive, procNow: runs });
@@ -138,4 +141,6 @@ t.test('a process that held its memory in the listing and is stopped now: stoppe
   t.match(judge(s, lastGood, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T', startTime: 900 }]]) }), { state: 'starting', cause: 'awaiting-nvidia-smi' }, 'a stopped process that took its PID since is not its worker: the worker has exited');
   const late = shardRecord(NOW, { registeredAt: STARTED + 1 });
   t.match(judge(late, lastGood, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) }), { state: 'starting', cause: 'awaiting-nvidia-smi' }, 'a shard the listing does not describe has no holders in it');
+  const gone: Liveness = { state: 'gone', why: 'process 100 no longer exists' };
+  t.match(judge(s, lastGood, { liveness: gone, procNow: new Map([[100, null], [101, { ...worker, state: 'T' }]]) }), { state: 'exited', cause: 'process-exited' }, 'its process gone: exited, though the worker it left is stopped');
 });
