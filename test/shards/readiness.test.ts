@@ -625,6 +625,12 @@ t.test('the engine says CPU: the advice follows whether its GPU backend loaded, 
   t.match(context.reason, 'nvidia-smi lists its processes holding GPU 2: 520 MiB: a run without GPU layers holds its CUDA context and compute buffers there too. Its GPU backend loaded, but no model layers');
   t.match(context.reason, "If that memory is more than those (the size of the weights), the output posted is another run's: post this run's to /shards/s/engine-output;");
 
+  // Only the GPUs it was given are weighed: memory on another one is a warning of its own.
+  const elsewhere = judged(noGpu, view([gpu(2, []), gpu(3, [[100, 520]]), gpu(4, [])], [stat(100, 100, 5)], [s]));
+  t.match(elsewhere.reason, `Its GPU backend did not load. ${ON_CPU_ADVICE}`, 'as when it holds nothing on its GPUs');
+  t.notMatch(elsewhere.reason, 'nvidia-smi lists its processes holding');
+  t.match(elsewhere.warnings, ['holds memory on GPU 3, which it was not given: check CUDA_VISIBLE_DEVICES and the placement']);
+
   const unsaid = { ...noLayers, gpuBackendLoaded: null };
   t.match(judged(unsaid, idle).reason, `Either its GPU backend did not load or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`);
   t.match(judged(unsaid, loaded).reason, 'a run without GPU layers holds its CUDA context and compute buffers there too. Its GPU backend loaded', 'the memory held shows the backend loaded');
