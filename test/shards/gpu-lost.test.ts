@@ -196,6 +196,11 @@ t.test('past max-stale (no view): gpu-lost from /proc and the last listing, afte
   t.equal(judge({ state: 'gone', why: 'no such process' }).state, 'exited');
   const stopped = judge({ state: 'stopped', why: 'process 100 is stopped' });
   t.same([stopped.state, stopped.warnings.slice(1)], ['stopped', [`${CANNOT_REACH_3}: once it runs again, it reads gpu-lost`]]);
+  t.same(
+    judge({ state: 'stopped', why: 'process 100 is stopped' }, { engine: CPU_ENGINE, enginePosted: true }).warnings.slice(1),
+    [`${CANNOT_REACH_3}: once it runs again, it reads gpu-lost`, `the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`],
+    'stopped on a GPU nvidia-smi cannot reach: the engine counts once it has GPUs again, not once it runs',
+  );
   t.same(judge({ state: 'unreadable', why: 'its stat could not be read' }).warnings, ['its stat could not be read'], 'whether it runs is unknown, and said');
   t.same(judge({ state: 'alive' }, { engine: CPU_ENGINE, enginePosted: true }).warnings, [`the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`]);
   const pod = shard({ gpuUuids: ['GPU-3'], cgroup: 'pod-a' });
