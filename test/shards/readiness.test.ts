@@ -336,6 +336,13 @@ t.test('a group leader that exits while its child holds the GPU: exited, naming 
     [[100, null]],
   );
   t.match(verdictOf(s, many).reason, /\(PID 114, p\), and 2 more\. .*kill 110 111 112 113 114 115 116\.$/, 'five listed, the rest counted, every PID to kill');
+  const five = view(
+    [gpu(0, Array.from({ length: 5 }, (_, i): [number, number] => [110 + i, 10]))],
+    Array.from({ length: 5 }, (_, i) => stat(110 + i, 100, 20 + i)),
+    [s],
+    [[100, null]],
+  );
+  t.match(verdictOf(s, five).reason, /\(PID 114, p\)\. That memory .*kill 110 111 112 113 114\.$/, 'five: all listed, none counted');
 
   const zombie = view([gpu(0, [[100, 500], [101, 400]])], [stat(100, 100, 5, 'Z'), stat(101, 100, 6)], [s]);
   t.match(verdictOf(s, zombie).reason, /a zombie its parent has not reaped yet\), but its process group 100 still holds GPU memory: 400 MiB on GPU 0 \(PID 101, p\)\..*kill 101\.$/, 'the zombie itself is not an orphan to kill');

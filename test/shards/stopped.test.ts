@@ -135,6 +135,9 @@ t.test('stopped GPU workers: one on two GPUs named once with both, a traced one 
   const reason = verdict(pod, many).reason!;
   t.match(reason, '201 (rank-201, state T, on GPU 0), 202 (rank-202, state T, on GPU 0), 203 (rank-203, state T, on GPU 0), 204 (rank-204, state T, on GPU 0), 205 (rank-205, state T, on GPU 0), and 2 more.');
   t.match(reason, '`kill -CONT 201 202 203 204 205 206 207`');
+  const fiveRanks = ranks.slice(0, 5);
+  const five = view(snapshot([gpu(0, fiveRanks.map((r) => [r.pid, 100]))], [stat(200, 'S', { comm: 'api-server' }), ...fiveRanks], { cgroups: { [POD]: [200, ...fiveRanks.map((r) => r.pid)] } }), [pod]);
+  t.match(verdict(pod, five).reason, '204 (rank-204, state T, on GPU 0), 205 (rank-205, state T, on GPU 0). A stopped worker', 'five: all listed, none counted');
 });
 
 t.test('an exit beats a stop: a zombie, or the PID reused by a stopped process, is exited', async (t) => {
