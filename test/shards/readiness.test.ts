@@ -215,6 +215,7 @@ t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evide
     ['holds its GPU', placed, holding, null, 'CUDA'],
     ['holds memory on its GPU (a CUDA context) while its engine says CPU: on-cpu, as the verdict says', placed, holding, cpu, 'CPU'],
     ['grace over, holding nothing', placed, idle, null, 'CPU'],
+    ['grace over, holding memory only on a GPU it was not given: CUDA there, though on-cpu', placed, view([gpu(0, []), gpu(1, [[100, 500]])], [stat(100, 100, 5)], [placed]), null, 'CUDA'],
     ['the engine says CPU, within grace', { ...placed, registeredAt: NOW - 1000 }, idle, cpu, 'CPU'],
     ['starting: not known yet', { ...placed, registeredAt: NOW - 1000 }, idle, null, null],
     ['freshly registered, before any snapshot includes it', { ...placed, registeredAt: NOW - 1000 }, view([gpu(0, [])], [], []), null, null],
