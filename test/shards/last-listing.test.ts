@@ -39,6 +39,8 @@ t.test('seen on the CPU: on-cpu still, the reason dating the listing, the warnin
   const verdict = judge(s, idle(s));
   t.match(verdict, { ready: false, state: 'on-cpu', cause: 'no-gpu-memory', warnings: ['nvidia-smi cannot be asked, so this verdict holds until it answers: boom'] });
   t.match(verdict.reason, `nvidia-smi cannot be asked; ${LISTING} showed: placed on GPU 0 but computing on the CPU: its processes hold no memory on GPU 0, 30.0 s after registration`);
+  const landedLater = judge(s, { ...idle(s), observedAt: NOW + 500 });
+  t.match(landedLater.reason, `nvidia-smi cannot be asked; nvidia-smi's last good listing (${new Date(NOW + 500).toISOString()}, 0 ms ago) showed:`, 'a listing that landed after the request began is dated 0 ms ago, never a negative time');
 });
 
 t.test('seen starting: starting still, and a grace that ended since waits for a listing begun after it', async (t) => {
