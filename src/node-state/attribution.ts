@@ -358,10 +358,14 @@ function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<
   return undefined;
 }
 
-/** The first unreadable stat on `pid`'s way up its first ANCESTRY_DEPTH ancestors, if one stopped the walk. */
+/**
+ * The first unreadable stat on `pid`'s way up, if one stopped the walk: its own and those of its
+ * first ANCESTRY_DEPTH - 1 ancestors, whose ppids name the ancestors shardAncestor looks at (the
+ * last one's stat names no one it looks at, and cannot change the owner).
+ */
 function unreadableOnTheWay(pid: number, snapshot: NodeSnapshot): UnreadableStat | undefined {
   let answer = snapshot.proc.get(pid);
-  for (let generation = 0; generation <= ANCESTRY_DEPTH && answer != null; generation += 1) {
+  for (let generation = 0; generation < ANCESTRY_DEPTH && answer != null; generation += 1) {
     if (!isReadable(answer)) return answer;
     answer = snapshot.proc.get(answer.ppid);
   }

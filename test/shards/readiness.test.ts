@@ -314,6 +314,14 @@ t.test('a GPU process whose own stat, or an ancestor\'s, cannot be read: the sha
   const other = shard({ id: 'o', pid: 400, gpus: [2], identity: { pid: 400, pgid: 400, startTime: 5, name: 'x' } });
   const alone = view([gpu(0, [[101, 500]]), gpu(2, [])], [stat(400, 400, 5)], [other], [[101, emfile(101)]]);
   t.equal(verdictOf(other, alone).state, 'on-cpu', 'an unreadable process on another GPU is no excuse');
+  // GPU 3: 500's parents 501, 502 and 503 are readable, and 503's parent is 504, a GPU process on GPU
+  // 2 whose own stat is unreadable. Ancestry stops at 504's PID (503's ppid): its stat cannot change
+  // whose 500 is, so GPU 3 is not uncertain.
+  const chain = [500, 501, 502, 503].map((pid) => ({ ...stat(pid, pid, 8), ppid: pid + 1 }));
+  const deep = shard({ id: 'd', pid: 600, gpus: [3], identity: { pid: 600, pgid: 600, startTime: 5, name: 'x' } });
+  const far = view([gpu(2, [[504, 1]]), gpu(3, [[500, 500]])], [stat(600, 600, 5), ...chain], [deep], [[504, emfile(504)]]);
+  t.same([...far.attribution.uncertain.keys()], [2], 'only the GPU of the process whose own stat is unreadable');
+  t.equal(verdictOf(deep, far).state, 'on-cpu', 'an unreadable stat beyond the ancestry the rules read is no excuse');
 });
 
 t.test('a group leader that exits while its child holds the GPU: exited, naming the memory its group still holds', async (t) => {
