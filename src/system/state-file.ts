@@ -185,6 +185,16 @@ function writeFailure(err: unknown): Error {
   return Object.assign(new Error(said, { cause: err }), { code });
 }
 
+/** The file's text, or null when it does not exist. */
+async function textOrNull(path: string): Promise<string | null> {
+  try {
+    return await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    throw err;
+  }
+}
+
 async function fsyncDirectory(dir: string): Promise<void> {
   const handle = await open(dir, 'r');
   try {
@@ -207,15 +217,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   let ownText: string | null | undefined;
   /** Throws changedElsewhere when the file holds another text than ownText. */
   const checkUnchanged = async (): Promise<void> => {
-    if (ownText === undefined) return;
-    let found: string | null;
-    try {
-      found = await readFile(path, 'utf8');
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-      found = null;
-    }
-    if (found !== ownText) throw changedElsewhere(path);
+    if (ownText !== undefined && (await textOrNull(path)) !== ownText) throw changedElsewhere(path);
   };
   /** Null when the directory fsync worked. */
   const syncDirectoryProblem = async (): Promise<DirectorySyncProblem | null> => {
@@ -316,13 +318,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   }
   async function readText(): Promise<string | null> {
     await removeLeftovers();
-    let text: string | null;
-    try {
-      text = await readFile(path, 'utf8');
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-      text = null;
-    }
+    const text = await textOrNull(path);
     if (ownText === undefined) ownText = text;
     return text;
   }
