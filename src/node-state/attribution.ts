@@ -201,18 +201,27 @@ export function stoppedSinceListing(
 
 function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
   const pid = shard.identity.pid;
-  if (ranInAnotherBoot(shard.identity, snapshot.bootId)) {
+  return pidLiveness(shard, snapshot.proc.has(pid) ? snapshot.proc.get(pid)! : undefined, snapshot.bootId);
+}
+
+/**
+ * A PID shard's liveness by its own stat (undefined: not read), in the node's boot `bootId`: what a
+ * snapshot says of it, and what a probe reads of it now (shard-service.ts), but for a stopped
+ * process holding its GPU memory, which only a snapshot's GPU processes show.
+ */
+export function pidLiveness(shard: ShardRecord, stat: StatAnswer | undefined, bootId: string | null): Liveness {
+  const pid = shard.identity.pid;
+  if (ranInAnotherBoot(shard.identity, bootId)) {
     return {
       state: 'gone',
       why:
-        `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${snapshot.bootId}): process ${pid} ended with that boot, ` +
+        `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${bootId}): process ${pid} ended with that boot, ` +
         `and a process running as PID ${pid} now is another one, not this shard's. ` +
         `Register the engine's new process (PUT /shards/${shard.id}), or remove the shard (DELETE /shards/${shard.id})`,
     };
   }
-  if (!snapshot.proc.has(pid)) return { state: 'unknown' };
-  const stat = snapshot.proc.get(pid);
-  if (!stat) return { state: 'gone', why: `process ${pid} no longer exists` };
+  if (stat === undefined) return { state: 'unknown' };
+  if (stat === null) return { state: 'gone', why: `process ${pid} no longer exists` };
   if ('unreadable' in stat) return { state: 'unreadable', why: unreadableWhy(stat) };
   if (hasExited(stat)) {
     return { state: 'gone', why: `process ${pid} has exited (a zombie its parent has not reaped yet)` };

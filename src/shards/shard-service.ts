@@ -6,9 +6,13 @@
 // a request first sees the change, rather than at every probe. While nvidia-smi cannot be asked,
 // verdicts still use what /proc said in the latest (failed) refresh (NodeService.procOnly): no read of
 // its own per probe; and the last good snapshot, whose verdict holds against a shard, never for it.
+// A probe answered from a snapshot past its TTL (at once, while the next refresh runs) reads a PID
+// shard's own stat now: an exit or a stop since that snapshot holds against the shard at once, not
+// one probe period later. A process that runs keeps the snapshot's word (a stop that snapshot saw
+// ends with the next one), and a cgroup shard the snapshot's alone (its members take a scan).
 import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
-import { SANDBOX_COMMS } from '../node-state/attribution.js';
+import { pidLiveness, SANDBOX_COMMS, type Liveness } from '../node-state/attribution.js';
 import { gpuNoLongerListed, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { Current, NodeService } from '../node-state/node-service.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
@@ -341,8 +345,8 @@ export function createShardService(deps: ShardServiceDeps) {
     };
   }
 
-  /** The verdict (and, unless a probe only needs the verdict, the compute) of one shard. */
-  function stateOf(shard: ShardRecord, current: Current | null, unavailable: string | null, withCompute = true): ShardState {
+  /** The verdict (and, unless a probe only needs the verdict, the compute) of one shard; `livenessNow` is /proc's word now (see the header). */
+  function stateOf(shard: ShardRecord, current: Current | null, unavailable: string | null, withCompute = true, livenessNow?: Liveness): ShardState {
     const posted = registry.engine(shard.id);
     const engine = posted?.account ?? null;
     const nodeView = current?.node ?? null;
@@ -355,6 +359,7 @@ export function createShardService(deps: ShardServiceDeps) {
       enginePosted: posted !== undefined && posted.tail !== '',
       now: now(),
       ...(current === null ? withoutSnapshot(shard) : { evidenceAt: current.view.startedAt }),
+      ...(livenessNow === undefined ? {} : { livenessNow }),
       ...(unavailable === null ? {} : { unavailable }),
       unreachable: node.unreachable(),
     });
@@ -389,6 +394,22 @@ export function createShardService(deps: ShardServiceDeps) {
       perShard.set(shard.id, { shard, engineVersion: registry.engineVersion, staleNote: note, unreachable, state });
     }
     return state;
+  }
+
+  /** Whether a probe from `current` reads the shard's own stat first: a PID shard, and a snapshot past its TTL. */
+  const readsStatNow = (shard: ShardRecord, current: Current): boolean => shard.pid !== null && current.view.stale;
+
+  /** A PID shard's own process, read now, where it has exited or is stopped: what a stale snapshot cannot say yet. */
+  async function exitOrStopNow(shard: ShardRecord, current: Current): Promise<Liveness | undefined> {
+    const pid = shard.identity.pid;
+    const now = pidLiveness(shard, (await proc.readStats([pid])).get(pid), current.node.snapshot.bootId);
+    return now.state === 'gone' || now.state === 'stopped' ? now : undefined;
+  }
+
+  /** A probe's verdict from `current`, by /proc's word now where the snapshot is past its TTL. */
+  async function probeFrom(shard: ShardRecord, current: Current): Promise<ShardState> {
+    const livenessNow = readsStatNow(shard, current) ? await exitOrStopNow(shard, current) : undefined;
+    return livenessNow === undefined ? probeState(shard, current) : stateOf(shard, current, null, false, livenessNow);
   }
 
   /** The current snapshot, or why there is none: nvidia-smi failures are an answer here, not an error. */
@@ -518,11 +539,14 @@ export function createShardService(deps: ShardServiceDeps) {
       return { state: stateOf(requireShard(id), current, why), view: current?.view ?? null, error: why };
     },
 
-    /** A probe's verdict (no compute) when the cache can answer without waiting; null when it must wait. */
+    /**
+     * A probe's verdict (no compute) when the cache can answer without waiting or reading /proc; null
+     * when it must wait for a refresh, or read the shard's stat (a snapshot past its TTL).
+     */
     probeNow(id: string): ShardState | null {
       const shard = requireShard(id);
       const current = node.available();
-      return current ? probeState(shard, current) : null;
+      return current && !readsStatNow(shard, current) ? probeState(shard, current) : null;
     },
 
     /** A probe's verdict (no compute), waiting at most `maxWaitMs` for a refresh; nvidia-smi failures give the verdict without a snapshot. */
@@ -530,7 +554,7 @@ export function createShardService(deps: ShardServiceDeps) {
       requireShard(id);
       const { current, why } = await currentOrWhy(maxWaitMs);
       const shard = requireShard(id);
-      return current ? probeState(shard, current) : stateOf(shard, null, why, false);
+      return current ? probeFrom(shard, current) : stateOf(shard, null, why, false);
     },
 
     /** Every shard's state from one snapshot, with that snapshot; nvidia-smi failures give verdicts without a snapshot. */

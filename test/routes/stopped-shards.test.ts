@@ -173,3 +173,38 @@ t.test('a pod is stopped once every process of it is, or one that holds its GPU 
   await signal(worker.pid, 'SIGCONT');
   t.match(await probe(), { status: 200, body: { state: 'ready' } }, 'both running again: ready');
 });
+
+t.test('a probe answered from a snapshot past its TTL reads the shard process now: a stop or an exit since holds at once, not one probe period later', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const clock = manualClock();
+  const scenario = twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 9000 }]);
+  const { app, fake } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 2_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [0], graceMs: 0 } })).statusCode, 201);
+  const probe = prober(app, clock, 's');
+  t.match(await probe(), { status: 200, body: { state: 'ready' } });
+  await settle(app);
+
+  // Past the TTL, within max-stale: the probe is answered from the cached snapshot while a refresh
+  // runs behind it. That snapshot saw the shard running; /proc says it is stopped now.
+  await signal(shard.pid, 'SIGSTOP');
+  clock.advance(5_000);
+  const queries = fake.countQueries('compute-apps');
+  const stopped = await probe();
+  t.match(stopped, { status: 503, body: { state: 'stopped', reason: new RegExp(`process ${shard.pid} .*is stopped`) } }, JSON.stringify(stopped.body));
+  t.ok(Date.parse(stopped.body.observedAt!) < clock.now() - 4_000, 'from the cached snapshot, not a new one');
+  await settle(app);
+  t.ok(fake.countQueries('compute-apps') > queries, 'whose refresh ran behind the answer');
+  // A process that runs keeps the snapshot's word: the one taken while it was stopped, until the next.
+  await signal(shard.pid, 'SIGCONT');
+  clock.advance(5_000);
+  t.match(await probe(), { status: 503, body: { state: 'stopped' } }, 'a resume shows with the next snapshot');
+  await settle(app);
+  t.match(await probe(), { status: 200, body: { state: 'ready' } }, 'which saw it running');
+
+  // The same for an exit.
+  clock.advance(5_000);
+  await shard.kill();
+  const exited = await probe();
+  t.match(exited, { status: 503, body: { state: 'exited', reason: new RegExp(`process ${shard.pid} (no longer exists|has exited)`) } }, JSON.stringify(exited.body));
+  await settle(app);
+});
