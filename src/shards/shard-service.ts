@@ -400,15 +400,14 @@ export function createShardService(deps: ShardServiceDeps) {
   const readsStatNow = (shard: ShardRecord, current: Current): boolean => shard.pid !== null && current.view.stale;
 
   /** A PID shard's own process, read now, where it has exited or is stopped: what a stale snapshot cannot say yet. */
-  async function exitOrStopNow(shard: ShardRecord, current: Current): Promise<Liveness | undefined> {
-    const pid = shard.identity.pid;
-    const now = pidLiveness(shard, (await proc.readStats([pid])).get(pid), current.node.snapshot.bootId);
+  function exitOrStopNow(shard: ShardRecord, current: Current): Liveness | undefined {
+    const now = pidLiveness(shard, proc.statNow(shard.identity.pid), current.node.snapshot.bootId);
     return now.state === 'gone' || now.state === 'stopped' ? now : undefined;
   }
 
   /** A probe's verdict from `current`, by /proc's word now where the snapshot is past its TTL. */
-  async function probeFrom(shard: ShardRecord, current: Current): Promise<ShardState> {
-    const livenessNow = readsStatNow(shard, current) ? await exitOrStopNow(shard, current) : undefined;
+  function probeFrom(shard: ShardRecord, current: Current): ShardState {
+    const livenessNow = readsStatNow(shard, current) ? exitOrStopNow(shard, current) : undefined;
     return livenessNow === undefined ? probeState(shard, current) : stateOf(shard, current, null, false, livenessNow);
   }
 
@@ -539,14 +538,11 @@ export function createShardService(deps: ShardServiceDeps) {
       return { state: stateOf(requireShard(id), current, why), view: current?.view ?? null, error: why };
     },
 
-    /**
-     * A probe's verdict (no compute) when the cache can answer without waiting or reading /proc; null
-     * when it must wait for a refresh, or read the shard's stat (a snapshot past its TTL).
-     */
+    /** A probe's verdict (no compute) when the cache can answer without waiting; null when it must wait. */
     probeNow(id: string): ShardState | null {
       const shard = requireShard(id);
       const current = node.available();
-      return current && !readsStatNow(shard, current) ? probeState(shard, current) : null;
+      return current ? probeFrom(shard, current) : null;
     },
 
     /** A probe's verdict (no compute), waiting at most `maxWaitMs` for a refresh; nvidia-smi failures give the verdict without a snapshot. */

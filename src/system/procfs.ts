@@ -104,6 +104,12 @@ export interface ProcReader {
   findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
   /** The stat of each pid, keyed by pid; null when gone, an UnreadableStat when unreadable or malformed (logged once per call). */
   readStats(pids: number[], options?: ReadStatsOptions): Promise<Map<number, StatAnswer>>;
+  /**
+   * One process's stat now, as readStats answers it but not logged, and synchronously: a probe's hot
+   * path reads it without a promise in between, by the descriptor a snapshot keeps open where it
+   * keeps one (one pread).
+   */
+  statNow(pid: number): StatAnswer;
   /** Closes the descriptors readStats keeps open between snapshots, and keeps none after (the service stops). */
   release(): void;
   /** How many stat files readStats may keep open now (null: the root is not a proc filesystem, so none), and the open-file limit that caps it. */
@@ -415,6 +421,14 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     return stats;
   };
 
+  const statNow = (pid: number): StatAnswer => {
+    try {
+      return statOf(pid, quiet, keeps ? readKept : readWhole);
+    } catch (err) {
+      return unreadableStat(pid, err, root);
+    }
+  };
+
   const listPids = async (): Promise<number[]> => {
     try {
       return pidsOf(await readdir(root));
@@ -502,7 +516,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
   };
   const bootId = (): string | null => (boot ??= { id: readBootId() }).id;
 
-  return { root, readStat, readCgroup, readStats, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };
+  return { root, readStat, readCgroup, readStats, statNow, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };
 }
 
 const BOOT_UNKNOWN =

@@ -578,6 +578,9 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
 
   await proc.readStats([pids[2]!]);
   t.equal(openFds(), before + 3, "a read that does not keep (the doctor's) opens nothing and lets go of nothing");
+  t.same(who(proc.statNow(pids[0]!)), who(first.get(pids[0]!)), "statNow reads through the descriptor kept (a probe's read)");
+  t.equal(proc.statNow(killed.pid as number), null, 'and a reaped process as gone');
+  t.equal(openFds(), before + 3, 'opening nothing new for the kept ones');
   await proc.readStats([pids[0]!], { keep: true });
   t.equal(openFds(), before + 1, 'PIDs a snapshot no longer asks about are let go');
   proc.release();
@@ -772,6 +775,15 @@ t.test('readStats: present, gone, malformed and unreadable entries; one warning 
   t.same([...(await proc.readStats([10, 11, 15]))].map(([pid, s]) => [pid, s?.pid ?? null]), [[10, 10], [11, null], [15, null]], 'present and gone only');
   t.same(entries, [], 'gone entries alone are not worth a warning');
   await t.rejects(proc.readStat(13), /permission denied/, 'readStat of the same entry still throws: only readStats answers instead');
+
+  entries.length = 0;
+  t.same(
+    [10, 11, 12, 13, 15, 99999].map((pid) => answer(proc.statNow(pid))),
+    [100, null, 'its stat does not parse', `permission denied (EACCES) under ${root}`, null, null],
+    'statNow answers each as readStats does, at once',
+  );
+  t.same(entries, [], 'and logs nothing: a probe reads it, and the next snapshot says what failed');
+  t.equal(failing.openNow(), 0, 'every file opened was closed');
 });
 
 t.test('readStats: more pids than one batch, yielding between batches', async (t) => {
