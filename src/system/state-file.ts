@@ -27,8 +27,8 @@
 // reason stays put. The directory turning unwritable is the error line; each refused write is not.
 // Missing directories are made one level at a time: Node's recursive mkdir never settles (and
 // spins a core) where mkdir answers ENOENT below a directory that exists, as it does under /proc.
-// One writer only: the file is compared with the text this process last read or wrote before each
-// write and each look. Another content there (a second nodecompute given the same state file, an
+// One writer only: the file is compared with the text this process last wrote there, or first read
+// (at start), before each write and each look. Another content there (a second nodecompute given the same state file, an
 // edit by hand) fails the write, with code STATE_FILE_CHANGED, instead of throwing that change away
 // (the other instance's acknowledged registrations): the directory reads not writable, with that
 // reason, until a restart reads the file again. Content, not inode or mtime: some FUSE filesystems
