@@ -722,8 +722,11 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
     t.equal((await app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid: shard.pid, gpus, engine: 'llama.cpp' } })).statusCode, 201);
   }
   await app.inject({ method: 'POST', url: '/shards/cpu/engine-output', payload: CUDA_FAILED_LOG, headers: { 'content-type': 'text/plain' } });
-  fake.setScenario(twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: alive.members[0]!, name: 'llama-server', usedMiB: 4096 }]));
+  // A registration's background refresh may still be running and may have read the old scenario:
+  // let it finish, then move the clock so the probe cannot be answered by that snapshot.
   await settle(app);
+  fake.setScenario(twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: alive.members[0]!, name: 'llama-server', usedMiB: 4096 }]));
+  clock.advance(1);
   t.equal((await app.inject({ method: 'GET', url: '/shards/alive/ready' })).json().state, 'ready');
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
   await gone.kill();
