@@ -51,7 +51,7 @@
 // the tail may end mid-block (device_info prints its CUDA line ~300 ms after its header);
 // --list-devices is the exception: it prints its list in one go and exits.
 //
-// Lines may carry any prefix (journald, ISO/docker timestamps, docker compose's "name-1  | ",
+// Lines may carry any prefix (journald, ISO/docker timestamps, Kubernetes' CRI log records, docker compose's "name-1  | ",
 // [tags], llama.cpp's "0.00.316.450 I ", module tags like "srv  "), CRLF and ANSI colours; after an
 // unknown prefix a line is re-anchored at a known function name (device and warning lines have none). Line regexes are anchored with bounded repetition
 // and no nested quantifier, and lines over 4096 characters are skipped, so a 1 MiB tail parses in
@@ -93,6 +93,10 @@ const WHITESPACE = /\s+/g;
 const PREFIXES: readonly RegExp[] = [
   // journald / syslog: "Jan 30 09:13:15 host ollama[5307]: "
   /^[A-Z][a-z]{2} \d{1,2} \d\d:\d\d:\d\d(?:\.\d{1,9})? [^ ]{1,253} [^ :[\]]{1,64}(?:\[\d{1,10}\])?: /,
+  // Kubernetes' container log files (CRI): "2026-05-17T10:44:25.389123456Z stderr F ", as a log
+  // shipper tailing /var/log/pods reads them. A "P" record is a piece of a line over 16 KiB, which
+  // is past what is read anyway
+  /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP] /,
   // ISO or docker timestamps: "2024-10-11T12:45:53.660Z ", "2026-05-17 10:44:25.389 | ", and
   // journalctl -o short-iso: "2024-01-30T09:13:15+0000 host ollama[5307]: "
   /^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: [^ ]{1,253} [^ :[\]]{1,64}\[\d{1,10}\]:)?(?: \| | |$)/,

@@ -279,7 +279,7 @@ t.test('weights shown on a GPU: a CUDA buffer line or the 2023 "VRAM used", neve
   t.equal(showsGpuWeights(host!), false);
 });
 
-t.test('samples read the same through CRLF, journald, ISO, docker compose, [epoch] and ANSI prefixes', async (t) => {
+t.test('samples read the same through CRLF, journald, ISO, Kubernetes (CRI), docker compose, [epoch] and ANSI prefixes', async (t) => {
   const same = (line: string) => line;
   const wrappers: Array<[string, (line: string, i: number) => string, string]> = [
     ['CRLF', same, '\r\n'],
@@ -288,6 +288,9 @@ t.test('samples read the same through CRLF, journald, ISO, docker compose, [epoc
     ['journald short-iso', (line) => `2024-01-30T09:13:15+0000 gpu-node-7 ollama[5307]: ${line}`, '\n'],
     ['ISO + docker pipe', (line) => `2026-05-17 10:44:25.389 | ${line}`, '\n'],
     ['docker compose', (line) => `llamacpp-server-1  | ${line}`, '\n'],
+    // /var/log/pods/<ns>_<pod>_<uid>/<container>/0.log, as kubelet's CRI runtime writes it
+    ['Kubernetes (CRI)', (line, i) => `2026-05-17T10:44:25.${String(i).padStart(9, '0')}Z ${i % 2 ? 'stdout' : 'stderr'} F ${line}`, '\n'],
+    ['Kubernetes (CRI), offset', (line) => `2026-05-17T12:44:25.389+02:00 stderr F ${line}`, '\n'],
     ['[epoch] stamp', (line) => `[1706570000] ${line}`, '\n'],
     ['[tag]::Level:', (line) => `2024-10-11T12:45:53.660Z [CORTEX]::Error: ${line}`, '\n'],
     ['llama.cpp timestamp + level', (line) => `0.00.316.463 I ${line}`, '\n'],
