@@ -21,7 +21,7 @@ import { Type, type Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import type { Logger } from 'pino';
 import { ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
-import { STATE_FILE_CHANGED, STATE_FILE_CHANGED_FIX, type StateFile } from '../system/state-file.js';
+import type { StateFile, StateFileFailure } from '../system/state-file.js';
 import { appendTail, type EngineAccount, parseLlamaLog } from './llama-log.js';
 import { ENGINES, ranInAnotherBoot, sameProcess, type ShardRecord } from './shard.js';
 
@@ -366,10 +366,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
         // Detail only: each caller gets the failure (a coded 503, which app.ts logs once a minute),
         // and the state file logs its directory turning unwritable, once.
         log.debug({ err, stateFile: stateFile.path, changes: batch.length }, 'Could not write the state file; the changes were refused and nothing stored was lost');
-        const fix =
-          (err as NodeJS.ErrnoException).code === STATE_FILE_CHANGED
-            ? STATE_FILE_CHANGED_FIX
-            : 'Make the state directory writable (disk full? read-only volume? a mount that does not answer?) and retry.';
+        const fix = (err as StateFileFailure).fix ?? 'Make the state directory writable (disk full? read-only volume? a mount that does not answer?) and retry.';
         const failure = new StateWriteFailedError(
           `The change was not stored: writing the state file ${stateFile.path} failed (${(err as Error).message}). Nothing already registered was lost. ${fix}`,
           { cause: err },

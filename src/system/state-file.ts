@@ -45,6 +45,9 @@ export type Writability = { ok: true; warning: { problem: string; fix: string } 
 /** The code of a write refused because another process changed the file (see the header). */
 export const STATE_FILE_CHANGED = 'NODECOMPUTE_STATE_FILE_CHANGED';
 
+/** How a write or a look fails: an errno error, or one of this module's own, which says what to do (`fix`). */
+export type StateFileFailure = NodeJS.ErrnoException & { fix?: string };
+
 /** What to do about a state file another process changed. */
 export const STATE_FILE_CHANGED_FIX =
   'Only one nodecompute may use a state file: stop the other one (two DaemonSets, or a copy started by hand, with the same NODECOMPUTE_STATE_FILE on this node), ' +
@@ -106,8 +109,8 @@ export interface StateFileOptions {
 }
 
 /** The directory's answer after a write or look failed with `err`. */
-function unwritable(dir: string, err: NodeJS.ErrnoException): Writability {
-  return err.code === STATE_FILE_CHANGED ? { ok: false, reason: err.message, fix: STATE_FILE_CHANGED_FIX } : { ok: false, reason: `cannot write in ${dir}: ${err.message}` };
+function unwritable(dir: string, err: StateFileFailure): Writability {
+  return err.fix === undefined ? { ok: false, reason: `cannot write in ${dir}: ${err.message}` } : { ok: false, reason: err.message, fix: err.fix };
 }
 
 /** Why the directory is not writable while `doing` has been pending `ms`. */
@@ -167,22 +170,22 @@ async function makeDirectory(dir: string, parentMade = false): Promise<void> {
   }
 }
 
-/** The file holds text this process did not last read or write there. */
+/** The file holds other text than this process last wrote there (or, before its first write, read at start). */
 function changedElsewhere(path: string): Error {
   return Object.assign(
     new Error(
-      `${path} was changed by another process since this nodecompute last read or wrote it (a second nodecompute with the same state file, or an edit by hand), ` +
+      `${path} was changed by another process since this nodecompute read it at start or last wrote it (a second nodecompute with the same state file, or an edit by hand), ` +
         'and writing now would throw that change away',
     ),
-    { code: STATE_FILE_CHANGED },
+    { code: STATE_FILE_CHANGED, fix: STATE_FILE_CHANGED_FIX },
   );
 }
 
 /** A failed write's error as its caller gets it (see the header); the original is its cause. */
-function writeFailure(err: unknown): Error {
-  const { message, code, syscall } = err as NodeJS.ErrnoException;
+function writeFailure(err: unknown): StateFileFailure {
+  const { message, code, syscall, fix } = err as StateFileFailure;
   const said = syscall === undefined ? message : message.split(`, ${syscall}`)[0]!;
-  return Object.assign(new Error(said, { cause: err }), { code });
+  return Object.assign(new Error(said, { cause: err }), fix === undefined ? { code } : { code, fix });
 }
 
 /** The file's text, or null when it does not exist. */
@@ -291,7 +294,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     try {
       await checkUnchanged();
     } catch (err) {
-      return unwritable(dir, err as NodeJS.ErrnoException);
+      return unwritable(dir, err as StateFileFailure);
     }
     const failed = await syncDirectoryProblem();
     return { ok: true, warning: failed && { problem: failed.problem, fix: failed.fix } };

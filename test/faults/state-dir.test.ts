@@ -173,7 +173,7 @@ t.test('two services given one state file: the second writer is refused, loudly,
   t.equal(refused.json().code, 'NODECOMPUTE_STATE_WRITE_FAILED');
   t.equal(
     refused.json().message,
-    `The change was not stored: writing the state file ${first.config.stateFile} failed (${first.config.stateFile} was changed by another process since this nodecompute last read or wrote it ` +
+    `The change was not stored: writing the state file ${first.config.stateFile} failed (${first.config.stateFile} was changed by another process since this nodecompute read it at start or last wrote it ` +
       '(a second nodecompute with the same state file, or an edit by hand), and writing now would throw that change away). Nothing already registered was lost. ' +
       'Only one nodecompute may use a state file: stop the other one (two DaemonSets, or a copy started by hand, with the same NODECOMPUTE_STATE_FILE on this node), ' +
       'then restart this nodecompute so that it reads the file again.',
@@ -195,7 +195,7 @@ t.test('two services given one state file: the second writer is refused, loudly,
   const doctor = (await second.inject({ method: 'GET', url: '/doctor' })).json() as { checks: Array<{ name: string }> };
   t.match(
     doctor.checks.find((check) => check.name === 'state-file'),
-    { status: 'fail', detail: / was changed by another process since this nodecompute last read or wrote it/, fix: /^Only one nodecompute may use a state file/ },
+    { status: 'fail', detail: / was changed by another process since this nodecompute read it at start or last wrote it/, fix: /^Only one nodecompute may use a state file/ },
     "the doctor's state-file check fails, with what to do",
   );
   t.equal((await second.inject({ method: 'PUT', url: '/shards/c', payload: { pid: c!.pid, gpus: [0] } })).statusCode, 503, "the doctor's read of the file does not make it the second's");
