@@ -51,7 +51,8 @@
 // the tail may end mid-block (device_info prints its CUDA line ~300 ms after its header);
 // --list-devices is the exception: it prints its list in one go and exits.
 //
-// Lines may carry any prefix (journald, ISO/docker timestamps, Kubernetes' CRI log records, docker compose's "name-1  | ",
+// Kubernetes' container log records (CRI) are unwrapped first, a line's pieces joined. Lines may
+// carry any prefix (journald, ISO/docker timestamps, docker compose's "name-1  | ",
 // [tags], llama.cpp's "0.00.316.450 I ", module tags like "srv  "), CRLF and ANSI colours; after an
 // unknown prefix a line is re-anchored at a known function name (device and warning lines have none). Line regexes are anchored with bounded repetition
 // and no nested quantifier, and lines over 4096 characters are skipped, so a 1 MiB tail parses in
@@ -93,10 +94,6 @@ const WHITESPACE = /\s+/g;
 const PREFIXES: readonly RegExp[] = [
   // journald / syslog: "Jan 30 09:13:15 host ollama[5307]: "
   /^[A-Z][a-z]{2} \d{1,2} \d\d:\d\d:\d\d(?:\.\d{1,9})? [^ ]{1,253} [^ :[\]]{1,64}(?:\[\d{1,10}\])?: /,
-  // Kubernetes' container log files (CRI): "2026-05-17T10:44:25.389123456Z stderr F ", as a log
-  // shipper tailing /var/log/pods reads them. A "P" record is a piece of a line over 16 KiB, which
-  // is past what is read anyway
-  /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) std(?:out|err) [FP] /,
   // ISO or docker timestamps: "2024-10-11T12:45:53.660Z ", "2026-05-17 10:44:25.389 | ", and
   // journalctl -o short-iso: "2024-01-30T09:13:15+0000 host ollama[5307]: "
   /^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: [^ ]{1,253} [^ :[\]]{1,64}\[\d{1,10}\]:)?(?: \| | |$)/,
@@ -113,6 +110,12 @@ const PREFIXES: readonly RegExp[] = [
   // ...then its function (b10145): "cmn  common_param: device_info:", "cmn  common_param:   - CPU : "
   /^common_param: (?=device_info:$|- )/,
 ];
+
+// A record of Kubernetes' container log files (CRI), as a log shipper tailing /var/log/pods reads
+// them: "2026-05-17T10:44:25.389123456Z stderr F <text>". Tag F ends a line; P is a piece of one
+// that the runtime wrote before the engine ended it (conmon writes what each read of the pipe
+// got), continued by the stream's next record.
+const RE_CRI_RECORD = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([FP]) ?/;
 
 // Function prefixes that may follow an unknown prefix: the line is re-anchored at them.
 const KNOWN_FUNCTION =
@@ -527,10 +530,36 @@ export function parseLlamaLog(text: string): EngineAccount | null {
   // A final newline ends the last line; it does not start an empty one that would close a block.
   if (lines[lines.length - 1] === '') lines.pop();
   const st: State = { run: newRun(), block: null, linesSeen: 0 };
-  for (const raw of lines) feed(st, clean(raw));
+  for (const raw of criLines(lines)) feed(st, clean(raw));
   // --list-devices prints its whole list and exits: the end of the text closes that block.
   if (st.block?.kind === 'list') closeBlock(st.run, st.block);
   return decide(st.run);
+}
+
+/**
+ * The lines as the engine wrote them: a CRI record's text without its time, stream and tag, the
+ * pieces of a line (P records) joined to the stream's record that ends it; a piece the text ends
+ * with is half a line, not read yet. Other lines pass as they are.
+ */
+function criLines(lines: string[]): string[] {
+  const pieces = new Map<string, string>();
+  const whole: string[] = [];
+  for (const line of lines) {
+    const record = RE_CRI_RECORD.exec(line);
+    if (record === null) {
+      whole.push(line);
+      continue;
+    }
+    const [prefix, stream, tag] = record as unknown as [string, string, string];
+    // A line past what is read stays past it (and its pieces are not kept whole).
+    const text = ((pieces.get(stream) ?? '') + line.slice(prefix.length)).slice(0, MAX_LINE_CHARS + 1);
+    if (tag === 'P') pieces.set(stream, text);
+    else {
+      pieces.delete(stream);
+      whole.push(text);
+    }
+  }
+  return whole;
 }
 
 function utf8Bytes(codePoint: number): number {

@@ -288,9 +288,7 @@ t.test('samples read the same through CRLF, journald, ISO, Kubernetes (CRI), doc
     ['journald short-iso', (line) => `2024-01-30T09:13:15+0000 gpu-node-7 ollama[5307]: ${line}`, '\n'],
     ['ISO + docker pipe', (line) => `2026-05-17 10:44:25.389 | ${line}`, '\n'],
     ['docker compose', (line) => `llamacpp-server-1  | ${line}`, '\n'],
-    // /var/log/pods/<ns>_<pod>_<uid>/<container>/0.log, as kubelet's CRI runtime writes it
-    ['Kubernetes (CRI)', (line, i) => `2026-05-17T10:44:25.${String(i).padStart(9, '0')}Z ${i % 2 ? 'stdout' : 'stderr'} F ${line}`, '\n'],
-    ['Kubernetes (CRI), offset', (line) => `2026-05-17T12:44:25.389+02:00 stderr F ${line}`, '\n'],
+    ['Kubernetes (CRI)', (line, i) => cri(i % 2 ? 'stdout' : 'stderr', 'F', line, `2026-05-17T10:44:25.${String(i).padStart(9, '0')}Z`), '\n'],
     ['[epoch] stamp', (line) => `[1706570000] ${line}`, '\n'],
     ['[tag]::Level:', (line) => `2024-10-11T12:45:53.660Z [CORTEX]::Error: ${line}`, '\n'],
     ['llama.cpp timestamp + level', (line) => `0.00.316.463 I ${line}`, '\n'],
@@ -306,6 +304,40 @@ t.test('samples read the same through CRLF, journald, ISO, Kubernetes (CRI), doc
 });
 
 const lines = (...l: string[]): string => `${l.join('\n')}\n`;
+
+/** A CRI log record, as the container runtime writes it under /var/log/pods. */
+const cri = (stream: 'stdout' | 'stderr', tag: 'F' | 'P', text: string, at = '2026-05-17T10:44:25.389123456Z') => `${at} ${stream} ${tag} ${text}`;
+
+t.test("Kubernetes' container log records (CRI): a line the runtime cut into P records reads as the engine wrote it, per stream", async (t) => {
+  for (const { file, expected } of sampleCases) {
+    const body = sample(file).split('\n').slice(0, -1);
+    // Each line in pieces of 5 characters (conmon writes what each read of the pipe got).
+    const records = body.flatMap((line) => {
+      const pieces = line.match(/.{1,5}/g) ?? [''];
+      return pieces.map((piece, i) => cri('stderr', i === pieces.length - 1 ? 'F' : 'P', piece));
+    });
+    t.same(parseLlamaLog(lines(...records)), expected, `${file}, cut into pieces`);
+  }
+
+  const device = '  - CPU     : 13th Gen Intel(R) Core(TM) i9-13900HX (32487 MiB, 22489 MiB free)';
+  const header = cri('stderr', 'F', 'device_info:');
+  t.match(parseLlamaLog(lines(header, cri('stderr', 'P', device.slice(0, 30), '2026-05-17T12:44:25.389+02:00'), cri('stderr', 'F', device.slice(30)), cri('stderr', 'F', 'x'))), {
+    backend: 'CPU',
+    evidence: 'device_info: - CPU : 13th Gen Intel(R) Core(TM) i9-13900HX (32487 MiB, 22489 MiB free)',
+  }, 'a time with an offset, and a record joined to the next of its stream');
+  t.equal(parseLlamaLog(lines(cri('stderr', 'P', 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device'))), null, 'a piece the text ends with is half a line: not read yet');
+  const failed = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected';
+  t.equal(
+    parseLlamaLog(lines(cri('stderr', 'P', 'x'.repeat(3000)), cri('stderr', 'P', 'y'.repeat(3000)), cri('stderr', 'F', failed))),
+    null,
+    'the end of a line past 4 KiB is not read as a line of its own',
+  );
+  t.match(
+    parseLlamaLog(lines(header, cri('stdout', 'P', 'srv  log_server_r: request: GET /hea'), cri('stderr', 'F', device), cri('stdout', 'F', 'lth 127.0.0.1 200'), cri('stderr', 'F', 'x'))),
+    { backend: 'CPU' },
+    "a line of one stream cut mid-line does not run into the other stream's",
+  );
+});
 
 t.test('synthetic prefixes', async (t) => {
   const buffer = 'load_tensors: CUDA0 model buffer size = 1024.00 MiB';
