@@ -13,7 +13,7 @@
 import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import { pidLiveness, SANDBOX_COMMS, type Liveness } from '../node-state/attribution.js';
-import { gpuNoLongerListed, LOST_GPU_MEANING } from '../node-state/gpu-roster.js';
+import { gpuNoLongerListed, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { Current, NodeService } from '../node-state/node-service.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { NodeView } from '../node-state/node-view.js';
@@ -284,16 +284,15 @@ export function createShardService(deps: ShardServiceDeps) {
     const known = snapshot.gpus.map((gpu) => gpu.index);
     const unknown = gpus.filter((index) => !known.includes(index));
     if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
-    const lost = snapshot.lostGpus.filter((gpu) => unknown.includes(gpu.index));
-    const lostNote = lost.map((gpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}: ${LOST_GPU_MEANING}`).join('');
+    const lostSince = (gpu: LostGpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}`;
+    const lostNote = snapshot.lostGpus
+      .filter((gpu) => unknown.includes(gpu.index))
+      .map((gpu) => `${lostSince(gpu)}: ${LOST_GPU_MEANING}`)
+      .join('');
     // A lost GPU of another index renumbers those after it: the index asked for is most likely one of them.
     const renumberNote = snapshot.lostGpus
       .filter((gpu) => !unknown.includes(gpu.index))
-      .map(
-        (gpu) =>
-          ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}, and nvidia-smi numbers only the GPUs it lists: ` +
-          'those after it usually moved down one index. GET /gpus gives each GPU\'s index and UUID now.',
-      )
+      .map((gpu) => `${lostSince(gpu)}, and nvidia-smi numbers only the GPUs it lists: those after it usually moved down one index. GET /gpus gives each GPU's index and UUID now.`)
       .join('');
     throw new UnknownGpuError(
       `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${lostNote}${renumberNote} Fix "gpus" in the registration.`,
