@@ -3,10 +3,10 @@
 // settings table, the state mount, the token Secret, the image's UID, metrics discovery). The
 // example shard's hook scripts are run with bash against a live nodecompute, as kubelet would run
 // them in the pod: registration, the readiness probe in each state, and removal.
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
-import { readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { chmodSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { basename, join, posix } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
@@ -18,7 +18,8 @@ import { RegisterShardSchema } from '../../src/schemas/shards.js';
 import { ENGINES } from '../../src/shards/shard.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
-import { createFakeNvidiaSmi, eightGpuNode, type FakeGpu } from '../helpers/fake-nvidia-smi.js';
+import { createFakeNvidiaSmi, eightGpuNode, waitUntil, type FakeGpu } from '../helpers/fake-nvidia-smi.js';
+import { readSample } from '../helpers/samples.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const DIR = join(ROOT, 'deploy/kubernetes');
@@ -309,7 +310,11 @@ t.test('the example shard: one GPU, downward API, and hooks that use the real AP
   t.same(llama.readinessProbe.exec.command, script('ready.sh'), 'the readiness probe is an exec of ready.sh');
   t.same(llama.lifecycle.postStart.exec.command, script('register.sh'));
   t.same(llama.lifecycle.preStop.exec.command, script('deregister.sh'));
-  for (const name of ['http.sh', 'ready.sh', 'register.sh', 'deregister.sh']) t.ok(hooks.data[name], `the ConfigMap holds ${name}`);
+  t.same(llama.command, script('run-engine.sh'), "llama-server runs under run-engine.sh, which sends its log (the image's entrypoint is replaced, its args kept)");
+  for (const name of ['http.sh', 'ready.sh', 'register.sh', 'deregister.sh', 'run-engine.sh', 'engine-log.sh']) t.ok(hooks.data[name], `the ConfigMap holds ${name}`);
+  t.match(hooks.data['run-engine.sh'], /^"\$\{ENGINE_BINARY:-\/app\/llama-server\}" "\$@" /m, "the engine is the image's entrypoint, with the container's args");
+  t.match(hooks.data['engine-log.sh'], /POST "\/shards\/\$POD_NAME\/engine-output"/);
+  t.ok(app.hasRoute({ method: 'POST', url: '/shards/:id/engine-output' }));
 
   t.match(hooks.data['ready.sh'], /GET "\/shards\/\$POD_NAME\/ready"/, 'the probe asks /shards/<its own id>/ready');
   t.ok(app.hasRoute({ method: 'GET', url: '/shards/:id/ready' }));
@@ -506,6 +511,117 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
     t.equal(result.stderr, '', 'no bash noise in the probe output');
   });
 
+});
+
+t.test("run-engine.sh: llama-server gets the container's signals and gives it its exit status and whole stderr, and nodecompute gets its start-up log, so the probe says why it is on the CPU", async (t) => {
+  const POD_NAME = 'llama-cpu-7c9d5';
+  const POD_UID = randomUUID();
+  const TOKEN = 'k8s-engine-log-token-0123456789';
+  // A llama-server whose CUDA backend did not load (a real b9692 log), then its "model loaded" line,
+  // then a request log line, which is not sent. It prints its PID on stdout; on SIGTERM it says so,
+  // and its last words, and exits 7.
+  const startup = `${readSample('llamacpp-server-log_b9692_cuda-dll-missing_cpu-only-device_info_from-test-literal.txt')}0.06.041.657 I srv  llama_server: model loaded\n`;
+  const request = '0.09.000.001 I srv  log_server_r: request: GET /health 127.0.0.1 200\n';
+  const dir = t.testdir({
+    hooks: hooks.data,
+    'container-smi': {},
+    'startup.log': startup,
+    'request.log': request,
+    token: `${TOKEN}\n`,
+    'engine.sh': [
+      '#!/bin/bash',
+      'trap \'echo "engine: SIGTERM" >&2; sleep 0.2; echo "engine: last words" >&2; exit 7\' TERM',
+      'echo "engine pid $$"',
+      'cat "$(dirname "$0")/startup.log" >&2',
+      'cat "$(dirname "$0")/request.log" >&2',
+      'while :; do sleep 0.1; done',
+    ].join('\n'),
+  });
+  chmodSync(join(dir, 'engine.sh'), 0o755);
+  let enginePid = 0;
+  const real = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
+  // The pod's processes: run-engine.sh (the container's first process) and llama-server.
+  const podPids = (needle: string) => (needle === POD_UID && enginePid > 0 ? [container.pid as number, enginePid] : []);
+  const proc: ProcReader = {
+    ...real,
+    findPidsInCgroup: async (needle) => podPids(needle),
+    findPidsInCgroups: async (needles) => new Map(needles.map((needle) => [needle, podPids(needle)])),
+  };
+  const gpu: FakeGpu = { index: 0, uuid: 'GPU-4e9e74b7-4977-f04d-3af3-ccfe5f570e90', name: 'NVIDIA H200', totalMiB: 143771, usedMiB: 0, freeMiB: 143157 };
+  const { app } = await buildTestApp(t, { scenario: { gpus: [gpu], processes: [] }, config: { token: TOKEN }, deps: { proc } });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const inContainer = createFakeNvidiaSmi(join(dir, 'container-smi'), { gpus: [gpu], processes: [] });
+  const env = {
+    PATH: `${inContainer.dir}:${process.env.PATH}`,
+    NODE_IP: '127.0.0.1',
+    NODECOMPUTE_PORT: String((app.server.address() as { port: number }).port),
+    NODECOMPUTE_TOKEN_FILE: join(dir, 'token'),
+    POD_NAME,
+    POD_UID,
+    ENGINE_BINARY: join(dir, 'engine.sh'),
+    ENGINE_LOG_PAUSE_S: '0.2',
+    TMPDIR: dir,
+  };
+
+  // The container starts: run-engine.sh execs the engine. postStart runs beside it, so the first
+  // posts find no shard (404) and are sent again once it is registered.
+  const container = spawn('bash', [join(dir, 'hooks', 'run-engine.sh'), '--model', '/models/model.gguf'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  t.teardown(() => container.kill('SIGKILL'));
+  let stdout = '';
+  let stderr = '';
+  container.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+  container.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const exited = new Promise<number | null>((resolve) => container.on('exit', (code) => resolve(code)));
+  await waitUntil(() => stdout.includes('\n'), { what: 'the engine to start', timeoutMs: 20_000 });
+  enginePid = Number(/^engine pid (\d+)\n$/.exec(stdout)?.[1]);
+  t.equal((await real.readStat(enginePid))?.ppid, container.pid, "llama-server is a child of run-engine.sh, which stays the container's first process");
+
+  const register = await new Promise<HookResult>((resolve) => {
+    execFile('bash', [join(dir, 'hooks', 'register.sh')], { env: { ...env, REGISTER_ATTEMPTS: '2' }, timeout: 30_000 }, (err, out, errOut) => {
+      resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout: out, stderr: errOut });
+    });
+  });
+  t.equal(register.code, 0, register.stdout + register.stderr);
+  const ready = async () => (await app.inject({ method: 'GET', url: `/shards/${POD_NAME}/ready` })).json();
+  // The sender posts every 0.2 s; a loaded machine may take seconds.
+  const giveUpAt = Date.now() + 20_000;
+  while ((await ready()).cause !== 'engine-gpu-backend-failed' && Date.now() < giveUpAt) await new Promise((resolve) => setTimeout(resolve, 100));
+  t.match(await ready(), { state: 'on-cpu', reason: /^placed on GPU 0 but computing on the CPU: .*device_info: - CPU : 13th Gen Intel/ });
+  // Only the start-up log was sent: one more byte posted makes the tail the start-up's bytes and one.
+  const more = await app.inject({ method: 'POST', url: `/shards/${POD_NAME}/engine-output`, payload: '\n', headers: { 'content-type': 'text/plain', authorization: `Bearer ${TOKEN}` } });
+  t.equal(more.json().tailBytes, Buffer.byteLength(startup) + 1, 'up to "model loaded" and no further: request logs are not sent');
+
+  container.kill('SIGTERM');
+  t.equal(await exited, 7, "the engine got the signal and its exit status is the container's");
+  t.equal(stderr, `${startup}${request}engine: SIGTERM\nengine: last words\n`, "the container log has the engine's whole stderr, its last words too, and nothing else");
+});
+
+t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute, the engine still writes its stderr through it', async (t) => {
+  const dir = t.testdir({
+    hooks: hooks.data,
+    'startup.log': 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n',
+    'engine.sh': [
+      '#!/bin/bash',
+      'cat "$(dirname "$0")/startup.log" >&2',
+      'until [ -e "$(dirname "$0")/go" ]; do sleep 0.05; done',
+      // 2 MiB more: past the pipe's buffer many times over, and past what is ever sent.
+      'head -c 2097152 /dev/zero | tr "\\0" x >&2',
+      'exit 0',
+    ].join('\n'),
+  });
+  chmodSync(join(dir, 'engine.sh'), 0o755);
+  const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String(await closedPort()), POD_NAME: 'llama-lonely', ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '0.1', ENGINE_LOG_ATTEMPTS: '2', TMPDIR: dir };
+  const container = spawn('bash', [join(dir, 'hooks', 'run-engine.sh')], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  t.teardown(() => container.kill('SIGKILL'));
+  let stderr = '';
+  container.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const exited = new Promise<number | null>((resolve) => container.on('exit', (code) => resolve(code)));
+  await waitUntil(() => stderr.includes('gave up'), { what: 'engine-log.sh to give up', timeoutMs: 20_000 });
+  t.match(stderr, /nodecompute engine-log: gave up sending llama-server's log to nodecompute at 127\.0\.0\.1:\d+ after 2 tries \(last: HTTP 000 cannot connect to 127\.0\.0\.1:\d+\): shard llama-lonely is judged by its GPU memory alone\./);
+  writeFileSync(join(dir, 'go'), '');
+  t.equal(await exited, 0, 'the engine wrote all of it and ended');
+  t.equal(stderr.replace(/nodecompute engine-log: .*\n/, ''), `ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n${'x'.repeat(2_097_152)}`, 'every byte of its stderr reached the container log');
+  t.same(readdirSync(dir).filter((name) => name.startsWith('engine-log.')), [], 'no spool file is left behind');
 });
 
 t.test('the hook scripts over IPv6: NODE_IP fd00::1 is written [fd00::1]:9470 in the Host header (RFC 9110) and in what they print', async (t) => {
