@@ -112,10 +112,11 @@ const PREFIXES: readonly RegExp[] = [
 ];
 
 // A record of Kubernetes' container log files (CRI), as a log shipper tailing /var/log/pods reads
-// them: "2026-05-17T10:44:25.389123456Z stderr F <text>". Tag F ends a line; P is a piece of one
+// them: "2026-05-17T10:44:25.389123456Z stderr F <text>" (tags may follow F or P after a colon,
+// which the CRI format keeps for later use). Tag F ends a line; P is a piece of one
 // that the runtime wrote before the engine ended it (conmon writes what each read of the pipe
 // got), continued by the stream's next record.
-const RE_CRI_RECORD = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([FP]) ?/;
+const RE_CRI_RECORD = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (stdout|stderr) ([FP])(?::[^ ]{0,64})?(?: |$)/;
 
 // Function prefixes that may follow an unknown prefix: the line is re-anchored at them.
 const KNOWN_FUNCTION =

@@ -312,7 +312,7 @@ t.test('the example shard: one GPU, downward API, and hooks that use the real AP
   t.same(llama.lifecycle.preStop.exec.command, script('deregister.sh'));
   t.same(llama.command, script('run-engine.sh'), "llama-server runs under run-engine.sh, which sends its log (the image's entrypoint is replaced, its args kept)");
   for (const name of ['http.sh', 'ready.sh', 'register.sh', 'deregister.sh', 'run-engine.sh', 'engine-log.sh']) t.ok(hooks.data[name], `the ConfigMap holds ${name}`);
-  t.match(hooks.data['run-engine.sh'], /^"\$\{ENGINE_BINARY:-\/app\/llama-server\}" "\$@" /m, "the engine is the image's entrypoint, with the container's args");
+  t.match(hooks.data['run-engine.sh'], /exec "\$\{ENGINE_BINARY:-\/app\/llama-server\}" "\$@" /, "the engine is the image's entrypoint, with the container's args");
   t.match(hooks.data['engine-log.sh'], /POST "\/shards\/\$POD_NAME\/engine-output"/);
   t.ok(app.hasRoute({ method: 'POST', url: '/shards/:id/engine-output' }));
 
@@ -596,17 +596,19 @@ t.test("run-engine.sh: llama-server gets the container's signals and gives it it
   t.equal(stderr, `${startup}${request}engine: SIGTERM\nengine: last words\n`, "the container log has the engine's whole stderr, its last words too, and nothing else");
 });
 
-t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute, the engine still writes its stderr through it', async (t) => {
+t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute, the engine still writes its stderr through it; SIGINT reaches the engine', async (t) => {
   const dir = t.testdir({
     hooks: hooks.data,
     'startup.log': 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n',
     'engine.sh': [
       '#!/bin/bash',
+      'trap \'echo "engine: SIGINT" >&2; exit 3\' INT',
       'cat "$(dirname "$0")/startup.log" >&2',
       'until [ -e "$(dirname "$0")/go" ]; do sleep 0.05; done',
       // 2 MiB more: past the pipe's buffer many times over, and past what is ever sent.
       'head -c 2097152 /dev/zero | tr "\\0" x >&2',
-      'exit 0',
+      ': >"$(dirname "$0")/written"',
+      'while :; do sleep 0.05; done',
     ].join('\n'),
   });
   chmodSync(join(dir, 'engine.sh'), 0o755);
@@ -619,9 +621,41 @@ t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute
   await waitUntil(() => stderr.includes('gave up'), { what: 'engine-log.sh to give up', timeoutMs: 20_000 });
   t.match(stderr, /nodecompute engine-log: gave up sending llama-server's log to nodecompute at 127\.0\.0\.1:\d+ after 2 tries \(last: HTTP 000 cannot connect to 127\.0\.0\.1:\d+\): shard llama-lonely is judged by its GPU memory alone\./);
   writeFileSync(join(dir, 'go'), '');
-  t.equal(await exited, 0, 'the engine wrote all of it and ended');
-  t.equal(stderr.replace(/nodecompute engine-log: .*\n/, ''), `ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n${'x'.repeat(2_097_152)}`, 'every byte of its stderr reached the container log');
-  t.same(readdirSync(dir).filter((name) => name.startsWith('engine-log.')), [], 'no spool file is left behind');
+  await waitUntil(() => readdirSync(dir).includes('written'), { what: 'the engine to write 2 MiB', timeoutMs: 20_000 });
+  // bash starts a background command with SIGINT ignored unless it traps it: run-engine.sh passes it on.
+  container.kill('SIGINT');
+  t.equal(await exited, 3, 'the engine got SIGINT, and its exit status is the container\'s');
+  t.equal(
+    stderr.replace(/nodecompute engine-log: .*\n/, ''),
+    `ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n${'x'.repeat(2_097_152)}engine: SIGINT\n`,
+    'every byte of its stderr reached the container log',
+  );
+  t.same(readdirSync(dir).filter((name) => name.startsWith('engine-log.')), [], 'no spool is left behind');
+});
+
+t.test('an engine that ends before its model loads: the lines that say why reach nodecompute before the container ends', async (t) => {
+  const POD_NAME = 'llama-crash-4f2b1';
+  const failed = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected';
+  const dir = t.testdir({
+    hooks: hooks.data,
+    'engine.sh': ['#!/bin/bash', `echo '${failed}' >&2`, "echo 'error: failed to load model' >&2", 'exit 1'].join('\n'),
+  });
+  chmodSync(join(dir, 'engine.sh'), 0o755);
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const shard = await spawnShardProcess(t, 0);
+  t.equal((await app.inject({ method: 'PUT', url: `/shards/${POD_NAME}`, payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
+  // The sender looks every second: the engine has ended long before its second look.
+  const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String((app.server.address() as { port: number }).port), POD_NAME, ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '1', TMPDIR: dir };
+  const run = await new Promise<HookResult>((resolve) => {
+    execFile('bash', [join(dir, 'hooks', 'run-engine.sh')], { env, timeout: 30_000 }, (err, stdout, stderr) => {
+      resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
+    });
+  });
+  t.same([run.code, run.stderr], [1, `${failed}\nerror: failed to load model\n`], "the engine's status and its whole stderr");
+  const compute = (await app.inject({ method: 'GET', url: `/shards/${POD_NAME}/compute` })).json();
+  t.match(compute.engine, { backend: 'CPU', evidence: failed }, 'posted before the container ended, where its other processes would have been killed');
+  t.same(readdirSync(dir).filter((name) => name.startsWith('engine-log.')), [], 'no spool is left behind');
 });
 
 t.test('the hook scripts over IPv6: NODE_IP fd00::1 is written [fd00::1]:9470 in the Host header (RFC 9110) and in what they print', async (t) => {

@@ -326,6 +326,11 @@ t.test("Kubernetes' container log records (CRI): a line the runtime cut into P r
     evidence: 'device_info: - CPU : 13th Gen Intel(R) Core(TM) i9-13900HX (32487 MiB, 22489 MiB free)',
   }, 'a time with an offset, and a record joined to the next of its stream');
   t.equal(parseLlamaLog(lines(cri('stderr', 'P', 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device'))), null, 'a piece the text ends with is half a line: not read yet');
+  t.match(
+    parseLlamaLog(lines(header, `2026-05-17T10:44:25Z stderr F:x1 ${device}`, '2026-05-17T10:44:25Z stdout F', cri('stderr', 'F', 'x'))),
+    { backend: 'CPU' },
+    'a tag after the colon, a time without fractions, and an empty record (an empty line, which ends the block)',
+  );
   const failed = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected';
   t.equal(
     parseLlamaLog(lines(cri('stderr', 'P', 'x'.repeat(3000)), cri('stderr', 'P', 'y'.repeat(3000)), cri('stderr', 'F', failed))),
