@@ -521,6 +521,17 @@ t.test('slow answers take at least delayMs, per kind or for all', async (t) => {
   t.ok(Date.now() - started >= 300);
 });
 
+t.test('FAKE_NVIDIA_SMI_JITTER_MS: a call that waits answers the scenario it read when it started; a value that is not a duration is refused', async (t) => {
+  const fake = createFakeNvidiaSmi(t.testdir(), eightGpuNode());
+  const jittery = (value: string) => ({ reject: false, stripFinalNewline: false, stdin: 'ignore' as const, env: { FAKE_NVIDIA_SMI_JITTER_MS: value } });
+  const call = execa(fake.path, ['--query-gpu=index', '--format=csv,noheader'], jittery('300'));
+  await waitUntil(() => fake.invocations().length === 1, { what: 'the call to start' });
+  fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1) }));
+  t.equal((await call).stdout, '0\n1\n2\n3\n4\n5\n6\n7\n', 'eight GPUs, as when it started');
+  const refused = await execa(fake.path, ['-L'], jittery('soon'));
+  t.same([refused.exitCode, refused.stdout, refused.stderr], [2, '', 'fake nvidia-smi: FAKE_NVIDIA_SMI_JITTER_MS must be a number of milliseconds, 0 or more; it is "soon"\n']);
+});
+
 t.test('a hang never exits and holds stdout open from a grandchild in its process group', async (t) => {
   const fake = createFakeNvidiaSmi(t.testdir(), { ...eightGpuNode(), failures: { gpu: { kind: 'hang', partialOutput: 'index, uu' } } });
   const child = execa(fake.path, ['--query-gpu=index,uuid', '--format=csv'], { reject: false, detached: true, stdin: 'ignore' });
