@@ -633,6 +633,31 @@ t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute
   t.same(readdirSync(dir).filter((name) => name.startsWith('engine-log.')), [], 'no spool is left behind');
 });
 
+t.test('engine-log.sh sends 256 KiB at most, the tail nodecompute keeps: lines past it are not sent', async (t) => {
+  const POD_NAME = 'llama-chatty-9e1d0';
+  // 2,700 lines of 100 bytes (past 256 KiB at line 2,622), then a CUDA failure, which is not sent.
+  const filler = Array.from({ length: 2700 }, (_, i) => `srv  filler: ${String(i).padStart(4, '0')} ${'x'.repeat(81)}`).join('\n');
+  const dir = t.testdir({
+    hooks: hooks.data,
+    'filler.log': `${filler}\nggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n`,
+    'engine.sh': ['#!/bin/bash', 'cat "$(dirname "$0")/filler.log" >&2', 'while :; do sleep 0.05; done'].join('\n'),
+  });
+  chmodSync(join(dir, 'engine.sh'), 0o755);
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const shard = await spawnShardProcess(t, 0);
+  t.equal((await app.inject({ method: 'PUT', url: `/shards/${POD_NAME}`, payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
+  const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String((app.server.address() as { port: number }).port), POD_NAME, ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '0.1', TMPDIR: dir };
+  const container = spawn('bash', [join(dir, 'hooks', 'run-engine.sh')], { env, stdio: ['ignore', 'ignore', 'ignore'] });
+  t.teardown(() => container.kill('SIGKILL'));
+  // The sender removes its spool once it has sent all the reader kept.
+  await waitUntil(() => readdirSync(dir).some((name) => name.startsWith('engine-log.')), { what: 'the spool', timeoutMs: 20_000 });
+  await waitUntil(() => !readdirSync(dir).some((name) => name.startsWith('engine-log.')), { what: 'the sender to finish', timeoutMs: 30_000 });
+  const more = await app.inject({ method: 'POST', url: `/shards/${POD_NAME}/engine-output`, payload: '\n', headers: { 'content-type': 'text/plain' } });
+  t.match(more.json(), { account: null, note: /^Nothing in the output kept so far says where llama\.cpp computes/ }, 'the CUDA failure past 256 KiB was not sent');
+  t.ok(more.json().tailBytes > 250_000, `the filler was (${more.json().tailBytes} bytes kept)`);
+});
+
 t.test('an engine that ends before its model loads: the lines that say why reach nodecompute before the container ends', async (t) => {
   const POD_NAME = 'llama-crash-4f2b1';
   const failed = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected';
