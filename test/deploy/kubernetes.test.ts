@@ -513,6 +513,25 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
 
 });
 
+/**
+ * Runs bash with `args` as a container runtime would start its command, in a process group of its
+ * own, which the test's teardown kills whole: an engine left behind by a failed assertion (a child of
+ * run-engine.sh) must not outlive the test. Its output is read and dropped unless `keep` says which
+ * stream the test reads itself: an unread pipe would fill and hold the engine up.
+ */
+function startContainer(t: Test, args: string[], env: Record<string, string | undefined>, keep: Array<'stdout' | 'stderr'> = []) {
+  const container = spawn('bash', args, { env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  for (const stream of ['stdout', 'stderr'] as const) if (!keep.includes(stream)) container[stream].resume();
+  t.teardown(() => {
+    try {
+      process.kill(-(container.pid as number), 'SIGKILL');
+    } catch {
+      // The group is gone already.
+    }
+  });
+  return container;
+}
+
 t.test("run-engine.sh: llama-server gets the container's signals and gives it its exit status and whole stderr, and nodecompute gets its start-up log, so the probe says why it is on the CPU", async (t) => {
   const POD_NAME = 'llama-cpu-7c9d5';
   const POD_UID = randomUUID();
@@ -565,8 +584,7 @@ t.test("run-engine.sh: llama-server gets the container's signals and gives it it
 
   // The container starts: run-engine.sh execs the engine. postStart runs beside it, so the first
   // posts find no shard (404) and are sent again once it is registered.
-  const container = spawn('bash', [join(dir, 'hooks', 'run-engine.sh'), '--model', '/models/model.gguf'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
-  t.teardown(() => container.kill('SIGKILL'));
+  const container = startContainer(t, [join(dir, 'hooks', 'run-engine.sh'), '--model', '/models/model.gguf'], env, ['stdout', 'stderr']);
   let stdout = '';
   let stderr = '';
   container.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
@@ -613,8 +631,7 @@ t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute
   });
   chmodSync(join(dir, 'engine.sh'), 0o755);
   const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String(await closedPort()), POD_NAME: 'llama-lonely', ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '0.1', ENGINE_LOG_ATTEMPTS: '2', TMPDIR: dir };
-  const container = spawn('bash', [join(dir, 'hooks', 'run-engine.sh')], { env, stdio: ['ignore', 'ignore', 'pipe'] });
-  t.teardown(() => container.kill('SIGKILL'));
+  const container = startContainer(t, [join(dir, 'hooks', 'run-engine.sh')], env, ['stderr']);
   let stderr = '';
   container.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
   const exited = new Promise<number | null>((resolve) => container.on('exit', (code) => resolve(code)));
@@ -648,14 +665,16 @@ t.test('engine-log.sh sends 256 KiB at most, the tail nodecompute keeps: lines p
   const shard = await spawnShardProcess(t, 0);
   t.equal((await app.inject({ method: 'PUT', url: `/shards/${POD_NAME}`, payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
   const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String((app.server.address() as { port: number }).port), POD_NAME, ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '0.1', TMPDIR: dir };
-  const container = spawn('bash', [join(dir, 'hooks', 'run-engine.sh')], { env, stdio: ['ignore', 'ignore', 'ignore'] });
-  t.teardown(() => container.kill('SIGKILL'));
+  const container = startContainer(t, [join(dir, 'hooks', 'run-engine.sh')], env);
+  const exited = new Promise<number | null>((resolve) => container.on('exit', (code) => resolve(code)));
   // The sender removes its spool once it has sent all the reader kept.
   await waitUntil(() => readdirSync(dir).some((name) => name.startsWith('engine-log.')), { what: 'the spool', timeoutMs: 20_000 });
   await waitUntil(() => !readdirSync(dir).some((name) => name.startsWith('engine-log.')), { what: 'the sender to finish', timeoutMs: 30_000 });
   const more = await app.inject({ method: 'POST', url: `/shards/${POD_NAME}/engine-output`, payload: '\n', headers: { 'content-type': 'text/plain' } });
   t.match(more.json(), { account: null, note: /^Nothing in the output kept so far says where llama\.cpp computes/ }, 'the CUDA failure past 256 KiB was not sent');
   t.ok(more.json().tailBytes > 250_000, `the filler was (${more.json().tailBytes} bytes kept)`);
+  container.kill('SIGTERM');
+  t.equal(await exited, 143, 'the engine ended by the SIGTERM passed on');
 });
 
 t.test('an engine that ends before its model loads: the lines that say why reach nodecompute before the container ends', async (t) => {
