@@ -334,6 +334,15 @@ interface HookResult {
   stderr: string;
 }
 
+/** Runs `script` with bash to its end, as kubelet runs a hook (30 s at most). */
+function runBash(script: string, env: Record<string, string | undefined>): Promise<HookResult> {
+  return new Promise((resolve) => {
+    execFile('bash', [script], { env, timeout: 30_000 }, (err, stdout, stderr) => {
+      resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
+    });
+  });
+}
+
 t.test('the hook scripts, run by bash against a live nodecompute', async (t) => {
   const TOKEN = 'k8s-example-token-0123456789abcdef';
   // Characters a shell would expand or glob if the hooks let it: they must reach the header as they are.
@@ -381,22 +390,17 @@ t.test('the hook scripts, run by bash against a live nodecompute', async (t) => 
   const llamaPort = (llamaServer.address() as { port: number }).port;
 
   const hook = (name: string, env: Record<string, string> = {}, smi = inContainer.dir) =>
-    new Promise<HookResult>((resolve) => {
-      const hookEnv = {
-        PATH: `${smi}:${process.env.PATH}`,
-        NODE_IP: '127.0.0.1',
-        NODECOMPUTE_PORT: String(port),
-        NODECOMPUTE_TOKEN_FILE: join(dir, 'pod', 'token'),
-        POD_NAME,
-        POD_UID,
-        LLAMA_ARG_PORT: String(llamaPort),
-        SHARD_GRACE_MS: '60000',
-        REGISTER_ATTEMPTS: '2',
-        ...env,
-      };
-      execFile('bash', [join(dir, 'hooks', name)], { env: hookEnv, timeout: 30_000 }, (err, stdout, stderr) => {
-        resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
-      });
+    runBash(join(dir, 'hooks', name), {
+      PATH: `${smi}:${process.env.PATH}`,
+      NODE_IP: '127.0.0.1',
+      NODECOMPUTE_PORT: String(port),
+      NODECOMPUTE_TOKEN_FILE: join(dir, 'pod', 'token'),
+      POD_NAME,
+      POD_UID,
+      LLAMA_ARG_PORT: String(llamaPort),
+      SHARD_GRACE_MS: '60000',
+      REGISTER_ATTEMPTS: '2',
+      ...env,
     });
 
   /** Runs a hook as kubelet runs a probe, every 200 ms, until `done` says so or 20 s pass. */
@@ -532,6 +536,30 @@ function startContainer(t: Test, args: string[], env: Record<string, string | un
   return container;
 }
 
+/** A test directory with the example's hooks, `files`, and engine.sh: bash running `engine`, the stand-in for llama-server. */
+function engineDir(t: Test, engine: string[], files: Record<string, string | Record<string, never>> = {}): string {
+  const dir = t.testdir({ hooks: hooks.data, ...files, 'engine.sh': ['#!/bin/bash', ...engine].join('\n') });
+  chmodSync(join(dir, 'engine.sh'), 0o755);
+  return dir;
+}
+
+/** What the example's container gives run-engine.sh, with nodecompute on loopback `port` and the spool in `dir`. */
+function engineEnv(dir: string, port: number, podName: string, more: Record<string, string> = {}): Record<string, string | undefined> {
+  return { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String(port), POD_NAME: podName, ENGINE_BINARY: join(dir, 'engine.sh'), TMPDIR: dir, ...more };
+}
+
+/** The spool directories run-engine.sh made in `dir` that are still there. */
+const spools = (dir: string) => readdirSync(dir).filter((name) => name.startsWith('engine-log.'));
+
+/** A listening nodecompute where `podName` is registered already (a process of the test's, on GPU 0): engine-log.sh's posts are taken at once. */
+async function nodecomputeWithShard(t: Test, podName: string) {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const shard = await spawnShardProcess(t, 0);
+  t.equal((await app.inject({ method: 'PUT', url: `/shards/${podName}`, payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
+  return { app, port: (app.server.address() as { port: number }).port };
+}
+
 t.test("run-engine.sh: llama-server gets the container's signals and gives it its exit status and whole stderr, and nodecompute gets its start-up log, so the probe says why it is on the CPU", async (t) => {
   const POD_NAME = 'llama-cpu-7c9d5';
   const POD_UID = randomUUID();
@@ -541,22 +569,17 @@ t.test("run-engine.sh: llama-server gets the container's signals and gives it it
   // and its last words, and exits 7.
   const startup = `${readSample('llamacpp-server-log_b9692_cuda-dll-missing_cpu-only-device_info_from-test-literal.txt')}0.06.041.657 I srv  llama_server: model loaded\n`;
   const request = '0.09.000.001 I srv  log_server_r: request: GET /health 127.0.0.1 200\n';
-  const dir = t.testdir({
-    hooks: hooks.data,
-    'container-smi': {},
-    'startup.log': startup,
-    'request.log': request,
-    token: `${TOKEN}\n`,
-    'engine.sh': [
-      '#!/bin/bash',
+  const dir = engineDir(
+    t,
+    [
       'trap \'echo "engine: SIGTERM" >&2; sleep 0.2; echo "engine: last words" >&2; exit 7\' TERM',
       'echo "engine pid $$"',
       'cat "$(dirname "$0")/startup.log" >&2',
       'cat "$(dirname "$0")/request.log" >&2',
       'while :; do sleep 0.1; done',
-    ].join('\n'),
-  });
-  chmodSync(join(dir, 'engine.sh'), 0o755);
+    ],
+    { 'container-smi': {}, 'startup.log': startup, 'request.log': request, token: `${TOKEN}\n` },
+  );
   let enginePid = 0;
   const real = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
   // The pod's processes: run-engine.sh (the container's first process) and llama-server.
@@ -570,19 +593,14 @@ t.test("run-engine.sh: llama-server gets the container's signals and gives it it
   const { app } = await buildTestApp(t, { scenario: { gpus: [gpu], processes: [] }, config: { token: TOKEN }, deps: { proc } });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const inContainer = createFakeNvidiaSmi(join(dir, 'container-smi'), { gpus: [gpu], processes: [] });
-  const env = {
+  const env = engineEnv(dir, (app.server.address() as { port: number }).port, POD_NAME, {
     PATH: `${inContainer.dir}:${process.env.PATH}`,
-    NODE_IP: '127.0.0.1',
-    NODECOMPUTE_PORT: String((app.server.address() as { port: number }).port),
     NODECOMPUTE_TOKEN_FILE: join(dir, 'token'),
-    POD_NAME,
     POD_UID,
-    ENGINE_BINARY: join(dir, 'engine.sh'),
     ENGINE_LOG_PAUSE_S: '0.2',
-    TMPDIR: dir,
-  };
+  });
 
-  // The container starts: run-engine.sh execs the engine. postStart runs beside it, so the first
+  // The container starts: run-engine.sh starts the engine. postStart runs beside it, so the first
   // posts find no shard (404) and are sent again once it is registered.
   const container = startContainer(t, [join(dir, 'hooks', 'run-engine.sh'), '--model', '/models/model.gguf'], env, ['stdout', 'stderr']);
   let stdout = '';
@@ -594,11 +612,7 @@ t.test("run-engine.sh: llama-server gets the container's signals and gives it it
   enginePid = Number(/^engine pid (\d+)\n$/.exec(stdout)?.[1]);
   t.equal((await real.readStat(enginePid))?.ppid, container.pid, "llama-server is a child of run-engine.sh, which stays the container's first process");
 
-  const register = await new Promise<HookResult>((resolve) => {
-    execFile('bash', [join(dir, 'hooks', 'register.sh')], { env: { ...env, REGISTER_ATTEMPTS: '2' }, timeout: 30_000 }, (err, out, errOut) => {
-      resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout: out, stderr: errOut });
-    });
-  });
+  const register = await runBash(join(dir, 'hooks', 'register.sh'), { ...env, REGISTER_ATTEMPTS: '2' });
   t.equal(register.code, 0, register.stdout + register.stderr);
   const ready = async () => (await app.inject({ method: 'GET', url: `/shards/${POD_NAME}/ready` })).json();
   // The sender posts every 0.2 s; a loaded machine may take seconds.
@@ -615,11 +629,9 @@ t.test("run-engine.sh: llama-server gets the container's signals and gives it it
 });
 
 t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute, the engine still writes its stderr through it; SIGINT reaches the engine', async (t) => {
-  const dir = t.testdir({
-    hooks: hooks.data,
-    'startup.log': 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n',
-    'engine.sh': [
-      '#!/bin/bash',
+  const dir = engineDir(
+    t,
+    [
       'trap \'echo "engine: SIGINT" >&2; exit 3\' INT',
       'cat "$(dirname "$0")/startup.log" >&2',
       'until [ -e "$(dirname "$0")/go" ]; do sleep 0.05; done',
@@ -627,10 +639,10 @@ t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute
       'head -c 2097152 /dev/zero | tr "\\0" x >&2',
       ': >"$(dirname "$0")/written"',
       'while :; do sleep 0.05; done',
-    ].join('\n'),
-  });
-  chmodSync(join(dir, 'engine.sh'), 0o755);
-  const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String(await closedPort()), POD_NAME: 'llama-lonely', ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '0.1', ENGINE_LOG_ATTEMPTS: '2', TMPDIR: dir };
+    ],
+    { 'startup.log': 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n' },
+  );
+  const env = engineEnv(dir, await closedPort(), 'llama-lonely', { ENGINE_LOG_PAUSE_S: '0.1', ENGINE_LOG_ATTEMPTS: '2' });
   const container = startContainer(t, [join(dir, 'hooks', 'run-engine.sh')], env, ['stderr']);
   let stderr = '';
   container.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
@@ -647,29 +659,22 @@ t.test('engine-log.sh never holds up the engine: once it gives up on nodecompute
     `ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n${'x'.repeat(2_097_152)}engine: SIGINT\n`,
     'every byte of its stderr reached the container log',
   );
-  t.same(readdirSync(dir).filter((name) => name.startsWith('engine-log.')), [], 'no spool is left behind');
+  t.same(spools(dir), [], 'no spool is left behind');
 });
 
 t.test('engine-log.sh sends 256 KiB at most, the tail nodecompute keeps: lines past it are not sent', async (t) => {
   const POD_NAME = 'llama-chatty-9e1d0';
   // 2,700 lines of 100 bytes (past 256 KiB at line 2,622), then a CUDA failure, which is not sent.
   const filler = Array.from({ length: 2700 }, (_, i) => `srv  filler: ${String(i).padStart(4, '0')} ${'x'.repeat(81)}`).join('\n');
-  const dir = t.testdir({
-    hooks: hooks.data,
+  const dir = engineDir(t, ['cat "$(dirname "$0")/filler.log" >&2', 'while :; do sleep 0.05; done'], {
     'filler.log': `${filler}\nggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected\n`,
-    'engine.sh': ['#!/bin/bash', 'cat "$(dirname "$0")/filler.log" >&2', 'while :; do sleep 0.05; done'].join('\n'),
   });
-  chmodSync(join(dir, 'engine.sh'), 0o755);
-  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
-  await app.listen({ host: '127.0.0.1', port: 0 });
-  const shard = await spawnShardProcess(t, 0);
-  t.equal((await app.inject({ method: 'PUT', url: `/shards/${POD_NAME}`, payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
-  const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String((app.server.address() as { port: number }).port), POD_NAME, ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '0.1', TMPDIR: dir };
-  const container = startContainer(t, [join(dir, 'hooks', 'run-engine.sh')], env);
+  const { app, port } = await nodecomputeWithShard(t, POD_NAME);
+  const container = startContainer(t, [join(dir, 'hooks', 'run-engine.sh')], engineEnv(dir, port, POD_NAME, { ENGINE_LOG_PAUSE_S: '0.1' }));
   const exited = new Promise<number | null>((resolve) => container.on('exit', (code) => resolve(code)));
   // The sender removes its spool once it has sent all the reader kept.
-  await waitUntil(() => readdirSync(dir).some((name) => name.startsWith('engine-log.')), { what: 'the spool', timeoutMs: 20_000 });
-  await waitUntil(() => !readdirSync(dir).some((name) => name.startsWith('engine-log.')), { what: 'the sender to finish', timeoutMs: 30_000 });
+  await waitUntil(() => spools(dir).length > 0, { what: 'the spool', timeoutMs: 20_000 });
+  await waitUntil(() => spools(dir).length === 0, { what: 'the sender to finish', timeoutMs: 30_000 });
   const more = await app.inject({ method: 'POST', url: `/shards/${POD_NAME}/engine-output`, payload: '\n', headers: { 'content-type': 'text/plain' } });
   t.match(more.json(), { account: null, note: /^Nothing in the output kept so far says where llama\.cpp computes/ }, 'the CUDA failure past 256 KiB was not sent');
   t.ok(more.json().tailBytes > 250_000, `the filler was (${more.json().tailBytes} bytes kept)`);
@@ -680,26 +685,14 @@ t.test('engine-log.sh sends 256 KiB at most, the tail nodecompute keeps: lines p
 t.test('an engine that ends before its model loads: the lines that say why reach nodecompute before the container ends', async (t) => {
   const POD_NAME = 'llama-crash-4f2b1';
   const failed = 'ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected';
-  const dir = t.testdir({
-    hooks: hooks.data,
-    'engine.sh': ['#!/bin/bash', `echo '${failed}' >&2`, "echo 'error: failed to load model' >&2", 'exit 1'].join('\n'),
-  });
-  chmodSync(join(dir, 'engine.sh'), 0o755);
-  const { app } = await buildTestApp(t, { scenario: eightGpuNode() });
-  await app.listen({ host: '127.0.0.1', port: 0 });
-  const shard = await spawnShardProcess(t, 0);
-  t.equal((await app.inject({ method: 'PUT', url: `/shards/${POD_NAME}`, payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } })).statusCode, 201);
+  const dir = engineDir(t, [`echo '${failed}' >&2`, "echo 'error: failed to load model' >&2", 'exit 1']);
+  const { app, port } = await nodecomputeWithShard(t, POD_NAME);
   // The sender looks every second: the engine has ended long before its second look.
-  const env = { PATH: process.env.PATH, NODE_IP: '127.0.0.1', NODECOMPUTE_PORT: String((app.server.address() as { port: number }).port), POD_NAME, ENGINE_BINARY: join(dir, 'engine.sh'), ENGINE_LOG_PAUSE_S: '1', TMPDIR: dir };
-  const run = await new Promise<HookResult>((resolve) => {
-    execFile('bash', [join(dir, 'hooks', 'run-engine.sh')], { env, timeout: 30_000 }, (err, stdout, stderr) => {
-      resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
-    });
-  });
+  const run = await runBash(join(dir, 'hooks', 'run-engine.sh'), engineEnv(dir, port, POD_NAME, { ENGINE_LOG_PAUSE_S: '1' }));
   t.same([run.code, run.stderr], [1, `${failed}\nerror: failed to load model\n`], "the engine's status and its whole stderr");
   const compute = (await app.inject({ method: 'GET', url: `/shards/${POD_NAME}/compute` })).json();
   t.match(compute.engine, { backend: 'CPU', evidence: failed }, 'posted before the container ended, where its other processes would have been killed');
-  t.same(readdirSync(dir).filter((name) => name.startsWith('engine-log.')), [], 'no spool is left behind');
+  t.same(spools(dir), [], 'no spool is left behind');
 });
 
 t.test('the hook scripts over IPv6: NODE_IP fd00::1 is written [fd00::1]:9470 in the Host header (RFC 9110) and in what they print', async (t) => {
@@ -716,17 +709,12 @@ t.test('the hook scripts over IPv6: NODE_IP fd00::1 is written [fd00::1]:9470 in
   await new Promise<void>((resolve) => llamaServer.listen(0, '127.0.0.1', resolve));
   t.teardown(() => new Promise<void>((resolve) => llamaServer.close(() => resolve())));
   const hook = (name: string, nodeIp: string, nodecomputePort: number) =>
-    new Promise<HookResult>((resolve) => {
-      const env = {
-        PATH: process.env.PATH,
-        NODE_IP: nodeIp,
-        NODECOMPUTE_PORT: String(nodecomputePort),
-        POD_NAME: 'llama-v6',
-        LLAMA_ARG_PORT: String((llamaServer.address() as { port: number }).port),
-      };
-      execFile('bash', [join(dir, 'hooks', name)], { env, timeout: 30_000 }, (err, stdout, stderr) => {
-        resolve({ code: err ? Number((err as { code?: number }).code ?? -1) : 0, stdout, stderr });
-      });
+    runBash(join(dir, 'hooks', name), {
+      PATH: process.env.PATH,
+      NODE_IP: nodeIp,
+      NODECOMPUTE_PORT: String(nodecomputePort),
+      POD_NAME: 'llama-v6',
+      LLAMA_ARG_PORT: String((llamaServer.address() as { port: number }).port),
     });
 
   const v6 = await hook('ready.sh', '::1', port);
