@@ -28,10 +28,10 @@
 // Missing directories are made one level at a time: Node's recursive mkdir never settles (and
 // spins a core) where mkdir answers ENOENT below a directory that exists, as it does under /proc.
 // One writer only: the file is compared with the text this process last wrote there, or first read
-// (at start), before each write and each look. Another content there (a second nodecompute given the same state file, an
-// edit by hand) fails the write, with code STATE_FILE_CHANGED, instead of throwing that change away
-// (the other instance's acknowledged registrations): the directory reads not writable, with that
-// reason, until a restart reads the file again. Content, not inode or mtime: some FUSE filesystems
+// (at start), before each write and each look. Another content there (a second nodecompute given
+// the same state file, an edit by hand) fails the write, with code STATE_FILE_CHANGED and its fix,
+// instead of throwing that change away (the other instance's acknowledged registrations): the
+// directory reads not writable, with that reason, until a restart reads the file again. Content, not inode or mtime: some FUSE filesystems
 // give a file another inode number on every lookup.
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
@@ -171,7 +171,7 @@ async function makeDirectory(dir: string, parentMade = false): Promise<void> {
 }
 
 /** The file holds other text than this process last wrote there (or, before its first write, read at start). */
-function changedElsewhere(path: string): Error {
+function changedElsewhere(path: string): StateFileFailure {
   return Object.assign(
     new Error(
       `${path} was changed by another process since this nodecompute read it at start or last wrote it (a second nodecompute with the same state file, or an edit by hand), ` +
