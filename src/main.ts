@@ -1,35 +1,22 @@
 #!/usr/bin/env node
-// Owns the process: the only place that reads process.env and argv (through config.ts), listens
-// (on :: by default, 0.0.0.0 on a kernel without IPv6: listen.ts), and handles signals.
-// `nodecompute` and `nodecompute serve` run the service; `nodecompute doctor` checks the node;
-// --help and --version say what they say. `serve` and `doctor` first read the token file within a
-// bound (config.ts's readStartTokens), so a file on a hung mount fails the start instead of hanging
-// it; the doctor reports a file a start refuses as a failed check and goes on. On SIGTERM/SIGINT
-// the server stops accepting, finishes in-flight requests, kills running nvidia-smi children and
-// exits 0 (1 after an uncaught error, or when it is cut short: after 10 s, on a second signal or
-// another uncaught error); or, while a read or write of the token file or the state file is stuck
-// on a hung mount, ends by SIGTERM (endIfIoStuck): Node cannot exit before that operation returns.
+// Owns the process: the only place that reads process.env and argv (through config.ts), listens and
+// handles signals. `nodecompute [serve]` runs the service, `nodecompute doctor` checks the node. On
+// SIGTERM/SIGINT the server stops accepting, finishes in-flight requests, kills running nvidia-smi
+// children and exits 0; 1 after an uncaught error, or when cut short (10 s, a second signal).
 import closeWithGrace from 'close-with-grace';
 import { inspect } from 'node:util';
-import { destination, pino, symbols, type Logger } from 'pino';
+import { destination, pino, type Logger } from 'pino';
 import { buildApp } from './app.js';
 import { describeWriteAccess } from './auth.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
 import { listenOn, type Listening } from './listen.js';
-import { operationsKnown, operationsUnderWay, stuckOperations, type StuckOperation } from './system/stuck-io.js';
 import { VERSION } from './version.js';
 
 const COMMANDS = ['serve', 'doctor'];
 
 /** How long a shutdown may take before it is cut short (close-with-grace's delay). */
 const SHUTDOWN_GRACE_MS = 10_000;
-
-/** How long a file operation under way when a shutdown is cut short has taken before it is taken for one that may hang. */
-const SUSPECT_OPERATION_MS = 1000;
-
-/** The SIGTERM handlers there before this module installed any: a preloaded tool's exit hooks, if any. */
-const SIGTERM_HANDLERS_AT_START = process.listeners('SIGTERM');
 
 const USAGE = `nodecompute ${VERSION}: where GPU work really runs on this node.
 
@@ -43,14 +30,7 @@ Settings (each flag has an environment variable; flags win):
 ${settingsHelp()}
 `;
 
-/**
- * Logs to stdout, one JSON line each, written synchronously: a process that ends by a signal (a
- * file operation stuck, below) has every line it logged out first, in order, with nothing
- * left queued. Lines are few (requests are logged only when they fail, or at debug level). The
- * price: a log reader that stops reading (a full pipe) stalls the service until it reads again,
- * where an asynchronous logger would grow its queue without bound instead. On a terminal, lines go
- * through pino-pretty's worker, which may lose the last ones when the process ends by a signal.
- */
+/** JSON lines to stdout, written synchronously so none is lost at exit; pretty on a terminal. */
 function createLogger(config: Config): Logger {
   if (process.stdout.isTTY) {
     return pino({ level: config.logLevel, transport: { target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l' } } });
@@ -58,89 +38,13 @@ function createLogger(config: Config): Logger {
   return pino({ level: config.logLevel }, destination({ fd: 1, sync: true }));
 }
 
-/**
- * Takes the first snapshot, so that the log says at once whether nvidia-smi answers. When it does
- * not, the snapshot cache has already logged the failure with what it means for the answers (one
- * warning when failing starts or its reason changes): saying it again here would log it twice.
- * Looks at the state directory too: one that takes no writes is logged (by state-file.ts) now,
- * not at the first registration.
- */
+/** Takes the first snapshot and looks at the state directory, so the log says at once whether both work. */
 async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): Promise<void> {
   const { node, stateFile, probeBudgetMs } = app.services;
   const [current] = await Promise.all([node.current().catch(() => null), stateFile.writable(probeBudgetMs)]);
   if (current === null) return;
   const { snapshot } = current.view;
   log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
-}
-
-/** Returns once every line logged so far is written out (on a terminal: taken by pino-pretty's worker). */
-function flushLog(log: Logger): void {
-  (log as unknown as Record<symbol, { flushSync(): void }>)[symbols.streamSym]!.flushSync();
-}
-
-/** What is said when a file operation stuck on a hung mount (or, `underWay`, one slow and not yet past its bound) keeps the process from exiting. */
-function stuckMessage({ what, file, fix }: StuckOperation, underWay = false): string {
-  const pending = underWay ? 'is still under way (its bound has not passed yet)' : 'is still pending (its filesystem does not answer)';
-  return `${what} ${file} ${pending}, and Node cannot exit before it returns: ending the process with SIGTERM instead (exit status 143). ${fix}`;
-}
-
-/**
- * Ends the process by SIGTERM's default action (exit status 143, what a process without a handler
- * shows), which the kernel carries out whatever a read waits on. close-with-grace's handlers would
- * answer the signal with process.exit(), which hangs: the handlers installed since start go. Those
- * there before (exit hooks, as signal-exit's, which raise the signal again once they have run) are
- * run first, here and now, as the signal would run them: the callers go on to an exit (close-with-
- * grace's process.exit()) without giving the event loop another turn. The signal then ends the
- * process before process.kill returns: nothing runs after it.
- */
-function raiseSigterm(): void {
-  for (const handler of process.listeners('SIGTERM')) {
-    if (!SIGTERM_HANDLERS_AT_START.includes(handler)) process.off('SIGTERM', handler);
-  }
-  process.emit('SIGTERM', 'SIGTERM');
-  // One that ran without ending the process would catch the signal below, and the exit would hang.
-  process.removeAllListeners('SIGTERM');
-  process.kill(process.pid, 'SIGTERM');
-}
-
-/**
- * Ends the process, by SIGTERM, when a file operation is stuck (still pending past its bound:
- * stuck-io.ts), after saying why in the log (on stderr before there is one); returns when none is.
- * Node's exit waits for every file operation it started to return (libuv joins its threadpool
- * threads), and one stuck on a hung mount never does: neither process.exit() nor an event loop left
- * to empty would end the process, and it would hang until the kubelet's SIGKILL. Called before
- * every exit, after operationsKnown() where there is time to wait for it; a shutdown cut short has
- * none (`cutShort`), so an operation under way for a second already ends it the same way.
- */
-function endIfIoStuck(log: Logger | null, cutShort = false): void {
-  const [stuck] = stuckOperations();
-  // Cut short, there is no time to wait for one under way to return or pass its bound: one that has
-  // taken a second already is no healthy disk's, and is taken for one that may hang.
-  const [underWay] = cutShort ? operationsUnderWay(SUSPECT_OPERATION_MS) : [];
-  const operation = stuck ?? underWay;
-  if (operation === undefined) return;
-  const message = stuckMessage(operation, stuck === undefined);
-  try {
-    if (log === null) {
-      process.stderr.write(`nodecompute: ${message}\n`);
-    } else {
-      log.warn({ file: operation.file }, message);
-      flushLog(log);
-    }
-  } finally {
-    raiseSigterm();
-  }
-}
-
-/**
- * The shutdown is cut short (its grace ran out, a second signal came, or an uncaught error, which
- * `fields` carry): says so, and ends the process at once. close-with-grace calls process.exit(1)
- * right after this returns, so where a file operation is stuck or still under way (that exit would
- * or could hang) the process ends here, by SIGTERM.
- */
-function cutShutdownShort(log: Logger, why: string, fields: object = {}): void {
-  log.error(fields, why);
-  endIfIoStuck(log, true);
 }
 
 /**
@@ -172,15 +76,13 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       delay: SHUTDOWN_GRACE_MS,
       logger: log,
       onTimeout: () =>
-        cutShutdownShort(
-          log,
+        log.error(
           `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: the requests still in flight are cut off, and the process ends now. ` +
             'A client that keeps a request open (a body it never finishes, an answer it does not read) holds a shutdown up; it gets a reset connection and should retry.',
         ),
-      onSecondSignal: (signal) =>
-        cutShutdownShort(log, `A second ${signal} came while shutting down: the requests still in flight are cut off, and the process ends now.`),
+      onSecondSignal: (signal) => log.error(`A second ${signal} came while shutting down: the requests still in flight are cut off, and the process ends now.`),
       onSecondError: (err) =>
-        cutShutdownShort(log, `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`, thrownFields(err)),
+        log.error(thrownFields(err), `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`),
     },
     async (closing) => {
       const { signal, err } = closing;
@@ -195,12 +97,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       } else {
         log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
       }
-      try {
-        await app.close();
-      } finally {
-        await operationsKnown();
-        endIfIoStuck(log);
-      }
+      await app.close();
       if (failed) process.exit(1);
     },
   );
@@ -254,9 +151,4 @@ async function main(argv: string[]): Promise<number | null> {
 }
 
 const code = await main(process.argv.slice(2));
-if (code !== null) {
-  process.exitCode = code;
-  // A token file or state file that did not answer at start leaves its read pending: the process would never end.
-  await operationsKnown();
-  endIfIoStuck(null);
-}
+if (code !== null) process.exitCode = code;

@@ -1,43 +1,14 @@
-// Owns the shard registry's file on disk. Writes are atomic and durable: a temp file in the same
-// directory is written and fsynced, renamed over the state file, and the directory is fsynced, so
-// a crash at any moment leaves either the old or the new file, never a torn one, and (where the
-// directory fsync works) a write that resolved survives a power cut. Reading never repairs or
-// overwrites: a file that cannot be read or parsed is the operator's to look at. It does clear away
-// the temp files a crash between write and rename left beside it (read runs at start-up), once they
-// are old enough that no live writer can own them.
-//
-// Once the rename is done the write has happened, whatever follows: a directory fsync that fails
-// then (some FUSE and network filesystems cannot fsync a directory: EINVAL) is logged, not thrown,
-// so the registry never refuses a change that the file already holds. Each kind of failure is
-// logged as a warning once, then at debug: on such a filesystem every write fails the same way.
-// Whether the directory takes writes is also watched for /readyz (writable()): the last answer is
-// served at once and looked at again in the background once WRITABLE_LOOK_MS old (a write of the
-// state file is an answer too); a look that does not land within its bound (a filesystem that does
-// not answer) is an answer of its own. A change between writable and not is logged, once, so an
-// unwritable volume shows at start-up and whenever it turns, not only at the next registration.
-// A read, write or look still pending past timeoutMs is taken for a filesystem that does not answer
-// (a hung network mount): the directory is answered not writable, the operation is listed in
-// stuck-io.ts (main.ts must not wait for it to exit), and until it returns no other is started
-// (writes fail at once, looks answer why): each would block one of libuv's 4 threadpool threads for
-// good, and a few would stall every file operation of the process. (A look answers its caller by
-// the caller's own bound, a probe's budget, and counts as unwritable past it; it is not stuck yet.)
-// A write that fails throws the system's words and code (EROFS: read-only file system) without the
-// path they name, most often that write's own temp file, a new name every time: the same failure then
-// reads the same on every write, so its 503 is logged as one (app.ts: once a minute) and /readyz's
-// reason stays put. The directory turning unwritable is the error line; each refused write is not.
-// Missing directories are made one level at a time: Node's recursive mkdir never settles (and
-// spins a core) where mkdir answers ENOENT below a directory that exists, as it does under /proc.
-// One writer only: the file is compared with the text this process last wrote there, or first read
-// (at start), before each write and each look. Another content there (a second nodecompute given
-// the same state file, an edit by hand) fails the write, with code STATE_FILE_CHANGED and its fix,
-// instead of throwing that change away (the other instance's acknowledged registrations): the
-// directory reads not writable, with that reason, until a restart reads the file again. Content, not inode or mtime: some FUSE filesystems
-// give a file another inode number on every lookup.
+// Owns the shard registry's file on disk. A write is atomic and durable: a temp file beside it is
+// written and fsynced, renamed over the state file, and the directory fsynced, so a crash leaves the
+// old file or the new one, never a torn one. One writer only: before each write the file must still
+// hold what this process last wrote or first read, so a second nodecompute's registrations are never
+// thrown away. An operation pending past timeoutMs is taken for a filesystem that does not answer:
+// the directory reads unwritable and nothing else is started there until it returns. Reading never
+// repairs; it only clears temp files a crash left behind.
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
 import { cannotStoreMessage } from '../errors.js';
-import { watch } from './stuck-io.js';
 
 /** checkWritable's answer: writable (perhaps with a warning), or not, why, and what to do where it is not the directory's own fault. */
 export type Writability = { ok: true; warning: { problem: string; fix: string } | null } | { ok: false; reason: string; fix?: string };
@@ -58,9 +29,6 @@ export const WRITABLE_LOOK_MS = 60_000;
 
 /** How long a read or a write of the state file, or the doctor's look, may take before its filesystem is taken for one that does not answer. */
 export const STATE_FILE_TIMEOUT_MS = 5_000;
-
-/** What to do about an operation stuck on the state file's filesystem (stuck-io.ts, main.ts). */
-const STUCK_FIX = 'If this repeats, check the volume that holds it (a hung network mount?), or set NODECOMPUTE_STATE_FILE to a path on a local disk.';
 
 /** What the probe file holds: enough to need a block of its own, so that a full disk shows. */
 const PROBE_CONTENT = Buffer.alloc(4096);
@@ -115,14 +83,6 @@ function unwritable(dir: string, err: StateFileFailure): Writability {
 
 /** Why the directory is not writable while `doing` has been pending `ms`. */
 const notFinished = (doing: string, ms: number): string => `${doing} did not finish within ${ms} ms: its filesystem does not answer (a hung network mount?)`;
-
-/** An operation on the state file's filesystem, as watched() names it. */
-interface Operation {
-  /** As the reason it is stuck starts: "reading /state/shards.json". */
-  doing: string;
-  /** As stuck-io.ts's list starts it: "A write of the state file". */
-  what: string;
-}
 
 /** errno codes with which a filesystem says it cannot fsync a directory at all. */
 const CANNOT_SYNC_DIRECTORIES = new Set(['EINVAL', 'ENOTSUP', 'EOPNOTSUPP']);
@@ -258,17 +218,18 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   };
   /** Per operation on the directory pending past timeoutMs: why the directory is not writable meanwhile. */
   const hung = new Set<{ reason: string }>();
-  /**
-   * Settles as `operation` does. Past timeoutMs the filesystem is taken for one that does not answer
-   * (see the header): the operation is listed as stuck (stuck-io.ts) until it returns, and `onStuck`
-   * is told why (by default, that is the directory's answer until then).
-   */
-  function watched<T>(operation: Promise<T>, { doing, what }: Operation, onStuck = (reason: string): unknown => record({ ok: false, reason })): Promise<T> {
+  /** Settles as `operation` does; past timeoutMs, `onStuck` is told why (by default that is the directory's answer) until it returns. */
+  function watched<T>(operation: Promise<T>, doing: string, onStuck = (reason: string): unknown => record({ ok: false, reason })): Promise<T> {
     const entry = { reason: notFinished(doing, timeoutMs) };
-    return watch(operation, timeoutMs, { what, file: path, fix: STUCK_FIX }, () => {
+    const timer = setTimeout(() => {
       hung.add(entry);
       onStuck(entry.reason);
-    }).finally(() => hung.delete(entry));
+    }, timeoutMs);
+    timer.unref();
+    return operation.finally(() => {
+      clearTimeout(timer);
+      hung.delete(entry);
+    });
   }
   /** See StateFile.stuck. */
   const stuckReason = (): string | null => {
@@ -357,7 +318,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         maxWaitMs,
       );
       late.unref();
-      void watched(lookAtDirectory(), { doing, what: 'A write of a probe file beside the state file' }).then((answer) => {
+      void watched(lookAtDirectory(), doing).then((answer) => {
         clearTimeout(late);
         looking = null;
         resolve(record(answer));
@@ -377,7 +338,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     timeoutMs,
     read() {
       return new Promise<string | null>((resolve, reject) => {
-        watched(readText(), { doing: `reading ${path}`, what: 'A read of the state file' }, (reason) => reject(new Error(reason))).then(resolve, reject);
+        watched(readText(), `reading ${path}`, (reason) => reject(new Error(reason))).then(resolve, reject);
       });
     },
     async write(text) {
@@ -387,7 +348,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       const temp = join(dir, `.${basename(path)}.${process.pid}.${sequence}.tmp`);
       let failed: DirectorySyncProblem | null;
       try {
-        failed = await watched(replaceWith(temp, text), { doing: `writing the state file (its temp file ${temp})`, what: 'A write of the state file' });
+        failed = await watched(replaceWith(temp, text), `writing the state file (its temp file ${temp})`);
       } catch (err) {
         const failure = writeFailure(err);
         record(unwritable(dir, failure));

@@ -1,29 +1,11 @@
 // Owns reading the token file (NODECOMPUTE_TOKEN_FILE) while the service runs: one look says whether
-// the file changed since the content last taken from it and, when it did, reads it. What the text
-// means (one token a line) is config.ts's parseTokenFile; which tokens are in force is auth.ts's.
-//
-// Three rules keep a write (and everything else on the event loop) safe from the file:
-// - Reads are asynchronous. A Secret is a tmpfs, but the setting can point anywhere, and a read on a
-//   hung network mount never returns: done synchronously it would stall every request, probes too.
-// - A look answers within a bound (TOKEN_FILE_READ_TIMEOUT_MS), `late` if the file did not answer by
-//   then. The stuck read is left to finish (it cannot be cancelled) and no other is started while it
-//   is pending: each would hold one of libuv's 4 threadpool threads, and a few would stall every
-//   other file operation of the process (the state file's writes among them). Concurrent looks
-//   share the one in flight. A result that comes after its bound is dropped; the next look reads
-//   again.
-// - A content is taken only when it is stable: the file's identity (device, inode, size, mtime) is
-//   the same before and after the read, and as many bytes were read as its size says. A file
-//   rewritten in place (truncated, then written) can otherwise be caught half-written, and its
-//   partial tokens would replace the good ones. An unstable read is answered as such, and the
-//   next look tries again.
-// A read still pending past its bound is listed in stuck-io.ts until it returns: Node's exit waits for
-// every read it started (libuv joins its threadpool threads), so one stuck on a hung mount keeps the
-// process from exiting at all, and main.ts must know it to end otherwise. A read within its bound is
-// not listed: a working file answers within milliseconds, and an exit waits for that (and, should it
-// start to hang, for its bound to pass: stuck-io.ts's operationsKnown).
+// the file changed since the content last taken from it and, when it did, reads it. Reads are
+// asynchronous and a look answers within a bound (`late` past it; concurrent looks share one read).
+// A content is taken only when it was stable while read: the same identity (device, inode, size,
+// mtime) before and after, and as many bytes as its size says, so a file rewritten in place is never
+// taken half-written. What the text means is config.ts's; which tokens are in force is auth.ts's.
 import type { BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
-import { watch } from './stuck-io.js';
 
 /** How long a look at the token file may take before the caller is answered without it. */
 export const TOKEN_FILE_READ_TIMEOUT_MS = 1000;
@@ -112,9 +94,6 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
   }
 }
 
-/** What is said of a read of the token file stuck on a hung mount (stuck-io.ts, main.ts). */
-const STUCK_READ_FIX = 'If this repeats, check that filesystem, or mount the token from a Kubernetes Secret (a tmpfs, which does not hang).';
-
 interface Flight {
   answer: Promise<TokenFileLook>;
   /** Whether the bound passed while the read is pending: later looks then answer `late` at once. */
@@ -134,15 +113,17 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
     const deadline = new Promise<TokenFileLook>((resolve) => {
       answerLate = () => resolve({ kind: 'late', timeoutMs });
     });
-    const about = { what: 'A read of the token file', file: path, fix: STUCK_READ_FIX };
-    const read = watch(readIfChanged(path, taken, beforeRead), timeoutMs, about, () => {
+    const timer = setTimeout(() => {
       late = true;
-      // Read again once the file answers, so that its recovery is noticed (and said) even if it is unchanged.
+      // Read again once the file answers, so that its recovery is noticed even if it is unchanged.
       taken = null;
       answerLate();
-    }).then((outcome): TokenFileLook => {
+    }, timeoutMs);
+    timer.unref();
+    const read = readIfChanged(path, taken, beforeRead).then((outcome): TokenFileLook => {
+      clearTimeout(timer);
       flight = null;
-      if (late) return { kind: 'late', timeoutMs }; // dropped: its callers were answered without it
+      if (late) return { kind: 'late', timeoutMs }; // its callers were answered without it
       if (outcome.kind === 'read') {
         taken = outcome.identity;
         return { kind: 'read', text: outcome.text };

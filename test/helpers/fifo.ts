@@ -1,11 +1,10 @@
 // Owns the tests' stand-ins for a file on a hung mount: a FIFO (open() on one blocks until the other
 // end is opened, as a read or write on a hung network filesystem does), the kubelet's symlink swap,
-// and a running server brought to a stuck read of its token file.
+// and a running server whose token file can be pointed at a FIFO.
 import { spawnSync } from 'node:child_process';
 import { closeSync, constants, openSync, readdirSync, readFileSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Test } from 'tap';
-import { stuckOperations } from '../../src/system/stuck-io.js';
 import { startServer, type RunningServer } from './server.js';
 
 /**
@@ -44,9 +43,6 @@ export function blockedOpeningFifo(pid: number): boolean {
     }
   });
 }
-
-/** The files of the operations stuck now (stuck-io.ts). */
-export const stuckFiles = (): string[] => stuckOperations().map((operation) => operation.file);
 
 export function mkfifo(path: string): void {
   const result = spawnSync('mkfifo', [path], { encoding: 'utf8' });
@@ -93,7 +89,7 @@ export function repoint(link: string, target: string): void {
 
 /**
  * Starts the service (without nvidia-smi) on the token file `<dir>/token`: a symlink to `good`, which
- * holds `token`, beside a FIFO `fifo` that hangTokenFile can point it at. The FIFO is released at
+ * holds `token`, beside a FIFO `fifo` that `repoint` can point it at. The FIFO is released at
  * teardown, so that no read stays blocked in open(). `env` adds to the server's environment.
  */
 export async function startWithTokenFile(
@@ -115,20 +111,3 @@ export async function startWithTokenFile(
 /** The server's warning that a read of its token file did not answer (auth.ts). */
 export const isStuckReadWarning = (entry: Record<string, unknown>): boolean =>
   entry.level === 40 && String(entry.msg).includes('did not answer within 1000 ms');
-
-/**
- * Points the token file `link` of a server started by startWithTokenFile at its FIFO, then writes
- * with `token` every 100 ms until the server warns that its read of the file is stuck (it looks at
- * the file at most once a second, on a write), or `timeoutMs` passes. Answers the statuses of those
- * writes.
- */
-export async function hangTokenFile(server: RunningServer, link: string, token: string, timeoutMs: number): Promise<number[]> {
-  repoint(link, 'fifo');
-  const statuses: number[] = [];
-  const giveUpAt = Date.now() + timeoutMs;
-  while (!server.logs().some(isStuckReadWarning) && Date.now() < giveUpAt) {
-    statuses.push((await server.fetch('/shards/none', { method: 'DELETE', headers: { authorization: `Bearer ${token}` } })).status);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-  return statuses;
-}

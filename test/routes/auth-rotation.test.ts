@@ -16,7 +16,7 @@ import type { DoctorReport } from '../../src/doctor/doctor.js';
 import { REPORT_REUSE_MS } from '../../routes/doctor.js';
 import { buildTestApp, manualClock } from '../helpers/app.js';
 import { eightGpuNode, waitUntil } from '../helpers/fake-nvidia-smi.js';
-import { fifoTestdir, releaseFifo, repoint, stuckFiles } from '../helpers/fifo.js';
+import { blockedOpeningFifo, fifoTestdir, releaseFifo, repoint } from '../helpers/fifo.js';
 import { captureLog } from '../helpers/log-capture.js';
 
 const OLD = 'old-token-0123456789abcdef';
@@ -448,7 +448,8 @@ t.test('a token file that hangs, then answers with a bad content, reports the ba
   // The mount answers again, with a content that cannot be used.
   repoint(path, 'short');
   await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
-  await waitUntil(() => stuckFiles().length === 0, { what: 'the stuck read to return' });
+  await waitUntil(() => !blockedOpeningFifo(process.pid), { what: 'the stuck read to return' });
+  await new Promise((resolve) => setTimeout(resolve, 50));
   clock.advance(TOKEN_FILE_CHECK_MS);
   t.equal(await write(OLD), 'accepted', 'the tokens last read stay in force');
   const unusable = `The token file ${path} cannot be used: the token on line 1 cannot work: it is 5 characters long, and a token needs at least 16.`;

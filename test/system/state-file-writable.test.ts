@@ -7,7 +7,6 @@ import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
 import { createStateFile, STATE_FILE_CHANGED, STATE_FILE_CHANGED_FIX, WRITABLE_LOOK_MS } from '../../src/system/state-file.js';
-import { stuckOperations } from '../../src/system/stuck-io.js';
 import { manualClock } from '../helpers/app.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { fifoTestdir } from '../helpers/fifo.js';
@@ -138,8 +137,7 @@ t.test('writable: a look not landed within its bound is an answer of its own, sa
   const unanswered = { ok: false, reason: `writing a probe file in ${dir} did not finish within 50 ms: its filesystem does not answer (a hung network mount?)` };
   t.same(await state.writable(50), unanswered, "answered within the probe's budget");
   t.match(lines, [{ level: 50, reason: unanswered.reason }], 'said when the bound passes');
-  await waitUntil(() => stuckOperations().length === 1, { what: "the look to pass the state file's own bound" });
-  t.match(stuckOperations(), [{ what: 'A write of a probe file beside the state file', file: join(dir, 'shards.json') }], 'listed once past the state file\'s bound: Node cannot exit before it returns');
+  await waitUntil(() => state.stuck() !== null, { what: "the look to pass the state file's own bound" });
   const stuck = { ok: false, reason: `writing a probe file in ${dir} did not finish within 200 ms: its filesystem does not answer (a hung network mount?)` };
   t.same(await state.writable(50), stuck, 'the answer says so');
   await t.rejects(state.write('{}\n'), { message: `${stuck.reason}; that is still pending, and nothing else is written there until it returns` }, 'a write meanwhile fails at once');
@@ -159,7 +157,7 @@ t.test('writable: a look not landed within its bound is an answer of its own, sa
   }
   t.match(answer, { ok: false, reason: landed });
   t.notOk(existsSync(probe), 'the look removed its probe');
-  t.same(stuckOperations(), [], 'no longer listed');
+  t.equal(state.stuck(), null, 'nothing is stuck any more');
   t.equal(lines.length, 1, 'still not writable: nothing more said');
 
   // Looked at again with the FIFO gone: writable, and said so.
