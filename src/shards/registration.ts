@@ -1,0 +1,285 @@
+// Owns registering and removing shards: a registration is checked against this node's /proc (the
+// process exists, runs, and is no init or kernel thread; a cgroup holds a running process) and GPUs
+// (each index exists now; its UUID is kept), and refused (409) where another id already covers its
+// processes: the same process or cgroup, or, for a PID, an ancestor or descendant within
+// ANCESTRY_DEPTH, or a process group one leads and the other is in. A repeat of a registration (a
+// controller reconciling) is never a conflict and reads no other shard's /proc.
+import type { Logger } from 'pino';
+import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
+import { SANDBOX_COMMS } from '../node-state/attribution.js';
+import { gpuNoLongerListed, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
+import type { NodeService } from '../node-state/node-service.js';
+import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
+import type { RegisterShard } from '../schemas/shards.js';
+import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
+import { NotARepeatError, processOf, type Overlaps, type PutResult, type Registry } from './registry.js';
+import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
+
+/** What a registration names, read from /proc: its identity, and the registrations covering its processes (null: a repeat). */
+interface Target {
+  identity: ProcessIdentity;
+  overlaps: Overlaps | null;
+}
+
+/** What attribution counts as a process's own besides itself: its nearest ancestors and its process group. */
+interface Lineage {
+  ancestors: ProcessIdentity[];
+  pgid: number;
+}
+
+/** A process of this boot, as a map key. */
+const processKey = (identity: ProcessIdentity): string => `${identity.pid}@${identity.startTime}`;
+
+/** init: the ancestor of every process (in a container's PID namespace, its main process). */
+const INIT_PID = 1;
+/** kthreadd: every kernel thread is it or its child. */
+const KTHREADD_PID = 2;
+
+export interface RegistrationDeps {
+  registry: Registry;
+  node: NodeService;
+  proc: ProcReader;
+  defaultGraceMs: number;
+  log: Logger;
+  now: () => number;
+  /** Told after a change is stored (even one whose caller was answered 503 pending). */
+  onStored: (id: string, change: { put: PutResult } | { removed: true }) => void;
+}
+
+export function createRegistration(deps: RegistrationDeps) {
+  const { registry, node, proc, log, now } = deps;
+
+  const ofThisBoot = (): { bootId?: string } => {
+    const bootId = proc.bootId();
+    return bootId === null ? {} : { bootId };
+  };
+  const identityOf = (stat: ProcStat): ProcessIdentity => ({ pid: stat.pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() });
+
+  /** The process to register as a PID shard, and its parent's PID. */
+  async function identityOfPid(pid: number): Promise<{ identity: ProcessIdentity; ppid: number }> {
+    const stat = await proc.readStat(pid);
+    if (!stat) {
+      throw new ProcessNotFoundError(
+        `No process with PID ${pid} exists in ${proc.root}. Register the shard's host PID while it runs; ` +
+          "if the shard runs in a container, nodecompute needs the host's PID namespace (--pid=host / hostPID: true) to see it.",
+      );
+    }
+    if (hasExited(stat)) {
+      throw new ProcessNotFoundError(
+        `Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register the shard once its engine runs.`,
+      );
+    }
+    if (stat.pid === INIT_PID) {
+      throw new NotAShardProcessError(
+        `PID 1 in ${proc.root} is init (${stat.comm}), not a shard: every process on the node descends from it, so as a shard it would claim ` +
+          "other workloads' GPU memory and none would read as foreign. This is probably a container's main process, PID 1 inside the container: " +
+          "register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`; in Kubernetes `crictl inspect --output go-template --template '{{.info.pid}}' CONTAINER_ID` on the node), " +
+          'or register the pod by its cgroup ("cgroup": its UID, `kubectl get pod POD -o jsonpath=\'{.metadata.uid}\'`).',
+      );
+    }
+    if (stat.pid === KTHREADD_PID || stat.ppid === KTHREADD_PID) {
+      throw new NotAShardProcessError(
+        `PID ${pid} in ${proc.root} is the kernel thread ${stat.comm}, not a shard. This is probably the PID as a container sees it: ` +
+          "register the host PID (for a container's main process: `docker inspect -f '{{.State.Pid}}' CONTAINER`), or register the shard by its cgroup.",
+      );
+    }
+    return { identity: { ...identityOf(stat), pid }, ppid: stat.ppid };
+  }
+
+  /** Which registrations cover one of `held` though their target differs: a PID shard of one of them, or a cgroup one runs in. */
+  async function overlapsWith(held: ProcessIdentity[], ofCgroup: boolean): Promise<Overlaps> {
+    const cgroups = (await Promise.all(held.map((identity) => proc.readCgroup(identity.pid)))).map((paths) => paths ?? []);
+    return (other) => {
+      if (other.cgroup === null) {
+        return held.some((identity) => sameProcess(other.identity, identity)) ? `holds process ${processOf(other)}` : null;
+      }
+      if (!cgroups.some(cgroupMatcher(other.cgroup))) return null;
+      return `${ofCgroup ? 'shares processes with' : 'runs in'} the cgroup "${other.cgroup}"`;
+    };
+  }
+
+  /** Another process's stat for a conflict check; undefined when unreadable, which must not fail this registration. */
+  async function statIfReadable(pid: number): Promise<ProcStat | null | undefined> {
+    try {
+      return await proc.readStat(pid);
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** The nearest ANCESTRY_DEPTH ancestors of a process whose parent is `ppid`, read now. */
+  async function ancestorsFrom(ppid: number): Promise<ProcessIdentity[]> {
+    const ancestors: ProcessIdentity[] = [];
+    for (let next = ppid; next > 0 && ancestors.length < ANCESTRY_DEPTH; ) {
+      const parent = await statIfReadable(next);
+      if (!parent) break;
+      ancestors.push(identityOf(parent));
+      next = parent.ppid;
+    }
+    return ancestors;
+  }
+
+  /** A registered PID shard's lineage now: null when its process no longer runs; undefined when unreadable. */
+  async function lineageOf(identity: ProcessIdentity): Promise<Lineage | null | undefined> {
+    const stat = await statIfReadable(identity.pid);
+    if (stat === undefined) return undefined;
+    if (stat === null || stat.startTime !== identity.startTime || hasExited(stat)) return null;
+    return { ancestors: await ancestorsFrom(stat.ppid), pgid: stat.pgrp };
+  }
+
+  /**
+   * A process to register. A registered PID shard also covers it when one descends from the other
+   * (within ANCESTRY_DEPTH) or is in the process group the other leads: attribution would give the
+   * second one's memory to the first. Siblings in one group do not cover each other.
+   */
+  async function targetOfPid(pid: number, repeats: (identity: ProcessIdentity) => boolean): Promise<Target> {
+    const { identity, ppid } = await identityOfPid(pid);
+    if (repeats(identity)) return { identity, overlaps: null };
+    const others = registry.list().filter((shard) => shard.cgroup === null && !ranInAnotherBoot(shard.identity, proc.bootId()));
+    const [ancestors, lineages] = await Promise.all([
+      ancestorsFrom(ppid),
+      Promise.all(others.map(async (shard) => [processKey(shard.identity), await lineageOf(shard.identity)] as const)),
+    ]);
+    const lineageByProcess = new Map(lineages);
+    const sameOrCgroup = await overlapsWith([identity], false);
+    return {
+      identity,
+      overlaps: (other) => {
+        const plain = sameOrCgroup(other);
+        if (plain !== null || other.cgroup !== null || ranInAnotherBoot(other.identity, proc.bootId())) return plain;
+        // Keyed by process, not id: an id replaced since by another process was not read.
+        const theirs = lineageByProcess.get(processKey(other.identity));
+        if (theirs === null) return null; // gone since: its PID and group number may be another's now
+        const process = `process ${processOf(other)}`;
+        if (ancestors.some((ancestor) => sameProcess(other.identity, ancestor))) return `descends from ${process}`;
+        if (theirs?.ancestors.some((ancestor) => sameProcess(identity, ancestor))) return `is an ancestor of ${process}`;
+        const theirGroup = theirs?.pgid ?? other.identity.pgid;
+        if (theirGroup === other.identity.pid && identity.pgid === theirGroup) return `is in the process group ${process} leads`;
+        if (identity.pgid === identity.pid && theirGroup === identity.pid) return `leads the process group ${process} is in`;
+        return null;
+      },
+    };
+  }
+
+  /** A cgroup to register: its identity is its oldest running process that is not the pod's sandbox. */
+  async function targetOfCgroup(cgroup: string): Promise<Target> {
+    const pids = (await proc.findPidsInCgroup(cgroup)).sort((a, b) => a - b);
+    const held: ProcessIdentity[] = [];
+    let chosen: ProcessIdentity | null = null;
+    let chosenIsEngine = false;
+    for (const pid of pids) {
+      const stat = await proc.readStat(pid);
+      if (!stat || hasExited(stat)) continue;
+      const identity = { ...identityOf(stat), pid };
+      held.push(identity);
+      const isEngine = !SANDBOX_COMMS.has(stat.comm);
+      if (chosen === null || (isEngine && (!chosenIsEngine || identity.startTime < chosen.startTime))) {
+        chosen = identity;
+        chosenIsEngine = isEngine;
+      }
+    }
+    if (chosen !== null) return { identity: chosen, overlaps: await overlapsWith(held, true) };
+    throw new ProcessNotFoundError(
+      `No process in ${proc.root} has a cgroup containing "${cgroup}". Give the container id or pod UID as /proc/PID/cgroup shows it ` +
+        '(for a pod: its UID with "-" or "_" as the cgroup driver writes it), and register once the container runs.',
+    );
+  }
+
+  /** A /proc that cannot be read (permissions, a bad mount) is the node's problem: 503. */
+  async function readable<T>(reading: Promise<T>): Promise<T> {
+    try {
+      return await reading;
+    } catch (err) {
+      if (isCodedError(err)) throw err;
+      throw new ProcUnreadableError(`The registration was not stored: ${(err as Error).message} Run \`nodecompute doctor\` on this node.`, { cause: err });
+    }
+  }
+
+  /**
+   * Checks GPU indices against the node and keeps each one's UUID; while nvidia-smi cannot be asked
+   * they are taken on trust and `unchecked` says why. `kept`: the devices a repeat names, unchecked.
+   */
+  async function checkGpus(gpus: number[], kept: string[] | undefined): Promise<{ unchecked: string | null; uuids?: string[] }> {
+    if (gpus.length === 0) return { unchecked: null, uuids: [] };
+    let snapshot: NodeSnapshot;
+    try {
+      snapshot = (await node.current()).view.snapshot;
+    } catch (err) {
+      if (!isCodedError(err)) throw err;
+      return kept === undefined ? { unchecked: err.message } : { unchecked: null, uuids: kept };
+    }
+    if (kept !== undefined) return { unchecked: null, uuids: kept };
+    const known = snapshot.gpus.map((gpu) => gpu.index);
+    const unknown = gpus.filter((index) => !known.includes(index));
+    if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
+    const lostSince = (gpu: LostGpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}`;
+    const lostNote = snapshot.lostGpus
+      .filter((gpu) => unknown.includes(gpu.index))
+      .map((gpu) => `${lostSince(gpu)}: ${LOST_GPU_MEANING}`)
+      .join('');
+    // A lost GPU renumbers those after it: the index asked for is most likely one of them.
+    const renumberNote = snapshot.lostGpus
+      .filter((gpu) => !unknown.includes(gpu.index))
+      .map((gpu) => `${lostSince(gpu)}, and nvidia-smi numbers only the GPUs it lists: those after it usually moved down one index. GET /gpus gives each GPU's index and UUID now.`)
+      .join('');
+    throw new UnknownGpuError(
+      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${lostNote}${renumberNote} Fix "gpus" in the registration.`,
+    );
+  }
+
+  /** A PUT that repeats this id's GPUs means the devices the registration kept, whatever their indices now: their UUIDs. */
+  function repeatedUuids(id: string, gpus: number[]): string[] | undefined {
+    const before = registry.get(id);
+    if (before?.gpuUuids === undefined || before.gpus.length !== gpus.length || !gpus.every((index) => before.gpus.includes(index))) return undefined;
+    return gpus.map((index) => before.gpuUuids![before.gpus.indexOf(index)]!);
+  }
+
+  return {
+    async register(id: string, body: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
+      if ((body.pid !== undefined) === (body.cgroup !== undefined)) {
+        throw new BadRequestError(
+          body.pid !== undefined
+            ? 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.'
+            : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
+        );
+      }
+      const recordOf = (identity: ProcessIdentity, gpuUuids: string[] | undefined): ShardRecord => ({
+        id,
+        pid: body.pid ?? null,
+        cgroup: body.cgroup ?? null,
+        gpus: [...body.gpus],
+        ...(gpuUuids === undefined ? {} : { gpuUuids }),
+        engine: body.engine ?? 'other',
+        graceMs: body.graceMs ?? deps.defaultGraceMs,
+        registeredAt: now(),
+        identity,
+      });
+      const kept = repeatedUuids(id, body.gpus);
+      const target = (repeats: (identity: ProcessIdentity) => boolean) =>
+        readable(body.pid !== undefined ? targetOfPid(body.pid, repeats) : targetOfCgroup(body.cgroup as string));
+      const [read, { unchecked, uuids }] = await Promise.all([target((identity) => registry.repeats(recordOf(identity, kept))), checkGpus(body.gpus, kept)]);
+      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids), overlaps, (stored) => deps.onStored(id, { put: stored }));
+      const { created, shard, unchanged } = await put(read).catch(async (err: unknown) => {
+        if (!(err instanceof NotARepeatError)) throw err;
+        // Read as a repeat, the id was removed or changed before it was decided: judged in full now.
+        return put(await target(() => false));
+      });
+      if (unchecked !== null && !unchanged) {
+        log.warn(
+          { shard: id, gpus: shard.gpus, nvidiaSmi: unchecked },
+          `Shard "${id}" was stored with GPU ${shard.gpus.join(', ')} unchecked: nvidia-smi cannot be asked, so they were taken on trust. ` +
+            "Once it answers, check that they are this node's (GET /gpus lists them).",
+        );
+      }
+      return { created, shard };
+    },
+
+    async remove(id: string): Promise<void> {
+      if (!(await registry.remove(id, () => deps.onStored(id, { removed: true })))) {
+        throw new ShardNotFoundError(
+          `No shard "${id}" is registered on this node, so there is nothing to remove: if this DELETE repeats an earlier one, that one removed it. GET /shards lists those registered.`,
+        );
+      }
+    },
+  };
+}
