@@ -1,36 +1,43 @@
 // Owns the GPU resources: GET /gpus (every GPU, its memory and processes, each attributed to its
 // shard) and GET /gpus/foreign-memory (per GPU, memory that is not a registered shard's); both name
-// the GPUs lost since nodecompute started, and mark those nvidia-smi has said since that it cannot reach.
+// the GPUs lost since nodecompute started, and mark those nvidia-smi has since said it cannot reach.
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { Current } from '../src/node-state/node-service.js';
+import { conditional, contentTag } from '../src/http/conditional.js';
 import { foreignMemory } from '../src/node-state/foreign-memory.js';
-import { gpusResponse, lostGpusJson, unreachableSaid } from '../src/node-state/node-view.js';
+import { gpusResponse, lostGpusJson, snapshotMeta, unreachableSaid, type NodeView } from '../src/node-state/node-view.js';
+import type { UnreachableListedGpu } from '../src/node-state/placement.js';
 import { errorResponses } from '../src/schemas/common.js';
 import { GpusResponseSchema } from '../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../src/schemas/shards.js';
-import { conditional } from './conditional.js';
-import { createSnapshotJson, type SnapshotJson } from './snapshot-json.js';
+
+type Unreachable = readonly UnreachableListedGpu[];
+type Fields = Record<string, unknown>;
+
+/** A body's fields after the snapshot header, derived once per node view and unreachable GPUs, with their ETag content. */
+function perView(build: (node: NodeView, unreachable: Unreachable) => Fields) {
+  const derived = new WeakMap<NodeView, { unreachable: Unreachable; fields: Fields; tag: string }>();
+  return (node: NodeView, unreachable: Unreachable) => {
+    let entry = derived.get(node);
+    if (entry?.unreachable !== unreachable) {
+      const fields = build(node, unreachable);
+      entry = { unreachable, fields, tag: contentTag(JSON.stringify(fields)) };
+      derived.set(node, entry);
+    }
+    return entry;
+  };
+}
 
 const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
-  const sendGpus = createSnapshotJson(gpusResponse);
-  const sendForeign = createSnapshotJson((current, unreachable) => ({
-    gpus: foreignMemory(current).map((gpu) => ({ ...gpu, unreachable: unreachableSaid(gpu.uuid, unreachable) })),
-    lostGpus: lostGpusJson(current),
-  }));
-  /** A handler that answers at once from a cached snapshot, and waits (a promise) only when it must. */
-  const answer = (json: SnapshotJson) => (request: FastifyRequest, reply: FastifyReply) => {
-    const respond = (current: Current) => {
-      const unreachable = node.unreachable();
-      if (conditional(app.services, request, reply, current.view, json.tag(current.node, unreachable))) void reply.status(304).send();
-      else json.send(reply, current.view, current.node, unreachable);
+  const answer = (build: (node: NodeView, unreachable: Unreachable) => Fields) => {
+    const fieldsOf = perView(build);
+    return async (request: FastifyRequest, reply: FastifyReply) => {
+      const current = await node.current();
+      const { fields, tag } = fieldsOf(current.node, node.unreachable());
+      if (conditional(app.services, request, reply, current.view, tag)) return reply.status(304).send();
+      return { ...snapshotMeta(current.view), ...fields };
     };
-    const now = node.available();
-    if (now) return respond(now);
-    // Otherwise answered when the refresh lands: the handler returns nothing, so Fastify waits for
-    // reply.send (no promise of ours for Fastify to send a second time).
-    node.current().then(respond, (err: Error) => void reply.send(err));
   };
   app.get(
     '/gpus',
@@ -42,7 +49,7 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: GpusResponseSchema, 304: {}, ...errorResponses(503) },
       },
     },
-    answer(sendGpus),
+    answer(gpusResponse),
   );
   app.get(
     '/gpus/foreign-memory',
@@ -54,7 +61,10 @@ const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: ForeignMemoryResponseSchema, 304: {}, ...errorResponses(503) },
       },
     },
-    answer(sendForeign),
+    answer((current, unreachable) => ({
+      gpus: foreignMemory(current).map((gpu) => ({ ...gpu, unreachable: unreachableSaid(gpu.uuid, unreachable) })),
+      lostGpus: lostGpusJson(current),
+    })),
   );
 };
 

@@ -2,7 +2,6 @@
 // computes (/compute), its readiness probe (/ready) and the engine's output (/engine-output).
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import type { FastifyReply } from 'fastify';
 import { snapshotMeta } from '../src/node-state/node-view.js';
 import type { SnapshotView } from '../src/node-state/snapshot.js';
 import { errorResponses } from '../src/schemas/common.js';
@@ -17,9 +16,8 @@ import {
   ShardResponseSchema,
 } from '../src/schemas/shards.js';
 import { shardBody, type ShardState } from '../src/shards/shard-service.js';
-import { conditional, shardsTag } from './conditional.js';
-import { sendLateError } from './late-error.js';
-import { requireContentType } from './content-type.js';
+import { conditional, shardsTag } from '../src/http/conditional.js';
+import { requireContentType } from '../src/http/content-type.js';
 
 export const ENGINE_OUTPUT_MAX_BYTES = 1024 * 1024;
 
@@ -32,24 +30,8 @@ function statusBody(state: ShardState) {
   return { ...shardBody(state.shard), status: { ...state.readiness }, compute: state.compute };
 }
 
-/**
- * The probe's answer, serialised once per state: the shard service hands the same state object to
- * every probe of a steady shard, so those probes only write bytes. The body is exactly
- * ReadyResponseSchema (tests check it against the schema).
- */
-const readyBodies = new WeakMap<ShardState, string>();
-
-function sendReady(reply: FastifyReply, state: ShardState): void {
-  let body = readyBodies.get(state);
-  if (body === undefined) {
-    body = JSON.stringify({
-      shard: state.shard.id,
-      ...state.readiness,
-      observedAt: state.observedAt === null ? null : new Date(state.observedAt).toISOString(),
-    });
-    readyBodies.set(state, body);
-  }
-  void reply.status(state.readiness.ready ? 200 : 503).type('application/json; charset=utf-8').send(body);
+function readyBody(state: ShardState) {
+  return { shard: state.shard.id, ...state.readiness, observedAt: state.observedAt === null ? null : new Date(state.observedAt).toISOString() };
 }
 
 /** What a change's 503 means: the state file could not take it within `timeoutMs` (registry.ts). */
@@ -181,16 +163,9 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: ReadyResponseSchema, 503: ReadyResponseSchema, ...errorResponses(400, 404) },
       },
     },
-    // Not async: a probe the cache can answer is sent at once, without a promise in between.
-    (request, reply) => {
-      const now = shards.probeNow(request.params.id);
-      if (now) return sendReady(reply, now);
-      // Otherwise answered when the refresh lands: the handler returns nothing, so Fastify waits for
-      // reply.send (no promise of ours for Fastify to send a second time).
-      shards.probe(request.params.id, probeBudgetMs).then(
-        (state) => sendReady(reply, state),
-        (err: Error) => sendLateError(reply, err),
-      );
+    async (request, reply) => {
+      const state = await shards.probe(request.params.id, probeBudgetMs);
+      return reply.status(state.readiness.ready ? 200 : 503).send(readyBody(state));
     },
   );
 

@@ -7,45 +7,10 @@
 import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
+import { prefersHtml } from '../src/http/accept.js';
 import { ErrorSchema, StringEnum } from '../src/schemas/common.js';
 import { renderHtml, renderText, statusModel } from '../src/status-page/render.js';
 import { VERSION } from '../src/version.js';
-
-interface MediaRange {
-  type: string;
-  q: number;
-}
-
-function parseAccept(header: string): MediaRange[] {
-  return header.split(',').map((part) => {
-    const [type = '', ...params] = part.split(';').map((piece) => piece.trim().toLowerCase());
-    const qParam = params.find((param) => param.startsWith('q='));
-    const q = qParam === undefined ? 1 : Number(qParam.slice(2));
-    return { type, q: Number.isFinite(q) ? Math.min(1, Math.max(0, q)) : 0 };
-  });
-}
-
-/** The q-value the Accept header gives a media type: from its most specific matching range. */
-function quality(ranges: MediaRange[], mediaType: string): number {
-  const family = `${mediaType.split('/')[0]}/*`;
-  let specificity = -1;
-  let q = 0;
-  for (const range of ranges) {
-    const rank = range.type === mediaType ? 2 : range.type === family ? 1 : range.type === '*/*' ? 0 : -1;
-    if (rank > specificity) {
-      specificity = rank;
-      q = range.q;
-    }
-  }
-  return q;
-}
-
-/** True when the client prefers text/html strictly over text/plain; ties and no Accept get text. */
-export function prefersHtml(accept: string | undefined): boolean {
-  if (!accept) return false;
-  const ranges = parseAccept(accept);
-  return quality(ranges, 'text/html') > quality(ranges, 'text/plain');
-}
 
 const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, probeBudgetMs, now, config, node } = app.services;

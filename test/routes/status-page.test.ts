@@ -13,7 +13,7 @@ import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { SnapshotView } from '../../src/node-state/snapshot.js';
 import type { ShardState } from '../../src/shards/shard-service.js';
 import { colourClass, renderHtml, renderText, shardHue, statusModel, TEXT_BAR_WIDTH } from '../../src/status-page/render.js';
-import { prefersHtml } from '../../routes/status-page.js';
+import { prefersHtml } from '../../src/http/accept.js';
 import { buildTestApp, manualClock, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
 import { eightGpuNode, idleEightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
@@ -214,7 +214,8 @@ t.test('Accept negotiation: only a client preferring text/html gets HTML; ?forma
     [BROWSER_ACCEPT, true],
     ['text/html;q=0.5, text/plain;q=0.9', false],
     ['text/plain;q=0.1, text/*;q=0.8', true],
-    ['text/html;level=1;q=0.7, */*;q=0.2', true],
+    // A range with parameters applies to that media type only (RFC 9110 12.5.1): */* decides, a tie.
+    ['text/html;level=1;q=0.7, */*;q=0.2', false],
     ['text/html;q=bogus, text/plain;q=0', false],
     ['text/html;q=2', true],
   ];

@@ -1,17 +1,12 @@
-// Owns conditional GETs for pollers: answers derived from a snapshot carry a weak ETag made of a
-// digest of what the answer says (not of when it was observed: a control plane polling every few
-// seconds, slower than the cache TTL, sees a new snapshot each time, most often saying the same) and
-// of whether nvidia-smi is failing; and Cache-Control: max-age of the snapshot's remaining freshness
-// (0 once it is stale). A matching If-None-Match gets 304 with no body, so a poller moves almost
-// nothing while the node is steady, yet sees at once that nvidia-smi started failing (or became far
-// slower than usual). The ETag is weak (W/): observedAt, ageMs and the spans of time in a reason
-// move while what the answer says does not.
+// Owns conditional GETs for pollers: an answer derived from a snapshot carries a weak ETag, a digest
+// of what it says (not of when it was observed) marked while nvidia-smi fails or is slow, and
+// Cache-Control: max-age of the snapshot's remaining freshness. A matching If-None-Match gets 304.
 import { createHash } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { Services } from '../src/app.js';
-import { withoutDurations } from '../src/duration.js';
-import type { SnapshotView } from '../src/node-state/snapshot.js';
-import type { ShardState } from '../src/shards/shard-service.js';
+import type { Services } from '../services.js';
+import { withoutDurations } from '../duration.js';
+import type { SnapshotView } from '../node-state/snapshot.js';
+import type { ShardState } from '../shards/shard-service.js';
 
 /** A short, stable digest of an answer's content. */
 export function contentTag(text: string): string {

@@ -1,19 +1,11 @@
-// Owns the answer to a path that exists asked with a method it does not have: 405 Method Not Allowed
-// with an Allow header listing the methods the path answers (RFC 9110 15.5.6), not the 404 of a
-// path that does not exist. Fastify's own router decides: every path the routes registered gets,
-// after the last route, one hidden route for the methods it lacks, so matching (parameters, the
-// /docs wildcard) is the router's, and a request to a real method never passes through here.
-// OPTIONS on a known path answers 204 with the same Allow header (RFC 9110 9.3.7: it asks which
-// methods a path takes), so Allow always lists OPTIONS. There is no CORS: the 204 carries no
-// Access-Control-* header, so a browser's preflight from another origin still fails, as before.
-// The hidden routes stay out of the OpenAPI document (schema.hide). Fastify's router knows only the
-// common methods and would send any other that Node's parser accepts (PROPFIND, LOCK, ...) to the
-// 404 of a missing path: those become known methods too, answered nowhere, so a known path asked
-// with one is a 405 as well. CONNECT never reaches a route (Node hands it to a 'connect' listener).
+// Owns the 405 of a path that exists asked with a method it lacks, with an Allow header (RFC 9110
+// 15.5.6); OPTIONS answers 204 with the same header and no CORS. Fastify's router decides: after the
+// last route, each path gets one hidden route for its missing methods, including the ones Node parses
+// that Fastify does not know (PROPFIND, ...), so a real method never passes through here.
 import { METHODS } from 'node:http';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { App } from '../src/app.js';
-import { MethodNotAllowedError } from '../src/errors.js';
+import type { App } from '../services.js';
+import { MethodNotAllowedError } from '../errors.js';
 
 /**
  * Starts collecting the paths of the routes registered from now on; call it before the first

@@ -9,7 +9,7 @@ import Fastify from 'fastify';
 import { parse } from 'yaml';
 import type { InjectOptions, LightMyRequestResponse } from 'fastify';
 import type { App } from '../../src/app.js';
-import { answerOtherMethods } from '../../routes/method-not-allowed.js';
+import { answerOtherMethods } from '../../src/http/method-not-allowed.js';
 import { buildTestApp } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
