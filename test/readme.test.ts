@@ -1,5 +1,6 @@
-// The README is the operator's manual: every setting and every route it promises must exist.
-import { readFileSync } from 'node:fs';
+// The README is the door to the operator's manual (docs/): every setting and every route it promises
+// must exist, and every link it and docs/ hold must lead somewhere.
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import t from 'tap';
 import { SETTINGS } from '../src/config.js';
 import { deviceLabel } from '../src/shards/compute.js';
@@ -36,4 +37,28 @@ t.test('the compute example labels its devices as the service does, from its own
   const devices = JSON.parse(/"devices":(\[[^\]]*\])/.exec(example!)![1]!) as string[];
   const gpus = JSON.parse(/"gpus":(\[[^\]]*\])/.exec(example!)![1]!) as Array<{ index: number; usedMiB: number }>;
   t.same(devices, gpus.map(deviceLabel), `${JSON.stringify(gpus)} reads ${JSON.stringify(devices)}`);
+});
+
+t.test('the README stays a door: under 300 lines', async (t) => {
+  t.ok(readme.split('\n').length < 300, `${readme.split('\n').length} lines`);
+});
+
+t.test('every relative link of the README and docs/ names a file there, and a heading where it names one', async (t) => {
+  const root = new URL('../', import.meta.url);
+  const docs = readdirSync(new URL('docs/', root)).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`);
+  t.ok(docs.length >= 5, `docs/ holds the manual: ${docs.join(', ')}`);
+  t.ok(docs.every((doc) => readme.includes(`](${doc})`)), 'the README links every one of them');
+  // GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens.
+  const prose = (text: string) => text.replace(/^```[\s\S]*?^```$/gm, '');
+  const anchors = (text: string) => [...prose(text).matchAll(/^#+ (.+)$/gm)].map((m) => m[1]!.toLowerCase().replace(/[^\p{L}\p{N} _-]/gu, '').replace(/ /g, '-'));
+  for (const from of ['README.md', ...docs]) {
+    const text = prose(readFileSync(new URL(from, root), 'utf8'));
+    for (const [, target] of text.matchAll(/\]\(([^)\s]+)\)/g)) {
+      if (/^[a-z]+:/.test(target!)) continue;
+      const [path, fragment] = target!.split('#') as [string, string | undefined];
+      const file = path === '' ? new URL(from, root) : new URL(path, new URL(from, root));
+      t.ok(existsSync(file), `${from}: ${target} exists`);
+      if (fragment && file.pathname.endsWith('.md')) t.ok(anchors(readFileSync(file, 'utf8')).includes(fragment), `${from}: ${target} names a heading`);
+    }
+  }
 });
