@@ -24,7 +24,8 @@ const HOUR_MS = 3_600_000;
 
 /**
  * What llama-server b9692 printed when its CUDA build could not load cudart: device_info lists the
- * CPU alone. Copied from shared/samples/llamacpp-server-log_b9692_cuda-dll-missing_cpu-only-device_info_from-test-literal.txt.
+ * CPU alone. Copied from
+ * test/fixtures/samples/llamacpp-server-log_b9692_cuda-dll-missing_cpu-only-device_info_from-test-literal.txt.
  */
 export const CUDA_MISSING_LOG = `0.00.230.154 I device_info:
 0.00.230.158 I   - CPU     : 13th Gen Intel(R) Core(TM) i9-13900HX (32487 MiB, 22489 MiB free)

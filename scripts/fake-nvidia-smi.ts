@@ -8,7 +8,7 @@ import { chmodSync, existsSync, readFileSync, renameSync, writeFileSync } from '
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-/** The UUIDs of the 8x H200 node in shared/samples/nvsmi-8xH200-container_query-gpu_and_compute-apps_not-found.txt. */
+/** The UUIDs of the 8x H200 node in test/fixtures/samples/nvsmi-8xH200-container_query-gpu_and_compute-apps_not-found.txt. */
 export const H200_UUIDS = [
   'GPU-a44622e3-2296-6285-0a86-84d0f6c67900',
   'GPU-4f31bb83-f8dc-d0af-029e-bc4356e6afeb',

@@ -1,11 +1,10 @@
 // The fake nvidia-smi answers like the real one. Each case runs the fake with the arguments the sample's
 // author ran, on a scenario describing that sample's machine, and expects the sample's own lines (the
-// `timestamp` column masked). When shared/samples is present, the first test checks that every expected
-// line really is in the sample named. Then the failure modes, the scenario knobs, and the harness.
+// `timestamp` column masked). The first test checks that every expected line really is in the sample
+// named (in test/fixtures/samples). Then the failure modes, the scenario knobs, and the harness.
 import t from 'tap';
-import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import {
   createFakeNvidiaSmi,
@@ -18,6 +17,7 @@ import {
   type FakeNvidiaSmi,
   type FakeScenario,
 } from './helpers/fake-nvidia-smi.js';
+import { readSample } from './helpers/samples.js';
 
 const ZERO_UUID = 'GPU-00000000-0000-0000-0000-000000000000';
 const CAPTURE_APPS_ARGS = [
@@ -404,11 +404,8 @@ const ALLFIELDS_CUT = lines(
   `<timestamp>, 590.48.01, 1, NVIDIA H200, 0000000000000, ${ZERO_UUID}, 00000000:83:00.0, 0, Enabled, 143771 MiB, 614 MiB, 32362 MiB, 110796 MiB, Disabled`,
 );
 
-const repoRoot = fileURLToPath(new URL('..', import.meta.url));
-const samplesDir = [join(repoRoot, '..', 'shared', 'samples'), join(repoRoot, 'shared', 'samples')].find((dir) => existsSync(dir));
-
-t.test('every expected answer is cut from its sample', { skip: samplesDir ? false : 'shared/samples not present' }, async (t) => {
-  const read = (file: string) => mask(readFileSync(join(samplesDir as string, file), 'utf8'));
+t.test('every expected answer is cut from its sample', async (t) => {
+  const read = (file: string) => mask(readSample(file));
   for (const c of sampleCases) {
     const sampleLines = new Set(read(c.from).split('\n').map((line) => line.trimStart()));
     const expected = c.stdout.split('\n').filter((line) => line !== '');

@@ -1,7 +1,7 @@
 // formatMemory and formatMemoryUse: the one way a memory size reads for people. The label must
 // match the arithmetic: binary units (MiB / 1024) are GiB, never "GB" (10000 MiB is 9.8 GiB but
-// 10.5 GB). Sizes come from ../shared/samples where named, plus the reviewer's 10000 MiB and the
-// unit's edges.
+// 10.5 GB). Sizes come from the samples in test/fixtures/samples where named, plus the reviewer's
+// 10000 MiB and the unit's edges.
 import t from 'tap';
 import { formatMemory, formatMemoryUse } from '../src/memory-size.js';
 import { deviceLabel } from '../src/shards/compute.js';
@@ -30,7 +30,7 @@ t.test('a compute device reads the same size with the same label', async (t) => 
 });
 
 t.test('a GPU\'s use of its memory, and the figures nvidia-smi did not report', async (t) => {
-  t.equal(formatMemoryUse(32_362, 143_771), '31.6 / 140.4 GiB', 'nvsmi-capture_h200_590.48.01_load_default-table.txt: 32362MiB / 143771MiB');
+  t.equal(formatMemoryUse(32_362, 143_771), '31.6 / 140.4 GiB', 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv: memory.used 32362 MiB of memory.total 143771 MiB');
   t.equal(formatMemoryUse(614, 143_771), '614 MiB / 140.4 GiB', 'below 1 GiB used: MiB, as the segments of that GPU read');
   t.equal(formatMemoryUse(1024, 143_771), '1.0 / 140.4 GiB');
   t.equal(formatMemoryUse(null, 143_771), '? / 140.4 GiB');

@@ -1,6 +1,6 @@
 // nvidia-smi failing in each way the real one does (its exit codes and words, from
-// shared/samples/nvsmi-err_*), printing garbage, dying by a signal, and its binary vanishing while
-// the service runs. Every answer is a coded 503 that quotes what nvidia-smi said and what to do;
+// test/fixtures/samples/nvsmi-err_*), printing garbage, dying by a signal, and its binary vanishing
+// while the service runs. Every answer is a coded 503 that quotes what nvidia-smi said and what to do;
 // a shard registered meanwhile reads `starting` (a verdict, not an error); nothing is left running; and the service
 // recovers by itself once nvidia-smi works again.
 import { chmodSync, readFileSync, rmSync, writeFileSync } from 'node:fs';

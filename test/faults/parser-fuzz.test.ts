@@ -1,13 +1,11 @@
 // Property-based fuzzing of every parser with fast-check: thousands of inputs generated from and
-// mutated out of the real samples in shared/samples (read at test time), plus free text. Each parser
-// either returns a well-formed result (numbers finite, integers, never negative where they count
-// memory, pids or indices) or throws its own coded parse error (NvidiaSmiUnparsableError /
+// mutated out of the real samples in test/fixtures/samples (read at test time), plus free text.
+// Each parser either returns a well-formed result (numbers finite, integers, never negative where
+// they count memory, pids or indices) or throws its own coded parse error (NvidiaSmiUnparsableError /
 // ProcParseError); parseCgroup and parseLlamaLog never throw. Fixed seeds make every run the same;
 // a failure prints fast-check's counterexample and the seed to replay it.
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { readdirSync, readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
-import { fileURLToPath } from 'node:url';
 import fc from 'fast-check';
 import t, { type Test } from 'tap';
 import { NvidiaSmiUnparsableError } from '../../src/errors.js';
@@ -23,14 +21,10 @@ import {
   type NvidiaSmiVersion,
 } from '../../src/system/nvidia-smi.js';
 import { parseCgroup, parseProcStat, ProcParseError, type ProcStat } from '../../src/system/procfs.js';
+import { readSample as sample, sampleNames } from '../helpers/samples.js';
 
 const SEED = 20_260_517;
-const samplesDir = [fileURLToPath(new URL('../../../shared/samples/', import.meta.url)), fileURLToPath(new URL('../../shared/samples/', import.meta.url))].find(
-  (dir) => existsSync(dir),
-);
-const skip = samplesDir ? false : 'shared/samples is not present';
-const sampleFiles = samplesDir ? readdirSync(samplesDir).sort() : [];
-const sample = (name: string) => readFileSync(join(samplesDir!, name), 'utf8');
+const sampleFiles = sampleNames();
 const matching = (re: RegExp) => sampleFiles.filter((name) => re.test(name));
 
 // ---------------------------------------------------------------------------------------------------
@@ -290,7 +284,7 @@ function check<T>(t: Test, name: string, arbitrary: fc.Arbitrary<T>, predicate: 
 
 // ---------------------------------------------------------------------------------------------------
 
-t.test('fuzzing the parsers with inputs built from the real samples', { skip }, async (t) => {
+t.test('fuzzing the parsers with inputs built from the real samples', async (t) => {
   const pool = linePool();
   t.ok(pool.length > 100, `${pool.length} sample lines to splice from`);
 

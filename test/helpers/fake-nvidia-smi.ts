@@ -141,8 +141,9 @@ export function createFakeNvidiaSmi(dir: string, scenario: FakeScenario): FakeNv
   };
 }
 
-// The UUIDs and sizes come from shared/samples/nvsmi-8xH200-container_query-gpu_and_compute-apps_not-found.txt;
-// reserved 614 MiB and free = total - reserved - used + 1 (nvidia-smi rounds each) from the H200 capture.
+// The UUIDs and sizes come from
+// test/fixtures/samples/nvsmi-8xH200-container_query-gpu_and_compute-apps_not-found.txt; reserved
+// 614 MiB and free = total - reserved - used + 1 (nvidia-smi rounds each) from the H200 capture.
 const H200_USED_MIB = [130013, 130053, 105851, 129993, 106091, 105851, 106139, 58071] as const;
 
 /**

@@ -232,8 +232,8 @@ t.test('the default CUDA command: the CUDA driver API (a stand-in libcuda) holds
   ]);
 });
 
-// GPU 0 of the H200 MIG capture (shared/samples/nvsmi-capture_h200-mig_590.48.01_list-L.txt): its
-// five MIG devices, as `nvidia-smi -L` lists them. With MIG enabled CUDA sees MIG devices only.
+// GPU 0 of the H200 MIG capture (test/fixtures/samples/nvsmi-capture_h200-mig_590.48.01_list-L.txt):
+// its five MIG devices, as `nvidia-smi -L` lists them. With MIG enabled CUDA sees MIG devices only.
 const H200_MIG_DEVICES = [
   { profile: '1c.3g.71gb', uuid: 'MIG-00000000-0000-0000-0000-000000000000' },
   { profile: '2c.3g.71gb', uuid: 'MIG-00000001-0000-0000-0000-000000000001' },

@@ -1,10 +1,9 @@
-import { readdirSync } from 'node:fs';
 import fc from 'fast-check';
 import t from 'tap';
 import { appendTail, ENGINE_TAIL_MAX_BYTES, type EngineAccount, parseLlamaLog, showsGpuWeights } from '../../src/shards/llama-log.js';
-import { readSample as sample, SAMPLES } from '../helpers/samples.js';
+import { readSample as sample, sampleNames } from '../helpers/samples.js';
 
-const LLAMA_SAMPLES = readdirSync(SAMPLES).filter((file) => file.startsWith('llamacpp-'));
+const LLAMA_SAMPLES = sampleNames().filter((file) => file.startsWith('llamacpp-'));
 
 const NOT_CONFIRMED = 'but printed no model buffer line, so weights on the GPU are not confirmed';
 

@@ -1,13 +1,10 @@
 // The pure nvidia-smi parsers, against tables of named cases cut from the real outputs in
-// shared/samples (each case names its file). A case is either
+// test/fixtures/samples (each case names its file). A case is either
 //   verbatim: every line occurs as-is in the sample,
 //   columns:  the sample's CSV cut to our columns (header and rows), checked by re-cutting it, or
 //   edited:   changed by hand, with the change said (`how`).
-// When shared/samples is present, the first test re-derives every verbatim and columns case from it.
+// The first test re-derives every verbatim and columns case from its sample.
 import t, { type Test } from 'tap';
-import { existsSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import {
   COMPUTE_APPS_FIELDS,
   GPU_QUERY_FIELDS,
@@ -20,6 +17,7 @@ import {
   type GpuRecord,
   type UnreachableGpu,
 } from '../../src/system/nvidia-smi.js';
+import { readSample } from '../helpers/samples.js';
 
 type Source =
   | { file: string; kind: 'verbatim' }
@@ -502,7 +500,7 @@ const versionCases: Array<Case<{ smiVersion: string | null; driverVersion: strin
     source: {
       file: 'nvsmi-capture_h200_590.48.01_version.txt',
       kind: 'edited',
-      how: 'laid out as public outputs of driver 610.57.04 show it (no capture of 610 in shared/samples yet)',
+      how: 'laid out as public outputs of driver 610.57.04 show it (no capture of 610 in test/fixtures/samples yet)',
     },
     text: lines(
       'NVIDIA-SMI version  : 610.57.04',
@@ -644,10 +642,7 @@ function runCases<T>(t: Test, cases: Array<Case<T>>, parse: (c: Case<T>) => T): 
   }
 }
 
-// --- provenance: re-derive verbatim and columns cases from shared/samples --------------------------
-
-const repoRoot = fileURLToPath(new URL('../..', import.meta.url));
-const samplesDir = [join(repoRoot, '..', 'shared', 'samples'), join(repoRoot, 'shared', 'samples')].find((dir) => existsSync(dir));
+// --- provenance: re-derive verbatim and columns cases from test/fixtures/samples -------------------
 
 function cutColumns(sample: string, source: Extract<Source, { kind: 'columns' }>): string[] {
   const [header = '', ...rows] = sample.split('\n').filter((line) => line !== '');
@@ -660,10 +655,10 @@ function cutColumns(sample: string, source: Extract<Source, { kind: 'columns' }>
   return [...(source.header === false ? [] : [pick(header)]), ...rows.map(pick)];
 }
 
-t.test('every verbatim and columns case is cut from its sample', { skip: samplesDir ? false : 'shared/samples not present' }, async (t) => {
+t.test('every verbatim and columns case is cut from its sample', async (t) => {
   const all = [...gpuCases, ...appCases, ...versionCases, ...unreachableCases] as Array<Case<unknown>>;
   for (const c of all) {
-    const sample = readFileSync(join(samplesDir as string, c.source.file), 'utf8');
+    const sample = readSample(c.source.file);
     const caseLines = c.text.split('\n').filter((line) => line !== '');
     if (c.source.kind === 'verbatim') {
       const sampleLines = new Set(sample.split('\n'));
@@ -702,7 +697,7 @@ t.test('unreachableGpusIn', async (t) => {
 
 t.test('canonicalBusId: the query form from the forms nvidia-smi and the kernel write', async (t) => {
   t.equal(canonicalBusId('00000000:83:00.0'), '00000000:83:00.0', 'the query form (the H200 capture) as it is');
-  t.equal(canonicalBusId('0000:b3:00.0'), '00000000:B3:00.0', "dmesg's form (dmesg_gpu-fallen-off-bus_nvsentinel155.txt)");
+  t.equal(canonicalBusId('0000:b3:00.0'), '00000000:B3:00.0', "dmesg's form (https://github.com/NVIDIA/NVSentinel/issues/155)");
   t.equal(canonicalBusId(' 0:3:0.1 '), '00000000:03:00.1', 'short fields padded');
   for (const text of ['', '83:00.0', '0000:83:00', '0000:83:00.8', 'GPU-00000000', '0000:zz:00.0']) t.equal(canonicalBusId(text), null, JSON.stringify(text));
 });

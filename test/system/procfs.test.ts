@@ -57,25 +57,25 @@ t.test('parseProcStat: cases cut from real /proc/PID/stat samples', async (t) =>
   const cases: { name: string; from: string; text: string; want: ProcStat }[] = [
     {
       name: 'comm holding ") (" and a space is everything between the first "(" and the last ")"',
-      from: 'samples/proc-pid-stat_comm-with-paren-and-spaces_local.txt',
+      from: 'test/fixtures/samples/proc-pid-stat_comm-with-paren-and-spaces_local.txt',
       text: '10087 (x) (y z) S 10086 10081 2079 0 -1 4194304 132 0 0 0 0 0 0 0 20 0 1 0 41742 2990080 444 18446744073709551615 94344332558336 94344332576265 140725295065280 0 0 0 0 6 0 1 0 0 17 1 0 0 0 0 0 94344332590352 94344332591616 94344678096896 140725295069920 140725295069936 140725295069936 140725295071211 0\n',
       want: { pid: 10087, comm: 'x) (y z', state: 'S', ppid: 10086, pgrp: 10081, session: 2079, startTime: 41742 },
     },
     {
       name: 'comm truncated by the kernel to 15 characters',
-      from: 'samples/proc-pid-stat_comm-truncated-15chars_local.txt',
+      from: 'test/fixtures/samples/proc-pid-stat_comm-truncated-15chars_local.txt',
       text: '10096 (averyveryverylo) S 10094 10081 2079 0 -1 4194304 136 0 0 0 0 0 0 0 20 0 1 0 41793 2990080 411 18446744073709551615 94612766515200 94612766533129 140735534004112 0 0 0 0 6 0 1 0 0 17 1 0 0 0 0 0 94612766547216 94612766548480 94613654958080 140735534008999 140735534009035 140735534009035 140735534010327 0',
       want: { pid: 10096, comm: 'averyveryverylo', state: 'S', ppid: 10094, pgrp: 10081, session: 2079, startTime: 41793 },
     },
     {
       name: 'PID 1 of a VM, whose parent, group and session are 0',
-      from: "dev VM's /proc/1/stat (fields 1-22 as in samples/proc5_pid-stat_fields-1-22_manpages-6.03.txt)",
+      from: "dev VM's /proc/1/stat (fields 1-22 as in proc(5), /proc/pid/stat, manpages 6.03)",
       text: '1 (process_api) S 0 0 0 0 -1 4194560 31590 312550 0 140 48 266 1018 852 20 0 13 0 31 42799104 3116 18446744073709551615 1 1 0 0 0 0 0 4096 1256 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n',
       want: { pid: 1, comm: 'process_api', state: 'S', ppid: 0, pgrp: 0, session: 0, startTime: 31 },
     },
     {
       name: 'zombie left by a killed process group, its field 22 is the only thing after field 21',
-      from: 'field layout of samples/proc5_pid-stat_fields-1-22_manpages-6.03.txt, cut after field 22',
+      from: 'field layout of proc(5), /proc/pid/stat (manpages 6.03), cut after field 22',
       text: '3743 (sleep) Z 1 3742 3742 0 -1 4228108 97 0 1 0 0 0 0 0 20 0 1 0 41800',
       want: { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800 },
     },
