@@ -10,8 +10,10 @@
 // GPU by PCI bus id only, which the last snapshot that knew it (listed, or lost since) turns into its
 // index and UUID.
 import type { GpuRecord, UnreachableGpu } from '../system/nvidia-smi.js';
-import type { GpuState, NodeSnapshot } from './node-snapshot.js';
 import type { ShardRecord } from '../shards/shard.js';
+
+/** A GPU as a listing names it: enough to place a shard's GPUs and to match a bus id. */
+type ListedGpu = Pick<GpuRecord, 'index' | 'uuid' | 'name' | 'busId'>;
 
 export interface UnlistedGpu {
   /** Its index as registered. */
@@ -38,7 +40,7 @@ export interface Placement {
 }
 
 /** Where `shard`'s GPUs are among `gpus` (one snapshot's). */
-export function placementOf(shard: ShardRecord, gpus: readonly GpuState[]): Placement {
+export function placementOf(shard: ShardRecord, gpus: readonly ListedGpu[]): Placement {
   const placement: Placement = { indices: [], unlisted: [], renumbered: [] };
   shard.gpus.forEach((registered, position) => {
     const uuid = shard.gpuUuids?.[position];
@@ -54,7 +56,7 @@ export function placementOf(shard: ShardRecord, gpus: readonly GpuState[]): Plac
 }
 
 /** The indices `shard`'s given GPUs have among `gpus` (those still listed); as registered without a listing. */
-export function placedIndices(shard: ShardRecord, gpus: readonly GpuState[] | null): number[] {
+export function placedIndices(shard: ShardRecord, gpus: readonly ListedGpu[] | null): number[] {
   return gpus === null ? shard.gpus : placementOf(shard, gpus).indices;
 }
 
@@ -68,7 +70,7 @@ export interface UnreachableListedGpu extends UnreachableGpu {
  * `unreachable` (from a failed query), each matched by bus id with `known` (the last good snapshot):
  * a GPU it lists, or one it has lost (a GPU may drop out of the listing before nvidia-smi fails on it).
  */
-export function listedAs(unreachable: readonly UnreachableGpu[], known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null): UnreachableListedGpu[] {
+export function listedAs(unreachable: readonly UnreachableGpu[], known: { gpus: readonly ListedGpu[]; lostGpus: readonly ListedGpu[] } | null): UnreachableListedGpu[] {
   return unreachable.map((gpu) => {
     const listed = known?.gpus.find((record) => record.busId === gpu.busId) ?? known?.lostGpus.find((lost) => lost.busId === gpu.busId);
     return { ...gpu, listed: listed === undefined ? null : { index: listed.index, uuid: listed.uuid, name: listed.name } };
