@@ -13,7 +13,6 @@
 // just now.
 import type { Logger } from 'pino';
 import type { ShardRecord } from '../shards/shard.js';
-import type { Registry } from '../shards/registry.js';
 import { attribute, type Liveness } from './attribution.js';
 import { unreachableGpusIn, type UnreachableGpu } from '../system/nvidia-smi.js';
 import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapshot.js';
@@ -72,9 +71,15 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
   return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness, proc: facts.proc };
 }
 
+/** What the node service reads of the shard registry: its shards and a version that changes with them. */
+export interface ShardList {
+  readonly version: number;
+  list(): readonly ShardRecord[];
+}
+
 const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 
-export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry, log: Logger): NodeService {
+export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger): NodeService {
   const derive = createNodeViewCache(log);
   let lastProcOnly: { facts: ProcFacts; registryVersion: number; answer: ProcOnly } | null = null;
   /** What the failures since the good snapshot of `generation` named, by bus id: the last failure read, and the answer. */
