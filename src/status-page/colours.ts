@@ -15,26 +15,19 @@ export const PALETTE: ReadonlyArray<readonly [string, string]> = [
   ['#b34a7a', '#ffffff'],
 ];
 
-/**
- * Fills layered over a palette colour, so that more shards than colours on one GPU still read apart:
- * slot k is colour k % 10 with fill floor(k / 10) (solid, stripes, dots).
- */
+/** Fills over a palette colour (solid, stripes, dots): slot k is colour k % 10 with fill floor(k / 10). */
 const FILLS = 3;
 
-/** Colour slots a shard can take: every palette colour in every fill. */
 export const COLOUR_SLOTS = PALETTE.length * FILLS;
 
-/**
- * A shard's own colour, from its id alone (FNV-1a): it does not move when other shards come and go,
- * as a colour by sorted position did (every colour shifted when a shard sorting first was added).
- */
+/** A shard's own colour, from its id alone (FNV-1a), so it stays put as other shards come and go. */
 export function shardHue(id: string): number {
   let hash = 0x811c9dc5;
   for (let i = 0; i < id.length; i += 1) hash = Math.imul(hash ^ id.charCodeAt(i), 0x01000193) >>> 0;
   return hash % PALETTE.length;
 }
 
-/** The slots a shard of this hue tries, in order: its colour solid first, the next colours, then the other fills. */
+/** The slots a hue tries in order: its colour solid, the next colours, then the other fills. */
 function slotsFrom(hue: number): number[] {
   return Array.from({ length: COLOUR_SLOTS }, (_, k) => Math.floor(k / PALETTE.length) * PALETTE.length + ((hue + k) % PALETTE.length));
 }
@@ -52,10 +45,8 @@ export interface ColourClaim {
 }
 
 /**
- * One colour slot per shard, its hue's where it can: shards that share a GPU never share a slot.
- * Oldest registration first (then id: ids are unique), each taking the first slot its GPU neighbours already
- * coloured have not taken, so a new shard never moves an older one's colour: it is the one to step
- * aside. A shard all of whose slots its neighbours hold keeps its hue here; the bar resolves it.
+ * One slot per shard, oldest registration first, each the first of its hue's order its GPU neighbours
+ * have not taken: a new shard never moves an older one's colour. With none free it keeps its hue.
  */
 export function shardColours(claims: readonly ColourClaim[]): Map<string, number> {
   const colours = new Map<string, number>();
@@ -75,11 +66,7 @@ export function colourClass(slot: number): string {
   return `c${slot % PALETTE.length}${fill > 0 ? ` f${fill}` : ''}`;
 }
 
-/**
- * One bar's shard colours, in segment order: each shard's own slot, unless an earlier segment on
- * this bar already has it (possible only when a shard's neighbours held every slot), then the next
- * free one, on this bar only; past COLOUR_SLOTS shards on one bar a slot repeats.
- */
+/** One bar's shard colours in segment order: each shard's own slot, or the next free one when taken on this bar. */
 export function barColours(slots: readonly number[]): number[] {
   const taken = new Set<number>();
   return slots.map((slot) => {

@@ -24,7 +24,7 @@ import {
   when,
 } from './wording.js';
 
-/** Seconds between the page's own reloads (meta refresh: no script needed). */
+/** Seconds between the page's own reloads (meta refresh). */
 export const REFRESH_SECONDS = 5;
 
 export function escapeHtml(text: string): string {
@@ -70,7 +70,7 @@ ${bar}
 </div>`;
 }
 
-/** A lost GPU's row: struck out and greyed, a grey bar with no figures, and the shards placed on it (their verdicts say why). */
+/** A lost GPU's row: struck out, a bar with no figures, and the shards placed on it. */
 function lostGpuHtml(gpu: LostGpuModel, now: number): string {
   const placed =
     gpu.placed.length > 0

@@ -1,6 +1,6 @@
 // Owns what the status page says, as plain data: one model built from every shard's state and the
-// snapshot they were judged on, which html.ts and text.ts render. A lost GPU keeps its row in its
-// index position; past max-stale the last good snapshot still names the lost GPUs.
+// snapshot they were judged on, which html.ts and text.ts render. Pure: the route gathers the inputs
+// from the cache, so the page never runs nvidia-smi.
 import { formatHeldMemory, formatMemory } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { LostGpu } from '../node-state/gpu-roster.js';
@@ -20,13 +20,13 @@ export interface Segment {
   kind: SegmentKind;
   /** Shard id, or "foreign", "reserved", "free". */
   label: string;
-  /** null for a shard whose memory there nvidia-smi does not report ([N/A]): it is drawn without width. */
+  /** null for a shard's [N/A] memory: drawn without width. */
   mib: number | null;
   /** Colour slot of the shard on this bar (see colourClass); null for the other kinds. */
   color: number | null;
-  /** Foreign memory that includes shard processes' unreported memory: an upper bound, shown as "up to". */
+  /** Foreign memory that includes shard processes' [N/A] memory: an upper bound, shown as "up to". */
   upTo: boolean;
-  /** The tooltip: what this memory is, who holds it. */
+  /** The tooltip. */
   title: string;
   /** A shard holding a GPU it was not given. */
   stray: boolean;
@@ -36,16 +36,12 @@ export interface GpuModel {
   index: number;
   uuid: string;
   name: string;
-  /** MIG is enabled: its memory figures are the whole GPU's, not any instance's. */
   mig: boolean;
-  /** What nvidia-smi said when its queries since this snapshot failed naming this GPU; null when they did not. */
+  /** What nvidia-smi's failing queries since this snapshot said of this GPU; null when they named it not. */
   unreachable: string | null;
   totalMiB: number | null;
   usedMiB: number | null;
-  /**
-   * nvidia-smi reports the used and the total memory, and the segments have a size: without them no
-   * bar can be drawn to scale (shard segments alone would fill it, or leave it white, as if free).
-   */
+  /** The used and total memory are reported and the segments have a size: the bar can be drawn to scale. */
   memoryKnown: boolean;
   segments: Segment[];
   foreignProcesses: ForeignProcess[];
@@ -53,14 +49,11 @@ export interface GpuModel {
   idleShards: string[];
 }
 
-/** A GPU nvidia-smi listed earlier and no longer lists: no memory figures, as its memory is unknown (not free). */
+/** A GPU nvidia-smi no longer lists: no memory figures (unknown, not free). */
 export interface LostGpuModel extends LostGpu {
-  /**
-   * The UUID of the GPU nvidia-smi lists under this index now (it renumbered the GPUs after this one);
-   * null when no GPU has the index.
-   */
+  /** The UUID of the GPU nvidia-smi lists under this index now; null when none. */
   indexTakenBy: string | null;
-  /** The shards placed on it (placement.ts: by UUID; by index where registered without): their verdicts say what it means for them. */
+  /** The shards placed on it (placement.ts). */
   placed: Array<{ id: string; state: ReadinessState; color: number }>;
 }
 
@@ -68,14 +61,13 @@ export interface ShardRow {
   id: string;
   state: ReadinessState;
   engine: string;
-  /** "pid 1234" or "cgroup abc...". */
   process: string;
   color: number;
-  /** The GPUs it was given, as registered: "2", "2→1" when nvidia-smi lists that device as GPU 1 now, "2 lost" when it lists it no more. */
+  /** As registered: "2", "2→1" when nvidia-smi lists it as GPU 1 now, "2 lost" when it lists it no more. */
   given: string[];
   /** compute.devices, or null when nvidia-smi cannot be asked. */
   held: string[] | null;
-  /** GPUs held but not given, labelled like devices. */
+  /** GPUs held but not given. */
   strays: string[];
   reason: string | null;
   warnings: string[];
@@ -87,30 +79,17 @@ export interface StatusModel {
   generatedAt: number;
   /** The snapshot the verdicts come from; null when nvidia-smi cannot be asked. */
   snapshot: SnapshotMeta | null;
-  /**
-   * With no snapshot: the last good one, too old to be served (past max-stale), so the header can date
-   * the outage; null otherwise.
-   */
+  /** With no snapshot: the last good one, past max-stale, to date the outage; null otherwise. */
   lastGood: { observedAt: number; ageMs: number; maxStaleMs: number } | null;
   /** Why nvidia-smi cannot be asked; null when it answered. */
   error: string | null;
-  /** Why the GPU processes cannot be matched to this /proc (the node view's `processesHidden`); null when they can. */
+  /** NodeView.processesHidden. */
   processesHidden: string | null;
-  /**
-   * The GPUs nvidia-smi listed earlier and no longer lists, by index; empty when none. Past max-stale
-   * (lastGood set), those of the last good snapshot: nothing since says whether they are back.
-   */
+  /** The GPUs no longer listed, by index; past max-stale, the last good snapshot's. */
   lostGpus: LostGpuModel[];
-  /**
-   * The GPUs nvidia-smi's failing queries say it cannot reach that a listing had, less the lost ones
-   * (their rows say enough): marked on their rows, and past max-stale, with no rows, said under the table.
-   */
+  /** The GPUs nvidia-smi's failing queries say it cannot reach that a listing had, less the lost ones. */
   unreachableGpus: UnreachableKnownGpu[];
-  /**
-   * The stale banner: why the snapshot is not being renewed (the last refresh failed, or nvidia-smi is
-   * slow now); null otherwise. A snapshot that is merely one refresh behind (stale-while-revalidate,
-   * however long nobody looked) is routine, and the header's age says enough.
-   */
+  /** Why the snapshot is not being renewed (staleNews); null when staleness is routine. */
   staleBanner: string | null;
   gpus: GpuModel[];
   shards: ShardRow[];
@@ -123,12 +102,9 @@ export interface StatusInput {
   view: SnapshotView<NodeSnapshot> | null;
   node: NodeView | null;
   error: string | null;
-  /** The GPUs nvidia-smi's failing queries say it cannot reach (NodeService.unreachable()). */
+  /** NodeService.unreachable(). */
   unreachable: readonly UnreachableListedGpu[];
-  /**
-   * The cached snapshot however old (the snapshot source's peek), when there is no view; with
-   * maxStaleMs, the header then says when the last good one was taken, and its lost GPUs are shown.
-   */
+  /** With no view, the cached snapshot however old (peek): it dates the outage and names its lost GPUs. */
   lastGood?: { observedAt: number; ageMs: number; snapshot: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> } | null;
   maxStaleMs?: number;
   host: string;
@@ -140,13 +116,12 @@ export function processLabel(process: ForeignProcess): string {
   return `pid ${process.pid} ${process.name} (${formatHeldMemory(process.usedMiB)})`;
 }
 
-/** Foreign memory, as an upper bound when it includes shard processes' unreported memory. */
 function foreignAmount(foreignMiB: number, unreportedShardProcesses: number): string {
   if (unreportedShardProcesses === 0) return formatMemory(foreignMiB);
   return `up to ${formatMemory(foreignMiB)} (it includes the memory of ${unreportedShardProcesses} shard process(es) nvidia-smi does not report)`;
 }
 
-/** A segment's share of its bar: one whose size is not reported takes none (the legend still names it). */
+/** A segment's share of its bar: none when its size is not reported. */
 export function widthOf(segment: Segment): number {
   return segment.mib ?? 0;
 }
@@ -193,7 +168,7 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
   return segments;
 }
 
-/** The GPUs `known` (the snapshot served, or past max-stale the last good one) says are lost, with the shards placed on each. */
+/** The GPUs `known` says are lost, with the shards placed on each. */
 function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>): LostGpuModel[] {
   if (known === null) return [];
   const unlisted = states.map((state) => ({ state, unlisted: placementOf(state.shard, known.gpus).unlisted }));
@@ -216,10 +191,7 @@ function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, st
   });
 }
 
-/**
- * A warning that ends with nvidia-smi's own message, which the banner already gives in full: once
- * on the page, not once per shard.
- */
+/** A warning ending with nvidia-smi's message points to the banner, which gives it once. */
 function pointToBanner(warning: string, error: string | null): string {
   const suffix = `: ${error}`;
   return error !== null && warning.endsWith(suffix) ? `${warning.slice(0, -suffix.length)} (nvidia-smi's message is at the top of the page)` : warning;
@@ -287,7 +259,7 @@ export function statusModel(input: StatusInput): StatusModel {
   };
 }
 
-/** A shard's given GPUs, each as registered and, where that differs, where nvidia-smi has it now. */
+/** A shard's given GPUs as registered and, where it differs, where nvidia-smi has each now. */
 function givenLabels(shard: ShardRecord, node: NodeView | null): string[] {
   if (node === null) return shard.gpus.map(String);
   const placement = placementOf(shard, node.snapshot.gpus);

@@ -4,7 +4,7 @@ import { PALETTE } from './colours.js';
 
 /** Below this width the shard table becomes one card per shard, each cell labelled. */
 const CARDS_BELOW_PX = 900;
-/** Below this width a GPU's row stacks: name and figures, then its bar, its legend and its UUID, each the full width. */
+/** Below this width a GPU's row stacks, each part the full width. */
 const STACK_BELOW_PX = 700;
 
 export const CSS = `

@@ -19,7 +19,7 @@ import {
   UNREACHABLE_NOTE,
 } from './wording.js';
 
-/** Terminal-safe: no escape sequences or other control characters from process names or messages. */
+/** Terminal-safe: control characters from the node become '?'. */
 export function plain(text: string): string {
   return text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, '?');
 }
@@ -35,7 +35,7 @@ const LOST_BAR = `[${LOST_LABEL.padStart((TEXT_BAR_WIDTH + LOST_LABEL.length) / 
 
 const BAR_CHAR: Record<SegmentKind, string> = { shard: '#', foreign: '=', reserved: ':', free: '.' };
 
-/** Largest-remainder split of the bar's width, so the characters always add up to the width (memoryKnown: the total is above 0). */
+/** Largest-remainder split, so the characters always add up to the width (memoryKnown: the total is above 0). */
 function textBar(segments: Segment[]): string {
   const total = segments.reduce((sum, segment) => sum + widthOf(segment), 0);
   const exact = segments.map((segment) => (widthOf(segment) / total) * TEXT_BAR_WIDTH);

@@ -6,14 +6,11 @@ import { saidOfBusId } from '../node-state/gpu-roster.js';
 import { READINESS_STATES } from '../shards/readiness.js';
 import type { GpuModel, LostGpuModel, Segment, StatusModel } from './model.js';
 
-/** Why a GPU is marked MIG: its figures are not what placement on its instances can use. */
 export const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';
 
 export const LOST_GPUS = 'nvidia-smi no longer lists GPUs it listed earlier.';
 
-/** What an unreachable GPU's row says besides nvidia-smi's words. */
 export const UNREACHABLE_NOTE = 'nvidia-smi cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot';
-/** Past max-stale, what the lost rows under "no GPU figures" are. */
 export const LOST_ROWS_NOTE = 'Below, the GPUs its last good snapshot no longer listed.';
 export const LOST_GPUS_ADVICE =
   'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
@@ -22,7 +19,7 @@ export function when(ms: number): string {
   return `${new Date(ms).toISOString().slice(0, 19).replace('T', ' ')} UTC`;
 }
 
-/** The header's word on the snapshot: its time and age, or, without one, when the last good one was taken. */
+/** The header's line on the snapshot: its time and age, or when the last good one was taken. */
 export function snapshotLine(model: StatusModel): string {
   if (model.snapshot) return `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old)`;
   if (model.lastGood === null) return 'no nvidia-smi snapshot';
@@ -35,10 +32,7 @@ export function lostAsOf(observedAt: number): string {
   return `As of the last good snapshot, of ${when(observedAt)}: nvidia-smi cannot be asked now, so whether they are listed again is unknown.`;
 }
 
-/**
- * One lost GPU, for the banners: what it was, when it went (between its last listing and the first
- * snapshot without it), and what nvidia-smi says of it where it says something ("Unknown Error").
- */
+/** One lost GPU, for the banners: what it was, when it went, and what nvidia-smi says of it. */
 export function lostLine(gpu: LostGpuModel, now: number): string {
   const line = `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}, missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago)`;
   return gpu.said === undefined ? line : `${line}; ${saidOfBusId(gpu.busId, gpu.said)}`;
@@ -46,15 +40,12 @@ export function lostLine(gpu: LostGpuModel, now: number): string {
 
 export const NOT_PLACED = 'no shard is placed on it';
 
-/** Which GPU has the lost one's index now, if nvidia-smi renumbered the GPUs after it. */
+/** Which GPU has the lost one's index now, if any. */
 export function indexTakenNote(gpu: LostGpuModel): string | null {
   return gpu.indexTakenBy === null ? null : `nvidia-smi lists ${gpu.indexTakenBy} as GPU ${gpu.index} now`;
 }
 
-/**
- * The rows of the GPU table in index order: the GPUs listed, and the lost ones where they were; a lost
- * one before the GPU listed under its index now.
- */
+/** The GPU table's rows in index order, a lost GPU before the one listed under its index now. */
 export function inIndexOrder<T>(model: StatusModel, listed: (gpu: GpuModel) => T, lost: (gpu: LostGpuModel) => T): T[] {
   const rows = [
     ...model.lostGpus.map((gpu) => ({ index: gpu.index, rank: 0, row: lost(gpu) })),
@@ -63,7 +54,7 @@ export function inIndexOrder<T>(model: StatusModel, listed: (gpu: GpuModel) => T
   return rows.sort((a, b) => a.index - b.index || a.rank - b.rank).map(({ row }) => row);
 }
 
-/** The page's one line (its tab title, the text view's first line): a lost GPU first, where a dashboard of tabs shows it. */
+/** The page's one line (tab title, the text view's first line), lost GPUs first. */
 export function summary(model: StatusModel): string {
   const parts = READINESS_STATES.filter((state) => model.counts[state] > 0).map((state) => `${model.counts[state]} ${state}`);
   const shards = parts.length > 0 ? parts.join(', ') : 'no shards';
@@ -71,7 +62,7 @@ export function summary(model: StatusModel): string {
   return lost === 0 ? shards : `${lost} GPU${lost === 1 ? '' : 's'} LOST · ${shards}`;
 }
 
-/** What a segment holds, as its label, legend and the text page say it: "up to" where it is an upper bound. */
+/** What a segment holds: "up to" where it is an upper bound. */
 export function amountOf(segment: Segment): string {
   return `${segment.upTo ? 'up to ' : ''}${formatHeldMemory(segment.mib)}`;
 }
