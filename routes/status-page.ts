@@ -9,7 +9,9 @@ import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { prefersHtml } from '../src/http/accept.js';
 import { ErrorSchema, StringEnum } from '../src/schemas/common.js';
-import { renderHtml, renderText, statusModel } from '../src/status-page/render.js';
+import { renderHtml } from '../src/status-page/html.js';
+import { statusModel } from '../src/status-page/model.js';
+import { renderText } from '../src/status-page/text.js';
 import { VERSION } from '../src/version.js';
 
 const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {

@@ -1,35 +1,8 @@
 // Owns which registered shard each GPU process belongs to, and whether each shard's process still
-// runs (for a cgroup shard: a process of its cgroup other than the pod's sandbox, see SANDBOX_COMMS,
-// and since when), computed once per snapshot and registry version. A GPU process belongs, by the
-// first rule that names a shard:
-//   1. to the shard it *is*: the shard's PID, or a member of the shard's cgroup;
-//   2. to the shard its nearest ancestor is (by rule 1), following ppid through the snapshot's stats
-//      for ANCESTRY_DEPTH generations: an engine computing in a child or grandchild (vLLM's
-//      EngineCore and its workers) is still the shard, even when one script started several shards
-//      in its own process group;
-//   3. to the shard whose process group holds it, when exactly one shard's process claims that
-//      group: a live PID shard by its current group, a gone one by its last known group (its orphans
-//      may still be in it); and only when it started no earlier than the shard's process, as its
-//      descendants and their orphans did: an older member (the leader of a group the shard does
-//      not lead, a sibling its script started first) is not the shard's. A group claimed by several
-//      processes, with no ancestry to tell, gives the process to no shard, so its memory reads as
-//      foreign: still counted as used, which no placement decision can over-commit, where a guess
-//      could call a shard ready on another shard's memory.
-// Shards are taken in id order and the first claim stands, so a PID two shards claim (one process
-// registered twice) goes deterministically to the first, with its children and its group.
-// A shard that is gone claims nothing, but its exited reason names the GPU memory its process group
-// still holds (an orphaned engine child), so the operator knows what to kill; except a PID shard
-// registered in an earlier boot of the node (its identity's bootId), whose PID and group number
-// name this boot's processes now: it claims, contests and names nothing. A shard whose own stat
-// could not be read this refresh is 'unreadable', not gone: it keeps its claims (its PID most likely
-// still is it) and its readiness says what failed. Likewise a GPU process that no rule could give
-// to a shard because a stat on its way (its own, or an ancestor's) was unreadable is 'uncertain' on
-// its GPU: a shard missing that GPU has no evidence against it. A shard whose process is stopped
-// (state T: SIGSTOP or SIGTSTP; t: halted by a debugger or tracer; for a cgroup shard, every member
-// that has not exited, the pod's sandbox aside; and, in a shard that otherwise runs, a process that
-// holds its GPU memory, such as a tensor-parallel worker, which stalls every request) is 'stopped',
-// not gone: it answers nothing, but it still holds its memory, so it keeps its claims and that
-// memory stays its own, not foreign.
+// runs, once per snapshot and registry version. A GPU process is the shard's it is (its PID or a
+// cgroup member), else its nearest shard ancestor's, else that of the one shard process claiming its
+// process group, if it started no earlier than that process. Shards go in id order and the first
+// claim stands. What no shard owns reads as foreign: used memory that placement never hands out.
 import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
 import { hasExited, isReadable, type ProcStat, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
@@ -37,25 +10,18 @@ import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './no
 export interface ShardGpuHolding {
   index: number;
   uuid: string;
-  /**
-   * Sum of its processes' memory there; null when nvidia-smi does not report the memory of one of
-   * them ([N/A]): the process still holds the GPU, but how much is not known.
-   */
+  /** Sum of its processes' memory there; null when one of them is [N/A]. */
   usedMiB: number | null;
   processes: GpuProcess[];
 }
 
 export type Liveness =
-  /**
-   * For a cgroup shard, `oldestStart` is the start time (clock ticks since boot) of the oldest of
-   * its processes that have not exited (stopped ones too) other than the pod's sandbox, when the
-   * snapshot read every member: engine output posted before it describes an earlier run.
-   */
+  /** `oldestStart` (cgroup shards, clock ticks): start of its oldest live non-sandbox member, when every member was read. */
   | { state: 'alive'; oldestStart?: number }
   | { state: 'gone'; why: string }
-  /** It exists but is stopped, and answers nothing until it runs again; `why` names its stopped processes and what resumes them. */
+  /** It exists but answers nothing (SIGSTOP, a tracer): it keeps its claims and its memory. */
   | { state: 'stopped'; why: string }
-  /** Its stat could not be read or parsed this refresh: whether it runs is unknown; `why` says what to do. */
+  /** Its stat could not be read this refresh: it keeps its claims, and `why` says what to do. */
   | { state: 'unreadable'; why: string }
   /** The snapshot was taken before this shard was registered: no /proc facts yet. */
   | { state: 'unknown' };
@@ -63,11 +29,7 @@ export type Liveness =
 export interface Attribution {
   /** The shard that owns a GPU process, by PID; absent when foreign. */
   ownerByPid: ReadonlyMap<number, string>;
-  /**
-   * Per GPU index, a stat that could not be read on the way from one of its unowned processes to a
-   * shard (the process's own, or an ancestor's): that memory may be a shard's, so a shard missing
-   * that GPU has no evidence against it.
-   */
+  /** Per GPU index, an unreadable stat on the way from an unowned process to a shard: that memory may be a shard's. */
   uncertain: ReadonlyMap<number, UnreadableStat>;
   /** Per shard, per GPU index it holds memory on. */
   holdings: ReadonlyMap<string, ReadonlyMap<number, ShardGpuHolding>>;
@@ -81,15 +43,14 @@ function unreadableWhy(stat: UnreadableStat): string {
   );
 }
 
-/** A process stopped by a signal (T: SIGSTOP, SIGTSTP) or by a tracer (t); it resumes where it stopped. */
+/** Stopped by a signal (T) or by a tracer (t). */
 function isStopped(stat: ProcStat): boolean {
   return stat.state === 'T' || stat.state === 't';
 }
 
-// Stopped processes of a cgroup named one by one in a reason; the rest are counted (all are in its advice).
+// Stopped processes named one by one in a reason; the rest are counted.
 const STOPPED_LISTED = 5;
 
-/** What a stop state means, in the words of its stat. */
 const STOP_MEANING = {
   T: 'state T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background',
   t: 'state t: a debugger such as gdb, or another tracer, attached to it and halted it',
@@ -99,17 +60,10 @@ function capitalised(text: string): string {
   return `${text.charAt(0).toUpperCase()}${text.slice(1)}`;
 }
 
-/**
- * Which stopped processes make a shard stopped: its registered process (a PID shard), every member
- * of its cgroup that has not exited, or, in a shard that otherwise runs, the processes that hold its
- * GPU memory (each with the GPUs it holds).
- */
+/** What is stopped: a PID shard's process, a whole cgroup, or the GPU holders of a shard that otherwise runs. */
 type StoppedSubject = { kind: 'process' } | { kind: 'cgroup'; cgroup: string } | { kind: 'gpu-holders'; gpusOf: ReadonlyMap<number, number[]> };
 
-/**
- * Why a shard is stopped, for the operator: which processes, what their state means and what
- * resumes each kind (SIGCONT does not resume a traced process: only its tracer can).
- */
+/** Which processes are stopped and what resumes each kind (SIGCONT does not resume a traced process). */
 function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): string {
   const byPid = [...stopped].sort((a, b) => a.pid - b.pid);
   const signalled = byPid.filter((stat) => stat.state === 'T').map((stat) => stat.pid);
@@ -146,10 +100,7 @@ function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): stri
   );
 }
 
-/**
- * A running shard's GPU-holding processes that are stopped, each with the GPUs it holds, by their
- * stats in `statNow` (undefined: not known); null when none is.
- */
+/** A shard's stopped GPU-holding processes, each with its GPUs; null when none is. */
 function stoppedGpuHolders(
   holdings: ReadonlyMap<number, ShardGpuHolding>,
   statNow: (pid: number) => ProcStat | undefined,
@@ -171,9 +122,8 @@ function stoppedGpuHolders(
 }
 
 /**
- * A process `listed` read, as `procNow` reads it: its stat when it is the same process (PID and start
- * time) and has not exited; null when it has exited since (gone, a zombie, or its PID another
- * process's now); undefined when that is not known (not read, or unreadable either time).
+ * A process of `listed`, as `procNow` reads it: its stat while it is the same process (PID and start
+ * time) and has not exited; null when it has exited since; undefined when that is not known.
  */
 export function sameProcessNow(listed: NodeSnapshot, procNow: ReadonlyMap<number, StatAnswer>, pid: number): ProcStat | null | undefined {
   const now = procNow.get(pid);
@@ -184,10 +134,8 @@ export function sameProcessNow(listed: NodeSnapshot, procNow: ReadonlyMap<number
 }
 
 /**
- * While nvidia-smi cannot be asked: a shard /proc finds running is stopped all the same when a
- * process that held its GPU memory in `listed` (the last good listing, with its attribution's
- * `holdings` of the shard) is the same process now (PID and start time, in `procNow`) and stopped.
- * Null when none is.
+ * While nvidia-smi cannot be asked: a shard is stopped when a process that held its GPU memory in
+ * `listed` (the last good listing) is the same process now and stopped; null when none is.
  */
 export function stoppedSinceListing(
   listed: NodeSnapshot,
@@ -204,11 +152,7 @@ function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness 
   return pidLiveness(shard, snapshot.proc.has(pid) ? snapshot.proc.get(pid)! : undefined, snapshot.bootId);
 }
 
-/**
- * A PID shard's liveness by its own stat (undefined: not read), in the node's boot `bootId`: what a
- * snapshot says of it, and what a probe reads of it now (shard-service.ts), but for a stopped
- * process holding its GPU memory, which only a snapshot's GPU processes show.
- */
+/** A PID shard's liveness by its own stat (undefined: not read) in boot `bootId`; also used by probes. */
 export function pidLiveness(shard: ShardRecord, stat: StatAnswer | undefined, bootId: string | null): Liveness {
   const pid = shard.identity.pid;
   if (ranInAnotherBoot(shard.identity, bootId)) {
@@ -236,13 +180,7 @@ export function pidLiveness(shard: ShardRecord, stat: StatAnswer | undefined, bo
   return { state: 'alive' };
 }
 
-/**
- * The processes that hold a pod together without being its workload: the sandbox (infra) process,
- * `/pause` of the pause image under containerd, CRI-O and cri-dockerd, which outlives every restart
- * of the pod's containers; and CRI-O's container monitor, conmon, which OpenShift places in the
- * pod's cgroup (conmon_cgroup = "pod"). Neither ever computes, so a pod cgroup that holds nothing
- * else has no engine running: its container exited or is waiting to be restarted.
- */
+/** A pod's processes that never compute: the sandbox (`pause`) and CRI-O's monitor (`conmon`). */
 export const SANDBOX_COMMS: ReadonlySet<string> = new Set(['pause', 'conmon']);
 
 function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
@@ -256,11 +194,8 @@ function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
 }
 
 /**
- * A cgroup shard is alive while a process of its cgroup runs that is not the pod's sandbox. A member
- * the snapshot holds no answer for (a hand-made snapshot) counts as running. One whose stat could
- * not be read may be the engine: when nothing else runs, whether the shard does is unverified. When
- * every other member that has not exited is stopped, the shard is stopped; one running member, the
- * pod's sandbox aside, keeps it alive, since /proc cannot tell which process of a pod serves.
+ * Alive while one member other than the sandbox runs (one with no answer counts as running); else
+ * unreadable if a stat was, stopped if any member is, gone otherwise.
  */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   if (snapshot.cgroupScanFailed !== undefined) {
@@ -279,7 +214,7 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   const zombies: number[] = [];
   let unreadable: UnreadableStat | undefined;
   let running = false;
-  // Known only when every member's stat is. A stopped member is of the current run as much as a running one.
+  // Known only when every member's stat is; a stopped member counts.
   let oldestStart: number | undefined = Infinity;
   for (const pid of members) {
     const answer = snapshot.proc.get(pid);
@@ -309,21 +244,15 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };
 }
 
-/**
- * The process group a PID shard's processes are in: its current one while its process is there (it
- * may have called setpgid since registration; a zombie still says), else the one it registered with.
- */
+/** A PID shard's process group: its process's current one while it is there, else the registered one. */
 function groupOf(snapshot: NodeSnapshot, shard: ShardRecord): number {
   const stat = statOf(snapshot, shard.identity.pid);
   return stat !== undefined && stat.startTime === shard.identity.startTime ? stat.pgrp : shard.identity.pgid;
 }
 
 /**
- * Who claims a GPU process, built once per attribution so that each process costs a few map lookups
- * whatever the number of shards: `strong` holds every PID a shard *is* (its PID, or a member of its
- * cgroup), first id first; `byGroup` the one live shard process a process group belongs to (with its
- * start time: members older than it are not its), or null when no single one does (two processes
- * claim it, or a gone shard does).
+ * `strong`: every PID a shard is (its PID or a cgroup member); `byGroup`: the one shard process that
+ * claims a process group, or null when several do or a gone shard contests it.
  */
 interface Claims {
   strong: Map<number, string>;
@@ -341,10 +270,8 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
   // A process of an earlier boot claims nothing, and leaves its group number to this boot's processes.
   if (ranInAnotherBoot(shard.identity, snapshot.bootId)) return;
   const group = groupOf(snapshot, shard);
-  // A gone shard claims nothing: its PID may now be someone else's, and memory its orphans still
-  // hold is, for placement, as unavailable as anybody else's. It still contests its group, so that
-  // its orphans do not pass to another shard in the same group, unless the number names another
-  // group now.
+  // A gone shard claims nothing, but contests its group so its orphans do not pass to another shard
+  // (unless the number names another group now).
   if (liveness.state === 'gone') {
     if (!groupNumberReused(snapshot, group, shard)) claims.byGroup.set(group, null);
     return;
@@ -367,11 +294,7 @@ function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<
   return undefined;
 }
 
-/**
- * The first unreadable stat on `pid`'s way up, if one stopped the walk: its own and those of its
- * first ANCESTRY_DEPTH - 1 ancestors, whose ppids name the ancestors shardAncestor looks at (the
- * last one's stat names no one it looks at, and cannot change the owner).
- */
+/** The first unreadable stat among `pid`'s and its first ANCESTRY_DEPTH - 1 ancestors' (those shardAncestor reads). */
 function unreadableOnTheWay(pid: number, snapshot: NodeSnapshot): UnreadableStat | undefined {
   let answer = snapshot.proc.get(pid);
   for (let generation = 0; generation < ANCESTRY_DEPTH && answer != null; generation += 1) {
@@ -381,11 +304,7 @@ function unreadableOnTheWay(pid: number, snapshot: NodeSnapshot): UnreadableStat
   return undefined;
 }
 
-/**
- * Whether the process group number a gone shard was in names another group now. Linux frees a
- * group's number only once no process is in it: a leader younger than the shard means the number
- * was given to a new group, whose processes are not this shard's orphans.
- */
+/** Whether a gone shard's group number names a newer group now (its leader is younger than the shard). */
 function groupNumberReused(snapshot: NodeSnapshot, group: number, shard: ShardRecord): boolean {
   const leader = statOf(snapshot, group);
   return leader !== undefined && leader.startTime > shard.identity.startTime;
@@ -411,17 +330,13 @@ function memoryOf(process: GpuProcess): string {
   return `${amount} on GPU ${process.gpuIndex} (PID ${process.pid}, ${process.name})`;
 }
 
-/**
- * The reason of a gone PID shard, extended with the GPU memory its process group still holds: GPU
- * processes of its group that no shard owns (an engine child left behind by its leader). The advice
- * names PIDs, not the group: a script may have started other shards in the same group.
- */
+/** A gone PID shard's reason, plus the GPU memory unowned processes of its group still hold (PIDs to kill). */
 function withOrphans(why: string, shard: ShardRecord, snapshot: NodeSnapshot, ownerByPid: ReadonlyMap<number, string>): string {
   const group = groupOf(snapshot, shard);
   if (groupNumberReused(snapshot, group, shard)) return why;
   const orphanOf = (pid: number) => {
     const stat = statOf(snapshot, pid);
-    // Its children started after it; an older member of a shared group is not one of them.
+    // An older member of a shared group is not one of its children.
     return stat !== undefined && stat.pgrp === group && stat.startTime >= shard.identity.startTime;
   };
   const orphans = snapshot.gpus.flatMap((gpu) =>
@@ -438,7 +353,6 @@ function withOrphans(why: string, shard: ShardRecord, snapshot: NodeSnapshot, ow
 }
 
 export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]): Attribution {
-  // Ids are unique, so the order is total.
   const ordered = [...shards].sort((a, b) => (a.id < b.id ? -1 : 1));
   const liveness = new Map<string, Liveness>();
   const claims: Claims = { strong: new Map(), byGroup: new Map() };

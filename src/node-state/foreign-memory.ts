@@ -1,10 +1,6 @@
-// Owns foreign memory: per GPU, the memory held by anything that is not a registered shard, which
-// placement must not hand out. It is the GPU's used memory minus what the shards' processes hold,
-// so it includes unlisted holders (the driver's own context memory, processes of other PID
-// namespaces), never below zero. A shard process whose memory nvidia-smi reports as [N/A] adds
-// nothing to the shards' share, so foreign then includes it: wrong on the safe side for placement,
-// which hands out less, never more. The answer counts those processes, so a reader knows shardMiB is
-// then a lower bound and foreignMiB an upper one.
+// Owns foreign memory: per GPU, used memory minus what registered shards' processes hold (never below
+// zero), so it includes the driver's context and hidden processes. A shard process with [N/A] memory
+// adds nothing to the shards' share: foreign is then an upper bound, safe for placement.
 import type { NodeView } from './node-view.js';
 
 export interface ForeignProcess {
@@ -17,9 +13,9 @@ export interface GpuForeignMemory {
   index: number;
   uuid: string;
   usedMiB: number | null;
-  /** The shards' known share: their processes with [N/A] memory add nothing. */
+  /** The shards' known share (a lower bound while unreportedShardProcesses > 0). */
   shardMiB: number;
-  /** Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]). */
+  /** Shard processes on this GPU whose memory is [N/A]. */
   unreportedShardProcesses: number;
   foreignMiB: number | null;
   foreignProcesses: ForeignProcess[];
@@ -27,7 +23,7 @@ export interface GpuForeignMemory {
 
 const computed = new WeakMap<NodeView, GpuForeignMemory[]>();
 
-/** Per GPU; computed once per node view (one snapshot and registry version), however often asked. */
+/** Per GPU, in the snapshot's order; computed once per node view. */
 export function foreignMemory(node: NodeView): GpuForeignMemory[] {
   let answer = computed.get(node);
   if (!answer) {

@@ -1,57 +1,42 @@
 // Owns which GPUs nvidia-smi has stopped listing: every GPU a snapshot of this process listed, by
-// UUID, and those the latest snapshot no longer lists. A GPU that falls off the bus (Xid 79), is
-// reset, or is detached from the node drops out of nvidia-smi's list without an error, and nothing
-// else would say so: its memory figures simply vanish from /gpus and /metrics, and only a shard
-// placed on it would notice. A GPU is lost from the first snapshot that does not list it until one
-// lists it again; each change is logged once. The roster lives as long as the process: a GPU lost
-// before nodecompute started was never listed, so it is not known here (the doctor's
-// registered-gpus check finds those a stored registration names; its GPU count, compared with the
-// node's hardware, the others). It also holds the words for a GPU nvidia-smi cannot reach: those of
-// a failed query, and those a listing printed beside the GPUs it did list (a lost GPU then carries
-// them, and one never listed is logged once with them while they last).
+// UUID, is lost from the first snapshot that omits it until one lists it again (fallen off the bus,
+// reset or detached GPUs vanish without an error). Each change is logged once. Also the words for a
+// lost GPU and for one nvidia-smi cannot reach.
 import type { Logger } from 'pino';
 import { unreachableGpusIn, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { UnreachableListedGpu } from './placement.js';
 
 export interface LostGpu {
-  /** Its index when it was last listed (indices can shift once a GPU is gone). */
+  /** Its index when last listed (indices shift once a GPU is gone). */
   index: number;
   uuid: string;
   name: string;
-  /** Its PCI bus id when it was last listed (GpuRecord.busId): nvidia-smi's errors name it by this. */
+  /** Its PCI bus id when last listed: nvidia-smi's errors name it by this. */
   busId: string | null;
   /** When a snapshot last listed it (ms since the epoch). */
   lastListedAt: number;
-  /** When the first snapshot that did not list it was taken: it went between lastListedAt and this. */
+  /** When the first snapshot without it was taken. */
   lostAt: number;
-  /** What the latest listing said of its bus id, when it said it cannot reach it ("Unknown Error"). */
+  /** What the latest listing said of its bus id when it cannot reach it ("Unknown Error"). */
   said?: string;
 }
 
 export interface GpuRoster {
-  /**
-   * Records the GPUs one snapshot lists, taken at `at`, with those its listing said it cannot reach
-   * (`unreachable`), and answers the GPUs it no longer lists, by index.
-   */
+  /** Records one listing taken at `at` and answers the GPUs no longer listed, by index. */
   update(listed: readonly GpuRecord[], at: number, unreachable?: readonly UnreachableGpu[]): LostGpu[];
 }
 
-/** What a listing said of a lost GPU's bus id, in the log, the doctor and a shard's reason alike. */
+/** The words for what a listing said of a lost GPU's bus id (log, doctor, shard reason). */
 export const saidOfBusId = (busId: string | null, said: string): string => `nvidia-smi says of its bus id ${busId}: ${JSON.stringify(said)}`;
 
-/** The words for a lost GPU, in the log and in the doctor alike. */
+/** The words for a lost GPU (log, doctor). */
 export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>): string => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}) is no longer listed by nvidia-smi`;
 export const LOST_GPU_MEANING =
   'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it.';
-/** nvidia-smi's words for a GPU it cannot reach (its failed query names it by bus id), with what the last listing that had it said it was. */
+/** The words for a GPU nvidia-smi cannot reach, with what the last listing that had its bus id called it. */
 export const gpuUnreachable = ({ busId, said, listed }: { busId: string; said: string; listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null }): string =>
   `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
-/**
- * For an nvidia-smi failure `message`, which names GPUs it cannot reach by bus id alone: what
- * nodecompute last listed each as (`unreachable`, NodeService.unreachable(): a GPU of the latest
- * snapshot, or one it has lost since), as a sentence to append; '' when the message names none a
- * listing had. A bus id no listing had is left as nvidia-smi said it.
- */
+/** For an nvidia-smi failure `message`, a sentence naming what each bus id it names was last listed as; '' when none. */
 export function unreachableListedIn(message: string, unreachable: readonly UnreachableListedGpu[]): string {
   const named = new Set(unreachableGpusIn(message).map((gpu) => gpu.busId));
   const known = unreachable.filter((gpu) => named.has(gpu.busId) && gpu.listed !== null);
@@ -65,9 +50,9 @@ export const LOST_GPU_FIX =
 
 export function createGpuRoster(log: Logger): GpuRoster {
   const known = new Map<string, Omit<LostGpu, 'lostAt'>>();
-  /** Lost GPUs by UUID, each with when it was first missed. */
+  /** Lost GPUs by UUID, with when each was first missed. */
   const lost = new Map<string, number>();
-  /** Bus ids no listing had that a listing says it cannot reach, logged once while it says so. */
+  /** Unreachable bus ids no listing had, logged once while they last. */
   let unknownSaid = new Set<string>();
   return {
     update(listed, at, unreachable = []) {

@@ -1,19 +1,8 @@
-// Owns the one way answers get their data: the current snapshot (through the cache) paired with
-// the view derived from it and the registry's current version; and, when there is no snapshot to
-// serve (nvidia-smi failing past max-stale, or never answered), whether each shard's process still
-// runs, from /proc alone.
-//
-// That liveness comes from the /proc facts the latest failed refresh read anyway (node-snapshot.ts,
-// procFactsAfter), not from a read of its own: probes stay free of /proc reads, and the facts are
-// as fresh as refreshes are frequent (at least one per failure window, 30 s at most, while anything
-// asks). It is derived once per facts and registry version, like the node view. Facts read before a
-// shard was registered say nothing about it (its PID may have been another process's then): such a
-// shard's liveness is unknown. The last good snapshot, however old, is not used for this: past
-// max-stale it may describe processes that have changed since, while a failed refresh read /proc
-// just now.
+// Owns the one way answers get their data: the cached snapshot with the view derived from it for the
+// registry's current version; and, with no snapshot to serve, each shard's liveness from the /proc
+// facts the latest failed refresh read (never a read of its own, nor the last good snapshot's).
 import type { Logger } from 'pino';
 import type { ShardRecord } from '../shards/shard.js';
-import type { Registry } from '../shards/registry.js';
 import { attribute, type Liveness } from './attribution.js';
 import { unreachableGpusIn, type UnreachableGpu } from '../system/nvidia-smi.js';
 import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapshot.js';
@@ -27,13 +16,13 @@ export interface Current {
   node: NodeView;
 }
 
-/** Shard liveness read from /proc while nvidia-smi could not be asked. */
+/** Shard liveness from /proc while nvidia-smi cannot be asked. */
 export interface ProcOnly {
   /** When /proc was read. */
   takenAt: number;
-  /** Per shard id; absent for a shard the facts do not describe (registered since). */
+  /** Per shard id; absent for a shard registered since. */
   liveness: ReadonlyMap<string, Liveness>;
-  /** The stats read: the shards' processes, and the GPU processes of the last good snapshot. */
+  /** The shards' processes and the last good snapshot's GPU processes. */
   proc: ReadonlyMap<number, StatAnswer>;
 }
 
@@ -41,21 +30,20 @@ export interface NodeService {
   current(options?: GetOptions): Promise<Current>;
   /** current() when it need not wait, at once; null when it would wait for a refresh. */
   available(): Current | null;
-  /** The cached snapshot and its view without refreshing anything; null before the first success. */
+  /** The cached snapshot and its view without refreshing; null before the first success. */
   peek(): Current | null;
   invalidate(): void;
-  /** What the latest refresh read in /proc for the shards when its nvidia-smi query failed; null when it did not fail or read nothing. */
+  /** What the latest refresh read in /proc for the shards when nvidia-smi failed; null otherwise. */
   procOnly(): ProcOnly | null;
   /**
-   * The GPUs nvidia-smi said it cannot reach in the refreshes that failed since the last good one, as
-   * that snapshot knew them (a later failure that names none, a timeout say, does not bring a GPU
-   * back: only a good refresh does); empty while refreshes succeed. The same array until it changes.
+   * The GPUs the failures since the last good refresh said nvidia-smi cannot reach, as that snapshot
+   * knew them; only a good refresh clears them. The same array until it changes.
    */
   unreachable(): readonly UnreachableListedGpu[];
   readonly snapshots: SnapshotSource<NodeSnapshot>;
 }
 
-/** Liveness alone: the attribution of a snapshot with no GPU, over the shards registered when the facts were read. */
+/** Liveness alone: the attribution of a GPU-less snapshot, over the shards registered when the facts were read. */
 export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[]): ProcOnly {
   const snapshot: NodeSnapshot = {
     takenAt: facts.takenAt,
@@ -72,12 +60,18 @@ export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[
   return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness, proc: facts.proc };
 }
 
+/** What the node service reads of the shard registry. */
+export interface ShardList {
+  readonly version: number;
+  list(): readonly ShardRecord[];
+}
+
 const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 
-export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: Registry, log: Logger): NodeService {
+export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger): NodeService {
   const derive = createNodeViewCache(log);
   let lastProcOnly: { facts: ProcFacts; registryVersion: number; answer: ProcOnly } | null = null;
-  /** What the failures since the good snapshot of `generation` named, by bus id: the last failure read, and the answer. */
+  /** The bus ids the failures since the good snapshot of `generation` named. */
   let named: { generation: number; seen: Error | null; gpus: Map<string, UnreachableGpu>; answer: readonly UnreachableListedGpu[] } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({
     view,

@@ -1,28 +1,14 @@
-// Owns what one node snapshot holds and how it is taken: both nvidia-smi queries run concurrently,
-// their rows are joined by GPU UUID, then /proc is read once for every PID that answers will ask
-// about (GPU processes, registered shards' processes and, after one cgroup scan when cgroup shards
-// exist, the members of their cgroups: their names tell a pod's sandbox from its engine, their
-// start times which run is current), plus the parents through which a GPU process may descend from
-// a shard (see readParents). Everything a request derives later comes from this one consistent
-// picture.
-//
-// A refresh whose nvidia-smi query fails still reads /proc for the registered shards (their PIDs,
-// their cgroups' members) and leaves those facts with its error (procFactsAfter): whether a shard's
-// process runs, and whether the engine said CPU, do not depend on nvidia-smi, so an outage must not
-// turn an exited shard into an unverified, ready one. The read happens once per failed refresh, which
-// the snapshot cache runs at most once per failure window, never per request.
+// Owns what one node snapshot holds and how it is taken: both nvidia-smi queries joined by GPU UUID,
+// then one /proc read of every PID answers ask about (GPU processes, shard processes, cgroup members,
+// and the parents between them). When nvidia-smi fails, /proc is still read for the shards and kept
+// with the error (procFactsAfter), so an outage does not hide a shard's exit.
 import type { Logger } from 'pino';
 import type { ComputeAppRecord, GpuListing, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
 import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
 
-/**
- * Generations above a GPU process among which attribution looks for its shard: an engine's GPU
- * memory sits at most a few forks below the PID it is registered with (vLLM: API server, EngineCore,
- * one worker per GPU; a wrapper script adds one). So at most ANCESTRY_DEPTH - 1 parents are read
- * above each GPU process.
- */
+/** Generations above a GPU process in which attribution looks for its shard (vLLM's workers sit a few forks down). */
 export const ANCESTRY_DEPTH = 4;
 
 export interface GpuProcess {
@@ -40,19 +26,11 @@ export interface GpuState extends GpuRecord {
 export interface NodeSnapshot {
   takenAt: number;
   gpus: GpuState[];
-  /**
-   * /proc facts per PID of interest (GPU processes, shard processes, cgroup shards' members, the
-   * parents between them): null when the PID does not exist in this /proc (it exited, or
-   * lives in another PID namespace), an UnreadableStat when it could not be read or parsed this time
-   * (out of descriptors, EIO, a malformed line), which says nothing about whether it runs.
-   */
+  /** Per PID of interest: null when it is not in this /proc; an UnreadableStat says nothing about whether it runs. */
   proc: ReadonlyMap<number, StatAnswer>;
   /** For each cgroup string of a registered shard, the PIDs whose cgroup paths contain it. */
   cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
-  /**
-   * Why the scan for the cgroup shards' processes failed in this refresh (cgroupPids is then empty,
-   * and whether each cgroup shard runs is unknown); absent when it did not fail.
-   */
+  /** Why the cgroup scan failed this refresh (cgroupPids is then empty); absent when it did not. */
   cgroupScanFailed?: string;
   /** The boot these PIDs belong to (ProcReader.bootId); null when /proc cannot say. */
   bootId: string | null;
@@ -63,10 +41,7 @@ export interface NodeSnapshot {
   timings: { nvidiaSmiMs: number; procMs: number };
 }
 
-/**
- * The /proc part of a snapshot, read for the registered shards alone by a refresh whose nvidia-smi
- * query failed: enough to tell whether each shard's process still runs.
- */
+/** The /proc part of a snapshot, read for the shards alone by a refresh whose nvidia-smi query failed. */
 export interface ProcFacts {
   /** When the refresh that read them began: a shard registered after it is not described by them. */
   startedAt: number;
@@ -78,7 +53,7 @@ export interface ProcFacts {
   bootId: string | null;
 }
 
-/** Keyed by the error a failed refresh threw: the error stays what nvidia-smi said, and carries no data into logs. */
+/** Keyed by the error a failed refresh threw, so the error itself carries no data into logs. */
 const factsAfterFailure = new WeakMap<Error, ProcFacts>();
 
 /** The /proc facts the refresh that failed with `error` read for the shards; undefined when none were read. */
@@ -129,15 +104,8 @@ export function statOf(snapshot: NodeSnapshot, pid: number): ProcStat | undefine
 }
 
 /**
- * Reads, into `stats`, the parents that attribution needs to walk from a GPU process up to the shard
- * it descends from, ANCESTRY_DEPTH - 1 generations at most. Only parents that can lead to a shard are
- * read, so the cost stays near zero on a node whose GPU processes are shards or their children (their
- * parent is a shard PID, read already) and on one full of foreign processes: a chain is followed only
- * while it stays in the session of a registered shard process (a session is inherited; a chain leaves
- * it only through a session leader, whose parent is in another session), and parents shared by many
- * processes are read once. So a GPU process that started its own session (setsid) below its shard is
- * found only when the shard is its parent, which needs no read. Fresh reads, not kept ones:
- * readStats({ keep }) keeps the first read's set, and these parents are few.
+ * Reads into `stats` the parents attribution walks from a GPU process up to its shard (ANCESTRY_DEPTH
+ * - 1 generations), following a chain only while it stays in a shard process's session.
  */
 async function readParents(proc: ProcReader, stats: Map<number, StatAnswer>, gpuPids: Iterable<number>, shardPids: ReadonlySet<number>): Promise<void> {
   const sessions = new Set<number>();
@@ -169,18 +137,13 @@ async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<str
   return new Map([...found].map(([needle, pids]) => [needle, new Set(pids)]));
 }
 
-/**
- * The cgroup scan of a snapshot whose nvidia-smi answered. One process whose cgroup file cannot be
- * read (out of descriptors, EIO) fails the scan, and the snapshot must not fail with it: the GPUs and
- * every PID shard are as readable as ever. Its cgroup shards then read unverified (attribution.ts),
- * and their processes' memory counts as foreign, which errs on the safe side for placement.
- */
+/** The cgroup scan, or why it failed: a failed scan must not fail the snapshot (its cgroup shards read unverified). */
 async function scanCgroupsOrWhy(deps: SnapshotTakerDeps, needles: string[], level: RepeatLimit): Promise<{ cgroupPids: Map<string, Set<number>>; failed?: string }> {
   try {
     return { cgroupPids: await scanCgroups(deps.proc, needles) };
   } catch (err) {
     const failed = (err as Error).message;
-    // Keyed by the system's code, not the message: that names the process, a different one each time.
+    // Keyed by the errno: the message names a different process each time.
     const code = ((err as Error).cause as NodeJS.ErrnoException | undefined)?.code;
     deps.log[level(code ?? failed)](
       { err, cgroupShards: needles.length },
@@ -191,10 +154,7 @@ async function scanCgroupsOrWhy(deps: SnapshotTakerDeps, needles: string[], leve
   }
 }
 
-/**
- * Reads the shards' /proc facts after nvidia-smi failed and leaves them with the error. A /proc that
- * cannot be read here leaves none: the nvidia-smi failure is the answer either way.
- */
+/** Reads the shards' /proc facts after nvidia-smi failed and leaves them with the error; none when /proc fails too. */
 async function readFactsAfterFailure(
   deps: SnapshotTakerDeps,
   error: unknown,
@@ -207,8 +167,7 @@ async function readFactsAfterFailure(
     const interest = deps.interest();
     const { cgroupPids, failed } = await scanCgroupsOrWhy(deps, [...new Set(interest.cgroups)], scanFailureLevel);
     const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
-    // Not kept: the stat files kept open are the full snapshot's, which this read must not shrink.
-    // The last good listing's GPU processes too: whether they still run says whether what it showed of a shard still holds.
+    // Not kept (the kept set is the full snapshot's). The last listing's GPU processes are read too.
     const proc = await deps.proc.readStats([...new Set([...interest.pids, ...members, ...listedPids])]);
     factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids, ...(failed === undefined ? {} : { cgroupScanFailed: failed }), bootId: deps.proc.bootId() });
   } catch (err) {
@@ -220,7 +179,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
   const { now } = deps;
   const roster = createGpuRoster(deps.log);
   const scanFailureLevel = createRepeatLimit(now);
-  /** The GPU processes of the last snapshot taken: read again after a failure. */
+  /** The last snapshot's GPU processes: read again after a failure. */
   let listedPids: readonly number[] = [];
   return async () => {
     const startedAt = now();
@@ -244,11 +203,8 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const interest = deps.interest();
     const gpuPids = new Set<number>(apps.map((app) => app.pid));
     const shardPids = new Set<number>(interest.pids);
-    // The scan comes first so that one read covers the members too (no scan, no cost, when there is
-    // no cgroup shard). A PID whose stat is unreadable or malformed is an UnreadableStat in this
-    // snapshot, not null (gone): running out of descriptors must not call every shard exited. The
-    // reader logs those once per call. The same PIDs come back next refresh, so their stat files
-    // are kept open.
+    // The scan comes first so that one read covers the members too; the same PIDs come back next
+    // refresh, so their stat files are kept open.
     const { cgroupPids, failed } = await scanCgroupsOrWhy(deps, [...new Set(interest.cgroups)], scanFailureLevel);
     const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
     const proc = await deps.proc.readStats([...new Set([...gpuPids, ...shardPids, ...members])], { keep: true });

@@ -1,6 +1,5 @@
 // Owns the answers derived from one snapshot and one registry version, computed once and shared by
-// every request that sees the same pair (attribution walks every GPU process, so it must not run
-// per request). Also owns the GPU view of GET /gpus.
+// every request that sees the pair (attribution walks every GPU process). Also GET /gpus's GPU view.
 import type { Logger } from 'pino';
 import type { GpusResponse } from '../schemas/gpus.js';
 import type { ShardRecord } from '../shards/shard.js';
@@ -13,21 +12,14 @@ export interface NodeView {
   snapshot: NodeSnapshot;
   attribution: Attribution;
   registryVersion: number;
-  /**
-   * Why nvidia-smi's processes cannot be matched to this /proc, for the operator; null when they
-   * can. Shard verdicts are then unverified, not on-cpu: there is no evidence either way.
-   */
+  /** Why nvidia-smi's processes cannot be matched to this /proc (verdicts are then unverified); null when they can. */
   processesHidden: string | null;
 }
 
 export const PID_NAMESPACE_WARNING =
   "nvidia-smi lists GPU processes whose PIDs do not exist in this /proc: nodecompute does not share the host's PID namespace, so it cannot tell whose memory is whose. Run it with --pid=host (Docker) or hostPID: true (Kubernetes), or point NODECOMPUTE_PROC at the host's /proc.";
 
-/**
- * Memory in use on a GPU, with no process listed anywhere, from which the processes must be hidden
- * rather than absent. Real idle GPUs show 0 to 4 MiB, and GPUs whose processes just exited 244 to
- * 292 MiB (samples); one CUDA context holds several hundred MiB, a model far more.
- */
+/** Used memory on a GPU, with no process listed anywhere, that means the processes are hidden (idle GPUs show < 300 MiB). */
 export const HIDDEN_PROCESSES_MIB = 1024;
 
 /** GPU indices whose used memory says someone computes there. */
@@ -35,12 +27,7 @@ export function busyGpus(gpus: ReadonlyArray<{ index: number; usedMiB: number | 
   return gpus.filter((gpu) => gpu.usedMiB !== null && gpu.usedMiB >= HIDDEN_PROCESSES_MIB).map((gpu) => gpu.index);
 }
 
-/**
- * nvidia-smi shows a process of another PID namespace in one of two ways, depending on the driver
- * and what sits between: with a PID that does not exist here (and often the name "[Not Found]"), or
- * not at all, leaving only the used memory (a header-only process query, as HAMi's documentation
- * shows). Without the host's PID namespace every shard would otherwise read on-cpu.
- */
+/** The warning for busy GPUs with no process listed: another PID namespace or a GPU-sharing layer hides them. */
 export function hiddenProcessesWarning(busy: number[]): string {
   const gpus = busy.map((index) => `GPU ${index}`).join(', ');
   return (
@@ -52,21 +39,15 @@ export function hiddenProcessesWarning(busy: number[]): string {
 /** What one snapshot says about the PIDs nvidia-smi lists, kept to judge the next one by. */
 export interface PidsJudged {
   snapshot: NodeSnapshot;
-  /** The listed PIDs this /proc does not have. */
   missing: ReadonlySet<number>;
   /** NodeView.processesHidden. */
   hidden: string | null;
 }
 
 /**
- * Whether nvidia-smi's processes are hidden from this /proc. Every listed PID missing is the mark of
- * another PID namespace, but also what a process that exited after nvidia-smi listed it leaves when
- * it was the only one listed: one such refresh must not turn every shard unverified. So, after the
- * first snapshot (`previous` null: a service starting in the wrong namespace says so at once), the
- * mark counts only when a PID missing now was missing from the previous snapshot too, or that one
- * already counted: another namespace's engines stay listed, an exited process does not. Idle GPUs
- * (no process listed, no memory in use) are no evidence either way: the judgement before them
- * stands, so the jobs that come after them are judged as the ones before were.
+ * Whether nvidia-smi's processes are hidden from this /proc: every listed PID missing, and (after the
+ * first snapshot) one missing in `previous` too, so one exited process does not count. Idle GPUs keep
+ * the judgement before them.
  */
 export function judgePids(snapshot: NodeSnapshot, previous: PidsJudged | null): PidsJudged {
   const listed = new Set(snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)));
@@ -80,10 +61,7 @@ export function judgePids(snapshot: NodeSnapshot, previous: PidsJudged | null): 
   return previous === null ? { snapshot, missing, hidden: null } : { ...previous, snapshot };
 }
 
-/**
- * The view of one snapshot for one registry version: attribution and the facts every answer shares.
- * `pids`: judgePids of this snapshot (by default, judged as a first one).
- */
+/** The view of one snapshot for one registry version; `pids` defaults to judging it as a first snapshot. */
 export function createNodeView(snapshot: NodeSnapshot, shards: readonly ShardRecord[], registryVersion: number, pids = judgePids(snapshot, null)): NodeView {
   return { snapshot, attribution: attribute(snapshot, shards), registryVersion, processesHidden: pids.hidden };
 }
@@ -105,11 +83,7 @@ export function snapshotMeta(view: SnapshotView<unknown>): SnapshotMeta {
   return meta;
 }
 
-/**
- * Memoises the derived view per snapshot object and registry version; judges each new snapshot's
- * PIDs against the one before it (judgePids), and says once when they turn hidden or visible again
- * (not when only the words change, as the busy GPUs of a header-only process list do).
- */
+/** Memoises the view per snapshot and registry version, and logs once when processes turn hidden or visible. */
 export function createNodeViewCache(log: Logger): (
   snapshot: NodeSnapshot,
   registryVersion: number,
@@ -145,10 +119,7 @@ export function unreachableSaid(uuid: string, unreachable: readonly UnreachableL
   return unreachable.find(({ listed }) => listed?.uuid === uuid)?.said ?? null;
 }
 
-/**
- * GET /gpus after its snapshot header: every GPU with its processes, each attributed to its shard,
- * and whether nvidia-smi has said since that it cannot reach it; and the GPUs no longer listed.
- */
+/** GET /gpus after its snapshot header: every GPU with its processes' shards, and the GPUs no longer listed. */
 export function gpusResponse(node: NodeView, unreachable: readonly UnreachableListedGpu[]): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
   const gpus = node.snapshot.gpus.map((gpu) => ({

@@ -1,34 +1,16 @@
-// Owns the node snapshot cache: every answer of the service is derived from one snapshot, and this
-// module decides when a new one is taken. nvidia-smi is slow (seconds on big nodes) and can hang in
-// the kernel, so the cache is
-//   - TTL-bound: at most one refresh per TTL window, however many requests arrive;
-//   - single-flight: concurrent requests share the one refresh under way;
-//   - stale-while-revalidate: past the TTL but within max-stale, requests get the cached snapshot at
-//     once (marked stale) while one refresh runs in the background;
-//   - failure-aware: a failed refresh is remembered for one TTL window, doubling with each failure
-//     in a row up to 30 s (no retry storm); within max-stale the last good snapshot is served with
-//     the reason, beyond it callers get the error at once, also while the retry after the window
-//     runs (only the caller that starts the retry waits for it);
-//   - registry-aware: after a registration or removal, snapshots taken before it are stale and the
-//     next request starts a refresh;
-//   - fair to nvidia-smi: a stale answer is routine (one refresh period behind while the next runs)
-//     and says so neutrally; it blames nvidia-smi only when the last refresh failed or the one under
-//     way runs far longer than usual (see slowAfterMs), and only then is it `failing` or `slow`,
-//     the two states worth a warning.
-// A caller that must wait never waits past the refresh's own hard timeout, and may ask for less
-// (probes keep Kubernetes' 1 s limit).
+// Owns the snapshot cache every answer derives from: at most one refresh per TTL, shared by all
+// callers; within max-stale the cached snapshot is served (stale) while one refreshes in the
+// background; a failure is remembered for a window that doubles up to 30 s; a registry change makes
+// every earlier snapshot stale. Stale is routine: only a failing or slow refresh is worth a warning.
 import type { Logger } from 'pino';
 import { formatDuration } from '../duration.js';
 import { NvidiaSmiTimeoutError } from '../errors.js';
 
 export interface SnapshotView<S> {
   snapshot: S;
-  /** When the snapshot was taken (ms since the epoch): ages and the TTL count from here. */
+  /** When the snapshot was taken (ms since the epoch); ages count from here. */
   observedAt: number;
-  /**
-   * When the refresh that took it began: nothing it shows was read before this. Verdicts that
-   * depend on time (a grace window) judge the evidence by this moment, not by when it landed.
-   */
+  /** When its refresh began: time-bound verdicts (a grace window) judge the evidence by this. */
   startedAt: number;
   ageMs: number;
   /** Older than the TTL (a refresh is running, is due or has failed), or older than the registry. */
@@ -36,12 +18,11 @@ export interface SnapshotView<S> {
   staleReason: string | null;
   /** The last refresh failed (the snapshot is the last good one). */
   failing: boolean;
-  /** The refresh under way has run far longer than usual (see slowAfterMs): nvidia-smi is slow now. */
+  /** The refresh under way has run far longer than usual (slowAfterMs). */
   slow: boolean;
 }
 
 export interface SnapshotSourceOptions<S> {
-  /** Takes one snapshot; its own timeouts bound how long it runs. */
   take: () => Promise<S>;
   ttlMs: number;
   maxStaleMs: number;
@@ -50,53 +31,34 @@ export interface SnapshotSourceOptions<S> {
 }
 
 export interface GetOptions {
-  /** Longest this caller will wait for a refresh it needs; past it the call fails with a timeout error. */
+  /** Longest this caller waits for a refresh; past it the call fails with a timeout error. */
   maxWaitMs?: number;
 }
 
 export interface SnapshotSource<S> {
   get(options?: GetOptions): Promise<SnapshotView<S>>;
-  /**
-   * What get() answers when it need not wait (fresh, or within max-stale with a refresh started in
-   * the background), at once and without a promise; null when get() would wait. The hot path of
-   * probes.
-   */
+  /** What get() answers when it need not wait, without a promise (probes' hot path); null when it would. */
   available(): SnapshotView<S> | null;
   /** The cached snapshot as it is, without refreshing; null before the first success. */
   peek(): SnapshotView<S> | null;
-  /**
-   * The shard registry changed: every snapshot whose refresh started before now is stale (its /proc
-   * reads may miss the new shard), and the next get() starts a refresh.
-   */
+  /** The shard registry changed: every snapshot whose refresh started before now is stale. */
   invalidate(): void;
-  /** Whether a refresh is under way (tests and the benchmarks wait on it). */
   readonly refreshing: boolean;
   /** Bumped on every successful refresh; part of ETags. */
   readonly generation: number;
   /** The error of the latest refresh while none has succeeded since it; null otherwise. */
   readonly lastError: Error | null;
-  /**
-   * While a recent failure holds nvidia-smi back (its window, see recentFailure) and nothing runs,
-   * the ms until a request may start the next refresh; null when one may start now or is under way.
-   * What a 503 tells its client to wait (Retry-After).
-   */
+  /** Ms until a request may start the next refresh after a failure (a 503's Retry-After); null when one may start or runs. */
   readonly backOffMs: number | null;
 }
 
-/**
- * The Retry-After, in whole seconds, of a 503 for `err`: while the snapshots' own failure is waited
- * out, nvidia-smi is not run again, so asking sooner gets the same answer. Null for any other error,
- * and while the retry may start now or runs.
- */
+/** A 503's Retry-After (whole seconds) for `err` while the snapshots' own failure is waited out; else null. */
 export function retryAfterSeconds(snapshots: Pick<SnapshotSource<unknown>, 'lastError' | 'backOffMs'>, err: Error): number | null {
   const backOffMs = err === snapshots.lastError ? snapshots.backOffMs : null;
   return backOffMs === null ? null : Math.ceil(backOffMs / 1000);
 }
 
-/**
- * Why a view's staleness is worth a warning: the last refresh failed, or the one under way is slow.
- * Null when it is routine (one refresh period behind, or just behind a registry change) or fresh.
- */
+/** Why a view's staleness is worth a warning (failing or slow); null when it is routine or fresh. */
 export function staleNews(view: SnapshotView<unknown>): string | null {
   return view.failing || view.slow ? view.staleReason : null;
 }
@@ -105,7 +67,7 @@ interface Good<S> {
   snapshot: S;
   observedAt: number;
   startedAt: number;
-  /** The invalidation epoch its refresh started in: an older one predates a registry change. */
+  /** The invalidation epoch its refresh started in. */
   epoch: number;
 }
 
@@ -122,15 +84,8 @@ interface Failure {
 const MAX_FAILURE_WINDOW_MS = 30_000;
 
 /**
- * When a refresh under way counts as slow, so that stale answers blame nvidia-smi: once it has run
- * SLOW_REFRESH_FACTOR times as long as the last successful refresh took, and at least
- * SLOW_REFRESH_MIN_MS. Relative to the last refresh rather than to a fixed budget (the probe wait,
- * say), because what is usual differs by node: tens of milliseconds on a small node, seconds on a
- * big one without persistence mode. The doctor reports a node whose queries are always slow, once;
- * repeating it in every answer is noise. A driver in trouble, or a hang on its way to the timeout,
- * shows as a refresh taking several times its usual time. The floor is the doctor's own mark for a
- * slow query (1 s): below it nobody calls nvidia-smi slow, so a node whose refreshes take 5 ms does
- * not blame it for one of 20 ms.
+ * A refresh is slow once it has run SLOW_REFRESH_FACTOR times as long as the last good one took, and
+ * at least SLOW_REFRESH_MIN_MS (the doctor's mark for a slow query): usual differs by node.
  */
 export const SLOW_REFRESH_FACTOR = 3;
 export const SLOW_REFRESH_MIN_MS = 1000;
@@ -148,7 +103,6 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
   let inFlightSince = 0;
   let epoch = 0;
   let generation = 0;
-  /** How long the last successful refresh took, from its start to its snapshot. */
   let lastRefreshMs = 0;
 
   function refresh(): Promise<Good<S>> {
@@ -226,9 +180,8 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
   }
 
   /**
-   * A recent failure is the answer: no new run until its window passes. The window is one TTL, and
-   * doubles with each failure in a row up to 30 s: a wedged driver leaves nvidia-smi processes stuck
-   * in the kernel that even SIGKILL cannot end, and each retry would add two more.
+   * A failure within its window (one TTL, doubling per failure in a row up to 30 s) is the answer: a
+   * wedged driver leaves nvidia-smi stuck where SIGKILL cannot end it, and each retry adds more.
    */
   function recentFailure(): Error | null {
     return backOffLeft() === null ? null : lastFailure!.error;
@@ -248,11 +201,8 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
   }
 
   /**
-   * What a caller with no snapshot to serve is answered at once instead of waiting: the latest
-   * failure, within its window and also while the retry after it runs. That retry asks a driver that
-   * has just failed; joining it would hold every caller up to nvidia-smi's timeout for what is most
-   * likely the same answer. The caller that starts the retry waits for it, so the first request
-   * after the window sees a fixed nvidia-smi.
+   * With no snapshot to serve, the latest failure is answered at once, within its window and while
+   * the retry after it runs; only the caller that starts the retry waits for it.
    */
   function failureToAnswer(): Error | null {
     return recentFailure() ?? (inFlight && lastFailure ? lastFailure.error : null);

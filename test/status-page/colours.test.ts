@@ -3,7 +3,7 @@
 // GPU never share a colour (the older keeps its own, the newer steps aside), and a bar resolves
 // what the shard-wide choice could not.
 import t from 'tap';
-import { barColours, colourClass, COLOUR_SLOTS, shardColours, shardHue, type ColourClaim } from '../../src/status-page/render.js';
+import { barColours, colourClass, COLOUR_SLOTS, shardColours, shardHue, type ColourClaim } from '../../src/status-page/colours.js';
 
 /** The first id `${prefix}${n}` whose hue is that of `slot`. */
 function idWithHue(prefix: string, slot: number): string {

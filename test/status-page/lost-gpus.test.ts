@@ -12,7 +12,10 @@ import { readiness } from '../../src/shards/readiness.js';
 import type { ShardState } from '../../src/shards/shard-service.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat } from '../../src/system/procfs.js';
-import { colourClass, renderHtml, renderText, shardColours, statusModel, type StatusInput } from '../../src/status-page/render.js';
+import { colourClass, shardColours } from '../../src/status-page/colours.js';
+import { renderHtml } from '../../src/status-page/html.js';
+import { statusModel, type StatusInput } from '../../src/status-page/model.js';
+import { renderText } from '../../src/status-page/text.js';
 import { gpuState } from '../helpers/gpu-state.js';
 
 const NOW = Date.parse('2026-11-29T12:00:30Z');

@@ -1,0 +1,196 @@
+// Owns the status page as HTML: a self-contained page (inline CSS, no script, no external asset)
+// that reloads itself. Every string from the node is escaped.
+import { formatDuration } from '../duration.js';
+import { formatMemoryUse } from '../memory-size.js';
+import { gpuUnreachable, saidOfBusId } from '../node-state/gpu-roster.js';
+import { READINESS_STATES } from '../shards/readiness.js';
+import { colourClass } from './colours.js';
+import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type ShardRow, type StatusModel } from './model.js';
+import { CSS } from './styles.js';
+import {
+  amountOf,
+  indexTakenNote,
+  inIndexOrder,
+  LOST_GPUS,
+  LOST_GPUS_ADVICE,
+  LOST_ROWS_NOTE,
+  lostAsOf,
+  lostLine,
+  MIG_NOTE,
+  NOT_PLACED,
+  snapshotLine,
+  summary,
+  UNREACHABLE_NOTE,
+  when,
+} from './wording.js';
+
+/** Seconds between the page's own reloads (meta refresh). */
+export const REFRESH_SECONDS = 5;
+
+export function escapeHtml(text: string): string {
+  return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+/** What the GPUs held column lists. */
+const HELD_NOTE =
+  'GPUs held: every GPU whose memory the shard\'s processes hold, as nvidia-smi lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
+
+/** Segments wider than this share of the bar carry their label inside; the legend names them all. */
+const INLINE_LABEL_SHARE = 0.09;
+
+function segmentHtml(segment: Segment, total: number): string {
+  const colour = segment.color === null ? '' : ` ${colourClass(segment.color)}`;
+  const inline = segment.kind !== 'free' && widthOf(segment) / total >= INLINE_LABEL_SHARE;
+  const text = inline ? `<span>${escapeHtml(segment.label)} ${amountOf(segment)}</span>` : '';
+  return `<div class="seg ${segment.kind}${colour}${segment.stray ? ' stray' : ''}" style="flex-grow:${widthOf(segment)}" title="${escapeHtml(segment.title)}">${text}</div>`;
+}
+
+function legendHtml(segment: Segment): string {
+  const colour = segment.color === null ? '' : ` ${colourClass(segment.color)}`;
+  const stray = segment.stray ? ' <em>not given this GPU</em>' : '';
+  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${amountOf(segment).replaceAll(' ', '&nbsp;')}</b>${stray}</li>`;
+}
+
+function gpuHtml(gpu: GpuModel): string {
+  const total = gpu.segments.reduce((sum, segment) => sum + widthOf(segment), 0);
+  const describe = gpu.segments.map((segment) => `${segment.label} ${amountOf(segment)}`).join(', ');
+  const bar = gpu.memoryKnown
+    ? `<div class="bar" role="img" aria-label="GPU ${gpu.index} memory: ${escapeHtml(describe)}">${gpu.segments.map((segment) => segmentHtml(segment, total)).join('')}</div>`
+    : '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>';
+  const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
+  const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
+  const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${UNREACHABLE_NOTE}. It says: ${escapeHtml(gpu.unreachable)}</li>`];
+  const badge = gpu.unreachable === null ? '' : '<span class="badge gpu-lost">unreachable</span>';
+  return `<div class="gpu${gpu.unreachable === null ? '' : ' unreachable'}">
+<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span>${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${badge}</div>
+${bar}
+<span class="gpu-used">${formatMemoryUse(gpu.usedMiB, gpu.totalMiB)}</span>
+<span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
+<ul class="legend">${[...unreachable, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle].join('')}</ul>
+</div>`;
+}
+
+/** A lost GPU's row: struck out, a bar with no figures, and the shards placed on it. */
+function lostGpuHtml(gpu: LostGpuModel, now: number): string {
+  const placed =
+    gpu.placed.length > 0
+      ? gpu.placed.map(
+          (shard) =>
+            `<li><i class="sw shard ${colourClass(shard.color)}" aria-hidden="true"></i>${escapeHtml(shard.id)}: placed on it, <span class="badge ${shard.state}">${shard.state}</span></li>`,
+        )
+      : [`<li>${NOT_PLACED}</li>`];
+  const taken = indexTakenNote(gpu);
+  if (taken !== null) placed.unshift(`<li>${escapeHtml(taken)}</li>`);
+  if (gpu.said !== undefined) placed.unshift(`<li class="unreachable">${escapeHtml(saidOfBusId(gpu.busId, gpu.said))}</li>`);
+  return `<div class="gpu lost">
+<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span><span class="badge gpu-lost">lost</span></div>
+<div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>
+<span class="gpu-used">unknown</span>
+<span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
+<ul class="legend"><li>missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago), last listed ${when(gpu.lastListedAt)}</li>${placed.join('')}</ul>
+</div>`;
+}
+
+/** One key for every bar, so each GPU's legend only names what is on it. */
+const KEY_HTML =
+  '<ul class="key" aria-label="Key">' +
+  '<li><i class="sw shard c0" aria-hidden="true"></i><i class="sw shard c1" aria-hidden="true"></i>a shard (one colour each; red outline: a GPU it was not given)</li>' +
+  '<li><i class="sw foreign" aria-hidden="true"></i>foreign: held by no registered shard</li>' +
+  '<li><i class="sw reserved" aria-hidden="true"></i>reserved by the driver</li>' +
+  '<li><i class="sw free" aria-hidden="true"></i>free</li></ul>';
+
+function listOrDash(items: string[]): string {
+  return items.length > 0 ? items.map(escapeHtml).join('<br>') : '<span class="none">none</span>';
+}
+
+function heldHtml(row: ShardRow): string {
+  if (row.held === null) return '<span class="none">unknown</span>';
+  const strays = row.strays.map((label) => `<span class="stray-tag">${escapeHtml(label)} (not given)</span>`);
+  return row.held.length + strays.length > 0 ? [...row.held.map(escapeHtml), ...strays].join('<br>') : '<span class="none">none</span>';
+}
+
+function shardRowHtml(row: ShardRow): string {
+  const reason = row.reason === null ? '' : `<p>${escapeHtml(row.reason)}</p>`;
+  const warnings = row.warnings.map((warning) => `<p class="warning">Warning: ${escapeHtml(warning)}</p>`).join('');
+  const note = reason + warnings || '<span class="none">-</span>';
+  return `<tr>
+<th scope="row"><i class="sw shard ${colourClass(row.color)}" aria-hidden="true"></i><span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
+<td data-label="State"><span class="badge ${row.state}">${row.state}</span></td>
+<td class="given" data-label="Given">${listOrDash(row.given.map((label) => `GPU ${label}`))}</td>
+<td class="held" data-label="Held">${heldHtml(row)}</td>
+<td class="why" data-label="Reason">${note}</td>
+</tr>`;
+}
+
+export function renderHtml(model: StatusModel): string {
+  const counts = READINESS_STATES.filter((state) => model.counts[state] > 0)
+    .map((state) => `<li><span class="badge ${state}">${model.counts[state]} ${state}</span></li>`)
+    .join('');
+  const meta = `${model.snapshot ? escapeHtml(snapshotLine(model)) : `<span class="outage">${escapeHtml(snapshotLine(model))}</span>`} · reloads every ${REFRESH_SECONDS} s`;
+  const banners: string[] = [];
+  if (model.error !== null) {
+    banners.push(
+      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> A shard it last saw ready is shown as unverified and keeps serving; one it last saw starting, on the CPU or on a lost GPU keeps that verdict, and one it has not seen since its registration reads starting. /proc still shows an exit or a stop, and an engine's own output the CPU. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
+    );
+  }
+  if (model.processesHidden !== null) {
+    banners.push(
+      `<div class="banner error" role="alert"><strong>nodecompute cannot tell whose GPU memory is whose.</strong> All of it reads as foreign, and no shard can be verified.<code>${escapeHtml(model.processesHidden)}</code></div>`,
+    );
+  }
+  if (model.lostGpus.length > 0) {
+    const asOf = model.lastGood ? `${lostAsOf(model.lastGood.observedAt)} ` : '';
+    const lines = model.lostGpus.map((gpu) => escapeHtml(lostLine(gpu, model.generatedAt)));
+    banners.push(`<div class="banner error" role="alert"><strong>${LOST_GPUS}</strong> ${asOf}${LOST_GPUS_ADVICE}<code>${lines.join('\n')}</code></div>`);
+  }
+  const staleReason = model.staleBanner;
+  if (staleReason) {
+    banners.push(`<div class="banner stale" role="status"><strong>Showing an older snapshot.</strong><code>${escapeHtml(staleReason)}</code></div>`);
+  }
+  const gpuRows = inIndexOrder(model, gpuHtml, (gpu) => lostGpuHtml(gpu, model.generatedAt));
+  const gpus = [
+    ...(model.gpus.length > 0 ? [] : [`<p class="empty">No GPU figures: nvidia-smi gave none (see above).${model.lastGood && model.lostGpus.length > 0 ? ` ${LOST_ROWS_NOTE}` : ''}</p>`]),
+    ...(model.gpus.length > 0 ? [] : model.unreachableGpus.map((gpu) => `<p class="empty unreachable">${escapeHtml(gpuUnreachable(gpu))}</p>`)),
+    ...(gpuRows.length > 0 ? [`<div class="gpus">${gpuRows.join('\n')}</div>`] : []),
+  ].join('\n');
+  const shards =
+    model.shards.length > 0
+      ? `<div class="table-wrap"><table class="shards" aria-describedby="held-note">
+<thead><tr><th scope="col">Shard</th><th scope="col">State</th><th scope="col">GPUs given</th><th scope="col">GPUs held</th><th scope="col">Reason and warnings</th></tr></thead>
+<tbody>
+${model.shards.map(shardRowHtml).join('\n')}
+</tbody>
+</table></div>
+<p class="note none" id="held-note">${escapeHtml(HELD_NOTE)}</p>`
+      : '<p class="empty">No shard is registered on this node. Register one with <code>PUT /shards/&lt;id&gt;</code> (see /docs).</p>';
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="refresh" content="${REFRESH_SECONDS}">
+<title>${escapeHtml(`${model.host} · nodecompute · ${summary(model)}`)}</title>
+<style>${CSS}</style>
+</head>
+<body>
+<header>
+<h1>nodecompute <span class="host">${escapeHtml(model.host)}</span></h1>
+<p class="meta">${meta}</p>
+<ul class="counts" aria-label="Shards by state">${counts}</ul>
+</header>
+<main>
+${banners.join('\n')}
+<section aria-labelledby="gpus-title">
+<div class="section-head"><h2 id="gpus-title">GPUs</h2>${model.gpus.length > 0 ? KEY_HTML : ''}</div>
+${gpus}
+</section>
+<section aria-labelledby="shards-title">
+<h2 id="shards-title">Shards</h2>
+${shards}
+</section>
+</main>
+<footer>nodecompute ${escapeHtml(model.version)} · page made ${when(model.generatedAt)} · JSON: <a href="/shards">/shards</a> · <a href="/gpus">/gpus</a> · <a href="/gpus/foreign-memory">/gpus/foreign-memory</a> · <a href="/metrics">/metrics</a> · <a href="/docs">/docs</a> · as plain text: <code>curl</code> this address</footer>
+</body>
+</html>
+`;
+}

@@ -1,0 +1,271 @@
+// Owns what the status page says, as plain data: one model built from every shard's state and the
+// snapshot they were judged on, which html.ts and text.ts render. Pure: the route gathers the inputs
+// from the cache, so the page never runs nvidia-smi.
+import { formatHeldMemory, formatMemory } from '../memory-size.js';
+import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
+import type { LostGpu } from '../node-state/gpu-roster.js';
+import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
+import { placedIndices, placementOf, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
+import { snapshotMeta, unreachableSaid, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
+import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
+import { READINESS_STATES, type ReadinessState } from '../shards/readiness.js';
+import { deviceLabel } from '../shards/compute.js';
+import type { ShardState } from '../shards/shard-service.js';
+import type { ShardRecord } from '../shards/shard.js';
+import { barColours, shardColours } from './colours.js';
+
+export type SegmentKind = 'shard' | 'foreign' | 'reserved' | 'free';
+
+export interface Segment {
+  kind: SegmentKind;
+  /** Shard id, or "foreign", "reserved", "free". */
+  label: string;
+  /** null for a shard's [N/A] memory: drawn without width. */
+  mib: number | null;
+  /** Colour slot of the shard on this bar (see colourClass); null for the other kinds. */
+  color: number | null;
+  /** Foreign memory that includes shard processes' [N/A] memory: an upper bound, shown as "up to". */
+  upTo: boolean;
+  /** The tooltip. */
+  title: string;
+  /** A shard holding a GPU it was not given. */
+  stray: boolean;
+}
+
+export interface GpuModel {
+  index: number;
+  uuid: string;
+  name: string;
+  mig: boolean;
+  /** What nvidia-smi's failing queries since this snapshot said of this GPU; null when they named it not. */
+  unreachable: string | null;
+  totalMiB: number | null;
+  usedMiB: number | null;
+  /** The used and total memory are reported and the segments have a size: the bar can be drawn to scale. */
+  memoryKnown: boolean;
+  segments: Segment[];
+  foreignProcesses: ForeignProcess[];
+  /** Shards given this GPU that hold no memory on it. */
+  idleShards: string[];
+}
+
+/** A GPU nvidia-smi no longer lists: no memory figures (unknown, not free). */
+export interface LostGpuModel extends LostGpu {
+  /** The UUID of the GPU nvidia-smi lists under this index now; null when none. */
+  indexTakenBy: string | null;
+  /** The shards placed on it (placement.ts). */
+  placed: Array<{ id: string; state: ReadinessState; color: number }>;
+}
+
+export interface ShardRow {
+  id: string;
+  state: ReadinessState;
+  engine: string;
+  process: string;
+  color: number;
+  /** As registered: "2", "2→1" when nvidia-smi lists it as GPU 1 now, "2 lost" when it lists it no more. */
+  given: string[];
+  /** compute.devices, or null when nvidia-smi cannot be asked. */
+  held: string[] | null;
+  /** GPUs held but not given. */
+  strays: string[];
+  reason: string | null;
+  warnings: string[];
+}
+
+export interface StatusModel {
+  host: string;
+  version: string;
+  generatedAt: number;
+  /** The snapshot the verdicts come from; null when nvidia-smi cannot be asked. */
+  snapshot: SnapshotMeta | null;
+  /** With no snapshot: the last good one, past max-stale, to date the outage; null otherwise. */
+  lastGood: { observedAt: number; ageMs: number; maxStaleMs: number } | null;
+  /** Why nvidia-smi cannot be asked; null when it answered. */
+  error: string | null;
+  /** NodeView.processesHidden. */
+  processesHidden: string | null;
+  /** The GPUs no longer listed, by index; past max-stale, the last good snapshot's. */
+  lostGpus: LostGpuModel[];
+  /** The GPUs nvidia-smi's failing queries say it cannot reach that a listing had, less the lost ones. */
+  unreachableGpus: UnreachableKnownGpu[];
+  /** Why the snapshot is not being renewed (staleNews); null when staleness is routine. */
+  staleBanner: string | null;
+  gpus: GpuModel[];
+  shards: ShardRow[];
+  counts: Record<ReadinessState, number>;
+}
+
+/** What `shards.states()` answers, plus who and when this page is. */
+export interface StatusInput {
+  states: ShardState[];
+  view: SnapshotView<NodeSnapshot> | null;
+  node: NodeView | null;
+  error: string | null;
+  /** NodeService.unreachable(). */
+  unreachable: readonly UnreachableListedGpu[];
+  /** With no view, the cached snapshot however old (peek): it dates the outage and names its lost GPUs. */
+  lastGood?: { observedAt: number; ageMs: number; snapshot: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> } | null;
+  maxStaleMs?: number;
+  host: string;
+  version: string;
+  now: number;
+}
+
+export function processLabel(process: ForeignProcess): string {
+  return `pid ${process.pid} ${process.name} (${formatHeldMemory(process.usedMiB)})`;
+}
+
+function foreignAmount(foreignMiB: number, unreportedShardProcesses: number): string {
+  if (unreportedShardProcesses === 0) return formatMemory(foreignMiB);
+  return `up to ${formatMemory(foreignMiB)} (it includes the memory of ${unreportedShardProcesses} shard process(es) nvidia-smi does not report)`;
+}
+
+/** A segment's share of its bar: none when its size is not reported. */
+export function widthOf(segment: Segment): number {
+  return segment.mib ?? 0;
+}
+
+function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {
+  const segments: Segment[] = [];
+  for (const { shard, compute } of states) {
+    // With a node view every shard has a compute answer.
+    const usage = [...compute!.gpus, ...compute!.strayGpus].find((held) => held.index === gpu.index);
+    if (!usage) continue;
+    const stray = compute!.strayGpus.includes(usage);
+    segments.push({
+      kind: 'shard',
+      label: shard.id,
+      mib: usage.usedMiB,
+      color: colors.get(shard.id)!,
+      upTo: false,
+      title: `${shard.id}: ${formatHeldMemory(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
+      stray,
+    });
+  }
+  if (foreign.foreignMiB !== null && foreign.foreignMiB > 0) {
+    const holders = foreign.foreignProcesses.map(processLabel);
+    segments.push({
+      kind: 'foreign',
+      label: 'foreign',
+      mib: foreign.foreignMiB,
+      color: null,
+      upTo: foreign.unreportedShardProcesses > 0,
+      title: `foreign: ${foreignAmount(foreign.foreignMiB, foreign.unreportedShardProcesses)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
+      stray: false,
+    });
+  }
+  if (gpu.reservedMiB !== null && gpu.reservedMiB > 0) {
+    segments.push({ kind: 'reserved', label: 'reserved', mib: gpu.reservedMiB, color: null, upTo: false, title: `reserved by the driver: ${formatMemory(gpu.reservedMiB)}`, stray: false });
+  }
+  if (gpu.freeMiB !== null) {
+    segments.push({ kind: 'free', label: 'free', mib: gpu.freeMiB, color: null, upTo: false, title: `free: ${formatMemory(gpu.freeMiB)}`, stray: false });
+  }
+  const shards = segments.filter((segment) => segment.color !== null);
+  barColours(shards.map((segment) => segment.color!)).forEach((colour, i) => {
+    shards[i]!.color = colour;
+  });
+  return segments;
+}
+
+/** The GPUs `known` says are lost, with the shards placed on each. */
+function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>): LostGpuModel[] {
+  if (known === null) return [];
+  const unlisted = states.map((state) => ({ state, unlisted: placementOf(state.shard, known.gpus).unlisted }));
+  return known.lostGpus.map((gpu) => {
+    const indexTakenBy = known.gpus.find((listed) => listed.index === gpu.index)?.uuid ?? null;
+    const placed = unlisted
+      .filter(({ unlisted: gone }) => gone.some(({ index, uuid }) => (uuid === undefined ? index === gpu.index : uuid === gpu.uuid)))
+      .map(({ state }) => state);
+    return {
+      index: gpu.index,
+      uuid: gpu.uuid,
+      name: gpu.name,
+      busId: gpu.busId,
+      lastListedAt: gpu.lastListedAt,
+      lostAt: gpu.lostAt,
+      ...(gpu.said === undefined ? {} : { said: gpu.said }),
+      indexTakenBy,
+      placed: placed.map(({ shard, readiness }) => ({ id: shard.id, state: readiness.state, color: colors.get(shard.id)! })),
+    };
+  });
+}
+
+/** A warning ending with nvidia-smi's message points to the banner, which gives it once. */
+function pointToBanner(warning: string, error: string | null): string {
+  const suffix = `: ${error}`;
+  return error !== null && warning.endsWith(suffix) ? `${warning.slice(0, -suffix.length)} (nvidia-smi's message is at the top of the page)` : warning;
+}
+
+export function statusModel(input: StatusInput): StatusModel {
+  const colors = shardColours(
+    input.states.map(({ shard, compute }) => ({
+      id: shard.id,
+      registeredAt: shard.registeredAt,
+      gpus: [...shard.gpus, ...(compute ? [...compute.gpus, ...compute.strayGpus].map((held) => held.index) : [])],
+    })),
+  );
+  const counts = Object.fromEntries(READINESS_STATES.map((state) => [state, 0])) as Record<ReadinessState, number>;
+  for (const { readiness } of input.states) counts[readiness.state] += 1;
+  // foreignMemory answers one entry per GPU, in the snapshot's order.
+  const foreign = input.node ? foreignMemory(input.node) : [];
+  const listed = input.node?.snapshot.gpus ?? [];
+  const placed = new Map(input.states.map(({ shard }) => [shard.id, placedIndices(shard, listed)]));
+  const gpus = listed.map((gpu, i): GpuModel => {
+    const segments = segmentsOf(gpu, foreign[i]!, input.states, colors);
+    const holders = new Set(segments.filter((segment) => segment.kind === 'shard').map((segment) => segment.label));
+    return {
+      index: gpu.index,
+      uuid: gpu.uuid,
+      name: gpu.name,
+      mig: gpu.migMode === 'Enabled',
+      unreachable: unreachableSaid(gpu.uuid, input.unreachable),
+      totalMiB: gpu.totalMiB,
+      usedMiB: gpu.usedMiB,
+      memoryKnown: gpu.totalMiB !== null && gpu.usedMiB !== null && segments.some((segment) => widthOf(segment) > 0),
+      segments,
+      foreignProcesses: foreign[i]!.foreignProcesses,
+      idleShards: input.states.filter(({ shard }) => placed.get(shard.id)!.includes(gpu.index) && !holders.has(shard.id)).map(({ shard }) => shard.id),
+    };
+  });
+  const shards = input.states.map(({ shard, readiness, compute }): ShardRow => ({
+    id: shard.id,
+    state: readiness.state,
+    engine: shard.engine,
+    process: shard.pid !== null ? `pid ${shard.pid}` : `cgroup ${shard.cgroup}`,
+    color: colors.get(shard.id)!,
+    given: givenLabels(shard, input.node),
+    held: compute ? compute.devices : null,
+    strays: compute ? compute.strayGpus.map(deviceLabel) : [],
+    reason: readiness.reason,
+    warnings: readiness.warnings.map((warning) => pointToBanner(warning, input.error)),
+  }));
+  const lastGood = input.view === null && input.lastGood && input.maxStaleMs !== undefined && input.lastGood.ageMs > input.maxStaleMs ? input.lastGood : null;
+  const lostGpus = lostGpuModels(input.node?.snapshot ?? lastGood?.snapshot ?? null, input.states, colors);
+  return {
+    host: input.host,
+    version: input.version,
+    generatedAt: input.now,
+    snapshot: input.view ? snapshotMeta(input.view) : null,
+    lastGood: lastGood && { observedAt: lastGood.observedAt, ageMs: lastGood.ageMs, maxStaleMs: input.maxStaleMs! },
+    error: input.error,
+    processesHidden: input.node?.processesHidden ?? null,
+    lostGpus,
+    unreachableGpus: input.unreachable.filter((gpu): gpu is UnreachableKnownGpu => gpu.listed !== null && !lostGpus.some((lost) => lost.uuid === gpu.listed!.uuid)),
+    staleBanner: input.view ? staleNews(input.view) : null,
+    gpus,
+    shards,
+    counts,
+  };
+}
+
+/** A shard's given GPUs as registered and, where it differs, where nvidia-smi has each now. */
+function givenLabels(shard: ShardRecord, node: NodeView | null): string[] {
+  if (node === null) return shard.gpus.map(String);
+  const placement = placementOf(shard, node.snapshot.gpus);
+  return shard.gpus.map((index) => {
+    const moved = placement.renumbered.find((gpu) => gpu.registered === index);
+    if (moved !== undefined) return `${index}→${moved.now}`;
+    return placement.unlisted.some((gpu) => gpu.index === index) ? `${index} lost` : String(index);
+  });
+}

@@ -1,0 +1,119 @@
+// Owns the status page as aligned plain text, for curl and terminals: control characters from the
+// node are replaced, so no process name can send escape sequences.
+import { formatMemoryUse } from '../memory-size.js';
+import { gpuUnreachable } from '../node-state/gpu-roster.js';
+import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type SegmentKind, type StatusModel } from './model.js';
+import {
+  amountOf,
+  indexTakenNote,
+  inIndexOrder,
+  LOST_GPUS,
+  LOST_GPUS_ADVICE,
+  LOST_ROWS_NOTE,
+  lostAsOf,
+  lostLine,
+  MIG_NOTE,
+  NOT_PLACED,
+  snapshotLine,
+  summary,
+  UNREACHABLE_NOTE,
+} from './wording.js';
+
+/** Terminal-safe: control characters from the node become '?'. */
+export function plain(text: string): string {
+  return text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, '?');
+}
+
+export const TEXT_BAR_WIDTH = 50;
+
+/** A GPU whose memory figures nvidia-smi does not report. */
+const UNKNOWN_BAR = `[${'?'.repeat(TEXT_BAR_WIDTH)}]`;
+
+const LOST_LABEL = ' lost: memory unknown ';
+/** A lost GPU: no figures, and unlike the unknown bar, no GPU behind it. */
+const LOST_BAR = `[${LOST_LABEL.padStart((TEXT_BAR_WIDTH + LOST_LABEL.length) / 2, '-').padEnd(TEXT_BAR_WIDTH, '-')}]`;
+
+const BAR_CHAR: Record<SegmentKind, string> = { shard: '#', foreign: '=', reserved: ':', free: '.' };
+
+/** Largest-remainder split, so the characters always add up to the width (memoryKnown: the total is above 0). */
+function textBar(segments: Segment[]): string {
+  const total = segments.reduce((sum, segment) => sum + widthOf(segment), 0);
+  const exact = segments.map((segment) => (widthOf(segment) / total) * TEXT_BAR_WIDTH);
+  const cells = exact.map(Math.floor);
+  let left = TEXT_BAR_WIDTH - cells.reduce((sum, n) => sum + n, 0);
+  const byRemainder = exact.map((value, i) => ({ i, rest: value - Math.floor(value) })).sort((a, b) => b.rest - a.rest);
+  for (const { i } of byRemainder) {
+    if (left === 0) break;
+    cells[i]! += 1;
+    left -= 1;
+  }
+  return `[${segments.map((segment, i) => BAR_CHAR[segment.kind].repeat(cells[i]!)).join('')}]`;
+}
+
+function table(header: string[], rows: string[][]): string[] {
+  const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)));
+  const line = (cells: string[]) =>
+    cells
+      .map((cell, column) => (column === cells.length - 1 ? cell : cell.padEnd(widths[column]!)))
+      .join('  ')
+      .trimEnd();
+  return [line(header), ...rows.map(line)];
+}
+
+/** Where the shards placed on a lost GPU are, as its row says it. */
+function placedOn(gpu: LostGpuModel): string {
+  const placed = gpu.placed.length === 0 ? NOT_PLACED : `placed on it: ${gpu.placed.map((shard) => `${shard.id} (${shard.state})`).join(', ')}`;
+  const taken = indexTakenNote(gpu);
+  return taken === null ? placed : `${taken}; ${placed}`;
+}
+
+export function renderText(model: StatusModel): string {
+  const out: string[] = [];
+  out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
+  out.push(snapshotLine(model));
+  if (model.error !== null) {
+    out.push('', "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified (a shard it last saw ready is unverified and keeps serving; any other keeps its last verdict, or reads starting if nvidia-smi never saw it; /proc still shows exits and stops, an engine's output the CPU):");
+    out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
+  }
+  if (model.lostGpus.length > 0) {
+    const asOf = model.lastGood ? `${lostAsOf(model.lastGood.observedAt)} ` : '';
+    out.push('', `!! ${LOST_GPUS} ${asOf}${LOST_GPUS_ADVICE}`, ...model.lostGpus.map((gpu) => `!!   ${plain(lostLine(gpu, model.generatedAt))}`));
+  }
+  if (model.processesHidden !== null) {
+    out.push('', '!! nodecompute cannot tell whose GPU memory is whose (all of it reads as foreign, and no shard can be verified):', `!!   ${plain(model.processesHidden)}`);
+  }
+  const staleReason = model.staleBanner;
+  if (staleReason) {
+    out.push('', `!! showing an older snapshot: ${plain(staleReason)}`);
+  }
+  out.push('', 'GPUS  (# shards  = foreign  : reserved  . free)');
+  if (model.gpus.length === 0) {
+    out.push(`  none: nvidia-smi gave no GPU figures (see above)${model.lastGood && model.lostGpus.length > 0 ? `. ${LOST_ROWS_NOTE}` : ''}`);
+    out.push(...model.unreachableGpus.map((gpu) => `  (UNREACHABLE) ${plain(gpuUnreachable(gpu))}`));
+  }
+  const listedRow = (gpu: GpuModel) => {
+    const shards = gpu.segments
+      .filter((segment) => segment.kind === 'shard' || segment.kind === 'foreign')
+      .map((segment) => `${segment.label} ${amountOf(segment)}${segment.stray ? ' (NOT given)' : ''}`);
+    const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
+    const marks = (gpu.mig ? ' (MIG)' : '') + (gpu.unreachable === null ? '' : ' (UNREACHABLE)');
+    return [String(gpu.index), plain(gpu.name) + marks, gpu.memoryKnown ? textBar(gpu.segments) : UNKNOWN_BAR, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
+  };
+  const lostRow = (gpu: LostGpuModel) => [String(gpu.index), `${plain(gpu.name)} (LOST)`, LOST_BAR, 'unknown', plain(placedOn(gpu))];
+  const gpuRows = inIndexOrder(model, listedRow, lostRow);
+  if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
+  if (model.gpus.some((gpu) => gpu.mig)) out.push(`  (MIG) ${MIG_NOTE}`);
+  for (const gpu of model.gpus) if (gpu.unreachable !== null) out.push(`  (UNREACHABLE) GPU ${gpu.index}: ${UNREACHABLE_NOTE}. It says: ${plain(gpu.unreachable)}`);
+  const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));
+  if (foreign.length > 0) out.push('', 'FOREIGN PROCESSES', ...foreign);
+  out.push('', 'SHARDS');
+  if (model.shards.length === 0) out.push('  none registered: register one with PUT /shards/<id> (see /docs)');
+  const shardRows = model.shards.map((row) => {
+    const held = row.held === null ? 'unknown' : [...row.held, ...row.strays.map((label) => `${label} (NOT given)`)].join(', ') || 'none';
+    const notes = [...(row.reason === null ? [] : [row.reason]), ...row.warnings.map((warning) => `warning: ${warning}`)];
+    return [plain(row.id), row.state, row.given.join(',') || 'none', held, plain(notes.join(' | ') || '-')];
+  });
+  if (shardRows.length > 0) out.push(...table(['SHARD', 'STATE', 'GIVEN', 'HELD', 'REASON / WARNINGS'], shardRows));
+  return `${out.join('\n')}\n`;
+}
+
