@@ -14,7 +14,7 @@
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
-import type { EngineAccount } from './llama-log.js';
+import type { EngineAccount } from './llama-account.js';
 import type { ReadinessState } from './readiness.js';
 import type { ShardRecord } from './shard.js';
 

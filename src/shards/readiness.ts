@@ -50,7 +50,8 @@ import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, said
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { deviceLabel } from './compute.js';
-import { type EngineAccount, showsGpuWeights } from './llama-log.js';
+import type { EngineAccount } from './llama-account.js';
+import { showsGpuWeights } from './llama-log.js';
 import type { StatAnswer, UnreadableStat } from '../system/procfs.js';
 import type { ShardRecord } from './shard.js';
 

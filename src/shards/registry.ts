@@ -22,7 +22,9 @@ import { Value } from '@sinclair/typebox/value';
 import type { Logger } from 'pino';
 import { ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
 import type { StateFile, StateFileFailure } from '../system/state-file.js';
-import { appendTail, type EngineAccount, parseLlamaLog } from './llama-log.js';
+import { appendTail } from './engine-output.js';
+import type { EngineAccount } from './llama-account.js';
+import { parseLlamaLog } from './llama-log.js';
 import { ENGINES, ranInAnotherBoot, sameProcess, type ShardRecord } from './shard.js';
 
 const PersistedShardSchema = Type.Object({

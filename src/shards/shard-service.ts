@@ -22,7 +22,7 @@ import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
-import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
+import { ENGINE_TAIL_MAX_BYTES } from './engine-output.js';
 import { readiness, restartedSince, type Readiness, type ReadinessInput, type ReadinessState } from './readiness.js';
 import { NotARepeatError, processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
