@@ -23,9 +23,10 @@ import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES } from './engine-output.js';
-import { readiness, restartedSince, type Readiness, type ReadinessInput, type ReadinessState } from './readiness.js';
+import { readiness, restartedSince, type ReadinessInput } from './readiness.js';
 import { NotARepeatError, processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
+import type { Readiness, ReadinessState } from './verdict.js';
 
 /** What a registration names, as read from /proc: its identity, and which other registrations cover its processes (null: a repeat, not judged; Registry.repeats). */
 interface Target {
