@@ -22,9 +22,10 @@ import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { RegisterShard, ShardRecordBody } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
-import { ENGINE_TAIL_MAX_BYTES } from './engine-output.js';
+import { ENGINE_TAIL_MAX_BYTES, type EngineState } from './engine-output.js';
 import { readiness, restartedSince, type ReadinessInput } from './readiness.js';
-import { NotARepeatError, processOf, type EngineState, type Overlaps, type PutResult, type Registry } from './registry.js';
+import { processOf, type Overlaps } from './registration-rules.js';
+import { NotARepeatError, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 import type { Readiness, ReadinessState } from './verdict.js';
 
