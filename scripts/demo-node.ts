@@ -12,7 +12,7 @@ import { createInterface } from 'node:readline';
 import type { Logger } from 'pino';
 import { buildApp, type App } from '../src/app.js';
 import { defaultConfig } from '../src/config.js';
-import type { ReadinessState } from '../src/shards/readiness.js';
+import type { ReadinessState } from '../src/shards/verdict.js';
 import { H200_BUS, H200_UUIDS, installFakeNvidiaSmi } from './fake-nvidia-smi.js';
 
 const TOTAL_MIB = 143771;

@@ -11,7 +11,7 @@ import { foreignMemory } from './node-state/foreign-memory.js';
 import type { LostGpu } from './node-state/gpu-roster.js';
 import type { NodeView } from './node-state/node-view.js';
 import { placedIndices } from './node-state/placement.js';
-import { READINESS_STATES } from './shards/readiness.js';
+import { READINESS_STATES } from './shards/verdict.js';
 import type { ShardState } from './shards/shard-service.js';
 import type { QueryName, QueryObservation } from './system/nvidia-smi.js';
 import { VERSION } from './version.js';

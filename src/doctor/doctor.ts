@@ -16,7 +16,7 @@ import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, said
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
 import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import { listedAs } from '../node-state/placement.js';
-import { readRegistryFile } from '../shards/registry.js';
+import { readRegistryFile } from '../shards/registry-file.js';
 import type { ShardRecord } from '../shards/shard.js';
 import { unreachableGpusIn, type GpuListing, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';

@@ -2,7 +2,7 @@
 // readiness verdict, the engine's account and the foreign-memory view.
 import { Type, type Static } from '@sinclair/typebox';
 import { ENGINES } from '../shards/shard.js';
-import { READINESS_STATES, VERDICT_CAUSES } from '../shards/readiness.js';
+import { READINESS_STATES, VERDICT_CAUSES } from '../shards/verdict.js';
 import { Nullable, NullableStringEnum, SnapshotMetaProperties, StringEnum } from './common.js';
 import { LostGpusSchema, UnreachableSchema } from './gpus.js';
 

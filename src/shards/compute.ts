@@ -1,26 +1,18 @@
-// Owns the answer to "where does this shard compute, as nvidia-smi sees it": the assigned GPUs its
-// processes hold memory on (devices, by their index in the listing: see placement.ts), the GPUs it
-// holds but was not given (strays), and the engine's own account when it posted its output. The
-// backend says only what is known, since a control plane acts on CPU as a fallback to fix:
-//   CUDA  the shard holds memory on some GPU (one it was not given still counts: strayGpus says which),
-//         unless its verdict is on-cpu because the engine itself says CPU (a CUDA build that fell
-//         back still holds a CUDA context on the GPU), or it is stopped;
-//   CPU   its verdict is on-cpu (grace over with a GPU still not held, or the engine itself says CPU),
-//         or it was given no GPU and runs (ready) holding none, without its engine claiming CUDA;
-//   null  not known: starting, exited, unverified, or the snapshot does not include it yet; a
-//         gpu-lost shard holding no memory on a GPU still listed; and stopped, which computes
-//         nowhere until it runs again (the GPUs it holds are still listed: a stopped process keeps
-//         its memory).
+// Owns where a shard computes as nvidia-smi sees it: the given GPUs its processes hold memory on
+// (by their index in the listing, see placement.ts), those it holds but was not given (strays), and
+// the engine's own account. The backend says only what is known: null while stopped; CUDA when it
+// holds GPU memory (unless on-cpu by the engine's own CPU account); CPU when on-cpu or, given no GPU,
+// ready without the engine claiming CUDA; else null.
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
-import type { EngineAccount } from './llama-log.js';
-import type { ReadinessState } from './readiness.js';
+import type { EngineAccount } from './llama-account.js';
 import type { ShardRecord } from './shard.js';
+import type { ReadinessState } from './verdict.js';
 
 export interface GpuUsage {
   index: number;
-  /** null when nvidia-smi does not report the memory of one of the shard's processes there ([N/A]). */
+  /** Null when nvidia-smi reports [N/A] for one of the shard's processes there. */
   usedMiB: number | null;
 }
 
@@ -34,10 +26,7 @@ export interface ShardCompute {
   engine: EngineAccount | null;
 }
 
-/**
- * A GPU and the memory the shard holds there: `GPU 0: 9.8 GiB` for 10000 MiB, `GPU 0: 512 MiB` below
- * 1 GiB, `GPU 0: memory not reported` when nvidia-smi reports [N/A].
- */
+/** `GPU 0: 9.8 GiB`, `GPU 0: 512 MiB`, or `GPU 0: memory not reported` when nvidia-smi says [N/A]. */
 export function deviceLabel(usage: GpuUsage): string {
   return `GPU ${usage.index}: ${formatHeldMemory(usage.usedMiB)}`;
 }
@@ -52,7 +41,7 @@ function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount 
   return null;
 }
 
-/** `state`: the shard's readiness verdict on the same view, which says whether CPU is known. */
+/** `state`: the shard's verdict on the same view, which says whether CPU is known. */
 export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, state: ReadinessState): ShardCompute {
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
   const assigned = new Set(placedIndices(shard, node.snapshot.gpus));

@@ -1,327 +1,49 @@
-// Owns the readiness verdict of a shard, the answer a Kubernetes probe acts on:
-//   ready      alive and holding memory on every GPU it was given (or given none);
-//   starting   alive, some GPU not held yet, still within its grace window (nvidia-smi lags
-//              behind a process that just created its CUDA context); or, while nvidia-smi cannot
-//              be asked, not seen holding its GPUs by any listing since it was registered (or
-//              since its engine started again);
-//   on-cpu     grace over and some GPU still not held, or the engine itself says it runs on the CPU
-//              (for a cgroup shard, engine output posted before every one of its running processes
-//              started describes an earlier run of its container: it is set aside, with a warning);
-//              the reason follows what is known beyond the missing memory: memory held on a GPU it
-//              was not given, engine output showing weights on a CUDA device (which contradicts
-//              nvidia-smi, so what to check is the process and the device mapping, not the
-//              backend), output that says nothing, or none posted; when the engine says CPU, on
-//              whether its GPU backend loaded (no layers: -ngl; not loaded: the build) and whether
-//              memory its processes hold contradicts it (then the output is another run's);
-//   gpu-lost   a GPU it was given is no longer listed by nvidia-smi (fallen off the bus, reset or
-//              detached), or nvidia-smi says it cannot reach it (a failed query naming the GPU by bus
-//              id, "GPU is lost", which the last good listing maps to the GPU; it holds past
-//              max-stale too): no engine, build or mapping can
-//              compute on it, so the GPU is what to fix,
-//              at once (no grace: waiting cannot bring it back) and whatever else is true of the
-//              engine (an engine that says CPU is a warning, which counts once it has GPUs again);
-//              it comes before starting, on-cpu and unverified, since it rests on the GPU list alone;
-//   stopped    its process is stopped (state T: SIGSTOP, or SIGTSTP from Ctrl-Z in its terminal; t:
-//              halted by a debugger or tracer; for a cgroup shard, every process of it that has not
-//              exited, the pod's sandbox aside; or a process of it that holds its GPU memory, a
-//              worker whose stop stalls every request): it keeps its GPU memory but answers no request.
-//              Whatever else is true, nothing is served, so it comes before gpu-lost, starting, on-cpu
-//              and unverified; what would still count once it runs again (a given GPU it holds nothing
-//              on, an engine that says CPU) is a warning, as is nvidia-smi failing to say what it holds;
-//   exited     its process is gone or its PID was reused (for a cgroup shard: no process is left,
-//              or only the pod's sandbox, whose engine container exited); it comes before stopped
-//              (its PID reused by a process that is stopped is exited);
-//   unverified nvidia-smi cannot be asked (and its last good listing showed the shard ready, or an
-//              earlier run of nodecompute registered it), its processes are hidden from it or their PIDs are not
-//              visible in this /proc, or the shard's own /proc stat could not be read this
-//              refresh: no evidence either way, so the shard keeps serving and the answer carries
-//              a warning.
-// Neither an exit, a stop nor the engine's own CPU account depends on nvidia-smi: while it cannot be
-// asked, /proc (read by the failed refresh, see node-service.ts) still makes a shard exited or
-// stopped, and the engine's account still makes it on-cpu. What nvidia-smi alone can show holds
-// against a shard, never for it (lastListingVerdict): a shard its last good listing showed ready is
-// unverified, and one it showed starting, on-cpu or gpu-lost, or never saw, is not ready.
-// A shard is judged on the devices its registration named, under the index nvidia-smi gives each now
-// (node-state/placement.ts): after nvidia-smi renumbers the GPUs, a warning says so.
-// Reasons are written for the operator who reads the probe's failure in `kubectl describe pod`.
+// Owns a shard's readiness verdict, the answer a Kubernetes probe acts on. Precedence: exited, then
+// stopped, then gpu-lost (no grace: waiting cannot bring a GPU back), then the engine's own CPU account,
+// then memory held on the given GPUs against the grace. While nvidia-smi cannot be asked, /proc and the
+// engine still decide exited, stopped and on-cpu, and its last good listing holds against a shard,
+// never for it. Reasons are written for the operator reading `kubectl describe pod`.
 import { formatDuration } from '../duration.js';
 import { sameProcessNow, stoppedSinceListing, type Liveness } from '../node-state/attribution.js';
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, saidOfBusId, UNREACHABLE_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
-import { deviceLabel } from './compute.js';
-import { type EngineAccount, showsGpuWeights } from './llama-log.js';
 import type { StatAnswer, UnreadableStat } from '../system/procfs.js';
+import type { EngineAccount } from './llama-account.js';
+import { engineCpuVerdict, engineSaysCpu, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
-
-export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
-export type ReadinessState = (typeof READINESS_STATES)[number];
-
-/**
- * What decided a verdict, for programs (the reason says it for people), one code per decision below;
- * null when ready. A control plane acts on these: on-cpu by a build or a driver (the engine's GPU
- * backend failed) is not fixed by a restart, one without GPU layers is fixed by the engine's flags.
- */
-export const VERDICT_CAUSES = [
-  // starting
-  'awaiting-snapshot', // no snapshot since the registration includes it yet, within its grace
-  'awaiting-nvidia-smi', // nvidia-smi cannot be asked, and no listing has shown it on its GPUs since it was registered (or its engine started again)
-  'awaiting-gpu-memory', // some GPU not held yet, within its grace
-  'awaiting-listing', // grace over, but the latest listing was begun before it ended
-  // on-cpu
-  'engine-gpu-backend-failed', // the engine says CPU: its GPU backend did not load
-  'engine-no-gpu-layers', // the engine says CPU: its GPU backend loaded, with no layers on the GPU
-  'engine-reports-cpu', // the engine says CPU, without saying whether its GPU backend loaded
-  'memory-on-other-gpu', // no memory on a GPU it was given, memory on one it was not
-  'engine-output-conflicts', // no memory on a GPU it was given, while its engine output shows weights on a GPU
-  'no-gpu-memory', // no memory on a GPU it was given, grace over
-  // gpu-lost
-  'gpu-not-listed', // a GPU it was given is no longer listed by nvidia-smi
-  'gpu-unreachable', // nvidia-smi fails, saying it cannot reach a GPU it was given ("GPU is lost")
-  // stopped
-  'process-stopped', // its process, every process of its cgroup, or a process holding its GPU memory is stopped
-  // exited
-  'process-exited', // its process is gone (or a zombie, or its PID reused; a cgroup with no engine left)
-  // unverified
-  'nvidia-smi-unavailable', // nvidia-smi cannot be asked
-  'processes-hidden', // nvidia-smi's processes cannot be matched to this /proc
-  'stat-unreadable', // the shard's own /proc stat (a cgroup shard's: which processes are in it) could not be read this refresh
-  'gpu-owner-unknown', // a GPU it misses holds memory of a process whose owner could not be read
-  'not-in-snapshot', // grace over, and no snapshot since the registration includes it yet
-] as const;
-export type VerdictCause = (typeof VERDICT_CAUSES)[number];
-
-export interface Readiness {
-  ready: boolean;
-  state: ReadinessState;
-  /** What decided the verdict (VERDICT_CAUSES); null when ready. */
-  cause: VerdictCause | null;
-  reason: string | null;
-  warnings: string[];
-}
+import { gpuList, verdict, type Readiness, type ReadinessState } from './verdict.js';
 
 export interface ReadinessInput {
   shard: ShardRecord;
   /** Null when nvidia-smi cannot be asked; `unavailable` then says why. */
   node: NodeView | null;
   unavailable?: string;
-  /**
-   * The GPUs nvidia-smi said it cannot reach when the latest refresh failed (NodeService.unreachable);
-   * absent or empty when none. With `node` given, that node is the last good snapshot, served stale.
-   */
+  /** GPUs the latest failed refresh said it cannot reach; `node`, if given, is then the last good snapshot. */
   unreachable?: readonly UnreachableListedGpu[];
-  /**
-   * Only when `node` is null: the shard's liveness from /proc, read without nvidia-smi (absent or
-   * undefined when there is none).
-   */
+  /** Only when `node` is null: the shard's liveness from /proc, read without nvidia-smi. */
   liveness?: Liveness | undefined;
-  /**
-   * Only when `node` is null: the last good snapshot, however old (its node view, and when its refresh
-   * began); absent or null when no refresh of this run of nodecompute has succeeded.
-   */
+  /** Only when `node` is null: the last good snapshot, however old; null when none succeeded in this run. */
   lastGood?: { node: NodeView; startedAt: number; observedAt: number } | null;
-  /**
-   * Only when `node` is null: when this run of nodecompute began judging shards. One registered
-   * before it may have been seen ready by an earlier run; absent, every shard counts as such.
-   */
+  /** Only when `node` is null: when this run began judging; a shard registered before may have been seen ready. */
   judgingSince?: number;
-  /**
-   * Only when `node` is null: the stats the failed refresh read (ProcOnly.proc), of the shards'
-   * processes and of the last good snapshot's GPU processes; absent when it read none.
-   */
+  /** Only when `node` is null: the stats the failed refresh read, of the shards' and the last listing's processes. */
   procNow?: ReadonlyMap<number, StatAnswer>;
-  /**
-   * With `node` given: the shard's liveness as /proc says it now, to judge by instead of the one that
-   * snapshot read (when `node` is a last good snapshot judged past max-stale).
-   */
+  /** With `node` given: /proc's liveness now, judged instead of the snapshot's (a last good snapshot past max-stale). */
   livenessNow?: Liveness;
-  /** Why the snapshot is stale, when that is worth a warning (the last refresh failed, or nvidia-smi is slow). */
+  /** Why the snapshot is stale, when that is worth a warning. */
   staleReason: string | null;
   engine: EngineAccount | null;
-  /**
-   * Whether engine output was posted for the shard (and is kept): with `engine` null, it then says
-   * nothing about where the engine computes. Absent: none was.
-   */
+  /** Whether engine output was posted (and is kept): with `engine` null, it says nothing about the backend. */
   enginePosted?: boolean;
-  /**
-   * When the engine output behind `engine` was last posted, in clock ticks since boot (the unit of
-   * /proc start times); absent or null when unknown, and then the account is taken as current.
-   */
+  /** When the output behind `engine` was last posted, in clock ticks since boot; null: taken as current. */
   engineTicks?: number | null;
   now: number;
-  /**
-   * When the snapshot behind `node` began to be read (SnapshotView.startedAt); absent, the evidence
-   * counts as taken now. The grace window is judged by it: a listing nvidia-smi began inside the
-   * grace cannot show that the shard failed to take its GPU after it.
-   */
+  /** When the snapshot behind `node` began (absent: now): a listing begun inside the grace decides nothing after it. */
   evidenceAt?: number;
 }
 
-function gpuList(indices: number[]): string {
-  const names = indices.map((index) => `GPU ${index}`);
-  if (names.length <= 1) return names.join('');
-  return `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
-}
-
-const ON_CPU_ADVICE =
-  "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.";
-
-function verdict(state: ReadinessState, cause: VerdictCause | null, reason: string | null, warnings: string[]): Readiness {
-  return { ready: state === 'ready' || state === 'unverified', state, cause, reason, warnings };
-}
-
-/** The cause of an on-cpu verdict the engine's own account decides, by whether its GPU backend loaded. */
-function engineCpuCause(engine: EngineAccount): VerdictCause {
-  if (engine.gpuBackendLoaded === true) return 'engine-no-gpu-layers';
-  return engine.gpuBackendLoaded === false ? 'engine-gpu-backend-failed' : 'engine-reports-cpu';
-}
-
-/** The on-cpu verdict the engine's own account decides. */
-function engineCpuVerdict(shard: ShardRecord, engine: EngineAccount, node: NodeView | null, warnings: string[]): Readiness {
-  return verdict('on-cpu', engineCpuCause(engine), engineCpuReason(shard, engine, node), warnings);
-}
-
-function engineSaysCpu(engine: EngineAccount | null): engine is EngineAccount {
-  return engine !== null && engine.backend === 'CPU';
-}
-
-function placedOnCpu(shard: ShardRecord): string {
-  return `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
-}
-
-const GPU_LAYERS_ADVICE =
-  'start it with its model layers on the GPU (llama.cpp: -ngl / --n-gpu-layers, or LLAMA_ARG_N_GPU_LAYERS; a number at least the model\'s layer count puts them all there).';
-
-/** What to do about an engine that says CPU, by whether its GPU backend loaded (true, false, or not known). */
-function engineCpuAdvice(loaded: boolean | null): string {
-  if (loaded === true) return `Its GPU backend loaded, but no model layers were put on the GPU: ${GPU_LAYERS_ADVICE}`;
-  if (loaded === false) return `Its GPU backend did not load. ${ON_CPU_ADVICE}`;
-  return `Either its GPU backend did not load or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`;
-}
-
-/** The memory the shard's processes hold on the GPUs it was given, as device labels; empty without a node view. */
-function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
-  const holdings = node?.attribution.holdings.get(shard.id);
-  if (holdings === undefined) return [];
-  return [...holdings.values()]
-    .filter((holding) => shard.gpus.includes(holding.index))
-    .sort((a, b) => a.index - b.index)
-    .map(deviceLabel);
-}
-
-/**
- * The engine says CPU. A run whose GPU backend loaded holds its CUDA context and compute buffers on
- * the GPU without a single layer there, so memory held is no proof against it (and, where the output
- * does not say whether the backend loaded, that memory shows it did); but memory held by an engine
- * that found no usable GPU contradicts its output, and then the advice is about the output (another
- * run's), not the build.
- */
-function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeView | null): string {
-  const says = `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}.`;
-  const held = heldOnGiven(shard, node);
-  const post = `/shards/${shard.id}/engine-output`;
-  if (held.length === 0) return `${says} ${engineCpuAdvice(engine.gpuBackendLoaded)}`;
-  const holding = `nvidia-smi lists its processes holding ${held.join(', ')}`;
-  if (engine.gpuBackendLoaded === false) {
-    return (
-      `${says} Yet ${holding}, which an engine that found no usable GPU cannot hold: the output posted is most likely another run's (or another engine's). ` +
-      `Post this run's output (llama.cpp at -lv 4) to ${post}: the verdict follows the latest run in it. GET /gpus shows which of the shard's processes hold that memory.`
-    );
-  }
-  return (
-    `${says} ${holding}: a run without GPU layers holds its CUDA context and compute buffers there too. ${engineCpuAdvice(true)} ` +
-    `If that memory is more than those (the size of the weights), the output posted is another run's: post this run's to ${post}; the verdict follows the latest run in it.`
-  );
-}
-
-/** Why there is no engine account to judge by: nothing posted, output that says nothing, or an earlier run's output set aside. */
-type NoAccount = 'not-posted' | 'silent' | 'earlier-run';
-
-/** GPUs the shard's processes hold memory on without having been given them, in index order. */
-function strayGpus(shard: ShardRecord, node: NodeView): number[] {
-  const holdings = node.attribution.holdings.get(shard.id);
-  return [...(holdings?.keys() ?? [])].filter((index) => !shard.gpus.includes(index)).sort((a, b) => a - b);
-}
-
-/** The engine's CUDA device names ("CUDA0"), as its account lists them. */
-function cudaNames(engine: EngineAccount): string {
-  const names = engine.devices.map((device) => device.split(':')[0] as string);
-  if (names.length === 0) return 'its CUDA devices';
-  return names.length === 1 ? (names[0] as string) : `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
-}
-
-/** How the process computing can lie outside what the shard covers: its PID (and process group), or its cgroup. */
-function notCovered(shard: ShardRecord): string {
-  return shard.cgroup === null
-    ? "a child started in another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup"
-    : `a process outside cgroup "${shard.cgroup}": register the pod or container the engine runs in`;
-}
-
-/** Memory on a GPU it was not given: the GPU backend loaded, on devices other than its placement. */
-function strayReason(shard: ShardRecord, strays: number[], held: string): string {
-  return (
-    `placed on ${gpuList(shard.gpus)}; it holds memory on ${gpuList(strays)}, which it was not given, and ${held} ` +
-    `Its GPU backend loaded (a CUDA context at least) on a GPU it was not given: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}. ` +
-    'Check them (CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus; GPU UUIDs avoid the difference), ' +
-    'or register the shard with the GPUs it uses.'
-  );
-}
-
-/** Engine output showing weights on a CUDA device, while nvidia-smi lists none of the shard's memory on its GPUs. */
-function conflictReason(shard: ShardRecord, missing: number[], engine: EngineAccount, held: string): string {
-  const devices = cudaNames(engine);
-  return (
-    `placed on ${gpuList(shard.gpus)}, but ${held}, although the engine output posted to /shards/${shard.id}/engine-output says ${engine.summary} (${engine.evidence}). ` +
-    `Both cannot be true of the same process: the engine did put its weights on a GPU, but not as a process of this shard on ${gpuList(missing)}, or that output is from another run. ` +
-    `Find that memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, the engine runs in a process this shard does not cover (${notCovered(shard)}); ` +
-    `on another GPU, CUDA_VISIBLE_DEVICES (or the container's GPU runtime) maps ${devices} to that GPU, not to ${gpuList(missing)}; ` +
-    `nowhere, the output posted is another run's: post this run's to /shards/${shard.id}/engine-output.`
-  );
-}
-
-/** What the engine output says, or why there is none, for a reason that found no memory of the shard on some GPU. */
-function engineNote(shard: ShardRecord, engine: EngineAccount | null, noAccount: NoAccount): string {
-  const post = `/shards/${shard.id}/engine-output`;
-  if (engine !== null) {
-    return (
-      `The engine output posted says ${engine.summary}. ` +
-      `Post its output through model loading (llama.cpp at -lv 4 prints its "CUDA<n> model buffer size" lines) to ${post}, ` +
-      `and find the engine's memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, or on another GPU, ` +
-      `the engine runs in a process this shard does not cover (${notCovered(shard)}) or CUDA_VISIBLE_DEVICES maps ${cudaNames(engine)} to another GPU.`
-    );
-  }
-  const backend = 'Its GPU backend probably did not load.';
-  if (shard.engine !== 'llama.cpp') return `${backend} ${ON_CPU_ADVICE}`;
-  if (noAccount === 'silent') {
-    return (
-      `${backend} The output posted to ${post} says nothing about where llama.cpp computes: ` +
-      `post its log at -lv 4 (llama.cpp b9829 and later names its devices and buffers only then). ${ON_CPU_ADVICE}`
-    );
-  }
-  if (noAccount === 'earlier-run') {
-    return `${backend} The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp at -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
-  }
-  return `${backend} Post the engine's log (llama.cpp at -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
-}
-
-function onCpuVerdict(
-  shard: ShardRecord,
-  missing: number[],
-  node: NodeView,
-  evidenceAt: number,
-  engine: EngineAccount | null,
-  noAccount: NoAccount,
-  warnings: string[],
-): Readiness {
-  // Dated by the listing that shows it, not by the request: with a slow nvidia-smi they differ.
-  const held = `its processes hold no memory on ${gpuList(missing)}, ${formatDuration(evidenceAt - shard.registeredAt)} after registration (grace ${formatDuration(shard.graceMs)})`;
-  const strays = strayGpus(shard, node);
-  if (strays.length > 0) return verdict('on-cpu', 'memory-on-other-gpu', strayReason(shard, strays, `${held}.`), warnings);
-  if (engine !== null && showsGpuWeights(engine)) return verdict('on-cpu', 'engine-output-conflicts', conflictReason(shard, missing, engine, held), warnings);
-  return verdict('on-cpu', 'no-gpu-memory', `${placedOnCpu(shard)}: ${held}. ${engineNote(shard, engine, noAccount)}`, warnings);
-}
-
-/** One unlisted GPU, as the roster knows it (what it was and since when it is missing), or as not known to this run. */
+/** One unlisted GPU, as the roster knows it (what it was, since when it is missing), or as not known to this run. */
 function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
   const lost = node.snapshot.lostGpus.find((gpu) => (uuid === undefined ? gpu.index === index : gpu.uuid === uuid));
   if (lost !== undefined) {
@@ -335,7 +57,6 @@ function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
   );
 }
 
-/** A given GPU nvidia-smi lists under another index now, as a warning: the verdict follows the device. */
 function renumberedWarning({ registered, now, uuid }: Renumbered): string {
   return (
     `GPU ${registered} as registered (${uuid}) is GPU ${now} now: nvidia-smi renumbered the GPUs after one went, and this shard is judged on GPU ${now}, the same device. ` +
@@ -344,10 +65,8 @@ function renumberedWarning({ registered, now, uuid }: Renumbered): string {
 }
 
 /**
- * The verdict of a shard placed on a GPU nvidia-smi no longer lists, or says it cannot reach: the
- * GPU is what to fix, and meanwhile the shard needs other GPUs. It rests on the GPU list alone (no
- * time in it, so it is cached like a ready verdict); an engine that says CPU is a warning, for once
- * it has GPUs again. `gone`: the given GPUs no longer listed, as unlistedGpu says them.
+ * A given GPU not listed (`gone`, as unlistedGpu says them) or unreachable: the GPU is what to fix.
+ * It rests on the GPU list alone; an engine that says CPU is a warning, for once it has GPUs again.
  */
 function gpuLostVerdict(
   shard: ShardRecord,
@@ -386,10 +105,8 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
 }
 
 /**
- * Whether a cgroup shard restarted since its engine output began to be posted (at `tailStartedAtTicks`,
- * clock ticks since boot): every process of it that runs now, the pod's sandbox aside, started after
- * that (same registration, new container), so the output is, at least in part, an earlier run's.
- * False when unknown.
+ * Whether a cgroup shard restarted since its engine output's tail began (clock ticks since boot):
+ * every process of it running now, the sandbox aside, started after that. False when unknown.
  */
 export function restartedSince(liveness: Liveness | undefined, tailStartedAtTicks: number | null | undefined): boolean {
   return tailStartedAtTicks != null && liveness?.state === 'alive' && liveness.oldestStart !== undefined && liveness.oldestStart > tailStartedAtTicks;
@@ -405,9 +122,8 @@ function earlierRun(shard: ShardRecord, liveness: Liveness, engine: EngineAccoun
 }
 
 /**
- * Given GPUs a stopped shard holds no memory on, as a warning: it outlives the stop, and decides the
- * verdict once the shard runs again. Only where nvidia-smi can show it: not while processes are
- * hidden from it, nor on a GPU holding memory of a process whose owner is unknown.
+ * Given GPUs a stopped shard holds no memory on, as a warning (they decide once it runs again); only
+ * where nvidia-smi can show it: not while processes are hidden, nor on a GPU with an unknown owner.
  */
 function unheldWhileStopped(shard: ShardRecord, node: NodeView): string[] {
   if (node.processesHidden !== null) return [];
@@ -420,11 +136,7 @@ function unheldWhileStopped(shard: ShardRecord, node: NodeView): string[] {
   ];
 }
 
-/**
- * The verdict of a shard whose process is stopped (`why`, from attribution): not ready, whatever
- * nvidia-smi says, since it answers nothing. `warnings`: what the GPU picture adds (or that there is
- * none); an engine that says CPU is added, since it still counts once the shard runs again.
- */
+/** Stopped answers nothing, whatever nvidia-smi says; an engine that says CPU is a warning for once it runs again. */
 function stoppedVerdict(input: ReadinessInput, why: string, warnings: string[], gpuLost = false): Readiness {
   const { shard, engine } = input;
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
@@ -439,9 +151,9 @@ function uncertainWhy(stat: UnreadableStat): string {
 }
 
 /**
- * The verdict while nvidia-smi cannot be asked: what /proc and the engine's own account decide
- * without it (exited, stopped, on-cpu), a GPU nvidia-smi's failure names (gpu-lost), then what its
- * last good listing still says against the shard, else unverified.
+ * While nvidia-smi cannot be asked: what /proc and the engine decide without it (exited, stopped,
+ * on-cpu), a GPU its failure names (gpu-lost), what its last good listing says against the shard,
+ * else unverified.
  */
 function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const { shard } = input;
@@ -469,11 +181,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   return last ?? verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, ...besides]);
 }
 
-/**
- * Whether the shard runs, from /proc now: a shard that runs is stopped all the same when a process
- * that held its GPU memory in the last good listing, one that listing describes it in, is stopped
- * now (a stopped tensor-parallel rank stalls the engine, as it does with a snapshot).
- */
+/** /proc's liveness, stopped all the same when a process that held its memory in the last good listing is stopped now. */
 function livenessWithoutNvidiaSmi(input: ReadinessInput): Liveness {
   const liveness: Liveness = input.liveness ?? { state: 'unknown' };
   const { lastGood, procNow, shard } = input;
@@ -482,17 +190,11 @@ function livenessWithoutNvidiaSmi(input: ReadinessInput): Liveness {
 }
 
 /**
- * Past max-stale, nvidia-smi's last word holds against a shard, never for it. Keeping a shard that
- * served on its GPUs serving is fail-open (its CUDA contexts outlive a broken nvidia-smi, and failing
- * every probe of the node would make a monitoring failure an outage), but admitting one nvidia-smi
- * never saw there is not (an engine started while the driver fails most likely cannot use CUDA).
- * So the last good listing's GPU facts are judged with /proc's word now (a stop since ended reads as
- * running, a grace since ended as waiting for a listing), and the verdict holds when it is against
- * the shard (starting, on-cpu, gpu-lost; exited or stopped while /proc has no word on it now). A shard with GPUs the listing does not describe
- * (registered after its refresh began, or none succeeded in this run), or whose engine started
- * again since (exited then, or every process that held its memory on one of its GPUs then gone now),
- * has not been seen on them: starting, unless registered before this run, which may have seen it
- * ready. Null: unverified. The engine's own CPU account is left to the caller, which weighs it now.
+ * Past max-stale, the last good listing holds against a shard, never for it: a shard that served on
+ * its GPUs keeps serving (fail-open), one never seen there is not admitted. That listing is judged
+ * with /proc's word now, and kept when against the shard (HELD_STATES). A shard the listing does not
+ * describe, or whose engine started again since, reads starting, unless registered before this run
+ * (which may have seen it ready). Null: unverified. The engine's CPU account is left to the caller.
  */
 function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: string, besides: string[]): Readiness | null {
   const { shard, lastGood, now } = input;
@@ -539,9 +241,8 @@ function describes(lastGood: ReadinessInput['lastGood'], shard: ShardRecord): la
 const HELD_STATES: ReadonlySet<ReadinessState> = new Set(['starting', 'on-cpu', 'gpu-lost', 'exited', 'stopped']);
 
 /**
- * The GPUs it was given on which every process that held the shard's memory in `listed` has exited
- * since (by PID and start time, in the stats read now), under that listing's indices; none when
- * those stats are not at hand.
+ * Given GPUs (`listed`'s indices) on which every process that held the shard's memory in `listed`
+ * has exited since, by the stats read now; none when those are not at hand.
  */
 function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<number, StatAnswer> | undefined): number[] {
   if (procNow === undefined) return [];

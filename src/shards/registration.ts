@@ -12,7 +12,8 @@ import type { NodeService } from '../node-state/node-service.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { RegisterShard } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
-import { NotARepeatError, processOf, type Overlaps, type PutResult, type Registry } from './registry.js';
+import { processOf, type Overlaps } from './registration-rules.js';
+import { NotARepeatError, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 /** What a registration names, read from /proc: its identity, and the registrations covering its processes (null: a repeat). */

@@ -6,10 +6,10 @@ import { ShardNotFoundError } from '../errors.js';
 import type { NodeService } from '../node-state/node-service.js';
 import type { ShardRecordBody } from '../schemas/shards.js';
 import type { ProcReader } from '../system/procfs.js';
-import { ENGINE_TAIL_MAX_BYTES } from './llama-log.js';
+import { ENGINE_TAIL_MAX_BYTES, type EngineState } from './engine-output.js';
 import { restartedSince } from './readiness.js';
 import { createRegistration } from './registration.js';
-import type { EngineState, PutResult, Registry } from './registry.js';
+import type { PutResult, Registry } from './registry.js';
 import type { ShardRecord } from './shard.js';
 import { createVerdicts } from './verdicts.js';
 

@@ -9,18 +9,11 @@ export interface ProcessIdentity {
   pgid: number;
   startTime: number;
   name: string;
-  /**
-   * The node's boot it ran in (ProcReader.bootId): a PID and a start time name a process of that
-   * boot only. Absent when /proc could not say, or in a registration stored before it was recorded.
-   */
+  /** The boot it ran in (ProcReader.bootId): a PID and start time name a process of that boot only. Absent: unknown. */
   bootId?: string;
 }
 
-/**
- * Whether the process ran in another boot of the node than `bootId` (the one /proc names now, or
- * another identity's): only when both are known. It is gone then, and its PID and process group
- * number name that boot's processes, not this one's.
- */
+/** Whether it ran in another boot than `bootId` (both known): it is gone, and its PID names another process now. */
 export function ranInAnotherBoot(identity: ProcessIdentity, bootId: string | null | undefined): boolean {
   return identity.bootId !== undefined && bootId != null && identity.bootId !== bootId;
 }
@@ -30,20 +23,13 @@ export interface ShardRecord {
   pid: number | null;
   cgroup: string | null;
   gpus: number[];
-  /**
-   * The UUIDs of `gpus` at registration, in the same order: the shard is judged on these devices
-   * under whatever index nvidia-smi gives them later (node-state/placement.ts). Absent when
-   * nvidia-smi could not be asked at registration, or in a registration stored before they were kept.
-   */
+  /** The UUIDs of `gpus` at registration, in order: judged on these devices under later indices. Absent: unknown. */
   gpuUuids?: string[];
   engine: Engine;
   /** How long after registration the shard may go without holding its GPUs before it is on-cpu. */
   graceMs: number;
   registeredAt: number;
-  /**
-   * The shard's process at registration; for a cgroup shard, its oldest process then that is not the
-   * pod's sandbox (the engine's run: a restarted container has another), or the sandbox when only it runs.
-   */
+  /** Its process at registration; for a cgroup, the oldest one not the pod's sandbox (the engine's run), else the sandbox. */
   identity: ProcessIdentity;
 }
 

@@ -12,7 +12,8 @@ import type { NodeView } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import type { ProcReader } from '../system/procfs.js';
 import { shardCompute, type ShardCompute } from './compute.js';
-import { readiness, type Readiness, type ReadinessInput, type ReadinessState } from './readiness.js';
+import { readiness, type ReadinessInput } from './readiness.js';
+import type { Readiness, ReadinessState } from './verdict.js';
 import type { Registry } from './registry.js';
 import type { ShardRecord } from './shard.js';
 

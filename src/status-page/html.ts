@@ -3,7 +3,7 @@
 import { formatDuration } from '../duration.js';
 import { formatMemoryUse } from '../memory-size.js';
 import { gpuUnreachable, saidOfBusId } from '../node-state/gpu-roster.js';
-import { READINESS_STATES } from '../shards/readiness.js';
+import { READINESS_STATES } from '../shards/verdict.js';
 import { colourClass } from './colours.js';
 import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type ShardRow, type StatusModel } from './model.js';
 import { CSS } from './styles.js';

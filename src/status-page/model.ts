@@ -8,7 +8,7 @@ import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { placedIndices, placementOf, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import { snapshotMeta, unreachableSaid, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
-import { READINESS_STATES, type ReadinessState } from '../shards/readiness.js';
+import { READINESS_STATES, type ReadinessState } from '../shards/verdict.js';
 import { deviceLabel } from '../shards/compute.js';
 import type { ShardState } from '../shards/shard-service.js';
 import type { ShardRecord } from '../shards/shard.js';

@@ -3,7 +3,7 @@
 import { formatDuration } from '../duration.js';
 import { formatHeldMemory } from '../memory-size.js';
 import { saidOfBusId } from '../node-state/gpu-roster.js';
-import { READINESS_STATES } from '../shards/readiness.js';
+import { READINESS_STATES } from '../shards/verdict.js';
 import type { GpuModel, LostGpuModel, Segment, StatusModel } from './model.js';
 
 export const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';

@@ -12,7 +12,7 @@ import type { AddressInfo } from 'node:net';
 import t, { type Test } from 'tap';
 import type { InjectOptions } from 'fastify';
 import type { App } from '../../src/app.js';
-import { ENGINE_TAIL_MAX_BYTES } from '../../src/shards/llama-log.js';
+import { ENGINE_TAIL_MAX_BYTES } from '../../src/shards/engine-output.js';
 import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { rawHttp, type RawResponse } from '../helpers/raw-http.js';

@@ -9,7 +9,9 @@ import { isDeepStrictEqual } from 'node:util';
 import fc from 'fast-check';
 import t, { type Test } from 'tap';
 import { NvidiaSmiUnparsableError } from '../../src/errors.js';
-import { appendTail, ENGINE_TAIL_MAX_BYTES, parseLlamaLog, type EngineAccount } from '../../src/shards/llama-log.js';
+import { appendTail, ENGINE_TAIL_MAX_BYTES } from '../../src/shards/engine-output.js';
+import type { EngineAccount } from '../../src/shards/llama-account.js';
+import { parseLlamaLog } from '../../src/shards/llama-log.js';
 import {
   COMPUTE_APPS_FIELDS,
   GPU_QUERY_FIELDS,

@@ -7,7 +7,7 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
-import { READINESS_STATES } from '../../src/shards/readiness.js';
+import { READINESS_STATES } from '../../src/shards/verdict.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode, livePidsInGroup, waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';

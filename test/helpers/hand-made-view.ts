@@ -1,7 +1,7 @@
 // Builds hand-made node views, shard records and an engine account, for tests that judge verdicts without nvidia-smi
 // or /proc: a snapshot of the given GPUs, /proc answers and lost GPUs, taken at `now`.
 import type { LostGpu } from '../../src/node-state/gpu-roster.js';
-import type { EngineAccount } from '../../src/shards/llama-log.js';
+import type { EngineAccount } from '../../src/shards/llama-account.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import type { ShardRecord } from '../../src/shards/shard.js';

@@ -11,7 +11,7 @@ import type { Liveness } from '../../src/node-state/attribution.js';
 import type { NodeView } from '../../src/node-state/node-view.js';
 import type { UnreachableListedGpu } from '../../src/node-state/placement.js';
 import { shardCompute } from '../../src/shards/compute.js';
-import type { EngineAccount } from '../../src/shards/llama-log.js';
+import type { EngineAccount } from '../../src/shards/llama-account.js';
 import { readiness, type ReadinessInput } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcStat, StatAnswer, UnreadableStat } from '../../src/system/procfs.js';

@@ -1,6 +1,8 @@
 import fc from 'fast-check';
 import t from 'tap';
-import { appendTail, ENGINE_TAIL_MAX_BYTES, type EngineAccount, parseLlamaLog, showsGpuWeights } from '../../src/shards/llama-log.js';
+import { appendTail, ENGINE_TAIL_MAX_BYTES } from '../../src/shards/engine-output.js';
+import type { EngineAccount } from '../../src/shards/llama-account.js';
+import { parseLlamaLog, showsGpuWeights } from '../../src/shards/llama-log.js';
 import { readSample as sample, sampleNames } from '../helpers/samples.js';
 
 const LLAMA_SAMPLES = sampleNames().filter((file) => file.startsWith('llamacpp-'));

@@ -7,7 +7,8 @@ import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.
 import { gpuState as gpu } from '../helpers/gpu-state.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import { shardCompute } from '../../src/shards/compute.js';
-import { type EngineAccount, parseLlamaLog } from '../../src/shards/llama-log.js';
+import type { EngineAccount } from '../../src/shards/llama-account.js';
+import { parseLlamaLog } from '../../src/shards/llama-log.js';
 import { readiness } from '../../src/shards/readiness.js';
 import type { Liveness } from '../../src/node-state/attribution.js';
 import type { ShardRecord } from '../../src/shards/shard.js';

@@ -4,7 +4,8 @@ import { mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, utimesSync
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
-import { loadRegistry, readRegistryFile } from '../../src/shards/registry.js';
+import { readRegistryFile } from '../../src/shards/registry-file.js';
+import { loadRegistry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import { createStateFile, LEFTOVER_AGE_MS, type StateFile } from '../../src/system/state-file.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';

@@ -4,9 +4,10 @@
 // tested where its decision is (readiness, gpu-lost, stopped tests); here only the pairing.
 import t from 'tap';
 import type { NodeView } from '../../src/node-state/node-view.js';
-import type { EngineAccount } from '../../src/shards/llama-log.js';
-import { readiness, VERDICT_CAUSES, type ReadinessInput, type ReadinessState, type VerdictCause } from '../../src/shards/readiness.js';
+import type { EngineAccount } from '../../src/shards/llama-account.js';
+import { readiness, type ReadinessInput } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
+import { VERDICT_CAUSES, type ReadinessState, type VerdictCause } from '../../src/shards/verdict.js';
 import type { UnreadableStat } from '../../src/system/procfs.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
 import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord } from '../helpers/hand-made-view.js';

@@ -1,0 +1,55 @@
+// Owns the vocabulary of a readiness verdict: its states, the causes that decide them (one code per
+// decision, for programs; the reason says it for people), and its shape. Only ready and unverified
+// pass the probe.
+export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
+export type ReadinessState = (typeof READINESS_STATES)[number];
+
+/** A control plane acts on these: on-cpu by the build is not fixed by a restart, one without GPU layers is by the engine's flags. */
+export const VERDICT_CAUSES = [
+  // starting
+  'awaiting-snapshot', // no snapshot since the registration includes it yet, within its grace
+  'awaiting-nvidia-smi', // nvidia-smi cannot be asked, and no listing has shown it on its GPUs since it was registered (or its engine started again)
+  'awaiting-gpu-memory', // some GPU not held yet, within its grace
+  'awaiting-listing', // grace over, but the latest listing was begun before it ended
+  // on-cpu
+  'engine-gpu-backend-failed', // the engine says CPU: its GPU backend did not load
+  'engine-no-gpu-layers', // the engine says CPU: its GPU backend loaded, with no layers on the GPU
+  'engine-reports-cpu', // the engine says CPU, without saying whether its GPU backend loaded
+  'memory-on-other-gpu', // no memory on a GPU it was given, memory on one it was not
+  'engine-output-conflicts', // no memory on a GPU it was given, while its engine output shows weights on a GPU
+  'no-gpu-memory', // no memory on a GPU it was given, grace over
+  // gpu-lost
+  'gpu-not-listed', // a GPU it was given is no longer listed by nvidia-smi
+  'gpu-unreachable', // nvidia-smi fails, saying it cannot reach a GPU it was given ("GPU is lost")
+  // stopped
+  'process-stopped', // its process, every process of its cgroup, or a process holding its GPU memory is stopped
+  // exited
+  'process-exited', // its process is gone (or a zombie, or its PID reused; a cgroup with no engine left)
+  // unverified
+  'nvidia-smi-unavailable', // nvidia-smi cannot be asked
+  'processes-hidden', // nvidia-smi's processes cannot be matched to this /proc
+  'stat-unreadable', // the shard's own /proc stat (a cgroup shard's: which processes are in it) could not be read this refresh
+  'gpu-owner-unknown', // a GPU it misses holds memory of a process whose owner could not be read
+  'not-in-snapshot', // grace over, and no snapshot since the registration includes it yet
+] as const;
+export type VerdictCause = (typeof VERDICT_CAUSES)[number];
+
+export interface Readiness {
+  ready: boolean;
+  state: ReadinessState;
+  /** Null when ready. */
+  cause: VerdictCause | null;
+  reason: string | null;
+  warnings: string[];
+}
+
+export function verdict(state: ReadinessState, cause: VerdictCause | null, reason: string | null, warnings: string[]): Readiness {
+  return { ready: state === 'ready' || state === 'unverified', state, cause, reason, warnings };
+}
+
+/** "GPU 0", "GPU 0 and GPU 1", "GPU 0, GPU 1 and GPU 2". */
+export function gpuList(indices: number[]): string {
+  const names = indices.map((index) => `GPU ${index}`);
+  if (names.length <= 1) return names.join('');
+  return `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
+}
