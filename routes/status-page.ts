@@ -8,6 +8,7 @@ import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { prefersHtml } from '../src/http/accept.js';
+import { setHtmlHeaders, STATUS_PAGE_CSP } from '../src/http/html-headers.js';
 import { ErrorSchema, StringEnum } from '../src/schemas/common.js';
 import { renderHtml } from '../src/status-page/html.js';
 import { statusModel } from '../src/status-page/model.js';
@@ -51,6 +52,7 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const model = statusModel({ ...result, unreachable: node.unreachable(), lastGood, maxStaleMs: config.maxStaleMs, host, version: VERSION, now: now() });
       const html = request.query.format === undefined ? prefersHtml(request.headers.accept) : request.query.format === 'html';
       reply.header('vary', 'Accept').header('cache-control', 'no-store');
+      setHtmlHeaders(reply, STATUS_PAGE_CSP);
       return reply.type(`${html ? 'text/html' : 'text/plain'}; charset=utf-8`).send(html ? renderHtml(model) : renderText(model));
     },
   );

@@ -12,6 +12,7 @@ import { createAuth } from './auth.js';
 import type { Config } from './config.js';
 import { handleErrors } from './http/error-handler.js';
 import { fastifyErrorBody, errorBody, writeClientError } from './http/errors.js';
+import { DOCS_CSP, setHtmlHeaders } from './http/html-headers.js';
 import { answerOtherMethods } from './http/method-not-allowed.js';
 import { createMetrics } from './metrics.js';
 import { createNodeService } from './node-state/node-service.js';
@@ -140,7 +141,10 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   await registerOpenApi(app);
   // Before the first route (/docs is one): a known path asked with another method is a 405.
   const addMethodNotAllowed = answerOtherMethods(app);
-  await app.register(swaggerUi, { routePrefix: '/docs' });
+  await app.register(async (docs) => {
+    docs.addHook('onSend', async (_request, reply) => setHtmlHeaders(reply, DOCS_CSP));
+    await docs.register(swaggerUi, { routePrefix: '/docs' });
+  });
   for (const routes of [healthRoutes, gpusRoutes, shardsRoutes, doctorRoutes, metricsRoutes, openapiRoutes, statusPageRoutes]) await app.register(routes);
   addMethodNotAllowed();
   // preClose: requests waiting on nvidia-smi must finish (with an error) for close to complete.
