@@ -4,7 +4,7 @@
 //   - a burst of N requests at once, each on its own connection (the single-flight figure);
 //   - a closed loop of a few keep-alive workers that read every answer (the slow-refresh figure).
 import http from 'node:http';
-import autocannon, { type AutocannonRequest } from 'autocannon';
+import autocannon from 'autocannon';
 import { percentile, sortedCopy } from './stats.js';
 
 export interface LoadResult {
@@ -19,7 +19,7 @@ export interface LoadResult {
 
 export interface AutocannonRun {
   url: string;
-  requests: AutocannonRequest[];
+  requests: autocannon.Request[];
   connections: number;
   /** Time bound: autocannon stops after this many seconds (or at `amount`). */
   durationS: number;
@@ -29,25 +29,29 @@ export interface AutocannonRun {
 
 const MAX_SAMPLES = 2_000_000;
 
-/** Runs autocannon; when `keep` is given, every latency (ms) is appended to it too. */
-export async function runAutocannon(run: AutocannonRun, keep?: number[]): Promise<LoadResult> {
+export async function runAutocannon(run: AutocannonRun): Promise<LoadResult> {
   const latencies: number[] = [];
-  const instance = autocannon({
-    url: run.url,
-    connections: run.connections,
-    requests: run.requests,
-    ...(run.amount !== undefined ? { amount: run.amount } : { duration: run.durationS, maxOverallRequests: MAX_SAMPLES }),
+  const started = performance.now();
+  let instance: autocannon.Instance | undefined;
+  const done = new Promise<autocannon.Result>((resolve, reject) => {
+    // The callback form returns the instance (events, stop()); without it the types give only a promise.
+    instance = autocannon(
+      {
+        url: run.url,
+        connections: run.connections,
+        requests: run.requests,
+        ...(run.amount !== undefined ? { amount: run.amount } : { duration: run.durationS, maxOverallRequests: MAX_SAMPLES }),
+      },
+      (err: unknown, result) => (err ? reject(err instanceof Error ? err : new Error(String(err))) : resolve(result)),
+    );
   });
-  instance.on('response', (_client, _status, _bytes, ms) => {
+  instance!.on('response', (_client, _status, _bytes, ms) => {
     if (latencies.length < MAX_SAMPLES) latencies.push(ms);
   });
   // With `amount` autocannon has no timer of its own: this is the time bound.
-  const guard = setTimeout(() => instance.stop(), run.durationS * 1000);
-  const started = performance.now();
-  const result = await instance;
+  const guard = setTimeout(() => instance!.stop(), run.durationS * 1000);
+  const result = await done.finally(() => clearTimeout(guard));
   const seconds = (performance.now() - started) / 1000;
-  clearTimeout(guard);
-  if (keep) for (const ms of latencies) keep.push(ms);
   const sorted = sortedCopy(latencies);
   return {
     requests: latencies.length,
@@ -134,3 +138,4 @@ export async function closedLoop(base: string, paths: string[], workers: number,
   }
   return samples;
 }
+

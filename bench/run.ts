@@ -2,7 +2,7 @@
 // (figure, measured, target, pass/fail); writes every number to bench/results/latest.json. The
 // figures run one after another, never overlapping, against servers in child processes on
 // 127.0.0.1 (or in this process, for the refresh cost). Pass figure names as arguments to run only
-// those (throughput, single-flight, slow-probe, refresh-cost, memory). Exits 1 when a figure could
+// those (single-flight, slow-probe, refresh-cost, memory). Exits 1 when a figure could
 // not be measured at all; a figure that misses its target is reported, not an error.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -13,7 +13,6 @@ import { memoryFigure, FLAT_FACTOR, RSS_TARGET_MB, type MemoryResult } from './f
 import { MAX_MARGINAL_GROWTH, refreshCostFigure, TARGET_MS_AT_256, type RefreshCostResult } from './figures/refresh-cost.js';
 import { singleFlightFigure, type SingleFlightResult } from './figures/single-flight.js';
 import { P99_TARGET_MS, slowProbeFigure, type SlowProbeResult } from './figures/slow-probe.js';
-import { RATIO_TARGET, ROUNDS, throughputFigure, type EndpointResult } from './figures/throughput.js';
 import { shardId, type BenchContext } from './node-setup.js';
 import { startProcessFarm } from './processes.js';
 import { formatTable, machine, type Row } from './report.js';
@@ -24,17 +23,6 @@ const FOREIGN = 960;
 const RESULTS = fileURLToPath(new URL('../../bench/results/latest.json', import.meta.url));
 
 const verdict = (pass: boolean): Row['result'] => (pass ? 'pass' : 'FAIL');
-
-function throughputRows(results: EndpointResult[]): Row[] {
-  return results.map((r) => ({
-    figure: `1. ${r.endpoint} req/s vs bare Fastify (${r.bodyBytes} B body)`,
-    measured:
-      `${r.ratio} (rounds ${r.ratioRange[0]}-${r.ratioRange[1]}; ${r.nodecompute.rps} vs ${r.bare.rps} req/s; p50 ${r.nodecompute.p50Ms}/${r.bare.p50Ms} ms, ` +
-      `p99 ${r.nodecompute.p99Ms}/${r.bare.p99Ms} ms; CPU ratio ${r.cpuRatio})${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
-    target: `>= ${RATIO_TARGET}`,
-    result: verdict(r.pass),
-  }));
-}
 
 function singleFlightRows(r: SingleFlightResult): Row[] {
   const perWindow = r.windows.map((w) => `${w.gpuRuns}+${w.computeAppsRuns}`).join(', ');
@@ -112,7 +100,6 @@ function figure<T>(name: string, title: string, run: (ctx: BenchContext, log: Lo
 }
 
 const FIGURES: Figure[] = [
-  figure('throughput', `1. throughput vs bare Fastify (${ROUNDS} interleaved rounds)`, throughputFigure, throughputRows),
   figure('single-flight', '2. nvidia-smi runs per TTL window', singleFlightFigure, singleFlightRows),
   figure('slow-probe', '3. probe latency during a 3 s nvidia-smi', slowProbeFigure, slowProbeRows),
   figure('refresh-cost', '4. snapshot refresh cost', refreshCostFigure, refreshCostRows),
