@@ -32,7 +32,6 @@ export async function startNodecompute(ctx: BenchContext, name: string, config: 
   mkdirSync(dir, { recursive: true });
   const fake = createFakeSmi(dir, { gpus: ctx.layout.gpus, processes: ctx.layout.processes, delayMs });
   const server = await startServer(name, {
-    kind: 'nodecompute',
     config: { logLevel: 'warn', nvidiaSmi: fake.path, stateFile: join(dir, 'shards.json'), ...config },
   });
   return { server, fake };

@@ -1,13 +1,13 @@
-// Owns how the results are shown: one row per figure (figure, measured, target, pass/fail) printed as
-// a plain-text table, and the machine the numbers come from.
-import { availableParallelism, cpus, release } from 'node:os';
+// Owns how the results are shown: one row per figure (figure, measured, target, pass/fail, or info
+// for a row without a target) printed as a plain-text table, and the machine the numbers come from.
+import { availableParallelism, cpus, loadavg, release } from 'node:os';
 import { readFileSync } from 'node:fs';
 
 export interface Row {
   figure: string;
   measured: string;
   target: string;
-  result: 'pass' | 'FAIL' | 'ERROR';
+  result: 'pass' | 'FAIL' | 'ERROR' | 'info';
 }
 
 export interface Machine {
@@ -25,6 +25,11 @@ export function machine(): Machine {
     // Not Linux: os.cpus() is the answer.
   }
   return { nproc: availableParallelism(), cpu, node: process.version, kernel: release() };
+}
+
+/** The 1-minute load average: on a shared machine, how much else ran beside the bench. */
+export function loadAverage(): number {
+  return Math.round(loadavg()[0]! * 10) / 10;
 }
 
 export function formatTable(rows: Row[]): string {

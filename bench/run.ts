@@ -1,22 +1,23 @@
 // `npm run bench`: measures nodecompute's performance figures in one run and prints them as a table
-// (figure, measured, target, pass/fail); writes every number to bench/results/latest.json. The
-// figures run one after another, never overlapping, against servers in child processes on
-// 127.0.0.1 (or in this process, for the refresh cost). Pass figure names as arguments to run only
-// those (throughput, single-flight, slow-probe, refresh-cost, memory). Exits 1 when a figure could
-// not be measured at all; a figure that misses its target is reported, not an error.
+// (figure, measured, target, pass/fail; `info` for a row without a target); writes every number to
+// bench/results/latest.json. The figures run one after another, never overlapping, against servers
+// in child processes on 127.0.0.1 (or in this process, for the refresh cost). Pass figure names as
+// arguments to run only those (footprint, single-flight, slow-probe, refresh-cost, memory);
+// BENCH_FOOTPRINT_S shortens the footprint's measured duration. Exits 1 when a figure could not be
+// measured at all; a figure that misses its target is reported, not an error.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { nodeLayout } from './fake-smi.js';
+import { CPU_TARGET_PCT, FLAT_FACTOR as FOOTPRINT_FLAT_FACTOR, footprintFigure, footprintSeconds, RSS_TARGET_MB as FOOTPRINT_RSS_MB, type FootprintResult } from './figures/footprint.js';
 import { memoryFigure, FLAT_FACTOR, RSS_TARGET_MB, type MemoryResult } from './figures/memory.js';
 import { MAX_MARGINAL_GROWTH, refreshCostFigure, TARGET_MS_AT_256, type RefreshCostResult } from './figures/refresh-cost.js';
 import { singleFlightFigure, type SingleFlightResult } from './figures/single-flight.js';
 import { P99_TARGET_MS, slowProbeFigure, type SlowProbeResult } from './figures/slow-probe.js';
-import { RATIO_TARGET, ROUNDS, throughputFigure, type EndpointResult } from './figures/throughput.js';
 import { shardId, type BenchContext } from './node-setup.js';
 import { startProcessFarm } from './processes.js';
-import { formatTable, machine, type Row } from './report.js';
+import { formatTable, loadAverage, machine, type Row } from './report.js';
 
 const SHARDS = 64;
 /** Enough foreign processes for the largest refresh-cost size (1,024 GPU processes, 64 of them shards'). */
@@ -25,15 +26,43 @@ const RESULTS = fileURLToPath(new URL('../../bench/results/latest.json', import.
 
 const verdict = (pass: boolean): Row['result'] => (pass ? 'pass' : 'FAIL');
 
-function throughputRows(results: EndpointResult[]): Row[] {
-  return results.map((r) => ({
-    figure: `1. ${r.endpoint} req/s vs bare Fastify (${r.bodyBytes} B body)`,
-    measured:
-      `${r.ratio} (rounds ${r.ratioRange[0]}-${r.ratioRange[1]}; ${r.nodecompute.rps} vs ${r.bare.rps} req/s; p50 ${r.nodecompute.p50Ms}/${r.bare.p50Ms} ms, ` +
-      `p99 ${r.nodecompute.p99Ms}/${r.bare.p99Ms} ms; CPU ratio ${r.cpuRatio})${r.invalid ? ` INVALID: ${r.invalid}` : ''}`,
-    target: `>= ${RATIO_TARGET}`,
-    result: verdict(r.pass),
-  }));
+function footprintRows(r: FootprintResult): Row[] {
+  const invalid = r.invalid ? ` INVALID: ${r.invalid}` : '';
+  const windows = r.cpuWindowsPct.length > 0 ? `${Math.min(...r.cpuWindowsPct)}-${Math.max(...r.cpuWindowsPct)}% per 15 s; ` : '';
+  return [
+    {
+      figure: '1. agent CPU at typical load (server process)',
+      measured: `${r.cpuPct}% of one core (${windows}${r.durationS} s, ${r.requestsPerSecond} req/s; load average ${r.loadAverage.join(' / ')})${invalid}`,
+      target: `< ${CPU_TARGET_PCT}%`,
+      result: verdict(r.cpuPass),
+    },
+    {
+      figure: '1. its nvidia-smi children (the fake: a Node script)',
+      measured: `${r.childCpuPct}% of one core (${r.smiRuns} runs, ${r.childMsPerRun ?? '-'} ms each)`,
+      target: '-',
+      result: 'info',
+    },
+    {
+      figure: '1. agent RSS at typical load (largest sample)',
+      measured: `${r.rssMaxMB} MB${invalid}`,
+      target: `< ${FOOTPRINT_RSS_MB} MB`,
+      result: verdict(r.rssPass),
+    },
+    {
+      figure: '1. agent RSS flat (last vs first quarter, medians)',
+      measured: `${r.rssFirstQuarterMB} -> ${r.rssLastQuarterMB} MB (${r.rssGrowthPct >= 0 ? '+' : ''}${r.rssGrowthPct}%; V8 heap used ${r.heapUsedMB.join(' -> ')} MB)${invalid}`,
+      target: `<= +${Math.round((FOOTPRINT_FLAT_FACTOR - 1) * 100)}%`,
+      result: verdict(r.flat),
+    },
+    {
+      figure: '1. probe answers at typical load',
+      measured:
+        `latency p50 ${r.probe.p50Ms}, p99 ${r.probe.p99Ms}, max ${r.probe.maxMs} ms; ` +
+        `age (arrival - observedAt) p50 ${r.probe.ageP50Ms}, p99 ${r.probe.ageP99Ms}, max ${r.probe.ageMaxMs} ms`,
+      target: '-',
+      result: 'info',
+    },
+  ];
 }
 
 function singleFlightRows(r: SingleFlightResult): Row[] {
@@ -112,7 +141,7 @@ function figure<T>(name: string, title: string, run: (ctx: BenchContext, log: Lo
 }
 
 const FIGURES: Figure[] = [
-  figure('throughput', `1. throughput vs bare Fastify (${ROUNDS} interleaved rounds)`, throughputFigure, throughputRows),
+  figure('footprint', `1. footprint at a typical load (${footprintSeconds()} s measured)`, footprintFigure, footprintRows),
   figure('single-flight', '2. nvidia-smi runs per TTL window', singleFlightFigure, singleFlightRows),
   figure('slow-probe', '3. probe latency during a 3 s nvidia-smi', slowProbeFigure, slowProbeRows),
   figure('refresh-cost', '4. snapshot refresh cost', refreshCostFigure, refreshCostRows),
@@ -128,6 +157,7 @@ async function main(argv: string[]): Promise<number> {
   const selected = argv.length > 0 ? FIGURES.filter((entry) => argv.includes(entry.name)) : FIGURES;
   const log: Log = (line) => process.stdout.write(`${line}\n`);
   const started = Date.now();
+  const loadAtStart = loadAverage();
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-bench-'));
   log(`Starting ${SHARDS} shard process groups and ${FOREIGN} foreign processes...`);
   const farm = await startProcessFarm(SHARDS, FOREIGN);
@@ -161,11 +191,11 @@ async function main(argv: string[]): Promise<number> {
     rmSync(dir, { recursive: true, force: true });
   }
   const table = formatTable(rows);
-  const host = machine();
+  const host = { ...machine(), loadAverage: [loadAtStart, loadAverage()] };
   const durationS = Math.round((Date.now() - started) / 1000);
   log('');
   log(table);
-  log(`\nMachine: ${host.nproc} CPUs (${host.cpu}), Node ${host.node}, Linux ${host.kernel}; bench took ${durationS} s.`);
+  log(`\nMachine: ${host.nproc} CPUs (${host.cpu}), Node ${host.node}, Linux ${host.kernel}; load average ${host.loadAverage.join(' at start, ')} at end; bench took ${durationS} s.`);
   mkdirSync(join(RESULTS, '..'), { recursive: true });
   writeFileSync(RESULTS, `${JSON.stringify({ startedAt: new Date(started).toISOString(), durationS, machine: host, rows, figures }, null, 2)}\n`);
   log(`Results: ${RESULTS}`);

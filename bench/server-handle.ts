@@ -10,9 +10,22 @@ const SERVER_JS = fileURLToPath(new URL('./server.js', import.meta.url));
 /** How the service ships (package.json's config, the Dockerfile's NODE_OPTIONS and MALLOC_ARENA_MAX). */
 const SHIPPED = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string; mallocArenaMax: string } }).config;
 const SERVICE_NODE_OPTIONS = SHIPPED.nodeOptions.split(' ');
+/**
+ * Node flags for the servers only, after the shipped ones (BENCH_SERVER_NODE_ARGS, split on spaces):
+ * to profile them, e.g. `--cpu-prof --cpu-prof-dir=/tmp/prof`, which NODE_OPTIONS does not take.
+ */
+const EXTRA_NODE_ARGS = (process.env.BENCH_SERVER_NODE_ARGS ?? '').split(' ').filter((arg) => arg !== '');
 /** As with `npm start`, a MALLOC_ARENA_MAX of the caller's own wins (an empty one counts as unset). */
 const SERVICE_ENV = { ...process.env, MALLOC_ARENA_MAX: process.env.MALLOC_ARENA_MAX || SHIPPED.mallocArenaMax };
 const TAIL_CHARS = 4000;
+
+/** Clock ticks per second of the times in /proc/PID/stat (USER_HZ; 100 on every Linux port that matters). */
+export const USER_HZ = 100;
+
+export interface CpuTicks {
+  self: number;
+  children: number;
+}
 
 export interface ServerHandle {
   name: string;
@@ -20,8 +33,11 @@ export interface ServerHandle {
   pid: number;
   /** VmRSS from /proc/PID/status, in bytes. */
   rssBytes(): number;
-  /** utime + stime from /proc/PID/stat, in clock ticks (USER_HZ, 100 on Linux). */
-  cpuTicks(): number;
+  /**
+   * CPU time from /proc/PID/stat, in clock ticks (USER_HZ): `self` is the process's own utime +
+   * stime, `children` the cutime + cstime of its children it has waited for (nvidia-smi runs).
+   */
+  cpuTicks(): CpuTicks;
   memoryUsage(): Promise<NodeJS.MemoryUsage>;
   output(): string;
   stop(): Promise<void>;
@@ -57,7 +73,7 @@ function nextMessage<T extends FromServer['type']>(child: ChildProcess, type: T,
 }
 
 export async function startServer(name: string, spec: ServerSpec): Promise<ServerHandle> {
-  const child = spawn(process.execPath, [...SERVICE_NODE_OPTIONS, SERVER_JS], { env: SERVICE_ENV, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+  const child = spawn(process.execPath, [...SERVICE_NODE_OPTIONS, ...EXTRA_NODE_ARGS, SERVER_JS], { env: SERVICE_ENV, stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
   let tail = '';
   const keep = (chunk: Buffer) => {
     tail = (tail + chunk.toString()).slice(-TAIL_CHARS);
@@ -92,8 +108,8 @@ export async function startServer(name: string, spec: ServerSpec): Promise<Serve
     cpuTicks() {
       const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
       const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      // Fields 14 and 15 of proc(5); this array starts at field 3.
-      return Number(fields[11]) + Number(fields[12]);
+      // Fields 14 to 17 of proc(5) (utime, stime, cutime, cstime); this array starts at field 3.
+      return { self: Number(fields[11]) + Number(fields[12]), children: Number(fields[13]) + Number(fields[14]) };
     },
     async memoryUsage() {
       const reply = nextMessage(child, 'memory', 5_000, output);

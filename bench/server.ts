@@ -1,20 +1,13 @@
 // The server side of the HTTP benchmarks, run as a child process of bench/run.ts so the load
-// generator's CPU and memory never count as the server's. It serves either nodecompute itself
-// (buildApp with the given settings) or the baseline: a bare Fastify app whose routes answer
-// precomputed bodies. The parent sends the spec over IPC; the child answers with its port, and later
+// generator's CPU and memory never count as the server's: nodecompute itself (buildApp with the
+// given settings). The parent sends the spec over IPC; the child answers with its port, and later
 // with its memory usage on request. It listens on 127.0.0.1 only.
-import Fastify from 'fastify';
 import { buildApp } from '../src/app.js';
 import { defaultConfig, type Config } from '../src/config.js';
 
-export interface BareRoute {
-  /** A Fastify route path, e.g. `/shards/:id/ready`. */
-  path: string;
-  contentType: string;
-  body: string;
+export interface ServerSpec {
+  config: Partial<Config>;
 }
-
-export type ServerSpec = { kind: 'nodecompute'; config: Partial<Config> } | { kind: 'bare'; routes: BareRoute[] };
 
 export type ToServer = { type: 'start'; spec: ServerSpec } | { type: 'memory' } | { type: 'stop' };
 export type FromServer =
@@ -27,16 +20,6 @@ function send(message: FromServer): void {
 }
 
 async function start(spec: ServerSpec) {
-  if (spec.kind === 'bare') {
-    const app = Fastify({ logger: false });
-    for (const route of spec.routes) {
-      app.get(route.path, (_request, reply) => {
-        reply.type(route.contentType).send(route.body);
-      });
-    }
-    await app.listen({ host: '127.0.0.1', port: 0 });
-    return app;
-  }
   const app = await buildApp(defaultConfig({ ...spec.config, host: '127.0.0.1', port: 0 }));
   await app.listen({ host: '127.0.0.1', port: 0 });
   return app;

@@ -50,7 +50,7 @@ const MB = 1024 * 1024;
 export async function memoryFigure(ctx: BenchContext, log: (line: string) => void): Promise<MemoryResult> {
   const { server } = await startRegisteredNode(ctx, 'memory', { cacheTtlMs: 1_000 });
   try {
-    const requests = memoryMix(ctx.shardIds).map((path) => ({ method: 'GET', path }));
+    const requests = memoryMix(ctx.shardIds).map((path) => ({ method: 'GET' as const, path }));
     const sample = async (done: number): Promise<MemorySample> => {
       const usage = await server.memoryUsage();
       return {
