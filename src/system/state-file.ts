@@ -37,33 +37,15 @@ export interface StateFile {
   readonly path: string;
   /** How long a read or a write may take before the filesystem is taken for one that does not answer. */
   readonly timeoutMs: number;
-  /**
-   * The file's text, or null when it does not exist yet. Other errors propagate. Temp files of
-   * crashed writes older than LEFTOVER_AGE_MS are removed first. Rejects once `timeoutMs` passes
-   * (the read is left pending: it cannot be cancelled). The first read, before any write, is what
-   * later writes expect to find there (see the header).
-   */
+  /** The file's text (null: no file), after clearing old temp files; rejects past `timeoutMs`. */
   read(): Promise<string | null>;
-  /**
-   * Replaces the file's content atomically and durably; settles when the filesystem answers, which
-   * may be never. Past `timeoutMs` the directory is answered not writable until it does, and other
-   * writes meanwhile fail at once.
-   */
+  /** Replaces the content atomically and durably; settles when the filesystem answers. */
   write(text: string): Promise<void>;
-  /**
-   * Whether a write would succeed now: writes, fsyncs and removes a probe file beside the state
-   * file, and fsyncs the directory (joining a look under way), within `timeoutMs`. A directory that
-   * cannot be fsynced still takes writes: that is a warning.
-   */
+  /** Whether a write would succeed now: a probe file beside it written, fsynced and removed. */
   checkWritable(): Promise<Writability>;
   /** Why nothing is started on the directory now (an operation on it is stuck past its bound); null when something may be. */
   stuck(): string | null;
-  /**
-   * The last answer of checkWritable() or of a write, at once; one older than WRITABLE_LOOK_MS is
-   * looked at again in the background (one look at a time). Before any answer, waits for the first
-   * look. A look not landed within `maxWaitMs` (a filesystem that does not answer) answers not
-   * writable until it lands. A change between writable and not is logged, once.
-   */
+  /** The last answer at once (looked at again in the background once WRITABLE_LOOK_MS old); the first waits up to `maxWaitMs`. */
   writable(maxWaitMs: number): Promise<Writability>;
 }
 
@@ -104,16 +86,10 @@ function directorySyncProblem(dir: string, err: NodeJS.ErrnoException): Director
   };
 }
 
-/**
- * A temp file is this old before a start-up takes it for a crash's leftover: a writer finishes in
- * milliseconds, and a second nodecompute on the same state file (never intended) is not raced.
- */
+/** How old a temp file is before a start takes it for a crash's leftover. */
 export const LEFTOVER_AGE_MS = 60_000;
 
-/**
- * `mkdir -p`, one level at a time (see the header). Another writer making the same level meanwhile
- * is fine; a level that still cannot be made once its parent exists is an error.
- */
+/** `mkdir -p` one level at a time: Node's recursive mkdir never settles where mkdir answers ENOENT below an existing directory (/proc). */
 async function makeDirectory(dir: string, parentMade = false): Promise<void> {
   try {
     await mkdir(dir);
@@ -172,11 +148,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   const dir = dirname(path);
   const directorySyncFailures = new Set<string>();
   let sequence = 0;
-  /**
-   * The text this process last wrote there, or read first (null: no file); undefined before either.
-   * A later read (the doctor's) does not take on what it finds: the file as changed elsewhere is not
-   * this process's.
-   */
+  /** The text this process last wrote there, or read first (null: no file); undefined before either. */
   let ownText: string | null | undefined;
   /** Throws changedElsewhere when the file holds another text than ownText. */
   const checkUnchanged = async (): Promise<void> => {
@@ -289,11 +261,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
 
   let known: { at: number; answer: Writability } | null = null;
   let looking: Promise<Writability> | null = null;
-  /**
-   * Takes an answer as the one known (not writable while an operation on the directory is stuck,
-   * whatever another one found); logs a change between writable and not (the first answer only when
-   * it is not).
-   */
+  /** Takes an answer as the one known (unwritable while something is stuck); logs a change between writable and not. */
   const record = (found: Writability): Writability => {
     const stuck = stuckReason();
     const answer: Writability = found.ok && stuck !== null ? { ok: false, reason: stuck } : found;
@@ -303,10 +271,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     if (answer.ok && !was) log.info({ stateFile: path }, `Registrations can be stored in ${path} again.`);
     return answer;
   };
-  /**
-   * Settles when the look lands or, first, when `maxWaitMs` passes (an answer of its own); no second
-   * look meanwhile, and none while an operation on the directory is stuck (that is the answer).
-   */
+  /** One look at a time; settles when it lands or when `maxWaitMs` passes (unwritable until it lands). */
   function startLook(maxWaitMs: number): Promise<Writability> {
     const stuck = stuckReason();
     if (stuck !== null) return Promise.resolve({ ok: false, reason: stuck });
