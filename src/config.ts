@@ -6,6 +6,7 @@
 import { parseArgs } from 'node:util';
 import type { Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
+import leven from 'leven';
 import { ConfigInvalidError } from './errors.js';
 import { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS, type LOG_LEVELS, type Setting } from './settings.js';
 import { createTokenFileReader, type FileOwner, type TokenFileReaderOptions } from './system/token-file.js';
@@ -252,18 +253,23 @@ const FLAGS = {
   version: { type: 'boolean', short: 'v' },
 } as const;
 
-/** Edit distance with adjacent transpositions counted as one edit ("prot" is one edit from "port"). */
-function editDistance(a: string, b: string): number {
-  const d = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)));
-  for (let i = 1; i <= a.length; i += 1) {
-    for (let j = 1; j <= b.length; j += 1) {
-      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
-      let best = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + cost);
-      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) best = Math.min(best, d[i - 2]![j - 2]! + 1);
-      d[i]![j] = best;
-    }
+/** The word, then each spelling of it with two adjacent letters swapped. */
+function withSwaps(word: string): string[] {
+  const spellings = [word];
+  for (let i = 0; i + 1 < word.length; i += 1) {
+    if (word[i] !== word[i + 1]) spellings.push(word.slice(0, i) + word[i + 1] + word[i] + word.slice(i + 2));
   }
-  return d[a.length]![b.length]!;
+  return spellings;
+}
+
+/** Levenshtein distance, a swap of adjacent letters counting as one edit ("prot" is one from "port"), once on each side. */
+function editDistance(a: string, b: string): number {
+  const others = withSwaps(b);
+  let best = Infinity;
+  for (const [i, x] of withSwaps(a).entries()) {
+    for (const [j, y] of others.entries()) best = Math.min(best, leven(x, y) + (i > 0 ? 1 : 0) + (j > 0 ? 1 : 0));
+  }
+  return best;
 }
 
 /**
