@@ -1,15 +1,8 @@
-// Owns who may change the registry: the onRequest hook of every write route (PUT, DELETE, POST);
-// reads stay open (probes, dashboards, Prometheus) and pay nothing for it. Writes need
-// `Authorization: Bearer <token>` when a token is configured, compared in constant time; with no
-// token configured they are accepted from loopback only, so a node that forgot its Secret is not
-// writable from the network.
-// It also owns which tokens of the token file are in force while the service runs:
-// NODECOMPUTE_TOKEN_FILE may hold several tokens (any one is accepted) and is re-read when it
-// changes, so a Secret rotated in place ("old + new", then "new") never locks out shard pods that
-// already carry the new token. The file is looked at lazily, by writes and GET /doctor, at most once
-// a second: no timer, and nothing at all on a node nobody writes to or asks. The looking itself
-// (asynchronous, bounded in time, taking only a content that was stable while read) is
-// src/system/token-file.ts's.
+// Owns who may write (the onRequest hook of PUT, DELETE, POST; reads stay open): a bearer token,
+// compared in constant time, when one is configured, else loopback only. The token file's tokens
+// (any one accepted) are re-read when it changes, looked at by writes and GET /doctor at most once
+// a second, so a Secret rotated in place ("old + new", then "new") locks no one out; a file gone
+// bad keeps the tokens last read in force.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
 import type { Logger } from 'pino';
@@ -45,13 +38,10 @@ function bearer(header: string | undefined): string | null {
   return match?.[1] ?? null;
 }
 
-/** The tokens accepted for writes now, and the setting an operator changes to change them. */
+/** The tokens accepted for writes now, and the setting that names them. */
 export interface TokenSource {
   setting: 'NODECOMPUTE_TOKEN' | 'NODECOMPUTE_TOKEN_FILE';
-  /**
-   * Digests of the tokens in force. A promise when the token file is being looked at first: the
-   * write waits for that look (bounded by the reader's timeout), so it is judged by what it finds.
-   */
+  /** Digests of the tokens in force; a promise while the token file is looked at (the write waits for it). */
   current(): readonly Buffer[] | Promise<readonly Buffer[]>;
 }
 
@@ -85,12 +75,7 @@ export interface TokenFileOptions {
   beforeRead?: TokenFileReaderOptions['beforeRead'];
 }
 
-/**
- * The tokens of NODECOMPUTE_TOKEN_FILE, re-read when the file changes. A file that becomes
- * unreadable, empty, unusable, unstable or too slow to answer keeps the tokens last read in force:
- * refusing every write because a Secret was briefly wrong would take the whole node's registrations
- * down with it.
- */
+/** The token file's tokens, re-read when it changes; a file gone bad keeps the tokens last read in force. */
 export function createTokenFileSource(options: TokenFileOptions): TokenFileSource {
   const { path, log, now } = options;
   const reader = createTokenFileReader(path, { beforeRead: options.beforeRead });
@@ -99,10 +84,9 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
   let checkedAt: number | null = null;
   let checking: Promise<readonly Buffer[]> | null = null;
   let unstableInARow = 0;
-  // What is wrong with the file now, for the doctor: always the latest look's; null while it is fine.
+  // What is wrong with the file now (the latest look's); null while it is fine.
   let problem: string | null = null;
-  // Which problem that is (its kind and cause, without the counts that change from look to look):
-  // a warning is logged when it changes, not at every write while it lasts.
+  // Its kind and cause, without counts: warned when it changes, not at every write while it lasts.
   let warnedOf: string | null = null;
 
   function trouble(which: string, what: string, fix = FIX_THE_SECRET): void {
@@ -190,11 +174,7 @@ export interface TokenFileState {
 export interface Auth {
   /** The onRequest hook of every write route. */
   authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void;
-  /**
-   * Looks at the token file now, as a write does (at most once a second, waiting at most the read's
-   * timeout for it), and says what it found: the doctor's view of the file is then the file's, not
-   * the last write's. Null without a token file.
-   */
+  /** Looks at the token file as a write does and says what it found (the doctor's view); null without one. */
   tokenFile: (() => Promise<TokenFileState>) | null;
 }
 
@@ -241,8 +221,7 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
     path === null
       ? '.'
       : `; after a rotation, this node takes the new token within a second of ${path} changing (a Kubernetes Secret's mounted file changes a minute or two after the Secret does).`;
-  // A caller that keeps retrying with a stale token (or none) would log a line a second: each reason
-  // and address is a warning once a minute at most, its repeats debug lines; the counter counts all.
+  // A caller retrying with a stale token would log a line a second: warn once a minute per reason and address.
   const level = createRepeatLimit(now);
   function refused(reason: WriteRefusal, request: FastifyRequest, msg: string): void {
     onRefused(reason);
@@ -282,8 +261,7 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
       reply.removeHeader('www-authenticate');
       done();
     };
-    // Every write with a token looks at the token file first (at most once a second), so a rotated
-    // token works from the first write that presents it, and a token taken out stops working.
+    // The file is looked at first, so a rotated token works from the first write that presents it.
     const digests = source.current();
     if (digests instanceof Promise) digests.then(judge, done);
     else judge(digests);

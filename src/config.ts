@@ -1,168 +1,17 @@
-// Owns every setting of the service: one table naming each setting's environment variable, flag,
-// accepted values, default and meaning. `resolveConfig` turns env + argv into a validated Config
-// once, at start, and does no I/O; a bad value stops the start with a message naming the setting and
-// what it accepts, and a value that works but will likely hurt comes back as a warning for main.ts
-// to log. `readStartTokens` then reads the token file, the one setting that names something to read
-// before the service can start: asynchronously and within a bound (through the reader auth.ts uses
-// while running), because a file on a hung mount would otherwise hang the start, silently.
-// It also owns what a write token may be (tokenProblem, parseTokenFile), so the token file that
-// auth.ts re-reads while running is held to the same rules as at start. The help text is generated
-// from the same table, so it cannot drift from the code.
+// Owns the service's configuration: resolveConfig validates env + argv against the settings table
+// (settings.ts) once, without I/O; a bad value stops the start naming the setting and what it
+// accepts, one that will likely hurt comes back as a warning. readStartTokens reads the token file
+// within a bound (a hung mount must not hang the start); tokenProblem and parseTokenFile hold that
+// file to the same rules at start as auth.ts does while running.
 import { parseArgs } from 'node:util';
-import { Type, type Static, type TSchema } from '@sinclair/typebox';
+import type { Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
+import leven from 'leven';
 import { ConfigInvalidError } from './errors.js';
-import { STATE_FILE_TIMEOUT_MS } from './system/state-file.js';
+import { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS, type LOG_LEVELS, type Setting } from './settings.js';
 import { createTokenFileReader, type FileOwner, type TokenFileReaderOptions } from './system/token-file.js';
 
-interface Setting {
-  env: string;
-  flag: string;
-  schema: TSchema;
-  default: string | number | null;
-  accepts: string;
-  description: string;
-}
-
-const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
-
-/**
- * How long the token file may take to answer at start. Longer than the second a write waits for it
- * while running (TOKEN_FILE_READ_TIMEOUT_MS): a write has the tokens last read to fall back on, a
- * start has none, and a network mount's first access after boot can be slow without being hung.
- */
-export const TOKEN_FILE_START_TIMEOUT_MS = 5000;
-
-function milliseconds(min: number, max: number, description: string) {
-  return Type.Integer({ minimum: min, maximum: max, description });
-}
-
-export const SETTINGS = {
-  host: {
-    env: 'NODECOMPUTE_HOST',
-    flag: 'host',
-    schema: Type.String({ minLength: 1, description: 'Address to listen on' }),
-    default: '::',
-    accepts: 'an IP address or host name',
-    description:
-      'Address the HTTP server listens on. The default, ::, takes IPv6 and IPv4 alike (one dual-stack socket), so probes reach it in IPv4, dual-stack and IPv6-only clusters; ' +
-      'on a kernel without IPv6 it listens on 0.0.0.0 instead, and its start-up line says which. A host that is set is used as given.',
-  },
-  port: {
-    env: 'NODECOMPUTE_PORT',
-    flag: 'port',
-    schema: Type.Integer({ minimum: 0, maximum: 65535, description: 'TCP port' }),
-    default: 9470,
-    accepts: 'an integer from 0 to 65535 (0 picks a free port)',
-    description: 'TCP port the HTTP server listens on.',
-  },
-  nvidiaSmi: {
-    env: 'NODECOMPUTE_NVIDIA_SMI',
-    flag: 'nvidia-smi',
-    schema: Type.String({ minLength: 1, description: 'nvidia-smi executable' }),
-    default: 'nvidia-smi',
-    accepts: 'a program name found on PATH or a path to the executable',
-    description: 'The nvidia-smi executable to query.',
-  },
-  proc: {
-    env: 'NODECOMPUTE_PROC',
-    flag: 'proc',
-    schema: Type.String({ minLength: 1, description: 'proc root' }),
-    default: '/proc',
-    accepts: 'a directory path',
-    description: "Where the host's /proc is mounted (the container must share the host PID namespace).",
-  },
-  cacheTtlMs: {
-    env: 'NODECOMPUTE_CACHE_TTL_MS',
-    flag: 'cache-ttl-ms',
-    schema: milliseconds(0, 3_600_000, 'cache TTL'),
-    default: 1000,
-    accepts: 'an integer number of milliseconds from 0 to 3600000',
-    description: 'How long a node snapshot is fresh; at most one nvidia-smi run per query per TTL.',
-  },
-  maxStaleMs: {
-    env: 'NODECOMPUTE_MAX_STALE_MS',
-    flag: 'max-stale-ms',
-    schema: milliseconds(0, 86_400_000, 'max stale'),
-    default: 30_000,
-    accepts: 'an integer number of milliseconds from 0 to 86400000',
-    description: 'How old a snapshot may be and still be served (marked stale) while nvidia-smi is slow or failing.',
-  },
-  smiTimeoutMs: {
-    env: 'NODECOMPUTE_SMI_TIMEOUT_MS',
-    flag: 'smi-timeout-ms',
-    schema: milliseconds(100, 600_000, 'nvidia-smi timeout'),
-    default: 5000,
-    accepts: 'an integer number of milliseconds from 100 to 600000',
-    description: 'Hard limit for one nvidia-smi run; past it the run and its process group are killed.',
-  },
-  probeWaitMs: {
-    env: 'NODECOMPUTE_PROBE_WAIT_MS',
-    flag: 'probe-wait-ms',
-    schema: milliseconds(0, 600_000, 'probe wait'),
-    default: 800,
-    accepts: 'an integer number of milliseconds from 0 to 600000',
-    description:
-      "Longest a probe (/readyz, /shards/:id/ready) or a poller (/shards, /shards/:id, /metrics, the status page /) waits for a snapshot it needs before answering without one; keep it under the probe's timeout (Kubernetes' default is 1 s).",
-  },
-  logLevel: {
-    env: 'NODECOMPUTE_LOG_LEVEL',
-    flag: 'log-level',
-    schema: Type.Union(
-      LOG_LEVELS.map((level) => Type.Literal(level)),
-      { description: 'log level' },
-    ),
-    default: 'info',
-    accepts: LOG_LEVELS.join(', '),
-    description: 'Log level (JSON logs on stdout; pretty on a terminal).',
-  },
-  stateFile: {
-    env: 'NODECOMPUTE_STATE_FILE',
-    flag: 'state-file',
-    schema: Type.String({ minLength: 1, description: 'state file' }),
-    default: 'state/nodecompute-shards.json',
-    accepts: 'a file path (its directory must be writable)',
-    description: 'Where shard registrations are persisted (written atomically before each 2xx).',
-  },
-  stateTimeoutMs: {
-    env: 'NODECOMPUTE_STATE_TIMEOUT_MS',
-    flag: 'state-timeout-ms',
-    schema: milliseconds(100, 600_000, 'state file timeout'),
-    default: STATE_FILE_TIMEOUT_MS,
-    accepts: 'an integer number of milliseconds from 100 to 600000',
-    description:
-      'How long a read or write of the state file may take before its volume is taken for one that does not answer (a hung network mount): the change is then answered 503, and nothing else is started there until the operation returns.',
-  },
-  gpuGraceMs: {
-    env: 'NODECOMPUTE_GPU_GRACE_MS',
-    flag: 'gpu-grace-ms',
-    schema: milliseconds(0, 3_600_000, 'GPU grace'),
-    default: 15_000,
-    accepts: 'an integer number of milliseconds from 0 to 3600000',
-    description: 'Default time a new shard may take before holding memory on its GPUs (starting, not yet on-cpu).',
-  },
-  token: {
-    env: 'NODECOMPUTE_TOKEN',
-    flag: 'token',
-    // Checked by tokenProblem, with the lines of the token file.
-    schema: Type.Union([Type.Null(), Type.String()]),
-    default: null,
-    accepts: 'a secret of at least 16 characters, printable ASCII without spaces, such as `openssl rand -hex 32` makes',
-    description: 'Bearer token required for writes. Without a token, writes are accepted from loopback only.',
-  },
-  tokenFile: {
-    env: 'NODECOMPUTE_TOKEN_FILE',
-    flag: 'token-file',
-    schema: Type.Union([Type.Null(), Type.String({ minLength: 1 })]),
-    default: null,
-    accepts:
-      'a path to a file holding one or more tokens, one a line, each at least 16 characters, printable ASCII without spaces, with "#" starting a comment line (so no token there starts with "#"; e.g. a mounted Kubernetes Secret)',
-    description:
-      'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. ' +
-      `It is read at start, which fails if the file cannot be read, holds no usable token or does not answer within ${TOKEN_FILE_START_TIMEOUT_MS / 1000} s (a hung mount). ` +
-      'It is re-read when it changes (checked at most once a second, on writes and GET /doctor), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
-  },
-} as const satisfies Record<string, Setting>;
+export { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS };
 
 type SettingKey = keyof typeof SETTINGS;
 
@@ -179,17 +28,10 @@ export interface Config {
   stateFile: string;
   stateTimeoutMs: number;
   gpuGraceMs: number;
-  /**
-   * The bearer token for writes: NODECOMPUTE_TOKEN, or the first token NODECOMPUTE_TOKEN_FILE held
-   * at start (filled in by readStartTokens; null until then); null when neither is set (writes from
-   * loopback only).
-   */
+  /** NODECOMPUTE_TOKEN, or the token file's first token (set by readStartTokens); null: writes from loopback only. */
   token: string | null;
   tokenFile: string | null;
-  /**
-   * Every token NODECOMPUTE_TOKEN_FILE held at start (readStartTokens; none without it, or before it);
-   * auth.ts re-reads the file.
-   */
+  /** Every token the token file held at start (set by readStartTokens); auth.ts re-reads the file. */
   fileTokens: string[];
 }
 
@@ -203,10 +45,7 @@ export function defaultConfig(overrides: Partial<Config> = {}): Config {
   return { ...base, fileTokens: [], ...overrides };
 }
 
-/**
- * How a refused token is named: a token goes to stderr, and from there to a log store, so its length
- * (as checked, without the whitespace around it), never its value.
- */
+/** A refused token as named in a message (which reaches a log store): its length, never its value. */
 function describeSecret(raw: unknown): string {
   const text = String(raw);
   const secret = text.trim();
@@ -215,10 +54,7 @@ function describeSecret(raw: unknown): string {
   return `a secret of ${secret.length} characters, not shown`;
 }
 
-/**
- * Refuses a setting's value. `accepts`: what the setting takes, said after `why`; null when the value
- * is in its range and only its combination with another setting is wrong (`why` says how).
- */
+/** Refuses a setting's value; `accepts` null when only its combination with another setting is wrong. */
 function invalid(setting: Setting, raw: unknown, why?: string, accepts: string | null = setting.accepts): never {
   const got = setting === SETTINGS.token ? describeSecret(raw) : JSON.stringify(raw);
   throw new ConfigInvalidError(
@@ -227,14 +63,9 @@ function invalid(setting: Setting, raw: unknown, why?: string, accepts: string |
   );
 }
 
-/**
- * What Kubernetes sets in every container of a namespace for each Service with a cluster IP
- * (enableServiceLinks, on by default), for a Service named nodecompute or nodecompute-<anything>
- * (the name upper-cased, "-" as "_"): <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT (and _<PORT NAME> per
- * named port), <NAME>_PORT=tcp://IP:PORT and <NAME>_PORT_<N>_<PROTO> with _PROTO, _PORT and _ADDR;
- * Docker's legacy links set the same. Only NODECOMPUTE_PORT is also a setting; the others are not
- * unknown settings to warn about.
- */
+// What Kubernetes service links (enableServiceLinks) and Docker's legacy links set for a Service
+// named nodecompute[-<name>]: <NAME>_SERVICE_HOST, _SERVICE_PORT[_<port>], _PORT=tcp://IP:PORT and
+// _PORT_<N>_<PROTO>[_PROTO|_PORT|_ADDR]. Not mistyped settings; only NODECOMPUTE_PORT is also a setting.
 const SERVICE_LINK_VARIABLE = /^NODECOMPUTE_([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$/;
 const SERVICE_LINK_PORT = /^(tcp|udp|sctp):\/\//;
 
@@ -262,14 +93,12 @@ function validate(setting: Setting, raw: string | number | null): unknown {
   return value;
 }
 
-/** Values that start so are placeholders of the examples (deploy/kubernetes/secret.example.yaml), known to anyone. */
+/** The placeholder of deploy/kubernetes/secret.example.yaml, known to anyone. */
 const PLACEHOLDER = /^REPLACE-ME/i;
 
 /**
- * Why `token` (already trimmed) can never authorise a write, or null when it can. Never says the token.
- * Any printable ASCII is taken, not only RFC 6750's b64token (letters, digits, - . _ ~ + / and a
- * trailing =): HTTP clients send a token with "!" or "$" as it is and it matches, and a password
- * manager makes such tokens; refusing them would stop a node that used one at its next start.
+ * Why `token` (trimmed) can never authorise a write, or null when it can; never says the token. Any
+ * printable ASCII is taken, not only RFC 6750's b64token: clients send "!" or "$" as they are.
  */
 export function tokenProblem(token: string): string | null {
   if (token === '') return 'it is blank';
@@ -280,8 +109,7 @@ export function tokenProblem(token: string): string | null {
   if (foreign >= 0) {
     return `character ${foreign + 1} of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)`;
   }
-  // Shapes a random token almost never has, and a hand-edited Secret often does: kept, the quotes or
-  // the name would be part of the token, and every caller would be refused.
+  // Shapes a hand-edited Secret often has and a random token almost never does.
   if (/^(["']).+\1$/.test(token)) return 'it is wrapped in quotes, which would be part of the token: write the token without them';
   if (/^\w*token\w*=/i.test(token)) return 'it looks like an assignment (NAME=token): put only the token there, without the name and "="';
   if (token.length < 16) return `it is ${token.length} characters long, and a token needs at least 16`;
@@ -293,11 +121,7 @@ export function tokenProblem(token: string): string | null {
 
 export type TokenFileContent = { tokens: string[]; problem: null } | { tokens: null; problem: string };
 
-/**
- * The tokens of a token file: one a line; blank lines, lines starting with "#" (comments, such as
- * who rotated it when) and whitespace around a token are ignored. So a token kept in a file cannot
- * start with "#": such a line is a comment (the README says so).
- */
+/** One token a line; blank lines, "#" comment lines and whitespace around a token are ignored. */
 export function parseTokenFile(text: string): TokenFileContent {
   const tokens: string[] = [];
   const lines = text.split('\n');
@@ -313,10 +137,8 @@ export function parseTokenFile(text: string): TokenFileContent {
 }
 
 /**
- * What is said of a token file this process may not read (EACCES, EPERM): the setting is right, the
- * file's mode or owner is not, so it names the user the service runs as and the file's owner and
- * mode (`file`, when its stat worked; else a directory on the way to it is what is closed). Null for
- * another failure.
+ * The message for a token file this process may not read (EACCES, EPERM), naming the service's user
+ * and the file's owner and mode (`file` null: a directory on the way is closed); null for other errors.
  */
 export function unreadableTokenFile(path: string, err: Error, file: FileOwner | null): string | null {
   const code = (err as NodeJS.ErrnoException).code;
@@ -334,17 +156,14 @@ export function unreadableTokenFile(path: string, err: Error, file: FileOwner | 
   );
 }
 
-/** Unstable reads at start before giving up: one is a rewrite caught in the act, the next reads the finished file. */
+/** Unstable reads at start before giving up: one is a rewrite caught in the act. */
 const START_LOOKS = 3;
 const START_LOOK_PAUSE_MS = 100;
 
 /**
- * The config with the tokens of its token file (`token` and `fileTokens`), read once through the
- * reader auth.ts uses while running: asynchronously, within `timeoutMs` (TOKEN_FILE_START_TIMEOUT_MS),
- * taking only a content that was stable while read. The config as it is without a token file.
- * Throws ConfigInvalidError saying which file, what happened and what to do: it cannot be read, holds
- * no usable token, keeps changing while read, or does not answer in time (a hung mount). In the last
- * case the read stays pending (it cannot be cancelled) and is listed in stuck-io.ts.
+ * The config with its token file's tokens, read through auth.ts's reader within the start timeout.
+ * Throws ConfigInvalidError when the file is unreadable, unusable, unstable or late (a late read
+ * stays pending, listed in stuck-io.ts).
  */
 export async function readStartTokens(config: Config, options: TokenFileReaderOptions = {}): Promise<Config> {
   const path = config.tokenFile;
@@ -385,7 +204,7 @@ export async function readStartTokens(config: Config, options: TokenFileReaderOp
 }
 
 function fixedToken(raw: string): string {
-  // Surrounding whitespace (a Secret created with `echo`) could never be sent in a header either.
+  // Whitespace around it (a Secret made with `echo`) could never be sent in a header either.
   const token = raw.trim();
   const problem = tokenProblem(token);
   if (problem !== null) invalid(SETTINGS.token, raw, problem);
@@ -423,11 +242,7 @@ export interface ResolvedCli {
   version: boolean;
   /** Settings that are accepted but will likely hurt: main.ts logs each once its logger exists. */
   warnings: string[];
-  /**
-   * True when neither NODECOMPUTE_HOST nor --host was given: the host is then the default ::, which
-   * main.ts replaces with 0.0.0.0 where the kernel has no IPv6 (listen.ts). A host that was given
-   * is used as given, even when it is ::.
-   */
+  /** No host was given: main.ts may replace the default :: with 0.0.0.0 where the kernel has no IPv6. */
   defaultHost: boolean;
 }
 
@@ -438,18 +253,23 @@ const FLAGS = {
   version: { type: 'boolean', short: 'v' },
 } as const;
 
-/** Edit distance with adjacent transpositions counted as one edit ("prot" is one edit from "port"). */
-function editDistance(a: string, b: string): number {
-  const d = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)));
-  for (let i = 1; i <= a.length; i += 1) {
-    for (let j = 1; j <= b.length; j += 1) {
-      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
-      let best = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + cost);
-      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) best = Math.min(best, d[i - 2]![j - 2]! + 1);
-      d[i]![j] = best;
-    }
+/** The word, then each spelling of it with two adjacent letters swapped. */
+function withSwaps(word: string): string[] {
+  const spellings = [word];
+  for (let i = 0; i + 1 < word.length; i += 1) {
+    if (word[i] !== word[i + 1]) spellings.push(word.slice(0, i) + word[i + 1] + word[i] + word.slice(i + 2));
   }
-  return d[a.length]![b.length]!;
+  return spellings;
+}
+
+/** Levenshtein distance, a swap of adjacent letters counting as one edit ("prot" is one from "port"), once on each side. */
+function editDistance(a: string, b: string): number {
+  const others = withSwaps(b);
+  let best = Infinity;
+  for (const [i, x] of withSwaps(a).entries()) {
+    for (const [j, y] of others.entries()) best = Math.min(best, leven(x, y) + (i > 0 ? 1 : 0) + (j > 0 ? 1 : 0));
+  }
+  return best;
 }
 
 /**
@@ -473,10 +293,7 @@ export function nearestWord(typed: string, candidates: readonly string[]): strin
   return best?.candidate ?? null;
 }
 
-/**
- * Says which argument is not a flag of nodecompute, and the flag it likely meant. parseArgs' own
- * message is about passing positionals after `--`, which a mistyped flag never needs.
- */
+/** Names the unknown flag and the one it likely meant (parseArgs' own message is about `--`). */
 function unknownFlag(argv: string[]): string | null {
   const { tokens } = parseArgs({ args: argv, options: FLAGS, allowPositionals: true, strict: false, tokens: true });
   const unknown = tokens.find((token) => token.kind === 'option' && !Object.hasOwn(FLAGS, token.name));
@@ -508,10 +325,7 @@ function unknownVariables(env: NodeJS.ProcessEnv): string[] {
     });
 }
 
-/**
- * Reads argv flags over environment variables over defaults; throws ConfigInvalidError. Reads no
- * file: the tokens of a token file are readStartTokens's.
- */
+/** Flags over environment variables over defaults; throws ConfigInvalidError. Reads no file. */
 export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedCli {
   const unknown = unknownFlag(argv);
   if (unknown !== null) throw new ConfigInvalidError(unknown);

@@ -1,8 +1,6 @@
-// Owns the Prometheus metrics, in Prometheus' conventions (prefix nodecompute_, bytes, seconds).
-// Each app has its own prom-client registry (tests build many apps in one process). Node series are
-// rebuilt from the cached snapshot at every scrape, so a deleted shard's series disappear with it;
-// nvidia-smi timings and failures, and refused writes, are recorded as they happen; the token file's
-// health is what the scrape's own look at it found.
+// Owns the Prometheus metrics (prefix nodecompute_, bytes, seconds), one registry per app. Node and
+// shard series are rebuilt from the snapshot at every scrape, so a deleted shard's series go with
+// it; nvidia-smi runs and refused writes are counted as they happen.
 import { createRequire } from 'node:module';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { WRITE_REFUSALS, type TokenFileState, type WriteRefusal } from './auth.js';
@@ -21,13 +19,9 @@ const MIB = 1024 * 1024;
 /** One of prom-client's default collectors (prom-client/lib/metrics/<name>.js), as collectDefaultMetrics calls it. */
 type DefaultCollector = (registry: Registry, config: { eventLoopMonitoringPrecision: number }) => void;
 /**
- * prom-client's default process and Node metrics, but for `gc` (nodejs_gc_duration_seconds): its
- * PerformanceObserver makes Node build and deliver an entry on every garbage collection, 80 to 190
- * us each here (a scavenge comes every 200-250 requests under load). perf put it at 1.3 us of a
- * 30-50 us readiness probe, 4 to 8% of the CPU per request in an A/B (bench/README.md, Findings);
- * no alert or question of this service's operators needs GC timing.
- * prom-client has no switch for one collector; its list and files are used as collectDefaultMetrics
- * uses them, so a prom-client that renames one fails at start (tests), not silently.
+ * prom-client's default metrics but `gc`, whose observer costs every garbage collection and answers
+ * no operator's question. prom-client cannot leave one out, so its own list and files are used: a
+ * renamed collector fails at start, not silently.
  */
 const DEFAULT_COLLECTORS = collectDefaultMetrics.metricsList.filter((name) => name !== 'gc');
 const requireCollector = createRequire(import.meta.url);
@@ -48,12 +42,9 @@ export interface Metrics {
   /** Counts a write refused by auth.ts, by why. */
   countRefusedWrite: (reason: WriteRefusal) => void;
   /**
-   * Rebuilds the node and shard series; `node` null when nvidia-smi cannot be asked; `ageMs` of the
-   * last good snapshot; `nvidiaSmiUp` false when the last refresh failed, even while an older
-   * snapshot is still served; `lostGpus` the GPUs the last good snapshot had lost (past max-stale
-   * too: nvidia-smi failing is how a lost GPU most often shows, and the alert must not resolve
-   * then) and those nvidia-smi's failure says it cannot reach; `tokenFile` what a look at
-   * NODECOMPUTE_TOKEN_FILE found, null without one.
+   * Rebuilds the node and shard series. `node` null: nvidia-smi cannot be asked; `nvidiaSmiUp` false
+   * when the last refresh failed, even while an older snapshot is served; `lostGpus` stay while
+   * nvidia-smi fails (a lost GPU often makes it fail: the alert must not resolve then).
    */
   update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }
@@ -61,8 +52,7 @@ export interface Metrics {
 export function createMetrics(): Metrics {
   const registry = new Registry();
   collectDefaultsButGc(registry);
-  // prom-client names these gauges *_total, which Prometheus reserves for counters (promtool rejects
-  // them); the handle and request counts they carry are rarely what an operator needs.
+  // Gauges named *_total, which Prometheus reserves for counters (promtool rejects them).
   for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {
     registry.removeSingleMetric(name);
   }

@@ -1,8 +1,5 @@
-// Owns how often a failure that repeats is logged as a warning: the first time, then at most once a
-// minute while it goes on, its repeats at debug level. Pollers and controllers retry every second, so
-// a failure that lasts (nvidia-smi down, a caller with a stale token) would otherwise flood the log,
-// and a flood hides the one line that matters. Used by app.ts (coded 5xx answers) and auth.ts
-// (refused writes), each with its own memory.
+// Owns how often a repeating failure is logged as a warning: the first time, then at most once a
+// minute, its repeats at debug level, so callers retrying every second do not flood the log.
 
 /** How often the same failure is logged as a warning while it repeats. */
 export const REPEATED_WARNING_MS = 60_000;

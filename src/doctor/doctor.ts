@@ -1,16 +1,8 @@
-// Owns the node check behind GET /doctor and `nodecompute doctor`: everything that must hold for
-// nodecompute's answers to be true, each check saying what it found and, when it fails, what to
-// do. It asks nvidia-smi afresh (the doctor is about now, not the cache) and reads /proc through
-// the readers it is given. An nvidia-smi query that fails while the service is shutting down (the
-// shutdown kills it) says nothing about the node: the check then rejects with the query's own coded
-// error, so that GET /doctor answers it as every request the shutdown cuts off is answered (a coded
-// 503), instead of a report that blames nvidia-smi and advises fixing it. `nodecompute doctor` does
-// not shut down under a check, and always reports. The doctor fails where a start would: the state
-// file is read and parsed as a start does (registry.ts's readRegistryFile), and the CLI reports a
-// token file a start refuses. Both say the warnings a start logs about the settings (a mistyped
-// variable). The running service adds what only it knows: the GPUs it has lost since it started
-// (gpu-roster.ts). Both check the GPUs the stored registrations name against nvidia-smi's listing:
-// a GPU gone before the service started (before the CLI's run) only they remember.
+// Owns the node check behind GET /doctor and `nodecompute doctor`: each thing that must hold for
+// nodecompute's answers to be true, what was found and, on failure, what to do. It asks nvidia-smi
+// afresh, fails where a start would (state file, token file) and repeats the settings' warnings.
+// A query failing because the service is shutting down rejects with its own coded error (a 503),
+// not a report blaming nvidia-smi.
 import { formatDuration } from '../duration.js';
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, saidOfBusId, UNREACHABLE_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
@@ -49,19 +41,13 @@ export interface DoctorDeps {
   stateFile: StateFile;
   nvidiaSmiPath: string;
   tokenConfigured: boolean;
-  /**
-   * The token file, looked at now: how many tokens are in force and what is wrong with it, as the
-   * running service sees it (the CLI: what it read at start). Null or absent without a token file.
-   */
+  /** The token file looked at now (the CLI: as read at start); null or absent without one. */
   tokenFile?: (() => Promise<TokenFileState>) | null;
   /** Why a start would refuse the token file (readStartTokens's message): the CLI's, which reads it as a start does. */
   tokenFileRefused?: string | null;
   /** The warnings a start logs about the settings (config.ts): the CLI's own, the service's from its start. */
   settingsWarnings?: readonly string[];
-  /**
-   * The service's latest snapshot (null before the first), for the GPUs it has lost: the running
-   * service's only; the CLI has listed no GPU before this run, so it has no such check.
-   */
+  /** The running service's latest snapshot (null before the first), for its lost GPUs; absent in the CLI. */
   snapshot?: KnownGpus | null;
   version: string;
   now: () => number;
@@ -75,10 +61,7 @@ function check(name: string, status: CheckStatus, detail: string, fix: string | 
   return { name, status, detail, fix };
 }
 
-/**
- * A failed nvidia-smi query's check; while the service is shutting down, the query's error itself
- * (see the header). Its message ends with what to do about that failure: there is no other fix.
- */
+/** A failed query's check (its message ends with the fix); throws the query's error while shutting down. */
 function queryFailed(deps: DoctorDeps, err: unknown, name: string, context = ''): DoctorCheck {
   if (deps.nvidiaSmi.stopped) throw err;
   return check(name, 'fail', `${context}${(err as Error).message}`);
@@ -111,8 +94,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
     );
   } catch (err) {
     checks.push(queryFailed(deps, err, 'nvidia-smi'));
-    // The samples show the device-handle failure from plain nvidia-smi and --query-gpu; whether
-    // --version fails so too is not known, and reading it costs nothing where it does not.
+    // Whether --version fails naming unreachable GPUs is not known; reading it costs nothing.
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
   }
   let listing: { value: GpuListing; ms: number };
@@ -168,10 +150,8 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
 }
 
 /**
- * The GPUs the service has lost: those its roster has lost (the latest snapshot's lostGpus) and
- * those that snapshot listed, less the ones this check's GPU query lists (`listed`; null when it
- * could not be asked), in the roster's words (gpu-roster.ts); and those the query failed saying it
- * cannot reach (`unreachable`), named as that snapshot listed them.
+ * The GPUs the service has lost: its roster's, and those the snapshot listed that this check's query
+ * (`listed`, null when it failed) does not; and those the query says it cannot reach.
  */
 function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, unreachable: readonly UnreachableGpu[], now: number): DoctorCheck {
   if (snapshot == null && unreachable.length === 0) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
@@ -204,10 +184,7 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
 /** The host-pid-namespace check with no GPU process listed (and no memory in use hidden from it). */
 export const NO_GPU_PROCESS = 'no GPU process is running, so there is nothing to compare';
 
-/**
- * What the PIDs nvidia-smi lists look like in `root`: the words of the host-pid-namespace check, in
- * the doctor and in /readyz?verbose alike, so the two never tell an operator different stories.
- */
+/** What the PIDs nvidia-smi lists look like in `root`: shared with /readyz?verbose, so both say the same. */
 export function describeListedPids(listed: number, missing: readonly number[], root: string): string {
   if (missing.length === 0) return `all ${listed} PID(s) nvidia-smi lists exist in ${root}`;
   const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
@@ -276,10 +253,8 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
 }
 
 /**
- * Whether registrations could be stored in the state file's directory and, where they could, whether
- * a start could use the file (read and parsed as loadRegistry does: a corrupt or unreadable one stops
- * it). The read is made only where the look at the directory succeeded: one that did not may be on
- * a mount that does not answer, where a read would block another thread for good.
+ * Whether the state directory is writable and, only then (else it may be a hung mount), whether a
+ * start could use the file, read and parsed as a start does.
  */
 async function stateFileCheck(stateFile: StateFile): Promise<{ check: DoctorCheck; shards: ShardRecord[] | null }> {
   const writable = await stateFile.checkWritable();
@@ -297,10 +272,8 @@ async function stateFileCheck(stateFile: StateFile): Promise<{ check: DoctorChec
 }
 
 /**
- * The GPUs the stored registrations (`shards`) name by UUID that the doctor's GPU query does not
- * list (`listed`) and that the service has not listed since it started (`known`, its latest
- * snapshot; the lost-gpus check speaks for those it has): gone before the service started, or
- * before this CLI run, which only the registrations remember.
+ * The GPUs stored registrations name by UUID that neither this query (`listed`) nor the service
+ * (`known`) has listed: gone before it started, which only the registrations remember.
  */
 function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly GpuRecord[], known: KnownGpus | null | undefined): DoctorCheck {
   const seen = new Set([...listed, ...(known?.gpus ?? []), ...(known?.lostGpus ?? [])].map((gpu) => gpu.uuid));
