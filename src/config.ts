@@ -6,7 +6,7 @@
 import { parseArgs } from 'node:util';
 import type { Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
-import leven from 'leven';
+import damerauLevenshtein from 'damerau-levenshtein';
 import { ConfigInvalidError } from './errors.js';
 import { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS, type LOG_LEVELS, type Setting } from './settings.js';
 import { createTokenFileReader, type FileOwner, type TokenFileReaderOptions } from './system/token-file.js';
@@ -253,25 +253,6 @@ const FLAGS = {
   version: { type: 'boolean', short: 'v' },
 } as const;
 
-/** The word, then each spelling of it with two adjacent letters swapped. */
-function withSwaps(word: string): string[] {
-  const spellings = [word];
-  for (let i = 0; i + 1 < word.length; i += 1) {
-    if (word[i] !== word[i + 1]) spellings.push(word.slice(0, i) + word[i + 1] + word[i] + word.slice(i + 2));
-  }
-  return spellings;
-}
-
-/** Levenshtein distance, a swap of adjacent letters counting as one edit ("prot" is one from "port"), once on each side. */
-function editDistance(a: string, b: string): number {
-  const others = withSwaps(b);
-  let best = Infinity;
-  for (const [i, x] of withSwaps(a).entries()) {
-    for (const [j, y] of others.entries()) best = Math.min(best, leven(x, y) + (i > 0 ? 1 : 0) + (j > 0 ? 1 : 0));
-  }
-  return best;
-}
-
 /**
  * The candidate a mistyped word most likely meant: the same word in another spelling (case, `_` for
  * `-`, the NODECOMPUTE_ prefix of the variable), the one candidate it names without its first words
@@ -287,7 +268,7 @@ export function nearestWord(typed: string, candidates: readonly string[]): strin
   if (endingSo.length === 1) return endingSo[0]!;
   let best: { candidate: string; distance: number } | null = null;
   for (const candidate of candidates) {
-    const distance = editDistance(word, candidate);
+    const distance = damerauLevenshtein(word, candidate).steps; // a swap of adjacent letters is one edit
     if (distance <= 2 && distance < candidate.length / 2 && (best === null || distance < best.distance)) best = { candidate, distance };
   }
   return best?.candidate ?? null;

@@ -35,6 +35,10 @@ export const NvidiaSmiUnparsableError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI
 export const BadRequestError = coded('NODECOMPUTE_BAD_REQUEST', 400);
 export const UnauthorizedError = coded('NODECOMPUTE_UNAUTHORIZED', 401);
 export const ForbiddenError = coded('NODECOMPUTE_FORBIDDEN', 403);
+/** A write from a web page of another origin (write-guard.ts). */
+export const CrossOriginError = coded('NODECOMPUTE_CROSS_ORIGIN', 403);
+/** A write trusted for coming from loopback that names a Host other than loopback's (write-guard.ts). */
+export const HostNotAllowedError = coded('NODECOMPUTE_HOST_NOT_ALLOWED', 403);
 export const NotFoundError = coded('NODECOMPUTE_NOT_FOUND', 404);
 export const ShardNotFoundError = coded('NODECOMPUTE_SHARD_NOT_FOUND', 404);
 export const MethodNotAllowedError = coded('NODECOMPUTE_METHOD_NOT_ALLOWED', 405);

@@ -1,0 +1,69 @@
+// Owns what keeps a web page in a browser on the node from writing. A write that names another
+// origin (an Origin header other than this server's own, or Sec-Fetch-Site cross-site or same-site)
+// is refused, token or not: the API is not for browsers on other origins. A write trusted only
+// because it comes from loopback must also name a loopback Host or one the operator allows, so a
+// rebound DNS name (a page whose domain now resolves to 127.0.0.1) cannot borrow that trust.
+// curl, control planes and the Kubernetes hooks send no Origin and a Host that passes.
+import { CrossOriginError, HostNotAllowedError, type CodedError } from '../errors.js';
+
+export type BrowserRefusal = { reason: 'cross-origin' | 'foreign-host'; error: CodedError };
+
+interface WriteHeaders {
+  host?: string | undefined;
+  origin?: string | undefined;
+  'sec-fetch-site'?: string | string[] | undefined;
+}
+
+/** The hostname of a Host header or an origin's authority, lower-case, without port or IPv6 brackets. */
+export function hostnameOf(authority: string): string {
+  const name = authority.trim().toLowerCase();
+  if (name.startsWith('[')) return name.slice(1, name.indexOf(']'));
+  return name.replace(/:\d*$/, '');
+}
+
+function isLoopbackName(name: string): boolean {
+  return name === 'localhost' || name === '::1' || /^127(\.\d{1,3}){3}$/.test(name);
+}
+
+/** Why this write names another origin; null when it names none or this server's own. */
+function crossOrigin(headers: WriteHeaders): string | null {
+  const site = headers['sec-fetch-site'];
+  if (site === 'cross-site' || site === 'same-site') return `Sec-Fetch-Site: ${site}`;
+  const { origin, host } = headers;
+  if (origin === undefined) return null;
+  let authority: string;
+  try {
+    authority = new URL(origin).host;
+  } catch {
+    return `Origin: ${origin}`; // "null" (a sandboxed frame, a file: page) or garbage
+  }
+  return host !== undefined && authority === host.trim().toLowerCase() ? null : `Origin: ${origin}`;
+}
+
+/**
+ * The refusal of a write a browser could have sent on a page's behalf; null for one it could not.
+ * `loopbackTrust`: the write is accepted for coming from loopback (no token is configured).
+ */
+export function browserRefusal(headers: WriteHeaders, loopbackTrust: boolean, allowedHosts: readonly string[]): BrowserRefusal | null {
+  const named = crossOrigin(headers);
+  if (named !== null) {
+    return {
+      reason: 'cross-origin',
+      error: new CrossOriginError(
+        `This write came from a web page of another origin (${named}), and nodecompute takes no write from a browser on another origin: ` +
+          'a page must not register, replace or remove shards. Send it from a program (curl, a controller), which sends no Origin header.',
+      ),
+    };
+  }
+  if (!loopbackTrust || headers.host === undefined) return null;
+  const name = hostnameOf(headers.host);
+  if (isLoopbackName(name) || allowedHosts.includes(name)) return null;
+  return {
+    reason: 'foreign-host',
+    error: new HostNotAllowedError(
+      `This write came from loopback but names the host "${headers.host}": with no token configured, a write is trusted for coming from loopback only when it ` +
+        'also names localhost, 127.0.0.1 or [::1], so a web page whose domain resolves to 127.0.0.1 cannot write. Send it to localhost, add this name to ' +
+        'NODECOMPUTE_ALLOWED_HOSTS (--allowed-hosts) if it is this node\'s own, or configure a token (NODECOMPUTE_TOKEN_FILE).',
+    ),
+  };
+}
