@@ -33,7 +33,7 @@ import { loadRegistry, type Registry } from './shards/registry.js';
 import { createNvidiaSmi, type NvidiaSmi } from './system/nvidia-smi.js';
 import { createProcReader, type ProcReader } from './system/procfs.js';
 import { createStateFile, type StateFile } from './system/state-file.js';
-import { ErrorSchema } from './schemas/common.js';
+import { registerSchemas } from './schemas/index.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { createRepeatLimit } from './repeat-limit.js';
 import { VERSION } from './version.js';
@@ -393,7 +393,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     });
   }
 
-  app.addSchema(ErrorSchema);
+  registerSchemas(app);
   await app.register(swagger, {
     refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => (typeof json.$id === 'string' ? json.$id : `def-${i}`) },
     transformObject: (document) => completeOpenApi((document as { openapiObject: OpenAPIV3_1.Document }).openapiObject),

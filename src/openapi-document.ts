@@ -7,7 +7,7 @@
 // made afresh where it is used: a shared one would come out as YAML anchors and aliases, which
 // some OpenAPI tools do not follow.
 import type { OpenAPIV3_1 } from 'openapi-types';
-import { ErrorSchema } from './schemas/common.js';
+import { ErrorComponent } from './schemas/common.js';
 
 const WRITE_METHODS = ['put', 'post', 'delete'] as const;
 
@@ -62,7 +62,7 @@ function completeOperation(path: string, method: string, operation: Operation): 
   // A read's 503 with the error body is an nvidia-smi failure, and so can /readyz's be (its checklist
   // is another body); a write's is the state file's.
   const unavailable = responses?.['503'] as OpenAPIV3_1.ResponseObject | undefined;
-  if (unavailable && ((method === 'get' && unavailable.description === ErrorSchema.description) || path === '/readyz')) unavailable.headers = retryAfterHeader();
+  if (unavailable && ((method === 'get' && unavailable.description === ErrorComponent.description) || path === '/readyz')) unavailable.headers = retryAfterHeader();
   if (unavailable && write) unavailable.headers = stateRetryAfterHeader();
   if (!responses?.['304']) return;
   operation.parameters = [...(operation.parameters ?? []), ifNoneMatch()];

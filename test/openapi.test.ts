@@ -1,7 +1,7 @@
 // openapi.yaml must equal the spec generated from the route schemas; /openapi.json and /docs serve it.
 import { readFileSync } from 'node:fs';
 import t from 'tap';
-import { parse } from 'yaml';
+import { isAlias, parse, parseDocument, visit } from 'yaml';
 import { generateOpenApiYaml } from '../src/openapi.js';
 import { eightGpuNode } from './helpers/fake-nvidia-smi.js';
 import { buildTestApp } from './helpers/app.js';
@@ -9,6 +9,56 @@ import { buildTestApp } from './helpers/app.js';
 t.test('openapi.yaml equals the generated spec (run `npm run openapi` after changing a route)', async (t) => {
   const committed = readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8');
   t.equal(committed, await generateOpenApiYaml());
+});
+
+/** Every object in `node` (the node itself included), with its JSON pointer. */
+function* objects(node: unknown, pointer = ''): Generator<[string, Record<string, unknown>]> {
+  if (typeof node !== 'object' || node === null) return;
+  if (!Array.isArray(node)) yield [pointer, node as Record<string, unknown>];
+  for (const [key, value] of Object.entries(node)) yield* objects(value, `${pointer}/${key}`);
+}
+
+t.test('the shared shapes are components, each written once and named by $ref', async (t) => {
+  const text = readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8');
+  const spec = parse(text) as { components: { schemas: Record<string, { properties?: Record<string, unknown> }> } };
+  const schemas = spec.components.schemas;
+  t.same(Object.keys(schemas), [
+    'Error',
+    'SnapshotMeta',
+    'Gpu',
+    'GpuProcess',
+    'GpuUnreachable',
+    'LostGpu',
+    'LostGpus',
+    'ForeignMemoryGpu',
+    'ShardRecord',
+    'ShardStatus',
+    'ShardSnapshot',
+    'Readiness',
+    'ReadinessProbe',
+    'ShardCompute',
+    'ShardGpuUsage',
+    'EngineAccount',
+  ]);
+  const refs = [...objects(spec)].flatMap(([, node]) => (typeof node.$ref === 'string' ? [node.$ref] : []));
+  const prefix = '#/components/schemas/';
+  t.same(refs.filter((ref) => !(ref.startsWith(prefix) && ref.slice(prefix.length) in schemas)), [], 'every $ref names a component');
+  for (const name of Object.keys(schemas)) t.ok(refs.includes(prefix + name), `${name}: referenced`);
+  // A component's fields, written out anywhere else, would be an inlined copy.
+  const fields = (node: Record<string, unknown>) => JSON.stringify(node.properties);
+  const withProperties = [...objects(spec)].filter(([, node]) => typeof node.properties === 'object' && node.properties !== null);
+  for (const [name, schema] of Object.entries(schemas)) {
+    if (!schema.properties) continue;
+    const at = withProperties.filter(([, node]) => fields(node) === fields(schema)).map(([pointer]) => pointer);
+    t.same(at, [`/components/schemas/${name}`], `${name}: written once`);
+  }
+  t.equal(refs.filter((ref) => ref === `${prefix}Gpu`).length, 1, 'Gpu: one $ref (GET /gpus)');
+  t.equal(refs.filter((ref) => ref === `${prefix}Error`).length, 32, 'Error: 32 $refs');
+  let aliases = 0;
+  visit(parseDocument(text), { Alias: () => void aliases++ });
+  t.equal(aliases, 0, 'no YAML aliases');
+  t.notMatch(text, /(:|-) [&*][A-Za-z]/, 'no YAML anchors');
+  t.notOk(isAlias(parseDocument(text).contents), 'a plain document');
 });
 
 t.test('/openapi.json serves the same document and every route declares its error answers', async (t) => {
