@@ -19,13 +19,13 @@ import { createNodeService } from './node-state/node-service.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
 import { createSnapshotSource } from './node-state/snapshot.js';
 import { completeOpenApi } from './openapi-document.js';
-import { ErrorSchema } from './schemas/common.js';
 import type { App, Services } from './services.js';
 import { createShardService } from './shards/shard-service.js';
 import { loadRegistry } from './shards/registry.js';
 import { createNvidiaSmi, type NvidiaSmi } from './system/nvidia-smi.js';
 import { createProcReader, type ProcReader } from './system/procfs.js';
 import { createStateFile, type StateFile } from './system/state-file.js';
+import { registerSchemas } from './schemas/index.js';
 import { VERSION } from './version.js';
 import doctorRoutes from '../routes/doctor.js';
 import gpusRoutes from '../routes/gpus.js';
@@ -85,7 +85,7 @@ async function createServices(config: Config, deps: AppDeps, log: Logger): Promi
 }
 
 async function registerOpenApi(app: App): Promise<void> {
-  app.addSchema(ErrorSchema);
+  registerSchemas(app);
   await app.register(swagger, {
     refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => (typeof json.$id === 'string' ? json.$id : `def-${i}`) },
     transformObject: (document) => completeOpenApi((document as { openapiObject: OpenAPIV3_1.Document }).openapiObject),

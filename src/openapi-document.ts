@@ -3,11 +3,12 @@
 // (If-None-Match in, ETag and Cache-Control out, 304 with no body), and the Retry-After of a 503:
 // a read's (/readyz's included) while an nvidia-smi failure is waited out, a write's when the state
 // file cannot take the change (app.ts's error handler, health.ts). Declaring these as route
-// schemas instead would make Fastify validate headers on every probe-path request. Every object is
-// made afresh where it is used: a shared one would come out as YAML anchors and aliases, which
-// some OpenAPI tools do not follow.
+// schemas instead would make Fastify validate headers on every probe-path request. Each header and
+// the If-None-Match parameter is written once, under components, and named by $ref where it is
+// used. Every object is made afresh where it is used: a shared one would come out as YAML anchors
+// and aliases, which some OpenAPI tools do not follow.
 import type { OpenAPIV3_1 } from 'openapi-types';
-import { ErrorSchema } from './schemas/common.js';
+import { ErrorComponent } from './schemas/common.js';
 
 const WRITE_METHODS = ['put', 'post', 'delete'] as const;
 
@@ -18,40 +19,41 @@ export const BEARER_SCHEME: OpenAPIV3_1.HttpSecurityScheme = {
     'The token of NODECOMPUTE_TOKEN or one of NODECOMPUTE_TOKEN_FILE (re-read when the file changes). With no token configured, writes are accepted from loopback only.',
 };
 
-const ifNoneMatch = (): OpenAPIV3_1.ParameterObject => ({
+const IF_NONE_MATCH: OpenAPIV3_1.ParameterObject = {
   name: 'If-None-Match',
   in: 'header',
   required: false,
   description: 'The ETag of an earlier answer: 304 with no body while it is still current.',
   schema: { type: 'string' },
-});
+};
 
-const conditionalHeaders = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
+/** The headers of components.headers, by name there. */
+const HEADERS = {
   ETag: {
     description:
       "A weak tag: a digest of what the answer says (every GPU's memory and processes with their shards; for /shards, the registrations, verdicts with their reasons and warnings, what each shard holds and the engine's account), " +
       'not of when it was observed, so it stays the same across snapshots while the node says the same; a suffix marks an answer served while nvidia-smi fails or is far slower than usual. Send it back in If-None-Match.',
     schema: { type: 'string' },
   },
-  'Cache-Control': { description: "max-age: the snapshot's remaining freshness in seconds (0 once it is stale).", schema: { type: 'string' } },
-});
-
-const retryAfterHeader = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
-  'Retry-After': {
+  CacheControl: { description: "max-age: the snapshot's remaining freshness in seconds (0 once it is stale).", schema: { type: 'string' } },
+  NvidiaSmiRetryAfter: {
     description:
       'With an nvidia-smi failure that nodecompute is waiting out before it runs nvidia-smi again (one TTL after a failure, doubling with each failure in a row up to 30 s): the seconds left. Asking sooner gets the same answer, unless a shard registration or removal comes first (it makes the next request try at once). Absent otherwise.',
     schema: { type: 'integer', minimum: 1 },
   },
-});
-
-const stateRetryAfterHeader = (): Record<string, OpenAPIV3_1.HeaderObject> => ({
-  'Retry-After': {
+  StateRetryAfter: {
     description:
       'With NODECOMPUTE_STATE_WRITE_FAILED or NODECOMPUTE_STATE_WRITE_PENDING: NODECOMPUTE_STATE_TIMEOUT_MS in whole seconds (5 by default), the time a write is given before its volume is taken for one that does not answer. ' +
       'While the state file cannot take a change, one retried sooner is most likely refused again (at once, while a write is stuck). Absent otherwise.',
     schema: { type: 'integer', minimum: 0 },
   },
-});
+} satisfies Record<string, OpenAPIV3_1.HeaderObject>;
+
+const header = (name: keyof typeof HEADERS): OpenAPIV3_1.ReferenceObject => ({ $ref: `#/components/headers/${name}` });
+const conditionalHeaders = () => ({ ETag: header('ETag'), 'Cache-Control': header('CacheControl') });
+const retryAfterHeader = () => ({ 'Retry-After': header('NvidiaSmiRetryAfter') });
+const stateRetryAfterHeader = () => ({ 'Retry-After': header('StateRetryAfter') });
+const ifNoneMatch = (): OpenAPIV3_1.ReferenceObject => ({ $ref: '#/components/parameters/IfNoneMatch' });
 
 type Operation = OpenAPIV3_1.OperationObject;
 
@@ -62,7 +64,7 @@ function completeOperation(path: string, method: string, operation: Operation): 
   // A read's 503 with the error body is an nvidia-smi failure, and so can /readyz's be (its checklist
   // is another body); a write's is the state file's.
   const unavailable = responses?.['503'] as OpenAPIV3_1.ResponseObject | undefined;
-  if (unavailable && ((method === 'get' && unavailable.description === ErrorSchema.description) || path === '/readyz')) unavailable.headers = retryAfterHeader();
+  if (unavailable && ((method === 'get' && unavailable.description === ErrorComponent.description) || path === '/readyz')) unavailable.headers = retryAfterHeader();
   if (unavailable && write) unavailable.headers = stateRetryAfterHeader();
   if (!responses?.['304']) return;
   operation.parameters = [...(operation.parameters ?? []), ifNoneMatch()];
@@ -73,7 +75,12 @@ function completeOperation(path: string, method: string, operation: Operation): 
 
 /** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, and Retry-After to the 503s that carry it. */
 export function completeOpenApi(document: OpenAPIV3_1.Document): OpenAPIV3_1.Document {
-  document.components = { ...document.components, securitySchemes: { ...document.components?.securitySchemes, bearer: BEARER_SCHEME } };
+  document.components = {
+    ...document.components,
+    headers: structuredClone(HEADERS),
+    parameters: { IfNoneMatch: structuredClone(IF_NONE_MATCH) },
+    securitySchemes: { ...document.components?.securitySchemes, bearer: BEARER_SCHEME },
+  };
   // @fastify/swagger puts only operations, keyed by method, in each path item.
   for (const [path, item] of Object.entries(document.paths as Record<string, Record<string, Operation>>)) {
     for (const [method, operation] of Object.entries(item)) completeOperation(path, method, operation);

@@ -1,7 +1,7 @@
 // openapi.yaml must equal the spec generated from the route schemas; /openapi.json and /docs serve it.
 import { readFileSync } from 'node:fs';
 import t from 'tap';
-import { parse } from 'yaml';
+import { isAlias, parse, parseDocument, visit } from 'yaml';
 import { generateOpenApiYaml } from '../src/openapi.js';
 import { eightGpuNode } from './helpers/fake-nvidia-smi.js';
 import { buildTestApp } from './helpers/app.js';
@@ -9,6 +9,70 @@ import { buildTestApp } from './helpers/app.js';
 t.test('openapi.yaml equals the generated spec (run `npm run openapi` after changing a route)', async (t) => {
   const committed = readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8');
   t.equal(committed, await generateOpenApiYaml());
+});
+
+/** Every object in `node` (the node itself included), with its JSON pointer. */
+function* objects(node: unknown, pointer = ''): Generator<[string, Record<string, unknown>]> {
+  if (typeof node !== 'object' || node === null) return;
+  if (!Array.isArray(node)) yield [pointer, node as Record<string, unknown>];
+  for (const [key, value] of Object.entries(node)) yield* objects(value, `${pointer}/${key}`);
+}
+
+/** `node`, or what its $ref points to in `spec` (a local reference: #/components/...). */
+function resolve<T>(spec: unknown, node: T | { $ref: string }): T {
+  if (typeof node !== 'object' || node === null || !('$ref' in node)) return node as T;
+  return node.$ref
+    .slice(2)
+    .split('/')
+    .reduce<unknown>((at, key) => (at as Record<string, unknown>)[key], spec) as T;
+}
+
+t.test('the shared shapes are components, each written once and named by $ref', async (t) => {
+  const text = readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8');
+  const spec = parse(text) as {
+    components: { schemas: Record<string, { properties?: Record<string, unknown> }>; headers: object; parameters: object };
+  };
+  const schemas = spec.components.schemas;
+  t.same(Object.keys(schemas), [
+    'Error',
+    'SnapshotMeta',
+    'Gpu',
+    'GpuProcess',
+    'GpuUnreachable',
+    'LostGpu',
+    'LostGpus',
+    'ForeignMemoryGpu',
+    'ShardRecord',
+    'ShardStatus',
+    'ShardSnapshot',
+    'Readiness',
+    'ReadinessProbe',
+    'ShardCompute',
+    'ShardGpuUsage',
+    'EngineAccount',
+  ]);
+  const refs = [...objects(spec)].flatMap(([, node]) => (typeof node.$ref === 'string' ? [node.$ref] : []));
+  t.same(Object.keys(spec.components.headers), ['ETag', 'CacheControl', 'NvidiaSmiRetryAfter', 'StateRetryAfter']);
+  t.same(Object.keys(spec.components.parameters), ['IfNoneMatch']);
+  const components = Object.entries(spec.components).flatMap(([kind, named]) => (kind === 'securitySchemes' ? [] : Object.keys(named).map((name) => `#/components/${kind}/${name}`)));
+  t.same(refs.filter((ref) => !components.includes(ref)), [], 'every $ref names a component');
+  for (const ref of components) t.ok(refs.includes(ref), `${ref.slice('#/components/'.length)}: referenced`);
+  const prefix = '#/components/schemas/';
+  // A component's fields, written out anywhere else, would be an inlined copy.
+  const fields = (node: Record<string, unknown>) => JSON.stringify(node.properties);
+  const withProperties = [...objects(spec)].filter(([, node]) => typeof node.properties === 'object' && node.properties !== null);
+  for (const [name, schema] of Object.entries(schemas)) {
+    if (!schema.properties) continue;
+    const at = withProperties.filter(([, node]) => fields(node) === fields(schema)).map(([pointer]) => pointer);
+    t.same(at, [`/components/schemas/${name}`], `${name}: written once`);
+  }
+  t.equal(refs.filter((ref) => ref === `${prefix}Gpu`).length, 1, 'Gpu: one $ref (GET /gpus)');
+  t.equal(refs.filter((ref) => ref === `${prefix}Error`).length, 32, 'Error: 32 $refs');
+  let aliases = 0;
+  visit(parseDocument(text), { Alias: () => void aliases++ });
+  t.equal(aliases, 0, 'no YAML aliases');
+  t.notMatch(text, /(:|-) [&*][A-Za-z]/, 'no YAML anchors');
+  t.notOk(isAlias(parseDocument(text).contents), 'a plain document');
 });
 
 t.test('/openapi.json serves the same document and every route declares its error answers', async (t) => {
@@ -22,10 +86,10 @@ t.test('/openapi.json serves the same document and every route declares its erro
   for (const path of nvidiaSmi503) {
     t.ok(spec.paths[path].get.responses['503'], `${path} declares its 503`);
   }
-  const retryAfter = Object.entries(spec.paths as Record<string, Record<string, { responses: Record<string, { headers?: Record<string, { description: string }> }> }>>).flatMap(([path, item]) =>
+  const retryAfter = Object.entries(spec.paths as Record<string, Record<string, { responses: Record<string, { headers?: Record<string, { $ref: string }> }> }>>).flatMap(([path, item]) =>
     Object.entries(item).flatMap(([method, op]) => {
       const header = op.responses['503']?.headers?.['Retry-After'];
-      return header ? [[`${method} ${path}`, header.description] as const] : [];
+      return header ? [[`${method} ${path}`, resolve<{ description: string }>(spec, header).description] as const] : [];
     }),
   );
   const nvidiaSmi = retryAfter.filter(([, description]) => description.startsWith('With an nvidia-smi failure')).map(([at]) => at);
@@ -57,7 +121,7 @@ t.test('every operation has its own operationId and every response a description
 t.test('writes declare the bearer scheme; answers that can be 304 declare If-None-Match, ETag and a bodiless 304', async (t) => {
   const spec = parse(readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8')) as {
     components: { securitySchemes: Record<string, { type: string; scheme: string }> };
-    paths: Record<string, Record<string, { security?: unknown; parameters?: Array<{ name: string; in: string }>; responses: Record<string, { content?: unknown; headers?: Record<string, unknown> }> }>>;
+    paths: Record<string, Record<string, { security?: unknown; parameters?: Array<{ $ref: string }>; responses: Record<string, { content?: unknown; headers?: Record<string, { $ref: string }> }> }>>;
   };
   t.match(spec.components.securitySchemes.bearer, { type: 'http', scheme: 'bearer' });
   const operations = Object.entries(spec.paths).flatMap(([path, item]) => Object.entries(item).map(([method, op]) => ({ path, method, op })));
@@ -71,11 +135,11 @@ t.test('writes declare the bearer scheme; answers that can be 304 declare If-Non
   const pollable = operations.filter(({ op }) => op.responses['304']);
   t.same(pollable.map(({ path }) => path).sort(), ['/gpus', '/gpus/foreign-memory', '/shards', '/shards/{id}']);
   for (const { path, op } of pollable) {
-    t.ok(op.parameters?.some((p) => p.name === 'If-None-Match' && p.in === 'header'), `${path}: If-None-Match`);
+    t.ok(op.parameters?.map((p) => resolve<{ name: string; in: string }>(spec, p)).some((p) => p.name === 'If-None-Match' && p.in === 'header'), `${path}: If-None-Match`);
     t.notOk(op.responses['304']!.content, `${path}: a 304 has no body`);
     for (const status of ['200', '304']) t.same(Object.keys(op.responses[status]!.headers ?? {}), ['ETag', 'Cache-Control'], `${path} ${status}: ETag and Cache-Control`);
     // conditional.ts: a digest of the content, with a suffix while nvidia-smi fails or is slow; not of the snapshot or its age.
-    const etag = (op.responses['200']!.headers!.ETag as { description: string }).description;
+    const etag = resolve<{ description: string }>(spec, op.responses['200']!.headers!.ETag!).description;
     t.match(etag, /a digest of what the answer says/, `${path}: the ETag is said to digest the content`);
     t.match(etag, /suffix .* nvidia-smi fails or is far slower than usual/, `${path}: and to carry a suffix while nvidia-smi is in trouble`);
     t.notMatch(etag, /registry version|freshness/, `${path}: not the snapshot, a registry version or freshness`);

@@ -1,6 +1,19 @@
 // Owns the schema pieces every route shares: the one error body, nullable fields, and the snapshot
 // metadata (when it was observed, how old, whether stale) that every snapshot-derived answer carries.
+// A shape the OpenAPI document names once is a component: a schema with an `$id` (its name under
+// components/schemas), defined here or beside its route's schemas as `XComponent`, registered once
+// (registerSchemas in index.ts) and named elsewhere with Ref, which the document writes as a $ref
+// and fast-json-stringify follows to the same serialiser.
 import { Type, type Static, type TSchema, type TUnsafe } from '@sinclair/typebox';
+
+/**
+ * A reference (`$ref`) to a component, typed as the component. `options` may only carry a
+ * description: the document drops a $ref's siblings, so a response's own description is all it is for.
+ */
+export function Ref<T extends TSchema>(component: T, options?: { description: string }): TUnsafe<Static<T>> {
+  if (component.$id === undefined) throw new TypeError('Ref: the component has no $id');
+  return Type.Unsafe<Static<T>>(Type.Ref(component.$id, options));
+}
 
 /**
  * A value or null. For a primitive it is one schema with `type: [t, "null"]` (OpenAPI 3.1), which
@@ -13,7 +26,7 @@ export function Nullable<T extends TSchema>(schema: T, description: string): TUn
   return Type.Unsafe<Static<T> | null>(Type.Union([schema, Type.Null()], { description }));
 }
 
-export const ErrorSchema = Type.Object(
+export const ErrorComponent = Type.Object(
   {
     statusCode: Type.Integer({ description: 'The HTTP status code, repeated for clients that lose it.' }),
     code: Type.String({ description: 'A stable machine-readable code, e.g. NODECOMPUTE_NVIDIA_SMI_TIMEOUT.' }),
@@ -22,27 +35,33 @@ export const ErrorSchema = Type.Object(
   },
   { $id: 'Error', description: 'The body of every error answer.' },
 );
-export type ErrorBody = Static<typeof ErrorSchema>;
+/** The error body, as routes name it: a reference to the Error component. */
+export const ErrorSchema = Ref(ErrorComponent);
+export type ErrorBody = Static<typeof ErrorComponent>;
 
-export const SnapshotMetaProperties = {
-  observedAt: Type.String({
-    format: 'date-time',
-    description:
-      'When the node snapshot behind this answer was completed; its nvidia-smi and /proc reads began up to one nvidia-smi run before (ageMs counts from here). ' +
-      'So observedAt after registeredAt does not mean a snapshot saw a shard: one that began before the registration is stale, saying the shard registry changed since it was taken.',
-  }),
-  ageMs: Type.Integer({ minimum: 0, description: 'Age of that snapshot in milliseconds when this answer was made.' }),
-  stale: Type.Boolean({
-    description:
-      'True when the snapshot is older than the cache TTL or than the latest registration change. Usually routine: a newer one is being taken ' +
-      '(stale-while-revalidate). staleReason blames nvidia-smi only when the last refresh failed or the one under way is far slower than usual.',
-  }),
-  staleReason: Type.Optional(
-    Type.String({
-      description: 'Why the snapshot is stale ("refreshing: …", a registry change, "nvidia-smi is slow: …" or "the last refresh failed: …"); present only when stale.',
+/** The snapshot behind a GPU or compute answer: its fields, the same in each (`allOf` with SnapshotMeta). */
+export const SnapshotMetaComponent = Type.Object(
+  {
+    observedAt: Type.String({
+      format: 'date-time',
+      description:
+        'When the node snapshot behind this answer was completed; its nvidia-smi and /proc reads began up to one nvidia-smi run before (ageMs counts from here). ' +
+        'So observedAt after registeredAt does not mean a snapshot saw a shard: one that began before the registration is stale, saying the shard registry changed since it was taken.',
     }),
-  ),
-};
+    ageMs: Type.Integer({ minimum: 0, description: 'Age of that snapshot in milliseconds when this answer was made.' }),
+    stale: Type.Boolean({
+      description:
+        'True when the snapshot is older than the cache TTL or than the latest registration change. Usually routine: a newer one is being taken ' +
+        '(stale-while-revalidate). staleReason blames nvidia-smi only when the last refresh failed or the one under way is far slower than usual.',
+    }),
+    staleReason: Type.Optional(
+      Type.String({
+        description: 'Why the snapshot is stale ("refreshing: …", a registry change, "nvidia-smi is slow: …" or "the last refresh failed: …"); present only when stale.',
+      }),
+    ),
+  },
+  { $id: 'SnapshotMeta', description: 'The node snapshot an answer comes from: when it was observed, how old it is and whether it is stale.' },
+);
 
 /**
  * One of a few strings, as a JSON Schema `enum`: a wrong value gets one error listing the choices, and

@@ -1,76 +1,88 @@
 // Owns the schema of the GPU view (GET /gpus): each GPU with its memory and the processes on it.
 import { Type, type Static } from '@sinclair/typebox';
-import { Nullable, SnapshotMetaProperties } from './common.js';
+import { Nullable, Ref, SnapshotMetaComponent } from './common.js';
 
 const MiB = (description: string) => Nullable(Type.Integer({ minimum: 0 }), `${description} in MiB; null when nvidia-smi reports it as [N/A] or [Insufficient Permissions].`);
 
 /** A GPU's `unreachable` in GET /gpus and GET /gpus/foreign-memory. */
-export const UnreachableSchema = () =>
-  Nullable(
-    Type.String(),
+export const GpuUnreachableComponent = Type.Unsafe<string | null>({
+  $id: 'GpuUnreachable',
+  type: ['string', 'null'],
+  description:
     'What nvidia-smi said of this GPU when its queries since this snapshot failed naming it by bus id (e.g. "GPU is lost. Reboot the system to recover this GPU"): it cannot reach the GPU, so the figures here, from the last good snapshot, no longer hold and nothing should be placed on it; shards placed on it read gpu-lost. null otherwise.',
-  );
-
-export const GpuProcessSchema = Type.Object({
-  pid: Type.Integer({ minimum: 1, description: 'Host PID, as nvidia-smi reports it.' }),
-  name: Type.String({ description: 'Process name as nvidia-smi reports it; [Not Found] for a PID of another PID namespace.' }),
-  usedMiB: MiB('GPU memory this process holds on this GPU'),
-  shard: Nullable(Type.String(), 'Id of the registered shard this process belongs to; null when it belongs to none (foreign).'),
 });
-export type GpuProcess = Static<typeof GpuProcessSchema>;
 
-export const GpuSchema = Type.Object({
-  index: Type.Integer({ minimum: 0, description: 'GPU index, as nvidia-smi numbers it.' }),
-  uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
-  name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
-  busId: Nullable(
-    Type.String(),
-    "PCI bus id (pci.bus_id), e.g. 00000000:83:00.0: how the kernel (dmesg's NVRM and Xid lines) and nvidia-smi's errors name this GPU; null where nvidia-smi reports none.",
-  ),
-  memory: Type.Object(
-    {
-      totalMiB: MiB('Total memory'),
-      usedMiB: MiB('Used memory'),
-      freeMiB: MiB('Free memory'),
-      reservedMiB: MiB('Memory reserved by the driver (null also when the driver does not know memory.reserved)'),
-    },
-    { description: 'Memory of the GPU as nvidia-smi reports it.' },
-  ),
-  migMode: Nullable(
-    Type.String(),
-    'MIG mode (mig.mode.current): Enabled or Disabled; null where the GPU has no MIG mode or the driver does not report it. With MIG enabled, the memory figures (here, in foreign memory and per shard) are for the whole GPU, not per MIG instance.',
-  ),
-  processes: Type.Array(GpuProcessSchema, { description: 'Compute processes holding memory on this GPU.' }),
-  unreachable: UnreachableSchema(),
-});
-export type Gpu = Static<typeof GpuSchema>;
+export const GpuProcessComponent = Type.Object(
+  {
+    pid: Type.Integer({ minimum: 1, description: 'Host PID, as nvidia-smi reports it.' }),
+    name: Type.String({ description: 'Process name as nvidia-smi reports it; [Not Found] for a PID of another PID namespace.' }),
+    usedMiB: MiB('GPU memory this process holds on this GPU'),
+    shard: Nullable(Type.String(), 'Id of the registered shard this process belongs to; null when it belongs to none (foreign).'),
+  },
+  { $id: 'GpuProcess', description: 'A compute process holding memory on a GPU, with the shard it belongs to.' },
+);
+export type GpuProcess = Static<typeof GpuProcessComponent>;
 
-export const LostGpuSchema = Type.Object({
-  index: Type.Integer({ minimum: 0, description: 'Its index when it was last listed.' }),
-  uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
-  name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
-  busId: Nullable(Type.String(), 'Its PCI bus id when it was last listed (as in GpuSchema), to find it in dmesg; null where nvidia-smi reported none.'),
-  lastListedAt: Type.String({ format: 'date-time', description: 'When a snapshot last listed it.' }),
-  lostAt: Type.String({ format: 'date-time', description: 'When the first snapshot that did not list it was taken: it went between lastListedAt and this.' }),
-  unreachable: Nullable(
-    Type.String(),
-    'What the latest listing said of its bus id, when nvidia-smi printed beside the GPUs it listed that it cannot reach this one (e.g. "Unknown Error", "GPU is lost. Reboot the system to recover this GPU"); null when it said nothing of it.',
-  ),
-});
+export const GpuComponent = Type.Object(
+  {
+    index: Type.Integer({ minimum: 0, description: 'GPU index, as nvidia-smi numbers it.' }),
+    uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
+    name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
+    busId: Nullable(
+      Type.String(),
+      "PCI bus id (pci.bus_id), e.g. 00000000:83:00.0: how the kernel (dmesg's NVRM and Xid lines) and nvidia-smi's errors name this GPU; null where nvidia-smi reports none.",
+    ),
+    memory: Type.Object(
+      {
+        totalMiB: MiB('Total memory'),
+        usedMiB: MiB('Used memory'),
+        freeMiB: MiB('Free memory'),
+        reservedMiB: MiB('Memory reserved by the driver (null also when the driver does not know memory.reserved)'),
+      },
+      { description: 'Memory of the GPU as nvidia-smi reports it.' },
+    ),
+    migMode: Nullable(
+      Type.String(),
+      'MIG mode (mig.mode.current): Enabled or Disabled; null where the GPU has no MIG mode or the driver does not report it. With MIG enabled, the memory figures (here, in foreign memory and per shard) are for the whole GPU, not per MIG instance.',
+    ),
+    processes: Type.Array(Ref(GpuProcessComponent), { description: 'Compute processes holding memory on this GPU.' }),
+    unreachable: Ref(GpuUnreachableComponent),
+  },
+  { $id: 'Gpu', description: 'A GPU as nvidia-smi lists it: its memory and the compute processes on it.' },
+);
+export type Gpu = Static<typeof GpuComponent>;
+
+export const LostGpuComponent = Type.Object(
+  {
+    index: Type.Integer({ minimum: 0, description: 'Its index when it was last listed.' }),
+    uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
+    name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
+    busId: Nullable(Type.String(), 'Its PCI bus id when it was last listed (as in Gpu), to find it in dmesg; null where nvidia-smi reported none.'),
+    lastListedAt: Type.String({ format: 'date-time', description: 'When a snapshot last listed it.' }),
+    lostAt: Type.String({ format: 'date-time', description: 'When the first snapshot that did not list it was taken: it went between lastListedAt and this.' }),
+    unreachable: Nullable(
+      Type.String(),
+      'What the latest listing said of its bus id, when nvidia-smi printed beside the GPUs it listed that it cannot reach this one (e.g. "Unknown Error", "GPU is lost. Reboot the system to recover this GPU"); null when it said nothing of it.',
+    ),
+  },
+  { $id: 'LostGpu', description: 'A GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists.' },
+);
 
 /** The lost GPUs of GET /gpus and GET /gpus/foreign-memory. */
-export const LostGpusSchema = () =>
-  Type.Array(LostGpuSchema, {
-    description:
-      'GPUs nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
-  });
+export const LostGpusComponent = Type.Array(Ref(LostGpuComponent), {
+  $id: 'LostGpus',
+  description:
+    'GPUs nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
+});
 
-export const GpusResponseSchema = Type.Object(
-  {
-    ...SnapshotMetaProperties,
-    gpus: Type.Array(GpuSchema, { description: 'Every GPU nvidia-smi sees, by index.' }),
-    lostGpus: LostGpusSchema(),
-  },
+export const GpusResponseSchema = Type.Intersect(
+  [
+    Ref(SnapshotMetaComponent),
+    Type.Object({
+      gpus: Type.Array(Ref(GpuComponent), { description: 'Every GPU nvidia-smi sees, by index.' }),
+      lostGpus: Ref(LostGpusComponent),
+    }),
+  ],
   { description: 'The GPUs of this node and the processes on them.' },
 );
 export type GpusResponse = Static<typeof GpusResponseSchema>;

@@ -3,8 +3,8 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { ENGINES } from '../shards/shard.js';
 import { READINESS_STATES, VERDICT_CAUSES } from '../shards/verdict.js';
-import { Nullable, NullableStringEnum, SnapshotMetaProperties, StringEnum } from './common.js';
-import { LostGpusSchema, UnreachableSchema } from './gpus.js';
+import { Nullable, NullableStringEnum, Ref, SnapshotMetaComponent, StringEnum } from './common.js';
+import { GpuUnreachableComponent, LostGpusComponent } from './gpus.js';
 
 export const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
 export const MAX_PID = 4_194_304;
@@ -58,40 +58,45 @@ export const RegisterShardSchema = Type.Object(
 );
 export type RegisterShard = Static<typeof RegisterShardSchema>;
 
-export const ShardRecordSchema = Type.Object({
-  id: Type.String({ description: 'Shard id.' }),
-  pid: Nullable(Type.Integer(), 'The registered PID; null for a cgroup shard.'),
-  cgroup: Nullable(Type.String(), 'The registered cgroup string; null for a PID shard.'),
-  gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given, as nvidia-smi numbered them at registration.' }),
-  gpuUuids: Nullable(
-    Type.Array(Type.String()),
-    "The UUIDs of those GPUs at registration, in the same order: the shard is judged on these devices, under the index nvidia-smi gives them now (it renumbers the GPUs after one drops out). Null when nvidia-smi could not be asked at registration (the GPUs were taken on trust, and are judged by index).",
-  ),
-  engine: EngineSchema,
-  graceMs: Type.Integer({ description: 'Grace window in milliseconds.' }),
-  registeredAt: Type.String({
-    format: 'date-time',
-    description: 'When this run of the shard was first registered: a re-PUT for the same process (or the same engine process of a cgroup) and GPUs keeps it, and the grace runs from it.',
-  }),
-  identity: Type.Object(
-    {
-      pid: Type.Integer({ description: 'PID of the process (for a cgroup shard: its lowest PID at registration).' }),
-      pgid: Type.Integer({ description: 'Its process group id at registration; GPU processes of its current group that started after it belong to the shard unless another shard shares the group.' }),
-      startTime: Type.Integer({ description: 'Its start time in clock ticks since boot: a reused PID has another.' }),
-      name: Type.String({ description: 'Its command name (comm) at registration.' }),
-      bootId: Type.Optional(
-        Type.String({
-          description:
-            "The node's boot it ran in (/proc/sys/kernel/random/boot_id): after the node restarts, the process is gone whatever runs under its PID. Absent when /proc could not say.",
-        }),
-      ),
-    },
-    { description: 'The process captured at registration.' },
-  ),
-});
-export type ShardRecordBody = Static<typeof ShardRecordSchema>;
+export const ShardRecordComponent = Type.Object(
+  {
+    id: Type.String({ description: 'Shard id.' }),
+    pid: Nullable(Type.Integer(), 'The registered PID; null for a cgroup shard.'),
+    cgroup: Nullable(Type.String(), 'The registered cgroup string; null for a PID shard.'),
+    gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given, as nvidia-smi numbered them at registration.' }),
+    gpuUuids: Nullable(
+      Type.Array(Type.String()),
+      "The UUIDs of those GPUs at registration, in the same order: the shard is judged on these devices, under the index nvidia-smi gives them now (it renumbers the GPUs after one drops out). Null when nvidia-smi could not be asked at registration (the GPUs were taken on trust, and are judged by index).",
+    ),
+    engine: EngineSchema,
+    graceMs: Type.Integer({ description: 'Grace window in milliseconds.' }),
+    registeredAt: Type.String({
+      format: 'date-time',
+      description: 'When this run of the shard was first registered: a re-PUT for the same process (or the same engine process of a cgroup) and GPUs keeps it, and the grace runs from it.',
+    }),
+    identity: Type.Object(
+      {
+        pid: Type.Integer({ description: 'PID of the process (for a cgroup shard: its lowest PID at registration).' }),
+        pgid: Type.Integer({ description: 'Its process group id at registration; GPU processes of its current group that started after it belong to the shard unless another shard shares the group.' }),
+        startTime: Type.Integer({ description: 'Its start time in clock ticks since boot: a reused PID has another.' }),
+        name: Type.String({ description: 'Its command name (comm) at registration.' }),
+        bootId: Type.Optional(
+          Type.String({
+            description:
+              "The node's boot it ran in (/proc/sys/kernel/random/boot_id): after the node restarts, the process is gone whatever runs under its PID. Absent when /proc could not say.",
+          }),
+        ),
+      },
+      { description: 'The process captured at registration.' },
+    ),
+  },
+  { $id: 'ShardRecord', description: 'A shard as registered: the process or cgroup, and the GPUs it was given.' },
+);
+export type ShardRecordBody = Static<typeof ShardRecordComponent>;
+/** The shard record, as routes name it: a reference to the ShardRecord component. */
+export const ShardRecordSchema = Ref(ShardRecordComponent);
 
-export const EngineAccountSchema = Type.Object(
+export const EngineAccountComponent = Type.Object(
   {
     backend: StringEnum(BACKENDS, 'Where the engine says it computes.'),
     devices: Type.Array(Type.String(), { description: 'Devices the engine reports using, as it names them.' }),
@@ -104,121 +109,143 @@ export const EngineAccountSchema = Type.Object(
     evidence: Type.String({ description: 'The engine line(s) this account rests on.' }),
     summary: Type.String({ description: 'One sentence: what the engine itself saw.' }),
   },
-  { description: "The engine's own account of where it computes, read from its output." },
+  { $id: 'EngineAccount', description: "The engine's own account of where it computes, read from its output." },
 );
 
-const GpuUsageSchema = Type.Object({
-  index: Type.Integer({ description: 'GPU index.' }),
-  usedMiB: Nullable(Type.Integer(), "Memory the shard's processes hold there, in MiB; null when nvidia-smi does not report it ([N/A]) for one of them (the GPU is held all the same)."),
-});
+export const ShardGpuUsageComponent = Type.Object(
+  {
+    index: Type.Integer({ description: 'GPU index.' }),
+    usedMiB: Nullable(Type.Integer(), "Memory the shard's processes hold there, in MiB; null when nvidia-smi does not report it ([N/A]) for one of them (the GPU is held all the same)."),
+  },
+  { $id: 'ShardGpuUsage', description: 'A GPU the shard holds memory on, and how much.' },
+);
 
-export const ComputeSchema = Type.Object({
-  backend: NullableStringEnum(
-    BACKENDS,
-    'CUDA when the shard holds memory on any GPU as nvidia-smi sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
-      'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified, gpu-lost holding no GPU still listed) and while it is stopped, ' +
-      'which computes nowhere until it runs again (gpus still lists the memory it keeps).',
-  ),
-  devices: Type.Array(Type.String(), {
-    description: 'Each assigned GPU the shard holds memory on, for people to read: "GPU <index>: <size>", the size in binary units, GiB with one decimal from 1 GiB up ("GPU 0: 9.8 GiB" for 10000 MiB), whole MiB below ("GPU 0: 512 MiB"). gpus carries the same in MiB.',
-  }),
-  gpus: Type.Array(GpuUsageSchema, { description: 'Assigned GPUs the shard holds memory on.' }),
-  strayGpus: Type.Array(GpuUsageSchema, { description: 'GPUs the shard holds memory on but was not given.' }),
-  engine: Nullable(EngineAccountSchema, "The engine's own account, or null when its output says nothing (or none was posted)."),
-});
+export const ShardComputeComponent = Type.Object(
+  {
+    backend: NullableStringEnum(
+      BACKENDS,
+      'CUDA when the shard holds memory on any GPU as nvidia-smi sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
+        'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified, gpu-lost holding no GPU still listed) and while it is stopped, ' +
+        'which computes nowhere until it runs again (gpus still lists the memory it keeps).',
+    ),
+    devices: Type.Array(Type.String(), {
+      description: 'Each assigned GPU the shard holds memory on, for people to read: "GPU <index>: <size>", the size in binary units, GiB with one decimal from 1 GiB up ("GPU 0: 9.8 GiB" for 10000 MiB), whole MiB below ("GPU 0: 512 MiB"). gpus carries the same in MiB.',
+    }),
+    gpus: Type.Array(Ref(ShardGpuUsageComponent), { description: 'Assigned GPUs the shard holds memory on.' }),
+    strayGpus: Type.Array(Ref(ShardGpuUsageComponent), { description: 'GPUs the shard holds memory on but was not given.' }),
+    engine: Nullable(Ref(EngineAccountComponent), "The engine's own account, or null when its output says nothing (or none was posted)."),
+  },
+  { $id: 'ShardCompute', description: "Where a shard computes, as nvidia-smi sees it, with the engine's own account." },
+);
 
-export const ComputeResponseSchema = Type.Object(
-  { shard: Type.String({ description: 'Shard id.' }), ...SnapshotMetaProperties, ...ComputeSchema.properties },
+export const ComputeResponseSchema = Type.Intersect(
+  [Type.Object({ shard: Type.String({ description: 'Shard id.' }) }), Ref(SnapshotMetaComponent), Ref(ShardComputeComponent)],
   { description: 'Where the shard computes, as nvidia-smi sees it.' },
 );
 
-export const ReadinessSchema = Type.Object({
-  ready: Type.Boolean({ description: 'True for ready and unverified: the probe passes.' }),
-  state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by nvidia-smi), stopped, exited or unverified.'),
-  cause: NullableStringEnum(
-    VERDICT_CAUSES,
-    'What decided the verdict, for programs (reason says it for people); null when ready. ' +
-      'starting: awaiting-snapshot, awaiting-nvidia-smi (nvidia-smi cannot be asked, and no listing has shown it on its GPUs: lasts as long as nvidia-smi fails), awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
-      'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
-      'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, nvidia-smi none on its GPUs), no-gpu-memory. ' +
-      'gpu-lost: gpu-not-listed, gpu-unreachable (nvidia-smi fails, saying it cannot reach one). stopped: process-stopped. exited: process-exited. ' +
-      'unverified: nvidia-smi-unavailable, processes-hidden, stat-unreadable, gpu-owner-unknown, not-in-snapshot. New codes may be added: treat an unknown one as its state says.',
-  ),
-  reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),
-  warnings: Type.Array(Type.String(), { description: 'Things worth knowing that do not change the verdict.' }),
+export const ReadinessComponent = Type.Object(
+  {
+    ready: Type.Boolean({ description: 'True for ready and unverified: the probe passes.' }),
+    state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by nvidia-smi), stopped, exited or unverified.'),
+    cause: NullableStringEnum(
+      VERDICT_CAUSES,
+      'What decided the verdict, for programs (reason says it for people); null when ready. ' +
+        'starting: awaiting-snapshot, awaiting-nvidia-smi (nvidia-smi cannot be asked, and no listing has shown it on its GPUs: lasts as long as nvidia-smi fails), awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
+        'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
+        'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, nvidia-smi none on its GPUs), no-gpu-memory. ' +
+        'gpu-lost: gpu-not-listed, gpu-unreachable (nvidia-smi fails, saying it cannot reach one). stopped: process-stopped. exited: process-exited. ' +
+        'unverified: nvidia-smi-unavailable, processes-hidden, stat-unreadable, gpu-owner-unknown, not-in-snapshot. New codes may be added: treat an unknown one as its state says.',
+    ),
+    reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),
+    warnings: Type.Array(Type.String(), { description: 'Things worth knowing that do not change the verdict.' }),
+  },
+  { $id: 'Readiness', description: 'The readiness verdict.' },
+);
+
+export const ReadinessProbeComponent = Type.Intersect(
+  [
+    Type.Object({ shard: Type.String({ description: 'Shard id.' }) }),
+    Ref(ReadinessComponent),
+    Type.Object({ observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot behind the verdict was taken; null when there is none.') }),
+  ],
+  { $id: 'ReadinessProbe', description: 'The readiness verdict: 200 when ready (or unverified), 503 otherwise.' },
+);
+/** The probe's answer, as the route names it for 200 and 503: a reference to the ReadinessProbe component. */
+export const ReadyResponseSchema = Ref(ReadinessProbeComponent);
+
+/** What GET /shards and GET /shards/:id add to a shard's record: its verdict and where it computes. */
+const ShardStateSchema = () =>
+  Type.Object({
+    status: Ref(ReadinessComponent),
+    compute: Nullable(Ref(ShardComputeComponent), 'Where it computes; null when nvidia-smi cannot be asked.'),
+  });
+
+export const ShardStatusComponent = Type.Intersect([Ref(ShardRecordComponent), ShardStateSchema()], {
+  $id: 'ShardStatus',
+  description: 'A shard with its current state.',
 });
 
-export const ReadyResponseSchema = Type.Object(
+/** The snapshot fields of GET /shards (first) and GET /shards/:id (last). */
+export const ShardSnapshotComponent = Type.Object(
   {
-    shard: Type.String({ description: 'Shard id.' }),
-    ...ReadinessSchema.properties,
-    observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot behind the verdict was taken; null when there is none.'),
+    observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot was taken; null when nvidia-smi cannot be asked.'),
+    ageMs: Nullable(Type.Integer(), 'Age of that snapshot in milliseconds.'),
+    stale: Type.Boolean({ description: 'True when the snapshot is older than the TTL.' }),
+    staleReason: Type.Optional(Type.String({ description: 'Why it is stale, or why there is no snapshot.' })),
   },
-  { description: 'The readiness verdict: 200 when ready (or unverified), 503 otherwise.' },
+  { $id: 'ShardSnapshot', description: 'The snapshot behind a shard answer, or (all null, stale) why there is none.' },
 );
 
-export const ShardStatusSchema = Type.Object(
-  {
-    ...ShardRecordSchema.properties,
-    status: Type.Object({ ...ReadinessSchema.properties }, { description: 'The readiness verdict.' }),
-    compute: Nullable(ComputeSchema, 'Where it computes; null when nvidia-smi cannot be asked.'),
-  },
-  { description: 'A shard with its current state.' },
-);
-
-/** The snapshot behind a shard answer, or (all null, stale) why there is none: GET /shards and GET /shards/:id. */
-const ShardSnapshotProperties = {
-  observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot was taken; null when nvidia-smi cannot be asked.'),
-  ageMs: Nullable(Type.Integer(), 'Age of that snapshot in milliseconds.'),
-  stale: Type.Boolean({ description: 'True when the snapshot is older than the TTL.' }),
-  staleReason: Type.Optional(Type.String({ description: 'Why it is stale, or why there is no snapshot.' })),
-};
-
-export const ShardListSchema = Type.Object(
-  { ...ShardSnapshotProperties, shards: Type.Array(ShardStatusSchema, { description: 'Every registered shard, by id.' }) },
+export const ShardListSchema = Type.Intersect(
+  [Ref(ShardSnapshotComponent), Type.Object({ shards: Type.Array(Ref(ShardStatusComponent), { description: 'Every registered shard, by id.' }) })],
   { description: 'Every shard with its state, reason and compute: one answer for a polling control plane.' },
 );
 
-export const ShardResponseSchema = Type.Object(
-  { ...ShardStatusSchema.properties, ...ShardSnapshotProperties },
-  { description: 'One shard with its state, reason and compute, and the snapshot they come from.' },
+// ShardStatus's parts, not ShardStatus: fast-json-stringify writes the fields of an allOf nested in
+// another after the outer one's, which would put the snapshot's first.
+export const ShardResponseSchema = Type.Intersect([Ref(ShardRecordComponent), ShardStateSchema(), Ref(ShardSnapshotComponent)], {
+  description: 'One shard with its state, reason and compute, and the snapshot they come from.',
+});
+
+export const ForeignMemoryGpuComponent = Type.Object(
+  {
+    index: Type.Integer({ description: 'GPU index.' }),
+    uuid: Type.String({ description: 'GPU UUID.' }),
+    usedMiB: Nullable(Type.Integer(), 'Used memory of the GPU in MiB; null when nvidia-smi cannot read it.'),
+    shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB, as far as nvidia-smi reports it (see unreportedShardProcesses)." }),
+    unreportedShardProcesses: Type.Integer({
+      description:
+        "Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]: WSL2, Windows, some vGPU setups). Above 0, shardMiB is a lower bound and foreignMiB an upper bound: their memory reads as foreign, which placement never over-commits.",
+    }),
+    foreignMiB: Nullable(Type.Integer(), 'used - shardMiB, never below zero: memory placement must not hand out; null when used is unknown.'),
+    foreignProcesses: Type.Array(
+      Type.Object({
+        pid: Type.Integer({ description: 'Host PID.' }),
+        name: Type.String({ description: 'Process name as nvidia-smi reports it.' }),
+        usedMiB: Nullable(Type.Integer(), 'Memory it holds there in MiB; null when [N/A].'),
+      }),
+      { description: 'Processes on this GPU that belong to no shard.' },
+    ),
+    unreachable: Ref(GpuUnreachableComponent),
+  },
+  { $id: 'ForeignMemoryGpu', description: 'A GPU, and the memory on it held by anything that is not a registered shard.' },
 );
 
-export const ForeignMemoryResponseSchema = Type.Object(
-  {
-    ...SnapshotMetaProperties,
-    gpus: Type.Array(
-      Type.Object({
-        index: Type.Integer({ description: 'GPU index.' }),
-        uuid: Type.String({ description: 'GPU UUID.' }),
-        usedMiB: Nullable(Type.Integer(), 'Used memory of the GPU in MiB; null when nvidia-smi cannot read it.'),
-        shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB, as far as nvidia-smi reports it (see unreportedShardProcesses)." }),
-        unreportedShardProcesses: Type.Integer({
-          description:
-            "Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]: WSL2, Windows, some vGPU setups). Above 0, shardMiB is a lower bound and foreignMiB an upper bound: their memory reads as foreign, which placement never over-commits.",
-        }),
-        foreignMiB: Nullable(Type.Integer(), 'used - shardMiB, never below zero: memory placement must not hand out; null when used is unknown.'),
-        foreignProcesses: Type.Array(
-          Type.Object({
-            pid: Type.Integer({ description: 'Host PID.' }),
-            name: Type.String({ description: 'Process name as nvidia-smi reports it.' }),
-            usedMiB: Nullable(Type.Integer(), 'Memory it holds there in MiB; null when [N/A].'),
-          }),
-          { description: 'Processes on this GPU that belong to no shard.' },
-        ),
-        unreachable: UnreachableSchema(),
-      }),
-      { description: 'Per GPU.' },
-    ),
-    lostGpus: LostGpusSchema(),
-  },
+export const ForeignMemoryResponseSchema = Type.Intersect(
+  [
+    Ref(SnapshotMetaComponent),
+    Type.Object({
+      gpus: Type.Array(Ref(ForeignMemoryGpuComponent), { description: 'Per GPU.' }),
+      lostGpus: Ref(LostGpusComponent),
+    }),
+  ],
   { description: 'Per GPU, the memory held by anything that is not a registered shard; and the GPUs lost, which have no memory to hand out.' },
 );
 
 export const EngineOutputResponseSchema = Type.Object(
   {
     shard: Type.String({ description: 'Shard id.' }),
-    account: Nullable(EngineAccountSchema, 'What the output (tail kept so far) says; null when it says nothing about where the engine computes, or is not read.'),
+    account: Nullable(Ref(EngineAccountComponent), 'What the output (tail kept so far) says; null when it says nothing about where the engine computes, or is not read.'),
     tailBytes: Type.Integer({ description: 'Bytes of engine output kept for this shard (a bounded tail).' }),
     note: Nullable(
       Type.String(),
