@@ -8,6 +8,7 @@ import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fast
 import type { Logger } from 'pino';
 import { parseTokenFile, unreadableTokenFile, type Config } from './config.js';
 import { ForbiddenError, UnauthorizedError } from './errors.js';
+import { browserRefusal } from './http/write-guard.js';
 import { createRepeatLimit } from './repeat-limit.js';
 import { createTokenFileReader, type TokenFileLook, type TokenFileReaderOptions } from './system/token-file.js';
 
@@ -186,6 +187,10 @@ export const WRITE_REFUSALS = [
   'wrong-token',
   /** No token configured, and the write came from the network, not loopback. */
   'not-loopback',
+  /** A write from a web page of another origin (Origin, Sec-Fetch-Site). */
+  'cross-origin',
+  /** No token configured, a write from loopback naming a Host that is not loopback's (DNS rebinding). */
+  'foreign-host',
 ] as const;
 export type WriteRefusal = (typeof WRITE_REFUSALS)[number];
 
@@ -201,7 +206,7 @@ export function describeWriteAccess(config: Config): string {
   }
   if (config.token !== null) return 'Writes need a bearer token: 1 token from NODECOMPUTE_TOKEN.';
   return (
-    'No token is configured: writes are accepted from loopback only (127.0.0.1, ::1). Writes from other machines, ' +
+    'No token is configured: writes are accepted from loopback only (127.0.0.1, ::1), so any local process, and only a local process, may write. Writes from other machines, ' +
     "or through Docker's -p or a proxy, are refused: set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) to accept them with a bearer token."
   );
 }
@@ -230,6 +235,11 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
   }
 
   function authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void {
+    const browser = browserRefusal(request.headers, source === null && isLoopback(request.socket.remoteAddress), config.allowedHosts);
+    if (browser !== null) {
+      refused(browser.reason, request, `Refused a write a web page could have sent: ${browser.error.message}`);
+      return done(browser.error);
+    }
     if (source === null) {
       const remoteAddress = request.socket.remoteAddress;
       if (isLoopback(remoteAddress)) return done();

@@ -8,6 +8,7 @@ import type { Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import damerauLevenshtein from 'damerau-levenshtein';
 import { ConfigInvalidError } from './errors.js';
+import { hostnameOf } from './http/write-guard.js';
 import { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS, type LOG_LEVELS, type Setting } from './settings.js';
 import { createTokenFileReader, type FileOwner, type TokenFileReaderOptions } from './system/token-file.js';
 
@@ -31,6 +32,8 @@ export interface Config {
   /** NODECOMPUTE_TOKEN, or the token file's first token (set by readStartTokens); null: writes from loopback only. */
   token: string | null;
   tokenFile: string | null;
+  /** Host names a write trusted for coming from loopback may name besides loopback's own (lower-case, no port). */
+  allowedHosts: string[];
   /** Every token the token file held at start (set by readStartTokens); auth.ts re-reads the file. */
   fileTokens: string[];
 }
@@ -42,7 +45,7 @@ export function defaultConfig(overrides: Partial<Config> = {}): Config {
   const base = Object.fromEntries(
     Object.entries(SETTINGS).map(([key, setting]) => [key, setting.default]),
   ) as unknown as Config;
-  return { ...base, fileTokens: [], ...overrides };
+  return { ...base, fileTokens: [], allowedHosts: [], ...overrides };
 }
 
 /** A refused token as named in a message (which reaches a log store): its length, never its value. */
@@ -330,6 +333,7 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
     config[key] = validate(setting, value ?? setting.default);
   }
   const resolved = config as unknown as Config;
+  resolved.allowedHosts = ((config.allowedHosts as string | null) ?? '').split(',').map((name) => hostnameOf(name)).filter((name) => name !== '');
   resolved.fileTokens = [];
   if (resolved.tokenFile !== null) {
     if (resolved.token !== null) {

@@ -126,7 +126,8 @@ export function createMetrics(): Metrics {
     name: 'nodecompute_writes_refused_total',
     help:
       'Writes (PUT, DELETE, POST) refused before they were looked at, by reason: missing-token (no "Authorization: Bearer" while a token is configured), ' +
-      'wrong-token (a token that matches none in force: a caller left behind by a rotation), not-loopback (no token configured, and the write came from the network).',
+      'wrong-token (a token that matches none in force: a caller left behind by a rotation), not-loopback (no token configured, and the write came from the network), ' +
+        'cross-origin (a web page of another origin: Origin or Sec-Fetch-Site), foreign-host (no token configured, a loopback write naming another Host: DNS rebinding).',
     labelNames: ['reason'],
     registers: [registry],
   });

@@ -146,4 +146,13 @@ export const SETTINGS = {
       `It is read at start, which fails if the file cannot be read, holds no usable token or does not answer within ${TOKEN_FILE_START_TIMEOUT_MS / 1000} s (a hung mount). ` +
       'It is re-read when it changes (checked at most once a second, on writes and GET /doctor), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
   },
+  allowedHosts: {
+    env: 'NODECOMPUTE_ALLOWED_HOSTS',
+    flag: 'allowed-hosts',
+    schema: Type.Union([Type.Null(), Type.String({ pattern: '^\\s*[A-Za-z0-9.:\\[\\]-]+(\\s*,\\s*[A-Za-z0-9.:\\[\\]-]+)*\\s*$' })]),
+    default: null,
+    accepts: 'host names separated by commas, such as gpu-node-7,gpu-node-7.example.com',
+    description:
+      'Without a token, the names besides localhost, 127.0.0.1 and [::1] that a write from loopback may give as its Host; any other is refused, so a web page whose DNS name resolves to 127.0.0.1 cannot write.',
+  },
 } as const satisfies Record<string, Setting>;

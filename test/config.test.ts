@@ -376,3 +376,9 @@ t.test('the help lists every setting with its variable, flag and default', async
   t.match(help, 'NODECOMPUTE_PORT (default: 9470)');
   t.match(help, 'NODECOMPUTE_TOKEN (default: (unset))');
 });
+
+t.test('allowed hosts: a list of names, lower-case and without ports; anything else is refused', async (t) => {
+  t.same(resolveConfig({}, []).config.allowedHosts, [], 'none by default');
+  t.same(resolveConfig({ NODECOMPUTE_ALLOWED_HOSTS: 'GPU-Node-7, gpu-node-7.example.com:9470,[fd00::7]' }, []).config.allowedHosts, ['gpu-node-7', 'gpu-node-7.example.com', 'fd00::7']);
+  t.throws(() => resolveConfig({}, ['--allowed-hosts', 'http://evil.example/']), { code: 'NODECOMPUTE_CONFIG_INVALID', message: /NODECOMPUTE_ALLOWED_HOSTS \(--allowed-hosts\)/ });
+});

@@ -339,7 +339,12 @@ async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
     );
   }
   if (!deps.tokenConfigured) {
-    return check('token', 'warn', 'no token is configured: writes are accepted from loopback only', 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards.');
+    return check(
+      'token',
+      'warn',
+      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove shards (a web page in a browser on the node may not: its writes name another origin or host)',
+      'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.',
+    );
   }
   if (!deps.tokenFile) return check('token', 'ok', 'a bearer token is configured for writes (NODECOMPUTE_TOKEN)');
   const file = await deps.tokenFile();

@@ -128,5 +128,5 @@ t.test('how writes are authorised, as the start-up line says it', async (t) => {
     'Writes need a bearer token: 2 token(s) from /var/run/secrets/nodecompute/token (re-read when it changes).',
   );
   t.equal(describeWriteAccess(defaultConfig({ token: TOKEN })), 'Writes need a bearer token: 1 token from NODECOMPUTE_TOKEN.');
-  t.match(describeWriteAccess(defaultConfig({})), /^No token is configured: writes are accepted from loopback only \(127\.0\.0\.1, ::1\)\. .*Docker's -p.*set NODECOMPUTE_TOKEN_FILE/);
+  t.match(describeWriteAccess(defaultConfig({})), /^No token is configured: writes are accepted from loopback only \(127\.0\.0\.1, ::1\), so any local process, and only a local process, may write\. .*Docker's -p.*set NODECOMPUTE_TOKEN_FILE/);
 });
