@@ -10,7 +10,7 @@ import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import { listedAs } from '../node-state/placement.js';
 import { readRegistryFile } from '../shards/registry-file.js';
 import type { ShardRecord } from '../shards/shard.js';
-import { unreachableGpusIn, type GpuListing, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
+import { unreachableOf, type GpuListing, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -95,14 +95,14 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   } catch (err) {
     checks.push(queryFailed(deps, err, 'nvidia-smi'));
     // Whether --version fails naming unreachable GPUs is not known; reading it costs nothing.
-    return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
+    return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableOf(err) };
   }
   let listing: { value: GpuListing; ms: number };
   try {
     listing = await timed(() => deps.nvidiaSmi.queryGpus());
   } catch (err) {
     checks.push(queryFailed(deps, err, 'gpus', 'nvidia-smi answers --version, but its GPU query (--query-gpu), which every GPU answer needs, fails: '));
-    return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableGpusIn((err as Error).message) };
+    return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableOf(err) };
   }
   // The GPUs it said it cannot reach while it listed the others: the lost-gpus check names them.
   const { unreachable } = listing.value;

@@ -34,7 +34,7 @@ export function handleErrors(app: App, log: Logger): void {
       const stateFailure = err instanceof StateWriteFailedError || err instanceof StateWritePendingError;
       const retryAfter = retryAfterSeconds(node.snapshots, err) ?? (stateFailure ? stateRetryAfter : null);
       if (retryAfter !== null) void reply.header('retry-after', String(retryAfter));
-      const message = snapshotFailure ? err.message + unreachableListedIn(err.message, node.unreachable()) : err.message;
+      const message = snapshotFailure ? err.message + unreachableListedIn(err, node.unreachable()) : err.message;
       return reply.status(err.statusCode).send(errorBody(err.statusCode, err.code, message));
     }
     const mapped = fastifyErrorBody(err, request);

@@ -3,7 +3,7 @@
 // reset or detached GPUs vanish without an error). Each change is logged once. Also the words for a
 // lost GPU and for one nvidia-smi cannot reach.
 import type { Logger } from 'pino';
-import { unreachableGpusIn, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
+import { unreachableOf, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { UnreachableListedGpu } from './placement.js';
 
 export interface LostGpu {
@@ -37,8 +37,8 @@ export const LOST_GPU_MEANING =
 export const gpuUnreachable = ({ busId, said, listed }: { busId: string; said: string; listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null }): string =>
   `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
 /** For an nvidia-smi failure `message`, a sentence naming what each bus id it names was last listed as; '' when none. */
-export function unreachableListedIn(message: string, unreachable: readonly UnreachableListedGpu[]): string {
-  const named = new Set(unreachableGpusIn(message).map((gpu) => gpu.busId));
+export function unreachableListedIn(err: Error, unreachable: readonly UnreachableListedGpu[]): string {
+  const named = new Set(unreachableOf(err).map((gpu) => gpu.busId));
   const known = unreachable.filter((gpu) => named.has(gpu.busId) && gpu.listed !== null);
   if (known.length === 0) return '';
   return ` nodecompute last listed ${known.map(({ busId, listed }) => `PCI ${busId} as GPU ${listed!.index} (${listed!.uuid}, ${listed!.name})`).join(', ')}.`;

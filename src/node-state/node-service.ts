@@ -4,7 +4,7 @@
 import type { Logger } from 'pino';
 import type { ShardRecord } from '../shards/shard.js';
 import { attribute, type Liveness } from './attribution.js';
-import { unreachableGpusIn, type UnreachableGpu } from '../system/nvidia-smi.js';
+import { unreachableOf, type UnreachableGpu } from '../system/nvidia-smi.js';
 import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapshot.js';
 import { createNodeViewCache, type NodeView } from './node-view.js';
 import { listedAs, type UnreachableListedGpu } from './placement.js';
@@ -105,7 +105,7 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
       if (named.seen !== error) {
         named.seen = error;
         const before = named.gpus.size;
-        for (const gpu of unreachableGpusIn(error.message)) if (!named.gpus.has(gpu.busId)) named.gpus.set(gpu.busId, gpu);
+        for (const gpu of unreachableOf(error)) if (!named.gpus.has(gpu.busId)) named.gpus.set(gpu.busId, gpu);
         if (named.gpus.size !== before) named.answer = listedAs([...named.gpus.values()], snapshots.peek()?.snapshot ?? null);
       }
       return named.answer;

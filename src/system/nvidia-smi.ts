@@ -158,11 +158,15 @@ function notFoundError(path: string, result: Completed): Error {
 function failedError(result: Completed): Error {
   const said = String(result.all).trim() || '(nothing)';
   const exitCode = result.exitCode as number;
-  return new NvidiaSmiFailedError(
-    `nvidia-smi exited with code ${exitCode} and said: "${said}". ` +
-      `This means ${EXIT_MEANINGS[exitCode] ?? UNKNOWN_EXIT}`,
-    { cause: result },
-  );
+  const error = new NvidiaSmiFailedError(`nvidia-smi exited with code ${exitCode} and said: "${said}". This means ${EXIT_MEANINGS[exitCode] ?? UNKNOWN_EXIT}`, {
+    cause: result,
+  });
+  return Object.assign(error, { unreachable: unreachableGpusIn(said) });
+}
+
+/** The GPUs a failed run said it cannot reach ("Unable to determine the device handle"), carried on its error; none for any other error. */
+export function unreachableOf(err: unknown): UnreachableGpu[] {
+  return (err as { unreachable?: UnreachableGpu[] } | null)?.unreachable ?? [];
 }
 
 function abnormalEndError(result: Completed, stopped: boolean): Error {

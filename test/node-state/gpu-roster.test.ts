@@ -61,12 +61,13 @@ t.test("a failure naming several bus ids: each one a listing had is named as las
   const [g0, g1, g2] = [gpuState(0, []), gpuState(1, []), gpuState(2, [])];
   // GPU 2 dropped out of the listing before nvidia-smi failed on it: the snapshot has it as lost.
   const known = { gpus: [g0!, g1!], lostGpus: [{ index: 2, uuid: 'GPU-2', name: 'NVIDIA H200', busId: g2!.busId, lastListedAt: 1000, lostAt: 2000 }] };
+  const failure = Object.assign(new Error(message), { unreachable: unreachableGpusIn(message) });
   const unreachable = listedAs(unreachableGpusIn(message), known);
   t.equal(unreachable.length, 3);
   t.equal(
-    unreachableListedIn(message, unreachable),
+    unreachableListedIn(failure, unreachable),
     ' nodecompute last listed PCI 00000000:02:00.0 as GPU 1 (GPU-1, NVIDIA H200), PCI 00000000:03:00.0 as GPU 2 (GPU-2, NVIDIA H200).',
   );
-  t.equal(unreachableListedIn('nvidia-smi exited with code 9 and said: "NVIDIA-SMI has failed"', unreachable), '', 'a message naming no bus id: nothing to add');
-  t.equal(unreachableListedIn(message, []), '', 'nothing known of them: nothing to add');
+  t.equal(unreachableListedIn(new Error('nvidia-smi exited with code 9 and said: "NVIDIA-SMI has failed"'), unreachable), '', 'an error naming no bus id: nothing to add');
+  t.equal(unreachableListedIn(failure, []), '', 'nothing known of them: nothing to add');
 });
