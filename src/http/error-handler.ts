@@ -44,7 +44,7 @@ export function handleErrors(app: App, log: Logger): void {
       if (headers !== undefined) void reply.headers(headers);
       return reply.status(mapped.statusCode).send(mapped);
     }
-    request.log.error({ err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
+    request.log.error({ method: request.method, url: request.url, err }, 'Unexpected error while answering a request; this is a bug in nodecompute, please report it');
     const internal = new InternalError(
       'nodecompute hit an unexpected error while answering; the details are in its log. Retry; if it persists, report it with the log lines.',
     );
