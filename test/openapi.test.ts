@@ -2,7 +2,9 @@
 import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { isAlias, parse, parseDocument, visit } from 'yaml';
+import { Type } from '@sinclair/typebox';
 import { generateOpenApiYaml } from '../src/openapi.js';
+import { Ref } from '../src/schemas/common.js';
 import { eightGpuNode } from './helpers/fake-nvidia-smi.js';
 import { buildTestApp } from './helpers/app.js';
 
@@ -144,4 +146,8 @@ t.test('writes declare the bearer scheme; answers that can be 304 declare If-Non
     t.match(etag, /suffix .* nvidia-smi fails or is far slower than usual/, `${path}: and to carry a suffix while nvidia-smi is in trouble`);
     t.notMatch(etag, /registry version|freshness/, `${path}: not the snapshot, a registry version or freshness`);
   }
+});
+
+t.test('a reference needs a component with an $id', async (t) => {
+  t.throws(() => Ref(Type.String()), { message: /no \$id/ });
 });

@@ -28,8 +28,6 @@ export interface ProcOnly {
 
 export interface NodeService {
   current(options?: GetOptions): Promise<Current>;
-  /** current() when it need not wait, at once; null when it would wait for a refresh. */
-  available(): Current | null;
   /** The cached snapshot and its view without refreshing; null before the first success. */
   peek(): Current | null;
   invalidate(): void;
@@ -80,10 +78,6 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
   return {
     async current(options) {
       return withNode(await snapshots.get(options));
-    },
-    available() {
-      const view = snapshots.available();
-      return view ? withNode(view) : null;
     },
     peek() {
       const view = snapshots.peek();
