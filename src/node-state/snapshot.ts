@@ -22,14 +22,6 @@ export interface SnapshotView<S> {
   slow: boolean;
 }
 
-export interface SnapshotSourceOptions<S> {
-  take: () => Promise<S>;
-  ttlMs: number;
-  maxStaleMs: number;
-  log: Logger;
-  now: () => number;
-}
-
 export interface GetOptions {
   /** Longest this caller waits for a refresh; past it the call fails with a timeout error. */
   maxWaitMs?: number;
@@ -37,8 +29,6 @@ export interface GetOptions {
 
 export interface SnapshotSource<S> {
   get(options?: GetOptions): Promise<SnapshotView<S>>;
-  /** What get() answers when it need not wait, without a promise (probes' hot path); null when it would. */
-  available(): SnapshotView<S> | null;
   /** The cached snapshot as it is, without refreshing; null before the first success. */
   peek(): SnapshotView<S> | null;
   /** The shard registry changed: every snapshot whose refresh started before now is stale. */
@@ -63,6 +53,13 @@ export function staleNews(view: SnapshotView<unknown>): string | null {
   return view.failing || view.slow ? view.staleReason : null;
 }
 
+/** Slow: 3 times as long as the last good refresh took (usual differs by node), and at least the doctor's 1 s mark. */
+export function slowAfterMs(lastRefreshMs: number): number {
+  return Math.max(1000, 3 * lastRefreshMs);
+}
+
+const MAX_FAILURE_WINDOW_MS = 30_000;
+
 interface Good<S> {
   snapshot: S;
   observedAt: number;
@@ -81,22 +78,16 @@ interface Failure {
   count: number;
 }
 
-const MAX_FAILURE_WINDOW_MS = 30_000;
-
-/**
- * A refresh is slow once it has run SLOW_REFRESH_FACTOR times as long as the last good one took, and
- * at least SLOW_REFRESH_MIN_MS (the doctor's mark for a slow query): usual differs by node.
- */
-export const SLOW_REFRESH_FACTOR = 3;
-export const SLOW_REFRESH_MIN_MS = 1000;
-
-export function slowAfterMs(lastRefreshMs: number): number {
-  return Math.max(SLOW_REFRESH_MIN_MS, SLOW_REFRESH_FACTOR * lastRefreshMs);
+export interface SnapshotSourceOptions<S> {
+  take: () => Promise<S>;
+  ttlMs: number;
+  maxStaleMs: number;
+  log: Logger;
+  now: () => number;
 }
 
 export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): SnapshotSource<S> {
-  const { take, ttlMs, maxStaleMs, log } = options;
-  const { now } = options;
+  const { take, ttlMs, maxStaleMs, log, now } = options;
   let good: Good<S> | null = null;
   let lastFailure: Failure | null = null;
   let inFlight: Promise<Good<S>> | null = null;
@@ -143,34 +134,28 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     return inFlight;
   }
 
-  /** How long the refresh under way has run when it runs past slowAfterMs; null otherwise. */
-  function slowFor(): number | null {
-    if (!inFlight) return null;
-    const running = now() - inFlightSince;
-    return running > slowAfterMs(lastRefreshMs) ? running : null;
-  }
-
   function view(current: Good<S>): SnapshotView<S> {
     const ageMs = Math.max(0, now() - current.observedAt);
     const stale = ageMs > ttlMs || current.epoch !== epoch;
-    const slow = stale ? slowFor() : null;
+    const running = inFlight ? now() - inFlightSince : 0;
+    const slow = stale && running > slowAfterMs(lastRefreshMs);
     return {
       snapshot: current.snapshot,
       observedAt: current.observedAt,
       startedAt: current.startedAt,
       ageMs,
       stale,
-      staleReason: stale ? staleReason(current, ageMs, slow) : null,
+      staleReason: stale ? staleReason(current, ageMs, slow ? running : null) : null,
       failing: lastFailure !== null,
-      slow: slow !== null,
+      slow,
     };
   }
 
-  function staleReason(current: Good<S>, ageMs: number, slow: number | null): string {
+  function staleReason(current: Good<S>, ageMs: number, slowFor: number | null): string {
     if (lastFailure) return `the last refresh failed: ${lastFailure.error.message}`;
-    if (slow !== null) {
+    if (slowFor !== null) {
       return (
-        `nvidia-smi is slow: a refresh has been running for ${formatDuration(slow)} (the last one took ${formatDuration(lastRefreshMs)}), ` +
+        `nvidia-smi is slow: a refresh has been running for ${formatDuration(slowFor)} (the last one took ${formatDuration(lastRefreshMs)}), ` +
         `so answers come from a snapshot ${formatDuration(ageMs)} old until it lands or times out. If this persists, check dmesg for Xid errors and run \`nodecompute doctor\`.`
       );
     }
@@ -180,14 +165,10 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
   }
 
   /**
-   * A failure within its window (one TTL, doubling per failure in a row up to 30 s) is the answer: a
-   * wedged driver leaves nvidia-smi stuck where SIGKILL cannot end it, and each retry adds more.
+   * The ms left of the latest failure's window (one TTL, doubling per failure in a row up to 30 s);
+   * null when it has passed. Within it the failure is the answer: a wedged driver leaves nvidia-smi
+   * stuck where SIGKILL cannot end it, and each retry adds more.
    */
-  function recentFailure(): Error | null {
-    return backOffLeft() === null ? null : lastFailure!.error;
-  }
-
-  /** The ms left of the latest failure's window; null when there is none or it has passed. */
   function backOffLeft(): number | null {
     if (!lastFailure || lastFailure.epoch !== epoch) return null;
     const window = Math.min(Math.max(ttlMs, 1) * 2 ** (lastFailure.count - 1), MAX_FAILURE_WINDOW_MS);
@@ -195,22 +176,21 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     return left > 0 ? left : null;
   }
 
-  function maybeRefreshInBackground(): void {
-    if (inFlight || recentFailure()) return;
-    refresh();
-  }
-
-  /**
-   * With no snapshot to serve, the latest failure is answered at once, within its window and while
-   * the retry after it runs; only the caller that starts the retry waits for it.
-   */
-  function failureToAnswer(): Error | null {
-    return recentFailure() ?? (inFlight && lastFailure ? lastFailure.error : null);
+  /** What get() answers without waiting: the cached snapshot within max-stale (refreshing it when stale); null otherwise. */
+  function available(): SnapshotView<S> | null {
+    if (good === null) return null;
+    const age = now() - good.observedAt;
+    if (age > ttlMs || good.epoch !== epoch) {
+      if (age > maxStaleMs) return null;
+      if (!inFlight && backOffLeft() === null) refresh();
+    }
+    return view(good);
   }
 
   async function waitForRefresh(maxWaitMs: number | undefined): Promise<Good<S>> {
-    const failure = failureToAnswer();
-    if (failure) throw failure;
+    // With nothing to serve, a failure within its window, or while the retry after it runs, is answered
+    // at once: only the caller that starts the retry waits for it.
+    if (lastFailure && (backOffLeft() !== null || inFlight)) throw lastFailure.error;
     const pending = refresh();
     if (maxWaitMs === undefined) return pending;
     let timer: NodeJS.Timeout | undefined;
@@ -231,24 +211,11 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     }
   }
 
-  function available(): SnapshotView<S> | null {
-    const current = good;
-    if (current === null) return null;
-    const age = now() - current.observedAt;
-    if (age <= ttlMs && current.epoch === epoch) return view(current);
-    if (age > maxStaleMs) return null;
-    maybeRefreshInBackground();
-    return view(current);
-  }
-
   return {
     async get(getOptions: GetOptions = {}) {
       return available() ?? view(await waitForRefresh(getOptions.maxWaitMs));
     },
-    available,
-    peek() {
-      return good ? view(good) : null;
-    },
+    peek: () => (good ? view(good) : null),
     invalidate() {
       epoch += 1;
     },

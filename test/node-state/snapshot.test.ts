@@ -2,7 +2,7 @@
 // stale-while-revalidate, failure memory and the per-call wait budget.
 import t from 'tap';
 import { pino } from 'pino';
-import { createSnapshotSource, SLOW_REFRESH_MIN_MS, slowAfterMs, staleNews } from '../../src/node-state/snapshot.js';
+import { createSnapshotSource, slowAfterMs, staleNews } from '../../src/node-state/snapshot.js';
 import { NvidiaSmiFailedError } from '../../src/errors.js';
 
 const log = pino({ level: 'silent' });
@@ -85,7 +85,7 @@ t.test('past the TTL: answered at once from the cache (stale) while one backgrou
   const views = await Promise.all([h.source.get(), h.source.get(), h.source.get()]);
   t.equal(h.calls.length, 2, 'one background refresh for three requests');
   t.ok(views.every((view) => view.snapshot.n === 1 && view.stale));
-  t.equal(views[0]!.staleReason, 'refreshing: this snapshot is 1.5 s old and a newer one is being taken', 'routine: nothing against nvidia-smi');
+  t.match(views[0]!.staleReason, /^refreshing: .*1\.5 s old/, 'routine: nothing against nvidia-smi');
   t.same([views[0]!.failing, views[0]!.slow], [false, false]);
   h.calls[1]!.resolve({ n: 2 });
   await flush();
@@ -102,7 +102,7 @@ t.test('a failed refresh is served stale with its reason, and not retried within
   await flush();
   const view = await h.source.get();
   t.equal(view.stale, true);
-  t.equal(view.staleReason, 'the last refresh failed: driver gone');
+  t.match(view.staleReason, /failed: driver gone$/);
   t.equal(h.calls.length, 2, 'no retry storm right after a failure');
   h.advance(1001);
   await h.source.get();
@@ -214,7 +214,7 @@ t.test('invalidate() makes the next request refresh in the background', async (t
   const view = await h.source.get();
   t.equal(view.snapshot.n, 1, 'answered at once from the cache');
   t.equal(view.stale, true, 'marked stale: it predates the registry change');
-  t.equal(view.staleReason, 'the shard registry changed since it was taken; a refresh is under way');
+  t.match(view.staleReason, /registry changed/);
   t.equal(h.calls.length, 2, 'and a refresh started');
   t.equal((await h.source.get()).stale, true, 'still stale while that refresh runs');
   t.equal(h.calls.length, 2, 'which the next request shares');
@@ -232,30 +232,13 @@ t.test('a registry change during a refresh: that refresh lands stale, and one mo
   h.source.invalidate();
   h.calls[1]!.resolve({ n: 2 });
   await flush();
-  const landed = h.source.available();
-  t.equal(landed?.snapshot.n, 2, 'its snapshot is served');
-  t.equal(landed?.stale, true, 'but marked stale: it started before the change');
+  const landed = await h.source.get();
+  t.same([landed.snapshot.n, landed.stale], [2, true], 'its snapshot is served, but marked stale: it started before the change');
   t.equal(h.calls.length, 3, 'and a refresh that includes the change started');
   h.calls[2]!.resolve({ n: 3 });
   await flush();
-  t.same([h.source.available()?.snapshot.n, h.source.available()?.stale], [3, false]);
-});
-
-t.test('available() answers what get() would without waiting, and null where get() would wait', async (t) => {
-  const h = harness({ ttlMs: 1000, maxStaleMs: 5000 });
-  t.equal(h.source.available(), null, 'no snapshot yet');
-  t.equal(h.calls.length, 0, 'and it starts nothing: get() does');
-  const first = h.source.get();
-  h.calls[0]!.resolve({ n: 1 });
-  await first;
-  t.same([h.source.available()?.snapshot.n, h.source.available()?.stale], [1, false], 'fresh');
-  h.advance(2000);
-  t.equal(h.source.available()?.stale, true, 'within max-stale: the cached one, stale');
-  t.equal(h.calls.length, 2, 'with a background refresh started');
-  h.calls[1]!.reject(new NvidiaSmiFailedError('wedged'));
-  await flush();
-  h.advance(4000);
-  t.equal(h.source.available(), null, 'beyond max-stale get() would wait: null');
+  const after = await h.source.get();
+  t.same([after.snapshot.n, after.stale], [3, false]);
 });
 
 t.test('a failure right after invalidate() does not block the refresh it asked for', async (t) => {
@@ -318,7 +301,7 @@ t.test('staleReason says a refresh is due when none runs and none failed', async
 });
 
 t.test('a refresh is slow only past 3 times the last one\'s duration, and never below 1 s: only then does a stale answer blame nvidia-smi', async (t) => {
-  t.equal(slowAfterMs(0), SLOW_REFRESH_MIN_MS, 'a fast node: the 1 s floor');
+  t.equal(slowAfterMs(0), 1000, 'a fast node: the 1 s floor');
   t.equal(slowAfterMs(2000), 6000, 'a slow node: three times its usual time');
   const h = harness();
   const first = h.source.get();
@@ -330,21 +313,17 @@ t.test('a refresh is slow only past 3 times the last one\'s duration, and never 
   await h.source.get();
   t.equal(h.calls.length, 2, 'a refresh runs');
   h.advance(1499);
-  const routine = h.source.available()!;
+  const routine = await h.source.get();
   t.same([routine.stale, routine.slow, routine.failing], [true, false, false]);
-  t.equal(routine.staleReason, 'refreshing: this snapshot is 3.0 s old and a newer one is being taken');
+  t.match(routine.staleReason, /^refreshing: .*3\.0 s old/);
   t.equal(staleNews(routine), null, 'routine: no warning');
   h.advance(2);
-  const slow = h.source.available()!;
+  const slow = await h.source.get();
   t.equal(slow.slow, true, 'past 3 x 500 ms');
-  t.equal(
-    slow.staleReason,
-    'nvidia-smi is slow: a refresh has been running for 1.5 s (the last one took 500 ms), so answers come from a snapshot 3.0 s old until it lands or times out. ' +
-      'If this persists, check dmesg for Xid errors and run `nodecompute doctor`.',
-  );
+  t.match(slow.staleReason, /^nvidia-smi is slow: .*running for 1\.5 s .*took 500 ms.* 3\.0 s old.*dmesg.*nodecompute doctor/);
   t.equal(staleNews(slow), slow.staleReason, 'worth a warning');
   h.source.invalidate();
-  t.match(h.source.available()!.staleReason, /^nvidia-smi is slow: /, 'slowness outranks a registry change');
+  t.match((await h.source.get()).staleReason, /^nvidia-smi is slow: /, 'slowness outranks a registry change');
   h.calls[1]!.reject(new NvidiaSmiFailedError('driver gone'));
   await flush();
   const failed = h.source.peek()!;
@@ -354,7 +333,7 @@ t.test('a refresh is slow only past 3 times the last one\'s duration, and never 
 t.test('ages past two minutes read in minutes, as every span does (formatDuration)', async (t) => {
   const h = await warmed({ maxStaleMs: 600_000 });
   h.advance(150_000);
-  t.equal((await h.source.get()).staleReason, 'refreshing: this snapshot is 2.5 min old and a newer one is being taken');
+  t.match((await h.source.get()).staleReason, /^refreshing: .*2\.5 min old/);
 });
 
 t.test('a snapshot behind a registry change, and one whose refresh is merely due, are not news', async (t) => {
