@@ -5,7 +5,7 @@ import type { Logger } from 'pino';
 import type { ShardRecord } from '../shards/shard.js';
 import { attribute, type Liveness } from './attribution.js';
 import { unreachableOf, type UnreachableGpu } from '../system/nvidia-smi.js';
-import { procFactsAfter, type NodeSnapshot, type ProcFacts } from './node-snapshot.js';
+import { procFactsAfter, type FactsAfterFailure, type NodeSnapshot } from './node-snapshot.js';
 import { createNodeViewCache, type NodeView } from './node-view.js';
 import { listedAs, type UnreachableListedGpu } from './placement.js';
 import type { GetOptions, SnapshotSource, SnapshotView } from './snapshot.js';
@@ -16,11 +16,8 @@ export interface Current {
   node: NodeView;
 }
 
-/** Shard liveness from /proc while nvidia-smi cannot be asked. */
-export interface ProcOnly {
-  /** When /proc was read. */
-  takenAt: number;
-  /** Per shard id; absent for a shard registered since. */
+/** Shard liveness from /proc while nvidia-smi cannot be asked: per shard id (none for one registered since). */
+interface ProcOnly {
   liveness: ReadonlyMap<string, Liveness>;
   /** The shards' processes and the last good snapshot's GPU processes. */
   proc: ReadonlyMap<number, StatAnswer>;
@@ -42,20 +39,10 @@ export interface NodeService {
 }
 
 /** Liveness alone: the attribution of a GPU-less snapshot, over the shards registered when the facts were read. */
-export function procOnlyLiveness(facts: ProcFacts, shards: readonly ShardRecord[]): ProcOnly {
-  const snapshot: NodeSnapshot = {
-    takenAt: facts.takenAt,
-    gpus: [],
-    proc: facts.proc,
-    cgroupPids: facts.cgroupPids,
-    ...(facts.cgroupScanFailed === undefined ? {} : { cgroupScanFailed: facts.cgroupScanFailed }),
-    bootId: facts.bootId,
-    unmatchedProcesses: [],
-    lostGpus: [],
-    timings: { nvidiaSmiMs: 0, procMs: 0 },
-  };
+export function procOnlyLiveness(facts: FactsAfterFailure, shards: readonly ShardRecord[]): ProcOnly {
+  const snapshot: NodeSnapshot = { ...facts, gpus: [], unmatchedProcesses: [], lostGpus: [], timings: { nvidiaSmiMs: 0, procMs: 0 } };
   const described = shards.filter((shard) => shard.registeredAt <= facts.startedAt);
-  return { takenAt: facts.takenAt, liveness: attribute(snapshot, described).liveness, proc: facts.proc };
+  return { liveness: attribute(snapshot, described).liveness, proc: facts.proc };
 }
 
 /** What the node service reads of the shard registry. */
@@ -68,17 +55,12 @@ const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 
 export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger): NodeService {
   const derive = createNodeViewCache(log);
-  let lastProcOnly: { facts: ProcFacts; registryVersion: number; answer: ProcOnly } | null = null;
+  let lastProcOnly: { facts: FactsAfterFailure; registryVersion: number; answer: ProcOnly } | null = null;
   /** The bus ids the failures since the good snapshot of `generation` named. */
   let named: { generation: number; seen: Error | null; gpus: Map<string, UnreachableGpu>; answer: readonly UnreachableListedGpu[] } | null = null;
-  const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({
-    view,
-    node: derive(view.snapshot, registry.version, () => registry.list()),
-  });
+  const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({ view, node: derive(view.snapshot, registry.version, () => registry.list()) });
   return {
-    async current(options) {
-      return withNode(await snapshots.get(options));
-    },
+    current: async (options) => withNode(await snapshots.get(options)),
     peek() {
       const view = snapshots.peek();
       return view ? withNode(view) : null;

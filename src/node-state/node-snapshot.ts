@@ -23,17 +23,21 @@ export interface GpuState extends GpuRecord {
   processes: GpuProcess[];
 }
 
-export interface NodeSnapshot {
+/** What /proc says of the shards' processes; a snapshot has it, and so does a refresh whose nvidia-smi query failed. */
+export interface ProcFacts {
   takenAt: number;
-  gpus: GpuState[];
   /** Per PID of interest: null when it is not in this /proc; an UnreadableStat says nothing about whether it runs. */
   proc: ReadonlyMap<number, StatAnswer>;
   /** For each cgroup string of a registered shard, the PIDs whose cgroup paths contain it. */
   cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
-  /** Why the cgroup scan failed this refresh (cgroupPids is then empty); absent when it did not. */
+  /** Why the cgroup scan failed this refresh (cgroupPids is then empty). */
   cgroupScanFailed?: string;
   /** The boot these PIDs belong to (ProcReader.bootId); null when /proc cannot say. */
   bootId: string | null;
+}
+
+export interface NodeSnapshot extends ProcFacts {
+  gpus: GpuState[];
   /** Rows nvidia-smi listed under a UUID that matches no GPU of the GPU query. */
   unmatchedProcesses: ComputeAppRecord[];
   /** GPUs an earlier snapshot of this process listed and this one does not (gpu-roster.ts), by index. */
@@ -41,64 +45,39 @@ export interface NodeSnapshot {
   timings: { nvidiaSmiMs: number; procMs: number };
 }
 
-/** The /proc part of a snapshot, read for the shards alone by a refresh whose nvidia-smi query failed. */
-export interface ProcFacts {
-  /** When the refresh that read them began: a shard registered after it is not described by them. */
-  startedAt: number;
-  takenAt: number;
-  proc: ReadonlyMap<number, StatAnswer>;
-  cgroupPids: ReadonlyMap<string, ReadonlySet<number>>;
-  /** As NodeSnapshot's. */
-  cgroupScanFailed?: string;
-  bootId: string | null;
-}
+/** The facts read after nvidia-smi failed; `startedAt`: a shard registered after the refresh began is not described. */
+export type FactsAfterFailure = ProcFacts & { startedAt: number };
 
 /** Keyed by the error a failed refresh threw, so the error itself carries no data into logs. */
-const factsAfterFailure = new WeakMap<Error, ProcFacts>();
+const factsAfterFailure = new WeakMap<Error, FactsAfterFailure>();
 
-/** The /proc facts the refresh that failed with `error` read for the shards; undefined when none were read. */
-export function procFactsAfter(error: Error | null): ProcFacts | undefined {
+export function procFactsAfter(error: Error | null): FactsAfterFailure | undefined {
   return error === null ? undefined : factsAfterFailure.get(error);
-}
-
-/** What the registry wants read along with the GPU processes. */
-export interface SnapshotInterest {
-  pids: Iterable<number>;
-  cgroups: Iterable<string>;
 }
 
 export interface SnapshotTakerDeps {
   nvidiaSmi: NvidiaSmi;
   proc: ProcReader;
   log: Logger;
-  interest: () => SnapshotInterest;
+  /** What the registry wants read along with the GPU processes. */
+  interest: () => { pids: Iterable<number>; cgroups: Iterable<string> };
   now: () => number;
 }
 
-export function joinGpusAndProcesses(
-  gpus: GpuRecord[],
-  apps: ComputeAppRecord[],
-): { gpus: GpuState[]; unmatched: ComputeAppRecord[] } {
-  const byUuid = new Map<string, GpuState>();
-  const states = gpus.map((gpu) => {
-    const state: GpuState = { ...gpu, processes: [] };
-    byUuid.set(gpu.uuid, state);
-    return state;
-  });
+export function joinGpusAndProcesses(gpus: GpuRecord[], apps: ComputeAppRecord[]): { gpus: GpuState[]; unmatched: ComputeAppRecord[] } {
+  const states = gpus.map((gpu): GpuState => ({ ...gpu, processes: [] }));
+  const byUuid = new Map(states.map((gpu) => [gpu.uuid, gpu]));
   const unmatched: ComputeAppRecord[] = [];
   for (const app of apps) {
     const gpu = byUuid.get(app.gpuUuid);
-    if (!gpu) {
-      unmatched.push(app);
-      continue;
-    }
-    gpu.processes.push({ pid: app.pid, name: app.name, usedMiB: app.usedMiB, gpuIndex: gpu.index, gpuUuid: gpu.uuid });
+    if (gpu) gpu.processes.push({ pid: app.pid, name: app.name, usedMiB: app.usedMiB, gpuIndex: gpu.index, gpuUuid: gpu.uuid });
+    else unmatched.push(app);
   }
   return { gpus: states, unmatched };
 }
 
 /** A PID's stat when this snapshot read it; undefined when it was not asked about, is gone or was unreadable. */
-export function statOf(snapshot: NodeSnapshot, pid: number): ProcStat | undefined {
+export function statOf(snapshot: ProcFacts, pid: number): ProcStat | undefined {
   const answer = snapshot.proc.get(pid);
   return isReadable(answer) ? answer : undefined;
 }
@@ -132,54 +111,38 @@ async function readParents(proc: ProcReader, stats: Map<number, StatAnswer>, gpu
   }
 }
 
-async function scanCgroups(proc: ProcReader, needles: string[]): Promise<Map<string, Set<number>>> {
-  const found = await proc.findPidsInCgroups(needles);
-  return new Map([...found].map(([needle, pids]) => [needle, new Set(pids)]));
-}
-
-/** The cgroup scan, or why it failed: a failed scan must not fail the snapshot (its cgroup shards read unverified). */
-async function scanCgroupsOrWhy(deps: SnapshotTakerDeps, needles: string[], level: RepeatLimit): Promise<{ cgroupPids: Map<string, Set<number>>; failed?: string }> {
+/**
+ * The stats of `pids` and of the shards' processes, cgroup members included: the scan comes first so
+ * that one read covers them. A failed scan does not fail the read: its cgroup shards read unverified.
+ */
+async function readProcFacts(deps: SnapshotTakerDeps, scanFailure: RepeatLimit, pids: Iterable<number>, keep: boolean) {
+  const interest = deps.interest();
+  const needles = [...new Set(interest.cgroups)];
+  let cgroupPids = new Map<string, Set<number>>();
+  let cgroupScanFailed: string | undefined;
   try {
-    return { cgroupPids: await scanCgroups(deps.proc, needles) };
+    cgroupPids = new Map([...(await deps.proc.findPidsInCgroups(needles))].map(([needle, found]) => [needle, new Set(found)]));
   } catch (err) {
-    const failed = (err as Error).message;
+    cgroupScanFailed = (err as Error).message;
     // Keyed by the errno: the message names a different process each time.
     const code = ((err as Error).cause as NodeJS.ErrnoException | undefined)?.code;
-    deps.log[level(code ?? failed)](
+    deps.log[scanFailure(code ?? cgroupScanFailed)](
       { err, cgroupShards: needles.length },
-      `Could not find the processes of the cgroup shards in /proc: ${failed}. Until a refresh can, whether each cgroup shard runs is unverified (it keeps serving, with this reason) ` +
-        "and its processes' GPU memory counts as foreign. PID shards and the GPUs are not affected. Run `nodecompute doctor` on this node.",
+      `Could not find the processes of the cgroup shards in /proc: ${cgroupScanFailed}. Until a refresh can, whether each cgroup shard runs is unverified ` +
+        "(it keeps serving, with this reason) and its processes' GPU memory counts as foreign. " +
+        'PID shards and the GPUs are not affected. Run `nodecompute doctor` on this node.',
     );
-    return { cgroupPids: new Map(), failed };
   }
-}
-
-/** Reads the shards' /proc facts after nvidia-smi failed and leaves them with the error; none when /proc fails too. */
-async function readFactsAfterFailure(
-  deps: SnapshotTakerDeps,
-  error: unknown,
-  startedAt: number,
-  listedPids: readonly number[],
-  scanFailureLevel: RepeatLimit,
-): Promise<void> {
-  if (!(error instanceof Error)) return;
-  try {
-    const interest = deps.interest();
-    const { cgroupPids, failed } = await scanCgroupsOrWhy(deps, [...new Set(interest.cgroups)], scanFailureLevel);
-    const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
-    // Not kept (the kept set is the full snapshot's). The last listing's GPU processes are read too.
-    const proc = await deps.proc.readStats([...new Set([...interest.pids, ...members, ...listedPids])]);
-    factsAfterFailure.set(error, { startedAt, takenAt: deps.now(), proc, cgroupPids, ...(failed === undefined ? {} : { cgroupScanFailed: failed }), bootId: deps.proc.bootId() });
-  } catch (err) {
-    deps.log.warn({ err }, "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, no exit or stop of a shard can be seen, and each keeps the verdict nvidia-smi's last listing gave it (one it showed ready reads unverified)");
-  }
+  const members = [...cgroupPids.values()].flatMap((found) => [...found]);
+  const proc = await deps.proc.readStats([...new Set([...pids, ...interest.pids, ...members])], { keep });
+  return { shardPids: new Set(interest.pids), facts: { proc, cgroupPids, cgroupScanFailed, bootId: deps.proc.bootId() } };
 }
 
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
-  const { now } = deps;
-  const roster = createGpuRoster(deps.log);
-  const scanFailureLevel = createRepeatLimit(now);
-  /** The last snapshot's GPU processes: read again after a failure. */
+  const { now, log } = deps;
+  const roster = createGpuRoster(log);
+  const scanFailure = createRepeatLimit(now);
+  /** The last snapshot's GPU processes: read again, with the shards', after nvidia-smi fails. */
   let listedPids: readonly number[] = [];
   return async () => {
     const startedAt = now();
@@ -189,36 +152,39 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     try {
       [listing, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
     } catch (err) {
-      await readFactsAfterFailure(deps, err, startedAt, listedPids, scanFailureLevel);
+      if (!(err instanceof Error)) throw err;
+      try {
+        // Not kept open: the kept set is the full snapshot's.
+        const { facts } = await readProcFacts(deps, scanFailure, listedPids, false);
+        factsAfterFailure.set(err, { ...facts, startedAt, takenAt: now() });
+      } catch (procErr) {
+        log.warn(
+          { err: procErr },
+          "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, no exit or stop of a shard can be seen, " +
+            "and each keeps the verdict nvidia-smi's last listing gave it (one it showed ready reads unverified)",
+        );
+      }
       throw err;
     }
     const smiDone = performance.now();
     const { gpus, unmatched } = joinGpusAndProcesses(listing.gpus, apps);
     if (unmatched.length > 0) {
-      deps.log.warn(
+      log.warn(
         { rows: unmatched.length, uuids: [...new Set(unmatched.map((row) => row.gpuUuid))] },
         'nvidia-smi listed processes on GPU UUIDs its GPU query did not return; they are left out of per-GPU answers',
       );
     }
-    const interest = deps.interest();
-    const gpuPids = new Set<number>(apps.map((app) => app.pid));
-    const shardPids = new Set<number>(interest.pids);
-    // The scan comes first so that one read covers the members too; the same PIDs come back next
-    // refresh, so their stat files are kept open.
-    const { cgroupPids, failed } = await scanCgroupsOrWhy(deps, [...new Set(interest.cgroups)], scanFailureLevel);
-    const members = [...cgroupPids.values()].flatMap((pids) => [...pids]);
-    const proc = await deps.proc.readStats([...new Set([...gpuPids, ...shardPids, ...members])], { keep: true });
-    await readParents(deps.proc, proc, gpuPids, shardPids);
+    const gpuPids = new Set(apps.map((app) => app.pid));
+    // The same PIDs come back next refresh, so their stat files are kept open.
+    const { shardPids, facts } = await readProcFacts(deps, scanFailure, gpuPids, true);
+    await readParents(deps.proc, facts.proc, gpuPids, shardPids);
     const done = performance.now();
     const takenAt = now();
     listedPids = [...gpuPids];
     return {
+      ...facts,
       takenAt,
       gpus,
-      proc,
-      cgroupPids,
-      ...(failed === undefined ? {} : { cgroupScanFailed: failed }),
-      bootId: deps.proc.bootId(),
       unmatchedProcesses: unmatched,
       lostGpus: roster.update(listing.gpus, takenAt, listing.unreachable),
       timings: { nvidiaSmiMs: smiDone - started, procMs: done - smiDone },

@@ -211,7 +211,7 @@ t.test('take, when nvidia-smi fails: the shards\' /proc facts stay with the erro
   t.same([...facts.cgroupPids.get('abcdef12-3456')!], [20]);
   t.same([...facts.proc.keys()].sort((a, b) => a - b), [8, 9, 20]);
   t.equal(facts.proc.get(9), null, 'a shard PID that is gone');
-  t.same(calls, [{ pids: [8, 9, 20], keep: undefined }], 'one read, not kept');
+  t.same(calls, [{ pids: [8, 9, 20], keep: false }], 'one read, not kept');
   t.equal(procFactsAfter(new Error('another')), undefined, 'nothing for an error no refresh threw');
 });
 
@@ -298,22 +298,17 @@ t.test('procOnlyLiveness: the facts describe only shards registered before they 
     registeredAt,
     identity: { pid, pgid: pid, startTime, name: 'x' },
   });
-  const { takenAt, liveness } = procOnlyLiveness(facts, [shard('alive', 8, 1000), shard('gone', 9, 500), shard('late', 10, 1001)]);
-  t.equal(takenAt, 1010);
+  const { liveness } = procOnlyLiveness(facts, [shard('alive', 8, 1000), shard('gone', 9, 500), shard('late', 10, 1001)]);
   t.same(liveness.get('alive'), { state: 'alive' });
   t.match(liveness.get('gone'), { state: 'gone', why: 'process 9 no longer exists' });
   const before = shard('before', 8, 1000);
   const afterRestart = procOnlyLiveness(facts, [{ ...before, identity: { ...before.identity, bootId: 'boot-before' } }]).liveness.get('before');
-  t.match(afterRestart, { state: 'gone', why: /^the node has restarted since it was registered \(boot boot-before, now boot-now\)/ }, 'the facts name their boot: PID 8 of an earlier boot is gone');
+  t.match(afterRestart, { state: 'gone', why: /restarted.*boot boot-before, now boot-now/ }, 'the facts name their boot: PID 8 of an earlier boot is gone');
   t.equal(liveness.get('late'), undefined, 'registered after the read: its PID may have been another process then (here: another start time)');
   const pod: ShardRecord = { ...shard('pod', 20, 1000), pid: null, cgroup: 'abcdef12-3456' };
   t.match(procOnlyLiveness(facts, [pod]).liveness.get('pod'), { state: 'alive' });
   const scanFailed = procOnlyLiveness({ ...facts, cgroupPids: new Map(), cgroupScanFailed: 'cannot read /proc/7/cgroup: EIO' }, [pod, shard('alive', 8, 1000)]).liveness;
-  t.match(
-    scanFailed.get('pod'),
-    { state: 'unreadable', why: /^which processes are in cgroup "abcdef12-3456" could not be read in this refresh: cannot read \/proc\/7\/cgroup: EIO\./ },
-    "a failed cgroup scan leaves whether a cgroup shard runs unknown",
-  );
+  t.match(scanFailed.get('pod'), { state: 'unreadable', why: /cgroup "abcdef12-3456".*cannot read \/proc\/7\/cgroup: EIO/ }, 'a failed cgroup scan: unknown whether it runs');
   t.same(scanFailed.get('alive'), { state: 'alive' }, "and a PID shard's as read");
 });
 
