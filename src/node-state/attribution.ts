@@ -15,15 +15,12 @@ export interface ShardGpuHolding {
   processes: GpuProcess[];
 }
 
+// Stopped (SIGSTOP, a tracer) and unreadable shards keep their claims and memory; unknown: registered
+// after the snapshot was taken. `oldestStart` (cgroup shards, clock ticks): its oldest live member's
+// start, when every member was read.
 export type Liveness =
-  /** `oldestStart` (cgroup shards, clock ticks): start of its oldest live non-sandbox member, when every member was read. */
   | { state: 'alive'; oldestStart?: number }
-  | { state: 'gone'; why: string }
-  /** It exists but answers nothing (SIGSTOP, a tracer): it keeps its claims and its memory. */
-  | { state: 'stopped'; why: string }
-  /** Its stat could not be read this refresh: it keeps its claims, and `why` says what to do. */
-  | { state: 'unreadable'; why: string }
-  /** The snapshot was taken before this shard was registered: no /proc facts yet. */
+  | { state: 'gone' | 'stopped' | 'unreadable'; why: string }
   | { state: 'unknown' };
 
 export interface Attribution {
@@ -48,8 +45,10 @@ function isStopped(stat: ProcStat): boolean {
   return stat.state === 'T' || stat.state === 't';
 }
 
-// Stopped processes named one by one in a reason; the rest are counted.
-const STOPPED_LISTED = 5;
+/** The first five of a reason's processes, one by one; the rest are counted. */
+function firstFive(items: readonly string[]): string {
+  return `${items.slice(0, 5).join(', ')}${items.length > 5 ? `, and ${items.length - 5} more` : ''}`;
+}
 
 const STOP_MEANING = {
   T: 'state T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background',
@@ -69,10 +68,7 @@ function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): stri
   const signalled = byPid.filter((stat) => stat.state === 'T').map((stat) => stat.pid);
   const traced = byPid.filter((stat) => stat.state === 't').map((stat) => stat.pid);
   const meaning = [signalled.length > 0 ? STOP_MEANING.T : null, traced.length > 0 ? STOP_MEANING.t : null].filter((line) => line !== null).join('; ');
-  const listed = (describe: (stat: ProcStat) => string) => {
-    const more = byPid.length > STOPPED_LISTED ? `, and ${byPid.length - STOPPED_LISTED} more` : '';
-    return `${byPid.slice(0, STOPPED_LISTED).map(describe).join(', ')}${more}`;
-  };
+  const listed = (describe: (stat: ProcStat) => string) => firstFive(byPid.map(describe));
   let what: string;
   if (subject.kind === 'process') {
     const [stat] = byPid as [ProcStat];
@@ -100,17 +96,14 @@ function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): stri
   );
 }
 
-/** A shard's stopped GPU-holding processes, each with its GPUs; null when none is. */
-function stoppedGpuHolders(
-  holdings: ReadonlyMap<number, ShardGpuHolding>,
-  statNow: (pid: number) => ProcStat | undefined,
-): { stopped: ProcStat[]; gpusOf: Map<number, number[]> } | null {
+/** Stopped when a process holding the shard's GPU memory is, whatever the rest of it does; null when none is. */
+function stoppedGpuHolders(holdings: ReadonlyMap<number, ShardGpuHolding>, statNow: (pid: number) => ProcStat | null | undefined): Liveness | null {
   const gpusOf = new Map<number, number[]>();
   const stopped: ProcStat[] = [];
   for (const holding of holdings.values()) {
     for (const { pid } of holding.processes) {
       const stat = statNow(pid);
-      if (stat === undefined || !isStopped(stat)) continue;
+      if (!stat || !isStopped(stat)) continue;
       const gpus = gpusOf.get(pid);
       if (gpus === undefined) {
         gpusOf.set(pid, [holding.index]);
@@ -118,13 +111,10 @@ function stoppedGpuHolders(
       } else if (!gpus.includes(holding.index)) gpus.push(holding.index);
     }
   }
-  return stopped.length === 0 ? null : { stopped, gpusOf };
+  return stopped.length === 0 ? null : { state: 'stopped', why: stoppedWhy(stopped, { kind: 'gpu-holders', gpusOf }) };
 }
 
-/**
- * A process of `listed`, as `procNow` reads it: its stat while it is the same process (PID and start
- * time) and has not exited; null when it has exited since; undefined when that is not known.
- */
+/** A process of `listed` in `procNow`: its stat while the same process runs; null once it has exited; undefined: not known. */
 export function sameProcessNow(listed: NodeSnapshot, procNow: ReadonlyMap<number, StatAnswer>, pid: number): ProcStat | null | undefined {
   const now = procNow.get(pid);
   if (now === null) return null;
@@ -133,23 +123,13 @@ export function sameProcessNow(listed: NodeSnapshot, procNow: ReadonlyMap<number
   return now.startTime === then.startTime && !hasExited(now) ? now : null;
 }
 
-/**
- * While nvidia-smi cannot be asked: a shard is stopped when a process that held its GPU memory in
- * `listed` (the last good listing) is the same process now and stopped; null when none is.
- */
+/** While nvidia-smi cannot be asked: stopped when a process holding its memory in `listed` (the last good listing) is now. */
 export function stoppedSinceListing(
   listed: NodeSnapshot,
   holdings: ReadonlyMap<number, ShardGpuHolding> | undefined,
   procNow: ReadonlyMap<number, StatAnswer>,
 ): Liveness | null {
-  if (holdings === undefined) return null;
-  const holders = stoppedGpuHolders(holdings, (pid) => sameProcessNow(listed, procNow, pid) ?? undefined);
-  return holders === null ? null : { state: 'stopped', why: stoppedWhy(holders.stopped, { kind: 'gpu-holders', gpusOf: holders.gpusOf }) };
-}
-
-function pidShardLiveness(snapshot: NodeSnapshot, shard: ShardRecord): Liveness {
-  const pid = shard.identity.pid;
-  return pidLiveness(shard, snapshot.proc.has(pid) ? snapshot.proc.get(pid)! : undefined, snapshot.bootId);
+  return holdings === undefined ? null : stoppedGpuHolders(holdings, (pid) => sameProcessNow(listed, procNow, pid));
 }
 
 /** A PID shard's liveness by its own stat (undefined: not read) in boot `bootId`; also used by probes. */
@@ -193,10 +173,7 @@ function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
   );
 }
 
-/**
- * Alive while one member other than the sandbox runs (one with no answer counts as running); else
- * unreadable if a stat was, stopped if any member is, gone otherwise.
- */
+/** Alive while a member other than the sandbox runs (or was not read); else unreadable, stopped, gone, in that order. */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   if (snapshot.cgroupScanFailed !== undefined) {
     return {
@@ -208,7 +185,6 @@ function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   }
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
-  if (members.size === 0) return { state: 'gone', why: `no process is left in cgroup "${cgroup}"` };
   const sandbox: ProcStat[] = [];
   const stopped: ProcStat[] = [];
   const zombies: number[] = [];
@@ -250,10 +226,7 @@ function groupOf(snapshot: NodeSnapshot, shard: ShardRecord): number {
   return stat !== undefined && stat.startTime === shard.identity.startTime ? stat.pgrp : shard.identity.pgid;
 }
 
-/**
- * `strong`: every PID a shard is (its PID or a cgroup member); `byGroup`: the one shard process that
- * claims a process group, or null when several do or a gone shard contests it.
- */
+/** `strong`: every PID a shard is; `byGroup`: the one shard process claiming a group, null when contested. */
 interface Claims {
   strong: Map<number, string>;
   byGroup: Map<number, { pid: number; shard: string; startTime: number } | null>;
@@ -322,9 +295,6 @@ function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): string | 
   return claim != null && stat.startTime >= claim.startTime ? claim.shard : undefined;
 }
 
-// Orphans listed one by one in a reason; the rest are counted.
-const ORPHANS_LISTED = 5;
-
 function memoryOf(process: GpuProcess): string {
   const amount = process.usedMiB === null ? 'memory nvidia-smi does not report ([N/A])' : `${process.usedMiB} MiB`;
   return `${amount} on GPU ${process.gpuIndex} (PID ${process.pid}, ${process.name})`;
@@ -343,11 +313,9 @@ function withOrphans(why: string, shard: ShardRecord, snapshot: NodeSnapshot, ow
     gpu.processes.filter((process) => process.pid !== shard.identity.pid && !ownerByPid.has(process.pid) && orphanOf(process.pid)),
   );
   if (orphans.length === 0) return why;
-  const listed = orphans.slice(0, ORPHANS_LISTED).map(memoryOf).join(', ');
-  const more = orphans.length > ORPHANS_LISTED ? `, and ${orphans.length - ORPHANS_LISTED} more` : '';
   const pids = [...new Set(orphans.map((process) => process.pid))].join(' ');
   return (
-    `${why}, but its process group ${group} still holds GPU memory: ${listed}${more}. ` +
+    `${why}, but its process group ${group} still holds GPU memory: ${firstFive(orphans.map(memoryOf))}. ` +
     `That memory is not free for placement and reads as foreign until it is released: if the shard is not coming back, kill ${pids}`
   );
 }
@@ -357,7 +325,8 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
   const liveness = new Map<string, Liveness>();
   const claims: Claims = { strong: new Map(), byGroup: new Map() };
   for (const shard of ordered) {
-    const state = shard.cgroup !== null ? cgroupShardLiveness(snapshot, shard.cgroup) : pidShardLiveness(snapshot, shard);
+    const own = snapshot.proc.get(shard.identity.pid);
+    const state = shard.cgroup !== null ? cgroupShardLiveness(snapshot, shard.cgroup) : pidLiveness(shard, own, snapshot.bootId);
     liveness.set(shard.id, state);
     addClaims(claims, snapshot, shard, state);
   }
@@ -385,10 +354,8 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
     if (state.state === 'gone' && shard.cgroup === null && !ranInAnotherBoot(shard.identity, snapshot.bootId)) {
       liveness.set(shard.id, { state: 'gone', why: withOrphans(state.why, shard, snapshot, ownerByPid) });
     }
-    if (state.state === 'alive') {
-      const holders = stoppedGpuHolders(holdings.get(shard.id)!, (pid) => statOf(snapshot, pid));
-      if (holders !== null) liveness.set(shard.id, { state: 'stopped', why: stoppedWhy(holders.stopped, { kind: 'gpu-holders', gpusOf: holders.gpusOf }) });
-    }
+    const stopped = state.state === 'alive' ? stoppedGpuHolders(holdings.get(shard.id)!, (pid) => statOf(snapshot, pid)) : null;
+    if (stopped !== null) liveness.set(shard.id, stopped);
   }
   return { ownerByPid, uncertain, holdings, liveness };
 }

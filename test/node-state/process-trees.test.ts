@@ -105,12 +105,9 @@ t.test('two shards started by one script, each computing in a grandchild: each h
   const exited = await app.inject({ method: 'GET', url: '/shards/a/ready' });
   t.equal(exited.statusCode, 503);
   t.equal(exited.json().state, 'exited');
-  t.equal(
-    exited.json().reason,
-    `the shard's process exited: process ${a.pid} no longer exists, but its process group ${script} still holds GPU memory: ` +
-      `70000 MiB on GPU 0 (PID ${a.worker}, VLLM::Worker). That memory is not free for placement and reads as foreign until it is released: ` +
-      `if the shard is not coming back, kill ${a.worker}.`,
-  );
+  const reason = exited.json().reason;
+  for (const fact of [`process ${a.pid} no longer exists`, `process group ${script}`, `70000 MiB on GPU 0 (PID ${a.worker}, VLLM::Worker)`]) t.match(reason, fact);
+  t.match(reason, new RegExp(`kill ${a.worker}\\.$`), 'the orphan to kill');
   const b2 = (await app.inject({ method: 'GET', url: '/shards/b/ready' })).json();
   t.same([b2.state, b2.warnings], ['ready', []], "b is not handed a's orphan: the group is no longer b's alone to claim");
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
@@ -173,10 +170,7 @@ t.test('a group leader that exits while its engine child holds the GPU: exited, 
   const res = await app.inject({ method: 'GET', url: '/shards/s/ready' });
   t.equal(res.statusCode, 503);
   t.equal(res.json().state, 'exited', 'the registered process is gone');
-  t.match(
-    res.json().reason,
-    `process ${shard.pid} no longer exists, but its process group ${shard.pid} still holds GPU memory: 9000 MiB on GPU 3 (PID ${engine}, llama-server).`,
-  );
+  t.match(res.json().reason, `process group ${shard.pid} still holds GPU memory: 9000 MiB on GPU 3 (PID ${engine}, llama-server)`);
   t.match(res.json().reason, new RegExp(`kill ${engine}\\.$`));
 });
 
@@ -198,7 +192,7 @@ t.test('a shard whose stat stops parsing keeps serving, unverified, instead of r
   const res = await app.inject({ method: 'GET', url: '/shards/s/ready' });
   t.equal(res.statusCode, 200, 'still serving');
   t.equal(res.json().state, 'unverified');
-  t.match(res.json().warnings, [/^the \/proc stat of its process 4242 could not be read in this refresh: its stat does not parse\. Whether it still runs is unverified, so it keeps serving\. .*log quotes the line/]);
+  t.match(res.json().warnings, [/process 4242 .*its stat does not parse.*keeps serving.*log quotes the line/]);
   const owners = (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus[0].processes.map((p: { pid: number; shard: string | null }) => [p.pid, p.shard]);
   t.same(owners, [[4242, 's']], 'and it still owns its own process');
 
