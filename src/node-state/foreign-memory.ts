@@ -25,17 +25,10 @@ const computed = new WeakMap<NodeView, GpuForeignMemory[]>();
 
 /** Per GPU, in the snapshot's order; computed once per node view. */
 export function foreignMemory(node: NodeView): GpuForeignMemory[] {
-  let answer = computed.get(node);
-  if (!answer) {
-    answer = computeForeignMemory(node);
-    computed.set(node, answer);
-  }
-  return answer;
-}
-
-function computeForeignMemory(node: NodeView): GpuForeignMemory[] {
+  const cached = computed.get(node);
+  if (cached) return cached;
   const { ownerByPid } = node.attribution;
-  return node.snapshot.gpus.map((gpu) => {
+  const answer = node.snapshot.gpus.map((gpu) => {
     let shardMiB = 0;
     let unreportedShardProcesses = 0;
     const foreignProcesses: ForeignProcess[] = [];
@@ -54,4 +47,6 @@ function computeForeignMemory(node: NodeView): GpuForeignMemory[] {
       foreignProcesses,
     };
   });
+  computed.set(node, answer);
+  return answer;
 }

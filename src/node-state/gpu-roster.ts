@@ -21,22 +21,13 @@ export interface LostGpu {
   said?: string;
 }
 
-export interface GpuRoster {
-  /** Records one listing taken at `at` and answers the GPUs no longer listed, by index. */
-  update(listed: readonly GpuRecord[], at: number, unreachable?: readonly UnreachableGpu[]): LostGpu[];
-}
-
-/** The words for what a listing said of a lost GPU's bus id (log, doctor, shard reason). */
 export const saidOfBusId = (busId: string | null, said: string): string => `nvidia-smi says of its bus id ${busId}: ${JSON.stringify(said)}`;
-
-/** The words for a lost GPU (log, doctor). */
 export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>): string => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}) is no longer listed by nvidia-smi`;
 export const LOST_GPU_MEANING =
   'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it.';
-/** The words for a GPU nvidia-smi cannot reach, with what the last listing that had its bus id called it. */
 export const gpuUnreachable = ({ busId, said, listed }: { busId: string; said: string; listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null }): string =>
   `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
-/** For an nvidia-smi failure `message`, a sentence naming what each bus id it names was last listed as; '' when none. */
+/** For an nvidia-smi failure, a sentence naming what each bus id it names was last listed as; '' when none. */
 export function unreachableListedIn(err: Error, unreachable: readonly UnreachableListedGpu[]): string {
   const named = new Set(unreachableOf(err).map((gpu) => gpu.busId));
   const known = unreachable.filter((gpu) => named.has(gpu.busId) && gpu.listed !== null);
@@ -48,14 +39,15 @@ export const UNREACHABLE_GPU_MEANING =
 export const LOST_GPU_FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.';
 
-export function createGpuRoster(log: Logger): GpuRoster {
+/** `update` records one listing taken at `at` and answers the GPUs no longer listed, by index. */
+export function createGpuRoster(log: Logger) {
   const known = new Map<string, Omit<LostGpu, 'lostAt'>>();
   /** Lost GPUs by UUID, with when each was first missed. */
   const lost = new Map<string, number>();
   /** Unreachable bus ids no listing had, logged once while they last. */
   let unknownSaid = new Set<string>();
   return {
-    update(listed, at, unreachable = []) {
+    update(listed: readonly GpuRecord[], at: number, unreachable: readonly UnreachableGpu[] = []): LostGpu[] {
       const saidOf = new Map<string | null, string>(unreachable.map((gpu) => [gpu.busId, gpu.said]));
       const listedNow = new Set<string>();
       for (const gpu of listed) {

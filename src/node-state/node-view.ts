@@ -19,15 +19,14 @@ export interface NodeView {
 export const PID_NAMESPACE_WARNING =
   "nvidia-smi lists GPU processes whose PIDs do not exist in this /proc: nodecompute does not share the host's PID namespace, so it cannot tell whose memory is whose. Run it with --pid=host (Docker) or hostPID: true (Kubernetes), or point NODECOMPUTE_PROC at the host's /proc.";
 
-/** Used memory on a GPU, with no process listed anywhere, that means the processes are hidden (idle GPUs show < 300 MiB). */
-export const HIDDEN_PROCESSES_MIB = 1024;
+/** Used memory on a GPU that says someone computes there (idle GPUs show < 300 MiB). */
+const BUSY_MIB = 1024;
 
-/** GPU indices whose used memory says someone computes there. */
 export function busyGpus(gpus: ReadonlyArray<{ index: number; usedMiB: number | null }>): number[] {
-  return gpus.filter((gpu) => gpu.usedMiB !== null && gpu.usedMiB >= HIDDEN_PROCESSES_MIB).map((gpu) => gpu.index);
+  return gpus.filter((gpu) => gpu.usedMiB !== null && gpu.usedMiB >= BUSY_MIB).map((gpu) => gpu.index);
 }
 
-/** The warning for busy GPUs with no process listed: another PID namespace or a GPU-sharing layer hides them. */
+/** Busy GPUs with no process listed: another PID namespace or a GPU-sharing layer hides them. */
 export function hiddenProcessesWarning(busy: number[]): string {
   const gpus = busy.map((index) => `GPU ${index}`).join(', ');
   return (
@@ -36,18 +35,16 @@ export function hiddenProcessesWarning(busy: number[]): string {
   );
 }
 
-/** What one snapshot says about the PIDs nvidia-smi lists, kept to judge the next one by. */
+/** What one snapshot says about the PIDs nvidia-smi lists (`hidden`: NodeView.processesHidden), to judge the next by. */
 export interface PidsJudged {
   snapshot: NodeSnapshot;
   missing: ReadonlySet<number>;
-  /** NodeView.processesHidden. */
   hidden: string | null;
 }
 
 /**
- * Whether nvidia-smi's processes are hidden from this /proc: every listed PID missing, and (after the
- * first snapshot) one missing in `previous` too, so one exited process does not count. Idle GPUs keep
- * the judgement before them.
+ * Hidden from this /proc: every listed PID missing, and (after the first snapshot) one missing in
+ * `previous` too, so one exited process does not count. Idle GPUs keep the judgement before them.
  */
 export function judgePids(snapshot: NodeSnapshot, previous: PidsJudged | null): PidsJudged {
   const listed = new Set(snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)));
@@ -74,21 +71,13 @@ export interface SnapshotMeta {
 }
 
 export function snapshotMeta(view: SnapshotView<unknown>): SnapshotMeta {
-  const meta: SnapshotMeta = {
-    observedAt: new Date(view.observedAt).toISOString(),
-    ageMs: Math.round(view.ageMs),
-    stale: view.stale,
-  };
+  const meta: SnapshotMeta = { observedAt: new Date(view.observedAt).toISOString(), ageMs: Math.round(view.ageMs), stale: view.stale };
   if (view.staleReason !== null) meta.staleReason = view.staleReason;
   return meta;
 }
 
 /** Memoises the view per snapshot and registry version, and logs once when processes turn hidden or visible. */
-export function createNodeViewCache(log: Logger): (
-  snapshot: NodeSnapshot,
-  registryVersion: number,
-  shards: () => readonly ShardRecord[],
-) => NodeView {
+export function createNodeViewCache(log: Logger): (snapshot: NodeSnapshot, registryVersion: number, shards: () => readonly ShardRecord[]) => NodeView {
   let last: NodeView | null = null;
   let pids: PidsJudged | null = null;
   return (snapshot, registryVersion, shards) => {
@@ -114,7 +103,7 @@ function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
   );
 }
 
-/** What nvidia-smi said of the GPU of `uuid` in `unreachable` (NodeService.unreachable()); null when it did not name it. */
+/** What nvidia-smi said of the GPU of `uuid` in NodeService.unreachable(); null when it did not name it. */
 export function unreachableSaid(uuid: string, unreachable: readonly UnreachableListedGpu[]): string | null {
   return unreachable.find(({ listed }) => listed?.uuid === uuid)?.said ?? null;
 }
@@ -142,11 +131,8 @@ export function gpusResponse(node: NodeView, unreachable: readonly UnreachableLi
 
 /** The GPUs no longer listed, as GET /gpus and GET /gpus/foreign-memory say them. */
 export function lostGpusJson(node: NodeView): GpusResponse['lostGpus'] {
-  return node.snapshot.lostGpus.map(({ index, uuid, name, busId, lastListedAt, lostAt, said }) => ({
-    index,
-    uuid,
-    name,
-    busId,
+  return node.snapshot.lostGpus.map(({ lastListedAt, lostAt, said, ...gpu }) => ({
+    ...gpu,
     lastListedAt: new Date(lastListedAt).toISOString(),
     lostAt: new Date(lostAt).toISOString(),
     unreachable: said ?? null,

@@ -7,40 +7,35 @@ import type { ShardRecord } from '../shards/shard.js';
 /** A GPU as a listing names it. */
 type ListedGpu = Pick<GpuRecord, 'index' | 'uuid' | 'name' | 'busId'>;
 
+/** As registered; uuid undefined for a registration without UUIDs. */
 export interface UnlistedGpu {
-  /** As registered; uuid undefined for a registration without UUIDs. */
   index: number;
   uuid: string | undefined;
 }
 
+/** A given GPU listed under another index (`now`) than registered. */
 export interface Renumbered {
   registered: number;
-  /** Its index in this listing. */
   now: number;
   uuid: string;
 }
 
-export interface Placement {
-  /** The given GPUs listed, by their index now, in the registration's order. */
-  indices: number[];
-  unlisted: UnlistedGpu[];
-  /** Given GPUs listed under another index than registered. */
-  renumbered: Renumbered[];
-}
-
-export function placementOf(shard: ShardRecord, gpus: readonly ListedGpu[]): Placement {
-  const placement: Placement = { indices: [], unlisted: [], renumbered: [] };
+/** `indices`: the given GPUs listed, by their index now, in the registration's order. */
+export function placementOf(shard: ShardRecord, gpus: readonly ListedGpu[]): { indices: number[]; unlisted: UnlistedGpu[]; renumbered: Renumbered[] } {
+  const indices: number[] = [];
+  const unlisted: UnlistedGpu[] = [];
+  const renumbered: Renumbered[] = [];
   shard.gpus.forEach((registered, position) => {
     const uuid = shard.gpuUuids?.[position];
     const listed = uuid === undefined ? gpus.find((gpu) => gpu.index === registered) : gpus.find((gpu) => gpu.uuid === uuid);
     if (listed === undefined) {
-      placement.unlisted.push({ index: registered, uuid });
+      unlisted.push({ index: registered, uuid });
       return;
     }
-    placement.indices.push(listed.index);
-    if (listed.index !== registered) placement.renumbered.push({ registered, now: listed.index, uuid: listed.uuid });
+    indices.push(listed.index);
+    if (listed.index !== registered) renumbered.push({ registered, now: listed.index, uuid: listed.uuid });
   });
-  return placement;
+  return { indices, unlisted, renumbered };
 }
 
 /** The indices `shard`'s listed GPUs have now; as registered without a listing. */
@@ -65,7 +60,6 @@ export type UnreachableKnownGpu = UnreachableGpu & { listed: NonNullable<Unreach
 
 /** `shard`'s given GPUs among `unreachable`, by UUID (by index without UUIDs). */
 export function unreachableGiven(shard: ShardRecord, unreachable: readonly UnreachableListedGpu[]): UnreachableKnownGpu[] {
-  if (unreachable.length === 0) return [];
   return shard.gpus.flatMap((registered, position) => {
     const uuid = shard.gpuUuids?.[position];
     const found = unreachable.find(

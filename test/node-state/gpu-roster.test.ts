@@ -20,14 +20,13 @@ t.test('a GPU that drops out of the list is lost until it is listed again, and e
   t.same(roster.update([g0!], 4000).map((gpu) => [gpu.index, gpu.lostAt]), [[1, 2000], [2, 3000]], 'still lost, since the snapshot that first missed it');
   const warnings = lines.filter((line) => line.level === 40);
   t.same(warnings.map((line) => line.uuid), ['GPU-1', 'GPU-2'], 'one warning per GPU, not one per snapshot');
-  t.match(warnings[0]!.msg, 'GPU 1 (GPU-1, NVIDIA H200) is no longer listed by nvidia-smi: it fell off the bus, was reset or was detached.');
-  t.match(warnings[0]!.msg, 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus)');
+  t.match(warnings[0]!.msg, /^GPU 1 \(GPU-1, NVIDIA H200\) is no longer listed.*dmesg.*Xid errors \(79/);
 
   // GPU 2 comes back, renumbered 1 (indices follow enumeration).
   t.same(roster.update([g0!, { ...g2!, index: 1 }], 5000).map((gpu) => gpu.uuid), ['GPU-1']);
   const back = lines.filter((line) => line.level === 30);
   t.same(back.map((line) => [line.uuid, line.missingForMs]), [['GPU-2', 3000]]);
-  t.match(back[0]!.msg, 'GPU 1 (GPU-2) is listed by nvidia-smi again.');
+  t.match(back[0]!.msg, /^GPU 1 \(GPU-2\) is listed .*again/);
   t.same(roster.update([g0!, { ...g2!, index: 1 }, g1!], 6000), [], 'and GPU 1 too');
 });
 
@@ -43,8 +42,8 @@ t.test("a GPU the listing says it cannot reach: lost with nvidia-smi's words; on
   roster.update([g0!], 5000, said);
   const warnings = lines.filter((line) => line.level === 40).map((line) => line.msg);
   t.equal(warnings.length, 3, 'the lost GPU once; the unknown bus id once, and again once said anew after a listing that did not say it');
-  t.match(warnings[0], 'GPU 1 (GPU-1, NVIDIA H200) is no longer listed by nvidia-smi (nvidia-smi says of its bus id 00000000:02:00.0: "Unknown Error"): it fell off the bus');
-  t.match(warnings[1], 'nvidia-smi cannot reach the GPU at PCI 00000000:0A:00.0: it says "GPU is lost. Reboot the system to recover this GPU", and lists the other GPUs. nodecompute never listed that GPU');
+  t.match(warnings[0], /^GPU 1 \(GPU-1, NVIDIA H200\) is no longer listed.*00000000:02:00\.0: "Unknown Error"/);
+  t.match(warnings[1], /PCI 00000000:0A:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU".*never listed/);
 });
 
 t.test('a snapshot that lists no GPU at all loses every one listed before', async (t) => {
@@ -64,10 +63,9 @@ t.test("a failure naming several bus ids: each one a listing had is named as las
   const failure = Object.assign(new Error(message), { unreachable: unreachableGpusIn(message) });
   const unreachable = listedAs(unreachableGpusIn(message), known);
   t.equal(unreachable.length, 3);
-  t.equal(
-    unreachableListedIn(failure, unreachable),
-    ' nodecompute last listed PCI 00000000:02:00.0 as GPU 1 (GPU-1, NVIDIA H200), PCI 00000000:03:00.0 as GPU 2 (GPU-2, NVIDIA H200).',
-  );
+  const said = unreachableListedIn(failure, unreachable);
+  t.match(said, /PCI 00000000:02:00\.0 as GPU 1 \(GPU-1, NVIDIA H200\), PCI 00000000:03:00\.0 as GPU 2 \(GPU-2, NVIDIA H200\)\.$/);
+  t.notMatch(said, '5D', 'a bus id no listing had is left as nvidia-smi said it');
   t.equal(unreachableListedIn(new Error('nvidia-smi exited with code 9 and said: "NVIDIA-SMI has failed"'), unreachable), '', 'an error naming no bus id: nothing to add');
   t.equal(unreachableListedIn(failure, []), '', 'nothing known of them: nothing to add');
 });
