@@ -1,6 +1,5 @@
 // Owns the status page as HTML: a self-contained page (inline CSS, no script, no external asset)
 // that reloads itself. Every string from the node is escaped.
-import { formatDuration } from '../duration.js';
 import { formatMemoryUse } from '../memory-size.js';
 import { gpuUnreachable, saidOfBusId } from '../node-state/gpu-roster.js';
 import { READINESS_STATES } from '../shards/verdict.js';
@@ -8,26 +7,13 @@ import { colourClass } from './colours.js';
 import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type ShardRow, type StatusModel } from './model.js';
 import { CSS } from './styles.js';
 import {
-  amountOf,
-  indexTakenNote,
-  inIndexOrder,
-  LOST_GPUS,
-  LOST_GPUS_ADVICE,
-  LOST_ROWS_NOTE,
-  lostAsOf,
-  lostLine,
-  MIG_NOTE,
-  NOT_PLACED,
-  snapshotLine,
-  summary,
-  UNREACHABLE_NOTE,
-  when,
+  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, missingSince, NOT_PLACED, snapshotLine, summary, unreachableNote, when,
 } from './wording.js';
 
 /** Seconds between the page's own reloads (meta refresh). */
-export const REFRESH_SECONDS = 5;
+const REFRESH_SECONDS = 5;
 
-export function escapeHtml(text: string): string {
+function escapeHtml(text: string): string {
   return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 }
 
@@ -59,7 +45,7 @@ function gpuHtml(gpu: GpuModel): string {
     : '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>';
   const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
   const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
-  const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${UNREACHABLE_NOTE}. It says: ${escapeHtml(gpu.unreachable)}</li>`];
+  const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${escapeHtml(unreachableNote(gpu.unreachable))}</li>`];
   const badge = gpu.unreachable === null ? '' : '<span class="badge gpu-lost">unreachable</span>';
   return `<div class="gpu${gpu.unreachable === null ? '' : ' unreachable'}">
 <div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span>${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${badge}</div>
@@ -87,7 +73,7 @@ function lostGpuHtml(gpu: LostGpuModel, now: number): string {
 <div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>
 <span class="gpu-used">unknown</span>
 <span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
-<ul class="legend"><li>missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago), last listed ${when(gpu.lastListedAt)}</li>${placed.join('')}</ul>
+<ul class="legend"><li>${missingSince(gpu, now)}, last listed ${when(gpu.lastListedAt)}</li>${placed.join('')}</ul>
 </div>`;
 }
 
@@ -128,31 +114,31 @@ export function renderHtml(model: StatusModel): string {
     .join('');
   const meta = `${model.snapshot ? escapeHtml(snapshotLine(model)) : `<span class="outage">${escapeHtml(snapshotLine(model))}</span>`} · reloads every ${REFRESH_SECONDS} s`;
   const banners: string[] = [];
+  // `body` is HTML; `code`, nvidia-smi's or the node's words, is escaped.
+  const banner = (head: string, body: string, code: string, kind = 'error') =>
+    banners.push(`<div class="banner ${kind}" role="${kind === 'error' ? 'alert' : 'status'}"><strong>${head}</strong>${body}<code>${escapeHtml(code)}</code></div>`);
   if (model.error !== null) {
-    banners.push(
-      `<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked, so no shard's GPU use can be verified.</strong> A shard it last saw ready is shown as unverified and keeps serving; one it last saw starting, on the CPU or on a lost GPU keeps that verdict, and one it has not seen since its registration reads starting. /proc still shows an exit or a stop, and an engine's own output the CPU. Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:<code>${escapeHtml(model.error)}</code></div>`,
+    banner(
+      "nvidia-smi cannot be asked, so no shard's GPU use can be verified.",
+      ' A shard it last saw ready is shown as unverified and keeps serving; one it last saw starting, on the CPU or on a lost GPU keeps that verdict, ' +
+        "and one it has not seen since its registration reads starting. /proc still shows an exit or a stop, and an engine's own output the CPU. " +
+        'Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:',
+      model.error,
     );
   }
   if (model.processesHidden !== null) {
-    banners.push(
-      `<div class="banner error" role="alert"><strong>nodecompute cannot tell whose GPU memory is whose.</strong> All of it reads as foreign, and no shard can be verified.<code>${escapeHtml(model.processesHidden)}</code></div>`,
-    );
+    banner('nodecompute cannot tell whose GPU memory is whose.', ' All of it reads as foreign, and no shard can be verified.', model.processesHidden);
   }
-  if (model.lostGpus.length > 0) {
-    const asOf = model.lastGood ? `${lostAsOf(model.lastGood.observedAt)} ` : '';
-    const lines = model.lostGpus.map((gpu) => escapeHtml(lostLine(gpu, model.generatedAt)));
-    banners.push(`<div class="banner error" role="alert"><strong>${LOST_GPUS}</strong> ${asOf}${LOST_GPUS_ADVICE}<code>${lines.join('\n')}</code></div>`);
-  }
-  const staleReason = model.staleBanner;
-  if (staleReason) {
-    banners.push(`<div class="banner stale" role="status"><strong>Showing an older snapshot.</strong><code>${escapeHtml(staleReason)}</code></div>`);
-  }
+  const lost = lostBanner(model);
+  if (lost !== null) banner(lost.head, ` ${lost.body}`, lost.lines.join('\n'));
+  if (model.staleBanner) banner('Showing an older snapshot.', '', model.staleBanner, 'stale');
   const gpuRows = inIndexOrder(model, gpuHtml, (gpu) => lostGpuHtml(gpu, model.generatedAt));
-  const gpus = [
-    ...(model.gpus.length > 0 ? [] : [`<p class="empty">No GPU figures: nvidia-smi gave none (see above).${model.lastGood && model.lostGpus.length > 0 ? ` ${LOST_ROWS_NOTE}` : ''}</p>`]),
-    ...(model.gpus.length > 0 ? [] : model.unreachableGpus.map((gpu) => `<p class="empty unreachable">${escapeHtml(gpuUnreachable(gpu))}</p>`)),
-    ...(gpuRows.length > 0 ? [`<div class="gpus">${gpuRows.join('\n')}</div>`] : []),
-  ].join('\n');
+  const rowsNote = lostRowsNote(model);
+  const noFigures = [
+    `<p class="empty">No GPU figures: nvidia-smi gave none (see above).${rowsNote === null ? '' : ` ${rowsNote}`}</p>`,
+    ...model.unreachableGpus.map((gpu) => `<p class="empty unreachable">${escapeHtml(gpuUnreachable(gpu))}</p>`),
+  ];
+  const gpus = [...(model.gpus.length > 0 ? [] : noFigures), ...(gpuRows.length > 0 ? [`<div class="gpus">${gpuRows.join('\n')}</div>`] : [])].join('\n');
   const shards =
     model.shards.length > 0
       ? `<div class="table-wrap"><table class="shards" aria-describedby="held-note">

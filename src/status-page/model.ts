@@ -18,11 +18,11 @@ export type SegmentKind = 'shard' | 'foreign' | 'reserved' | 'free';
 
 export interface Segment {
   kind: SegmentKind;
-  /** Shard id, or "foreign", "reserved", "free". */
+  /** Shard id, or the kind. */
   label: string;
   /** null for a shard's [N/A] memory: drawn without width. */
   mib: number | null;
-  /** Colour slot of the shard on this bar (see colourClass); null for the other kinds. */
+  /** A shard's colour slot on this bar (colourClass). */
   color: number | null;
   /** Foreign memory that includes shard processes' [N/A] memory: an upper bound, shown as "up to". */
   upTo: boolean;
@@ -37,11 +37,11 @@ export interface GpuModel {
   uuid: string;
   name: string;
   mig: boolean;
-  /** What nvidia-smi's failing queries since this snapshot said of this GPU; null when they named it not. */
+  /** What nvidia-smi's failing queries since this snapshot said of this GPU. */
   unreachable: string | null;
   totalMiB: number | null;
   usedMiB: number | null;
-  /** The used and total memory are reported and the segments have a size: the bar can be drawn to scale. */
+  /** Used and total memory reported, and segments with a size: the bar can be drawn to scale. */
   memoryKnown: boolean;
   segments: Segment[];
   foreignProcesses: ForeignProcess[];
@@ -51,9 +51,8 @@ export interface GpuModel {
 
 /** A GPU nvidia-smi no longer lists: no memory figures (unknown, not free). */
 export interface LostGpuModel extends LostGpu {
-  /** The UUID of the GPU nvidia-smi lists under this index now; null when none. */
+  /** The UUID of the GPU nvidia-smi lists under this index now. */
   indexTakenBy: string | null;
-  /** The shards placed on it (placement.ts). */
   placed: Array<{ id: string; state: ReadinessState; color: number }>;
 }
 
@@ -65,9 +64,8 @@ export interface ShardRow {
   color: number;
   /** As registered: "2", "2→1" when nvidia-smi lists it as GPU 1 now, "2 lost" when it lists it no more. */
   given: string[];
-  /** compute.devices, or null when nvidia-smi cannot be asked. */
+  /** compute.devices, or null when nvidia-smi cannot be asked; strays: held but not given. */
   held: string[] | null;
-  /** GPUs held but not given. */
   strays: string[];
   reason: string | null;
   warnings: string[];
@@ -79,17 +77,16 @@ export interface StatusModel {
   generatedAt: number;
   /** The snapshot the verdicts come from; null when nvidia-smi cannot be asked. */
   snapshot: SnapshotMeta | null;
-  /** With no snapshot: the last good one, past max-stale, to date the outage; null otherwise. */
+  /** With no snapshot: the last good one, past max-stale, to date the outage. */
   lastGood: { observedAt: number; ageMs: number; maxStaleMs: number } | null;
-  /** Why nvidia-smi cannot be asked; null when it answered. */
+  /** Why nvidia-smi cannot be asked. */
   error: string | null;
-  /** NodeView.processesHidden. */
   processesHidden: string | null;
-  /** The GPUs no longer listed, by index; past max-stale, the last good snapshot's. */
+  /** By index; past max-stale, the last good snapshot's. */
   lostGpus: LostGpuModel[];
   /** The GPUs nvidia-smi's failing queries say it cannot reach that a listing had, less the lost ones. */
   unreachableGpus: UnreachableKnownGpu[];
-  /** Why the snapshot is not being renewed (staleNews); null when staleness is routine. */
+  /** staleNews: null when staleness is routine. */
   staleBanner: string | null;
   gpus: GpuModel[];
   shards: ShardRow[];
@@ -102,7 +99,6 @@ export interface StatusInput {
   view: SnapshotView<NodeSnapshot> | null;
   node: NodeView | null;
   error: string | null;
-  /** NodeService.unreachable(). */
   unreachable: readonly UnreachableListedGpu[];
   /** With no view, the cached snapshot however old (peek): it dates the outage and names its lost GPUs. */
   lastGood?: { observedAt: number; ageMs: number; snapshot: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> } | null;
@@ -126,6 +122,11 @@ export function widthOf(segment: Segment): number {
   return segment.mib ?? 0;
 }
 
+/** A foreign, reserved or free segment. */
+function plainSegment(kind: Exclude<SegmentKind, 'shard'>, mib: number, title: string, upTo = false): Segment {
+  return { kind, label: kind, mib, color: null, upTo, title, stray: false };
+}
+
 function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {
   const segments: Segment[] = [];
   for (const { shard, compute } of states) {
@@ -145,22 +146,14 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
   }
   if (foreign.foreignMiB !== null && foreign.foreignMiB > 0) {
     const holders = foreign.foreignProcesses.map(processLabel);
-    segments.push({
-      kind: 'foreign',
-      label: 'foreign',
-      mib: foreign.foreignMiB,
-      color: null,
-      upTo: foreign.unreportedShardProcesses > 0,
-      title: `foreign: ${foreignAmount(foreign.foreignMiB, foreign.unreportedShardProcesses)} held by no registered shard${holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)'}`,
-      stray: false,
-    });
+    const heldBy = holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)';
+    const amount = foreignAmount(foreign.foreignMiB, foreign.unreportedShardProcesses);
+    segments.push(plainSegment('foreign', foreign.foreignMiB, `foreign: ${amount} held by no registered shard${heldBy}`, foreign.unreportedShardProcesses > 0));
   }
   if (gpu.reservedMiB !== null && gpu.reservedMiB > 0) {
-    segments.push({ kind: 'reserved', label: 'reserved', mib: gpu.reservedMiB, color: null, upTo: false, title: `reserved by the driver: ${formatMemory(gpu.reservedMiB)}`, stray: false });
+    segments.push(plainSegment('reserved', gpu.reservedMiB, `reserved by the driver: ${formatMemory(gpu.reservedMiB)}`));
   }
-  if (gpu.freeMiB !== null) {
-    segments.push({ kind: 'free', label: 'free', mib: gpu.freeMiB, color: null, upTo: false, title: `free: ${formatMemory(gpu.freeMiB)}`, stray: false });
-  }
+  if (gpu.freeMiB !== null) segments.push(plainSegment('free', gpu.freeMiB, `free: ${formatMemory(gpu.freeMiB)}`));
   const shards = segments.filter((segment) => segment.color !== null);
   barColours(shards.map((segment) => segment.color!)).forEach((colour, i) => {
     shards[i]!.color = colour;
@@ -172,23 +165,13 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
 function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>): LostGpuModel[] {
   if (known === null) return [];
   const unlisted = states.map((state) => ({ state, unlisted: placementOf(state.shard, known.gpus).unlisted }));
-  return known.lostGpus.map((gpu) => {
-    const indexTakenBy = known.gpus.find((listed) => listed.index === gpu.index)?.uuid ?? null;
-    const placed = unlisted
+  return known.lostGpus.map((gpu) => ({
+    ...gpu,
+    indexTakenBy: known.gpus.find((listed) => listed.index === gpu.index)?.uuid ?? null,
+    placed: unlisted
       .filter(({ unlisted: gone }) => gone.some(({ index, uuid }) => (uuid === undefined ? index === gpu.index : uuid === gpu.uuid)))
-      .map(({ state }) => state);
-    return {
-      index: gpu.index,
-      uuid: gpu.uuid,
-      name: gpu.name,
-      busId: gpu.busId,
-      lastListedAt: gpu.lastListedAt,
-      lostAt: gpu.lostAt,
-      ...(gpu.said === undefined ? {} : { said: gpu.said }),
-      indexTakenBy,
-      placed: placed.map(({ shard, readiness }) => ({ id: shard.id, state: readiness.state, color: colors.get(shard.id)! })),
-    };
-  });
+      .map(({ state: { shard, readiness } }) => ({ id: shard.id, state: readiness.state, color: colors.get(shard.id)! })),
+  }));
 }
 
 /** A warning ending with nvidia-smi's message points to the banner, which gives it once. */

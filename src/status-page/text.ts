@@ -3,24 +3,10 @@
 import { formatMemoryUse } from '../memory-size.js';
 import { gpuUnreachable } from '../node-state/gpu-roster.js';
 import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type SegmentKind, type StatusModel } from './model.js';
-import {
-  amountOf,
-  indexTakenNote,
-  inIndexOrder,
-  LOST_GPUS,
-  LOST_GPUS_ADVICE,
-  LOST_ROWS_NOTE,
-  lostAsOf,
-  lostLine,
-  MIG_NOTE,
-  NOT_PLACED,
-  snapshotLine,
-  summary,
-  UNREACHABLE_NOTE,
-} from './wording.js';
+import { amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, NOT_PLACED, snapshotLine, summary, unreachableNote } from './wording.js';
 
 /** Terminal-safe: control characters from the node become '?'. */
-export function plain(text: string): string {
+function plain(text: string): string {
   return text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, '?');
 }
 
@@ -72,23 +58,23 @@ export function renderText(model: StatusModel): string {
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
   out.push(snapshotLine(model));
   if (model.error !== null) {
-    out.push('', "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified (a shard it last saw ready is unverified and keeps serving; any other keeps its last verdict, or reads starting if nvidia-smi never saw it; /proc still shows exits and stops, an engine's output the CPU):");
+    const meaning =
+      'a shard it last saw ready is unverified and keeps serving; any other keeps its last verdict, or reads starting if nvidia-smi never saw it; ' +
+      "/proc still shows exits and stops, an engine's output the CPU";
+    out.push('', `!! nvidia-smi cannot be asked, so no shard's GPU use can be verified (${meaning}):`);
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
   }
-  if (model.lostGpus.length > 0) {
-    const asOf = model.lastGood ? `${lostAsOf(model.lastGood.observedAt)} ` : '';
-    out.push('', `!! ${LOST_GPUS} ${asOf}${LOST_GPUS_ADVICE}`, ...model.lostGpus.map((gpu) => `!!   ${plain(lostLine(gpu, model.generatedAt))}`));
-  }
+  const lost = lostBanner(model);
+  if (lost !== null) out.push('', `!! ${lost.head} ${lost.body}`, ...lost.lines.map((line) => `!!   ${plain(line)}`));
   if (model.processesHidden !== null) {
-    out.push('', '!! nodecompute cannot tell whose GPU memory is whose (all of it reads as foreign, and no shard can be verified):', `!!   ${plain(model.processesHidden)}`);
+    out.push('', '!! nodecompute cannot tell whose GPU memory is whose (all of it reads as foreign, and no shard can be verified):');
+    out.push(`!!   ${plain(model.processesHidden)}`);
   }
-  const staleReason = model.staleBanner;
-  if (staleReason) {
-    out.push('', `!! showing an older snapshot: ${plain(staleReason)}`);
-  }
+  if (model.staleBanner) out.push('', `!! showing an older snapshot: ${plain(model.staleBanner)}`);
   out.push('', 'GPUS  (# shards  = foreign  : reserved  . free)');
   if (model.gpus.length === 0) {
-    out.push(`  none: nvidia-smi gave no GPU figures (see above)${model.lastGood && model.lostGpus.length > 0 ? `. ${LOST_ROWS_NOTE}` : ''}`);
+    const rowsNote = lostRowsNote(model);
+    out.push(`  none: nvidia-smi gave no GPU figures (see above)${rowsNote === null ? '' : `. ${rowsNote}`}`);
     out.push(...model.unreachableGpus.map((gpu) => `  (UNREACHABLE) ${plain(gpuUnreachable(gpu))}`));
   }
   const listedRow = (gpu: GpuModel) => {
@@ -97,13 +83,14 @@ export function renderText(model: StatusModel): string {
       .map((segment) => `${segment.label} ${amountOf(segment)}${segment.stray ? ' (NOT given)' : ''}`);
     const idle = gpu.idleShards.map((id) => `${id} holds nothing`);
     const marks = (gpu.mig ? ' (MIG)' : '') + (gpu.unreachable === null ? '' : ' (UNREACHABLE)');
-    return [String(gpu.index), plain(gpu.name) + marks, gpu.memoryKnown ? textBar(gpu.segments) : UNKNOWN_BAR, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
+    const bar = gpu.memoryKnown ? textBar(gpu.segments) : UNKNOWN_BAR;
+    return [String(gpu.index), plain(gpu.name) + marks, bar, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), plain([...shards, ...idle].join(', '))];
   };
   const lostRow = (gpu: LostGpuModel) => [String(gpu.index), `${plain(gpu.name)} (LOST)`, LOST_BAR, 'unknown', plain(placedOn(gpu))];
   const gpuRows = inIndexOrder(model, listedRow, lostRow);
   if (gpuRows.length > 0) out.push(...table(['GPU', 'NAME', 'MEMORY', 'USED / TOTAL', 'HOLDERS'], gpuRows));
   if (model.gpus.some((gpu) => gpu.mig)) out.push(`  (MIG) ${MIG_NOTE}`);
-  for (const gpu of model.gpus) if (gpu.unreachable !== null) out.push(`  (UNREACHABLE) GPU ${gpu.index}: ${UNREACHABLE_NOTE}. It says: ${plain(gpu.unreachable)}`);
+  for (const gpu of model.gpus) if (gpu.unreachable !== null) out.push(`  (UNREACHABLE) GPU ${gpu.index}: ${plain(unreachableNote(gpu.unreachable))}`);
   const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));
   if (foreign.length > 0) out.push('', 'FOREIGN PROCESSES', ...foreign);
   out.push('', 'SHARDS');

@@ -1,5 +1,5 @@
 // Owns the words both views of the status page print: the header's line on the snapshot, the lost
-// GPUs' lines, the notes, and the order of the GPU rows.
+// GPUs' banner and rows, the notes, and the order of the GPU rows.
 import { formatDuration } from '../duration.js';
 import { formatHeldMemory } from '../memory-size.js';
 import { saidOfBusId } from '../node-state/gpu-roster.js';
@@ -7,13 +7,7 @@ import { READINESS_STATES } from '../shards/verdict.js';
 import type { GpuModel, LostGpuModel, Segment, StatusModel } from './model.js';
 
 export const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';
-
-export const LOST_GPUS = 'nvidia-smi no longer lists GPUs it listed earlier.';
-
-export const UNREACHABLE_NOTE = 'nvidia-smi cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot';
-export const LOST_ROWS_NOTE = 'Below, the GPUs its last good snapshot no longer listed.';
-export const LOST_GPUS_ADVICE =
-  'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
+export const NOT_PLACED = 'no shard is placed on it';
 
 export function when(ms: number): string {
   return `${new Date(ms).toISOString().slice(0, 19).replace('T', ' ')} UTC`;
@@ -27,18 +21,33 @@ export function snapshotLine(model: StatusModel): string {
   return `no nvidia-smi snapshot: the last good one, of ${when(observedAt)} (${formatDuration(ageMs)} ago), is past max-stale (${formatDuration(maxStaleMs)})`;
 }
 
-/** Past max-stale: the lost GPUs shown are the last good snapshot's. */
-export function lostAsOf(observedAt: number): string {
-  return `As of the last good snapshot, of ${when(observedAt)}: nvidia-smi cannot be asked now, so whether they are listed again is unknown.`;
+export function missingSince(gpu: LostGpuModel, now: number): string {
+  return `missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago)`;
 }
 
-/** One lost GPU, for the banners: what it was, when it went, and what nvidia-smi says of it. */
-export function lostLine(gpu: LostGpuModel, now: number): string {
-  const line = `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}, missing since ${when(gpu.lostAt)} (${formatDuration(now - gpu.lostAt)} ago)`;
-  return gpu.said === undefined ? line : `${line}; ${saidOfBusId(gpu.busId, gpu.said)}`;
+/** The lost GPUs' banner: its heading, what to do (dated past max-stale), and one line per GPU; null when none is lost. */
+export function lostBanner(model: StatusModel): { head: string; body: string; lines: string[] } | null {
+  if (model.lostGpus.length === 0) return null;
+  const unknown = 'nvidia-smi cannot be asked now, so whether they are listed again is unknown. ';
+  const asOf = model.lastGood ? `As of the last good snapshot, of ${when(model.lastGood.observedAt)}: ${unknown}` : '';
+  const lines = model.lostGpus.map((gpu) => {
+    const line = `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}, ${missingSince(gpu, model.generatedAt)}`;
+    return gpu.said === undefined ? line : `${line}; ${saidOfBusId(gpu.busId, gpu.said)}`;
+  });
+  const advice =
+    'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. ' +
+    'Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
+  return { head: 'nvidia-smi no longer lists GPUs it listed earlier.', body: `${asOf}${advice}`, lines };
 }
 
-export const NOT_PLACED = 'no shard is placed on it';
+/** Past max-stale, with no GPU figures: the rows below are the last good snapshot's lost GPUs. */
+export function lostRowsNote(model: StatusModel): string | null {
+  return model.lastGood && model.lostGpus.length > 0 ? 'Below, the GPUs its last good snapshot no longer listed.' : null;
+}
+
+export function unreachableNote(said: string): string {
+  return `nvidia-smi cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot. It says: ${said}`;
+}
 
 /** Which GPU has the lost one's index now, if any. */
 export function indexTakenNote(gpu: LostGpuModel): string | null {
