@@ -27,14 +27,10 @@ export function shardHue(id: string): number {
   return hash % PALETTE.length;
 }
 
-/** The slots a hue tries in order: its colour solid, the next colours, then the other fills. */
-function slotsFrom(hue: number): number[] {
-  return Array.from({ length: COLOUR_SLOTS }, (_, k) => Math.floor(k / PALETTE.length) * PALETTE.length + ((hue + k) % PALETTE.length));
-}
-
-/** The first slot of this hue's order not in `taken`; null when every slot is. */
+/** The first slot not `taken` in a hue's order (its colour solid, the next colours, then the other fills); null when none. */
 function freeSlot(hue: number, taken: ReadonlySet<number>): number | null {
-  return slotsFrom(hue).find((slot) => !taken.has(slot)) ?? null;
+  const order = Array.from({ length: COLOUR_SLOTS }, (_, k) => Math.floor(k / PALETTE.length) * PALETTE.length + ((hue + k) % PALETTE.length));
+  return order.find((slot) => !taken.has(slot)) ?? null;
 }
 
 export interface ColourClaim {
