@@ -17,6 +17,15 @@ function escapeHtml(text: string): string {
   return text.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 }
 
+/** A colour square; `classes` after "sw". */
+function swatch(classes: string): string {
+  return `<i class="sw ${classes}" aria-hidden="true"></i>`;
+}
+
+function badge(kind: string, text: string = kind): string {
+  return `<span class="badge ${kind}">${text}</span>`;
+}
+
 /** What the GPUs held column lists. */
 const HELD_NOTE =
   'GPUs held: every GPU whose memory the shard\'s processes hold, as nvidia-smi lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
@@ -34,7 +43,7 @@ function segmentHtml(segment: Segment, total: number): string {
 function legendHtml(segment: Segment): string {
   const colour = segment.color === null ? '' : ` ${colourClass(segment.color)}`;
   const stray = segment.stray ? ' <em>not given this GPU</em>' : '';
-  return `<li title="${escapeHtml(segment.title)}"><i class="sw ${segment.kind}${colour}" aria-hidden="true"></i>${escapeHtml(segment.label)} <b>${amountOf(segment).replaceAll(' ', '&nbsp;')}</b>${stray}</li>`;
+  return `<li title="${escapeHtml(segment.title)}">${swatch(`${segment.kind}${colour}`)}${escapeHtml(segment.label)} <b>${amountOf(segment).replaceAll(' ', '&nbsp;')}</b>${stray}</li>`;
 }
 
 function gpuHtml(gpu: GpuModel): string {
@@ -46,44 +55,42 @@ function gpuHtml(gpu: GpuModel): string {
   const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
   const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
   const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${escapeHtml(unreachableNote(gpu.unreachable))}</li>`];
-  const badge = gpu.unreachable === null ? '' : '<span class="badge gpu-lost">unreachable</span>';
-  return `<div class="gpu${gpu.unreachable === null ? '' : ' unreachable'}">
-<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span>${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${badge}</div>
-${bar}
-<span class="gpu-used">${formatMemoryUse(gpu.usedMiB, gpu.totalMiB)}</span>
-<span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
-<ul class="legend">${[...unreachable, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle].join('')}</ul>
-</div>`;
+  const unreachableBadge = gpu.unreachable === null ? '' : badge('gpu-lost', 'unreachable');
+  const items = [...unreachable, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle];
+  const marks = `${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${unreachableBadge}`;
+  return gpuRow(gpu.unreachable === null ? '' : ' unreachable', gpu, marks, bar, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), items);
 }
 
 /** A lost GPU's row: struck out, a bar with no figures, and the shards placed on it. */
 function lostGpuHtml(gpu: LostGpuModel, now: number): string {
-  const placed =
-    gpu.placed.length > 0
-      ? gpu.placed.map(
-          (shard) =>
-            `<li><i class="sw shard ${colourClass(shard.color)}" aria-hidden="true"></i>${escapeHtml(shard.id)}: placed on it, <span class="badge ${shard.state}">${shard.state}</span></li>`,
-        )
-      : [`<li>${NOT_PLACED}</li>`];
+  const placed = gpu.placed.map((shard) => `<li>${swatch(`shard ${colourClass(shard.color)}`)}${escapeHtml(shard.id)}: placed on it, ${badge(shard.state)}</li>`);
   const taken = indexTakenNote(gpu);
-  if (taken !== null) placed.unshift(`<li>${escapeHtml(taken)}</li>`);
-  if (gpu.said !== undefined) placed.unshift(`<li class="unreachable">${escapeHtml(saidOfBusId(gpu.busId, gpu.said))}</li>`);
-  return `<div class="gpu lost">
-<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span><span class="badge gpu-lost">lost</span></div>
-<div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>
-<span class="gpu-used">unknown</span>
+  const items = [
+    `<li>${missingSince(gpu, now)}, last listed ${when(gpu.lastListedAt)}</li>`,
+    ...(gpu.said === undefined ? [] : [`<li class="unreachable">${escapeHtml(saidOfBusId(gpu.busId, gpu.said))}</li>`]),
+    ...(taken === null ? [] : [`<li>${escapeHtml(taken)}</li>`]),
+    ...(placed.length > 0 ? placed : [`<li>${NOT_PLACED}</li>`]),
+  ];
+  const bar = '<div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>';
+  return gpuRow(' lost', gpu, badge('gpu-lost', 'lost'), bar, 'unknown', items);
+}
+
+/** One GPU's row; `marks` and `bar` are HTML, `items` its legend's list items. */
+function gpuRow(kind: string, gpu: { index: number; name: string; uuid: string }, marks: string, bar: string, used: string, items: string[]): string {
+  return `<div class="gpu${kind}">
+<div class="gpu-id"><span class="gpu-index">GPU ${gpu.index}</span><span class="gpu-name">${escapeHtml(gpu.name)}</span>${marks}</div>
+${bar}
+<span class="gpu-used">${used}</span>
 <span class="gpu-uuid" title="${escapeHtml(gpu.uuid)}">${escapeHtml(gpu.uuid)}</span>
-<ul class="legend"><li>${missingSince(gpu, now)}, last listed ${when(gpu.lastListedAt)}</li>${placed.join('')}</ul>
+<ul class="legend">${items.join('')}</ul>
 </div>`;
 }
 
 /** One key for every bar, so each GPU's legend only names what is on it. */
 const KEY_HTML =
   '<ul class="key" aria-label="Key">' +
-  '<li><i class="sw shard c0" aria-hidden="true"></i><i class="sw shard c1" aria-hidden="true"></i>a shard (one colour each; red outline: a GPU it was not given)</li>' +
-  '<li><i class="sw foreign" aria-hidden="true"></i>foreign: held by no registered shard</li>' +
-  '<li><i class="sw reserved" aria-hidden="true"></i>reserved by the driver</li>' +
-  '<li><i class="sw free" aria-hidden="true"></i>free</li></ul>';
+  `<li>${swatch('shard c0')}${swatch('shard c1')}a shard (one colour each; red outline: a GPU it was not given)</li>` +
+  `<li>${swatch('foreign')}foreign: held by no registered shard</li><li>${swatch('reserved')}reserved by the driver</li><li>${swatch('free')}free</li></ul>`;
 
 function listOrDash(items: string[]): string {
   return items.length > 0 ? items.map(escapeHtml).join('<br>') : '<span class="none">none</span>';
@@ -100,8 +107,8 @@ function shardRowHtml(row: ShardRow): string {
   const warnings = row.warnings.map((warning) => `<p class="warning">Warning: ${escapeHtml(warning)}</p>`).join('');
   const note = reason + warnings || '<span class="none">-</span>';
   return `<tr>
-<th scope="row"><i class="sw shard ${colourClass(row.color)}" aria-hidden="true"></i><span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
-<td data-label="State"><span class="badge ${row.state}">${row.state}</span></td>
+<th scope="row">${swatch(`shard ${colourClass(row.color)}`)}<span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
+<td data-label="State">${badge(row.state)}</td>
 <td class="given" data-label="Given">${listOrDash(row.given.map((label) => `GPU ${label}`))}</td>
 <td class="held" data-label="Held">${heldHtml(row)}</td>
 <td class="why" data-label="Reason">${note}</td>
@@ -110,7 +117,7 @@ function shardRowHtml(row: ShardRow): string {
 
 export function renderHtml(model: StatusModel): string {
   const counts = READINESS_STATES.filter((state) => model.counts[state] > 0)
-    .map((state) => `<li><span class="badge ${state}">${model.counts[state]} ${state}</span></li>`)
+    .map((state) => `<li>${badge(state, `${model.counts[state]} ${state}`)}</li>`)
     .join('');
   const meta = `${model.snapshot ? escapeHtml(snapshotLine(model)) : `<span class="outage">${escapeHtml(snapshotLine(model))}</span>`} · reloads every ${REFRESH_SECONDS} s`;
   const banners: string[] = [];
