@@ -3,10 +3,9 @@
 // from the cache, so the page never runs nvidia-smi.
 import { formatHeldMemory, formatMemory } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
-import type { LostGpu } from '../node-state/gpu-roster.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { placedIndices, placementOf, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
-import { snapshotMeta, unreachableSaid, type NodeView, type SnapshotMeta } from '../node-state/node-view.js';
+import { snapshotMeta, unreachableSaid, type NodeView } from '../node-state/node-view.js';
 import { staleNews, type SnapshotView } from '../node-state/snapshot.js';
 import { READINESS_STATES, type ReadinessState } from '../shards/verdict.js';
 import { deviceLabel } from '../shards/compute.js';
@@ -16,82 +15,27 @@ import { barColours, shardColours } from './colours.js';
 
 export type SegmentKind = 'shard' | 'foreign' | 'reserved' | 'free';
 
+/**
+ * `label`: the shard id, or the kind; `mib`: null for a shard's [N/A] memory, drawn without width;
+ * `color`: a shard's slot on this bar (colourClass); `upTo`: foreign memory that includes shard
+ * processes' [N/A] memory, an upper bound; `title`: the tooltip; `stray`: a GPU it was not given.
+ */
 export interface Segment {
   kind: SegmentKind;
-  /** Shard id, or the kind. */
   label: string;
-  /** null for a shard's [N/A] memory: drawn without width. */
   mib: number | null;
-  /** A shard's colour slot on this bar (colourClass). */
   color: number | null;
-  /** Foreign memory that includes shard processes' [N/A] memory: an upper bound, shown as "up to". */
   upTo: boolean;
-  /** The tooltip. */
   title: string;
-  /** A shard holding a GPU it was not given. */
   stray: boolean;
 }
 
-export interface GpuModel {
-  index: number;
-  uuid: string;
-  name: string;
-  mig: boolean;
-  /** What nvidia-smi's failing queries since this snapshot said of this GPU. */
-  unreachable: string | null;
-  totalMiB: number | null;
-  usedMiB: number | null;
-  /** Used and total memory reported, and segments with a size: the bar can be drawn to scale. */
-  memoryKnown: boolean;
-  segments: Segment[];
-  foreignProcesses: ForeignProcess[];
-  /** Shards given this GPU that hold no memory on it. */
-  idleShards: string[];
-}
-
+// The model's types are what statusModel builds.
+export type StatusModel = ReturnType<typeof statusModel>;
+export type GpuModel = StatusModel['gpus'][number];
 /** A GPU nvidia-smi no longer lists: no memory figures (unknown, not free). */
-export interface LostGpuModel extends LostGpu {
-  /** The UUID of the GPU nvidia-smi lists under this index now. */
-  indexTakenBy: string | null;
-  placed: Array<{ id: string; state: ReadinessState; color: number }>;
-}
-
-export interface ShardRow {
-  id: string;
-  state: ReadinessState;
-  engine: string;
-  process: string;
-  color: number;
-  /** As registered: "2", "2→1" when nvidia-smi lists it as GPU 1 now, "2 lost" when it lists it no more. */
-  given: string[];
-  /** compute.devices, or null when nvidia-smi cannot be asked; strays: held but not given. */
-  held: string[] | null;
-  strays: string[];
-  reason: string | null;
-  warnings: string[];
-}
-
-export interface StatusModel {
-  host: string;
-  version: string;
-  generatedAt: number;
-  /** The snapshot the verdicts come from; null when nvidia-smi cannot be asked. */
-  snapshot: SnapshotMeta | null;
-  /** With no snapshot: the last good one, past max-stale, to date the outage. */
-  lastGood: { observedAt: number; ageMs: number; maxStaleMs: number } | null;
-  /** Why nvidia-smi cannot be asked. */
-  error: string | null;
-  processesHidden: string | null;
-  /** By index; past max-stale, the last good snapshot's. */
-  lostGpus: LostGpuModel[];
-  /** The GPUs nvidia-smi's failing queries say it cannot reach that a listing had, less the lost ones. */
-  unreachableGpus: UnreachableKnownGpu[];
-  /** staleNews: null when staleness is routine. */
-  staleBanner: string | null;
-  gpus: GpuModel[];
-  shards: ShardRow[];
-  counts: Record<ReadinessState, number>;
-}
+export type LostGpuModel = StatusModel['lostGpus'][number];
+export type ShardRow = StatusModel['shards'][number];
 
 /** What `shards.states()` answers, plus who and when this page is. */
 export interface StatusInput {
@@ -162,11 +106,12 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
 }
 
 /** The GPUs `known` says are lost, with the shards placed on each. */
-function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>): LostGpuModel[] {
+function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>) {
   if (known === null) return [];
   const unlisted = states.map((state) => ({ state, unlisted: placementOf(state.shard, known.gpus).unlisted }));
   return known.lostGpus.map((gpu) => ({
     ...gpu,
+    // The UUID of the GPU nvidia-smi lists under this index now.
     indexTakenBy: known.gpus.find((listed) => listed.index === gpu.index)?.uuid ?? null,
     placed: unlisted
       .filter(({ unlisted: gone }) => gone.some(({ index, uuid }) => (uuid === undefined ? index === gpu.index : uuid === gpu.uuid)))
@@ -180,7 +125,7 @@ function pointToBanner(warning: string, error: string | null): string {
   return error !== null && warning.endsWith(suffix) ? `${warning.slice(0, -suffix.length)} (nvidia-smi's message is at the top of the page)` : warning;
 }
 
-export function statusModel(input: StatusInput): StatusModel {
+export function statusModel(input: StatusInput) {
   const colors = shardColours(
     input.states.map(({ shard, compute }) => ({
       id: shard.id,
@@ -194,7 +139,7 @@ export function statusModel(input: StatusInput): StatusModel {
   const foreign = input.node ? foreignMemory(input.node) : [];
   const listed = input.node?.snapshot.gpus ?? [];
   const placed = new Map(input.states.map(({ shard }) => [shard.id, placedIndices(shard, listed)]));
-  const gpus = listed.map((gpu, i): GpuModel => {
+  const gpus = listed.map((gpu, i) => {
     const segments = segmentsOf(gpu, foreign[i]!, input.states, colors);
     const holders = new Set(segments.filter((segment) => segment.kind === 'shard').map((segment) => segment.label));
     return {
@@ -202,22 +147,26 @@ export function statusModel(input: StatusInput): StatusModel {
       uuid: gpu.uuid,
       name: gpu.name,
       mig: gpu.migMode === 'Enabled',
+      // What nvidia-smi's failing queries since this snapshot said of this GPU.
       unreachable: unreachableSaid(gpu.uuid, input.unreachable),
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
+      // The bar can be drawn to scale.
       memoryKnown: gpu.totalMiB !== null && gpu.usedMiB !== null && segments.some((segment) => widthOf(segment) > 0),
       segments,
       foreignProcesses: foreign[i]!.foreignProcesses,
+      // Shards given this GPU that hold no memory on it.
       idleShards: input.states.filter(({ shard }) => placed.get(shard.id)!.includes(gpu.index) && !holders.has(shard.id)).map(({ shard }) => shard.id),
     };
   });
-  const shards = input.states.map(({ shard, readiness, compute }): ShardRow => ({
+  const shards = input.states.map(({ shard, readiness, compute }) => ({
     id: shard.id,
     state: readiness.state,
     engine: shard.engine,
     process: shard.pid !== null ? `pid ${shard.pid}` : `cgroup ${shard.cgroup}`,
     color: colors.get(shard.id)!,
     given: givenLabels(shard, input.node),
+    // Null when nvidia-smi cannot be asked; strays: held but not given.
     held: compute ? compute.devices : null,
     strays: compute ? compute.strayGpus.map(deviceLabel) : [],
     reason: readiness.reason,
@@ -230,10 +179,12 @@ export function statusModel(input: StatusInput): StatusModel {
     version: input.version,
     generatedAt: input.now,
     snapshot: input.view ? snapshotMeta(input.view) : null,
+    // With no snapshot: the last good one, past max-stale, to date the outage.
     lastGood: lastGood && { observedAt: lastGood.observedAt, ageMs: lastGood.ageMs, maxStaleMs: input.maxStaleMs! },
     error: input.error,
     processesHidden: input.node?.processesHidden ?? null,
     lostGpus,
+    // The GPUs nvidia-smi's failing queries say it cannot reach that a listing had, less the lost ones.
     unreachableGpus: input.unreachable.filter((gpu): gpu is UnreachableKnownGpu => gpu.listed !== null && !lostGpus.some((lost) => lost.uuid === gpu.listed!.uuid)),
     staleBanner: input.view ? staleNews(input.view) : null,
     gpus,
