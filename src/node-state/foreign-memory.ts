@@ -1,25 +1,13 @@
 // Owns foreign memory: per GPU, used memory minus what registered shards' processes hold (never below
 // zero), so it includes the driver's context and hidden processes. A shard process with [N/A] memory
 // adds nothing to the shards' share: foreign is then an upper bound, safe for placement.
+import type { Static } from '@sinclair/typebox';
+import type { ForeignMemoryGpuComponent } from '../schemas/shards.js';
 import type { NodeView } from './node-view.js';
 
-export interface ForeignProcess {
-  pid: number;
-  name: string;
-  usedMiB: number | null;
-}
-
-export interface GpuForeignMemory {
-  index: number;
-  uuid: string;
-  usedMiB: number | null;
-  /** The shards' known share (a lower bound while unreportedShardProcesses > 0). */
-  shardMiB: number;
-  /** Shard processes on this GPU whose memory is [N/A]. */
-  unreportedShardProcesses: number;
-  foreignMiB: number | null;
-  foreignProcesses: ForeignProcess[];
-}
+/** A GPU of GET /gpus/foreign-memory, but for what nvidia-smi says when it cannot reach it. */
+export type GpuForeignMemory = Omit<Static<typeof ForeignMemoryGpuComponent>, 'unreachable'>;
+export type ForeignProcess = GpuForeignMemory['foreignProcesses'][number];
 
 const computed = new WeakMap<NodeView, GpuForeignMemory[]>();
 

@@ -23,20 +23,7 @@ interface ProcOnly {
   proc: ReadonlyMap<number, StatAnswer>;
 }
 
-export interface NodeService {
-  current(options?: GetOptions): Promise<Current>;
-  /** The cached snapshot and its view without refreshing; null before the first success. */
-  peek(): Current | null;
-  invalidate(): void;
-  /** What the latest refresh read in /proc for the shards when nvidia-smi failed; null otherwise. */
-  procOnly(): ProcOnly | null;
-  /**
-   * The GPUs the failures since the last good refresh said nvidia-smi cannot reach, as that snapshot
-   * knew them; only a good refresh clears them. The same array until it changes.
-   */
-  unreachable(): readonly UnreachableListedGpu[];
-  readonly snapshots: SnapshotSource<NodeSnapshot>;
-}
+export type NodeService = ReturnType<typeof createNodeService>;
 
 /** Liveness alone: the attribution of a GPU-less snapshot, over the shards registered when the facts were read. */
 export function procOnlyLiveness(facts: FactsAfterFailure, shards: readonly ShardRecord[]): ProcOnly {
@@ -53,20 +40,22 @@ export interface ShardList {
 
 const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 
-export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger): NodeService {
+export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger) {
   const derive = createNodeViewCache(log);
   let lastProcOnly: { facts: FactsAfterFailure; registryVersion: number; answer: ProcOnly } | null = null;
   /** The bus ids the failures since the good snapshot of `generation` named. */
   let named: { generation: number; seen: Error | null; gpus: Map<string, UnreachableGpu>; answer: readonly UnreachableListedGpu[] } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({ view, node: derive(view.snapshot, registry.version, () => registry.list()) });
   return {
-    current: async (options) => withNode(await snapshots.get(options)),
-    peek() {
+    current: async (options?: GetOptions): Promise<Current> => withNode(await snapshots.get(options)),
+    /** The cached snapshot and its view without refreshing; null before the first success. */
+    peek(): Current | null {
       const view = snapshots.peek();
       return view ? withNode(view) : null;
     },
     invalidate: () => snapshots.invalidate(),
-    procOnly() {
+    /** What the latest refresh read in /proc for the shards when nvidia-smi failed; null otherwise. */
+    procOnly(): ProcOnly | null {
       const facts = procFactsAfter(snapshots.lastError);
       if (facts === undefined) return null;
       if (lastProcOnly?.facts !== facts || lastProcOnly.registryVersion !== registry.version) {
@@ -74,7 +63,11 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
       }
       return lastProcOnly.answer;
     },
-    unreachable() {
+    /**
+     * The GPUs the failures since the last good refresh said nvidia-smi cannot reach, as that snapshot
+     * knew them; only a good refresh clears them. The same array until it changes.
+     */
+    unreachable(): readonly UnreachableListedGpu[] {
       const error = snapshots.lastError;
       if (error === null) return NONE_UNREACHABLE;
       if (named?.generation !== snapshots.generation) named = { generation: snapshots.generation, seen: null, gpus: new Map(), answer: NONE_UNREACHABLE };

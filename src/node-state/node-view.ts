@@ -1,6 +1,8 @@
 // Owns the answers derived from one snapshot and one registry version, computed once and shared by
 // every request that sees the pair (attribution walks every GPU process). Also GET /gpus's GPU view.
 import type { Logger } from 'pino';
+import type { Static } from '@sinclair/typebox';
+import type { SnapshotMetaComponent } from '../schemas/common.js';
 import type { GpusResponse } from '../schemas/gpus.js';
 import type { ShardRecord } from '../shards/shard.js';
 import { attribute, type Attribution } from './attribution.js';
@@ -63,12 +65,7 @@ export function createNodeView(snapshot: NodeSnapshot, shards: readonly ShardRec
   return { snapshot, attribution: attribute(snapshot, shards), registryVersion, processesHidden: pids.hidden };
 }
 
-export interface SnapshotMeta {
-  observedAt: string;
-  ageMs: number;
-  stale: boolean;
-  staleReason?: string;
-}
+export type SnapshotMeta = Static<typeof SnapshotMetaComponent>;
 
 export function snapshotMeta(view: SnapshotView<unknown>): SnapshotMeta {
   const meta: SnapshotMeta = { observedAt: new Date(view.observedAt).toISOString(), ageMs: Math.round(view.ageMs), stale: view.stale };

@@ -13,12 +13,10 @@ export interface SnapshotView<S> {
   /** When its refresh began: time-bound verdicts (a grace window) judge the evidence by this. */
   startedAt: number;
   ageMs: number;
-  /** Older than the TTL (a refresh is running, is due or has failed), or older than the registry. */
+  /** Older than the TTL or the registry; `failing`: the last refresh failed; `slow`: the one under way runs long. */
   stale: boolean;
   staleReason: string | null;
-  /** The last refresh failed (the snapshot is the last good one). */
   failing: boolean;
-  /** The refresh under way has run far longer than usual (slowAfterMs). */
   slow: boolean;
 }
 
@@ -27,20 +25,7 @@ export interface GetOptions {
   maxWaitMs?: number;
 }
 
-export interface SnapshotSource<S> {
-  get(options?: GetOptions): Promise<SnapshotView<S>>;
-  /** The cached snapshot as it is, without refreshing; null before the first success. */
-  peek(): SnapshotView<S> | null;
-  /** The shard registry changed: every snapshot whose refresh started before now is stale. */
-  invalidate(): void;
-  readonly refreshing: boolean;
-  /** Bumped on every successful refresh; part of ETags. */
-  readonly generation: number;
-  /** The error of the latest refresh while none has succeeded since it; null otherwise. */
-  readonly lastError: Error | null;
-  /** Ms until a request may start the next refresh after a failure (a 503's Retry-After); null when one may start or runs. */
-  readonly backOffMs: number | null;
-}
+export type SnapshotSource<S> = ReturnType<typeof createSnapshotSource<S>>;
 
 /** A 503's Retry-After (whole seconds) for `err` while the snapshots' own failure is waited out; else null. */
 export function retryAfterSeconds(snapshots: Pick<SnapshotSource<unknown>, 'lastError' | 'backOffMs'>, err: Error): number | null {
@@ -60,21 +45,20 @@ export function slowAfterMs(lastRefreshMs: number): number {
 
 const MAX_FAILURE_WINDOW_MS = 30_000;
 
+/** `epoch`: the invalidation epoch its refresh started in. */
 interface Good<S> {
   snapshot: S;
   observedAt: number;
   startedAt: number;
-  /** The invalidation epoch its refresh started in. */
   epoch: number;
 }
 
+/** `since`: when this run of identical failures began; `count`: failures in a row, whatever their reason. */
 interface Failure {
   error: Error;
   at: number;
   epoch: number;
-  /** When this run of identical failures began. */
   since: number;
-  /** Failures in a row, whatever their reason. */
   count: number;
 }
 
@@ -86,7 +70,7 @@ export interface SnapshotSourceOptions<S> {
   now: () => number;
 }
 
-export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): SnapshotSource<S> {
+export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>) {
   const { take, ttlMs, maxStaleMs, log, now } = options;
   let good: Good<S> | null = null;
   let lastFailure: Failure | null = null;
@@ -193,16 +177,12 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
     if (lastFailure && (backOffLeft() !== null || inFlight)) throw lastFailure.error;
     const pending = refresh();
     if (maxWaitMs === undefined) return pending;
+    const message =
+      `nvidia-smi has not answered within this request's ${maxWaitMs} ms budget and no snapshot younger than max-stale is cached. ` +
+      'The refresh goes on in the background; if this persists, check the driver (dmesg) and run `nodecompute doctor`.';
     let timer: NodeJS.Timeout | undefined;
     const budget = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
-        reject(
-          new NvidiaSmiTimeoutError(
-            `nvidia-smi has not answered within this request's ${maxWaitMs} ms budget and no snapshot younger than max-stale is cached. ` +
-              'The refresh goes on in the background; if this persists, check the driver (dmesg) and run `nodecompute doctor`.',
-          ),
-        );
-      }, maxWaitMs);
+      timer = setTimeout(() => reject(new NvidiaSmiTimeoutError(message)), maxWaitMs);
     });
     try {
       return await Promise.race([pending, budget]);
@@ -212,22 +192,27 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>): Snap
   }
 
   return {
-    async get(getOptions: GetOptions = {}) {
+    async get(getOptions: GetOptions = {}): Promise<SnapshotView<S>> {
       return available() ?? view(await waitForRefresh(getOptions.maxWaitMs));
     },
-    peek: () => (good ? view(good) : null),
+    /** The cached snapshot as it is, without refreshing; null before the first success. */
+    peek: (): SnapshotView<S> | null => (good ? view(good) : null),
+    /** The shard registry changed: every snapshot whose refresh started before now is stale. */
     invalidate() {
       epoch += 1;
     },
     get refreshing() {
       return inFlight !== null;
     },
+    /** Bumped on every successful refresh; part of ETags. */
     get generation() {
       return generation;
     },
-    get lastError() {
+    /** The latest refresh's error until one succeeds. */
+    get lastError(): Error | null {
       return lastFailure?.error ?? null;
     },
+    /** Ms until a request may start the next refresh after a failure (a 503's Retry-After); null when one may start or runs. */
     get backOffMs() {
       return inFlight ? null : backOffLeft();
     },
