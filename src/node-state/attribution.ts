@@ -256,25 +256,19 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
   else if (held !== null && held.pid !== pid) claims.byGroup.set(group, null);
 }
 
-/** The shard whose process is the nearest of `pid`'s first ANCESTRY_DEPTH ancestors the snapshot can name. */
-function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<number, string>): string | undefined {
-  let stat = statOf(snapshot, pid);
-  for (let generation = 1; generation <= ANCESTRY_DEPTH && stat !== undefined; generation += 1) {
-    const owner = strong.get(stat.ppid);
-    if (owner !== undefined) return owner;
-    stat = statOf(snapshot, stat.ppid);
-  }
-  return undefined;
-}
-
-/** The first unreadable stat among `pid`'s and its first ANCESTRY_DEPTH - 1 ancestors' (those shardAncestor reads). */
-function unreadableOnTheWay(pid: number, snapshot: NodeSnapshot): UnreadableStat | undefined {
+/**
+ * The shard whose process is the nearest of `pid`'s first ANCESTRY_DEPTH ancestors the snapshot can
+ * name; or, when an unreadable stat ends the walk first, that stat: the memory may be a shard's.
+ */
+function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<number, string>): { owner?: string; blocked?: UnreadableStat } {
   let answer = snapshot.proc.get(pid);
-  for (let generation = 0; generation < ANCESTRY_DEPTH && answer != null; generation += 1) {
-    if (!isReadable(answer)) return answer;
+  for (let generation = 1; generation <= ANCESTRY_DEPTH && answer != null; generation += 1) {
+    if (!isReadable(answer)) return { blocked: answer };
+    const owner = strong.get(answer.ppid);
+    if (owner !== undefined) return { owner };
     answer = snapshot.proc.get(answer.ppid);
   }
-  return undefined;
+  return {};
 }
 
 /** Whether a gone shard's group number names a newer group now (its leader is younger than the shard). */
@@ -283,16 +277,15 @@ function groupNumberReused(snapshot: NodeSnapshot, group: number, shard: ShardRe
   return leader !== undefined && leader.startTime > shard.identity.startTime;
 }
 
-/** The owner of a GPU process by the three rules of the header, in their order. */
-function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): string | undefined {
+/** The owner of a GPU process by the three rules of the header, in their order; else what blocked the ancestor walk. */
+function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): { owner?: string; blocked?: UnreadableStat } {
   const strong = claims.strong.get(pid);
-  if (strong !== undefined) return strong;
+  if (strong !== undefined) return { owner: strong };
   const ancestor = shardAncestor(pid, snapshot, claims.strong);
-  if (ancestor !== undefined) return ancestor;
+  if (ancestor.owner !== undefined) return ancestor;
   const stat = statOf(snapshot, pid);
-  if (stat === undefined) return undefined;
-  const claim = claims.byGroup.get(stat.pgrp);
-  return claim != null && stat.startTime >= claim.startTime ? claim.shard : undefined;
+  const claim = stat === undefined ? undefined : claims.byGroup.get(stat.pgrp);
+  return claim != null && stat!.startTime >= claim.startTime ? { owner: claim.shard } : ancestor;
 }
 
 function memoryOf(process: GpuProcess): string {
@@ -335,9 +328,8 @@ export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]
   const holdings = new Map<string, Map<number, ShardGpuHolding>>(ordered.map((shard) => [shard.id, new Map()]));
   for (const gpu of snapshot.gpus) {
     for (const process of gpu.processes) {
-      const owner = ownerOf(process.pid, snapshot, claims);
+      const { owner, blocked } = ownerOf(process.pid, snapshot, claims);
       if (owner === undefined) {
-        const blocked = unreadableOnTheWay(process.pid, snapshot);
         if (blocked !== undefined && !uncertain.has(gpu.index)) uncertain.set(gpu.index, blocked);
         continue;
       }
