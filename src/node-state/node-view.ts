@@ -108,19 +108,10 @@ export function unreachableSaid(uuid: string, unreachable: readonly UnreachableL
 /** GET /gpus after its snapshot header: every GPU with its processes' shards, and the GPUs no longer listed. */
 export function gpusResponse(node: NodeView, unreachable: readonly UnreachableListedGpu[]): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
-  const gpus = node.snapshot.gpus.map((gpu) => ({
-    index: gpu.index,
-    uuid: gpu.uuid,
-    name: gpu.name,
-    busId: gpu.busId,
-    memory: { totalMiB: gpu.totalMiB, usedMiB: gpu.usedMiB, freeMiB: gpu.freeMiB, reservedMiB: gpu.reservedMiB },
-    migMode: gpu.migMode,
-    processes: gpu.processes.map((process) => ({
-      pid: process.pid,
-      name: process.name,
-      usedMiB: process.usedMiB,
-      shard: owner.get(process.pid) ?? null,
-    })),
+  const gpus = node.snapshot.gpus.map(({ totalMiB, usedMiB, freeMiB, reservedMiB, processes, ...gpu }) => ({
+    ...gpu,
+    memory: { totalMiB, usedMiB, freeMiB, reservedMiB },
+    processes: processes.map(({ pid, name, usedMiB: held }) => ({ pid, name, usedMiB: held, shard: owner.get(pid) ?? null })),
     unreachable: unreachableSaid(gpu.uuid, unreachable),
   }));
   return { gpus, lostGpus: lostGpusJson(node) };
