@@ -86,7 +86,7 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.match(text, /^nodecompute .*: 1 GPU LOST · /, 'the status page counts it as lost');
   t.match(text, /^1 +NVIDIA H200 \(UNREACHABLE\) /m, 'and marks its row');
   t.notMatch(text, /^0 +NVIDIA H200 \(UNREACHABLE\)/m);
-  t.match(text, `(UNREACHABLE) GPU 1: nvidia-smi cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot. It says: ${LOST}`);
+  t.match(text, /\(UNREACHABLE\) GPU 1: nvidia-smi cannot reach this GPU.*It says: GPU is lost\./, 'with what nvidia-smi says of it');
   const html = (await app.inject({ method: 'GET', url: '/?format=html' })).body;
   t.equal(html.match(/<div class="gpu unreachable">\n<div class="gpu-id"><span class="gpu-index">GPU (\d)/g)?.length, 1, 'one GPU row marked in HTML');
   t.match(html, /<span class="gpu-index">GPU 1<\/span><span class="gpu-name">NVIDIA H200<\/span><span class="badge gpu-lost">unreachable<\/span>/);
@@ -204,13 +204,13 @@ t.test('a GPU the driver loses while nvidia-smi lists the others (exit 0): its s
   const [s0, s1] = await verdicts(app);
   t.match(s0, { status: 200, state: 'ready', warnings: [] }, 'the shard on the GPU it still lists is judged on a fresh listing, past max-stale');
   t.match(s1, { status: 503, state: 'gpu-lost', cause: 'gpu-not-listed' });
-  t.match(s1.reason, `placed on GPU 1, but GPU 1 (${UUIDS[1]}, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T12:00:01.500Z; nvidia-smi says of its bus id 00000000:02:00.0: "Unknown Error")`);
+  for (const fact of [`GPU 1 (${UUIDS[1]}, NVIDIA H200) is no longer listed`, '2026-12-02T12:00:01.500Z', '00000000:02:00.0: "Unknown Error"']) t.match(s1.reason, fact);
   const listed = (await app.inject({ method: 'GET', url: '/gpus' })).json();
   t.equal(listed.stale, false);
   t.same(listed.gpus.map((gpu: { index: number }) => gpu.index), [0]);
   t.match(listed.lostGpus, [{ index: 1, uuid: UUIDS[1], busId: '00000000:02:00.0', unreachable: 'Unknown Error' }]);
   const doctor = (await app.inject({ method: 'GET', url: '/doctor' })).json();
-  t.match(doctor.checks.find((check: { name: string }) => check.name === 'lost-gpus'), { status: 'fail', detail: /^GPU 1 \(GPU-1b1b1b1b-0000-0000-0000-000000000000, NVIDIA H200\) is no longer listed by nvidia-smi \(last listed .*; nvidia-smi says of its bus id 00000000:02:00\.0: "Unknown Error"\)/ });
+  t.match(doctor.checks.find((check: { name: string }) => check.name === 'lost-gpus'), { status: 'fail', detail: /^GPU 1 \(GPU-1b1b1b1b-[-0]+, NVIDIA H200\) is no longer listed.*02:00\.0: "Unknown Error"/ });
 
   fake.update((s) => ({ ...s, unreachable: [] }));
   clock.advance(1500);

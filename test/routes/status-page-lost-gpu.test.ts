@@ -91,12 +91,12 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   clock.advance(31_000);
   const staleHtml = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('past max-stale'));
   t.same(htmlRows(staleHtml), ['6 lost'], 'no figures now, but the lost GPU still shown');
-  t.match(staleHtml, 'No GPU figures: nvidia-smi gave none (see above). Below, the GPUs its last good snapshot no longer listed.');
-  t.match(staleHtml, /<strong>nvidia-smi no longer lists GPUs it listed earlier.<\/strong> As of the last good snapshot, of 2026-11-29 12:00:0\d UTC: nvidia-smi cannot be asked now/);
+  t.match(staleHtml, /No GPU figures: .*last good snapshot no longer listed/);
+  t.match(staleHtml, /<strong>nvidia-smi no longer lists GPUs it listed earlier.<\/strong> As of the last good snapshot, of 2026-11-29 12:00:0\d UTC/);
   t.match(staleHtml, /llama-6: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/, "still gpu-lost: nvidia-smi's last word holds against the shard");
   const staleText = await pageWhere(app, '*/*', (body) => body.includes('past max-stale'));
   t.match(textRows(staleText)[0]!, /^6\s+NVIDIA H200 \(LOST\)\s.*placed on it: llama-6 \(gpu-lost\)$/);
-  t.match(staleText, '!! nvidia-smi no longer lists GPUs it listed earlier. As of the last good snapshot, of 2026-11-29 12:00:0');
+  t.match(staleText, /!! nvidia-smi no longer lists GPUs .*As of the last good snapshot, of 2026-11-29 12:00:0\d UTC/);
 
   // GPU 6 is back (after a reset), with the shard's memory on it; past any back-off after the failures.
   fake.update(() => scenario);
