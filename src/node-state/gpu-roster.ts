@@ -13,9 +13,7 @@ export interface LostGpu {
   name: string;
   /** Its PCI bus id when last listed: nvidia-smi's errors name it by this. */
   busId: string | null;
-  /** When a snapshot last listed it (ms since the epoch). */
   lastListedAt: number;
-  /** When the first snapshot without it was taken. */
   lostAt: number;
   /** What the latest listing said of its bus id when it cannot reach it ("Unknown Error"). */
   said?: string;

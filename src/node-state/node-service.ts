@@ -32,7 +32,6 @@ export function procOnlyLiveness(facts: FactsAfterFailure, shards: readonly Shar
   return { liveness: attribute(snapshot, described).liveness, proc: facts.proc };
 }
 
-/** What the node service reads of the shard registry. */
 export interface ShardList {
   readonly version: number;
   list(): readonly ShardRecord[];
@@ -48,7 +47,6 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({ view, node: derive(view.snapshot, registry.version, () => registry.list()) });
   return {
     current: async (options?: GetOptions): Promise<Current> => withNode(await snapshots.get(options)),
-    /** The cached snapshot and its view without refreshing; null before the first success. */
     peek(): Current | null {
       const view = snapshots.peek();
       return view ? withNode(view) : null;
@@ -63,10 +61,7 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
       }
       return lastProcOnly.answer;
     },
-    /**
-     * The GPUs the failures since the last good refresh said nvidia-smi cannot reach, as that snapshot
-     * knew them; only a good refresh clears them. The same array until it changes.
-     */
+    /** What the failures since the last good refresh say nvidia-smi cannot reach, as that snapshot knew them. */
     unreachable(): readonly UnreachableListedGpu[] {
       const error = snapshots.lastError;
       if (error === null) return NONE_UNREACHABLE;

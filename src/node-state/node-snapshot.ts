@@ -48,7 +48,7 @@ export interface NodeSnapshot extends ProcFacts {
 /** The facts read after nvidia-smi failed; `startedAt`: a shard registered after the refresh began is not described. */
 export type FactsAfterFailure = ProcFacts & { startedAt: number };
 
-/** Keyed by the error a failed refresh threw, so the error itself carries no data into logs. */
+// Keyed by the error a failed refresh threw, so the error itself carries no data into logs.
 const factsAfterFailure = new WeakMap<Error, FactsAfterFailure>();
 
 export function procFactsAfter(error: Error | null): FactsAfterFailure | undefined {
@@ -82,10 +82,7 @@ export function statOf(snapshot: ProcFacts, pid: number): ProcStat | undefined {
   return isReadable(answer) ? answer : undefined;
 }
 
-/**
- * Reads into `stats` the parents attribution walks from a GPU process up to its shard (ANCESTRY_DEPTH
- * - 1 generations), following a chain only while it stays in a shard process's session.
- */
+/** Reads the parents attribution walks from a GPU process up to its shard, while the chain stays in a shard's session. */
 async function readParents(proc: ProcReader, stats: Map<number, StatAnswer>, gpuPids: Iterable<number>, shardPids: ReadonlySet<number>): Promise<void> {
   const sessions = new Set<number>();
   for (const pid of shardPids) {
@@ -111,10 +108,7 @@ async function readParents(proc: ProcReader, stats: Map<number, StatAnswer>, gpu
   }
 }
 
-/**
- * The stats of `pids` and of the shards' processes, cgroup members included: the scan comes first so
- * that one read covers them. A failed scan does not fail the read: its cgroup shards read unverified.
- */
+/** The stats of `pids` and of the shards' processes, cgroup members included; a failed scan leaves its shards unverified. */
 async function readProcFacts(deps: SnapshotTakerDeps, scanFailure: RepeatLimit, pids: Iterable<number>, keep: boolean) {
   const interest = deps.interest();
   const needles = [...new Set(interest.cgroups)];

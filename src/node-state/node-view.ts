@@ -105,7 +105,7 @@ export function unreachableSaid(uuid: string, unreachable: readonly UnreachableL
   return unreachable.find(({ listed }) => listed?.uuid === uuid)?.said ?? null;
 }
 
-/** GET /gpus after its snapshot header: every GPU with its processes' shards, and the GPUs no longer listed. */
+/** GET /gpus after its snapshot header. */
 export function gpusResponse(node: NodeView, unreachable: readonly UnreachableListedGpu[]): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
   const gpus = node.snapshot.gpus.map(({ totalMiB, usedMiB, freeMiB, reservedMiB, processes, ...gpu }) => ({

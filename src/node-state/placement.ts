@@ -4,7 +4,6 @@
 import type { GpuRecord, UnreachableGpu } from '../system/nvidia-smi.js';
 import type { ShardRecord } from '../shards/shard.js';
 
-/** A GPU as a listing names it. */
 type ListedGpu = Pick<GpuRecord, 'index' | 'uuid' | 'name' | 'busId'>;
 
 /** As registered; uuid undefined for a registration without UUIDs. */
@@ -38,7 +37,7 @@ export function placementOf(shard: ShardRecord, gpus: readonly ListedGpu[]): { i
   return { indices, unlisted, renumbered };
 }
 
-/** The indices `shard`'s listed GPUs have now; as registered without a listing. */
+/** As registered without a listing. */
 export function placedIndices(shard: ShardRecord, gpus: readonly ListedGpu[] | null): number[] {
   return gpus === null ? shard.gpus : placementOf(shard, gpus).indices;
 }

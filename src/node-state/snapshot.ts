@@ -148,11 +148,8 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>) {
     return 'a refresh is due';
   }
 
-  /**
-   * The ms left of the latest failure's window (one TTL, doubling per failure in a row up to 30 s);
-   * null when it has passed. Within it the failure is the answer: a wedged driver leaves nvidia-smi
-   * stuck where SIGKILL cannot end it, and each retry adds more.
-   */
+  // Within a failure's window (one TTL, doubling per failure in a row) the failure is the answer: a
+  // wedged driver leaves nvidia-smi stuck where SIGKILL cannot end it, and each retry adds more.
   function backOffLeft(): number | null {
     if (!lastFailure || lastFailure.epoch !== epoch) return null;
     const window = Math.min(Math.max(ttlMs, 1) * 2 ** (lastFailure.count - 1), MAX_FAILURE_WINDOW_MS);

@@ -56,7 +56,6 @@ export function shardColours(claims: readonly ColourClaim[]): Map<string, number
   return colours;
 }
 
-/** The classes of a colour slot: its palette colour, and its fill past the first ten. */
 export function colourClass(slot: number): string {
   const fill = Math.floor(slot / PALETTE.length) % FILLS;
   return `c${slot % PALETTE.length}${fill > 0 ? ` f${fill}` : ''}`;

@@ -92,14 +92,14 @@ const KEY_HTML =
   `<li>${swatch('shard c0')}${swatch('shard c1')}a shard (one colour each; red outline: a GPU it was not given)</li>` +
   `<li>${swatch('foreign')}foreign: held by no registered shard</li><li>${swatch('reserved')}reserved by the driver</li><li>${swatch('free')}free</li></ul>`;
 
-function listOrDash(items: string[]): string {
-  return items.length > 0 ? items.map(escapeHtml).join('<br>') : '<span class="none">none</span>';
+/** A cell's lines (HTML), or a muted "none". */
+function cellLines(items: string[]): string {
+  return items.length > 0 ? items.join('<br>') : '<span class="none">none</span>';
 }
 
 function heldHtml(row: ShardRow): string {
   if (row.held === null) return '<span class="none">unknown</span>';
-  const strays = row.strays.map((label) => `<span class="stray-tag">${escapeHtml(label)} (not given)</span>`);
-  return row.held.length + strays.length > 0 ? [...row.held.map(escapeHtml), ...strays].join('<br>') : '<span class="none">none</span>';
+  return cellLines([...row.held.map(escapeHtml), ...row.strays.map((label) => `<span class="stray-tag">${escapeHtml(label)} (not given)</span>`)]);
 }
 
 function shardRowHtml(row: ShardRow): string {
@@ -109,7 +109,7 @@ function shardRowHtml(row: ShardRow): string {
   return `<tr>
 <th scope="row">${swatch(`shard ${colourClass(row.color)}`)}<span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
 <td data-label="State">${badge(row.state)}</td>
-<td class="given" data-label="Given">${listOrDash(row.given.map((label) => `GPU ${label}`))}</td>
+<td class="given" data-label="Given">${cellLines(row.given.map((label) => escapeHtml(`GPU ${label}`)))}</td>
 <td class="held" data-label="Held">${heldHtml(row)}</td>
 <td class="why" data-label="Reason">${note}</td>
 </tr>`;

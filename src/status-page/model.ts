@@ -61,12 +61,10 @@ function foreignAmount(foreignMiB: number, unreportedShardProcesses: number): st
   return `up to ${formatMemory(foreignMiB)} (it includes the memory of ${unreportedShardProcesses} shard process(es) nvidia-smi does not report)`;
 }
 
-/** A segment's share of its bar: none when its size is not reported. */
 export function widthOf(segment: Segment): number {
   return segment.mib ?? 0;
 }
 
-/** A foreign, reserved or free segment. */
 function plainSegment(kind: Exclude<SegmentKind, 'shard'>, mib: number, title: string, upTo = false): Segment {
   return { kind, label: kind, mib, color: null, upTo, title, stray: false };
 }
@@ -105,7 +103,6 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
   return segments;
 }
 
-/** The GPUs `known` says are lost, with the shards placed on each. */
 function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>) {
   if (known === null) return [];
   const unlisted = states.map((state) => ({ state, unlisted: placementOf(state.shard, known.gpus).unlisted }));
@@ -147,8 +144,7 @@ export function statusModel(input: StatusInput) {
       uuid: gpu.uuid,
       name: gpu.name,
       mig: gpu.migMode === 'Enabled',
-      // What nvidia-smi's failing queries since this snapshot said of this GPU.
-      unreachable: unreachableSaid(gpu.uuid, input.unreachable),
+        unreachable: unreachableSaid(gpu.uuid, input.unreachable),
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
       // The bar can be drawn to scale.
