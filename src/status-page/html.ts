@@ -43,7 +43,8 @@ function segmentHtml(segment: Segment, total: number): string {
 function legendHtml(segment: Segment): string {
   const colour = segment.color === null ? '' : ` ${colourClass(segment.color)}`;
   const stray = segment.stray ? ' <em>not given this GPU</em>' : '';
-  return `<li title="${escapeHtml(segment.title)}">${swatch(`${segment.kind}${colour}`)}${escapeHtml(segment.label)} <b>${amountOf(segment).replaceAll(' ', '&nbsp;')}</b>${stray}</li>`;
+  const amount = `<b>${amountOf(segment).replaceAll(' ', '&nbsp;')}</b>`;
+  return `<li title="${escapeHtml(segment.title)}">${swatch(`${segment.kind}${colour}`)}${escapeHtml(segment.label)} ${amount}${stray}</li>`;
 }
 
 function gpuHtml(gpu: GpuModel): string {
@@ -63,7 +64,7 @@ function gpuHtml(gpu: GpuModel): string {
 
 /** A lost GPU's row: struck out, a bar with no figures, and the shards placed on it. */
 function lostGpuHtml(gpu: LostGpuModel, now: number): string {
-  const placed = gpu.placed.map((shard) => `<li>${swatch(`shard ${colourClass(shard.color)}`)}${escapeHtml(shard.id)}: placed on it, ${badge(shard.state)}</li>`);
+  const placed = gpu.placed.map(({ id, color, state }) => `<li>${swatch(`shard ${colourClass(color)}`)}${escapeHtml(id)}: placed on it, ${badge(state)}</li>`);
   const taken = indexTakenNote(gpu);
   const items = [
     `<li>${missingSince(gpu, now)}, last listed ${when(gpu.lastListedAt)}</li>`,
@@ -106,8 +107,9 @@ function shardRowHtml(row: ShardRow): string {
   const reason = row.reason === null ? '' : `<p>${escapeHtml(row.reason)}</p>`;
   const warnings = row.warnings.map((warning) => `<p class="warning">Warning: ${escapeHtml(warning)}</p>`).join('');
   const note = reason + warnings || '<span class="none">-</span>';
+  const who = `<span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small>`;
   return `<tr>
-<th scope="row">${swatch(`shard ${colourClass(row.color)}`)}<span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}</small></th>
+<th scope="row">${swatch(`shard ${colourClass(row.color)}`)}${who}</th>
 <td data-label="State">${badge(row.state)}</td>
 <td class="given" data-label="Given">${cellLines(row.given.map((label) => escapeHtml(`GPU ${label}`)))}</td>
 <td class="held" data-label="Held">${heldHtml(row)}</td>
@@ -122,8 +124,10 @@ export function renderHtml(model: StatusModel): string {
   const meta = `${model.snapshot ? escapeHtml(snapshotLine(model)) : `<span class="outage">${escapeHtml(snapshotLine(model))}</span>`} · reloads every ${REFRESH_SECONDS} s`;
   const banners: string[] = [];
   // `body` is HTML; `code`, nvidia-smi's or the node's words, is escaped.
-  const banner = (head: string, body: string, code: string, kind = 'error') =>
-    banners.push(`<div class="banner ${kind}" role="${kind === 'error' ? 'alert' : 'status'}"><strong>${head}</strong>${body}<code>${escapeHtml(code)}</code></div>`);
+  const banner = (head: string, body: string, code: string, kind = 'error') => {
+    const role = kind === 'error' ? 'alert' : 'status';
+    banners.push(`<div class="banner ${kind}" role="${role}"><strong>${head}</strong>${body}<code>${escapeHtml(code)}</code></div>`);
+  };
   if (model.error !== null) {
     banner(
       "nvidia-smi cannot be asked, so no shard's GPU use can be verified.",

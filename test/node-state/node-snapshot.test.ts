@@ -308,7 +308,8 @@ t.test('procOnlyLiveness: the facts describe only shards registered before they 
   const pod: ShardRecord = { ...shard('pod', 20, 1000), pid: null, cgroup: 'abcdef12-3456' };
   t.match(procOnlyLiveness(facts, [pod]).liveness.get('pod'), { state: 'alive' });
   const scanFailed = procOnlyLiveness({ ...facts, cgroupPids: new Map(), cgroupScanFailed: 'cannot read /proc/7/cgroup: EIO' }, [pod, shard('alive', 8, 1000)]).liveness;
-  t.match(scanFailed.get('pod'), { state: 'unreadable', why: /cgroup "abcdef12-3456".*cannot read \/proc\/7\/cgroup: EIO/ }, 'a failed cgroup scan: unknown whether it runs');
+  const why = /cgroup "abcdef12-3456".*cannot read \/proc\/7\/cgroup: EIO/;
+  t.match(scanFailed.get('pod'), { state: 'unreadable', why }, 'a failed cgroup scan: unknown whether it runs');
   t.same(scanFailed.get('alive'), { state: 'alive' }, "and a PID shard's as read");
 });
 

@@ -106,7 +106,8 @@ t.test('two shards started by one script, each computing in a grandchild: each h
   t.equal(exited.statusCode, 503);
   t.equal(exited.json().state, 'exited');
   const reason = exited.json().reason;
-  for (const fact of [`process ${a.pid} no longer exists`, `process group ${script}`, `70000 MiB on GPU 0 (PID ${a.worker}, VLLM::Worker)`]) t.match(reason, fact);
+  const facts = [`process ${a.pid} no longer exists`, `process group ${script}`, `70000 MiB on GPU 0 (PID ${a.worker}, VLLM::Worker)`];
+  for (const fact of facts) t.match(reason, fact);
   t.match(reason, new RegExp(`kill ${a.worker}\\.$`), 'the orphan to kill');
   const b2 = (await app.inject({ method: 'GET', url: '/shards/b/ready' })).json();
   t.same([b2.state, b2.warnings], ['ready', []], "b is not handed a's orphan: the group is no longer b's alone to claim");

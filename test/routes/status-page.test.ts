@@ -347,7 +347,7 @@ t.test('GPU processes hidden from this /proc: a banner saying no memory can be a
   await register(t, app, 'alpha', { pid: shard.pid, gpus: [0], graceMs: 0 });
   await settle(app, { alpha: 'unverified' });
   const html = (await page(app, BROWSER_ACCEPT)).body;
-  t.match(html, /<div class="banner error" role="alert"><strong>nodecompute cannot tell whose GPU memory is whose\.<\/strong>.*<code>.*PIDs do not exist in this \/proc/);
+  t.match(html, /<div class="banner error" role="alert"><strong>nodecompute cannot tell whose GPU memory is whose\.<\/strong>.*<code>.*PIDs do not exist/);
   t.match(html, 'hostPID: true (Kubernetes)');
   const text = (await page(app)).body;
   t.match(text, /!! nodecompute cannot tell whose GPU memory is whose .*\n!!   .*PIDs do not exist in this \/proc/);
