@@ -1,10 +1,7 @@
-// Owns GET /doctor: the node check as JSON, for operators and scripts that cannot exec into the pod.
-// A failed check answers 503 with the same report, as `nodecompute doctor` exits non-zero, so that
-// `curl -f` and HTTP monitors tell a sick node from a well one by the status alone. A check cut off
-// by a shutdown (its nvidia-smi killed) is no report about the node: it answers as every request cut
-// off then does, a coded 503 (doctor.ts), so a monitor sees a stopping service, not a sick node.
-// The check runs nvidia-smi three times, so concurrent requests share one check and its report is
-// reused for a few seconds: an open endpoint must not let anyone start nvidia-smi without bound.
+// Owns GET /doctor: the node check as JSON, 503 when a check failed (as `nodecompute doctor` exits
+// non-zero), so `curl -f` tells a sick node by its status. A check a shutdown cut off answers the
+// coded 503 of any request cut off then. Concurrent requests share one check and its report is
+// reused for a few seconds: an open endpoint must not start nvidia-smi without bound.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { runDoctor, type DoctorReport } from '../src/doctor/doctor.js';

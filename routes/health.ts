@@ -1,10 +1,6 @@
 // Owns nodecompute's own health: /livez (and /healthz) say the event loop runs and never depend on
-// nvidia-smi; /readyz says whether the service can answer, from the cached snapshot within the probe
-// budget, with a Kubernetes-style checklist on ?verbose. Readiness holds on the last good snapshot
-// while it is younger than max-stale, as every answer does (a failing nvidia-smi run must not take
-// the node's agent out of its Service at once); the checklist then says so plainly. It also fails
-// while registrations cannot be stored (the state file's directory takes no writes), since a node
-// whose agent refuses every registration cannot take shards.
+// nvidia-smi; /readyz says whether the service can answer truthfully (a snapshot within max-stale,
+// the GPU processes visible, registrations storable), with a Kubernetes-style checklist on ?verbose.
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { describeListedPids, NO_GPU_PROCESS, SOME_PIDS_MISSING_FIX } from '../src/doctor/doctor.js';

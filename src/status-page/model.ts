@@ -144,7 +144,7 @@ export function statusModel(input: StatusInput) {
       uuid: gpu.uuid,
       name: gpu.name,
       mig: gpu.migMode === 'Enabled',
-        unreachable: unreachableSaid(gpu.uuid, input.unreachable),
+      unreachable: unreachableSaid(gpu.uuid, input.unreachable),
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
       // The bar can be drawn to scale.
