@@ -122,6 +122,35 @@ t.test('without a token, a write from the network is counted and logged as not-l
   t.equal(refusedCount((await app.inject({ method: 'GET', url: '/metrics' })).body, 'not-loopback'), 1);
 });
 
+t.test('a write a web page could have sent is refused, counted and logged by its own reason, token or not', async (t) => {
+  for (const token of [null, TOKEN]) {
+    const { log: logger, lines } = captureLog('info');
+    const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { token }, deps: { logger } });
+    const authorization = token === null ? {} : { authorization: `Bearer ${token}` };
+    const del = (headers: Record<string, string>) => app.inject({ method: 'DELETE', url: '/shards/a', headers: { ...authorization, ...headers } });
+
+    const crossSite = await del({ origin: 'http://attacker.example' });
+    t.equal(crossSite.statusCode, 403, `token ${token === null ? 'none' : 'set'}: another origin`);
+    t.equal(crossSite.json().code, 'NODECOMPUTE_CROSS_ORIGIN');
+    t.match(crossSite.json().message, 'Origin: http://attacker.example');
+    t.equal((await del({ 'sec-fetch-site': 'cross-site' })).json().code, 'NODECOMPUTE_CROSS_ORIGIN');
+    t.match(lines.find((line) => line.reason === 'cross-origin'), { level: 40, msg: /^Refused a write a web page could have sent: / });
+
+    const rebound = await del({ host: 'rebind.attacker.example:9470' });
+    const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+    t.equal(refusedCount(metrics, 'cross-origin'), 2);
+    if (token === null) {
+      t.equal(rebound.statusCode, 403, 'a loopback write naming a foreign host');
+      t.equal(rebound.json().code, 'NODECOMPUTE_HOST_NOT_ALLOWED');
+      t.match(rebound.json().message, /NODECOMPUTE_ALLOWED_HOSTS/);
+      t.equal(refusedCount(metrics, 'foreign-host'), 1);
+    } else {
+      t.equal(rebound.statusCode, 404, 'with a token, the Host is not what grants the write');
+      t.equal(refusedCount(metrics, 'foreign-host'), 0);
+    }
+  }
+});
+
 t.test('how writes are authorised, as the start-up line says it', async (t) => {
   t.equal(
     describeWriteAccess(defaultConfig({ tokenFile: '/var/run/secrets/nodecompute/token', token: 'a'.repeat(16), fileTokens: ['a'.repeat(16), 'b'.repeat(16)] })),
