@@ -1,8 +1,6 @@
-// Owns the node check behind GET /doctor and `nodecompute doctor`: each thing that must hold for
-// nodecompute's answers to be true, what was found and, on failure, what to do. It asks nvidia-smi
-// afresh, fails where a start would (state file, token file) and repeats the settings' warnings.
-// A query failing because the service is shutting down rejects with its own coded error (a 503),
-// not a report blaming nvidia-smi.
+// The node check behind GET /doctor and `nodecompute doctor`: each thing nodecompute's answers rely
+// on, what was found and what to do. It asks nvidia-smi afresh and fails where a start would; while
+// shutting down a query's own coded error (a 503) is thrown, not a report blaming nvidia-smi.
 import { formatDuration } from '../duration.js';
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, saidOfBusId, UNREACHABLE_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
@@ -89,9 +87,8 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   try {
     const version = await deps.nvidiaSmi.queryVersion();
     const known = (value: string | null) => value ?? 'unknown';
-    checks.push(
-      check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`),
-    );
+    const versions = `nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`;
+    checks.push(check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: ${versions}`));
   } catch (err) {
     checks.push(queryFailed(deps, err, 'nvidia-smi'));
     // Whether --version fails naming unreachable GPUs is not known; reading it costs nothing.
@@ -105,49 +102,33 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableOf(err) };
   }
   // The GPUs it said it cannot reach while it listed the others: the lost-gpus check names them.
-  const { unreachable } = listing.value;
-  const gpus = { value: listing.value.gpus, ms: listing.ms };
+  const { gpus, unreachable } = listing.value;
+  let apps: { value: { pid: number }[]; ms: number };
   try {
-    const apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
-    const visible = gpus.value.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ');
-    // With no GPU visible nvidia-smi fails ("No devices were found", exit 6): that is the catch below.
-    checks.push(check('gpus', 'ok', `${gpus.value.length} GPU(s) visible: ${visible}`));
-    const mig = gpus.value.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
-    if (mig.length > 0) {
-      checks.push(
-        check(
-          'mig',
-          'warn',
-          `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`,
-          'Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process\'s GPU and compute instance), not by their whole-GPU free or foreign memory.',
-        ),
-      );
-    }
-    const slowest = Math.max(gpus.ms, apps.ms);
-    const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
-    checks.push(
-      slowest > slow
-        ? check(
-            'query-time',
-            'warn',
-            `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms (slower than ${slow} ms)`,
-            'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.',
-          )
-        : check('query-time', 'ok', `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms`),
-    );
-    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value), gpus: gpus.value, unreachable };
+    apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
   } catch (err) {
-    checks.push(
-      queryFailed(
-        deps,
-        err,
-        'gpus',
-        `nvidia-smi answers --version and its GPU query (${gpus.value.length} GPU(s)), but its process query (--query-compute-apps), which tells whose memory is whose, fails: `,
-      ),
-    );
-    return { checks, pids: null, busy: [], gpus: gpus.value, unreachable };
+    const context = `nvidia-smi answers --version and its GPU query (${gpus.length} GPU(s)), but its process query (--query-compute-apps), `;
+    checks.push(queryFailed(deps, err, 'gpus', `${context}which tells whose memory is whose, fails: `));
+    return { checks, pids: null, busy: [], gpus, unreachable };
   }
+  // With no GPU visible nvidia-smi fails ("No devices were found", exit 6): that is a catch above.
+  checks.push(check('gpus', 'ok', `${gpus.length} GPU(s) visible: ${gpus.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ')}`));
+  const mig = gpus.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
+  if (mig.length > 0) {
+    const detail = `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`;
+    checks.push(check('mig', 'warn', detail, MIG_FIX));
+  }
+  const took = `GPU query took ${listing.ms} ms, process query ${apps.ms} ms`;
+  const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
+  const slowest = Math.max(listing.ms, apps.ms);
+  checks.push(slowest > slow ? check('query-time', 'warn', `${took} (slower than ${slow} ms)`, SLOW_FIX) : check('query-time', 'ok', took));
+  return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus), gpus, unreachable };
 }
+
+const MIG_FIX =
+  "Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process's GPU and compute instance), not by their whole-GPU free or foreign memory.";
+const SLOW_FIX =
+  'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
 
 /**
  * The GPUs the service has lost: its roster's, and those the snapshot listed that this check's query
@@ -201,38 +182,24 @@ export const SOME_PIDS_MISSING_FIX =
   "Run the doctor again in a minute: a process that exited is no longer listed by then. PIDs that stay missing belong to processes nodecompute cannot see (another PID namespace): find them with `nvidia-smi` on the host, and run their work where nodecompute's /proc sees it.";
 
 async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[], procReadable: boolean): Promise<DoctorCheck> {
+  const name = 'host-pid-namespace';
   if (pids.length > 0 && !procReadable) {
     // Every PID would read as missing: that says nothing about the PID namespace.
-    return check(
-      'host-pid-namespace',
-      'warn',
-      `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), so whether they exist there is unknown`,
-      'Fix the proc check first, then run the doctor again.',
-    );
+    const detail = `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), so whether they exist there is unknown`;
+    return check(name, 'warn', detail, 'Fix the proc check first, then run the doctor again.');
   }
   if (pids.length === 0 && busy.length > 0) {
-    return check(
-      'host-pid-namespace',
-      'fail',
-      hiddenProcessesWarning(busy),
-      "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi and shard verdicts stay unverified.",
-    );
+    const fix = "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi and shard verdicts stay unverified.";
+    return check(name, 'fail', hiddenProcessesWarning(busy), fix);
   }
-  if (pids.length === 0) {
-    return check('host-pid-namespace', 'ok', `${NO_GPU_PROCESS} (re-run under load to check)`);
-  }
+  if (pids.length === 0) return check(name, 'ok', `${NO_GPU_PROCESS} (re-run under load to check)`);
   const stats = await proc.readStats(pids);
   const missing = pids.filter((pid) => stats.get(pid) == null);
-  if (missing.length === 0) return check('host-pid-namespace', 'ok', describeListedPids(pids.length, missing, proc.root));
-  const status = missing.length === pids.length ? 'fail' : 'warn';
-  return check(
-    'host-pid-namespace',
-    status,
-    describeListedPids(pids.length, missing, proc.root),
-    status === 'fail'
-      ? "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), or set NODECOMPUTE_PROC to the host's /proc."
-      : SOME_PIDS_MISSING_FIX,
-  );
+  const detail = describeListedPids(pids.length, missing, proc.root);
+  if (missing.length === 0) return check(name, 'ok', detail);
+  if (missing.length < pids.length) return check(name, 'warn', detail, SOME_PIDS_MISSING_FIX);
+  const fix = "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), or set NODECOMPUTE_PROC to the host's /proc.";
+  return check(name, 'fail', detail, fix);
 }
 
 // Opening, reading and closing a stat file costs about three times what re-reading a kept one does.
@@ -242,12 +209,8 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
   const limit = openFilesLimit === null ? 'no open-file limit' : `an open-file limit of ${openFilesLimit}`;
   const processes = gpuProcesses === null ? '' : ` (${gpuProcesses} GPU process(es) now)`;
   if (gpuProcesses !== null && gpuProcesses > keepLimit) {
-    return check(
-      'open-files',
-      'warn',
-      `${gpuProcesses} GPU processes, but with ${limit} nodecompute keeps at most ${keepLimit} /proc stat files open between snapshots: the others are opened afresh at every refresh, about three times the cost`,
-      "Raise the container's open-file limit (nofile), for example to 65536.",
-    );
+    const detail = `${gpuProcesses} GPU processes, but with ${limit} nodecompute keeps at most ${keepLimit} /proc stat files open between snapshots: the others are opened afresh at every refresh, about three times the cost`;
+    return check('open-files', 'warn', detail, "Raise the container's open-file limit (nofile), for example to 65536.");
   }
   return check('open-files', 'ok', `${limit}: up to ${keepLimit} /proc stat files kept open between snapshots${processes}`);
 }
@@ -294,11 +257,7 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
 }
 
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
-  const [smi, procReadable, stateFile] = await Promise.all([
-    nvidiaSmiChecks(deps),
-    deps.proc.checkReadable(),
-    stateFileCheck(deps.stateFile),
-  ]);
+  const [smi, procReadable, stateFile] = await Promise.all([nvidiaSmiChecks(deps), deps.proc.checkReadable(), stateFileCheck(deps.stateFile)]);
   const checks: DoctorCheck[] = [];
   if (deps.settingsWarnings !== undefined) {
     // Each warning says what to do.
@@ -320,23 +279,14 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
   checks.push(stateFile.check);
   if (smi.gpus !== null && stateFile.shards !== null) checks.push(registeredGpusCheck(stateFile.shards, smi.gpus, deps.snapshot));
   checks.push(await tokenCheck(deps));
-  return {
-    ok: checks.every((c) => c.status !== 'fail'),
-    version: deps.version,
-    checkedAt: new Date(deps.now()).toISOString(),
-    checks,
-  };
+  return { ok: checks.every((c) => c.status !== 'fail'), version: deps.version, checkedAt: new Date(deps.now()).toISOString(), checks };
 }
 
 /** Whether writes can be authorised, and by which tokens: the token file is looked at now. */
 async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
   if (deps.tokenFileRefused) {
-    return check(
-      'token',
-      'fail',
-      deps.tokenFileRefused,
-      'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); a service already running keeps the tokens it last read.',
-    );
+    const fix = 'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); a service already running keeps the tokens it last read.';
+    return check('token', 'fail', deps.tokenFileRefused, fix);
   }
   if (!deps.tokenConfigured) {
     return check(
