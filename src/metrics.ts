@@ -16,22 +16,11 @@ import { VERSION } from './version.js';
 
 const MIB = 1024 * 1024;
 
-/** One of prom-client's default collectors (prom-client/lib/metrics/<name>.js), as collectDefaultMetrics calls it. */
 type DefaultCollector = (registry: Registry, config: { eventLoopMonitoringPrecision: number }) => void;
-/**
- * prom-client's default metrics but `gc`, whose observer costs every garbage collection and answers
- * no operator's question. prom-client cannot leave one out, so its own list and files are used: a
- * renamed collector fails at start, not silently.
- */
+// prom-client's defaults but `gc`, whose observer costs every collection. prom-client cannot leave
+// one out, so its own list and files are used: a renamed collector fails at start, not silently.
 const DEFAULT_COLLECTORS = collectDefaultMetrics.metricsList.filter((name) => name !== 'gc');
 const requireCollector = createRequire(import.meta.url);
-
-function collectDefaultsButGc(registry: Registry): void {
-  for (const name of DEFAULT_COLLECTORS) {
-    const collect = requireCollector(`prom-client/lib/metrics/${name}`) as DefaultCollector;
-    collect(registry, { eventLoopMonitoringPrecision: 10 });
-  }
-}
 
 /** Every query: its failure counter starts at 0 for every code a run can fail with (errors.ts), so rate() sees the first failure. */
 const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
@@ -39,36 +28,29 @@ const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
 export interface Metrics {
   registry: Registry;
   observeQuery: (observation: QueryObservation) => void;
-  /** Counts a write refused by auth.ts, by why. */
   countRefusedWrite: (reason: WriteRefusal) => void;
-  /**
-   * Rebuilds the node and shard series. `node` null: nvidia-smi cannot be asked; `nvidiaSmiUp` false
-   * when the last refresh failed, even while an older snapshot is served; `lostGpus` stay while
-   * nvidia-smi fails (a lost GPU often makes it fail: the alert must not resolve then).
-   */
+  /** Rebuilds the node and shard series; `lostGpus` stay while nvidia-smi fails, so their alert does not resolve then. */
   update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }
 
 export function createMetrics(): Metrics {
   const registry = new Registry();
-  collectDefaultsButGc(registry);
+  for (const name of DEFAULT_COLLECTORS) {
+    (requireCollector(`prom-client/lib/metrics/${name}`) as DefaultCollector)(registry, { eventLoopMonitoringPrecision: 10 });
+  }
   // Gauges named *_total, which Prometheus reserves for counters (promtool rejects them).
   for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {
     registry.removeSingleMetric(name);
   }
   const gpuLabels = ['gpu', 'uuid'] as const;
-  const gauge = (name: string, help: string, labelNames: readonly string[] = []) =>
-    new Gauge({ name, help, labelNames, registers: [registry] });
+  const gauge = (name: string, help: string, labelNames: readonly string[] = []) => new Gauge({ name, help, labelNames, registers: [registry] });
 
   const total = gauge('nodecompute_gpu_memory_total_bytes', 'Total memory of the GPU.', gpuLabels);
   const used = gauge('nodecompute_gpu_memory_used_bytes', 'Used memory of the GPU.', gpuLabels);
   const free = gauge('nodecompute_gpu_memory_free_bytes', 'Free memory of the GPU.', gpuLabels);
   const reserved = gauge('nodecompute_gpu_memory_reserved_bytes', 'Memory of the GPU reserved by the driver.', gpuLabels);
-  const foreign = gauge(
-    'nodecompute_gpu_memory_foreign_bytes',
-    'Memory of the GPU held by anything that is not a registered shard: placement must not hand it out.',
-    gpuLabels,
-  );
+  const foreignHelp = 'Memory of the GPU held by anything that is not a registered shard: placement must not hand it out.';
+  const foreign = gauge('nodecompute_gpu_memory_foreign_bytes', foreignHelp, gpuLabels);
   const lost = gauge(
     'nodecompute_gpu_lost',
     '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg), ' +
@@ -121,7 +103,6 @@ export function createMetrics(): Metrics {
     labelNames: ['query', 'reason'],
     registers: [registry],
   });
-
   const refusedWrites = new Counter({
     name: 'nodecompute_writes_refused_total',
     help:
