@@ -2,7 +2,6 @@
 // bad value stops the start naming the setting and what it accepts, a risky one is a warning.
 // readStartTokens reads the token file within a bound, by the same rules auth.ts keeps while running.
 import { parseArgs } from 'node:util';
-import type { Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import damerauLevenshtein from 'damerau-levenshtein';
 import { ConfigInvalidError } from './errors.js';
@@ -35,8 +34,6 @@ export interface Config {
   /** Every token the token file held at start (set by readStartTokens); auth.ts re-reads the file. */
   fileTokens: string[];
 }
-
-export type LogLevel = Static<(typeof SETTINGS)['logLevel']['schema']>;
 
 /** Every setting at its default: the base that tests and the demo override. */
 export function defaultConfig(overrides: Partial<Config> = {}): Config {
