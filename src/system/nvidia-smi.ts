@@ -15,13 +15,8 @@ export type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } fr
 
 export type QueryName = 'gpus' | 'compute-apps' | 'version';
 
-export interface QueryObservation {
-  query: QueryName;
-  /** null when nvidia-smi was not run at all (a killed run is still stuck). */
-  durationMs: number | null;
-  /** 'ok', or the code of the error the query failed with. */
-  outcome: 'ok' | string;
-}
+/** durationMs: null when nvidia-smi was not run at all; outcome: 'ok', or the code of the error the query failed with. */
+export type QueryObservation = { query: QueryName; durationMs: number | null; outcome: 'ok' | string };
 
 export interface NvidiaSmiOptions {
   path: string;
@@ -32,12 +27,8 @@ export interface NvidiaSmiOptions {
   killTimedOut?: (pid: number) => void;
 }
 
-/** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach. */
-export interface GpuListing {
-  gpus: GpuRecord[];
-  /** Its "Unable to determine the device handle" lines, by bus id; empty when it printed none. */
-  unreachable: UnreachableGpu[];
-}
+/** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach ("Unable to determine the device handle"). */
+export type GpuListing = { gpus: GpuRecord[]; unreachable: UnreachableGpu[] };
 
 export interface NvidiaSmi {
   queryGpus(): Promise<GpuListing>;
@@ -106,7 +97,8 @@ function notFoundError(path: string, result: Completed): Error {
   const searched = `${code}; PATH is ${JSON.stringify(process.env.PATH)}`;
   let said = `the file exists but this user may not execute it (${code}). Check its mode (\`ls -l ${path}\`: it needs an x bit this user has). ${CANNOT_SEE_GPUS}`;
   if (!path.includes('/')) {
-    const what = code === 'ENOENT' ? 'no program of that name was found on PATH' : 'a file of that name on PATH may not be executed by this user, or is a directory';
+    const what =
+      code === 'ENOENT' ? 'no program of that name was found on PATH' : 'a file of that name on PATH may not be executed by this user, or is a directory';
     said = `${what} (${searched}). ${CANNOT_SEE_GPUS}`;
   } else if (code === 'ENOENT') {
     said = `there is no such file (${code}). ${CANNOT_SEE_GPUS}`;
@@ -195,9 +187,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
 
   /** The refusal to run while a killed run has outlived SIGKILL by STUCK_AFTER_MS; null when none has. */
   function stuckRun(): Error | null {
-    for (const [pid, at] of killedAt) {
-      if (Date.now() - at >= STUCK_AFTER_MS) return stuckError(pid, at, timeoutMs);
-    }
+    for (const [pid, at] of killedAt) if (Date.now() - at >= STUCK_AFTER_MS) return stuckError(pid, at, timeoutMs);
     return null;
   }
 
@@ -227,14 +217,12 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
         if (!exited) killedAt.set(pid, Date.now());
         reject(exited ? outputHeldError(path, timeoutMs, args) : timeoutError(timeoutMs, args));
       }, Math.max(0, deadline - performance.now()));
-      child.then((result) => {
-        clearTimeout(timer);
-        try {
-          resolve(answerOf(path, result, stopped));
-        } catch (err) {
-          reject(err);
-        }
-      }, reject);
+      child
+        .then((result) => {
+          clearTimeout(timer);
+          return answerOf(path, result, stopped);
+        })
+        .then(resolve, reject);
     });
   }
 
@@ -246,7 +234,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
     onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as NvidiaSmiFailure).code });
   }
 
-  async function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline: number): Promise<T> {
+  async function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
     const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
     if (refused) {
@@ -265,6 +253,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   }
 
   const computeAppsAnswer = csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND);
+  const computeAppsArgs = [`--query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')}`, '--format=csv'];
 
   function askGpus(fields: readonly string[], deadline: number): Promise<GpuListing> {
     const args = [`--query-gpu=${fields.join(',')}`, '--format=csv'];
@@ -290,14 +279,8 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
 
   return {
     queryGpus,
-    queryComputeApps: () =>
-      run(
-        'compute-apps',
-        [`--query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')}`, '--format=csv'],
-        ({ stdout }) => computeAppsAnswer(stdout),
-        performance.now() + timeoutMs,
-      ),
-    queryVersion: () => run('version', ['--version'], ({ stdout }) => parseVersion(stdout), performance.now() + timeoutMs),
+    queryComputeApps: () => run('compute-apps', computeAppsArgs, ({ stdout }) => computeAppsAnswer(stdout)),
+    queryVersion: () => run('version', ['--version'], ({ stdout }) => parseVersion(stdout)),
     killAll: () => {
       stopped = true;
       for (const pid of alive) killGroup(pid, log);
