@@ -130,10 +130,7 @@ const MIG_FIX =
 const SLOW_FIX =
   'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
 
-/**
- * The GPUs the service has lost: its roster's, and those the snapshot listed that this check's query
- * (`listed`, null when it failed) does not; and those the query says it cannot reach.
- */
+/** The GPUs lost: the roster's, those the snapshot listed that `listed` (null: failed) does not, and those it cannot reach. */
 function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, unreachable: readonly UnreachableGpu[], now: number): DoctorCheck {
   if (snapshot == null && unreachable.length === 0) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
   const lost = new Map<string, LostGpu>(snapshot?.lostGpus.map((gpu) => [gpu.uuid, gpu]));
@@ -148,13 +145,11 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
   if (lost.size > 0) {
     // What this check's own query said of a lost GPU's bus id, where it listed the others.
     const saidOf = new Map<string | null, string>(unreachable.map((gpu) => [gpu.busId, gpu.said]));
-    const lines = [...lost.values()]
-      .sort((a, b) => a.index - b.index)
-      .map((gpu) => {
-        const said = saidOf.get(gpu.busId);
-        const says = said === undefined ? '' : `; ${saidOfBusId(gpu.busId, said)}`;
-        return `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago${says})`;
-      });
+    const lines = [...lost.values()].sort((a, b) => a.index - b.index).map((gpu) => {
+      const said = saidOf.get(gpu.busId);
+      const says = said === undefined ? '' : `; ${saidOfBusId(gpu.busId, said)}`;
+      return `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago${says})`;
+    });
     parts.push(`${lines.join('\n')}:\n${LOST_GPU_MEANING}`);
   }
   if (cut.length > 0) parts.push(`${cut.map(gpuUnreachable).join('\n')}:\n${UNREACHABLE_GPU_MEANING}`);
@@ -215,29 +210,20 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
   return check('open-files', 'ok', `${limit}: up to ${keepLimit} /proc stat files kept open between snapshots${processes}`);
 }
 
-/**
- * Whether the state directory is writable and, only then (else it may be a hung mount), whether a
- * start could use the file, read and parsed as a start does.
- */
+/** Whether the state directory is writable and, only then (else it may be a hung mount), whether a start could read the file. */
 async function stateFileCheck(stateFile: StateFile): Promise<{ check: DoctorCheck; shards: ShardRecord[] | null }> {
   const writable = await stateFile.checkWritable();
   if (!writable.ok) return { check: check('state-file', 'fail', writable.reason, writable.fix ?? 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.'), shards: null };
   const read = await readRegistryFile(stateFile);
   if (!read.ok) return { check: check('state-file', 'fail', `${read.problem} nodecompute stops at start on it (exit 1): the service cannot start, or restart, until it is fixed.`, read.fix), shards: null };
   const holds = read.shards === null ? 'does not exist yet (a first start: no shards)' : `holds ${read.shards.length} shard registration(s)`;
-  return {
-    check:
-      writable.warning === null
-        ? check('state-file', 'ok', `${stateFile.path} ${holds} and can be written`)
-        : check('state-file', 'warn', `${stateFile.path} ${holds} and can be written, but the ${writable.warning.problem}`, writable.warning.fix),
-    shards: read.shards ?? [],
-  };
+  const found = `${stateFile.path} ${holds} and can be written`;
+  const { warning } = writable;
+  const result = warning === null ? check('state-file', 'ok', found) : check('state-file', 'warn', `${found}, but the ${warning.problem}`, warning.fix);
+  return { check: result, shards: read.shards ?? [] };
 }
 
-/**
- * The GPUs stored registrations name by UUID that neither this query (`listed`) nor the service
- * (`known`) has listed: gone before it started, which only the registrations remember.
- */
+/** The GPUs registrations name by UUID that neither this query nor the service has listed: only the registrations remember them. */
 function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly GpuRecord[], known: KnownGpus | null | undefined): DoctorCheck {
   const seen = new Set([...listed, ...(known?.gpus ?? []), ...(known?.lostGpus ?? [])].map((gpu) => gpu.uuid));
   const byUuid = shards.filter((shard) => (shard.gpuUuids?.length ?? 0) > 0);
@@ -248,35 +234,25 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
   if (missing.length === 0) return check('registered-gpus', 'ok', `nvidia-smi lists every GPU the ${byUuid.length} shard registration(s) naming GPUs by UUID name`);
   const [it, each] = missing.length === 1 ? ['it', 'it'] : ['them', 'each'];
   const since = known === undefined ? '' : `, and this service has not listed ${it} since it started`;
-  return check(
-    'registered-gpus',
-    'fail',
-    `${missing.join('\n')}:\nnvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.`,
-    `${LOST_GPU_FIX} Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.`,
-  );
+  const detail = `nvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.`;
+  const fix = `${LOST_GPU_FIX} Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.`;
+  return check('registered-gpus', 'fail', `${missing.join('\n')}:\n${detail}`, fix);
 }
 
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
   const [smi, procReadable, stateFile] = await Promise.all([nvidiaSmiChecks(deps), deps.proc.checkReadable(), stateFileCheck(deps.stateFile)]);
   const checks: DoctorCheck[] = [];
-  if (deps.settingsWarnings !== undefined) {
-    // Each warning says what to do.
-    checks.push(
-      deps.settingsWarnings.length === 0
-        ? check('settings', 'ok', 'no setting looks mistyped or at odds with another')
-        : check('settings', 'warn', deps.settingsWarnings.join('\n')),
-    );
-  }
+  // Each warning says what to do.
+  const warnings = deps.settingsWarnings;
+  if (warnings?.length === 0) checks.push(check('settings', 'ok', 'no setting looks mistyped or at odds with another'));
+  else if (warnings !== undefined) checks.push(check('settings', 'warn', warnings.join('\n')));
   checks.push(...smi.checks);
   if (deps.snapshot !== undefined) checks.push(lostGpusCheck(deps.snapshot, smi.gpus, smi.unreachable, deps.now()));
   if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy, procReadable.ok));
-  checks.push(
-    procReadable.ok
-      ? check('proc', 'ok', `${deps.proc.root} is readable`)
-      : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it."),
-  );
-  checks.push(openFilesCheck(deps.proc, smi.pids === null ? null : smi.pids.length));
-  checks.push(stateFile.check);
+  const proc = procReadable.ok
+    ? check('proc', 'ok', `${deps.proc.root} is readable`)
+    : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it.");
+  checks.push(proc, openFilesCheck(deps.proc, smi.pids === null ? null : smi.pids.length), stateFile.check);
   if (smi.gpus !== null && stateFile.shards !== null) checks.push(registeredGpusCheck(stateFile.shards, smi.gpus, deps.snapshot));
   checks.push(await tokenCheck(deps));
   return { ok: checks.every((c) => c.status !== 'fail'), version: deps.version, checkedAt: new Date(deps.now()).toISOString(), checks };
@@ -289,12 +265,11 @@ async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
     return check('token', 'fail', deps.tokenFileRefused, fix);
   }
   if (!deps.tokenConfigured) {
-    return check(
-      'token',
-      'warn',
-      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove shards (a web page in a browser on the node may not: its writes name another origin or host)',
-      'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.',
-    );
+    const detail =
+      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove shards ' +
+      '(a web page in a browser on the node may not: its writes name another origin or host)';
+    const fix = 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.';
+    return check('token', 'warn', detail, fix);
   }
   if (!deps.tokenFile) return check('token', 'ok', 'a bearer token is configured for writes (NODECOMPUTE_TOKEN)');
   const file = await deps.tokenFile();
