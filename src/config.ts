@@ -107,8 +107,7 @@ export type TokenFileContent = { tokens: string[]; problem: null } | { tokens: n
 /** One token a line; blank lines, "#" comment lines and whitespace around a token are ignored. */
 export function parseTokenFile(text: string): TokenFileContent {
   const tokens: string[] = [];
-  const lines = text.split('\n');
-  for (const [index, line] of lines.entries()) {
+  for (const [index, line] of text.split('\n').entries()) {
     const token = line.trim();
     if (token === '' || token.startsWith('#')) continue;
     const problem = tokenProblem(token);

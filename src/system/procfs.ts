@@ -217,11 +217,23 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
 
   const findPidsInCgroup = async (needle: string): Promise<number[]> => (await findPidsInCgroups([needle])).get(needle)!;
 
+  // Readable when its self/stat parses, or when it lists processes at all.
   const checkReadable = async (): Promise<{ ok: true } | { ok: false; reason: string }> => {
-    const selfProblem = problemReadingSelf(root);
-    if (selfProblem === null) return { ok: true };
-    const listProblem = await problemListing(root);
-    if (listProblem === null) return { ok: true };
+    const self = join(root, 'self', 'stat');
+    let selfProblem: string;
+    try {
+      parseProcStat(readWhole(self));
+      return { ok: true };
+    } catch (err) {
+      selfProblem = `cannot read ${self} (${codeOf(err) || (err as Error).message})`;
+    }
+    let listProblem: string;
+    try {
+      if (pidsOf(await readdir(root)).length > 0) return { ok: true };
+      listProblem = `${root} lists no processes, so it is not a proc filesystem`;
+    } catch (err) {
+      listProblem = `cannot list ${root} (${codeOf(err)})`;
+    }
     return { ok: false, reason: `${selfProblem}, and ${listProblem}. ${DEPLOYMENT_ADVICE}` };
   };
 
@@ -331,23 +343,4 @@ async function forEachInBatches<T>(items: T[], size: number, fn: (item: T) => vo
 
 function pidsOf(names: string[]): number[] {
   return names.filter((name) => UNSIGNED.test(name)).map(Number).sort((a, b) => a - b);
-}
-
-function problemReadingSelf(root: string): string | null {
-  const path = join(root, 'self', 'stat');
-  try {
-    parseProcStat(readWhole(path));
-    return null;
-  } catch (err) {
-    return `cannot read ${path} (${codeOf(err) || (err as Error).message})`;
-  }
-}
-
-async function problemListing(root: string): Promise<string | null> {
-  try {
-    const pids = pidsOf(await readdir(root));
-    return pids.length > 0 ? null : `${root} lists no processes, so it is not a proc filesystem`;
-  } catch (err) {
-    return `cannot list ${root} (${codeOf(err)})`;
-  }
 }
