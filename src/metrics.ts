@@ -39,9 +39,7 @@ export function createMetrics(): Metrics {
     (requireCollector(`prom-client/lib/metrics/${name}`) as DefaultCollector)(registry, { eventLoopMonitoringPrecision: 10 });
   }
   // Gauges named *_total, which Prometheus reserves for counters (promtool rejects them).
-  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {
-    registry.removeSingleMetric(name);
-  }
+  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(name);
   const gpuLabels = ['gpu', 'uuid'] as const;
   const gauge = (name: string, help: string, labelNames: readonly string[] = []) => new Gauge({ name, help, labelNames, registers: [registry] });
 
@@ -49,46 +47,31 @@ export function createMetrics(): Metrics {
   const used = gauge('nodecompute_gpu_memory_used_bytes', 'Used memory of the GPU.', gpuLabels);
   const free = gauge('nodecompute_gpu_memory_free_bytes', 'Free memory of the GPU.', gpuLabels);
   const reserved = gauge('nodecompute_gpu_memory_reserved_bytes', 'Memory of the GPU reserved by the driver.', gpuLabels);
-  const foreignHelp = 'Memory of the GPU held by anything that is not a registered shard: placement must not hand it out.';
-  const foreign = gauge('nodecompute_gpu_memory_foreign_bytes', foreignHelp, gpuLabels);
-  const lost = gauge(
-    'nodecompute_gpu_lost',
-    '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg), ' +
-      'or says it cannot reach (every query fails naming its bus id: "GPU is lost"); gpu is its last index. ' +
-      'While nvidia-smi fails, the GPUs its last good listing had lost stay (a lost GPU often makes every query fail). Absent when none is lost.',
-    gpuLabels,
-  );
+  const foreign = gauge('nodecompute_gpu_memory_foreign_bytes', 'Memory of the GPU held by anything but a registered shard: not to be handed out.', gpuLabels);
+  const lostHelp =
+    '1 for each GPU nvidia-smi listed earlier in this run and no longer lists (fallen off the bus, reset or detached: see dmesg) ' +
+    'or cannot reach ("GPU is lost"); gpu is its last index. Kept while nvidia-smi fails (a lost GPU often makes every query fail). Absent when none is lost.';
+  const lost = gauge('nodecompute_gpu_lost', lostHelp, gpuLabels);
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
-  const shardPlaced = gauge(
-    'nodecompute_shard_gpu_placed',
-    '1 for each GPU a shard was placed on (its registration), under the index nvidia-smi gives that GPU now; a placed GPU no longer listed has none. Memory a shard holds on a GPU it was not placed on is stray.',
-    ['shard', 'gpu'],
-  );
+  const placedHelp =
+    '1 for each GPU a shard was placed on (its registration), under the index nvidia-smi gives it now (none once not listed). Memory held elsewhere is stray.';
+  const shardPlaced = gauge('nodecompute_shard_gpu_placed', placedHelp, ['shard', 'gpu']);
   const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
   const shardState = gauge('nodecompute_shard_state', 'The shard readiness state: 1 for the current one, 0 for the others.', ['shard', 'state']);
-  const up = gauge(
-    'nodecompute_nvidia_smi_up',
-    '1 when the last nvidia-smi refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or nvidia-smi cannot be asked.',
-  );
-  const age = gauge(
-    'nodecompute_snapshot_age_seconds',
-    'Age of the last good node snapshot (NaN before the first). Snapshots are taken on demand, so between requests it grows with the time since the last one; nvidia_smi_up is the failure signal.',
-  );
-  const processesVisible = gauge(
-    'nodecompute_gpu_processes_visible',
-    "1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when they are hidden (no host PID namespace, or a GPU-sharing layer): no memory can then be attributed to a shard. NaN while nvidia-smi cannot be asked.",
-  );
-  const tokenFileOk = gauge(
-    'nodecompute_token_file_ok',
-    '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (each scrape looks, at most once a second); 0 when it cannot be read, holds no usable token, hangs or keeps changing: ' +
-      'the tokens last read stay in force, but a rotated token is not picked up (GET /doctor says why). file is its path. Absent without a token file.',
-    ['file'],
-  );
-  const tokensInForce = gauge(
-    'nodecompute_token_file_tokens',
-    'Write tokens in force from NODECOMPUTE_TOKEN_FILE: 2 during a rotation ("old + new"), 1 before and after it. file is its path. Absent without a token file.',
-    ['file'],
-  );
+  const upHelp = '1 when the last nvidia-smi refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or cannot be asked.';
+  const up = gauge('nodecompute_nvidia_smi_up', upHelp);
+  const ageHelp = 'Age of the last good node snapshot (NaN before the first); taken on demand, it grows between requests: nvidia_smi_up is the failure signal.';
+  const age = gauge('nodecompute_snapshot_age_seconds', ageHelp);
+  const visibleHelp =
+    '1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when they are hidden (no host PID namespace, or a GPU-sharing layer), ' +
+    'so no memory is attributed to a shard. NaN while nvidia-smi cannot be asked.';
+  const processesVisible = gauge('nodecompute_gpu_processes_visible', visibleHelp);
+  const tokenFileHelp =
+    '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (at most once a second); 0 when it cannot be read, holds no usable token, hangs or keeps ' +
+    'changing: the tokens last read stay in force, a rotated one is not picked up (GET /doctor says why). Absent without a token file.';
+  const tokenFileOk = gauge('nodecompute_token_file_ok', tokenFileHelp, ['file']);
+  const tokensHelp = 'Write tokens in force from NODECOMPUTE_TOKEN_FILE: 2 during a rotation ("old + new"), 1 before and after. Absent without a token file.';
+  const tokensInForce = gauge('nodecompute_token_file_tokens', tokensHelp, ['file']);
   gauge('nodecompute_build_info', 'Always 1; the version label says which nodecompute runs.', ['version']).set({ version: VERSION }, 1);
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
