@@ -32,10 +32,7 @@ export function isLoopback(address: string | undefined): boolean {
   return v4.startsWith('127.') || address === '::1';
 }
 
-function bearer(header: string | undefined): string | null {
-  const match = header?.match(/^Bearer\s+(\S+)\s*$/i);
-  return match?.[1] ?? null;
-}
+const bearer = (header: string | undefined): string | null => header?.match(/^Bearer\s+(\S+)\s*$/i)?.[1] ?? null;
 
 /** The tokens accepted for writes now, and the setting that names them. */
 export interface TokenSource {
@@ -62,15 +59,8 @@ const UNSTABLE_LOOKS_WARNED = 2;
 const FIX_THE_SECRET =
   'Check the Secret (its key must hold one token a line, each at least 16 characters; "#" starts a comment line) and its mount; the file is re-read within a second of the next write once it is fixed.';
 
-interface TokenFileOptions {
-  path: string;
-  /** The tokens read from the file at start (config.ts's readStartTokens refuses to start without one). */
-  initial: string[];
-  log: Logger;
-  now: () => number;
-  /** For tests: runs between the stat and the read of the file (see createTokenFileReader). */
-  beforeRead?: TokenFileReaderOptions['beforeRead'];
-}
+/** initial: the tokens read at start (readStartTokens refuses to start without one); beforeRead: for tests (see createTokenFileReader). */
+type TokenFileOptions = { path: string; initial: string[]; log: Logger; now: () => number; beforeRead?: TokenFileReaderOptions['beforeRead'] };
 
 /** The token file's tokens, re-read when it changes; a file gone bad keeps the tokens last read in force. */
 export function createTokenFileSource(options: TokenFileOptions): TokenFileSource {
