@@ -23,12 +23,7 @@ export interface DoctorCheck {
   fix: string | null;
 }
 
-export interface DoctorReport {
-  ok: boolean;
-  version: string;
-  checkedAt: string;
-  checks: DoctorCheck[];
-}
+export type DoctorReport = { ok: boolean; version: string; checkedAt: string; checks: DoctorCheck[] };
 
 /** What the service's latest snapshot knows of the GPUs. */
 export type KnownGpus = Pick<NodeSnapshot, 'takenAt' | 'gpus' | 'lostGpus'>;
@@ -71,16 +66,8 @@ async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }
   return { value, ms: Math.round(performance.now() - started) };
 }
 
-interface SmiFindings {
-  checks: DoctorCheck[];
-  /** The PIDs the process query lists; null when it could not be asked. */
-  pids: number[] | null;
-  busy: number[];
-  /** The GPUs the GPU query lists; null when it could not be asked. */
-  gpus: GpuRecord[] | null;
-  /** The GPUs the version or GPU query failed saying it cannot reach; empty when neither failed so. */
-  unreachable: UnreachableGpu[];
-}
+/** pids, gpus: what the process and GPU queries list (null: not asked); unreachable: the GPUs a query said it cannot reach. */
+type SmiFindings = { checks: DoctorCheck[]; pids: number[] | null; busy: number[]; gpus: GpuRecord[] | null; unreachable: UnreachableGpu[] };
 
 async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   const checks: DoctorCheck[] = [];

@@ -118,7 +118,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     const code = codeOf(err);
     log.warn(
       { err, keepLimit },
-      `Out of file descriptors (${code}) keeping /proc stat files open: at most ${keepLimit} are kept from now on, the rest read afresh ` +
+      `Out of file descriptors (${code}) while keeping /proc stat files open: at most ${keepLimit} are kept from now on, the rest read afresh ` +
         `(slower snapshots). ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
     );
   };
