@@ -51,6 +51,7 @@ const thrownFields = (err: unknown): { err: unknown } | { thrown: string } => (e
 
 /** Said of an uncaught error, which nothing in nodecompute should let through. */
 const A_BUG = 'a bug in nodecompute: please report it with this line and the ones before it';
+const CUT_OFF = 'the requests still in flight are cut off, and the process ends now.';
 
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
@@ -71,25 +72,20 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       logger: log,
       onTimeout: () =>
         log.error(
-          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: the requests still in flight are cut off, and the process ends now. ` +
+          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: ${CUT_OFF} ` +
             'A client that keeps a request open (a body it never finishes, an answer it does not read) holds a shutdown up; it gets a reset connection and should retry.',
         ),
-      onSecondSignal: (signal) => log.error(`A second ${signal} came while shutting down: the requests still in flight are cut off, and the process ends now.`),
-      onSecondError: (err) =>
-        log.error(thrownFields(err), `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`),
+      onSecondSignal: (signal) => log.error(`A second ${signal} came while shutting down: ${CUT_OFF}`),
+      onSecondError: (err) => log.error(thrownFields(err), `An uncaught error came while shutting down (${A_BUG}): ${CUT_OFF}`),
     },
     async (closing) => {
       const { signal, err } = closing;
       // By its key, not its value: a promise rejected with no reason comes as { err: undefined }.
       const failed = 'err' in closing;
-      if (failed) {
-        log.error(
-          thrownFields(err),
-          `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`,
-        );
-      } else {
-        log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
-      }
+      const stopping = 'finishing in-flight requests, stopping nvidia-smi runs';
+      const afterError = `Shutting down after an uncaught error (${A_BUG}): ${stopping}, then exiting 1 for the restart policy to start the service again.`;
+      if (failed) log.error(thrownFields(err), afterError);
+      else log.info({ signal }, `Shutting down: ${stopping}`);
       await app.close();
       if (failed) process.exit(1);
     },
