@@ -271,8 +271,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     try {
       text = readWhole(path).toString('utf8');
     } catch (err) {
-      if (codeOf(err) === 'ENOENT') return null;
-      log.warn({ path, err }, `Cannot read ${path} (${(err as Error).message}), so ${BOOT_UNKNOWN}`);
+      if (codeOf(err) !== 'ENOENT') log.warn({ path, err }, `Cannot read ${path} (${(err as Error).message}), so ${BOOT_UNKNOWN}`);
       return null;
     }
     const id = parseBootId(text);
