@@ -63,16 +63,6 @@ const CANNOT_SYNC_DIRECTORIES = new Set(['EINVAL', 'ENOTSUP', 'EOPNOTSUPP']);
 /** A directory fsync that failed: the error, what it puts at risk and what to do. */
 type DirectorySyncProblem = { err: NodeJS.ErrnoException; problem: string; fix: string };
 
-function directorySyncProblem(dir: string, err: NodeJS.ErrnoException): DirectorySyncProblem {
-  return {
-    err,
-    problem: `fsync of ${dir} failed (${err.message}): a change is stored and served, yet a power cut right after it could bring back the previous file.`,
-    fix: CANNOT_SYNC_DIRECTORIES.has(String(err.code))
-      ? 'This filesystem cannot fsync a directory (some FUSE and network filesystems): put NODECOMPUTE_STATE_FILE on a local disk.'
-      : 'Check the volume the state file lives on (`dmesg` for I/O errors).',
-  };
-}
-
 /** How old a temp file is before a start takes it for a crash's leftover. */
 export const LEFTOVER_AGE_MS = 60_000;
 
@@ -146,8 +136,14 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     try {
       await syncDirectory(dir);
       return null;
-    } catch (err) {
-      return directorySyncProblem(dir, err as NodeJS.ErrnoException);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      const problem =
+        `fsync of ${dir} failed (${err.message}): a change is stored and served, yet a power cut right after it could bring back the previous file.`;
+      const fix = CANNOT_SYNC_DIRECTORIES.has(String(err.code))
+        ? 'This filesystem cannot fsync a directory (some FUSE and network filesystems): put NODECOMPUTE_STATE_FILE on a local disk.'
+        : 'Check the volume the state file lives on (`dmesg` for I/O errors).';
+      return { err, problem, fix };
     }
   };
   /** Temp files this module names (`.NAME.PID.SEQ.tmp`, `.NAME.PID.probe`) that a crash left behind. */
