@@ -18,14 +18,8 @@ export type QueryName = 'gpus' | 'compute-apps' | 'version';
 /** durationMs: null when nvidia-smi was not run at all; outcome: 'ok', or the code of the error the query failed with. */
 export type QueryObservation = { query: QueryName; durationMs: number | null; outcome: 'ok' | string };
 
-export interface NvidiaSmiOptions {
-  path: string;
-  timeoutMs: number;
-  log: Logger;
-  onQuery?: (o: QueryObservation) => void;
-  /** Kills an overdue run's process group (default SIGKILL); a no-op stands for a wedged driver in tests. */
-  killTimedOut?: (pid: number) => void;
-}
+/** killTimedOut: kills an overdue run's process group (default SIGKILL); a no-op stands for a wedged driver in tests. */
+export type NvidiaSmiOptions = { path: string; timeoutMs: number; log: Logger; onQuery?: (o: QueryObservation) => void; killTimedOut?: (pid: number) => void };
 
 /** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach ("Unable to determine the device handle"). */
 export type GpuListing = { gpus: GpuRecord[]; unreachable: UnreachableGpu[] };

@@ -19,14 +19,8 @@ export function isReadable(answer: StatAnswer | undefined): answer is ProcStat {
   return answer != null && !('unreadable' in answer);
 }
 
-export interface ProcReaderOptions {
-  root: string;
-  log: Logger;
-  /** Most /proc/PID/stat descriptors readStats keeps open between snapshots (default KEPT_MAX). */
-  keepMax?: number;
-  /** This process's limits file, whose open-file limit caps keepMax at half (tests point it elsewhere). */
-  limitsFile?: string;
-}
+/** keepMax: most stat descriptors kept open between snapshots; limitsFile: whose open-file limit caps keepMax at half (for tests). */
+export type ProcReaderOptions = { root: string; log: Logger; keepMax?: number; limitsFile?: string };
 
 export interface ProcReader {
   readonly root: string;

@@ -43,13 +43,8 @@ export interface StateFile {
   writable(maxWaitMs: number): Promise<Writability>;
 }
 
-export interface StateFileOptions {
-  log: Logger;
-  /** Makes the rename durable (fsync of the directory); tests stand in one that fails, as some filesystems' does. */
-  syncDirectory?: (dir: string) => Promise<void>;
-  now?: () => number;
-  timeoutMs?: number;
-}
+/** syncDirectory: makes the rename durable (fsync of the directory); tests stand in one that fails, as some filesystems' does. */
+export type StateFileOptions = { log: Logger; syncDirectory?: (dir: string) => Promise<void>; now?: () => number; timeoutMs?: number };
 
 function unwritable(dir: string, err: StateFileFailure): Writability {
   return err.fix === undefined ? { ok: false, reason: `cannot write in ${dir}: ${err.message}` } : { ok: false, reason: err.message, fix: err.fix };
