@@ -148,13 +148,8 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
   };
 }
 
-/** The token file as the service sees it: which file, how many tokens are in force, and what is wrong with it. */
-export interface TokenFileState {
-  path: string;
-  tokens: number;
-  /** What is wrong with the file (the tokens last read stay in force); null when nothing is. */
-  problem: string | null;
-}
+/** The token file as the service sees it; problem: what is wrong with it (the tokens last read stay in force), null when nothing is. */
+export type TokenFileState = { path: string; tokens: number; problem: string | null };
 
 export interface Auth {
   /** The onRequest hook of every write route. */

@@ -25,11 +25,8 @@ export interface TokenFileReader {
   look(): Promise<TokenFileLook>;
 }
 
-export interface TokenFileReaderOptions {
-  timeoutMs?: number;
-  /** Runs between the stat and the open: tests change the file there, as a writer racing the read would. */
-  beforeRead?: () => void | Promise<void>;
-}
+/** beforeRead runs between the stat and the open: tests change the file there, as a writer racing the read would. */
+export type TokenFileReaderOptions = { timeoutMs?: number; beforeRead?: () => void | Promise<void> };
 
 /** Who may read a file: what is said when this process may not (EACCES). */
 export type FileOwner = { uid: number; gid: number; mode: number };
@@ -75,11 +72,8 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
   }
 }
 
-interface Flight {
-  answer: Promise<TokenFileLook>;
-  /** Whether the bound passed while the read is pending: later looks then answer `late` at once. */
-  isLate: () => boolean;
-}
+/** isLate: whether the bound passed while the read is pending (later looks then answer `late` at once). */
+type Flight = { answer: Promise<TokenFileLook>; isLate: () => boolean };
 
 export function createTokenFileReader(path: string, options: TokenFileReaderOptions = {}): TokenFileReader {
   const { timeoutMs = TOKEN_FILE_READ_TIMEOUT_MS, beforeRead } = options;
