@@ -216,7 +216,8 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
       if (isLoopback(remoteAddress)) return done();
       refused('not-loopback', request, 'Refused a write from the network: no token is configured, so only loopback may write');
       const message =
-        `Writes are accepted from loopback only (127.0.0.1, ::1) because no token is configured on this node, and this write came from ${displayAddress(remoteAddress)}. ` +
+        'Writes are accepted from loopback only (127.0.0.1, ::1) because no token is configured on this node, ' +
+        `and this write came from ${displayAddress(remoteAddress)}. ` +
         "Behind Docker's -p (a write from the host arrives from the bridge's address, such as 172.17.0.1) or a proxy, no write comes from loopback: " +
         'set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) on this node and send "Authorization: Bearer <token>".';
       return done(new ForbiddenError(message));

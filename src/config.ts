@@ -65,8 +65,9 @@ const SERVICE_LINK_VARIABLE = /^NODECOMPUTE_([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_
 const SERVICE_LINK_PORT = /^(tcp|udp|sctp):\/\//;
 
 const SERVICE_LINK_PORT_WHY =
-  'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a container named ' +
-  "nodecompute. Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT in the container's env, which wins";
+  'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a ' +
+  'container named nodecompute. Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT ' +
+  "in the container's env, which wins";
 
 function validate(setting: Setting, raw: string | number | null): unknown {
   let value: unknown = raw;
@@ -198,23 +199,17 @@ function checkCombinations(config: Config): string[] {
   if (config.probeWaitMs <= KUBERNETES_PROBE_TIMEOUT_MS) return [];
   const seconds = Math.ceil((config.probeWaitMs + 500) / 1000);
   return [
-    `NODECOMPUTE_PROBE_WAIT_MS is ${config.probeWaitMs} ms, longer than Kubernetes' default probe timeout of 1 s: a probe that waits that long is counted as failed ` +
-      `before it is answered. Raise the probes' timeoutSeconds to at least ${seconds} (readiness, liveness and the shards' probes on /shards/:id/ready), ` +
-      'or lower NODECOMPUTE_PROBE_WAIT_MS below 1000.',
+    `NODECOMPUTE_PROBE_WAIT_MS is ${config.probeWaitMs} ms, longer than Kubernetes' default probe timeout of 1 s: a probe that waits that long is ` +
+      `counted as failed before it is answered. Raise the probes' timeoutSeconds to at least ${seconds} (readiness, liveness and the shards' probes ` +
+      'on /shards/:id/ready), or lower NODECOMPUTE_PROBE_WAIT_MS below 1000.',
   ];
 }
 
-export interface ResolvedCli {
-  config: Config;
-  /** Arguments that are not settings: the sub-command and --help/--version. */
-  positionals: string[];
-  help: boolean;
-  version: boolean;
-  /** Settings that are accepted but will likely hurt: main.ts logs each once its logger exists. */
-  warnings: string[];
-  /** No host was given: main.ts may replace the default :: with 0.0.0.0 where the kernel has no IPv6. */
-  defaultHost: boolean;
-}
+/**
+ * positionals: the arguments that are not settings (the sub-command); warnings: settings accepted but likely to hurt, which main.ts
+ * logs once its logger exists; defaultHost: no host was given, so main.ts may fall back to 0.0.0.0 where the kernel has no IPv6.
+ */
+export type ResolvedCli = { config: Config; positionals: string[]; help: boolean; version: boolean; warnings: string[]; defaultHost: boolean };
 
 /** Every flag: one per setting, then --help (-h) and --version (-v). */
 const FLAGS = {
@@ -249,7 +244,8 @@ function unknownFlag(argv: string[]): string | null {
   const typed = argv[unknown.index]!.split('=')[0]!;
   const word = typed.replace(/^-+/, '');
   const guess = word.length > 1 ? nearestWord(word, Object.keys(FLAGS)) : null;
-  return `unknown flag ${typed}${guess === null ? '' : ` (did you mean --${guess}?)`}. Run \`nodecompute --help\` for the flags and the environment variable of each.`;
+  const meant = guess === null ? '' : ` (did you mean --${guess}?)`;
+  return `unknown flag ${typed}${meant}. Run \`nodecompute --help\` for the flags and the environment variable of each.`;
 }
 
 /** A warning for each NODECOMPUTE_ variable that is no setting (a typo is silently a default otherwise). */
@@ -262,7 +258,8 @@ function unknownVariables(env: NodeJS.ProcessEnv): string[] {
     .map((name) => {
       const meant = settings.find((setting) => setting.flag === nearestWord(name, settings.map(({ flag }) => flag)));
       const guess = meant === undefined ? '' : ` (did you mean ${meant.env}?)`;
-      return `The environment variable ${name} is not a setting of nodecompute and is ignored${guess}. Run \`nodecompute --help\` for the settings and the variable of each.`;
+      const ignored = `The environment variable ${name} is not a setting of nodecompute and is ignored${guess}.`;
+      return `${ignored} Run \`nodecompute --help\` for the settings and the variable of each.`;
     });
 }
 
@@ -290,7 +287,9 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
   const resolved = config as unknown as Config;
   resolved.allowedHosts = ((config.allowedHosts as string | null) ?? '').split(',').map((name) => hostnameOf(name)).filter((name) => name !== '');
   resolved.fileTokens = [];
-  if (resolved.tokenFile !== null && resolved.token !== null) invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
+  if (resolved.tokenFile !== null && resolved.token !== null) {
+    invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
+  }
   if (resolved.tokenFile === null && resolved.token !== null) resolved.token = fixedToken(resolved.token);
   const warnings = [...unknownVariables(env), ...checkCombinations(resolved)];
   const [help, version] = [values.help === true, values.version === true];

@@ -15,13 +15,8 @@ import type { TokenFileState } from '../auth.js';
 
 export type CheckStatus = 'ok' | 'warn' | 'fail';
 
-export interface DoctorCheck {
-  name: string;
-  status: CheckStatus;
-  detail: string;
-  /** What to do; null when nothing needs doing, or when the detail ends with it (nvidia-smi's failures, the settings' warnings). */
-  fix: string | null;
-}
+/** fix: what to do; null when nothing needs doing, or when the detail ends with it (nvidia-smi's failures, the settings' warnings). */
+export type DoctorCheck = { name: string; status: CheckStatus; detail: string; fix: string | null };
 
 export type DoctorReport = { ok: boolean; version: string; checkedAt: string; checks: DoctorCheck[] };
 
@@ -102,7 +97,8 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   checks.push(check('gpus', 'ok', `${gpus.length} GPU(s) visible: ${gpus.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ')}`));
   const mig = gpus.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
   if (mig.length > 0) {
-    const detail = `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`;
+    const detail =
+      `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`;
     checks.push(check('mig', 'warn', detail, MIG_FIX));
   }
   const took = `GPU query took ${listing.ms} ms, process query ${apps.ms} ms`;
@@ -113,9 +109,11 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
 }
 
 const MIG_FIX =
-  "Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process's GPU and compute instance), not by their whole-GPU free or foreign memory.";
+  "Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process's GPU and compute instance), " +
+  'not by their whole-GPU free or foreign memory.';
 const SLOW_FIX =
-  'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
+  'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; ' +
+  'raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
 
 /** The GPUs lost: the roster's, those the snapshot listed that `listed` (null: failed) does not, and those it cannot reach. */
 function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, unreachable: readonly UnreachableGpu[], now: number): DoctorCheck {
@@ -167,11 +165,15 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
   const name = 'host-pid-namespace';
   if (pids.length > 0 && !procReadable) {
     // Every PID would read as missing: that says nothing about the PID namespace.
-    const detail = `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), so whether they exist there is unknown`;
+    const detail =
+      `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), ` +
+      'so whether they exist there is unknown';
     return check(name, 'warn', detail, 'Fix the proc check first, then run the doctor again.');
   }
   if (pids.length === 0 && busy.length > 0) {
-    const fix = "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi and shard verdicts stay unverified.";
+    const fix =
+      "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi " +
+      'and shard verdicts stay unverified.';
     return check(name, 'fail', hiddenProcessesWarning(busy), fix);
   }
   if (pids.length === 0) return check(name, 'ok', `${NO_GPU_PROCESS} (re-run under load to check)`);
@@ -180,7 +182,9 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
   const detail = describeListedPids(pids.length, missing, proc.root);
   if (missing.length === 0) return check(name, 'ok', detail);
   if (missing.length < pids.length) return check(name, 'warn', detail, SOME_PIDS_MISSING_FIX);
-  const fix = "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), or set NODECOMPUTE_PROC to the host's /proc.";
+  const fix =
+    "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), " +
+    "or set NODECOMPUTE_PROC to the host's /proc.";
   return check(name, 'fail', detail, fix);
 }
 
@@ -191,7 +195,9 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
   const limit = openFilesLimit === null ? 'no open-file limit' : `an open-file limit of ${openFilesLimit}`;
   const processes = gpuProcesses === null ? '' : ` (${gpuProcesses} GPU process(es) now)`;
   if (gpuProcesses !== null && gpuProcesses > keepLimit) {
-    const detail = `${gpuProcesses} GPU processes, but with ${limit} nodecompute keeps at most ${keepLimit} /proc stat files open between snapshots: the others are opened afresh at every refresh, about three times the cost`;
+    const detail =
+      `${gpuProcesses} GPU processes, but with ${limit} nodecompute keeps at most ${keepLimit} /proc stat files open between snapshots: ` +
+      'the others are opened afresh at every refresh, about three times the cost';
     return check('open-files', 'warn', detail, "Raise the container's open-file limit (nofile), for example to 65536.");
   }
   return check('open-files', 'ok', `${limit}: up to ${keepLimit} /proc stat files kept open between snapshots${processes}`);
@@ -221,7 +227,9 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
   if (missing.length === 0) return check('registered-gpus', 'ok', `nvidia-smi lists every GPU the ${byUuid.length} shard registration(s) naming GPUs by UUID name`);
   const [it, each] = missing.length === 1 ? ['it', 'it'] : ['them', 'each'];
   const since = known === undefined ? '' : `, and this service has not listed ${it} since it started`;
-  const detail = `nvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.`;
+  const detail =
+    `nvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). ` +
+    'Such a shard reads gpu-lost.';
   const fix = `${LOST_GPU_FIX} Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.`;
   return check('registered-gpus', 'fail', `${missing.join('\n')}:\n${detail}`, fix);
 }
@@ -248,14 +256,17 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
 /** Whether writes can be authorised, and by which tokens: the token file is looked at now. */
 async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
   if (deps.tokenFileRefused) {
-    const fix = 'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); a service already running keeps the tokens it last read.';
+    const fix =
+      'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); ' +
+      'a service already running keeps the tokens it last read.';
     return check('token', 'fail', deps.tokenFileRefused, fix);
   }
   if (!deps.tokenConfigured) {
     const detail =
-      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove shards ' +
-      '(a web page in a browser on the node may not: its writes name another origin or host)';
-    const fix = 'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.';
+      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove ' +
+      'shards (a web page in a browser on the node may not: its writes name another origin or host)';
+    const fix =
+      'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.';
     return check('token', 'warn', detail, fix);
   }
   if (!deps.tokenFile) return check('token', 'ok', 'a bearer token is configured for writes (NODECOMPUTE_TOKEN)');

@@ -89,7 +89,8 @@ const CANNOT_SEE_GPUS =
 function notFoundError(path: string, result: Completed): Error {
   const code = String(result.code);
   const searched = `${code}; PATH is ${JSON.stringify(process.env.PATH)}`;
-  let said = `the file exists but this user may not execute it (${code}). Check its mode (\`ls -l ${path}\`: it needs an x bit this user has). ${CANNOT_SEE_GPUS}`;
+  let said =
+    `the file exists but this user may not execute it (${code}). Check its mode (\`ls -l ${path}\`: it needs an x bit this user has). ${CANNOT_SEE_GPUS}`;
   if (!path.includes('/')) {
     const what =
       code === 'ENOENT' ? 'no program of that name was found on PATH' : 'a file of that name on PATH may not be executed by this user, or is a directory';
