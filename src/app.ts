@@ -1,7 +1,6 @@
-// Owns the composition of the service: builds the readers, the registry, the snapshot cache and the
-// domain services from a Config, wires them into Fastify with one error shape and one auth rule, and
-// registers the routes (then the 405s of the methods each path lacks). It never listens; main.ts
-// does. Tests pass `deps` to swap the clock, the logger or a reader.
+// The composition of the service: builds the readers and domain services from a Config and wires
+// them into Fastify with one error shape, one auth rule, the routes and their 405s. It never
+// listens (main.ts does); tests pass `deps` to swap the clock, the logger or a reader.
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -59,25 +58,12 @@ async function createServices(config: Config, deps: AppDeps, log: Logger): Promi
   const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
   const stateFile = deps.stateFile ?? createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }), now, timeoutMs: config.stateTimeoutMs });
   const registry = await loadRegistry({ stateFile, log });
-  const snapshots = createSnapshotSource<NodeSnapshot>({
-    take: createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(proc.bootId()), now }),
-    ttlMs: config.cacheTtlMs,
-    maxStaleMs: config.maxStaleMs,
-    log,
-    now,
-  });
+  const take = createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(proc.bootId()), now });
+  const snapshots = createSnapshotSource<NodeSnapshot>({ take, ttlMs: config.cacheTtlMs, maxStaleMs: config.maxStaleMs, log, now });
   const node = createNodeService(snapshots, registry, log);
   const shards = createShardService({ registry, node, proc, defaultGraceMs: config.gpuGraceMs, log, now });
   return {
-    config,
-    node,
-    shards,
-    registry,
-    nvidiaSmi,
-    proc,
-    stateFile,
-    metrics,
-    now,
+    config, node, shards, registry, nvidiaSmi, proc, stateFile, metrics, now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
     settingsWarnings: deps.settingsWarnings ?? [],
     ...createAuth(config, log, now, metrics.countRefusedWrite),
@@ -152,8 +138,6 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     services.nvidiaSmi.killAll();
     app.server.keepAliveTimeout = CLOSING_KEEP_ALIVE_MS;
   });
-  app.addHook('onClose', async () => {
-    services.proc.release();
-  });
+  app.addHook('onClose', async () => services.proc.release());
   return app;
 }

@@ -1,8 +1,6 @@
-// Owns who may write (the onRequest hook of PUT, DELETE, POST; reads stay open): a bearer token,
-// compared in constant time, when one is configured, else loopback only. The token file's tokens
-// (any one accepted) are re-read when it changes, looked at by writes and GET /doctor at most once
-// a second, so a Secret rotated in place ("old + new", then "new") locks no one out; a file gone
-// bad keeps the tokens last read in force.
+// Who may write (reads stay open): a bearer token, compared in constant time, else loopback only.
+// The token file is looked at by writes at most once a second and re-read when it changes, so a
+// Secret rotated in place locks no one out; a file gone bad keeps the tokens last read in force.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
 import type { Logger } from 'pino';
@@ -34,10 +32,7 @@ export function isLoopback(address: string | undefined): boolean {
   return v4.startsWith('127.') || address === '::1';
 }
 
-function bearer(header: string | undefined): string | null {
-  const match = header?.match(/^Bearer\s+(\S+)\s*$/i);
-  return match?.[1] ?? null;
-}
+const bearer = (header: string | undefined): string | null => header?.match(/^Bearer\s+(\S+)\s*$/i)?.[1] ?? null;
 
 /** The tokens accepted for writes now, and the setting that names them. */
 export interface TokenSource {
@@ -46,10 +41,8 @@ export interface TokenSource {
   current(): readonly Buffer[] | Promise<readonly Buffer[]>;
 }
 
-/** The token file's source: also what is wrong with the file now (the tokens last read stay in force); null when nothing is. */
-export interface TokenFileSource extends TokenSource {
-  problem(): string | null;
-}
+/** problem: what is wrong with the file now (the tokens last read stay in force); null when nothing is. */
+type TokenFileSource = TokenSource & { problem(): string | null };
 
 function fixedToken(token: string): TokenSource {
   const digests = [digest(token)];
@@ -66,15 +59,8 @@ const UNSTABLE_LOOKS_WARNED = 2;
 const FIX_THE_SECRET =
   'Check the Secret (its key must hold one token a line, each at least 16 characters; "#" starts a comment line) and its mount; the file is re-read within a second of the next write once it is fixed.';
 
-export interface TokenFileOptions {
-  path: string;
-  /** The tokens read from the file at start (config.ts's readStartTokens refuses to start without one). */
-  initial: string[];
-  log: Logger;
-  now: () => number;
-  /** For tests: runs between the stat and the read of the file (see createTokenFileReader). */
-  beforeRead?: TokenFileReaderOptions['beforeRead'];
-}
+/** initial: the tokens read at start (readStartTokens refuses to start without one); beforeRead: for tests (see createTokenFileReader). */
+type TokenFileOptions = { path: string; initial: string[]; log: Logger; now: () => number; beforeRead?: TokenFileReaderOptions['beforeRead'] };
 
 /** The token file's tokens, re-read when it changes; a file gone bad keeps the tokens last read in force. */
 export function createTokenFileSource(options: TokenFileOptions): TokenFileSource {
@@ -85,9 +71,8 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
   let checkedAt: number | null = null;
   let checking: Promise<readonly Buffer[]> | null = null;
   let unstableInARow = 0;
-  // What is wrong with the file now (the latest look's); null while it is fine.
   let problem: string | null = null;
-  // Its kind and cause, without counts: warned when it changes, not at every write while it lasts.
+  // The problem's kind and cause, without counts: warned when it changes, not at every write.
   let warnedOf: string | null = null;
 
   function trouble(which: string, what: string, fix = FIX_THE_SECRET): void {
@@ -115,10 +100,10 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
       case 'unchanged':
         return;
       case 'failed': {
+        // Denied: its mode or owner, not its content, needs fixing, and the message names the user.
         const denied = unreadableTokenFile(path, look.err, look.file);
-        // Its mode or owner, not its content: the fix is said in the first sentence, with the user.
-        if (denied !== null) return trouble(`failed: ${look.err.message}`, `cannot be read (${look.err.message})`, `${denied}; it is read again within a second of the next write.`);
-        return trouble(`failed: ${look.err.message}`, `cannot be read (${look.err.message})`);
+        const fix = denied === null ? undefined : `${denied}; it is read again within a second of the next write.`;
+        return trouble(`failed: ${look.err.message}`, `cannot be read (${look.err.message})`, fix);
       }
       case 'late':
         return trouble(
@@ -163,14 +148,8 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
   };
 }
 
-
-/** The token file as the service sees it: which file, how many tokens are in force, and what is wrong with it. */
-export interface TokenFileState {
-  path: string;
-  tokens: number;
-  /** What is wrong with the file (the tokens last read stay in force); null when nothing is. */
-  problem: string | null;
-}
+/** The token file as the service sees it; problem: what is wrong with it (the tokens last read stay in force), null when nothing is. */
+export type TokenFileState = { path: string; tokens: number; problem: string | null };
 
 export interface Auth {
   /** The onRequest hook of every write route. */
@@ -181,16 +160,11 @@ export interface Auth {
 
 /** Why a write was refused before it was looked at: the label of nodecompute_writes_refused_total. */
 export const WRITE_REFUSALS = [
-  /** No "Authorization: Bearer <token>" header (or one of another scheme) while a token is configured. */
-  'missing-token',
-  /** A bearer token that matches none in force. */
+  'missing-token', // a token is configured, and no "Authorization: Bearer" header came
   'wrong-token',
-  /** No token configured, and the write came from the network, not loopback. */
-  'not-loopback',
-  /** A write from a web page of another origin (Origin, Sec-Fetch-Site). */
-  'cross-origin',
-  /** No token configured, a write from loopback naming a Host that is not loopback's (DNS rebinding). */
-  'foreign-host',
+  'not-loopback', // no token configured, and the write came from the network
+  'cross-origin', // from a web page of another origin (Origin, Sec-Fetch-Site)
+  'foreign-host', // no token configured, from loopback naming a Host not loopback's (DNS rebinding)
 ] as const;
 export type WriteRefusal = (typeof WRITE_REFUSALS)[number];
 
@@ -218,10 +192,7 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
   const tokenFile =
     fileSource === null || path === null
       ? null
-      : async (): Promise<TokenFileState> => {
-          const digests = await fileSource.current();
-          return { path, tokens: digests.length, problem: fileSource.problem() };
-        };
+      : async (): Promise<TokenFileState> => ({ path, tokens: (await fileSource.current()).length, problem: fileSource.problem() });
   const rotationHint =
     path === null
       ? '.'
@@ -244,13 +215,12 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
       const remoteAddress = request.socket.remoteAddress;
       if (isLoopback(remoteAddress)) return done();
       refused('not-loopback', request, 'Refused a write from the network: no token is configured, so only loopback may write');
-      return done(
-        new ForbiddenError(
-          `Writes are accepted from loopback only (127.0.0.1, ::1) because no token is configured on this node, and this write came from ${displayAddress(remoteAddress)}. ` +
-            "Behind Docker's -p (a write from the host arrives from the bridge's address, such as 172.17.0.1) or a proxy, no write comes from loopback: " +
-            'set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) on this node and send "Authorization: Bearer <token>".',
-        ),
-      );
+      const message =
+        'Writes are accepted from loopback only (127.0.0.1, ::1) because no token is configured on this node, ' +
+        `and this write came from ${displayAddress(remoteAddress)}. ` +
+        "Behind Docker's -p (a write from the host arrives from the bridge's address, such as 172.17.0.1) or a proxy, no write comes from loopback: " +
+        'set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) on this node and send "Authorization: Bearer <token>".';
+      return done(new ForbiddenError(message));
     }
     const presented = bearer(request.headers.authorization);
     reply.header('www-authenticate', 'Bearer realm="nodecompute"');
@@ -261,12 +231,8 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
     const judge = (digests: readonly Buffer[]): void => {
       if (!matchesAny(digests, presented)) {
         refused('wrong-token', request, 'Refused a write with a wrong bearer token');
-        return done(
-          new UnauthorizedError(
-            `The bearer token does not match any token configured on this node (${source.setting}). Check the Secret the caller uses` +
-              rotationHint,
-          ),
-        );
+        const said = `The bearer token does not match any token configured on this node (${source.setting}). Check the Secret the caller uses`;
+        return done(new UnauthorizedError(said + rotationHint));
       }
       reply.removeHeader('www-authenticate');
       done();

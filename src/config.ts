@@ -1,10 +1,7 @@
-// Owns the service's configuration: resolveConfig validates env + argv against the settings table
-// (settings.ts) once, without I/O; a bad value stops the start naming the setting and what it
-// accepts, one that will likely hurt comes back as a warning. readStartTokens reads the token file
-// within a bound (a hung mount must not hang the start); tokenProblem and parseTokenFile hold that
-// file to the same rules at start as auth.ts does while running.
+// The service's configuration: resolveConfig checks env + argv against settings.ts without I/O; a
+// bad value stops the start naming the setting and what it accepts, a risky one is a warning.
+// readStartTokens reads the token file within a bound, by the same rules auth.ts keeps while running.
 import { parseArgs } from 'node:util';
-import type { Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import damerauLevenshtein from 'damerau-levenshtein';
 import { ConfigInvalidError } from './errors.js';
@@ -38,13 +35,9 @@ export interface Config {
   fileTokens: string[];
 }
 
-export type LogLevel = Static<(typeof SETTINGS)['logLevel']['schema']>;
-
 /** Every setting at its default: the base that tests and the demo override. */
 export function defaultConfig(overrides: Partial<Config> = {}): Config {
-  const base = Object.fromEntries(
-    Object.entries(SETTINGS).map(([key, setting]) => [key, setting.default]),
-  ) as unknown as Config;
+  const base = Object.fromEntries(Object.entries(SETTINGS).map(([key, setting]) => [key, setting.default])) as unknown as Config;
   return { ...base, fileTokens: [], allowedHosts: [], ...overrides };
 }
 
@@ -66,32 +59,23 @@ function invalid(setting: Setting, raw: unknown, why?: string, accepts: string |
   );
 }
 
-// What Kubernetes service links (enableServiceLinks) and Docker's legacy links set for a Service
-// named nodecompute[-<name>]: <NAME>_SERVICE_HOST, _SERVICE_PORT[_<port>], _PORT=tcp://IP:PORT and
-// _PORT_<N>_<PROTO>[_PROTO|_PORT|_ADDR]. Not mistyped settings; only NODECOMPUTE_PORT is also a setting.
+// What Kubernetes service links and Docker's legacy links set for a Service named nodecompute[-<name>]:
+// not mistyped settings. Only NODECOMPUTE_PORT is also a setting.
 const SERVICE_LINK_VARIABLE = /^NODECOMPUTE_([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT|PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$/;
 const SERVICE_LINK_PORT = /^(tcp|udp|sctp):\/\//;
 
-function coerce(setting: Setting, raw: string | number | null): unknown {
-  if (raw === null) return null;
-  const isNumeric = setting.schema.type === 'integer';
-  if (isNumeric && typeof raw === 'string') {
-    if (setting === SETTINGS.port && SERVICE_LINK_PORT.test(raw.trim())) {
-      invalid(
-        setting,
-        raw,
-        'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a container named nodecompute. ' +
-          'Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT in the container\'s env, which wins',
-      );
-    }
-    if (!/^-?\d+$/.test(raw.trim())) invalid(setting, raw, 'not an integer');
-    return Number(raw.trim());
-  }
-  return raw;
-}
+const SERVICE_LINK_PORT_WHY =
+  'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a ' +
+  'container named nodecompute. Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT ' +
+  "in the container's env, which wins";
 
 function validate(setting: Setting, raw: string | number | null): unknown {
-  const value = coerce(setting, raw);
+  let value: unknown = raw;
+  if (setting.schema.type === 'integer' && typeof raw === 'string') {
+    if (setting === SETTINGS.port && SERVICE_LINK_PORT.test(raw.trim())) invalid(setting, raw, SERVICE_LINK_PORT_WHY);
+    if (!/^-?\d+$/.test(raw.trim())) invalid(setting, raw, 'not an integer');
+    value = Number(raw.trim());
+  }
   if (!Value.Check(setting.schema, value)) invalid(setting, raw);
   return value;
 }
@@ -99,10 +83,7 @@ function validate(setting: Setting, raw: string | number | null): unknown {
 /** The placeholder of deploy/kubernetes/secret.example.yaml, known to anyone. */
 const PLACEHOLDER = /^REPLACE-ME/i;
 
-/**
- * Why `token` (trimmed) can never authorise a write, or null when it can; never says the token. Any
- * printable ASCII is taken, not only RFC 6750's b64token: clients send "!" or "$" as they are.
- */
+/** Why `token` (trimmed) can never authorise a write, or null; never says the token. Any printable ASCII is taken. */
 export function tokenProblem(token: string): string | null {
   if (token === '') return 'it is blank';
   // The bearer header ends at the first whitespace, so such a token could never be presented.
@@ -127,8 +108,7 @@ export type TokenFileContent = { tokens: string[]; problem: null } | { tokens: n
 /** One token a line; blank lines, "#" comment lines and whitespace around a token are ignored. */
 export function parseTokenFile(text: string): TokenFileContent {
   const tokens: string[] = [];
-  const lines = text.split('\n');
-  for (const [index, line] of lines.entries()) {
+  for (const [index, line] of text.split('\n').entries()) {
     const token = line.trim();
     if (token === '' || token.startsWith('#')) continue;
     const problem = tokenProblem(token);
@@ -139,10 +119,7 @@ export function parseTokenFile(text: string): TokenFileContent {
   return { tokens, problem: null };
 }
 
-/**
- * The message for a token file this process may not read (EACCES, EPERM), naming the service's user
- * and the file's owner and mode (`file` null: a directory on the way is closed); null for other errors.
- */
+/** The message for a token file this process may not read (EACCES, EPERM; `file` null: a closed directory); null for other errors. */
 export function unreadableTokenFile(path: string, err: Error, file: FileOwner | null): string | null {
   const code = (err as NodeJS.ErrnoException).code;
   if (code !== 'EACCES' && code !== 'EPERM') return null;
@@ -163,11 +140,7 @@ export function unreadableTokenFile(path: string, err: Error, file: FileOwner | 
 const START_LOOKS = 3;
 const START_LOOK_PAUSE_MS = 100;
 
-/**
- * The config with its token file's tokens, read through auth.ts's reader within the start timeout.
- * Throws ConfigInvalidError when the file is unreadable, unusable, unstable or late (a late read
- * stays pending, listed in stuck-io.ts).
- */
+/** The config with its token file's tokens, read within the start timeout; throws ConfigInvalidError when it is unreadable, unusable, unstable or late. */
 export async function readStartTokens(config: Config, options: TokenFileReaderOptions = {}): Promise<Config> {
   const path = config.tokenFile;
   if (path === null) return config;
@@ -190,14 +163,13 @@ export async function readStartTokens(config: Config, options: TokenFileReaderOp
     invalid(SETTINGS.tokenFile, path, `cannot read it: ${look.err.message}`);
   }
   if (look.kind === 'unstable') {
-    invalid(
-      SETTINGS.tokenFile,
-      path,
-      `it was not stable while it was read, ${START_LOOKS} times in a row (${look.detail}): it is not a regular file (a pipe, a /proc or /sys file), or something keeps rewriting it in place. ` +
-        'Point it at a regular file that is replaced with a rename (write a temporary file beside it, then rename it over the token file, as the kubelet does for a Secret)',
-    );
+    const why =
+      `it was not stable while it was read, ${START_LOOKS} times in a row (${look.detail}): it is not a regular file (a pipe, a /proc or /sys file), ` +
+      'or something keeps rewriting it in place. Point it at a regular file that is replaced with a rename (write a temporary file beside it, then rename it ' +
+      'over the token file, as the kubelet does for a Secret)';
+    invalid(SETTINGS.tokenFile, path, why);
   }
-  // Late: a fresh reader never answers "unchanged".
+  // Late (a fresh reader never answers "unchanged"): the read is left pending, its timer unref'd.
   throw new ConfigInvalidError(
     `The token file ${path} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within ${timeoutMs} ms, and its read is still pending: ` +
       'the filesystem that holds it likely hangs (a network or FUSE mount that stopped answering), or it is a pipe nobody writes to. ' +
@@ -219,35 +191,25 @@ const KUBERNETES_PROBE_TIMEOUT_MS = 1000;
 
 function checkCombinations(config: Config): string[] {
   if (config.maxStaleMs < config.cacheTtlMs) {
-    invalid(
-      SETTINGS.maxStaleMs,
-      config.maxStaleMs,
+    const why =
       `it is below NODECOMPUTE_CACHE_TTL_MS (${config.cacheTtlMs}): a snapshot only turns stale once it is older than the TTL, so stale answers could never be served. ` +
-        `Set NODECOMPUTE_MAX_STALE_MS to at least ${config.cacheTtlMs} (the default is ${SETTINGS.maxStaleMs.default}), or lower NODECOMPUTE_CACHE_TTL_MS`,
-      null,
-    );
+      `Set NODECOMPUTE_MAX_STALE_MS to at least ${config.cacheTtlMs} (the default is ${SETTINGS.maxStaleMs.default}), or lower NODECOMPUTE_CACHE_TTL_MS`;
+    invalid(SETTINGS.maxStaleMs, config.maxStaleMs, why, null);
   }
-  const warnings: string[] = [];
-  if (config.probeWaitMs > KUBERNETES_PROBE_TIMEOUT_MS) {
-    warnings.push(
-      `NODECOMPUTE_PROBE_WAIT_MS is ${config.probeWaitMs} ms, longer than Kubernetes' default probe timeout of 1 s: a probe that waits that long is counted as failed before it is answered. ` +
-        `Raise the probes' timeoutSeconds to at least ${Math.ceil((config.probeWaitMs + 500) / 1000)} (readiness, liveness and the shards' probes on /shards/:id/ready), or lower NODECOMPUTE_PROBE_WAIT_MS below 1000.`,
-    );
-  }
-  return warnings;
+  if (config.probeWaitMs <= KUBERNETES_PROBE_TIMEOUT_MS) return [];
+  const seconds = Math.ceil((config.probeWaitMs + 500) / 1000);
+  return [
+    `NODECOMPUTE_PROBE_WAIT_MS is ${config.probeWaitMs} ms, longer than Kubernetes' default probe timeout of 1 s: a probe that waits that long is ` +
+      `counted as failed before it is answered. Raise the probes' timeoutSeconds to at least ${seconds} (readiness, liveness and the shards' probes ` +
+      'on /shards/:id/ready), or lower NODECOMPUTE_PROBE_WAIT_MS below 1000.',
+  ];
 }
 
-export interface ResolvedCli {
-  config: Config;
-  /** Arguments that are not settings: the sub-command and --help/--version. */
-  positionals: string[];
-  help: boolean;
-  version: boolean;
-  /** Settings that are accepted but will likely hurt: main.ts logs each once its logger exists. */
-  warnings: string[];
-  /** No host was given: main.ts may replace the default :: with 0.0.0.0 where the kernel has no IPv6. */
-  defaultHost: boolean;
-}
+/**
+ * positionals: the arguments that are not settings (the sub-command); warnings: settings accepted but likely to hurt, which main.ts
+ * logs once its logger exists; defaultHost: no host was given, so main.ts may fall back to 0.0.0.0 where the kernel has no IPv6.
+ */
+export type ResolvedCli = { config: Config; positionals: string[]; help: boolean; version: boolean; warnings: string[]; defaultHost: boolean };
 
 /** Every flag: one per setting, then --help (-h) and --version (-v). */
 const FLAGS = {
@@ -256,11 +218,7 @@ const FLAGS = {
   version: { type: 'boolean', short: 'v' },
 } as const;
 
-/**
- * The candidate a mistyped word most likely meant: the same word in another spelling (case, `_` for
- * `-`, the NODECOMPUTE_ prefix of the variable), the one candidate it names without its first words
- * (ttl-ms for cache-ttl-ms), or the nearest within two edits; null when none is that near.
- */
+/** The candidate a mistyped word most likely meant (any case, `_` for `-`, with or without NODECOMPUTE_); null when none is near. */
 export function nearestWord(typed: string, candidates: readonly string[]): string | null {
   const word = typed.toLowerCase().replace(/^nodecompute[-_]/, '').replace(/_/g, '-');
   // The unit left out (cache-ttl for cache-ttl-ms) is three edits away, yet the likeliest meaning.
@@ -286,10 +244,8 @@ function unknownFlag(argv: string[]): string | null {
   const typed = argv[unknown.index]!.split('=')[0]!;
   const word = typed.replace(/^-+/, '');
   const guess = word.length > 1 ? nearestWord(word, Object.keys(FLAGS)) : null;
-  return (
-    `unknown flag ${typed}${guess === null ? '' : ` (did you mean --${guess}?)`}. ` +
-    'Run `nodecompute --help` for the flags and the environment variable of each.'
-  );
+  const meant = guess === null ? '' : ` (did you mean --${guess}?)`;
+  return `unknown flag ${typed}${meant}. Run \`nodecompute --help\` for the flags and the environment variable of each.`;
 }
 
 /** A warning for each NODECOMPUTE_ variable that is no setting (a typo is silently a default otherwise). */
@@ -300,12 +256,10 @@ function unknownVariables(env: NodeJS.ProcessEnv): string[] {
     .filter((name) => name.startsWith('NODECOMPUTE_') && !known.has(name) && !SERVICE_LINK_VARIABLE.test(name))
     .sort()
     .map((name) => {
-      const guess = nearestWord(name, settings.map((setting) => setting.flag));
-      const meant = settings.find((setting) => setting.flag === guess);
-      return (
-        `The environment variable ${name} is not a setting of nodecompute and is ignored${meant === undefined ? '' : ` (did you mean ${meant.env}?)`}. ` +
-        'Run `nodecompute --help` for the settings and the variable of each.'
-      );
+      const meant = settings.find((setting) => setting.flag === nearestWord(name, settings.map(({ flag }) => flag)));
+      const guess = meant === undefined ? '' : ` (did you mean ${meant.env}?)`;
+      const ignored = `The environment variable ${name} is not a setting of nodecompute and is ignored${guess}.`;
+      return `${ignored} Run \`nodecompute --help\` for the settings and the variable of each.`;
     });
 }
 
@@ -318,9 +272,7 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
     parsed = parseArgs({ args: argv, options: FLAGS, allowPositionals: true, strict: true });
   } catch (err) {
     // What is left is a flag without its value, or --help/--version given one.
-    throw new ConfigInvalidError(`${(err as Error).message}. Run \`nodecompute --help\` for the settings.`, {
-      cause: err,
-    });
+    throw new ConfigInvalidError(`${(err as Error).message}. Run \`nodecompute --help\` for the settings.`, { cause: err });
   }
   const values = parsed.values as Record<string, string | boolean | undefined>;
   const config: Record<string, unknown> = {};
@@ -335,22 +287,13 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
   const resolved = config as unknown as Config;
   resolved.allowedHosts = ((config.allowedHosts as string | null) ?? '').split(',').map((name) => hostnameOf(name)).filter((name) => name !== '');
   resolved.fileTokens = [];
-  if (resolved.tokenFile !== null) {
-    if (resolved.token !== null) {
-      invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
-    }
-  } else if (resolved.token !== null) {
-    resolved.token = fixedToken(resolved.token);
+  if (resolved.tokenFile !== null && resolved.token !== null) {
+    invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
   }
+  if (resolved.tokenFile === null && resolved.token !== null) resolved.token = fixedToken(resolved.token);
   const warnings = [...unknownVariables(env), ...checkCombinations(resolved)];
-  return {
-    config: resolved,
-    positionals: parsed.positionals,
-    help: values.help === true,
-    version: values.version === true,
-    warnings,
-    defaultHost: !given.has('host'),
-  };
+  const [help, version] = [values.help === true, values.version === true];
+  return { config: resolved, positionals: parsed.positionals, help, version, warnings, defaultHost: !given.has('host') };
 }
 
 /** The settings part of `nodecompute --help`. */

@@ -1,8 +1,6 @@
-// Owns every coded error the service can raise, each paired with the HTTP status it maps to.
-// One body shape everywhere ({ statusCode, code, error, message }): Fastify's own serialisation of
-// these errors gives it, and app.ts's error handler maps anything else onto it without a stack.
-// Each error takes the whole operator-facing message (what happened, what it means, what to do)
-// and optionally `{ cause }` as its last argument.
+// Every coded error the service can raise, with its HTTP status; all answer in one body shape
+// ({ statusCode, code, error, message }). Each takes the whole operator-facing message, then
+// optionally `{ cause }`.
 import createError from '@fastify/error';
 
 type MessageArgs = [message: string, options?: { cause: unknown }];
@@ -11,26 +9,19 @@ function coded<C extends string, S extends number>(code: C, statusCode: S) {
   return createError<C, S, MessageArgs>(code, '%s', statusCode);
 }
 
-/**
- * Every code an nvidia-smi run can fail with, and the only codes the NvidiaSmi*Error classes are
- * built from. metrics.ts starts a failure counter at 0 for each: a new code here is a new counter.
- */
+/** Every code an nvidia-smi run can fail with: metrics.ts starts a failure counter at 0 for each. */
 export const NVIDIA_SMI_FAILURE_CODES = [
   'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
   'NODECOMPUTE_NVIDIA_SMI_FAILED',
   'NODECOMPUTE_NVIDIA_SMI_TIMEOUT',
   'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE',
 ] as const;
-export type NvidiaSmiFailureCode = (typeof NVIDIA_SMI_FAILURE_CODES)[number];
+type NvidiaSmiFailureCode = (typeof NVIDIA_SMI_FAILURE_CODES)[number];
 
-function nvidiaSmiFailure<C extends NvidiaSmiFailureCode>(code: C) {
-  return coded(code, 503);
-}
-
-export const NvidiaSmiNotFoundError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_NOT_FOUND');
-export const NvidiaSmiFailedError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_FAILED');
-export const NvidiaSmiTimeoutError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_TIMEOUT');
-export const NvidiaSmiUnparsableError = nvidiaSmiFailure('NODECOMPUTE_NVIDIA_SMI_UNPARSABLE');
+export const NvidiaSmiNotFoundError = coded('NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', 503);
+export const NvidiaSmiFailedError = coded('NODECOMPUTE_NVIDIA_SMI_FAILED', 503);
+export const NvidiaSmiTimeoutError = coded('NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 503);
+export const NvidiaSmiUnparsableError = coded('NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', 503);
 
 export const BadRequestError = coded('NODECOMPUTE_BAD_REQUEST', 400);
 export const UnauthorizedError = coded('NODECOMPUTE_UNAUTHORIZED', 401);
@@ -66,8 +57,8 @@ export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500
 export function cannotStoreMessage(path: string, why: { reason: string; fix?: string }): string {
   const fix =
     why.fix ??
-    'Make the directory writable (mount its volume read-write; check for a full disk; ' +
-      'for a mount that does not answer, check its server and `dmesg`) or set NODECOMPUTE_STATE_FILE to a path on a writable volume.';
+    'Make the directory writable (mount its volume read-write; check for a full disk; for a mount that does not answer, check its server and `dmesg`) ' +
+      'or set NODECOMPUTE_STATE_FILE to a path on a writable volume.';
   return `Registrations cannot be stored in ${path}: ${why.reason}. Every registration and removal is refused (503) until they can; the shards already stored are kept and served. ${fix}`;
 }
 
@@ -78,15 +69,9 @@ export interface CodedError extends Error {
 }
 
 /** An error of the NvidiaSmi*Error classes: what a failed nvidia-smi run rejects with. */
-export interface NvidiaSmiFailure extends CodedError {
-  code: NvidiaSmiFailureCode;
-}
+export type NvidiaSmiFailure = CodedError & { code: NvidiaSmiFailureCode };
 
 export function isCodedError(err: unknown): err is CodedError {
-  return (
-    err instanceof Error &&
-    typeof (err as Partial<CodedError>).code === 'string' &&
-    (err as CodedError).code.startsWith('NODECOMPUTE_') &&
-    typeof (err as Partial<CodedError>).statusCode === 'number'
-  );
+  const e = err as Partial<CodedError>;
+  return err instanceof Error && typeof e.code === 'string' && e.code.startsWith('NODECOMPUTE_') && typeof e.statusCode === 'number';
 }

@@ -1,16 +1,8 @@
-// Owns where the service listens. The default host, ::, takes IPv6 and IPv4 on one socket: Node
-// (libuv) clears IPV6_V6ONLY on every IPv6 listener, whatever net.ipv6.bindv6only says, so IPv4
-// clients arrive as IPv4-mapped addresses (::ffff:10.1.2.3; auth.ts counts ::ffff:127.x as
-// loopback). One default thus serves IPv4-only, dual-stack and IPv6-only clusters; the former
-// 0.0.0.0 took no IPv6 connection, so in an IPv6-only cluster the kubelet's probes to the pod IP
-// failed. Fastify hands :: straight to Node (only `localhost` makes it bind several addresses).
-// A kernel without IPv6 (booted with ipv6.disable=1) refuses :: with EAFNOSUPPORT, some sandboxes
-// with EADDRNOTAVAIL: only then, and only for the default, the service listens on 0.0.0.0. A host
-// the operator set is used as given; when it cannot be listened on (a name that does not resolve
-// included), the start fails saying why. A
-// port already taken (a second nodecompute, or another program) fails the start too, saying what to
-// do rather than only Node's "listen EADDRINUSE". main.ts passes Fastify's listen; tests pass one
-// that fails as such a kernel would.
+// Where the service listens. The default, ::, takes IPv6 and IPv4 on one socket (Node clears
+// IPV6_V6ONLY; IPv4 clients arrive as ::ffff:a.b.c.d), so it serves IPv4-only, dual-stack and
+// IPv6-only clusters. Only where the kernel refuses :: (EAFNOSUPPORT, EADDRNOTAVAIL), and only for
+// the default, it listens on 0.0.0.0. A host that was set is used as given; a host or port that
+// cannot be listened on fails the start, saying why and what to do.
 import { ConfigInvalidError } from './errors.js';
 
 export const DUAL_STACK_HOST = '::';
@@ -30,14 +22,8 @@ const UNRESOLVED: Record<string, string> = {
 
 export type Listen = (options: { host: string; port: number }) => Promise<string>;
 
-export interface Listening {
-  /** The URL Fastify reports, e.g. http://[::]:9470. */
-  url: string;
-  /** The address it listens on: the host asked for, or 0.0.0.0 after the fallback. */
-  host: string;
-  /** The start-up line: which address, and which families that takes. */
-  message: string;
-}
+/** url: as Fastify reports it; host: the one asked for, or 0.0.0.0 after the fallback; message: the start-up line. */
+export type Listening = { url: string; host: string; message: string };
 
 function families(host: string): string {
   if (host === DUAL_STACK_HOST) return ' (IPv6 and IPv4)';
@@ -48,22 +34,14 @@ function families(host: string): string {
 /** Node's "listen EADDRINUSE: address already in use :::9470", with what it means and what to do. */
 function explainPortInUse(err: unknown, port: number): unknown {
   if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE') return err;
-  return Object.assign(
-    new Error(
-      `port ${port} is already taken (${(err as Error).message}): another nodecompute, or another program, is listening on it on this machine ` +
-        '(in a container: in its network namespace). ' +
-        `Stop that one if it should not run (\`ss -ltnp 'sport = :${port}'\` names it), or give this one a free port with NODECOMPUTE_PORT (--port).`,
-      { cause: err },
-    ),
-    { code: 'EADDRINUSE' },
-  );
+  const message =
+    `port ${port} is already taken (${(err as Error).message}): another nodecompute, or another program, is listening on it on this machine ` +
+    `(in a container: in its network namespace). Stop that one if it should not run (\`ss -ltnp 'sport = :${port}'\` names it), ` +
+    'or give this one a free port with NODECOMPUTE_PORT (--port).';
+  return Object.assign(new Error(message, { cause: err }), { code: 'EADDRINUSE' });
 }
 
-/**
- * Listens on `host`; when it is the default :: and the kernel has no IPv6, on 0.0.0.0 instead.
- * A port in use is thrown with its explanation; any other failure as it came, so the start fails
- * with it.
- */
+/** Listens on `host`, or on 0.0.0.0 where the default :: is refused; a failure is thrown, explained where it can be. */
 export async function listenOn(listen: Listen, options: { host: string; port: number; defaultHost: boolean }): Promise<Listening> {
   const { port } = options;
   return listenOrFallBack((asked) => listen(asked).catch((err: unknown) => Promise.reject(explainPortInUse(err, port))), options);
@@ -79,14 +57,10 @@ async function listenOrFallBack(listen: Listen, { host, port, defaultHost }: { h
     const why = unavailable ?? UNRESOLVED[code];
     if (why === undefined) throw err;
     if (unavailable !== undefined && defaultHost && host === DUAL_STACK_HOST) {
-      const url = await listen({ host: IPV4_HOST, port });
-      return {
-        url,
-        host: IPV4_HOST,
-        message:
-          `nodecompute is listening on ${IPV4_HOST} (IPv4 only): the default :: (IPv6 and IPv4) was refused with ${code}, ${why}. ` +
-          'IPv6 clients (an IPv6-only cluster\'s probes) cannot reach it; enable IPv6 on this node if they must.',
-      };
+      const message =
+        `nodecompute is listening on ${IPV4_HOST} (IPv4 only): the default :: (IPv6 and IPv4) was refused with ${code}, ${why}. ` +
+        "IPv6 clients (an IPv6-only cluster's probes) cannot reach it; enable IPv6 on this node if they must.";
+      return { url: await listen({ host: IPV4_HOST, port }), host: IPV4_HOST, message };
     }
     throw new ConfigInvalidError(
       `NODECOMPUTE_HOST (--host) is "${host}", which this machine cannot listen on (${code}: ${why}). ` +

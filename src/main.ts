@@ -1,8 +1,7 @@
 #!/usr/bin/env node
-// Owns the process: the only place that reads process.env and argv (through config.ts), listens and
-// handles signals. `nodecompute [serve]` runs the service, `nodecompute doctor` checks the node. On
-// SIGTERM/SIGINT the server stops accepting, finishes in-flight requests, kills running nvidia-smi
-// children and exits 0; 1 after an uncaught error, or when cut short (10 s, a second signal).
+// The process: the only reader of process.env and argv, the listener and the signal handler. On
+// SIGTERM/SIGINT it finishes in-flight requests, kills running nvidia-smi children and exits 0; 1
+// after an uncaught error, or when cut short (10 s, a second signal).
 import closeWithGrace from 'close-with-grace';
 import { inspect } from 'node:util';
 import { destination, pino, type Logger } from 'pino';
@@ -47,14 +46,12 @@ async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): P
   log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
 }
 
-/**
- * What an uncaught error's log line carries: the error, or, for a falsy value (a promise rejected
- * with no reason, `throw ''`), that value as JavaScript writes it, which pino would leave out.
- */
+/** An uncaught error's log fields: a falsy one (`throw ''`), which pino would leave out, as JavaScript writes it. */
 const thrownFields = (err: unknown): { err: unknown } | { thrown: string } => (err ? { err } : { thrown: inspect(err) });
 
 /** Said of an uncaught error, which nothing in nodecompute should let through. */
 const A_BUG = 'a bug in nodecompute: please report it with this line and the ones before it';
+const CUT_OFF = 'the requests still in flight are cut off, and the process ends now.';
 
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
@@ -67,36 +64,28 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
     await app.close();
     throw err;
   }
-  // Installed once listening: close-with-grace ends the process with code 0 when the event loop
-  // empties, which would hide a start that failed (a port in use) from restart policies.
-  // On an uncaught error it calls the shutdown with the error (and no signal); the shutdown then
-  // exits 1 itself, as close-with-grace exits 0 when the value thrown is falsy.
+  // Installed once listening: else a start that failed (a port in use) would exit 0 when the event
+  // loop empties. After an uncaught error the shutdown exits 1 itself (close-with-grace: 0 if falsy).
   closeWithGrace(
     {
       delay: SHUTDOWN_GRACE_MS,
       logger: log,
       onTimeout: () =>
         log.error(
-          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: the requests still in flight are cut off, and the process ends now. ` +
+          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: ${CUT_OFF} ` +
             'A client that keeps a request open (a body it never finishes, an answer it does not read) holds a shutdown up; it gets a reset connection and should retry.',
         ),
-      onSecondSignal: (signal) => log.error(`A second ${signal} came while shutting down: the requests still in flight are cut off, and the process ends now.`),
-      onSecondError: (err) =>
-        log.error(thrownFields(err), `An uncaught error came while shutting down (${A_BUG}): the requests still in flight are cut off, and the process ends now.`),
+      onSecondSignal: (signal) => log.error(`A second ${signal} came while shutting down: ${CUT_OFF}`),
+      onSecondError: (err) => log.error(thrownFields(err), `An uncaught error came while shutting down (${A_BUG}): ${CUT_OFF}`),
     },
     async (closing) => {
       const { signal, err } = closing;
-      // An uncaught error is told by its key, not its value: a promise rejected with no reason (or
-      // `throw undefined`) comes as { err: undefined }, and close-with-grace would then exit 0.
+      // By its key, not its value: a promise rejected with no reason comes as { err: undefined }.
       const failed = 'err' in closing;
-      if (failed) {
-        log.error(
-          thrownFields(err),
-          `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`,
-        );
-      } else {
-        log.info({ signal }, 'Shutting down: finishing in-flight requests, stopping nvidia-smi runs');
-      }
+      const stopping = 'finishing in-flight requests, stopping nvidia-smi runs';
+      const afterError = `Shutting down after an uncaught error (${A_BUG}): ${stopping}, then exiting 1 for the restart policy to start the service again.`;
+      if (failed) log.error(thrownFields(err), afterError);
+      else log.info({ signal }, `Shutting down: ${stopping}`);
       await app.close();
       if (failed) process.exit(1);
     },
@@ -115,12 +104,8 @@ async function main(argv: string[]): Promise<number | null> {
     process.stderr.write(`nodecompute: ${(err as Error).message}\n`);
     return 2;
   }
-  if (cli.help) {
-    process.stdout.write(USAGE);
-    return 0;
-  }
-  if (cli.version) {
-    process.stdout.write(`${VERSION}\n`);
+  if (cli.help || cli.version) {
+    process.stdout.write(cli.help ? USAGE : `${VERSION}\n`);
     return 0;
   }
   const [command = 'serve', ...extra] = cli.positionals;

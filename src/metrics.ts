@@ -16,22 +16,11 @@ import { VERSION } from './version.js';
 
 const MIB = 1024 * 1024;
 
-/** One of prom-client's default collectors (prom-client/lib/metrics/<name>.js), as collectDefaultMetrics calls it. */
 type DefaultCollector = (registry: Registry, config: { eventLoopMonitoringPrecision: number }) => void;
-/**
- * prom-client's default metrics but `gc`, whose observer costs every garbage collection and answers
- * no operator's question. prom-client cannot leave one out, so its own list and files are used: a
- * renamed collector fails at start, not silently.
- */
+// prom-client's defaults but `gc`, whose observer costs every collection. prom-client cannot leave
+// one out, so its own list and files are used: a renamed collector fails at start, not silently.
 const DEFAULT_COLLECTORS = collectDefaultMetrics.metricsList.filter((name) => name !== 'gc');
 const requireCollector = createRequire(import.meta.url);
-
-function collectDefaultsButGc(registry: Registry): void {
-  for (const name of DEFAULT_COLLECTORS) {
-    const collect = requireCollector(`prom-client/lib/metrics/${name}`) as DefaultCollector;
-    collect(registry, { eventLoopMonitoringPrecision: 10 });
-  }
-}
 
 /** Every query: its failure counter starts at 0 for every code a run can fail with (errors.ts), so rate() sees the first failure. */
 const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
@@ -39,74 +28,50 @@ const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
 export interface Metrics {
   registry: Registry;
   observeQuery: (observation: QueryObservation) => void;
-  /** Counts a write refused by auth.ts, by why. */
   countRefusedWrite: (reason: WriteRefusal) => void;
-  /**
-   * Rebuilds the node and shard series. `node` null: nvidia-smi cannot be asked; `nvidiaSmiUp` false
-   * when the last refresh failed, even while an older snapshot is served; `lostGpus` stay while
-   * nvidia-smi fails (a lost GPU often makes it fail: the alert must not resolve then).
-   */
+  /** Rebuilds the node and shard series; `lostGpus` stay while nvidia-smi fails, so their alert does not resolve then. */
   update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }
 
 export function createMetrics(): Metrics {
   const registry = new Registry();
-  collectDefaultsButGc(registry);
-  // Gauges named *_total, which Prometheus reserves for counters (promtool rejects them).
-  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) {
-    registry.removeSingleMetric(name);
+  for (const name of DEFAULT_COLLECTORS) {
+    (requireCollector(`prom-client/lib/metrics/${name}`) as DefaultCollector)(registry, { eventLoopMonitoringPrecision: 10 });
   }
+  // Gauges named *_total, which Prometheus reserves for counters (promtool rejects them).
+  for (const name of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(name);
   const gpuLabels = ['gpu', 'uuid'] as const;
-  const gauge = (name: string, help: string, labelNames: readonly string[] = []) =>
-    new Gauge({ name, help, labelNames, registers: [registry] });
+  const gauge = (name: string, help: string, labelNames: readonly string[] = []) => new Gauge({ name, help, labelNames, registers: [registry] });
 
   const total = gauge('nodecompute_gpu_memory_total_bytes', 'Total memory of the GPU.', gpuLabels);
   const used = gauge('nodecompute_gpu_memory_used_bytes', 'Used memory of the GPU.', gpuLabels);
   const free = gauge('nodecompute_gpu_memory_free_bytes', 'Free memory of the GPU.', gpuLabels);
   const reserved = gauge('nodecompute_gpu_memory_reserved_bytes', 'Memory of the GPU reserved by the driver.', gpuLabels);
-  const foreign = gauge(
-    'nodecompute_gpu_memory_foreign_bytes',
-    'Memory of the GPU held by anything that is not a registered shard: placement must not hand it out.',
-    gpuLabels,
-  );
-  const lost = gauge(
-    'nodecompute_gpu_lost',
-    '1 for each GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg), ' +
-      'or says it cannot reach (every query fails naming its bus id: "GPU is lost"); gpu is its last index. ' +
-      'While nvidia-smi fails, the GPUs its last good listing had lost stay (a lost GPU often makes every query fail). Absent when none is lost.',
-    gpuLabels,
-  );
+  const foreign = gauge('nodecompute_gpu_memory_foreign_bytes', 'Memory of the GPU held by anything but a registered shard: not to be handed out.', gpuLabels);
+  const lostHelp =
+    '1 for each GPU nvidia-smi listed earlier in this run and no longer lists (fallen off the bus, reset or detached: see dmesg) ' +
+    'or cannot reach ("GPU is lost"); gpu is its last index. Kept while nvidia-smi fails (a lost GPU often makes every query fail). Absent when none is lost.';
+  const lost = gauge('nodecompute_gpu_lost', lostHelp, gpuLabels);
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
-  const shardPlaced = gauge(
-    'nodecompute_shard_gpu_placed',
-    '1 for each GPU a shard was placed on (its registration), under the index nvidia-smi gives that GPU now; a placed GPU no longer listed has none. Memory a shard holds on a GPU it was not placed on is stray.',
-    ['shard', 'gpu'],
-  );
+  const placedHelp =
+    '1 for each GPU a shard was placed on (its registration), under the index nvidia-smi gives it now (none once not listed). Memory held elsewhere is stray.';
+  const shardPlaced = gauge('nodecompute_shard_gpu_placed', placedHelp, ['shard', 'gpu']);
   const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
   const shardState = gauge('nodecompute_shard_state', 'The shard readiness state: 1 for the current one, 0 for the others.', ['shard', 'state']);
-  const up = gauge(
-    'nodecompute_nvidia_smi_up',
-    '1 when the last nvidia-smi refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or nvidia-smi cannot be asked.',
-  );
-  const age = gauge(
-    'nodecompute_snapshot_age_seconds',
-    'Age of the last good node snapshot (NaN before the first). Snapshots are taken on demand, so between requests it grows with the time since the last one; nvidia_smi_up is the failure signal.',
-  );
-  const processesVisible = gauge(
-    'nodecompute_gpu_processes_visible',
-    "1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when they are hidden (no host PID namespace, or a GPU-sharing layer): no memory can then be attributed to a shard. NaN while nvidia-smi cannot be asked.",
-  );
-  const tokenFileOk = gauge(
-    'nodecompute_token_file_ok',
-    '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (each scrape looks, at most once a second); 0 when it cannot be read, holds no usable token, hangs or keeps changing: ' +
-      'the tokens last read stay in force, but a rotated token is not picked up (GET /doctor says why). file is its path. Absent without a token file.',
-    ['file'],
-  );
-  const tokensInForce = gauge(
-    'nodecompute_token_file_tokens',
-    'Write tokens in force from NODECOMPUTE_TOKEN_FILE: 2 during a rotation ("old + new"), 1 before and after it. file is its path. Absent without a token file.',
-    ['file'],
-  );
+  const upHelp = '1 when the last nvidia-smi refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or cannot be asked.';
+  const up = gauge('nodecompute_nvidia_smi_up', upHelp);
+  const ageHelp = 'Age of the last good node snapshot (NaN before the first); taken on demand, it grows between requests: nvidia_smi_up is the failure signal.';
+  const age = gauge('nodecompute_snapshot_age_seconds', ageHelp);
+  const visibleHelp =
+    '1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when they are hidden (no host PID namespace, or a GPU-sharing layer), ' +
+    'so no memory is attributed to a shard. NaN while nvidia-smi cannot be asked.';
+  const processesVisible = gauge('nodecompute_gpu_processes_visible', visibleHelp);
+  const tokenFileHelp =
+    '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (at most once a second); 0 when it cannot be read, holds no usable token, hangs or keeps ' +
+    'changing: the tokens last read stay in force, a rotated one is not picked up (GET /doctor says why). Absent without a token file.';
+  const tokenFileOk = gauge('nodecompute_token_file_ok', tokenFileHelp, ['file']);
+  const tokensHelp = 'Write tokens in force from NODECOMPUTE_TOKEN_FILE: 2 during a rotation ("old + new"), 1 before and after. Absent without a token file.';
+  const tokensInForce = gauge('nodecompute_token_file_tokens', tokensHelp, ['file']);
   gauge('nodecompute_build_info', 'Always 1; the version label says which nodecompute runs.', ['version']).set({ version: VERSION }, 1);
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
@@ -121,7 +86,6 @@ export function createMetrics(): Metrics {
     labelNames: ['query', 'reason'],
     registers: [registry],
   });
-
   const refusedWrites = new Counter({
     name: 'nodecompute_writes_refused_total',
     help:

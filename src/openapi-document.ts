@@ -1,12 +1,7 @@
-// Owns what the route schemas cannot say in the OpenAPI document, added to it once it is built:
-// the bearer token that writes need, the conditional-GET exchange of the pollable answers
-// (If-None-Match in, ETag and Cache-Control out, 304 with no body), and the Retry-After of a 503:
-// a read's (/readyz's included) while an nvidia-smi failure is waited out, a write's when the state
-// file cannot take the change (app.ts's error handler, health.ts). Declaring these as route
-// schemas instead would make Fastify validate headers on every probe-path request. Each header and
-// the If-None-Match parameter is written once, under components, and named by $ref where it is
-// used. Every object is made afresh where it is used: a shared one would come out as YAML anchors
-// and aliases, which some OpenAPI tools do not follow.
+// What the route schemas cannot say in the OpenAPI document, added once it is built: the bearer
+// token of writes, the conditional-GET headers and the Retry-After of 503s (as route schemas,
+// Fastify would validate headers on every probe). Each is written once, under components, named by
+// $ref; every object is made afresh, as a shared one would come out as YAML anchors.
 import type { OpenAPIV3_1 } from 'openapi-types';
 import { ErrorComponent } from './schemas/common.js';
 

@@ -21,122 +21,96 @@ function milliseconds(min: number, max: number, description: string) {
   return Type.Integer({ minimum: min, maximum: max, description });
 }
 
+/** A setting read from --<flag> and the environment variable NODECOMPUTE_<FLAG>. */
+function setting(flag: string, rest: Omit<Setting, 'env' | 'flag'>): Setting {
+  return { env: `NODECOMPUTE_${flag.toUpperCase().replaceAll('-', '_')}`, flag, ...rest };
+}
+
 export const SETTINGS = {
-  host: {
-    env: 'NODECOMPUTE_HOST',
-    flag: 'host',
+  host: setting('host', {
     schema: Type.String({ minLength: 1, description: 'Address to listen on' }),
     default: '::',
     accepts: 'an IP address or host name',
     description:
       'Address the HTTP server listens on. The default, ::, takes IPv6 and IPv4 alike (one dual-stack socket), so probes reach it in IPv4, dual-stack and IPv6-only clusters; ' +
       'on a kernel without IPv6 it listens on 0.0.0.0 instead, and its start-up line says which. A host that is set is used as given.',
-  },
-  port: {
-    env: 'NODECOMPUTE_PORT',
-    flag: 'port',
+  }),
+  port: setting('port', {
     schema: Type.Integer({ minimum: 0, maximum: 65535, description: 'TCP port' }),
     default: 9470,
     accepts: 'an integer from 0 to 65535 (0 picks a free port)',
     description: 'TCP port the HTTP server listens on.',
-  },
-  nvidiaSmi: {
-    env: 'NODECOMPUTE_NVIDIA_SMI',
-    flag: 'nvidia-smi',
+  }),
+  nvidiaSmi: setting('nvidia-smi', {
     schema: Type.String({ minLength: 1, description: 'nvidia-smi executable' }),
     default: 'nvidia-smi',
     accepts: 'a program name found on PATH or a path to the executable',
     description: 'The nvidia-smi executable to query.',
-  },
-  proc: {
-    env: 'NODECOMPUTE_PROC',
-    flag: 'proc',
+  }),
+  proc: setting('proc', {
     schema: Type.String({ minLength: 1, description: 'proc root' }),
     default: '/proc',
     accepts: 'a directory path',
     description: "Where the host's /proc is mounted (the container must share the host PID namespace).",
-  },
-  cacheTtlMs: {
-    env: 'NODECOMPUTE_CACHE_TTL_MS',
-    flag: 'cache-ttl-ms',
+  }),
+  cacheTtlMs: setting('cache-ttl-ms', {
     schema: milliseconds(0, 3_600_000, 'cache TTL'),
     default: 1000,
     accepts: 'an integer number of milliseconds from 0 to 3600000',
     description: 'How long a node snapshot is fresh; at most one nvidia-smi run per query per TTL.',
-  },
-  maxStaleMs: {
-    env: 'NODECOMPUTE_MAX_STALE_MS',
-    flag: 'max-stale-ms',
+  }),
+  maxStaleMs: setting('max-stale-ms', {
     schema: milliseconds(0, 86_400_000, 'max stale'),
     default: 30_000,
     accepts: 'an integer number of milliseconds from 0 to 86400000',
     description: 'How old a snapshot may be and still be served (marked stale) while nvidia-smi is slow or failing.',
-  },
-  smiTimeoutMs: {
-    env: 'NODECOMPUTE_SMI_TIMEOUT_MS',
-    flag: 'smi-timeout-ms',
+  }),
+  smiTimeoutMs: setting('smi-timeout-ms', {
     schema: milliseconds(100, 600_000, 'nvidia-smi timeout'),
     default: 5000,
     accepts: 'an integer number of milliseconds from 100 to 600000',
     description: 'Hard limit for one nvidia-smi run; past it the run and its process group are killed.',
-  },
-  probeWaitMs: {
-    env: 'NODECOMPUTE_PROBE_WAIT_MS',
-    flag: 'probe-wait-ms',
+  }),
+  probeWaitMs: setting('probe-wait-ms', {
     schema: milliseconds(0, 600_000, 'probe wait'),
     default: 800,
     accepts: 'an integer number of milliseconds from 0 to 600000',
     description:
       "Longest a probe (/readyz, /shards/:id/ready) or a poller (/shards, /shards/:id, /metrics, the status page /) waits for a snapshot it needs before answering without one; keep it under the probe's timeout (Kubernetes' default is 1 s).",
-  },
-  logLevel: {
-    env: 'NODECOMPUTE_LOG_LEVEL',
-    flag: 'log-level',
-    schema: Type.Union(
-      LOG_LEVELS.map((level) => Type.Literal(level)),
-      { description: 'log level' },
-    ),
+  }),
+  logLevel: setting('log-level', {
+    schema: Type.Union(LOG_LEVELS.map((level) => Type.Literal(level)), { description: 'log level' }),
     default: 'info',
     accepts: LOG_LEVELS.join(', '),
     description: 'Log level (JSON logs on stdout; pretty on a terminal).',
-  },
-  stateFile: {
-    env: 'NODECOMPUTE_STATE_FILE',
-    flag: 'state-file',
+  }),
+  stateFile: setting('state-file', {
     schema: Type.String({ minLength: 1, description: 'state file' }),
     default: 'state/nodecompute-shards.json',
     accepts: 'a file path (its directory must be writable)',
     description: 'Where shard registrations are persisted (written atomically before each 2xx).',
-  },
-  stateTimeoutMs: {
-    env: 'NODECOMPUTE_STATE_TIMEOUT_MS',
-    flag: 'state-timeout-ms',
+  }),
+  stateTimeoutMs: setting('state-timeout-ms', {
     schema: milliseconds(100, 600_000, 'state file timeout'),
     default: STATE_FILE_TIMEOUT_MS,
     accepts: 'an integer number of milliseconds from 100 to 600000',
     description:
       'How long a read or write of the state file may take before its volume is taken for one that does not answer (a hung network mount): the change is then answered 503, and nothing else is started there until the operation returns.',
-  },
-  gpuGraceMs: {
-    env: 'NODECOMPUTE_GPU_GRACE_MS',
-    flag: 'gpu-grace-ms',
+  }),
+  gpuGraceMs: setting('gpu-grace-ms', {
     schema: milliseconds(0, 3_600_000, 'GPU grace'),
     default: 15_000,
     accepts: 'an integer number of milliseconds from 0 to 3600000',
     description: 'Default time a new shard may take before holding memory on its GPUs (starting, not yet on-cpu).',
-  },
-  token: {
-    env: 'NODECOMPUTE_TOKEN',
-    flag: 'token',
-    // Checked by tokenProblem, with the lines of the token file.
+  }),
+  token: setting('token', {
+    // Checked by config.ts's tokenProblem, as the token file's lines are.
     schema: Type.Union([Type.Null(), Type.String()]),
     default: null,
     accepts: 'a secret of at least 16 characters, printable ASCII without spaces, such as `openssl rand -hex 32` makes',
     description: 'Bearer token required for writes. Without a token, writes are accepted from loopback only.',
-  },
-  tokenFile: {
-    env: 'NODECOMPUTE_TOKEN_FILE',
-    flag: 'token-file',
+  }),
+  tokenFile: setting('token-file', {
     schema: Type.Union([Type.Null(), Type.String({ minLength: 1 })]),
     default: null,
     accepts:
@@ -145,14 +119,12 @@ export const SETTINGS = {
       'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. ' +
       `It is read at start, which fails if the file cannot be read, holds no usable token or does not answer within ${TOKEN_FILE_START_TIMEOUT_MS / 1000} s (a hung mount). ` +
       'It is re-read when it changes (checked at most once a second, on writes and GET /doctor), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
-  },
-  allowedHosts: {
-    env: 'NODECOMPUTE_ALLOWED_HOSTS',
-    flag: 'allowed-hosts',
+  }),
+  allowedHosts: setting('allowed-hosts', {
     schema: Type.Union([Type.Null(), Type.String({ pattern: '^\\s*[A-Za-z0-9.:\\[\\]-]+(\\s*,\\s*[A-Za-z0-9.:\\[\\]-]+)*\\s*$' })]),
     default: null,
     accepts: 'host names separated by commas, such as gpu-node-7,gpu-node-7.example.com',
     description:
       'Without a token, the names besides localhost, 127.0.0.1 and [::1] that a write from loopback may give as its Host; any other is refused, so a web page whose DNS name resolves to 127.0.0.1 cannot write.',
-  },
-} as const satisfies Record<string, Setting>;
+  }),
+} satisfies Record<string, Setting>;

@@ -1,7 +1,5 @@
-// Owns `nodecompute doctor`: builds the readers from the settings, runs the checks once and prints
-// the human table; the exit code is non-zero when any check failed, so scripts can gate on it. What
-// a start would say about the settings comes along: its warnings (a mistyped variable) as a row, and
-// a token file a start refuses as a failed check rather than no report at all.
+// `nodecompute doctor`: builds the readers from the settings, runs the checks once, prints the table
+// and exits non-zero when any failed. A start's settings warnings and token-file refusal are rows.
 import type { Writable } from 'node:stream';
 import { pino } from 'pino';
 import type { TokenFileState } from '../auth.js';
@@ -17,12 +15,8 @@ function fileTokens({ tokenFile: path, fileTokens: tokens }: Config): (() => Pro
   return path === null ? null : async () => ({ path, tokens: tokens.length, problem: null });
 }
 
-export interface DoctorCliOptions {
-  /** The warnings a start logs about the settings (ResolvedCli.warnings). */
-  settingsWarnings: readonly string[];
-  /** Why a start refuses the token file (readStartTokens's message); null when it does not. */
-  tokenFileRefused: string | null;
-}
+/** settingsWarnings: ResolvedCli.warnings; tokenFileRefused: readStartTokens's message, null when it reads the file. */
+export type DoctorCliOptions = { settingsWarnings: readonly string[]; tokenFileRefused: string | null };
 
 export async function runDoctorCli(config: Config, out: Writable, options: DoctorCliOptions): Promise<number> {
   // The table is the output; reader warnings would only repeat it.

@@ -1,8 +1,6 @@
-// Owns the node check behind GET /doctor and `nodecompute doctor`: each thing that must hold for
-// nodecompute's answers to be true, what was found and, on failure, what to do. It asks nvidia-smi
-// afresh, fails where a start would (state file, token file) and repeats the settings' warnings.
-// A query failing because the service is shutting down rejects with its own coded error (a 503),
-// not a report blaming nvidia-smi.
+// The node check behind GET /doctor and `nodecompute doctor`: each thing nodecompute's answers rely
+// on, what was found and what to do. It asks nvidia-smi afresh and fails where a start would; while
+// shutting down a query's own coded error (a 503) is thrown, not a report blaming nvidia-smi.
 import { formatDuration } from '../duration.js';
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, saidOfBusId, UNREACHABLE_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeSnapshot } from '../node-state/node-snapshot.js';
@@ -17,20 +15,10 @@ import type { TokenFileState } from '../auth.js';
 
 export type CheckStatus = 'ok' | 'warn' | 'fail';
 
-export interface DoctorCheck {
-  name: string;
-  status: CheckStatus;
-  detail: string;
-  /** What to do; null when nothing needs doing, or when the detail ends with it (nvidia-smi's failures, the settings' warnings). */
-  fix: string | null;
-}
+/** fix: what to do; null when nothing needs doing, or when the detail ends with it (nvidia-smi's failures, the settings' warnings). */
+export type DoctorCheck = { name: string; status: CheckStatus; detail: string; fix: string | null };
 
-export interface DoctorReport {
-  ok: boolean;
-  version: string;
-  checkedAt: string;
-  checks: DoctorCheck[];
-}
+export type DoctorReport = { ok: boolean; version: string; checkedAt: string; checks: DoctorCheck[] };
 
 /** What the service's latest snapshot knows of the GPUs. */
 export type KnownGpus = Pick<NodeSnapshot, 'takenAt' | 'gpus' | 'lostGpus'>;
@@ -73,25 +61,16 @@ async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }
   return { value, ms: Math.round(performance.now() - started) };
 }
 
-interface SmiFindings {
-  checks: DoctorCheck[];
-  /** The PIDs the process query lists; null when it could not be asked. */
-  pids: number[] | null;
-  busy: number[];
-  /** The GPUs the GPU query lists; null when it could not be asked. */
-  gpus: GpuRecord[] | null;
-  /** The GPUs the version or GPU query failed saying it cannot reach; empty when neither failed so. */
-  unreachable: UnreachableGpu[];
-}
+/** pids, gpus: what the process and GPU queries list (null: not asked); unreachable: the GPUs a query said it cannot reach. */
+type SmiFindings = { checks: DoctorCheck[]; pids: number[] | null; busy: number[]; gpus: GpuRecord[] | null; unreachable: UnreachableGpu[] };
 
 async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   const checks: DoctorCheck[] = [];
   try {
     const version = await deps.nvidiaSmi.queryVersion();
     const known = (value: string | null) => value ?? 'unknown';
-    checks.push(
-      check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`),
-    );
+    const versions = `nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`;
+    checks.push(check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: ${versions}`));
   } catch (err) {
     checks.push(queryFailed(deps, err, 'nvidia-smi'));
     // Whether --version fails naming unreachable GPUs is not known; reading it costs nothing.
@@ -105,54 +84,38 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableOf(err) };
   }
   // The GPUs it said it cannot reach while it listed the others: the lost-gpus check names them.
-  const { unreachable } = listing.value;
-  const gpus = { value: listing.value.gpus, ms: listing.ms };
+  const { gpus, unreachable } = listing.value;
+  let apps: { value: { pid: number }[]; ms: number };
   try {
-    const apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
-    const visible = gpus.value.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ');
-    // With no GPU visible nvidia-smi fails ("No devices were found", exit 6): that is the catch below.
-    checks.push(check('gpus', 'ok', `${gpus.value.length} GPU(s) visible: ${visible}`));
-    const mig = gpus.value.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
-    if (mig.length > 0) {
-      checks.push(
-        check(
-          'mig',
-          'warn',
-          `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`,
-          'Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process\'s GPU and compute instance), not by their whole-GPU free or foreign memory.',
-        ),
-      );
-    }
-    const slowest = Math.max(gpus.ms, apps.ms);
-    const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
-    checks.push(
-      slowest > slow
-        ? check(
-            'query-time',
-            'warn',
-            `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms (slower than ${slow} ms)`,
-            'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.',
-          )
-        : check('query-time', 'ok', `GPU query took ${gpus.ms} ms, process query ${apps.ms} ms`),
-    );
-    return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus.value), gpus: gpus.value, unreachable };
+    apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
   } catch (err) {
-    checks.push(
-      queryFailed(
-        deps,
-        err,
-        'gpus',
-        `nvidia-smi answers --version and its GPU query (${gpus.value.length} GPU(s)), but its process query (--query-compute-apps), which tells whose memory is whose, fails: `,
-      ),
-    );
-    return { checks, pids: null, busy: [], gpus: gpus.value, unreachable };
+    const context = `nvidia-smi answers --version and its GPU query (${gpus.length} GPU(s)), but its process query (--query-compute-apps), `;
+    checks.push(queryFailed(deps, err, 'gpus', `${context}which tells whose memory is whose, fails: `));
+    return { checks, pids: null, busy: [], gpus, unreachable };
   }
+  // With no GPU visible nvidia-smi fails ("No devices were found", exit 6): that is a catch above.
+  checks.push(check('gpus', 'ok', `${gpus.length} GPU(s) visible: ${gpus.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ')}`));
+  const mig = gpus.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
+  if (mig.length > 0) {
+    const detail =
+      `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`;
+    checks.push(check('mig', 'warn', detail, MIG_FIX));
+  }
+  const took = `GPU query took ${listing.ms} ms, process query ${apps.ms} ms`;
+  const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
+  const slowest = Math.max(listing.ms, apps.ms);
+  checks.push(slowest > slow ? check('query-time', 'warn', `${took} (slower than ${slow} ms)`, SLOW_FIX) : check('query-time', 'ok', took));
+  return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus), gpus, unreachable };
 }
 
-/**
- * The GPUs the service has lost: its roster's, and those the snapshot listed that this check's query
- * (`listed`, null when it failed) does not; and those the query says it cannot reach.
- */
+const MIG_FIX =
+  "Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process's GPU and compute instance), " +
+  'not by their whole-GPU free or foreign memory.';
+const SLOW_FIX =
+  'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; ' +
+  'raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
+
+/** The GPUs lost: the roster's, those the snapshot listed that `listed` (null: failed) does not, and those it cannot reach. */
 function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, unreachable: readonly UnreachableGpu[], now: number): DoctorCheck {
   if (snapshot == null && unreachable.length === 0) return check('lost-gpus', 'ok', 'nodecompute has no snapshot of the GPUs yet, so it knows of no GPU to miss');
   const lost = new Map<string, LostGpu>(snapshot?.lostGpus.map((gpu) => [gpu.uuid, gpu]));
@@ -167,13 +130,11 @@ function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] 
   if (lost.size > 0) {
     // What this check's own query said of a lost GPU's bus id, where it listed the others.
     const saidOf = new Map<string | null, string>(unreachable.map((gpu) => [gpu.busId, gpu.said]));
-    const lines = [...lost.values()]
-      .sort((a, b) => a.index - b.index)
-      .map((gpu) => {
-        const said = saidOf.get(gpu.busId);
-        const says = said === undefined ? '' : `; ${saidOfBusId(gpu.busId, said)}`;
-        return `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago${says})`;
-      });
+    const lines = [...lost.values()].sort((a, b) => a.index - b.index).map((gpu) => {
+      const said = saidOf.get(gpu.busId);
+      const says = said === undefined ? '' : `; ${saidOfBusId(gpu.busId, said)}`;
+      return `${gpuNoLongerListed(gpu)} (last listed ${new Date(gpu.lastListedAt).toISOString()}, ${formatDuration(now - gpu.lastListedAt)} ago${says})`;
+    });
     parts.push(`${lines.join('\n')}:\n${LOST_GPU_MEANING}`);
   }
   if (cut.length > 0) parts.push(`${cut.map(gpuUnreachable).join('\n')}:\n${UNREACHABLE_GPU_MEANING}`);
@@ -201,38 +162,30 @@ export const SOME_PIDS_MISSING_FIX =
   "Run the doctor again in a minute: a process that exited is no longer listed by then. PIDs that stay missing belong to processes nodecompute cannot see (another PID namespace): find them with `nvidia-smi` on the host, and run their work where nodecompute's /proc sees it.";
 
 async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[], procReadable: boolean): Promise<DoctorCheck> {
+  const name = 'host-pid-namespace';
   if (pids.length > 0 && !procReadable) {
     // Every PID would read as missing: that says nothing about the PID namespace.
-    return check(
-      'host-pid-namespace',
-      'warn',
-      `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), so whether they exist there is unknown`,
-      'Fix the proc check first, then run the doctor again.',
-    );
+    const detail =
+      `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), ` +
+      'so whether they exist there is unknown';
+    return check(name, 'warn', detail, 'Fix the proc check first, then run the doctor again.');
   }
   if (pids.length === 0 && busy.length > 0) {
-    return check(
-      'host-pid-namespace',
-      'fail',
-      hiddenProcessesWarning(busy),
-      "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi and shard verdicts stay unverified.",
-    );
+    const fix =
+      "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi " +
+      'and shard verdicts stay unverified.';
+    return check(name, 'fail', hiddenProcessesWarning(busy), fix);
   }
-  if (pids.length === 0) {
-    return check('host-pid-namespace', 'ok', `${NO_GPU_PROCESS} (re-run under load to check)`);
-  }
+  if (pids.length === 0) return check(name, 'ok', `${NO_GPU_PROCESS} (re-run under load to check)`);
   const stats = await proc.readStats(pids);
   const missing = pids.filter((pid) => stats.get(pid) == null);
-  if (missing.length === 0) return check('host-pid-namespace', 'ok', describeListedPids(pids.length, missing, proc.root));
-  const status = missing.length === pids.length ? 'fail' : 'warn';
-  return check(
-    'host-pid-namespace',
-    status,
-    describeListedPids(pids.length, missing, proc.root),
-    status === 'fail'
-      ? "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), or set NODECOMPUTE_PROC to the host's /proc."
-      : SOME_PIDS_MISSING_FIX,
-  );
+  const detail = describeListedPids(pids.length, missing, proc.root);
+  if (missing.length === 0) return check(name, 'ok', detail);
+  if (missing.length < pids.length) return check(name, 'warn', detail, SOME_PIDS_MISSING_FIX);
+  const fix =
+    "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), " +
+    "or set NODECOMPUTE_PROC to the host's /proc.";
+  return check(name, 'fail', detail, fix);
 }
 
 // Opening, reading and closing a stat file costs about three times what re-reading a kept one does.
@@ -242,39 +195,28 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
   const limit = openFilesLimit === null ? 'no open-file limit' : `an open-file limit of ${openFilesLimit}`;
   const processes = gpuProcesses === null ? '' : ` (${gpuProcesses} GPU process(es) now)`;
   if (gpuProcesses !== null && gpuProcesses > keepLimit) {
-    return check(
-      'open-files',
-      'warn',
-      `${gpuProcesses} GPU processes, but with ${limit} nodecompute keeps at most ${keepLimit} /proc stat files open between snapshots: the others are opened afresh at every refresh, about three times the cost`,
-      "Raise the container's open-file limit (nofile), for example to 65536.",
-    );
+    const detail =
+      `${gpuProcesses} GPU processes, but with ${limit} nodecompute keeps at most ${keepLimit} /proc stat files open between snapshots: ` +
+      'the others are opened afresh at every refresh, about three times the cost';
+    return check('open-files', 'warn', detail, "Raise the container's open-file limit (nofile), for example to 65536.");
   }
   return check('open-files', 'ok', `${limit}: up to ${keepLimit} /proc stat files kept open between snapshots${processes}`);
 }
 
-/**
- * Whether the state directory is writable and, only then (else it may be a hung mount), whether a
- * start could use the file, read and parsed as a start does.
- */
+/** Whether the state directory is writable and, only then (else it may be a hung mount), whether a start could read the file. */
 async function stateFileCheck(stateFile: StateFile): Promise<{ check: DoctorCheck; shards: ShardRecord[] | null }> {
   const writable = await stateFile.checkWritable();
   if (!writable.ok) return { check: check('state-file', 'fail', writable.reason, writable.fix ?? 'Make the state directory writable (a volume or hostPath), or set NODECOMPUTE_STATE_FILE.'), shards: null };
   const read = await readRegistryFile(stateFile);
   if (!read.ok) return { check: check('state-file', 'fail', `${read.problem} nodecompute stops at start on it (exit 1): the service cannot start, or restart, until it is fixed.`, read.fix), shards: null };
   const holds = read.shards === null ? 'does not exist yet (a first start: no shards)' : `holds ${read.shards.length} shard registration(s)`;
-  return {
-    check:
-      writable.warning === null
-        ? check('state-file', 'ok', `${stateFile.path} ${holds} and can be written`)
-        : check('state-file', 'warn', `${stateFile.path} ${holds} and can be written, but the ${writable.warning.problem}`, writable.warning.fix),
-    shards: read.shards ?? [],
-  };
+  const found = `${stateFile.path} ${holds} and can be written`;
+  const { warning } = writable;
+  const result = warning === null ? check('state-file', 'ok', found) : check('state-file', 'warn', `${found}, but the ${warning.problem}`, warning.fix);
+  return { check: result, shards: read.shards ?? [] };
 }
 
-/**
- * The GPUs stored registrations name by UUID that neither this query (`listed`) nor the service
- * (`known`) has listed: gone before it started, which only the registrations remember.
- */
+/** The GPUs registrations name by UUID that neither this query nor the service has listed: only the registrations remember them. */
 function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly GpuRecord[], known: KnownGpus | null | undefined): DoctorCheck {
   const seen = new Set([...listed, ...(known?.gpus ?? []), ...(known?.lostGpus ?? [])].map((gpu) => gpu.uuid));
   const byUuid = shards.filter((shard) => (shard.gpuUuids?.length ?? 0) > 0);
@@ -285,66 +227,47 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
   if (missing.length === 0) return check('registered-gpus', 'ok', `nvidia-smi lists every GPU the ${byUuid.length} shard registration(s) naming GPUs by UUID name`);
   const [it, each] = missing.length === 1 ? ['it', 'it'] : ['them', 'each'];
   const since = known === undefined ? '' : `, and this service has not listed ${it} since it started`;
-  return check(
-    'registered-gpus',
-    'fail',
-    `${missing.join('\n')}:\nnvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.`,
-    `${LOST_GPU_FIX} Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.`,
-  );
+  const detail =
+    `nvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). ` +
+    'Such a shard reads gpu-lost.';
+  const fix = `${LOST_GPU_FIX} Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.`;
+  return check('registered-gpus', 'fail', `${missing.join('\n')}:\n${detail}`, fix);
 }
 
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
-  const [smi, procReadable, stateFile] = await Promise.all([
-    nvidiaSmiChecks(deps),
-    deps.proc.checkReadable(),
-    stateFileCheck(deps.stateFile),
-  ]);
+  const [smi, procReadable, stateFile] = await Promise.all([nvidiaSmiChecks(deps), deps.proc.checkReadable(), stateFileCheck(deps.stateFile)]);
   const checks: DoctorCheck[] = [];
-  if (deps.settingsWarnings !== undefined) {
-    // Each warning says what to do.
-    checks.push(
-      deps.settingsWarnings.length === 0
-        ? check('settings', 'ok', 'no setting looks mistyped or at odds with another')
-        : check('settings', 'warn', deps.settingsWarnings.join('\n')),
-    );
-  }
+  // Each warning says what to do.
+  const warnings = deps.settingsWarnings;
+  if (warnings?.length === 0) checks.push(check('settings', 'ok', 'no setting looks mistyped or at odds with another'));
+  else if (warnings !== undefined) checks.push(check('settings', 'warn', warnings.join('\n')));
   checks.push(...smi.checks);
   if (deps.snapshot !== undefined) checks.push(lostGpusCheck(deps.snapshot, smi.gpus, smi.unreachable, deps.now()));
   if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy, procReadable.ok));
-  checks.push(
-    procReadable.ok
-      ? check('proc', 'ok', `${deps.proc.root} is readable`)
-      : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it."),
-  );
-  checks.push(openFilesCheck(deps.proc, smi.pids === null ? null : smi.pids.length));
-  checks.push(stateFile.check);
+  const proc = procReadable.ok
+    ? check('proc', 'ok', `${deps.proc.root} is readable`)
+    : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it.");
+  checks.push(proc, openFilesCheck(deps.proc, smi.pids === null ? null : smi.pids.length), stateFile.check);
   if (smi.gpus !== null && stateFile.shards !== null) checks.push(registeredGpusCheck(stateFile.shards, smi.gpus, deps.snapshot));
   checks.push(await tokenCheck(deps));
-  return {
-    ok: checks.every((c) => c.status !== 'fail'),
-    version: deps.version,
-    checkedAt: new Date(deps.now()).toISOString(),
-    checks,
-  };
+  return { ok: checks.every((c) => c.status !== 'fail'), version: deps.version, checkedAt: new Date(deps.now()).toISOString(), checks };
 }
 
 /** Whether writes can be authorised, and by which tokens: the token file is looked at now. */
 async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
   if (deps.tokenFileRefused) {
-    return check(
-      'token',
-      'fail',
-      deps.tokenFileRefused,
-      'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); a service already running keeps the tokens it last read.',
-    );
+    const fix =
+      'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); ' +
+      'a service already running keeps the tokens it last read.';
+    return check('token', 'fail', deps.tokenFileRefused, fix);
   }
   if (!deps.tokenConfigured) {
-    return check(
-      'token',
-      'warn',
-      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove shards (a web page in a browser on the node may not: its writes name another origin or host)',
-      'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.',
-    );
+    const detail =
+      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove ' +
+      'shards (a web page in a browser on the node may not: its writes name another origin or host)';
+    const fix =
+      'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.';
+    return check('token', 'warn', detail, fix);
   }
   if (!deps.tokenFile) return check('token', 'ok', 'a bearer token is configured for writes (NODECOMPUTE_TOKEN)');
   const file = await deps.tokenFile();

@@ -1,20 +1,10 @@
-// The pure readers of nvidia-smi's output: the CSV of its GPU and compute-apps queries (with or
-// without header and units: the header, when there, must name the fields asked, in order), its
-// --version lines, and its "Unable to determine the device handle" lines. A line they cannot read
-// throws NvidiaSmiUnparsableError saying what to run by hand.
+// The pure readers of nvidia-smi's output: its CSV (a header, when there, must name the fields
+// asked, in order), --version and "Unable to determine the device handle" lines. A line they cannot
+// read throws NvidiaSmiUnparsableError saying what to run by hand.
 import { NvidiaSmiUnparsableError } from '../errors.js';
 
-export const GPU_QUERY_FIELDS = [
-  'index',
-  'uuid',
-  'name',
-  'memory.total',
-  'memory.used',
-  'memory.free',
-  'memory.reserved',
-  'mig.mode.current',
-  'pci.bus_id',
-] as const;
+export const GPU_QUERY_FIELDS =
+  ['index', 'uuid', 'name', 'memory.total', 'memory.used', 'memory.free', 'memory.reserved', 'mig.mode.current', 'pci.bus_id'] as const;
 export const COMPUTE_APPS_FIELDS = ['gpu_uuid', 'pid', 'process_name', 'used_gpu_memory'] as const;
 
 export interface GpuRecord {
@@ -58,23 +48,19 @@ export function gpuCommand(fields: readonly string[]): string {
 
 function unparsable(line: string, reason: string, command: string) {
   return new NvidiaSmiUnparsableError(
-    `nvidia-smi printed a line nodecompute cannot read: ${JSON.stringify(line)} (${reason}). ` +
-      `Its output format may have changed with this driver, or something else wrote into its output. ` +
-      `Run \`${command}\` by hand to see what it prints, and report it with the driver version.`,
+    `nvidia-smi printed a line nodecompute cannot read: ${JSON.stringify(line)} (${reason}). Its output format may have changed with this driver, ` +
+      `or something else wrote into its output. Run \`${command}\` by hand to see what it prints, and report it with the driver version.`,
   );
 }
 
-/**
- * `parse` for a CSV query's stdout, refusing an empty one: nvidia-smi always prints the header, so
- * an empty answer is a cut output, and read as "no GPUs" it would mark every GPU lost.
- */
+/** `parse`, refusing an empty stdout: nvidia-smi always prints the header, and "no GPUs" would mark every GPU lost. */
 export function csvAnswer<T>(parse: (stdout: string) => T, command: string): (stdout: string) => T {
   return (stdout) => {
     if (contentLines(stdout).length === 0) {
       throw new NvidiaSmiUnparsableError(
-        `nvidia-smi exited 0 but printed nothing, not even the CSV header it always prints (on a node without GPUs it fails with "No devices were found" instead). ` +
-          'nodecompute does not read that as "no GPUs": it keeps the last good snapshot while it is younger than max-stale. Something cut or replaced its output: ' +
-          `check which nvidia-smi is on PATH (a wrapper script, a container runtime hook) and run \`${command}\` by hand to see what it prints.`,
+        'nvidia-smi exited 0 but printed nothing, not even the CSV header (without GPUs it fails with "No devices were found"). nodecompute does not read ' +
+          'that as "no GPUs" and keeps the last good snapshot while younger than max-stale. Something cut or replaced its output: check which nvidia-smi ' +
+          `is on PATH (a wrapper script, a container runtime hook) and run \`${command}\` by hand.`,
       );
     }
     return parse(stdout);
@@ -107,12 +93,8 @@ function splitHeader(lines: string[], firstField: string): string[] | null {
 }
 
 function checkHeader(header: string[] | null, fields: readonly string[], command: string): void {
-  if (header === null) return;
-  const matches =
-    header.length === fields.length && header.every((cell, i) => withoutUnit(cell) === fields[i]);
-  if (!matches) {
-    throw unparsable(header.join(', '), `the header does not match the fields asked: ${fields.join(', ')}`, command);
-  }
+  if (header === null || (header.length === fields.length && header.every((cell, i) => withoutUnit(cell) === fields[i]))) return;
+  throw unparsable(header.join(', '), `the header does not match the fields asked: ${fields.join(', ')}`, command);
 }
 
 function parseMiB(cell: string, line: string, command: string): number | null {
@@ -137,10 +119,7 @@ function requireText(cell: string, what: string, line: string, command: string):
 
 function parseGpuLine(line: string, fields: readonly string[], command: string): GpuRecord {
   const cells = cellsOf(line);
-  if (cells.length !== fields.length) {
-    throw unparsable(line, `expected ${fields.length} values (${fields.join(', ')}), found ${cells.length}`, command);
-  }
-  // The cell count matches the fields asked, so every asked field has a cell.
+  if (cells.length !== fields.length) throw unparsable(line, `expected ${fields.length} values (${fields.join(', ')}), found ${cells.length}`, command);
   const cell = (field: string) => cells[fields.indexOf(field)] as string;
   const memory = (field: string) => (fields.includes(field) ? parseMiB(cell(field), line, command) : null);
   return {
@@ -167,13 +146,8 @@ export function canonicalBusId(text: string): string | null {
   return `${domain.padStart(8, '0')}:${bus.padStart(2, '0')}:${device.padStart(2, '0')}.${fn}`.toUpperCase();
 }
 
-/** A GPU nvidia-smi could not reach, in its own words. */
-export interface UnreachableGpu {
-  /** Its PCI bus id, in canonicalBusId's form. */
-  busId: string;
-  /** What nvidia-smi said of it ("GPU is lost. Reboot the system to recover this GPU", "Unknown Error"). */
-  said: string;
-}
+/** A GPU nvidia-smi could not reach (bus id in canonicalBusId's form), and what it said of it ("GPU is lost. ...", "Unknown Error"). */
+export type UnreachableGpu = { busId: string; said: string };
 
 // "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. ...", also written
 // "for GPU0000:07:00.0", "for gpu ..." and "for GPU0: 0000:23:00.0"; what it said is read to the line's end.
@@ -206,9 +180,7 @@ function parseComputeAppLine(line: string): ComputeAppRecord {
   const first = line.indexOf(',');
   const second = line.indexOf(',', first + 1);
   const last = line.lastIndexOf(',');
-  if (second < 0 || last === second) {
-    throw unparsable(line, `expected ${COMPUTE_APPS_FIELDS.join(', ')}`, COMPUTE_APPS_COMMAND);
-  }
+  if (second < 0 || last === second) throw unparsable(line, `expected ${COMPUTE_APPS_FIELDS.join(', ')}`, COMPUTE_APPS_COMMAND);
   return {
     gpuUuid: requireText(line.slice(0, first).trim(), 'gpu_uuid', line, COMPUTE_APPS_COMMAND),
     pid: parseInteger(line.slice(first + 1, second).trim(), 'pid', line, COMPUTE_APPS_COMMAND),
@@ -247,8 +219,6 @@ export function parseVersion(text: string): NvidiaSmiVersion {
     version[target.field] = value;
     if (target.renamed) fromRenamed.add(target.field);
   }
-  if (Object.values(version).every((v) => v === null)) {
-    throw unparsable(text.trim().split(/\r?\n/)[0] as string, 'no version number found', 'nvidia-smi --version');
-  }
-  return version;
+  if (Object.values(version).some((v) => v !== null)) return version;
+  throw unparsable(text.trim().split(/\r?\n/)[0] as string, 'no version number found', 'nvidia-smi --version');
 }

@@ -1,72 +1,28 @@
-// Runs nvidia-smi, the only code that does: every run has a hard deadline past which its whole
-// process group is killed, and the caller is answered at the deadline even if the child cannot die
-// (D state) or a grandchild holds its output. While a killed run outlives SIGKILL by a second, and
-// after killAll (shutdown), no other run is started: on a wedged driver they would pile up.
+// Runs nvidia-smi, the only code that does. Past its deadline a run's process group is killed and
+// the caller answered, even if the child cannot die (state D). While a killed run outlives SIGKILL,
+// and after killAll (shutdown), no other run starts: on a wedged driver they would pile up.
 import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
-import {
-  NvidiaSmiFailedError,
-  NvidiaSmiNotFoundError,
-  NvidiaSmiTimeoutError,
-  type NvidiaSmiFailure,
-} from '../errors.js';
-import {
-  COMPUTE_APPS_COMMAND,
-  COMPUTE_APPS_FIELDS,
-  csvAnswer,
-  GPU_QUERY_FIELDS,
-  gpuCommand,
-  parseComputeAppsCsv,
-  parseGpuCsv,
-  parseVersion,
-  unreachableGpusIn,
-  type ComputeAppRecord,
-  type GpuRecord,
-  type NvidiaSmiVersion,
-  type UnreachableGpu,
-} from './nvidia-smi-parse.js';
+import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError, type NvidiaSmiFailure } from '../errors.js';
+import { COMPUTE_APPS_COMMAND, COMPUTE_APPS_FIELDS, csvAnswer, GPU_QUERY_FIELDS, gpuCommand, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
+import { parseVersion, unreachableGpusIn, type ComputeAppRecord, type GpuRecord, type NvidiaSmiVersion, type UnreachableGpu } from './nvidia-smi-parse.js';
 
-export {
-  canonicalBusId,
-  COMPUTE_APPS_FIELDS,
-  GPU_QUERY_FIELDS,
-  parseComputeAppsCsv,
-  parseGpuCsv,
-  parseVersion,
-  unreachableGpusIn,
-  type ComputeAppRecord,
-  type GpuRecord,
-  type NvidiaSmiVersion,
-  type UnreachableGpu,
-} from './nvidia-smi-parse.js';
+export { canonicalBusId, COMPUTE_APPS_FIELDS, GPU_QUERY_FIELDS, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
+export { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
+export type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './nvidia-smi-parse.js';
 
 export type QueryName = 'gpus' | 'compute-apps' | 'version';
 
-export interface QueryObservation {
-  query: QueryName;
-  /** null when nvidia-smi was not run at all (a killed run is still stuck). */
-  durationMs: number | null;
-  /** 'ok', or the code of the error the query failed with. */
-  outcome: 'ok' | string;
-}
+/** durationMs: null when nvidia-smi was not run at all; outcome: 'ok', or the code of the error the query failed with. */
+export type QueryObservation = { query: QueryName; durationMs: number | null; outcome: 'ok' | string };
 
-export interface NvidiaSmiOptions {
-  path: string;
-  timeoutMs: number;
-  log: Logger;
-  onQuery?: (o: QueryObservation) => void;
-  /** Kills an overdue run's process group (default SIGKILL); a no-op stands for a wedged driver in tests. */
-  killTimedOut?: (pid: number) => void;
-}
+/** killTimedOut: kills an overdue run's process group (default SIGKILL); a no-op stands for a wedged driver in tests. */
+export type NvidiaSmiOptions = { path: string; timeoutMs: number; log: Logger; onQuery?: (o: QueryObservation) => void; killTimedOut?: (pid: number) => void };
 
-/** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach. */
-export interface GpuListing {
-  gpus: GpuRecord[];
-  /** Its "Unable to determine the device handle" lines, by bus id; empty when it printed none. */
-  unreachable: UnreachableGpu[];
-}
+/** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach ("Unable to determine the device handle"). */
+export type GpuListing = { gpus: GpuRecord[]; unreachable: UnreachableGpu[] };
 
 export interface NvidiaSmi {
   queryGpus(): Promise<GpuListing>;
@@ -113,12 +69,10 @@ function killGroup(pid: number, log: Logger): void {
   try {
     process.kill(-pid, 'SIGKILL');
   } catch (err) {
-    // ESRCH: the group is already gone. Nothing else can be done about a group we may not signal.
     log.debug({ nvidiaSmiPid: pid, err }, 'could not signal the nvidia-smi process group');
   }
 }
 
-/** Whether `path` is a directory; false when it cannot be looked at. */
 export function isDirectory(path: string): boolean {
   try {
     return statSync(path).isDirectory();
@@ -128,29 +82,25 @@ export function isDirectory(path: string): boolean {
 }
 
 const CANNOT_SEE_GPUS =
-  'Without it nodecompute cannot see the GPUs. Install the NVIDIA driver utilities on the host; in a ' +
-  'container, run with the NVIDIA runtime (docker --gpus all, or runtimeClassName: nvidia) and ' +
-  'NVIDIA_DRIVER_CAPABILITIES=utility so nvidia-smi is mounted; or set NODECOMPUTE_NVIDIA_SMI to its full path.';
+  'Without it nodecompute cannot see the GPUs. Install the NVIDIA driver utilities on the host; in a container, run with the NVIDIA ' +
+  'runtime (docker --gpus all, or runtimeClassName: nvidia) and NVIDIA_DRIVER_CAPABILITIES=utility; or set NODECOMPUTE_NVIDIA_SMI to its full path.';
 
-/** Why nvidia-smi could not be started (ENOENT, EACCES), for a name on PATH, a file, or a directory (EACCES too). */
+/** Why nvidia-smi could not be started (ENOENT, EACCES): a name on PATH, a file, or a directory. */
 function notFoundError(path: string, result: Completed): Error {
   const code = String(result.code);
-  const onPath = !path.includes('/');
-  let said: string;
-  if (onPath) {
-    const searched = `PATH is ${JSON.stringify(process.env.PATH)}`;
-    said =
-      code === 'ENOENT'
-        ? `no program of that name was found on PATH (${code}; ${searched}). ${CANNOT_SEE_GPUS}`
-        : `a file of that name on PATH may not be executed by this user, or is a directory (${code}; ${searched}). ${CANNOT_SEE_GPUS}`;
+  const searched = `${code}; PATH is ${JSON.stringify(process.env.PATH)}`;
+  let said =
+    `the file exists but this user may not execute it (${code}). Check its mode (\`ls -l ${path}\`: it needs an x bit this user has). ${CANNOT_SEE_GPUS}`;
+  if (!path.includes('/')) {
+    const what =
+      code === 'ENOENT' ? 'no program of that name was found on PATH' : 'a file of that name on PATH may not be executed by this user, or is a directory';
+    said = `${what} (${searched}). ${CANNOT_SEE_GPUS}`;
   } else if (code === 'ENOENT') {
     said = `there is no such file (${code}). ${CANNOT_SEE_GPUS}`;
   } else if (isDirectory(path)) {
     said =
-      `it is a directory, not the nvidia-smi executable (${code}). ` +
-      `Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to the executable's full path (${JSON.stringify(join(path, 'nvidia-smi'))}, if it is in there), or leave it unset to find nvidia-smi on PATH.`;
-  } else {
-    said = `the file exists but this user may not execute it (${code}). Check its mode (\`ls -l ${path}\`: it needs an x bit this user has). ${CANNOT_SEE_GPUS}`;
+      `it is a directory, not the nvidia-smi executable (${code}). Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to the executable's full path ` +
+      `(${JSON.stringify(join(path, 'nvidia-smi'))}, if it is in there), or leave it unset to find nvidia-smi on PATH.`;
   }
   return new NvidiaSmiNotFoundError(`nvidia-smi could not be run from ${JSON.stringify(path)}: ${said}`, { cause: result });
 }
@@ -158,9 +108,8 @@ function notFoundError(path: string, result: Completed): Error {
 function failedError(result: Completed): Error {
   const said = String(result.all).trim() || '(nothing)';
   const exitCode = result.exitCode as number;
-  const error = new NvidiaSmiFailedError(`nvidia-smi exited with code ${exitCode} and said: "${said}". This means ${EXIT_MEANINGS[exitCode] ?? UNKNOWN_EXIT}`, {
-    cause: result,
-  });
+  const meaning = EXIT_MEANINGS[exitCode] ?? UNKNOWN_EXIT;
+  const error = new NvidiaSmiFailedError(`nvidia-smi exited with code ${exitCode} and said: "${said}". This means ${meaning}`, { cause: result });
   return Object.assign(error, { unreachable: unreachableGpusIn(said) });
 }
 
@@ -183,19 +132,16 @@ const STUCK_AFTER_MS = 1_000;
 function stuckError(pid: number, killedAt: number, timeoutMs: number): Error {
   return new NvidiaSmiTimeoutError(
     `nvidia-smi (pid ${pid}) did not answer within ${timeoutMs} ms and is still alive although it was killed with SIGKILL at ${new Date(killedAt).toISOString()}: ` +
-      'it is stuck in uninterruptible sleep (state D), waiting on a wedged NVIDIA driver. nodecompute starts no other ' +
-      'nvidia-smi until that one exits, so stuck processes do not pile up on this node. Check `dmesg` for NVRM/Xid ' +
-      `errors and \`ps -o pid,stat,wchan -p ${pid}\`; a wedged GPU usually needs a reset or the node a reboot: drain it first.`,
+      'it is stuck in state D on a wedged NVIDIA driver, and nodecompute starts no other nvidia-smi until it exits. Check `dmesg` for NVRM/Xid errors ' +
+      `and \`ps -o pid,stat,wchan -p ${pid}\`; a wedged GPU usually needs a reset or the node a reboot: drain it first.`,
   );
 }
 
 function timeoutError(timeoutMs: number, args: string[]): Error {
   return new NvidiaSmiTimeoutError(
     `nvidia-smi did not answer within ${timeoutMs} ms (nvidia-smi ${args.join(' ')}), so its process group was killed. ` +
-      'nvidia-smi hangs like this when the NVIDIA driver is wedged: it sits in uninterruptible sleep (state D in ps) ' +
-      'waiting on the kernel. Check `dmesg` for NVRM/Xid errors and whether a GPU needs a reset; enable persistence ' +
-      'mode (nvidia-persistenced, or nvidia-smi -pm 1) so each call does not re-initialise the GPUs; raise the ' +
-      'nvidia-smi timeout only if the node is merely slow.',
+      'It hangs like this on a wedged NVIDIA driver (state D in ps): check `dmesg` for NVRM/Xid errors and whether a GPU needs a reset; ' +
+      'enable persistence mode (nvidia-persistenced, or nvidia-smi -pm 1); raise the nvidia-smi timeout only if the node is merely slow.',
   );
 }
 
@@ -203,20 +149,14 @@ function timeoutError(timeoutMs: number, args: string[]): Error {
 function outputHeldError(path: string, timeoutMs: number, args: string[]): Error {
   return new NvidiaSmiTimeoutError(
     `nvidia-smi (nvidia-smi ${args.join(' ')}) exited, but its output was still open ${timeoutMs} ms after it started: a process it ` +
-      'started holds it, so nodecompute stopped waiting and killed its process group (a process that left the group outlives that). ' +
-      `nvidia-smi does not do this itself; a wrapper at ${JSON.stringify(path)} (NODECOMPUTE_NVIDIA_SMI) that leaves a background process with its stdout does. ` +
-      `Find the holder with \`fuser -v\` or \`lsof\` on the wrapper's output and make the wrapper \`exec\` nvidia-smi, or redirect its ` +
-      "background processes' output away from stdout.",
+      'started holds it, so nodecompute stopped waiting and killed its process group. nvidia-smi does not do this; a wrapper at ' +
+      `${JSON.stringify(path)} (NODECOMPUTE_NVIDIA_SMI) that leaves a background process with its stdout does: make it \`exec\` nvidia-smi, ` +
+      'or find the holder with `fuser -v` or `lsof`.',
   );
 }
 
-/** What a run that exited 0 printed: stdout, and both streams in the order they were written. */
-interface Answered {
-  stdout: string;
-  all: string;
-}
-
-/** What a run that exited 0 printed, or the coded error that says why it did not. */
+/** What a run that exited 0 printed (all: both streams, in order), or the coded error that says why it did not. */
+type Answered = { stdout: string; all: string };
 function answerOf(path: string, result: Completed, stopped: boolean): Answered {
   if (result.code === 'ENOENT' || result.code === 'EACCES') throw notFoundError(path, result);
   if (result.exitCode === undefined) throw abnormalEndError(result, stopped);
@@ -237,15 +177,12 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   const alive = new Set<number>();
   /** Runs killed at their deadline that had not exited: pid -> when they were killed (Date.now()). */
   const killedAt = new Map<number, number>();
-  // An optional field a driver rejected once is not asked again.
   let gpuFields: readonly string[] = GPU_QUERY_FIELDS;
   let stopped = false;
 
   /** The refusal to run while a killed run has outlived SIGKILL by STUCK_AFTER_MS; null when none has. */
   function stuckRun(): Error | null {
-    for (const [pid, at] of killedAt) {
-      if (Date.now() - at >= STUCK_AFTER_MS) return stuckError(pid, at, timeoutMs);
-    }
+    for (const [pid, at] of killedAt) if (Date.now() - at >= STUCK_AFTER_MS) return stuckError(pid, at, timeoutMs);
     return null;
   }
 
@@ -275,29 +212,24 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
         if (!exited) killedAt.set(pid, Date.now());
         reject(exited ? outputHeldError(path, timeoutMs, args) : timeoutError(timeoutMs, args));
       }, Math.max(0, deadline - performance.now()));
-      child.then((result) => {
-        clearTimeout(timer);
-        try {
-          resolve(answerOf(path, result, stopped));
-        } catch (err) {
-          reject(err);
-        }
-      }, reject);
+      child
+        .then((result) => {
+          clearTimeout(timer);
+          return answerOf(path, result, stopped);
+        })
+        .then(resolve, reject);
     });
   }
 
   function report(query: QueryName, started: number, err?: unknown): void {
     const durationMs = Math.round(performance.now() - started);
-    if (err === undefined) {
-      log.debug({ query, durationMs }, 'nvidia-smi answered');
-    } else {
-      // The snapshot cache logs each failure once, when it starts; the doctor shows its own.
-      log.debug({ query, durationMs, err }, 'nvidia-smi query failed');
-    }
+    // Debug only: the snapshot cache logs each failure once, when it starts; the doctor shows its own.
+    if (err === undefined) log.debug({ query, durationMs }, 'nvidia-smi answered');
+    else log.debug({ query, durationMs, err }, 'nvidia-smi query failed');
     onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as NvidiaSmiFailure).code });
   }
 
-  async function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline: number): Promise<T> {
+  async function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
     const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
     if (refused) {
@@ -316,6 +248,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   }
 
   const computeAppsAnswer = csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND);
+  const computeAppsArgs = [`--query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')}`, '--format=csv'];
 
   function askGpus(fields: readonly string[], deadline: number): Promise<GpuListing> {
     const args = [`--query-gpu=${fields.join(',')}`, '--format=csv'];
@@ -341,14 +274,8 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
 
   return {
     queryGpus,
-    queryComputeApps: () =>
-      run(
-        'compute-apps',
-        [`--query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')}`, '--format=csv'],
-        ({ stdout }) => computeAppsAnswer(stdout),
-        performance.now() + timeoutMs,
-      ),
-    queryVersion: () => run('version', ['--version'], ({ stdout }) => parseVersion(stdout), performance.now() + timeoutMs),
+    queryComputeApps: () => run('compute-apps', computeAppsArgs, ({ stdout }) => computeAppsAnswer(stdout)),
+    queryVersion: () => run('version', ['--version'], ({ stdout }) => parseVersion(stdout)),
     killAll: () => {
       stopped = true;
       for (const pid of alive) killGroup(pid, log);

@@ -1,15 +1,8 @@
-// What a failed /proc read means for an operator, and what to do: the words of readStats'
-// UnreadableStat answers and of the errors the reader throws.
+// What a failed /proc read means for an operator, and what to do (readStats' UnreadableStat, the reader's errors).
 import { ProcParseError } from './procfs-parse.js';
 
-/** readStats' answer for a PID whose stat could not be read or parsed this time: not a sign that it exited. */
-export interface UnreadableStat {
-  pid: number;
-  /** What failed, for an operator: "nodecompute is out of file descriptors (EMFILE)". */
-  unreadable: string;
-  /** What to do about it. */
-  advice: string;
-}
+/** readStats' answer for a PID whose stat could not be read or parsed this time (not a sign that it exited): what failed, what to do. */
+export type UnreadableStat = { pid: number; unreadable: string; advice: string };
 
 const DENIED_CODES = new Set(['EACCES', 'EPERM']);
 

@@ -2,16 +2,8 @@
 // boot), /proc/PID/cgroup, /proc/uptime, the boot id and a limits file. A stat that does not parse
 // throws ProcParseError naming what is wrong; the other parsers answer null (or nothing) instead.
 
-export interface ProcStat {
-  pid: number;
-  comm: string;
-  state: string;
-  ppid: number;
-  pgrp: number;
-  session: number;
-  /** Field 22, clock ticks since boot: with the pid, it tells the original process from a reused PID. */
-  startTime: number;
-}
+/** startTime: field 22, clock ticks since boot; with the pid, it tells the original process from a reused PID. */
+export type ProcStat = { pid: number; comm: string; state: string; ppid: number; pgrp: number; session: number; startTime: number };
 
 /** A zombie (Z) or a dead task (X): the process has exited, and its stat only waits for its parent to reap it. */
 export function hasExited(stat: ProcStat): boolean {
@@ -29,11 +21,7 @@ const UNSIGNED = /^\d+$/;
 /** USER_HZ, the unit of starttime: 100 on x86-64 and arm64 (Node cannot ask sysconf). */
 export const CLOCK_TICKS_PER_SECOND = 100;
 
-/**
- * The fields of one /proc/PID/stat record, from its bytes or text. A record as the kernel writes it
- * is scanned in place (the fast path); anything else goes to the text parser, which reads it or
- * throws a ProcParseError.
- */
+/** One /proc/PID/stat record: scanned in place when as the kernel writes it, else read by the text parser (or a ProcParseError). */
 export function parseProcStat(stat: Buffer | string): ProcStat {
   if (typeof stat === 'string') return parseStatText(stat);
   return scanStat(stat) ?? parseStatText(stat.toString('utf8'));
@@ -166,10 +154,7 @@ function cgroupPathOf(line: string): string | null {
   return second < 0 || second === line.length - 1 ? null : line.slice(second + 1);
 }
 
-/**
- * Whether a process with these cgroup paths (parseCgroup) is in the cgroup of `needle`, a container
- * id or pod UID, as cgroupfs writes it or as the systemd driver does ('_' for '-').
- */
+/** Whether cgroup paths are in the cgroup of `needle` (a container id or pod UID), as cgroupfs or systemd ('_' for '-') writes it. */
 export function cgroupMatcher(needle: string): (paths: readonly string[]) => boolean {
   const systemd = needle.replaceAll('-', '_');
   const forms = systemd === needle ? [needle] : [needle, systemd];

@@ -1,8 +1,6 @@
-// Reads /proc under one root (the host's /proc mounted elsewhere in a container; fixture trees in
-// tests), never shelling out. A PID that is gone reads as null; EACCES/EPERM, a stat that does not
-// parse and other I/O errors throw, logged at warn. readStats, behind every snapshot, never throws
-// for one PID: an unreadable stat is an UnreadableStat (not null: it says nothing about an exit),
-// logged once per call. Reads are synchronous into one shared buffer, in batches that yield.
+// Reads /proc under one root (the host's, or a fixture tree), never shelling out. A gone PID reads
+// as null; other failures throw. readStats never throws for one PID: an unreadable stat is an
+// UnreadableStat (not null: it says nothing about an exit), logged once per call.
 import { closeSync, openSync, readSync, statfsSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -11,18 +9,8 @@ import { codeOf, DEPLOYMENT_ADVICE, describeReadFailure, OUT_OF_DESCRIPTORS_ADVI
 import { cgroupMatcher, parseBootId, parseCgroup, parseOpenFilesLimit, parseProcStat, parseUptimeTicks, ProcParseError, type ProcStat } from './procfs-parse.js';
 
 export type { UnreadableStat } from './procfs-failures.js';
-export {
-  CLOCK_TICKS_PER_SECOND,
-  cgroupMatcher,
-  hasExited,
-  parseBootId,
-  parseCgroup,
-  parseOpenFilesLimit,
-  parseProcStat,
-  parseUptimeTicks,
-  ProcParseError,
-  type ProcStat,
-} from './procfs-parse.js';
+export { cgroupMatcher, hasExited, parseBootId, parseCgroup, parseOpenFilesLimit, parseProcStat, parseUptimeTicks } from './procfs-parse.js';
+export { ProcParseError, type ProcStat } from './procfs-parse.js';
 
 /** One PID's answer from readStats: its stat, null when it is gone, or what kept it from being read. */
 export type StatAnswer = ProcStat | UnreadableStat | null;
@@ -31,19 +19,8 @@ export function isReadable(answer: StatAnswer | undefined): answer is ProcStat {
   return answer != null && !('unreadable' in answer);
 }
 
-export interface ProcReaderOptions {
-  root: string;
-  log: Logger;
-  /** Most /proc/PID/stat descriptors readStats keeps open between snapshots (default KEPT_MAX). */
-  keepMax?: number;
-  /** This process's limits file, whose open-file limit caps keepMax at half (tests point it elsewhere). */
-  limitsFile?: string;
-}
-
-export interface ReadStatsOptions {
-  /** The snapshot's read: keep each stat open for the next one, and close those of PIDs not asked. */
-  keep?: boolean;
-}
+/** keepMax: most stat descriptors kept open between snapshots; limitsFile: whose open-file limit caps keepMax at half (for tests). */
+export type ProcReaderOptions = { root: string; log: Logger; keepMax?: number; limitsFile?: string };
 
 export interface ProcReader {
   readonly root: string;
@@ -52,11 +29,11 @@ export interface ProcReader {
   listPids(): Promise<number[]>;
   findPidsInCgroup(needle: string): Promise<number[]>;
   findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
-  /** The stat of each pid, keyed by pid; null when gone, an UnreadableStat when unreadable or malformed (logged once per call). */
-  readStats(pids: number[], options?: ReadStatsOptions): Promise<Map<number, StatAnswer>>;
+  /** keep: the snapshot's read, which keeps each stat open for the next one and closes those of PIDs not asked. */
+  readStats(pids: number[], options?: { keep?: boolean }): Promise<Map<number, StatAnswer>>;
   /** One stat as readStats answers it, synchronously and unlogged, through a kept descriptor where there is one (a probe's hot path). */
   statNow(pid: number): StatAnswer;
-  /** Closes the descriptors readStats keeps open between snapshots, and keeps none after (the service stops). */
+  /** Closes the descriptors readStats keeps, and keeps none after (the service stops). */
   release(): void;
   /** How many stat files readStats may keep open (null: not a proc filesystem, none), and the open-file limit that caps it. */
   keeping(): { keepLimit: number | null; openFilesLimit: number | null };
@@ -70,24 +47,18 @@ export interface ProcReader {
 const UNSIGNED = /^\d+$/;
 const NEWLINE = 0x0a;
 const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
-// The process (EMFILE) or the system (ENFILE) is out of file descriptors.
 const OUT_OF_DESCRIPTORS = new Set(['EMFILE', 'ENFILE']);
 // PIDs read synchronously between two yields to the event loop: about 2 ms of blocking.
 const SCAN_BATCH = 64;
-// Stat descriptors kept open between snapshots: more GPU processes than a node runs. Capped at half
-// this process's open-file limit; running out of descriptors halves it (see readKept).
+// More GPU processes than a node runs; capped at half the open-file limit, halved on EMFILE.
 const KEPT_MAX = 2048;
-const OWN_LIMITS_FILE = '/proc/self/limits';
-// Most /proc/PID files fit; a larger one (a cgroup file in nested containers) grows the buffer.
-const INITIAL_BUFFER_BYTES = 4096;
 
 type Warn = (fields: object, msg: string) => void;
 /** Reads one process file whole, afresh or through a kept descriptor: a view of the shared buffer, valid until the next read. */
 type PidFileRead = (path: string, pid: number) => Buffer;
 
-export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = OWN_LIMITS_FILE }: ProcReaderOptions): ProcReader {
+export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '/proc/self/limits' }: ProcReaderOptions): ProcReader {
   const warn: Warn = (fields, msg) => log.warn(fields, msg);
-  // readStats reports its failures itself, once per call.
   const quiet: Warn = () => {};
 
   // Concatenation, not path.join: this runs for every process of every snapshot.
@@ -103,11 +74,8 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     }
   };
 
-  // readStats({ keep }) re-reads each kept stat descriptor from offset 0: one syscall instead of
-  // three. A kept descriptor belongs to its process, not its PID: once reaped it fails (ESRCH) and
-  // the PID is opened afresh. Only on a real proc filesystem (a plain file outlives its deletion).
-  // Out of descriptors while some are kept: give half back for good and read afresh, so no process
-  // reads as absent; with none kept the read fails as any other would.
+  // A kept stat descriptor is re-read from offset 0 (one syscall, not three) until its process is
+  // reaped (ESRCH). Only on a real proc filesystem: a plain file outlives its deletion.
   const kept = new Map<number, number>();
   const keeps = isProcFilesystem(root);
   const openFilesLimit = readOpenFilesLimit(limitsFile);
@@ -121,7 +89,6 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
       try {
         return readFd(fd, true);
       } catch {
-        // Reaped (or unreadable): forget it; a fresh open says which.
         kept.delete(pid);
         closeSync(fd);
       }
@@ -129,10 +96,10 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     try {
       if (stopped || kept.size >= keepLimit) return readWhole(path);
       const fresh = openSync(path, 'r');
-      // Kept before the read: if the process exits in between, the next snapshot forgets it.
       kept.set(pid, fresh);
       return readFd(fresh, true);
     } catch (err) {
+      // Out of descriptors: give half the kept ones back for good, so no process reads as absent.
       if (!OUT_OF_DESCRIPTORS.has(codeOf(err)) || kept.size === 0) throw err;
       keepFewer(err);
       return readWhole(path);
@@ -141,22 +108,18 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
 
   const keepFewer = (err: unknown): void => {
     keepLimit = Math.floor(kept.size / 2);
-    for (const [pid, fd] of kept) {
-      if (kept.size <= keepLimit) break;
-      kept.delete(pid);
-      closeSync(fd);
-    }
+    closeKept(() => kept.size > keepLimit);
     const code = codeOf(err);
     log.warn(
       { err, keepLimit },
-      `Out of file descriptors (${code}) while keeping /proc stat files open between snapshots: from now on at most ${keepLimit} are kept ` +
-        `and the other processes are read afresh, which makes each snapshot slower. ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
+      `Out of file descriptors (${code}) while keeping /proc stat files open: at most ${keepLimit} are kept from now on, the rest read afresh ` +
+        `(slower snapshots). ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
     );
   };
 
-  const closeKeptExcept = (keep: ReadonlySet<number>): void => {
+  const closeKept = (drop: (pid: number) => boolean): void => {
     for (const [pid, fd] of kept) {
-      if (keep.has(pid)) continue;
+      if (!drop(pid)) continue;
       kept.delete(pid);
       closeSync(fd);
     }
@@ -182,7 +145,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
 
   const readCgroup = async (pid: number): Promise<string[] | null> => cgroupOf(pid);
 
-  const readStats = async (pids: number[], { keep = false }: ReadStatsOptions = {}): Promise<Map<number, StatAnswer>> => {
+  const readStats = async (pids: number[], { keep = false }: { keep?: boolean } = {}): Promise<Map<number, StatAnswer>> => {
     const stats = new Map<number, StatAnswer>();
     let failed = 0;
     let first: { err: unknown; answer: UnreadableStat } | undefined;
@@ -198,12 +161,15 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
         stats.set(pid, answer);
       }
     });
-    if (keeping) closeKeptExcept(new Set(pids));
+    if (keeping) {
+      const asked = new Set(pids);
+      closeKept((pid) => !asked.has(pid));
+    }
     if (first !== undefined) {
       log.warn(
         { failed, procPid: first.answer.pid, err: first.err },
-        `could not read or parse the /proc stat of ${failed} existing process(es) (the first error is attached): this answer has no facts about them, ` +
-          `which does not mean that they exited; the next refresh reads them again. ${first.answer.advice}`,
+        `could not read or parse the /proc stat of ${failed} existing process(es) (first error attached): no facts about them this time, ` +
+          `which does not mean that they exited; the next refresh retries. ${first.answer.advice}`,
       );
     }
     return stats;
@@ -245,17 +211,29 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
 
   const findPidsInCgroup = async (needle: string): Promise<number[]> => (await findPidsInCgroups([needle])).get(needle)!;
 
+  // Readable when its self/stat parses, or when it lists processes at all.
   const checkReadable = async (): Promise<{ ok: true } | { ok: false; reason: string }> => {
-    const selfProblem = problemReadingSelf(root);
-    if (selfProblem === null) return { ok: true };
-    const listProblem = await problemListing(root);
-    if (listProblem === null) return { ok: true };
+    const self = join(root, 'self', 'stat');
+    let selfProblem: string;
+    try {
+      parseProcStat(readWhole(self));
+      return { ok: true };
+    } catch (err) {
+      selfProblem = `cannot read ${self} (${codeOf(err) || (err as Error).message})`;
+    }
+    let listProblem: string;
+    try {
+      if (pidsOf(await readdir(root)).length > 0) return { ok: true };
+      listProblem = `${root} lists no processes, so it is not a proc filesystem`;
+    } catch (err) {
+      listProblem = `cannot list ${root} (${codeOf(err)})`;
+    }
     return { ok: false, reason: `${selfProblem}, and ${listProblem}. ${DEPLOYMENT_ADVICE}` };
   };
 
   const release = (): void => {
     stopped = true;
-    closeKeptExcept(new Set());
+    closeKept(() => true);
   };
 
   const keeping = () => ({ keepLimit: keeps ? keepLimit : null, openFilesLimit });
@@ -265,11 +243,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
   const uptimeProblem = (fields: Record<string, unknown>, what: string): null => {
     if (!uptimeWarned) {
       uptimeWarned = true;
-      log.warn(
-        fields,
-        `${what}, so engine output cannot be dated: output a pod's earlier run posted is not told apart from its current run's. ` +
-          "Check that NODECOMPUTE_PROC points at the host's /proc.",
-      );
+      log.warn(fields, `${what}, so engine output cannot be dated: a pod's earlier run is not told apart from its current one. ${CHECK_PROC}`);
     }
     return null;
   };
@@ -291,8 +265,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
     try {
       text = readWhole(path).toString('utf8');
     } catch (err) {
-      if (codeOf(err) === 'ENOENT') return null;
-      log.warn({ path, err }, `Cannot read ${path} (${(err as Error).message}), so ${BOOT_UNKNOWN}`);
+      if (codeOf(err) !== 'ENOENT') log.warn({ path, err }, `Cannot read ${path} (${(err as Error).message}), so ${BOOT_UNKNOWN}`);
       return null;
     }
     const id = parseBootId(text);
@@ -304,11 +277,11 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = O
   return { root, readStat, readCgroup, readStats, statNow, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };
 }
 
-const BOOT_UNKNOWN =
-  "a shard registered before the node last restarted is told apart from today's processes by PID and start time alone. Check that NODECOMPUTE_PROC points at the host's /proc.";
+const CHECK_PROC = "Check that NODECOMPUTE_PROC points at the host's /proc.";
+const BOOT_UNKNOWN = `a shard registered before the node last restarted is told apart from today's processes by PID and start time alone. ${CHECK_PROC}`;
 
-// One buffer for every read (they are synchronous, so never overlap); it only grows.
-let shared = Buffer.allocUnsafe(INITIAL_BUFFER_BYTES);
+// One buffer for every read (they are synchronous, so never overlap); it grows for a larger file.
+let shared = Buffer.allocUnsafe(4096);
 
 // Reads from offset 0 until a read returns 0 (/proc files report size 0); a one-line file (stat)
 // ends at its newline, since the kernel writes that record whole: one syscall saved per process.
@@ -338,7 +311,6 @@ function readWhole(path: string): Buffer {
 
 const PROC_SUPER_MAGIC = 0x9fa0;
 
-/** The soft open-file limit a limits file gives; null when there is none to respect (or no such file). */
 function readOpenFilesLimit(path: string): number | null {
   try {
     return parseOpenFilesLimit(readWhole(path).toString('utf8'));
@@ -364,23 +336,4 @@ async function forEachInBatches<T>(items: T[], size: number, fn: (item: T) => vo
 
 function pidsOf(names: string[]): number[] {
   return names.filter((name) => UNSIGNED.test(name)).map(Number).sort((a, b) => a - b);
-}
-
-function problemReadingSelf(root: string): string | null {
-  const path = join(root, 'self', 'stat');
-  try {
-    parseProcStat(readWhole(path));
-    return null;
-  } catch (err) {
-    return `cannot read ${path} (${codeOf(err) || (err as Error).message})`;
-  }
-}
-
-async function problemListing(root: string): Promise<string | null> {
-  try {
-    const pids = pidsOf(await readdir(root));
-    return pids.length > 0 ? null : `${root} lists no processes, so it is not a proc filesystem`;
-  } catch (err) {
-    return `cannot list ${root} (${codeOf(err)})`;
-  }
 }

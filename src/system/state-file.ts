@@ -1,10 +1,7 @@
-// Owns the shard registry's file on disk. A write is atomic and durable: a temp file beside it is
-// written and fsynced, renamed over the state file, and the directory fsynced, so a crash leaves the
-// old file or the new one, never a torn one. One writer only: before each write the file must still
-// hold what this process last wrote or first read, so a second nodecompute's registrations are never
-// thrown away. An operation pending past timeoutMs is taken for a filesystem that does not answer:
-// the directory reads unwritable and nothing else is started there until it returns. Reading never
-// repairs; it only clears temp files a crash left behind.
+// The shard registry's file on disk. A write is atomic and durable (temp file fsynced, renamed over
+// it, directory fsynced). One writer only: the file must still hold what this process last wrote or
+// first read, so a second nodecompute's registrations are never thrown away. An operation pending
+// past timeoutMs marks the directory unwritable, and nothing else starts there until it returns.
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
@@ -13,13 +10,11 @@ import { cannotStoreMessage } from '../errors.js';
 /** checkWritable's answer: writable (perhaps with a warning), or not, why, and what to do where it is not the directory's own fault. */
 export type Writability = { ok: true; warning: { problem: string; fix: string } | null } | { ok: false; reason: string; fix?: string };
 
-/** The code of a write refused because another process changed the file (see the header). */
 export const STATE_FILE_CHANGED = 'NODECOMPUTE_STATE_FILE_CHANGED';
 
 /** How a write or a look fails: an errno error, or one of this module's own, which says what to do (`fix`). */
 export type StateFileFailure = NodeJS.ErrnoException & { fix?: string };
 
-/** What to do about a state file another process changed. */
 export const STATE_FILE_CHANGED_FIX =
   'Only one nodecompute may use a state file: stop the other one (two DaemonSets, or a copy started by hand, with the same NODECOMPUTE_STATE_FILE on this node), ' +
   'then restart this nodecompute so that it reads the file again.';
@@ -27,15 +22,14 @@ export const STATE_FILE_CHANGED_FIX =
 /** How old an answer of writable() gets before it is looked at again: each look writes and fsyncs a probe file. */
 export const WRITABLE_LOOK_MS = 60_000;
 
-/** How long a read or a write of the state file, or the doctor's look, may take before its filesystem is taken for one that does not answer. */
+/** How long a read, write or look may take before its filesystem is taken for one that does not answer. */
 export const STATE_FILE_TIMEOUT_MS = 5_000;
 
-/** What the probe file holds: enough to need a block of its own, so that a full disk shows. */
+/** Enough to need a block of its own, so that a full disk shows. */
 const PROBE_CONTENT = Buffer.alloc(4096);
 
 export interface StateFile {
   readonly path: string;
-  /** How long a read or a write may take before the filesystem is taken for one that does not answer. */
   readonly timeoutMs: number;
   /** The file's text (null: no file), after clearing old temp files; rejects past `timeoutMs`. */
   read(): Promise<string | null>;
@@ -49,42 +43,20 @@ export interface StateFile {
   writable(maxWaitMs: number): Promise<Writability>;
 }
 
-export interface StateFileOptions {
-  log: Logger;
-  /** Makes the rename durable (fsync of the directory); tests stand in one that fails, as some filesystems' does. */
-  syncDirectory?: (dir: string) => Promise<void>;
-  now?: () => number;
-  /** STATE_FILE_TIMEOUT_MS unless given. */
-  timeoutMs?: number;
-}
+/** syncDirectory: makes the rename durable (fsync of the directory); tests stand in one that fails, as some filesystems' does. */
+export type StateFileOptions = { log: Logger; syncDirectory?: (dir: string) => Promise<void>; now?: () => number; timeoutMs?: number };
 
-/** The directory's answer after a write or look failed with `err`. */
 function unwritable(dir: string, err: StateFileFailure): Writability {
   return err.fix === undefined ? { ok: false, reason: `cannot write in ${dir}: ${err.message}` } : { ok: false, reason: err.message, fix: err.fix };
 }
 
-/** Why the directory is not writable while `doing` has been pending `ms`. */
 const notFinished = (doing: string, ms: number): string => `${doing} did not finish within ${ms} ms: its filesystem does not answer (a hung network mount?)`;
 
 /** errno codes with which a filesystem says it cannot fsync a directory at all. */
 const CANNOT_SYNC_DIRECTORIES = new Set(['EINVAL', 'ENOTSUP', 'EOPNOTSUPP']);
 
 /** A directory fsync that failed: the error, what it puts at risk and what to do. */
-interface DirectorySyncProblem {
-  err: NodeJS.ErrnoException;
-  problem: string;
-  fix: string;
-}
-
-function directorySyncProblem(dir: string, err: NodeJS.ErrnoException): DirectorySyncProblem {
-  return {
-    err,
-    problem: `fsync of ${dir} failed (${err.message}): a change is stored and served, yet a power cut right after it could bring back the previous file.`,
-    fix: CANNOT_SYNC_DIRECTORIES.has(String(err.code))
-      ? 'This filesystem cannot fsync a directory (some FUSE and network filesystems): put NODECOMPUTE_STATE_FILE on a local disk.'
-      : 'Check the volume the state file lives on (`dmesg` for I/O errors).',
-  };
-}
+type DirectorySyncProblem = { err: NodeJS.ErrnoException; problem: string; fix: string };
 
 /** How old a temp file is before a start takes it for a crash's leftover. */
 export const LEFTOVER_AGE_MS = 60_000;
@@ -108,23 +80,19 @@ async function makeDirectory(dir: string, parentMade = false): Promise<void> {
 
 /** The file holds other text than this process last wrote there (or, before its first write, read at start). */
 function changedElsewhere(path: string): StateFileFailure {
-  return Object.assign(
-    new Error(
-      `${path} was changed by another process since this nodecompute read it at start or last wrote it (a second nodecompute with the same state file, or an edit by hand), ` +
-        'and writing now would throw that change away',
-    ),
-    { code: STATE_FILE_CHANGED, fix: STATE_FILE_CHANGED_FIX },
-  );
+  const message =
+    `${path} was changed by another process since this nodecompute read it at start or last wrote it (a second nodecompute with the same state file, ` +
+    'or an edit by hand), and writing now would throw that change away';
+  return Object.assign(new Error(message), { code: STATE_FILE_CHANGED, fix: STATE_FILE_CHANGED_FIX });
 }
 
-/** A failed write's error as its caller gets it (see the header); the original is its cause. */
+/** A failed write's error as its caller gets it, without the syscall's tail; the original is its cause. */
 function writeFailure(err: unknown): StateFileFailure {
   const { message, code, syscall, fix } = err as StateFileFailure;
   const said = syscall === undefined ? message : message.split(`, ${syscall}`)[0]!;
   return Object.assign(new Error(said, { cause: err }), fix === undefined ? { code } : { code, fix });
 }
 
-/** The file's text, or null when it does not exist. */
 async function textOrNull(path: string): Promise<string | null> {
   try {
     return await readFile(path, 'utf8');
@@ -134,14 +102,19 @@ async function textOrNull(path: string): Promise<string | null> {
   }
 }
 
-async function fsyncDirectory(dir: string): Promise<void> {
-  const handle = await open(dir, 'r');
+/** Opens `file` (a directory: only to fsync it), writes `data` into it unless null, fsyncs it, then closes it and runs `after`. */
+async function synced(file: string, data: Buffer | string | null, after?: () => Promise<void>): Promise<void> {
+  const handle = await open(file, data === null ? 'r' : 'w', 0o600);
   try {
+    if (data !== null) await handle.writeFile(data);
     await handle.sync();
   } finally {
     await handle.close();
+    await after?.();
   }
 }
+
+const fsyncDirectory = (dir: string): Promise<void> => synced(dir, null);
 
 export function createStateFile(path: string, options: StateFileOptions): StateFile {
   const { log, syncDirectory = fsyncDirectory, now = Date.now, timeoutMs = STATE_FILE_TIMEOUT_MS } = options;
@@ -154,13 +127,18 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   const checkUnchanged = async (): Promise<void> => {
     if (ownText !== undefined && (await textOrNull(path)) !== ownText) throw changedElsewhere(path);
   };
-  /** Null when the directory fsync worked. */
   const syncDirectoryProblem = async (): Promise<DirectorySyncProblem | null> => {
     try {
       await syncDirectory(dir);
       return null;
-    } catch (err) {
-      return directorySyncProblem(dir, err as NodeJS.ErrnoException);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      const problem =
+        `fsync of ${dir} failed (${err.message}): a change is stored and served, yet a power cut right after it could bring back the previous file.`;
+      const fix = CANNOT_SYNC_DIRECTORIES.has(String(err.code))
+        ? 'This filesystem cannot fsync a directory (some FUSE and network filesystems): put NODECOMPUTE_STATE_FILE on a local disk.'
+        : 'Check the volume the state file lives on (`dmesg` for I/O errors).';
+      return { err, problem, fix };
     }
   };
   /** Temp files this module names (`.NAME.PID.SEQ.tmp`, `.NAME.PID.probe`) that a crash left behind. */
@@ -203,7 +181,6 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       hung.delete(entry);
     });
   }
-  /** See StateFile.stuck. */
   const stuckReason = (): string | null => {
     const [first] = hung;
     return first === undefined ? null : `${first.reason}; that is still pending, and nothing else is written there until it returns`;
@@ -213,14 +190,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     const probe = join(dir, `.${basename(path)}.${process.pid}.probe`);
     try {
       await makeDirectory(dir);
-      const handle = await open(probe, 'w', 0o600);
-      try {
-        await handle.writeFile(PROBE_CONTENT);
-        await handle.sync();
-      } finally {
-        await handle.close();
-        await rm(probe, { force: true });
-      }
+      await synced(probe, PROBE_CONTENT, () => rm(probe, { force: true }));
     } catch (err) {
       return { ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` };
     }
@@ -236,13 +206,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   async function replaceWith(temp: string, text: string): Promise<DirectorySyncProblem | null> {
     try {
       await makeDirectory(dir);
-      const handle = await open(temp, 'w', 0o600);
-      try {
-        await handle.writeFile(text, 'utf8');
-        await handle.sync();
-      } finally {
-        await handle.close();
-      }
+      await synced(temp, text);
       await checkUnchanged();
       await rename(temp, path);
       ownText = text;
@@ -278,10 +242,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     if (looking) return looking;
     const doing = `writing a probe file in ${dir}`;
     const look = new Promise<Writability>((resolve) => {
-      const late = setTimeout(
-        () => resolve(record({ ok: false, reason: notFinished(doing, maxWaitMs) })),
-        maxWaitMs,
-      );
+      const late = setTimeout(() => resolve(record({ ok: false, reason: notFinished(doing, maxWaitMs) })), maxWaitMs);
       late.unref();
       void watched(lookAtDirectory(), doing).then((answer) => {
         clearTimeout(late);

@@ -1,9 +1,6 @@
-// Owns reading the token file (NODECOMPUTE_TOKEN_FILE) while the service runs: one look says whether
-// the file changed since the content last taken from it and, when it did, reads it. Reads are
-// asynchronous and a look answers within a bound (`late` past it; concurrent looks share one read).
-// A content is taken only when it was stable while read: the same identity (device, inode, size,
-// mtime) before and after, and as many bytes as its size says, so a file rewritten in place is never
-// taken half-written. What the text means is config.ts's; which tokens are in force is auth.ts's.
+// Reads the token file: a look reads it only when it changed, answers within a bound (concurrent
+// looks share one read), and takes a content only when it was stable while read (same device, inode,
+// size and mtime before and after, as many bytes as its size), so it is never taken half-written.
 import type { BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
 
@@ -28,30 +25,14 @@ export interface TokenFileReader {
   look(): Promise<TokenFileLook>;
 }
 
-export interface TokenFileReaderOptions {
-  timeoutMs?: number;
-  /**
-   * Runs after the file is stat'd and before it is opened. Tests change the file there, as a writer
-   * racing the read would: there is no other way to land a change in that gap on demand.
-   */
-  beforeRead?: () => void | Promise<void>;
-}
+/** beforeRead runs between the stat and the open: tests change the file there, as a writer racing the read would. */
+export type TokenFileReaderOptions = { timeoutMs?: number; beforeRead?: () => void | Promise<void> };
 
 /** Who may read a file: what is said when this process may not (EACCES). */
-export interface FileOwner {
-  uid: number;
-  gid: number;
-  /** The permission bits, e.g. 0o600. */
-  mode: number;
-}
+export type FileOwner = { uid: number; gid: number; mode: number };
 
 /** Changes when the file is replaced (a kubelet symlink swap gives a new inode) or rewritten in place. */
-interface FileIdentity {
-  dev: bigint;
-  ino: bigint;
-  size: bigint;
-  mtimeNs: bigint;
-}
+type FileIdentity = Pick<BigIntStats, 'dev' | 'ino' | 'size' | 'mtimeNs'>;
 
 function identityOf(stats: BigIntStats): FileIdentity {
   return { dev: stats.dev, ino: stats.ino, size: stats.size, mtimeNs: stats.mtimeNs };
@@ -72,9 +53,8 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
     const before = identityOf(stats);
     if (taken !== null && sameIdentity(before, taken)) return { kind: 'unchanged' };
     await beforeRead?.();
-    // A plain blocking open, as a path read does: on a FIFO without a writer it waits, like a read
-    // on a hung mount. The identity after the read is taken from the open file (fstat), so it is
-    // that of the bytes read even if the path is swapped meanwhile.
+    // A plain blocking open (a FIFO without a writer waits, as a hung mount does); the identity after
+    // the read comes from the open file, so it is that of the bytes read even if the path is swapped.
     const handle = await open(path, 'r');
     let bytes: Buffer;
     let after: FileIdentity;
@@ -85,20 +65,15 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
       await handle.close();
     }
     if (!sameIdentity(before, after)) return { kind: 'unstable', detail: 'it changed while it was read' };
-    if (BigInt(bytes.length) !== after.size) {
-      return { kind: 'unstable', detail: `${bytes.length} bytes were read from it, but its size says ${after.size}` };
-    }
+    if (BigInt(bytes.length) !== after.size) return { kind: 'unstable', detail: `${bytes.length} bytes were read from it, but its size says ${after.size}` };
     return { kind: 'read', text: bytes.toString('utf8'), identity: after };
   } catch (err) {
     return { kind: 'failed', err: err as Error, file: owner };
   }
 }
 
-interface Flight {
-  answer: Promise<TokenFileLook>;
-  /** Whether the bound passed while the read is pending: later looks then answer `late` at once. */
-  isLate: () => boolean;
-}
+/** isLate: whether the bound passed while the read is pending (later looks then answer `late` at once). */
+type Flight = { answer: Promise<TokenFileLook>; isLate: () => boolean };
 
 export function createTokenFileReader(path: string, options: TokenFileReaderOptions = {}): TokenFileReader {
   const { timeoutMs = TOKEN_FILE_READ_TIMEOUT_MS, beforeRead } = options;
