@@ -62,36 +62,22 @@ function note(run: Run, index: number, name: string, totalMiB: number | null): v
   run.notes.set(index, { name, totalMiB: totalMiB ?? run.notes.get(index)?.totalMiB ?? null });
 }
 
-/** The run reaches `stage`; a line that its process can no longer print (`newFrom` reached) starts a new run. */
-function enter(st: State, stage: Stage, newFrom: Stage): void {
-  if (st.stage >= newFrom) {
+/** The run reaches `stage`; a line its process can no longer print (`newFrom` reached; none: loading repeats) starts a new run. */
+function enter(st: State, stage: Stage, newFrom?: Stage): void {
+  if (newFrom !== undefined && st.stage >= newFrom) {
     st.run = newRun();
     st.stage = STAGE.none;
   }
   if (stage > st.stage) st.stage = stage;
 }
 
-function beginProcess(st: State): void {
-  enter(st, STAGE.process, STAGE.process);
-}
-
+const beginProcess = (st: State): void => enter(st, STAGE.process, STAGE.process);
 /** CUDA init and no-GPU warnings: printed (maybe several) while backends load, before the verbosity line. */
-function beginInit(st: State): void {
-  enter(st, STAGE.backends, STAGE.verbosity);
-}
-
-function beginVerbosity(st: State): void {
-  enter(st, STAGE.verbosity, STAGE.verbosity);
-}
-
+const beginInit = (st: State): void => enter(st, STAGE.backends, STAGE.verbosity);
+const beginVerbosity = (st: State): void => enter(st, STAGE.verbosity, STAGE.verbosity);
 /** device_info or --list-devices: once, listing backends already loaded. */
-function beginDevices(st: State): void {
-  enter(st, STAGE.devices, STAGE.devices);
-}
-
-function beginLoad(st: State): void {
-  st.stage = STAGE.loading;
-}
+const beginDevices = (st: State): void => enter(st, STAGE.devices, STAGE.devices);
+const beginLoad = (st: State): void => enter(st, STAGE.loading);
 
 /** A device line inside the open block; false when the line ends the block. */
 function continueBlock(st: State, block: Block, line: string): boolean {
