@@ -26,10 +26,7 @@ export interface EngineAccount {
 
 export type CpuKind = 'no-gpu' | 'cpu-devices' | 'host-buffers' | 'zero-offload';
 
-export interface DeviceNote {
-  name: string;
-  totalMiB: number | null;
-}
+export type DeviceNote = { name: string; totalMiB: number | null };
 
 /** What one run of the engine printed, as evidence. */
 export interface Run {
@@ -51,17 +48,7 @@ export interface Run {
 const MAX_EVIDENCE_LINES = 4;
 
 export function newRun(): Run {
-  return {
-    cudaWeights: new Map(),
-    vram: null,
-    otherWeights: false,
-    cpu: [],
-    presence: [],
-    notes: new Map(),
-    found: 0,
-    chosen: [],
-    layers: null,
-  };
+  return { cudaWeights: new Map(), vram: null, otherWeights: false, cpu: [], presence: [], notes: new Map(), found: 0, chosen: [], layers: null };
 }
 
 function describe(run: Run, index: number): string {
@@ -89,21 +76,14 @@ function presentDevices(run: Run): number[] {
   return [...indices].sort((a, b) => a - b);
 }
 
-function account(
-  run: Run,
-  backend: EngineBackend,
-  indices: number[],
-  evidence: string[],
-  summary: string,
-  gpuBackendLoaded: boolean | null = true,
-): EngineAccount {
+function account(run: Run, backend: EngineBackend, indices: number[], lines: string[], summary: string, loaded: boolean | null = true): EngineAccount {
   return {
     backend,
     devices: indices.map((i) => describe(run, i)),
     layersOffloaded: run.layers?.offloaded ?? null,
     layersTotal: run.layers?.total ?? null,
-    gpuBackendLoaded,
-    evidence: evidenceOf(evidence),
+    gpuBackendLoaded: loaded,
+    evidence: evidenceOf(lines),
     summary,
   };
 }
@@ -111,16 +91,11 @@ function account(
 /** The run's account; null when it says nothing the contract can name. */
 export function decideAccount(run: Run): EngineAccount | null {
   const layers = run.layers ? `${run.layers.offloaded}/${run.layers.total}` : null;
+  const offloaded = layers ? ` and offloaded ${layers} layers` : '';
   if (run.cudaWeights.size > 0) {
     const indices = [...run.cudaWeights.keys()].sort((a, b) => a - b);
-    const offloaded = layers ? ` and offloaded ${layers} layers` : '';
-    return account(
-      run,
-      'CUDA',
-      indices,
-      indices.map((i) => run.cudaWeights.get(i) as string),
-      `llama.cpp put its model buffers on ${nameList(indices)}${offloaded}`,
-    );
+    const lines = indices.map((i) => run.cudaWeights.get(i) as string);
+    return account(run, 'CUDA', indices, lines, `llama.cpp put its model buffers on ${nameList(indices)}${offloaded}`);
   }
   if (run.otherWeights) return null;
   if (run.vram !== null) {
@@ -128,7 +103,6 @@ export function decideAccount(run: Run): EngineAccount | null {
     if (run.presence.length === 0) return null;
     const indices = presentDevices(run);
     const where = indices.length > 0 ? nameList(indices) : 'its CUDA devices';
-    const offloaded = layers ? ` and offloaded ${layers} layers` : '';
     return account(run, 'CUDA', indices, [run.vram.line], `llama.cpp reported ${run.vram.mib} MiB of VRAM used on ${where}${offloaded}`);
   }
   if (run.cpu.length > 0) {
@@ -149,13 +123,7 @@ export function decideAccount(run: Run): EngineAccount | null {
     const indices = presentDevices(run);
     const saw = indices.length > 0 ? `found ${nameList(indices)}` : 'reported using CUDA';
     const claimed = layers ? ` (it reported ${layers} layers offloaded)` : '';
-    return account(
-      run,
-      'CUDA',
-      indices,
-      run.presence,
-      `llama.cpp ${saw} but printed no model buffer line, so weights on the GPU are not confirmed${claimed}`,
-    );
+    return account(run, 'CUDA', indices, run.presence, `llama.cpp ${saw} but printed no model buffer line, so weights on the GPU are not confirmed${claimed}`);
   }
   return null;
 }
