@@ -10,11 +10,8 @@ import type { EngineAccount } from './llama-account.js';
 import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
 
-export interface GpuUsage {
-  index: number;
-  /** Null when nvidia-smi reports [N/A] for one of the shard's processes there. */
-  usedMiB: number | null;
-}
+/** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
+export type GpuUsage = { index: number; usedMiB: number | null };
 
 export type Backend = 'CUDA' | 'CPU';
 
@@ -45,13 +42,8 @@ function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount 
 export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, state: ReadinessState): ShardCompute {
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
   const assigned = new Set(placedIndices(shard, node.snapshot.gpus));
-  const gpus = held.filter((holding) => assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
-  const strayGpus = held.filter((holding) => !assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
-  return {
-    backend: backendOf(held.length > 0, shard, engine, state),
-    devices: gpus.map(deviceLabel),
-    gpus,
-    strayGpus,
-    engine,
-  };
+  const usage = (given: boolean): GpuUsage[] =>
+    held.filter((holding) => assigned.has(holding.index) === given).map(({ index, usedMiB }) => ({ index, usedMiB }));
+  const gpus = usage(true);
+  return { backend: backendOf(held.length > 0, shard, engine, state), devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), engine };
 }

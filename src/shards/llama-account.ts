@@ -3,6 +3,7 @@
 // failed) or, in 2023 logs, VRAM used where CUDA devices were found -> CUDA; weights on another
 // accelerator -> null; any CPU evidence -> CPU; CUDA merely present -> CUDA, with a summary saying so.
 // "offloaded N/M layers" alone is a claim, not evidence. Summaries are quoted to operators verbatim.
+import { andList } from './verdict.js';
 
 export type EngineBackend = 'CUDA' | 'CPU';
 
@@ -63,10 +64,7 @@ function evidenceOf(lines: string[]): string {
   return unique.length > MAX_EVIDENCE_LINES ? `${shown} | +${unique.length - MAX_EVIDENCE_LINES} more` : shown;
 }
 
-function nameList(indices: number[]): string {
-  const names = indices.map((i) => `CUDA${i}`);
-  return names.length <= 2 ? names.join(' and ') : `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}`;
-}
+const nameList = (indices: number[]): string => andList(indices.map((i) => `CUDA${i}`));
 
 /** Devices the run used: those it chose with `using device`, else all it found, sorted. */
 function presentDevices(run: Run): number[] {

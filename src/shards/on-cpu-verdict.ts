@@ -7,7 +7,7 @@ import { deviceLabel } from './compute.js';
 import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
-import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
+import { andList, gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
 
 const ON_CPU_ADVICE =
   "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.";
@@ -84,8 +84,7 @@ export function strayGpus(shard: ShardRecord, node: NodeView): number[] {
 /** The engine's CUDA device names ("CUDA0"), as its account lists them. */
 function cudaNames(engine: EngineAccount): string {
   const names = engine.devices.map((device) => device.split(':')[0] as string);
-  if (names.length === 0) return 'its CUDA devices';
-  return names.length === 1 ? (names[0] as string) : `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
+  return names.length === 0 ? 'its CUDA devices' : andList(names);
 }
 
 /** How the process computing can lie outside what the shard covers: its PID (and process group), or its cgroup. */

@@ -47,9 +47,10 @@ export function verdict(state: ReadinessState, cause: VerdictCause | null, reaso
   return { ready: state === 'ready' || state === 'unverified', state, cause, reason, warnings };
 }
 
-/** "GPU 0", "GPU 0 and GPU 1", "GPU 0, GPU 1 and GPU 2". */
-export function gpuList(indices: number[]): string {
-  const names = indices.map((index) => `GPU ${index}`);
-  if (names.length <= 1) return names.join('');
-  return `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
+/** "a", "a and b", "a, b and c". */
+export function andList(names: string[]): string {
+  return names.length <= 1 ? names.join('') : `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
 }
+
+/** "GPU 0", "GPU 0 and GPU 1", "GPU 0, GPU 1 and GPU 2". */
+export const gpuList = (indices: number[]): string => andList(indices.map((index) => `GPU ${index}`));
