@@ -87,13 +87,7 @@ export function createRegistration(deps: RegistrationDeps) {
   }
 
   /** Another process's stat for a conflict check; undefined when unreadable, which must not fail this registration. */
-  async function statIfReadable(pid: number): Promise<ProcStat | null | undefined> {
-    try {
-      return await proc.readStat(pid);
-    } catch {
-      return undefined;
-    }
-  }
+  const statIfReadable = (pid: number): Promise<ProcStat | null | undefined> => proc.readStat(pid).catch(() => undefined);
 
   /** The nearest ANCESTRY_DEPTH ancestors of a process whose parent is `ppid`, read now. */
   async function ancestorsFrom(ppid: number): Promise<ProcessIdentity[]> {
@@ -174,14 +168,11 @@ export function createRegistration(deps: RegistrationDeps) {
   }
 
   /** A /proc that cannot be read (permissions, a bad mount) is the node's problem: 503. */
-  async function readable<T>(reading: Promise<T>): Promise<T> {
-    try {
-      return await reading;
-    } catch (err) {
+  const readable = <T>(reading: Promise<T>): Promise<T> =>
+    reading.catch((err: unknown) => {
       if (isCodedError(err)) throw err;
       throw new ProcUnreadableError(`The registration was not stored: ${(err as Error).message} Run \`nodecompute doctor\` on this node.`, { cause: err });
-    }
-  }
+    });
 
   /**
    * Checks GPU indices against the node and keeps each one's UUID; while nvidia-smi cannot be asked
