@@ -236,10 +236,7 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
   else if (held !== null && held.pid !== pid) claims.byGroup.set(group, null);
 }
 
-/**
- * The shard whose process is the nearest of `pid`'s first ANCESTRY_DEPTH ancestors the snapshot can
- * name; or, when an unreadable stat ends the walk first, that stat: the memory may be a shard's.
- */
+/** The shard of the nearest of `pid`'s first ANCESTRY_DEPTH ancestors; or the unreadable stat that ends the walk first. */
 function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<number, string>): { owner?: string; blocked?: UnreadableStat } {
   let answer = snapshot.proc.get(pid);
   for (let generation = 1; generation <= ANCESTRY_DEPTH && answer != null; generation += 1) {

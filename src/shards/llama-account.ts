@@ -14,10 +14,7 @@ export interface EngineAccount {
   /** From `offloaded N/M layers to GPU`, else null. */
   layersOffloaded: number | null;
   layersTotal: number | null;
-  /**
-   * True when the run found or used a CUDA device (a CPU account then means no layers on it: -ngl),
-   * false when it said no GPU is usable or listed only the CPU (the build), null when it does not say.
-   */
+  /** True: it found or used a CUDA device (so a CPU account means -ngl); false: no usable GPU or only the CPU listed (the build); null: unsaid. */
   gpuBackendLoaded: boolean | null;
   /** The decisive line(s), prefixes removed and spaces collapsed, joined by " | ". */
   evidence: string;

@@ -236,10 +236,7 @@ function feed(st: State, line: string): void {
   st.linesSeen += 1;
 }
 
-/**
- * Whether an account rests on weights seen on a CUDA device (its evidence opens with that line), not
- * on CUDA merely present: such an engine allocated GPU memory, which nvidia-smi must then list.
- */
+/** Whether an account rests on weights seen on a CUDA device, not CUDA merely present: GPU memory that nvidia-smi must then list. */
 export function showsGpuWeights(account: EngineAccount): boolean {
   return account.backend === 'CUDA' && (RE_WEIGHTS.test(account.evidence) || RE_VRAM.test(account.evidence));
 }

@@ -53,9 +53,8 @@ function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
 }
 
 /**
- * A run whose GPU backend loaded holds its CUDA context and buffers on the GPU with no layer there,
- * so memory held is no proof against a CPU account (where the output does not say, it shows the
- * backend loaded); but held by an engine that found no usable GPU, it makes the output another run's.
+ * A run whose GPU backend loaded holds its CUDA context and buffers on the GPU with no layer there, so memory held is no proof
+ * against a CPU account; but held by an engine that found no usable GPU, it makes the output another run's.
  */
 function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeView | null): string {
   const says = `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}.`;

@@ -110,9 +110,8 @@ export function createRegistration(deps: RegistrationDeps) {
   }
 
   /**
-   * A process to register. A registered PID shard also covers it when one descends from the other
-   * (within ANCESTRY_DEPTH) or is in the process group the other leads: attribution would give the
-   * second one's memory to the first. Siblings in one group do not cover each other.
+   * A process to register. A PID shard also covers it when one descends from the other (within ANCESTRY_DEPTH) or is in the
+   * group the other leads: attribution would give the second one's memory to the first. Siblings in a group do not.
    */
   async function targetOfPid(pid: number, repeats: (identity: ProcessIdentity) => boolean): Promise<Target> {
     const { identity, ppid } = await identityOfPid(pid);
@@ -174,10 +173,7 @@ export function createRegistration(deps: RegistrationDeps) {
       throw new ProcUnreadableError(`The registration was not stored: ${(err as Error).message} Run \`nodecompute doctor\` on this node.`, { cause: err });
     });
 
-  /**
-   * Checks GPU indices against the node and keeps each one's UUID; while nvidia-smi cannot be asked
-   * they are taken on trust and `unchecked` says why. `kept`: the devices a repeat names, unchecked.
-   */
+  /** Each GPU index exists, with its UUID; taken on trust while nvidia-smi cannot be asked (`unchecked`: why). `kept`: a repeat's devices. */
   async function checkGpus(gpus: number[], kept: string[] | undefined): Promise<{ unchecked: string | null; uuids?: string[] }> {
     if (gpus.length === 0) return { unchecked: null, uuids: [] };
     let snapshot: NodeSnapshot;
