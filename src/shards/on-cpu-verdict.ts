@@ -7,7 +7,7 @@ import { deviceLabel } from './compute.js';
 import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
-import { andList, gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
+import { andList, gpuList, verdict, type Readiness } from './verdict.js';
 
 const ON_CPU_ADVICE =
   "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.";
@@ -22,14 +22,11 @@ export function engineSaysCpu(engine: EngineAccount | null): engine is EngineAcc
   return engine !== null && engine.backend === 'CPU';
 }
 
-function engineCpuCause(engine: EngineAccount): VerdictCause {
-  if (engine.gpuBackendLoaded === true) return 'engine-no-gpu-layers';
-  return engine.gpuBackendLoaded === false ? 'engine-gpu-backend-failed' : 'engine-reports-cpu';
-}
-
 /** The on-cpu verdict the engine's own account decides; `node` null while nvidia-smi cannot be asked. */
 export function engineCpuVerdict(shard: ShardRecord, engine: EngineAccount, node: NodeView | null, warnings: string[]): Readiness {
-  return verdict('on-cpu', engineCpuCause(engine), engineCpuReason(shard, engine, node), warnings);
+  const loaded = engine.gpuBackendLoaded;
+  const cause = loaded === true ? 'engine-no-gpu-layers' : loaded === false ? 'engine-gpu-backend-failed' : 'engine-reports-cpu';
+  return verdict('on-cpu', cause, engineCpuReason(shard, engine, node), warnings);
 }
 
 function placedOnCpu(shard: ShardRecord): string {
