@@ -215,9 +215,7 @@ interface Claims {
 function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): void {
   if (shard.cgroup !== null) {
     if (liveness.state === 'gone') return;
-    for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) {
-      if (!claims.strong.has(pid)) claims.strong.set(pid, shard.id);
-    }
+    for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) if (!claims.strong.has(pid)) claims.strong.set(pid, shard.id);
     return;
   }
   // A process of an earlier boot claims nothing, and leaves its group number to this boot's processes.

@@ -89,9 +89,7 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   const warnings: string[] = [];
   if (staleReason !== null) warnings.push(`answered from an older snapshot: ${staleReason}`);
   const strays = strayGpus(shard, node);
-  if (strays.length > 0) {
-    warnings.push(`holds memory on ${gpuList(strays)}, which it was not given: check CUDA_VISIBLE_DEVICES and the placement`);
-  }
+  if (strays.length > 0) warnings.push(`holds memory on ${gpuList(strays)}, which it was not given: check CUDA_VISIBLE_DEVICES and the placement`);
   // An engine that says it computes on the CPU offloaded nothing, whatever "offloaded N/M" it printed.
   if (engine?.backend === 'CUDA' && engine.layersOffloaded !== null && engine.layersTotal !== null && engine.layersOffloaded < engine.layersTotal) {
     warnings.push(`the engine offloaded only ${engine.layersOffloaded} of ${engine.layersTotal} layers to the GPU; the rest runs on the CPU`);

@@ -78,9 +78,7 @@ export function createRegistration(deps: RegistrationDeps) {
   async function overlapsWith(held: ProcessIdentity[], ofCgroup: boolean): Promise<Overlaps> {
     const cgroups = (await Promise.all(held.map((identity) => proc.readCgroup(identity.pid)))).map((paths) => paths ?? []);
     return (other) => {
-      if (other.cgroup === null) {
-        return held.some((identity) => sameProcess(other.identity, identity)) ? `holds process ${processOf(other)}` : null;
-      }
+      if (other.cgroup === null) return held.some((identity) => sameProcess(other.identity, identity)) ? `holds process ${processOf(other)}` : null;
       if (!cgroups.some(cgroupMatcher(other.cgroup))) return null;
       return `${ofCgroup ? 'shares processes with' : 'runs in'} the cgroup "${other.cgroup}"`;
     };
