@@ -1,8 +1,6 @@
-// Owns where a shard computes as nvidia-smi sees it: the given GPUs its processes hold memory on
-// (by their index in the listing, see placement.ts), those it holds but was not given (strays), and
-// the engine's own account. The backend says only what is known: null while stopped; CUDA when it
-// holds GPU memory (unless on-cpu by the engine's own CPU account); CPU when on-cpu or, given no GPU,
-// ready without the engine claiming CUDA; else null.
+// Owns where a shard computes as nvidia-smi sees it: the given GPUs its processes hold memory on (by
+// their index in the listing), those it holds but was not given (strays), and the engine's own
+// account. The backend says only what is known, else null.
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
