@@ -7,13 +7,8 @@ import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
 import { hasExited, isReadable, type ProcStat, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
-export interface ShardGpuHolding {
-  index: number;
-  uuid: string;
-  /** Sum of its processes' memory there; null when one of them is [N/A]. */
-  usedMiB: number | null;
-  processes: GpuProcess[];
-}
+/** `usedMiB`: the sum of its processes' memory there; null when one of them is [N/A]. */
+export type ShardGpuHolding = { index: number; uuid: string; usedMiB: number | null; processes: GpuProcess[] };
 
 // Stopped (SIGSTOP, a tracer) and unreadable shards keep their claims and memory; unknown: registered
 // after the snapshot was taken. `oldestStart` (cgroup shards, clock ticks): its oldest live member's

@@ -13,13 +13,7 @@ export type GpuUsage = { index: number; usedMiB: number | null };
 
 export type Backend = 'CUDA' | 'CPU';
 
-export interface ShardCompute {
-  backend: Backend | null;
-  devices: string[];
-  gpus: GpuUsage[];
-  strayGpus: GpuUsage[];
-  engine: EngineAccount | null;
-}
+export type ShardCompute = { backend: Backend | null; devices: string[]; gpus: GpuUsage[]; strayGpus: GpuUsage[]; engine: EngineAccount | null };
 
 /** `GPU 0: 9.8 GiB`, `GPU 0: 512 MiB`, or `GPU 0: memory not reported` when nvidia-smi says [N/A]. */
 export function deviceLabel(usage: GpuUsage): string {

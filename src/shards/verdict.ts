@@ -34,14 +34,8 @@ export const VERDICT_CAUSES = [
 ] as const;
 export type VerdictCause = (typeof VERDICT_CAUSES)[number];
 
-export interface Readiness {
-  ready: boolean;
-  state: ReadinessState;
-  /** Null when ready. */
-  cause: VerdictCause | null;
-  reason: string | null;
-  warnings: string[];
-}
+/** `cause`: null when ready. */
+export type Readiness = { ready: boolean; state: ReadinessState; cause: VerdictCause | null; reason: string | null; warnings: string[] };
 
 export function verdict(state: ReadinessState, cause: VerdictCause | null, reason: string | null, warnings: string[]): Readiness {
   return { ready: state === 'ready' || state === 'unverified', state, cause, reason, warnings };
