@@ -4,23 +4,21 @@
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
-import type { EngineAccount } from './llama-account.js';
+import type { EngineAccount, EngineBackend } from './llama-account.js';
 import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
 
 /** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
 export type GpuUsage = { index: number; usedMiB: number | null };
 
-export type Backend = 'CUDA' | 'CPU';
-
-export type ShardCompute = { backend: Backend | null; devices: string[]; gpus: GpuUsage[]; strayGpus: GpuUsage[]; engine: EngineAccount | null };
+export type ShardCompute = { backend: EngineBackend | null; devices: string[]; gpus: GpuUsage[]; strayGpus: GpuUsage[]; engine: EngineAccount | null };
 
 /** `GPU 0: 9.8 GiB`, `GPU 0: 512 MiB`, or `GPU 0: memory not reported` when nvidia-smi says [N/A]. */
 export function deviceLabel(usage: GpuUsage): string {
   return `GPU ${usage.index}: ${formatHeldMemory(usage.usedMiB)}`;
 }
 
-function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): Backend | null {
+function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): EngineBackend | null {
   if (state === 'stopped') return null;
   // As the verdict judges: a CUDA build that fell back still holds a CUDA context on the GPU.
   if (state === 'on-cpu' && engine?.backend === 'CPU') return 'CPU';

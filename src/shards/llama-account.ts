@@ -24,8 +24,6 @@ export interface EngineAccount {
 
 export type CpuKind = 'no-gpu' | 'cpu-devices' | 'host-buffers' | 'zero-offload';
 
-export type DeviceNote = { name: string; totalMiB: number | null };
-
 /** What one run of the engine printed, as evidence. */
 export interface Run {
   /** CUDA index -> its weights' buffer line (size > 0). */
@@ -37,7 +35,7 @@ export interface Run {
   cpu: Array<{ kind: CpuKind; line: string }>;
   /** Lines showing CUDA present: devices found, listed or chosen. */
   presence: string[];
-  notes: Map<number, DeviceNote>;
+  notes: Map<number, { name: string; totalMiB: number | null }>;
   found: number;
   chosen: number[];
   layers: { offloaded: number; total: number } | null;
