@@ -122,9 +122,10 @@ export function stoppedSinceListing(
 export function pidLiveness(shard: ShardRecord, stat: StatAnswer | undefined, bootId: string | null): Liveness {
   const pid = shard.identity.pid;
   if (ranInAnotherBoot(shard.identity, bootId)) {
-    const why = `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${bootId}): process ${pid} ended with that boot, `;
+    const reboot = `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${bootId})`;
+    const ended = `process ${pid} ended with that boot, and a process running as PID ${pid} now is another one, not this shard's`;
     const fix = `Register the engine's new process (PUT /shards/${shard.id}), or remove the shard (DELETE /shards/${shard.id})`;
-    return { state: 'gone', why: `${why}and a process running as PID ${pid} now is another one, not this shard's. ${fix}` };
+    return { state: 'gone', why: `${reboot}: ${ended}. ${fix}` };
   }
   if (stat === undefined) return { state: 'unknown' };
   if (stat === null) return { state: 'gone', why: `process ${pid} no longer exists` };
@@ -154,9 +155,9 @@ function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
 /** Alive while a member other than the sandbox runs (or was not read); else unreadable, stopped, gone, in that order. */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   if (snapshot.cgroupScanFailed !== undefined) {
-    const why = `which processes are in cgroup "${cgroup}" could not be read in this refresh: ${snapshot.cgroupScanFailed}. `;
-    const meaning = 'Whether it still runs, and where it computes, is unverified, so it keeps serving. ';
-    return { state: 'unreadable', why: `${why}${meaning}Run \`nodecompute doctor\` on this node; the next refresh reads them again.` };
+    const unread = `which processes are in cgroup "${cgroup}" could not be read in this refresh: ${snapshot.cgroupScanFailed}`;
+    const meaning = 'Whether it still runs, and where it computes, is unverified, so it keeps serving';
+    return { state: 'unreadable', why: `${unread}. ${meaning}. Run \`nodecompute doctor\` on this node; the next refresh reads them again.` };
   }
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
