@@ -168,9 +168,10 @@ function livenessWithoutNvidiaSmi(input: ReadinessInput): Liveness {
 }
 
 /**
- * Past max-stale, the last good listing, judged with /proc's word now, holds against a shard (HELD_STATES), never for it.
- * A shard it does not describe, or whose engine started again since, reads starting, unless registered before this run
- * (which may have seen it ready). Null: unverified. The engine's CPU account is left to the caller.
+ * Past max-stale, the last good listing, judged with /proc's word now, holds against a shard (HELD_STATES), never for it:
+ * one that served keeps serving (fail-open), one never seen on its GPUs is not admitted. A shard it does not describe, or
+ * whose engine started again since, reads starting, unless registered before this run (which may have seen it ready).
+ * Null: unverified. The engine's CPU account is left to the caller.
  */
 function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: string, besides: string[]): Readiness | null {
   const { shard, lastGood, now } = input;
@@ -283,8 +284,8 @@ export function readiness(input: ReadinessInput): Readiness {
     // Routine right after the grace ends; a slow or failing nvidia-smi, which makes it last, is a warning of its own.
     const after = evidenceAt - shard.registeredAt;
     const begun = after < 0 ? 'before this shard was registered' : `${formatDuration(after)} after registration, before the grace ended`;
-    const reason = `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun}: `;
-    return verdict('starting', 'awaiting-listing', `${reason}the verdict waits for a listing begun after the grace.`, warnings);
+    const reason = `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun}`;
+    return verdict('starting', 'awaiting-listing', `${reason}: the verdict waits for a listing begun after the grace.`, warnings);
   }
   if (node.processesHidden !== null) return verdict('unverified', 'processes-hidden', null, [...warnings, node.processesHidden]);
   const uncertain = missing.flatMap((index) => {
