@@ -79,6 +79,14 @@ const beginVerbosity = (st: State): void => enter(st, STAGE.verbosity, STAGE.ver
 const beginDevices = (st: State): void => enter(st, STAGE.devices, STAGE.devices);
 const beginLoad = (st: State): void => enter(st, STAGE.loading);
 
+/** A --list-devices line naming a CUDA device: noted as evidence of CUDA (`presence`: the line as quoted); false for others. */
+function noteListed(run: Run, listed: RegExpExecArray, presence: string): boolean {
+  if (deviceKind(listed[1] as string) !== 'cuda') return false;
+  note(run, cudaIndex(listed[1] as string), listed[2] as string, Number(listed[3]));
+  run.presence.push(presence);
+  return true;
+}
+
 /** A device line inside the open block; false when the line ends the block. */
 function continueBlock(st: State, block: Block, line: string): boolean {
   const run = st.run;
@@ -94,12 +102,7 @@ function continueBlock(st: State, block: Block, line: string): boolean {
         return true;
       }
       const listed = RE_DEVICE_LISTED.exec(line);
-      if (listed && deviceKind(listed[1] as string) === 'cuda') {
-        note(run, cudaIndex(listed[1] as string), listed[2] as string, Number(listed[3]));
-        run.presence.push(line);
-        return true;
-      }
-      return false;
+      return listed !== null && noteListed(run, listed, line);
     }
     case 'device-info': {
       const item = RE_DEVICE_INFO_ITEM.exec(line);
@@ -124,10 +127,7 @@ function continueBlock(st: State, block: Block, line: string): boolean {
       const listed = RE_DEVICE_LISTED.exec(line);
       if (!listed) return false;
       block.items += 1;
-      if (deviceKind(listed[1] as string) === 'cuda') {
-        note(run, cudaIndex(listed[1] as string), listed[2] as string, Number(listed[3]));
-        run.presence.push(`${block.header} ${line}`);
-      }
+      noteListed(run, listed, `${block.header} ${line}`);
       return true;
     }
     case 'buffers': {
