@@ -7,13 +7,8 @@ import { ranInAnotherBoot, type ShardRecord } from '../shards/shard.js';
 import { hasExited, isReadable, type ProcStat, type StatAnswer, type UnreadableStat } from '../system/procfs.js';
 import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './node-snapshot.js';
 
-export interface ShardGpuHolding {
-  index: number;
-  uuid: string;
-  /** Sum of its processes' memory there; null when one of them is [N/A]. */
-  usedMiB: number | null;
-  processes: GpuProcess[];
-}
+/** `usedMiB`: the sum of its processes' memory there; null when one of them is [N/A]. */
+export type ShardGpuHolding = { index: number; uuid: string; usedMiB: number | null; processes: GpuProcess[] };
 
 // Stopped (SIGSTOP, a tracer) and unreadable shards keep their claims and memory; unknown: registered
 // after the snapshot was taken. `oldestStart` (cgroup shards, clock ticks): its oldest live member's
@@ -33,31 +28,22 @@ export interface Attribution {
   liveness: ReadonlyMap<string, Liveness>;
 }
 
-function unreadableWhy(stat: UnreadableStat): string {
-  return (
-    `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. ` +
-    `Whether it still runs is unverified, so it keeps serving. ${stat.advice}`
-  );
-}
+const unreadableWhy = (stat: UnreadableStat): string =>
+  `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. ` +
+  `Whether it still runs is unverified, so it keeps serving. ${stat.advice}`;
 
 /** Stopped by a signal (T) or by a tracer (t). */
-function isStopped(stat: ProcStat): boolean {
-  return stat.state === 'T' || stat.state === 't';
-}
+const isStopped = (stat: ProcStat): boolean => stat.state === 'T' || stat.state === 't';
 
 /** The first five of a reason's processes, one by one; the rest are counted. */
-function firstFive(items: readonly string[]): string {
-  return `${items.slice(0, 5).join(', ')}${items.length > 5 ? `, and ${items.length - 5} more` : ''}`;
-}
+const firstFive = (items: readonly string[]): string => `${items.slice(0, 5).join(', ')}${items.length > 5 ? `, and ${items.length - 5} more` : ''}`;
 
 const STOP_MEANING = {
   T: 'state T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background',
   t: 'state t: a debugger such as gdb, or another tracer, attached to it and halted it',
 } as const;
 
-function capitalised(text: string): string {
-  return `${text.charAt(0).toUpperCase()}${text.slice(1)}`;
-}
+const capitalised = (text: string): string => `${text.charAt(0).toUpperCase()}${text.slice(1)}`;
 
 /** What is stopped: a PID shard's process, a whole cgroup, or the GPU holders of a shard that otherwise runs. */
 type StoppedSubject = { kind: 'process' } | { kind: 'cgroup'; cgroup: string } | { kind: 'gpu-holders'; gpusOf: ReadonlyMap<number, number[]> };
@@ -136,25 +122,18 @@ export function stoppedSinceListing(
 export function pidLiveness(shard: ShardRecord, stat: StatAnswer | undefined, bootId: string | null): Liveness {
   const pid = shard.identity.pid;
   if (ranInAnotherBoot(shard.identity, bootId)) {
-    return {
-      state: 'gone',
-      why:
-        `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${bootId}): process ${pid} ended with that boot, ` +
-        `and a process running as PID ${pid} now is another one, not this shard's. ` +
-        `Register the engine's new process (PUT /shards/${shard.id}), or remove the shard (DELETE /shards/${shard.id})`,
-    };
+    const reboot = `the node has restarted since it was registered (boot ${shard.identity.bootId}, now ${bootId})`;
+    const ended = `process ${pid} ended with that boot, and a process running as PID ${pid} now is another one, not this shard's`;
+    const fix = `Register the engine's new process (PUT /shards/${shard.id}), or remove the shard (DELETE /shards/${shard.id})`;
+    return { state: 'gone', why: `${reboot}: ${ended}. ${fix}` };
   }
   if (stat === undefined) return { state: 'unknown' };
   if (stat === null) return { state: 'gone', why: `process ${pid} no longer exists` };
   if ('unreadable' in stat) return { state: 'unreadable', why: unreadableWhy(stat) };
-  if (hasExited(stat)) {
-    return { state: 'gone', why: `process ${pid} has exited (a zombie its parent has not reaped yet)` };
-  }
+  if (hasExited(stat)) return { state: 'gone', why: `process ${pid} has exited (a zombie its parent has not reaped yet)` };
   if (stat.startTime !== shard.identity.startTime) {
-    return {
-      state: 'gone',
-      why: `PID ${pid} now belongs to another process (${stat.comm}, started at tick ${stat.startTime}, not ${shard.identity.startTime}): the registered process exited and its PID was reused`,
-    };
+    const other = `${stat.comm}, started at tick ${stat.startTime}, not ${shard.identity.startTime}`;
+    return { state: 'gone', why: `PID ${pid} now belongs to another process (${other}): the registered process exited and its PID was reused` };
   }
   if (isStopped(stat)) return { state: 'stopped', why: stoppedWhy([stat], { kind: 'process' }) };
   return { state: 'alive' };
@@ -176,12 +155,9 @@ function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
 /** Alive while a member other than the sandbox runs (or was not read); else unreadable, stopped, gone, in that order. */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   if (snapshot.cgroupScanFailed !== undefined) {
-    return {
-      state: 'unreadable',
-      why:
-        `which processes are in cgroup "${cgroup}" could not be read in this refresh: ${snapshot.cgroupScanFailed}. ` +
-        'Whether it still runs, and where it computes, is unverified, so it keeps serving. Run `nodecompute doctor` on this node; the next refresh reads them again.',
-    };
+    const unread = `which processes are in cgroup "${cgroup}" could not be read in this refresh: ${snapshot.cgroupScanFailed}`;
+    const meaning = 'Whether it still runs, and where it computes, is unverified, so it keeps serving';
+    return { state: 'unreadable', why: `${unread}. ${meaning}. Run \`nodecompute doctor\` on this node; the next refresh reads them again.` };
   }
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
@@ -235,9 +211,7 @@ interface Claims {
 function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, liveness: Liveness): void {
   if (shard.cgroup !== null) {
     if (liveness.state === 'gone') return;
-    for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) {
-      if (!claims.strong.has(pid)) claims.strong.set(pid, shard.id);
-    }
+    for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) if (!claims.strong.has(pid)) claims.strong.set(pid, shard.id);
     return;
   }
   // A process of an earlier boot claims nothing, and leaves its group number to this boot's processes.
@@ -256,10 +230,7 @@ function addClaims(claims: Claims, snapshot: NodeSnapshot, shard: ShardRecord, l
   else if (held !== null && held.pid !== pid) claims.byGroup.set(group, null);
 }
 
-/**
- * The shard whose process is the nearest of `pid`'s first ANCESTRY_DEPTH ancestors the snapshot can
- * name; or, when an unreadable stat ends the walk first, that stat: the memory may be a shard's.
- */
+/** The shard of the nearest of `pid`'s first ANCESTRY_DEPTH ancestors; or the unreadable stat that ends the walk first. */
 function shardAncestor(pid: number, snapshot: NodeSnapshot, strong: ReadonlyMap<number, string>): { owner?: string; blocked?: UnreadableStat } {
   let answer = snapshot.proc.get(pid);
   for (let generation = 1; generation <= ANCESTRY_DEPTH && answer != null; generation += 1) {

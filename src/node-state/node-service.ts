@@ -11,17 +11,10 @@ import { listedAs, type UnreachableListedGpu } from './placement.js';
 import type { GetOptions, SnapshotSource, SnapshotView } from './snapshot.js';
 import type { StatAnswer } from '../system/procfs.js';
 
-export interface Current {
-  view: SnapshotView<NodeSnapshot>;
-  node: NodeView;
-}
+export type Current = { view: SnapshotView<NodeSnapshot>; node: NodeView };
 
-/** Shard liveness from /proc while nvidia-smi cannot be asked: per shard id (none for one registered since). */
-interface ProcOnly {
-  liveness: ReadonlyMap<string, Liveness>;
-  /** The shards' processes and the last good snapshot's GPU processes. */
-  proc: ReadonlyMap<number, StatAnswer>;
-}
+/** While nvidia-smi cannot be asked: liveness per shard id (none for one registered since), and the stats of the shards' and last listing's processes. */
+type ProcOnly = { liveness: ReadonlyMap<string, Liveness>; proc: ReadonlyMap<number, StatAnswer> };
 
 export type NodeService = ReturnType<typeof createNodeService>;
 
@@ -32,10 +25,7 @@ export function procOnlyLiveness(facts: FactsAfterFailure, shards: readonly Shar
   return { liveness: attribute(snapshot, described).liveness, proc: facts.proc };
 }
 
-export interface ShardList {
-  readonly version: number;
-  list(): readonly ShardRecord[];
-}
+export type ShardList = { readonly version: number; list(): readonly ShardRecord[] };
 
 const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 

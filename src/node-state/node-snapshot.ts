@@ -11,17 +11,9 @@ import { createGpuRoster, type LostGpu } from './gpu-roster.js';
 /** Generations above a GPU process in which attribution looks for its shard (vLLM's workers sit a few forks down). */
 export const ANCESTRY_DEPTH = 4;
 
-export interface GpuProcess {
-  pid: number;
-  name: string;
-  usedMiB: number | null;
-  gpuIndex: number;
-  gpuUuid: string;
-}
+export type GpuProcess = { pid: number; name: string; usedMiB: number | null; gpuIndex: number; gpuUuid: string };
 
-export interface GpuState extends GpuRecord {
-  processes: GpuProcess[];
-}
+export type GpuState = GpuRecord & { processes: GpuProcess[] };
 
 /** What /proc says of the shards' processes; a snapshot has it, and so does a refresh whose nvidia-smi query failed. */
 export interface ProcFacts {

@@ -38,16 +38,9 @@ export function hiddenProcessesWarning(busy: number[]): string {
 }
 
 /** What one snapshot says about the PIDs nvidia-smi lists (`hidden`: NodeView.processesHidden), to judge the next by. */
-export interface PidsJudged {
-  snapshot: NodeSnapshot;
-  missing: ReadonlySet<number>;
-  hidden: string | null;
-}
+export type PidsJudged = { snapshot: NodeSnapshot; missing: ReadonlySet<number>; hidden: string | null };
 
-/**
- * Hidden from this /proc: every listed PID missing, and (after the first snapshot) one missing in
- * `previous` too, so one exited process does not count. Idle GPUs keep the judgement before them.
- */
+/** Hidden: every listed PID missing, one of them in `previous` too (one exited process does not count); idle GPUs keep the last judgement. */
 export function judgePids(snapshot: NodeSnapshot, previous: PidsJudged | null): PidsJudged {
   const listed = new Set(snapshot.gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)));
   const missing = new Set([...listed].filter((pid) => snapshot.proc.get(pid) == null));

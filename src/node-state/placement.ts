@@ -7,17 +7,10 @@ import type { ShardRecord } from '../shards/shard.js';
 type ListedGpu = Pick<GpuRecord, 'index' | 'uuid' | 'name' | 'busId'>;
 
 /** As registered; uuid undefined for a registration without UUIDs. */
-export interface UnlistedGpu {
-  index: number;
-  uuid: string | undefined;
-}
+export type UnlistedGpu = { index: number; uuid: string | undefined };
 
 /** A given GPU listed under another index (`now`) than registered. */
-export interface Renumbered {
-  registered: number;
-  now: number;
-  uuid: string;
-}
+export type Renumbered = { registered: number; now: number; uuid: string };
 
 /** `indices`: the given GPUs listed, by their index now, in the registration's order. */
 export function placementOf(shard: ShardRecord, gpus: readonly ListedGpu[]): { indices: number[]; unlisted: UnlistedGpu[]; renumbered: Renumbered[] } {
@@ -42,10 +35,8 @@ export function placedIndices(shard: ShardRecord, gpus: readonly ListedGpu[] | n
   return gpus === null ? shard.gpus : placementOf(shard, gpus).indices;
 }
 
-export interface UnreachableListedGpu extends UnreachableGpu {
-  /** What the last listing with its bus id said it was; null when none had it. */
-  listed: Pick<GpuRecord, 'index' | 'uuid' | 'name'> | null;
-}
+/** `listed`: what the last listing with its bus id said it was; null when none had it. */
+export type UnreachableListedGpu = UnreachableGpu & { listed: Pick<GpuRecord, 'index' | 'uuid' | 'name'> | null };
 
 /** `unreachable` (a failed query's) matched by bus id with `known` (the last good snapshot's GPUs, listed or lost). */
 export function listedAs(unreachable: readonly UnreachableGpu[], known: { gpus: readonly ListedGpu[]; lostGpus: readonly ListedGpu[] } | null): UnreachableListedGpu[] {

@@ -20,10 +20,8 @@ export interface SnapshotView<S> {
   slow: boolean;
 }
 
-export interface GetOptions {
-  /** Longest this caller waits for a refresh; past it the call fails with a timeout error. */
-  maxWaitMs?: number;
-}
+/** `maxWaitMs`: the longest this caller waits for a refresh; past it the call fails with a timeout error. */
+export type GetOptions = { maxWaitMs?: number };
 
 export type SnapshotSource<S> = ReturnType<typeof createSnapshotSource<S>>;
 
@@ -46,21 +44,10 @@ export function slowAfterMs(lastRefreshMs: number): number {
 const MAX_FAILURE_WINDOW_MS = 30_000;
 
 /** `epoch`: the invalidation epoch its refresh started in. */
-interface Good<S> {
-  snapshot: S;
-  observedAt: number;
-  startedAt: number;
-  epoch: number;
-}
+type Good<S> = { snapshot: S; observedAt: number; startedAt: number; epoch: number };
 
 /** `since`: when this run of identical failures began; `count`: failures in a row, whatever their reason. */
-interface Failure {
-  error: Error;
-  at: number;
-  epoch: number;
-  since: number;
-  count: number;
-}
+type Failure = { error: Error; at: number; epoch: number; since: number; count: number };
 
 export interface SnapshotSourceOptions<S> {
   take: () => Promise<S>;
@@ -101,11 +88,10 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>) {
         if (!repeated) {
           const consequence = good
             ? 'Answers use the last good snapshot while it is younger than max-stale (marked stale), then fail with this error.'
-            : 'There is no snapshot yet: GPU answers are 503 with this error until it is fixed, and no shard can be seen on its GPUs (one registered since nodecompute started reads starting; see the README, "While nvidia-smi cannot be asked").';
-          log.warn(
-            { code: (error as { code?: string }).code, lastGoodAgeMs: good ? now() - good.observedAt : null },
-            `Node snapshot refresh failed: ${error.message} ${consequence}`,
-          );
+            : 'There is no snapshot yet: GPU answers are 503 with this error until it is fixed, and no shard can be seen on its GPUs ' +
+              '(one registered since nodecompute started reads starting; see the README, "While nvidia-smi cannot be asked").';
+          const fields = { code: (error as { code?: string }).code, lastGoodAgeMs: good ? now() - good.observedAt : null };
+          log.warn(fields, `Node snapshot refresh failed: ${error.message} ${consequence}`);
         }
         throw error;
       },

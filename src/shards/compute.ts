@@ -1,37 +1,24 @@
-// Owns where a shard computes as nvidia-smi sees it: the given GPUs its processes hold memory on
-// (by their index in the listing, see placement.ts), those it holds but was not given (strays), and
-// the engine's own account. The backend says only what is known: null while stopped; CUDA when it
-// holds GPU memory (unless on-cpu by the engine's own CPU account); CPU when on-cpu or, given no GPU,
-// ready without the engine claiming CUDA; else null.
+// Owns where a shard computes as nvidia-smi sees it: the given GPUs its processes hold memory on (by
+// their index in the listing), those it holds but was not given (strays), and the engine's own
+// account. The backend says only what is known, else null.
 import { formatHeldMemory } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
-import type { EngineAccount } from './llama-account.js';
+import type { EngineAccount, EngineBackend } from './llama-account.js';
 import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
 
-export interface GpuUsage {
-  index: number;
-  /** Null when nvidia-smi reports [N/A] for one of the shard's processes there. */
-  usedMiB: number | null;
-}
+/** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
+export type GpuUsage = { index: number; usedMiB: number | null };
 
-export type Backend = 'CUDA' | 'CPU';
-
-export interface ShardCompute {
-  backend: Backend | null;
-  devices: string[];
-  gpus: GpuUsage[];
-  strayGpus: GpuUsage[];
-  engine: EngineAccount | null;
-}
+export type ShardCompute = { backend: EngineBackend | null; devices: string[]; gpus: GpuUsage[]; strayGpus: GpuUsage[]; engine: EngineAccount | null };
 
 /** `GPU 0: 9.8 GiB`, `GPU 0: 512 MiB`, or `GPU 0: memory not reported` when nvidia-smi says [N/A]. */
 export function deviceLabel(usage: GpuUsage): string {
   return `GPU ${usage.index}: ${formatHeldMemory(usage.usedMiB)}`;
 }
 
-function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): Backend | null {
+function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): EngineBackend | null {
   if (state === 'stopped') return null;
   // As the verdict judges: a CUDA build that fell back still holds a CUDA context on the GPU.
   if (state === 'on-cpu' && engine?.backend === 'CPU') return 'CPU';
@@ -45,13 +32,8 @@ function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount 
 export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, state: ReadinessState): ShardCompute {
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
   const assigned = new Set(placedIndices(shard, node.snapshot.gpus));
-  const gpus = held.filter((holding) => assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
-  const strayGpus = held.filter((holding) => !assigned.has(holding.index)).map(({ index, usedMiB }) => ({ index, usedMiB }));
-  return {
-    backend: backendOf(held.length > 0, shard, engine, state),
-    devices: gpus.map(deviceLabel),
-    gpus,
-    strayGpus,
-    engine,
-  };
+  const usage = (given: boolean): GpuUsage[] =>
+    held.filter((holding) => assigned.has(holding.index) === given).map(({ index, usedMiB }) => ({ index, usedMiB }));
+  const gpus = usage(true);
+  return { backend: backendOf(held.length > 0, shard, engine, state), devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), engine };
 }

@@ -17,9 +17,7 @@ export interface Posted {
   tailStartedAtTicks: number | null;
 }
 
-export interface EngineState extends Posted {
-  account: EngineAccount | null;
-}
+export type EngineState = Posted & { account: EngineAccount | null };
 
 export function engineState(engine: ShardRecord['engine'], posted: Posted): EngineState {
   // Only llama.cpp's account is understood; other engines' output is kept for operators.
@@ -43,10 +41,7 @@ function utf8Bytes(codePoint: number): number {
   return codePoint < 0x10000 ? 3 : 4;
 }
 
-/**
- * previous + chunk, keeping at most the last maxBytes of UTF-8. When it cuts, it starts at the
- * first whole line left (if any) and never inside a surrogate pair, so a parser sees whole lines.
- */
+/** previous + chunk, at most the last maxBytes of UTF-8: a cut starts at the first whole line left (if any), never inside a surrogate pair. */
 export function appendTail(previous: string, chunk: string, maxBytes: number = ENGINE_TAIL_MAX_BYTES): string {
   const all = previous + chunk;
   if (!(maxBytes > 0)) return '';

@@ -3,6 +3,7 @@
 // failed) or, in 2023 logs, VRAM used where CUDA devices were found -> CUDA; weights on another
 // accelerator -> null; any CPU evidence -> CPU; CUDA merely present -> CUDA, with a summary saying so.
 // "offloaded N/M layers" alone is a claim, not evidence. Summaries are quoted to operators verbatim.
+import { andList } from './verdict.js';
 
 export type EngineBackend = 'CUDA' | 'CPU';
 
@@ -13,10 +14,7 @@ export interface EngineAccount {
   /** From `offloaded N/M layers to GPU`, else null. */
   layersOffloaded: number | null;
   layersTotal: number | null;
-  /**
-   * True when the run found or used a CUDA device (a CPU account then means no layers on it: -ngl),
-   * false when it said no GPU is usable or listed only the CPU (the build), null when it does not say.
-   */
+  /** True: it found or used a CUDA device (so a CPU account means -ngl); false: no usable GPU or only the CPU listed (the build); null: unsaid. */
   gpuBackendLoaded: boolean | null;
   /** The decisive line(s), prefixes removed and spaces collapsed, joined by " | ". */
   evidence: string;
@@ -25,11 +23,6 @@ export interface EngineAccount {
 }
 
 export type CpuKind = 'no-gpu' | 'cpu-devices' | 'host-buffers' | 'zero-offload';
-
-export interface DeviceNote {
-  name: string;
-  totalMiB: number | null;
-}
 
 /** What one run of the engine printed, as evidence. */
 export interface Run {
@@ -42,7 +35,7 @@ export interface Run {
   cpu: Array<{ kind: CpuKind; line: string }>;
   /** Lines showing CUDA present: devices found, listed or chosen. */
   presence: string[];
-  notes: Map<number, DeviceNote>;
+  notes: Map<number, { name: string; totalMiB: number | null }>;
   found: number;
   chosen: number[];
   layers: { offloaded: number; total: number } | null;
@@ -51,17 +44,7 @@ export interface Run {
 const MAX_EVIDENCE_LINES = 4;
 
 export function newRun(): Run {
-  return {
-    cudaWeights: new Map(),
-    vram: null,
-    otherWeights: false,
-    cpu: [],
-    presence: [],
-    notes: new Map(),
-    found: 0,
-    chosen: [],
-    layers: null,
-  };
+  return { cudaWeights: new Map(), vram: null, otherWeights: false, cpu: [], presence: [], notes: new Map(), found: 0, chosen: [], layers: null };
 }
 
 function describe(run: Run, index: number): string {
@@ -76,10 +59,7 @@ function evidenceOf(lines: string[]): string {
   return unique.length > MAX_EVIDENCE_LINES ? `${shown} | +${unique.length - MAX_EVIDENCE_LINES} more` : shown;
 }
 
-function nameList(indices: number[]): string {
-  const names = indices.map((i) => `CUDA${i}`);
-  return names.length <= 2 ? names.join(' and ') : `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}`;
-}
+const nameList = (indices: number[]): string => andList(indices.map((i) => `CUDA${i}`));
 
 /** Devices the run used: those it chose with `using device`, else all it found, sorted. */
 function presentDevices(run: Run): number[] {
@@ -89,21 +69,14 @@ function presentDevices(run: Run): number[] {
   return [...indices].sort((a, b) => a - b);
 }
 
-function account(
-  run: Run,
-  backend: EngineBackend,
-  indices: number[],
-  evidence: string[],
-  summary: string,
-  gpuBackendLoaded: boolean | null = true,
-): EngineAccount {
+function account(run: Run, backend: EngineBackend, indices: number[], lines: string[], summary: string, loaded: boolean | null = true): EngineAccount {
   return {
     backend,
     devices: indices.map((i) => describe(run, i)),
     layersOffloaded: run.layers?.offloaded ?? null,
     layersTotal: run.layers?.total ?? null,
-    gpuBackendLoaded,
-    evidence: evidenceOf(evidence),
+    gpuBackendLoaded: loaded,
+    evidence: evidenceOf(lines),
     summary,
   };
 }
@@ -111,16 +84,11 @@ function account(
 /** The run's account; null when it says nothing the contract can name. */
 export function decideAccount(run: Run): EngineAccount | null {
   const layers = run.layers ? `${run.layers.offloaded}/${run.layers.total}` : null;
+  const offloaded = layers ? ` and offloaded ${layers} layers` : '';
   if (run.cudaWeights.size > 0) {
     const indices = [...run.cudaWeights.keys()].sort((a, b) => a - b);
-    const offloaded = layers ? ` and offloaded ${layers} layers` : '';
-    return account(
-      run,
-      'CUDA',
-      indices,
-      indices.map((i) => run.cudaWeights.get(i) as string),
-      `llama.cpp put its model buffers on ${nameList(indices)}${offloaded}`,
-    );
+    const lines = indices.map((i) => run.cudaWeights.get(i) as string);
+    return account(run, 'CUDA', indices, lines, `llama.cpp put its model buffers on ${nameList(indices)}${offloaded}`);
   }
   if (run.otherWeights) return null;
   if (run.vram !== null) {
@@ -128,7 +96,6 @@ export function decideAccount(run: Run): EngineAccount | null {
     if (run.presence.length === 0) return null;
     const indices = presentDevices(run);
     const where = indices.length > 0 ? nameList(indices) : 'its CUDA devices';
-    const offloaded = layers ? ` and offloaded ${layers} layers` : '';
     return account(run, 'CUDA', indices, [run.vram.line], `llama.cpp reported ${run.vram.mib} MiB of VRAM used on ${where}${offloaded}`);
   }
   if (run.cpu.length > 0) {
@@ -149,13 +116,7 @@ export function decideAccount(run: Run): EngineAccount | null {
     const indices = presentDevices(run);
     const saw = indices.length > 0 ? `found ${nameList(indices)}` : 'reported using CUDA';
     const claimed = layers ? ` (it reported ${layers} layers offloaded)` : '';
-    return account(
-      run,
-      'CUDA',
-      indices,
-      run.presence,
-      `llama.cpp ${saw} but printed no model buffer line, so weights on the GPU are not confirmed${claimed}`,
-    );
+    return account(run, 'CUDA', indices, run.presence, `llama.cpp ${saw} but printed no model buffer line, so weights on the GPU are not confirmed${claimed}`);
   }
   return null;
 }

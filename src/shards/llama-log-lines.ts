@@ -61,10 +61,7 @@ function clean(raw: string): string {
   return fn && fn.index > 0 ? line.slice(fn.index) : line;
 }
 
-/**
- * The lines as the engine wrote them: a CRI record's text without its time, stream and tag, its
- * pieces (P) joined to the record that ends the line; a piece the text ends with is not read yet.
- */
+/** The lines as the engine wrote them: CRI records' text, pieces (P) joined to the record that ends the line; a trailing piece waits. */
 function criLines(lines: string[]): string[] {
   const pieces = new Map<string, string>();
   const whole: string[] = [];

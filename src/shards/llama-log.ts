@@ -62,35 +62,29 @@ function note(run: Run, index: number, name: string, totalMiB: number | null): v
   run.notes.set(index, { name, totalMiB: totalMiB ?? run.notes.get(index)?.totalMiB ?? null });
 }
 
-/** The run reaches `stage`; a line that its process can no longer print (`newFrom` reached) starts a new run. */
-function enter(st: State, stage: Stage, newFrom: Stage): void {
-  if (st.stage >= newFrom) {
+/** The run reaches `stage`; a line its process can no longer print (`newFrom` reached; none: loading repeats) starts a new run. */
+function enter(st: State, stage: Stage, newFrom?: Stage): void {
+  if (newFrom !== undefined && st.stage >= newFrom) {
     st.run = newRun();
     st.stage = STAGE.none;
   }
   if (stage > st.stage) st.stage = stage;
 }
 
-function beginProcess(st: State): void {
-  enter(st, STAGE.process, STAGE.process);
-}
-
+const beginProcess = (st: State): void => enter(st, STAGE.process, STAGE.process);
 /** CUDA init and no-GPU warnings: printed (maybe several) while backends load, before the verbosity line. */
-function beginInit(st: State): void {
-  enter(st, STAGE.backends, STAGE.verbosity);
-}
-
-function beginVerbosity(st: State): void {
-  enter(st, STAGE.verbosity, STAGE.verbosity);
-}
-
+const beginInit = (st: State): void => enter(st, STAGE.backends, STAGE.verbosity);
+const beginVerbosity = (st: State): void => enter(st, STAGE.verbosity, STAGE.verbosity);
 /** device_info or --list-devices: once, listing backends already loaded. */
-function beginDevices(st: State): void {
-  enter(st, STAGE.devices, STAGE.devices);
-}
+const beginDevices = (st: State): void => enter(st, STAGE.devices, STAGE.devices);
+const beginLoad = (st: State): void => enter(st, STAGE.loading);
 
-function beginLoad(st: State): void {
-  st.stage = STAGE.loading;
+/** A --list-devices line naming a CUDA device: noted as evidence of CUDA (`presence`: the line as quoted); false for others. */
+function noteListed(run: Run, listed: RegExpExecArray, presence: string): boolean {
+  if (deviceKind(listed[1] as string) !== 'cuda') return false;
+  note(run, cudaIndex(listed[1] as string), listed[2] as string, Number(listed[3]));
+  run.presence.push(presence);
+  return true;
 }
 
 /** A device line inside the open block; false when the line ends the block. */
@@ -108,12 +102,7 @@ function continueBlock(st: State, block: Block, line: string): boolean {
         return true;
       }
       const listed = RE_DEVICE_LISTED.exec(line);
-      if (listed && deviceKind(listed[1] as string) === 'cuda') {
-        note(run, cudaIndex(listed[1] as string), listed[2] as string, Number(listed[3]));
-        run.presence.push(line);
-        return true;
-      }
-      return false;
+      return listed !== null && noteListed(run, listed, line);
     }
     case 'device-info': {
       const item = RE_DEVICE_INFO_ITEM.exec(line);
@@ -138,10 +127,7 @@ function continueBlock(st: State, block: Block, line: string): boolean {
       const listed = RE_DEVICE_LISTED.exec(line);
       if (!listed) return false;
       block.items += 1;
-      if (deviceKind(listed[1] as string) === 'cuda') {
-        note(run, cudaIndex(listed[1] as string), listed[2] as string, Number(listed[3]));
-        run.presence.push(`${block.header} ${line}`);
-      }
+      noteListed(run, listed, `${block.header} ${line}`);
       return true;
     }
     case 'buffers': {
@@ -250,10 +236,7 @@ function feed(st: State, line: string): void {
   st.linesSeen += 1;
 }
 
-/**
- * Whether an account rests on weights seen on a CUDA device (its evidence opens with that line), not
- * on CUDA merely present: such an engine allocated GPU memory, which nvidia-smi must then list.
- */
+/** Whether an account rests on weights seen on a CUDA device, not CUDA merely present: GPU memory that nvidia-smi must then list. */
 export function showsGpuWeights(account: EngineAccount): boolean {
   return account.backend === 'CUDA' && (RE_WEIGHTS.test(account.evidence) || RE_VRAM.test(account.evidence));
 }

@@ -7,7 +7,7 @@ import { deviceLabel } from './compute.js';
 import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
-import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
+import { andList, gpuList, verdict, type Readiness } from './verdict.js';
 
 const ON_CPU_ADVICE =
   "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.";
@@ -22,14 +22,11 @@ export function engineSaysCpu(engine: EngineAccount | null): engine is EngineAcc
   return engine !== null && engine.backend === 'CPU';
 }
 
-function engineCpuCause(engine: EngineAccount): VerdictCause {
-  if (engine.gpuBackendLoaded === true) return 'engine-no-gpu-layers';
-  return engine.gpuBackendLoaded === false ? 'engine-gpu-backend-failed' : 'engine-reports-cpu';
-}
-
 /** The on-cpu verdict the engine's own account decides; `node` null while nvidia-smi cannot be asked. */
 export function engineCpuVerdict(shard: ShardRecord, engine: EngineAccount, node: NodeView | null, warnings: string[]): Readiness {
-  return verdict('on-cpu', engineCpuCause(engine), engineCpuReason(shard, engine, node), warnings);
+  const loaded = engine.gpuBackendLoaded;
+  const cause = loaded === true ? 'engine-no-gpu-layers' : loaded === false ? 'engine-gpu-backend-failed' : 'engine-reports-cpu';
+  return verdict('on-cpu', cause, engineCpuReason(shard, engine, node), warnings);
 }
 
 function placedOnCpu(shard: ShardRecord): string {
@@ -53,9 +50,8 @@ function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
 }
 
 /**
- * A run whose GPU backend loaded holds its CUDA context and buffers on the GPU with no layer there,
- * so memory held is no proof against a CPU account (where the output does not say, it shows the
- * backend loaded); but held by an engine that found no usable GPU, it makes the output another run's.
+ * A run whose GPU backend loaded holds its CUDA context and buffers on the GPU with no layer there, so memory held is no proof
+ * against a CPU account; but held by an engine that found no usable GPU, it makes the output another run's.
  */
 function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeView | null): string {
   const says = `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}.`;
@@ -84,8 +80,7 @@ export function strayGpus(shard: ShardRecord, node: NodeView): number[] {
 /** The engine's CUDA device names ("CUDA0"), as its account lists them. */
 function cudaNames(engine: EngineAccount): string {
   const names = engine.devices.map((device) => device.split(':')[0] as string);
-  if (names.length === 0) return 'its CUDA devices';
-  return names.length === 1 ? (names[0] as string) : `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
+  return names.length === 0 ? 'its CUDA devices' : andList(names);
 }
 
 /** How the process computing can lie outside what the shard covers: its PID (and process group), or its cgroup. */

@@ -8,7 +8,7 @@ import { sameProcessNow, stoppedSinceListing, type Liveness } from '../node-stat
 import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, saidOfBusId, UNREACHABLE_GPU_MEANING } from '../node-state/gpu-roster.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
-import type { StatAnswer, UnreadableStat } from '../system/procfs.js';
+import type { StatAnswer } from '../system/procfs.js';
 import type { EngineAccount } from './llama-account.js';
 import { engineCpuVerdict, engineSaysCpu, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
@@ -64,10 +64,7 @@ function renumberedWarning({ registered, now, uuid }: Renumbered): string {
   );
 }
 
-/**
- * A given GPU not listed (`gone`, as unlistedGpu says them) or unreachable: the GPU is what to fix.
- * It rests on the GPU list alone; an engine that says CPU is a warning, for once it has GPUs again.
- */
+/** A given GPU not listed (`gone`) or unreachable: it rests on the GPU list alone; an engine saying CPU is a warning. */
 function gpuLostVerdict(
   shard: ShardRecord,
   gone: readonly string[],
@@ -76,9 +73,7 @@ function gpuLostVerdict(
   engine: EngineAccount | null,
   warnings: string[],
 ): Readiness {
-  if (engineSaysCpu(engine)) {
-    warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it has GPUs again, it reads on-cpu`);
-  }
+  if (engineSaysCpu(engine)) warnings.push(onCpuLater(engine, 'has GPUs again'));
   const parts: string[] = [];
   if (gone.length > 0) parts.push(`${gone.join('; ')}: ${LOST_GPU_MEANING}`);
   if (unreachable.length > 0) parts.push(`${unreachable.map(gpuUnreachable).join('; ')}: ${UNREACHABLE_GPU_MEANING}`);
@@ -94,9 +89,7 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   const warnings: string[] = [];
   if (staleReason !== null) warnings.push(`answered from an older snapshot: ${staleReason}`);
   const strays = strayGpus(shard, node);
-  if (strays.length > 0) {
-    warnings.push(`holds memory on ${gpuList(strays)}, which it was not given: check CUDA_VISIBLE_DEVICES and the placement`);
-  }
+  if (strays.length > 0) warnings.push(`holds memory on ${gpuList(strays)}, which it was not given: check CUDA_VISIBLE_DEVICES and the placement`);
   // An engine that says it computes on the CPU offloaded nothing, whatever "offloaded N/M" it printed.
   if (engine?.backend === 'CUDA' && engine.layersOffloaded !== null && engine.layersTotal !== null && engine.layersOffloaded < engine.layersTotal) {
     warnings.push(`the engine offloaded only ${engine.layersOffloaded} of ${engine.layersTotal} layers to the GPU; the rest runs on the CPU`);
@@ -104,10 +97,7 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   return warnings;
 }
 
-/**
- * Whether a cgroup shard restarted since its engine output's tail began (clock ticks since boot):
- * every process of it running now, the sandbox aside, started after that. False when unknown.
- */
+/** Whether every process of a cgroup shard now, the sandbox aside, started after its engine output's tail began; false when unknown. */
 export function restartedSince(liveness: Liveness | undefined, tailStartedAtTicks: number | null | undefined): boolean {
   return tailStartedAtTicks != null && liveness?.state === 'alive' && liveness.oldestStart !== undefined && liveness.oldestStart > tailStartedAtTicks;
 }
@@ -121,44 +111,31 @@ function earlierRun(shard: ShardRecord, liveness: Liveness, engine: EngineAccoun
   );
 }
 
-/**
- * Given GPUs a stopped shard holds no memory on, as a warning (they decide once it runs again); only
- * where nvidia-smi can show it: not while processes are hidden, nor on a GPU with an unknown owner.
- */
+/** Given GPUs a stopped shard holds no memory on, as a warning; not while processes are hidden, nor where an owner is unknown. */
 function unheldWhileStopped(shard: ShardRecord, node: NodeView): string[] {
   if (node.processesHidden !== null) return [];
   // A shard the attribution judged stopped has holdings there, if only an empty map.
   const held = node.attribution.holdings.get(shard.id)!;
   const missing = shard.gpus.filter((index) => !held.has(index) && !node.attribution.uncertain.has(index));
   if (missing.length === 0) return [];
-  return [
-    `it holds no memory on ${gpuList(missing)} (nvidia-smi lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)`,
-  ];
+  const then = 'once it runs again, that decides its verdict (starting within its grace, on-cpu after it)';
+  return [`it holds no memory on ${gpuList(missing)} (nvidia-smi lists none of its processes there): ${then}`];
 }
 
-/** Stopped answers nothing, whatever nvidia-smi says; an engine that says CPU is a warning for once it runs again. */
+const onCpuLater = (engine: EngineAccount, once: string): string =>
+  `the engine output posted says it computes on the CPU (${engine.summary}): once it ${once}, it reads on-cpu`;
+
+/** Stopped answers nothing, whatever nvidia-smi says; a lost GPU comes before the engine's word once it runs again. */
 function stoppedVerdict(input: ReadinessInput, why: string, warnings: string[], gpuLost = false): Readiness {
   const { shard, engine } = input;
-  if (shard.gpus.length > 0 && engineSaysCpu(engine)) {
-    // A lost GPU comes first once it runs: the engine's word counts only once it has GPUs again.
-    warnings.push(`the engine output posted says it computes on the CPU (${engine.summary}): once it ${gpuLost ? 'has GPUs again' : 'runs again'}, it reads on-cpu`);
-  }
+  if (shard.gpus.length > 0 && engineSaysCpu(engine)) warnings.push(onCpuLater(engine, gpuLost ? 'has GPUs again' : 'runs again'));
   return verdict('stopped', 'process-stopped', `${why}.`, warnings);
 }
 
-function uncertainWhy(stat: UnreadableStat): string {
-  return `the /proc stat of process ${stat.pid} on its way to a shard could not be read in this refresh (${stat.unreadable}), so it may be this shard's. ${stat.advice}`;
-}
-
-/**
- * While nvidia-smi cannot be asked: what /proc and the engine decide without it (exited, stopped,
- * on-cpu), a GPU its failure names (gpu-lost), what its last good listing says against the shard,
- * else unverified.
- */
+/** Without nvidia-smi: exited, stopped or on-cpu by /proc and the engine, gpu-lost by its failure, its last listing, else unverified. */
 function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   const { shard } = input;
   const why = input.unavailable ?? 'unknown reason';
-  const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
   const liveness = livenessWithoutNvidiaSmi(input);
   const unreachable = unreachableGiven(shard, input.unreachable ?? []);
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
@@ -178,6 +155,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   if (shard.gpus.length > 0 && engineSaysCpu(judgedEngine)) {
     return engineCpuVerdict(shard, judgedEngine, null, [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
   }
+  const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
   return last ?? verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, ...besides]);
 }
 
@@ -190,11 +168,10 @@ function livenessWithoutNvidiaSmi(input: ReadinessInput): Liveness {
 }
 
 /**
- * Past max-stale, the last good listing holds against a shard, never for it: a shard that served on
- * its GPUs keeps serving (fail-open), one never seen there is not admitted. That listing is judged
- * with /proc's word now, and kept when against the shard (HELD_STATES). A shard the listing does not
- * describe, or whose engine started again since, reads starting, unless registered before this run
- * (which may have seen it ready). Null: unverified. The engine's CPU account is left to the caller.
+ * Past max-stale, the last good listing, judged with /proc's word now, holds against a shard (HELD_STATES), never for it:
+ * one that served keeps serving (fail-open), one never seen on its GPUs is not admitted. A shard it does not describe, or
+ * whose engine started again since, reads starting, unless registered before this run (which may have seen it ready).
+ * Null: unverified. The engine's CPU account is left to the caller.
  */
 function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: string, besides: string[]): Readiness | null {
   const { shard, lastGood, now } = input;
@@ -240,10 +217,7 @@ function describes(lastGood: ReadinessInput['lastGood'], shard: ShardRecord): la
 /** Verdicts of the last good listing that hold past max-stale: those against the shard that /proc cannot end. */
 const HELD_STATES: ReadonlySet<ReadinessState> = new Set(['starting', 'on-cpu', 'gpu-lost', 'exited', 'stopped']);
 
-/**
- * Given GPUs (`listed`'s indices) on which every process that held the shard's memory in `listed`
- * has exited since, by the stats read now; none when those are not at hand.
- */
+/** Given GPUs (`listed`'s indices) where every process that held the shard's memory in `listed` has exited since. */
 function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<number, StatAnswer> | undefined): number[] {
   if (procNow === undefined) return [];
   // Not known to have exited (not read now, or unreadable either time) counts as running.
@@ -264,13 +238,6 @@ function unseenVerdict(shard: ShardRecord, since: string, why: string, besides: 
       'Fix nvidia-smi first (`nodecompute doctor` on this node): an engine started while the driver fails most likely cannot use CUDA either.',
     [`nvidia-smi cannot be asked: ${why}`, ...besides],
   );
-}
-
-/** When the listing a verdict rests on was begun, inside the grace: relative to the registration (never a negative time). */
-function begun(shard: ShardRecord, evidenceAt: number): string {
-  return evidenceAt < shard.registeredAt
-    ? 'before this shard was registered'
-    : `${formatDuration(evidenceAt - shard.registeredAt)} after registration, before the grace ended`;
 }
 
 export function readiness(input: ReadinessInput): Readiness {
@@ -314,20 +281,18 @@ export function readiness(input: ReadinessInput): Readiness {
   const waiting = `waiting for the shard to hold memory on ${gpuList(missing)} (nvidia-smi lists none of its memory there yet)`;
   if (left > 0) return verdict('starting', 'awaiting-gpu-memory', `${waiting}; ${formatDuration(left)} of its ${formatDuration(shard.graceMs)} grace left.`, warnings);
   if (evidenceAt < shard.registeredAt + shard.graceMs) {
-    // Routine right after the grace ends (the snapshot served was begun before); a slow or failing
-    // nvidia-smi, which makes it last, is a warning of its own (staleReason).
-    return verdict(
-      'starting',
-      'awaiting-listing',
-      `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun(shard, evidenceAt)}: ` +
-        'the verdict waits for a listing begun after the grace.',
-      warnings,
-    );
+    // Routine right after the grace ends; a slow or failing nvidia-smi, which makes it last, is a warning of its own.
+    const after = evidenceAt - shard.registeredAt;
+    const begun = after < 0 ? 'before this shard was registered' : `${formatDuration(after)} after registration, before the grace ended`;
+    const reason = `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun}`;
+    return verdict('starting', 'awaiting-listing', `${reason}: the verdict waits for a listing begun after the grace.`, warnings);
   }
   if (node.processesHidden !== null) return verdict('unverified', 'processes-hidden', null, [...warnings, node.processesHidden]);
   const uncertain = missing.flatMap((index) => {
-    const blocked = node.attribution.uncertain.get(index);
-    return blocked === undefined ? [] : [`GPU ${index} holds memory of a process whose owner is unknown: ${uncertainWhy(blocked)}`];
+    const stat = node.attribution.uncertain.get(index);
+    if (stat === undefined) return [];
+    const unread = `the /proc stat of process ${stat.pid} on its way to a shard could not be read in this refresh (${stat.unreadable})`;
+    return [`GPU ${index} holds memory of a process whose owner is unknown: ${unread}, so it may be this shard's. ${stat.advice}`];
   });
   if (uncertain.length > 0) return verdict('unverified', 'gpu-owner-unknown', null, [...warnings, ...uncertain]);
   const noAccount: NoAccount = setAside !== null ? 'earlier-run' : input.enginePosted === true ? 'silent' : 'not-posted';

@@ -5,10 +5,7 @@
 import { ShardConflictError } from '../errors.js';
 import { sameProcess, type ShardRecord } from './shard.js';
 
-/**
- * How `other` covers a process of the registration being made though their targets differ (read from
- * /proc), as the middle of a sentence about it ("runs in the cgroup \"pod-a\""); null when it does not.
- */
+/** How `other` covers a process of the registration being made though their targets differ, mid-sentence ("runs in the cgroup \"pod-a\""). */
 export type Overlaps = (other: ShardRecord) => string | null;
 
 /** Whether a replacing registration names the same process or the same cgroup. */
@@ -31,30 +28,21 @@ function sameGpus(a: ShardRecord, b: ShardRecord): boolean {
   return a.gpuUuids !== undefined && b.gpuUuids !== undefined ? sameMembers(a.gpuUuids, b.gpuUuids) : sameMembers(a.gpus, b.gpus);
 }
 
+const FIELDS = ['id', 'pid', 'cgroup', 'engine', 'graceMs'] as const;
+const IDENTITY_FIELDS = ['pid', 'pgid', 'startTime', 'name', 'bootId'] as const;
+
 /** Every field but the registration time. */
 function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
   return (
-    a.id === b.id &&
-    a.pid === b.pid &&
-    a.cgroup === b.cgroup &&
+    FIELDS.every((field) => a[field] === b[field]) &&
     sameMembers(a.gpus, b.gpus) &&
     a.gpuUuids?.join() === b.gpuUuids?.join() &&
-    a.engine === b.engine &&
-    a.graceMs === b.graceMs &&
-    a.identity.pid === b.identity.pid &&
-    a.identity.pgid === b.identity.pgid &&
-    a.identity.startTime === b.identity.startTime &&
-    a.identity.name === b.identity.name &&
-    a.identity.bootId === b.identity.bootId
+    IDENTITY_FIELDS.every((field) => a.identity[field] === b.identity[field])
   );
 }
 
-/** Another id registered for the same target as `record`, or for one covering the same processes. */
-export interface Conflict {
-  other: ShardRecord;
-  /** How `record` relates to it (Overlaps); null for the same target. */
-  relation: string | null;
-}
+/** Another id registered for the same target as `record`, or covering the same processes; `relation`: how (Overlaps), null for the same target. */
+export type Conflict = { other: ShardRecord; relation: string | null };
 
 export function conflicting(shards: ReadonlyMap<string, ShardRecord>, record: ShardRecord, overlaps: Overlaps): Conflict | undefined {
   for (const shard of shards.values()) {
@@ -82,10 +70,7 @@ export function conflictError(record: ShardRecord, { other, relation }: Conflict
   );
 }
 
-/**
- * What a replacement stores: the previous record when nothing changed; for the same run and GPUs, the
- * new one with the previous registration time; otherwise the new one, whose grace starts now.
- */
+/** What a replacement stores: the previous record if unchanged; for the same run and GPUs, the new one at the previous time; else the new one. */
 export function replacement(previous: ShardRecord | undefined, record: ShardRecord): { stored: ShardRecord; graceKept: boolean; unchanged: boolean } {
   if (previous === undefined || !sameRun(previous, record) || !sameGpus(previous, record)) return { stored: record, graceKept: false, unchanged: false };
   if (sameRegistration(previous, record)) return { stored: previous, graceKept: true, unchanged: true };

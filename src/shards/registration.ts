@@ -1,9 +1,8 @@
-// Owns registering and removing shards: a registration is checked against this node's /proc (the
-// process exists, runs, and is no init or kernel thread; a cgroup holds a running process) and GPUs
-// (each index exists now; its UUID is kept), and refused (409) where another id already covers its
-// processes: the same process or cgroup, or, for a PID, an ancestor or descendant within
-// ANCESTRY_DEPTH, or a process group one leads and the other is in. A repeat of a registration (a
-// controller reconciling) is never a conflict and reads no other shard's /proc.
+// Owns registering and removing shards: a registration is checked against /proc (a running process,
+// no init or kernel thread; a cgroup with a running process) and the GPUs (each index exists; its UUID
+// is kept), and refused (409) where another id covers its processes: the same process or cgroup, or,
+// for a PID, an ancestor or descendant within ANCESTRY_DEPTH, or a process group one leads and the
+// other is in. A repeat (a controller reconciling) is never a conflict and reads no other shard's /proc.
 import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
@@ -17,24 +16,15 @@ import { NotARepeatError, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 /** What a registration names, read from /proc: its identity, and the registrations covering its processes (null: a repeat). */
-interface Target {
-  identity: ProcessIdentity;
-  overlaps: Overlaps | null;
-}
+type Target = { identity: ProcessIdentity; overlaps: Overlaps | null };
 
 /** What attribution counts as a process's own besides itself: its nearest ancestors and its process group. */
-interface Lineage {
-  ancestors: ProcessIdentity[];
-  pgid: number;
-}
+type Lineage = { ancestors: ProcessIdentity[]; pgid: number };
 
-/** A process of this boot, as a map key. */
 const processKey = (identity: ProcessIdentity): string => `${identity.pid}@${identity.startTime}`;
 
-/** init: the ancestor of every process (in a container's PID namespace, its main process). */
-const INIT_PID = 1;
-/** kthreadd: every kernel thread is it or its child. */
-const KTHREADD_PID = 2;
+const INIT_PID = 1; // the ancestor of every process (in a container's PID namespace, its main process)
+const KTHREADD_PID = 2; // every kernel thread is it or its child
 
 export interface RegistrationDeps {
   registry: Registry;
@@ -50,11 +40,10 @@ export interface RegistrationDeps {
 export function createRegistration(deps: RegistrationDeps) {
   const { registry, node, proc, log, now } = deps;
 
-  const ofThisBoot = (): { bootId?: string } => {
+  const identityOf = (stat: ProcStat): ProcessIdentity => {
     const bootId = proc.bootId();
-    return bootId === null ? {} : { bootId };
+    return { pid: stat.pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...(bootId === null ? {} : { bootId }) };
   };
-  const identityOf = (stat: ProcStat): ProcessIdentity => ({ pid: stat.pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...ofThisBoot() });
 
   /** The process to register as a PID shard, and its parent's PID. */
   async function identityOfPid(pid: number): Promise<{ identity: ProcessIdentity; ppid: number }> {
@@ -66,9 +55,7 @@ export function createRegistration(deps: RegistrationDeps) {
       );
     }
     if (hasExited(stat)) {
-      throw new ProcessNotFoundError(
-        `Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register the shard once its engine runs.`,
-      );
+      throw new ProcessNotFoundError(`Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register it once it runs.`);
     }
     if (stat.pid === INIT_PID) {
       throw new NotAShardProcessError(
@@ -91,22 +78,14 @@ export function createRegistration(deps: RegistrationDeps) {
   async function overlapsWith(held: ProcessIdentity[], ofCgroup: boolean): Promise<Overlaps> {
     const cgroups = (await Promise.all(held.map((identity) => proc.readCgroup(identity.pid)))).map((paths) => paths ?? []);
     return (other) => {
-      if (other.cgroup === null) {
-        return held.some((identity) => sameProcess(other.identity, identity)) ? `holds process ${processOf(other)}` : null;
-      }
+      if (other.cgroup === null) return held.some((identity) => sameProcess(other.identity, identity)) ? `holds process ${processOf(other)}` : null;
       if (!cgroups.some(cgroupMatcher(other.cgroup))) return null;
       return `${ofCgroup ? 'shares processes with' : 'runs in'} the cgroup "${other.cgroup}"`;
     };
   }
 
   /** Another process's stat for a conflict check; undefined when unreadable, which must not fail this registration. */
-  async function statIfReadable(pid: number): Promise<ProcStat | null | undefined> {
-    try {
-      return await proc.readStat(pid);
-    } catch {
-      return undefined;
-    }
-  }
+  const statIfReadable = (pid: number): Promise<ProcStat | null | undefined> => proc.readStat(pid).catch(() => undefined);
 
   /** The nearest ANCESTRY_DEPTH ancestors of a process whose parent is `ppid`, read now. */
   async function ancestorsFrom(ppid: number): Promise<ProcessIdentity[]> {
@@ -129,9 +108,8 @@ export function createRegistration(deps: RegistrationDeps) {
   }
 
   /**
-   * A process to register. A registered PID shard also covers it when one descends from the other
-   * (within ANCESTRY_DEPTH) or is in the process group the other leads: attribution would give the
-   * second one's memory to the first. Siblings in one group do not cover each other.
+   * A process to register. A PID shard also covers it when one descends from the other (within ANCESTRY_DEPTH) or is in the
+   * group the other leads: attribution would give the second one's memory to the first. Siblings in a group do not.
    */
   async function targetOfPid(pid: number, repeats: (identity: ProcessIdentity) => boolean): Promise<Target> {
     const { identity, ppid } = await identityOfPid(pid);
@@ -187,19 +165,13 @@ export function createRegistration(deps: RegistrationDeps) {
   }
 
   /** A /proc that cannot be read (permissions, a bad mount) is the node's problem: 503. */
-  async function readable<T>(reading: Promise<T>): Promise<T> {
-    try {
-      return await reading;
-    } catch (err) {
+  const readable = <T>(reading: Promise<T>): Promise<T> =>
+    reading.catch((err: unknown) => {
       if (isCodedError(err)) throw err;
       throw new ProcUnreadableError(`The registration was not stored: ${(err as Error).message} Run \`nodecompute doctor\` on this node.`, { cause: err });
-    }
-  }
+    });
 
-  /**
-   * Checks GPU indices against the node and keeps each one's UUID; while nvidia-smi cannot be asked
-   * they are taken on trust and `unchecked` says why. `kept`: the devices a repeat names, unchecked.
-   */
+  /** Each GPU index exists, with its UUID; taken on trust while nvidia-smi cannot be asked (`unchecked`: why). `kept`: a repeat's devices. */
   async function checkGpus(gpus: number[], kept: string[] | undefined): Promise<{ unchecked: string | null; uuids?: string[] }> {
     if (gpus.length === 0) return { unchecked: null, uuids: [] };
     let snapshot: NodeSnapshot;
@@ -213,18 +185,16 @@ export function createRegistration(deps: RegistrationDeps) {
     const known = snapshot.gpus.map((gpu) => gpu.index);
     const unknown = gpus.filter((index) => !known.includes(index));
     if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
-    const lostSince = (gpu: LostGpu) => ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}`;
-    const lostNote = snapshot.lostGpus
-      .filter((gpu) => unknown.includes(gpu.index))
-      .map((gpu) => `${lostSince(gpu)}: ${LOST_GPU_MEANING}`)
-      .join('');
-    // A lost GPU renumbers those after it: the index asked for is most likely one of them.
-    const renumberNote = snapshot.lostGpus
-      .filter((gpu) => !unknown.includes(gpu.index))
-      .map((gpu) => `${lostSince(gpu)}, and nvidia-smi numbers only the GPUs it lists: those after it usually moved down one index. GET /gpus gives each GPU's index and UUID now.`)
-      .join('');
+    // The GPUs asked for that were lost first; another lost GPU renumbers those after it, most likely the one asked for.
+    const asked = (gpu: LostGpu) => unknown.includes(gpu.index);
+    const moved =
+      ', and nvidia-smi numbers only the GPUs it lists: those after it usually moved down one index. ' + "GET /gpus gives each GPU's index and UUID now.";
+    const notes = [...snapshot.lostGpus.filter(asked), ...snapshot.lostGpus.filter((gpu) => !asked(gpu))].map((gpu) => {
+      const said = asked(gpu) ? `: ${LOST_GPU_MEANING}` : moved;
+      return ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}${said}`;
+    });
     throw new UnknownGpuError(
-      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${lostNote}${renumberNote} Fix "gpus" in the registration.`,
+      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${notes.join('')} Fix "gpus" in the registration.`,
     );
   }
 

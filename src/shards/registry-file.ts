@@ -38,33 +38,33 @@ export function serialiseShards(shards: Map<string, ShardRecord>): string {
 /** Its registrations (null: no file yet, a first start), or why a start cannot use it: what is wrong, and what to do. */
 export type StateFileRead = { ok: true; shards: ShardRecord[] | null } | { ok: false; problem: string; fix: string; cause?: unknown };
 
+/** A file a start cannot use, left untouched. */
+function unusable(problem: string, fix: string, cause?: unknown): StateFileRead {
+  const refused = { ok: false as const, problem: `${problem} It was left untouched.`, fix };
+  return cause === undefined ? refused : { ...refused, cause };
+}
+
 function parseState(path: string, text: string): StateFileRead {
   let data: unknown;
   try {
     data = JSON.parse(text);
   } catch (err) {
-    return {
-      ok: false,
-      problem: `The state file ${path} is not valid JSON (${(err as Error).message}). It was left untouched.`,
-      fix: 'Restore it from a backup, fix it by hand, or move it away to start with no shards (the control plane must then register them again).',
-      cause: err,
-    };
+    const fix = 'Restore it from a backup, fix it by hand, or move it away to start with no shards (the control plane must then register them again).';
+    return unusable(`The state file ${path} is not valid JSON (${(err as Error).message}).`, fix, err);
   }
   if (!Value.Check(StateSchema, data)) {
     const first = Value.Errors(StateSchema, data).First()!;
-    return {
-      ok: false,
-      problem: `The state file ${path} is not a nodecompute shard registry: ${first.path} ${first.message}. It was left untouched.`,
-      fix: 'Fix it by hand, or move it away to start with no shards.',
-    };
+    const problem = `The state file ${path} is not a nodecompute shard registry: ${first.path} ${first.message}.`;
+    return unusable(problem, 'Fix it by hand, or move it away to start with no shards.');
   }
   const mismatched = data.shards.find((shard) => shard.gpuUuids !== undefined && shard.gpuUuids.length !== shard.gpus.length);
   if (mismatched !== undefined) {
-    return {
-      ok: false,
-      problem: `The state file ${path} gives shard "${mismatched.id}" ${mismatched.gpus.length} GPU(s) but ${mismatched.gpuUuids!.length} GPU UUID(s): each GPU index needs its UUID, in the same order. It was left untouched.`,
-      fix: 'Fix it by hand (remove "gpuUuids" to have the shard judged by index), or move it away to start with no shards.',
-    };
+    const { id, gpus, gpuUuids } = mismatched;
+    const problem = `The state file ${path} gives shard "${id}" ${gpus.length} GPU(s) but ${gpuUuids!.length} GPU UUID(s)`;
+    return unusable(
+      `${problem}: each GPU index needs its UUID, in the same order.`,
+      'Fix it by hand (remove "gpuUuids" to have the shard judged by index), or move it away to start with no shards.',
+    );
   }
   return { ok: true, shards: data.shards };
 }

@@ -19,15 +19,11 @@ export interface Registry {
   /** Bumped on every engine output: it changes verdicts, never attribution. */
   readonly engineVersion: number;
   /**
-   * Registers or replaces a shard (registration-rules.ts); resolves once the state file holds it.
-   * Rejects with ShardConflictError on a conflict (`overlaps`: what only /proc can tell). `stored` is
-   * told once it is stored, even after its caller was answered 503 pending: what follows belongs there.
+   * Registers or replaces a shard once the state file holds it; rejects with ShardConflictError (`overlaps`: what only /proc
+   * can tell). `stored` is told once it is stored, even after its caller was answered 503 pending.
    */
   put(record: ShardRecord, overlaps?: Overlaps | null, stored?: (result: PutResult) => void): Promise<PutResult>;
-  /**
-   * Whether put(record) would now be answered at once as an unchanged repeat, never a conflict: it may
-   * then be put with `overlaps` null, and is refused with NotARepeatError if no repeat by then.
-   */
+  /** Whether put(record) would now be an unchanged repeat: then put it with `overlaps` null (NotARepeatError if no longer one). */
   repeats(record: ShardRecord): boolean;
   /** False when it was not registered. Resolves once the state file agrees; `removed` is told then, as put's `stored`. */
   remove(id: string, removed?: () => void): Promise<boolean>;
@@ -38,13 +34,11 @@ export interface Registry {
   interest(bootId: string | null): { pids: number[]; cgroups: string[] };
 }
 
+/** `shard`: the one given, with the previous registration time (and so grace clock) when `graceKept`; `unchanged`: identical, so kept. */
 export interface PutResult {
   created: boolean;
-  /** The record stored: the one given, with the previous registration time when that was kept. */
   shard: ShardRecord;
-  /** The registration time, and so the grace clock, was kept. */
   graceKept: boolean;
-  /** Identical to the registration it replaced, which stays. */
   unchanged: boolean;
 }
 
@@ -62,22 +56,19 @@ type Change = (draft: Map<string, ShardRecord>) => unknown;
 /** Stored, with what the change answered; or not: refused with its batch, or withdrawn or refused before it was queued. */
 type Settled<T> = { stored: true; result: T } | { stored: false; batchRefused: boolean };
 
+/** `settled`: told what became of the change, whether or not its caller still waits; `deadline`: the state file's bound. */
 interface Queued {
   change: Change;
-  /** Told what became of the change, whether or not its caller is still waiting. */
   settled: (outcome: Settled<unknown>) => void;
   resolve: (result: unknown) => void;
   reject: (err: Error) => void;
-  /** Answers the caller once the state file's bound passes. */
   deadline: NodeJS.Timeout;
-  /** The caller was answered "pending" while the change's write was under way. */
   answeredPending: boolean;
 }
 
-/** What put() answers for a change its batch stored. */
-function putResult(stored: { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean }): PutResult {
-  return { created: stored.previous === undefined, shard: stored.stored, graceKept: stored.graceKept, unchanged: stored.unchanged };
-}
+type Stored = ReturnType<typeof replacement> & { previous: ShardRecord | undefined };
+
+const putResult = ({ previous, stored, graceKept, unchanged }: Stored): PutResult => ({ created: previous === undefined, shard: stored, graceKept, unchanged });
 
 export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }): Promise<Registry> {
   const { stateFile, log } = deps;
@@ -101,7 +92,6 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       const batch = queue.splice(0);
       const draft = new Map(committed);
       const results = batch.map((item) => item.change(draft));
-      /** How many of the batch's callers were answered 503 pending while it was written. */
       const late = () => batch.filter((item) => item.answeredPending).length;
       try {
         await stateFile.write(serialiseShards(draft));
@@ -126,7 +116,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     writing = false;
   }
 
-  /** Logs what became of a batch's changes whose callers were answered 503 pending, if any. */
+  /** Logs what became of changes whose callers were answered 503 pending. */
   function sayLate(changes: number, outcome: string): void {
     if (changes === 0) return;
     log.info(
@@ -226,10 +216,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     },
     repeats,
     async put(record, overlaps = () => null, stored = () => undefined) {
-      // With nothing queued, an unchanged repeat (a control plane reconciling) or a conflict is answered
-      // at once, with no write and no new version; otherwise the batch decides, after the changes queued
-      // before it. A repeat is never a conflict: registrations stored before overlaps were refused must
-      // still be reconciled.
+      // With nothing queued, a repeat (a control plane reconciling; never a conflict, so registrations stored
+      // before overlaps were refused still reconcile) or a conflict is answered at once; else the batch decides.
       if (queue.length === 0 && !writing) {
         const previous = committed.get(record.id);
         if (previous !== undefined && repeats(record)) {
@@ -246,7 +234,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       if (!pending) inFlight.set(record.id, (pending = new Set()));
       pending.add(posted);
       const outcome = await enqueue(
-        (draft): { conflict: Conflict } | { notARepeat: true } | { previous: ShardRecord | undefined; stored: ShardRecord; graceKept: boolean; unchanged: boolean } => {
+        (draft): { conflict: Conflict } | { notARepeat: true } | Stored => {
           const previous = draft.get(record.id);
           const replaced = replacement(previous, record);
           if (!replaced.unchanged) {
@@ -286,8 +274,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
           },
         );
       } catch (err) {
-        // Its batch refused, the registry is as it was: without the shard, the answer is "not
-        // registered". Withdrawn or pending, a write that may still add the shard is under way.
+        // Refused with its batch and not registered: "not registered". Withdrawn or pending: a write may still add it.
         if (!batchRefused || committed.has(id)) throw err;
         return false;
       }

@@ -1,28 +1,18 @@
 // Owns the shard use cases behind the routes, composed from registration.ts (register, remove),
 // verdicts.ts (verdicts and compute from the current snapshot) and the engine's posted output. The
 // routes stay thin; readers arrive as dependencies, so nothing here touches the OS itself.
-import type { Logger } from 'pino';
 import { ShardNotFoundError } from '../errors.js';
-import type { NodeService } from '../node-state/node-service.js';
 import type { ShardRecordBody } from '../schemas/shards.js';
-import type { ProcReader } from '../system/procfs.js';
 import { ENGINE_TAIL_MAX_BYTES, type EngineState } from './engine-output.js';
 import { restartedSince } from './readiness.js';
 import { createRegistration } from './registration.js';
-import type { PutResult, Registry } from './registry.js';
+import type { PutResult } from './registry.js';
 import type { ShardRecord } from './shard.js';
-import { createVerdicts } from './verdicts.js';
+import { createVerdicts, type VerdictDeps } from './verdicts.js';
 
 export type { ShardState } from './verdicts.js';
 
-export interface ShardServiceDeps {
-  registry: Registry;
-  node: NodeService;
-  proc: ProcReader;
-  defaultGraceMs: number;
-  log: Logger;
-  now: () => number;
-}
+export type ShardServiceDeps = VerdictDeps & { defaultGraceMs: number };
 
 export function shardBody(shard: ShardRecord): ShardRecordBody {
   return { ...shard, gpuUuids: shard.gpuUuids ?? null, registeredAt: new Date(shard.registeredAt).toISOString() };
@@ -72,9 +62,8 @@ export function createShardService(deps: ShardServiceDeps) {
 
   const registration = createRegistration({ ...deps, onStored: stored });
 
-  function notFound(id: string): Error {
-    return new ShardNotFoundError(`No shard "${id}" is registered on this node. Register it with PUT /shards/${id}, or list them with GET /shards.`);
-  }
+  const notFound = (id: string): Error =>
+    new ShardNotFoundError(`No shard "${id}" is registered on this node. Register it with PUT /shards/${id}, or list them with GET /shards.`);
 
   /** The shard as registered now; asked again after a wait, as it may have been removed or replaced meanwhile. */
   function requireShard(id: string): () => ShardRecord {
@@ -95,10 +84,7 @@ export function createShardService(deps: ShardServiceDeps) {
     probe: (id: string, maxWaitMs: number) => verdicts.probe(requireShard(id), maxWaitMs),
     states: verdicts.states,
 
-    /**
-     * Output posted after a cgroup shard's container restarted starts a new tail: the old one is the
-     * previous run's. Dated in /proc's clock too, so that a run started after it can be told.
-     */
+    /** Output posted after a cgroup shard's container restarted starts a new tail; dated in /proc's clock to tell later runs. */
     appendEngineOutput(id: string, text: string): EngineState & { note: string | null } {
       const restarted = restartedSince(node.peek()?.node.attribution.liveness.get(id), registry.engine(id)?.tailStartedAtTicks);
       const state = registry.appendEngineOutput(id, text, now(), proc.ticksNow(), restarted);

@@ -34,22 +34,17 @@ export const VERDICT_CAUSES = [
 ] as const;
 export type VerdictCause = (typeof VERDICT_CAUSES)[number];
 
-export interface Readiness {
-  ready: boolean;
-  state: ReadinessState;
-  /** Null when ready. */
-  cause: VerdictCause | null;
-  reason: string | null;
-  warnings: string[];
-}
+/** `cause`: null when ready. */
+export type Readiness = { ready: boolean; state: ReadinessState; cause: VerdictCause | null; reason: string | null; warnings: string[] };
 
 export function verdict(state: ReadinessState, cause: VerdictCause | null, reason: string | null, warnings: string[]): Readiness {
   return { ready: state === 'ready' || state === 'unverified', state, cause, reason, warnings };
 }
 
-/** "GPU 0", "GPU 0 and GPU 1", "GPU 0, GPU 1 and GPU 2". */
-export function gpuList(indices: number[]): string {
-  const names = indices.map((index) => `GPU ${index}`);
-  if (names.length <= 1) return names.join('');
-  return `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
+/** "a", "a and b", "a, b and c". */
+export function andList(names: string[]): string {
+  return names.length <= 1 ? names.join('') : `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
 }
+
+/** "GPU 0", "GPU 0 and GPU 1", "GPU 0, GPU 1 and GPU 2". */
+export const gpuList = (indices: number[]): string => andList(indices.map((index) => `GPU ${index}`));

@@ -17,20 +17,9 @@ import type { Readiness, ReadinessState } from './verdict.js';
 import type { Registry } from './registry.js';
 import type { ShardRecord } from './shard.js';
 
-export interface ShardState {
-  shard: ShardRecord;
-  readiness: Readiness;
-  compute: ShardCompute | null;
-  observedAt: number | null;
-}
+export type ShardState = { shard: ShardRecord; readiness: Readiness; compute: ShardCompute | null; observedAt: number | null };
 
-export interface VerdictDeps {
-  registry: Registry;
-  node: NodeService;
-  proc: ProcReader;
-  log: Logger;
-  now: () => number;
-}
+export type VerdictDeps = { registry: Registry; node: NodeService; proc: ProcReader; log: Logger; now: () => number };
 
 export function createVerdicts({ registry, node, proc, log, now }: VerdictDeps) {
   /** Shards registered before this run may have been seen ready by an earlier one (readiness.ts). */
