@@ -45,6 +45,9 @@ async function twoReadyShards(t: Test, config: Partial<Config>) {
     t.equal((await built.app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
   }
   t.same((await verdicts(built.app)).map((v) => v.state), ['ready', 'ready']);
+  // A probe of a snapshot older than the last registration starts a refresh: let it land before the
+  // test changes the node, or its two queries could read the node before and after the change.
+  await settle(built.app);
   return { ...built, clock, shards };
 }
 
