@@ -331,12 +331,12 @@ t.test('a group leader that exits while its child holds the GPU: exited, naming 
   const node = view([gpu(0, [[101, 9000]]), gpu(1, [[102, null], [200, 300]])], [orphan, stat(102, 100, 7), stat(200, 200, 9)], [s], [[100, null]]);
   const v = verdictOf(s, node);
   t.equal(v.state, 'exited', 'the registered process is gone');
-  t.equal(
+  t.match(
     v.reason,
     "the shard's process exited: process 100 no longer exists, but its process group 100 still holds GPU memory: 9000 MiB on GPU 0 (PID 101, p), " +
-      'memory nvidia-smi does not report ([N/A]) on GPU 1 (PID 102, p). That memory is not free for placement and reads as foreign until it is released: ' +
-      'if the shard is not coming back, kill 101 102.',
+      'memory nvidia-smi does not report ([N/A]) on GPU 1 (PID 102, p). ',
   );
+  t.match(v.reason, /reads as foreign .*if the shard is not coming back, kill 101 102\.$/);
   t.same(foreignMemory(node)[0]!.foreignProcesses.map((p) => p.pid), [101], 'the orphan is nobody\'s');
 
   const many = view(
@@ -396,12 +396,8 @@ t.test('a pod cgroup left with only its sandbox: exited, not on-cpu, saying what
   const v = verdictOf(pod, node);
   t.equal(v.state, 'exited');
   t.equal(v.ready, false);
-  t.equal(
-    v.reason,
-    `the shard's process exited: only the pod's sandbox process is left in cgroup "${POD_UID}" (pause, PID 10): ` +
-      "the engine's container exited and is not running now (crashing and waiting to be restarted: CrashLoopBackOff?), so nothing computes, on a GPU or on the CPU. " +
-      "See why with `kubectl describe pod` (the container's Last State, exit code and restart count) and `kubectl logs --previous`; the verdict changes by itself once the engine runs again.",
-  );
+  t.match(v.reason, `the shard's process exited: only the pod's sandbox process is left in cgroup "${POD_UID}" (pause, PID 10): the engine's container exited`);
+  t.match(v.reason, /CrashLoopBackOff.*`kubectl describe pod`.*`kubectl logs --previous`.*changes by itself/);
   t.same(v.warnings, []);
 
   // CRI-O (OpenShift: conmon_cgroup = "pod") leaves the sandbox's monitor too, and the dead engine may linger as a zombie.
