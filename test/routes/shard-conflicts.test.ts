@@ -23,7 +23,7 @@ t.test('PID 1 is refused: init in the host namespace, a container\'s main proces
   t.equal(res.statusCode, 422);
   t.equal(res.json().code, 'NODECOMPUTE_NOT_A_SHARD_PROCESS', 'it exists: another code than a PID with no process');
   t.match(res.json().message, `PID 1 in ${root} is init (systemd), not a shard: every process on the node descends from it, so as a shard it would claim other workloads' GPU memory`);
-  t.match(res.json().message, "This is probably a container's main process, PID 1 inside the container: register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`");
+  t.match(res.json().message, "Register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`");
   t.match(res.json().message, 'crictl inspect');
   t.match(res.json().message, 'or register the pod by its cgroup');
   t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
