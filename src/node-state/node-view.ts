@@ -31,10 +31,8 @@ export function busyGpus(gpus: ReadonlyArray<{ index: number; usedMiB: number | 
 /** Busy GPUs with no process listed: another PID namespace or a GPU-sharing layer hides them. */
 export function hiddenProcessesWarning(busy: number[]): string {
   const gpus = busy.map((index) => `GPU ${index}`).join(', ');
-  return (
-    `nvidia-smi lists no GPU process, yet ${gpus} ${busy.length === 1 ? 'has' : 'have'} memory in use: the processes are hidden from it, so nodecompute cannot tell whose memory is whose. ` +
-    "Either nodecompute does not share the host's PID namespace (run it with --pid=host (Docker) or hostPID: true (Kubernetes)), or a GPU-sharing layer (HAMi, vGPU) hides them."
-  );
+  const hidden = `nvidia-smi lists no GPU process, yet ${gpus} ${busy.length === 1 ? 'has' : 'have'} memory in use: the processes are hidden from it`;
+  return `${hidden}. Either nodecompute does not share the host's PID namespace (--pid=host / hostPID: true) or a GPU-sharing layer (HAMi, vGPU) hides them.`;
 }
 
 /** What one snapshot says about the PIDs nvidia-smi lists (`hidden`: NodeView.processesHidden), to judge the next by. */
