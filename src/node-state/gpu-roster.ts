@@ -72,11 +72,8 @@ export function createGpuRoster(log: Logger) {
       const unknown = unreachable.filter((gpu) => !knownBusIds.has(gpu.busId));
       for (const gpu of unknown) {
         if (unknownSaid.has(gpu.busId)) continue;
-        log.warn(
-          { busId: gpu.busId },
-          `${gpuUnreachable({ ...gpu, listed: null })}, and lists the other GPUs. nodecompute never listed that GPU (it was lost before nodecompute started), ` +
-            `so it is not in /gpus and no shard can be placed on it. ${LOST_GPU_FIX}`,
-        );
+        const never = 'nodecompute never listed that GPU (lost before it started), so it is not in /gpus and no shard can be placed on it';
+        log.warn({ busId: gpu.busId }, `${gpuUnreachable({ ...gpu, listed: null })}, and lists the other GPUs. ${never}. ${LOST_GPU_FIX}`);
       }
       unknownSaid = new Set(unknown.map((gpu) => gpu.busId));
       return [...lost]
