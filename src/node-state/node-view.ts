@@ -85,10 +85,8 @@ function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
     log.info("nvidia-smi's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards.");
     return;
   }
-  log.warn(
-    { missingPids: [...missing].slice(0, 10) },
-    `${hidden} Until this is fixed, every shard reads unverified (its probe answers 200: there is no evidence either way), all GPU memory reads as foreign, and /readyz fails.`,
-  );
+  const meaning = 'every shard reads unverified (its probe answers 200: there is no evidence either way), all GPU memory reads as foreign, and /readyz fails';
+  log.warn({ missingPids: [...missing].slice(0, 10) }, `${hidden} Until this is fixed, ${meaning}.`);
 }
 
 /** What nvidia-smi said of the GPU of `uuid` in NodeService.unreachable(); null when it did not name it. */

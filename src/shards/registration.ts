@@ -187,9 +187,8 @@ export function createRegistration(deps: RegistrationDeps) {
       const said = asked(gpu) ? `: ${LOST_GPU_MEANING}` : moved;
       return ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}${said}`;
     });
-    throw new UnknownGpuError(
-      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${notes.join('')} Fix "gpus" in the registration.`,
-    );
+    const has = `it has GPU ${known.join(', ')} (as nvidia-smi numbers them)`;
+    throw new UnknownGpuError(`GPU ${unknown.join(', ')} does not exist on this node; ${has}.${notes.join('')} Fix "gpus" in the registration.`);
   }
 
   /** A PUT that repeats this id's GPUs means the devices the registration kept, whatever their indices now: their UUIDs. */

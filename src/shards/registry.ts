@@ -100,10 +100,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
         // and the state file logs its directory turning unwritable, once.
         log.debug({ err, stateFile: stateFile.path, changes: batch.length }, 'Could not write the state file; the changes were refused and nothing stored was lost');
         const fix = (err as StateFileFailure).fix ?? 'Make the state directory writable (disk full? read-only volume? a mount that does not answer?) and retry.';
-        const failure = new StateWriteFailedError(
-          `The change was not stored: writing the state file ${stateFile.path} failed (${(err as Error).message}). Nothing already registered was lost. ${fix}`,
-          { cause: err },
-        );
+        const why = `writing the state file ${stateFile.path} failed (${(err as Error).message})`;
+        const failure = new StateWriteFailedError(`The change was not stored: ${why}. Nothing already registered was lost. ${fix}`, { cause: err });
         sayLate(late(), 'were not stored after all: the write failed when it returned');
         for (const item of batch) settle(item, { stored: false, batchRefused: true }, failure);
         continue;
