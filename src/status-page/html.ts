@@ -129,13 +129,10 @@ export function renderHtml(model: StatusModel): string {
     banners.push(`<div class="banner ${kind}" role="${role}"><strong>${head}</strong>${body}<code>${escapeHtml(code)}</code></div>`);
   };
   if (model.error !== null) {
-    banner(
-      "nvidia-smi cannot be asked, so no shard's GPU use can be verified.",
-      ' A shard it last saw ready is shown as unverified and keeps serving; one it last saw starting, on the CPU or on a lost GPU keeps that verdict, ' +
-        "and one it has not seen since its registration reads starting. /proc still shows an exit or a stop, and an engine's own output the CPU. " +
-        'Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:',
-      model.error,
-    );
+    const meaning =
+      ' A shard it last saw ready reads unverified and keeps serving; any other keeps its last verdict, or reads starting if never seen. ' +
+      `/proc still shows exits and stops, an engine's output the CPU. Run <code style="display:inline">nodecompute doctor</code>. nvidia-smi said:`;
+    banner("nvidia-smi cannot be asked, so no shard's GPU use can be verified.", meaning, model.error);
   }
   if (model.processesHidden !== null) {
     banner('nodecompute cannot tell whose GPU memory is whose.', ' All of it reads as foreign, and no shard can be verified.', model.processesHidden);
