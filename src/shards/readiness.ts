@@ -226,13 +226,9 @@ function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<
 
 /** Starting, for a shard no listing has shown on its GPUs while nvidia-smi cannot be asked: `since` says why none has. */
 function unseenVerdict(shard: ShardRecord, since: string, why: string, besides: string[]): Readiness {
-  return verdict(
-    'starting',
-    'awaiting-nvidia-smi',
-    `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until nvidia-smi answers and lists its memory there. ` +
-      'Fix nvidia-smi first (`nodecompute doctor` on this node): an engine started while the driver fails most likely cannot use CUDA either.',
-    [`nvidia-smi cannot be asked: ${why}`, ...besides],
-  );
+  const unseen = `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until nvidia-smi answers and lists it there`;
+  const fix = 'Fix nvidia-smi first (`nodecompute doctor`): an engine started while the driver fails most likely cannot use CUDA either.';
+  return verdict('starting', 'awaiting-nvidia-smi', `${unseen}. ${fix}`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
 }
 
 export function readiness(input: ReadinessInput): Readiness {
