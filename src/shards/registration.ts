@@ -45,7 +45,6 @@ export function createRegistration(deps: RegistrationDeps) {
     return { pid: stat.pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...(bootId === null ? {} : { bootId }) };
   };
 
-  /** The process to register as a PID shard, and its parent's PID. */
   async function identityOfPid(pid: number): Promise<{ identity: ProcessIdentity; ppid: number }> {
     const stat = await proc.readStat(pid);
     if (!stat) {

@@ -26,7 +26,6 @@ function badge(kind: string, text: string = kind): string {
   return `<span class="badge ${kind}">${text}</span>`;
 }
 
-/** What the GPUs held column lists. */
 const HELD_NOTE =
   'GPUs held: every GPU whose memory the shard\'s processes hold, as nvidia-smi lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
 
