@@ -157,9 +157,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { verbose } = request.query;
       const checklist = verbose === undefined ? false : CHECKLIST.get(verbose);
       if (checklist === undefined) {
-        throw new BadRequestError(
-          `Invalid request: querystring/verbose is ${JSON.stringify(verbose)}; it takes no value, true or 1 for the plain-text checklist, and false or 0 (or leaving it out) for JSON.`,
-        );
+        throw new BadRequestError(`Invalid request: querystring/verbose is ${JSON.stringify(verbose)}; none, true or 1: the checklist; false or 0: JSON.`);
       }
       const result = await checks(checklist);
       const failed = result.checks.find((check): check is FailedCheck => !check.ok);
