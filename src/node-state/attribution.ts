@@ -29,8 +29,7 @@ export interface Attribution {
 }
 
 const unreadableWhy = (stat: UnreadableStat): string =>
-  `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. ` +
-  `Whether it still runs is unverified, so it keeps serving. ${stat.advice}`;
+  `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. It is unverified, so it keeps serving. ${stat.advice}`;
 
 /** Stopped by a signal (T) or by a tracer (t). */
 const isStopped = (stat: ProcStat): boolean => stat.state === 'T' || stat.state === 't';
@@ -150,8 +149,7 @@ function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   if (snapshot.cgroupScanFailed !== undefined) {
     const unread = `which processes are in cgroup "${cgroup}" could not be read in this refresh: ${snapshot.cgroupScanFailed}`;
-    const meaning = 'Whether it still runs, and where it computes, is unverified, so it keeps serving';
-    return { state: 'unreadable', why: `${unread}. ${meaning}. Run \`nodecompute doctor\` on this node; the next refresh reads them again.` };
+    return { state: 'unreadable', why: `${unread}. It is unverified, so it keeps serving. Run \`nodecompute doctor\` on this node.` };
   }
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
