@@ -7,7 +7,8 @@ import { colourClass } from './colours.js';
 import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type ShardRow, type StatusModel } from './model.js';
 import { CSS } from './styles.js';
 import {
-  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, missingSince, NOT_PLACED, snapshotLine, summary, unreachableNote, when,
+  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, missingSince, NOT_PLACED, OUTAGE_MEANING, snapshotLine, summary,
+  unreachableNote, when,
 } from './wording.js';
 
 /** Seconds between the page's own reloads (meta refresh). */
@@ -128,9 +129,7 @@ export function renderHtml(model: StatusModel): string {
     banners.push(`<div class="banner ${kind}" role="${role}"><strong>${head}</strong>${body}<code>${escapeHtml(code)}</code></div>`);
   };
   if (model.error !== null) {
-    const meaning =
-      ' A shard it last saw ready reads unverified and keeps serving; any other keeps its last verdict, or reads starting if never seen. ' +
-      `/proc still shows exits and stops, an engine's output the CPU. Run <code style="display:inline">nodecompute doctor</code>. nvidia-smi said:`;
+    const meaning = ` Meanwhile ${OUTAGE_MEANING}. Run <code style="display:inline">nodecompute doctor</code>. nvidia-smi said:`;
     banner("nvidia-smi cannot be asked, so no shard's GPU use can be verified.", meaning, model.error);
   }
   if (model.processesHidden !== null) {
