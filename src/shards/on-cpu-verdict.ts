@@ -84,12 +84,10 @@ function notCovered(shard: ShardRecord): string {
 }
 
 function strayReason(shard: ShardRecord, strays: number[], held: string): string {
-  const given = `CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}`;
-  const order = 'CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; UUIDs avoid this';
-  return (
-    `placed on ${gpuList(shard.gpus)}; it holds memory on ${gpuList(strays)}, which it was not given, and ${held} Its GPU backend loaded on the wrong GPU: ` +
-    `${given} (${order}). Check them, or register the shard with the GPUs it uses.`
-  );
+  const placed = `placed on ${gpuList(shard.gpus)}; it holds memory on ${gpuList(strays)}, which it was not given, and ${held}`;
+  const runtime = `CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}`;
+  const order = 'CUDA counts fastest first; CUDA_DEVICE_ORDER=PCI_BUS_ID or UUIDs match nvidia-smi';
+  return `${placed} Its GPU backend loaded on the wrong GPU: ${runtime} (${order}). Check them, or register the shard with the GPUs it uses.`;
 }
 
 /** Engine output showing weights on a CUDA device, while nvidia-smi lists none of the shard's memory on its GPUs. */
