@@ -25,6 +25,8 @@ const processKey = (identity: ProcessIdentity): string => `${identity.pid}@${ide
 
 const INIT_PID = 1; // the ancestor of every process (in a container's PID namespace, its main process)
 const KTHREADD_PID = 2; // every kernel thread is it or its child
+const PID_AND_CGROUP = 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.';
+const NO_TARGET = 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).';
 
 export interface RegistrationDeps {
   registry: Registry;
@@ -199,13 +201,7 @@ export function createRegistration(deps: RegistrationDeps) {
 
   return {
     async register(id: string, body: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
-      if ((body.pid !== undefined) === (body.cgroup !== undefined)) {
-        throw new BadRequestError(
-          body.pid !== undefined
-            ? 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.'
-            : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
-        );
-      }
+      if ((body.pid !== undefined) === (body.cgroup !== undefined)) throw new BadRequestError(body.pid !== undefined ? PID_AND_CGROUP : NO_TARGET);
       const recordOf = (identity: ProcessIdentity, gpuUuids: string[] | undefined): ShardRecord => ({
         id,
         pid: body.pid ?? null,
