@@ -151,10 +151,8 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const smiDone = performance.now();
     const { gpus, unmatched } = joinGpusAndProcesses(listing.gpus, apps);
     if (unmatched.length > 0) {
-      log.warn(
-        { rows: unmatched.length, uuids: [...new Set(unmatched.map((row) => row.gpuUuid))] },
-        'nvidia-smi listed processes on GPU UUIDs its GPU query did not return; they are left out of per-GPU answers',
-      );
+      const uuids = [...new Set(unmatched.map((row) => row.gpuUuid))];
+      log.warn({ rows: unmatched.length, uuids }, 'nvidia-smi listed processes on GPU UUIDs its GPU query did not return; per-GPU answers leave them out');
     }
     const gpuPids = new Set(apps.map((app) => app.pid));
     // The same PIDs come back next refresh, so their stat files are kept open.
