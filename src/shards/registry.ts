@@ -156,9 +156,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     if (stuck !== null) {
       // Refused at once, not after waiting out the bound behind a write that does not return.
       settled({ stored: false, batchRefused: false });
-      return Promise.reject(
-        new StateWriteFailedError(`The change was not stored: the state file ${stateFile.path} cannot be written now (${stuck}). Nothing was changed. Retry once GET /readyz passes.`),
-      );
+      const failed = `The change was not stored: the state file ${stateFile.path} cannot be written now (${stuck}). Nothing was changed.`;
+      return Promise.reject(new StateWriteFailedError(`${failed} Retry once GET /readyz passes.`));
     }
     return new Promise<T>((resolve, reject) => {
       const item: Queued = {
