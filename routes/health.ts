@@ -57,12 +57,10 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const gpus = view.snapshot.gpus.length;
     if (view.failing) {
       // A failed refresh is only ever tried on a stale snapshot, so its reason is there.
-      const reason = view.staleReason!;
-      return (
-        `serving the last good snapshot (${formatDuration(view.ageMs)} old, ${gpus} GPUs) because refreshing it fails; ` +
-        `it is served until it is ${formatDuration(config.maxStaleMs)} old (NODECOMPUTE_MAX_STALE_MS), then this check fails until nvidia-smi answers again. ` +
-        `${reason.charAt(0).toUpperCase()}${reason.slice(1)}`
-      );
+      const reason = `${view.staleReason!.charAt(0).toUpperCase()}${view.staleReason!.slice(1)}`;
+      const limit = `${formatDuration(config.maxStaleMs)} old (NODECOMPUTE_MAX_STALE_MS)`;
+      const until = `it is served until it is ${limit}, then this check fails until nvidia-smi answers again`;
+      return `serving the last good snapshot (${formatDuration(view.ageMs)} old, ${gpus} GPUs) because refreshing it fails; ${until}. ${reason}`;
     }
     return `snapshot ${formatDuration(view.ageMs)} old, ${gpus} GPUs${view.stale ? ` (stale: ${view.staleReason})` : ''}`;
   }
@@ -159,9 +157,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const { verbose } = request.query;
       const checklist = verbose === undefined ? false : CHECKLIST.get(verbose);
       if (checklist === undefined) {
-        throw new BadRequestError(
-          `Invalid request: querystring/verbose is ${JSON.stringify(verbose)}; it takes no value, true or 1 for the plain-text checklist, and false or 0 (or leaving it out) for JSON.`,
-        );
+        throw new BadRequestError(`Invalid request: querystring/verbose is ${JSON.stringify(verbose)}; none, true or 1: the checklist; false or 0: JSON.`);
       }
       const result = await checks(checklist);
       const failed = result.checks.find((check): check is FailedCheck => !check.ok);

@@ -29,8 +29,7 @@ export interface Attribution {
 }
 
 const unreadableWhy = (stat: UnreadableStat): string =>
-  `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. ` +
-  `Whether it still runs is unverified, so it keeps serving. ${stat.advice}`;
+  `the /proc stat of its process ${stat.pid} could not be read in this refresh: ${stat.unreadable}. It is unverified, so it keeps serving. ${stat.advice}`;
 
 /** Stopped by a signal (T) or by a tracer (t). */
 const isStopped = (stat: ProcStat): boolean => stat.state === 'T' || stat.state === 't';
@@ -39,8 +38,8 @@ const isStopped = (stat: ProcStat): boolean => stat.state === 'T' || stat.state 
 const firstFive = (items: readonly string[]): string => `${items.slice(0, 5).join(', ')}${items.length > 5 ? `, and ${items.length - 5} more` : ''}`;
 
 const STOP_MEANING = {
-  T: 'state T: it was sent SIGSTOP, or SIGTSTP by Ctrl-Z in the terminal that runs it, or SIGTTIN for reading from that terminal in the background',
-  t: 'state t: a debugger such as gdb, or another tracer, attached to it and halted it',
+  T: 'state T: it was sent SIGSTOP, SIGTSTP (Ctrl-Z in its terminal) or SIGTTIN (reading its terminal in the background)',
+  t: 'state t: a debugger such as gdb, or another tracer, halted it',
 } as const;
 
 const capitalised = (text: string): string => `${text.charAt(0).toUpperCase()}${text.slice(1)}`;
@@ -63,23 +62,20 @@ function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): stri
     what = `every process of cgroup "${subject.cgroup}" that has not exited, the pod's sandbox aside, is stopped: ${listed((stat) => `${stat.pid} (${stat.comm}, state ${stat.state})`)}. ${capitalised(meaning)}`;
   } else {
     const gpus = (pid: number) => subject.gpusOf.get(pid)!.map((index) => `GPU ${index}`).join(', ');
-    what =
-      `a process of it that holds its GPU memory is stopped while the rest of it runs: ${listed((stat) => `${stat.pid} (${stat.comm}, state ${stat.state}, on ${gpus(stat.pid)})`)}. ` +
-      `A stopped worker (a tensor-parallel rank, say) stalls every request that needs it. ${capitalised(meaning)}`;
+    const workers = listed((stat) => `${stat.pid} (${stat.comm}, state ${stat.state}, on ${gpus(stat.pid)})`);
+    what = `a process holding its GPU memory is stopped while the rest runs: ${workers}. A stopped worker stalls every request. ${capitalised(meaning)}`;
   }
   const toDo: string[] = [];
   if (signalled.length > 0) {
     const resume = `\`kill -CONT ${signalled.join(' ')}\``;
-    toDo.push(subject.kind === 'process' ? `resume it with ${resume}, or \`fg\` in that terminal` : `resume those in state T with ${resume} on the node (these are host PIDs)`);
+    toDo.push(subject.kind === 'process' ? `resume it with ${resume}, or \`fg\` in that terminal` : `resume those in state T with ${resume} on the node (host PIDs)`);
   }
   if (traced.length > 0) {
     const which = subject.kind === 'process' ? 'let it' : `let those in state t (${traced.join(' ')})`;
-    toDo.push(`${which} continue in the debugger, or detach the debugger (gdb: \`detach\`): \`kill -CONT\` does not resume a traced process`);
+    toDo.push(`${which} continue in the debugger, or detach it (gdb: \`detach\`): \`kill -CONT\` does not resume a traced process`);
   }
-  return (
-    `${what}. A stopped process keeps all its memory, GPU memory included, but answers no request, so traffic sent to it hangs. ` +
-    `${capitalised(toDo.join('; '))}. The verdict changes by itself once it runs again`
-  );
+  const hangs = 'It keeps its GPU memory but answers no request: traffic to it hangs.';
+  return `${what}. ${hangs} ${capitalised(toDo.join('; '))}. The verdict changes by itself once it runs again`;
 }
 
 /** Stopped when a process holding the shard's GPU memory is, whatever the rest of it does; null when none is. */
@@ -144,20 +140,16 @@ export const SANDBOX_COMMS: ReadonlySet<string> = new Set(['pause', 'conmon']);
 
 function sandboxWhy(cgroup: string, sandbox: ProcStat[]): string {
   const processes = sandbox.map((stat) => `${stat.comm}, PID ${stat.pid}`).join('; ');
-  return (
-    `only the pod's sandbox ${sandbox.length === 1 ? 'process is' : 'processes are'} left in cgroup "${cgroup}" (${processes}): ` +
-    "the engine's container exited and is not running now (crashing and waiting to be restarted: CrashLoopBackOff?), so nothing computes, on a GPU or on the CPU. " +
-    "See why with `kubectl describe pod` (the container's Last State, exit code and restart count) and `kubectl logs --previous`; " +
-    'the verdict changes by itself once the engine runs again'
-  );
+  const left = `only the pod's sandbox ${sandbox.length === 1 ? 'process is' : 'processes are'} left in cgroup "${cgroup}" (${processes})`;
+  const why = "See why with `kubectl describe pod` (Last State, exit code) and `kubectl logs --previous`; the verdict changes by itself once it runs again";
+  return `${left}: the engine's container exited (CrashLoopBackOff?), so nothing computes. ${why}`;
 }
 
 /** Alive while a member other than the sandbox runs (or was not read); else unreadable, stopped, gone, in that order. */
 function cgroupShardLiveness(snapshot: NodeSnapshot, cgroup: string): Liveness {
   if (snapshot.cgroupScanFailed !== undefined) {
     const unread = `which processes are in cgroup "${cgroup}" could not be read in this refresh: ${snapshot.cgroupScanFailed}`;
-    const meaning = 'Whether it still runs, and where it computes, is unverified, so it keeps serving';
-    return { state: 'unreadable', why: `${unread}. ${meaning}. Run \`nodecompute doctor\` on this node; the next refresh reads them again.` };
+    return { state: 'unreadable', why: `${unread}. It is unverified, so it keeps serving. Run \`nodecompute doctor\` on this node.` };
   }
   const members = snapshot.cgroupPids.get(cgroup);
   if (!members) return { state: 'unknown' };
@@ -278,10 +270,8 @@ function withOrphans(why: string, shard: ShardRecord, snapshot: NodeSnapshot, ow
   );
   if (orphans.length === 0) return why;
   const pids = [...new Set(orphans.map((process) => process.pid))].join(' ');
-  return (
-    `${why}, but its process group ${group} still holds GPU memory: ${firstFive(orphans.map(memoryOf))}. ` +
-    `That memory is not free for placement and reads as foreign until it is released: if the shard is not coming back, kill ${pids}`
-  );
+  const fix = `That memory reads as foreign and is not placed until it is released: if the shard is not coming back, kill ${pids}`;
+  return `${why}, but its process group ${group} still holds GPU memory: ${firstFive(orphans.map(memoryOf))}. ${fix}`;
 }
 
 export function attribute(snapshot: NodeSnapshot, shards: readonly ShardRecord[]): Attribution {

@@ -52,10 +52,8 @@ export function createGpuRoster(log: Logger) {
         listedNow.add(gpu.uuid);
         if (lost.delete(gpu.uuid)) {
           const was = known.get(gpu.uuid)!;
-          log.info(
-            { gpu: gpu.index, uuid: gpu.uuid, missingForMs: at - was.lastListedAt },
-            `GPU ${gpu.index} (${gpu.uuid}) is listed by nvidia-smi again. Check dmesg for what happened to it while it was gone.`,
-          );
+          const back = `GPU ${gpu.index} (${gpu.uuid}) is listed by nvidia-smi again. Check dmesg for what happened to it while it was gone.`;
+          log.info({ gpu: gpu.index, uuid: gpu.uuid, missingForMs: at - was.lastListedAt }, back);
         }
         known.set(gpu.uuid, { index: gpu.index, uuid: gpu.uuid, name: gpu.name, busId: gpu.busId, lastListedAt: at });
       }
@@ -63,20 +61,15 @@ export function createGpuRoster(log: Logger) {
         if (listedNow.has(uuid) || lost.has(uuid)) continue;
         lost.set(uuid, at);
         const said = saidOf.get(gpu.busId);
-        log.warn(
-          { gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() },
-          `${gpuNoLongerListed(gpu)}${said === undefined ? '' : ` (${saidOfBusId(gpu.busId, said)})`}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`,
-        );
+        const gone = `${gpuNoLongerListed(gpu)}${said === undefined ? '' : ` (${saidOfBusId(gpu.busId, said)})`}: ${LOST_GPU_MEANING} ${LOST_GPU_FIX}`;
+        log.warn({ gpu: gpu.index, uuid, lastListedAt: new Date(gpu.lastListedAt).toISOString() }, gone);
       }
       const knownBusIds = new Set([...known.values()].map((gpu) => gpu.busId));
       const unknown = unreachable.filter((gpu) => !knownBusIds.has(gpu.busId));
       for (const gpu of unknown) {
         if (unknownSaid.has(gpu.busId)) continue;
-        log.warn(
-          { busId: gpu.busId },
-          `${gpuUnreachable({ ...gpu, listed: null })}, and lists the other GPUs. nodecompute never listed that GPU (it was lost before nodecompute started), ` +
-            `so it is not in /gpus and no shard can be placed on it. ${LOST_GPU_FIX}`,
-        );
+        const never = 'nodecompute never listed that GPU (lost before it started), so it is not in /gpus and no shard can be placed on it';
+        log.warn({ busId: gpu.busId }, `${gpuUnreachable({ ...gpu, listed: null })}, and lists the other GPUs. ${never}. ${LOST_GPU_FIX}`);
       }
       unknownSaid = new Set(unknown.map((gpu) => gpu.busId));
       return [...lost]

@@ -114,9 +114,8 @@ async function readProcFacts(deps: SnapshotTakerDeps, scanFailure: RepeatLimit, 
     const code = ((err as Error).cause as NodeJS.ErrnoException | undefined)?.code;
     deps.log[scanFailure(code ?? cgroupScanFailed)](
       { err, cgroupShards: needles.length },
-      `Could not find the processes of the cgroup shards in /proc: ${cgroupScanFailed}. Until a refresh can, whether each cgroup shard runs is unverified ` +
-        "(it keeps serving, with this reason) and its processes' GPU memory counts as foreign. " +
-        'PID shards and the GPUs are not affected. Run `nodecompute doctor` on this node.',
+      `Could not find the processes of the cgroup shards in /proc: ${cgroupScanFailed}. Until a refresh can, cgroup shards read unverified (still serving) ` +
+        "and their GPU memory counts as foreign; PID shards and the GPUs are not affected. Run `nodecompute doctor` on this node.",
     );
   }
   const members = [...cgroupPids.values()].flatMap((found) => [...found]);
@@ -144,21 +143,16 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
         const { facts } = await readProcFacts(deps, scanFailure, listedPids, false);
         factsAfterFailure.set(err, { ...facts, startedAt, takenAt: now() });
       } catch (procErr) {
-        log.warn(
-          { err: procErr },
-          "Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, no exit or stop of a shard can be seen, " +
-            "and each keeps the verdict nvidia-smi's last listing gave it (one it showed ready reads unverified)",
-        );
+        const meaning = "no exit or stop of a shard can be seen, and each keeps its last listing's verdict (ready reads unverified)";
+        log.warn({ err: procErr }, `Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, ${meaning}`);
       }
       throw err;
     }
     const smiDone = performance.now();
     const { gpus, unmatched } = joinGpusAndProcesses(listing.gpus, apps);
     if (unmatched.length > 0) {
-      log.warn(
-        { rows: unmatched.length, uuids: [...new Set(unmatched.map((row) => row.gpuUuid))] },
-        'nvidia-smi listed processes on GPU UUIDs its GPU query did not return; they are left out of per-GPU answers',
-      );
+      const uuids = [...new Set(unmatched.map((row) => row.gpuUuid))];
+      log.warn({ rows: unmatched.length, uuids }, 'nvidia-smi listed processes on GPU UUIDs its GPU query did not return; per-GPU answers leave them out');
     }
     const gpuPids = new Set(apps.map((app) => app.pid));
     // The same PIDs come back next refresh, so their stat files are kept open.

@@ -31,10 +31,8 @@ export function busyGpus(gpus: ReadonlyArray<{ index: number; usedMiB: number | 
 /** Busy GPUs with no process listed: another PID namespace or a GPU-sharing layer hides them. */
 export function hiddenProcessesWarning(busy: number[]): string {
   const gpus = busy.map((index) => `GPU ${index}`).join(', ');
-  return (
-    `nvidia-smi lists no GPU process, yet ${gpus} ${busy.length === 1 ? 'has' : 'have'} memory in use: the processes are hidden from it, so nodecompute cannot tell whose memory is whose. ` +
-    "Either nodecompute does not share the host's PID namespace (run it with --pid=host (Docker) or hostPID: true (Kubernetes)), or a GPU-sharing layer (HAMi, vGPU) hides them."
-  );
+  const hidden = `nvidia-smi lists no GPU process, yet ${gpus} ${busy.length === 1 ? 'has' : 'have'} memory in use: the processes are hidden from it`;
+  return `${hidden}. Either nodecompute does not share the host's PID namespace (--pid=host / hostPID: true) or a GPU-sharing layer (HAMi, vGPU) hides them.`;
 }
 
 /** What one snapshot says about the PIDs nvidia-smi lists (`hidden`: NodeView.processesHidden), to judge the next by. */
@@ -87,10 +85,8 @@ function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
     log.info("nvidia-smi's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards.");
     return;
   }
-  log.warn(
-    { missingPids: [...missing].slice(0, 10) },
-    `${hidden} Until this is fixed, every shard reads unverified (its probe answers 200: there is no evidence either way), all GPU memory reads as foreign, and /readyz fails.`,
-  );
+  const meaning = 'every shard reads unverified (its probe answers 200: there is no evidence either way), all GPU memory reads as foreign, and /readyz fails';
+  log.warn({ missingPids: [...missing].slice(0, 10) }, `${hidden} Until this is fixed, ${meaning}.`);
 }
 
 /** What nvidia-smi said of the GPU of `uuid` in NodeService.unreachable(); null when it did not name it. */

@@ -88,8 +88,7 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>) {
         if (!repeated) {
           const consequence = good
             ? 'Answers use the last good snapshot while it is younger than max-stale (marked stale), then fail with this error.'
-            : 'There is no snapshot yet: GPU answers are 503 with this error until it is fixed, and no shard can be seen on its GPUs ' +
-              '(one registered since nodecompute started reads starting; see the README, "While nvidia-smi cannot be asked").';
+            : 'No snapshot yet: GPU answers are 503 with this error until it is fixed, and shards registered since the start read starting.';
           const fields = { code: (error as { code?: string }).code, lastGoodAgeMs: good ? now() - good.observedAt : null };
           log.warn(fields, `Node snapshot refresh failed: ${error.message} ${consequence}`);
         }
@@ -124,10 +123,9 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>) {
   function staleReason(current: Good<S>, ageMs: number, slowFor: number | null): string {
     if (lastFailure) return `the last refresh failed: ${lastFailure.error.message}`;
     if (slowFor !== null) {
-      return (
-        `nvidia-smi is slow: a refresh has been running for ${formatDuration(slowFor)} (the last one took ${formatDuration(lastRefreshMs)}), ` +
-        `so answers come from a snapshot ${formatDuration(ageMs)} old until it lands or times out. If this persists, check dmesg for Xid errors and run \`nodecompute doctor\`.`
-      );
+      const running = `a refresh has been running for ${formatDuration(slowFor)} (the last one took ${formatDuration(lastRefreshMs)})`;
+      const persists = 'If this persists, check dmesg for Xid errors and run `nodecompute doctor`.';
+      return `nvidia-smi is slow: ${running}, so answers come from a snapshot ${formatDuration(ageMs)} old until it lands or times out. ${persists}`;
     }
     if (current.epoch !== epoch) return 'the shard registry changed since it was taken; a refresh is under way';
     if (inFlight) return `refreshing: this snapshot is ${formatDuration(ageMs)} old and a newer one is being taken`;
@@ -160,9 +158,8 @@ export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>) {
     if (lastFailure && (backOffLeft() !== null || inFlight)) throw lastFailure.error;
     const pending = refresh();
     if (maxWaitMs === undefined) return pending;
-    const message =
-      `nvidia-smi has not answered within this request's ${maxWaitMs} ms budget and no snapshot younger than max-stale is cached. ` +
-      'The refresh goes on in the background; if this persists, check the driver (dmesg) and run `nodecompute doctor`.';
+    const late = `nvidia-smi has not answered within this request's ${maxWaitMs} ms and no snapshot younger than max-stale is cached`;
+    const message = `${late}; if this persists, check dmesg and run \`nodecompute doctor\`.`;
     let timer: NodeJS.Timeout | undefined;
     const budget = new Promise<never>((_, reject) => {
       timer = setTimeout(() => reject(new NvidiaSmiTimeoutError(message)), maxWaitMs);

@@ -10,10 +10,7 @@ import type { ShardRecord } from './shard.js';
 import { andList, gpuList, verdict, type Readiness } from './verdict.js';
 
 const ON_CPU_ADVICE =
-  "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.";
-
-const GPU_LAYERS_ADVICE =
-  'start it with its model layers on the GPU (llama.cpp: -ngl / --n-gpu-layers, or LLAMA_ARG_N_GPU_LAYERS; a number at least the model\'s layer count puts them all there).';
+  "Check the engine's build (ldd libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor`.";
 
 /** Why there is no engine account to judge by: nothing posted, output that says nothing, or an earlier run's output set aside. */
 export type NoAccount = 'not-posted' | 'silent' | 'earlier-run';
@@ -34,9 +31,9 @@ function placedOnCpu(shard: ShardRecord): string {
 }
 
 function engineCpuAdvice(loaded: boolean | null): string {
-  if (loaded === true) return `Its GPU backend loaded, but no model layers were put on the GPU: ${GPU_LAYERS_ADVICE}`;
+  if (loaded === true) return "Its GPU backend loaded but put no layers on the GPU: start it with -ngl (LLAMA_ARG_N_GPU_LAYERS) >= the model's layers.";
   if (loaded === false) return `Its GPU backend did not load. ${ON_CPU_ADVICE}`;
-  return `Either its GPU backend did not load or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`;
+  return `Its GPU backend did not load, or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`;
 }
 
 /** The memory the shard's processes hold on the GPUs it was given, as device labels; empty without a node view. */
@@ -60,15 +57,11 @@ function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeVi
   if (held.length === 0) return `${says} ${engineCpuAdvice(engine.gpuBackendLoaded)}`;
   const holding = `nvidia-smi lists its processes holding ${held.join(', ')}`;
   if (engine.gpuBackendLoaded === false) {
-    return (
-      `${says} Yet ${holding}, which an engine that found no usable GPU cannot hold: the output posted is most likely another run's (or another engine's). ` +
-      `Post this run's output (llama.cpp at -lv 4) to ${post}: the verdict follows the latest run in it. GET /gpus shows which of the shard's processes hold that memory.`
-    );
+    const which = `Post this run's (llama.cpp -lv 4) to ${post}; GET /gpus shows which process holds it.`;
+    return `${says} Yet ${holding}, which an engine that found no usable GPU cannot hold: the output is likely another run's. ${which}`;
   }
-  return (
-    `${says} ${holding}: a run without GPU layers holds its CUDA context and compute buffers there too. ${engineCpuAdvice(true)} ` +
-    `If that memory is more than those (the size of the weights), the output posted is another run's: post this run's to ${post}; the verdict follows the latest run in it.`
-  );
+  const another = `If it is the size of the weights, the output is another run's: post this run's to ${post}.`;
+  return `${says} ${holding}: a run without GPU layers holds its CUDA context and buffers there too. ${engineCpuAdvice(true)} ${another}`;
 }
 
 /** GPUs the shard's processes hold memory on without having been given them, in index order. */
@@ -91,23 +84,21 @@ function notCovered(shard: ShardRecord): string {
 }
 
 function strayReason(shard: ShardRecord, strays: number[], held: string): string {
-  return (
-    `placed on ${gpuList(shard.gpus)}; it holds memory on ${gpuList(strays)}, which it was not given, and ${held} ` +
-    `Its GPU backend loaded (a CUDA context at least) on a GPU it was not given: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}. ` +
-    'Check them (CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus; GPU UUIDs avoid the difference), ' +
-    'or register the shard with the GPUs it uses.'
-  );
+  const placed = `placed on ${gpuList(shard.gpus)}; it holds memory on ${gpuList(strays)}, which it was not given, and ${held}`;
+  const runtime = `CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}`;
+  const order = 'CUDA counts fastest first; CUDA_DEVICE_ORDER=PCI_BUS_ID or UUIDs match nvidia-smi';
+  return `${placed} Its GPU backend loaded on the wrong GPU: ${runtime} (${order}). Check them, or register the shard with the GPUs it uses.`;
 }
 
 /** Engine output showing weights on a CUDA device, while nvidia-smi lists none of the shard's memory on its GPUs. */
 function conflictReason(shard: ShardRecord, missing: number[], engine: EngineAccount, held: string): string {
   const devices = cudaNames(engine);
+  const post = `/shards/${shard.id}/engine-output`;
   return (
-    `placed on ${gpuList(shard.gpus)}, but ${held}, although the engine output posted to /shards/${shard.id}/engine-output says ${engine.summary} (${engine.evidence}). ` +
-    `Both cannot be true of the same process: the engine did put its weights on a GPU, but not as a process of this shard on ${gpuList(missing)}, or that output is from another run. ` +
-    `Find that memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, the engine runs in a process this shard does not cover (${notCovered(shard)}); ` +
-    `on another GPU, CUDA_VISIBLE_DEVICES (or the container's GPU runtime) maps ${devices} to that GPU, not to ${gpuList(missing)}; ` +
-    `nowhere, the output posted is another run's: post this run's to /shards/${shard.id}/engine-output.`
+    `placed on ${gpuList(shard.gpus)}, but ${held}, although the engine output posted to ${post} says ${engine.summary} (${engine.evidence}). ` +
+    `So the weights are on a GPU but not in this shard's processes on ${gpuList(missing)}, or the output is another run's. Find that memory in GET /gpus: ` +
+    `under no shard, the engine runs in a process this shard does not cover (${notCovered(shard)}); ` +
+    `on another GPU, CUDA_VISIBLE_DEVICES maps ${devices} there, not to ${gpuList(missing)}; nowhere, post this run's output to ${post}.`
   );
 }
 
@@ -116,24 +107,20 @@ function engineNote(shard: ShardRecord, engine: EngineAccount | null, noAccount:
   const post = `/shards/${shard.id}/engine-output`;
   if (engine !== null) {
     return (
-      `The engine output posted says ${engine.summary}. ` +
-      `Post its output through model loading (llama.cpp at -lv 4 prints its "CUDA<n> model buffer size" lines) to ${post}, ` +
-      `and find the engine's memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, or on another GPU, ` +
-      `the engine runs in a process this shard does not cover (${notCovered(shard)}) or CUDA_VISIBLE_DEVICES maps ${cudaNames(engine)} to another GPU.`
+      `The engine output posted says ${engine.summary}. Post its output through model loading (-lv 4 prints "CUDA<n> model buffer size") to ${post}, ` +
+      `and find its memory in GET /gpus: under no shard or on another GPU, the engine runs in a process this shard does not cover (${notCovered(shard)}) ` +
+      `or CUDA_VISIBLE_DEVICES maps ${cudaNames(engine)} to another GPU.`
     );
   }
   const backend = 'Its GPU backend probably did not load.';
   if (shard.engine !== 'llama.cpp') return `${backend} ${ON_CPU_ADVICE}`;
   if (noAccount === 'silent') {
-    return (
-      `${backend} The output posted to ${post} says nothing about where llama.cpp computes: ` +
-      `post its log at -lv 4 (llama.cpp b9829 and later names its devices and buffers only then). ${ON_CPU_ADVICE}`
-    );
+    return `${backend} The output posted to ${post} says nothing about where llama.cpp computes: post its log at -lv 4 (b9829+ needs it). ${ON_CPU_ADVICE}`;
   }
   if (noAccount === 'earlier-run') {
-    return `${backend} The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp at -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
+    return `${backend} The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp -lv 4) to ${post}. ${ON_CPU_ADVICE}`;
   }
-  return `${backend} Post the engine's log (llama.cpp at -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
+  return `${backend} Post the engine's log (llama.cpp -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
 }
 
 /** Grace over with the `missing` given GPUs not held, as the listing begun at `evidenceAt` shows. */

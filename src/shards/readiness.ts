@@ -51,17 +51,13 @@ function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
     return `${gpuNoLongerListed({ ...lost, index })} (missing since ${new Date(lost.lostAt).toISOString()}${said})`;
   }
   if (uuid !== undefined) return `GPU ${index} (${uuid}) is not listed by nvidia-smi (it was already missing when nodecompute started)`;
-  return (
-    `GPU ${index} is not listed by nvidia-smi (it was already missing when nodecompute started, nvidia-smi numbers the GPUs differently since a GPU went, ` +
-    'or the registration, taken on trust while nvidia-smi could not be asked, names a GPU this node does not have)'
-  );
+  const why = 'already missing when nodecompute started, renumbered since a GPU went, or registered on trust while nvidia-smi could not be asked';
+  return `GPU ${index} is not listed by nvidia-smi (${why})`;
 }
 
 function renumberedWarning({ registered, now, uuid }: Renumbered): string {
-  return (
-    `GPU ${registered} as registered (${uuid}) is GPU ${now} now: nvidia-smi renumbered the GPUs after one went, and this shard is judged on GPU ${now}, the same device. ` +
-    `An engine restarted with GPUs named by index (CUDA_VISIBLE_DEVICES=${registered}) would land on another device: name them by UUID, or PUT the shard with its new gpus`
-  );
+  const moved = `GPU ${registered} as registered (${uuid}) is GPU ${now} now: nvidia-smi renumbered GPUs after one went; judged on GPU ${now}, the same device`;
+  return `${moved}. An engine restarted with CUDA_VISIBLE_DEVICES=${registered} lands on another device: name GPUs by UUID, or PUT the shard with its new gpus`;
 }
 
 /** A given GPU not listed (`gone`) or unreachable: it rests on the GPU list alone; an engine saying CPU is a warning. */
@@ -105,10 +101,9 @@ export function restartedSince(liveness: Liveness | undefined, tailStartedAtTick
 /** The engine's account set aside, with why, when it cannot be about the processes running now. */
 function earlierRun(shard: ShardRecord, liveness: Liveness, engine: EngineAccount | null, postedAtTicks: number | null | undefined): string | null {
   if (engine === null || !restartedSince(liveness, postedAtTicks)) return null;
-  return (
-    `the engine output posted for this shard (it says ${engine.backend}) came, at least in part, from an earlier run: every process now in cgroup "${shard.cgroup}" ` +
-    `started after it began to be posted (the container restarted), so it does not decide this verdict: post the new run's output (llama.cpp at -lv 4) to /shards/${shard.id}/engine-output; it begins a new tail`
-  );
+  const post = `post the new run's output (llama.cpp -lv 4) to /shards/${shard.id}/engine-output, which starts a new tail`;
+  const restarted = `every process in cgroup "${shard.cgroup}" started after it (the container restarted)`;
+  return `the engine output posted (it says ${engine.backend}) came, at least in part, from an earlier run: ${restarted}; it decides nothing: ${post}`;
 }
 
 /** Given GPUs a stopped shard holds no memory on, as a warning; not while processes are hidden, nor where an owner is unknown. */
@@ -231,13 +226,9 @@ function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<
 
 /** Starting, for a shard no listing has shown on its GPUs while nvidia-smi cannot be asked: `since` says why none has. */
 function unseenVerdict(shard: ShardRecord, since: string, why: string, besides: string[]): Readiness {
-  return verdict(
-    'starting',
-    'awaiting-nvidia-smi',
-    `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until nvidia-smi answers and lists its memory there. ` +
-      'Fix nvidia-smi first (`nodecompute doctor` on this node): an engine started while the driver fails most likely cannot use CUDA either.',
-    [`nvidia-smi cannot be asked: ${why}`, ...besides],
-  );
+  const unseen = `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until nvidia-smi answers and lists it there`;
+  const fix = 'Fix nvidia-smi first (`nodecompute doctor`): an engine started while the driver fails most likely cannot use CUDA either.';
+  return verdict('starting', 'awaiting-nvidia-smi', `${unseen}. ${fix}`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
 }
 
 export function readiness(input: ReadinessInput): Readiness {

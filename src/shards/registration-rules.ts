@@ -63,11 +63,9 @@ export function conflictError(record: ShardRecord, { other, relation }: Conflict
   const named = record.cgroup !== null ? `The cgroup "${record.cgroup}"` : `Process ${processOf(record)}`;
   const target = relation === null ? `${named} is` : `${named} ${relation}, which is`;
   const family = record.cgroup === null && other.cgroup === null && relation !== null ? " A PID shard's descendants and the process group it leads are part of it." : '';
-  return new ShardConflictError(
-    `${target} already registered as shard "${other.id}".${family} One process or cgroup under two ids would split its GPU memory: ` +
-      `attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. ` +
-      `To register it as "${record.id}", DELETE /shards/${other.id} first; to change its GPUs, grace or engine, PUT /shards/${other.id} instead.`,
-  );
+  const split = 'Under two ids its GPU memory would go to one, and the other would read on-cpu while computing on the GPU';
+  const fix = `To register it as "${record.id}", DELETE /shards/${other.id} first; to change its GPUs, grace or engine, PUT /shards/${other.id} instead.`;
+  return new ShardConflictError(`${target} already registered as shard "${other.id}".${family} ${split}. ${fix}`);
 }
 
 /** What a replacement stores: the previous record if unchanged; for the same run and GPUs, the new one at the previous time; else the new one. */

@@ -25,6 +25,8 @@ const processKey = (identity: ProcessIdentity): string => `${identity.pid}@${ide
 
 const INIT_PID = 1; // the ancestor of every process (in a container's PID namespace, its main process)
 const KTHREADD_PID = 2; // every kernel thread is it or its child
+const PID_AND_CGROUP = 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.';
+const NO_TARGET = 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).';
 
 export interface RegistrationDeps {
   registry: Registry;
@@ -45,31 +47,27 @@ export function createRegistration(deps: RegistrationDeps) {
     return { pid: stat.pid, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm, ...(bootId === null ? {} : { bootId }) };
   };
 
-  /** The process to register as a PID shard, and its parent's PID. */
   async function identityOfPid(pid: number): Promise<{ identity: ProcessIdentity; ppid: number }> {
     const stat = await proc.readStat(pid);
     if (!stat) {
-      throw new ProcessNotFoundError(
-        `No process with PID ${pid} exists in ${proc.root}. Register the shard's host PID while it runs; ` +
-          "if the shard runs in a container, nodecompute needs the host's PID namespace (--pid=host / hostPID: true) to see it.",
-      );
+      const hostPid = "a containerised nodecompute needs the host's PID namespace (--pid=host / hostPID: true) to see it";
+      throw new ProcessNotFoundError(`No process with PID ${pid} exists in ${proc.root}. Register the shard's host PID while it runs; ${hostPid}.`);
     }
     if (hasExited(stat)) {
       throw new ProcessNotFoundError(`Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register it once it runs.`);
     }
     if (stat.pid === INIT_PID) {
+      const crictl = "`crictl inspect --output go-template --template '{{.info.pid}}' CONTAINER_ID` on the node";
       throw new NotAShardProcessError(
         `PID 1 in ${proc.root} is init (${stat.comm}), not a shard: every process on the node descends from it, so as a shard it would claim ` +
-          "other workloads' GPU memory and none would read as foreign. This is probably a container's main process, PID 1 inside the container: " +
-          "register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`; in Kubernetes `crictl inspect --output go-template --template '{{.info.pid}}' CONTAINER_ID` on the node), " +
-          'or register the pod by its cgroup ("cgroup": its UID, `kubectl get pod POD -o jsonpath=\'{.metadata.uid}\'`).',
+          "other workloads' GPU memory. " +
+          `A container's PID 1? Register its host PID (\`docker inspect -f '{{.State.Pid}}' CONTAINER\`, or ${crictl}), ` +
+          'or register the pod by its cgroup ("cgroup": `kubectl get pod POD -o jsonpath=\'{.metadata.uid}\'`).',
       );
     }
     if (stat.pid === KTHREADD_PID || stat.ppid === KTHREADD_PID) {
-      throw new NotAShardProcessError(
-        `PID ${pid} in ${proc.root} is the kernel thread ${stat.comm}, not a shard. This is probably the PID as a container sees it: ` +
-          "register the host PID (for a container's main process: `docker inspect -f '{{.State.Pid}}' CONTAINER`), or register the shard by its cgroup.",
-      );
+      const fix = "register the host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`) or the shard by its cgroup";
+      throw new NotAShardProcessError(`PID ${pid} in ${proc.root} is the kernel thread ${stat.comm}, not a shard. A PID as a container sees it? ${fix}.`);
     }
     return { identity: { ...identityOf(stat), pid }, ppid: stat.ppid };
   }
@@ -158,10 +156,8 @@ export function createRegistration(deps: RegistrationDeps) {
       }
     }
     if (chosen !== null) return { identity: chosen, overlaps: await overlapsWith(held, true) };
-    throw new ProcessNotFoundError(
-      `No process in ${proc.root} has a cgroup containing "${cgroup}". Give the container id or pod UID as /proc/PID/cgroup shows it ` +
-        '(for a pod: its UID with "-" or "_" as the cgroup driver writes it), and register once the container runs.',
-    );
+    const give = 'Give the container id or pod UID as /proc/PID/cgroup shows it (with "-" or "_" as the cgroup driver writes it), once the container runs';
+    throw new ProcessNotFoundError(`No process in ${proc.root} has a cgroup containing "${cgroup}". ${give}.`);
   }
 
   /** A /proc that cannot be read (permissions, a bad mount) is the node's problem: 503. */
@@ -187,15 +183,13 @@ export function createRegistration(deps: RegistrationDeps) {
     if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
     // The GPUs asked for that were lost first; another lost GPU renumbers those after it, most likely the one asked for.
     const asked = (gpu: LostGpu) => unknown.includes(gpu.index);
-    const moved =
-      ', and nvidia-smi numbers only the GPUs it lists: those after it usually moved down one index. ' + "GET /gpus gives each GPU's index and UUID now.";
+    const moved = ", and the GPUs after it usually moved down one index. GET /gpus gives each GPU's index and UUID now.";
     const notes = [...snapshot.lostGpus.filter(asked), ...snapshot.lostGpus.filter((gpu) => !asked(gpu))].map((gpu) => {
       const said = asked(gpu) ? `: ${LOST_GPU_MEANING}` : moved;
       return ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}${said}`;
     });
-    throw new UnknownGpuError(
-      `GPU ${unknown.join(', ')} does not exist on this node; it has GPU ${known.join(', ')} (as nvidia-smi numbers them).${notes.join('')} Fix "gpus" in the registration.`,
-    );
+    const has = `it has GPU ${known.join(', ')} (as nvidia-smi numbers them)`;
+    throw new UnknownGpuError(`GPU ${unknown.join(', ')} does not exist on this node; ${has}.${notes.join('')} Fix "gpus" in the registration.`);
   }
 
   /** A PUT that repeats this id's GPUs means the devices the registration kept, whatever their indices now: their UUIDs. */
@@ -207,13 +201,7 @@ export function createRegistration(deps: RegistrationDeps) {
 
   return {
     async register(id: string, body: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
-      if ((body.pid !== undefined) === (body.cgroup !== undefined)) {
-        throw new BadRequestError(
-          body.pid !== undefined
-            ? 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.'
-            : 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).',
-        );
-      }
+      if ((body.pid !== undefined) === (body.cgroup !== undefined)) throw new BadRequestError(body.pid !== undefined ? PID_AND_CGROUP : NO_TARGET);
       const recordOf = (identity: ProcessIdentity, gpuUuids: string[] | undefined): ShardRecord => ({
         id,
         pid: body.pid ?? null,
@@ -236,20 +224,15 @@ export function createRegistration(deps: RegistrationDeps) {
         return put(await target(() => false));
       });
       if (unchecked !== null && !unchanged) {
-        log.warn(
-          { shard: id, gpus: shard.gpus, nvidiaSmi: unchecked },
-          `Shard "${id}" was stored with GPU ${shard.gpus.join(', ')} unchecked: nvidia-smi cannot be asked, so they were taken on trust. ` +
-            "Once it answers, check that they are this node's (GET /gpus lists them).",
-        );
+        const msg = `Shard "${id}" was stored with GPU ${shard.gpus.join(', ')} unchecked (nvidia-smi cannot be asked): check them in GET /gpus later.`;
+        log.warn({ shard: id, gpus: shard.gpus, nvidiaSmi: unchecked }, msg);
       }
       return { created, shard };
     },
 
     async remove(id: string): Promise<void> {
       if (!(await registry.remove(id, () => deps.onStored(id, { removed: true })))) {
-        throw new ShardNotFoundError(
-          `No shard "${id}" is registered on this node, so there is nothing to remove: if this DELETE repeats an earlier one, that one removed it. GET /shards lists those registered.`,
-        );
+        throw new ShardNotFoundError(`No shard "${id}" is registered on this node (an earlier DELETE may have removed it); GET /shards lists them.`);
       }
     },
   };

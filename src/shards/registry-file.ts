@@ -61,10 +61,8 @@ function parseState(path: string, text: string): StateFileRead {
   if (mismatched !== undefined) {
     const { id, gpus, gpuUuids } = mismatched;
     const problem = `The state file ${path} gives shard "${id}" ${gpus.length} GPU(s) but ${gpuUuids!.length} GPU UUID(s)`;
-    return unusable(
-      `${problem}: each GPU index needs its UUID, in the same order.`,
-      'Fix it by hand (remove "gpuUuids" to have the shard judged by index), or move it away to start with no shards.',
-    );
+    const fix = 'Fix it by hand (remove "gpuUuids" to have the shard judged by index), or move it away to start with no shards.';
+    return unusable(`${problem}: each GPU index needs its UUID, in the same order.`, fix);
   }
   return { ok: true, shards: data.shards };
 }

@@ -100,17 +100,15 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
         // and the state file logs its directory turning unwritable, once.
         log.debug({ err, stateFile: stateFile.path, changes: batch.length }, 'Could not write the state file; the changes were refused and nothing stored was lost');
         const fix = (err as StateFileFailure).fix ?? 'Make the state directory writable (disk full? read-only volume? a mount that does not answer?) and retry.';
-        const failure = new StateWriteFailedError(
-          `The change was not stored: writing the state file ${stateFile.path} failed (${(err as Error).message}). Nothing already registered was lost. ${fix}`,
-          { cause: err },
-        );
+        const why = `writing the state file ${stateFile.path} failed (${(err as Error).message})`;
+        const failure = new StateWriteFailedError(`The change was not stored: ${why}. Nothing already registered was lost. ${fix}`, { cause: err });
         sayLate(late(), 'were not stored after all: the write failed when it returned');
         for (const item of batch) settle(item, { stored: false, batchRefused: true }, failure);
         continue;
       }
       committed = draft;
       version += 1;
-      sayLate(late(), 'are stored after all, as far as they changed anything (GET /shards shows what is stored)');
+      sayLate(late(), 'are stored after all, where they changed anything (GET /shards)');
       batch.forEach((item, i) => settle(item, { stored: true, result: results[i] }));
     }
     writing = false;
@@ -119,10 +117,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
   /** Logs what became of changes whose callers were answered 503 pending. */
   function sayLate(changes: number, outcome: string): void {
     if (changes === 0) return;
-    log.info(
-      { stateFile: stateFile.path, changes },
-      `A write of the state file that had not finished in time returned: the ${changes} change(s) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile ${outcome}.`,
-    );
+    const msg = `A late write of the state file returned: the ${changes} change(s) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile ${outcome}.`;
+    log.info({ stateFile: stateFile.path, changes }, msg);
   }
 
   /** Tells the change's `settled` what became of it, and answers its caller (unless answered already). */
@@ -141,26 +137,17 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
   function answerLate(item: Queued): void {
     const index = queue.indexOf(item);
     const bound = `${stateFile.timeoutMs} ms`;
+    const late = `${bound} after it came, the state file ${stateFile.path}`;
     if (index !== -1) {
       queue.splice(index, 1);
-      settle(
-        item,
-        { stored: false, batchRefused: false },
-        new StateWriteFailedError(
-          `The change was not stored: ${bound} after it came, the state file ${stateFile.path} was still being written for earlier changes ` +
-            '(its filesystem does not answer: a hung network mount?). It was withdrawn, and nothing was changed. Retry once GET /readyz passes.',
-        ),
-      );
+      const why = `The change was not stored: ${late} was still being written for earlier changes (a hung network mount?). It was withdrawn; nothing changed.`;
+      settle(item, { stored: false, batchRefused: false }, new StateWriteFailedError(`${why} Retry once GET /readyz passes.`));
       return;
     }
     item.answeredPending = true;
-    item.reject(
-      new StateWritePendingError(
-        `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile.path} that carries it had not finished ` +
-          '(a slow volume, or one that does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when it lands ' +
-          '(GET /shards shows what is stored). Retry once GET /readyz passes; repeating the same request is safe (a repeated DELETE that answers 404 means the first one was stored).',
-      ),
-    );
+    const retry = 'Retry once GET /readyz passes; a repeat is safe (a repeated DELETE answering 404 means the first was stored).';
+    const why = `The change is not acknowledged: ${late} had not finished writing it (a hung network mount?). It may yet be stored (see GET /shards).`;
+    item.reject(new StateWritePendingError(`${why} ${retry}`));
   }
 
   /** Queues `change` for the next batch, answered as the header says; `settled` is told what became of it in any case. */
@@ -169,9 +156,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
     if (stuck !== null) {
       // Refused at once, not after waiting out the bound behind a write that does not return.
       settled({ stored: false, batchRefused: false });
-      return Promise.reject(
-        new StateWriteFailedError(`The change was not stored: the state file ${stateFile.path} cannot be written now (${stuck}). Nothing was changed. Retry once GET /readyz passes.`),
-      );
+      const failed = `The change was not stored: the state file ${stateFile.path} cannot be written now (${stuck}). Nothing was changed.`;
+      return Promise.reject(new StateWriteFailedError(`${failed} Retry once GET /readyz passes.`));
     }
     return new Promise<T>((resolve, reject) => {
       const item: Queued = {

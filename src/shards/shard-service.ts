@@ -22,16 +22,11 @@ export function shardBody(shard: ShardRecord): ShardRecordBody {
 function engineOutputNote(shard: ShardRecord, state: EngineState): string | null {
   if (state.account !== null) return null;
   if (shard.engine !== 'llama.cpp') {
-    return (
-      `Shard "${shard.id}" is registered with engine "${shard.engine}", and only llama.cpp output is read for where the engine computes: ` +
-      `this output is kept (the last ${ENGINE_TAIL_MAX_BYTES / 1024} KiB) but decides nothing, and nvidia-smi alone judges the shard. ` +
-      `If it is llama.cpp, register it again with "engine": "llama.cpp" (PUT /shards/${shard.id}): the output kept is read then.`
-    );
+    const kept = `kept (the last ${ENGINE_TAIL_MAX_BYTES / 1024} KiB) but decides nothing: nvidia-smi alone judges the shard`;
+    const fix = `If it is llama.cpp, PUT /shards/${shard.id} again with "engine": "llama.cpp" to have it read.`;
+    return `Shard "${shard.id}" is registered with engine "${shard.engine}" and only llama.cpp output is read: this output is ${kept}. ${fix}`;
   }
-  return (
-    'Nothing in the output kept so far says where llama.cpp computes: recent llama.cpp (b9829 and later) names its devices and buffers only at -lv 4. ' +
-    'Until it does, nvidia-smi alone judges the shard.'
-  );
+  return 'Nothing in the output kept so far says where llama.cpp computes: b9829+ names devices only at -lv 4. Until then, nvidia-smi alone judges the shard.';
 }
 
 export function createShardService(deps: ShardServiceDeps) {

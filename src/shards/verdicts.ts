@@ -36,10 +36,8 @@ export function createVerdicts({ registry, node, proc, log, now }: VerdictDeps) 
     if (previous === verdict.state) return;
     loggedVerdicts.set(shard.id, verdict.state);
     const level = verdict.state === 'ready' || verdict.state === 'starting' ? 'info' : 'warn';
-    log[level](
-      { shard: shard.id, state: verdict.state, cause: verdict.cause, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus },
-      `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`,
-    );
+    const fields = { shard: shard.id, state: verdict.state, cause: verdict.cause, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus };
+    log[level](fields, `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`);
   }
 
   /** What judges a shard when there is no snapshot to serve: /proc as the failed refresh read it, and nvidia-smi's last word. */

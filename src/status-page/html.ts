@@ -7,7 +7,8 @@ import { colourClass } from './colours.js';
 import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type ShardRow, type StatusModel } from './model.js';
 import { CSS } from './styles.js';
 import {
-  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, missingSince, NOT_PLACED, snapshotLine, summary, unreachableNote, when,
+  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, missingSince, NOT_PLACED, OUTAGE_MEANING, snapshotLine, summary,
+  unreachableNote, when,
 } from './wording.js';
 
 /** Seconds between the page's own reloads (meta refresh). */
@@ -26,7 +27,6 @@ function badge(kind: string, text: string = kind): string {
   return `<span class="badge ${kind}">${text}</span>`;
 }
 
-/** What the GPUs held column lists. */
 const HELD_NOTE =
   'GPUs held: every GPU whose memory the shard\'s processes hold, as nvidia-smi lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
 
@@ -129,13 +129,8 @@ export function renderHtml(model: StatusModel): string {
     banners.push(`<div class="banner ${kind}" role="${role}"><strong>${head}</strong>${body}<code>${escapeHtml(code)}</code></div>`);
   };
   if (model.error !== null) {
-    banner(
-      "nvidia-smi cannot be asked, so no shard's GPU use can be verified.",
-      ' A shard it last saw ready is shown as unverified and keeps serving; one it last saw starting, on the CPU or on a lost GPU keeps that verdict, ' +
-        "and one it has not seen since its registration reads starting. /proc still shows an exit or a stop, and an engine's own output the CPU. " +
-        'Check the driver on this node (run <code style="display:inline">nodecompute doctor</code>). nvidia-smi said:',
-      model.error,
-    );
+    const meaning = ` Meanwhile ${OUTAGE_MEANING}. Run <code style="display:inline">nodecompute doctor</code>. nvidia-smi said:`;
+    banner("nvidia-smi cannot be asked, so no shard's GPU use can be verified.", meaning, model.error);
   }
   if (model.processesHidden !== null) {
     banner('nodecompute cannot tell whose GPU memory is whose.', ' All of it reads as foreign, and no shard can be verified.', model.processesHidden);

@@ -3,7 +3,9 @@
 import { formatMemoryUse } from '../memory-size.js';
 import { gpuUnreachable } from '../node-state/gpu-roster.js';
 import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type SegmentKind, type StatusModel } from './model.js';
-import { amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, NOT_PLACED, snapshotLine, summary, unreachableNote } from './wording.js';
+import {
+  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, NOT_PLACED, OUTAGE_MEANING, snapshotLine, summary, unreachableNote,
+} from './wording.js';
 
 /** Terminal-safe: control characters from the node become '?'. */
 function plain(text: string): string {
@@ -58,10 +60,7 @@ export function renderText(model: StatusModel): string {
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
   out.push(snapshotLine(model));
   if (model.error !== null) {
-    const meaning =
-      'a shard it last saw ready is unverified and keeps serving; any other keeps its last verdict, or reads starting if nvidia-smi never saw it; ' +
-      "/proc still shows exits and stops, an engine's output the CPU";
-    out.push('', `!! nvidia-smi cannot be asked, so no shard's GPU use can be verified (${meaning}):`);
+    out.push('', `!! nvidia-smi cannot be asked, so no shard's GPU use can be verified (${OUTAGE_MEANING}):`);
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
   }
   const lost = lostBanner(model);

@@ -8,6 +8,10 @@ import type { GpuModel, LostGpuModel, Segment, StatusModel } from './model.js';
 
 export const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';
 export const NOT_PLACED = 'no shard is placed on it';
+/** What each shard reads while nvidia-smi cannot be asked. */
+export const OUTAGE_MEANING =
+  'a shard it last saw ready reads unverified and keeps serving; any other keeps its last verdict, or reads starting if never seen; ' +
+  "/proc still shows exits and stops, an engine's output the CPU";
 
 export function when(ms: number): string {
   return `${new Date(ms).toISOString().slice(0, 19).replace('T', ' ')} UTC`;

@@ -37,7 +37,7 @@ t.test('a write that hangs: answered 503 within the bound, the next change refus
   t.equal(pending.headers.get('retry-after'), String(Math.ceil(STATE_FILE_TIMEOUT_MS / 1000)), 'saying to wait the state timeout before retrying');
   t.match(await pending.json(), {
     code: 'NODECOMPUTE_STATE_WRITE_PENDING',
-    message: `The change is not acknowledged: ${bound} after it came, the write of the state file ${stateFile} that carries it had not finished (a slow volume, or one that does not answer: a hung network mount?).`,
+    message: `The change is not acknowledged: ${bound} after it came, the state file ${stateFile} had not finished writing it (a hung network mount?).`,
   });
   // The state file takes the write for stuck once its own bound passes (about when the PUT was answered).
   await waitUntil(() => server.logs().some((entry) => entry.level === 50 && String(entry.msg).startsWith('Registrations cannot be stored')), {

@@ -366,7 +366,7 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
       const states = [...liveness.values()];
       seen.gone += states.filter((state) => state.state === 'gone').length;
       seen.unreadable += states.filter((state) => state.state === 'unreadable').length;
-      seen.stoppedGpuHolder += states.filter((state) => state.state === 'stopped' && state.why.startsWith('a process of it that holds its GPU memory')).length;
+      seen.stoppedGpuHolder += states.filter((state) => state.state === 'stopped' && state.why.startsWith('a process holding its GPU memory')).length;
       seen.orphansNamed += states.filter((state) => state.state === 'gone' && state.why.includes('still holds GPU memory')).length;
       seen.sandboxOnly += states.filter((state) => state.state === 'gone' && state.why.includes("only the pod's sandbox")).length;
     }),

@@ -32,12 +32,9 @@ t.test('?verbose: present, empty, true or 1 is the checklist; false or 0 is JSON
   for (const value of ['yes', 'TRUE', 'constructor']) {
     const res = await app.inject({ method: 'GET', url: `/readyz?verbose=${value}` });
     t.equal(res.statusCode, 400, value);
-    t.same(res.json(), {
-      statusCode: 400,
-      code: 'NODECOMPUTE_BAD_REQUEST',
-      error: 'Bad Request',
-      message: `Invalid request: querystring/verbose is "${value}"; it takes no value, true or 1 for the plain-text checklist, and false or 0 (or leaving it out) for JSON.`,
-    });
+    t.same(Object.keys(res.json()), ['statusCode', 'code', 'error', 'message']);
+    t.match(res.json(), { statusCode: 400, code: 'NODECOMPUTE_BAD_REQUEST', error: 'Bad Request', message: `Invalid request: querystring/verbose is "${value}"` });
+    t.match(res.json().message, /none, true or 1: the checklist; false or 0: JSON/);
   }
 });
 

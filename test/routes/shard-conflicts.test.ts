@@ -23,7 +23,7 @@ t.test('PID 1 is refused: init in the host namespace, a container\'s main proces
   t.equal(res.statusCode, 422);
   t.equal(res.json().code, 'NODECOMPUTE_NOT_A_SHARD_PROCESS', 'it exists: another code than a PID with no process');
   t.match(res.json().message, `PID 1 in ${root} is init (systemd), not a shard: every process on the node descends from it, so as a shard it would claim other workloads' GPU memory`);
-  t.match(res.json().message, "This is probably a container's main process, PID 1 inside the container: register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`");
+  t.match(res.json().message, "Register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`");
   t.match(res.json().message, 'crictl inspect');
   t.match(res.json().message, 'or register the pod by its cgroup');
   t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
@@ -76,7 +76,7 @@ t.test('a process and a cgroup that holds it under two ids are refused with 409,
   });
   const put = (id: string, payload: Record<string, unknown>) => app.inject({ method: 'PUT', url: `/shards/${id}`, payload });
   const ids = async () => (await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((shard: { id: string }) => shard.id);
-  const REMEDY = (id: string, other: string) => `. One process or cgroup under two ids would split its GPU memory: attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. To register it as "${id}", DELETE /shards/${other} first;`;
+  const REMEDY = (id: string, other: string) => `. Under two ids its GPU memory would go to one, and the other would read on-cpu while computing on the GPU. To register it as "${id}", DELETE /shards/${other} first;`;
 
   t.equal((await put('pod', { cgroup: podUid, gpus: [0] })).statusCode, 201);
   const stateFile = readFileSync(config.stateFile);
@@ -124,7 +124,7 @@ t.test("a PID shard's child or parent is refused under another id, as it would t
   const worker = await put('worker', child);
   t.equal(worker.statusCode, 409, "the engine's child, which holds its GPU memory");
   t.match(worker.json(), { code: 'NODECOMPUTE_SHARD_CONFLICT' });
-  t.match(worker.json().message, new RegExp(`^Process ${child} \\(sleep, started at tick \\d+\\) descends from ${named(engine.pid, 'sh').source}, which is already registered as shard "engine"\\. A PID shard's descendants and the process group it leads are part of it\\. One process or cgroup under two ids would split its GPU memory: .* DELETE /shards/engine first;`));
+  t.match(worker.json().message, new RegExp(`^Process ${child} \\(sleep, started at tick \\d+\\) descends from ${named(engine.pid, 'sh').source}, which is already registered as shard "engine"\\. A PID shard's descendants and the process group it leads are part of it\\. Under two ids its GPU memory would go to one, .* DELETE /shards/engine first;`));
   t.ok(readFileSync(config.stateFile).equals(stored), 'nothing written');
   t.same(await ids(), ['ended', 'engine']);
   t.equal((await app.inject({ method: 'GET', url: '/shards/engine/ready' })).json().state, 'ready', 'the engine keeps its GPU memory');

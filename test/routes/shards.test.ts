@@ -274,7 +274,7 @@ t.test('on-cpu reasons agree with the engine output posted: weights on CUDA0 con
 
   const conflict = (await app.inject({ method: 'GET', url: '/shards/d/ready' })).json();
   t.equal(conflict.state, 'on-cpu');
-  t.match(conflict.reason, /^placed on GPU 1, but its processes hold no memory on GPU 1, \d ms after registration \(grace 0 ms\), although the engine output posted to \/shards\/d\/engine-output says llama\.cpp put its model buffers on CUDA0 and offloaded 48\/48 layers \(load_tensors: CUDA0 model buffer size = 63980\.86 MiB\)\. Both cannot be true of the same process/);
+  t.match(conflict.reason, /^placed on GPU 1, but its processes hold no memory on GPU 1, \d ms after registration \(grace 0 ms\), although the engine output posted to \/shards\/d\/engine-output says llama\.cpp put its model buffers on CUDA0 and offloaded 48\/48 layers \(load_tensors: CUDA0 model buffer size = 63980\.86 MiB\)\. /);
   t.match(conflict.reason, 'under no shard, the engine runs in a process this shard does not cover (a child started in another process group, or the wrong PID registered');
   t.notMatch(conflict.reason, /probably did not load|Post the engine's log/);
   t.same(conflict.warnings, []);
@@ -486,7 +486,7 @@ t.test('registering a kernel thread (fixture /proc) is refused as a container PI
     const res = await app.inject({ method: 'PUT', url: `/shards/k${pid}`, payload: { pid, gpus: [0] } });
     t.equal(res.statusCode, 422, comm);
     t.equal(res.json().code, 'NODECOMPUTE_NOT_A_SHARD_PROCESS', `${comm}: it exists, but is no shard`);
-    t.match(res.json().message, `PID ${pid} in ${root} is the kernel thread ${comm}, not a shard. This is probably the PID as a container sees it`);
+    t.match(res.json().message, `PID ${pid} in ${root} is the kernel thread ${comm}, not a shard. A PID as a container sees it?`);
     t.match(res.json().message, "docker inspect -f '{{.State.Pid}}' CONTAINER");
   }
 });
@@ -617,7 +617,7 @@ t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration,
       shard: 'trust',
       gpus: [7],
       nvidiaSmi: /^nvidia-smi exited with code 6 and said: "No devices were found"\. This means no GPU was found\./,
-      msg: 'Shard "trust" was stored with GPU 7 unchecked: nvidia-smi cannot be asked, so they were taken on trust. Once it answers, check that they are this node\'s (GET /gpus lists them).',
+      msg: /^Shard "trust" was stored with GPU 7 unchecked \(nvidia-smi cannot be asked\): .*GET \/gpus/,
     },
   ]);
   t.notOk('err' in unchecked()[0]!, 'the failure is said in its own words, without a stack');
@@ -830,14 +830,9 @@ t.test('engine output for an engine other than llama.cpp is kept, with a note sa
   const post = (id: string, payload: string) => app.inject({ method: 'POST', url: `/shards/${id}/engine-output`, payload, headers: { 'content-type': 'text/plain' } });
   const vllm = await post('v', CUDA_FAILED_LOG);
   t.equal(vllm.statusCode, 200);
-  t.same(vllm.json(), {
-    shard: 'v',
-    account: null,
-    tailBytes: Buffer.byteLength(CUDA_FAILED_LOG),
-    note:
-      'Shard "v" is registered with engine "vllm", and only llama.cpp output is read for where the engine computes: this output is kept (the last 256 KiB) but decides nothing, ' +
-      'and nvidia-smi alone judges the shard. If it is llama.cpp, register it again with "engine": "llama.cpp" (PUT /shards/v): the output kept is read then.',
-  });
+  t.same(Object.keys(vllm.json()), ['shard', 'account', 'tailBytes', 'note']);
+  t.match(vllm.json(), { shard: 'v', account: null, tailBytes: Buffer.byteLength(CUDA_FAILED_LOG), note: /^Shard "v" is registered with engine "vllm" and only llama\.cpp output is read/ });
+  t.match(vllm.json().note, /kept \(the last 256 KiB\) but decides nothing: nvidia-smi alone judges the shard\. .*PUT \/shards\/v again with "engine": "llama\.cpp"/);
   t.match((await post('l', 'main: loading model\n')).json(), { account: null, note: /^Nothing in the output kept so far says where llama\.cpp computes: .*-lv 4/ });
   t.match((await post('l', CUDA_FAILED_LOG)).json(), { account: { backend: 'CPU' }, note: null });
   const reread = await app.inject({ method: 'PUT', url: '/shards/v', payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } });

@@ -73,7 +73,7 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   const renumbered = await app.inject({ method: 'PUT', url: '/shards/llama-6b', payload: { pid: other.pid, gpus: [8] } });
   t.match(
     renumbered.json().message,
-    new RegExp(`^GPU 8 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as nvidia-smi numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi since 2026-11-29T12:00:0\\d\\.\\d{3}Z, and nvidia-smi numbers only the GPUs it lists: those after it usually moved down one index\\. GET /gpus gives each GPU's index and UUID now\\. Fix "gpus" in the registration\\.$`),
+    new RegExp(`^GPU 8 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as nvidia-smi numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi since 2026-11-29T12:00:0\\d\\.\\d{3}Z, and the GPUs after it usually moved down one index\\. GET /gpus gives each GPU's index and UUID now\\. Fix "gpus" in the registration\\.$`),
     'an index past the end, once a GPU is lost, is most likely one from before the renumbering: the 422 says so',
   );
   t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/ready' })).json().state, 'gpu-lost', 'the repeat left the verdict as it was');

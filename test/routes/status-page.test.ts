@@ -503,7 +503,7 @@ t.test('a stopped shard: its own badge and count, its reason in the row; the out
   t.match(html, '.badge.stopped{background:#8250df;color:#fff}', 'a colour of its own, white on it readable (4.7:1)');
   t.match(html, '<li><span class="badge stopped">1 stopped</span></li>');
   t.match(html, '<td data-label="State"><span class="badge stopped">stopped</span></td>');
-  t.match(html, '/proc still shows an exit or a stop');
+  t.match(html, '/proc still shows exits and stops');
   const text = renderText(model);
   t.match(text, /^nodecompute 0 on h: 1 stopped$/m);
   t.match(text, '/proc still shows exits and stops');

@@ -136,7 +136,7 @@ t.test('a process that held its memory in the listing and is stopped now: stoppe
   t.match(judge(s, lastGood, { procNow: new Map([[100, leader], [101, worker]]) }), { state: 'unverified' }, 'its worker runs: it keeps serving');
   const stopped = judge(s, lastGood, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) });
   t.match(stopped, { ready: false, state: 'stopped', cause: 'process-stopped', warnings: [/^nvidia-smi cannot be asked, so which GPU memory it holds is unverified: boom$/] }, 'its worker stopped since the listing');
-  t.match(stopped.reason, /a process of it that holds its GPU memory is stopped while the rest of it runs: 101 \(llama-server, state T, on GPU 0\)/);
+  t.match(stopped.reason, /a process holding its GPU memory is stopped while the rest runs: 101 \(llama-server, state T, on GPU 0\)/);
   const stoppedThen = { node: handMadeView({ now: STARTED, gpus: [gpu(0, [[101, 9000]])], stats: [leader, { ...worker, state: 'T' }] }, [s]), startedAt: STARTED, observedAt: OBSERVED };
   t.match(judge(s, stoppedThen, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) }), { state: 'stopped' }, 'stopped then and still stopped');
   t.match(judge(s, stoppedThen, { procNow: new Map([[100, leader], [101, worker]]) }), { state: 'unverified' }, 'stopped then, running again now: it was on its GPU');

@@ -99,10 +99,8 @@ t.test('no GPU process listed anywhere: hidden when a GPU holds a model-sized am
   t.equal(verdictOf(s, view([gpu(0, [], 4)], [stat(100, 100, 5)], [s])).state, 'on-cpu', 'an idle GPU with no process: the shard is not on it');
   // A header-only process query while GPUs hold 130 GiB (HAMi, or no host PID namespace).
   const hidden = view([gpu(0, [], 130013), gpu(1, [], 2), gpu(2, [], 58071)], [stat(100, 100, 5)], [s]);
-  t.equal(
-    hidden.processesHidden,
-    "nvidia-smi lists no GPU process, yet GPU 0, GPU 2 have memory in use: the processes are hidden from it, so nodecompute cannot tell whose memory is whose. Either nodecompute does not share the host's PID namespace (run it with --pid=host (Docker) or hostPID: true (Kubernetes)), or a GPU-sharing layer (HAMi, vGPU) hides them.",
-  );
+  t.match(hidden.processesHidden, /^nvidia-smi lists no GPU process, yet GPU 0, GPU 2 have memory in use: the processes are hidden from it\. /);
+  t.match(hidden.processesHidden, /does not share the host's PID namespace \(--pid=host \/ hostPID: true\) or a GPU-sharing layer \(HAMi, vGPU\)/);
   const v = verdictOf(s, hidden);
   t.equal(v.state, 'unverified', 'not on-cpu: there is no evidence either way');
   t.equal(v.ready, true);
@@ -269,10 +267,9 @@ t.test('a shard whose own stat cannot be read this refresh keeps serving, unveri
     advice: "Raise the container's open-file limit (nofile, for example 65536).",
   };
   const node = view([gpu(0, [[100, 500]]), gpu(1, [[101, 500]])], [stat(101, 100, 6)], [s], [[100, unreadable]]);
-  const why =
-    'the /proc stat of its process 100 could not be read in this refresh: nodecompute is out of file descriptors (EMFILE). ' +
-    "Whether it still runs is unverified, so it keeps serving. Raise the container's open-file limit (nofile, for example 65536).";
-  t.same(node.attribution.liveness.get('s'), { state: 'unreadable', why });
+  const why = (node.attribution.liveness.get('s') as { why: string }).why;
+  t.match(node.attribution.liveness.get('s'), { state: 'unreadable', why: /^the \/proc stat of its process 100 could not be read in this refresh: .*\(EMFILE\)\. / });
+  t.match(why, /unverified, so it keeps serving\. Raise the container's open-file limit \(nofile, for example 65536\)\.$/);
   const v = verdictOf(s, node, null, 'the last refresh failed: boom');
   t.same(v, { ready: true, state: 'unverified', cause: 'stat-unreadable', reason: null, warnings: ['answered from an older snapshot: the last refresh failed: boom', why] }, 'not exited: no evidence that it is gone');
   t.same([...node.attribution.ownerByPid].sort(), [[100, 's'], [101, 's']], 'it keeps its PID and its registered group');
@@ -331,12 +328,12 @@ t.test('a group leader that exits while its child holds the GPU: exited, naming 
   const node = view([gpu(0, [[101, 9000]]), gpu(1, [[102, null], [200, 300]])], [orphan, stat(102, 100, 7), stat(200, 200, 9)], [s], [[100, null]]);
   const v = verdictOf(s, node);
   t.equal(v.state, 'exited', 'the registered process is gone');
-  t.equal(
+  t.match(
     v.reason,
     "the shard's process exited: process 100 no longer exists, but its process group 100 still holds GPU memory: 9000 MiB on GPU 0 (PID 101, p), " +
-      'memory nvidia-smi does not report ([N/A]) on GPU 1 (PID 102, p). That memory is not free for placement and reads as foreign until it is released: ' +
-      'if the shard is not coming back, kill 101 102.',
+      'memory nvidia-smi does not report ([N/A]) on GPU 1 (PID 102, p). ',
   );
+  t.match(v.reason, /reads as foreign .*if the shard is not coming back, kill 101 102\.$/);
   t.same(foreignMemory(node)[0]!.foreignProcesses.map((p) => p.pid), [101], 'the orphan is nobody\'s');
 
   const many = view(
@@ -396,12 +393,8 @@ t.test('a pod cgroup left with only its sandbox: exited, not on-cpu, saying what
   const v = verdictOf(pod, node);
   t.equal(v.state, 'exited');
   t.equal(v.ready, false);
-  t.equal(
-    v.reason,
-    `the shard's process exited: only the pod's sandbox process is left in cgroup "${POD_UID}" (pause, PID 10): ` +
-      "the engine's container exited and is not running now (crashing and waiting to be restarted: CrashLoopBackOff?), so nothing computes, on a GPU or on the CPU. " +
-      "See why with `kubectl describe pod` (the container's Last State, exit code and restart count) and `kubectl logs --previous`; the verdict changes by itself once the engine runs again.",
-  );
+  t.match(v.reason, `the shard's process exited: only the pod's sandbox process is left in cgroup "${POD_UID}" (pause, PID 10): the engine's container exited`);
+  t.match(v.reason, /CrashLoopBackOff.*`kubectl describe pod`.*`kubectl logs --previous`.*changes by itself/);
   t.same(v.warnings, []);
 
   // CRI-O (OpenShift: conmon_cgroup = "pod") leaves the sandbox's monitor too, and the dead engine may linger as a zombie.
@@ -443,10 +436,9 @@ t.test('a cgroup shard whose engine output predates every process it runs now: t
 
   const earlier = judged(699);
   t.equal(earlier.state, 'ready', 'nvidia-smi decides: the restarted engine holds GPU 0');
-  t.same(earlier.warnings, [
-    `the engine output posted for this shard (it says CPU) came, at least in part, from an earlier run: every process now in cgroup "${POD_UID}" started after it began to be posted (the container restarted), ` +
-      'so it does not decide this verdict: post the new run\'s output (llama.cpp at -lv 4) to /shards/pod/engine-output; it begins a new tail',
-  ], 'and neither does its partial offload');
+  t.equal(earlier.warnings.length, 1, 'and neither does its partial offload');
+  t.match(earlier.warnings[0], `the engine output posted (it says CPU) came, at least in part, from an earlier run: every process in cgroup "${POD_UID}" started after it`);
+  t.match(earlier.warnings[0], /decides nothing: post the new run's output \(llama\.cpp -lv 4\) to \/shards\/pod\/engine-output, which starts a new tail$/);
   t.equal(judged(700).state, 'on-cpu', 'posted in the tick the engine started: it may be this run\'s');
   t.equal(judged(800).state, 'on-cpu', 'posted while this run went on: it is this run\'s');
   t.equal(judged(null).state, 'on-cpu', 'not dated: taken as current');
@@ -457,7 +449,7 @@ t.test('a cgroup shard whose engine output predates every process it runs now: t
   t.equal(v.state, 'on-cpu', 'grace over and GPU 0 not held: on-cpu by nvidia-smi');
   t.match(v.reason, 'its processes hold no memory on GPU 0');
   t.notMatch(v.reason, 'the engine itself reports it');
-  t.match(v.reason, "Its GPU backend probably did not load. The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp at -lv 4) to /shards/pod/engine-output");
+  t.match(v.reason, /probably did not load\. .*an earlier run's .*-lv 4\) to \/shards\/pod\/engine-output/);
   const starting = readiness({ shard: { ...pod, registeredAt: NOW - 1000 }, node: missing, engine: cpu, engineTicks: 600, staleReason: null, now: NOW });
   t.equal(starting.state, 'starting', 'within grace, the old run\'s CPU no longer makes it on-cpu at once');
 
@@ -521,7 +513,7 @@ t.test('reasons: spans from milliseconds to hours, long graces in minutes, and s
   t.equal(unknown.reason, 'registered 10.2 s ago; waiting for the first snapshot that includes it (59.8 min of grace left).');
   const late = shard({ gpus: [0], graceMs: 150_000, registeredAt: NOW - 600_000 });
   const onCpu = verdictOf(late, view([gpu(0, [])], [stat(100, 100, 5)], [late])).reason!;
-  t.match(onCpu, 'its processes hold no memory on GPU 0, 10 min after registration (grace 2.5 min). Its GPU backend probably did not load. Post the engine\'s log (llama.cpp at -lv 4) to /shards/s/engine-output to see what it saw. Check');
+  t.match(onCpu, /its processes hold no memory on GPU 0, 10 min after registration \(grace 2\.5 min\)\. Its GPU backend probably did not load\. Post the engine's log/);
   const dayOld = shard({ gpus: [0], graceMs: 15_000, registeredAt: NOW - 26 * 3_600_000 });
   t.match(verdictOf(dayOld, view([gpu(0, [])], [stat(100, 100, 5)], [dayOld])).reason, 'its processes hold no memory on GPU 0, 26 h after registration (grace 15.0 s).');
   const justNow = shard({ gpus: [0], graceMs: 15_000, registeredAt: NOW - 400 });
@@ -541,14 +533,14 @@ t.test('without nvidia-smi: /proc liveness and the engine\'s account still decid
   const unverified = 'nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out';
   t.same(judged({ liveness: { state: 'gone', why: 'process 100 no longer exists' } }), { ready: false, state: 'exited', cause: 'process-exited', reason: "the shard's process exited: process 100 no longer exists.", warnings: [] });
   t.same(judged({ liveness: { state: 'gone', why: 'x' }, engine: cpu }).state, 'exited', 'gone outranks what the engine said');
-  t.same(judged({ liveness: { state: 'alive' }, engine: cpu }), {
+  t.match(judged({ liveness: { state: 'alive' }, engine: cpu }), {
     ready: false,
     state: 'on-cpu',
     cause: 'engine-gpu-backend-failed',
-    reason: "placed on GPU 0 but computing on the CPU: the engine itself reports it. llama.cpp failed to initialize CUDA. Its GPU backend did not load. " +
-      "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor` on this node.",
+    reason: /^placed on GPU 0 but computing on the CPU: the engine itself reports it\. llama\.cpp failed to initialize CUDA\. Its GPU backend did not load\. /,
     warnings: ["nvidia-smi cannot be asked, so this verdict rests on the engine's own output: nvidia-smi timed out"],
   });
+  t.match(judged({ liveness: { state: 'alive' }, engine: cpu }).reason, /ldd libggml-cuda\.so.*CUDA_VISIBLE_DEVICES.*GPU runtime.*`nodecompute doctor`/);
   t.equal(judged({ engine: cpu }).state, 'on-cpu', 'no /proc facts: the engine\'s word still holds');
   t.same(judged({ liveness: { state: 'alive' } }), { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', reason: null, warnings: [unverified] });
   t.same(judged({ shard: { ...s, gpus: [] }, liveness: { state: 'alive' }, engine: cpu }).state, 'unverified', 'a shard given no GPU is not on-cpu for computing on the CPU');
@@ -570,16 +562,14 @@ t.test('on-cpu while the engine output shows weights on a CUDA device: the reaso
   const node = view([gpu(3, [[200, 64400]])], [stat(100, 100, 5), stat(200, 200, 6)], [d]);
   const v = readiness({ shard: d, node, engine, enginePosted: true, staleReason: null, now: NOW });
   t.equal(v.state, 'on-cpu', 'nvidia-smi decides: none of its processes holds GPU 3');
-  t.equal(
+  t.match(
     v.reason,
     'placed on GPU 3, but its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s), although the engine output posted to /shards/d/engine-output ' +
-      'says llama.cpp put its model buffers on CUDA0 and offloaded 48/48 layers (load_tensors: CUDA0 model buffer size = 63980.86 MiB). ' +
-      'Both cannot be true of the same process: the engine did put its weights on a GPU, but not as a process of this shard on GPU 3, or that output is from another run. ' +
-      "Find that memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, the engine runs in a process this shard does not cover " +
-      "(a child started in another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup); " +
-      "on another GPU, CUDA_VISIBLE_DEVICES (or the container's GPU runtime) maps CUDA0 to that GPU, not to GPU 3; " +
-      "nowhere, the output posted is another run's: post this run's to /shards/d/engine-output.",
+      'says llama.cpp put its model buffers on CUDA0 and offloaded 48/48 layers (load_tensors: CUDA0 model buffer size = 63980.86 MiB).',
   );
+  t.match(v.reason, /not in this shard's processes on GPU 3, or the output is another run's\. .*GET \/gpus/);
+  t.match(v.reason, /under no shard, .*another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup/);
+  t.match(v.reason, /on another GPU, CUDA_VISIBLE_DEVICES maps CUDA0 there, not to GPU 3; nowhere, post this run's output to \/shards\/d\/engine-output\.$/);
   t.notMatch(v.reason, 'probably did not load', 'the engine says its backend loaded');
   t.notMatch(v.reason, "Post the engine's log", 'the log is not asked for again');
   t.same(v.warnings, [], '48 of 48 layers: no partial offload');
@@ -592,18 +582,18 @@ t.test('on-cpu while the engine output shows weights on a CUDA device: the reaso
   const fromPod = readiness({ shard: pod, node: podNode, engine: multi, enginePosted: true, staleReason: null, now: NOW }).reason;
   t.match(fromPod, 'says llama.cpp put its model buffers on CUDA0 and CUDA1 and offloaded 33/33 layers (llm_load_tensors: CUDA0 buffer size = 4695.56 MiB | llm_load_tensors: CUDA1 buffer size = 3912.97 MiB).');
   t.match(fromPod, `a process this shard does not cover (a process outside cgroup "${POD_UID}": register the pod or container the engine runs in)`);
-  t.match(fromPod, 'maps CUDA0 and CUDA1 to that GPU, not to GPU 0 and GPU 1;');
+  t.match(fromPod, 'maps CUDA0 and CUDA1 there, not to GPU 0 and GPU 1;');
 
   // The 2023 "VRAM used" proof, cut from llamacpp-log_2023-12_ollama1341_ggml_init_cublas_2gpu_vram-used.txt without its device lines.
   const vram = parseLlamaLog('llm_load_tensors: using CUDA for GPU acceleration\nllm_load_tensors: VRAM used: 6936.01 MiB\n');
   t.same(vram?.devices, [], 'no device named');
   const elsewhere = readiness({ shard: d, node: view([gpu(3, [])], [stat(100, 100, 5)], [d]), engine: vram, staleReason: null, now: NOW }).reason;
-  t.match(elsewhere, 'says llama.cpp reported 6936.01 MiB of VRAM used on its CUDA devices (llm_load_tensors: VRAM used: 6936.01 MiB). Both cannot');
-  t.match(elsewhere, 'maps its CUDA devices to that GPU, not to GPU 3;');
+  t.match(elsewhere, 'says llama.cpp reported 6936.01 MiB of VRAM used on its CUDA devices (llm_load_tensors: VRAM used: 6936.01 MiB). So the weights');
+  t.match(elsewhere, 'maps its CUDA devices there, not to GPU 3;');
 });
 
 t.test('the engine says CPU: the advice follows whether its GPU backend loaded, and memory its processes hold is weighed against it', async (t) => {
-  const ON_CPU_ADVICE = "Check the engine's build and libraries (ldd on libggml-cuda.so for llama.cpp)";
+  const ON_CPU_ADVICE = /Check the engine's build \(ldd libggml-cuda\.so/;
   // llamacpp-log_2023-10_llava_ggml_init_cublas_offloaded-0of35_issue3616.txt: 2 CUDA devices found, then 0/35 layers offloaded.
   const noLayers = accountOf('llamacpp-log_2023-10_llava_ggml_init_cublas_offloaded-0of35_issue3616.txt')!;
   // llamacpp-log_2024-03_issue6184_no-cuda-devices-found_quoted.txt: no CUDA device found.
@@ -617,40 +607,41 @@ t.test('the engine says CPU: the advice follows whether its GPU backend loaded, 
 
   const zero = judged(noLayers, idle);
   t.equal(zero.state, 'on-cpu');
-  t.equal(
+  t.match(
     zero.reason,
-    'placed on GPU 2 and GPU 4 but computing on the CPU: the engine itself reports it. llama.cpp offloaded no layers to the GPU (llm_load_tensors: offloaded 0/35 layers to GPU). ' +
-      "Its GPU backend loaded, but no model layers were put on the GPU: start it with its model layers on the GPU (llama.cpp: -ngl / --n-gpu-layers, or LLAMA_ARG_N_GPU_LAYERS; a number at least the model's layer count puts them all there).",
-    'the backend loaded: no advice to check libraries',
+    /^placed on GPU 2 and GPU 4 but computing on the CPU: the engine itself reports it\. llama\.cpp offloaded no layers to the GPU \(llm_load_tensors: offloaded 0\/35 layers to GPU\)\. /,
   );
+  t.match(zero.reason, /backend loaded but put no layers on the GPU: .*-ngl \(LLAMA_ARG_N_GPU_LAYERS\) >= the model's layers\.$/);
+  t.notMatch(zero.reason, 'ldd', 'the backend loaded: no advice to check libraries');
 
   const failed = judged(noGpu, idle);
-  t.match(failed.reason, `Its GPU backend did not load. ${ON_CPU_ADVICE}`, 'no GPU found and none held: the build and the runtime');
+  t.match(failed.reason, /Its GPU backend did not load\. .*ldd/, 'no GPU found and none held: the build and the runtime');
 
   const conflict = judged(noGpu, loaded);
   t.equal(conflict.state, 'on-cpu', "the engine's own account still decides");
-  t.equal(
+  t.match(
     conflict.reason,
     "placed on GPU 2 and GPU 4 but computing on the CPU: the engine itself reports it. llama.cpp found no usable GPU (ggml_cuda_init: no CUDA devices found, CUDA will be disabled). " +
-      'Yet nvidia-smi lists its processes holding GPU 2: 103.4 GiB, GPU 4: 103.4 GiB, which an engine that found no usable GPU cannot hold: the output posted is most likely another run\'s (or another engine\'s). ' +
-      "Post this run's output (llama.cpp at -lv 4) to /shards/s/engine-output: the verdict follows the latest run in it. GET /gpus shows which of the shard's processes hold that memory.",
+      'Yet nvidia-smi lists its processes holding GPU 2: 103.4 GiB, GPU 4: 103.4 GiB, which an engine that found no usable GPU cannot hold',
   );
+  t.match(conflict.reason, /another run's\. Post this run's \(llama\.cpp -lv 4\) to \/shards\/s\/engine-output; GET \/gpus shows which process/);
   t.notMatch(conflict.reason, 'ldd', 'not the build: the output contradicts nvidia-smi');
   t.same(shardCompute(s, loaded, noGpu, conflict.state).devices, ['GPU 2: 103.4 GiB', 'GPU 4: 103.4 GiB'], 'devices say what nvidia-smi lists');
 
   const context = judged(noLayers, view([gpu(2, [[100, 520]]), gpu(4, [])], [stat(100, 100, 5)], [s]));
-  t.match(context.reason, 'nvidia-smi lists its processes holding GPU 2: 520 MiB: a run without GPU layers holds its CUDA context and compute buffers there too. Its GPU backend loaded, but no model layers');
-  t.match(context.reason, "If that memory is more than those (the size of the weights), the output posted is another run's: post this run's to /shards/s/engine-output;");
+  t.match(context.reason, /holding GPU 2: 520 MiB: a run without GPU layers holds its CUDA context .*Its GPU backend loaded but put no layers/);
+  t.match(context.reason, /size of the weights, the output is another run's: post this run's to \/shards\/s\/engine-output/);
 
   // Only the GPUs it was given are weighed: memory on another one is a warning of its own.
   const elsewhere = judged(noGpu, view([gpu(2, []), gpu(3, [[100, 520]]), gpu(4, [])], [stat(100, 100, 5)], [s]));
-  t.match(elsewhere.reason, `Its GPU backend did not load. ${ON_CPU_ADVICE}`, 'as when it holds nothing on its GPUs');
+  t.match(elsewhere.reason, /Its GPU backend did not load\. .*ldd/, 'as when it holds nothing on its GPUs');
   t.notMatch(elsewhere.reason, 'nvidia-smi lists its processes holding');
   t.match(elsewhere.warnings, ['holds memory on GPU 3, which it was not given: check CUDA_VISIBLE_DEVICES and the placement']);
 
   const unsaid = { ...noLayers, gpuBackendLoaded: null };
-  t.match(judged(unsaid, idle).reason, `Either its GPU backend did not load or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`);
-  t.match(judged(unsaid, loaded).reason, 'a run without GPU layers holds its CUDA context and compute buffers there too. Its GPU backend loaded', 'the memory held shows the backend loaded');
+  t.match(judged(unsaid, idle).reason, /GPU backend did not load, or it was started without GPU layers \(-ngl \/ --n-gpu-layers\)/);
+  t.match(judged(unsaid, idle).reason, ON_CPU_ADVICE);
+  t.match(judged(unsaid, loaded).reason, /holds its CUDA context .*Its GPU backend loaded/, 'the memory held shows the backend loaded');
 });
 
 t.test('on-cpu while the engine output finds CUDA but shows no weights: the reason asks for its output through model loading', async (t) => {
@@ -659,15 +650,14 @@ t.test('on-cpu while the engine output finds CUDA but shows no weights: the reas
   const s = shard({ gpus: [0] });
   const v = readiness({ shard: s, node: view([gpu(0, [])], [stat(100, 100, 5)], [s]), engine, enginePosted: true, staleReason: null, now: NOW });
   t.equal(v.state, 'on-cpu');
-  t.equal(
+  t.match(
     v.reason,
     'placed on GPU 0 but computing on the CPU: its processes hold no memory on GPU 0, 60.0 s after registration (grace 10.0 s). ' +
-      'The engine output posted says llama.cpp found CUDA0 but printed no model buffer line, so weights on the GPU are not confirmed. ' +
-      'Post its output through model loading (llama.cpp at -lv 4 prints its "CUDA<n> model buffer size" lines) to /shards/s/engine-output, ' +
-      "and find the engine's memory in GET /gpus, which lists each GPU's processes and the shard each belongs to: under no shard, or on another GPU, " +
-      "the engine runs in a process this shard does not cover (a child started in another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup) " +
-      'or CUDA_VISIBLE_DEVICES maps CUDA0 to another GPU.',
+      'The engine output posted says llama.cpp found CUDA0 but printed no model buffer line, so weights on the GPU are not confirmed. ',
   );
+  t.match(v.reason, /through model loading \(-lv 4 prints "CUDA<n> model buffer size"\) to \/shards\/s\/engine-output, .*GET \/gpus/);
+  t.match(v.reason, /does not cover \(.*another process group, or the wrong PID registered: register the engine's own PID, or the pod by its cgroup\)/);
+  t.match(v.reason, /CUDA_VISIBLE_DEVICES maps CUDA0 to another GPU\.$/);
   t.notMatch(v.reason, 'probably did not load');
 });
 
@@ -681,10 +671,10 @@ t.test('on-cpu with engine output that says nothing: the reason says so instead 
   t.match(
     judged(true),
     'GPU 0, 60.0 s after registration (grace 10.0 s). Its GPU backend probably did not load. The output posted to /shards/s/engine-output says nothing about where llama.cpp computes: ' +
-      'post its log at -lv 4 (llama.cpp b9829 and later names its devices and buffers only then). Check the engine',
+      'post its log at -lv 4 (b9829+',
   );
   t.notMatch(judged(true), "Post the engine's log");
-  const notPosted = "Its GPU backend probably did not load. Post the engine's log (llama.cpp at -lv 4) to /shards/s/engine-output to see what it saw. Check the engine";
+  const notPosted = /probably did not load\. Post the engine's log \(llama\.cpp -lv 4\) to \/shards\/s\/engine-output .*Check the engine/;
   t.match(judged(false), notPosted);
   t.match(judged(undefined), notPosted, 'absent: none posted');
   t.notMatch(judged(true, 'vllm'), 'engine-output', 'only llama.cpp output is read: no advice about it for vLLM');
@@ -697,13 +687,12 @@ t.test('on-cpu while holding memory on a GPU it was not given (and none on the o
   for (const [name, account] of [['no engine output', null], ['weights on CUDA0', engine]] as const) {
     const v = readiness({ shard: s, node, engine: account, staleReason: null, now: NOW });
     t.equal(v.state, 'on-cpu', name);
-    t.equal(
+    t.match(
       v.reason,
-      'placed on GPU 3; it holds memory on GPU 5, which it was not given, and its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s). ' +
-        "Its GPU backend loaded (a CUDA context at least) on a GPU it was not given: CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it GPU 5. " +
-        'Check them (CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi by PCI bus; GPU UUIDs avoid the difference), or register the shard with the GPUs it uses.',
+      'placed on GPU 3; it holds memory on GPU 5, which it was not given, and its processes hold no memory on GPU 3, 60.0 s after registration (grace 10.0 s). ',
       name,
     );
+    t.match(v.reason, /CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it GPU 5 .*CUDA_DEVICE_ORDER=PCI_BUS_ID.*register the shard with the GPUs it uses/, name);
     t.same(v.warnings, ['holds memory on GPU 5, which it was not given: check CUDA_VISIBLE_DEVICES and the placement'], name);
   }
 });

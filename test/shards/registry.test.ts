@@ -184,10 +184,7 @@ t.test('one process or cgroup under two ids is refused, naming the other id and 
   await t.rejects(registry.put(record('b')), {
     code: 'NODECOMPUTE_SHARD_CONFLICT',
     statusCode: 409,
-    message:
-      'Process 42 (x, started at tick 7) is already registered as shard "a". One process or cgroup under two ids would split its GPU memory: ' +
-      'attribution gives it to one id, and the other reads on-cpu while it computes on the GPU. ' +
-      'To register it as "b", DELETE /shards/a first; to change its GPUs, grace or engine, PUT /shards/a instead.',
+    message: /^Process 42 \(x, started at tick 7\) is already registered as shard "a"\. .*two ids .*on-cpu.* DELETE \/shards\/a first; to change its GPUs, grace or engine, PUT \/shards\/a instead\.$/,
   });
   await t.rejects(registry.put({ ...pod('q', 'pod-a'), gpus: [3] }), { code: 'NODECOMPUTE_SHARD_CONFLICT', message: /^The cgroup "pod-a" is already registered as shard "p"\. .*DELETE \/shards\/p first/ });
   t.same([counter.writes, registry.version, registry.list().map((s) => s.id).sort()], [writes, version, ['a', 'p']], 'refused before any write');
@@ -390,18 +387,15 @@ t.test('a write that does not finish within the bound: its change is answered pe
   await t.rejects(replacing, {
     code: 'NODECOMPUTE_STATE_WRITE_PENDING',
     statusCode: 503,
-    message:
-      `The change is not acknowledged: 100 ms after it came, the write of the state file ${path} that carries it had not finished ` +
-      '(a slow volume, or one that does not answer: a hung network mount?). That write is still pending, so the change may yet be stored when it lands ' +
-      '(GET /shards shows what is stored). Retry once GET /readyz passes; repeating the same request is safe (a repeated DELETE that answers 404 means the first one was stored).',
+    message: `The change is not acknowledged: 100 ms after it came, the state file ${path} had not finished writing it (a hung network mount?)`,
   });
+  await t.rejects(replacing, { message: /may yet be stored \(see GET \/shards\)\. Retry once GET \/readyz passes; a repeat is safe \(a repeated DELETE answering 404/ });
   await t.rejects(behind, {
     code: 'NODECOMPUTE_STATE_WRITE_FAILED',
     statusCode: 503,
-    message:
-      `The change was not stored: 100 ms after it came, the state file ${path} was still being written for earlier changes ` +
-      '(its filesystem does not answer: a hung network mount?). It was withdrawn, and nothing was changed. Retry once GET /readyz passes.',
+    message: `The change was not stored: 100 ms after it came, the state file ${path} was still being written for earlier changes`,
   });
+  await t.rejects(behind, { message: /It was withdrawn; nothing changed\. Retry once GET \/readyz passes\.$/ });
   await t.rejects(removal, { code: 'NODECOMPUTE_STATE_WRITE_FAILED', message: /withdrawn/ }, 'a removal too');
   await t.rejects(
     registry.remove('unknown'),
@@ -430,7 +424,7 @@ t.test('a write that does not finish within the bound: its change is answered pe
   t.match(lines.at(-1), {
     level: 30,
     changes: 1,
-    msg: 'A write of the state file that had not finished in time returned: the 1 change(s) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile are stored after all, as far as they changed anything (GET /shards shows what is stored).',
+    msg: /^A late write of the state file returned: the 1 change\(s\) answered 503 NODECOMPUTE_STATE_WRITE_PENDING meanwhile are stored after all/,
   });
   t.match(await registry.put(record('t', 'other', 44)), { created: true }, 'writes go on');
 });
