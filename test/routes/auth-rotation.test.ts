@@ -254,9 +254,9 @@ t.test('a token file changed to tokens that can never work (non-ASCII, the examp
     return accepted(source, OLD, NEW);
   };
   t.same(await look(`${OLD}\npässwörtpässwört01\n`), [OLD]);
-  t.match(source.problem(), `The token file ${path} cannot be used: the token on line 2 cannot work: character 2 of it is not printable ASCII, so it can never match`);
+  t.match(source.problem(), `The token file ${path} cannot be used: the token on line 2 cannot work: character 2 is not printable ASCII`);
   t.same(await look('REPLACE-ME-with-at-least-16-random-characters\n'), [OLD]);
-  t.match(source.problem(), 'cannot be used: the token on line 1 cannot work: it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read');
+  t.match(source.problem(), /cannot be used: the token on line 1 cannot work: .*placeholder of deploy\/kubernetes\/secret\.example\.yaml/);
   t.same(await look(`# rotated by ops\n${OLD}\n${NEW}\n`), [OLD, NEW], 'a comment line is no token');
   t.equal(source.problem(), null);
 
@@ -265,9 +265,9 @@ t.test('a token file changed to tokens that can never work (non-ASCII, the examp
   t.same(await look(`${NEW}\n`), [OLD, NEW], 'unreadable: the tokens last read stay');
   const { uid, gid } = statSync(path);
   t.match(source.problem(), `The token file ${path} cannot be read (EACCES: permission denied`);
-  t.match(source.problem(), `nodecompute runs as uid ${process.getuid!()}, gid ${process.getgid!()}`);
-  t.match(source.problem(), `it is owned by uid ${uid}, gid ${gid}, with mode 0600, which does not let that user read it`);
-  t.match(source.problem(), /defaultMode \(0440\) with the pod's fsGroup.*; it is read again within a second of the next write\.$/);
+  t.match(source.problem(), `runs as uid ${process.getuid!()}, gid ${process.getgid!()}`);
+  t.match(source.problem(), `it is owned by uid ${uid}, gid ${gid}, mode 0600`);
+  t.match(source.problem(), /defaultMode \(0440\).*fsGroup.*; it is read again within a second of the next write\.$/);
   t.equal(log.at(40).length, 3, 'each problem warned about once');
   deny = false;
   t.same(await look(null), [NEW], 'readable again: its tokens are taken');
