@@ -122,8 +122,8 @@ t.test('host-pid-namespace: the line says how many listed PIDs exist, in the doc
   t.equal(some.status, 200, 'one PID missing of two: a process that just exited, not another namespace');
   t.equal(
     some.line,
-    `[+]host-pid-namespace ok, with a warning: 1 of 2 PID(s) nvidia-smi lists do not exist in /proc (${GONE_PID}); the other 1 do, so this is the host's PID namespace and the missing ones most likely exited since nvidia-smi listed them. ` +
-      'If the same PIDs stay missing, they live in another PID namespace (a VM or a nested container), and their memory reads as foreign. ' +
+    `[+]host-pid-namespace ok, with a warning: 1 of 2 PID(s) nvidia-smi lists do not exist in /proc (${GONE_PID}); the other 1 do, so this is the host's PID namespace and the missing ones most likely exited since listed. ` +
+      'PIDs that stay missing live in another PID namespace (a VM or nested container), and their memory reads as foreign. ' +
       'Readiness does not depend on it; what to do: Run the doctor again in a minute: a process that exited is no longer listed by then. ' +
       "PIDs that stay missing belong to processes nodecompute cannot see (another PID namespace): find them with `nvidia-smi` on the host, and run their work where nodecompute's /proc sees it.",
   );
