@@ -504,7 +504,7 @@ t.test('bad requests without a token configured', async (t) => {
         chunks: ['GET /docs/static/%2e%2e/package.json HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n'],
         status: 403,
         code: 'NODECOMPUTE_FORBIDDEN',
-        message: /^GET \/docs\/static\/%2e%2e\/package\.json is refused: a path that climbs out of its folder with "\.\." .* Ask for the file by its own path/,
+        message: /^GET \/docs\/static\/%2e%2e\/package\.json is refused: .*climbing out of its folder with "\.\.".* Ask for the file by its own path/,
       },
       {
         name: 'a method HTTP does not define',
