@@ -281,7 +281,6 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
   return { config: resolved, positionals: parsed.positionals, help, version, warnings, defaultHost: !given.has('host') };
 }
 
-/** The settings part of `nodecompute --help`. */
 export function settingsHelp(): string {
   const rows = Object.values(SETTINGS).map((setting: Setting) => {
     const dflt = setting.default === null ? '(unset)' : String(setting.default);

@@ -257,7 +257,6 @@ async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
   return check('token', 'ok', `${file.tokens} token(s) from ${file.path} are in force for writes`);
 }
 
-/** The human table of `nodecompute doctor`. */
 export function formatDoctorReport(report: DoctorReport): string {
   const mark = { ok: 'OK  ', warn: 'WARN', fail: 'FAIL' } as const;
   const width = Math.max(...report.checks.map((c) => c.name.length));

@@ -32,7 +32,6 @@ export interface NvidiaSmi {
   killAll(): void;
   /** True once killAll has run: a query that fails from then on failed because of the shutdown. */
   readonly stopped: boolean;
-  /** How many nvidia-smi children are alive now. */
   readonly running: number;
 }
 
