@@ -63,7 +63,7 @@ t.test('a host that is given, even the default ::, is used as given: only the de
     const cli = resolveConfig(env, argv);
     t.same([cli.config.host, cli.defaultHost], [host, defaultHost], JSON.stringify({ env, argv }));
   }
-  t.match(settingsHelp(), /NODECOMPUTE_HOST \(default: ::\)\n.*takes IPv6 and IPv4 alike.*on a kernel without IPv6 it listens on 0\.0\.0\.0 instead/);
+  t.match(settingsHelp(), /NODECOMPUTE_HOST \(default: ::\)\n.*takes IPv6 and IPv4.*without IPv6 it listens on 0\.0\.0\.0 instead/);
 });
 
 t.test('bad values stop the start with the setting, the value and what it accepts', async (t) => {
