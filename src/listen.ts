@@ -1,8 +1,6 @@
-// Where the service listens. The default, ::, takes IPv6 and IPv4 on one socket (Node clears
-// IPV6_V6ONLY; IPv4 clients arrive as ::ffff:a.b.c.d), so it serves IPv4-only, dual-stack and
-// IPv6-only clusters. Only where the kernel refuses :: (EAFNOSUPPORT, EADDRNOTAVAIL), and only for
-// the default, it listens on 0.0.0.0. A host that was set is used as given; a host or port that
-// cannot be listened on fails the start, saying why and what to do.
+// Where the service listens. The default, ::, takes IPv6 and IPv4 on one socket (IPv4 clients
+// arrive as ::ffff:a.b.c.d); only where the kernel refuses it does the default fall back to 0.0.0.0.
+// A host that was set is used as given; one or a port that cannot be listened on fails the start.
 import { ConfigInvalidError } from './errors.js';
 
 export const DUAL_STACK_HOST = '::';

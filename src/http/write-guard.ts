@@ -1,9 +1,7 @@
-// Owns what keeps a web page in a browser on the node from writing. A write that names another
-// origin (an Origin header other than this server's own, or Sec-Fetch-Site cross-site or same-site)
-// is refused, token or not: the API is not for browsers on other origins. A write trusted only
-// because it comes from loopback must also name a loopback Host or one the operator allows, so a
-// rebound DNS name (a page whose domain now resolves to 127.0.0.1) cannot borrow that trust.
-// curl, control planes and the Kubernetes hooks send no Origin and a Host that passes.
+// Owns what keeps a web page in a browser on the node from writing. A write naming another origin
+// (Origin, or Sec-Fetch-Site cross-site or same-site) is refused, token or not. A write trusted for
+// coming from loopback must also name a loopback Host or an allowed one, so DNS rebinding cannot
+// borrow that trust. curl, control planes and the Kubernetes hooks send no Origin and a Host that passes.
 import { CrossOriginError, HostNotAllowedError, type CodedError } from '../errors.js';
 
 export type BrowserRefusal = { reason: 'cross-origin' | 'foreign-host'; error: CodedError };
