@@ -112,7 +112,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     const code = codeOf(err);
     log.warn(
       { err, keepLimit },
-      `Out of file descriptors (${code}): at most ${keepLimit} are kept open from now on, other /proc stats read afresh. ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
+      `Out of file descriptors (${code}) while keeping /proc stat files open: at most ${keepLimit} are kept from now on. ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
     );
   };
 
