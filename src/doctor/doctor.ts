@@ -251,9 +251,7 @@ async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
   }
   if (!deps.tokenFile) return check('token', 'ok', 'a bearer token is configured for writes (NODECOMPUTE_TOKEN)');
   const file = await deps.tokenFile();
-  if (file.problem !== null) {
-    return check('token', 'warn', file.problem, 'Fix the token file as the detail says; until then a token rotated into it is not accepted.');
-  }
+  if (file.problem !== null) return check('token', 'warn', file.problem, 'Fix the token file; until then a token rotated into it is not accepted.');
   return check('token', 'ok', `${file.tokens} token(s) from ${file.path} are in force for writes`);
 }
 
