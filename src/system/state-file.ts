@@ -159,9 +159,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         log.warn({ err, file }, `Could not remove ${file}, a temp file an interrupted write of the state file left behind; it is harmless, remove it by hand.`);
       }
     }
-    if (removed.length > 0) {
-      log.info({ stateFile: path, removed }, `Removed ${removed.length} temp file(s) that an interrupted write (a crash or a kill) left beside the state file; the state file itself is whole.`);
-    }
+    if (removed.length > 0) log.info({ stateFile: path, removed }, `Removed ${removed.length} temp file(s) that an interrupted write left; ${path} is whole.`);
   };
   /** Per operation on the directory pending past timeoutMs: why the directory is not writable meanwhile. */
   const hung = new Set<{ reason: string }>();
