@@ -40,15 +40,15 @@ const EXIT_MEANINGS: Record<number, string> = {
   2: 'nvidia-smi rejected an argument: this driver is probably older than the fields nodecompute asks for. Check the driver version.',
   3: 'the requested operation is not available on this device.',
   4: 'the user running nodecompute may not access the GPUs. Give it access to /dev/nvidia* (in a container: run it with the NVIDIA runtime).',
-  6: 'no GPU was found. Check that the GPUs are visible here (in a container: --gpus all or NVIDIA_VISIBLE_DEVICES), that `lspci | grep -i nvidia` lists them, and that the driver is bound to them.',
+  6: 'no GPU was found. Check that the GPUs are visible here (--gpus all, NVIDIA_VISIBLE_DEVICES), in `lspci | grep -i nvidia`, and bound to the driver.',
   8: "a GPU's external power cables are not properly attached.",
   9: 'the NVIDIA driver is not loaded. Install or load it (`modprobe nvidia`); in a container, run with the NVIDIA runtime.',
   10: 'the NVIDIA kernel driver detected an interrupt problem with a GPU. Check `dmesg` for NVRM/Xid errors.',
-  12: 'the NVML library (libnvidia-ml.so) could not be found or loaded. In a container, set NVIDIA_DRIVER_CAPABILITIES=utility (or all) and run with the NVIDIA runtime.',
+  12: 'the NVML library (libnvidia-ml.so) could not be loaded. In a container, set NVIDIA_DRIVER_CAPABILITIES=utility (or all) and use the NVIDIA runtime.',
   13: 'this NVML library does not implement a function nvidia-smi needs: nvidia-smi and the driver libraries come from different driver versions.',
   14: "a GPU's infoROM is corrupted. The GPU needs service; check `dmesg` and the vendor's tools.",
   15: 'a GPU has fallen off the bus or is otherwise inaccessible. Check `dmesg` for Xid 79; the GPU needs a reset or the node a reboot. Drain the node first.',
-  18: 'the NVIDIA kernel module and the user-space driver libraries are different versions, usually after a driver upgrade without a reboot. Reboot the node, or unload and reload the nvidia kernel modules.',
+  18: 'the NVIDIA kernel module and driver libraries are different versions (upgraded, not rebooted). Reboot the node, or reload the nvidia kernel modules.',
   255: 'nvidia-smi hit another error or an internal driver error. Check `dmesg` for NVRM/Xid errors.',
 };
 

@@ -154,7 +154,7 @@ const failures: Array<{ name: string; failure: FakeFailure; exitCode: number; wo
     failure: { kind: 'library-mismatch' },
     exitCode: 18,
     words: /said: "Failed to initialize NVML: Driver\/library version mismatch\nNVML library version: 535\.161"/,
-    meaning: /Reboot the node, or unload and reload the nvidia kernel modules/,
+    meaning: /Reboot the node, or reload the nvidia kernel modules/,
   },
   {
     name: 'no devices',
