@@ -141,8 +141,8 @@ function timeoutError(timeoutMs: number, args: string[]): Error {
 /** The deadline passed after nvidia-smi itself exited: something it started still holds its output open. */
 function outputHeldError(path: string, timeoutMs: number, args: string[]): Error {
   return new NvidiaSmiTimeoutError(
-    `nvidia-smi (nvidia-smi ${args.join(' ')}) exited, but its output was still open ${timeoutMs} ms after it started: a process it started holds it; its group was killed. ` +
-      `Make the wrapper at ${JSON.stringify(path)} (NODECOMPUTE_NVIDIA_SMI) \`exec\` nvidia-smi, or find the holder with \`fuser -v\` or \`lsof\`.`,
+    `nvidia-smi (nvidia-smi ${args.join(' ')}) exited, but its output was still open ${timeoutMs} ms after it started: a process it started holds it, ` +
+      `so its group was killed. Make the wrapper at ${JSON.stringify(path)} (NODECOMPUTE_NVIDIA_SMI) \`exec\` nvidia-smi, or find the holder: \`fuser -v\`.`,
   );
 }
 

@@ -377,7 +377,7 @@ t.test('a grandchild that left the group and holds stdout open: still answered a
   try {
     await t.rejects(smi.queryComputeApps(), {
       code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT',
-      message: /^nvidia-smi \(nvidia-smi --query-compute-apps=.*\) exited, but its output was still open 3000 ms after it started: a process it started holds it; its group was killed/,
+      message: /^nvidia-smi \(nvidia-smi --query-compute-apps=.*\) exited, but its output was still open 3000 ms after it started: a process it started holds it, so its group was killed/,
     });
     t.ok(Date.now() - started < 3_000 + SLACK_MS);
     const [spawn] = fake.spawned();
