@@ -57,7 +57,7 @@ function sameTokens(a: readonly string[], b: readonly string[]): boolean {
 const UNSTABLE_LOOKS_WARNED = 2;
 
 const FIX_THE_SECRET =
-  'Check the Secret (its key must hold one token a line, each at least 16 characters; "#" starts a comment line) and its mount; the file is re-read within a second of the next write once it is fixed.';
+  'Check the Secret (one token a line, each at least 16 characters; "#" starts a comment) and its mount; it is re-read within a second of the next write.';
 
 /** initial: the tokens read at start (readStartTokens refuses to start without one); beforeRead: for tests (see createTokenFileReader). */
 type TokenFileOptions = { path: string; initial: string[]; log: Logger; now: () => number; beforeRead?: TokenFileReaderOptions['beforeRead'] };
@@ -76,7 +76,7 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
   let warnedOf: string | null = null;
 
   function trouble(which: string, what: string, fix = FIX_THE_SECRET): void {
-    problem = `The token file ${path} ${what}. The ${tokens.length} token(s) last read from it stay in force, so writes that present one keep working, but a rotated token is not picked up. ${fix}`;
+    problem = `The token file ${path} ${what}. The ${tokens.length} token(s) last read from it stay in force; a rotated token is not picked up. ${fix}`;
     if (which === warnedOf) return;
     warnedOf = which;
     log.warn({ file: path, tokens: tokens.length }, problem);
@@ -108,8 +108,8 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
       case 'late':
         return trouble(
           'late',
-          `did not answer within ${look.timeoutMs} ms (the read is still pending: is it on a network filesystem that hangs?)`,
-          `Writes do not wait for it any longer, and no other read is started until that one returns. Check the filesystem that holds ${path} (does \`cat ${path}\` hang?) or mount the token from a Kubernetes Secret (a tmpfs, which does not hang); the file is read again at the first write after it answers.`,
+          `did not answer within ${look.timeoutMs} ms (its read is still pending: a hung network filesystem?)`,
+          `No write waits for it, nor is another read started, until it returns. Check that \`cat ${path}\` returns, or mount the token from a Secret (tmpfs).`,
         );
       case 'unstable':
         // One is a rewrite caught in the act: the next look reads the finished file.
@@ -117,7 +117,7 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
         return trouble(
           'unstable',
           `was not stable while it was read, ${unstableInARow} times in a row (${look.detail})`,
-          'Something keeps rewriting it in place, or it is not a regular file (a pipe, a /proc or /sys file). Replace the file atomically instead (write a temporary file beside it, then rename it over the token file, as the kubelet does for a Secret); the file is re-read within a second of the next write once it is stable.',
+          'It is rewritten in place, or not a regular file: replace it by a rename, as the kubelet does for a Secret; it is re-read at the next write.',
         );
       case 'read': {
         const content = parseTokenFile(look.text);
@@ -179,10 +179,8 @@ export function describeWriteAccess(config: Config): string {
     return `Writes need a bearer token: ${config.fileTokens.length} token(s) from ${config.tokenFile} (re-read when it changes).`;
   }
   if (config.token !== null) return 'Writes need a bearer token: 1 token from NODECOMPUTE_TOKEN.';
-  return (
-    'No token is configured: writes are accepted from loopback only (127.0.0.1, ::1), so any local process, and only a local process, may write. Writes from other machines, ' +
-    "or through Docker's -p or a proxy, are refused: set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) to accept them with a bearer token."
-  );
+  return 'No token is configured: writes are accepted from loopback only (127.0.0.1, ::1), from any local process. Writes from the network, ' +
+    "Docker's -p or a proxy are refused: set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) to accept them with a bearer token.";
 }
 
 export function createAuth(config: Config, log: Logger, now: () => number, onRefused: (reason: WriteRefusal) => void): Auth {
@@ -193,10 +191,8 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
     fileSource === null || path === null
       ? null
       : async (): Promise<TokenFileState> => ({ path, tokens: (await fileSource.current()).length, problem: fileSource.problem() });
-  const rotationHint =
-    path === null
-      ? '.'
-      : `; after a rotation, this node takes the new token within a second of ${path} changing (a Kubernetes Secret's mounted file changes a minute or two after the Secret does).`;
+  const rotationHint = path === null ? '.'
+    : `; after a rotation, this node takes the new token within a second of ${path} changing (a Secret's mounted file lags the Secret by a minute or two).`;
   // A caller retrying with a stale token would log a line a second: warn once a minute per reason and address.
   const level = createRepeatLimit(now);
   function refused(reason: WriteRefusal, request: FastifyRequest, msg: string): void {
@@ -216,10 +212,8 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
       if (isLoopback(remoteAddress)) return done();
       refused('not-loopback', request, 'Refused a write from the network: no token is configured, so only loopback may write');
       const message =
-        'Writes are accepted from loopback only (127.0.0.1, ::1) because no token is configured on this node, ' +
-        `and this write came from ${displayAddress(remoteAddress)}. ` +
-        "Behind Docker's -p (a write from the host arrives from the bridge's address, such as 172.17.0.1) or a proxy, no write comes from loopback: " +
-        'set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) on this node and send "Authorization: Bearer <token>".';
+        `No token is configured here, so writes are accepted from loopback only (127.0.0.1, ::1); this one came from ${displayAddress(remoteAddress)}. ` +
+        "Behind Docker's -p (its bridge: 172.17.0.1) or a proxy, set NODECOMPUTE_TOKEN_FILE or NODECOMPUTE_TOKEN, and send \"Authorization: Bearer <token>\".";
       return done(new ForbiddenError(message));
     }
     const presented = bearer(request.headers.authorization);

@@ -65,9 +65,8 @@ const SERVICE_LINK_VARIABLE = /^NODECOMPUTE_([A-Z0-9_]+_)?(SERVICE_HOST|SERVICE_
 const SERVICE_LINK_PORT = /^(tcp|udp|sctp):\/\//;
 
 const SERVICE_LINK_PORT_WHY =
-  'the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a ' +
-  'container named nodecompute. Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT ' +
-  "in the container's env, which wins";
+  "a service link that Kubernetes (a Service named nodecompute) or Docker sets: set enableServiceLinks: false in the pod spec (as " +
+  "deploy/kubernetes/daemonset.yaml does), or NODECOMPUTE_PORT in the container's env";
 
 function validate(setting: Setting, raw: string | number | null): unknown {
   let value: unknown = raw;
@@ -90,15 +89,14 @@ export function tokenProblem(token: string): string | null {
   if (/\s/.test(token)) return 'it contains whitespace, which an "Authorization: Bearer" header cannot carry';
   // Node reads header bytes as Latin-1, the token file as UTF-8: such a token can never match.
   const foreign = token.search(/[^\x21-\x7e]/);
-  if (foreign >= 0) {
-    return `character ${foreign + 1} of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)`;
-  }
+  if (foreign >= 0) return `character ${foreign + 1} is not printable ASCII, so it never matches a header: use letters and digits (openssl rand -hex 32)`;
   // Shapes a hand-edited Secret often has and a random token almost never does.
-  if (/^(["']).+\1$/.test(token)) return 'it is wrapped in quotes, which would be part of the token: write the token without them';
-  if (/^\w*token\w*=/i.test(token)) return 'it looks like an assignment (NAME=token): put only the token there, without the name and "="';
+  if (/^(["']).+\1$/.test(token)) return 'it is wrapped in quotes, which would be part of the token: remove them';
+  if (/^\w*token\w*=/i.test(token)) return 'it looks like an assignment (NAME=token): write only the token';
   if (token.length < 16) return `it is ${token.length} characters long, and a token needs at least 16`;
   if (PLACEHOLDER.test(token)) {
-    return 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"';
+    return 'it is the public placeholder of deploy/kubernetes/secret.example.yaml. Put a random token in the Secret: ' +
+      'kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"';
   }
   return null;
 }
@@ -125,15 +123,9 @@ export function unreadableTokenFile(path: string, err: Error, file: FileOwner | 
   if (code !== 'EACCES' && code !== 'EPERM') return null;
   /* c8 ignore next -- process.getuid exists on every POSIX system; nodecompute reads /proc, so it runs on Linux. */
   const user = process.getuid ? `uid ${process.getuid()}, gid ${process.getgid!()}, groups ${process.getgroups!().join(',')}` : 'this user';
-  const whose =
-    file === null
-      ? 'a directory on the way to it does not let that user through'
-      : `it is owned by uid ${file.uid}, gid ${file.gid}, with mode 0${file.mode.toString(8)}, which does not let that user read it`;
-  return (
-    `The token file ${path} cannot be read by nodecompute (${code}): nodecompute runs as ${user}, and ${whose}. ` +
-    'Make it readable to that user: in Kubernetes, the Secret volume\'s defaultMode (0440) with the pod\'s fsGroup set to the group the service runs as; ' +
-    'with Docker or systemd, chown the file (or its directory) to that uid, or chmod it'
-  );
+  const whose = file === null ? 'a directory on the way to it is closed' : `it is owned by uid ${file.uid}, gid ${file.gid}, mode 0${file.mode.toString(8)}`;
+  return `The token file ${path} is unreadable (${code}) to nodecompute, which runs as ${user}; ${whose}. Make it readable: in Kubernetes, ` +
+    "the Secret volume's defaultMode (0440) and the pod's fsGroup set to the service's group; with Docker or systemd, chown or chmod it or its directory";
 }
 
 /** Unstable reads at start before giving up: one is a rewrite caught in the act. */
@@ -163,18 +155,14 @@ export async function readStartTokens(config: Config, options: TokenFileReaderOp
     invalid(SETTINGS.tokenFile, path, `cannot read it: ${look.err.message}`);
   }
   if (look.kind === 'unstable') {
-    const why =
-      `it was not stable while it was read, ${START_LOOKS} times in a row (${look.detail}): it is not a regular file (a pipe, a /proc or /sys file), ` +
-      'or something keeps rewriting it in place. Point it at a regular file that is replaced with a rename (write a temporary file beside it, then rename it ' +
-      'over the token file, as the kubelet does for a Secret)';
+    const why = `it was not stable while it was read, ${START_LOOKS} times in a row (${look.detail}): not a regular file, or rewritten in place. ` +
+      'Point it at a regular file replaced by a rename, as the kubelet does for a Secret';
     invalid(SETTINGS.tokenFile, path, why);
   }
   // Late (a fresh reader never answers "unchanged"): the read is left pending, its timer unref'd.
   throw new ConfigInvalidError(
-    `The token file ${path} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within ${timeoutMs} ms, and its read is still pending: ` +
-      'the filesystem that holds it likely hangs (a network or FUSE mount that stopped answering), or it is a pipe nobody writes to. ' +
-      `nodecompute does not start without the write tokens it names. Check that filesystem (does \`cat ${path}\` return?), ` +
-      'or mount the token from a Kubernetes Secret (a tmpfs, which does not hang), then start again.',
+    `The token file ${path} (NODECOMPUTE_TOKEN_FILE) did not answer within ${timeoutMs} ms: a hung network or FUSE mount, or a pipe nobody writes to. ` +
+      `Check that \`cat ${path}\` returns, or mount the token from a Kubernetes Secret (tmpfs), then start again.`,
   );
 }
 
@@ -191,17 +179,15 @@ const KUBERNETES_PROBE_TIMEOUT_MS = 1000;
 
 function checkCombinations(config: Config): string[] {
   if (config.maxStaleMs < config.cacheTtlMs) {
-    const why =
-      `it is below NODECOMPUTE_CACHE_TTL_MS (${config.cacheTtlMs}): a snapshot only turns stale once it is older than the TTL, so stale answers could never be served. ` +
-      `Set NODECOMPUTE_MAX_STALE_MS to at least ${config.cacheTtlMs} (the default is ${SETTINGS.maxStaleMs.default}), or lower NODECOMPUTE_CACHE_TTL_MS`;
+    const why = `below NODECOMPUTE_CACHE_TTL_MS (${config.cacheTtlMs}), so no stale answer could be served: set it to at least ${config.cacheTtlMs} ` +
+      `(default ${SETTINGS.maxStaleMs.default}), or lower NODECOMPUTE_CACHE_TTL_MS`;
     invalid(SETTINGS.maxStaleMs, config.maxStaleMs, why, null);
   }
   if (config.probeWaitMs <= KUBERNETES_PROBE_TIMEOUT_MS) return [];
   const seconds = Math.ceil((config.probeWaitMs + 500) / 1000);
   return [
-    `NODECOMPUTE_PROBE_WAIT_MS is ${config.probeWaitMs} ms, longer than Kubernetes' default probe timeout of 1 s: a probe that waits that long is ` +
-      `counted as failed before it is answered. Raise the probes' timeoutSeconds to at least ${seconds} (readiness, liveness and the shards' probes ` +
-      'on /shards/:id/ready), or lower NODECOMPUTE_PROBE_WAIT_MS below 1000.',
+    `NODECOMPUTE_PROBE_WAIT_MS is ${config.probeWaitMs} ms, past Kubernetes' default probe timeout of 1 s: raise the probes' timeoutSeconds ` +
+      `(readiness, liveness, /shards/:id/ready) to at least ${seconds}, or lower it below 1000.`,
   ];
 }
 
@@ -258,8 +244,7 @@ function unknownVariables(env: NodeJS.ProcessEnv): string[] {
     .map((name) => {
       const meant = settings.find((setting) => setting.flag === nearestWord(name, settings.map(({ flag }) => flag)));
       const guess = meant === undefined ? '' : ` (did you mean ${meant.env}?)`;
-      const ignored = `The environment variable ${name} is not a setting of nodecompute and is ignored${guess}.`;
-      return `${ignored} Run \`nodecompute --help\` for the settings and the variable of each.`;
+      return `${name} is not a setting of nodecompute and is ignored${guess}. Run \`nodecompute --help\` for the settings.`;
     });
 }
 
@@ -296,7 +281,6 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
   return { config: resolved, positionals: parsed.positionals, help, version, warnings, defaultHost: !given.has('host') };
 }
 
-/** The settings part of `nodecompute --help`. */
 export function settingsHelp(): string {
   const rows = Object.values(SETTINGS).map((setting: Setting) => {
     const dflt = setting.default === null ? '(unset)' : String(setting.default);

@@ -55,10 +55,7 @@ export const StateFileInvalidError = coded('NODECOMPUTE_STATE_FILE_INVALID', 500
 
 /** What a state directory that takes no writes means and what to do: one text for the log and for /readyz. */
 export function cannotStoreMessage(path: string, why: { reason: string; fix?: string }): string {
-  const fix =
-    why.fix ??
-    'Make the directory writable (mount its volume read-write; check for a full disk; for a mount that does not answer, check its server and `dmesg`) ' +
-      'or set NODECOMPUTE_STATE_FILE to a path on a writable volume.';
+  const fix = why.fix ?? 'Make the directory writable (a read-write volume, not full; a hung mount: its server, `dmesg`) or move NODECOMPUTE_STATE_FILE.';
   return `Registrations cannot be stored in ${path}: ${why.reason}. Every registration and removal is refused (503) until they can; the shards already stored are kept and served. ${fix}`;
 }
 

@@ -1,8 +1,6 @@
-// Where the service listens. The default, ::, takes IPv6 and IPv4 on one socket (Node clears
-// IPV6_V6ONLY; IPv4 clients arrive as ::ffff:a.b.c.d), so it serves IPv4-only, dual-stack and
-// IPv6-only clusters. Only where the kernel refuses :: (EAFNOSUPPORT, EADDRNOTAVAIL), and only for
-// the default, it listens on 0.0.0.0. A host that was set is used as given; a host or port that
-// cannot be listened on fails the start, saying why and what to do.
+// Where the service listens. The default, ::, takes IPv6 and IPv4 on one socket (IPv4 clients
+// arrive as ::ffff:a.b.c.d); only where the kernel refuses it does the default fall back to 0.0.0.0.
+// A host that was set is used as given; one or a port that cannot be listened on fails the start.
 import { ConfigInvalidError } from './errors.js';
 
 export const DUAL_STACK_HOST = '::';
@@ -34,10 +32,8 @@ function families(host: string): string {
 /** Node's "listen EADDRINUSE: address already in use :::9470", with what it means and what to do. */
 function explainPortInUse(err: unknown, port: number): unknown {
   if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE') return err;
-  const message =
-    `port ${port} is already taken (${(err as Error).message}): another nodecompute, or another program, is listening on it on this machine ` +
-    `(in a container: in its network namespace). Stop that one if it should not run (\`ss -ltnp 'sport = :${port}'\` names it), ` +
-    'or give this one a free port with NODECOMPUTE_PORT (--port).';
+  const message = `port ${port} is already taken (${(err as Error).message}) by another program on this machine or network namespace: ` +
+    `stop it (\`ss -ltnp 'sport = :${port}'\` names it), or give this one a free port with NODECOMPUTE_PORT (--port).`;
   return Object.assign(new Error(message, { cause: err }), { code: 'EADDRINUSE' });
 }
 
@@ -57,15 +53,12 @@ async function listenOrFallBack(listen: Listen, { host, port, defaultHost }: { h
     const why = unavailable ?? UNRESOLVED[code];
     if (why === undefined) throw err;
     if (unavailable !== undefined && defaultHost && host === DUAL_STACK_HOST) {
-      const message =
-        `nodecompute is listening on ${IPV4_HOST} (IPv4 only): the default :: (IPv6 and IPv4) was refused with ${code}, ${why}. ` +
-        "IPv6 clients (an IPv6-only cluster's probes) cannot reach it; enable IPv6 on this node if they must.";
+      const message = `nodecompute is listening on ${IPV4_HOST} (IPv4 only): the default :: (IPv6 and IPv4) was refused with ${code}, ${why}. ` +
+        'IPv6 clients (an IPv6-only cluster\'s probes) cannot reach it; enable IPv6 on this node if they must.';
       return { url: await listen({ host: IPV4_HOST, port }), host: IPV4_HOST, message };
     }
-    throw new ConfigInvalidError(
-      `NODECOMPUTE_HOST (--host) is "${host}", which this machine cannot listen on (${code}: ${why}). ` +
-        `Set it to an address of this machine, or unset it to listen on every address (:: with IPv6, ${IPV4_HOST} without).`,
-      { cause: err },
-    );
+    const message = `NODECOMPUTE_HOST (--host) is "${host}", which this machine cannot listen on (${code}: ${why}). ` +
+      `Set it to an address of this machine, or unset it to listen on every address (:: with IPv6, ${IPV4_HOST} without).`;
+    throw new ConfigInvalidError(message, { cause: err });
   }
 }

@@ -52,6 +52,7 @@ const thrownFields = (err: unknown): { err: unknown } | { thrown: string } => (e
 /** Said of an uncaught error, which nothing in nodecompute should let through. */
 const A_BUG = 'a bug in nodecompute: please report it with this line and the ones before it';
 const CUT_OFF = 'the requests still in flight are cut off, and the process ends now.';
+const RESET = 'gets a reset connection and should retry.';
 
 async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
@@ -71,10 +72,7 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       delay: SHUTDOWN_GRACE_MS,
       logger: log,
       onTimeout: () =>
-        log.error(
-          `Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: ${CUT_OFF} ` +
-            'A client that keeps a request open (a body it never finishes, an answer it does not read) holds a shutdown up; it gets a reset connection and should retry.',
-        ),
+        log.error(`Shutting down took longer than its ${SHUTDOWN_GRACE_MS / 1000} s grace: ${CUT_OFF} A client holding a request open ${RESET}`),
       onSecondSignal: (signal) => log.error(`A second ${signal} came while shutting down: ${CUT_OFF}`),
       onSecondError: (err) => log.error(thrownFields(err), `An uncaught error came while shutting down (${A_BUG}): ${CUT_OFF}`),
     },

@@ -48,9 +48,8 @@ export function createMetrics(): Metrics {
   const free = gauge('nodecompute_gpu_memory_free_bytes', 'Free memory of the GPU.', gpuLabels);
   const reserved = gauge('nodecompute_gpu_memory_reserved_bytes', 'Memory of the GPU reserved by the driver.', gpuLabels);
   const foreign = gauge('nodecompute_gpu_memory_foreign_bytes', 'Memory of the GPU held by anything but a registered shard: not to be handed out.', gpuLabels);
-  const lostHelp =
-    '1 for each GPU nvidia-smi listed earlier in this run and no longer lists (fallen off the bus, reset or detached: see dmesg) ' +
-    'or cannot reach ("GPU is lost"); gpu is its last index. Kept while nvidia-smi fails (a lost GPU often makes every query fail). Absent when none is lost.';
+  const lostHelp = '1 for each GPU nvidia-smi listed earlier in this run and no longer lists or cannot reach (see dmesg); gpu is its last index. ' +
+    'Kept while nvidia-smi fails (a lost GPU often makes every query fail). Absent when none is lost.';
   const lost = gauge('nodecompute_gpu_lost', lostHelp, gpuLabels);
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
   const placedHelp =
@@ -62,13 +61,11 @@ export function createMetrics(): Metrics {
   const up = gauge('nodecompute_nvidia_smi_up', upHelp);
   const ageHelp = 'Age of the last good node snapshot (NaN before the first); taken on demand, it grows between requests: nvidia_smi_up is the failure signal.';
   const age = gauge('nodecompute_snapshot_age_seconds', ageHelp);
-  const visibleHelp =
-    '1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when they are hidden (no host PID namespace, or a GPU-sharing layer), ' +
-    'so no memory is attributed to a shard. NaN while nvidia-smi cannot be asked.';
+  const visibleHelp = '1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when hidden (no host PID namespace, or a GPU-sharing ' +
+    'layer), so no memory is attributed to a shard. NaN while nvidia-smi cannot be asked.';
   const processesVisible = gauge('nodecompute_gpu_processes_visible', visibleHelp);
-  const tokenFileHelp =
-    '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (at most once a second); 0 when it cannot be read, holds no usable token, hangs or keeps ' +
-    'changing: the tokens last read stay in force, a rotated one is not picked up (GET /doctor says why). Absent without a token file.';
+  const tokenFileHelp = '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (at most once a second); 0 when not: the tokens last read stay ' +
+    'in force, a rotated one is not picked up (GET /doctor says why). Absent without a token file.';
   const tokenFileOk = gauge('nodecompute_token_file_ok', tokenFileHelp, ['file']);
   const tokensHelp = 'Write tokens in force from NODECOMPUTE_TOKEN_FILE: 2 during a rotation ("old + new"), 1 before and after. Absent without a token file.';
   const tokensInForce = gauge('nodecompute_token_file_tokens', tokensHelp, ['file']);
@@ -89,9 +86,8 @@ export function createMetrics(): Metrics {
   const refusedWrites = new Counter({
     name: 'nodecompute_writes_refused_total',
     help:
-      'Writes (PUT, DELETE, POST) refused before they were looked at, by reason: missing-token (no "Authorization: Bearer" while a token is configured), ' +
-      'wrong-token (a token that matches none in force: a caller left behind by a rotation), not-loopback (no token configured, and the write came from the network), ' +
-        'cross-origin (a web page of another origin: Origin or Sec-Fetch-Site), foreign-host (no token configured, a loopback write naming another Host: DNS rebinding).',
+      'Writes refused before they were looked at, by reason: missing-token, wrong-token (none in force: a caller left behind by a rotation), ' +
+      'not-loopback (no token, from the network), cross-origin (a web page of another origin), foreign-host (no token, another Host: DNS rebinding).',
     labelNames: ['reason'],
     registers: [registry],
   });

@@ -32,8 +32,7 @@ export const SETTINGS = {
     default: '::',
     accepts: 'an IP address or host name',
     description:
-      'Address the HTTP server listens on. The default, ::, takes IPv6 and IPv4 alike (one dual-stack socket), so probes reach it in IPv4, dual-stack and IPv6-only clusters; ' +
-      'on a kernel without IPv6 it listens on 0.0.0.0 instead, and its start-up line says which. A host that is set is used as given.',
+      'Address to listen on. The default, ::, takes IPv6 and IPv4 (dual-stack); on a kernel without IPv6 it listens on 0.0.0.0 instead, and says so at start.',
   }),
   port: setting('port', {
     schema: Type.Integer({ minimum: 0, maximum: 65535, description: 'TCP port' }),
@@ -75,8 +74,7 @@ export const SETTINGS = {
     schema: milliseconds(0, 600_000, 'probe wait'),
     default: 800,
     accepts: 'an integer number of milliseconds from 0 to 600000',
-    description:
-      "Longest a probe (/readyz, /shards/:id/ready) or a poller (/shards, /shards/:id, /metrics, the status page /) waits for a snapshot it needs before answering without one; keep it under the probe's timeout (Kubernetes' default is 1 s).",
+    description: "Longest a probe or poller (/readyz, /shards, /metrics, /) waits for a snapshot it needs; keep it under the probe's timeout (1 s by default).",
   }),
   logLevel: setting('log-level', {
     schema: Type.Union(LOG_LEVELS.map((level) => Type.Literal(level)), { description: 'log level' }),
@@ -94,8 +92,7 @@ export const SETTINGS = {
     schema: milliseconds(100, 600_000, 'state file timeout'),
     default: STATE_FILE_TIMEOUT_MS,
     accepts: 'an integer number of milliseconds from 100 to 600000',
-    description:
-      'How long a read or write of the state file may take before its volume is taken for one that does not answer (a hung network mount): the change is then answered 503, and nothing else is started there until the operation returns.',
+    description: 'Longest a state file read or write may take before its volume is taken as hung (then a 503; nothing else starts there until it returns).',
   }),
   gpuGraceMs: setting('gpu-grace-ms', {
     schema: milliseconds(0, 3_600_000, 'GPU grace'),
@@ -116,15 +113,13 @@ export const SETTINGS = {
     accepts:
       'a path to a file holding one or more tokens, one a line, each at least 16 characters, printable ASCII without spaces, with "#" starting a comment line (so no token there starts with "#"; e.g. a mounted Kubernetes Secret)',
     description:
-      'Read the bearer tokens from this file instead of NODECOMPUTE_TOKEN; any of them is accepted. ' +
-      `It is read at start, which fails if the file cannot be read, holds no usable token or does not answer within ${TOKEN_FILE_START_TIMEOUT_MS / 1000} s (a hung mount). ` +
-      'It is re-read when it changes (checked at most once a second, on writes and GET /doctor), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
+      `Bearer tokens (any is accepted) read from this file; a start fails if it is unusable or late (${TOKEN_FILE_START_TIMEOUT_MS / 1000} s). ` +
+      'It is re-read when it changes (at most once a second), so a Secret can be rotated without a restart: roll out "old + new", then "new".',
   }),
   allowedHosts: setting('allowed-hosts', {
     schema: Type.Union([Type.Null(), Type.String({ pattern: '^\\s*[A-Za-z0-9.:\\[\\]-]+(\\s*,\\s*[A-Za-z0-9.:\\[\\]-]+)*\\s*$' })]),
     default: null,
     accepts: 'host names separated by commas, such as gpu-node-7,gpu-node-7.example.com',
-    description:
-      'Without a token, the names besides localhost, 127.0.0.1 and [::1] that a write from loopback may give as its Host; any other is refused, so a web page whose DNS name resolves to 127.0.0.1 cannot write.',
+    description: 'Without a token, the Host names a loopback write may give besides localhost, 127.0.0.1 and [::1] (any other is refused: DNS rebinding).',
   }),
 } satisfies Record<string, Setting>;

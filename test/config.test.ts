@@ -63,7 +63,7 @@ t.test('a host that is given, even the default ::, is used as given: only the de
     const cli = resolveConfig(env, argv);
     t.same([cli.config.host, cli.defaultHost], [host, defaultHost], JSON.stringify({ env, argv }));
   }
-  t.match(settingsHelp(), /NODECOMPUTE_HOST \(default: ::\)\n.*takes IPv6 and IPv4 alike.*on a kernel without IPv6 it listens on 0\.0\.0\.0 instead/);
+  t.match(settingsHelp(), /NODECOMPUTE_HOST \(default: ::\)\n.*takes IPv6 and IPv4.*without IPv6 it listens on 0\.0\.0\.0 instead/);
 });
 
 t.test('bad values stop the start with the setting, the value and what it accepts', async (t) => {
@@ -85,13 +85,13 @@ t.test('bad values stop the start with the setting, the value and what it accept
     [
       { NODECOMPUTE_CACHE_TTL_MS: '60000' },
       [],
-      /NODECOMPUTE_MAX_STALE_MS \(--max-stale-ms\): got 30000 \(it is below NODECOMPUTE_CACHE_TTL_MS \(60000\).*stale answers could never be served\. Set NODECOMPUTE_MAX_STALE_MS to at least 60000/,
+      /NODECOMPUTE_MAX_STALE_MS \(--max-stale-ms\): got 30000 \(below NODECOMPUTE_CACHE_TTL_MS \(60000\).*no stale answer.*at least 60000/,
     ],
     [
       {},
       ['--cache-ttl-ms', '2000', '--max-stale-ms', '1999'],
       // In its own range, so no "it accepts 0 to ..." that the value already meets.
-      /^Invalid setting NODECOMPUTE_MAX_STALE_MS \(--max-stale-ms\): got 1999 \(it is below NODECOMPUTE_CACHE_TTL_MS \(2000\): .* or lower NODECOMPUTE_CACHE_TTL_MS\)\. Fix the environment variable or flag and start again\.$/,
+      /^Invalid setting NODECOMPUTE_MAX_STALE_MS \(--max-stale-ms\): got 1999 \(below NODECOMPUTE_CACHE_TTL_MS \(2000\).* or lower NODECOMPUTE_CACHE_TTL_MS\)\. Fix the environment variable or flag and start again\.$/,
     ],
   ];
   for (const [env, argv, message] of cases) {
@@ -151,7 +151,7 @@ t.test('a token from the variable or flag: whitespace around it is ignored, one 
   t.same(config.fileTokens, [], 'the file tokens are for the file only');
   t.equal(resolveConfig({}, ['--token', 'aZ09-._~+/bcdefgh==']).config.token, 'aZ09-._~+/bcdefgh==', "RFC 6750's characters, = at the end");
   t.throws(() => resolveConfig({}, ['--token', 'pässwörtpässwört01']), {
-    message: /^Invalid setting NODECOMPUTE_TOKEN \(--token\): got a secret of 18 characters, not shown \(character 2 of it is not printable ASCII/,
+    message: /^Invalid setting NODECOMPUTE_TOKEN \(--token\): got a secret of 18 characters, not shown \(character 2 is not printable ASCII/,
   }, 'a character no header can carry is refused, without echoing the token');
 });
 
@@ -185,21 +185,25 @@ t.test('a NODECOMPUTE_ variable that is no setting is ignored with a warning nam
     [],
   );
   t.same([config.port, config.tokenFile, config.logLevel], [9470, null, 'debug'], 'the typos change nothing; the setting is read');
-  t.same(warnings, [
-    'The environment variable NODECOMPUTE_CACHE_TTL is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_CACHE_TTL_MS?). Run `nodecompute --help` for the settings and the variable of each.',
-    'The environment variable NODECOMPUTE_COLOUR is not a setting of nodecompute and is ignored. Run `nodecompute --help` for the settings and the variable of each.',
-    'The environment variable NODECOMPUTE_PROT is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_PORT?). Run `nodecompute --help` for the settings and the variable of each.',
-    'The environment variable NODECOMPUTE_TOKENFILE is not a setting of nodecompute and is ignored (did you mean NODECOMPUTE_TOKEN_FILE?). Run `nodecompute --help` for the settings and the variable of each.',
-  ]);
+  t.equal(warnings.length, 4);
+  const expected: Array<[string, string | null]> = [
+    ['NODECOMPUTE_CACHE_TTL', 'NODECOMPUTE_CACHE_TTL_MS'],
+    ['NODECOMPUTE_COLOUR', null],
+    ['NODECOMPUTE_PROT', 'NODECOMPUTE_PORT'],
+    ['NODECOMPUTE_TOKENFILE', 'NODECOMPUTE_TOKEN_FILE'],
+  ];
+  for (const [index, [name, meant]] of expected.entries()) {
+    t.match(warnings[index], new RegExp(`^${name} is not a setting .*ignored.*nodecompute --help`), name);
+    if (meant === null) t.notMatch(warnings[index], 'did you mean', name);
+    else t.match(warnings[index], `(did you mean ${meant}?)`, name);
+  }
 });
 
 t.test("NODECOMPUTE_PORT as a Kubernetes service link sets it (tcp://IP:PORT) stops the start, saying where it comes from", async (t) => {
-  t.throws(() => resolveConfig({ NODECOMPUTE_PORT: 'tcp://10.96.0.5:9470' }, []), {
-    code: 'NODECOMPUTE_CONFIG_INVALID',
-    message:
-      'Invalid setting NODECOMPUTE_PORT (--port): got "tcp://10.96.0.5:9470" (the value Kubernetes sets in every pod of a namespace with a Service named nodecompute that has a cluster IP, as Docker does for a link to a container named nodecompute. ' +
-      "Set enableServiceLinks: false in the pod spec (deploy/kubernetes/daemonset.yaml does), or set NODECOMPUTE_PORT in the container's env, which wins); it accepts an integer from 0 to 65535 (0 picks a free port). Fix the environment variable or flag and start again.",
-  });
+  const err = t.throws(() => resolveConfig({ NODECOMPUTE_PORT: 'tcp://10.96.0.5:9470' }, []), { code: 'NODECOMPUTE_CONFIG_INVALID' }) as Error;
+  t.match(err.message, /^Invalid setting NODECOMPUTE_PORT \(--port\): got "tcp:\/\/10\.96\.0\.5:9470" \(.*service link.*Kubernetes.*Docker/);
+  t.match(err.message, /enableServiceLinks: false.*deploy\/kubernetes\/daemonset\.yaml.*NODECOMPUTE_PORT in the container's env/);
+  t.match(err.message, /it accepts an integer from 0 to 65535/);
   t.equal(resolveConfig({ NODECOMPUTE_PORT: 'tcp://10.96.0.5:9470' }, ['--port', '9471']).config.port, 9471, 'a --port flag wins over it');
   t.throws(() => resolveConfig({ NODECOMPUTE_PORT: 'http://x' }, []), { message: /got "http:\/\/x" \(not an integer\)/ }, 'any other scheme is just not a port');
 });
@@ -209,38 +213,41 @@ t.test("a probe wait over 1 s starts, with one warning about Kubernetes' 1 s pro
   const { config, warnings } = resolveConfig({ NODECOMPUTE_PROBE_WAIT_MS: '2500' }, []);
   t.equal(config.probeWaitMs, 2500, 'accepted');
   t.equal(warnings.length, 1);
-  t.match(warnings[0], /NODECOMPUTE_PROBE_WAIT_MS is 2500 ms, longer than Kubernetes' default probe timeout of 1 s/);
-  t.match(warnings[0], /Raise the probes' timeoutSeconds to at least 3 /);
-  t.match(resolveConfig({}, ['--probe-wait-ms', '1001']).warnings[0], /timeoutSeconds to at least 2 /);
+  t.match(warnings[0], /NODECOMPUTE_PROBE_WAIT_MS is 2500 ms.*probe timeout of 1 s/);
+  t.match(warnings[0], /timeoutSeconds .*to at least 3,.*below 1000/);
+  t.match(resolveConfig({}, ['--probe-wait-ms', '1001']).warnings[0], /timeoutSeconds .*to at least 2,/);
 });
 
 t.test('what a token may be: the same rules for the variable, the flag and each line of the file', async (t) => {
-  const cases: Array<[string, string | null]> = [
+  const cases: Array<[string, RegExp | null]> = [
     ['s3cret-token-0123456789', null],
     ['x'.repeat(16), null],
-    ['x'.repeat(15), 'it is 15 characters long, and a token needs at least 16'],
-    ['', 'it is blank'],
-    ['s3cret token 0123456789', 'it contains whitespace, which an "Authorization: Bearer" header cannot carry'],
-    ['s3cret\u00a0token-0123456789', 'it contains whitespace, which an "Authorization: Bearer" header cannot carry'],
+    ['x'.repeat(15), /\b15 characters long.*at least 16$/],
+    ['', /^it is blank$/],
+    ['s3cret token 0123456789', /whitespace.*"Authorization: Bearer" header/],
+    ['s3cret\u00a0token-0123456789', /whitespace.*"Authorization: Bearer" header/],
     // Node reads header bytes as Latin-1: a UTF-8 token from the file could never be matched.
-    ['pässwörtpässwört01', 'character 2 of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)'],
-    ['control\u0001character-0123', 'character 8 of it is not printable ASCII, so it can never match: HTTP reads header bytes as Latin-1, not as the UTF-8 of the file. Use a token of letters and digits (openssl rand -hex 32)'],
+    ['pässwörtpässwört01', /^character 2 is not printable ASCII.*openssl rand -hex 32/],
+    ['control\u0001character-0123', /^character 8 is not printable ASCII.*openssl rand -hex 32/],
     // Beyond RFC 6750's b64token: what a password manager makes, which clients send as it is.
     ['pa$$w0rd!from-a-vault', null],
     ['a,b;c:d"e\'f-0123456789', null],
     ['base64-with=inside-0123', null],
     // A hand-edited Secret's mistakes, which the quotes or the name would make part of the token.
-    ['"quoted-token-0123456789"', 'it is wrapped in quotes, which would be part of the token: write the token without them'],
-    ["'quoted-token-0123456789'", 'it is wrapped in quotes, which would be part of the token: write the token without them'],
+    ['"quoted-token-0123456789"', /wrapped in quotes/],
+    ["'quoted-token-0123456789'", /wrapped in quotes/],
     ['"half-quoted-token-0123456789', null],
-    ['NODECOMPUTE_TOKEN="0123456789abcdef0123"', 'it looks like an assignment (NAME=token): put only the token there, without the name and "="'],
-    ['token=0123456789abcdef0123', 'it looks like an assignment (NAME=token): put only the token there, without the name and "="'],
+    ['NODECOMPUTE_TOKEN="0123456789abcdef0123"', /an assignment \(NAME=token\)/],
+    ['token=0123456789abcdef0123', /an assignment \(NAME=token\)/],
     ['Xk2=9f!Qz$0123456789', null],
     ['aGVsbG8gd29ybGQhIQ+/==', null],
-    ['REPLACE-ME-with-at-least-16-random-characters', 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"'],
-    ['replace-me-0123456789abcdef', 'it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read. Put a random token in the Secret instead: kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"'],
+    ['REPLACE-ME-with-at-least-16-random-characters', /placeholder of deploy\/kubernetes\/secret\.example\.yaml.*kubectl -n nodecompute create secret generic nodecompute-token/],
+    ['replace-me-0123456789abcdef', /placeholder of deploy\/kubernetes\/secret\.example\.yaml.*kubectl -n nodecompute create secret generic nodecompute-token/],
   ];
-  for (const [token, problem] of cases) t.equal(tokenProblem(token), problem, JSON.stringify(token));
+  for (const [token, problem] of cases) {
+    if (problem === null) t.equal(tokenProblem(token), null, JSON.stringify(token));
+    else t.match(tokenProblem(token), problem, JSON.stringify(token));
+  }
 });
 
 t.test('a token file holds one token a line; blank lines and surrounding whitespace are ignored', async (t) => {
@@ -309,7 +316,7 @@ t.test('a token file that cannot be read, or is never stable while read, stops t
   await t.rejects(startTokens(join(dir, 'proc-file')), {
     code: 'NODECOMPUTE_CONFIG_INVALID',
     message:
-      /\(it was not stable while it was read, 3 times in a row \(37 bytes were read from it, but its size says 0\): it is not a regular file \(a pipe, a \/proc or \/sys file\), or something keeps rewriting it in place\. Point it at a regular file that is replaced with a rename/,
+      /\(it was not stable while it was read, 3 times in a row \(37 bytes were read from it, but its size says 0\): not a regular file, or rewritten in place.*rename/,
   });
 });
 
@@ -323,15 +330,13 @@ t.test('a token file this user may not read (EACCES) stops the start saying whos
   const denied = () => {
     throw Object.assign(new Error(`EACCES: permission denied, open '${path}'`), { code: 'EACCES' });
   };
-  await t.rejects(startTokens(path, { beforeRead: denied }), {
-    code: 'NODECOMPUTE_CONFIG_INVALID',
-    message:
-      `The token file ${path} cannot be read by nodecompute (EACCES): nodecompute runs as uid ${process.getuid!()}, gid ${process.getgid!()}, groups ${process.getgroups!().join(',')}, ` +
-      `and it is owned by uid ${uid}, gid ${gid}, with mode 0640, which does not let that user read it. Make it readable to that user: in Kubernetes, the Secret volume's defaultMode (0440) ` +
-      "with the pod's fsGroup set to the group the service runs as; with Docker or systemd, chown the file (or its directory) to that uid, or chmod it, then start again.",
-  });
+  const err = (await startTokens(path, { beforeRead: denied }).catch((e: unknown) => e)) as Error;
+  t.match(err, { code: 'NODECOMPUTE_CONFIG_INVALID' });
+  t.match(err.message, `The token file ${path} is unreadable (EACCES)`);
+  t.match(err.message, `runs as uid ${process.getuid!()}, gid ${process.getgid!()}, groups ${process.getgroups!().join(',')}; it is owned by uid ${uid}, gid ${gid}, mode 0640`);
+  t.match(err.message, /defaultMode \(0440\).*fsGroup.*chown or chmod.*then start again\.$/);
   const eperm = Object.assign(new Error('EPERM: operation not permitted'), { code: 'EPERM' });
-  t.match(unreadableTokenFile(path, eperm, null), /\(EPERM\): nodecompute runs as uid \d+.*, and a directory on the way to it does not let that user through\./, 'a closed directory, where the file cannot even be stat\'d');
+  t.match(unreadableTokenFile(path, eperm, null), /\(EPERM\).*runs as uid \d+.*; a directory on the way to it is closed\./, 'a closed directory, where the file cannot even be stat\'d');
   t.equal(unreadableTokenFile(path, Object.assign(new Error('ENOENT'), { code: 'ENOENT' }), null), null, 'another failure is said as before');
 });
 
@@ -355,14 +360,12 @@ t.test('a token file caught half-rewritten at start is read again, and its finis
 t.test('a token file that does not answer at start (a hung mount) stops the start within the bound, and its read stays pending', async (t) => {
   t.ok(TOKEN_FILE_START_TIMEOUT_MS > TOKEN_FILE_READ_TIMEOUT_MS, 'a start waits longer than a write: it has no tokens to fall back on');
   const fifo = fifoTestdir(t).fifo('token');
-  await t.rejects(startTokens(fifo, { timeoutMs: 300 }), {
-    code: 'NODECOMPUTE_CONFIG_INVALID',
-    message:
-      `The token file ${fifo} (NODECOMPUTE_TOKEN_FILE, --token-file) did not answer within 300 ms, and its read is still pending: ` +
-      'the filesystem that holds it likely hangs (a network or FUSE mount that stopped answering), or it is a pipe nobody writes to. ' +
-      `nodecompute does not start without the write tokens it names. Check that filesystem (does \`cat ${fifo}\` return?), ` +
-      'or mount the token from a Kubernetes Secret (a tmpfs, which does not hang), then start again.',
-  });
+  const err = (await startTokens(fifo, { timeoutMs: 300 }).catch((e: unknown) => e)) as Error;
+  t.match(err, { code: 'NODECOMPUTE_CONFIG_INVALID' });
+  t.match(err.message, `The token file ${fifo} (NODECOMPUTE_TOKEN_FILE) did not answer within 300 ms`);
+  t.match(err.message, /network or FUSE mount.*a pipe/);
+  t.match(err.message, `\`cat ${fifo}\``);
+  t.match(err.message, /Kubernetes Secret.*then start again\.$/);
   await waitUntil(() => releaseFifo(fifo), { what: 'the read to wait in open() on the FIFO' });
   await waitUntil(() => !blockedOpeningFifo(process.pid), { what: 'the read to return once the FIFO has a writer' });
 });

@@ -197,11 +197,10 @@ t.test('a failure that is not about IPv6 is not papered over: a port in use on :
   const { hosts, listen } = recordingListen(app);
   const err = (await listenOn(listen, { host: '::', port, defaultHost: true }).catch((caught: unknown) => caught)) as Error & { code: string; cause: NodeJS.ErrnoException };
   t.equal(err.code, 'EADDRINUSE');
-  t.equal(
-    err.message,
-    `port ${port} is already taken (listen EADDRINUSE: address already in use :::${port}): another nodecompute, or another program, is listening on it on this machine ` +
-      `(in a container: in its network namespace). Stop that one if it should not run (\`ss -ltnp 'sport = :${port}'\` names it), or give this one a free port with NODECOMPUTE_PORT (--port).`,
-  );
+  t.match(err.message, `port ${port} is already taken (listen EADDRINUSE: address already in use :::${port})`);
+  t.match(err.message, /another program .*network namespace/);
+  t.match(err.message, `\`ss -ltnp 'sport = :${port}'\``);
+  t.match(err.message, /free port with NODECOMPUTE_PORT \(--port\)\.$/);
   t.match(err.cause, { code: 'EADDRINUSE', syscall: 'listen' }, "Node's own error is kept as the cause");
   t.same(hosts, ['::'], 'no fallback to 0.0.0.0 (which the dual-stack holder blocks too)');
   t.equal(app.server.listening, false);
@@ -213,7 +212,7 @@ t.test('the fallback to 0.0.0.0 meeting a port in use says so the same way', asy
   const { hosts, listen } = recordingListen(app, async (options) => Promise.reject(refusedByKernel('EAFNOSUPPORT', options.host, options.port)));
   await t.rejects(listenOn(listen, { host: '::', port, defaultHost: true }), {
     code: 'EADDRINUSE',
-    message: new RegExp(`^port ${port} is already taken \\(listen EADDRINUSE: address already in use 0\\.0\\.0\\.0:${port}\\): another nodecompute`),
+    message: new RegExp(`^port ${port} is already taken \\(listen EADDRINUSE: address already in use 0\\.0\\.0\\.0:${port}\\) by another program`),
   });
   t.same(hosts, ['::', '0.0.0.0']);
 });

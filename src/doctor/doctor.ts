@@ -97,8 +97,7 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   checks.push(check('gpus', 'ok', `${gpus.length} GPU(s) visible: ${gpus.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ')}`));
   const mig = gpus.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
   if (mig.length > 0) {
-    const detail =
-      `MIG is enabled on ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`;
+    const detail = `MIG is on for ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`;
     checks.push(check('mig', 'warn', detail, MIG_FIX));
   }
   const took = `GPU query took ${listing.ms} ms, process query ${apps.ms} ms`;
@@ -108,12 +107,9 @@ async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
   return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus), gpus, unreachable };
 }
 
-const MIG_FIX =
-  "Place work on these GPUs by MIG instance (nvidia-smi -L, nvidia-smi -q lists each process's GPU and compute instance), " +
-  'not by their whole-GPU free or foreign memory.';
+const MIG_FIX = 'Place work on these GPUs by MIG instance (nvidia-smi -L; nvidia-smi -q for each process), not by their whole-GPU free or foreign memory.';
 const SLOW_FIX =
-  'Enable persistence mode (nvidia-smi -pm 1, or the nvidia-persistenced service) so each query does not initialise the driver; ' +
-  'raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
+  'Enable persistence mode (nvidia-smi -pm 1, or nvidia-persistenced) so no query starts the driver up; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
 
 /** The GPUs lost: the roster's, those the snapshot listed that `listed` (null: failed) does not, and those it cannot reach. */
 function lostGpusCheck(snapshot: KnownGpus | null, listed: readonly GpuRecord[] | null, unreachable: readonly UnreachableGpu[], now: number): DoctorCheck {
@@ -151,10 +147,8 @@ export function describeListedPids(listed: number, missing: readonly number[], r
   const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
   const found = `${missing.length} of ${listed} PID(s) nvidia-smi lists do not exist in ${root} (${shown})`;
   if (missing.length === listed) return found;
-  return (
-    `${found}; the other ${listed - missing.length} do, so this is the host's PID namespace and the missing ones most likely exited since nvidia-smi listed them. ` +
-    'If the same PIDs stay missing, they live in another PID namespace (a VM or a nested container), and their memory reads as foreign'
-  );
+  return `${found}; the other ${listed - missing.length} do, so this is the host's PID namespace and the missing ones most likely exited since listed. ` +
+    'PIDs that stay missing live in another PID namespace (a VM or nested container), and their memory reads as foreign';
 }
 
 /** What to do about some (not all) of the listed PIDs missing: the doctor's fix, and what /readyz?verbose points to. */
@@ -165,15 +159,11 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
   const name = 'host-pid-namespace';
   if (pids.length > 0 && !procReadable) {
     // Every PID would read as missing: that says nothing about the PID namespace.
-    const detail =
-      `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check), ` +
-      'so whether they exist there is unknown';
+    const detail = `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check)`;
     return check(name, 'warn', detail, 'Fix the proc check first, then run the doctor again.');
   }
   if (pids.length === 0 && busy.length > 0) {
-    const fix =
-      "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true). If it already is, the GPU-sharing layer hides processes from nvidia-smi " +
-      'and shard verdicts stay unverified.';
+    const fix = "Run nodecompute in the host's PID namespace (--pid=host / hostPID: true); if it is, a GPU-sharing layer hides processes (unverified).";
     return check(name, 'fail', hiddenProcessesWarning(busy), fix);
   }
   if (pids.length === 0) return check(name, 'ok', `${NO_GPU_PROCESS} (re-run under load to check)`);
@@ -182,10 +172,7 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
   const detail = describeListedPids(pids.length, missing, proc.root);
   if (missing.length === 0) return check(name, 'ok', detail);
   if (missing.length < pids.length) return check(name, 'warn', detail, SOME_PIDS_MISSING_FIX);
-  const fix =
-    "nodecompute is not in the host's PID namespace: run it with --pid=host (Docker) or hostPID: true (Kubernetes), " +
-    "or set NODECOMPUTE_PROC to the host's /proc.";
-  return check(name, 'fail', detail, fix);
+  return check(name, 'fail', detail, "Not the host's PID namespace: run it with --pid=host or hostPID: true, or set NODECOMPUTE_PROC to the host's /proc.");
 }
 
 // Opening, reading and closing a stat file costs about three times what re-reading a kept one does.
@@ -195,9 +182,7 @@ function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCh
   const limit = openFilesLimit === null ? 'no open-file limit' : `an open-file limit of ${openFilesLimit}`;
   const processes = gpuProcesses === null ? '' : ` (${gpuProcesses} GPU process(es) now)`;
   if (gpuProcesses !== null && gpuProcesses > keepLimit) {
-    const detail =
-      `${gpuProcesses} GPU processes, but with ${limit} nodecompute keeps at most ${keepLimit} /proc stat files open between snapshots: ` +
-      'the others are opened afresh at every refresh, about three times the cost';
+    const detail = `${gpuProcesses} GPU processes, but with ${limit} at most ${keepLimit} /proc stat files stay open: the rest cost 3 times as much a refresh`;
     return check('open-files', 'warn', detail, "Raise the container's open-file limit (nofile), for example to 65536.");
   }
   return check('open-files', 'ok', `${limit}: up to ${keepLimit} /proc stat files kept open between snapshots${processes}`);
@@ -256,28 +241,20 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
 /** Whether writes can be authorised, and by which tokens: the token file is looked at now. */
 async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
   if (deps.tokenFileRefused) {
-    const fix =
-      'Fix the token file (or NODECOMPUTE_TOKEN_FILE) as the detail says: until then `nodecompute serve` stops at start (exit 2); ' +
-      'a service already running keeps the tokens it last read.';
+    const fix = 'Fix the token file (or NODECOMPUTE_TOKEN_FILE): until then `nodecompute serve` stops at start (exit 2); a running one keeps its tokens.';
     return check('token', 'fail', deps.tokenFileRefused, fix);
   }
   if (!deps.tokenConfigured) {
-    const detail =
-      'no token is configured: writes are accepted from loopback only, so any local process, and only a local process, may register, replace or remove ' +
-      'shards (a web page in a browser on the node may not: its writes name another origin or host)';
-    const fix =
-      'Set NODECOMPUTE_TOKEN or NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) so a control plane can register shards and local processes need the token too.';
+    const detail = 'no token is configured: any local process may register, replace or remove shards (writes from loopback only; not a web page on the node)';
+    const fix = 'Set NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) or NODECOMPUTE_TOKEN so a control plane can register shards; local processes need it too.';
     return check('token', 'warn', detail, fix);
   }
   if (!deps.tokenFile) return check('token', 'ok', 'a bearer token is configured for writes (NODECOMPUTE_TOKEN)');
   const file = await deps.tokenFile();
-  if (file.problem !== null) {
-    return check('token', 'warn', file.problem, 'Fix the token file as the detail says; until then a token rotated into it is not accepted.');
-  }
+  if (file.problem !== null) return check('token', 'warn', file.problem, 'Fix the token file; until then a token rotated into it is not accepted.');
   return check('token', 'ok', `${file.tokens} token(s) from ${file.path} are in force for writes`);
 }
 
-/** The human table of `nodecompute doctor`. */
 export function formatDoctorReport(report: DoctorReport): string {
   const mark = { ok: 'OK  ', warn: 'WARN', fail: 'FAIL' } as const;
   const width = Math.max(...report.checks.map((c) => c.name.length));

@@ -28,15 +28,15 @@ export function requireContentType(expected: 'application/json' | 'text/plain', 
     if (codings.length > 0) {
       reply.header('accept-encoding', 'identity');
       throw new UnsupportedMediaTypeError(
-        `This endpoint takes the body as it is, and this one is encoded ("Content-Encoding: ${codings.join(', ')}"): nodecompute does not decode request bodies, ` +
-          `so it would read the encoded bytes as ${expected}. Send it uncompressed, without a Content-Encoding header. Example: ${example}`,
+        `This body is encoded ("Content-Encoding: ${codings.join(', ')}"), and nodecompute would read the encoded bytes as ${expected}: ` +
+          `send it uncompressed, without a Content-Encoding header. Example: ${example}`,
       );
     }
     const charset = parameters.charset;
     if (charset !== undefined && !READ_AS_UTF8.has(charset.toLowerCase())) {
       throw new UnsupportedMediaTypeError(
-        `This endpoint reads ${expected} as UTF-8, and this body says it is "${charset}" (the charset of its Content-Type): read as UTF-8 its text would be mangled. ` +
-          `Convert it (iconv -f ${charset} -t UTF-8) and send "Content-Type: ${expected}; charset=utf-8", or no charset. Example: ${example}`,
+        `This endpoint reads ${expected} as UTF-8, not "${charset}": convert it (iconv -f ${charset} -t UTF-8) ` +
+          `and send "Content-Type: ${expected}; charset=utf-8", or no charset. Example: ${example}`,
       );
     }
   };

@@ -55,21 +55,13 @@ function describeValidation(err: FastifyError): string {
 /** The 4xx that the /docs files' server raises without a code, by status; `where` is the method and path. */
 const UNCODED_CLIENT_ERRORS: Record<number, (where: string, detail: string) => CodedError> = {
   400: (where, detail) =>
-    new BadRequestError(
-      `${where} is malformed (${detail}): a path may hold no NUL byte (%00), and its percent-encoding must be valid. Fix the URL; the API is listed at /docs and /openapi.json.`,
-    ),
+    new BadRequestError(`${where} is malformed (${detail}): a path may hold no NUL byte (%00), and its percent-encoding must be valid. Fix the URL.`),
   403: (where) =>
-    new ForbiddenError(
-      `${where} is refused: a path that climbs out of its folder with ".." (percent-encoded or not) is never served. Ask for the file by its own path; the API is listed at /docs and /openapi.json.`,
-    ),
+    new ForbiddenError(`${where} is refused: a path climbing out of its folder with ".." (encoded or not) is never served. Ask for the file by its own path.`),
   412: (where) =>
-    new PreconditionFailedError(
-      `${where}: the file is not the copy the If-Match or If-Unmodified-Since header names (it changed, or nodecompute was upgraded), so the condition fails. Fetch it again without that header.`,
-    ),
+    new PreconditionFailedError(`${where}: the file is not the copy the If-Match or If-Unmodified-Since header names. Fetch it again without that header.`),
   416: (where) =>
-    new RangeNotSatisfiableError(
-      `${where}: the Range header asks for bytes the file does not have. Fetch it without Range, or ask for a range within its size (the Content-Length of a HEAD request).`,
-    ),
+    new RangeNotSatisfiableError(`${where}: the Range header asks for bytes the file does not have. Fetch it without Range, or within its Content-Length.`),
 };
 
 /** The code of any other uncoded 4xx: its status text, as errors.ts names codes (416: NODECOMPUTE_RANGE_NOT_SATISFIABLE). */
@@ -128,7 +120,7 @@ const CLIENT_ERRORS: Record<string, { status: number; code: string; message: str
   HPE_INVALID_METHOD: {
     status: 400,
     code: 'NODECOMPUTE_BAD_REQUEST',
-    message: 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT). The API is listed at /docs and /openapi.json.',
+    message: 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT); see /docs.',
   },
 };
 

@@ -1,9 +1,7 @@
-// Owns what keeps a web page in a browser on the node from writing. A write that names another
-// origin (an Origin header other than this server's own, or Sec-Fetch-Site cross-site or same-site)
-// is refused, token or not: the API is not for browsers on other origins. A write trusted only
-// because it comes from loopback must also name a loopback Host or one the operator allows, so a
-// rebound DNS name (a page whose domain now resolves to 127.0.0.1) cannot borrow that trust.
-// curl, control planes and the Kubernetes hooks send no Origin and a Host that passes.
+// Owns what keeps a web page in a browser on the node from writing. A write naming another origin
+// (Origin, or Sec-Fetch-Site cross-site or same-site) is refused, token or not. A write trusted for
+// coming from loopback must also name a loopback Host or an allowed one, so DNS rebinding cannot
+// borrow that trust. curl, control planes and the Kubernetes hooks send no Origin and a Host that passes.
 import { CrossOriginError, HostNotAllowedError, type CodedError } from '../errors.js';
 
 export type BrowserRefusal = { reason: 'cross-origin' | 'foreign-host'; error: CodedError };
@@ -50,8 +48,7 @@ export function browserRefusal(headers: WriteHeaders, loopbackTrust: boolean, al
     return {
       reason: 'cross-origin',
       error: new CrossOriginError(
-        `This write came from a web page of another origin (${named}), and nodecompute takes no write from a browser on another origin: ` +
-          'a page must not register, replace or remove shards. Send it from a program (curl, a controller), which sends no Origin header.',
+        `This write came from a web page of another origin (${named}), and no web page may change shards: send it from a program (curl, a controller).`,
       ),
     };
   }
@@ -61,9 +58,8 @@ export function browserRefusal(headers: WriteHeaders, loopbackTrust: boolean, al
   return {
     reason: 'foreign-host',
     error: new HostNotAllowedError(
-      `This write came from loopback but names the host "${headers.host}": with no token configured, a write is trusted for coming from loopback only when it ` +
-        'also names localhost, 127.0.0.1 or [::1], so a web page whose domain resolves to 127.0.0.1 cannot write. Send it to localhost, add this name to ' +
-        'NODECOMPUTE_ALLOWED_HOSTS (--allowed-hosts) if it is this node\'s own, or configure a token (NODECOMPUTE_TOKEN_FILE).',
+      `This write came from loopback but names the host "${headers.host}", not localhost, 127.0.0.1 or [::1] (no token is configured: DNS rebinding). ` +
+        "Send it to localhost, add the name to NODECOMPUTE_ALLOWED_HOSTS (--allowed-hosts) if it is this node's, or configure NODECOMPUTE_TOKEN_FILE.",
     ),
   };
 }

@@ -1,9 +1,6 @@
-// Owns the schema pieces every route shares: the one error body, nullable fields, and the snapshot
-// metadata (when it was observed, how old, whether stale) that every snapshot-derived answer carries.
-// A shape the OpenAPI document names once is a component: a schema with an `$id` (its name under
-// components/schemas), defined here or beside its route's schemas as `XComponent`, registered once
-// (registerSchemas in index.ts) and named elsewhere with Ref, which the document writes as a $ref
-// and fast-json-stringify follows to the same serialiser.
+// Owns the schema pieces every route shares: the error body, nullable fields and the snapshot
+// metadata of every snapshot-derived answer. A shape the OpenAPI document names once is a component
+// (`XComponent`, with an `$id`), registered once (index.ts) and named elsewhere with Ref ($ref).
 import { Type, type Static, type TSchema, type TUnsafe } from '@sinclair/typebox';
 
 /**

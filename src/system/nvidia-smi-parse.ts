@@ -48,8 +48,8 @@ export function gpuCommand(fields: readonly string[]): string {
 
 function unparsable(line: string, reason: string, command: string) {
   return new NvidiaSmiUnparsableError(
-    `nvidia-smi printed a line nodecompute cannot read: ${JSON.stringify(line)} (${reason}). Its output format may have changed with this driver, ` +
-      `or something else wrote into its output. Run \`${command}\` by hand to see what it prints, and report it with the driver version.`,
+    `nvidia-smi printed a line nodecompute cannot read: ${JSON.stringify(line)} (${reason}): a new output format, or something else wrote into it. ` +
+      `Run \`${command}\` by hand, and report what it prints with the driver version.`,
   );
 }
 
@@ -58,9 +58,8 @@ export function csvAnswer<T>(parse: (stdout: string) => T, command: string): (st
   return (stdout) => {
     if (contentLines(stdout).length === 0) {
       throw new NvidiaSmiUnparsableError(
-        'nvidia-smi exited 0 but printed nothing, not even the CSV header (without GPUs it fails with "No devices were found"). nodecompute does not read ' +
-          'that as "no GPUs" and keeps the last good snapshot while younger than max-stale. Something cut or replaced its output: check which nvidia-smi ' +
-          `is on PATH (a wrapper script, a container runtime hook) and run \`${command}\` by hand.`,
+        'nvidia-smi exited 0 but printed nothing, not even the CSV header; nodecompute does not read that as "no GPUs" and serves the last snapshot. ' +
+          `Something cut its output: check which nvidia-smi is on PATH (a wrapper, a runtime hook) and run \`${command}\` by hand.`,
       );
     }
     return parse(stdout);

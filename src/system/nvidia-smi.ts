@@ -32,7 +32,6 @@ export interface NvidiaSmi {
   killAll(): void;
   /** True once killAll has run: a query that fails from then on failed because of the shutdown. */
   readonly stopped: boolean;
-  /** How many nvidia-smi children are alive now. */
   readonly running: number;
 }
 
@@ -41,15 +40,15 @@ const EXIT_MEANINGS: Record<number, string> = {
   2: 'nvidia-smi rejected an argument: this driver is probably older than the fields nodecompute asks for. Check the driver version.',
   3: 'the requested operation is not available on this device.',
   4: 'the user running nodecompute may not access the GPUs. Give it access to /dev/nvidia* (in a container: run it with the NVIDIA runtime).',
-  6: 'no GPU was found. Check that the GPUs are visible here (in a container: --gpus all or NVIDIA_VISIBLE_DEVICES), that `lspci | grep -i nvidia` lists them, and that the driver is bound to them.',
+  6: 'no GPU was found. Check that the GPUs are visible here (--gpus all, NVIDIA_VISIBLE_DEVICES), in `lspci | grep -i nvidia`, and bound to the driver.',
   8: "a GPU's external power cables are not properly attached.",
   9: 'the NVIDIA driver is not loaded. Install or load it (`modprobe nvidia`); in a container, run with the NVIDIA runtime.',
   10: 'the NVIDIA kernel driver detected an interrupt problem with a GPU. Check `dmesg` for NVRM/Xid errors.',
-  12: 'the NVML library (libnvidia-ml.so) could not be found or loaded. In a container, set NVIDIA_DRIVER_CAPABILITIES=utility (or all) and run with the NVIDIA runtime.',
+  12: 'the NVML library (libnvidia-ml.so) could not be loaded. In a container, set NVIDIA_DRIVER_CAPABILITIES=utility (or all) and use the NVIDIA runtime.',
   13: 'this NVML library does not implement a function nvidia-smi needs: nvidia-smi and the driver libraries come from different driver versions.',
   14: "a GPU's infoROM is corrupted. The GPU needs service; check `dmesg` and the vendor's tools.",
   15: 'a GPU has fallen off the bus or is otherwise inaccessible. Check `dmesg` for Xid 79; the GPU needs a reset or the node a reboot. Drain the node first.',
-  18: 'the NVIDIA kernel module and the user-space driver libraries are different versions, usually after a driver upgrade without a reboot. Reboot the node, or unload and reload the nvidia kernel modules.',
+  18: 'the NVIDIA kernel module and driver libraries are different versions (upgraded, not rebooted). Reboot the node, or reload the nvidia kernel modules.',
   255: 'nvidia-smi hit another error or an internal driver error. Check `dmesg` for NVRM/Xid errors.',
 };
 
@@ -81,16 +80,14 @@ export function isDirectory(path: string): boolean {
   }
 }
 
-const CANNOT_SEE_GPUS =
-  'Without it nodecompute cannot see the GPUs. Install the NVIDIA driver utilities on the host; in a container, run with the NVIDIA ' +
-  'runtime (docker --gpus all, or runtimeClassName: nvidia) and NVIDIA_DRIVER_CAPABILITIES=utility; or set NODECOMPUTE_NVIDIA_SMI to its full path.';
+const CANNOT_SEE_GPUS = 'Without it nodecompute cannot see the GPUs. Install the NVIDIA driver utilities; in a container, run with the NVIDIA runtime ' +
+  '(docker --gpus all, or runtimeClassName: nvidia) and NVIDIA_DRIVER_CAPABILITIES=utility; or set NODECOMPUTE_NVIDIA_SMI to its full path.';
 
 /** Why nvidia-smi could not be started (ENOENT, EACCES): a name on PATH, a file, or a directory. */
 function notFoundError(path: string, result: Completed): Error {
   const code = String(result.code);
   const searched = `${code}; PATH is ${JSON.stringify(process.env.PATH)}`;
-  let said =
-    `the file exists but this user may not execute it (${code}). Check its mode (\`ls -l ${path}\`: it needs an x bit this user has). ${CANNOT_SEE_GPUS}`;
+  let said = `the file exists but this user may not execute it (${code}): it needs an x bit this user has (\`ls -l ${path}\`). ${CANNOT_SEE_GPUS}`;
   if (!path.includes('/')) {
     const what =
       code === 'ENOENT' ? 'no program of that name was found on PATH' : 'a file of that name on PATH may not be executed by this user, or is a directory';
@@ -98,9 +95,8 @@ function notFoundError(path: string, result: Completed): Error {
   } else if (code === 'ENOENT') {
     said = `there is no such file (${code}). ${CANNOT_SEE_GPUS}`;
   } else if (isDirectory(path)) {
-    said =
-      `it is a directory, not the nvidia-smi executable (${code}). Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to the executable's full path ` +
-      `(${JSON.stringify(join(path, 'nvidia-smi'))}, if it is in there), or leave it unset to find nvidia-smi on PATH.`;
+    said = `it is a directory, not the executable (${code}). Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to its full path, such as ` +
+      `${JSON.stringify(join(path, 'nvidia-smi'))}, or leave it unset to look on PATH.`;
   }
   return new NvidiaSmiNotFoundError(`nvidia-smi could not be run from ${JSON.stringify(path)}: ${said}`, { cause: result });
 }
@@ -119,9 +115,7 @@ export function unreachableOf(err: unknown): UnreachableGpu[] {
 }
 
 function abnormalEndError(result: Completed, stopped: boolean): Error {
-  const why = stopped
-    ? 'nodecompute stopped it because nodecompute is shutting down.'
-    : 'Something outside nodecompute killed it (the OOM killer?) or it crashed; check `dmesg`.';
+  const why = stopped ? 'nodecompute stopped it because nodecompute is shutting down.' : 'Something killed it (the OOM killer?) or it crashed; check `dmesg`.';
   return new NvidiaSmiFailedError(`nvidia-smi did not finish normally: ${String(result.shortMessage)}. ${why}`, { cause: result });
 }
 
@@ -132,26 +126,23 @@ const STUCK_AFTER_MS = 1_000;
 function stuckError(pid: number, killedAt: number, timeoutMs: number): Error {
   return new NvidiaSmiTimeoutError(
     `nvidia-smi (pid ${pid}) did not answer within ${timeoutMs} ms and is still alive although it was killed with SIGKILL at ${new Date(killedAt).toISOString()}: ` +
-      'it is stuck in state D on a wedged NVIDIA driver, and nodecompute starts no other nvidia-smi until it exits. Check `dmesg` for NVRM/Xid errors ' +
-      `and \`ps -o pid,stat,wchan -p ${pid}\`; a wedged GPU usually needs a reset or the node a reboot: drain it first.`,
+      `stuck in state D on a wedged driver; nodecompute starts no other nvidia-smi until it exits. Check \`dmesg\` and \`ps -o pid,stat,wchan -p ${pid}\`; ` +
+      'drain the node, then reset the GPU or reboot.',
   );
 }
 
 function timeoutError(timeoutMs: number, args: string[]): Error {
   return new NvidiaSmiTimeoutError(
-    `nvidia-smi did not answer within ${timeoutMs} ms (nvidia-smi ${args.join(' ')}), so its process group was killed. ` +
-      'It hangs like this on a wedged NVIDIA driver (state D in ps): check `dmesg` for NVRM/Xid errors and whether a GPU needs a reset; ' +
-      'enable persistence mode (nvidia-persistenced, or nvidia-smi -pm 1); raise the nvidia-smi timeout only if the node is merely slow.',
+    `nvidia-smi did not answer within ${timeoutMs} ms (nvidia-smi ${args.join(' ')}), so its process group was killed. A wedged driver (state D in ps)? ` +
+      'Check `dmesg` (NVRM/Xid); enable persistence mode (nvidia-smi -pm 1); raise NODECOMPUTE_SMI_TIMEOUT_MS only if the node is merely slow.',
   );
 }
 
 /** The deadline passed after nvidia-smi itself exited: something it started still holds its output open. */
 function outputHeldError(path: string, timeoutMs: number, args: string[]): Error {
   return new NvidiaSmiTimeoutError(
-    `nvidia-smi (nvidia-smi ${args.join(' ')}) exited, but its output was still open ${timeoutMs} ms after it started: a process it ` +
-      'started holds it, so nodecompute stopped waiting and killed its process group. nvidia-smi does not do this; a wrapper at ' +
-      `${JSON.stringify(path)} (NODECOMPUTE_NVIDIA_SMI) that leaves a background process with its stdout does: make it \`exec\` nvidia-smi, ` +
-      'or find the holder with `fuser -v` or `lsof`.',
+    `nvidia-smi (nvidia-smi ${args.join(' ')}) exited, but its output was still open ${timeoutMs} ms after it started: a process it started holds it, ` +
+      `so its group was killed. Make the wrapper at ${JSON.stringify(path)} (NODECOMPUTE_NVIDIA_SMI) \`exec\` nvidia-smi, or find the holder: \`fuser -v\`.`,
   );
 }
 

@@ -112,8 +112,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     const code = codeOf(err);
     log.warn(
       { err, keepLimit },
-      `Out of file descriptors (${code}) while keeping /proc stat files open: at most ${keepLimit} are kept from now on, the rest read afresh ` +
-        `(slower snapshots). ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
+      `Out of file descriptors (${code}) while keeping /proc stat files open: at most ${keepLimit} are kept from now on. ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
     );
   };
 
@@ -168,8 +167,8 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     if (first !== undefined) {
       log.warn(
         { failed, procPid: first.answer.pid, err: first.err },
-        `could not read or parse the /proc stat of ${failed} existing process(es) (first error attached): no facts about them this time, ` +
-          `which does not mean that they exited; the next refresh retries. ${first.answer.advice}`,
+        `could not read or parse the /proc stat of ${failed} existing process(es) (first error attached), which does not mean that they exited; ` +
+          `the next refresh retries. ${first.answer.advice}`,
       );
     }
     return stats;

@@ -16,8 +16,7 @@ export const STATE_FILE_CHANGED = 'NODECOMPUTE_STATE_FILE_CHANGED';
 export type StateFileFailure = NodeJS.ErrnoException & { fix?: string };
 
 export const STATE_FILE_CHANGED_FIX =
-  'Only one nodecompute may use a state file: stop the other one (two DaemonSets, or a copy started by hand, with the same NODECOMPUTE_STATE_FILE on this node), ' +
-  'then restart this nodecompute so that it reads the file again.';
+  'Only one nodecompute may use a state file: stop the other one (same NODECOMPUTE_STATE_FILE on this node), then restart this one to read the file again.';
 
 /** How old an answer of writable() gets before it is looked at again: each look writes and fsyncs a probe file. */
 export const WRITABLE_LOOK_MS = 60_000;
@@ -80,9 +79,7 @@ async function makeDirectory(dir: string, parentMade = false): Promise<void> {
 
 /** The file holds other text than this process last wrote there (or, before its first write, read at start). */
 function changedElsewhere(path: string): StateFileFailure {
-  const message =
-    `${path} was changed by another process since this nodecompute read it at start or last wrote it (a second nodecompute with the same state file, ` +
-    'or an edit by hand), and writing now would throw that change away';
+  const message = `${path} was changed by another process (a second nodecompute, or an edit by hand) since this one read or wrote it; writing would lose that`;
   return Object.assign(new Error(message), { code: STATE_FILE_CHANGED, fix: STATE_FILE_CHANGED_FIX });
 }
 
@@ -162,9 +159,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         log.warn({ err, file }, `Could not remove ${file}, a temp file an interrupted write of the state file left behind; it is harmless, remove it by hand.`);
       }
     }
-    if (removed.length > 0) {
-      log.info({ stateFile: path, removed }, `Removed ${removed.length} temp file(s) that an interrupted write (a crash or a kill) left beside the state file; the state file itself is whole.`);
-    }
+    if (removed.length > 0) log.info({ stateFile: path, removed }, `Removed ${removed.length} temp file(s) that an interrupted write left; ${path} is whole.`);
   };
   /** Per operation on the directory pending past timeoutMs: why the directory is not writable meanwhile. */
   const hung = new Set<{ reason: string }>();

@@ -29,7 +29,7 @@ t.test('`nodecompute doctor` says what a start would of the settings: its warnin
   t.equal(typo.status, 0, 'a warning alone');
   t.match(
     typo.stdout,
-    /^WARN  settings {12}The environment variable NODECOMPUTE_TOKEN_FIEL is not a setting of nodecompute and is ignored \(did you mean NODECOMPUTE_TOKEN_FILE\?\)\. Run `nodecompute --help`/m,
+    /^WARN  settings {12}NODECOMPUTE_TOKEN_FIEL is not a setting .*\(did you mean NODECOMPUTE_TOKEN_FILE\?\)\. Run `nodecompute --help`/m,
   );
 
   const refused = doctor({ NODECOMPUTE_TOKEN_FILE: join(dir, 'short') });
@@ -39,7 +39,7 @@ t.test('`nodecompute doctor` says what a start would of the settings: its warnin
     refused.stdout,
     /^FAIL  token {15}Invalid setting NODECOMPUTE_TOKEN_FILE \(--token-file\): got ".*short" \(the token on line 1 cannot work: it is 5 characters long, and a token needs at least 16\)/m,
   );
-  t.match(refused.stdout, /fix: Fix the token file \(or NODECOMPUTE_TOKEN_FILE\) as the detail says: until then `nodecompute serve` stops at start \(exit 2\)/);
+  t.match(refused.stdout, /fix: Fix the token file \(or NODECOMPUTE_TOKEN_FILE\).*`nodecompute serve` stops at start \(exit 2\)/);
   t.match(refused.stdout, /^OK    settings +no setting looks mistyped or at odds with another$/m);
   t.match(refused.stdout, /^OK    nvidia-smi /m, 'the other checks ran');
   t.match(refused.stdout, /^OK    state-file /m);

@@ -113,11 +113,8 @@ t.test('a port already in use stops the start with exit code 1, so restart polic
     timeout: 30_000,
   });
   t.equal(result.status, 1);
-  t.equal(
-    result.stderr,
-    `nodecompute: cannot start: port ${port} is already taken (listen EADDRINUSE: address already in use 127.0.0.1:${port}): another nodecompute, or another program, is listening on it on this machine ` +
-      `(in a container: in its network namespace). Stop that one if it should not run (\`ss -ltnp 'sport = :${port}'\` names it), or give this one a free port with NODECOMPUTE_PORT (--port).\n`,
-  );
+  t.ok(result.stderr.startsWith(`nodecompute: cannot start: port ${port} is already taken (listen EADDRINUSE: address already in use 127.0.0.1:${port})`), result.stderr);
+  t.match(result.stderr, new RegExp(`ss -ltnp 'sport = :${port}'.*NODECOMPUTE_PORT \\(--port\\)\\.\n$`));
 });
 
 t.test('by default it listens on :: (IPv6 and IPv4) and says so; a host this machine cannot have stops the start saying why', async (t) => {

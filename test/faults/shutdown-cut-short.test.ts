@@ -62,7 +62,7 @@ const A_BUG = 'a bug in nodecompute: please report it with this line and the one
 const CUT: Record<Blow | 'grace', RegExp> = {
   SIGTERM: /^A second SIGTERM came while shutting down: the requests still in flight are cut off, and the process ends now\.$/,
   error: new RegExp(`^An uncaught error came while shutting down \\(${A_BUG}\\): the requests still in flight are cut off, and the process ends now\\.$`),
-  grace: /^Shutting down took longer than its 10 s grace: the requests still in flight are cut off, and the process ends now\. A client that keeps a request open .* holds a shutdown up; it gets a reset connection and should retry\.$/,
+  grace: /^Shutting down took longer than its 10 s grace: the requests still in flight are cut off, and the process ends now\. A client holding a request open gets a reset connection and should retry\.$/,
 };
 const SHUTTING_DOWN_AFTER_ERROR = `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`;
 

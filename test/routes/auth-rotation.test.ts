@@ -102,7 +102,7 @@ t.test('the refusals name the token file and say how a rotation reaches the node
   const wrong = await app.inject({ method: 'DELETE', url: '/shards/none', headers: { authorization: `Bearer ${NEW}` } });
   t.match(wrong.json().message, 'does not match any token configured on this node (NODECOMPUTE_TOKEN_FILE)');
   t.ok(
-    wrong.json().message.endsWith(`within a second of ${secret.path} changing (a Kubernetes Secret's mounted file changes a minute or two after the Secret does).`),
+    wrong.json().message.endsWith(`within a second of ${secret.path} changing (a Secret's mounted file lags the Secret by a minute or two).`),
     'it names the file to change, without assuming a kubelet',
   );
 });
@@ -153,7 +153,7 @@ t.test('a token file that goes empty, missing or bad keeps the tokens last read,
   const warnings = log.at(40);
   t.equal(warnings.length, 3, 'one warning per problem, as it changes');
   t.match(warnings[0]!.msg, `The token file ${path} cannot be used: it holds no token (it is empty, blank or only comments). The 1 token(s) last read from it stay in force`);
-  t.match(warnings[0]!.msg, /Check the Secret .* and its mount; the file is re-read within a second of the next write once it is fixed\./);
+  t.match(warnings[0]!.msg, /Check the Secret .* and its mount; it is re-read within a second of the next write\./);
   t.same([warnings[0]!.file, warnings[0]!.tokens], [path, 1]);
   t.match(warnings[1]!.msg, `The token file ${path} cannot be read (ENOENT: no such file or directory`);
   t.match(warnings[2]!.msg, `The token file ${path} cannot be read (EISDIR: illegal operation on a directory`);
@@ -254,9 +254,9 @@ t.test('a token file changed to tokens that can never work (non-ASCII, the examp
     return accepted(source, OLD, NEW);
   };
   t.same(await look(`${OLD}\npässwörtpässwört01\n`), [OLD]);
-  t.match(source.problem(), `The token file ${path} cannot be used: the token on line 2 cannot work: character 2 of it is not printable ASCII, so it can never match`);
+  t.match(source.problem(), `The token file ${path} cannot be used: the token on line 2 cannot work: character 2 is not printable ASCII`);
   t.same(await look('REPLACE-ME-with-at-least-16-random-characters\n'), [OLD]);
-  t.match(source.problem(), 'cannot be used: the token on line 1 cannot work: it is the placeholder of the example Secret (deploy/kubernetes/secret.example.yaml), which anyone can read');
+  t.match(source.problem(), /cannot be used: the token on line 1 cannot work: .*placeholder of deploy\/kubernetes\/secret\.example\.yaml/);
   t.same(await look(`# rotated by ops\n${OLD}\n${NEW}\n`), [OLD, NEW], 'a comment line is no token');
   t.equal(source.problem(), null);
 
@@ -265,9 +265,9 @@ t.test('a token file changed to tokens that can never work (non-ASCII, the examp
   t.same(await look(`${NEW}\n`), [OLD, NEW], 'unreadable: the tokens last read stay');
   const { uid, gid } = statSync(path);
   t.match(source.problem(), `The token file ${path} cannot be read (EACCES: permission denied`);
-  t.match(source.problem(), `nodecompute runs as uid ${process.getuid!()}, gid ${process.getgid!()}`);
-  t.match(source.problem(), `it is owned by uid ${uid}, gid ${gid}, with mode 0600, which does not let that user read it`);
-  t.match(source.problem(), /defaultMode \(0440\) with the pod's fsGroup.*; it is read again within a second of the next write\.$/);
+  t.match(source.problem(), `runs as uid ${process.getuid!()}, gid ${process.getgid!()}`);
+  t.match(source.problem(), `it is owned by uid ${uid}, gid ${gid}, mode 0600`);
+  t.match(source.problem(), /defaultMode \(0440\).*fsGroup.*; it is read again within a second of the next write\.$/);
   t.equal(log.at(40).length, 3, 'each problem warned about once');
   deny = false;
   t.same(await look(null), [NEW], 'readable again: its tokens are taken');
@@ -358,7 +358,7 @@ t.test('a token file that is never stable while read (a /proc file, which says s
     `The token file ${path} was not stable while it was read, 2 times in a row (37 bytes were read from it, but its size says 0). The 1 token(s) last read from it stay in force`,
   );
   t.match(source.problem(), `The token file ${path} was not stable while it was read, 4 times in a row`, 'the doctor says how long it lasts, the log said it once');
-  t.match(warnings[0]!.msg, /not a regular file \(a pipe, a \/proc or \/sys file\)\. Replace the file atomically instead \(write a temporary file beside it, then rename it over the token file/);
+  t.match(warnings[0]!.msg, /rewritten in place, or not a regular file: replace it by a rename/);
 
   repoint(path, 'token');
   clock.advance(TOKEN_FILE_CHECK_MS);
@@ -411,9 +411,9 @@ t.test('a token file that does not answer (a hung mount) holds a write up for a 
   t.equal(warnings.length, 1, 'one warning while it hangs');
   t.match(
     warnings[0]!.msg,
-    `The token file ${path} did not answer within 1000 ms (the read is still pending: is it on a network filesystem that hangs?). The 1 token(s) last read from it stay in force`,
+    `The token file ${path} did not answer within 1000 ms (its read is still pending: a hung network filesystem?). The 1 token(s) last read from it stay in force`,
   );
-  t.match(warnings[0]!.msg, `no other read is started until that one returns. Check the filesystem that holds ${path} (does \`cat ${path}\` hang?)`);
+  t.match(warnings[0]!.msg, /nor is another read started.*`cat .*` returns.*a Secret \(tmpfs\)/);
 
   // The mount comes back: the stuck read returns, and the file (rotated meanwhile) is read again.
   writeFileSync(join(dir, 'good'), `${OLD}\n${NEW}\n`);

@@ -154,7 +154,7 @@ const failures: Array<{ name: string; failure: FakeFailure; exitCode: number; wo
     failure: { kind: 'library-mismatch' },
     exitCode: 18,
     words: /said: "Failed to initialize NVML: Driver\/library version mismatch\nNVML library version: 535\.161"/,
-    meaning: /Reboot the node, or unload and reload the nvidia kernel modules/,
+    meaning: /Reboot the node, or reload the nvidia kernel modules/,
   },
   {
     name: 'no devices',
@@ -266,19 +266,19 @@ t.test('a file that may not be executed: NvidiaSmiNotFoundError (EACCES)', async
   writeFileSync(join(fake.dir, 'not-executable'), '#!/bin/sh\n', { mode: 0o644 });
   await t.rejects(smi.queryVersion(), {
     code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
-    message: /the file exists but this user may not execute it \(EACCES\)\. Check its mode \(`ls -l .*not-executable`: it needs an x bit this user has\)\. Without it/,
+    message: /the file exists but this user may not execute it \(EACCES\).*x bit.*`ls -l .*not-executable`.*Without it/,
   });
 });
 
 t.test('nvidia-smi given as a directory: said to be a directory, not a permission problem', async (t) => {
   const dir = t.testdir({ bin: {} });
   const smi = createNvidiaSmi({ path: join(dir, 'bin'), timeoutMs: 15_000, log: pino({ level: 'silent' }) });
-  await t.rejects(smi.queryVersion(), {
-    code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
-    message:
-      `nvidia-smi could not be run from ${JSON.stringify(join(dir, 'bin'))}: it is a directory, not the nvidia-smi executable (EACCES). ` +
-      `Set NODECOMPUTE_NVIDIA_SMI (--nvidia-smi) to the executable's full path (${JSON.stringify(join(dir, 'bin', 'nvidia-smi'))}, if it is in there), or leave it unset to find nvidia-smi on PATH.`,
-  });
+  const err = (await smi.queryVersion().catch((e: unknown) => e)) as Error;
+  t.match(err, { code: 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND' });
+  t.match(err.message, `nvidia-smi could not be run from ${JSON.stringify(join(dir, 'bin'))}: it is a directory, not the executable (EACCES)`);
+  t.match(err.message, 'NODECOMPUTE_NVIDIA_SMI (--nvidia-smi)');
+  t.match(err.message, JSON.stringify(join(dir, 'bin', 'nvidia-smi')));
+  t.match(err.message, /unset to look on PATH/);
 });
 
 t.test('isDirectory: a path that cannot be looked at reads as no directory, so the permission words stand', async (t) => {
@@ -377,7 +377,7 @@ t.test('a grandchild that left the group and holds stdout open: still answered a
   try {
     await t.rejects(smi.queryComputeApps(), {
       code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT',
-      message: /^nvidia-smi \(nvidia-smi --query-compute-apps=.*\) exited, but its output was still open 3000 ms after it started: a process it started holds it, so nodecompute stopped waiting and killed its process group/,
+      message: /^nvidia-smi \(nvidia-smi --query-compute-apps=.*\) exited, but its output was still open 3000 ms after it started: a process it started holds it, so its group was killed/,
     });
     t.ok(Date.now() - started < 3_000 + SLACK_MS);
     const [spawn] = fake.spawned();
