@@ -245,7 +245,7 @@ async function tokenCheck(deps: DoctorDeps): Promise<DoctorCheck> {
     return check('token', 'fail', deps.tokenFileRefused, fix);
   }
   if (!deps.tokenConfigured) {
-    const detail = 'no token is configured: any local process may register, replace or remove shards (writes from loopback only; not a web page on the node)';
+    const detail = 'no token is configured: any local process, and only a local process, may write (from loopback; a web page on the node may not)';
     const fix = 'Set NODECOMPUTE_TOKEN_FILE (a Kubernetes Secret) or NODECOMPUTE_TOKEN so a control plane can register shards; local processes need it too.';
     return check('token', 'warn', detail, fix);
   }

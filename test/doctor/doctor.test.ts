@@ -229,6 +229,8 @@ t.test('an unreadable proc root and an unwritable state directory fail with what
   t.equal(checks['state-file']!.status, 'fail');
   t.match(checks['state-file']!.detail, /cannot write in .*file/);
   t.equal(checks.token!.status, 'warn');
+  t.match(checks.token!.detail, /any local process, and only a local process, may write/, 'no token: who may write, said plainly');
+  t.match(checks.token!.fix, 'NODECOMPUTE_TOKEN_FILE');
 });
 
 t.test('the state file is read and parsed as a start does: a file a start refuses fails with its words, a missing one is a first start', async (t) => {
