@@ -1,10 +1,6 @@
-// Owns unwrapping engine output into the lines llama.cpp printed: Kubernetes' CRI log records joined,
-// then each line stripped of colours, repeated spaces and any known prefix (journald, timestamps,
-// docker compose, tags, llama.cpp's own), and re-anchored at a known function after an unknown one.
-// Every regex is anchored with bounded repetition and lines over MAX_LINE_CHARS are dropped, so a
-// tail parses in one linear pass and no input can make it throw.
-
-/** Longer lines are dropped (read as ''). */
+// Owns unwrapping engine output into the lines llama.cpp printed: CRI log records joined, colours,
+// spaces and known prefixes stripped. Every regex is anchored with bounded repetition and longer
+// lines are dropped (read as ''), so a tail parses in one linear pass and no input can make it throw.
 const MAX_LINE_CHARS = 4096;
 const MAX_PREFIX_STRIPS = 8;
 
@@ -83,7 +79,6 @@ function criLines(lines: string[]): string[] {
   return whole;
 }
 
-/** The text's lines, unwrapped and cleaned. */
 export function llamaLogLines(text: string): string[] {
   const lines = text.split(/\r\n|\r|\n/);
   // A final newline ends the last line; it does not start an empty one that would close a block.

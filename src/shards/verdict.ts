@@ -1,6 +1,5 @@
-// Owns the vocabulary of a readiness verdict: its states, the causes that decide them (one code per
-// decision, for programs; the reason says it for people), and its shape. Only ready and unverified
-// pass the probe.
+// Owns the vocabulary of a readiness verdict: its states, its causes (one code per decision, for
+// programs; the reason says it for people) and its shape. Only ready and unverified pass the probe.
 export const READINESS_STATES = ['ready', 'starting', 'on-cpu', 'gpu-lost', 'stopped', 'exited', 'unverified'] as const;
 export type ReadinessState = (typeof READINESS_STATES)[number];
 
@@ -34,7 +33,6 @@ export const VERDICT_CAUSES = [
 ] as const;
 export type VerdictCause = (typeof VERDICT_CAUSES)[number];
 
-/** `cause`: null when ready. */
 export type Readiness = { ready: boolean; state: ReadinessState; cause: VerdictCause | null; reason: string | null; warnings: string[] };
 
 export function verdict(state: ReadinessState, cause: VerdictCause | null, reason: string | null, warnings: string[]): Readiness {
