@@ -32,15 +32,15 @@ const doctorSchema = (description: string) => Type.Object(
 );
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { nvidiaSmi, proc, stateFile, config, now, node } = app.services;
+  const { driver, driverWhy, proc, stateFile, config, now, node } = app.services;
   let running: Promise<DoctorReport> | null = null;
   let last: { at: number; report: DoctorReport } | null = null;
   function check(): Promise<DoctorReport> {
     running ??= runDoctor({
-      nvidiaSmi,
+      driver,
+      driverWhy,
       proc,
       stateFile,
-      nvidiaSmiPath: config.nvidiaSmi,
       tokenConfigured: config.token !== null,
       tokenFile: app.services.tokenFile,
       settingsWarnings: app.services.settingsWarnings,

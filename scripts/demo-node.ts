@@ -148,6 +148,8 @@ export async function startDemoNode(options: DemoOptions): Promise<DemoNode> {
   const config = defaultConfig({
     host: options.host,
     port: options.port,
+    // The simulated node, even on a machine whose driver NVML would find.
+    backend: 'nvidia-smi',
     nvidiaSmi: fake.path,
     stateFile: join(dir, 'state', 'shards.json'),
     logLevel: 'warn',

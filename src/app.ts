@@ -21,7 +21,8 @@ import { completeOpenApi } from './openapi-document.js';
 import type { App, Services } from './services.js';
 import { createShardService } from './shards/shard-service.js';
 import { loadRegistry } from './shards/registry.js';
-import { createNvidiaSmi, type NvidiaSmi } from './system/nvidia-smi.js';
+import { chooseDriver } from './system/driver-choice.js';
+import type { GpuDriver } from './system/gpu-driver.js';
 import { createProcReader, type ProcReader } from './system/procfs.js';
 import { createStateFile, type StateFile } from './system/state-file.js';
 import { registerSchemas } from './schemas/index.js';
@@ -39,7 +40,8 @@ export type { App, Services } from './services.js';
 export interface AppDeps {
   logger?: Logger;
   now?: () => number;
-  nvidiaSmi?: NvidiaSmi;
+  /** The GPU backend (default: as config.backend picks it). */
+  driver?: GpuDriver;
   proc?: ProcReader;
   stateFile?: StateFile;
   /** The warnings the start logged about the settings, for the doctor's settings row. */
@@ -52,18 +54,19 @@ const CLOSING_KEEP_ALIVE_MS = 1;
 async function createServices(config: Config, deps: AppDeps, log: Logger): Promise<Services> {
   const now = deps.now ?? Date.now;
   const metrics = createMetrics();
-  const nvidiaSmi =
-    deps.nvidiaSmi ??
-    createNvidiaSmi({ path: config.nvidiaSmi, timeoutMs: config.smiTimeoutMs, log: log.child({ component: 'nvidia-smi' }), onQuery: metrics.observeQuery });
+  const chosen = deps.driver ? { driver: deps.driver, why: 'given by the caller' } : await chooseDriver(config, log, metrics.observeQuery);
+  const { driver } = chosen;
+  metrics.setBackend(driver.backend);
+  log.info({ backend: driver.backend, source: driver.source }, `GPU figures come from ${driver.backend} (${driver.source}): ${chosen.why}`);
   const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
   const stateFile = deps.stateFile ?? createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }), now, timeoutMs: config.stateTimeoutMs });
   const registry = await loadRegistry({ stateFile, log });
-  const take = createSnapshotTaker({ nvidiaSmi, proc, log, interest: () => registry.interest(proc.bootId()), now });
+  const take = createSnapshotTaker({ driver, proc, log, interest: () => registry.interest(proc.bootId()), now });
   const snapshots = createSnapshotSource<NodeSnapshot>({ take, ttlMs: config.cacheTtlMs, maxStaleMs: config.maxStaleMs, log, now });
   const node = createNodeService(snapshots, registry, log);
   const shards = createShardService({ registry, node, proc, defaultGraceMs: config.gpuGraceMs, log, now });
   return {
-    config, node, shards, registry, nvidiaSmi, proc, stateFile, metrics, now,
+    config, node, shards, registry, driver, driverWhy: chosen.why, proc, stateFile, metrics, now,
     probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
     settingsWarnings: deps.settingsWarnings ?? [],
     ...createAuth(config, log, now, metrics.countRefusedWrite),
@@ -135,7 +138,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   addMethodNotAllowed();
   // preClose: requests waiting on nvidia-smi must finish (with an error) for close to complete.
   app.addHook('preClose', async () => {
-    services.nvidiaSmi.killAll();
+    services.driver.killAll();
     app.server.keepAliveTimeout = CLOSING_KEEP_ALIVE_MS;
   });
   app.addHook('onClose', async () => services.proc.release());

@@ -7,6 +7,7 @@ import damerauLevenshtein from 'damerau-levenshtein';
 import { ConfigInvalidError } from './errors.js';
 import { hostnameOf } from './http/write-guard.js';
 import { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS, type LOG_LEVELS, type Setting } from './settings.js';
+import type { BackendSetting } from './system/driver-choice.js';
 import { createTokenFileReader, type FileOwner, type TokenFileReaderOptions } from './system/token-file.js';
 
 export { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS };
@@ -16,6 +17,8 @@ type SettingKey = keyof typeof SETTINGS;
 export interface Config {
   host: string;
   port: number;
+  backend: BackendSetting;
+  nvmlLibrary: string | null;
   nvidiaSmi: string;
   proc: string;
   cacheTtlMs: number;

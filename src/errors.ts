@@ -9,19 +9,26 @@ function coded<C extends string, S extends number>(code: C, statusCode: S) {
   return createError<C, S, MessageArgs>(code, '%s', statusCode);
 }
 
-/** Every code an nvidia-smi run can fail with: metrics.ts starts a failure counter at 0 for each. */
-export const NVIDIA_SMI_FAILURE_CODES = [
+/** Every code a driver query (nvidia-smi run or NVML call) can fail with: metrics.ts starts a failure counter at 0 for each. */
+export const DRIVER_FAILURE_CODES = [
   'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND',
   'NODECOMPUTE_NVIDIA_SMI_FAILED',
   'NODECOMPUTE_NVIDIA_SMI_TIMEOUT',
   'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE',
+  'NODECOMPUTE_NVML_NOT_FOUND',
+  'NODECOMPUTE_NVML_FAILED',
+  'NODECOMPUTE_NVML_TIMEOUT',
 ] as const;
-type NvidiaSmiFailureCode = (typeof NVIDIA_SMI_FAILURE_CODES)[number];
+type DriverFailureCode = (typeof DRIVER_FAILURE_CODES)[number];
 
 export const NvidiaSmiNotFoundError = coded('NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', 503);
 export const NvidiaSmiFailedError = coded('NODECOMPUTE_NVIDIA_SMI_FAILED', 503);
 export const NvidiaSmiTimeoutError = coded('NODECOMPUTE_NVIDIA_SMI_TIMEOUT', 503);
 export const NvidiaSmiUnparsableError = coded('NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', 503);
+/** libnvidia-ml.so.1 could not be loaded or its symbols bound. */
+export const NvmlNotFoundError = coded('NODECOMPUTE_NVML_NOT_FOUND', 503);
+export const NvmlFailedError = coded('NODECOMPUTE_NVML_FAILED', 503);
+export const NvmlTimeoutError = coded('NODECOMPUTE_NVML_TIMEOUT', 503);
 
 export const BadRequestError = coded('NODECOMPUTE_BAD_REQUEST', 400);
 export const UnauthorizedError = coded('NODECOMPUTE_UNAUTHORIZED', 401);
@@ -65,8 +72,8 @@ export interface CodedError extends Error {
   statusCode: number;
 }
 
-/** An error of the NvidiaSmi*Error classes: what a failed nvidia-smi run rejects with. */
-export type NvidiaSmiFailure = CodedError & { code: NvidiaSmiFailureCode };
+/** An error of the NvidiaSmi*Error or Nvml*Error classes: what a failed driver query rejects with. */
+export type DriverFailure = CodedError & { code: DriverFailureCode };
 
 export function isCodedError(err: unknown): err is CodedError {
   const e = err as Partial<CodedError>;

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // The process: the only reader of process.env and argv, the listener and the signal handler. On
-// SIGTERM/SIGINT it finishes in-flight requests, kills running nvidia-smi children and exits 0; 1
+// SIGTERM/SIGINT it finishes in-flight requests, kills running nvidia-smi children (or leaves a stuck NVML call) and exits 0; 1
 // after an uncaught error, or when cut short (10 s, a second signal).
 import closeWithGrace from 'close-with-grace';
 import { inspect } from 'node:util';
@@ -10,6 +10,8 @@ import { describeWriteAccess } from './auth.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
 import { listenOn, type Listening } from './listen.js';
+import { exitNow } from './system/exit-now.js';
+import { nvmlCallsUnderWay } from './system/nvml/nvml-library.js';
 import { VERSION } from './version.js';
 
 const COMMANDS = ['serve', 'doctor'];
@@ -43,7 +45,7 @@ async function warmUp(app: Awaited<ReturnType<typeof buildApp>>, log: Logger): P
   const [current] = await Promise.all([node.current().catch(() => null), stateFile.writable(probeBudgetMs)]);
   if (current === null) return;
   const { snapshot } = current.view;
-  log.info({ gpus: snapshot.gpus.length, nvidiaSmiMs: Math.round(snapshot.timings.nvidiaSmiMs) }, 'nvidia-smi answers; GPU answers are live');
+  log.info({ gpus: snapshot.gpus.length, driverMs: Math.round(snapshot.timings.driverMs) }, `${app.services.driver.backend} answers; GPU answers are live`);
 }
 
 /** An uncaught error's log fields: a falsy one (`throw ''`), which pino would leave out, as JavaScript writes it. */
@@ -80,11 +82,15 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
       const { signal, err } = closing;
       // By its key, not its value: a promise rejected with no reason comes as { err: undefined }.
       const failed = 'err' in closing;
-      const stopping = 'finishing in-flight requests, stopping nvidia-smi runs';
+      const stopping = 'finishing in-flight requests, stopping GPU queries';
       const afterError = `Shutting down after an uncaught error (${A_BUG}): ${stopping}, then exiting 1 for the restart policy to start the service again.`;
       if (failed) log.error(thrownFields(err), afterError);
       else log.info({ signal }, `Shutting down: ${stopping}`);
       await app.close();
+      if (nvmlCallsUnderWay() > 0) {
+        log.warn('An NVML call is still stuck in the driver: the process ends now without waiting for it (it could wait forever).');
+        exitNow(failed ? 1 : 0);
+      }
       if (failed) process.exit(1);
     },
   );

@@ -4,14 +4,15 @@
 import { createRequire } from 'node:module';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { WRITE_REFUSALS, type TokenFileState, type WriteRefusal } from './auth.js';
-import { NVIDIA_SMI_FAILURE_CODES } from './errors.js';
+import { DRIVER_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
 import type { LostGpu } from './node-state/gpu-roster.js';
+import { smUtilOf } from './node-state/attribution.js';
 import type { NodeView } from './node-state/node-view.js';
 import { placedIndices } from './node-state/placement.js';
 import { READINESS_STATES } from './shards/verdict.js';
 import type { ShardState } from './shards/shard-service.js';
-import type { QueryName, QueryObservation } from './system/nvidia-smi.js';
+import type { Backend, QueryName, QueryObservation } from './system/gpu-driver.js';
 import { VERSION } from './version.js';
 
 const MIB = 1024 * 1024;
@@ -29,6 +30,8 @@ export interface Metrics {
   registry: Registry;
   observeQuery: (observation: QueryObservation) => void;
   countRefusedWrite: (reason: WriteRefusal) => void;
+  /** Names the backend the GPU figures come from (set once, at start). */
+  setBackend: (backend: Backend) => void;
   /** Rebuilds the node and shard series; `lostGpus` stay while nvidia-smi fails, so their alert does not resolve then. */
   update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
 }
@@ -92,8 +95,16 @@ export function createMetrics(): Metrics {
     registers: [registry],
   });
 
-  for (const query of QUERIES) for (const reason of NVIDIA_SMI_FAILURE_CODES) failures.inc({ query, reason }, 0);
+  for (const query of QUERIES) for (const reason of DRIVER_FAILURE_CODES) failures.inc({ query, reason }, 0);
   for (const reason of WRITE_REFUSALS) refusedWrites.inc({ reason }, 0);
+  const backendHelp = 'Always 1: backend is where the GPU figures come from (nvml or nvidia-smi). The nvidia_smi_* series count its queries, whichever it is.';
+  const backendInfo = gauge('nodecompute_gpu_backend_info', backendHelp, ['backend']);
+  // Counts the NVML backend keeps since start, rebuilt at each scrape: monotonic while nodecompute runs. Absent under nvidia-smi.
+  const counter = (name: string, help: string, labelNames: readonly string[]) => new Counter({ name, help, labelNames, registers: [registry] });
+  const xids = counter('nodecompute_gpu_xid_errors_total', 'Xid events NVML reported for the GPU since nodecompute started, by Xid number (see dmesg).', [...gpuLabels, 'xid']);
+  const ecc = counter('nodecompute_gpu_ecc_errors_total', 'ECC error events NVML reported for the GPU since nodecompute started (single-bit: corrected).', [...gpuLabels, 'type']);
+  const smHelp = "SM utilization of a shard's processes on a GPU (NVML's per-process samples, 1 = 100%): near 0 while the shard is busy means its work is not on this GPU.";
+  const shardSm = gauge('nodecompute_shard_gpu_sm_utilization_ratio', smHelp, ['shard', ...gpuLabels]);
 
   const rebuiltGauges = [total, used, free, reserved, foreign, lost, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
@@ -103,12 +114,13 @@ export function createMetrics(): Metrics {
   return {
     registry,
     countRefusedWrite: (reason) => refusedWrites.inc({ reason }),
+    setBackend: (backend) => backendInfo.set({ backend }, 1),
     observeQuery(observation) {
       if (observation.durationMs !== null) duration.observe({ query: observation.query }, observation.durationMs / 1000);
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
     update({ node, ageMs, nvidiaSmiUp, lostGpus, shards, tokenFile }) {
-      for (const metric of rebuiltGauges) metric.reset();
+      for (const metric of [...rebuiltGauges, xids, ecc, shardSm]) metric.reset();
       if (tokenFile !== null) {
         tokenFileOk.set({ file: tokenFile.path }, tokenFile.problem === null ? 1 : 0);
         tokensInForce.set({ file: tokenFile.path }, tokenFile.tokens);
@@ -125,11 +137,18 @@ export function createMetrics(): Metrics {
           setMiB(free, labels, gpu.freeMiB);
           setMiB(reserved, labels, gpu.reservedMiB);
           setMiB(foreign, labels, foreignByIndex.get(gpu.index) ?? null);
+          if (gpu.events === undefined) continue;
+          for (const [xid, count] of Object.entries(gpu.events.xid)) xids.inc({ ...labels, xid }, count);
+          ecc.inc({ ...labels, type: 'single-bit' }, gpu.events.eccSingleBit);
+          ecc.inc({ ...labels, type: 'double-bit' }, gpu.events.eccDoubleBit);
         }
         for (const [shard, holdings] of node.attribution.holdings) {
           // NaN, not absent, where nvidia-smi does not report it: the series still says the shard holds that GPU.
           for (const holding of holdings.values()) {
-            shardMemory.set({ shard, gpu: String(holding.index), uuid: holding.uuid }, holding.usedMiB === null ? NaN : holding.usedMiB * MIB);
+            const labels = { shard, gpu: String(holding.index), uuid: holding.uuid };
+            shardMemory.set(labels, holding.usedMiB === null ? NaN : holding.usedMiB * MIB);
+            const smUtilPct = smUtilOf(holding.processes);
+            if (smUtilPct !== null) shardSm.set(labels, smUtilPct / 100);
           }
         }
       }

@@ -9,7 +9,7 @@ import type { Metrics } from './metrics.js';
 import type { NodeService } from './node-state/node-service.js';
 import type { Registry } from './shards/registry.js';
 import type { ShardService } from './shards/shard-service.js';
-import type { NvidiaSmi } from './system/nvidia-smi.js';
+import type { GpuDriver } from './system/gpu-driver.js';
 import type { ProcReader } from './system/procfs.js';
 import type { StateFile } from './system/state-file.js';
 
@@ -18,7 +18,9 @@ export interface Services {
   node: NodeService;
   shards: ShardService;
   registry: Registry;
-  nvidiaSmi: NvidiaSmi;
+  driver: GpuDriver;
+  /** Why this backend serves (NODECOMPUTE_BACKEND, and what auto found): the log and the doctor say it. */
+  driverWhy: string;
   proc: ProcReader;
   stateFile: StateFile;
   metrics: Metrics;

@@ -1,6 +1,7 @@
 // The table of nodecompute's settings: each one's environment variable, flag, schema, default,
 // what it accepts and what it means. config.ts validates against it and writes the help from it.
 import { Type, type TSchema } from '@sinclair/typebox';
+import { BACKENDS } from './system/driver-choice.js';
 import { STATE_FILE_TIMEOUT_MS } from './system/state-file.js';
 
 export interface Setting {
@@ -40,6 +41,18 @@ export const SETTINGS = {
     accepts: 'an integer from 0 to 65535 (0 picks a free port)',
     description: 'TCP port the HTTP server listens on.',
   }),
+  backend: setting('backend', {
+    schema: Type.Union(BACKENDS.map((backend) => Type.Literal(backend)), { description: 'GPU backend' }),
+    default: 'auto',
+    accepts: BACKENDS.join(', '),
+    description: 'Where GPU figures come from: NVML (libnvidia-ml.so.1, microseconds a query), nvidia-smi, or auto: NVML when it loads and initialises, else nvidia-smi.',
+  }),
+  nvmlLibrary: setting('nvml-library', {
+    schema: Type.Union([Type.Null(), Type.String({ minLength: 1 })]),
+    default: null,
+    accepts: 'a path to libnvidia-ml.so.1',
+    description: 'The NVML library to load; unset, libnvidia-ml.so.1 is found by the dynamic loader (LD_LIBRARY_PATH, the ld.so cache).',
+  }),
   nvidiaSmi: setting('nvidia-smi', {
     schema: Type.String({ minLength: 1, description: 'nvidia-smi executable' }),
     default: 'nvidia-smi',
@@ -68,7 +81,7 @@ export const SETTINGS = {
     schema: milliseconds(100, 600_000, 'nvidia-smi timeout'),
     default: 5000,
     accepts: 'an integer number of milliseconds from 100 to 600000',
-    description: 'Hard limit for one nvidia-smi run; past it the run and its process group are killed.',
+    description: 'Hard limit for one GPU query: an nvidia-smi run (past it, its process group is killed) or the NVML calls of one query.',
   }),
   probeWaitMs: setting('probe-wait-ms', {
     schema: milliseconds(0, 600_000, 'probe wait'),

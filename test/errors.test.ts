@@ -1,6 +1,6 @@
 import t from 'tap';
 import * as errors from '../src/errors.js';
-import { isCodedError, NVIDIA_SMI_FAILURE_CODES, NvidiaSmiTimeoutError, UnknownGpuError } from '../src/errors.js';
+import { isCodedError, DRIVER_FAILURE_CODES, NvidiaSmiTimeoutError, UnknownGpuError } from '../src/errors.js';
 
 t.test('coded errors carry their code, status, message and cause', async (t) => {
   const cause = new Error('boom');
@@ -25,9 +25,9 @@ t.test('the nvidia-smi failure codes are exactly those of the nvidia-smi error c
     .map((err) => err.code);
   t.ok(codes.includes('NODECOMPUTE_INTERNAL'), `the classes are found (${codes.length})`);
   t.same(
-    codes.filter((code) => code.startsWith('NODECOMPUTE_NVIDIA_SMI_')).sort(),
-    [...NVIDIA_SMI_FAILURE_CODES].sort(),
-    'a class speaking for nvidia-smi without its code in the list would have no counter; a code in the list without a class is a counter nothing raises',
+    codes.filter((code) => /^NODECOMPUTE_(NVIDIA_SMI|NVML)_/.test(code)).sort(),
+    [...DRIVER_FAILURE_CODES].sort(),
+    'a class speaking for a driver query without its code in the list would have no counter; a code in the list without a class is a counter nothing raises',
   );
   t.equal(new Set(codes).size, codes.length, 'no two classes share a code');
 });

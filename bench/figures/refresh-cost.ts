@@ -1,5 +1,5 @@
 // Figure 4: the cost of one snapshot refresh apart from nvidia-smi's own time, in this process. An
-// NvidiaSmi that answers at once with prepared CSV (parsed on every call, as the real runner parses
+// GpuDriver that answers at once with prepared CSV (parsed on every call, as the real runner parses
 // nvidia-smi's output) feeds createSnapshotTaker with the real /proc reader; the GPU processes are
 // real PIDs (shard children and foreign pool processes), and the 64 shards' own PIDs are read too, as
 // the registry asks. Each measurement is one take() plus attribute() for the 64 shards. Sizes are
@@ -18,8 +18,8 @@ import {
   GPU_QUERY_FIELDS,
   parseComputeAppsCsv,
   parseGpuCsv,
-  type NvidiaSmi,
 } from '../../src/system/nvidia-smi.js';
+import type { GpuDriver } from '../../src/system/gpu-driver.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { nodeCsv, nodeLayout } from '../fake-smi.js';
 import type { BenchContext } from '../node-setup.js';
@@ -55,8 +55,10 @@ export interface RefreshCostResult {
   pass: boolean;
 }
 
-function preparedSmi(csv: { gpus: string; apps: string }): NvidiaSmi {
+function preparedSmi(csv: { gpus: string; apps: string }): GpuDriver {
   return {
+    backend: 'nvidia-smi',
+    source: 'prepared CSV',
     queryGpus: async () => ({ gpus: parseGpuCsv(csv.gpus, GPU_QUERY_FIELDS), unreachable: [] }),
     queryComputeApps: async () => parseComputeAppsCsv(csv.apps),
     queryVersion: async () => ({ smiVersion: '590.48.01', driverVersion: '590.48.01', cudaVersion: '13.1' }),
@@ -93,7 +95,7 @@ export async function refreshCostFigure(ctx: BenchContext, log: (line: string) =
     // from one refresh to the next, as the service does for a node whose processes live on.
     const reader = createProcReader({ root: '/proc', log: silent });
     readers.push(reader);
-    return { size, take: createSnapshotTaker({ nvidiaSmi: preparedSmi(nodeCsv(layout)), proc: reader, log: silent, interest, now: Date.now }) };
+    return { size, take: createSnapshotTaker({ driver: preparedSmi(nodeCsv(layout)), proc: reader, log: silent, interest, now: Date.now }) };
   });
   const samples = new Map<number, Array<{ total: number; proc: number; attribute: number }>>(SIZES.map((size) => [size, []]));
   const started = performance.now();

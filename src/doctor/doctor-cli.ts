@@ -4,7 +4,9 @@ import type { Writable } from 'node:stream';
 import { pino } from 'pino';
 import type { TokenFileState } from '../auth.js';
 import type { Config } from '../config.js';
-import { createNvidiaSmi } from '../system/nvidia-smi.js';
+import { chooseDriver } from '../system/driver-choice.js';
+import { exitNow } from '../system/exit-now.js';
+import { nvmlCallsUnderWay } from '../system/nvml/nvml-library.js';
 import { createProcReader } from '../system/procfs.js';
 import { createStateFile } from '../system/state-file.js';
 import { VERSION } from '../version.js';
@@ -21,11 +23,12 @@ export type DoctorCliOptions = { settingsWarnings: readonly string[]; tokenFileR
 export async function runDoctorCli(config: Config, out: Writable, options: DoctorCliOptions): Promise<number> {
   // The table is the output; reader warnings would only repeat it.
   const log = pino({ level: 'silent' });
+  const { driver, why } = await chooseDriver(config, log);
   const report = await runDoctor({
-    nvidiaSmi: createNvidiaSmi({ path: config.nvidiaSmi, timeoutMs: config.smiTimeoutMs, log }),
+    driver,
+    driverWhy: why,
     proc: createProcReader({ root: config.proc, log }),
     stateFile: createStateFile(config.stateFile, { log, timeoutMs: config.stateTimeoutMs }),
-    nvidiaSmiPath: config.nvidiaSmi,
     tokenConfigured: config.token !== null,
     tokenFile: fileTokens(config),
     tokenFileRefused: options.tokenFileRefused,
@@ -34,5 +37,8 @@ export async function runDoctorCli(config: Config, out: Writable, options: Docto
     now: Date.now,
   });
   out.write(formatDoctorReport(report));
-  return report.ok ? 0 : 1;
+  const code = report.ok ? 0 : 1;
+  // A stuck NVML call would keep the process from ending.
+  if (nvmlCallsUnderWay() > 0) exitNow(code);
+  return code;
 }

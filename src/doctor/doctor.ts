@@ -8,7 +8,8 @@ import { busyGpus, hiddenProcessesWarning } from '../node-state/node-view.js';
 import { listedAs } from '../node-state/placement.js';
 import { readRegistryFile } from '../shards/registry-file.js';
 import type { ShardRecord } from '../shards/shard.js';
-import { unreachableOf, type GpuListing, type GpuRecord, type NvidiaSmi, type UnreachableGpu } from '../system/nvidia-smi.js';
+import { unreachableOf, type GpuListing, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
+import type { GpuDriver } from '../system/gpu-driver.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -24,10 +25,11 @@ export type DoctorReport = { ok: boolean; version: string; checkedAt: string; ch
 export type KnownGpus = Pick<NodeSnapshot, 'takenAt' | 'gpus' | 'lostGpus'>;
 
 export interface DoctorDeps {
-  nvidiaSmi: NvidiaSmi;
+  driver: GpuDriver;
   proc: ProcReader;
   stateFile: StateFile;
-  nvidiaSmiPath: string;
+  /** Why this backend serves (driver-choice.ts). */
+  driverWhy: string;
   tokenConfigured: boolean;
   /** The token file looked at now (the CLI: as read at start); null or absent without one. */
   tokenFile?: (() => Promise<TokenFileState>) | null;
@@ -51,7 +53,7 @@ function check(name: string, status: CheckStatus, detail: string, fix: string | 
 
 /** A failed query's check (its message ends with the fix); throws the query's error while shutting down. */
 function queryFailed(deps: DoctorDeps, err: unknown, name: string, context = ''): DoctorCheck {
-  if (deps.nvidiaSmi.stopped) throw err;
+  if (deps.driver.stopped) throw err;
   return check(name, 'fail', `${context}${(err as Error).message}`);
 }
 
@@ -64,32 +66,41 @@ async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }
 /** pids, gpus: what the process and GPU queries list (null: not asked); unreachable: the GPUs a query said it cannot reach. */
 type SmiFindings = { checks: DoctorCheck[]; pids: number[] | null; busy: number[]; gpus: GpuRecord[] | null; unreachable: UnreachableGpu[] };
 
-async function nvidiaSmiChecks(deps: DoctorDeps): Promise<SmiFindings> {
-  const checks: DoctorCheck[] = [];
+/** How each backend's queries are named in the checks' details. */
+const QUERY_NAMES = {
+  'nvidia-smi': { answers: 'nvidia-smi answers --version', gpus: 'its GPU query (--query-gpu)', apps: 'its process query (--query-compute-apps)' },
+  nvml: { answers: 'NVML answers', gpus: 'its GPU query (device calls)', apps: 'its process query (nvmlDeviceGetComputeRunningProcesses)' },
+} as const;
+
+async function driverChecks(deps: DoctorDeps): Promise<SmiFindings> {
+  const { backend, source } = deps.driver;
+  const named = QUERY_NAMES[backend];
+  const checks: DoctorCheck[] = [check('backend', 'ok', `GPU figures come from ${backend} (${source}): ${deps.driverWhy}`)];
   try {
-    const version = await deps.nvidiaSmi.queryVersion();
+    const version = await deps.driver.queryVersion();
     const known = (value: string | null) => value ?? 'unknown';
-    const versions = `nvidia-smi ${known(version.smiVersion)}, driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`;
-    checks.push(check('nvidia-smi', 'ok', `${deps.nvidiaSmiPath} answers: ${versions}`));
+    const tool = backend === 'nvidia-smi' ? `nvidia-smi ${known(version.smiVersion)}, ` : '';
+    const versions = `${tool}driver ${known(version.driverVersion)}, CUDA ${known(version.cudaVersion)}`;
+    checks.push(check(backend, 'ok', `${source} answers: ${versions}`));
   } catch (err) {
-    checks.push(queryFailed(deps, err, 'nvidia-smi'));
+    checks.push(queryFailed(deps, err, backend));
     // Whether --version fails naming unreachable GPUs is not known; reading it costs nothing.
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableOf(err) };
   }
   let listing: { value: GpuListing; ms: number };
   try {
-    listing = await timed(() => deps.nvidiaSmi.queryGpus());
+    listing = await timed(() => deps.driver.queryGpus());
   } catch (err) {
-    checks.push(queryFailed(deps, err, 'gpus', 'nvidia-smi answers --version, but its GPU query (--query-gpu), which every GPU answer needs, fails: '));
+    checks.push(queryFailed(deps, err, 'gpus', `${named.answers}, but ${named.gpus}, which every GPU answer needs, fails: `));
     return { checks, pids: null, busy: [], gpus: null, unreachable: unreachableOf(err) };
   }
   // The GPUs it said it cannot reach while it listed the others: the lost-gpus check names them.
   const { gpus, unreachable } = listing.value;
   let apps: { value: { pid: number }[]; ms: number };
   try {
-    apps = await timed(() => deps.nvidiaSmi.queryComputeApps());
+    apps = await timed(() => deps.driver.queryComputeApps());
   } catch (err) {
-    const context = `nvidia-smi answers --version and its GPU query (${gpus.length} GPU(s)), but its process query (--query-compute-apps), `;
+    const context = `${named.answers} and its GPU query (${gpus.length} GPU(s)), but ${named.apps}, `;
     checks.push(queryFailed(deps, err, 'gpus', `${context}which tells whose memory is whose, fails: `));
     return { checks, pids: null, busy: [], gpus, unreachable };
   }
@@ -220,7 +231,7 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
 }
 
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
-  const [smi, procReadable, stateFile] = await Promise.all([nvidiaSmiChecks(deps), deps.proc.checkReadable(), stateFileCheck(deps.stateFile)]);
+  const [smi, procReadable, stateFile] = await Promise.all([driverChecks(deps), deps.proc.checkReadable(), stateFileCheck(deps.stateFile)]);
   const checks: DoctorCheck[] = [];
   // Each warning says what to do.
   const warnings = deps.settingsWarnings;

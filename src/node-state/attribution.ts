@@ -10,6 +10,12 @@ import { ANCESTRY_DEPTH, statOf, type GpuProcess, type NodeSnapshot } from './no
 /** `usedMiB`: the sum of its processes' memory there; null when one of them is [N/A]. */
 export type ShardGpuHolding = { index: number; uuid: string; usedMiB: number | null; processes: GpuProcess[] };
 
+/** The SM utilization (%) of a shard's processes on one GPU, summed; null unless NVML gave each a figure. */
+export function smUtilOf(processes: ReadonlyArray<Pick<GpuProcess, 'smUtilPct'>>): number | null {
+  const figures = processes.map((process) => process.smUtilPct ?? null);
+  return figures.includes(null) ? null : (figures as number[]).reduce((sum, pct) => sum + pct, 0);
+}
+
 // Stopped (SIGSTOP, a tracer) and unreadable shards keep their claims and memory; unknown: registered
 // after the snapshot was taken. `oldestStart` (cgroup shards, clock ticks): its oldest live member's
 // start, when every member was read.

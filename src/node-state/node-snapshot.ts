@@ -3,7 +3,8 @@
 // and the parents between them). When nvidia-smi fails, /proc is still read for the shards and kept
 // with the error (procFactsAfter), so an outage does not hide a shard's exit.
 import type { Logger } from 'pino';
-import type { ComputeAppRecord, GpuListing, GpuRecord, NvidiaSmi } from '../system/nvidia-smi.js';
+import type { GpuDriver, GpuListing } from '../system/gpu-driver.js';
+import type { ComputeAppRecord, GpuRecord } from '../system/nvidia-smi.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
 import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
@@ -11,7 +12,8 @@ import { createGpuRoster, type LostGpu } from './gpu-roster.js';
 /** Generations above a GPU process in which attribution looks for its shard (vLLM's workers sit a few forks down). */
 export const ANCESTRY_DEPTH = 4;
 
-export type GpuProcess = { pid: number; name: string; usedMiB: number | null; gpuIndex: number; gpuUuid: string };
+/** smUtilPct: as ComputeAppRecord's (absent under nvidia-smi). */
+export type GpuProcess = { pid: number; name: string; usedMiB: number | null; gpuIndex: number; gpuUuid: string; smUtilPct?: number | null };
 
 export type GpuState = GpuRecord & { processes: GpuProcess[] };
 
@@ -34,7 +36,7 @@ export interface NodeSnapshot extends ProcFacts {
   unmatchedProcesses: ComputeAppRecord[];
   /** GPUs an earlier snapshot of this process listed and this one does not (gpu-roster.ts), by index. */
   lostGpus: LostGpu[];
-  timings: { nvidiaSmiMs: number; procMs: number };
+  timings: { driverMs: number; procMs: number };
 }
 
 /** The facts read after nvidia-smi failed; `startedAt`: a shard registered after the refresh began is not described. */
@@ -48,7 +50,7 @@ export function procFactsAfter(error: Error | null): FactsAfterFailure | undefin
 }
 
 export interface SnapshotTakerDeps {
-  nvidiaSmi: NvidiaSmi;
+  driver: GpuDriver;
   proc: ProcReader;
   log: Logger;
   /** What the registry wants read along with the GPU processes. */
@@ -62,7 +64,7 @@ export function joinGpusAndProcesses(gpus: GpuRecord[], apps: ComputeAppRecord[]
   const unmatched: ComputeAppRecord[] = [];
   for (const app of apps) {
     const gpu = byUuid.get(app.gpuUuid);
-    if (gpu) gpu.processes.push({ pid: app.pid, name: app.name, usedMiB: app.usedMiB, gpuIndex: gpu.index, gpuUuid: gpu.uuid });
+    if (gpu) gpu.processes.push({ pid: app.pid, name: app.name, usedMiB: app.usedMiB, gpuIndex: gpu.index, gpuUuid: gpu.uuid, smUtilPct: app.smUtilPct });
     else unmatched.push(app);
   }
   return { gpus: states, unmatched };
@@ -135,7 +137,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     let listing: GpuListing;
     let apps: ComputeAppRecord[];
     try {
-      [listing, apps] = await Promise.all([deps.nvidiaSmi.queryGpus(), deps.nvidiaSmi.queryComputeApps()]);
+      [listing, apps] = await Promise.all([deps.driver.queryGpus(), deps.driver.queryComputeApps()]);
     } catch (err) {
       if (!(err instanceof Error)) throw err;
       try {
@@ -167,7 +169,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       gpus,
       unmatchedProcesses: unmatched,
       lostGpus: roster.update(listing.gpus, takenAt, listing.unreachable),
-      timings: { nvidiaSmiMs: smiDone - started, procMs: done - smiDone },
+      timings: { driverMs: smiDone - started, procMs: done - smiDone },
     };
   };
 }

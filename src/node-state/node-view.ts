@@ -97,11 +97,12 @@ export function unreachableSaid(uuid: string, unreachable: readonly UnreachableL
 /** GET /gpus after its snapshot header. */
 export function gpusResponse(node: NodeView, unreachable: readonly UnreachableListedGpu[]): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
-  const gpus = node.snapshot.gpus.map(({ totalMiB, usedMiB, freeMiB, reservedMiB, processes, ...gpu }) => ({
+  const gpus = node.snapshot.gpus.map(({ totalMiB, usedMiB, freeMiB, reservedMiB, processes, events, ...gpu }) => ({
     ...gpu,
     memory: { totalMiB, usedMiB, freeMiB, reservedMiB },
-    processes: processes.map(({ pid, name, usedMiB: held }) => ({ pid, name, usedMiB: held, shard: owner.get(pid) ?? null })),
+    processes: processes.map(({ pid, name, usedMiB: held, smUtilPct }) => ({ pid, name, usedMiB: held, shard: owner.get(pid) ?? null, smUtilPct: smUtilPct ?? null })),
     unreachable: unreachableSaid(gpu.uuid, unreachable),
+    events: events === undefined ? null : { ...events, lastXid: events.lastXid && { ...events.lastXid, at: new Date(events.lastXid.at).toISOString() } },
   }));
   return { gpus, lostGpus: lostGpusJson(node) };
 }

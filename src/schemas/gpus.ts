@@ -18,10 +18,27 @@ export const GpuProcessComponent = Type.Object(
     name: Type.String({ description: 'Process name as nvidia-smi reports it; [Not Found] for a PID of another PID namespace.' }),
     usedMiB: MiB('GPU memory this process holds on this GPU'),
     shard: Nullable(Type.String(), 'Id of the registered shard this process belongs to; null when it belongs to none (foreign).'),
+    smUtilPct: Nullable(
+      Type.Integer({ minimum: 0, maximum: 100 }),
+      'Highest SM utilization (%) NVML sampled of this process on this GPU since the snapshot before: 0 when it did no GPU work; null under nvidia-smi, under MIG, or where the GPU gives none.',
+    ),
   },
   { $id: 'GpuProcess', description: 'A compute process holding memory on a GPU, with the shard it belongs to.' },
 );
 export type GpuProcess = Static<typeof GpuProcessComponent>;
+
+export const GpuEventsComponent = Type.Object(
+  {
+    xid: Type.Record(Type.String({ pattern: '^[0-9]+$' }), Type.Integer({ minimum: 1 }), { description: 'How many of each Xid (by number) NVML reported.' }),
+    eccSingleBit: Type.Integer({ minimum: 0, description: 'Single-bit ECC error events (corrected).' }),
+    eccDoubleBit: Type.Integer({ minimum: 0, description: 'Double-bit ECC error events (uncorrected: the memory is suspect).' }),
+    lastXid: Nullable(
+      Type.Object({ xid: Type.Integer({ minimum: 0 }), at: Type.String({ format: 'date-time', description: 'When nodecompute read it.' }) }),
+      'The latest Xid; null when none came.',
+    ),
+  },
+  { $id: 'GpuEvents', description: 'Xid and ECC events NVML reported for a GPU since nodecompute started (see dmesg for the NVRM lines).' },
+);
 
 export const GpuComponent = Type.Object(
   {
@@ -47,6 +64,7 @@ export const GpuComponent = Type.Object(
     ),
     processes: Type.Array(Ref(GpuProcessComponent), { description: 'Compute processes holding memory on this GPU.' }),
     unreachable: Ref(GpuUnreachableComponent),
+    events: Nullable(Ref(GpuEventsComponent), 'Its Xid and ECC events since nodecompute started; null under nvidia-smi, which reports none.'),
   },
   { $id: 'Gpu', description: 'A GPU as nvidia-smi lists it: its memory and the compute processes on it.' },
 );

@@ -5,7 +5,7 @@
 import type { TSchema } from '@sinclair/typebox';
 import type { FastifyInstance } from 'fastify';
 import { ErrorComponent, SnapshotMetaComponent } from './common.js';
-import { GpuComponent, GpuProcessComponent, GpuUnreachableComponent, LostGpuComponent, LostGpusComponent } from './gpus.js';
+import { GpuComponent, GpuEventsComponent, GpuProcessComponent, GpuUnreachableComponent, LostGpuComponent, LostGpusComponent } from './gpus.js';
 import {
   EngineAccountComponent,
   ForeignMemoryGpuComponent,
@@ -24,6 +24,7 @@ export const COMPONENTS: readonly TSchema[] = [
   GpuComponent,
   GpuProcessComponent,
   GpuUnreachableComponent,
+  GpuEventsComponent,
   LostGpuComponent,
   LostGpusComponent,
   ForeignMemoryGpuComponent,

@@ -116,6 +116,11 @@ export const ShardGpuUsageComponent = Type.Object(
   {
     index: Type.Integer({ description: 'GPU index.' }),
     usedMiB: Nullable(Type.Integer(), "Memory the shard's processes hold there, in MiB; null when nvidia-smi does not report it ([N/A]) for one of them (the GPU is held all the same)."),
+    smUtilPct: Nullable(
+      Type.Integer({ minimum: 0 }),
+      "SM utilization (%) of the shard's processes there, summed (NVML's per-process samples): 0 while its GPU does no work; null under nvidia-smi or where the GPU gives none.",
+    ),
+    xidErrors: Nullable(Type.Integer({ minimum: 0 }), 'Xid events NVML reported for this GPU since nodecompute started (GET /gpus has each); null under nvidia-smi.'),
   },
   { $id: 'ShardGpuUsage', description: 'A GPU the shard holds memory on, and how much.' },
 );

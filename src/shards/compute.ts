@@ -2,6 +2,7 @@
 // their index in the listing), those it holds but was not given (strays), and the engine's own
 // account. The backend says only what is known, else null.
 import { formatHeldMemory } from '../memory-size.js';
+import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount, EngineBackend } from './llama-account.js';
@@ -9,12 +10,12 @@ import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
 
 /** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
-export type GpuUsage = { index: number; usedMiB: number | null };
+export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null };
 
 export type ShardCompute = { backend: EngineBackend | null; devices: string[]; gpus: GpuUsage[]; strayGpus: GpuUsage[]; engine: EngineAccount | null };
 
 /** `GPU 0: 9.8 GiB`, `GPU 0: 512 MiB`, or `GPU 0: memory not reported` when nvidia-smi says [N/A]. */
-export function deviceLabel(usage: GpuUsage): string {
+export function deviceLabel(usage: Pick<GpuUsage, 'index' | 'usedMiB'>): string {
   return `GPU ${usage.index}: ${formatHeldMemory(usage.usedMiB)}`;
 }
 
@@ -28,12 +29,21 @@ function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount 
   return null;
 }
 
+/** SM utilization of `processes` on GPU `index` (null unless each has a figure) and the GPU's Xid count (null without events). */
+function activityOn(node: NodeView, index: number, processes: ShardGpuHolding['processes']): Pick<GpuUsage, 'smUtilPct' | 'xidErrors'> {
+  const events = node.snapshot.gpus.find((gpu) => gpu.index === index)?.events;
+  return {
+    smUtilPct: smUtilOf(processes),
+    xidErrors: events === undefined ? null : Object.values(events.xid).reduce((sum, count) => sum + count, 0),
+  };
+}
+
 /** `state`: the shard's verdict on the same view, which says whether CPU is known. */
 export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, state: ReadinessState): ShardCompute {
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
   const assigned = new Set(placedIndices(shard, node.snapshot.gpus));
   const usage = (given: boolean): GpuUsage[] =>
-    held.filter((holding) => assigned.has(holding.index) === given).map(({ index, usedMiB }) => ({ index, usedMiB }));
+    held.filter((holding) => assigned.has(holding.index) === given).map(({ index, usedMiB, processes }) => ({ index, usedMiB, ...activityOn(node, index, processes) }));
   const gpus = usage(true);
   return { backend: backendOf(held.length > 0, shard, engine, state), devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), engine };
 }

@@ -57,7 +57,8 @@ function gpuHtml(gpu: GpuModel): string {
   const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
   const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${escapeHtml(unreachableNote(gpu.unreachable))}</li>`];
   const unreachableBadge = gpu.unreachable === null ? '' : badge('gpu-lost', 'unreachable');
-  const items = [...unreachable, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle];
+  const events = gpu.events === null ? [] : [`<li class="unreachable">${escapeHtml(gpu.events)}</li>`];
+  const items = [...unreachable, ...events, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle];
   const marks = `${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${unreachableBadge}`;
   return gpuRow(gpu.unreachable === null ? '' : ' unreachable', gpu, marks, bar, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), items);
 }

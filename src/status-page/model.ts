@@ -69,6 +69,15 @@ function plainSegment(kind: Exclude<SegmentKind, 'shard'>, mib: number, title: s
   return { kind, label: kind, mib, color: null, upTo, title, stray: false };
 }
 
+/** The Xid and double-bit ECC events NVML reported for a GPU, in a line; null when none came (or under nvidia-smi). */
+export function eventsNote(events: GpuState['events']): string | null {
+  if (events === undefined) return null;
+  const xids = Object.entries(events.xid).map(([xid, count]) => `Xid ${xid} x${count}`);
+  const ecc = events.eccDoubleBit > 0 ? [`${events.eccDoubleBit} uncorrected (double-bit) ECC error(s)`] : [];
+  if (xids.length + ecc.length === 0) return null;
+  return `NVML reported ${[...xids, ...ecc].join(', ')} since nodecompute started: check \`dmesg\` (NVRM) before trusting this GPU's work`;
+}
+
 function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState[], colors: Map<string, number>): Segment[] {
   const segments: Segment[] = [];
   for (const { shard, compute } of states) {
@@ -82,7 +91,7 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       mib: usage.usedMiB,
       color: colors.get(shard.id)!,
       upTo: false,
-      title: `${shard.id}: ${formatHeldMemory(usage.usedMiB)} on GPU ${gpu.index}${stray ? ' (a GPU it was NOT given)' : ''}`,
+      title: `${shard.id}: ${formatHeldMemory(usage.usedMiB)} on GPU ${gpu.index}${usage.smUtilPct === null ? '' : `, SM ${usage.smUtilPct}% busy`}${stray ? ' (a GPU it was NOT given)' : ''}`,
       stray,
     });
   }
@@ -145,6 +154,7 @@ export function statusModel(input: StatusInput) {
       name: gpu.name,
       mig: gpu.migMode === 'Enabled',
       unreachable: unreachableSaid(gpu.uuid, input.unreachable),
+      events: eventsNote(gpu.events),
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
       // The bar can be drawn to scale.

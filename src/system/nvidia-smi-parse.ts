@@ -2,37 +2,13 @@
 // asked, in order), --version and "Unable to determine the device handle" lines. A line they cannot
 // read throws NvidiaSmiUnparsableError saying what to run by hand.
 import { NvidiaSmiUnparsableError } from '../errors.js';
+import type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './gpu-driver.js';
+
+export type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './gpu-driver.js';
 
 export const GPU_QUERY_FIELDS =
   ['index', 'uuid', 'name', 'memory.total', 'memory.used', 'memory.free', 'memory.reserved', 'mig.mode.current', 'pci.bus_id'] as const;
 export const COMPUTE_APPS_FIELDS = ['gpu_uuid', 'pid', 'process_name', 'used_gpu_memory'] as const;
-
-export interface GpuRecord {
-  index: number;
-  uuid: string;
-  name: string;
-  totalMiB: number | null;
-  usedMiB: number | null;
-  freeMiB: number | null;
-  reservedMiB: number | null;
-  /** mig.mode.current, "Enabled" or "Disabled"; null where the GPU has none or the driver does not know the field. */
-  migMode: string | null;
-  /** pci.bus_id (00000000:83:00.0), by which error lines and dmesg name a GPU; null where there is none. */
-  busId: string | null;
-}
-
-export interface ComputeAppRecord {
-  gpuUuid: string;
-  pid: number;
-  name: string;
-  usedMiB: number | null;
-}
-
-export interface NvidiaSmiVersion {
-  smiVersion: string | null;
-  driverVersion: string | null;
-  cudaVersion: string | null;
-}
 
 /** Every "no value" nvidia-smi writes ([N/A], [Not Supported], [Unknown Error], ..., N/A): all read as null. */
 const NO_VALUE = /^\[.*\]$|^N\/A$/;
@@ -145,8 +121,6 @@ export function canonicalBusId(text: string): string | null {
   return `${domain.padStart(8, '0')}:${bus.padStart(2, '0')}:${device.padStart(2, '0')}.${fn}`.toUpperCase();
 }
 
-/** A GPU nvidia-smi could not reach (bus id in canonicalBusId's form), and what it said of it ("GPU is lost. ...", "Unknown Error"). */
-export type UnreachableGpu = { busId: string; said: string };
 
 // "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. ...", also written
 // "for GPU0000:07:00.0", "for gpu ..." and "for GPU0: 0000:23:00.0"; what it said is read to the line's end.

@@ -5,35 +5,18 @@ import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
-import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError, type NvidiaSmiFailure } from '../errors.js';
+import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError, type DriverFailure } from '../errors.js';
 import { COMPUTE_APPS_COMMAND, COMPUTE_APPS_FIELDS, csvAnswer, GPU_QUERY_FIELDS, gpuCommand, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
-import { parseVersion, unreachableGpusIn, type ComputeAppRecord, type GpuRecord, type NvidiaSmiVersion, type UnreachableGpu } from './nvidia-smi-parse.js';
+import { parseVersion, unreachableGpusIn, type UnreachableGpu } from './nvidia-smi-parse.js';
+import type { GpuDriver, GpuListing, QueryName, QueryObservation } from './gpu-driver.js';
 
 export { canonicalBusId, COMPUTE_APPS_FIELDS, GPU_QUERY_FIELDS, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
 export { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
 export type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './nvidia-smi-parse.js';
-
-export type QueryName = 'gpus' | 'compute-apps' | 'version';
-
-/** durationMs: null when nvidia-smi was not run at all; outcome: 'ok', or the code of the error the query failed with. */
-export type QueryObservation = { query: QueryName; durationMs: number | null; outcome: 'ok' | string };
+export type { GpuListing, QueryName, QueryObservation } from './gpu-driver.js';
 
 /** killTimedOut: kills an overdue run's process group (default SIGKILL); a no-op stands for a wedged driver in tests. */
 export type NvidiaSmiOptions = { path: string; timeoutMs: number; log: Logger; onQuery?: (o: QueryObservation) => void; killTimedOut?: (pid: number) => void };
-
-/** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach ("Unable to determine the device handle"). */
-export type GpuListing = { gpus: GpuRecord[]; unreachable: UnreachableGpu[] };
-
-export interface NvidiaSmi {
-  queryGpus(): Promise<GpuListing>;
-  queryComputeApps(): Promise<ComputeAppRecord[]>;
-  queryVersion(): Promise<NvidiaSmiVersion>;
-  /** SIGKILL every running nvidia-smi process group and start no other (used at shutdown). */
-  killAll(): void;
-  /** True once killAll has run: a query that fails from then on failed because of the shutdown. */
-  readonly stopped: boolean;
-  readonly running: number;
-}
 
 /** What each exit code means (nvidia-smi(1), RETURN VALUE; 18: a driver/library mismatch) and what to do. */
 const EXIT_MEANINGS: Record<number, string> = {
@@ -162,7 +145,7 @@ function rejectedOptionalField(err: unknown, fields: readonly string[]): string 
   return field !== undefined && OPTIONAL_GPU_FIELDS.includes(field) && fields.includes(field) ? field : null;
 }
 
-export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
+export function createNvidiaSmi(options: NvidiaSmiOptions): GpuDriver {
   const { path, timeoutMs, log, onQuery } = options;
   const killTimedOut = options.killTimedOut ?? ((pid: number) => killGroup(pid, log));
   const alive = new Set<number>();
@@ -217,14 +200,14 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
     // Debug only: the snapshot cache logs each failure once, when it starts; the doctor shows its own.
     if (err === undefined) log.debug({ query, durationMs }, 'nvidia-smi answered');
     else log.debug({ query, durationMs, err }, 'nvidia-smi query failed');
-    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as NvidiaSmiFailure).code });
+    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
   }
 
   async function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
     const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
     if (refused) {
-      onQuery?.({ query, durationMs: null, outcome: (refused as NvidiaSmiFailure).code });
+      onQuery?.({ query, durationMs: null, outcome: (refused as DriverFailure).code });
       throw refused;
     }
     const started = performance.now();
@@ -264,6 +247,8 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): NvidiaSmi {
   }
 
   return {
+    backend: 'nvidia-smi',
+    source: path,
     queryGpus,
     queryComputeApps: () => run('compute-apps', computeAppsArgs, ({ stdout }) => computeAppsAnswer(stdout)),
     queryVersion: () => run('version', ['--version'], ({ stdout }) => parseVersion(stdout)),

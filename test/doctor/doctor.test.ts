@@ -40,14 +40,14 @@ function doctorFor(
   mkdirSync(join(dir, 'smi'));
   const path = scenario ? createFakeNvidiaSmi(join(dir, 'smi'), scenario).path : join(dir, 'smi', 'missing-nvidia-smi');
   return runDoctor({
-    nvidiaSmi: createNvidiaSmi({ path, timeoutMs: 20_000, log }),
+    driver: createNvidiaSmi({ path, timeoutMs: 20_000, log }),
     proc: createProcReader({ root: overrides.proc ?? '/proc', log, ...(overrides.limitsFile === undefined ? {} : { limitsFile: overrides.limitsFile }) }),
     stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json'), {
       log,
       ...(overrides.syncDirectory === undefined ? {} : { syncDirectory: overrides.syncDirectory }),
       ...(overrides.stateTimeoutMs === undefined ? {} : { timeoutMs: overrides.stateTimeoutMs }),
     }),
-    nvidiaSmiPath: path,
+    driverWhy: 'NODECOMPUTE_BACKEND is nvidia-smi',
     tokenConfigured: overrides.token ?? false,
     version: '9.9.9',
     now: () => Date.parse('2026-11-29T12:00:00Z'),
@@ -69,7 +69,7 @@ t.test('a healthy node: every check ok (the token is a warning only)', async (t)
   t.equal(report.version, '9.9.9');
   t.equal(report.checkedAt, '2026-11-29T12:00:00.000Z');
   const checks = byName(report);
-  t.same(Object.keys(checks), ['nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token']);
+  t.same(Object.keys(checks), ['backend', 'nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token']);
   t.equal(checks['registered-gpus']!.detail, 'no stored shard registration names a GPU by UUID, so none can be missing');
   t.match(checks['open-files']!.detail, /^an open-file limit of \d+: up to \d+ \/proc stat files kept open between snapshots \(1 GPU process\(es\) now\)$/);
   t.match(checks['nvidia-smi']!.detail, 'nvidia-smi 590.48.01, driver 590.48.01, CUDA 13.1');
@@ -214,7 +214,7 @@ t.test('nvidia-smi answers --version but the queries fail, each named; slow quer
       /^nvidia-smi answers --version and its GPU query \(8 GPU\(s\)\), but its process query \(--query-compute-apps\), which tells whose memory is whose, fails: nvidia-smi exited with code 2 and said: "Field "pid" is not a valid field to query\."\. This means nvidia-smi rejected an argument/,
     fix: null,
   });
-  t.same(apps.checks.map((check) => check.name), ['nvidia-smi', 'gpus', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token'], 'what needs the processes is not checked');
+  t.same(apps.checks.map((check) => check.name), ['backend', 'nvidia-smi', 'gpus', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token'], 'what needs the processes is not checked');
   const slow = byName(await doctorFor(t, { ...eightGpuNode(), processes: [], delayMs: { gpu: 300 } }, { slowQueryMs: 100 }));
   t.equal(slow['query-time']!.status, 'warn');
   t.match(slow['query-time']!.fix, 'persistence mode');
@@ -265,10 +265,10 @@ t.test('a state file this user may not read: the fix names the user nodecompute 
   const stateFile = createStateFile(join(t.testdir(), 'shards.json'), { log });
   const denied = Object.assign(new Error(`EACCES: permission denied, open '${stateFile.path}'`), { code: 'EACCES' });
   const report = await runDoctor({
-    nvidiaSmi: createNvidiaSmi({ path: join(t.testdir(), 'missing-nvidia-smi'), timeoutMs: 20_000, log }),
+    driver: createNvidiaSmi({ path: join(t.testdir(), 'missing-nvidia-smi'), timeoutMs: 20_000, log }),
     proc: createProcReader({ root: '/proc', log }),
     stateFile: { ...stateFile, read: () => Promise.reject(denied) },
-    nvidiaSmiPath: 'nvidia-smi',
+    driverWhy: 'NODECOMPUTE_BACKEND is nvidia-smi',
     tokenConfigured: true,
     version: '9.9.9',
     now: Date.now,
@@ -340,7 +340,7 @@ t.test('GET /doctor answers the same report as JSON; concurrent requests share o
   const res = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(res.statusCode, 503, 'a failed check');
   t.equal(res.json().ok, false);
-  t.match(res.json().checks, [{ name: 'settings', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }], 'the settings row first, as in the CLI');
+  t.match(res.json().checks, [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }], 'the settings row first, as in the CLI');
   t.ok(res.json().checks.some((check: { name: string; status: string }) => check.name === 'host-pid-namespace' && check.status === 'fail'));
 });
 
@@ -350,7 +350,7 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
   const well = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(well.statusCode, 200);
   t.match(well.headers['content-type'], /^application\/json/);
-  t.match(well.json(), { ok: true, checks: [{ name: 'settings', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }] });
+  t.match(well.json(), { ok: true, checks: [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }] });
   t.ok(well.json().checks.some((check: { name: string; status: string }) => check.name === 'token' && check.status === 'warn'), 'a warning alone is still 200');
 
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
@@ -362,7 +362,7 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
     ok: false,
     version: String,
     checkedAt: String,
-    checks: [{ name: 'settings', status: 'ok' }, { name: 'nvidia-smi', status: 'fail', detail: /exited with code 9.*This means the NVIDIA driver is not loaded\. Install or load it/, fix: null }],
+    checks: [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: 'nvidia-smi', status: 'fail', detail: /exited with code 9.*This means the NVIDIA driver is not loaded\. Install or load it/, fix: null }],
   });
   const again = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(again.statusCode, 503, 'the reused report keeps its status');

@@ -31,7 +31,7 @@ t.test(`${HTTP_CYCLES + DIRECT_CYCLES} hang-and-kill cycles leave no process beh
     count(`${res.statusCode} ${res.json().code}`);
   }
 
-  const smi = app.services.nvidiaSmi;
+  const smi = app.services.driver;
   for (let i = 0; i < DIRECT_CYCLES; i += CONCURRENCY) {
     const round = Array.from({ length: Math.min(CONCURRENCY, DIRECT_CYCLES - i) }, (_, j) =>
       ((i + j) % 2 === 0 ? smi.queryGpus() : smi.queryComputeApps()).then(
@@ -57,7 +57,7 @@ t.test(`${HTTP_CYCLES + DIRECT_CYCLES} hang-and-kill cycles leave no process beh
   t.ok(fake.spawned().length >= 1, `some hung runs got as far as starting their grandchild (${fake.spawned().length})`);
 
   await waitUntil(() => smi.running === 0, { timeoutMs: 20_000, what: 'the runner to see every child exit' });
-  t.equal(smi.running, 0, 'app.services.nvidiaSmi.running === 0');
+  t.equal(smi.running, 0, 'app.services.driver.running === 0');
   await waitUntil(() => leftoversOf(fake).length === 0, { timeoutMs: 20_000, what: 'every nvidia-smi process to be gone' });
   t.same(leftoversOf(fake), [], 'no live process in any group the fake logged, nor with its environment');
   t.same(

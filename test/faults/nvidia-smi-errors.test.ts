@@ -121,7 +121,7 @@ for (const c of cases) {
     t.equal(list.json().stale, true);
     t.match(list.json().staleReason, /^no snapshot: /);
 
-    await waitUntil(() => app.services.nvidiaSmi.running === 0 && leftoversOf(fake).length === 0, { what: 'no nvidia-smi left running' });
+    await waitUntil(() => app.services.driver.running === 0 && leftoversOf(fake).length === 0, { what: 'no nvidia-smi left running' });
     t.pass('nothing left running');
   });
 }

@@ -19,9 +19,9 @@ async function timed<T>(fn: () => Promise<T>): Promise<{ value: T; ms: number }>
 }
 
 async function nothingLeft(t: Test, app: App, fake: FakeNvidiaSmi): Promise<void> {
-  await waitUntil(() => app.services.nvidiaSmi.running === 0, { timeoutMs: 15_000, what: 'every nvidia-smi child to exit' });
+  await waitUntil(() => app.services.driver.running === 0, { timeoutMs: 15_000, what: 'every nvidia-smi child to exit' });
   await waitUntil(() => leftoversOf(fake).length === 0, { timeoutMs: 15_000, what: 'every nvidia-smi process group to be gone' });
-  t.equal(app.services.nvidiaSmi.running, 0, 'no nvidia-smi child is running');
+  t.equal(app.services.driver.running, 0, 'no nvidia-smi child is running');
   t.same(leftoversOf(fake), [], 'no process of any nvidia-smi group (grandchildren included) is alive');
 }
 

@@ -64,7 +64,7 @@ const CUT: Record<Blow | 'grace', RegExp> = {
   error: new RegExp(`^An uncaught error came while shutting down \\(${A_BUG}\\): the requests still in flight are cut off, and the process ends now\\.$`),
   grace: /^Shutting down took longer than its 10 s grace: the requests still in flight are cut off, and the process ends now\. A client holding a request open gets a reset connection and should retry\.$/,
 };
-const SHUTTING_DOWN_AFTER_ERROR = `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping nvidia-smi runs, then exiting 1 for the restart policy to start the service again.`;
+const SHUTTING_DOWN_AFTER_ERROR = `Shutting down after an uncaught error (${A_BUG}): finishing in-flight requests, stopping GPU queries, then exiting 1 for the restart policy to start the service again.`;
 
 const isInjected = (entry: Record<string, unknown>): boolean => (entry.err as { message?: string } | undefined)?.message === INJECTED;
 

@@ -1,4 +1,4 @@
-// Builds the real app for a test: the fake nvidia-smi in a test directory, a state file beside it,
+// Builds the real app for a test: the fake nvidia-smi (or NVML) in a test directory, a state file beside it,
 // the real /proc, a silent logger and (optionally) a clock the test moves. Also spawns real shard
 // processes: a detached leader with children that stay in its process group.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -9,6 +9,7 @@ import type { Test } from 'tap';
 import { pino } from 'pino';
 import { buildApp, type App, type AppDeps } from '../../src/app.js';
 import { defaultConfig, type Config } from '../../src/config.js';
+import { installFakeNvml } from '../../scripts/fake-nvml.js';
 import { createFakeNvidiaSmi, livePidsInGroup, waitUntil, type FakeNvidiaSmi, type FakeScenario } from './fake-nvidia-smi.js';
 
 export interface TestApp {
@@ -20,6 +21,8 @@ export interface TestApp {
 
 export interface TestAppOptions {
   scenario: FakeScenario;
+  /** nvml: the fake libnvidia-ml.so.1 beside the fake nvidia-smi, on the same scenario (default nvidia-smi). */
+  backend?: 'nvml' | 'nvidia-smi';
   config?: Partial<Config>;
   deps?: AppDeps;
 }
@@ -30,7 +33,10 @@ export async function buildTestApp(t: Test, options: TestAppOptions): Promise<Te
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
   mkdirSync(join(dir, 'smi'));
   const fake = createFakeNvidiaSmi(join(dir, 'smi'), options.scenario);
+  const backend = options.backend ?? 'nvidia-smi';
   const config = defaultConfig({
+    backend,
+    nvmlLibrary: backend === 'nvml' ? installFakeNvml(join(dir, 'smi')) : null,
     nvidiaSmi: fake.path,
     stateFile: join(dir, 'state', 'shards.json'),
     logLevel: 'silent',

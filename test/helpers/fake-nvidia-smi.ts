@@ -44,6 +44,27 @@ export interface FakeProcess {
   pid: number;
   name: string;
   usedMiB: FakeMemory;
+  /** Fake NVML only: the SM utilization (%) nvmlDeviceGetProcessUtilization samples for this
+   *  process on its GPU (timeStamp: the call's time); no sample when absent. */
+  smUtilPct?: number;
+  /** Fake NVML only: that sample's memUtil (%); 0 when absent. */
+  memUtilPct?: number;
+}
+
+/**
+ * An event the fake NVML library delivers through nvmlEventSetWait_v2 (and nvmlEventSetWait): once per
+ * event set that has its GPU registered for its type, in the array's order, whenever it is in the
+ * scenario (events added later are delivered by later waits).
+ */
+export interface FakeNvmlEvent {
+  /** The GPU's NVML index; an event for no GPU is never delivered. */
+  index: number;
+  /** `xid` (nvmlEventTypeXidCriticalError, 0x8) when absent; `ecc-single` 0x1, `ecc-double` 0x2. */
+  type?: 'xid' | 'ecc-single' | 'ecc-double';
+  /** eventData of an Xid event; 999 (NVML's "unknown Xid") when absent. ECC events carry 0. */
+  xid?: number;
+  /** Unique: what each event set remembers having delivered. */
+  id: string;
 }
 
 export type FakeQueryKind = 'gpu' | 'compute-apps' | 'version' | 'list';
@@ -87,6 +108,35 @@ export interface FakeScenario {
   failures?: Partial<Record<FakeQueryKind | 'all', FakeFailure>>;
   /** GPUs (by index) the driver cannot reach: left out of every listing, which says so on stderr; `said`: `Unknown Error` when absent. */
   unreachable?: Array<{ index: number; said?: string }>;
+  /** Knobs only the fake NVML library reads (the fake nvidia-smi ignores them). */
+  nvml?: FakeNvml;
+}
+
+/**
+ * What only the fake NVML library (test/fixtures/nvml/fake-nvml.c, installed by scripts/fake-nvml.ts)
+ * reads; function names are NVML's exported names, e.g. `nvmlDeviceGetCount_v2`.
+ */
+export interface FakeNvml {
+  /** Bytes per entry nvmlDeviceGetComputeRunningProcesses_v3 writes: 24 (nvmlProcessInfo_v2_t, the
+   *  default) or 32 (R535 drivers' struct with usedGpuCcProtectedMemory). */
+  processStruct?: 24 | 32;
+  /** A driver reload: when this differs from its value at the last successful init (default 0),
+   *  every call but init, shutdown and nvmlErrorString answers NVML_ERROR_UNINITIALIZED (1)
+   *  until the next nvmlInit_v2. */
+  generation?: number;
+  /** Milliseconds each call of that function sleeps first. */
+  delayMs?: Record<string, number>;
+  /** Functions whose calls block until their name leaves this list (polled every 20 ms); after
+   *  120 s they give up with NVML_ERROR_TIMEOUT (10). */
+  hang?: string[];
+  /** That function answers `code` (an nvmlReturn_t), for the device of `index` only when given. */
+  errors?: Record<string, { code: number; index?: number }>;
+  /** Append `<function> <device index or -> <pid>` to nvml-calls.log beside the library at every call. */
+  logCalls?: boolean;
+  /** Events for event sets (nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2). A
+   *  wait with none to deliver polls the scenario every 20 ms until its timeout (NVML_ERROR_TIMEOUT,
+   *  10); unreachable GPUs do not end it (`errors: { nvmlEventSetWait_v2: { code: 15 } }` does). */
+  events?: FakeNvmlEvent[];
 }
 
 export interface FakeInvocation {

@@ -33,7 +33,7 @@ export function handMadeView(node: HandMadeNode, shards: ShardRecord[]): NodeVie
     bootId: null,
     unmatchedProcesses: [],
     lostGpus: node.lostGpus ?? [],
-    timings: { nvidiaSmiMs: 1, procMs: 1 },
+    timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);
 }

@@ -29,7 +29,7 @@ const EXIT_NOTICE_MS = 1000;
 
 export async function startServer(t: Test, env: Record<string, string>, args: string[] = []): Promise<RunningServer> {
   const child = spawn(process.execPath, [MAIN, ...args], {
-    env: { ...process.env, NODECOMPUTE_HOST: '127.0.0.1', NODECOMPUTE_PORT: '0', NODECOMPUTE_LOG_LEVEL: 'info', ...env },
+    env: { ...process.env, NODECOMPUTE_HOST: '127.0.0.1', NODECOMPUTE_PORT: '0', NODECOMPUTE_LOG_LEVEL: 'info', NODECOMPUTE_BACKEND: 'nvidia-smi', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let stdout = '';

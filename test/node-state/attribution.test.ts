@@ -239,7 +239,7 @@ const node = fc
       bootId,
       unmatchedProcesses: [],
       lostGpus: [],
-      timings: { nvidiaSmiMs: 0, procMs: 0 },
+      timings: { driverMs: 0, procMs: 0 },
     };
     const records = shards.map(
       (s): ShardRecord => ({

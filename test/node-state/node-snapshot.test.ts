@@ -10,14 +10,17 @@ import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { SnapshotSource } from '../../src/node-state/snapshot.js';
 import type { Registry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
-import type { ComputeAppRecord, GpuRecord, NvidiaSmi } from '../../src/system/nvidia-smi.js';
+import type { GpuDriver } from '../../src/system/gpu-driver.js';
+import type { ComputeAppRecord, GpuRecord } from '../../src/system/nvidia-smi.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { captureLog } from '../helpers/log-capture.js';
 
 const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 100, freeMiB: 80000, reservedMiB: 479, migMode: 'Disabled', busId: `00000000:0${index + 1}:00.0` }));
 
-function smi(apps: ComputeAppRecord[]): NvidiaSmi {
+function smi(apps: ComputeAppRecord[]): GpuDriver {
   return {
+    backend: 'nvidia-smi',
+    source: 'stand-in',
     queryGpus: async () => ({ gpus, unreachable: [] }),
     queryComputeApps: async () => apps,
     queryVersion: async () => ({ smiVersion: null, driverVersion: null, cudaVersion: null }),
@@ -46,7 +49,7 @@ t.test('take: /proc facts for GPU and shard PIDs, cgroup members, and a warning 
   const { log, lines } = captureLog('warn');
   let cgroups: string[] = [];
   const take = createSnapshotTaker({
-    nvidiaSmi: smi([
+    driver: smi([
       { gpuUuid: 'GPU-0', pid: 5, name: 'a', usedMiB: 10 },
       { gpuUuid: 'GPU-7', pid: 6, name: 'lost', usedMiB: 1 },
     ]),
@@ -63,7 +66,7 @@ t.test('take: /proc facts for GPU and shard PIDs, cgroup members, and a warning 
   t.same(snapshot.unmatchedProcesses.map((row) => row.pid), [6]);
   t.equal(snapshot.cgroupPids.size, 0, 'no cgroup shard, no scan');
   t.ok(lines.some((line) => line.msg.includes('GPU UUIDs its GPU query did not return') && Array.isArray(line.uuids) && line.uuids.includes('GPU-7')));
-  t.ok(snapshot.timings.nvidiaSmiMs >= 0 && snapshot.timings.procMs >= 0);
+  t.ok(snapshot.timings.driverMs >= 0 && snapshot.timings.procMs >= 0);
 
   cgroups = ['abcdef12-3456'];
   const withCgroup = await take();
@@ -118,7 +121,7 @@ t.test('take: reads the parents through which a GPU process may descend from a s
   };
   const listed = (pids: number[]) => smi(pids.map((pid) => ({ gpuUuid: 'GPU-0', pid, name: `p${pid}`, usedMiB: 10 })));
   const gpuPids = [102, 103, 104, 105, 200, 210, 70, 80, 90, 75, 300, 60];
-  const take = createSnapshotTaker({ nvidiaSmi: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100, 61], cgroups: [] }), now: () => 1 });
+  const take = createSnapshotTaker({ driver: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100, 61], cgroups: [] }), now: () => 1 });
   const snapshot = await take();
   t.same(
     calls,
@@ -146,11 +149,11 @@ t.test('take: reads the parents through which a GPU process may descend from a s
   );
 
   calls.length = 0;
-  await createSnapshotTaker({ nvidiaSmi: listed([105, 104]), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100], cgroups: [] }), now: () => 1 })();
+  await createSnapshotTaker({ driver: listed([105, 104]), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100], cgroups: [] }), now: () => 1 })();
   t.same(calls, [[[105, 104, 100], true]], "a parent that is itself a GPU process is not read again");
 
   calls.length = 0;
-  await createSnapshotTaker({ nvidiaSmi: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [], cgroups: [] }), now: () => 1 })();
+  await createSnapshotTaker({ driver: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [], cgroups: [] }), now: () => 1 })();
   t.same(calls, [[gpuPids, true]], 'no shard process, no session to follow: nothing more is read');
 });
 
@@ -171,7 +174,7 @@ t.test('take: the members of cgroup shards are read with the GPU and shard PIDs,
     },
   };
   const take = createSnapshotTaker({
-    nvidiaSmi: smi([{ gpuUuid: 'GPU-0', pid: 12, name: 'llama-server', usedMiB: 4000 }]),
+    driver: smi([{ gpuUuid: 'GPU-0', pid: 12, name: 'llama-server', usedMiB: 4000 }]),
     proc,
     log: pino({ level: 'silent' }),
     interest: () => ({ pids: [20], cgroups: ['7d5b1f2c-1111-4c3e-9e0a-3f7c2b9d8e11'] }),
@@ -198,7 +201,7 @@ t.test('take, when nvidia-smi fails: the shards\' /proc facts stay with the erro
   const real = createProcReader({ root, log });
   const proc: ProcReader = { ...real, readStats: (pids, options) => (calls.push({ pids: [...pids].sort((a, b) => a - b), keep: options?.keep }), real.readStats(pids, options)) };
   const take = createSnapshotTaker({
-    nvidiaSmi: { ...smi([]), queryComputeApps: async () => Promise.reject(failure) },
+    driver: { ...smi([]), queryComputeApps: async () => Promise.reject(failure) },
     proc,
     log,
     interest: () => ({ pids: [8, 9], cgroups: ['abcdef12-3456'] }),
@@ -220,7 +223,7 @@ t.test('take, when nvidia-smi fails and /proc cannot be read either: the nvidia-
   const proc = createProcReader({ root: '/nonexistent-proc-root', log });
   const failure = new Error('no devices');
   const take = createSnapshotTaker({
-    nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject(failure) },
+    driver: { ...smi([]), queryGpus: async () => Promise.reject(failure) },
     proc: { ...proc, readStats: async () => Promise.reject(new Error('EACCES: /proc')) },
     log,
     interest: () => ({ pids: [8], cgroups: [] }),
@@ -229,7 +232,7 @@ t.test('take, when nvidia-smi fails and /proc cannot be read either: the nvidia-
   await t.rejects(take(), failure);
   t.equal(procFactsAfter(failure), undefined);
   t.match(lines, [{ msg: /^Could not read the shards' processes in \/proc after nvidia-smi failed/ }]);
-  const odd = createSnapshotTaker({ nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject('not an Error') }, proc, log, interest: () => ({ pids: [], cgroups: [] }), now: () => 1 });
+  const odd = createSnapshotTaker({ driver: { ...smi([]), queryGpus: async () => Promise.reject('not an Error') }, proc, log, interest: () => ({ pids: [], cgroups: [] }), now: () => 1 });
   await t.rejects(odd(), 'not an Error');
   t.equal(lines.length, 1, 'a rejection that is not an Error carries nothing, and is no /proc failure');
 });
@@ -242,7 +245,7 @@ t.test('take: a cgroup scan that fails (one unreadable cgroup file) leaves the s
   const { log, lines } = captureLog('debug');
   let failure: Error | null = null;
   const take = createSnapshotTaker({
-    nvidiaSmi: { ...smi([{ gpuUuid: 'GPU-0', pid: 5, name: 'a', usedMiB: 10 }]), queryGpus: async () => (failure ? Promise.reject(failure) : { gpus, unreachable: [] }) },
+    driver: { ...smi([{ gpuUuid: 'GPU-0', pid: 5, name: 'a', usedMiB: 10 }]), queryGpus: async () => (failure ? Promise.reject(failure) : { gpus, unreachable: [] }) },
     proc: createProcReader({ root, log: pino({ level: 'silent' }) }),
     log,
     interest: () => ({ pids: [8], cgroups: ['abcdef12-3456'] }),
@@ -268,7 +271,7 @@ t.test('take: a cgroup scan that fails (one unreadable cgroup file) leaves the s
   const { log: otherLog, lines: otherLines } = captureLog('debug');
   const proc = createProcReader({ root, log: pino({ level: 'silent' }) });
   const uncoded = createSnapshotTaker({
-    nvidiaSmi: smi([]),
+    driver: smi([]),
     proc: { ...proc, findPidsInCgroups: async () => Promise.reject(new Error('the scan gave up')) },
     log: otherLog,
     interest: () => ({ pids: [], cgroups: ['abcdef12-3456'] }),
@@ -325,7 +328,7 @@ t.test('NodeService.procOnly: the latest failed refresh\'s facts, derived once p
   t.equal(node.procOnly(), null, 'a failure without facts');
   const failure = new Error('no devices');
   const take = createSnapshotTaker({
-    nvidiaSmi: { ...smi([]), queryGpus: async () => Promise.reject(failure) },
+    driver: { ...smi([]), queryGpus: async () => Promise.reject(failure) },
     proc: { ...createProcReader({ root: t.testdir({}), log: pino({ level: 'silent' }) }), readStats: async () => facts.proc },
     log: pino({ level: 'silent' }),
     interest: () => ({ pids: [8], cgroups: [] }),

@@ -20,7 +20,7 @@ function snapshot(listed: number[], present: number[], also: number[] = []): Nod
     bootId: null,
     unmatchedProcesses: [],
     lostGpus: [],
-    timings: { nvidiaSmiMs: 1, procMs: 1 },
+    timings: { driverMs: 1, procMs: 1 },
   };
 }
 

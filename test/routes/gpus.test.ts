@@ -25,13 +25,14 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
     busId: '00000000:18:00.0',
     memory: { totalMiB: 143771, usedMiB: 130013, freeMiB: 13145, reservedMiB: 614 },
     migMode: 'Disabled',
-    processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null }],
+    processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null, smUtilPct: null }],
     unreachable: null,
+    events: null,
   });
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 6, 7]);
-  t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null }], 'a name with ", " survives');
-  t.same(body.gpus[6].processes, [{ pid: 1425261, name: 'python3', usedMiB: null, shard: null }], '[N/A] memory is null');
-  t.same(body.gpus[7].processes, [{ pid: 1758887, name: '[Not Found]', usedMiB: 58060, shard: null }]);
+  t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null, smUtilPct: null }], 'a name with ", " survives');
+  t.same(body.gpus[6].processes, [{ pid: 1425261, name: 'python3', usedMiB: null, shard: null, smUtilPct: null }], '[N/A] memory is null');
+  t.same(body.gpus[7].processes, [{ pid: 1758887, name: '[Not Found]', usedMiB: 58060, shard: null, smUtilPct: null }]);
   const onTwo = body.gpus.filter((gpu: { processes: { pid: number }[] }) => gpu.processes.some((p) => p.pid === 1425258));
   t.same(onTwo.map((gpu: { index: number }) => gpu.index), [2, 4], 'one process listed on two GPUs appears on both');
   t.same(onTwo.map((gpu: { processes: { usedMiB: number }[] }) => gpu.processes[0]!.usedMiB), [105842, 106082]);

@@ -2,20 +2,20 @@
 // coded 500 that says what to do, logged with its stack, and never turned into a verdict.
 import t from 'tap';
 import { pino } from 'pino';
-import type { NvidiaSmi } from '../../src/system/nvidia-smi.js';
+import type { GpuDriver } from '../../src/system/gpu-driver.js';
 import { buildTestApp, spawnShardProcess } from '../helpers/app.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { captureLog } from '../helpers/log-capture.js';
 
-function brokenNvidiaSmi(): NvidiaSmi {
+function brokenNvidiaSmi(): GpuDriver {
   const bug = () => Promise.reject(new TypeError("Cannot read properties of undefined (reading 'split')"));
-  return { queryGpus: bug, queryComputeApps: bug, queryVersion: bug, killAll: () => undefined, running: 0, stopped: false };
+  return { backend: 'nvidia-smi', source: 'broken', queryGpus: bug, queryComputeApps: bug, queryVersion: bug, killAll: () => undefined, running: 0, stopped: false };
 }
 
 t.test('a bug is a coded 500 on every snapshot-backed route, and is logged', async (t) => {
   const { log: logger, lines } = captureLog('error');
   const shard = await spawnShardProcess(t, 0);
-  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { nvidiaSmi: brokenNvidiaSmi(), logger } });
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { driver: brokenNvidiaSmi(), logger } });
   const put = await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [] } });
   t.equal(put.statusCode, 201, 'a registration that checks no GPU does not need nvidia-smi');
   for (const url of ['/gpus', '/gpus/foreign-memory', '/readyz', '/shards', '/shards/s', '/shards/s/ready', '/shards/s/compute', '/metrics', '/']) {

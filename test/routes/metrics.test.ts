@@ -3,7 +3,7 @@
 import { spawnSync } from 'node:child_process';
 import { Registry, collectDefaultMetrics } from 'prom-client';
 import t from 'tap';
-import { NVIDIA_SMI_FAILURE_CODES } from '../../src/errors.js';
+import { DRIVER_FAILURE_CODES } from '../../src/errors.js';
 import { createMetrics } from '../../src/metrics.js';
 import { VERSION } from '../../src/version.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
@@ -175,7 +175,7 @@ t.test('every query starts a failure counter at 0 for each code an nvidia-smi ru
   const text = await createMetrics().registry.metrics();
   const series = text.split('\n').filter((line) => line.startsWith('nodecompute_nvidia_smi_failures_total{'));
   const expected = ['gpus', 'compute-apps', 'version'].flatMap((query) =>
-    NVIDIA_SMI_FAILURE_CODES.map((reason) => `nodecompute_nvidia_smi_failures_total{query="${query}",reason="${reason}"} 0`),
+    DRIVER_FAILURE_CODES.map((reason) => `nodecompute_nvidia_smi_failures_total{query="${query}",reason="${reason}"} 0`),
   );
   t.same(series.sort(), expected.sort());
 });
@@ -266,7 +266,7 @@ t.test('a shard process whose memory nvidia-smi reports as [N/A] holds its GPU, 
   t.equal((await app.inject({ method: 'PUT', url: '/shards/wsl', payload: { pid: engine.pid, gpus: [0], graceMs: 0 } })).statusCode, 201);
   await settle(app);
   const compute = (await app.inject({ method: 'GET', url: '/shards/wsl/compute' })).json();
-  t.same({ backend: compute.backend, devices: compute.devices, gpus: compute.gpus }, { backend: 'CUDA', devices: ['GPU 0: memory not reported'], gpus: [{ index: 0, usedMiB: null }] });
+  t.same({ backend: compute.backend, devices: compute.devices, gpus: compute.gpus }, { backend: 'CUDA', devices: ['GPU 0: memory not reported'], gpus: [{ index: 0, usedMiB: null, smUtilPct: null, xidErrors: null }] });
   t.equal((await app.inject({ method: 'GET', url: '/shards/wsl/ready' })).json().state, 'ready');
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus[0];
   t.same({ shardMiB: foreign.shardMiB, unreportedShardProcesses: foreign.unreportedShardProcesses, foreignMiB: foreign.foreignMiB }, { shardMiB: 0, unreportedShardProcesses: 1, foreignMiB: 20000 });

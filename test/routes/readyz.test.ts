@@ -98,7 +98,7 @@ t.test('a snapshot that is stale only because its refresh is under way keeps the
   // The reason is the snapshot cache's own words (snapshot.test.ts): only its place is checked here.
   t.match(verbose.body, /^\[\+\]nvidia-smi ok: snapshot 2\.0 s old, 8 GPUs \(stale: .+\)\n/);
   t.notMatch(verbose.body, /last good snapshot|refresh failed/, 'nothing failed');
-  app.services.nvidiaSmi.killAll();
+  app.services.driver.killAll();
   await settle(app);
 });
 

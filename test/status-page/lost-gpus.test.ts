@@ -50,7 +50,7 @@ function snapshotOf(gpus: GpuState[], lostGpus: LostGpu[], pids: number[], stopp
     bootId: null,
     unmatchedProcesses: [],
     lostGpus,
-    timings: { nvidiaSmiMs: 1, procMs: 1 },
+    timings: { driverMs: 1, procMs: 1 },
   };
 }
 

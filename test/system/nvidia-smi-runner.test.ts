@@ -11,9 +11,9 @@ import {
   createNvidiaSmi,
   isDirectory,
   GPU_QUERY_FIELDS,
-  type NvidiaSmi,
   type QueryObservation,
 } from '../../src/system/nvidia-smi.js';
+import type { GpuDriver } from '../../src/system/gpu-driver.js';
 import {
   createFakeNvidiaSmi,
   eightGpuNode,
@@ -34,7 +34,7 @@ const GPU_ARGS_WITHOUT_RESERVED = [
 
 interface Rig {
   fake: FakeNvidiaSmi;
-  smi: NvidiaSmi;
+  smi: GpuDriver;
   observations: QueryObservation[];
   logs: LogLine[];
 }

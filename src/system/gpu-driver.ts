@@ -1,0 +1,65 @@
+// Owns what a snapshot source of the GPUs answers, whichever backend serves it: nvidia-smi runs
+// (nvidia-smi.ts) or NVML calls (nvml/nvml-driver.ts). Both fill the same records, so attribution,
+// verdicts and every route are the same under either.
+
+export type Backend = 'nvml' | 'nvidia-smi';
+
+export interface GpuRecord {
+  index: number;
+  uuid: string;
+  name: string;
+  totalMiB: number | null;
+  usedMiB: number | null;
+  freeMiB: number | null;
+  reservedMiB: number | null;
+  /** mig.mode.current, "Enabled" or "Disabled"; null where the GPU has none or the driver does not know the field. */
+  migMode: string | null;
+  /** pci.bus_id (00000000:83:00.0), by which error lines and dmesg name a GPU; null where there is none. */
+  busId: string | null;
+  /** Xid and ECC events counted since nodecompute started (NVML only; absent under nvidia-smi). */
+  events?: GpuEvents;
+}
+
+export interface ComputeAppRecord {
+  gpuUuid: string;
+  pid: number;
+  name: string;
+  usedMiB: number | null;
+  /** Highest SM utilization (%) NVML sampled since the last query; null where the GPU gives none; absent under nvidia-smi. */
+  smUtilPct?: number | null;
+}
+
+export interface NvidiaSmiVersion {
+  smiVersion: string | null;
+  driverVersion: string | null;
+  cudaVersion: string | null;
+}
+
+/** A GPU nvidia-smi could not reach (bus id in canonicalBusId's form), and what it said of it ("GPU is lost. ...", "Unknown Error"). */
+export type UnreachableGpu = { busId: string; said: string };
+
+/** xid: count per Xid number; lastXid: the latest, and when it was read (ms since the epoch). */
+export type GpuEvents = { xid: Record<string, number>; eccSingleBit: number; eccDoubleBit: number; lastXid: { xid: number; at: number } | null };
+
+export type QueryName = 'gpus' | 'compute-apps' | 'version';
+
+/** durationMs: null when the driver was not asked at all; outcome: 'ok', or the code of the error the query failed with. */
+export type QueryObservation = { query: QueryName; durationMs: number | null; outcome: 'ok' | string };
+
+/** What the GPU query answered: the GPUs it listed, and those it said, beside them, it cannot reach. */
+export type GpuListing = { gpus: GpuRecord[]; unreachable: UnreachableGpu[] };
+
+export interface GpuDriver {
+  readonly backend: Backend;
+  /** What serves it, as an operator names it: nvidia-smi's path, or the NVML library's. */
+  readonly source: string;
+  queryGpus(): Promise<GpuListing>;
+  queryComputeApps(): Promise<ComputeAppRecord[]>;
+  queryVersion(): Promise<NvidiaSmiVersion>;
+  /** Stops every query under way and starts no other (used at shutdown). */
+  killAll(): void;
+  /** True once killAll has run: a query that fails from then on failed because of the shutdown. */
+  readonly stopped: boolean;
+  /** Runs or calls under way (a stuck one included). */
+  readonly running: number;
+}

@@ -1,0 +1,370 @@
+// Answers the GPU and process queries from NVML, filling the records nvidia-smi's answers fill.
+// Initialised once, re-initialised when a call says UNINITIALIZED (a driver reload); what cannot
+// change within one initialisation (handles, UUIDs, names, bus ids) is asked once, and a process's
+// name while it stays listed, since each call costs a hop to koffi's thread. Each query has
+// one deadline: past it the caller is answered, and while a call of a timed-out query has not
+// returned no other query starts (a wedged driver would pile them up), as with nvidia-smi.
+import { readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Logger } from 'pino';
+import { NvmlFailedError, NvmlTimeoutError, type DriverFailure } from '../../errors.js';
+import type { GpuDriver, GpuListing, QueryName, QueryObservation } from '../gpu-driver.js';
+import { canonicalBusId, type ComputeAppRecord, type GpuRecord, type NvidiaSmiVersion, type UnreachableGpu } from '../nvidia-smi-parse.js';
+import { cString, NVML, type DeviceHandle, type NvmlFunction, type NvmlLibrary } from './nvml-library.js';
+import { createEventCounter } from './nvml-events.js';
+import { processLayout, readProcesses, type NvmlCall } from './nvml-processes.js';
+import { readUtilization } from './nvml-utilization.js';
+
+export type NvmlDriverOptions = { library: NvmlLibrary; timeoutMs: number; log: Logger; procRoot: string; onQuery?: (o: QueryObservation) => void };
+
+const MIB = 1024n * 1024n;
+/** NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_DEVICE_NAME_V2_BUFFER_SIZE; enough for the version strings too. */
+const TEXT_BUFFER = 96;
+/** sizeof(nvmlPciInfo_t), and where its char busId[32] starts. */
+const PCI_INFO_SIZE = 68;
+const PCI_BUS_ID_AT = 36;
+/** sizeof(nvmlMemory_v2_t), and its version word (nvmlMemory_v2). */
+const MEMORY_V2_SIZE = 40;
+const MEMORY_V2_VERSION = MEMORY_V2_SIZE | (2 << 24);
+
+/** What a code means for the operator, where NVML's own words need it. */
+const CODE_MEANINGS: Partial<Record<number, string>> = {
+  [NVML.ERROR_UNINITIALIZED]: 'NVML stayed uninitialised after a re-initialisation: the driver is being reloaded. Check `dmesg`.',
+  [NVML.ERROR_NO_PERMISSION]: 'this user may not access the GPUs. Give it access to /dev/nvidia* (in a container: run it with the NVIDIA runtime).',
+  [NVML.ERROR_DRIVER_NOT_LOADED]: 'the NVIDIA driver is not loaded. Install or load it (`modprobe nvidia`); in a container, run with the NVIDIA runtime.',
+  [NVML.ERROR_LIB_RM_VERSION_MISMATCH]:
+    'the NVIDIA kernel module and libnvidia-ml are different versions (upgraded, not rebooted). Reboot the node, or reload the nvidia kernel modules.',
+};
+
+/** A call of a query past its deadline: the query makes no further call. */
+class Abandoned extends Error {}
+/** A call answered UNINITIALIZED: NVML is initialised again and the query asked once more. */
+class Uninitialised extends Error {}
+/** A device call said its GPU cannot be reached. */
+class Unreachable extends Error {
+  constructor(readonly code: number) {
+    super(`NVML code ${code}`);
+  }
+}
+
+type Run = { abandoned: boolean };
+type Pending = { fn: NvmlFunction; since: number; run: Run };
+
+function mib(bytes: bigint): number {
+  return Number(bytes / MIB);
+}
+
+/** The driver's own list of GPUs by bus id (its /proc files), which NVML enumerates in the same order; [] where it is not there. */
+function driverBusIds(procRoot: string): string[] {
+  try {
+    return readdirSync(join(procRoot, 'driver/nvidia/gpus')).sort();
+  } catch {
+    return [];
+  }
+}
+
+export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
+  const { library, timeoutMs, log, procRoot, onQuery } = options;
+  const layout = processLayout((fn) => library.has(fn));
+  let initialised = false;
+  let stopped = false;
+  let running = 0;
+  const pending = new Set<Pending>();
+  /** Each GPU's bus id by index, as last read: names a GPU whose handle is lost. */
+  const busIds = new Map<number, string>();
+  /** What NVML gave of each GPU by index within this initialisation: its handle, UUID and name. */
+  const devices = new Map<number, { handle: DeviceHandle; uuid?: string; name?: string }>();
+  /** The names of the processes the last process query listed, by PID. */
+  let processNames = new Map<number, string>();
+  /** Per GPU index, the newest utilization sample read (NVML's microseconds), to ask only for newer ones. */
+  const lastSamples = new Map<number, bigint>();
+  const events = createEventCounter(log);
+
+  function failed(what: string, code: number): Error {
+    const meaning = CODE_MEANINGS[code];
+    return new NvmlFailedError(`NVML ${what} failed: "${library.errorString(code)}" (NVML code ${code}).${meaning ? ` This means ${meaning}` : ''}`);
+  }
+
+  async function call(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number> {
+    if (run.abandoned) throw new Abandoned();
+    const entry: Pending = { fn, since: Date.now(), run };
+    pending.add(entry);
+    try {
+      const code = await library.call(fn, ...args);
+      if (code === NVML.ERROR_UNINITIALIZED && fn !== 'init') throw new Uninitialised();
+      return code;
+    } finally {
+      pending.delete(entry);
+      if (run.abandoned) log.info({ fn: library.symbol(fn), stuckMs: Date.now() - entry.since }, 'The NVML call past its deadline has returned; nodecompute calls NVML again');
+    }
+  }
+
+  function stuckError(): Error | null {
+    const first = [...pending].find((entry) => entry.run.abandoned);
+    if (first === undefined) return null;
+    return new NvmlTimeoutError(
+      `NVML call ${library.symbol(first.fn)} has not returned since ${new Date(first.since).toISOString()} (timeout ${timeoutMs} ms): a wedged driver, so nodecompute makes ` +
+        'no other NVML call until it returns. Check `dmesg` (NVRM/Xid); drain the node, then reset the GPU or reboot.',
+    );
+  }
+
+  async function init(run: Run): Promise<void> {
+    const code = await call(run, 'init');
+    if (code !== NVML.SUCCESS) throw failed(`initialisation (${library.symbol('init')} of ${library.path})`, code);
+    initialised = true;
+    devices.clear();
+    events.reset();
+  }
+
+  async function initialisedFor<T>(run: Run, body: (run: Run) => Promise<T>): Promise<T> {
+    if (!initialised) await init(run);
+    try {
+      return await body(run);
+    } catch (err) {
+      if (!(err instanceof Uninitialised)) throw err;
+      log.warn('NVML says it is not initialised (the driver was reloaded?): initialising it again');
+      initialised = false;
+      await init(run);
+      return body(run).catch((again: unknown) => {
+        throw again instanceof Uninitialised ? failed('a call right after initialising again', NVML.ERROR_UNINITIALIZED) : again;
+      });
+    }
+  }
+
+  function report(query: QueryName, started: number, err?: unknown): void {
+    const durationMs = Math.round(performance.now() - started);
+    if (err === undefined) log.debug({ query, durationMs }, 'NVML answered');
+    else log.debug({ query, durationMs, err }, 'NVML query failed');
+    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
+  }
+
+  async function query<T>(name: QueryName, body: (run: Run) => Promise<T>): Promise<T> {
+    const refused = stopped ? new NvmlFailedError('NVML was not called: nodecompute is shutting down.') : stuckError();
+    if (refused) {
+      onQuery?.({ query: name, durationMs: null, outcome: (refused as DriverFailure).code });
+      throw refused;
+    }
+    const started = performance.now();
+    const run: Run = { abandoned: false };
+    const work = initialisedFor(run, body);
+    work.catch(() => undefined);
+    running += 1;
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<never>((_resolve, reject) => {
+      timer = setTimeout(() => {
+        run.abandoned = true;
+        reject(
+          new NvmlTimeoutError(
+            `NVML did not answer the ${name} query within ${timeoutMs} ms. A wedged driver? Check \`dmesg\` (NVRM/Xid); enable persistence mode ` +
+              '(nvidia-smi -pm 1); raise NODECOMPUTE_SMI_TIMEOUT_MS only if the node is merely slow.',
+          ),
+        );
+      }, timeoutMs);
+    });
+    const answer = Promise.race([work, deadline]).finally(() => {
+      clearTimeout(timer);
+      running -= 1;
+    });
+    try {
+      const value = await answer;
+      report(name, started);
+      return value;
+    } catch (err) {
+      report(name, started, err);
+      throw err;
+    }
+  }
+
+  async function count(run: Run): Promise<number> {
+    const out = Buffer.alloc(4);
+    const code = await call(run, 'count', out);
+    if (code !== NVML.SUCCESS) throw failed(library.symbol('count'), code);
+    const gpus = out.readUInt32LE(0);
+    if (gpus === 0) throw new NvmlFailedError('NVML lists no GPU. Check that the GPUs are visible here (--gpus all, NVIDIA_VISIBLE_DEVICES) and bound to the driver.');
+    return gpus;
+  }
+
+  /** A device call; a code saying the GPU cannot be reached throws Unreachable. */
+  async function deviceCall(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number> {
+    const code = await call(run, fn, ...args);
+    if (code === NVML.ERROR_GPU_IS_LOST || code === NVML.ERROR_UNKNOWN) throw new Unreachable(code);
+    return code;
+  }
+
+  /** A GPU's UUID or name: asked until NVML gives it, then kept. */
+  async function text(run: Run, fn: 'uuid' | 'name', index: number, device: DeviceHandle): Promise<string | null> {
+    const known = devices.get(index);
+    if (known?.[fn] !== undefined) return known[fn];
+    const out = Buffer.alloc(TEXT_BUFFER);
+    if ((await deviceCall(run, fn, device, out, TEXT_BUFFER)) !== NVML.SUCCESS) return null;
+    const value = cString(out);
+    if (known) known[fn] = value;
+    return value;
+  }
+
+  async function handleOf(run: Run, index: number): Promise<DeviceHandle | { code: number }> {
+    const known = devices.get(index);
+    if (known) return known.handle;
+    const out = Buffer.alloc(8);
+    const code = await call(run, 'handleByIndex', index, out);
+    if (code !== NVML.SUCCESS) return { code };
+    const handle = out.readBigUInt64LE(0);
+    devices.set(index, { handle });
+    return handle;
+  }
+
+  function unreachable(index: number, code: number): UnreachableGpu {
+    const busId = busIds.get(index) ?? canonicalBusId(driverBusIds(procRoot)[index] ?? '') ?? `unknown (NVML index ${index})`;
+    return { busId, said: library.errorString(code) };
+  }
+
+  type Memory = Pick<GpuRecord, 'totalMiB' | 'usedMiB' | 'freeMiB' | 'reservedMiB'>;
+
+  async function memoryOf(run: Run, device: DeviceHandle): Promise<Memory> {
+    const v2 = Buffer.alloc(MEMORY_V2_SIZE);
+    v2.writeUInt32LE(MEMORY_V2_VERSION, 0);
+    if ((await deviceCall(run, 'memoryV2', device, v2)) === NVML.SUCCESS) {
+      const at = (offset: number) => mib(v2.readBigUInt64LE(offset));
+      return { totalMiB: at(8), reservedMiB: at(16), freeMiB: at(24), usedMiB: at(32) };
+    }
+    const v1 = Buffer.alloc(24);
+    if ((await deviceCall(run, 'memory', device, v1)) !== NVML.SUCCESS) return { totalMiB: null, usedMiB: null, freeMiB: null, reservedMiB: null };
+    const at = (offset: number) => mib(v1.readBigUInt64LE(offset));
+    return { totalMiB: at(0), freeMiB: at(8), usedMiB: at(16), reservedMiB: null };
+  }
+
+  async function migModeOf(run: Run, device: DeviceHandle): Promise<string | null> {
+    const current = Buffer.alloc(4);
+    if ((await deviceCall(run, 'migMode', device, current, Buffer.alloc(4))) !== NVML.SUCCESS) return null;
+    return current.readUInt32LE(0) === 1 ? 'Enabled' : 'Disabled';
+  }
+
+  async function gpuRecord(run: Run, index: number, device: DeviceHandle): Promise<GpuRecord | null> {
+    const uuid = await text(run, 'uuid', index, device);
+    if (uuid === null) return null;
+    const busId = busIds.get(index) ?? (await busIdOf(run, index, device));
+    const name = (await text(run, 'name', index, device)) ?? '';
+    return { index, uuid, name, ...(await memoryOf(run, device)), migMode: await migModeOf(run, device), busId };
+  }
+
+  async function busIdOf(run: Run, index: number, device: DeviceHandle): Promise<string | null> {
+    const pci = Buffer.alloc(PCI_INFO_SIZE);
+    const busId = (await deviceCall(run, 'pciInfo', device, pci)) === NVML.SUCCESS ? canonicalBusId(cString(pci.subarray(PCI_BUS_ID_AT))) : null;
+    if (busId !== null) busIds.set(index, busId);
+    return busId;
+  }
+
+  /** Each GPU NVML lists: its handle, or the code its handle or a call on it failed with. */
+  async function eachGpu<T>(run: Run, read: (index: number, device: DeviceHandle) => Promise<T>): Promise<Array<{ index: number; value: T } | { index: number; code: number }>> {
+    const found: Array<{ index: number; value: T } | { index: number; code: number }> = [];
+    for (let index = 0, gpus = await count(run); index < gpus; index += 1) {
+      const device = await handleOf(run, index);
+      if (typeof device !== 'bigint') {
+        found.push({ index, code: device.code });
+        continue;
+      }
+      try {
+        found.push({ index, value: await read(index, device) });
+      } catch (err) {
+        if (!(err instanceof Unreachable)) throw err;
+        found.push({ index, code: err.code });
+      }
+    }
+    return found;
+  }
+
+  /** `run`'s calls, as the readers of processes, utilization and events make them. */
+  const callsOf = (run: Run): NvmlCall => (fn, ...args) => deviceCall(run, fn, ...args);
+
+  /** The listed GPU a handle in an event belongs to. */
+  function gpuOfHandle(listing: GpuListing, handle: DeviceHandle): { uuid: string; where: string } | null {
+    const index = [...devices].find(([, known]) => known.handle === handle)?.[0];
+    const gpu = listing.gpus.find((listed) => listed.index === index);
+    return gpu === undefined ? null : { uuid: gpu.uuid, where: `GPU ${gpu.index} (${gpu.uuid}, PCI ${gpu.busId})` };
+  }
+
+  async function listGpus(run: Run): Promise<GpuListing> {
+    const listing: GpuListing = { gpus: [], unreachable: [] };
+    for (const gpu of await eachGpu(run, (index, device) => gpuRecord(run, index, device))) {
+      if ('code' in gpu) listing.unreachable.push(unreachable(gpu.index, gpu.code));
+      else if (gpu.value !== null) listing.gpus.push(gpu.value);
+    }
+    // Plain calls: an event call that says a GPU is lost must not make the listing fail.
+    const plain: NvmlCall = (fn, ...args) => call(run, fn, ...args);
+    for (const gpu of listing.gpus) await events.register(plain, devices.get(gpu.index)!.handle);
+    await events.drain(plain, (handle) => gpuOfHandle(listing, handle));
+    for (const gpu of listing.gpus) gpu.events = events.of(gpu.uuid);
+    return listing;
+  }
+
+  /** A listed process's name; `named` collects those NVML gave, to keep for the next query. */
+  async function processName(run: Run, pid: number, named: Map<number, string>): Promise<string> {
+    const known = named.get(pid) ?? processNames.get(pid);
+    if (known !== undefined) {
+      named.set(pid, known);
+      return known;
+    }
+    const out = Buffer.alloc(1024);
+    const code = await call(run, 'processName', pid, out, out.length);
+    if (code === NVML.SUCCESS) {
+      named.set(pid, cString(out));
+      return cString(out);
+    }
+    // As nvidia-smi writes them, so both backends name a process alike.
+    if (code === NVML.ERROR_NOT_FOUND) return '[Not Found]';
+    if (code === NVML.ERROR_NO_PERMISSION) return '[Insufficient Permissions]';
+    return `[${library.errorString(code)}]`;
+  }
+
+  async function listProcesses(run: Run): Promise<ComputeAppRecord[]> {
+    const named = new Map<number, string>();
+    const apps: ComputeAppRecord[] = [];
+    const perGpu = await eachGpu(run, async (index, device) => {
+      const uuid = await text(run, 'uuid', index, device);
+      const entries = await readProcesses(callsOf(run), layout, device);
+      if (!Array.isArray(entries)) throw failed(library.symbol(layout.fn), entries.code);
+      const utilization = await readUtilization(callsOf(run), device, lastSamples.get(index) ?? 0n);
+      lastSamples.set(index, utilization.lastSeen);
+      return { uuid, entries, utilization: utilization.byPid };
+    });
+    for (const gpu of perGpu) {
+      if ('code' in gpu || gpu.value.uuid === null) continue;
+      const { uuid, entries, utilization } = gpu.value;
+      for (const { pid, usedBytes } of entries) {
+        const smUtilPct = utilization === null ? null : (utilization.get(pid) ?? 0);
+        apps.push({ gpuUuid: uuid, pid, name: await processName(run, pid, named), usedMiB: usedBytes === null ? null : mib(usedBytes), smUtilPct });
+      }
+    }
+    processNames = named;
+    return apps;
+  }
+
+  async function versions(run: Run): Promise<NvidiaSmiVersion> {
+    const driver = Buffer.alloc(TEXT_BUFFER);
+    const code = await call(run, 'driverVersion', driver, TEXT_BUFFER);
+    if (code !== NVML.SUCCESS) throw failed(library.symbol('driverVersion'), code);
+    const cuda = Buffer.alloc(4);
+    const cudaCode = await call(run, 'cudaVersion', cuda);
+    const version = cuda.readInt32LE(0);
+    // 13010 is CUDA 13.1.
+    const cudaVersion = cudaCode === NVML.SUCCESS ? `${Math.floor(version / 1000)}.${(version % 1000) / 10}` : null;
+    return { smiVersion: null, driverVersion: cString(driver), cudaVersion };
+  }
+
+  return {
+    backend: 'nvml',
+    source: library.path,
+    queryGpus: () => query('gpus', listGpus),
+    queryComputeApps: () => query('compute-apps', listProcesses),
+    queryVersion: () => query('version', versions),
+    killAll: () => {
+      stopped = true;
+    },
+    get running() {
+      return running + [...pending].filter((entry) => entry.run.abandoned).length;
+    },
+    get stopped() {
+      return stopped;
+    },
+  };
+}
