@@ -1,8 +1,12 @@
 // Owns bringing up a nodecompute server for an HTTP figure: a fake nvidia-smi of its own (scenario
 // and invocation log in its own directory), its own state file, the 64 shards registered over HTTP
 // as a control plane would, and a wait until a snapshot that includes all of them says they are ready.
+// The backend is named, never left to auto (a machine with a real libnvidia-ml.so.1 would pick NVML):
+// nvidia-smi by default; with `backend: 'nvml'`, the fake libnvidia-ml.so.1 installed beside the same
+// scenario.json (as NODECOMPUTE_BACKEND=nvml NODECOMPUTE_NVML_LIBRARY=<it> would set).
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { installFakeNvml } from '../scripts/fake-nvml.js';
 import type { Config } from '../src/config.js';
 import { createFakeSmi, type FakeSmi, type NodeLayout } from './fake-smi.js';
 import { request } from './http-load.js';
@@ -20,7 +24,9 @@ export interface BenchContext {
 
 export interface NodecomputeServer {
   server: ServerHandle;
+  /** The fake nvidia-smi, whose scenario.json the fake NVML reads too; under NVML it is never run. */
   fake: FakeSmi;
+  backend: 'nvidia-smi' | 'nvml';
 }
 
 export function shardId(i: number): string {
@@ -31,10 +37,26 @@ export async function startNodecompute(ctx: BenchContext, name: string, config: 
   const dir = join(ctx.dir, name);
   mkdirSync(dir, { recursive: true });
   const fake = createFakeSmi(dir, { gpus: ctx.layout.gpus, processes: ctx.layout.processes, delayMs });
+  const backend = config.backend === 'nvml' ? 'nvml' : 'nvidia-smi';
+  const nvmlLibrary = backend === 'nvml' ? (config.nvmlLibrary ?? installFakeNvml(dir)) : null;
   const server = await startServer(name, {
-    config: { logLevel: 'warn', nvidiaSmi: fake.path, stateFile: join(dir, 'shards.json'), ...config },
+    config: { logLevel: 'warn', nvidiaSmi: fake.path, stateFile: join(dir, 'shards.json'), ...config, backend, nvmlLibrary },
   });
-  return { server, fake };
+  return { server, fake, backend };
+}
+
+/**
+ * GPU queries the server has made (gpus and compute-apps; the count of its query duration
+ * histogram in /metrics, which counts them whichever the backend); null when /metrics has no such series.
+ */
+export async function driverQueries(server: ServerHandle): Promise<number | null> {
+  const answer = await request(`${server.url}/metrics`);
+  if (answer.status !== 200) throw new Error(`GET /metrics answered ${answer.status}`);
+  let total: number | null = null;
+  for (const match of answer.body.matchAll(/^nodecompute_nvidia_smi_query_duration_seconds_count\{query="(gpus|compute-apps)"\} (\d+)$/gm)) {
+    total = (total ?? 0) + Number(match[2]);
+  }
+  return total;
 }
 
 /** Registers every shard of the farm (PUT, 8 at a time). */
@@ -69,18 +91,20 @@ export async function waitAllReady(ctx: BenchContext, server: ServerHandle, time
 }
 
 /**
- * Waits until nvidia-smi has not been run for `quietMs` (bounded by `timeoutMs`): a registration
+ * Waits until the GPUs have not been queried for `quietMs` (bounded by `timeoutMs`): a registration
  * that arrived while a refresh ran leaves one more refresh due, which the next request starts.
- * One request starts it here, so it does not land inside a measurement.
+ * One request starts it here, so it does not land inside a measurement. The queries are the fake
+ * nvidia-smi's runs, or under NVML the count /metrics gives.
  */
 export async function settle(node: NodecomputeServer, quietMs = 1_000, timeoutMs = 15_000): Promise<void> {
   await request(`${node.server.url}/gpus`);
   const giveUpAt = Date.now() + timeoutMs;
-  let seen = node.fake.invocations().length;
+  const queries = async () => (node.backend === 'nvml' ? ((await driverQueries(node.server)) ?? 0) : node.fake.invocations().length);
+  let seen = await queries();
   let quietSince = Date.now();
   while (Date.now() < giveUpAt) {
     await new Promise((resolve) => setTimeout(resolve, 100));
-    const now = node.fake.invocations().length;
+    const now = await queries();
     if (now !== seen) {
       seen = now;
       quietSince = Date.now();
@@ -89,7 +113,7 @@ export async function settle(node: NodecomputeServer, quietMs = 1_000, timeoutMs
       return;
     }
   }
-  throw new Error(`${node.server.name}: nvidia-smi kept being run for ${timeoutMs} ms after the shards were ready`);
+  throw new Error(`${node.server.name}: the GPUs kept being queried (${node.backend}) for ${timeoutMs} ms after the shards were ready`);
 }
 
 export async function startRegisteredNode(ctx: BenchContext, name: string, config: Partial<Config>, delayMs = 0): Promise<NodecomputeServer> {

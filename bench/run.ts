@@ -2,14 +2,15 @@
 // (figure, measured, target, pass/fail; `info` for a row without a target); writes every number to
 // bench/results/latest.json. The figures run one after another, never overlapping, against servers
 // in child processes on 127.0.0.1 (or in this process, for the refresh cost). Pass figure names as
-// arguments to run only those (footprint, single-flight, slow-probe, refresh-cost, memory);
-// BENCH_FOOTPRINT_S shortens the footprint's measured duration. Exits 1 when a figure could not be
+// arguments to run only those (footprint, footprint-nvml, single-flight, slow-probe, refresh-cost,
+// memory, backends); BENCH_FOOTPRINT_S shortens both footprints' measured duration. Exits 1 when a figure could not be
 // measured at all; a figure that misses its target is reported, not an error.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { nodeLayout } from './fake-smi.js';
+import { backendsFigure, type BackendCost, type BackendsResult } from './figures/backends.js';
 import { CPU_TARGET_PCT, FLAT_FACTOR as FOOTPRINT_FLAT_FACTOR, footprintFigure, footprintSeconds, RSS_TARGET_MB as FOOTPRINT_RSS_MB, type FootprintResult } from './figures/footprint.js';
 import { memoryFigure, FLAT_FACTOR, RSS_TARGET_MB, type MemoryResult } from './figures/memory.js';
 import { MAX_MARGINAL_GROWTH, refreshCostFigure, TARGET_MS_AT_256, type RefreshCostResult } from './figures/refresh-cost.js';
@@ -18,6 +19,7 @@ import { P99_TARGET_MS, slowProbeFigure, type SlowProbeResult } from './figures/
 import { shardId, type BenchContext } from './node-setup.js';
 import { startProcessFarm } from './processes.js';
 import { formatTable, loadAverage, machine, type Row } from './report.js';
+import { round } from './stats.js';
 
 const SHARDS = 64;
 /** Enough foreign processes for the largest refresh-cost size (1,024 GPU processes, 64 of them shards'). */
@@ -29,36 +31,78 @@ const verdict = (pass: boolean): Row['result'] => (pass ? 'pass' : 'FAIL');
 function footprintRows(r: FootprintResult): Row[] {
   const invalid = r.invalid ? ` INVALID: ${r.invalid}` : '';
   const windows = r.cpuWindowsPct.length > 0 ? `${Math.min(...r.cpuWindowsPct)}-${Math.max(...r.cpuWindowsPct)}% per 15 s; ` : '';
+  // The nvidia-smi rows keep their names; the NVML rows say so.
+  const nvml = r.backend === 'nvml';
+  const name = (what: string) => (nvml ? `1. NVML: ${what}` : `1. ${what}`);
+  const queries = r.driverQueries === null ? '' : `${r.driverQueries} GPU queries`;
   return [
     {
-      figure: '1. agent CPU at typical load (server process)',
+      figure: name('agent CPU at typical load (server process)'),
       measured: `${r.cpuPct}% of one core (${windows}${r.durationS} s, ${r.requestsPerSecond} req/s; load average ${r.loadAverage.join(' / ')})${invalid}`,
       target: `< ${CPU_TARGET_PCT}%`,
       result: verdict(r.cpuPass),
     },
+    nvml
+      ? {
+          figure: name('its GPU queries (the fake library, in-process)'),
+          measured: `${queries || 'count not in /metrics'}, counted in the CPU above; children ${r.childCpuPct}% of one core (${r.smiRuns} nvidia-smi runs)`,
+          target: '-',
+          result: 'info',
+        }
+      : {
+          figure: name('its nvidia-smi children (the fake: a Node script)'),
+          measured: `${r.childCpuPct}% of one core (${r.smiRuns} runs, ${r.childMsPerRun ?? '-'} ms each)`,
+          target: '-',
+          result: 'info',
+        },
     {
-      figure: '1. its nvidia-smi children (the fake: a Node script)',
-      measured: `${r.childCpuPct}% of one core (${r.smiRuns} runs, ${r.childMsPerRun ?? '-'} ms each)`,
-      target: '-',
-      result: 'info',
-    },
-    {
-      figure: '1. agent RSS at typical load (largest sample)',
+      figure: name('agent RSS at typical load (largest sample)'),
       measured: `${r.rssMaxMB} MB${invalid}`,
       target: `< ${FOOTPRINT_RSS_MB} MB`,
       result: verdict(r.rssPass),
     },
     {
-      figure: '1. agent RSS flat (last vs first quarter, medians)',
+      figure: name('agent RSS flat (last vs first quarter, medians)'),
       measured: `${r.rssFirstQuarterMB} -> ${r.rssLastQuarterMB} MB (${r.rssGrowthPct >= 0 ? '+' : ''}${r.rssGrowthPct}%; V8 heap used ${r.heapUsedMB.join(' -> ')} MB)${invalid}`,
       target: `<= +${Math.round((FOOTPRINT_FLAT_FACTOR - 1) * 100)}%`,
       result: verdict(r.flat),
     },
     {
-      figure: '1. probe answers at typical load',
+      figure: name('probe answers at typical load'),
       measured:
         `latency p50 ${r.probe.p50Ms}, p99 ${r.probe.p99Ms}, max ${r.probe.maxMs} ms; ` +
         `age (arrival - observedAt) p50 ${r.probe.ageP50Ms}, p99 ${r.probe.ageP99Ms}, max ${r.probe.ageMaxMs} ms`,
+      target: '-',
+      result: 'info',
+    },
+  ];
+}
+
+/** Milliseconds to two significant decimals below 10 ms, one above. */
+const ms = (value: number) => round(value, value < 10 ? 2 : 1);
+
+const BACKEND_LABEL: Record<BackendCost['backend'], string> = { 'nvidia-smi': 'nvidia-smi', nvml: 'NVML' };
+
+function backendsRows(r: BackendsResult): Row[] {
+  const side = (pick: (cost: BackendCost) => { medianMs: number; p99Ms: number }) =>
+    r.backends.map((cost) => `${BACKEND_LABEL[cost.backend]} ${ms(pick(cost).medianMs)} (p99 ${ms(pick(cost).p99Ms)})`).join('; ');
+  const counts = r.backends.map((cost) => `${cost.refreshes} ${BACKEND_LABEL[cost.backend]}`).join(', ');
+  return [
+    {
+      figure: '6. GPU queries per refresh, wall (nvidia-smi; NVML)',
+      measured: `${side((cost) => cost.wall)} ms; ${counts} refreshes, ${r.gpus} GPUs, ${r.processes} GPU procs`,
+      target: '-',
+      result: 'info',
+    },
+    {
+      figure: '6. agent CPU per refresh (its own, all threads)',
+      measured: `${side((cost) => cost.cpu)} ms`,
+      target: '-',
+      result: 'info',
+    },
+    {
+      figure: '6. longest event-loop block per refresh',
+      measured: `${side((cost) => cost.block)} ms (no refresh, as long: ${r.backends.map((cost) => ms(cost.idleBlock.medianMs)).join(' / ')} ms)`,
       target: '-',
       result: 'info',
     },
@@ -141,11 +185,13 @@ function figure<T>(name: string, title: string, run: (ctx: BenchContext, log: Lo
 }
 
 const FIGURES: Figure[] = [
-  figure('footprint', `1. footprint at a typical load (${footprintSeconds()} s measured)`, footprintFigure, footprintRows),
+  figure('footprint', `1. footprint at a typical load, nvidia-smi (${footprintSeconds()} s measured)`, footprintFigure, footprintRows),
+  figure('footprint-nvml', `1. footprint at a typical load, NVML (${footprintSeconds()} s measured)`, (ctx, log) => footprintFigure(ctx, log, 'nvml'), footprintRows),
   figure('single-flight', '2. nvidia-smi runs per TTL window', singleFlightFigure, singleFlightRows),
   figure('slow-probe', '3. probe latency during a 3 s nvidia-smi', slowProbeFigure, slowProbeRows),
   figure('refresh-cost', '4. snapshot refresh cost', refreshCostFigure, refreshCostRows),
   figure('memory', '5. resident memory over 100k requests', memoryFigure, memoryRows),
+  figure('backends', '6. GPU query cost per refresh, nvidia-smi and NVML', backendsFigure, backendsRows),
 ];
 
 async function main(argv: string[]): Promise<number> {

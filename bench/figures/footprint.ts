@@ -15,8 +15,12 @@
 //     against the median of the first quarter (medians, so one GC's sawtooth does not decide it).
 // Freshness: each probe answer's age, its arrival time minus its observedAt (when the snapshot
 // behind it was taken).
+//
+// Under either backend (named, never auto): nvidia-smi, the fake executable; or NVML, the fake
+// libnvidia-ml.so.1 on the same scenario.json. The NVML fake runs inside the server process, so
+// its own (small) cost counts in the server's CPU; the nvidia-smi fake's counts in its children's.
 import { sendSchedule, type ScheduleClient, type ScheduledSample } from '../http-load.js';
-import { startRegisteredNode, type BenchContext } from '../node-setup.js';
+import { driverQueries, startRegisteredNode, type BenchContext } from '../node-setup.js';
 import { loadAverage } from '../report.js';
 import { USER_HZ, type ServerHandle } from '../server-handle.js';
 import { median, percentile, round, sortedCopy } from '../stats.js';
@@ -53,7 +57,10 @@ export interface FootprintSample {
   rssMB: number;
 }
 
+export type FootprintBackend = 'nvidia-smi' | 'nvml';
+
 export interface FootprintResult {
+  backend: FootprintBackend;
   durationS: number;
   warmupS: number;
   requests: number;
@@ -66,6 +73,8 @@ export interface FootprintResult {
   childCpuPct: number;
   smiRuns: number;
   childMsPerRun: number | null;
+  /** GPU queries (gpus + compute-apps) over the measurement, from /metrics; two per refresh. Null where /metrics has no count. */
+  driverQueries: number | null;
   rssMaxMB: number;
   rssFirstQuarterMB: number;
   rssLastQuarterMB: number;
@@ -126,10 +135,10 @@ function observedAt(sample: ScheduledSample): number | null {
   }
 }
 
-export async function footprintFigure(ctx: BenchContext, log: (line: string) => void): Promise<FootprintResult> {
+export async function footprintFigure(ctx: BenchContext, log: (line: string) => void, backend: FootprintBackend = 'nvidia-smi'): Promise<FootprintResult> {
   const durationMs = footprintSeconds() * 1000;
-  // As it ships: only what the bench must set (its fake, its state file, loopback) differs.
-  const { server, fake } = await startRegisteredNode(ctx, 'footprint', { logLevel: 'info' });
+  // As it ships: only what the bench must set (its backend and fake, its state file, loopback) differs.
+  const { server, fake } = await startRegisteredNode(ctx, backend === 'nvml' ? 'footprint-nvml' : 'footprint', { logLevel: 'info', backend });
   try {
     const plan = schedule(TYPICAL_LOAD, ctx.shardIds, WARMUP_MS + durationMs);
     const clients = new Map<string, ScheduleClient>(TYPICAL_LOAD.map((client) => [client.name, client]));
@@ -137,6 +146,7 @@ export async function footprintFigure(ctx: BenchContext, log: (line: string) => 
     let measureFrom = 0;
     let loadAtStart = 0;
     let heapAtStart: Promise<NodeJS.MemoryUsage> | undefined;
+    let queriesAtStart: Promise<number | null> | undefined;
     let sampler: NodeJS.Timeout | undefined;
     let warmup: NodeJS.Timeout | undefined;
     log(`  ${plan.length} requests over ${(WARMUP_MS + durationMs) / 1000} s (${round(requestsPerSecond(TYPICAL_LOAD, ctx.shardIds.length), 1)}/s), measured after ${WARMUP_MS / 1000} s`);
@@ -145,6 +155,7 @@ export async function footprintFigure(ctx: BenchContext, log: (line: string) => 
         measureFrom = Date.now();
         loadAtStart = loadAverage();
         heapAtStart = server.memoryUsage();
+        queriesAtStart = driverQueries(server).catch(() => null);
         samples.push(sampleOf(server, 0));
         sampler = setInterval(() => {
           const t = Date.now() - measureFrom;
@@ -160,6 +171,7 @@ export async function footprintFigure(ctx: BenchContext, log: (line: string) => 
     const closing = Date.now() - measureFrom;
     if (closing - samples[samples.length - 1]!.t > SAMPLE_MS / 2) samples.push(sampleOf(server, closing));
     const heapUsedMB: [number, number] = [round((await heapAtStart!).heapUsed / MB, 1), round((await server.memoryUsage()).heapUsed / MB, 1)];
+    const [queriesFrom, queriesTo] = [await queriesAtStart!, await driverQueries(server)];
     const first = samples[0]!;
     const end = samples[samples.length - 1]!;
     const spanMs = end.t - first.t;
@@ -204,6 +216,7 @@ export async function footprintFigure(ctx: BenchContext, log: (line: string) => 
             ? `${probes.length - ages.length} probe answers had no observedAt`
             : null;
     const result: FootprintResult = {
+      backend,
       durationS: round(spanMs / 1000, 1),
       warmupS: WARMUP_MS / 1000,
       requests: answers.length,
@@ -213,6 +226,7 @@ export async function footprintFigure(ctx: BenchContext, log: (line: string) => 
       childCpuPct: round(pctOfCore(childTicks, spanMs), 2),
       smiRuns,
       childMsPerRun: smiRuns > 0 ? round((childTicks * 1000) / USER_HZ / smiRuns, 1) : null,
+      driverQueries: queriesFrom === null || queriesTo === null ? null : queriesTo - queriesFrom,
       rssMaxMB,
       rssFirstQuarterMB,
       rssLastQuarterMB,
@@ -240,7 +254,7 @@ export async function footprintFigure(ctx: BenchContext, log: (line: string) => 
       invalid,
     };
     log(
-      `  CPU ${cpuPct}% of a core (windows ${cpuWindowsPct.join(' ')}), children ${result.childCpuPct}% (${smiRuns} nvidia-smi runs); ` +
+      `  ${backend}: CPU ${cpuPct}% of a core (windows ${cpuWindowsPct.join(' ')}), children ${result.childCpuPct}% (${smiRuns} nvidia-smi runs, ${result.driverQueries ?? '-'} GPU queries); ` +
         `RSS max ${rssMaxMB} MB, quarters ${rssFirstQuarterMB} -> ${rssLastQuarterMB} MB; probe p99 ${result.probe.p99Ms} ms, age p99 ${result.probe.ageP99Ms} ms`,
     );
     return result;
