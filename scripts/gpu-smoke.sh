@@ -10,11 +10,18 @@
 # the host's PID namespace, where nvidia-smi's PIDs are not this /proc's, it says so in one row and
 # skips the checks that cannot pass then. On a GPU 0 with MIG enabled the CUDA process runs on its
 # first MIG device.
+# That run names its backend, NODECOMPUTE_BACKEND=nvidia-smi. Then, while the same CUDA process still
+# holds GPU 0, the service runs a second time with NODECOMPUTE_BACKEND=nvml, and NVML must agree with
+# nvidia-smi: the same GPUs (index, UUID) with the same memory total, the CUDA process on GPU 0 with
+# the same usedMiB, to the MiB, and the shard ready. Where NVML cannot be loaded (the service's
+# /readyz says NODECOMPUTE_NVML_NOT_FOUND), one INFO row says so (a FAIL with --require-nvml).
 # It needs only what it carries: dist/, node_modules/ and scripts/ (scripts/README.md).
 # Overrides (so CI can run it against the fake nvidia-smi, test/scripts/gpu-smoke.test.ts):
 #   NODE                  node to run (default: node/bin/node in a travel pack, else node on PATH;
 #                         >= 20)
 #   NVIDIA_SMI            nvidia-smi to use, by the service and by --record (default: nvidia-smi)
+#   NVML_LIBRARY          the NVML library the second run loads, as NODECOMPUTE_NVML_LIBRARY
+#                         (default: unset, so the service finds libnvidia-ml.so.1 as it would itself)
 #   SMOKE_CUDA_CMD        sh command that holds memory on GPU 0 and then writes its own pid to
 #                         "$SMOKE_CUDA_PID_FILE" (default: python3 scripts/cuda-hold.py, 1 GiB
 #                         through the CUDA driver API, libcuda.so.1, or else through torch)
@@ -32,16 +39,22 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: scripts/gpu-smoke.sh [--record [DIR]] [--require-cuda] [--keep]
+Usage: scripts/gpu-smoke.sh [--record [DIR]] [--require-cuda] [--require-nvml] [--keep]
 
-Starts dist/src/main.js on a free loopback port, runs a CUDA process on GPU 0 and checks what
-nodecompute reports about it. Prints a PASS/FAIL table; exits 1 when any check fails.
+Starts dist/src/main.js on a free loopback port with NODECOMPUTE_BACKEND=nvidia-smi, runs a CUDA
+process on GPU 0 and checks what nodecompute reports about it; then starts it again with
+NODECOMPUTE_BACKEND=nvml, while the CUDA process still runs, and checks that NVML sees what
+nvidia-smi saw. Prints a PASS/FAIL table; exits 1 when any check fails.
 
   --record [DIR]  also save the real nvidia-smi outputs of the service's queries into DIR
                   (default: test/fixtures/recorded/) as nvsmi-real_<gpu>_<driver>_<query>.txt,
-                  with the doctor's report, as soon as the CUDA process holds GPU 0
+                  with the doctor's report, as soon as the CUDA process holds GPU 0; and, when
+                  NVML answers, both runs' /gpus answers (_gpus-nvidia-smi.json, _gpus-nvml.json)
+                  and the doctor's report under NVML (_doctor-nvml.txt)
   --require-cuda  fail, rather than skip, the CUDA checks when no CUDA process can be started
                   (for a run whose point is the GPU: a skipped check is no proof)
+  --require-nvml  fail, rather than note, when NVML cannot be loaded (libnvidia-ml.so.1, or
+                  NVML_LIBRARY): for a run whose point is comparing the two backends
   --keep          keep the work directory (service log, state file) for a look afterwards
   -h, --help      this text
 
@@ -66,6 +79,8 @@ CPU_GRACE_MS=3000
 RECORD_DIR=''
 KEEP=0
 REQUIRE_CUDA=0
+REQUIRE_NVML=0
+NVML_LIBRARY=${NVML_LIBRARY:-}
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -78,6 +93,7 @@ while [ $# -gt 0 ]; do
       ;;
     --keep) KEEP=1 ;;
     --require-cuda) REQUIRE_CUDA=1 ;;
+    --require-nvml) REQUIRE_NVML=1 ;;
     -h | --help)
       usage
       exit 0
@@ -93,7 +109,12 @@ done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodecompute-gpu-smoke.XXXXXX")
 SERVICE_PID=''
-DOCTOR_EXIT=''
+# The service logs, one per backend run, shown when a check failed.
+SERVICE_LOGS=()
+# The doctor's reports: "<backend> <exit status>" each, printed after the table from $WORK/doctor-<backend>.txt.
+DOCTORS=()
+# What the header says of NVML: its library once it answered, or why it was not compared.
+NVML_NOTE='not tried'
 MIG_MODE=''
 MIG_UUID=''
 # nvidia-smi reports the host's PIDs. 4026531836 (PROC_PID_INIT_INO) is the kernel's initial PID
@@ -159,30 +180,34 @@ now_ms() {
 }
 
 finish() {
-  local i passed=0 failed=0 skipped=0
+  local i passed=0 failed=0 skipped=0 noted=0 summary entry log
   echo
-  echo "nodecompute GPU smoke check: nvidia-smi ${NVIDIA_SMI}, driver ${DRIVER:-unknown}, GPU 0 ${GPU_NAME:-unknown} (MIG ${MIG_MODE:-unknown}${MIG_UUID:+; CUDA on its MIG device $MIG_UUID}), PID namespace ${PID_NS}${PID_NS_NOTE}, node ${NODE} ${NODE_VERSION:-}"
+  echo "nodecompute GPU smoke check: nvidia-smi ${NVIDIA_SMI}, NVML ${NVML_NOTE}, driver ${DRIVER:-unknown}, GPU 0 ${GPU_NAME:-unknown} (MIG ${MIG_MODE:-unknown}${MIG_UUID:+; CUDA on its MIG device $MIG_UUID}), PID namespace ${PID_NS}${PID_NS_NOTE}, node ${NODE} ${NODE_VERSION:-}"
   printf '%-6s %-34s %s\n' RESULT CHECK DETAIL
   for i in "${!NAMES[@]}"; do
     printf '%-6s %-34s %s\n' "${RESULTS[$i]}" "${NAMES[$i]}" "${DETAILS[$i]}"
     case "${RESULTS[$i]}" in
       PASS) passed=$((passed + 1)) ;;
       FAIL) failed=$((failed + 1)) ;;
+      INFO) noted=$((noted + 1)) ;;
       *) skipped=$((skipped + 1)) ;;
     esac
   done
-  echo "${passed} passed, ${failed} failed, ${skipped} skipped"
-  if [ -n "$DOCTOR_EXIT" ]; then
+  summary="${passed} passed, ${failed} failed, ${skipped} skipped"
+  [ "$noted" = 0 ] || summary+=", ${noted} noted"
+  echo "$summary"
+  for entry in "${DOCTORS[@]}"; do
     # Indented, so that its OK/WARN/FAIL lines are not read as rows of the table.
     echo
-    echo "nodecompute doctor (exit ${DOCTOR_EXIT}; evidence, not a check of this script):"
-    sed 's/^/    /' "$WORK/doctor.txt"
-  fi
+    echo "nodecompute doctor with NODECOMPUTE_BACKEND=${entry% *} (exit ${entry##* }; evidence, not a check of this script):"
+    sed 's/^/    /' "$WORK/doctor-${entry% *}.txt"
+  done
   if [ "$failed" -gt 0 ]; then
-    if [ -s "$WORK/service.log" ]; then
-      echo "--- last lines of the nodecompute log ($WORK/service.log) ---" >&2
-      tail -n 20 "$WORK/service.log" >&2
-    fi
+    for log in "${SERVICE_LOGS[@]}"; do
+      [ -s "$log" ] || continue
+      echo "--- last lines of the nodecompute log ($log) ---" >&2
+      tail -n 20 "$log" >&2
+    done
     exit 1
   fi
   exit 0
@@ -228,16 +253,21 @@ http() {
 # js EXPR [ARG...]: prints EXPR evaluated with b = the last response body parsed as JSON and
 # a = the ARGs; prints nothing and fails when the body is not JSON or lacks what EXPR reads.
 js() {
+  js_in "$WORK/body" "$@"
+}
+
+# js_in FILE EXPR [ARG...]: js, with b = FILE parsed as JSON.
+js_in() {
   "$NODE" -e "
     try {
       const b = JSON.parse(require('node:fs').readFileSync(process.argv[1], 'utf8'));
       const a = process.argv.slice(2);
-      const v = ($1);
+      const v = ($2);
       process.stdout.write(typeof v === 'string' ? v : JSON.stringify(v ?? null));
     } catch {
       process.exitCode = 3;
     }
-  " "$WORK/body" "${@:2}"
+  " "$1" "${@:3}"
 }
 
 short() {
@@ -295,23 +325,58 @@ APPS_FIELDS=$(sed -n 2p <<<"$QUERY_FIELDS")
 # ---------------------------------------------------------------------------------------------
 # The service
 
-PORT=$("$NODE" -e "const s = require('node:net').createServer().listen(0, '127.0.0.1', () => { process.stdout.write(String(s.address().port)); s.close(); });")
-BASE="http://127.0.0.1:$PORT"
-mkdir -p "$WORK/state"
-"$NODE" "$ROOT/dist/src/main.js" serve --host 127.0.0.1 --port "$PORT" \
-  --state-file "$WORK/state/shards.json" --nvidia-smi "$NVIDIA_SMI" \
-  --gpu-grace-ms "$GPU_GRACE_MS" --log-level info >"$WORK/service.log" 2>&1 </dev/null &
-SERVICE_PID=$!
+# backend_env BACKEND: sets BACKEND_ENV, the environment that has the service (or the doctor) take
+# its GPU figures from BACKEND; NVML_LIBRARY, when set, names the library NVML loads.
+backend_env() {
+  BACKEND_ENV=("NODECOMPUTE_BACKEND=$1")
+  if [ "$1" = nvml ] && [ -n "$NVML_LIBRARY" ]; then BACKEND_ENV+=("NODECOMPUTE_NVML_LIBRARY=$NVML_LIBRARY"); fi
+}
 
-started=$(now_ms)
-until http GET /livez && [ "$STATUS" = 200 ]; do
-  if ! kill -0 "$SERVICE_PID" 2>/dev/null; then
-    die "service starts" "it exited: $(short "$(tail -n 3 "$WORK/service.log")")"
+# start_service BACKEND: starts the service on a free loopback port with NODECOMPUTE_BACKEND=BACKEND,
+# its log in $WORK/service-BACKEND.log; sets SERVICE_PID, SERVICE_LOG, PORT and BASE. Waits for a 200
+# from /livez; fails with WHY set when none comes.
+start_service() {
+  local started
+  SERVICE_LOG="$WORK/service-$1.log"
+  SERVICE_LOGS+=("$SERVICE_LOG")
+  PORT=$("$NODE" -e "const s = require('node:net').createServer().listen(0, '127.0.0.1', () => { process.stdout.write(String(s.address().port)); s.close(); });")
+  BASE="http://127.0.0.1:$PORT"
+  backend_env "$1"
+  env "${BACKEND_ENV[@]}" "$NODE" "$ROOT/dist/src/main.js" serve --host 127.0.0.1 --port "$PORT" \
+    --state-file "$WORK/state/shards-$1.json" --nvidia-smi "$NVIDIA_SMI" \
+    --gpu-grace-ms "$GPU_GRACE_MS" --log-level info >"$SERVICE_LOG" 2>&1 </dev/null &
+  SERVICE_PID=$!
+  started=$(now_ms)
+  until http GET /livez && [ "$STATUS" = 200 ]; do
+    if ! kill -0 "$SERVICE_PID" 2>/dev/null; then
+      WHY="it exited: $(short "$(tail -n 3 "$SERVICE_LOG")")"
+      return 1
+    fi
+    if [ $(($(now_ms) - started)) -ge $((START_TIMEOUT_S * 1000)) ]; then
+      WHY="no 200 from /livez within $START_TIMEOUT_S s (last: HTTP $STATUS)"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# stop_service NAME: SIGTERM, then the row NAME says how the service exited.
+stop_service() {
+  local code=0
+  kill -TERM "$SERVICE_PID"
+  wait "$SERVICE_PID" || code=$?
+  SERVICE_PID=''
+  if [ "$code" = 0 ]; then
+    check "$1" PASS "exit 0"
+  else
+    check "$1" FAIL "exit $code"
   fi
-  [ $(($(now_ms) - started)) -lt $((START_TIMEOUT_S * 1000)) ] || die "service starts" "no 200 from /livez within $START_TIMEOUT_S s (last: HTTP $STATUS)"
-  sleep 0.2
-done
-check "service starts" PASS "pid $SERVICE_PID answers /livez on 127.0.0.1:$PORT"
+}
+
+mkdir -p "$WORK/state"
+WHY=''
+start_service nvidia-smi || die "service starts" "$WHY"
+check "service starts" PASS "pid $SERVICE_PID answers /livez on 127.0.0.1:$PORT (NODECOMPUTE_BACKEND=nvidia-smi)"
 
 started=$(now_ms)
 until http GET /readyz && [ "$STATUS" = 200 ]; do
@@ -376,15 +441,19 @@ record() {
 }
 
 # The doctor's report on the real node is evidence too, not a gate: it is printed after the table,
-# and saved with the recordings.
+# and saved with the recordings (as _doctor.txt under nvidia-smi, _doctor-nvml.txt under NVML).
+# doctor BACKEND: the report with NODECOMPUTE_BACKEND=BACKEND, into $WORK/doctor-BACKEND.txt.
 doctor() {
-  DOCTOR_EXIT=0
-  timeout 60 "$NODE" "$ROOT/dist/src/main.js" doctor --nvidia-smi "$NVIDIA_SMI" \
-    --state-file "$WORK/state/doctor-shards.json" >"$WORK/doctor.txt" 2>&1 </dev/null || DOCTOR_EXIT=$?
-  echo "gpu-smoke: nodecompute doctor exited $DOCTOR_EXIT (printed after the table)" >&2
+  local code=0 name=doctor
+  backend_env "$1"
+  env "${BACKEND_ENV[@]}" timeout 60 "$NODE" "$ROOT/dist/src/main.js" doctor --nvidia-smi "$NVIDIA_SMI" \
+    --state-file "$WORK/state/doctor-shards-$1.json" >"$WORK/doctor-$1.txt" 2>&1 </dev/null || code=$?
+  DOCTORS+=("$1 $code")
+  echo "gpu-smoke: nodecompute doctor with NODECOMPUTE_BACKEND=$1 exited $code (printed after the table)" >&2
   if [ -n "$RECORD_PREFIX" ]; then
-    cp "$WORK/doctor.txt" "$RECORD_DIR/${RECORD_PREFIX}_doctor.txt"
-    echo "${RECORD_PREFIX}_doctor.txt: nodecompute doctor (exit $DOCTOR_EXIT; not an nvidia-smi output, not a fixture)" >>"$RECORD_DIR/${RECORD_PREFIX}_commands.txt"
+    [ "$1" = nvidia-smi ] || name=doctor-$1
+    cp "$WORK/doctor-$1.txt" "$RECORD_DIR/${RECORD_PREFIX}_$name.txt"
+    echo "${RECORD_PREFIX}_$name.txt: nodecompute doctor with NODECOMPUTE_BACKEND=$1 (exit $code; not an nvidia-smi output, not a fixture)" >>"$RECORD_DIR/${RECORD_PREFIX}_commands.txt"
   fi
 }
 
@@ -395,7 +464,7 @@ take_evidence() {
   [ "$EVIDENCE_TAKEN" = 0 ] || return 0
   EVIDENCE_TAKEN=1
   if [ -n "$RECORD_DIR" ]; then record; fi
-  doctor
+  doctor nvidia-smi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -450,6 +519,7 @@ fi
 CUDA_CHECKS=("register smoke-gpu" "host PID namespace" "smoke-gpu starting -> ready" "/gpus: CUDA pid on GPU 0" "/shards/smoke-gpu/compute" "/gpus/foreign-memory")
 CUDA_PID=''
 OTHER_PID_NS=''
+SMI_SEEN=''
 
 # GET /shards/smoke-gpu/ready once: STATE (the verdict, or HTTP-<status>), READY_STATUS,
 # READY_REASON and SEEN (the verdicts in the order they came) are updated; succeeds when the answer
@@ -589,6 +659,7 @@ else
     done
     waited=$((($(now_ms) - registered) / 1000))
     expected='^(starting -> )?ready$'
+    SMI_SEEN=$SEEN
     if [ "$STATE" = ready ] && [[ $SEEN =~ $expected ]]; then
       check "smoke-gpu starting -> ready" PASS "$SEEN after ${waited} s"
     else
@@ -684,6 +755,11 @@ fi
 # ---------------------------------------------------------------------------------------------
 # Removal and shutdown
 
+# What NVML's /gpus is compared with (below): nvidia-smi's, taken while smoke-gpu is still registered.
+http GET /gpus
+SMI_GPUS_STATUS=$STATUS
+cp "$WORK/body" "$WORK/gpus-nvidia-smi.json" 2>/dev/null || : >"$WORK/gpus-nvidia-smi.json"
+
 removed=''
 for id in smoke-gpu smoke-cpu; do
   http DELETE "/shards/$id"
@@ -695,14 +771,175 @@ else
   check "DELETE shards" FAIL "$removed"
 fi
 
-kill -TERM "$SERVICE_PID"
-code=0
-wait "$SERVICE_PID" || code=$?
-SERVICE_PID=''
-if [ "$code" = 0 ]; then
-  check "service stops on SIGTERM" PASS "exit 0"
-else
-  check "service stops on SIGTERM" FAIL "exit $code"
-fi
+stop_service "service stops on SIGTERM"
 
+# ---------------------------------------------------------------------------------------------
+# The same node through NVML: the service again, with NODECOMPUTE_BACKEND=nvml, while the CUDA
+# process still holds GPU 0 (it goes only when this script ends). NVML must see what nvidia-smi saw,
+# to the MiB.
+
+# record_nvml: with --record, both /gpus answers beside the nvidia-smi recordings.
+record_nvml() {
+  local backend
+  [ -n "$RECORD_PREFIX" ] || return 0
+  for backend in nvidia-smi nvml; do
+    cp "$WORK/gpus-$backend.json" "$RECORD_DIR/${RECORD_PREFIX}_gpus-$backend.json"
+    echo "${RECORD_PREFIX}_gpus-$backend.json: GET /gpus with NODECOMPUTE_BACKEND=$backend (the service's answer, not an nvidia-smi output)" >>"$RECORD_DIR/${RECORD_PREFIX}_commands.txt"
+  done
+}
+
+# GPU 0's process of pid $CUDA_PID in the /gpus answer in FILE, as JSON; null when it is not there.
+cuda_process_in() {
+  js_in "$1" 'b.gpus.find((g) => g.index === 0)?.processes.find((p) => p.pid === Number(a[0])) ?? null' "$CUDA_PID" 2>/dev/null || echo null
+}
+
+nvml_run() {
+  local said nvml_source doctor_status doctor_detail readyz_code started waited expected differences nvml_process smi_process cuda_skip=''
+  if ! start_service nvml; then
+    check "nvml backend" FAIL "the service with NODECOMPUTE_BACKEND=nvml does not start: $WHY"
+    NVML_NOTE="not compared (the service did not start)"
+    return 0
+  fi
+  # The start log names the backend and its source: `GPU figures come from nvml (<source>): <why>`.
+  said=$("$NODE" -e "
+    for (const line of require('node:fs').readFileSync(process.argv[1], 'utf8').split('\n')) {
+      try {
+        const entry = JSON.parse(line);
+        if (/^GPU figures come from /.test(entry.msg)) { process.stdout.write(entry.backend + '\t' + entry.source + '\t' + entry.msg); break; }
+      } catch {}
+    }
+  " "$SERVICE_LOG" 2>/dev/null || true)
+  nvml_source=$(cut -f 2 <<<"$said")
+  http GET /doctor
+  doctor_status=$(js 'b.checks.find((c) => c.name === "nvml")?.status ?? "missing"' 2>/dev/null || echo "HTTP-$STATUS")
+  doctor_detail=$(js 'b.checks.find((c) => c.name === "nvml")?.detail ?? ""' 2>/dev/null || short "HTTP $STATUS: $BODY")
+  if [ "$doctor_status" != ok ]; then
+    # Not loadable at all, which /readyz says once the first snapshot has been tried: NVML is not
+    # there to compare. Loaded but failing, while nvidia-smi answers, is a fault.
+    started=$(now_ms)
+    while :; do
+      http GET /readyz
+      readyz_code=$(js 'b.code ?? ""' 2>/dev/null || true)
+      if [ -n "$readyz_code" ] || [ "$STATUS" = 200 ] || [ $(($(now_ms) - started)) -ge 10000 ]; then break; fi
+      sleep 0.3
+    done
+    if [ "$readyz_code" = NODECOMPUTE_NVML_NOT_FOUND ]; then
+      NVML_NOTE="not available"
+      kill -TERM "$SERVICE_PID" 2>/dev/null || true
+      wait "$SERVICE_PID" 2>/dev/null || true
+      SERVICE_PID=''
+      if [ "$REQUIRE_NVML" = 1 ]; then
+        check "nvml backend" FAIL "NVML cannot be loaded, so it was not compared with nvidia-smi (--require-nvml): $doctor_detail"
+      else
+        check "nvml backend" INFO "NVML cannot be loaded, so only nvidia-smi was checked (NVML_LIBRARY names a library; --require-nvml makes this a FAIL): $doctor_detail"
+      fi
+      return 0
+    fi
+    NVML_NOTE="${nvml_source:-?} (loads, but does not answer)"
+    check "nvml backend" FAIL "NVML loads but its doctor row is $doctor_status, while nvidia-smi answers: $(short "$doctor_detail")"
+  elif [ "$(cut -f 1 <<<"$said")" != nvml ]; then
+    NVML_NOTE="${nvml_source:-?}"
+    check "nvml backend" FAIL "NODECOMPUTE_BACKEND=nvml, but the start log does not say the figures come from nvml: $(short "${said:-no such line}")"
+  else
+    NVML_NOTE=$nvml_source
+    check "nvml backend" PASS "start log: $(cut -f 3 <<<"$said"); doctor: $doctor_detail"
+  fi
+
+  if [ -n "$SKIP_CUDA" ]; then
+    cuda_skip="no CUDA process (see register smoke-gpu)"
+  elif [ -n "$OTHER_PID_NS" ]; then
+    cuda_skip="cannot pass outside the host's PID namespace (see host PID namespace)"
+  elif [ -z "$CUDA_PID" ]; then
+    cuda_skip="no CUDA process (see /gpus: CUDA pid on GPU 0)"
+  fi
+
+  # The shard reads ready as it did under nvidia-smi: the same process group, holding GPU 0 already.
+  if [ -n "$cuda_skip" ]; then
+    check "nvml: smoke-gpu ready" SKIP "$cuda_skip"
+  else
+    http PUT /shards/smoke-gpu "{\"pid\":$LEADER,\"gpus\":[0],\"engine\":\"other\"}"
+    if [ "$STATUS" != 201 ]; then
+      check "nvml: smoke-gpu ready" FAIL "registration: HTTP $STATUS: $(short "$BODY")"
+    else
+      SEEN=''
+      STATE=''
+      started=$(now_ms)
+      until look_at_readiness; do
+        [ $(($(now_ms) - started)) -lt $((READY_TIMEOUT_S * 1000)) ] || break
+        sleep 0.5
+      done
+      waited=$((($(now_ms) - started) / 1000))
+      expected='^(starting -> )?ready$'
+      if [ "$STATE" = ready ] && [[ $SEEN =~ $expected ]]; then
+        check "nvml: smoke-gpu ready" PASS "$SEEN after ${waited} s, as under nvidia-smi ($SMI_SEEN)"
+      else
+        check "nvml: smoke-gpu ready" FAIL "$SEEN (HTTP $READY_STATUS) after ${waited} s, under nvidia-smi $SMI_SEEN: $(short "$READY_REASON")"
+      fi
+    fi
+  fi
+
+  # /gpus: once it lists the CUDA process as smoke-gpu's (a snapshot may predate the registration).
+  started=$(now_ms)
+  while :; do
+    http GET /gpus
+    [ -n "$cuda_skip" ] && break
+    [ "$(js '(b.gpus.find((g) => g.index === 0)?.processes ?? []).some((p) => p.pid === Number(a[0]) && p.shard === "smoke-gpu")' "$CUDA_PID" 2>/dev/null)" = true ] && break
+    [ $(($(now_ms) - started)) -lt 10000 ] || break
+    sleep 0.5
+  done
+  cp "$WORK/body" "$WORK/gpus-nvml.json" 2>/dev/null || : >"$WORK/gpus-nvml.json"
+  record_nvml
+
+  # The same GPUs (index, UUID), each with the same memory total.
+  if [ "$SMI_GPUS_STATUS" != 200 ]; then
+    check "nvml: /gpus same GPUs" FAIL "nothing to compare with: /gpus answered HTTP $SMI_GPUS_STATUS under nvidia-smi"
+  elif [ "$STATUS" != 200 ]; then
+    check "nvml: /gpus same GPUs" FAIL "HTTP $STATUS: $(short "$BODY")"
+  else
+    differences=$(js '(() => {
+      const s = JSON.parse(require("node:fs").readFileSync(a[0], "utf8"));
+      const list = (r) => r.gpus.map((g) => `GPU ${g.index} ${g.uuid}`).join(", ") || "no GPU";
+      if (list(s) !== list(b)) return `nvidia-smi lists ${list(s)}; nvml lists ${list(b)}`;
+      return s.gpus.flatMap((g, i) => {
+        const [was, is] = [g.memory.totalMiB, b.gpus[i].memory.totalMiB];
+        return was === is ? [] : [`GPU ${g.index}: memory total ${was} MiB under nvidia-smi, ${is} MiB under nvml`];
+      }).join("; ");
+    })()' "$WORK/gpus-nvidia-smi.json") || differences="cannot compare the two answers: $(short "$BODY")"
+    if [ -z "$differences" ]; then
+      check "nvml: /gpus same GPUs" PASS "$(js 'b.gpus.length') GPU(s), the same index, UUID and memory total as under nvidia-smi (GPU 0: $(js 'b.gpus.find((g) => g.index === 0)?.memory.totalMiB') MiB)"
+    else
+      check "nvml: /gpus same GPUs" FAIL "$differences"
+    fi
+  fi
+
+  # The CUDA process on GPU 0, smoke-gpu's, with the same usedMiB as nvidia-smi said.
+  if [ -n "$cuda_skip" ]; then
+    check "nvml: CUDA pid on GPU 0" SKIP "$cuda_skip"
+  else
+    smi_process=$(cuda_process_in "$WORK/gpus-nvidia-smi.json")
+    nvml_process=$(cuda_process_in "$WORK/gpus-nvml.json")
+    if [ "$nvml_process" = null ]; then
+      check "nvml: CUDA pid on GPU 0" FAIL "pid $CUDA_PID is not among GPU 0's processes (HTTP $STATUS): $(short "$(js 'b.gpus.find((g) => g.index === 0).processes' 2>/dev/null || printf '%s' "$BODY")")"
+    elif [ "$(js_in "$WORK/gpus-nvml.json" 'b.gpus.find((g) => g.index === 0).processes.some((p) => p.pid === Number(a[0]) && p.shard === "smoke-gpu")' "$CUDA_PID")" != true ]; then
+      check "nvml: CUDA pid on GPU 0" FAIL "listed but not attributed to smoke-gpu: $nvml_process"
+    elif [ "$smi_process" = null ]; then
+      check "nvml: CUDA pid on GPU 0" FAIL "nothing to compare with: nvidia-smi's last /gpus did not list pid $CUDA_PID on GPU 0; nvml: $nvml_process"
+    else
+      differences=$("$NODE" -e "
+        const [s, n] = process.argv.slice(1).map((j) => JSON.parse(j));
+        if (s.usedMiB !== n.usedMiB) process.stdout.write('usedMiB ' + s.usedMiB + ' under nvidia-smi, ' + n.usedMiB + ' under nvml');
+      " "$smi_process" "$nvml_process")
+      if [ -z "$differences" ]; then
+        check "nvml: CUDA pid on GPU 0" PASS "the same usedMiB as under nvidia-smi: $nvml_process"
+      else
+        check "nvml: CUDA pid on GPU 0" FAIL "pid $CUDA_PID on GPU 0: $differences"
+      fi
+    fi
+  fi
+
+  doctor nvml
+  stop_service "nvml: service stops on SIGTERM"
+}
+
+nvml_run
 finish

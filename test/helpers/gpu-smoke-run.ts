@@ -1,5 +1,8 @@
 // Owns running scripts/gpu-smoke.sh in tests (gpu-smoke.test.ts, pack-smoke.test.ts): the fake
-// node it checks, the stand-in CUDA process, the run itself, and reading its PASS/FAIL table.
+// node it checks, the stand-in CUDA process, the run itself, and reading its PASS/FAIL table. The
+// script's NVML run loads the library beside the fake's scenario.json (NVML_LIBRARY): there only
+// when the test put the fake NVML there (scripts/fake-nvml.ts), so that a machine's real
+// libnvidia-ml.so.1 never answers for the fake node.
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -43,6 +46,7 @@ export async function runSmoke(
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     NVIDIA_SMI: fake.path,
+    NVML_LIBRARY: join(fake.dir, 'libnvidia-ml.so.1'),
     SMOKE_CUDA_CMD: STAND_IN,
     SMOKE_CUDA_PID_FILE: pidFile,
     SMOKE_CUDA_TIMEOUT_S: '60',
@@ -76,11 +80,13 @@ export async function runSmoke(
   return { code, stdout, stderr, cudaPid };
 }
 
-/** The PASS/FAIL/SKIP table the script prints, by check name. */
-export function rows(stdout: string): Map<string, { result: string; detail: string }> {
+/** The PASS/FAIL/SKIP table the script prints, by check name; with `results`, the rows of those results
+ *  (INFO: a row that is no check, such as NVML not being there to compare). */
+export function rows(stdout: string, results: readonly string[] = ['PASS', 'FAIL', 'SKIP']): Map<string, { result: string; detail: string }> {
   const table = new Map<string, { result: string; detail: string }>();
+  const row = new RegExp(`^(${results.join('|')})\\s+(.+?)\\s{2,}(.*)$`);
   for (const line of stdout.split('\n')) {
-    const match = /^(PASS|FAIL|SKIP)\s+(.+?)\s{2,}(.*)$/.exec(line);
+    const match = row.exec(line);
     if (match) table.set(match[2] as string, { result: match[1] as string, detail: match[3] as string });
   }
   return table;
@@ -102,3 +108,6 @@ export const CHECKS = [
   'DELETE shards',
   'service stops on SIGTERM',
 ];
+
+/** The checks of the NVML run, after CHECKS, when NVML loads (else one INFO row, `nvml backend`). */
+export const NVML_CHECKS = ['nvml backend', 'nvml: smoke-gpu ready', 'nvml: /gpus same GPUs', 'nvml: CUDA pid on GPU 0', 'nvml: service stops on SIGTERM'];

@@ -4,13 +4,17 @@
 // nvidia-smi would once the process holds memory. A passing run must PASS every check and record
 // the service's exact queries (and the doctor's report); a run where nvidia-smi never lists the
 // process must FAIL; a run outside the host's PID namespace must say so in one row, at once; on a
-// GPU 0 with MIG devices the CUDA process must be pointed at the first of them.
+// GPU 0 with MIG devices the CUDA process must be pointed at the first of them. With the fake NVML
+// library beside the fake's scenario (scripts/fake-nvml.ts) the script's second run, under NVML, must
+// agree with the first to the MiB, and a fake NVML that reads another scenario must make it FAIL
+// naming the difference; without the library, one INFO row says that NVML was not compared.
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import t, { type Test } from 'tap';
 import { createFakeNvidiaSmi, waitUntil, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
-import { CHECKS, GPU0, node, ROOT, rows, runSmoke, SCRIPT } from '../helpers/gpu-smoke-run.js';
+import { CHECKS, GPU0, node, NVML_CHECKS, ROOT, rows, runSmoke, SCRIPT } from '../helpers/gpu-smoke-run.js';
+import { installFakeNvml } from '../../scripts/fake-nvml.js';
 
 // About a dozen runs of the script, each starting the service and a doctor: minutes on a busy machine.
 t.setTimeout(900_000);
@@ -63,13 +67,21 @@ t.test('a GPU process of the shard: every check passes and the queries are recor
   t.match(table.get('smoke-gpu starting -> ready')?.detail, /^starting -> ready after/, 'readiness went starting -> ready');
   t.match(table.get('/gpus/foreign-memory')?.detail, /shardMiB 1530 /);
   t.match(table.get('host PID namespace')?.detail, new RegExp(`^nvidia-smi lists the CUDA process as pid ${run.cudaPid} \\(GPU 0\\), the pid this /proc \\(PID namespace pid:\\[\\d+\\]\\) has for it$`));
-  t.match(run.stdout, /0 failed, 0 skipped/);
-  t.match(run.stdout, /^nodecompute GPU smoke check: .*, GPU 0 NVIDIA H200 \(MIG Disabled\), PID namespace pid:\[\d+\]( \(.*\))?, node /m, 'the header names the MIG mode and the PID namespace');
-  t.match(run.stdout, / 0 failed, 0 skipped\n\nnodecompute doctor \(exit 0; evidence, not a check of this script\):\n {4}OK {4}settings .*\n {4}OK {4}nvidia-smi /, "the doctor's report follows the table, indented");
+  // No NVML library beside the fake: one row, no check, says NVML was not compared.
+  t.same([...rows(run.stdout, ['INFO']).keys()], ['nvml backend'], 'one INFO row');
+  t.match(rows(run.stdout, ['INFO']).get('nvml backend')?.detail, /^NVML cannot be loaded, so only nvidia-smi was checked \(NVML_LIBRARY names a library; --require-nvml makes this a FAIL\): NODECOMPUTE_BACKEND is nvml, but .*libnvidia-ml\.so\.1 could not be loaded/);
+  t.match(run.stdout, /0 failed, 0 skipped, 1 noted/);
+  t.match(run.stdout, /^nodecompute GPU smoke check: nvidia-smi .*, NVML not available, driver .*, GPU 0 NVIDIA H200 \(MIG Disabled\), PID namespace pid:\[\d+\]( \(.*\))?, node /m, 'the header names NVML, the MIG mode and the PID namespace');
+  t.match(
+    run.stdout,
+    / 0 failed, 0 skipped, 1 noted\n\nnodecompute doctor with NODECOMPUTE_BACKEND=nvidia-smi \(exit 0; evidence, not a check of this script\):\n {4}OK {4}settings .*\n {4}OK {4}backend {13}GPU figures come from nvidia-smi \(.*\): NODECOMPUTE_BACKEND is nvidia-smi\n {4}OK {4}nvidia-smi /,
+    "the doctor's report follows the table, indented, and names the backend",
+  );
+  t.notMatch(run.stdout, /NODECOMPUTE_BACKEND=nvml \(exit/, 'no doctor under NVML');
 
   const prefix = 'nvsmi-real_nvidia-h200_590.48.01';
   t.same(readdirSync(recorded).sort(), ['commands', 'doctor', 'list-L', 'query-compute-apps', 'query-gpu', 'version'].map((q) => `${prefix}_${q}.txt`));
-  t.match(readFileSync(join(recorded, `${prefix}_doctor.txt`), 'utf8'), /^OK {4}settings .*\nOK {4}nvidia-smi .*\n[^]*nodecompute doctor: /, "the doctor's report is recorded");
+  t.match(readFileSync(join(recorded, `${prefix}_doctor.txt`), 'utf8'), /^OK {4}settings .*\nOK {4}backend .*\nOK {4}nvidia-smi .*\n[^]*nodecompute doctor: /, "the doctor's report is recorded");
   const apps = readFileSync(join(recorded, `${prefix}_query-compute-apps.txt`), 'utf8');
   t.match(apps, new RegExp(`^gpu_uuid, pid, process_name, used_gpu_memory \\[MiB\\]\\n${GPU0}, ${run.cudaPid}, python3, 1530 MiB\\n$`), 'compute-apps recorded while the process ran');
   t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\], mig\.mode\.current, pci\.bus_id\n0, GPU-[^,]+, NVIDIA H200, (?:[^,]+, ){5}00000000:01:00\.0\n$/);
@@ -82,6 +94,90 @@ t.test('a GPU process of the shard: every check passes and the queries are recor
   const byKind = (flag: string) => new Set(queries.filter((argv) => argv.startsWith(flag)));
   t.equal(byKind('--query-gpu').size, 1, `one form of the GPU query: ${[...byKind('--query-gpu')].join(' | ')}`);
   t.equal(byKind('--query-compute-apps').size, 1, 'one form of the compute-apps query');
+});
+
+const noCompiler = spawnSync('cc', ['--version'], { encoding: 'utf8' }).status === 0 ? false : 'no C compiler (cc) here to build the fake NVML library';
+
+/** `text` as a regular expression that matches it literally. */
+const literally = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
+/** Writes `scenario` as the scenario.json of the fake NVML library in `dir` (by rename: it re-reads the file as it changes). */
+function writeNvmlScenario(dir: string, scenario: FakeScenario): void {
+  writeFileSync(join(dir, 'scenario.json.tmp'), JSON.stringify(scenario));
+  renameSync(join(dir, 'scenario.json.tmp'), join(dir, 'scenario.json'));
+}
+
+t.test('NVML beside nvidia-smi, on the same node: the NVML run agrees to the MiB and both answers are recorded', { skip: noCompiler }, async (t) => {
+  const dir = t.testdir({ smi: {}, recorded: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  // The fake library reads the fake nvidia-smi's own scenario.json: both backends see one node.
+  const library = installFakeNvml(fake.dir);
+  const recorded = join(dir, 'recorded');
+  const run = await runSmoke(t, fake, ['--record', recorded, '--require-nvml'], { SMOKE_HTTP_CLIENT: 'curl' }, (pid) =>
+    fake.update((s) => {
+      s.processes.push({ gpuUuid: GPU0, pid, name: 'python3', usedMiB: 1530, smUtilPct: 37 });
+      s.gpus[0]!.usedMiB = 1548;
+    }),
+  );
+  const table = rows(run.stdout);
+  t.equal(run.code, 0, 'exit 0', { stdout: run.stdout, stderr: run.stderr });
+  t.same([...table.keys()], [...CHECKS, ...NVML_CHECKS], 'every check ran, then the NVML run, in order');
+  for (const [name, row] of table) t.equal(row.result, 'PASS', `${name}: ${row.detail}`);
+  t.match(table.get('nvml backend')?.detail, new RegExp(`^start log: GPU figures come from nvml \\(${literally(library)}\\): NODECOMPUTE_BACKEND is nvml; doctor: ${literally(library)} answers: driver 590\\.48\\.01, CUDA 13\\.1$`));
+  t.match(table.get('nvml: smoke-gpu ready')?.detail, /^(starting -> )?ready after \d+ s, as under nvidia-smi \(starting -> ready\)$/);
+  t.equal(table.get('nvml: /gpus same GPUs')?.detail, '1 GPU(s), the same index, UUID and memory total as under nvidia-smi (GPU 0: 143771 MiB)');
+  t.match(table.get('nvml: CUDA pid on GPU 0')?.detail, new RegExp(`^the same usedMiB as under nvidia-smi: \\{"pid":${run.cudaPid},"name":"python3","usedMiB":1530,"shard":"smoke-gpu","smUtilPct":37\\}$`), 'with the SM utilization only NVML gives');
+  t.match(table.get('service starts')?.detail, /\(NODECOMPUTE_BACKEND=nvidia-smi\)$/, 'the first run names nvidia-smi');
+  t.match(run.stdout, /18 passed, 0 failed, 0 skipped\n/);
+  t.match(run.stdout, new RegExp(`^nodecompute GPU smoke check: nvidia-smi .*, NVML ${literally(library)}, driver `, 'm'));
+  t.match(run.stdout, /\n\nnodecompute doctor with NODECOMPUTE_BACKEND=nvml \(exit 0; evidence, not a check of this script\):\n {4}OK {4}settings .*\n {4}OK {4}backend {13}GPU figures come from nvml .*\n {4}OK {4}nvml /, "the doctor's report under NVML follows nvidia-smi's");
+
+  const prefix = 'nvsmi-real_nvidia-h200_590.48.01';
+  const files = ['commands', 'doctor', 'doctor-nvml', 'list-L', 'query-compute-apps', 'query-gpu', 'version'].map((q) => `${prefix}_${q}.txt`);
+  files.push(`${prefix}_gpus-nvidia-smi.json`, `${prefix}_gpus-nvml.json`);
+  t.same(readdirSync(recorded).sort(), files.sort());
+  type Gpus = { gpus: Array<{ index: number; uuid: string; memory: { totalMiB: number }; processes: Array<{ pid: number; usedMiB: number; shard: string | null; smUtilPct: number | null }>; events?: unknown }> };
+  const answer = (backend: string) => JSON.parse(readFileSync(join(recorded, `${prefix}_gpus-${backend}.json`), 'utf8')) as Gpus;
+  const [smi, nvml] = [answer('nvidia-smi'), answer('nvml')];
+  for (const gpus of [smi, nvml]) {
+    t.same(gpus.gpus.map(({ index, uuid, memory }) => [index, uuid, memory.totalMiB]), [[0, GPU0, 143771]]);
+    t.same(gpus.gpus[0]?.processes.map(({ pid, usedMiB, shard }) => [pid, usedMiB, shard]), [[run.cudaPid, 1530, 'smoke-gpu']]);
+  }
+  t.equal(smi.gpus[0]?.processes[0]?.smUtilPct, null, 'nvidia-smi gives no SM utilization');
+  t.ok(nvml.gpus[0]?.events, "NVML's answer has the GPU's events");
+  t.match(readFileSync(join(recorded, `${prefix}_doctor-nvml.txt`), 'utf8'), /^OK {4}settings .*\nOK {4}backend .*GPU figures come from nvml .*\nOK {4}nvml /);
+  const commands = readFileSync(join(recorded, `${prefix}_commands.txt`), 'utf8');
+  t.match(commands, /_gpus-nvidia-smi\.json: GET \/gpus with NODECOMPUTE_BACKEND=nvidia-smi /);
+  t.match(commands, /_gpus-nvml\.json: GET \/gpus with NODECOMPUTE_BACKEND=nvml /);
+  t.match(commands, /_doctor-nvml\.txt: nodecompute doctor with NODECOMPUTE_BACKEND=nvml \(exit 0; /);
+});
+
+t.test('NVML and nvidia-smi disagree: the NVML run FAILs naming each difference', { skip: noCompiler }, async (t) => {
+  const dir = t.testdir({ smi: {}, nvml: {} });
+  const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
+  // A library of its own, reading a scenario of its own: GPU 0 a little smaller, the process larger.
+  const nvmlDir = join(dir, 'nvml');
+  const library = installFakeNvml(nvmlDir);
+  const other = node();
+  other.gpus[0]!.totalMiB = 143760;
+  writeNvmlScenario(nvmlDir, other);
+  const run = await runSmoke(t, fake, [], { SMOKE_HTTP_CLIENT: 'node', NVML_LIBRARY: library }, (pid) => {
+    fake.update((s) => {
+      s.processes.push({ gpuUuid: GPU0, pid, name: 'python3', usedMiB: 1530 });
+    });
+    other.processes.push({ gpuUuid: GPU0, pid, name: 'python3', usedMiB: 1532 });
+    writeNvmlScenario(nvmlDir, other);
+  });
+  const table = rows(run.stdout);
+  t.equal(run.code, 1, 'exit 1', { stdout: run.stdout, stderr: run.stderr });
+  t.same([...table.keys()], [...CHECKS.filter((name) => name !== 'record nvidia-smi outputs'), ...NVML_CHECKS]);
+  for (const name of [...CHECKS.filter((name) => name !== 'record nvidia-smi outputs'), 'nvml backend', 'nvml: smoke-gpu ready', 'nvml: service stops on SIGTERM']) {
+    t.equal(table.get(name)?.result, 'PASS', `${name}: ${table.get(name)?.detail}`);
+  }
+  t.same(table.get('nvml: /gpus same GPUs'), { result: 'FAIL', detail: 'GPU 0: memory total 143771 MiB under nvidia-smi, 143760 MiB under nvml' });
+  t.same(table.get('nvml: CUDA pid on GPU 0'), { result: 'FAIL', detail: `pid ${run.cudaPid} on GPU 0: usedMiB 1530 under nvidia-smi, 1532 under nvml` });
+  t.match(run.stdout, /15 passed, 2 failed, 0 skipped\n/);
+  t.match(run.stderr, /last lines of the nodecompute log \(.*service-nvidia-smi\.log\)[^]*last lines of the nodecompute log \(.*service-nvml\.log\)/, "both runs' logs are shown");
 });
 
 t.test('nvidia-smi never lists the CUDA process: the GPU checks FAIL and the exit is non-zero', async (t) => {
@@ -118,8 +214,9 @@ t.test("not the host's PID namespace: one clear FAIL as soon as the CUDA process
   const fake = createFakeNvidiaSmi(join(dir, 'smi'), node());
   const foreign = absentPid();
   const started = Date.now();
-  // The readiness wait is long: only the namespace check can make this run short.
-  const run = await runSmoke(t, fake, [], { SMOKE_HTTP_CLIENT: 'curl', SMOKE_READY_TIMEOUT_S: '120' }, () =>
+  // The readiness wait is long: only the namespace check can make this run short. No NVML library
+  // here, which --require-nvml makes a FAIL of its own.
+  const run = await runSmoke(t, fake, ['--require-nvml'], { SMOKE_HTTP_CLIENT: 'curl', SMOKE_READY_TIMEOUT_S: '120' }, () =>
     fake.update((s) => {
       s.processes.push({ gpuUuid: GPU0, pid: foreign, name: '[Not Found]', usedMiB: 1530 });
       s.gpus[0]!.usedMiB = 1548;
@@ -143,7 +240,9 @@ t.test("not the host's PID namespace: one clear FAIL as soon as the CUDA process
   for (const name of ['service starts', '/readyz', '/gpus lists GPU 0', 'register smoke-gpu', 'DELETE shards', 'service stops on SIGTERM']) {
     t.equal(table.get(name)?.result, 'PASS', `${name}: ${table.get(name)?.detail}`);
   }
-  t.match(run.stdout, /1 failed, 5 skipped/);
+  t.same(table.get('nvml backend')?.result, 'FAIL');
+  t.match(table.get('nvml backend')?.detail, /^NVML cannot be loaded, so it was not compared with nvidia-smi \(--require-nvml\): NODECOMPUTE_BACKEND is nvml, but /);
+  t.match(run.stdout, /2 failed, 5 skipped\n/);
   t.ok(elapsed < 60_000, `the run took ${elapsed} ms, not the readiness wait of 120 s`);
 });
 
