@@ -177,8 +177,11 @@ t.test('a driver reload (UNINITIALIZED): NVML is initialised again, the query an
   const { log, lines } = captureLog('warn');
   const { nvml, smi, fake } = rig(t, eightGpuNode(), { log });
   await nvml.queryGpus();
-  fake.update((s) => ({ ...s, nvml: { generation: 1 } }));
-  t.same(sameAsSmi(await nvml.queryGpus()), await smi.queryGpus());
+  // A reload may renumber the GPUs: what was kept of index 0 goes with the old initialisation.
+  fake.update((s) => ({ ...s, gpus: [{ ...s.gpus[1]!, index: 0 }, { ...s.gpus[0]!, index: 1 }, ...s.gpus.slice(2)], nvml: { generation: 1 } }));
+  const renumbered = await nvml.queryGpus();
+  t.same(sameAsSmi(renumbered), await smi.queryGpus());
+  t.same(renumbered.gpus.slice(0, 2).map((gpu) => gpu.busId), ['00000000:2A:00.0', '00000000:18:00.0']);
   t.match(lines, [{ level: 40, msg: /initialising it again/ }]);
   fake.update((s) => ({ ...s, nvml: { generation: 2, errors: { nvmlInit_v2: { code: 1 } } } }));
   await t.rejects(nvml.queryGpus(), { code: 'NODECOMPUTE_NVML_FAILED', message: /NVML code 1\).*being reloaded/ });

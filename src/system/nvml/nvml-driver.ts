@@ -70,10 +70,10 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   let stopped = false;
   let running = 0;
   const pending = new Set<Pending>();
-  /** Each GPU's bus id by index, as last read: names a GPU whose handle is lost. */
+  /** Each GPU's bus id by index, as last read (in this initialisation or an earlier one): names a GPU whose handle is lost. */
   const busIds = new Map<number, string>();
-  /** What NVML gave of each GPU by index within this initialisation: its handle, UUID and name. */
-  const devices = new Map<number, { handle: DeviceHandle; uuid?: string; name?: string }>();
+  /** What NVML gave of each GPU by index within this initialisation (a driver reload may renumber them). */
+  const devices = new Map<number, { handle: DeviceHandle; uuid?: string; name?: string; busId?: string }>();
   /** The names of the processes the last process query listed, by PID. */
   let processNames = new Map<number, string>();
   /** Per GPU index, the newest utilization sample read (NVML's microseconds), to ask only for newer ones. */
@@ -242,7 +242,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   async function gpuRecord(run: Run, index: number, device: DeviceHandle): Promise<GpuRecord | null> {
     const uuid = await text(run, 'uuid', index, device);
     if (uuid === null) return null;
-    const busId = busIds.get(index) ?? (await busIdOf(run, index, device));
+    const busId = devices.get(index)?.busId ?? (await busIdOf(run, index, device));
     const name = (await text(run, 'name', index, device)) ?? '';
     return { index, uuid, name, ...(await memoryOf(run, device)), migMode: await migModeOf(run, device), busId };
   }
@@ -250,7 +250,9 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   async function busIdOf(run: Run, index: number, device: DeviceHandle): Promise<string | null> {
     const pci = Buffer.alloc(PCI_INFO_SIZE);
     const busId = (await deviceCall(run, 'pciInfo', device, pci)) === NVML.SUCCESS ? canonicalBusId(cString(pci.subarray(PCI_BUS_ID_AT))) : null;
-    if (busId !== null) busIds.set(index, busId);
+    if (busId === null) return null;
+    busIds.set(index, busId);
+    devices.get(index)!.busId = busId;
     return busId;
   }
 
