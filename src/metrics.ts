@@ -129,14 +129,15 @@ export function createMetrics(): Metrics {
       age.set(ageMs === null ? Number.NaN : ageMs / 1000);
       processesVisible.set(node === null ? Number.NaN : node.processesHidden === null ? 1 : 0);
       if (node) {
-        const foreignByIndex = new Map(foreignMemory(node).map((gpu) => [gpu.index, gpu.foreignMiB]));
-        for (const gpu of node.snapshot.gpus) {
+        // One entry per GPU, in the snapshot's order.
+        const foreignMiB = foreignMemory(node).map((gpu) => gpu.foreignMiB);
+        for (const [i, gpu] of node.snapshot.gpus.entries()) {
           const labels = { gpu: String(gpu.index), uuid: gpu.uuid };
           setMiB(total, labels, gpu.totalMiB);
           setMiB(used, labels, gpu.usedMiB);
           setMiB(free, labels, gpu.freeMiB);
           setMiB(reserved, labels, gpu.reservedMiB);
-          setMiB(foreign, labels, foreignByIndex.get(gpu.index) ?? null);
+          setMiB(foreign, labels, foreignMiB[i] as number | null);
           if (gpu.events === undefined) continue;
           for (const [xid, count] of Object.entries(gpu.events.xid)) xids.inc({ ...labels, xid }, count);
           ecc.inc({ ...labels, type: 'single-bit' }, gpu.events.eccSingleBit);
