@@ -238,6 +238,14 @@ t.test('a hung call: answered at the deadline, no other call while it is stuck, 
   t.same(sameAsSmi(await nvml.queryGpus()), await smi.queryGpus());
 });
 
+t.test('the GPU and process queries of a first snapshot, together: NVML is initialised once', async (t) => {
+  const { nvml, smi, dir } = rig(t, { ...eightGpuNode(), nvml: { logCalls: true } });
+  const [gpus, apps] = await Promise.all([nvml.queryGpus(), nvml.queryComputeApps()]);
+  t.same(sameAsSmi(gpus), await smi.queryGpus());
+  t.same(sameAsSmi(apps), await smi.queryComputeApps());
+  t.equal(nvmlCalls(dir).filter((call) => call.fn === 'nvmlInit_v2').length, 1);
+});
+
 t.test('after killAll no NVML call is made', async (t) => {
   const { nvml, dir, fake } = rig(t, { ...eightGpuNode(), nvml: { logCalls: true } });
   await nvml.queryVersion();

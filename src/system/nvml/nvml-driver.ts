@@ -67,13 +67,16 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   const { library, timeoutMs, log, procRoot, onQuery } = options;
   const layout = processLayout((fn) => library.has(fn));
   let initialised = false;
+  let initialising: Promise<void> | null = null;
   let stopped = false;
   let running = 0;
   const pending = new Set<Pending>();
   /** Each GPU's bus id by index, as last read (in this initialisation or an earlier one): names a GPU whose handle is lost. */
   const busIds = new Map<number, string>();
   /** What NVML gave of each GPU by index within this initialisation (a driver reload may renumber them). */
-  const devices = new Map<number, { handle: DeviceHandle; uuid?: string; name?: string; busId?: string }>();
+  const devices = new Map<number, { handle: DeviceHandle; uuid?: string; name?: string }>();
+  /** Each GPU's bus id by index within this initialisation. */
+  const initBusIds = new Map<number, string>();
   /** The names of the processes the last process query listed, by PID. */
   let processNames = new Map<number, string>();
   /** Per GPU index, the newest utilization sample read (NVML's microseconds), to ask only for newer ones. */
@@ -113,18 +116,28 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     if (code !== NVML.SUCCESS) throw failed(`initialisation (${library.symbol('init')} of ${library.path})`, code);
     initialised = true;
     devices.clear();
+    initBusIds.clear();
     events.reset();
   }
 
+  /** One initialisation at a time: the GPU and process queries run together, and a second would drop what the first read. */
+  function initialise(run: Run): Promise<void> {
+    if (initialised) return Promise.resolve();
+    initialising ??= init(run).finally(() => {
+      initialising = null;
+    });
+    return initialising;
+  }
+
   async function initialisedFor<T>(run: Run, body: (run: Run) => Promise<T>): Promise<T> {
-    if (!initialised) await init(run);
+    await initialise(run);
     try {
       return await body(run);
     } catch (err) {
       if (!(err instanceof Uninitialised)) throw err;
       log.warn('NVML says it is not initialised (the driver was reloaded?): initialising it again');
       initialised = false;
-      await init(run);
+      await initialise(run);
       return body(run).catch((again: unknown) => {
         throw again instanceof Uninitialised ? failed('a call right after initialising again', NVML.ERROR_UNINITIALIZED) : again;
       });
@@ -242,7 +255,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   async function gpuRecord(run: Run, index: number, device: DeviceHandle): Promise<GpuRecord | null> {
     const uuid = await text(run, 'uuid', index, device);
     if (uuid === null) return null;
-    const busId = devices.get(index)?.busId ?? (await busIdOf(run, index, device));
+    const busId = initBusIds.get(index) ?? (await busIdOf(run, index, device));
     const name = (await text(run, 'name', index, device)) ?? '';
     return { index, uuid, name, ...(await memoryOf(run, device)), migMode: await migModeOf(run, device), busId };
   }
@@ -252,7 +265,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     const busId = (await deviceCall(run, 'pciInfo', device, pci)) === NVML.SUCCESS ? canonicalBusId(cString(pci.subarray(PCI_BUS_ID_AT))) : null;
     if (busId === null) return null;
     busIds.set(index, busId);
-    devices.get(index)!.busId = busId;
+    initBusIds.set(index, busId);
     return busId;
   }
 
@@ -293,7 +306,8 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     }
     // Plain calls: an event call that says a GPU is lost must not make the listing fail.
     const plain: NvmlCall = (fn, ...args) => call(run, fn, ...args);
-    for (const gpu of listing.gpus) await events.register(plain, devices.get(gpu.index)!.handle);
+    const listed = new Set(listing.gpus.map((gpu) => gpu.index));
+    for (const [index, known] of devices) if (listed.has(index)) await events.register(plain, known.handle);
     await events.drain(plain, (handle) => gpuOfHandle(listing, handle));
     for (const gpu of listing.gpus) gpu.events = events.of(gpu.uuid);
     return listing;
