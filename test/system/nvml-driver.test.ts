@@ -244,6 +244,10 @@ t.test('the GPU and process queries of a first snapshot, together: NVML is initi
   t.same(sameAsSmi(gpus), await smi.queryGpus());
   t.same(sameAsSmi(apps), await smi.queryComputeApps());
   t.equal(nvmlCalls(dir).filter((call) => call.fn === 'nvmlInit_v2').length, 1);
+  // The doctor's GPU query may run beside a refresh's: one event set, with every GPU in it.
+  const pair = rig(t, { ...eightGpuNode(), nvml: { logCalls: true } });
+  await Promise.all([pair.nvml.queryGpus(), pair.nvml.queryGpus()]);
+  t.equal(nvmlCalls(pair.dir).filter((call) => call.fn === 'nvmlEventSetCreate').length, 1);
 });
 
 t.test('after killAll no NVML call is made', async (t) => {

@@ -22,24 +22,30 @@ export function noEvents(): GpuEvents {
 }
 
 export function createEventCounter(log: Logger, now: () => number = Date.now) {
-  let set: bigint | null = null;
+  /** This initialisation's event set, made once even when two queries ask at once; null when NVML made none. */
+  let set: Promise<bigint | null> | null = null;
   /** Handles registered with the set (or refused: not asked again) in this initialisation. */
   const asked = new Set<DeviceHandle>();
   const counts = new Map<string, GpuEvents>();
 
+  async function create(call: NvmlCall): Promise<bigint | null> {
+    const out = Buffer.alloc(8);
+    const code = await call('eventSetCreate', out);
+    if (code === NVML.SUCCESS) return out.readBigUInt64LE(0);
+    log.info({ code }, 'NVML made no event set: Xid and ECC events are not counted');
+    return null;
+  }
+
   async function register(call: NvmlCall, device: DeviceHandle): Promise<void> {
     if (asked.has(device)) return;
     asked.add(device);
-    if (set === null) {
-      const out = Buffer.alloc(8);
-      const code = await call('eventSetCreate', out);
-      if (code !== NVML.SUCCESS) return log.info({ code }, 'NVML made no event set: Xid and ECC events are not counted');
-      set = out.readBigUInt64LE(0);
-    }
+    set ??= create(call);
+    const target = await set;
+    if (target === null) return;
     const supported = Buffer.alloc(8);
     if ((await call('supportedEvents', device, supported)) !== NVML.SUCCESS) return;
     const types = supported.readBigUInt64LE(0) & WATCHED;
-    if (types !== 0n) await call('registerEvents', device, types, set);
+    if (types !== 0n) await call('registerEvents', device, types, target);
   }
 
   function count(uuid: string, type: bigint, data: bigint, where: string): void {
@@ -56,10 +62,12 @@ export function createEventCounter(log: Logger, now: () => number = Date.now) {
 
   /** Reads the events waiting; `named` gives a handle's UUID and how to name its GPU (null: not a GPU listed now). */
   async function drain(call: NvmlCall, named: (device: DeviceHandle) => { uuid: string; where: string } | null): Promise<void> {
-    if (set === null) return;
+    set ??= create(call);
+    const target = await set;
+    if (target === null) return;
     const data = Buffer.alloc(EVENT_DATA_SIZE);
     // Until the set is empty (TIMEOUT): a storm ends with the query's deadline at the latest.
-    while ((await call('eventWait', set, data, 0)) === NVML.SUCCESS) {
+    while ((await call('eventWait', target, data, 0)) === NVML.SUCCESS) {
       const gpu = named(data.readBigUInt64LE(0));
       if (gpu !== null) count(gpu.uuid, data.readBigUInt64LE(TYPE_AT), data.readBigUInt64LE(DATA_AT), gpu.where);
     }
