@@ -1,18 +1,17 @@
-// Answers the GPU and process queries from NVML, filling the records nvidia-smi's answers fill.
-// Initialised once, re-initialised when a call says UNINITIALIZED (a driver reload); what cannot
+// Answers the GPU and process queries from NVML, filling the records nvidia-smi's answers fill;
+// how NVML is called (initialisation, deadlines, stuck calls) is nvml-session.ts's. What cannot
 // change within one initialisation (handles, UUIDs, names, bus ids) is asked once, and a process's
-// name while it stays listed, since each call costs a hop to koffi's thread. Each query has
-// one deadline: past it the caller is answered, and while a call of a timed-out query has not
-// returned no other query starts (a wedged driver would pile them up), as with nvidia-smi.
+// name while it stays listed, since each call costs a hop to koffi's thread.
 import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
-import { NvmlFailedError, NvmlTimeoutError, type DriverFailure } from '../../errors.js';
-import type { GpuDriver, GpuListing, QueryName, QueryObservation } from '../gpu-driver.js';
+import { NvmlFailedError } from '../../errors.js';
+import type { GpuDriver, GpuListing, QueryObservation } from '../gpu-driver.js';
 import { canonicalBusId, type ComputeAppRecord, type GpuRecord, type NvidiaSmiVersion, type UnreachableGpu } from '../nvidia-smi-parse.js';
-import { cString, NVML, type DeviceHandle, type NvmlFunction, type NvmlLibrary } from './nvml-library.js';
+import { cString, NVML, type DeviceHandle, type NvmlLibrary } from './nvml-library.js';
 import { createEventCounter } from './nvml-events.js';
 import { processLayout, readProcesses, type NvmlCall } from './nvml-processes.js';
+import { createNvmlSession, Unreachable, type Run } from './nvml-session.js';
 import { readUtilization } from './nvml-utilization.js';
 
 export type NvmlDriverOptions = { library: NvmlLibrary; timeoutMs: number; log: Logger; procRoot: string; onQuery?: (o: QueryObservation) => void };
@@ -26,29 +25,6 @@ const PCI_BUS_ID_AT = 36;
 /** sizeof(nvmlMemory_v2_t), and its version word (nvmlMemory_v2). */
 const MEMORY_V2_SIZE = 40;
 const MEMORY_V2_VERSION = MEMORY_V2_SIZE | (2 << 24);
-
-/** What a code means for the operator, where NVML's own words need it. */
-const CODE_MEANINGS: Partial<Record<number, string>> = {
-  [NVML.ERROR_UNINITIALIZED]: 'NVML stayed uninitialised after a re-initialisation: the driver is being reloaded. Check `dmesg`.',
-  [NVML.ERROR_NO_PERMISSION]: 'this user may not access the GPUs. Give it access to /dev/nvidia* (in a container: run it with the NVIDIA runtime).',
-  [NVML.ERROR_DRIVER_NOT_LOADED]: 'the NVIDIA driver is not loaded. Install or load it (`modprobe nvidia`); in a container, run with the NVIDIA runtime.',
-  [NVML.ERROR_LIB_RM_VERSION_MISMATCH]:
-    'the NVIDIA kernel module and libnvidia-ml are different versions (upgraded, not rebooted). Reboot the node, or reload the nvidia kernel modules.',
-};
-
-/** A call of a query past its deadline: the query makes no further call. */
-class Abandoned extends Error {}
-/** A call answered UNINITIALIZED: NVML is initialised again and the query asked once more. */
-class Uninitialised extends Error {}
-/** A device call said its GPU cannot be reached. */
-class Unreachable extends Error {
-  constructor(readonly code: number) {
-    super(`NVML code ${code}`);
-  }
-}
-
-type Run = { abandoned: boolean };
-type Pending = { fn: NvmlFunction; since: number; run: Run };
 
 function mib(bytes: bigint): number {
   return Number(bytes / MIB);
@@ -66,11 +42,6 @@ function driverBusIds(procRoot: string): string[] {
 export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   const { library, timeoutMs, log, procRoot, onQuery } = options;
   const layout = processLayout((fn) => library.has(fn));
-  let initialised = false;
-  let initialising: Promise<void> | null = null;
-  let stopped = false;
-  let running = 0;
-  const pending = new Set<Pending>();
   /** Each GPU's bus id by index, as last read (in this initialisation or an earlier one): names a GPU whose handle is lost. */
   const busIds = new Map<number, string>();
   /** What NVML gave of each GPU by index within this initialisation (a driver reload may renumber them). */
@@ -82,111 +53,18 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   /** Per GPU index, the newest utilization sample read (NVML's microseconds), to ask only for newer ones. */
   const lastSamples = new Map<number, bigint>();
   const events = createEventCounter(log);
-
-  function failed(what: string, code: number): Error {
-    const meaning = CODE_MEANINGS[code];
-    return new NvmlFailedError(`NVML ${what} failed: "${library.errorString(code)}" (NVML code ${code}).${meaning ? ` This means ${meaning}` : ''}`);
-  }
-
-  async function call(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number> {
-    if (run.abandoned) throw new Abandoned();
-    const entry: Pending = { fn, since: Date.now(), run };
-    pending.add(entry);
-    try {
-      const code = await library.call(fn, ...args);
-      if (code === NVML.ERROR_UNINITIALIZED && fn !== 'init') throw new Uninitialised();
-      return code;
-    } finally {
-      pending.delete(entry);
-      if (run.abandoned) log.info({ fn: library.symbol(fn), stuckMs: Date.now() - entry.since }, 'The NVML call past its deadline has returned; nodecompute calls NVML again');
-    }
-  }
-
-  function stuckError(): Error | null {
-    const first = [...pending].find((entry) => entry.run.abandoned);
-    if (first === undefined) return null;
-    return new NvmlTimeoutError(
-      `NVML call ${library.symbol(first.fn)} has not returned since ${new Date(first.since).toISOString()} (timeout ${timeoutMs} ms): a wedged driver, so nodecompute makes ` +
-        'no other NVML call until it returns. Check `dmesg` (NVRM/Xid); drain the node, then reset the GPU or reboot.',
-    );
-  }
-
-  async function init(run: Run): Promise<void> {
-    const code = await call(run, 'init');
-    if (code !== NVML.SUCCESS) throw failed(`initialisation (${library.symbol('init')} of ${library.path})`, code);
-    initialised = true;
-    devices.clear();
-    initBusIds.clear();
-    events.reset();
-  }
-
-  /** One initialisation at a time: the GPU and process queries run together, and a second would drop what the first read. */
-  function initialise(run: Run): Promise<void> {
-    if (initialised) return Promise.resolve();
-    initialising ??= init(run).finally(() => {
-      initialising = null;
-    });
-    return initialising;
-  }
-
-  async function initialisedFor<T>(run: Run, body: (run: Run) => Promise<T>): Promise<T> {
-    await initialise(run);
-    try {
-      return await body(run);
-    } catch (err) {
-      if (!(err instanceof Uninitialised)) throw err;
-      log.warn('NVML says it is not initialised (the driver was reloaded?): initialising it again');
-      initialised = false;
-      await initialise(run);
-      return body(run).catch((again: unknown) => {
-        throw again instanceof Uninitialised ? failed('a call right after initialising again', NVML.ERROR_UNINITIALIZED) : again;
-      });
-    }
-  }
-
-  function report(query: QueryName, started: number, err?: unknown): void {
-    const durationMs = Math.round(performance.now() - started);
-    if (err === undefined) log.debug({ query, durationMs }, 'NVML answered');
-    else log.debug({ query, durationMs, err }, 'NVML query failed');
-    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
-  }
-
-  async function query<T>(name: QueryName, body: (run: Run) => Promise<T>): Promise<T> {
-    const refused = stopped ? new NvmlFailedError('NVML was not called: nodecompute is shutting down.') : stuckError();
-    if (refused) {
-      onQuery?.({ query: name, durationMs: null, outcome: (refused as DriverFailure).code });
-      throw refused;
-    }
-    const started = performance.now();
-    const run: Run = { abandoned: false };
-    const work = initialisedFor(run, body);
-    work.catch(() => undefined);
-    running += 1;
-    let timer: NodeJS.Timeout | undefined;
-    const deadline = new Promise<never>((_resolve, reject) => {
-      timer = setTimeout(() => {
-        run.abandoned = true;
-        reject(
-          new NvmlTimeoutError(
-            `NVML did not answer the ${name} query within ${timeoutMs} ms. A wedged driver? Check \`dmesg\` (NVRM/Xid); enable persistence mode ` +
-              '(nvidia-smi -pm 1); raise NODECOMPUTE_SMI_TIMEOUT_MS only if the node is merely slow.',
-          ),
-        );
-      }, timeoutMs);
-    });
-    const answer = Promise.race([work, deadline]).finally(() => {
-      clearTimeout(timer);
-      running -= 1;
-    });
-    try {
-      const value = await answer;
-      report(name, started);
-      return value;
-    } catch (err) {
-      report(name, started, err);
-      throw err;
-    }
-  }
+  const session = createNvmlSession({
+    library,
+    timeoutMs,
+    log,
+    onQuery,
+    onInitialised: () => {
+      devices.clear();
+      initBusIds.clear();
+      events.reset();
+    },
+  });
+  const { call, deviceCall, failed } = session;
 
   async function count(run: Run): Promise<number> {
     const out = Buffer.alloc(4);
@@ -195,13 +73,6 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     const gpus = out.readUInt32LE(0);
     if (gpus === 0) throw new NvmlFailedError('NVML lists no GPU. Check that the GPUs are visible here (--gpus all, NVIDIA_VISIBLE_DEVICES) and bound to the driver.');
     return gpus;
-  }
-
-  /** A device call; a code saying the GPU cannot be reached throws Unreachable. */
-  async function deviceCall(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number> {
-    const code = await call(run, fn, ...args);
-    if (code === NVML.ERROR_GPU_IS_LOST || code === NVML.ERROR_UNKNOWN) throw new Unreachable(code);
-    return code;
   }
 
   /** A GPU's UUID or name: asked until NVML gives it, then kept. */
@@ -370,17 +241,15 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   return {
     backend: 'nvml',
     source: library.path,
-    queryGpus: () => query('gpus', listGpus),
-    queryComputeApps: () => query('compute-apps', listProcesses),
-    queryVersion: () => query('version', versions),
-    killAll: () => {
-      stopped = true;
-    },
+    queryGpus: () => session.query('gpus', listGpus),
+    queryComputeApps: () => session.query('compute-apps', listProcesses),
+    queryVersion: () => session.query('version', versions),
+    killAll: () => session.stop(),
     get running() {
-      return running + [...pending].filter((entry) => entry.run.abandoned).length;
+      return session.running;
     },
     get stopped() {
-      return stopped;
+      return session.stopped;
     },
   };
 }
