@@ -2,7 +2,7 @@
 // (figure, measured, target, pass/fail; `info` for a row without a target); writes every number to
 // bench/results/latest.json. The figures run one after another, never overlapping, against servers
 // in child processes on 127.0.0.1 (or in this process, for the refresh cost). Pass figure names as
-// arguments to run only those (footprint, footprint-nvml, single-flight, slow-probe, refresh-cost,
+// arguments to run only those (footprint, footprint-nvml, floor, single-flight, slow-probe, refresh-cost,
 // memory, backends); BENCH_FOOTPRINT_S shortens both footprints' measured duration. Exits 1 when a figure could not be
 // measured at all; a figure that misses its target is reported, not an error.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { nodeLayout } from './fake-smi.js';
 import { backendsFigure, type BackendCost, type BackendsResult } from './figures/backends.js';
 import { CPU_TARGET_PCT, FLAT_FACTOR as FOOTPRINT_FLAT_FACTOR, footprintFigure, footprintSeconds, RSS_TARGET_MB as FOOTPRINT_RSS_MB, type FootprintResult } from './figures/footprint.js';
+import { floorFigure, type FloorResult } from './figures/floor.js';
 import { memoryFigure, FLAT_FACTOR, RSS_TARGET_MB, type MemoryResult } from './figures/memory.js';
 import { MAX_MARGINAL_GROWTH, refreshCostFigure, TARGET_MS_AT_256, type RefreshCostResult } from './figures/refresh-cost.js';
 import { singleFlightFigure, type SingleFlightResult } from './figures/single-flight.js';
@@ -154,6 +155,19 @@ function refreshCostRows(r: RefreshCostResult): Row[] {
   ];
 }
 
+function floorRows(r: FloorResult): Row[] {
+  const bytes = r.answerBytes;
+  const failed = r.failed > 0 ? ` INVALID: ${r.failed} requests failed` : '';
+  return [
+    {
+      figure: '1. floor: a bare Fastify replaying the same answers',
+      measured: `${r.cpuPct}% of one core, RSS ${r.rssMaxMB} MB at most (${r.durationS} s; bytes: probe ${bytes.probe}, /shards ${bytes.shards}, /metrics ${bytes.metrics}, page ${bytes.page})${failed}`,
+      target: '-',
+      result: 'info',
+    },
+  ];
+}
+
 function memoryRows(r: MemoryResult): Row[] {
   return [
     {
@@ -187,6 +201,7 @@ function figure<T>(name: string, title: string, run: (ctx: BenchContext, log: Lo
 const FIGURES: Figure[] = [
   figure('footprint', `1. footprint at a typical load, nvidia-smi (${footprintSeconds()} s measured)`, footprintFigure, footprintRows),
   figure('footprint-nvml', `1. footprint at a typical load, NVML (${footprintSeconds()} s measured)`, (ctx, log) => footprintFigure(ctx, log, 'nvml'), footprintRows),
+  figure('floor', '1. floor: the same load and answers from a bare Fastify', floorFigure, floorRows),
   figure('single-flight', '2. nvidia-smi runs per TTL window', singleFlightFigure, singleFlightRows),
   figure('slow-probe', '3. probe latency during a 3 s nvidia-smi', slowProbeFigure, slowProbeRows),
   figure('refresh-cost', '4. snapshot refresh cost', refreshCostFigure, refreshCostRows),
