@@ -8,6 +8,7 @@ import { DRIVER_FAILURE_CODES } from './errors.js';
 import { foreignMemory } from './node-state/foreign-memory.js';
 import type { LostGpu } from './node-state/gpu-roster.js';
 import { smUtilOf } from './node-state/attribution.js';
+import { shardCpuCores } from './node-state/cpu-use.js';
 import type { NodeView } from './node-state/node-view.js';
 import { placedIndices } from './node-state/placement.js';
 import { READINESS_STATES } from './shards/verdict.js';
@@ -105,6 +106,8 @@ export function createMetrics(): Metrics {
   const ecc = counter('nodecompute_gpu_ecc_errors_total', 'ECC error events NVML reported for the GPU since nodecompute started (single-bit: corrected).', [...gpuLabels, 'type']);
   const smHelp = "SM utilization of a shard's processes on a GPU (NVML's per-process samples, 1 = 100%): near 0 while the shard is busy means its work is not on this GPU.";
   const shardSm = gauge('nodecompute_shard_gpu_sm_utilization_ratio', smHelp, ['shard', ...gpuLabels]);
+  const cpuHelp = "CPU cores a shard's processes used between the last two snapshots (/proc/PID/stat); several while its GPUs do no work means it computes on the CPU.";
+  const shardCpu = gauge('nodecompute_shard_cpu_cores', cpuHelp, ['shard']);
 
   const rebuiltGauges = [total, used, free, reserved, foreign, lost, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
@@ -120,7 +123,7 @@ export function createMetrics(): Metrics {
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
     update({ node, ageMs, nvidiaSmiUp, lostGpus, shards, tokenFile }) {
-      for (const metric of [...rebuiltGauges, xids, ecc, shardSm]) metric.reset();
+      for (const metric of [...rebuiltGauges, xids, ecc, shardSm, shardCpu]) metric.reset();
       if (tokenFile !== null) {
         tokenFileOk.set({ file: tokenFile.path }, tokenFile.problem === null ? 1 : 0);
         tokensInForce.set({ file: tokenFile.path }, tokenFile.tokens);
@@ -158,6 +161,8 @@ export function createMetrics(): Metrics {
         shardReady.set({ shard: shard.id }, readiness.ready ? 1 : 0);
         for (const gpu of placedIndices(shard, node?.snapshot.gpus ?? null)) shardPlaced.set({ shard: shard.id, gpu: String(gpu) }, 1);
         for (const state of READINESS_STATES) shardState.set({ shard: shard.id, state }, state === readiness.state ? 1 : 0);
+        const cores = node === null ? null : shardCpuCores(shard, node);
+        if (cores !== null) shardCpu.set({ shard: shard.id }, cores);
       }
     },
   };

@@ -6,6 +6,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../services.js';
 import { withoutDurations } from '../duration.js';
 import type { SnapshotView } from '../node-state/snapshot.js';
+import type { GpuUsage as ShardGpuUsage } from '../shards/compute.js';
 import type { ShardState } from '../shards/shard-service.js';
 
 /** A short, stable digest of an answer's content. */
@@ -13,10 +14,18 @@ export function contentTag(text: string): string {
   return createHash('sha1').update(text).digest('base64url').slice(0, 16);
 }
 
+/** A shard's compute without the rates that move at every snapshot (CPU cores, SM utilization). */
+function computeFacts(compute: ShardState['compute']): unknown {
+  if (compute === null) return null;
+  const facts = ({ smUtilPct: _sm, ...usage }: ShardGpuUsage) => usage;
+  return { ...compute, cpuCores: undefined, gpus: compute.gpus.map(facts), strayGpus: compute.strayGpus.map(facts) };
+}
+
 /**
  * The content of GET /shards that a poller acts on: registrations, verdicts with their reasons and
  * warnings (without the spans of time they carry, which move at every snapshot: a cause that
- * changes, an engine that did not load becoming a GPU lost, is a change) and compute.
+ * changes, an engine that did not load becoming a GPU lost, is a change) and compute (without its
+ * rates, which move at every snapshot too: a weak ETag names equivalent answers).
  */
 export function shardsTag(states: ShardState[]): string {
   return contentTag(
@@ -28,7 +37,7 @@ export function shardsTag(states: ShardState[]): string {
         readiness.cause,
         readiness.reason === null ? null : withoutDurations(readiness.reason),
         readiness.warnings.map(withoutDurations),
-        compute,
+        computeFacts(compute),
       ]),
     ),
   );

@@ -5,6 +5,7 @@
 import type { Logger } from 'pino';
 import type { GpuDriver, GpuListing } from '../system/gpu-driver.js';
 import type { ComputeAppRecord, GpuRecord } from '../system/nvidia-smi.js';
+import { CLOCK_TICKS_PER_SECOND } from '../system/procfs-parse.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
 import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
@@ -36,6 +37,8 @@ export interface NodeSnapshot extends ProcFacts {
   unmatchedProcesses: ComputeAppRecord[];
   /** GPUs an earlier snapshot of this process listed and this one does not (gpu-roster.ts), by index. */
   lostGpus: LostGpu[];
+  /** Per PID read in this snapshot and the one before (the same process: PID and start time), the CPU cores it used in between. */
+  cpuCores: ReadonlyMap<number, number>;
   timings: { driverMs: number; procMs: number };
 }
 
@@ -125,12 +128,37 @@ async function readProcFacts(deps: SnapshotTakerDeps, scanFailure: RepeatLimit, 
   return { shardPids: new Set(interest.pids), facts: { proc, cgroupPids, cgroupScanFailed, bootId: deps.proc.bootId() } };
 }
 
+/** CPU time read at one moment (performance.now()), per PID. */
+type CpuSample = { at: number; byPid: ReadonlyMap<number, Pick<ProcStat, 'startTime' | 'cpuTicks'>> };
+
+/** Shorter than this, a rate would be mostly the 10 ms tick's rounding: the older sample stays the baseline. */
+const MIN_CPU_INTERVAL_MS = 500;
+
+/** Each process's CPU cores since `before` (same PID and start time); the sample to measure the next refresh from. */
+export function cpuSince(before: CpuSample | null, proc: ReadonlyMap<number, StatAnswer>, at: number): { cores: Map<number, number>; sample: CpuSample } {
+  const cores = new Map<number, number>();
+  const byPid = new Map<number, Pick<ProcStat, 'startTime' | 'cpuTicks'>>();
+  for (const [pid, stat] of proc) if (isReadable(stat)) byPid.set(pid, { startTime: stat.startTime, cpuTicks: stat.cpuTicks });
+  if (before === null) return { cores, sample: { at, byPid } };
+  const seconds = (at - before.at) / 1000;
+  for (const [pid, now] of byPid) {
+    const then = before.byPid.get(pid);
+    if (then?.startTime === now.startTime) cores.set(pid, (now.cpuTicks - then.cpuTicks) / CLOCK_TICKS_PER_SECOND / seconds);
+  }
+  if (at - before.at >= MIN_CPU_INTERVAL_MS) return { cores, sample: { at, byPid } };
+  // Too soon to measure from: keep the older baseline, adding the processes it did not have.
+  const kept = new Map(before.byPid);
+  for (const [pid, now] of byPid) if (before.byPid.get(pid)?.startTime !== now.startTime) kept.set(pid, now);
+  return { cores, sample: { at: before.at, byPid: kept } };
+}
+
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
   const { now, log } = deps;
   const roster = createGpuRoster(log);
   const scanFailure = createRepeatLimit(now);
   /** The last snapshot's GPU processes: read again, with the shards', after nvidia-smi fails. */
   let listedPids: readonly number[] = [];
+  let cpuBaseline: CpuSample | null = null;
   return async () => {
     const startedAt = now();
     const started = performance.now();
@@ -163,12 +191,15 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const done = performance.now();
     const takenAt = now();
     listedPids = [...gpuPids];
+    const cpu = cpuSince(cpuBaseline, facts.proc, done);
+    cpuBaseline = cpu.sample;
     return {
       ...facts,
       takenAt,
       gpus,
       unmatchedProcesses: unmatched,
       lostGpus: roster.update(listing.gpus, takenAt, listing.unreachable),
+      cpuCores: cpu.cores,
       timings: { driverMs: smiDone - started, procMs: done - smiDone },
     };
   };

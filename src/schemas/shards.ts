@@ -138,6 +138,11 @@ export const ShardComputeComponent = Type.Object(
     }),
     gpus: Type.Array(Ref(ShardGpuUsageComponent), { description: 'Assigned GPUs the shard holds memory on.' }),
     strayGpus: Type.Array(Ref(ShardGpuUsageComponent), { description: 'GPUs the shard holds memory on but was not given.' }),
+    cpuCores: Nullable(
+      Type.Number({ minimum: 0 }),
+      "CPU cores the shard's processes used between the last two snapshots (its registered process, its cgroup's members and its GPU processes; /proc/PID/stat), " +
+        'to two decimals; null until two snapshots have read them. Several cores while its GPUs do no work: it computes on the CPU.',
+    ),
     engine: Nullable(Ref(EngineAccountComponent), "The engine's own account, or null when its output says nothing (or none was posted)."),
   },
   { $id: 'ShardCompute', description: "Where a shard computes, as nvidia-smi sees it, with the engine's own account." },

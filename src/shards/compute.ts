@@ -3,6 +3,7 @@
 // account. The backend says only what is known, else null.
 import { formatHeldMemory } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
+import { shardCpuCores } from '../node-state/cpu-use.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount, EngineBackend } from './llama-account.js';
@@ -12,7 +13,15 @@ import type { ReadinessState } from './verdict.js';
 /** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
 export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null };
 
-export type ShardCompute = { backend: EngineBackend | null; devices: string[]; gpus: GpuUsage[]; strayGpus: GpuUsage[]; engine: EngineAccount | null };
+/** `cpuCores`: what its processes burn (cpu-use.ts); null until two snapshots have read them. */
+export type ShardCompute = {
+  backend: EngineBackend | null;
+  devices: string[];
+  gpus: GpuUsage[];
+  strayGpus: GpuUsage[];
+  cpuCores: number | null;
+  engine: EngineAccount | null;
+};
 
 /** `GPU 0: 9.8 GiB`, `GPU 0: 512 MiB`, or `GPU 0: memory not reported` when nvidia-smi says [N/A]. */
 export function deviceLabel(usage: Pick<GpuUsage, 'index' | 'usedMiB'>): string {
@@ -45,5 +54,6 @@ export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineA
   const usage = (given: boolean): GpuUsage[] =>
     held.filter((holding) => assigned.has(holding.index) === given).map(({ index, usedMiB, processes }) => ({ index, usedMiB, ...activityOn(node, index, processes) }));
   const gpus = usage(true);
-  return { backend: backendOf(held.length > 0, shard, engine, state), devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), engine };
+  const backend = backendOf(held.length > 0, shard, engine, state);
+  return { backend, devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), cpuCores: shardCpuCores(shard, node), engine };
 }

@@ -1,7 +1,10 @@
 // Owns the on-cpu verdict and its reason: the engine's own CPU account decides it with or without
 // nvidia-smi; otherwise grace is over with a given GPU not held, and the reason follows what else is
 // known (memory on a GPU it was not given, output showing weights on a GPU, output saying nothing).
+// Also the warning for a shard that holds its GPUs yet computes on the CPU under load.
 import { formatDuration } from '../duration.js';
+import { smUtilOf } from '../node-state/attribution.js';
+import { shardCpuCores } from '../node-state/cpu-use.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { deviceLabel } from './compute.js';
 import type { EngineAccount } from './llama-account.js';
@@ -11,6 +14,26 @@ import { andList, gpuList, verdict, type Readiness } from './verdict.js';
 
 const ON_CPU_ADVICE =
   "Check the engine's build (ldd libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor`.";
+
+/** Cores a shard's processes burn above which, with no GPU work, they compute on the CPU (a GPU engine's host threads use about one). */
+export const CPU_BURN_CORES = 2;
+/** SM utilization (%) at or below which the shard's processes do no GPU work worth the name. */
+const GPU_IDLE_PCT = 5;
+
+/** A warning when the shard burns CPU_BURN_CORES or more while each GPU it holds has its processes doing no SM work (NVML's samples); null otherwise. */
+export function cpuBurnWarning(shard: ShardRecord, node: NodeView): string | null {
+  const cores = shardCpuCores(shard, node);
+  const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])];
+  if (cores === null || cores < CPU_BURN_CORES || held.length === 0) return null;
+  const busy = held.map((holding) => ({ index: holding.index, smUtilPct: smUtilOf(holding.processes) }));
+  if (busy.some((gpu) => gpu.smUtilPct === null || gpu.smUtilPct > GPU_IDLE_PCT)) return null;
+  const idle = busy.map((gpu) => `GPU ${gpu.index} (${gpu.smUtilPct}% SM)`).join(', ');
+  return (
+    // Whole cores: a figure that moved at every snapshot would make the verdict (and /shards's ETag) change with it.
+    `its processes burn about ${Math.round(cores)} CPU cores while doing no work on ${idle}: it computes on the CPU, five to ten times slower. ` +
+    "Check how many layers the engine put on the GPU (llama.cpp's -ngl, its log's \"offloaded N/M layers\"), that the model fits the GPU's free memory, and that the build has CUDA."
+  );
+}
 
 /** Why there is no engine account to judge by: nothing posted, output that says nothing, or an earlier run's output set aside. */
 export type NoAccount = 'not-posted' | 'silent' | 'earlier-run';

@@ -10,7 +10,7 @@ import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import type { StatAnswer } from '../system/procfs.js';
 import type { EngineAccount } from './llama-account.js';
-import { engineCpuVerdict, engineSaysCpu, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
+import { cpuBurnWarning, engineCpuVerdict, engineSaysCpu, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type ReadinessState } from './verdict.js';
 
@@ -90,6 +90,8 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   if (engine?.backend === 'CUDA' && engine.layersOffloaded !== null && engine.layersTotal !== null && engine.layersOffloaded < engine.layersTotal) {
     warnings.push(`the engine offloaded only ${engine.layersOffloaded} of ${engine.layersTotal} layers to the GPU; the rest runs on the CPU`);
   }
+  const burning = cpuBurnWarning(shard, node);
+  if (burning !== null) warnings.push(burning);
   return warnings;
 }
 

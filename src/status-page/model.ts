@@ -175,6 +175,8 @@ export function statusModel(input: StatusInput) {
     // Null when nvidia-smi cannot be asked; strays: held but not given.
     held: compute ? compute.devices : null,
     strays: compute ? compute.strayGpus.map(deviceLabel) : [],
+    // Null until two snapshots have read its processes, and when nvidia-smi cannot be asked.
+    cpuCores: compute ? compute.cpuCores : null,
     reason: readiness.reason,
     warnings: readiness.warnings.map((warning) => pointToBanner(warning, input.error)),
   }));

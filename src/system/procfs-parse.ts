@@ -2,8 +2,11 @@
 // boot), /proc/PID/cgroup, /proc/uptime, the boot id and a limits file. A stat that does not parse
 // throws ProcParseError naming what is wrong; the other parsers answer null (or nothing) instead.
 
-/** startTime: field 22, clock ticks since boot; with the pid, it tells the original process from a reused PID. */
-export type ProcStat = { pid: number; comm: string; state: string; ppid: number; pgrp: number; session: number; startTime: number };
+/**
+ * startTime: field 22, clock ticks since boot; with the pid, it tells the original process from a reused PID.
+ * cpuTicks: fields 14 and 15 (utime + stime), the CPU the process has used, in clock ticks.
+ */
+export type ProcStat = { pid: number; comm: string; state: string; ppid: number; pgrp: number; session: number; startTime: number; cpuTicks: number };
 
 /** A zombie (Z) or a dead task (X): the process has exited, and its stat only waits for its parent to reap it. */
 export function hasExited(stat: ProcStat): boolean {
@@ -15,7 +18,7 @@ export class ProcParseError extends Error {
 }
 
 // Field numbers of proc(5); fields after the command name start at 3.
-const FIELD = { state: 3, ppid: 4, pgrp: 5, session: 6, startTime: 22 } as const;
+const FIELD = { state: 3, ppid: 4, pgrp: 5, session: 6, utime: 14, stime: 15, startTime: 22 } as const;
 const FIRST_FIELD_AFTER_COMM = FIELD.state;
 const UNSIGNED = /^\d+$/;
 /** USER_HZ, the unit of starttime: 100 on x86-64 and arm64 (Node cannot ask sysconf). */
@@ -48,6 +51,8 @@ function scanStat(b: Buffer): ProcStat | null {
   let ppid = -1;
   let pgrp = -1;
   let session = -1;
+  let utime = -1;
+  let stime = -1;
   let at = close + 4;
   for (let field = FIELD.ppid; field < FIELD.startTime; field += 1) {
     let end = at;
@@ -56,14 +61,16 @@ function scanStat(b: Buffer): ProcStat | null {
     if (field === FIELD.ppid) ppid = wholeNumber(b, at, end);
     else if (field === FIELD.pgrp) pgrp = wholeNumber(b, at, end);
     else if (field === FIELD.session) session = wholeNumber(b, at, end);
+    else if (field === FIELD.utime) utime = wholeNumber(b, at, end);
+    else if (field === FIELD.stime) stime = wholeNumber(b, at, end);
     at = end + 1;
   }
   let end = at;
   while (end < length && b[end] !== SPACE) end += 1;
   if (end === length && b[length - 1] === NEWLINE) end -= 1;
   const startTime = wholeNumber(b, at, end);
-  if (ppid < 0 || pgrp < 0 || session < 0 || startTime < 0) return null;
-  return { pid, comm: b.toString('utf8', open + 1, close), state: String.fromCharCode(state), ppid, pgrp, session, startTime };
+  if (ppid < 0 || pgrp < 0 || session < 0 || utime < 0 || stime < 0 || startTime < 0) return null;
+  return { pid, comm: b.toString('utf8', open + 1, close), state: String.fromCharCode(state), ppid, pgrp, session, startTime, cpuTicks: utime + stime };
 }
 
 /** The digits of b[from, to) as a safe integer; -1 when empty, not all digits, or too large. */
@@ -104,6 +111,7 @@ function parseStatText(text: string): ProcStat {
     pgrp: toCount(field(FIELD.pgrp), 'field 5 (pgrp)', text),
     session: toCount(field(FIELD.session), 'field 6 (session)', text),
     startTime: toCount(field(FIELD.startTime), 'field 22 (starttime)', text),
+    cpuTicks: toCount(field(FIELD.utime), 'field 14 (utime)', text) + toCount(field(FIELD.stime), 'field 15 (stime)', text),
   };
 }
 

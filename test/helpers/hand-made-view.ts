@@ -9,7 +9,7 @@ import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
 
 /** A running (or, with `state`, stopped: T) process of process group 100, as /proc/PID/stat reads. */
 export function procStat(pid: number, state = 'S'): ProcStat {
-  return { pid, comm: 'llama-server', state, ppid: 1, pgrp: 100, session: 100, startTime: 5 };
+  return { pid, comm: 'llama-server', state, ppid: 1, pgrp: 100, session: 100, startTime: 5, cpuTicks: 0 };
 }
 
 export interface HandMadeNode {
@@ -21,6 +21,8 @@ export interface HandMadeNode {
   lostGpus?: LostGpu[];
   /** The PIDs found in each cgroup a shard names. */
   cgroupPids?: Array<[string, number[]]>;
+  /** Cores each PID used since the snapshot before. */
+  cpuCores?: Array<[number, number]>;
 }
 
 /** The view of such a snapshot with `shards` registered. */
@@ -33,6 +35,7 @@ export function handMadeView(node: HandMadeNode, shards: ShardRecord[]): NodeVie
     bootId: null,
     unmatchedProcesses: [],
     lostGpus: node.lostGpus ?? [],
+    cpuCores: new Map(node.cpuCores ?? []),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);

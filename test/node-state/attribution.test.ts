@@ -216,7 +216,7 @@ const node = fc
       const at = i + 1;
       if (!listed[i]) return;
       if (entry === 'unreadable') proc.set(at, { pid: at, unreadable: 'reading it failed (EIO)', advice: 'see the log' });
-      else proc.set(at, entry === null ? null : { pid: at, comm: entry.sandbox ? 'pause' : `p${at}`, state: entry.state, ppid: entry.ppid, pgrp: entry.pgrp, session: 1, startTime: entry.startTime });
+      else proc.set(at, entry === null ? null : { pid: at, comm: entry.sandbox ? 'pause' : `p${at}`, state: entry.state, ppid: entry.ppid, pgrp: entry.pgrp, session: 1, startTime: entry.startTime, cpuTicks: 0 });
     });
     const snapshot: NodeSnapshot = {
       takenAt: 1,
@@ -239,6 +239,7 @@ const node = fc
       bootId,
       unmatchedProcesses: [],
       lostGpus: [],
+      cpuCores: new Map(),
       timings: { driverMs: 0, procMs: 0 },
     };
     const records = shards.map(
@@ -377,7 +378,7 @@ t.test('the generator reaches every case the rule distinguishes', async (t) => {
 
 t.test("a gone shard's group number, reused by a new group, is that group's: its processes are not contested", async (t) => {
   const now = 10_000_000;
-  const stat = (pid: number, ppid: number, startTime: number, comm = 'python'): ProcStat => ({ pid, comm, state: 'S', ppid, pgrp: 500, session: 500, startTime });
+  const stat = (pid: number, ppid: number, startTime: number, comm = 'python'): ProcStat => ({ pid, comm, state: 'S', ppid, pgrp: 500, session: 500, startTime, cpuTicks: 0 });
   // "old" was PID 500 leading group 500 (started at tick 5), exited and was never removed. PID 500 now
   // leads a new group 500 (a launcher, tick 900) whose ranks are siblings: rank 0 is registered, rank 1 holds GPU 1.
   const old = shardRecord(now, { id: 'old', pid: 500, identity: { pid: 500, pgid: 500, startTime: 5, name: 'llama-server' } });

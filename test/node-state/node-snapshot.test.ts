@@ -182,7 +182,7 @@ t.test('take: the members of cgroup shards are read with the GPU and shard PIDs,
   });
   const snapshot = await take();
   t.same(calls, [[[12, 20, 10], true]], 'GPU process, shard PID, then the members not read already: one call, kept open');
-  t.same(statOf(snapshot, 10), { pid: 10, comm: 'pause', state: 'S', ppid: 1, pgrp: 10, session: 10, startTime: 5 }, 'the sandbox, by its name');
+  t.same(statOf(snapshot, 10), { pid: 10, comm: 'pause', state: 'S', ppid: 1, pgrp: 10, session: 10, startTime: 5, cpuTicks: 0 }, 'the sandbox, by its name');
   const pods: ShardRecord[] = [
     { id: 'pod', pid: null, cgroup: '7d5b1f2c-1111-4c3e-9e0a-3f7c2b9d8e11', gpus: [0], engine: 'llama.cpp', graceMs: 0, registeredAt: 0, identity: { pid: 10, pgid: 10, startTime: 5, name: 'pause' } },
   ];
@@ -283,7 +283,7 @@ t.test('take: a cgroup scan that fails (one unreadable cgroup file) leaves the s
 });
 
 t.test('procOnlyLiveness: the facts describe only shards registered before they were read', async (t) => {
-  const stat = (pid: number, startTime: number, state = 'S') => ({ pid, comm: `p${pid}`, state, ppid: 1, pgrp: pid, session: pid, startTime });
+  const stat = (pid: number, startTime: number, state = 'S') => ({ pid, comm: `p${pid}`, state, ppid: 1, pgrp: pid, session: pid, startTime, cpuTicks: 0 });
   const facts = {
     startedAt: 1000,
     takenAt: 1010,

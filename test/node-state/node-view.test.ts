@@ -11,7 +11,7 @@ import type { ProcStat } from '../../src/system/procfs.js';
 
 /** A snapshot whose nvidia-smi lists `listed` on GPU 0 (and `also` on GPU 1), of which /proc has `present`. */
 function snapshot(listed: number[], present: number[], also: number[] = []): NodeSnapshot {
-  const stat = (pid: number): ProcStat => ({ pid, comm: `p${pid}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 1 });
+  const stat = (pid: number): ProcStat => ({ pid, comm: `p${pid}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 1, cpuTicks: 0 });
   return {
     takenAt: 0,
     gpus: [gpuState(0, listed.map((pid) => [pid, 500])), gpuState(1, also.map((pid) => [pid, 500]))],
@@ -20,6 +20,7 @@ function snapshot(listed: number[], present: number[], also: number[] = []): Nod
     bootId: null,
     unmatchedProcesses: [],
     lostGpus: [],
+    cpuCores: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
 }

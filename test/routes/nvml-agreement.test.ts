@@ -7,8 +7,8 @@ import { buildTestApp, manualClock, settle, spawnShardProcess, type TestApp } fr
 import { twoGpuNode, UUIDS } from '../helpers/two-gpu-node.js';
 
 const BACKENDS = ['nvidia-smi', 'nvml'] as const;
-/** Keys whose values are times, ages or freshness (they differ between two apps by when each was asked: a spawn is slower than a call), and those only NVML fills. */
-const TIMES = /(At|Ms|Since|ageS|Seconds|^stale|staleReason|^events|^smUtilPct|^xidErrors)$/;
+/** Keys whose values are times, ages, freshness or rates over time (they differ between two apps by when each was asked: a spawn is slower than a call), and those only NVML fills. */
+const TIMES = /(At|Ms|Since|ageS|Seconds|^stale|staleReason|^events|^smUtilPct|^xidErrors|^cpuCores)$/;
 
 function withoutTimes(value: unknown): unknown {
   if (Array.isArray(value)) return value.map(withoutTimes);
@@ -20,7 +20,7 @@ function withoutTimes(value: unknown): unknown {
 function comparableMetrics(text: string): string[] {
   return text
     .split('\n')
-    .filter((line) => line.startsWith('nodecompute_') && !/duration|backend_info|age_seconds|process_|nodejs_|xid|ecc|sm_utilization/.test(line));
+    .filter((line) => line.startsWith('nodecompute_') && !/duration|backend_info|age_seconds|process_|nodejs_|xid|ecc|sm_utilization|cpu_cores/.test(line));
 }
 
 type Clocked = TestApp & { clock: ReturnType<typeof manualClock> };

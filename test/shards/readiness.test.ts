@@ -18,7 +18,7 @@ import { readSample } from '../helpers/samples.js';
 const NOW = 1_000_000;
 
 function stat(pid: number, pgrp: number, startTime: number, state = 'S'): ProcStat {
-  return { pid, comm: `p${pid}`, state, ppid: 1, pgrp, session: pgrp, startTime };
+  return { pid, comm: `p${pid}`, state, ppid: 1, pgrp, session: pgrp, startTime, cpuTicks: 0 };
 }
 
 function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra: Array<[number, StatAnswer]> = []): NodeView {
@@ -30,6 +30,7 @@ function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra:
     bootId: null,
     unmatchedProcesses: [],
     lostGpus: [],
+    cpuCores: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);
@@ -192,6 +193,7 @@ t.test('compute: memory on a GPU the shard was not given is stray, never one of 
       { index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null },
       { index: 2, usedMiB: null, smUtilPct: null, xidErrors: null },
     ],
+    cpuCores: null,
     engine: null,
   });
 });
@@ -199,7 +201,7 @@ t.test('compute: memory on a GPU the shard was not given is stray, never one of 
 t.test('compute: a shard absent from the attribution holds nothing, and its backend is not known', async (t) => {
   const s = shard({ gpus: [0] });
   const node = view([gpu(0, [])], [stat(100, 100, 5)], []);
-  t.same(shardCompute(s, node, null, 'starting'), { backend: null, devices: [], gpus: [], strayGpus: [], engine: null });
+  t.same(shardCompute(s, node, null, 'starting'), { backend: null, devices: [], gpus: [], strayGpus: [], cpuCores: null, engine: null });
 });
 
 t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evidence of a verdict, else null', async (t) => {
@@ -377,6 +379,7 @@ function podView(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], mem
     bootId: null,
     unmatchedProcesses: [],
     lostGpus: [],
+    cpuCores: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);

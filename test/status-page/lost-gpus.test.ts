@@ -21,7 +21,7 @@ import { gpuState } from '../helpers/gpu-state.js';
 const NOW = Date.parse('2026-11-29T12:00:30Z');
 
 function stat(pid: number, state = 'S'): ProcStat {
-  return { pid, comm: `p${pid}`, state, ppid: 1, pgrp: pid, session: pid, startTime: 5 };
+  return { pid, comm: `p${pid}`, state, ppid: 1, pgrp: pid, session: pid, startTime: 5, cpuTicks: 0 };
 }
 
 function shard(id: string, pid: number, gpus: number[], graceMs = 0): ShardRecord {
@@ -50,6 +50,7 @@ function snapshotOf(gpus: GpuState[], lostGpus: LostGpu[], pids: number[], stopp
     bootId: null,
     unmatchedProcesses: [],
     lostGpus,
+    cpuCores: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
 }

@@ -27,8 +27,9 @@ type ProcfsModule = typeof import('../../src/system/procfs.js');
 const WARN = 40;
 
 // Builds a stat line the way fs/proc/array.c prints it: fields 3..52 after "pid (comm)".
+// Its CPU time is all utime (field 14), stime (15) 0.
 function statLine(s: ProcStat): string {
-  const middle = ['0', '-1', '4194304', '136', '0', '0', '0', '0', '0', '0', '0', '20', '0', '1', '0'];
+  const middle = ['0', '-1', '4194304', '136', '0', '0', '0', String(s.cpuTicks), '0', '0', '0', '20', '0', '1', '0'];
   const tail = Array.from({ length: 30 }, () => '0');
   return `${s.pid} (${s.comm}) ${[s.state, s.ppid, s.pgrp, s.session, ...middle, s.startTime, ...tail].join(' ')}\n`;
 }
@@ -59,25 +60,25 @@ t.test('parseProcStat: cases cut from real /proc/PID/stat samples', async (t) =>
       name: 'comm holding ") (" and a space is everything between the first "(" and the last ")"',
       from: 'test/fixtures/samples/proc-pid-stat_comm-with-paren-and-spaces_local.txt',
       text: '10087 (x) (y z) S 10086 10081 2079 0 -1 4194304 132 0 0 0 0 0 0 0 20 0 1 0 41742 2990080 444 18446744073709551615 94344332558336 94344332576265 140725295065280 0 0 0 0 6 0 1 0 0 17 1 0 0 0 0 0 94344332590352 94344332591616 94344678096896 140725295069920 140725295069936 140725295069936 140725295071211 0\n',
-      want: { pid: 10087, comm: 'x) (y z', state: 'S', ppid: 10086, pgrp: 10081, session: 2079, startTime: 41742 },
+      want: { pid: 10087, comm: 'x) (y z', state: 'S', ppid: 10086, pgrp: 10081, session: 2079, startTime: 41742, cpuTicks: 0 },
     },
     {
       name: 'comm truncated by the kernel to 15 characters',
       from: 'test/fixtures/samples/proc-pid-stat_comm-truncated-15chars_local.txt',
       text: '10096 (averyveryverylo) S 10094 10081 2079 0 -1 4194304 136 0 0 0 0 0 0 0 20 0 1 0 41793 2990080 411 18446744073709551615 94612766515200 94612766533129 140735534004112 0 0 0 0 6 0 1 0 0 17 1 0 0 0 0 0 94612766547216 94612766548480 94613654958080 140735534008999 140735534009035 140735534009035 140735534010327 0',
-      want: { pid: 10096, comm: 'averyveryverylo', state: 'S', ppid: 10094, pgrp: 10081, session: 2079, startTime: 41793 },
+      want: { pid: 10096, comm: 'averyveryverylo', state: 'S', ppid: 10094, pgrp: 10081, session: 2079, startTime: 41793, cpuTicks: 0 },
     },
     {
       name: 'PID 1 of a VM, whose parent, group and session are 0',
       from: "dev VM's /proc/1/stat (fields 1-22 as in proc(5), /proc/pid/stat, manpages 6.03)",
       text: '1 (process_api) S 0 0 0 0 -1 4194560 31590 312550 0 140 48 266 1018 852 20 0 13 0 31 42799104 3116 18446744073709551615 1 1 0 0 0 0 0 4096 1256 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n',
-      want: { pid: 1, comm: 'process_api', state: 'S', ppid: 0, pgrp: 0, session: 0, startTime: 31 },
+      want: { pid: 1, comm: 'process_api', state: 'S', ppid: 0, pgrp: 0, session: 0, startTime: 31, cpuTicks: 48 + 266 },
     },
     {
       name: 'zombie left by a killed process group, its field 22 is the only thing after field 21',
       from: 'field layout of proc(5), /proc/pid/stat (manpages 6.03), cut after field 22',
       text: '3743 (sleep) Z 1 3742 3742 0 -1 4228108 97 0 1 0 0 0 0 0 20 0 1 0 41800',
-      want: { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800 },
+      want: { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800, cpuTicks: 0 },
     },
   ];
   for (const c of cases) {
@@ -96,7 +97,7 @@ t.test('parseProcStat: a command name the kernel cut inside a multi-byte charact
 
 t.test('parseProcStat: bytes the in-place scan declines are read as text, with the same answer', async (t) => {
   // The scan takes only what the kernel writes; these are valid for the text parser all the same.
-  const want = { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800 };
+  const want = { pid: 3743, comm: 'sleep', state: 'Z', ppid: 1, pgrp: 3742, session: 3742, startTime: 41800, cpuTicks: 0 };
   const head = '3743 (sleep) Z 1 3742 3742 0 -1 4228108 97 0 1 0 0 0 0 0 20 0 1 0 41800';
   for (const [name, text] of [
     ['a tab after field 22', `${head}\t`],
@@ -153,6 +154,7 @@ t.test('parseProcStat: any command name round-trips through a synthesized stat l
     pgrp: id,
     session: id,
     startTime: fc.maxSafeNat(),
+    cpuTicks: fc.maxSafeNat(),
   });
   const result = fc.check(
     fc.property(stat, (s) => isDeepStrictEqual(parseProcStat(statLine(s)), { ...s }) && isDeepStrictEqual(parseProcStat(Buffer.from(statLine(s))), { ...s })),
@@ -168,12 +170,12 @@ t.test('parseProcStat: arbitrary input never throws anything but ProcParseError,
   const record = fc
     .tuple(fc.string({ unit: token, maxLength: 8 }), fc.nat(120), fc.nat(120), fc.string({ unit: token, maxLength: 4 }))
     .map(([comm, at, cut, splice]) => {
-      const line = statLine({ pid: 42, comm, state: 'S', ppid: 1, pgrp: 42, session: 42, startTime: 7 });
+      const line = statLine({ pid: 42, comm, state: 'S', ppid: 1, pgrp: 42, session: 42, startTime: 7, cpuTicks: 0 });
       return line.slice(0, at) + splice + line.slice(at + (cut % 6));
     });
   // Valid records whose command name is any bytes at all, invalid UTF-8 included.
   const rawName = fc.uint8Array({ maxLength: 16 }).map((name) =>
-    Buffer.concat([Buffer.from('42 ('), name, Buffer.from(statLine({ pid: 42, comm: '', state: 'S', ppid: 1, pgrp: 42, session: 42, startTime: 7 }).slice(4))]),
+    Buffer.concat([Buffer.from('42 ('), name, Buffer.from(statLine({ pid: 42, comm: '', state: 'S', ppid: 1, pgrp: 42, session: 42, startTime: 7, cpuTicks: 0 }).slice(4))]),
   );
   const bytes = fc.oneof(
     text.map((s) => Buffer.from(s)),
@@ -323,7 +325,7 @@ t.test('real processes: a detached child and its grandchild in the same process 
 });
 
 t.test('fixture tree: stat cases a real machine cannot produce on demand', async (t) => {
-  const stat = (s: Omit<ProcStat, 'session' | 'ppid'>) => statLine({ ppid: 1, session: s.pgrp, ...s });
+  const stat = (s: Omit<ProcStat, 'session' | 'ppid' | 'cpuTicks'>) => statLine({ ppid: 1, session: s.pgrp, cpuTicks: 0, ...s });
   const root = t.testdir({
     '4242': { stat: stat({ pid: 4242, comm: 'evil) (name', state: 'R', pgrp: 4242, startTime: 1000 }) },
     '4243': { stat: stat({ pid: 4243, comm: 'llama-server', state: 'S', pgrp: 4243, startTime: 900 }) },
@@ -387,7 +389,7 @@ t.test('fixture tree: listPids and findPidsInCgroup', async (t) => {
 t.test('checkReadable: operator-friendly reasons', async (t) => {
   const { log } = captureLog();
   const check = (root: string) => createProcReader({ root, log }).checkReadable();
-  const selfStat = statLine({ pid: 7, comm: 'node', state: 'R', ppid: 1, pgrp: 7, session: 7, startTime: 5 });
+  const selfStat = statLine({ pid: 7, comm: 'node', state: 'R', ppid: 1, pgrp: 7, session: 7, startTime: 5, cpuTicks: 0 });
 
   t.same(await check(t.testdir({ self: { stat: selfStat } })), { ok: true }, 'self/stat readable');
   t.same(await check(t.testdir({ '7': { stat: selfStat } })), { ok: true }, 'no self (another PID namespace), but the root lists processes');
@@ -456,7 +458,7 @@ async function withFailingFs(
 const pidOfPath = (path: string) => path.split('/').at(-2) as string;
 
 t.test('errors other than "gone" are thrown clearly and logged at warn', async (t) => {
-  const selfStat = statLine({ pid: 7, comm: 'node', state: 'R', ppid: 1, pgrp: 7, session: 7, startTime: 5 });
+  const selfStat = statLine({ pid: 7, comm: 'node', state: 'R', ppid: 1, pgrp: 7, session: 7, startTime: 5, cpuTicks: 0 });
   const root = t.testdir({
     '7': { stat: selfStat, cgroup: '0::/a\n' },
     '8': { stat: selfStat, cgroup: '0::/a\n' },
@@ -499,7 +501,7 @@ t.test('a file larger than the read buffer is read whole, and a later small file
   const big = paths.map((path, i) => `${i + 1}:controller-${i}:${path}`).join('\n') + '\n';
   t.ok(big.length > 10_000, `the cgroup file is ${big.length} bytes`);
   const root = t.testdir({
-    '300': { cgroup: big, stat: statLine({ pid: 300, comm: 'nested', state: 'S', ppid: 1, pgrp: 300, session: 300, startTime: 77 }) },
+    '300': { cgroup: big, stat: statLine({ pid: 300, comm: 'nested', state: 'S', ppid: 1, pgrp: 300, session: 300, startTime: 77, cpuTicks: 0 }) },
     '301': { cgroup: '0::/small\n' },
   });
   const { log, lines: entries } = captureLog();
@@ -595,7 +597,7 @@ t.test('readStats keeps each stat open between snapshots, and lets go of what a 
   t.equal(openFds(), before + 2, 'with at most keepMax descriptors kept');
   capped.release();
 
-  const fixture = createProcReader({ root: t.testdir({ '7': { stat: statLine({ pid: 7, comm: 'x', state: 'S', ppid: 1, pgrp: 7, session: 7, startTime: 5 }) } }), log: pino({ level: 'silent' }) });
+  const fixture = createProcReader({ root: t.testdir({ '7': { stat: statLine({ pid: 7, comm: 'x', state: 'S', ppid: 1, pgrp: 7, session: 7, startTime: 5, cpuTicks: 0 }) } }), log: pino({ level: 'silent' }) });
   t.equal(readable((await fixture.readStats([7], { keep: true })).get(7))?.startTime, 5);
   t.equal(openFds(), before, 'a tree of plain files is not /proc: nothing is kept (a deleted entry must read as gone)');
   const slash = createProcReader({ root: '/proc/', log: pino({ level: 'silent' }) });
@@ -725,7 +727,7 @@ t.test('readStats under a real descriptor limit (ulimit -n) reads every process 
 });
 
 t.test('readStats: present, gone, malformed and unreadable entries; one warning per call', async (t) => {
-  const stat = (pid: number, startTime: number) => statLine({ pid, comm: `p${pid}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime });
+  const stat = (pid: number, startTime: number) => statLine({ pid, comm: `p${pid}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime, cpuTicks: 0 });
   const root = t.testdir({
     '10': { stat: stat(10, 100) },
     '11': {},
@@ -791,7 +793,7 @@ t.test('readStats: more pids than one batch, yielding between batches', async (t
   const tree = Object.fromEntries(
     Array.from({ length: count }, (_, i) => {
       const pid = 1000 + i;
-      return [String(pid), { stat: statLine({ pid, comm: `w${i}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 5000 + i }) }];
+      return [String(pid), { stat: statLine({ pid, comm: `w${i}`, state: 'S', ppid: 1, pgrp: pid, session: pid, startTime: 5000 + i, cpuTicks: 0 }) }];
     }),
   );
   const { log, lines: entries } = captureLog();
