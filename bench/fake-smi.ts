@@ -64,9 +64,11 @@ export function nodeLayout(total: number, shards: ShardGroup[], holders: number,
 /** The CSV nvidia-smi prints for GPU_QUERY_FIELDS and COMPUTE_APPS_FIELDS (header, units). */
 export function nodeCsv(layout: NodeLayout): { gpus: string; apps: string } {
   const gpus = [
-    'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id',
+    'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id, utilization.gpu [%]',
     ...layout.gpus.map(
-      (g) => `${g.index}, ${g.uuid}, ${g.name}, ${g.totalMiB} MiB, ${g.usedMiB} MiB, ${g.freeMiB} MiB, ${g.reservedMiB} MiB, Disabled, 00000000:${(0x18 + 0x10 * g.index).toString(16).toUpperCase()}:00.0`,
+      (g) =>
+        `${g.index}, ${g.uuid}, ${g.name}, ${g.totalMiB} MiB, ${g.usedMiB} MiB, ${g.freeMiB} MiB, ${g.reservedMiB} MiB, Disabled, ` +
+        `00000000:${(0x18 + 0x10 * g.index).toString(16).toUpperCase()}:00.0, 100 %`,
     ),
   ];
   const apps = ['gpu_uuid, pid, process_name, used_gpu_memory [MiB]'];

@@ -21,7 +21,7 @@ function perView(build: (node: NodeView, unreachable: Unreachable) => Fields) {
     let entry = derived.get(node);
     if (entry?.unreachable !== unreachable) {
       const fields = build(node, unreachable);
-      entry = { unreachable, fields, tag: contentTag(JSON.stringify(fields)) };
+      entry = { unreachable, fields, tag: contentTag(fields) };
       derived.set(node, entry);
     }
     return entry;

@@ -52,6 +52,7 @@ export function createMetrics(): Metrics {
   const free = gauge('nodecompute_gpu_memory_free_bytes', 'Free memory of the GPU.', gpuLabels);
   const reserved = gauge('nodecompute_gpu_memory_reserved_bytes', 'Memory of the GPU reserved by the driver.', gpuLabels);
   const foreign = gauge('nodecompute_gpu_memory_foreign_bytes', 'Memory of the GPU held by anything but a registered shard: not to be handed out.', gpuLabels);
+  const utilization = gauge('nodecompute_gpu_utilization_ratio', "Share of the driver's last sample period in which a kernel ran on the GPU (utilization.gpu, 1 = 100%).", gpuLabels);
   const lostHelp = '1 for each GPU nvidia-smi listed earlier in this run and no longer lists or cannot reach (see dmesg); gpu is its last index. ' +
     'Kept while nvidia-smi fails (a lost GPU often makes every query fail). Absent when none is lost.';
   const lost = gauge('nodecompute_gpu_lost', lostHelp, gpuLabels);
@@ -109,7 +110,7 @@ export function createMetrics(): Metrics {
   const cpuHelp = "CPU cores a shard's processes used between the last two snapshots (/proc/PID/stat); several while its GPUs do no work means it computes on the CPU.";
   const shardCpu = gauge('nodecompute_shard_cpu_cores', cpuHelp, ['shard']);
 
-  const rebuiltGauges = [total, used, free, reserved, foreign, lost, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
+  const rebuiltGauges = [total, used, free, reserved, foreign, utilization, lost, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
     if (mib !== null) metric.set(labels, mib * MIB);
   };
@@ -141,6 +142,7 @@ export function createMetrics(): Metrics {
           setMiB(free, labels, gpu.freeMiB);
           setMiB(reserved, labels, gpu.reservedMiB);
           setMiB(foreign, labels, foreignMiB[i] as number | null);
+          if (gpu.utilizationPct !== null) utilization.set(labels, gpu.utilizationPct / 100);
           if (gpu.events === undefined) continue;
           for (const [xid, count] of Object.entries(gpu.events.xid)) xids.inc({ ...labels, xid }, count);
           ecc.inc({ ...labels, type: 'single-bit' }, gpu.events.eccSingleBit);

@@ -1,45 +1,39 @@
 // Owns conditional GETs for pollers: an answer derived from a snapshot carries a weak ETag, a digest
-// of what it says (not of when it was observed) marked while nvidia-smi fails or is slow, and
-// Cache-Control: max-age of the snapshot's remaining freshness. A matching If-None-Match gets 304.
+// of what it says (not of when it was observed, nor of the rates that move at every snapshot),
+// marked while nvidia-smi fails or is slow, and Cache-Control: max-age of the snapshot's remaining
+// freshness. A matching If-None-Match gets 304.
 import { createHash } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Services } from '../services.js';
 import { withoutDurations } from '../duration.js';
 import type { SnapshotView } from '../node-state/snapshot.js';
-import type { GpuUsage as ShardGpuUsage } from '../shards/compute.js';
 import type { ShardState } from '../shards/shard-service.js';
 
-/** A short, stable digest of an answer's content. */
-export function contentTag(text: string): string {
-  return createHash('sha1').update(text).digest('base64url').slice(0, 16);
-}
+/** Rates that move at every snapshot (CPU cores, SM and GPU utilization): a weak ETag names equivalent answers, so they are left out of it. */
+const RATES: ReadonlySet<string> = new Set(['cpuCores', 'smUtilPct', 'utilizationPct']);
+const withoutRates = (key: string, value: unknown): unknown => (RATES.has(key) ? undefined : value);
 
-/** A shard's compute without the rates that move at every snapshot (CPU cores, SM utilization). */
-function computeFacts(compute: ShardState['compute']): unknown {
-  if (compute === null) return null;
-  const facts = ({ smUtilPct: _sm, ...usage }: ShardGpuUsage) => usage;
-  return { ...compute, cpuCores: undefined, gpus: compute.gpus.map(facts), strayGpus: compute.strayGpus.map(facts) };
+/** A short, stable digest of an answer's content, its rates left out. */
+export function contentTag(content: unknown): string {
+  return createHash('sha1').update(JSON.stringify(content, withoutRates)).digest('base64url').slice(0, 16);
 }
 
 /**
  * The content of GET /shards that a poller acts on: registrations, verdicts with their reasons and
  * warnings (without the spans of time they carry, which move at every snapshot: a cause that
- * changes, an engine that did not load becoming a GPU lost, is a change) and compute (without its
- * rates, which move at every snapshot too: a weak ETag names equivalent answers).
+ * changes, an engine that did not load becoming a GPU lost, is a change) and compute.
  */
 export function shardsTag(states: ShardState[]): string {
   return contentTag(
-    JSON.stringify(
-      states.map(({ shard, readiness, compute }) => [
-        shard,
-        readiness.state,
-        readiness.ready,
-        readiness.cause,
-        readiness.reason === null ? null : withoutDurations(readiness.reason),
-        readiness.warnings.map(withoutDurations),
-        computeFacts(compute),
-      ]),
-    ),
+    states.map(({ shard, readiness, compute }) => [
+      shard,
+      readiness.state,
+      readiness.ready,
+      readiness.cause,
+      readiness.reason === null ? null : withoutDurations(readiness.reason),
+      readiness.warnings.map(withoutDurations),
+      compute,
+    ]),
   );
 }
 

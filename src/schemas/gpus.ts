@@ -62,6 +62,10 @@ export const GpuComponent = Type.Object(
       Type.String(),
       'MIG mode (mig.mode.current): Enabled or Disabled; null where the GPU has no MIG mode or the driver does not report it. With MIG enabled, the memory figures (here, in foreign memory and per shard) are for the whole GPU, not per MIG instance.',
     ),
+    utilizationPct: Nullable(
+      Type.Integer({ minimum: 0, maximum: 100 }),
+      'utilization.gpu: % of the last sample period (1/6 s to 1 s, by product) in which a kernel ran on it, whoever ran it; null where the driver gives none (MIG, some vGPUs).',
+    ),
     processes: Type.Array(Ref(GpuProcessComponent), { description: 'Compute processes holding memory on this GPU.' }),
     unreachable: Ref(GpuUnreachableComponent),
     events: Nullable(Ref(GpuEventsComponent), 'Its Xid and ECC events since nodecompute started; null under nvidia-smi, which reports none.'),

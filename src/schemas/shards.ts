@@ -121,6 +121,10 @@ export const ShardGpuUsageComponent = Type.Object(
       "SM utilization (%) of the shard's processes there, summed (NVML's per-process samples): 0 while its GPU does no work; null under nvidia-smi or where the GPU gives none.",
     ),
     xidErrors: Nullable(Type.Integer({ minimum: 0 }), 'Xid events NVML reported for this GPU since nodecompute started (GET /gpus has each); null under nvidia-smi.'),
+    utilizationPct: Nullable(
+      Type.Integer({ minimum: 0, maximum: 100 }),
+      "The whole GPU's utilization.gpu (as GET /gpus; any process's kernels count); null where the driver gives none (MIG).",
+    ),
   },
   { $id: 'ShardGpuUsage', description: 'A GPU the shard holds memory on, and how much.' },
 );

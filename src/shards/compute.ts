@@ -11,7 +11,8 @@ import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
 
 /** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
-export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null };
+/** `utilizationPct`: the whole GPU's (utilization.gpu), whoever runs there. */
+export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null; utilizationPct: number | null };
 
 /** `cpuCores`: what its processes burn (cpu-use.ts); null until two snapshots have read them. */
 export type ShardCompute = {
@@ -38,12 +39,14 @@ function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount 
   return null;
 }
 
-/** SM utilization of `processes` on GPU `index` (null unless each has a figure) and the GPU's Xid count (null without events). */
-function activityOn(node: NodeView, index: number, processes: ShardGpuHolding['processes']): Pick<GpuUsage, 'smUtilPct' | 'xidErrors'> {
-  const events = node.snapshot.gpus.find((gpu) => gpu.index === index)?.events;
+/** SM utilization of `processes` on GPU `index` (null unless each has a figure), the GPU's Xid count (null without events) and its utilization. */
+function activityOn(node: NodeView, index: number, processes: ShardGpuHolding['processes']): Pick<GpuUsage, 'smUtilPct' | 'xidErrors' | 'utilizationPct'> {
+  const gpu = node.snapshot.gpus.find((listed) => listed.index === index);
+  const events = gpu?.events;
   return {
     smUtilPct: smUtilOf(processes),
     xidErrors: events === undefined ? null : Object.values(events.xid).reduce((sum, count) => sum + count, 0),
+    utilizationPct: gpu?.utilizationPct ?? null,
   };
 }
 

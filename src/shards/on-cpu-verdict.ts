@@ -3,7 +3,7 @@
 // known (memory on a GPU it was not given, output showing weights on a GPU, output saying nothing).
 // Also the warning for a shard that holds its GPUs yet computes on the CPU under load.
 import { formatDuration } from '../duration.js';
-import { smUtilOf } from '../node-state/attribution.js';
+import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
 import { shardCpuCores } from '../node-state/cpu-use.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { deviceLabel } from './compute.js';
@@ -17,17 +17,25 @@ const ON_CPU_ADVICE =
 
 /** Cores a shard's processes burn above which, with no GPU work, they compute on the CPU (a GPU engine's host threads use about one). */
 export const CPU_BURN_CORES = 2;
-/** SM utilization (%) at or below which the shard's processes do no GPU work worth the name. */
+/** Utilization (%) at or below which there is no GPU work worth the name. */
 const GPU_IDLE_PCT = 5;
 
-/** A warning when the shard burns CPU_BURN_CORES or more while each GPU it holds has its processes doing no SM work (NVML's samples); null otherwise. */
+/** How busy a held GPU is for the shard: its processes' SM utilization (NVML), else the whole GPU's utilization; null when neither is known. */
+function gpuWork(holding: ShardGpuHolding, node: NodeView): { pct: number; label: string } | null {
+  const sm = smUtilOf(holding.processes);
+  if (sm !== null) return { pct: sm, label: `GPU ${holding.index} (${sm}% SM)` };
+  const whole = node.snapshot.gpus.find((gpu) => gpu.index === holding.index)?.utilizationPct ?? null;
+  return whole === null ? null : { pct: whole, label: `GPU ${holding.index} (${whole}% busy)` };
+}
+
+/** A warning when the shard burns CPU_BURN_CORES or more while no GPU it holds does work; null otherwise, and where that is not known. */
 export function cpuBurnWarning(shard: ShardRecord, node: NodeView): string | null {
   const cores = shardCpuCores(shard, node);
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])];
   if (cores === null || cores < CPU_BURN_CORES || held.length === 0) return null;
-  const busy = held.map((holding) => ({ index: holding.index, smUtilPct: smUtilOf(holding.processes) }));
-  if (busy.some((gpu) => gpu.smUtilPct === null || gpu.smUtilPct > GPU_IDLE_PCT)) return null;
-  const idle = busy.map((gpu) => `GPU ${gpu.index} (${gpu.smUtilPct}% SM)`).join(', ');
+  const work = held.map((holding) => gpuWork(holding, node));
+  if (work.some((gpu) => gpu === null || gpu.pct > GPU_IDLE_PCT)) return null;
+  const idle = work.map((gpu) => gpu!.label).join(', ');
   return (
     // Whole cores: a figure that moved at every snapshot would make the verdict (and /shards's ETag) change with it.
     `its processes burn about ${Math.round(cores)} CPU cores while doing no work on ${idle}: it computes on the CPU, five to ten times slower. ` +

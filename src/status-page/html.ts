@@ -59,7 +59,9 @@ function gpuHtml(gpu: GpuModel): string {
   const unreachableBadge = gpu.unreachable === null ? '' : badge('gpu-lost', 'unreachable');
   const events = gpu.events === null ? [] : [`<li class="unreachable">${escapeHtml(gpu.events)}</li>`];
   const items = [...unreachable, ...events, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle];
-  const marks = `${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${unreachableBadge}`;
+  // Not for a GPU nvidia-smi cannot reach: its figures are the last good snapshot's.
+  const busy = gpu.utilizationPct === null || gpu.unreachable !== null ? '' : `<span class="gpu-busy" title="${BUSY_NOTE}">${gpu.utilizationPct}% busy</span>`;
+  const marks = `${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${unreachableBadge}${busy}`;
   return gpuRow(gpu.unreachable === null ? '' : ' unreachable', gpu, marks, bar, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), items);
 }
 
@@ -87,6 +89,8 @@ ${bar}
 <ul class="legend">${items.join('')}</ul>
 </div>`;
 }
+
+const BUSY_NOTE = "utilization.gpu: share of the driver's last sample period in which a kernel ran on this GPU, whoever ran it";
 
 /** One key for every bar, so each GPU's legend only names what is on it. */
 const KEY_HTML =

@@ -155,6 +155,7 @@ export function statusModel(input: StatusInput) {
       mig: gpu.migMode === 'Enabled',
       unreachable: unreachableSaid(gpu.uuid, input.unreachable),
       events: eventsNote(gpu.events),
+      utilizationPct: gpu.utilizationPct,
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
       // The bar can be drawn to scale.

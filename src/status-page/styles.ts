@@ -18,6 +18,7 @@ h2{font-size:15px;margin:18px 0 8px;text-transform:uppercase;letter-spacing:.04e
 .gpus{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:4px 16px}
 .gpu{display:grid;grid-template-columns:200px minmax(0,1fr) 130px;grid-template-areas:"id bar used" "uuid legend legend";column-gap:16px;row-gap:3px;align-items:center;padding:7px 0;border-bottom:1px solid #eaeef2}
 .gpu:last-child{border-bottom:0}.gpu-id{grid-area:id;min-width:0;overflow-wrap:anywhere}.gpu-index{font-weight:700;margin-right:10px}
+.gpu-busy{margin-left:8px;font-size:11px;color:var(--muted)}
 .gpu-mig{margin-left:8px;padding:0 6px;border:1px solid currentColor;border-radius:4px;font-size:11px}
 .gpu-uuid{grid-area:uuid;min-width:0;color:var(--muted);font:10px/1.3 ui-monospace,"DejaVu Sans Mono",monospace;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 .gpu-used{grid-area:used;text-align:right;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}

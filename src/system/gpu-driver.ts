@@ -16,6 +16,8 @@ export interface GpuRecord {
   migMode: string | null;
   /** pci.bus_id (00000000:83:00.0), by which error lines and dmesg name a GPU; null where there is none. */
   busId: string | null;
+  /** utilization.gpu: % of the last sample period in which a kernel ran on it; null where not reported ([N/A]: MIG, some vGPUs). */
+  utilizationPct: number | null;
   /** Xid and ECC events counted since nodecompute started (NVML only; absent under nvidia-smi). */
   events?: GpuEvents;
 }

@@ -7,13 +7,14 @@ import type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } fr
 export type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './gpu-driver.js';
 
 export const GPU_QUERY_FIELDS =
-  ['index', 'uuid', 'name', 'memory.total', 'memory.used', 'memory.free', 'memory.reserved', 'mig.mode.current', 'pci.bus_id'] as const;
+  ['index', 'uuid', 'name', 'memory.total', 'memory.used', 'memory.free', 'memory.reserved', 'mig.mode.current', 'pci.bus_id', 'utilization.gpu'] as const;
 export const COMPUTE_APPS_FIELDS = ['gpu_uuid', 'pid', 'process_name', 'used_gpu_memory'] as const;
 
 /** Every "no value" nvidia-smi writes ([N/A], [Not Supported], [Unknown Error], ..., N/A): all read as null. */
 const NO_VALUE = /^\[.*\]$|^N\/A$/;
 const MIB_VALUE = /^(\d+)(?: MiB)?$/;
 const INTEGER = /^\d+$/;
+const PERCENT = /^(\d{1,3})(?: %)?$/;
 const REQUIRED_GPU_FIELDS = ['index', 'uuid', 'name'] as const;
 
 export const COMPUTE_APPS_COMMAND = `nvidia-smi --query-compute-apps=${COMPUTE_APPS_FIELDS.join(',')} --format=csv`;
@@ -108,7 +109,14 @@ function parseGpuLine(line: string, fields: readonly string[], command: string):
     migMode: fields.includes('mig.mode.current') && !NO_VALUE.test(cell('mig.mode.current')) ? cell('mig.mode.current') : null,
     // Only to match errors with a GPU: another form reads as null rather than failing the listing.
     busId: fields.includes('pci.bus_id') ? canonicalBusId(cell('pci.bus_id')) : null,
+    utilizationPct: fields.includes('utilization.gpu') ? percentOf(cell('utilization.gpu')) : null,
   };
+}
+
+/** "87 %" (or 87 with nounits) as 87; null for [N/A] and any other form: a figure to show, not worth failing the listing. */
+function percentOf(cell: string): number | null {
+  const match = PERCENT.exec(cell);
+  return match === null ? null : Number(match[1]);
 }
 
 const BUS_ID = /^([0-9a-f]{1,8}):([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$/i;

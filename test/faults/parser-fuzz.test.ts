@@ -359,12 +359,12 @@ t.test('fuzzing the parsers with inputs built from the real samples', async (t) 
 
 t.test('named extremes: numbers too large to be numbers are parse errors, never Infinity', async (t) => {
   const huge = '9'.repeat(400);
-  const gpuHeader = 'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id';
+  const gpuHeader = 'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id, utilization.gpu [%]';
   const gpus = (rows: GpuRecord[]) => rows.map(gpuProblem).find((p) => p) ?? null;
   const apps = (rows: ComputeAppRecord[]) => rows.map(appProblem).find((p) => p) ?? null;
   const cases: Array<[string, (failures: string[]) => boolean]> = [
-    ['a 400-digit memory.used', (f) => holds(() => parseGpuCsv(`${gpuHeader}\n0, GPU-1, NVIDIA H200, 143771 MiB, ${huge} MiB, 0 MiB, 614 MiB, Disabled, 00000000:18:00.0\n`, GPU_QUERY_FIELDS), gpus, smiError, f)],
-    ['a 400-digit GPU index', (f) => holds(() => parseGpuCsv(`${gpuHeader}\n${huge}, GPU-1, NVIDIA H200, 1 MiB, 1 MiB, 0 MiB, 0 MiB, Disabled, 00000000:18:00.0\n`, GPU_QUERY_FIELDS), gpus, smiError, f)],
+    ['a 400-digit memory.used', (f) => holds(() => parseGpuCsv(`${gpuHeader}\n0, GPU-1, NVIDIA H200, 143771 MiB, ${huge} MiB, 0 MiB, 614 MiB, Disabled, 00000000:18:00.0, 0 %\n`, GPU_QUERY_FIELDS), gpus, smiError, f)],
+    ['a 400-digit GPU index', (f) => holds(() => parseGpuCsv(`${gpuHeader}\n${huge}, GPU-1, NVIDIA H200, 1 MiB, 1 MiB, 0 MiB, 0 MiB, Disabled, 00000000:18:00.0, 0 %\n`, GPU_QUERY_FIELDS), gpus, smiError, f)],
     ['a 400-digit pid', (f) => holds(() => parseComputeAppsCsv(`GPU-1, ${huge}, python3, 100 MiB\n`), apps, smiError, f)],
     ['a 400-digit used_gpu_memory', (f) => holds(() => parseComputeAppsCsv(`GPU-1, 42, python3, ${huge} MiB\n`), apps, smiError, f)],
   ];

@@ -32,6 +32,8 @@ export interface FakeGpu {
   migMode?: string;
   /** persistence_mode; `Enabled` when absent. */
   persistenceMode?: string;
+  /** utilization.gpu (and NVML's nvmlDeviceGetUtilizationRates): a number prints as `N %`, a string verbatim (NVML: NOT_SUPPORTED); absent, 0, or [N/A] under MIG. */
+  utilizationPct?: number | string;
   /** MIG devices listed by `-L` under this GPU. */
   migDevices?: FakeMigDevice[];
   /** Any other query-gpu field, keyed by its header as printed (`utilization.gpu [%]`), value as printed. */

@@ -14,6 +14,7 @@ export function gpuState(index: number, processes: Array<[pid: number, usedMiB: 
     reservedMiB: 614,
     migMode: 'Disabled',
     busId: `00000000:${(index + 1).toString(16).toUpperCase().padStart(2, '0')}:00.0`,
+    utilizationPct: null,
     processes: processes.map(([pid, mib]) => ({ pid, name: 'p', usedMiB: mib, gpuIndex: index, gpuUuid: uuid })),
   };
 }

@@ -231,6 +231,7 @@ const node = fc
           reservedMiB: 0,
           migMode: 'Disabled',
           busId: null,
+          utilizationPct: null,
           processes: processes.map((p) => ({ pid: p.pid, name: `p${p.pid}`, usedMiB: p.usedMiB, gpuIndex: index, gpuUuid: `GPU-${index}` })),
         }),
       ),

@@ -37,8 +37,9 @@ t.test('cpuSince: a read sooner than 500 ms after the baseline is measured from 
   t.equal(later.sample.at, 1_000);
 });
 
-const gpus = (smUtilPct: number | null | undefined): GpuState[] => {
-  const gpu = gpuState(0, [[101, 4000]]);
+/** GPU 0 holds the shard's process 101 (its SM figure as given), GPU 1 a foreign one; `utilizationPct`: GPU 0's. */
+const gpus = (smUtilPct: number | null | undefined, utilizationPct: number | null = null): GpuState[] => {
+  const gpu = { ...gpuState(0, [[101, 4000]]), utilizationPct };
   if (smUtilPct !== undefined) gpu.processes[0]!.smUtilPct = smUtilPct;
   return [gpu, gpuState(1, [[300, 2000]])];
 };
@@ -57,16 +58,19 @@ t.test('shardCpuCores: its registered process, its GPU processes and its cgroup 
 
 t.test('cpuBurnWarning: several cores while its processes do no SM work on every GPU it holds', async (t) => {
   const shard = shardRecord(NOW);
-  const node = (cores: number, smUtilPct: number | null | undefined) =>
-    handMadeView({ now: NOW, gpus: gpus(smUtilPct), stats: [procStat(100), procStat(101)], cpuCores: [[101, cores]] }, [shard]);
+  const node = (cores: number, smUtilPct: number | null | undefined, utilizationPct: number | null = null) =>
+    handMadeView({ now: NOW, gpus: gpus(smUtilPct, utilizationPct), stats: [procStat(100), procStat(101)], cpuCores: [[101, cores]] }, [shard]);
   const warning = cpuBurnWarning(shard, node(3.5, 0));
   t.match(warning, /burn about 4 CPU cores/, 'in whole cores');
   t.match(warning, /GPU 0 \(0% SM\)/);
   t.match(warning, /-ngl/);
   t.equal(cpuBurnWarning(shard, node(CPU_BURN_CORES - 0.5, 0)), null, 'fewer cores: an engine host thread');
   t.equal(cpuBurnWarning(shard, node(3.5, 60)), null, 'its GPU busy');
-  t.equal(cpuBurnWarning(shard, node(3.5, null)), null, 'no SM figure (nvidia-smi, MIG): nothing to weigh it against');
+  t.equal(cpuBurnWarning(shard, node(3.5, null)), null, 'no SM figure and no GPU utilization (MIG): nothing to weigh it against');
   t.equal(cpuBurnWarning(shard, node(3.5, undefined)), null);
+  t.match(cpuBurnWarning(shard, node(3.5, undefined, 0)), /GPU 0 \(0% busy\)/, "under nvidia-smi: the whole GPU's utilization");
+  t.equal(cpuBurnWarning(shard, node(3.5, undefined, 90)), null, 'the GPU busy');
+  t.match(cpuBurnWarning(shard, node(3.5, 0, 90)), /GPU 0 \(0% SM\)/, "its own processes' SM figure outweighs the GPU's: another tenant may keep it busy");
   const holdsNothing = handMadeView({ now: NOW, gpus: [gpuState(0, [])], stats: [procStat(100)], cpuCores: [[100, 4]] }, [shard]);
   t.equal(cpuBurnWarning(shard, holdsNothing), null, 'holding no GPU is for the on-cpu verdict to judge');
 

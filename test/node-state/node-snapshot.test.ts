@@ -15,7 +15,7 @@ import type { ComputeAppRecord, GpuRecord } from '../../src/system/nvidia-smi.js
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { captureLog } from '../helpers/log-capture.js';
 
-const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 100, freeMiB: 80000, reservedMiB: 479, migMode: 'Disabled', busId: `00000000:0${index + 1}:00.0` }));
+const gpus: GpuRecord[] = [0, 1].map((index) => ({ index, uuid: `GPU-${index}`, name: 'NVIDIA H100 80GB HBM3', totalMiB: 81559, usedMiB: 100, freeMiB: 80000, reservedMiB: 479, migMode: 'Disabled', busId: `00000000:0${index + 1}:00.0`, utilizationPct: null }));
 
 function smi(apps: ComputeAppRecord[]): GpuDriver {
   return {

@@ -1,6 +1,6 @@
 // The CPU a shard's processes burn, read from the real /proc across two snapshots: a real busy loop
 // in a shard's process group against a group that only sleeps, under both backends, in /compute,
-// /metrics and the status page. The warning it feeds (several cores, no GPU work) is pinned in
+// /metrics and the status page; with each GPU's utilization, which both backends read alike. The warning it feeds (several cores, no GPU work) is pinned in
 // test/node-state/cpu-use.test.ts: a loaded 2-core CI machine cannot promise two busy cores.
 import { spawn } from 'node:child_process';
 import t, { type Test } from 'tap';
@@ -30,6 +30,7 @@ for (const backend of ['nvidia-smi', 'nvml'] as const) {
       { gpuUuid: UUIDS[0]!, pid: busy.members[0]!, name: 'llama-server', usedMiB: 900, smUtilPct: 0 },
       { gpuUuid: UUIDS[1]!, pid: idle.members[0]!, name: 'llama-server', usedMiB: 40000, smUtilPct: 70 },
     ]);
+    scenario.gpus[1]!.utilizationPct = 87;
     const clock = manualClock();
     const { app } = await buildTestApp(t, { scenario, backend, config: { cacheTtlMs: 0, maxStaleMs: 0, gpuGraceMs: 0 }, deps: { now: clock.now } });
     for (const [id, pid, gpus] of [['busy', busy.pid, [0]], ['idle', idle.pid, [1]]] as const) {
@@ -46,17 +47,23 @@ for (const backend of ['nvidia-smi', 'nvml'] as const) {
     const busyNow = await compute('busy');
     t.ok(busyNow.cpuCores > 0.2, `the spinning child burns CPU (${busyNow.cpuCores} cores)`);
     t.ok(busyNow.cpuCores <= 1.1, 'one spinning process, at most about one core');
-    t.equal((await compute('idle')).cpuCores, 0, 'a group that sleeps burns none');
+    const idleNow = await compute('idle');
+    t.equal(idleNow.cpuCores, 0, 'a group that sleeps burns none');
+    t.same([busyNow.gpus[0].utilizationPct, idleNow.gpus[0].utilizationPct], [0, 87], "each GPU's utilization, whoever runs there");
+    const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+    t.same(gpus.gpus.map((gpu: { utilizationPct: number | null }) => gpu.utilizationPct), [0, 87]);
 
     const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
     const series = /^nodecompute_shard_cpu_cores\{shard="busy"\} ([\d.]+)$/m.exec(metrics);
     t.ok(series !== null && Number(series[1]) > 0.2, 'the busy shard has its series');
     t.match(metrics, /^nodecompute_shard_cpu_cores\{shard="idle"\} 0$/m);
+    t.match(metrics, /^nodecompute_gpu_utilization_ratio\{gpu="1",uuid="GPU-2[^"]*"\} 0\.87$/m);
 
     const text = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/plain' } })).body;
     t.match(text, /CPU CORES/);
     const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
     t.match(html, /· CPU [\d.]+ cores<\/small>/);
+    t.match(html, /<span class="gpu-busy" [^>]*>87% busy<\/span>/);
   });
 }
 
@@ -73,23 +80,31 @@ t.test('one snapshot alone gives no rate: cpuCores is null, not 0, and no series
   t.notMatch((await app.inject({ method: 'GET', url: '/metrics' })).body, /nodecompute_shard_cpu_cores\{/);
 });
 
-t.test('pollers: rates that move at every snapshot (CPU cores, SM utilization) leave /shards\'s ETag as it was', async (t) => {
+t.test("pollers: rates that move at every snapshot (CPU cores, SM and GPU utilization) leave the ETags of /shards and /gpus as they were", async (t) => {
   const busy = await spawnBusyShard(t);
   const processes = (smUtilPct: number) => [{ gpuUuid: UUIDS[0]!, pid: busy.members[0]!, name: 'llama-server', usedMiB: 900, smUtilPct }];
   const clock = manualClock();
-  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(processes(10)), backend: 'nvml', config: { cacheTtlMs: 0, maxStaleMs: 0, gpuGraceMs: 0 }, deps: { now: clock.now } });
+  const scenario = (smUtilPct: number, utilizationPct: number) => {
+    const node = twoGpuNode(processes(smUtilPct));
+    node.gpus[0]!.utilizationPct = utilizationPct;
+    return node;
+  };
+  const { app, fake } = await buildTestApp(t, { scenario: scenario(10, 15), backend: 'nvml', config: { cacheTtlMs: 0, maxStaleMs: 0, gpuGraceMs: 0 }, deps: { now: clock.now } });
   t.equal((await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: busy.pid, gpus: [0] } })).statusCode, 201);
   await settle(app);
   const poll = async () => {
     clock.advance(1);
     const res = await app.inject({ method: 'GET', url: '/shards' });
-    return { etag: res.headers.etag, shard: res.json().shards[0] };
+    const gpus = await app.inject({ method: 'GET', url: '/gpus' });
+    return { etag: res.headers.etag, shard: res.json().shards[0], gpusEtag: gpus.headers.etag, gpu: gpus.json().gpus[0] };
   };
   const before = await poll();
   await new Promise((resolve) => setTimeout(resolve, 600));
-  fake.setScenario(twoGpuNode(processes(40)));
+  fake.setScenario(scenario(40, 95));
   const after = await poll();
   t.not(after.shard.compute.cpuCores, before.shard.compute.cpuCores, 'the CPU figure moved');
   t.not(after.shard.compute.gpus[0].smUtilPct, before.shard.compute.gpus[0].smUtilPct, 'and the SM figure');
   t.equal(after.etag, before.etag, 'the same ETag: a weak one names equivalent answers');
+  t.same([before.gpu.utilizationPct, after.gpu.utilizationPct], [15, 95], "the GPU's utilization moved");
+  t.equal(after.gpusEtag, before.gpusEtag, 'and /gpus keeps its ETag too');
 });

@@ -25,6 +25,7 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
     busId: '00000000:18:00.0',
     memory: { totalMiB: 143771, usedMiB: 130013, freeMiB: 13145, reservedMiB: 614 },
     migMode: 'Disabled',
+    utilizationPct: 0,
     processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null, smUtilPct: null }],
     unreachable: null,
     events: null,

@@ -48,7 +48,7 @@ t.test('a shard holds a GPU through a grandchild in its process group; another g
   t.equal(compute.shard, 'llama-a');
   t.equal(compute.backend, 'CUDA');
   t.same(compute.devices, ['GPU 1: 12.3 GiB']);
-  t.same(compute.gpus, [{ index: 1, usedMiB: 12595, smUtilPct: null, xidErrors: null }]);
+  t.same(compute.gpus, [{ index: 1, usedMiB: 12595, smUtilPct: null, xidErrors: null, utilizationPct: 0 }]);
   t.same(compute.strayGpus, []);
   t.equal(compute.engine, null);
 
@@ -83,7 +83,7 @@ t.test('timeline: starting -> ready, and a stray GPU is a warning', async (t) =>
   t.equal(res.json().state, 'ready');
   t.match(res.json().warnings, [/GPU 1, which it was not given/]);
   const compute = (await app.inject({ method: 'GET', url: '/shards/s1/compute' })).json();
-  t.same(compute.strayGpus, [{ index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null }]);
+  t.same(compute.strayGpus, [{ index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null, utilizationPct: 0 }]);
 });
 
 t.test('grace is judged by when the listing was begun: a refresh begun inside the grace that lands after it says starting, not on-cpu', async (t) => {

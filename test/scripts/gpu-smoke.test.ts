@@ -84,7 +84,7 @@ t.test('a GPU process of the shard: every check passes and the queries are recor
   t.match(readFileSync(join(recorded, `${prefix}_doctor.txt`), 'utf8'), /^OK {4}settings .*\nOK {4}backend .*\nOK {4}nvidia-smi .*\n[^]*nodecompute doctor: /, "the doctor's report is recorded");
   const apps = readFileSync(join(recorded, `${prefix}_query-compute-apps.txt`), 'utf8');
   t.match(apps, new RegExp(`^gpu_uuid, pid, process_name, used_gpu_memory \\[MiB\\]\\n${GPU0}, ${run.cudaPid}, python3, 1530 MiB\\n$`), 'compute-apps recorded while the process ran');
-  t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\], mig\.mode\.current, pci\.bus_id\n0, GPU-[^,]+, NVIDIA H200, (?:[^,]+, ){5}00000000:01:00\.0\n$/);
+  t.match(readFileSync(join(recorded, `${prefix}_query-gpu.txt`), 'utf8'), /^index, uuid, name, memory\.total \[MiB\], memory\.used \[MiB\], memory\.free \[MiB\], memory\.reserved \[MiB\], mig\.mode\.current, pci\.bus_id, utilization\.gpu \[%\]\n0, GPU-[^,]+, NVIDIA H200, (?:[^,]+, ){5}00000000:01:00\.0, \d+ %\n$/);
   t.match(readFileSync(join(recorded, `${prefix}_version.txt`), 'utf8'), /DRIVER version\s+: 590\.48\.01/);
   t.match(readFileSync(join(recorded, `${prefix}_list-L.txt`), 'utf8'), /^GPU 0: NVIDIA H200 \(UUID: GPU-/);
   t.match(readFileSync(join(recorded, `${prefix}_commands.txt`), 'utf8'), new RegExp(`while pid ${run.cudaPid} `));

@@ -28,7 +28,7 @@ import { captureLog, type LogLine } from '../helpers/log-capture.js';
 const SLACK_MS = 1500;
 const GPU_ARGS = [`--query-gpu=${GPU_QUERY_FIELDS.join(',')}`, '--format=csv'];
 const GPU_ARGS_WITHOUT_RESERVED = [
-  '--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,mig.mode.current,pci.bus_id',
+  '--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,mig.mode.current,pci.bus_id,utilization.gpu',
   '--format=csv',
 ];
 
@@ -72,6 +72,7 @@ t.test('queryGpus reads every GPU of an 8x H200 node', async (t) => {
     reservedMiB: 614,
     migMode: 'Disabled',
     busId: '00000000:18:00.0',
+    utilizationPct: 0,
   });
   t.same(gpus.map((g) => g.index), [0, 1, 2, 3, 4, 5, 6, 7]);
   t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS], 'asks with header and units, no shell');
@@ -329,7 +330,7 @@ t.test('a driver older than both optional fields: each one it rejects is dropped
   const { fake, smi, logs } = rig(t, { ...eightGpuNode(), supportsReserved: false, supportsMigMode: false });
   const { gpus } = await smi.queryGpus();
   t.ok(gpus.every((g) => g.reservedMiB === null && g.migMode === null && g.usedMiB !== null), 'both read as null, the rest is read');
-  const oldest = ['--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,pci.bus_id', '--format=csv'];
+  const oldest = ['--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,pci.bus_id,utilization.gpu', '--format=csv'];
   t.same(fake.invocations().map((i) => i.argv), [GPU_ARGS, GPU_ARGS_WITHOUT_RESERVED, oldest]);
   t.same(
     logs.filter((l) => l.level === 30).map((l) => l.field),

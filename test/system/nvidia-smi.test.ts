@@ -39,7 +39,15 @@ const WITHOUT_OPTIONAL = GPU_QUERY_FIELDS.filter((f) => f !== 'memory.reserved' 
 const lines = (...rows: string[]) => rows.map((row) => `${row}\n`).join('');
 /** The bus id of the H200 of the captures. */
 const H200_BUS = '00000000:83:00.0';
-const gpu = (index: number, uuid: string, name: string, mem: Array<number | null>, migMode: string | null = 'Disabled', busId: string | null = H200_BUS): GpuRecord => ({
+const gpu = (
+  index: number,
+  uuid: string,
+  name: string,
+  mem: Array<number | null>,
+  migMode: string | null = 'Disabled',
+  busId: string | null = H200_BUS,
+  utilizationPct: number | null = null,
+): GpuRecord => ({
   index,
   uuid,
   name,
@@ -49,6 +57,7 @@ const gpu = (index: number, uuid: string, name: string, mem: Array<number | null
   reservedMiB: mem[3] ?? null,
   migMode,
   busId,
+  utilizationPct,
 });
 const app = (gpuUuid: string, pid: number, name: string, usedMiB: number | null): ComputeAppRecord => ({
   gpuUuid,
@@ -58,33 +67,33 @@ const app = (gpuUuid: string, pid: number, name: string, usedMiB: number | null)
 });
 
 const GPU_HEADER =
-  'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id';
+  'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id, utilization.gpu [%]';
 const APPS_HEADER = 'gpu_uuid, pid, process_name, used_gpu_memory [MiB]';
 
 const gpuCases: Array<Case<GpuRecord[]>> = [
   {
     name: 'h200 idle',
     source: { file: 'nvsmi-capture_h200_590.48.01_idle_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled, ${H200_BUS}`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 0, 143158, 614])],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled, ${H200_BUS}, 0 %`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 0, 143158, 614], 'Disabled', H200_BUS, 0)],
   },
   {
     name: 'h200 load',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 100 %`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', H200_BUS, 100)],
   },
   {
     name: 'h100 MIG: the parent GPU is the only row, MIG mode Enabled',
     source: { file: 'nvsmi-capture_h100-mig_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H100 80GB HBM3, 81559 MiB, 11125 MiB, 69956 MiB, 479 MiB, Enabled, 00000000:00:09.0`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H100 80GB HBM3, 81559 MiB, 11125 MiB, 69956 MiB, 479 MiB, Enabled, 00000000:00:09.0, [N/A]`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H100 80GB HBM3', [81559, 11125, 69956, 479], 'Enabled', '00000000:00:09.0')],
   },
   {
     name: 'windows rtx2080s: no MIG mode ([N/A]) reads as null',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A], 00000000:0C:00.0`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null, '00000000:0C:00.0')],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A], 00000000:0C:00.0, 7 %`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null, '00000000:0C:00.0', 7)],
   },
   {
     name: 'a GPU it cannot reach, said beside the rows it lists (before them, or after): the rows are read',
@@ -92,22 +101,22 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     text: lines(
       'Unable to determine the device handle for GPU1: 0000:0B:00.0: Unknown Error',
       GPU_HEADER,
-      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled, ${H200_BUS}`,
+      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 0 MiB, 143158 MiB, 614 MiB, Disabled, ${H200_BUS}, 0 %`,
       'Unable to determine the device handle for GPU 0000:0C:00.0: Unknown Error',
     ),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 0, 143158, 614])],
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 0, 143158, 614], 'Disabled', H200_BUS, 0)],
   },
   {
     name: 'windows rtx2080s with CRLF line ends (the capture stored LF; Windows prints CRLF)',
     source: { file: 'nvsmi-capture_win-rtx2080s_591.86_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'columns cut, LF -> CRLF' },
-    text: `${GPU_HEADER}\r\n0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A], 00000000:0C:00.0\r\n`,
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null, '00000000:0C:00.0')],
+    text: `${GPU_HEADER}\r\n0, ${ZERO_UUID}, NVIDIA GeForce RTX 2080 SUPER, 8192 MiB, 1296 MiB, 6692 MiB, 205 MiB, [N/A], 00000000:0C:00.0, 7 %\r\n`,
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA GeForce RTX 2080 SUPER', [8192, 1296, 6692, 205], null, '00000000:0C:00.0', 7)],
   },
   {
     name: 'h200 load, nounits (values bare, header keeps its units)',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: GPU_QUERY_FIELDS, units: false },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled, ${H200_BUS}`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled, ${H200_BUS}, 100`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', H200_BUS, 100)],
   },
   {
     name: 'h200 load, noheader,nounits',
@@ -118,8 +127,8 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       units: false,
       header: false,
     },
-    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled, ${H200_BUS}`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
+    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771, 32362, 110796, 614, Disabled, ${H200_BUS}, 100`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', H200_BUS, 100)],
   },
   {
     name: 'hami rtx pro 6000: other fields in another order, no header; fields not asked read as null',
@@ -139,11 +148,11 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     source: {
       file: 'nvsmi-query-gpu_mig-container_insufficient-permissions_stableswarmui388.txt',
       kind: 'edited',
-      how: 'our columns: index 0 and an invented uuid added; name and the three memory cells as in the sample; reserved [N/A]; MIG Enabled (a MIG container); an invented bus id',
+      how: 'our columns: index 0 and an invented uuid added; name and the three memory cells as in the sample; reserved [N/A]; MIG Enabled (a MIG container); an invented bus id; utilization as in the sample',
     },
     text: lines(
       GPU_HEADER,
-      '0, GPU-5e3c0c4e-0000-0000-0000-000000000000, NVIDIA A100-SXM4-80GB, [Insufficient Permissions], [Insufficient Permissions], [Insufficient Permissions], [N/A], Enabled, 00000000:4B:00.0',
+      '0, GPU-5e3c0c4e-0000-0000-0000-000000000000, NVIDIA A100-SXM4-80GB, [Insufficient Permissions], [Insufficient Permissions], [Insufficient Permissions], [N/A], Enabled, 00000000:4B:00.0, [N/A]',
     ),
     expected: [gpu(0, 'GPU-5e3c0c4e-0000-0000-0000-000000000000', 'NVIDIA A100-SXM4-80GB', [null, null, null, null], 'Enabled', '00000000:4B:00.0')],
   },
@@ -152,22 +161,22 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'columns', columns: WITHOUT_OPTIONAL },
     fields: WITHOUT_OPTIONAL,
     text: lines(
-      'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], pci.bus_id',
-      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, ${H200_BUS}`,
+      'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], pci.bus_id, utilization.gpu [%]',
+      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, ${H200_BUS}, 100 %`,
     ),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, null], null)],
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, null], null, H200_BUS, 100)],
   },
   {
     name: '[Unknown Error], N/A and [Not Supported] read as null',
-    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory and bus id cells replaced by the markers' },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, [Unknown Error], N/A, [Not Supported], [N/A], [N/A], [N/A]`),
+    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory, bus id and utilization cells replaced by the markers' },
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, [Unknown Error], N/A, [Not Supported], [N/A], [N/A], [N/A], [Not Supported]`),
     expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [null, null, null, null], null, null)],
   },
   {
     name: 'blank lines and trailing spaces are ignored; no output at all is no GPU',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'blank lines and spaces added' },
-    text: `\n${GPU_HEADER}  \n\n0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}   \n\n`,
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614])],
+    text: `\n${GPU_HEADER}  \n\n0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 100 %   \n\n`,
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', H200_BUS, 100)],
   },
   {
     name: 'empty output (noheader, no GPU)',
@@ -182,32 +191,32 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
     ),
     expected: {
-      error: /cannot read: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\. Make sure .*running\." \(expected 9 values/,
+      error: /cannot read: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\. Make sure .*running\." \(expected 10 values/,
     },
   },
   {
     name: 'a unit other than MiB is refused, not misread',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'memory.total in GiB' },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 140 GiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 140 GiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 100 %`),
     expected: { error: /"0, GPU-0.*, NVIDIA H200, 140 GiB, .*" \("140 GiB" is not a size in MiB\)/ },
   },
   {
     name: 'an index that is not a number',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'index replaced' },
-    text: lines(`[N/A], ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
+    text: lines(`[N/A], ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 100 %`),
     expected: { error: /index "\[N\/A\]" is not a whole number/ },
   },
   {
     name: 'an empty uuid',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'uuid emptied' },
-    text: lines(`0, , NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}`),
+    text: lines(`0, , NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 100 %`),
     expected: { error: /"0, , NVIDIA H200.*" \(uuid is empty\)/ },
   },
   {
     name: 'a line with more values than fields asked (noheader) is refused, not read by position',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'our columns, no header, one value appended' },
-    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 0 MiB`),
-    expected: { error: /\(expected 9 values \(index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current, pci.bus_id\), found 10\)/ },
+    text: lines(`0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 100 %, 0 MiB`),
+    expected: { error: /\(expected 10 values \(index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current, pci.bus_id, utilization.gpu\), found 11\)/ },
   },
   {
     name: 'a header with fewer columns than asked',
@@ -216,22 +225,28 @@ const gpuCases: Array<Case<GpuRecord[]>> = [
       'index, uuid, name, memory.total [MiB], memory.used [MiB], memory.free [MiB]',
       `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB`,
     ),
-    expected: { error: /"index, uuid, name, .*memory.free \[MiB\]" \(the header does not match the fields asked: index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current, pci.bus_id\)/ },
+    expected: { error: /"index, uuid, name, .*memory.free \[MiB\]" \(the header does not match the fields asked: index, uuid, name, memory.total, memory.used, memory.free, memory.reserved, mig.mode.current, pci.bus_id, utilization.gpu\)/ },
   },
   {
     name: 'a header with the columns in another order',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'used and free swapped' },
     text: lines(
-      'index, uuid, name, memory.total [MiB], memory.free [MiB], memory.used [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id',
-      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 110796 MiB, 32362 MiB, 614 MiB, Disabled, ${H200_BUS}`,
+      'index, uuid, name, memory.total [MiB], memory.free [MiB], memory.used [MiB], memory.reserved [MiB], mig.mode.current, pci.bus_id, utilization.gpu [%]',
+      `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 110796 MiB, 32362 MiB, 614 MiB, Disabled, ${H200_BUS}, 100 %`,
     ),
     expected: { error: /the header does not match the fields asked/ },
   },
   {
     name: 'a bus id of another form reads as null: it only matches errors with a GPU, and must not fail the listing',
     source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'pci.bus_id replaced' },
-    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, 83:00`),
-    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', null)],
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, 83:00, 100 %`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', null, 100)],
+  },
+  {
+    name: 'a utilization of another form reads as null: a figure to show, not worth failing the listing',
+    source: { file: 'nvsmi-capture_h200_590.48.01_load_query-gpu-ALLFIELDS.csv', kind: 'edited', how: 'utilization.gpu replaced' },
+    text: lines(GPU_HEADER, `0, ${ZERO_UUID}, NVIDIA H200, 143771 MiB, 32362 MiB, 110796 MiB, 614 MiB, Disabled, ${H200_BUS}, 100.0 percent`),
+    expected: [gpu(0, ZERO_UUID, 'NVIDIA H200', [143771, 32362, 110796, 614], 'Disabled', H200_BUS, null)],
   },
 ];
 
@@ -650,7 +665,7 @@ function cutColumns(sample: string, source: Extract<Source, { kind: 'columns' }>
   const at = source.columns.map((column) => names.findIndex((name) => name.replace(/ \[.*\]$/, '') === column));
   const pick = (line: string) => {
     const cells = line.split(', ');
-    return at.map((i) => (source.units === false ? (cells[i] as string).replace(/ MiB$/, '') : cells[i])).join(', ');
+    return at.map((i) => (source.units === false ? (cells[i] as string).replace(/ (MiB|%)$/, '') : cells[i])).join(', ');
   };
   return [...(source.header === false ? [] : [pick(header)]), ...rows.map(pick)];
 }
@@ -678,7 +693,7 @@ t.test('parseGpuCsv', async (t) => {
   });
   t.test('the error says which command to run by hand', async (t) => {
     t.throws(() => parseGpuCsv('garbage\n', WITHOUT_OPTIONAL), {
-      message: /Run `nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free,pci.bus_id --format=csv` by hand/,
+      message: /Run `nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,memory.free,pci.bus_id,utilization.gpu --format=csv` by hand/,
     });
   });
 });

@@ -35,13 +35,18 @@ function rig(t: Test, scenario: FakeScenario, options: { variant?: FakeNvmlVaria
 }
 
 t.test('on the 8x H200 node NVML and nvidia-smi give the same GPUs, processes and versions', async (t) => {
-  const { nvml, smi, observations } = rig(t, eightGpuNode());
+  // Utilization: a busy GPU, an idle one (absent: 0) and one that gives none.
+  const node = eightGpuNode();
+  node.gpus[2]!.utilizationPct = 87;
+  node.gpus[3]!.utilizationPct = '[N/A]';
+  const { nvml, smi, observations } = rig(t, node);
   t.equal(nvml.backend, 'nvml');
   t.match(nvml.source, /libnvidia-ml\.so\.1$/);
   const gpus = await nvml.queryGpus();
   t.same(sameAsSmi(gpus), await smi.queryGpus());
   t.equal(gpus.gpus.length, 8);
-  t.same(sameAsSmi(gpus.gpus[2]), { index: 2, uuid: gpus.gpus[2]!.uuid, name: 'NVIDIA H200', totalMiB: 143771, usedMiB: 105851, freeMiB: 37307, reservedMiB: 614, migMode: 'Disabled', busId: '00000000:3A:00.0' });
+  t.same(sameAsSmi(gpus.gpus[2]), { index: 2, uuid: gpus.gpus[2]!.uuid, name: 'NVIDIA H200', totalMiB: 143771, usedMiB: 105851, freeMiB: 37307, reservedMiB: 614, migMode: 'Disabled', busId: '00000000:3A:00.0', utilizationPct: 87 });
+  t.same(gpus.gpus.map((gpu) => gpu.utilizationPct), [0, 0, 87, null, 0, 0, 0, 0], 'nvmlDeviceGetUtilizationRates, NOT_SUPPORTED as null');
   const apps = await nvml.queryComputeApps();
   t.same(sameAsSmi(apps), await smi.queryComputeApps());
   t.same(

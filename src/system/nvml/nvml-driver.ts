@@ -123,12 +123,19 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     return current.readUInt32LE(0) === 1 ? 'Enabled' : 'Disabled';
   }
 
+  /** nvmlUtilization_t's gpu field; null where the GPU gives none (MIG, some vGPUs). */
+  async function utilizationOf(run: Run, device: DeviceHandle): Promise<number | null> {
+    const out = Buffer.alloc(8);
+    return (await deviceCall(run, 'utilizationRates', device, out)) === NVML.SUCCESS ? out.readUInt32LE(0) : null;
+  }
+
   async function gpuRecord(run: Run, index: number, device: DeviceHandle): Promise<GpuRecord | null> {
     const uuid = await text(run, 'uuid', index, device);
     if (uuid === null) return null;
     const busId = initBusIds.get(index) ?? (await busIdOf(run, index, device));
     const name = (await text(run, 'name', index, device)) ?? '';
-    return { index, uuid, name, ...(await memoryOf(run, device)), migMode: await migModeOf(run, device), busId };
+    const memory = await memoryOf(run, device);
+    return { index, uuid, name, ...memory, migMode: await migModeOf(run, device), busId, utilizationPct: await utilizationOf(run, device) };
   }
 
   async function busIdOf(run: Run, index: number, device: DeviceHandle): Promise<string | null> {

@@ -37,6 +37,7 @@ const FUNCTIONS = {
   memoryV2: ['int %s(uint64_t device, void *memory)', ['nvmlDeviceGetMemoryInfo_v2']],
   memory: ['int %s(uint64_t device, void *memory)', ['nvmlDeviceGetMemoryInfo']],
   migMode: ['int %s(uint64_t device, void *current, void *pending)', ['nvmlDeviceGetMigMode']],
+  utilizationRates: ['int %s(uint64_t device, void *utilization)', ['nvmlDeviceGetUtilizationRates']],
   processes: ['int %s(uint64_t device, void *count, void *infos)', ['nvmlDeviceGetComputeRunningProcesses_v3']],
   processesV2: ['int %s(uint64_t device, void *count, void *infos)', ['nvmlDeviceGetComputeRunningProcesses_v2']],
   processesV1: ['int %s(uint64_t device, void *count, void *infos)', ['nvmlDeviceGetComputeRunningProcesses']],
