@@ -128,28 +128,24 @@ async function readProcFacts(deps: SnapshotTakerDeps, scanFailure: RepeatLimit, 
   return { shardPids: new Set(interest.pids), facts: { proc, cgroupPids, cgroupScanFailed, bootId: deps.proc.bootId() } };
 }
 
-/** CPU time read at one moment (performance.now()), per PID. */
-type CpuSample = { at: number; byPid: ReadonlyMap<number, Pick<ProcStat, 'startTime' | 'cpuTicks'>> };
+/** Per PID, its CPU time and when it was read (performance.now()): what the next snapshot measures from. */
+type CpuSample = ReadonlyMap<number, { startTime: number; cpuTicks: number; at: number }>;
 
-/** Shorter than this, a rate would be mostly the 10 ms tick's rounding: the older sample stays the baseline. */
+/** Shorter than this, a rate would be mostly the 10 ms tick's rounding: the older reading stays the baseline. */
 const MIN_CPU_INTERVAL_MS = 500;
 
-/** Each process's CPU cores since `before` (same PID and start time); the sample to measure the next refresh from. */
-export function cpuSince(before: CpuSample | null, proc: ReadonlyMap<number, StatAnswer>, at: number): { cores: Map<number, number>; sample: CpuSample } {
+/** Each process's CPU cores since its reading in `before` (same PID and start time), and the readings to measure the next snapshot from. */
+export function cpuSince(before: CpuSample, proc: ReadonlyMap<number, StatAnswer>, at: number): { cores: Map<number, number>; sample: CpuSample } {
   const cores = new Map<number, number>();
-  const byPid = new Map<number, Pick<ProcStat, 'startTime' | 'cpuTicks'>>();
-  for (const [pid, stat] of proc) if (isReadable(stat)) byPid.set(pid, { startTime: stat.startTime, cpuTicks: stat.cpuTicks });
-  if (before === null) return { cores, sample: { at, byPid } };
-  const seconds = (at - before.at) / 1000;
-  for (const [pid, now] of byPid) {
-    const then = before.byPid.get(pid);
-    if (then?.startTime === now.startTime) cores.set(pid, (now.cpuTicks - then.cpuTicks) / CLOCK_TICKS_PER_SECOND / seconds);
+  const sample = new Map<number, { startTime: number; cpuTicks: number; at: number }>();
+  for (const [pid, stat] of proc) {
+    if (!isReadable(stat)) continue;
+    const then = before.get(pid);
+    const same = then !== undefined && then.startTime === stat.startTime;
+    if (same) cores.set(pid, (stat.cpuTicks - then.cpuTicks) / CLOCK_TICKS_PER_SECOND / ((at - then.at) / 1000));
+    sample.set(pid, same && at - then.at < MIN_CPU_INTERVAL_MS ? then : { startTime: stat.startTime, cpuTicks: stat.cpuTicks, at });
   }
-  if (at - before.at >= MIN_CPU_INTERVAL_MS) return { cores, sample: { at, byPid } };
-  // Too soon to measure from: keep the older baseline, adding the processes it did not have.
-  const kept = new Map(before.byPid);
-  for (const [pid, now] of byPid) if (before.byPid.get(pid)?.startTime !== now.startTime) kept.set(pid, now);
-  return { cores, sample: { at: before.at, byPid: kept } };
+  return { cores, sample };
 }
 
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
@@ -158,7 +154,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
   const scanFailure = createRepeatLimit(now);
   /** The last snapshot's GPU processes: read again, with the shards', after nvidia-smi fails. */
   let listedPids: readonly number[] = [];
-  let cpuBaseline: CpuSample | null = null;
+  let cpuBaseline: CpuSample = new Map();
   return async () => {
     const startedAt = now();
     const started = performance.now();

@@ -16,7 +16,7 @@ const stat = (pid: number, cpuTicks: number, startTime = 5): ProcStat => ({ ...p
 const answers = (...stats: StatAnswer[]): Map<number, StatAnswer> => new Map(stats.map((s, i) => [s === null ? -i : 'pid' in s ? s.pid : -i, s]));
 
 t.test('cpuSince: cores per process between two reads of the same process', async (t) => {
-  const first = cpuSince(null, answers(stat(10, 100), stat(11, 50)), 0);
+  const first = cpuSince(new Map(), answers(stat(10, 100), stat(11, 50)), 0);
   t.same([...first.cores], [], 'nothing to measure from at the first read');
   // 2 s later: 10 used 300 ticks (3 s of CPU: 1.5 cores); 11 was replaced by another process under its PID.
   const second = cpuSince(first.sample, answers(stat(10, 400), stat(11, 60, 99), stat(12, 7)), 2_000);
@@ -25,16 +25,16 @@ t.test('cpuSince: cores per process between two reads of the same process', asyn
   t.same(Object.fromEntries(third.cores), { 10: 0, 11: 1, 12: 0 });
 });
 
-t.test('cpuSince: a read sooner than 500 ms after the baseline is measured from it, and keeps it', async (t) => {
-  const first = cpuSince(null, answers(stat(10, 100)), 0);
+t.test('cpuSince: a read sooner than 500 ms after a process\'s baseline is measured from it, and keeps it', async (t) => {
+  const first = cpuSince(new Map(), answers(stat(10, 100)), 0);
   const soon = cpuSince(first.sample, answers(stat(10, 120), stat(20, 5)), 200);
   t.same(Object.fromEntries(soon.cores), { 10: 1 }, '20 ticks in 200 ms');
-  t.equal(soon.sample.at, 0, 'the baseline stays');
-  t.equal(soon.sample.byPid.get(10)?.cpuTicks, 100);
-  t.equal(soon.sample.byPid.get(20)?.cpuTicks, 5, 'a process it lacked joins it');
+  t.same(soon.sample.get(10), { startTime: 5, cpuTicks: 100, at: 0 }, 'its baseline stays');
+  t.same(soon.sample.get(20), { startTime: 5, cpuTicks: 5, at: 200 }, 'a new process is read from now');
   const later = cpuSince(soon.sample, answers(stat(10, 300), stat(20, 105), null), 1_000);
-  t.same(Object.fromEntries(later.cores), { 10: 2, 20: 1 }, 'measured over the whole second; an unreadable answer is skipped');
-  t.equal(later.sample.at, 1_000);
+  t.same(Object.fromEntries(later.cores), { 10: 2, 20: 1.25 }, 'each over the span since its own baseline; an unreadable answer is skipped');
+  t.same([...later.sample.keys()], [10, 20], 'a process no longer read is forgotten');
+  t.equal(later.sample.get(10)?.at, 1_000);
 });
 
 /** GPU 0 holds the shard's process 101 (its SM figure as given), GPU 1 a foreign one; `utilizationPct`: GPU 0's. */
