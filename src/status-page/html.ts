@@ -59,8 +59,7 @@ function gpuHtml(gpu: GpuModel): string {
   const unreachableBadge = gpu.unreachable === null ? '' : badge('gpu-lost', 'unreachable');
   const events = gpu.events === null ? [] : [`<li class="unreachable">${escapeHtml(gpu.events)}</li>`];
   const items = [...unreachable, ...events, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle];
-  // Not for a GPU nvidia-smi cannot reach: its figures are the last good snapshot's.
-  const busy = gpu.utilizationPct === null || gpu.unreachable !== null ? '' : `<span class="gpu-busy" title="${BUSY_NOTE}">${gpu.utilizationPct}% busy</span>`;
+  const busy = gpu.utilizationPct === null ? '' : `<span class="gpu-busy" title="${BUSY_NOTE}">${gpu.utilizationPct}% busy</span>`;
   const marks = `${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${unreachableBadge}${busy}`;
   return gpuRow(gpu.unreachable === null ? '' : ' unreachable', gpu, marks, bar, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), items);
 }

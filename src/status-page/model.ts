@@ -148,14 +148,16 @@ export function statusModel(input: StatusInput) {
   const gpus = listed.map((gpu, i) => {
     const segments = segmentsOf(gpu, foreign[i]!, input.states, colors);
     const holders = new Set(segments.filter((segment) => segment.kind === 'shard').map((segment) => segment.label));
+    const unreachable = unreachableSaid(gpu.uuid, input.unreachable);
     return {
       index: gpu.index,
       uuid: gpu.uuid,
       name: gpu.name,
       mig: gpu.migMode === 'Enabled',
-      unreachable: unreachableSaid(gpu.uuid, input.unreachable),
+      unreachable,
       events: eventsNote(gpu.events),
-      utilizationPct: gpu.utilizationPct,
+      // Not for a GPU nvidia-smi cannot reach: its figures are the last good snapshot's.
+      utilizationPct: unreachable === null ? gpu.utilizationPct : null,
       totalMiB: gpu.totalMiB,
       usedMiB: gpu.usedMiB,
       // The bar can be drawn to scale.

@@ -92,6 +92,13 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.match(text, /\(UNREACHABLE\) GPU 1: nvidia-smi cannot reach this GPU.*It says: GPU is lost\./, 'with what nvidia-smi says of it');
   const html = (await app.inject({ method: 'GET', url: '/?format=html' })).body;
   t.equal(html.match(/<div class="gpu unreachable">\n<div class="gpu-id"><span class="gpu-index">GPU (\d)/g)?.length, 1, 'one GPU row marked in HTML');
+  const idLines = html.match(/<div class="gpu[ a-z]*">\n<div class="gpu-id">.*<\/div>/g) ?? [];
+  t.same(
+    idLines.map((line) => [line.includes('gpu unreachable'), line.includes('gpu-busy')]).filter(([unreachable]) => unreachable),
+    [[true, false]],
+    'no "busy" figure for the GPU it cannot reach: it is the last good snapshot\'s',
+  );
+  t.ok(idLines.some((line) => line.includes('gpu-busy')), 'the GPUs it reaches have theirs');
   t.match(html, /<span class="gpu-index">GPU 1<\/span><span class="gpu-name">NVIDIA H200<\/span><span class="badge gpu-lost">unreachable<\/span>/);
   t.match(html, `It says: ${LOST}</li>`);
   t.match(s0.warnings, [/^answered from an older snapshot: the last refresh failed: nvidia-smi exited with code 15/]);
