@@ -4,8 +4,7 @@
 // then a bare Fastify (bench/server.ts, shipped Node options and malloc arenas) replays them under
 // the same schedule while its CPU and RSS are read as figure 1 reads nodecompute's. The difference
 // between the two is what nodecompute's own work costs; the floor is what the load itself costs.
-import { request } from '../http-load.js';
-import { sendSchedule, type ScheduleClient } from '../http-load.js';
+import { request, sendSchedule, type ScheduleClient } from '../http-load.js';
 import { startRegisteredNode, type BenchContext } from '../node-setup.js';
 import { startServer, USER_HZ } from '../server-handle.js';
 import type { FloorAnswer } from '../server.js';
