@@ -24,3 +24,8 @@ export function formatMemoryUse(usedMiB: number | null, totalMiB: number | null)
   if (usedMiB !== null && usedMiB < MIB_PER_GIB) return `${formatMemory(usedMiB)} / ${total} GiB`;
   return `${usedMiB === null ? '?' : gibDigits(usedMiB)} / ${total} GiB`;
 }
+
+/** formatMemory of a size in bytes (a file's), to the nearest MiB. */
+export function formatBytes(bytes: number): string {
+  return formatMemory(Math.round(bytes / (1024 * 1024)));
+}

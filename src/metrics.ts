@@ -12,6 +12,7 @@ import { shardCpuCores } from './node-state/cpu-use.js';
 import type { NodeView } from './node-state/node-view.js';
 import { placedIndices } from './node-state/placement.js';
 import { READINESS_STATES } from './shards/verdict.js';
+import { shardWeights, type ShardWeights } from './shards/weights.js';
 import type { ShardState } from './shards/shard-service.js';
 import type { Backend, QueryName, QueryObservation } from './system/gpu-driver.js';
 import { VERSION } from './version.js';
@@ -109,8 +110,18 @@ export function createMetrics(): Metrics {
   const shardSm = gauge('nodecompute_shard_gpu_sm_utilization_ratio', smHelp, ['shard', ...gpuLabels]);
   const cpuHelp = "CPU cores a shard's processes used between the last two snapshots (/proc/PID/stat); several while its GPUs do no work means it computes on the CPU.";
   const shardCpu = gauge('nodecompute_shard_cpu_cores', cpuHelp, ['shard']);
+  const weightsHelp = "A shard's model weights (GGUF files its processes loaded), by where: total (the files), host (still mapped in host memory), gpu (estimated on its GPUs).";
+  const shardWeightsBytes = gauge('nodecompute_shard_weights_bytes', weightsHelp, ['shard', 'where']);
+  const shareHelp = "Estimated share of a shard's model weights on its GPUs (1 = all); near 0 while its GPUs are held: it computes on the CPU.";
+  const shardWeightsShare = gauge('nodecompute_shard_weights_gpu_ratio', shareHelp, ['shard']);
 
   const rebuiltGauges = [total, used, free, reserved, foreign, utilization, lost, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
+  const setWeights = (shard: string, weights: ShardWeights) => {
+    for (const [where, bytes] of [['total', weights.bytes], ['host', weights.hostBytes], ['gpu', weights.gpuBytes]] as const) {
+      if (bytes !== null) shardWeightsBytes.set({ shard, where }, bytes);
+    }
+    if (weights.gpuShare !== null) shardWeightsShare.set({ shard }, weights.gpuShare);
+  };
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
     if (mib !== null) metric.set(labels, mib * MIB);
   };
@@ -124,7 +135,7 @@ export function createMetrics(): Metrics {
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
     update({ node, ageMs, nvidiaSmiUp, lostGpus, shards, tokenFile }) {
-      for (const metric of [...rebuiltGauges, xids, ecc, shardSm, shardCpu]) metric.reset();
+      for (const metric of [...rebuiltGauges, xids, ecc, shardSm, shardCpu, shardWeightsBytes, shardWeightsShare]) metric.reset();
       if (tokenFile !== null) {
         tokenFileOk.set({ file: tokenFile.path }, tokenFile.problem === null ? 1 : 0);
         tokensInForce.set({ file: tokenFile.path }, tokenFile.tokens);
@@ -165,6 +176,7 @@ export function createMetrics(): Metrics {
         for (const state of READINESS_STATES) shardState.set({ shard: shard.id, state }, state === readiness.state ? 1 : 0);
         const cores = node === null ? null : shardCpuCores(shard, node);
         if (cores !== null) shardCpu.set({ shard: shard.id }, cores);
+        if (node !== null) setWeights(shard.id, shardWeights(shard, node));
       }
     },
   };

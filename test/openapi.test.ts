@@ -52,6 +52,8 @@ t.test('the shared shapes are components, each written once and named by $ref', 
     'ReadinessProbe',
     'ShardCompute',
     'ShardGpuUsage',
+    'ShardWeights',
+    'ModelFile',
     'EngineAccount',
   ]);
   const refs = [...objects(spec)].flatMap(([, node]) => (typeof node.$ref === 'string' ? [node.$ref] : []));

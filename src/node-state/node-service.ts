@@ -20,7 +20,7 @@ export type NodeService = ReturnType<typeof createNodeService>;
 
 /** Liveness alone: the attribution of a GPU-less snapshot, over the shards registered when the facts were read. */
 export function procOnlyLiveness(facts: FactsAfterFailure, shards: readonly ShardRecord[]): ProcOnly {
-  const snapshot: NodeSnapshot = { ...facts, gpus: [], unmatchedProcesses: [], lostGpus: [], cpuCores: new Map(), timings: { driverMs: 0, procMs: 0 } };
+  const snapshot: NodeSnapshot = { ...facts, gpus: [], unmatchedProcesses: [], lostGpus: [], cpuCores: new Map(), modelFiles: new Map(), timings: { driverMs: 0, procMs: 0 } };
   const described = shards.filter((shard) => shard.registeredAt <= facts.startedAt);
   return { liveness: attribute(snapshot, described).liveness, proc: facts.proc };
 }

@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import type { GpuDriver, GpuListing } from '../system/gpu-driver.js';
 import type { ComputeAppRecord, GpuRecord } from '../system/nvidia-smi.js';
 import { CLOCK_TICKS_PER_SECOND } from '../system/procfs-parse.js';
+import { createModelFileReader, type ModelFileReader, type ProcessModelFiles } from '../system/model-files.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
 import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
@@ -39,6 +40,8 @@ export interface NodeSnapshot extends ProcFacts {
   lostGpus: LostGpu[];
   /** Per PID read in this snapshot and the one before (the same process: PID and start time), the CPU cores it used in between. */
   cpuCores: ReadonlyMap<number, number>;
+  /** Per process that may be a shard's (a shard's own, or a GPU process in a shard's session or cgroup), the model files it loaded. */
+  modelFiles: ReadonlyMap<number, ProcessModelFiles>;
   timings: { driverMs: number; procMs: number };
 }
 
@@ -148,8 +151,56 @@ export function cpuSince(before: CpuSample, proc: ReadonlyMap<number, StatAnswer
   return { cores, sample };
 }
 
+/** A process's model files are read again after this long even when its GPU memory says nothing changed. */
+const MODEL_FILES_MAX_AGE_MS = 30_000;
+
+type ModelFilesCache = Map<number, { startTime: number; held: string; at: number; answer: ProcessModelFiles }>;
+
+/** The processes whose model files are worth reading: the shards' own, and GPU processes in a shard's session or cgroup. */
+function modelFileCandidates(proc: ReadonlyMap<number, StatAnswer>, gpus: GpuState[], shardPids: ReadonlySet<number>, cgroupPids: ProcFacts['cgroupPids']): number[] {
+  const sessions = new Set<number>();
+  for (const pid of shardPids) {
+    const stat = proc.get(pid);
+    if (isReadable(stat)) sessions.add(stat.session);
+  }
+  const members = new Set([...cgroupPids.values()].flatMap((found) => [...found]));
+  const gpuPids = gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid));
+  const near = gpuPids.filter((pid) => {
+    const stat = proc.get(pid);
+    return members.has(pid) || (isReadable(stat) && sessions.has(stat.session));
+  });
+  return [...new Set([...shardPids, ...near])].filter((pid) => isReadable(proc.get(pid)));
+}
+
+/**
+ * Maps change when a model loads: read again when a process is new, when its GPU memory moved (a load
+ * under way), or after MODEL_FILES_MAX_AGE_MS; a steady node re-reads almost nothing.
+ */
+async function readModelFiles(reader: ModelFileReader, cache: ModelFilesCache, proc: ReadonlyMap<number, StatAnswer>, gpus: GpuState[], pids: number[], at: number) {
+  const held = new Map<number, string>();
+  for (const gpu of gpus) for (const process of gpu.processes) held.set(process.pid, `${held.get(process.pid) ?? ''}${gpu.index}:${process.usedMiB};`);
+  const files = new Map<number, ProcessModelFiles>();
+  for (const pid of pids) {
+    const startTime = (proc.get(pid) as ProcStat).startTime;
+    const key = held.get(pid) ?? '';
+    const known = cache.get(pid);
+    if (known !== undefined && known.startTime === startTime && known.held === key && at - known.at < MODEL_FILES_MAX_AGE_MS) {
+      files.set(pid, known.answer);
+      continue;
+    }
+    const answer = await reader.read(pid);
+    if (answer === null) continue;
+    files.set(pid, answer);
+    cache.set(pid, { startTime, held: key, at, answer });
+  }
+  for (const pid of cache.keys()) if (!files.has(pid)) cache.delete(pid);
+  return files;
+}
+
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
   const { now, log } = deps;
+  const modelFileReader = createModelFileReader(deps.proc.root);
+  const modelFilesCache: ModelFilesCache = new Map();
   const roster = createGpuRoster(log);
   const scanFailure = createRepeatLimit(now);
   /** The last snapshot's GPU processes: read again, with the shards', after nvidia-smi fails. */
@@ -184,6 +235,8 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     // The same PIDs come back next refresh, so their stat files are kept open.
     const { shardPids, facts } = await readProcFacts(deps, scanFailure, gpuPids, true);
     await readParents(deps.proc, facts.proc, gpuPids, shardPids);
+    const candidates = modelFileCandidates(facts.proc, gpus, shardPids, facts.cgroupPids);
+    const modelFiles = await readModelFiles(modelFileReader, modelFilesCache, facts.proc, gpus, candidates, now());
     const done = performance.now();
     const takenAt = now();
     listedPids = [...gpuPids];
@@ -196,6 +249,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       unmatchedProcesses: unmatched,
       lostGpus: roster.update(listing.gpus, takenAt, listing.unreachable),
       cpuCores: cpu.cores,
+      modelFiles,
       timings: { driverMs: smiDone - started, procMs: done - smiDone },
     };
   };

@@ -9,6 +9,7 @@ import { GpuComponent, GpuEventsComponent, GpuProcessComponent, GpuUnreachableCo
 import {
   EngineAccountComponent,
   ForeignMemoryGpuComponent,
+  ModelFileComponent,
   ReadinessComponent,
   ReadinessProbeComponent,
   ShardComputeComponent,
@@ -16,6 +17,7 @@ import {
   ShardRecordComponent,
   ShardSnapshotComponent,
   ShardStatusComponent,
+  ShardWeightsComponent,
 } from './shards.js';
 
 export const COMPONENTS: readonly TSchema[] = [
@@ -35,6 +37,8 @@ export const COMPONENTS: readonly TSchema[] = [
   ReadinessProbeComponent,
   ShardComputeComponent,
   ShardGpuUsageComponent,
+  ShardWeightsComponent,
+  ModelFileComponent,
   EngineAccountComponent,
 ];
 

@@ -3,6 +3,7 @@
 import { Type, type Static } from '@sinclair/typebox';
 import { ENGINES } from '../shards/shard.js';
 import { READINESS_STATES, VERDICT_CAUSES } from '../shards/verdict.js';
+import { OFFLOADS } from '../shards/weights.js';
 import { Nullable, NullableStringEnum, Ref, SnapshotMetaComponent, StringEnum } from './common.js';
 import { GpuUnreachableComponent, LostGpusComponent } from './gpus.js';
 
@@ -53,6 +54,14 @@ export const RegisterShardSchema = Type.Object(
     graceMs: Type.Optional(
       Type.Integer({ minimum: 0, maximum: 3_600_000, description: 'How long the shard may take to hold its GPUs before it counts as on-cpu; defaults to NODECOMPUTE_GPU_GRACE_MS.' }),
     ),
+    minGpuWeightsShare: Type.Optional(
+      Type.Number({
+        minimum: 0,
+        maximum: 1,
+        description:
+          'The least share (0 to 1) of its model weights that must be on its GPUs, as compute.weights estimates it, for the shard to be ready; below it after the grace: on-cpu (partial-offload-below-minimum). Absent: a partial offload serves, with a warning.',
+      }),
+    ),
   },
   { additionalProperties: false, description: 'A shard registration: pid or cgroup, and the GPUs it was given.' },
 );
@@ -70,6 +79,7 @@ export const ShardRecordComponent = Type.Object(
     ),
     engine: EngineSchema,
     graceMs: Type.Integer({ description: 'Grace window in milliseconds.' }),
+    minGpuWeightsShare: Nullable(Type.Number(), 'The least share of its weights that must be on its GPUs for it to be ready; null: none asked.'),
     registeredAt: Type.String({
       format: 'date-time',
       description: 'When this run of the shard was first registered: a re-PUT for the same process (or the same engine process of a cgroup) and GPUs keeps it, and the grace runs from it.',
@@ -129,6 +139,37 @@ export const ShardGpuUsageComponent = Type.Object(
   { $id: 'ShardGpuUsage', description: 'A GPU the shard holds memory on, and how much.' },
 );
 
+export const ModelFileComponent = Type.Object(
+  {
+    path: Type.String({ description: 'The file as its process sees it (inside its container).' }),
+    deleted: Type.Boolean({ description: 'Deleted since it was loaded ("(deleted)" in /proc/PID/maps): its size is then not known.' }),
+    bytes: Nullable(Type.Integer({ minimum: 0 }), "The file's size; null when it cannot be opened (deleted, or not readable through /proc/PID/root)."),
+    mappedBytes: Nullable(Type.Integer({ minimum: 0 }), 'Bytes of it still mapped in host memory; null when it is named on the command line and not mapped (--no-mmap).'),
+    seenIn: StringEnum(['mapping', 'command-line'] as const, 'Where it was found: /proc/PID/maps, or -m/--model in /proc/PID/cmdline.'),
+  },
+  { $id: 'ModelFile', description: 'A GGUF model file a process of the shard loaded.' },
+);
+
+export const ShardWeightsComponent = Type.Object(
+  {
+    offload: StringEnum(
+      OFFLOADS,
+      'full, partial or none: how much of its weights is on its GPUs; unknown when nvidia-smi does not report its memory; not-seen when no GGUF model file is in view (vLLM and other engines), which judges it by GPU memory alone.',
+    ),
+    files: Type.Array(Ref(ModelFileComponent), { description: 'The model files its processes loaded.' }),
+    bytes: Nullable(Type.Integer({ minimum: 0 }), "The files' size; null when one's is not known."),
+    hostBytes: Nullable(Type.Integer({ minimum: 0 }), 'Bytes of them still mapped in host memory: llama.cpp unmaps what it put on a GPU once loaded. Null when none is mapped.'),
+    gpuBytes: Nullable(Type.Integer({ minimum: 0 }), 'Estimated bytes of weights on its GPUs; null when not known.'),
+    gpuShare: Nullable(Type.Number({ minimum: 0, maximum: 1 }), 'Estimated share of its weights on its GPUs, 0 to 1, two decimals; null when not known.'),
+    judgedBy: NullableStringEnum(
+      ['mapping', 'gpu-memory'] as const,
+      'mapping: the file mapped shrank to what stays on the CPU (a full offload); gpu-memory: the memory its processes hold on its given GPUs, less 1 GiB a GPU for a context and buffers, against the file size.',
+    ),
+    note: Type.String({ description: 'How it was judged, for people.' }),
+  },
+  { $id: 'ShardWeights', description: "Where the shard's model weights are, from /proc and the memory it holds on its GPUs." },
+);
+
 export const ShardComputeComponent = Type.Object(
   {
     backend: NullableStringEnum(
@@ -147,6 +188,7 @@ export const ShardComputeComponent = Type.Object(
       "CPU cores the shard's processes used between the last two snapshots (its registered process, its cgroup's members and its GPU processes; /proc/PID/stat), " +
         'to two decimals; null until two snapshots have read them. Several cores while its GPUs do no work: it computes on the CPU.',
     ),
+    weights: Ref(ShardWeightsComponent),
     engine: Nullable(Ref(EngineAccountComponent), "The engine's own account, or null when its output says nothing (or none was posted)."),
   },
   { $id: 'ShardCompute', description: "Where a shard computes, as nvidia-smi sees it, with the engine's own account." },
@@ -163,10 +205,11 @@ export const ReadinessComponent = Type.Object(
     state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by nvidia-smi), stopped, exited or unverified.'),
     cause: NullableStringEnum(
       VERDICT_CAUSES,
-      'What decided the verdict, for programs (reason says it for people); null when ready. ' +
-        'starting: awaiting-snapshot, awaiting-nvidia-smi (nvidia-smi cannot be asked, and no listing has shown it on its GPUs: lasts as long as nvidia-smi fails), awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
+      'What decided the verdict, for programs (reason says it for people); null when ready, but for partial-offload (ready with part of its weights on the CPU; a warning says how much). ' +
+        'starting: awaiting-gpu-weights (every GPU held, its weights still in host memory), awaiting-snapshot, awaiting-nvidia-smi (nvidia-smi cannot be asked, and no listing has shown it on its GPUs: lasts as long as nvidia-smi fails), awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
         'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
-        'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, nvidia-smi none on its GPUs), no-gpu-memory. ' +
+        'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, nvidia-smi none on its GPUs), no-gpu-memory, ' +
+        'weights-in-host-memory (its GPUs hold little beyond a context while its model stays in host memory: zero offload), partial-offload-below-minimum (less of its weights on the GPU than minGpuWeightsShare asks). ' +
         'gpu-lost: gpu-not-listed, gpu-unreachable (nvidia-smi fails, saying it cannot reach one). stopped: process-stopped. exited: process-exited. ' +
         'unverified: nvidia-smi-unavailable, processes-hidden, stat-unreadable, gpu-owner-unknown, not-in-snapshot. New codes may be added: treat an unknown one as its state says.',
     ),

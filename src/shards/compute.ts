@@ -9,6 +9,7 @@ import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount, EngineBackend } from './llama-account.js';
 import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
+import { shardWeights, type ShardWeights } from './weights.js';
 
 /** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
 /** `utilizationPct`: the whole GPU's (utilization.gpu), whoever runs there. */
@@ -21,6 +22,7 @@ export type ShardCompute = {
   gpus: GpuUsage[];
   strayGpus: GpuUsage[];
   cpuCores: number | null;
+  weights: ShardWeights;
   engine: EngineAccount | null;
 };
 
@@ -58,5 +60,5 @@ export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineA
     held.filter((holding) => assigned.has(holding.index) === given).map(({ index, usedMiB, processes }) => ({ index, usedMiB, ...activityOn(node, index, processes) }));
   const gpus = usage(true);
   const backend = backendOf(held.length > 0, shard, engine, state);
-  return { backend, devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), cpuCores: shardCpuCores(shard, node), engine };
+  return { backend, devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), cpuCores: shardCpuCores(shard, node), weights: shardWeights(shard, node), engine };
 }

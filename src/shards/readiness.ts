@@ -13,6 +13,7 @@ import type { EngineAccount } from './llama-account.js';
 import { cpuBurnWarning, engineCpuVerdict, engineSaysCpu, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type ReadinessState } from './verdict.js';
+import { heldVerdict } from './weights-verdict.js';
 
 export interface ReadinessInput {
   shard: ShardRecord;
@@ -263,7 +264,7 @@ export function readiness(input: ReadinessInput): Readiness {
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) return engineCpuVerdict(shard, engine, node, warnings);
   const held = node.attribution.holdings.get(shard.id);
   const missing = shard.gpus.filter((index) => !held?.has(index));
-  if (missing.length === 0) return verdict('ready', null, null, warnings);
+  if (missing.length === 0) return heldVerdict(shard, node, evidenceAt, now, warnings);
   const left = shard.registeredAt + shard.graceMs - now;
   if (liveness.state === 'unknown') {
     if (left > 0) {

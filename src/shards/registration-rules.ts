@@ -28,7 +28,7 @@ function sameGpus(a: ShardRecord, b: ShardRecord): boolean {
   return a.gpuUuids !== undefined && b.gpuUuids !== undefined ? sameMembers(a.gpuUuids, b.gpuUuids) : sameMembers(a.gpus, b.gpus);
 }
 
-const FIELDS = ['id', 'pid', 'cgroup', 'engine', 'graceMs'] as const;
+const FIELDS = ['id', 'pid', 'cgroup', 'engine', 'graceMs', 'minGpuWeightsShare'] as const;
 const IDENTITY_FIELDS = ['pid', 'pgid', 'startTime', 'name', 'bootId'] as const;
 
 /** Every field but the registration time. */

@@ -210,6 +210,7 @@ export function createRegistration(deps: RegistrationDeps) {
         ...(gpuUuids === undefined ? {} : { gpuUuids }),
         engine: body.engine ?? 'other',
         graceMs: body.graceMs ?? deps.defaultGraceMs,
+        ...(body.minGpuWeightsShare === undefined ? {} : { minGpuWeightsShare: body.minGpuWeightsShare }),
         registeredAt: now(),
         identity,
       });

@@ -14,6 +14,7 @@ const PersistedShardSchema = Type.Object({
   gpuUuids: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
   engine: Type.Union(ENGINES.map((engine) => Type.Literal(engine))),
   graceMs: Type.Integer({ minimum: 0 }),
+  minGpuWeightsShare: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
   registeredAt: Type.Integer({ minimum: 0 }),
   identity: Type.Object({
     pid: Type.Integer({ minimum: 1 }),

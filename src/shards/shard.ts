@@ -28,6 +28,8 @@ export interface ShardRecord {
   engine: Engine;
   /** How long after registration the shard may go without holding its GPUs before it is on-cpu. */
   graceMs: number;
+  /** The least share of its weights (0 to 1) that must be on its GPUs for it to be ready; absent: any share serves, with a warning. */
+  minGpuWeightsShare?: number;
   registeredAt: number;
   /** Its process at registration; for a cgroup, the oldest one not the pod's sandbox (the engine's run), else the sandbox. */
   identity: ProcessIdentity;

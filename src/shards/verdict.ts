@@ -10,6 +10,7 @@ export const VERDICT_CAUSES = [
   'awaiting-nvidia-smi', // nvidia-smi cannot be asked, and no listing has shown it on its GPUs since it was registered (or its engine started again)
   'awaiting-gpu-memory', // some GPU not held yet, within its grace
   'awaiting-listing', // grace over, but the latest listing was begun before it ended
+  'awaiting-gpu-weights', // every GPU held, its weights in host memory (or below its minimum share), within its grace
   // on-cpu
   'engine-gpu-backend-failed', // the engine says CPU: its GPU backend did not load
   'engine-no-gpu-layers', // the engine says CPU: its GPU backend loaded, with no layers on the GPU
@@ -17,6 +18,10 @@ export const VERDICT_CAUSES = [
   'memory-on-other-gpu', // no memory on a GPU it was given, memory on one it was not
   'engine-output-conflicts', // no memory on a GPU it was given, while its engine output shows weights on a GPU
   'no-gpu-memory', // no memory on a GPU it was given, grace over
+  'weights-in-host-memory', // its GPUs hold little beyond a context while its model stays in host memory (zero offload), grace over
+  'partial-offload-below-minimum', // a share of its weights on the GPU below the minimum its registration asks, grace over
+  // ready
+  'partial-offload', // serving with part of its weights on the CPU (a warning says how much)
   // gpu-lost
   'gpu-not-listed', // a GPU it was given is no longer listed by nvidia-smi
   'gpu-unreachable', // nvidia-smi fails, saying it cannot reach a GPU it was given ("GPU is lost")

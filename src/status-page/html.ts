@@ -112,7 +112,8 @@ function shardRowHtml(row: ShardRow): string {
   const warnings = row.warnings.map((warning) => `<p class="warning">Warning: ${escapeHtml(warning)}</p>`).join('');
   const note = reason + warnings || '<span class="none">-</span>';
   const cpu = row.cpuCores === null ? '' : ` · CPU ${row.cpuCores} cores`;
-  const who = `<span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}${cpu}</small>`;
+  const weights = row.weights === null ? '' : ` · weights ${row.weights}`;
+  const who = `<span class="id">${escapeHtml(row.id)}</span><small>${escapeHtml(row.engine)} · ${escapeHtml(row.process)}${cpu}${escapeHtml(weights)}</small>`;
   return `<tr>
 <th scope="row">${swatch(`shard ${colourClass(row.color)}`)}${who}</th>
 <td data-label="State">${badge(row.state)}</td>

@@ -1,7 +1,7 @@
 // Owns what the status page says, as plain data: one model built from every shard's state and the
 // snapshot they were judged on, which html.ts and text.ts render. Pure: the route gathers the inputs
 // from the cache, so the page never runs nvidia-smi.
-import { formatHeldMemory, formatMemory } from '../memory-size.js';
+import { formatBytes, formatHeldMemory, formatMemory } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { placedIndices, placementOf, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
@@ -11,6 +11,7 @@ import { READINESS_STATES, type ReadinessState } from '../shards/verdict.js';
 import { deviceLabel } from '../shards/compute.js';
 import type { ShardState } from '../shards/shard-service.js';
 import type { ShardRecord } from '../shards/shard.js';
+import type { ShardWeights } from '../shards/weights.js';
 import { barColours, shardColours } from './colours.js';
 
 export type SegmentKind = 'shard' | 'foreign' | 'reserved' | 'free';
@@ -180,6 +181,8 @@ export function statusModel(input: StatusInput) {
     strays: compute ? compute.strayGpus.map(deviceLabel) : [],
     // Null until two snapshots have read its processes, and when nvidia-smi cannot be asked.
     cpuCores: compute ? compute.cpuCores : null,
+    // "4.0 GiB, 97% on GPU"; null where no model file is in view, or nvidia-smi cannot be asked.
+    weights: compute ? weightsLabel(compute.weights) : null,
     reason: readiness.reason,
     warnings: readiness.warnings.map((warning) => pointToBanner(warning, input.error)),
   }));
@@ -213,4 +216,12 @@ function givenLabels(shard: ShardRecord, node: NodeView | null): string[] {
     if (moved !== undefined) return `${index}→${moved.now}`;
     return placement.unlisted.some((gpu) => gpu.index === index) ? `${index} lost` : String(index);
   });
+}
+
+/** A shard's weights for people: their size and the share on its GPUs, as far as each is known. */
+function weightsLabel(weights: ShardWeights): string | null {
+  if (weights.files.length === 0) return null;
+  const size = weights.bytes === null ? 'size unknown' : formatBytes(weights.bytes);
+  const share = weights.gpuShare === null ? 'share on GPU unknown' : `${Math.round(weights.gpuShare * 100)}% on GPU`;
+  return `${size}, ${share}`;
 }

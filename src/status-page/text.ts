@@ -98,9 +98,10 @@ export function renderText(model: StatusModel): string {
   const shardRows = model.shards.map((row) => {
     const held = row.held === null ? 'unknown' : [...row.held, ...row.strays.map((label) => `${label} (NOT given)`)].join(', ') || 'none';
     const notes = [...(row.reason === null ? [] : [row.reason]), ...row.warnings.map((warning) => `warning: ${warning}`)];
-    return [plain(row.id), row.state, row.given.join(',') || 'none', held, row.cpuCores === null ? '-' : String(row.cpuCores), plain(notes.join(' | ') || '-')];
+    const cpu = row.cpuCores === null ? '-' : String(row.cpuCores);
+    return [plain(row.id), row.state, row.given.join(',') || 'none', held, cpu, row.weights ?? '-', plain(notes.join(' | ') || '-')];
   });
-  if (shardRows.length > 0) out.push(...table(['SHARD', 'STATE', 'GIVEN', 'HELD', 'CPU CORES', 'REASON / WARNINGS'], shardRows));
+  if (shardRows.length > 0) out.push(...table(['SHARD', 'STATE', 'GIVEN', 'HELD', 'CPU CORES', 'WEIGHTS', 'REASON / WARNINGS'], shardRows));
   return `${out.join('\n')}\n`;
 }
 

@@ -248,6 +248,8 @@ const table: BadRequest[] = [
   { name: 'engine not in the list', request: register((c) => ({ ...good(c), engine: 'tgi' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/engine must be one of: llama\.cpp, vllm, other/ },
   { name: 'graceMs negative', request: register((c) => ({ ...good(c), graceMs: -1 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/graceMs must be >= 0/ },
   { name: 'graceMs huge', request: register((c) => ({ ...good(c), graceMs: 1e12 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/graceMs must be <= 3600000/ },
+  { name: 'minGpuWeightsShare above 1 (a percentage)', request: register((c) => ({ ...good(c), minGpuWeightsShare: 80 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/minGpuWeightsShare must be <= 1/ },
+  { name: 'minGpuWeightsShare negative', request: register((c) => ({ ...good(c), minGpuWeightsShare: -0.5 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/minGpuWeightsShare must be >= 0/ },
   { name: 'graceMs a float', request: register((c) => ({ ...good(c), graceMs: 10.5 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/graceMs must be integer/ },
 
   // Unknown fields: the message must name the field the caller got wrong.

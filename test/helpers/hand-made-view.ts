@@ -5,6 +5,7 @@ import type { EngineAccount } from '../../src/shards/llama-account.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
+import type { ProcessModelFiles } from '../../src/system/model-files.js';
 import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
 
 /** A running (or, with `state`, stopped: T) process of process group 100, as /proc/PID/stat reads. */
@@ -23,6 +24,8 @@ export interface HandMadeNode {
   cgroupPids?: Array<[string, number[]]>;
   /** Cores each PID used since the snapshot before. */
   cpuCores?: Array<[number, number]>;
+  /** The model files each PID loaded. */
+  modelFiles?: Array<[number, ProcessModelFiles]>;
 }
 
 /** The view of such a snapshot with `shards` registered. */
@@ -36,6 +39,7 @@ export function handMadeView(node: HandMadeNode, shards: ShardRecord[]): NodeVie
     unmatchedProcesses: [],
     lostGpus: node.lostGpus ?? [],
     cpuCores: new Map(node.cpuCores ?? []),
+    modelFiles: new Map(node.modelFiles ?? []),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);

@@ -241,6 +241,7 @@ const node = fc
       unmatchedProcesses: [],
       lostGpus: [],
       cpuCores: new Map(),
+      modelFiles: new Map(),
       timings: { driverMs: 0, procMs: 0 },
     };
     const records = shards.map(

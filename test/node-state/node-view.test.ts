@@ -21,6 +21,7 @@ function snapshot(listed: number[], present: number[], also: number[] = []): Nod
     unmatchedProcesses: [],
     lostGpus: [],
     cpuCores: new Map(),
+    modelFiles: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
 }

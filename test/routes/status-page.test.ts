@@ -193,15 +193,15 @@ t.test('the plain-text page is an aligned table of the same facts', async (t) =>
   t.match(text, `GPU 5: pid 1425260 ${EVIL_NAME} (103.4 GiB)`);
   t.match(text, 'GPU 7: pid 1758887 [Not Found] (56.7 GiB)');
   const header = lineOf(text, 'SHARD ');
-  t.match(header, /^SHARD\s+STATE\s+GIVEN\s+HELD\s+CPU CORES\s+REASON \/ WARNINGS$/);
+  t.match(header, /^SHARD\s+STATE\s+GIVEN\s+HELD\s+CPU CORES\s+WEIGHTS\s+REASON \/ WARNINGS$/);
   const alpha = lineOf(text, 'alpha-ready');
-  t.match(alpha, /^alpha-ready\s+ready\s+0\s+GPU 0: 127\.0 GiB, GPU 1: 20\.0 GiB \(NOT given\)\s+(?:[\d.]+|-)\s+warning: holds memory on GPU 1/);
+  t.match(alpha, /^alpha-ready\s+ready\s+0\s+GPU 0: 127\.0 GiB, GPU 1: 20\.0 GiB \(NOT given\)\s+(?:[\d.]+|-)\s+-\s+warning: holds memory on GPU 1/);
   t.equal(alpha.indexOf('ready', 'alpha-ready'.length), header.indexOf('STATE'), 'columns aligned');
   t.notMatch(text, /\d GB\b/, 'no size labelled in decimal units: the GPU table and HELD read alike');
-  t.match(lineOf(text, 'bravo-on-cpu'), /^bravo-on-cpu\s+on-cpu\s+2\s+none\s+(?:[\d.]+|-)\s+placed on GPU 2 but computing on the CPU/);
-  t.match(lineOf(text, 'charlie-starting'), /^charlie-starting\s+starting\s+3\s+none\s+(?:[\d.]+|-)\s+waiting for the shard/);
-  t.match(lineOf(text, 'delta-exited'), new RegExp(`^delta-exited\\s+exited\\s+4\\s+none\\s+(?:[\\d.]+|-)\\s+the shard's process exited: process ${shards.exited.pid} `));
-  t.match(lineOf(text, 'echo-cpu-only'), /^echo-cpu-only\s+ready\s+none\s+none\s+(?:[\d.]+|-)\s+-$/);
+  t.match(lineOf(text, 'bravo-on-cpu'), /^bravo-on-cpu\s+on-cpu\s+2\s+none\s+(?:[\d.]+|-)\s+-\s+placed on GPU 2 but computing on the CPU/);
+  t.match(lineOf(text, 'charlie-starting'), /^charlie-starting\s+starting\s+3\s+none\s+(?:[\d.]+|-)\s+-\s+waiting for the shard/);
+  t.match(lineOf(text, 'delta-exited'), new RegExp(`^delta-exited\\s+exited\\s+4\\s+none\\s+(?:[\\d.]+|-)\\s+-\\s+the shard's process exited: process ${shards.exited.pid} `));
+  t.match(lineOf(text, 'echo-cpu-only'), /^echo-cpu-only\s+ready\s+none\s+none\s+(?:[\d.]+|-)\s+-\s+-$/);
 });
 
 t.test('Accept negotiation: only a client preferring text/html gets HTML; ?format overrides', async (t) => {
@@ -279,7 +279,7 @@ t.test('nvidia-smi cannot be asked: a banner with its words, and a shard it neve
   t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified");
   t.match(text, "!!   nvidia-smi exited with code 9 and said: \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver");
   t.match(text, 'none: nvidia-smi gave no GPU figures (see above)');
-  t.match(lineOf(text, 'alpha'), /^alpha\s+starting\s+0,1\s+unknown\s+-\s+registered .* ago, and no nvidia-smi listing since has included it, .* \| warning: nvidia-smi cannot be asked \(nvidia-smi's message is at the top of the page\)$/);
+  t.match(lineOf(text, 'alpha'), /^alpha\s+starting\s+0,1\s+unknown\s+-\s+-\s+registered .* ago, and no nvidia-smi listing since has included it, .* \| warning: nvidia-smi cannot be asked \(nvidia-smi's message is at the top of the page\)$/);
   // nvidia-smi's words once, in the banner, not again in every shard's row.
   t.equal(html.split("couldn&#39;t communicate with the NVIDIA driver").length - 1, 1, 'HTML: once');
   t.equal(text.split("couldn't communicate with the NVIDIA driver").length - 1, 1, 'text: once');
@@ -487,7 +487,7 @@ t.test('a cgroup shard is named by its cgroup', async (t) => {
   };
   const model = statusModel({ states: [state], view: null as SnapshotView<NodeSnapshot> | null, node: null, error: 'boom', unreachable: [], host: 'h', version: '0', now: 0 });
   t.match(renderHtml(model), 'vllm · cgroup f00dfeedcafe');
-  t.match(renderText(model), /^pod-a\s+unverified\s+0\s+unknown\s+-\s+-$/m);
+  t.match(renderText(model), /^pod-a\s+unverified\s+0\s+unknown\s+-\s+-\s+-$/m);
 });
 
 t.test('a stopped shard: its own badge and count, its reason in the row; the outage banner says /proc still shows it', async (t) => {
@@ -508,7 +508,7 @@ t.test('a stopped shard: its own badge and count, its reason in the row; the out
   t.match(text, /^nodecompute 0 on h: 1 stopped$/m);
   t.match(text, '/proc still shows exits and stops');
   const row = lineOf(text, 'paused');
-  t.match(row, /^paused\s+stopped\s+0\s+unknown\s+-\s+process 4242 \(llama-server\) is stopped /);
+  t.match(row, /^paused\s+stopped\s+0\s+unknown\s+-\s+-\s+process 4242 \(llama-server\) is stopped /);
   t.ok(row.endsWith(`${reason} | warning: nvidia-smi cannot be asked, so which GPU memory it holds is unverified (nvidia-smi's message is at the top of the page)`), 'the reason, then the warning, pointing at the banner');
 });
 

@@ -31,6 +31,7 @@ function view(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], extra:
     unmatchedProcesses: [],
     lostGpus: [],
     cpuCores: new Map(),
+    modelFiles: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);
@@ -185,7 +186,9 @@ t.test('compute: memory on a GPU the shard was not given is stray, never one of 
   );
   const v = verdictOf(s, node);
   t.equal(v.state, 'ready');
-  t.same(shardCompute(s, node, null, v.state), {
+  const { weights, ...compute } = shardCompute(s, node, null, v.state);
+  t.equal(weights.offload, 'not-seen', 'no model file in view');
+  t.same(compute, {
     backend: 'CUDA',
     devices: ['GPU 0: 3.9 GiB'],
     gpus: [{ index: 0, usedMiB: 4000, smUtilPct: null, xidErrors: null, utilizationPct: null }],
@@ -201,7 +204,9 @@ t.test('compute: memory on a GPU the shard was not given is stray, never one of 
 t.test('compute: a shard absent from the attribution holds nothing, and its backend is not known', async (t) => {
   const s = shard({ gpus: [0] });
   const node = view([gpu(0, [])], [stat(100, 100, 5)], []);
-  t.same(shardCompute(s, node, null, 'starting'), { backend: null, devices: [], gpus: [], strayGpus: [], cpuCores: null, engine: null });
+  const { weights, ...compute } = shardCompute(s, node, null, 'starting');
+  t.same(compute, { backend: null, devices: [], gpus: [], strayGpus: [], cpuCores: null, engine: null });
+  t.equal(weights.offload, 'not-seen');
 });
 
 t.test('compute: the backend says CUDA when a GPU is held, CPU only on the evidence of a verdict, else null', async (t) => {
@@ -380,6 +385,7 @@ function podView(gpus: GpuState[], stats: ProcStat[], shards: ShardRecord[], mem
     unmatchedProcesses: [],
     lostGpus: [],
     cpuCores: new Map(),
+    modelFiles: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);

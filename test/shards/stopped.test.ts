@@ -37,6 +37,7 @@ function snapshot(gpus: GpuState[], stats: StatAnswer[], extra: { cgroups?: Reco
     unmatchedProcesses: [],
     lostGpus: [],
     cpuCores: new Map(),
+    modelFiles: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
 }
@@ -70,7 +71,9 @@ t.test('a PID shard stopped by a signal (T): stopped, 503, the reason says what,
   for (const fact of [SIGNALLED, KEEPS, 'Resume it with `kill -CONT 100`, or `fg` in that terminal.', BY_ITSELF]) t.match(v.reason, fact);
   t.equal(node.attribution.ownerByPid.get(100), 's', 'a stopped process still owns its GPU memory');
   t.match(foreignMemory(node)[0], { shardMiB: 9000, foreignMiB: 0, foreignProcesses: [{ pid: 300 }] }, 'none of it reads as foreign');
-  t.same(shardCompute(s, node, null, v.state), { backend: null, devices: ['GPU 0: 8.8 GiB'], gpus: [{ index: 0, usedMiB: 9000, smUtilPct: null, xidErrors: null, utilizationPct: null }], strayGpus: [], cpuCores: null, engine: null }, 'computes nowhere, holds GPU 0');
+  const { weights, ...compute } = shardCompute(s, node, null, v.state);
+  t.equal(weights.offload, 'not-seen');
+  t.same(compute, { backend: null, devices: ['GPU 0: 8.8 GiB'], gpus: [{ index: 0, usedMiB: 9000, smUtilPct: null, xidErrors: null, utilizationPct: null }], strayGpus: [], cpuCores: null, engine: null }, 'computes nowhere, holds GPU 0');
 });
 
 t.test('a PID shard halted by a debugger (t): stopped, and the advice is the debugger, not SIGCONT', async (t) => {

@@ -39,8 +39,25 @@ interface Case {
   cause: VerdictCause | null;
 }
 
+/** Its GPU held with `mib`, its 4 GiB model mapped whole: 300 MiB is zero offload, 3 GiB half. */
+const mapped = (mib: number, shard = s): NodeView =>
+  handMadeView(
+    {
+      now: NOW,
+      gpus: [gpu(0, [[100, mib]])],
+      stats: [procStat(100)],
+      modelFiles: [[100, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]],
+    },
+    [shard],
+  );
+const asksHalf = shardRecord(NOW, { minGpuWeightsShare: 0.6 });
+
 const cases: Case[] = [
   { name: 'holds its GPU', input: { node: handMadeView({ now: NOW, gpus: [gpu(0, [[100, 9000]])], stats: [procStat(100)] }, [s]) }, state: 'ready', cause: null },
+  { name: 'holds its GPU, half its weights there', input: { node: mapped(3072) }, state: 'ready', cause: 'partial-offload' },
+  { name: 'holds its GPU, its weights in host memory, within its grace', input: { shard: young, node: mapped(300, young) }, state: 'starting', cause: 'awaiting-gpu-weights' },
+  { name: 'holds its GPU, its weights in host memory, grace over', input: { node: mapped(300) }, state: 'on-cpu', cause: 'weights-in-host-memory' },
+  { name: 'holds its GPU, less of its weights there than it asks', input: { shard: asksHalf, node: mapped(3072, asksHalf) }, state: 'on-cpu', cause: 'partial-offload-below-minimum' },
   { name: 'registered since the snapshot, within its grace', input: { shard: young, node: idle([]) }, state: 'starting', cause: 'awaiting-snapshot' },
   { name: 'registered since the snapshot, grace over', input: { node: idle([]) }, state: 'unverified', cause: 'not-in-snapshot' },
   { name: 'not holding its GPU yet, within its grace', input: { shard: young, node: idle([young]) }, state: 'starting', cause: 'awaiting-gpu-memory' },

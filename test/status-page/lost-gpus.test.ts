@@ -51,6 +51,7 @@ function snapshotOf(gpus: GpuState[], lostGpus: LostGpu[], pids: number[], stopp
     unmatchedProcesses: [],
     lostGpus,
     cpuCores: new Map(),
+    modelFiles: new Map(),
     timings: { driverMs: 1, procMs: 1 },
   };
 }

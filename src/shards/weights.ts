@@ -1,0 +1,106 @@
+// Owns where a shard's model weights are: the model files its processes loaded (NodeSnapshot.modelFiles),
+// set against the memory they hold on the GPUs it was given. The rule, from llama.cpp's loader: once
+// loaded, it unmaps the parts of the file it put on a GPU and keeps mapped what stays on the CPU (the
+// input embeddings always, and every layer not offloaded). So a mapping shrunk to at most half the
+// file is a full offload; a whole one is judged by GPU memory, less what a context and compute
+// buffers take. No model file in view (vLLM, other engines): not seen, and nothing is judged.
+import { formatBytes } from '../memory-size.js';
+import type { NodeView } from '../node-state/node-view.js';
+import { statOf } from '../node-state/node-snapshot.js';
+import { placedIndices } from '../node-state/placement.js';
+import type { ModelFile } from '../system/model-files.js';
+import type { ShardRecord } from './shard.js';
+
+export const OFFLOADS = ['full', 'partial', 'none', 'unknown', 'not-seen'] as const;
+export type Offload = (typeof OFFLOADS)[number];
+
+export type ShardWeights = {
+  offload: Offload;
+  files: ModelFile[];
+  /** The files' size; null when one's is not known (deleted, unreadable). */
+  bytes: number | null;
+  /** Bytes of them still mapped in host memory; null when none is mapped (--no-mmap). */
+  hostBytes: number | null;
+  /** Estimated bytes of weights on its GPUs, and their share of the weights (0 to 1). */
+  gpuBytes: number | null;
+  gpuShare: number | null;
+  judgedBy: 'mapping' | 'gpu-memory' | null;
+  /** How it was judged, for people. */
+  note: string;
+};
+
+const MiB = 1024 * 1024;
+/** What a CUDA context, compute buffers and a small KV cache take on each GPU with no layer there (300 MiB to 2 GiB seen). */
+export const CONTEXT_ALLOWANCE_BYTES = 1024 * MiB;
+/** At or below this share on the GPU, no offload to speak of; at or above FULL_SHARE, all of it. */
+export const NONE_SHARE = 0.1;
+const FULL_SHARE = 0.9;
+
+const round2 = (value: number): number => Math.round(value * 100) / 100;
+
+/** The shard's processes worth looking at: its registered process (while it is that one) and the GPU processes attribution gave it. */
+function shardPids(shard: ShardRecord, node: NodeView): number[] {
+  const pids = new Set<number>();
+  if (shard.pid !== null && statOf(node.snapshot, shard.pid)?.startTime === shard.identity.startTime) pids.add(shard.pid);
+  for (const holding of node.attribution.holdings.get(shard.id)?.values() ?? []) for (const process of holding.processes) pids.add(process.pid);
+  return [...pids].sort((a, b) => a - b);
+}
+
+/** Each file once (by path): the largest mapping any process keeps of it, a mapping before a command line (mappedBytes null). */
+function mergeFiles(lists: ModelFile[][]): ModelFile[] {
+  const byPath = new Map<string, ModelFile>();
+  const rank = (file: ModelFile): number => file.mappedBytes ?? -1;
+  for (const file of lists.flat()) {
+    const known = byPath.get(file.path);
+    if (known === undefined || rank(file) > rank(known)) byPath.set(file.path, file);
+  }
+  return [...byPath.values()];
+}
+
+const sumOrNull = (values: Array<number | null>): number | null => (values.some((value) => value === null) ? null : values.reduce<number>((sum, value) => sum + value!, 0));
+
+/** Memory its processes hold on the GPUs it was given, and on how many; null bytes when one is not reported ([N/A]). */
+function heldOnGiven(shard: ShardRecord, node: NodeView): { bytes: number | null; gpus: number } {
+  const given = new Set(placedIndices(shard, node.snapshot.gpus));
+  const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].filter((holding) => given.has(holding.index));
+  const mib = sumOrNull(held.map((holding) => holding.usedMiB));
+  return { bytes: mib === null ? null : mib * MiB, gpus: held.length };
+}
+
+function notSeen(unreadable: string | null): ShardWeights {
+  const note =
+    unreadable ??
+    'no GGUF model file is mapped by its processes or named on their command line (-m/--model): vLLM and other engines load weights another way, so it is judged by GPU memory alone';
+  return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note };
+}
+
+export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
+  const answers = shardPids(shard, node).flatMap((pid) => {
+    const answer = node.snapshot.modelFiles.get(pid);
+    return answer === undefined ? [] : [answer];
+  });
+  const files = mergeFiles(answers.map((answer) => answer.files));
+  if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null);
+  const bytes = sumOrNull(files.map((file) => file.bytes));
+  const mapped = files.filter((file) => file.mappedBytes !== null);
+  const hostBytes = mapped.length === 0 ? null : mapped.reduce((sum, file) => sum + file.mappedBytes!, 0);
+  return { files, bytes, hostBytes, ...judge(bytes, hostBytes, heldOnGiven(shard, node)) };
+}
+
+function judge(bytes: number | null, hostBytes: number | null, held: { bytes: number | null; gpus: number }): Pick<ShardWeights, 'offload' | 'gpuBytes' | 'gpuShare' | 'judgedBy' | 'note'> {
+  if (bytes !== null && hostBytes !== null && hostBytes <= bytes / 2) {
+    const note = `the loader unmapped all but ${formatBytes(hostBytes)} of ${formatBytes(bytes)}: what stays mapped is what it keeps on the CPU (the input embeddings at least)`;
+    return { offload: 'full', gpuBytes: bytes - hostBytes, gpuShare: round2(1 - hostBytes / bytes), judgedBy: 'mapping', note };
+  }
+  if (held.bytes === null) {
+    return { offload: 'unknown', gpuBytes: null, gpuShare: null, judgedBy: null, note: 'nvidia-smi does not report the memory its processes hold ([N/A]), so the share on its GPUs is not known' };
+  }
+  const onGpu = Math.max(0, held.bytes - CONTEXT_ALLOWANCE_BYTES * held.gpus);
+  // A deleted file's size is not known: its weights are what stays mapped and what the GPUs hold.
+  const total = bytes ?? (hostBytes ?? 0) + onGpu;
+  const share = total === 0 ? 0 : round2(Math.min(1, onGpu / total));
+  const offload: Offload = share <= NONE_SHARE ? 'none' : share >= FULL_SHARE ? 'full' : 'partial';
+  const mapping = hostBytes === null ? 'not mapped (loaded without mmap)' : `mapped whole in host memory (${formatBytes(hostBytes)})`;
+  const gpuPart = `its GPUs hold ${formatBytes(held.bytes)}, about ${formatBytes(onGpu)} of it weights after ${formatBytes(CONTEXT_ALLOWANCE_BYTES)} a GPU for a context and buffers`;
+  return { offload, gpuBytes: Math.min(onGpu, total), gpuShare: share, judgedBy: 'gpu-memory', note: `the model is ${mapping}; ${gpuPart}` };
+}

@@ -1,0 +1,129 @@
+// Owns which model files a process loaded, as /proc shows them with no help from the engine: the
+// GGUF files it maps (llama.cpp and Ollama mmap the model by default and, once loaded, unmap what
+// they put on a GPU), else the file its command line names (-m/--model: --no-mmap leaves no mapping).
+// The rule: a file counts only when it begins with GGUF's magic, read once per file through the
+// process's own root (/proc/PID/root); a deleted one, which cannot be opened, counts by its name.
+// Each read has a deadline: one that does not answer leaves that process unjudged, and no second
+// read of it starts until the first answers.
+import { open, readFile, type FileHandle } from 'node:fs/promises';
+import { codeOf } from './procfs-failures.js';
+import { GGUF_MAGIC, modelArgument, namedLikeModel, parseCmdline, parseMappedFiles, type MappedFile } from './model-files-parse.js';
+
+/** `mappedBytes`: what is still mapped in host memory (null: named on the command line, not mapped); `bytes`: the file's size, null when it cannot be opened. */
+export type ModelFile = { path: string; deleted: boolean; bytes: number | null; mappedBytes: number | null; seenIn: 'mapping' | 'command-line' };
+
+/** A process's model files; `unreadable`: why its maps could not be read (the files are then unknown, not none). */
+export type ProcessModelFiles = { files: ModelFile[]; unreadable: string | null };
+
+/** Mappings smaller than this, not named .gguf, are not worth opening: no model blob is that small. */
+const PROBE_MIN_BYTES = 16 * 1024 * 1024;
+/** Files probed before the cache starts again (models come and go over weeks). */
+const PROBED_MAX = 1024;
+/** A process's maps, and the model files they name, answer in microseconds; a hung mount or a held mmap lock never does. */
+const READ_DEADLINE_MS = 1000;
+/** Stuck reads at most: each holds one of libuv's four threads, which the state file needs too. */
+const STUCK_MAX = 2;
+const STUCK_MEANING = 'its weights are not judged until it answers (a model on a hung network mount, or a process stuck in the kernel); the next refreshes try again';
+
+type Probe = { gguf: boolean | null; bytes: number | null };
+
+export interface ModelFileReader {
+  /** Null when the process is gone. */
+  read(pid: number): Promise<ProcessModelFiles | null>;
+}
+
+/** Why a process's maps could not be read, by the errno (null: it is gone). */
+export function mapsUnreadable(pid: number, err: unknown): string | null {
+  const code = codeOf(err);
+  if (code === 'ENOENT' || code === 'ESRCH') return null;
+  if (code === 'EACCES' || code === 'EPERM') {
+    return `nodecompute may not read /proc/${pid}/maps (${code}): a process of another user needs CAP_SYS_PTRACE in nodecompute's container`;
+  }
+  return `reading /proc/${pid}/maps failed (${code || (err as Error).message})`;
+}
+
+export type ModelFileReaderOptions = {
+  /** Files whose probe is remembered before the memory starts again. */
+  probedMax?: number;
+  /** How long one process's read may take before it is answered as stuck. */
+  deadlineMs?: number;
+};
+
+export function createModelFileReader(root: string, { probedMax = PROBED_MAX, deadlineMs = READ_DEADLINE_MS }: ModelFileReaderOptions = {}): ModelFileReader {
+  const base = root.endsWith('/') ? root : `${root}/`;
+  const probed = new Map<string, Probe>();
+  // Reads past their deadline, by PID: each holds a libuv thread until the kernel answers.
+  const stuck = new Map<number, Promise<unknown>>();
+
+  /** Opens `path` as process `pid` sees it: whether it is GGUF and its size; null for each that cannot be read. */
+  const probe = async (pid: number, path: string): Promise<Probe> => {
+    let file: FileHandle | undefined;
+    try {
+      file = await open(`${base}${pid}/${path.startsWith('/') ? `root${path}` : `cwd/${path}`}`, 'r');
+      const head = Buffer.alloc(4);
+      const { bytesRead } = await file.read(head, 0, 4, 0);
+      return { gguf: bytesRead === 4 && head.equals(GGUF_MAGIC), bytes: (await file.stat()).size };
+    } catch {
+      return { gguf: null, bytes: null };
+    } finally {
+      await file?.close();
+    }
+  };
+
+  const probeMapped = async (pid: number, file: MappedFile): Promise<Probe> => {
+    if (file.deleted) return { gguf: null, bytes: null };
+    const key = `${file.device}:${file.inode}:${file.path}`;
+    const known = probed.get(key);
+    if (known !== undefined) return known;
+    if (probed.size >= probedMax) probed.clear();
+    const found = await probe(pid, file.path);
+    probed.set(key, found);
+    return found;
+  };
+
+  const counts = (file: { path: string }, found: Probe): boolean =>
+    found.gguf === true || (found.gguf === null && namedLikeModel(file.path));
+
+  const fromCommandLine = async (pid: number): Promise<ModelFile[]> => {
+    const argv = parseCmdline(await readFile(`${base}${pid}/cmdline`));
+    const path = modelArgument(argv);
+    if (path === null) return [];
+    const found = await probe(pid, path);
+    return counts({ path }, found) ? [{ path, deleted: false, bytes: found.bytes, mappedBytes: null, seenIn: 'command-line' }] : [];
+  };
+
+  const readNow = async (pid: number): Promise<ProcessModelFiles | null> => {
+    try {
+      const mapped = parseMappedFiles(await readFile(`${base}${pid}/maps`, 'utf8')).filter(
+        (file) => file.mappedBytes >= PROBE_MIN_BYTES || namedLikeModel(file.path),
+      );
+      const files: ModelFile[] = [];
+      for (const file of mapped) {
+        const found = await probeMapped(pid, file);
+        if (counts(file, found)) files.push({ path: file.path, deleted: file.deleted, bytes: found.bytes, mappedBytes: file.mappedBytes, seenIn: 'mapping' });
+      }
+      return { files: files.length > 0 ? files : await fromCommandLine(pid), unreadable: null };
+    } catch (err) {
+      const why = mapsUnreadable(pid, err);
+      return why === null ? null : { files: [], unreadable: why };
+    }
+  };
+
+  return {
+    async read(pid) {
+      if (stuck.has(pid)) return { files: [], unreadable: `the last read of /proc/${pid}/maps (or a file it maps) has not answered yet: ${STUCK_MEANING}` };
+      if (stuck.size >= STUCK_MAX) return { files: [], unreadable: `not read: ${stuck.size} reads of other processes' maps have not answered (${STUCK_MEANING})` };
+      const reading = readNow(pid);
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<'late'>((resolve) => {
+        timer = setTimeout(() => resolve('late'), deadlineMs);
+      });
+      const first = await Promise.race([reading, late]);
+      clearTimeout(timer);
+      if (first !== 'late') return first;
+      stuck.set(pid, reading);
+      void reading.finally(() => stuck.delete(pid));
+      return { files: [], unreadable: `reading /proc/${pid}/maps (or a file it maps) did not answer within ${deadlineMs} ms: ${STUCK_MEANING}` };
+    },
+  };
+}

@@ -1,0 +1,87 @@
+// Where a shard's weights are (shardWeights) and the verdict of a shard that holds its GPUs
+// (heldVerdict), on hand-made views: which processes count, files merged across them, the estimate
+// when memory is not reported or a file's size unknown, and the grace before a zero offload counts.
+import t from 'tap';
+import type { ProcessModelFiles, ModelFile } from '../../src/system/model-files.js';
+import { readiness } from '../../src/shards/readiness.js';
+import { heldVerdict } from '../../src/shards/weights-verdict.js';
+import { CONTEXT_ALLOWANCE_BYTES, shardWeights } from '../../src/shards/weights.js';
+import { gpuState } from '../helpers/gpu-state.js';
+import { handMadeView, procStat, shardRecord } from '../helpers/hand-made-view.js';
+
+const NOW = 1_700_000_000_000;
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+
+const mapped = (path: string, bytes: number | null, mappedBytes: number): ModelFile => ({ path, deleted: false, bytes, mappedBytes, seenIn: 'mapping' });
+const named = (path: string, bytes: number | null): ModelFile => ({ path, deleted: false, bytes, mappedBytes: null, seenIn: 'command-line' });
+const files = (...list: ModelFile[]): ProcessModelFiles => ({ files: list, unreadable: null });
+
+/** Shard s (PID 100) with GPU process 101 on GPU 0 holding `mib`, and each PID's model files. */
+const view = (mib: number | null, modelFiles: Array<[number, ProcessModelFiles]>, shard = shardRecord(NOW)) =>
+  handMadeView({ now: NOW, gpus: [gpuState(0, [[101, mib]]), gpuState(1, [])], stats: [procStat(100), procStat(101)], modelFiles }, [shard]);
+
+t.test('the shard process and its GPU processes are read; each file once, the largest mapping kept', async (t) => {
+  const shard = shardRecord(NOW);
+  const node = view(4096, [
+    [100, files(named('/m/a.gguf', 4 * GiB), mapped('/m/b.gguf', 2 * GiB, 2 * GiB))],
+    [101, files(mapped('/m/a.gguf', 4 * GiB, 4 * GiB), mapped('/m/b.gguf', 2 * GiB, GiB), named('/m/a.gguf', 4 * GiB))],
+    [300, files(mapped('/m/other.gguf', GiB, GiB))],
+  ]);
+  const weights = shardWeights(shard, node);
+  t.same(
+    weights.files.map((file) => [file.path, file.seenIn, file.mappedBytes]),
+    [
+      ['/m/a.gguf', 'mapping', 4 * GiB],
+      ['/m/b.gguf', 'mapping', 2 * GiB],
+    ],
+  );
+  t.match(weights, { bytes: 6 * GiB, hostBytes: 6 * GiB, judgedBy: 'gpu-memory', gpuBytes: 3 * GiB, gpuShare: 0.5, offload: 'partial' });
+
+  const unknown = shardRecord(NOW, { id: 'new' });
+  t.match(shardWeights(unknown, view(4096, [[100, files(mapped('/m/a.gguf', 4 * GiB, 4 * GiB))]])), { offload: 'none', gpuBytes: 0 }, 'a shard the view does not know yet holds nothing');
+  const reused = shardRecord(NOW, { identity: { ...shard.identity, startTime: 77 } });
+  t.same(shardWeights(reused, view(4096, [[100, files(mapped('/m/a.gguf', GiB, GiB))]], reused)).offload, 'not-seen', 'a PID now naming another process is not read');
+});
+
+t.test('what cannot be judged: memory not reported, maps not readable', async (t) => {
+  const shard = shardRecord(NOW);
+  t.match(shardWeights(shard, view(null, [[101, files(mapped('/m/a.gguf', 4 * GiB, 4 * GiB))]])), { offload: 'unknown', gpuShare: null, note: /\[N\/A\]/ });
+  const denied = { files: [], unreadable: 'nodecompute may not read /proc/101/maps (EACCES)' };
+  t.match(shardWeights(shard, view(400, [[101, denied]])), { offload: 'not-seen', note: /EACCES/ });
+  const empty = mapped('/m/empty.gguf', 0, 0);
+  t.match(shardWeights(shard, view(400, [[101, files({ ...empty, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'none', gpuShare: 0 }, 'an empty file: nothing on the GPU');
+});
+
+t.test('a deleted file: its weights are what stays mapped and what the GPUs hold beyond a context', async (t) => {
+  const deleted = { ...mapped('/m/a.gguf', null, 3 * GiB), deleted: true };
+  const weights = shardWeights(shardRecord(NOW), view(1024 + 3072, [[101, files(deleted)]]));
+  t.match(weights, { bytes: null, hostBytes: 3 * GiB, gpuBytes: 3 * GiB, gpuShare: 0.5, offload: 'partial' });
+  const served = heldVerdict(shardRecord(NOW), view(1024 + 3072, [[101, files(deleted)]]), NOW, NOW, []);
+  t.match(served, { state: 'ready', cause: 'partial-offload', warnings: [/about 50% of its model's weights \(3\.0 GiB\) are on its GPUs/] });
+  t.equal(CONTEXT_ALLOWANCE_BYTES, GiB);
+  const unopened = shardWeights(shardRecord(NOW), view(1024 + 3072, [[101, files(named('/m/a.gguf', null))]]));
+  t.match(unopened, { bytes: null, hostBytes: null, gpuBytes: 3 * GiB, gpuShare: 1, offload: 'full' }, 'named, not opened, not mapped: what the GPUs hold is all there is');
+});
+
+t.test('heldVerdict: zero offload waits out the grace and a listing begun after it; a shard given no GPU is ready', async (t) => {
+  const zero: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/a.gguf', 4 * GiB, 4 * GiB))]];
+  const shard = shardRecord(NOW, { registeredAt: NOW - 5_000, graceMs: 10_000 });
+  t.match(heldVerdict(shard, view(400, zero, shard), NOW, NOW, []), { state: 'starting', cause: 'awaiting-gpu-weights' });
+  const over = shardRecord(NOW, { registeredAt: NOW - 20_000, graceMs: 10_000 });
+  t.match(heldVerdict(over, view(400, zero, over), NOW - 15_000, NOW, []), { state: 'starting', cause: 'awaiting-listing' });
+  t.match(heldVerdict(over, view(400, zero, over), NOW, NOW, ['w']), { state: 'on-cpu', cause: 'weights-in-host-memory', warnings: ['w'] });
+  const cpuOnly = shardRecord(NOW, { gpus: [] });
+  t.match(heldVerdict(cpuOnly, view(400, zero, cpuOnly), NOW, NOW, []), { state: 'ready', cause: null });
+  t.match(readiness({ shard: over, node: view(400, zero, over), staleReason: null, engine: null, now: NOW }), { state: 'on-cpu', cause: 'weights-in-host-memory' });
+});
+
+t.test('heldVerdict: a minimum share is met, or not; unknown shares ask nothing', async (t) => {
+  const half: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/a.gguf', 4 * GiB, 4 * GiB))]];
+  const asks = (share: number) => shardRecord(NOW, { minGpuWeightsShare: share });
+  t.match(heldVerdict(asks(0.5), view(3072, half, asks(0.5)), NOW, NOW, []), { state: 'ready', cause: 'partial-offload' });
+  t.match(heldVerdict(asks(0.6), view(3072, half, asks(0.6)), NOW, NOW, []), { state: 'on-cpu', cause: 'partial-offload-below-minimum' });
+  t.match(heldVerdict(asks(0.6), view(null, half, asks(0.6)), NOW, NOW, []), { state: 'ready', cause: null }, 'memory not reported: no share to hold it to');
+  const full: Array<[number, ProcessModelFiles]> = [[101, files(named('/m/a.gguf', 4 * GiB))]];
+  t.match(heldVerdict(asks(0.6), view(6000, full, asks(0.6)), NOW, NOW, []), { state: 'ready', cause: null, warnings: [] });
+});

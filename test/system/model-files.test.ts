@@ -1,0 +1,125 @@
+// A process's model files from its /proc text (parseMappedFiles, modelArgument) and through the
+// reader over a fixture proc root: GGUF magic decides, a deleted file counts by its name, the command
+// line is the fallback, what cannot be read says why. Real processes: test/routes/weights.test.ts.
+import { closeSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import t from 'tap';
+import { createModelFileReader, mapsUnreadable } from '../../src/system/model-files.js';
+import { fifoTestdir } from '../helpers/fifo.js';
+import { modelArgument, namedLikeModel, parseCmdline, parseMappedFiles } from '../../src/system/model-files-parse.js';
+
+const BLOB = `/root/.ollama/models/blobs/sha256-${'ab'.repeat(32)}`;
+
+// As a llama-server's maps reads: its code, a library's data, the model in two ranges, anonymous memory, a device.
+const MAPS = [
+  '55d0c0a00000-55d0c0b00000 r-xp 00000000 fe:00 100 /usr/bin/llama-server',
+  '7f0000000000-7f0000100000 r--p 00020000 fe:00 101 /usr/lib/libggml-cpu.so',
+  '7f1000000000-7f1040000000 r--s 00000000 fe:00 200 /models/my model.gguf',
+  '7f2000000000-7f2000200000 r--s 40200000 fe:00 200 /models/my model.gguf',
+  '7f3000000000-7f3000001000 rw-p 00000000 00:00 0 ',
+  '7f4000000000-7f4000001000 rw-s 00000000 00:05 300 /dev/nvidia0',
+  '7f5000000000-7f5000400000 r--s 00000000 00:01 301 /memfd:cuda (deleted)',
+  `7f6000000000-7f6001000000 r--s 00000000 fe:00 400 ${BLOB} (deleted)`,
+  '7f7000000000-7f7000001000 ---p 00000000 fe:00 500 /models/guard.gguf',
+  'not a maps line',
+].join('\n');
+
+t.test('parseMappedFiles: read-only file mappings, code and anonymous memory left out, ranges of a file summed', async (t) => {
+  t.same(parseMappedFiles(MAPS), [
+    { path: '/usr/lib/libggml-cpu.so', deleted: false, device: 'fe:00', inode: '101', mappedBytes: 0x100000 },
+    { path: '/models/my model.gguf', deleted: false, device: 'fe:00', inode: '200', mappedBytes: 0x40000000 + 0x200000 },
+    { path: BLOB, deleted: true, device: 'fe:00', inode: '400', mappedBytes: 0x1000000 },
+  ]);
+});
+
+t.test('modelArgument: -m, --model and --model= name the model; a flag with no value does not', async (t) => {
+  t.equal(modelArgument(['llama-server', '-m', '/m.gguf', '-ngl', '99']), '/m.gguf');
+  t.equal(modelArgument(['ollama', 'runner', '--model', BLOB]), BLOB);
+  t.equal(modelArgument(['llama-server', '--model=/m.gguf']), '/m.gguf');
+  t.equal(modelArgument(['llama-server', '-m']), null);
+  t.equal(modelArgument(['llama-server', '-m', '', '--model=']), null);
+  t.equal(modelArgument(['python3', '-m', 'vllm.entrypoints.openai.api_server']), 'vllm.entrypoints.openai.api_server', 'a Python module: probed, then found no GGUF');
+  t.same(parseCmdline(Buffer.from('llama-server\0-m\0/m.gguf\0')), ['llama-server', '-m', '/m.gguf']);
+  t.same(parseCmdline(Buffer.from('kthreadd')), ['kthreadd']);
+  t.ok(namedLikeModel('/models/X.GGUF'));
+  t.ok(namedLikeModel(BLOB));
+  t.notOk(namedLikeModel('/models/x.bin'));
+});
+
+const GGUF = Buffer.from([0x47, 0x47, 0x55, 0x46, 3, 0, 0, 0]);
+
+t.test('the reader: GGUF magic through the process root, cached per file; the command line as fallback', async (t) => {
+  const root = t.testdir({});
+  const proc = (pid: number, maps: string, cmdline = 'llama-server\0') => {
+    mkdirSync(join(root, String(pid), 'root', 'models'), { recursive: true });
+    mkdirSync(join(root, String(pid), 'cwd', 'models'), { recursive: true });
+    writeFileSync(join(root, String(pid), 'maps'), maps);
+    writeFileSync(join(root, String(pid), 'cmdline'), cmdline);
+  };
+  const line = (path: string, inode: number, suffix = '') => `7f1000000000-7f1040000000 r--s 00000000 fe:00 ${inode} ${path}${suffix}\n`;
+  proc(10, line('/models/a.gguf', 1) + line('/models/notes.bin', 2) + line('/models/short', 3) + line('/models/gone.gguf', 4, ' (deleted)') + line('/data/old.bin', 5, ' (deleted)'));
+  writeFileSync(join(root, '10', 'root', 'models', 'a.gguf'), GGUF);
+  writeFileSync(join(root, '10', 'root', 'models', 'notes.bin'), 'plain text');
+  writeFileSync(join(root, '10', 'root', 'models', 'short'), 'GG');
+  const reader = createModelFileReader(`${root}/`);
+  const forgetful = createModelFileReader(root, { probedMax: 1 });
+  await forgetful.read(10);
+  const first = await reader.read(10);
+  t.same(first, {
+    files: [
+      { path: '/models/a.gguf', deleted: false, bytes: GGUF.length, mappedBytes: 0x40000000, seenIn: 'mapping' },
+      { path: '/models/gone.gguf', deleted: true, bytes: null, mappedBytes: 0x40000000, seenIn: 'mapping' },
+    ],
+    unreadable: null,
+  });
+  rmSync(join(root, '10', 'root', 'models', 'a.gguf'));
+  t.same((await reader.read(10))?.files.map((file) => file.bytes), [GGUF.length, null], 'a file probed once is not opened again');
+  t.same((await forgetful.read(10))?.files.map((file) => file.bytes), [null, null], 'past its bound the memory starts again: opened afresh, now gone');
+
+  // No model mapped: the command line's, relative to the process's working directory.
+  proc(11, '', 'llama-server\0--no-mmap\0-m\0models/b.gguf\0');
+  writeFileSync(join(root, '11', 'cwd', 'models', 'b.gguf'), GGUF);
+  t.same((await reader.read(11))?.files, [{ path: 'models/b.gguf', deleted: false, bytes: GGUF.length, mappedBytes: null, seenIn: 'command-line' }]);
+  proc(12, '', 'llama-server\0-m\0/models/missing.gguf\0');
+  t.same((await reader.read(12))?.files, [{ path: '/models/missing.gguf', deleted: false, bytes: null, mappedBytes: null, seenIn: 'command-line' }], 'not openable: its name says model');
+  proc(13, '', 'python3\0-m\0vllm.entrypoints.openai.api_server\0');
+  t.same(await reader.read(13), { files: [], unreadable: null });
+  proc(14, '');
+  t.same(await reader.read(14), { files: [], unreadable: null });
+});
+
+t.test('the reader: a gone process reads null; maps that cannot be read say why', async (t) => {
+  const root = t.testdir({ '20': { maps: {} } });
+  const reader = createModelFileReader(root);
+  t.equal(await reader.read(99), null);
+  const unreadable = await reader.read(20);
+  t.match(unreadable, { files: [], unreadable: /reading \/proc\/20\/maps failed \(EISDIR\)/ });
+  const denied = Object.assign(new Error('permission denied'), { code: 'EACCES' });
+  t.match(mapsUnreadable(7, denied), /CAP_SYS_PTRACE/);
+  t.equal(mapsUnreadable(7, Object.assign(new Error('gone'), { code: 'ESRCH' })), null);
+  t.match(mapsUnreadable(7, new Error('odd')), /failed \(odd\)/);
+});
+
+t.test('the reader: a read that does not answer (a hung mount) is answered at its deadline, and not started again until it answers', async (t) => {
+  const { dir, fifo } = fifoTestdir(t);
+  for (const pid of ['30', '31', '32']) {
+    mkdirSync(join(dir, pid));
+    writeFileSync(join(dir, pid, 'cmdline'), 'llama-server\0');
+  }
+  writeFileSync(join(dir, '32', 'maps'), '');
+  const hung = [fifo('30/maps'), fifo('31/maps')];
+  const reader = createModelFileReader(dir, { deadlineMs: 50 });
+  t.match(await reader.read(30), { files: [], unreadable: /did not answer within 50 ms/ });
+  t.match(await reader.read(30), { unreadable: /has not answered yet/ }, 'no second read while the first hangs');
+  t.match(await reader.read(31), { unreadable: /did not answer/ });
+  t.match(await reader.read(32), { unreadable: /not read: 2 reads of other processes' maps have not answered/ }, 'two stuck reads: no more are started');
+  for (const path of hung) closeSync(openSync(path, 'w'));
+  // Released, the stuck reads end: reads start again.
+  let after = await reader.read(32);
+  for (let i = 0; i < 200 && after?.unreadable !== null; i += 1) {
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    after = await reader.read(32);
+  }
+  t.same(after, { files: [], unreadable: null });
+});
+
