@@ -26,7 +26,7 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
   description: 'Indices of the GPUs the shard was placed on (as nvidia-smi numbers them); unique; empty for a CPU-only shard.',
 });
 
-const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, vllm or other; llama.cpp output posted to engine-output is understood.');
+const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, ollama, vllm or other; llama.cpp and Ollama output posted to engine-output is understood.');
 const BACKENDS = ['CUDA', 'CPU'] as const;
 
 /**
@@ -306,7 +306,7 @@ export const EngineOutputResponseSchema = Type.Object(
     tailBytes: Type.Integer({ description: 'Bytes of engine output kept for this shard (a bounded tail).' }),
     note: Nullable(
       Type.String(),
-      'Why the account is null, for the operator: only llama.cpp output is read (the shard names another engine), or nothing in it says where llama.cpp computes yet; null when there is an account.',
+      'Why the account is null, for the operator: only llama.cpp and Ollama output is read (the shard names another engine), or nothing in it says where llama.cpp computes yet; null when there is an account.',
     ),
   },
   { description: "The engine's account after this output." },

@@ -1,11 +1,14 @@
 // Owns the engine output kept per shard: a bounded tail of what was posted, in memory only (the
-// engine can post it again), and the engine's account read from it (llama.cpp's only). A new run's
+// engine can post it again), and the engine's account read from it (llama.cpp's and Ollama's only). A new run's
 // output begins a new tail; a tail cut from the front keeps whole lines.
 import type { EngineAccount } from './llama-account.js';
 import { parseLlamaLog } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
 
 export const ENGINE_TAIL_MAX_BYTES = 256 * 1024;
+
+/** The engines whose output is read, as an account's summary names them. */
+export const READ_ENGINES: Partial<Record<ShardRecord['engine'], string>> = { 'llama.cpp': 'llama.cpp', ollama: 'Ollama' };
 
 /** Engine output posted; ticks are clock ticks since boot (the unit of /proc start times). */
 export interface Posted {
@@ -20,8 +23,9 @@ export interface Posted {
 export type EngineState = Posted & { account: EngineAccount | null };
 
 export function engineState(engine: ShardRecord['engine'], posted: Posted): EngineState {
-  // Only llama.cpp's account is understood; other engines' output is kept for operators.
-  return { ...posted, account: engine === 'llama.cpp' ? parseLlamaLog(posted.tail) : null };
+  // Only llama.cpp's and Ollama's accounts are understood; other engines' output is kept for operators.
+  const name = READ_ENGINES[engine];
+  return { ...posted, account: name === undefined ? null : parseLlamaLog(posted.tail, name) };
 }
 
 /** `posted` with `text` appended (or begun afresh with it), posted at `ticks`. */

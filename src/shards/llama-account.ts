@@ -22,7 +22,7 @@ export interface EngineAccount {
   summary: string;
 }
 
-export type CpuKind = 'no-gpu' | 'cpu-devices' | 'host-buffers' | 'zero-offload';
+export type CpuKind = 'no-gpu' | 'cpu-devices' | 'host-buffers' | 'zero-offload' | 'cpu-runner';
 
 /** What one run of the engine printed, as evidence. */
 export interface Run {
@@ -81,22 +81,23 @@ function account(run: Run, backend: EngineBackend, indices: number[], lines: str
   };
 }
 
-/** The run's account; null when it says nothing the contract can name. */
-export function decideAccount(run: Run): EngineAccount | null {
+/** The run's account, `name` the engine as its summary names it; null when it says nothing the contract can name. */
+export function decideAccount(run: Run, name = 'llama.cpp'): EngineAccount | null {
   const layers = run.layers ? `${run.layers.offloaded}/${run.layers.total}` : null;
   const offloaded = layers ? ` and offloaded ${layers} layers` : '';
   if (run.cudaWeights.size > 0) {
     const indices = [...run.cudaWeights.keys()].sort((a, b) => a - b);
     const lines = indices.map((i) => run.cudaWeights.get(i) as string);
-    return account(run, 'CUDA', indices, lines, `llama.cpp put its model buffers on ${nameList(indices)}${offloaded}`);
+    return account(run, 'CUDA', indices, lines, `${name} put its model buffers on ${nameList(indices)}${offloaded}`);
   }
   if (run.otherWeights) return null;
-  if (run.vram !== null) {
+  // The 2023 "total VRAM used" counts scratch and KV buffers that exist with no layer offloaded.
+  if (run.vram !== null && run.layers?.offloaded !== 0) {
     // That era's proof, where CUDA devices were found; without them, another accelerator's.
     if (run.presence.length === 0) return null;
     const indices = presentDevices(run);
     const where = indices.length > 0 ? nameList(indices) : 'its CUDA devices';
-    return account(run, 'CUDA', indices, [run.vram.line], `llama.cpp reported ${run.vram.mib} MiB of VRAM used on ${where}${offloaded}`);
+    return account(run, 'CUDA', indices, [run.vram.line], `${name} reported ${run.vram.mib} MiB of VRAM used on ${where}${offloaded}`);
   }
   if (run.cpu.length > 0) {
     const first = (kind: CpuKind) => run.cpu.find((c) => c.kind === kind);
@@ -104,11 +105,14 @@ export function decideAccount(run: Run): EngineAccount | null {
     const noGpu = first('no-gpu');
     const devices = first('cpu-devices');
     const host = run.cpu.filter((c) => c.kind === 'host-buffers');
+    const zero = first('zero-offload');
+    const runner = first('cpu-runner');
     let said: string;
-    if (noGpu) said = `llama.cpp found no usable GPU (${noGpu.line})`;
-    else if (devices) said = `llama.cpp saw no GPU device, only the CPU (${devices.line})`;
-    else if (host.length > 0) said = `llama.cpp kept all its model buffers in host memory (${host.map((c) => c.line).join(' | ')})`;
-    else said = `llama.cpp offloaded no layers to the GPU (${(first('zero-offload') as { line: string }).line})`;
+    if (noGpu) said = `${name} found no usable GPU (${noGpu.line})`;
+    else if (devices) said = `${name} saw no GPU device, only the CPU (${devices.line})`;
+    else if (host.length > 0) said = `${name} kept all its model buffers in host memory (${host.map((c) => c.line).join(' | ')})`;
+    else if (zero) said = `${name} offloaded no layers to the GPU (${zero.line})`;
+    else said = `${name} started its CPU runner (${(runner as { line: string }).line})`;
     const loaded = noGpu || devices ? false : run.found > 0 || run.presence.length > 0 ? true : null;
     return account(run, 'CPU', [], run.cpu.map((c) => c.line), `${said}${claimed}`, loaded);
   }
@@ -116,7 +120,7 @@ export function decideAccount(run: Run): EngineAccount | null {
     const indices = presentDevices(run);
     const saw = indices.length > 0 ? `found ${nameList(indices)}` : 'reported using CUDA';
     const claimed = layers ? ` (it reported ${layers} layers offloaded)` : '';
-    return account(run, 'CUDA', indices, run.presence, `llama.cpp ${saw} but printed no model buffer line, so weights on the GPU are not confirmed${claimed}`);
+    return account(run, 'CUDA', indices, run.presence, `${name} ${saw} but printed no model buffer line, so weights on the GPU are not confirmed${claimed}`);
   }
   return null;
 }

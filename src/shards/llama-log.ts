@@ -1,4 +1,4 @@
-// Owns reading llama.cpp's output (pure; never throws) into the evidence of its LAST run, so a
+// Owns reading llama.cpp's output, and Ollama's server log around it (pure; never throws), into the evidence of its LAST run, so a
 // restarted engine's older output cannot outvote the current one: a line of a start-up stage the run
 // has passed, or a once-only line of the stage it is in, starts a new run (STAGE). A block (device
 // list, model buffers) is judged only once a later line closes it, since a cut tail may end mid-block;
@@ -27,6 +27,14 @@ const RE_USING_CUDA = /^\w{1,64}: using CUDA for GPU acceleration/;
 const RE_MEMORY_SUFFIX = /^(.{1,1024}) \((\d{1,9}) MiB, \d{1,9} MiB free\)$/;
 const RE_VRAM_FIELD = /, VRAM: (\d{1,9}) MiB/;
 const RE_CUDA_NAME = /^CUDA(\d{1,4})$/;
+// Ollama's server log (logfmt): its scheduler's plan for a model ("offload to cuda" until 2025, then
+// "offload library=cuda"), the runner it starts, and the GPUs it found. A plan is a claim, as
+// "offloaded N/M" is; 0 layers, the CPU library or its CPU runner are CPU evidence.
+const OLLAMA_HEAD = '^time=[^ ]{1,40} level=[A-Z]{1,8} source=[^ ]{1,64} msg=';
+const RE_OLLAMA_PLAN = new RegExp(`${OLLAMA_HEAD}(?:"offload to ([a-z]{1,16})"|offload library=([a-z]{1,16})) layers\\.requested=-?\\d{1,6} layers\\.model=(\\d{1,6}) layers\\.offload=(\\d{1,6})`);
+const RE_OLLAMA_CPU_RUNNER = new RegExp(`${OLLAMA_HEAD}"starting llama server" cmd="[^ "]{0,1024}/runners/cpu[a-z0-9_]{0,16}/`);
+const RE_OLLAMA_NO_GPU_LIBRARY = new RegExp(`${OLLAMA_HEAD}"compatible gpu libraries" compatible=\\[\\]`);
+const RE_OLLAMA_CUDA_FOUND = new RegExp(`${OLLAMA_HEAD}"inference compute" id=[^ ]{1,128} library=cuda `);
 // Host-memory buffer types: CPU, CPU_Mapped, CPU_REPACK, CUDA_Host (pinned host memory), AMX...
 const RE_HOST_NAME = /^(?:CPU\w{0,32}|\w{1,32}_Host|BLAS|AMX|KleidiAI|KLEIDIAI)$/;
 
@@ -158,8 +166,33 @@ function addWeights(run: Run, block: Extract<Block, { kind: 'buffers' }>, line: 
   }
 }
 
+/** An Ollama scheduler or runner line; false when the line is none of them. */
+function classifyOllama(st: State, line: string): boolean {
+  let m: RegExpExecArray | null;
+  if ((m = RE_OLLAMA_PLAN.exec(line))) {
+    // A plan opens each model load, before its runner prints anything.
+    beginProcess(st);
+    const offloaded = Number(m[4]);
+    const library = m[1] ?? m[2];
+    st.run.layers = { offloaded, total: Number(m[3]) };
+    // A plan for CUDA means Ollama found CUDA GPUs.
+    if (library === 'cuda') st.run.presence.push(m[0]);
+    if (offloaded === 0 || library === 'cpu') st.run.cpu.push({ kind: 'zero-offload', line: m[0] });
+  } else if ((m = RE_OLLAMA_CPU_RUNNER.exec(line))) {
+    st.run.cpu.push({ kind: 'cpu-runner', line: m[0] });
+  } else if (RE_OLLAMA_NO_GPU_LIBRARY.test(line)) {
+    st.run.cpu.push({ kind: 'no-gpu', line });
+  } else if (RE_OLLAMA_CUDA_FOUND.test(line)) {
+    st.run.presence.push(line);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 function classify(st: State, line: string): void {
   let m: RegExpExecArray | null;
+  if (line.startsWith('time=') && classifyOllama(st, line)) return;
   if (RE_PROCESS_START.test(line)) {
     beginProcess(st);
   } else if (RE_VERBOSITY.test(line)) {
@@ -241,11 +274,11 @@ export function showsGpuWeights(account: EngineAccount): boolean {
   return account.backend === 'CUDA' && (RE_WEIGHTS.test(account.evidence) || RE_VRAM.test(account.evidence));
 }
 
-/** What llama.cpp's output says about where it computes; null when it says nothing about it. */
-export function parseLlamaLog(text: string): EngineAccount | null {
+/** What llama.cpp's output (or Ollama's log, `name` 'Ollama') says about where it computes; null when it says nothing about it. */
+export function parseLlamaLog(text: string, name = 'llama.cpp'): EngineAccount | null {
   if (typeof text !== 'string' || text.length === 0) return null;
   const st: State = { run: newRun(), stage: STAGE.none, block: null, linesSeen: 0 };
   for (const line of llamaLogLines(text)) feed(st, line);
   if (st.block?.kind === 'list') closeBlock(st.run, st.block);
-  return decideAccount(st.run);
+  return decideAccount(st.run, name);
 }

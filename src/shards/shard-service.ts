@@ -3,7 +3,7 @@
 // routes stay thin; readers arrive as dependencies, so nothing here touches the OS itself.
 import { ShardNotFoundError } from '../errors.js';
 import type { ShardRecordBody } from '../schemas/shards.js';
-import { ENGINE_TAIL_MAX_BYTES, type EngineState } from './engine-output.js';
+import { ENGINE_TAIL_MAX_BYTES, READ_ENGINES, type EngineState } from './engine-output.js';
 import { restartedSince } from './readiness.js';
 import { createRegistration } from './registration.js';
 import type { PutResult } from './registry.js';
@@ -21,10 +21,10 @@ export function shardBody(shard: ShardRecord): ShardRecordBody {
 /** Why posted output gave no account, for the one who posted it; null when it gave one. */
 function engineOutputNote(shard: ShardRecord, state: EngineState): string | null {
   if (state.account !== null) return null;
-  if (shard.engine !== 'llama.cpp') {
+  if (READ_ENGINES[shard.engine] === undefined) {
     const kept = `kept (the last ${ENGINE_TAIL_MAX_BYTES / 1024} KiB) but decides nothing: nvidia-smi alone judges the shard`;
-    const fix = `If it is llama.cpp, PUT /shards/${shard.id} again with "engine": "llama.cpp" to have it read.`;
-    return `Shard "${shard.id}" is registered with engine "${shard.engine}" and only llama.cpp output is read: this output is ${kept}. ${fix}`;
+    const fix = `If it is llama.cpp or Ollama, PUT /shards/${shard.id} again with "engine": "llama.cpp" or "ollama" to have it read.`;
+    return `Shard "${shard.id}" is registered with engine "${shard.engine}" and only llama.cpp and Ollama output is read: this output is ${kept}. ${fix}`;
   }
   return 'Nothing in the output kept so far says where llama.cpp computes: b9829+ names devices only at -lv 4. Until then, nvidia-smi alone judges the shard.';
 }

@@ -1,6 +1,6 @@
 // Owns the shape of a registered shard as the registry keeps it and persists it. A shard is either
 // one process (and its process group) or every process of a cgroup (a container id or pod UID).
-export const ENGINES = ['llama.cpp', 'vllm', 'other'] as const;
+export const ENGINES = ['llama.cpp', 'ollama', 'vllm', 'other'] as const;
 export type Engine = (typeof ENGINES)[number];
 
 /** Who the shard's process was when it was registered: tells a live process from a reused PID. */

@@ -245,7 +245,7 @@ const table: BadRequest[] = [
   { name: 'gpus with an index above 63', request: register((c) => ({ pid: c.pid, gpus: [64] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/gpus\/0 must be <= 63/ },
   { name: 'gpus with a duplicate', request: register((c) => ({ pid: c.pid, gpus: [1, 2, 1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /^Invalid request: body\/gpus must not list the same value twice: items 0 and 2 are equal \(counting from 0\)\. / },
   { name: 'gpus missing', request: register((c) => ({ pid: c.pid })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /required property 'gpus'/ },
-  { name: 'engine not in the list', request: register((c) => ({ ...good(c), engine: 'tgi' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/engine must be one of: llama\.cpp, vllm, other/ },
+  { name: 'engine not in the list', request: register((c) => ({ ...good(c), engine: 'tgi' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/engine must be one of: llama\.cpp, ollama, vllm, other/ },
   { name: 'graceMs negative', request: register((c) => ({ ...good(c), graceMs: -1 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/graceMs must be >= 0/ },
   { name: 'graceMs huge', request: register((c) => ({ ...good(c), graceMs: 1e12 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/graceMs must be <= 3600000/ },
   { name: 'minGpuWeightsShare above 1 (a percentage)', request: register((c) => ({ ...good(c), minGpuWeightsShare: 80 })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/minGpuWeightsShare must be <= 1/ },

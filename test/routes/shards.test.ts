@@ -831,11 +831,23 @@ t.test('engine output for an engine other than llama.cpp is kept, with a note sa
   const vllm = await post('v', CUDA_FAILED_LOG);
   t.equal(vllm.statusCode, 200);
   t.same(Object.keys(vllm.json()), ['shard', 'account', 'tailBytes', 'note']);
-  t.match(vllm.json(), { shard: 'v', account: null, tailBytes: Buffer.byteLength(CUDA_FAILED_LOG), note: /^Shard "v" is registered with engine "vllm" and only llama\.cpp output is read/ });
-  t.match(vllm.json().note, /kept \(the last 256 KiB\) but decides nothing: nvidia-smi alone judges the shard\. .*PUT \/shards\/v again with "engine": "llama\.cpp"/);
+  t.match(vllm.json(), { shard: 'v', account: null, tailBytes: Buffer.byteLength(CUDA_FAILED_LOG), note: /^Shard "v" is registered with engine "vllm" and only llama\.cpp and Ollama output is read/ });
+  t.match(vllm.json().note, /kept \(the last 256 KiB\) but decides nothing: nvidia-smi alone judges the shard\. .*PUT \/shards\/v again with "engine": "llama\.cpp" or "ollama"/);
   t.match((await post('l', 'main: loading model\n')).json(), { account: null, note: /^Nothing in the output kept so far says where llama\.cpp computes: .*-lv 4/ });
   t.match((await post('l', CUDA_FAILED_LOG)).json(), { account: { backend: 'CPU' }, note: null });
   const reread = await app.inject({ method: 'PUT', url: '/shards/v', payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } });
   t.equal(reread.statusCode, 200);
   t.match((await app.inject({ method: 'GET', url: '/shards/v/compute' })).json().engine, { backend: 'CPU' }, 'as the note says: registered as llama.cpp, the kept output is read');
 });
+
+t.test("an Ollama shard's server log is read: a plan its missing GPU libraries contradict makes it on-cpu", async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { app, step } = await setup(t, twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: shard.members[0]!, name: 'ollama', usedMiB: 300 }]));
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/o', payload: { pid: shard.pid, gpus: [0], engine: 'ollama', graceMs: 0 } })).statusCode, 201);
+  const log = sample('ollama-log_2025-08_issue11723_offload-library-cuda_no-compatible-gpu-libraries.txt');
+  const posted = await app.inject({ method: 'POST', url: '/shards/o/engine-output', payload: log, headers: { 'content-type': 'text/plain' } });
+  t.match(posted.json(), { account: { backend: 'CPU', gpuBackendLoaded: false, summary: /^Ollama found no usable GPU/ }, note: null });
+  step();
+  t.match((await app.inject({ method: 'GET', url: '/shards/o/ready' })).json(), { state: 'on-cpu', cause: 'engine-gpu-backend-failed' });
+});
+

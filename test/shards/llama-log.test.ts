@@ -38,6 +38,19 @@ const sampleCases: Array<{ file: string; why: string; expected: EngineAccount | 
     },
   },
   {
+    file: 'llamacpp-log_2023-10_issue3764_offloaded-0of43_total-vram-context.txt',
+    why: '"offloaded 0/43" outweighs a later "total VRAM used" (context buffers, no model)',
+    expected: {
+      backend: 'CPU',
+      devices: [],
+      layersOffloaded: 0,
+      layersTotal: 43,
+      gpuBackendLoaded: true,
+      evidence: 'llm_load_tensors: offloaded 0/43 layers to GPU | llm_load_tensors: VRAM used: 0.00 MB',
+      summary: 'llama.cpp offloaded no layers to the GPU (llm_load_tensors: offloaded 0/43 layers to GPU)',
+    },
+  },
+  {
     file: 'llamacpp-log_2023-12_ollama1341_ggml_init_cublas_2gpu_vram-used.txt',
     why: '2023 format: "VRAM used" > 0 after CUDA devices were found is that era\'s proof',
     expected: {
