@@ -100,7 +100,7 @@ function judge(bytes: number | null, hostBytes: number | null, held: { bytes: nu
   const total = bytes ?? (hostBytes ?? 0) + onGpu;
   const share = total === 0 ? 0 : round2(Math.min(1, onGpu / total));
   const offload: Offload = share <= NONE_SHARE ? 'none' : share >= FULL_SHARE ? 'full' : 'partial';
-  const mapping = hostBytes === null ? 'not mapped (loaded without mmap)' : `mapped whole in host memory (${formatBytes(hostBytes)})`;
+  const mapping = hostBytes === null ? 'not mapped (loaded without mmap)' : `mapped in host memory (${formatBytes(hostBytes)})`;
   const gpuPart = `its GPUs hold ${formatBytes(held.bytes)}, about ${formatBytes(onGpu)} of it weights after ${formatBytes(CONTEXT_ALLOWANCE_BYTES)} a GPU for a context and buffers`;
   return { offload, gpuBytes: Math.min(onGpu, total), gpuShare: share, judgedBy: 'gpu-memory', note: `the model is ${mapping}; ${gpuPart}` };
 }

@@ -218,10 +218,11 @@ function givenLabels(shard: ShardRecord, node: NodeView | null): string[] {
   });
 }
 
-/** A shard's weights for people: their size and the share on its GPUs, as far as each is known. */
+/** A shard's weights for people: their size, the share on its GPUs and what stays mapped in host memory, as far as each is known. */
 function weightsLabel(weights: ShardWeights): string | null {
   if (weights.files.length === 0) return null;
   const size = weights.bytes === null ? 'size unknown' : formatBytes(weights.bytes);
   const share = weights.gpuShare === null ? 'share on GPU unknown' : `${Math.round(weights.gpuShare * 100)}% on GPU`;
-  return `${size}, ${share}`;
+  const host = weights.hostBytes === null ? '' : `, ${formatBytes(weights.hostBytes)} in host memory`;
+  return `${size}, ${share}${host}`;
 }

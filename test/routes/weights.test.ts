@@ -43,7 +43,7 @@ t.test('zero offload: a CUDA context on the GPU, the model mapped whole in host 
   t.match(metrics, /^nodecompute_shard_weights_gpu_ratio\{shard="s"\} 0$/m);
   const text = (await get('/?format=text')).body;
   t.match(text, /WEIGHTS/);
-  t.match(text, /4\.0 GiB, 0% on GPU/);
+  t.match(text, /4\.0 GiB, 0% on GPU, 4\.0 GiB in host memory/);
 });
 
 t.test('within its grace, the same shard is starting (awaiting-gpu-weights): a load may be under way', async (t) => {
@@ -85,6 +85,7 @@ t.test('full offload: the loader unmapped all but the input embeddings: ready, n
   const { weights } = (await get('/shards/s/compute')).json();
   t.match(weights, { offload: 'full', judgedBy: 'mapping', bytes: MODEL_BYTES, hostBytes: 80 * MiB, gpuShare: 0.98 });
   t.match(weights.note, /unmapped all but 80 MiB of 4\.0 GiB/);
+  t.match((await get('/?format=text')).body, /4\.0 GiB, 98% on GPU, 80 MiB in host memory/);
 });
 
 t.test('--no-mmap: no mapping, the model named on the command line, judged by GPU memory', async (t) => {
