@@ -92,12 +92,13 @@ function judge(bytes: number | null, hostBytes: number | null, held: { bytes: nu
     const note = `the loader unmapped all but ${formatBytes(hostBytes)} of ${formatBytes(bytes)}: what stays mapped is what it keeps on the CPU (the input embeddings at least)`;
     return { offload: 'full', gpuBytes: bytes - hostBytes, gpuShare: round2(1 - hostBytes / bytes), judgedBy: 'mapping', note };
   }
-  if (held.bytes === null) {
-    return { offload: 'unknown', gpuBytes: null, gpuShare: null, judgedBy: null, note: 'nvidia-smi does not report the memory its processes hold ([N/A]), so the share on its GPUs is not known' };
-  }
+  const unknown = (note: string) => ({ offload: 'unknown' as const, gpuBytes: null, gpuShare: null, judgedBy: null, note });
+  if (held.bytes === null) return unknown('nvidia-smi does not report the memory its processes hold ([N/A]), so the share on its GPUs is not known');
+  // Neither opened nor mapped: no evidence of the weights' size, and a small model held whole would read as none.
+  if (bytes === null && hostBytes === null) return unknown('its model file can neither be opened nor be seen mapped, so the size of its weights is not known');
   const onGpu = Math.max(0, held.bytes - CONTEXT_ALLOWANCE_BYTES * held.gpus);
   // A deleted file's size is not known: its weights are what stays mapped and what the GPUs hold.
-  const total = bytes ?? (hostBytes ?? 0) + onGpu;
+  const total = bytes ?? hostBytes! + onGpu;
   const share = total === 0 ? 0 : round2(Math.min(1, onGpu / total));
   const offload: Offload = share <= NONE_SHARE ? 'none' : share >= FULL_SHARE ? 'full' : 'partial';
   const mapping = hostBytes === null ? 'not mapped (loaded without mmap)' : `mapped in host memory (${formatBytes(hostBytes)})`;

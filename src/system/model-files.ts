@@ -37,7 +37,10 @@ export function mapsUnreadable(pid: number, err: unknown): string | null {
   const code = codeOf(err);
   if (code === 'ENOENT' || code === 'ESRCH') return null;
   if (code === 'EACCES' || code === 'EPERM') {
-    return `nodecompute may not read /proc/${pid}/maps (${code}): a process of another user needs CAP_SYS_PTRACE in nodecompute's container`;
+    return (
+      `nodecompute may not read /proc/${pid}/maps (${code}): another user's process needs nodecompute to run as root with CAP_SYS_PTRACE ` +
+      '(deploy/kubernetes/README.md, "Seeing where weights are"); until then its weights are not judged'
+    );
   }
   return `reading /proc/${pid}/maps failed (${code || (err as Error).message})`;
 }
