@@ -10,6 +10,7 @@ import { readRegistryFile } from '../shards/registry-file.js';
 import type { ShardRecord } from '../shards/shard.js';
 import { unreachableOf, type GpuListing, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { GpuDriver } from '../system/gpu-driver.js';
+import { createModelFileReader } from '../system/model-files.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -186,6 +187,20 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
   return check(name, 'fail', detail, "Not the host's PID namespace: run it with --pid=host or hostPID: true, or set NODECOMPUTE_PROC to the host's /proc.");
 }
 
+/** Whether the GPU processes' memory maps can be read: without them no shard's weights are judged, and a zero offload reads ready. */
+async function weightsCheck(proc: ProcReader, pids: number[]): Promise<DoctorCheck> {
+  if (pids.length === 0) return check('weights', 'ok', `${NO_GPU_PROCESS} (re-run under load to check that their memory maps can be read)`);
+  const reader = createModelFileReader(proc.root);
+  const refused: string[] = [];
+  for (const pid of pids) {
+    const answer = await reader.read(pid);
+    if (answer?.unreadable != null) refused.push(answer.unreadable);
+  }
+  if (refused.length === 0) return check('weights', 'ok', `the memory maps of the ${pids.length} GPU process(es) can be read, so where shards' weights are is judged`);
+  const detail = `${refused.length} of ${pids.length} GPU process(es): ${refused[0]}. Their shards' weights are not judged: a zero offload (-ngl 0) reads ready`;
+  return check('weights', 'warn', detail, 'Run nodecompute as root with CAP_SYS_PTRACE (deploy/kubernetes/README.md, "Seeing where weights are").');
+}
+
 // Opening, reading and closing a stat file costs about three times what re-reading a kept one does.
 function openFilesCheck(proc: ProcReader, gpuProcesses: number | null): DoctorCheck {
   const { keepLimit, openFilesLimit } = proc.keeping();
@@ -240,6 +255,7 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
   checks.push(...smi.checks);
   if (deps.snapshot !== undefined) checks.push(lostGpusCheck(deps.snapshot, smi.gpus, smi.unreachable, deps.now()));
   if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy, procReadable.ok));
+  if (smi.pids !== null && procReadable.ok) checks.push(await weightsCheck(deps.proc, smi.pids));
   const proc = procReadable.ok
     ? check('proc', 'ok', `${deps.proc.root} is readable`)
     : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it.");

@@ -69,7 +69,8 @@ t.test('a healthy node: every check ok (the token is a warning only)', async (t)
   t.equal(report.version, '9.9.9');
   t.equal(report.checkedAt, '2026-11-29T12:00:00.000Z');
   const checks = byName(report);
-  t.same(Object.keys(checks), ['backend', 'nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token']);
+  t.same(Object.keys(checks), ['backend', 'nvidia-smi', 'gpus', 'query-time', 'host-pid-namespace', 'weights', 'proc', 'open-files', 'state-file', 'registered-gpus', 'token']);
+  t.match(checks.weights!, { status: 'ok', detail: 'the memory maps of the 1 GPU process(es) can be read, so where shards\' weights are is judged' });
   t.equal(checks['registered-gpus']!.detail, 'no stored shard registration names a GPU by UUID, so none can be missing');
   t.match(checks['open-files']!.detail, /^an open-file limit of \d+: up to \d+ \/proc stat files kept open between snapshots \(1 GPU process\(es\) now\)$/);
   t.match(checks['nvidia-smi']!.detail, 'nvidia-smi 590.48.01, driver 590.48.01, CUDA 13.1');
@@ -314,6 +315,18 @@ t.test('open files: too low a limit to keep every GPU process\'s stat file open 
   t.match(tree, { status: 'ok', detail: /is not a proc filesystem, so no stat file is kept open$/ });
   const noSmi = byName(await doctorFor(t, null))['open-files']!;
   t.match(noSmi, { status: 'ok', detail: /kept open between snapshots$/ }, 'without nvidia-smi, the limit alone');
+});
+
+t.test("GPU processes whose memory maps cannot be read: a warning that their shards' weights are not judged, and how to fix it", async (t) => {
+  // Tests may run as root, which reads every process's maps: a maps file that cannot be read stands in for the refusal.
+  const stat = (pid: number) => `${pid} (llama-server) S 1 ${pid} ${pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0\n`;
+  const root = t.testdir({ 1: { stat: stat(1), maps: '', cmdline: 'init\0' }, 4242: { stat: stat(4242), maps: {} } });
+  const scenario = eightGpuNode();
+  scenario.processes = [1, 4242].map((pid) => ({ gpuUuid: scenario.gpus[0]!.uuid, pid, name: 'llama-server', usedMiB: 1000 }));
+  const weights = byName(await doctorFor(t, scenario, { proc: root })).weights!;
+  t.match(weights, { status: 'warn', detail: /^1 of 2 GPU process\(es\): reading \/proc\/4242\/maps failed \(EISDIR\)\. .*-ngl 0/, fix: /CAP_SYS_PTRACE/ });
+  scenario.processes = [];
+  t.match(byName(await doctorFor(t, scenario, { proc: root })).weights!, { status: 'ok', detail: /re-run under load/ });
 });
 
 t.test('a state directory that cannot be fsynced is a warning saying what is at risk and what to do', async (t) => {
