@@ -97,6 +97,9 @@ t.test('--no-mmap: no mapping, the model named on the command line, judged by GP
   t.same(weights.files.map((file: { seenIn: string }) => file.seenIn), ['command-line']);
   t.match(weights.note, /not mapped/);
   t.match((await zero.get('/shards/s/ready')).json(), { state: 'on-cpu', cause: 'weights-in-host-memory' });
+  const text = (await zero.get('/?format=text')).body;
+  t.match(text, /4\.0 GiB, 0% on GPU /, 'nothing mapped: no host-memory figure beside the share');
+  t.notMatch(text, /on GPU, [\d.]+ [GM]iB in host memory/);
 
   const full = await shardOn(t, pid, 6000);
   t.match((await full.get('/shards/s/compute')).json().weights, { offload: 'full', judgedBy: 'gpu-memory', gpuShare: 1 });
