@@ -68,7 +68,7 @@ function engineCpuAdvice(loaded: boolean | null): string {
 }
 
 /** The memory the shard's processes hold on the GPUs it was given, as device labels; empty without a node view. */
-function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
+export function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
   const holdings = node?.attribution.holdings.get(shard.id);
   if (holdings === undefined) return [];
   return [...holdings.values()]

@@ -5,7 +5,7 @@
 import { formatDuration } from '../duration.js';
 import { formatBytes } from '../memory-size.js';
 import type { NodeView } from '../node-state/node-view.js';
-import { deviceLabel } from './compute.js';
+import { heldOnGiven } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness } from './verdict.js';
 import { shardWeights, type ShardWeights } from './weights.js';
@@ -23,15 +23,6 @@ function modelLabel(weights: ShardWeights): string {
     .join(', ');
 }
 
-/** What it holds on its given GPUs; called only once it holds every one of them. */
-function heldLabels(shard: ShardRecord, node: NodeView): string {
-  return [...node.attribution.holdings.get(shard.id)!.values()]
-    .filter((holding) => shard.gpus.includes(holding.index))
-    .sort((a, b) => a.index - b.index)
-    .map(deviceLabel)
-    .join(', ');
-}
-
 /** The warning a partial offload serves with. */
 export function partialWarning(weights: ShardWeights): string {
   const of = weights.bytes === null ? '' : ` of ${formatBytes(weights.bytes)}`;
@@ -44,7 +35,7 @@ export function partialWarning(weights: ShardWeights): string {
 function notReadyReason(shard: ShardRecord, node: NodeView, weights: ShardWeights, zero: boolean): string {
   const model = `its model ${modelLabel(weights)}`;
   if (zero) {
-    const held = `its processes hold ${heldLabels(shard, node)}, no more than a CUDA context and compute buffers`;
+    const held = `its processes hold ${heldOnGiven(shard, node).join(', ')}, no more than a CUDA context and compute buffers`;
     const where = weights.hostBytes === null ? 'read without mmap' : `${formatBytes(weights.hostBytes)} of it mapped`;
     return `placed on ${gpuList(shard.gpus)} but computing on the CPU: ${held}, while ${model} stays in host memory (${where}). ${NGL_ADVICE}`;
   }
