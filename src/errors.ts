@@ -47,6 +47,7 @@ export const UnsupportedMediaTypeError = coded('NODECOMPUTE_UNSUPPORTED_MEDIA_TY
 /** A Range beyond the end of a /docs file (@fastify/static). */
 export const RangeNotSatisfiableError = coded('NODECOMPUTE_RANGE_NOT_SATISFIABLE', 416);
 export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
+export const UnknownMigDeviceError = coded('NODECOMPUTE_UNKNOWN_MIG_DEVICE', 422);
 export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
 /** A PID that exists but can never be a shard's: init, or a kernel thread (most often a PID as a container sees it). */
 export const NotAShardProcessError = coded('NODECOMPUTE_NOT_A_SHARD_PROCESS', 422);

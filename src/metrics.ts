@@ -115,7 +115,10 @@ export function createMetrics(): Metrics {
   const shareHelp = "Estimated share of a shard's model weights on its GPUs (1 = all); near 0 while its GPUs are held: it computes on the CPU.";
   const shardWeightsShare = gauge('nodecompute_shard_weights_gpu_ratio', shareHelp, ['shard']);
 
-  const rebuiltGauges = [total, used, free, reserved, foreign, utilization, lost, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
+  const migHelp = "A MIG device's memory (NVML only), by kind: total, used, free, and foreign (used by anything that is not a registered shard).";
+  const migMemory = gauge('nodecompute_mig_device_memory_bytes', migHelp, [...gpuLabels, 'mig_uuid', 'profile', 'kind']);
+
+  const rebuiltGauges = [total, used, free, reserved, foreign, utilization, lost, migMemory, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
   const setWeights = (shard: string, weights: ShardWeights) => {
     for (const [where, bytes] of [['total', weights.bytes], ['host', weights.hostBytes], ['gpu', weights.gpuBytes]] as const) {
       if (bytes !== null) shardWeightsBytes.set({ shard, where }, bytes);
@@ -145,14 +148,19 @@ export function createMetrics(): Metrics {
       processesVisible.set(node === null ? Number.NaN : node.processesHidden === null ? 1 : 0);
       if (node) {
         // One entry per GPU, in the snapshot's order.
-        const foreignMiB = foreignMemory(node).map((gpu) => gpu.foreignMiB);
+        const foreignOf = foreignMemory(node);
         for (const [i, gpu] of node.snapshot.gpus.entries()) {
           const labels = { gpu: String(gpu.index), uuid: gpu.uuid };
           setMiB(total, labels, gpu.totalMiB);
           setMiB(used, labels, gpu.usedMiB);
           setMiB(free, labels, gpu.freeMiB);
           setMiB(reserved, labels, gpu.reservedMiB);
-          setMiB(foreign, labels, foreignMiB[i] as number | null);
+          setMiB(foreign, labels, foreignOf[i]!.foreignMiB);
+          for (const [j, mig] of (gpu.migDevices ?? []).entries()) {
+            const migLabels = { ...labels, mig_uuid: mig.uuid, profile: mig.profile };
+            const kinds = { total: mig.totalMiB, used: mig.usedMiB, free: mig.freeMiB, foreign: foreignOf[i]!.migDevices![j]!.foreignMiB };
+            for (const [kind, mib] of Object.entries(kinds)) setMiB(migMemory, { ...migLabels, kind }, mib);
+          }
           if (gpu.utilizationPct !== null) utilization.set(labels, gpu.utilizationPct / 100);
           if (gpu.events === undefined) continue;
           for (const [xid, count] of Object.entries(gpu.events.xid)) xids.inc({ ...labels, xid }, count);

@@ -107,10 +107,14 @@ async function driverChecks(deps: DoctorDeps): Promise<SmiFindings> {
   }
   // With no GPU visible nvidia-smi fails ("No devices were found", exit 6): that is a catch above.
   checks.push(check('gpus', 'ok', `${gpus.length} GPU(s) visible: ${gpus.map((gpu) => `GPU ${gpu.index} ${gpu.name}`).join(', ')}`));
-  const mig = gpus.filter((gpu) => gpu.migMode === 'Enabled').map((gpu) => `GPU ${gpu.index}`);
-  if (mig.length > 0) {
-    const detail = `MIG is on for ${mig.join(', ')}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG instance`;
+  const mig = gpus.filter((gpu) => gpu.migMode === 'Enabled');
+  const migGpus = mig.map((gpu) => `GPU ${gpu.index}`).join(', ');
+  if (mig.some((gpu) => gpu.migDevices == null)) {
+    const detail = `MIG is on for ${migGpus}: nodecompute's memory figures there (free, foreign, per shard) are for the whole GPU, not per MIG device`;
     checks.push(check('mig', 'warn', detail, MIG_FIX));
+  } else if (mig.length > 0) {
+    const devices = mig.map((gpu) => `GPU ${gpu.index}: ${gpu.migDevices!.length} MIG device(s)`).join(', ');
+    checks.push(check('mig', 'ok', `MIG is on for ${migGpus}, with figures per MIG device (${devices})`));
   }
   const took = `GPU query took ${listing.ms} ms, process query ${apps.ms} ms`;
   const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
@@ -119,7 +123,8 @@ async function driverChecks(deps: DoctorDeps): Promise<SmiFindings> {
   return { checks, pids: [...new Set(apps.value.map((app) => app.pid))], busy: busyGpus(gpus), gpus, unreachable };
 }
 
-const MIG_FIX = 'Place work on these GPUs by MIG instance (nvidia-smi -L; nvidia-smi -q for each process), not by their whole-GPU free or foreign memory.';
+const MIG_FIX =
+  'Use the NVML backend (NODECOMPUTE_BACKEND=auto or nvml, with libnvidia-ml.so.1 in the container), which gives figures per MIG device; until then place work there by MIG device (nvidia-smi -L, nvidia-smi -q), not by whole-GPU free or foreign memory.';
 const SLOW_FIX =
   'Enable persistence mode (nvidia-smi -pm 1, or nvidia-persistenced) so no query starts the driver up; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
 

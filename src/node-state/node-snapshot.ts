@@ -14,8 +14,8 @@ import { createGpuRoster, type LostGpu } from './gpu-roster.js';
 /** Generations above a GPU process in which attribution looks for its shard (vLLM's workers sit a few forks down). */
 export const ANCESTRY_DEPTH = 4;
 
-/** smUtilPct: as ComputeAppRecord's (absent under nvidia-smi). */
-export type GpuProcess = { pid: number; name: string; usedMiB: number | null; gpuIndex: number; gpuUuid: string; smUtilPct?: number | null };
+/** smUtilPct: as ComputeAppRecord's (absent under nvidia-smi); migUuid: the MIG device it runs on, null when none is known. */
+export type GpuProcess = { pid: number; name: string; usedMiB: number | null; gpuIndex: number; gpuUuid: string; smUtilPct?: number | null; migUuid?: string | null };
 
 export type GpuState = GpuRecord & { processes: GpuProcess[] };
 
@@ -70,8 +70,14 @@ export function joinGpusAndProcesses(gpus: GpuRecord[], apps: ComputeAppRecord[]
   const unmatched: ComputeAppRecord[] = [];
   for (const app of apps) {
     const gpu = byUuid.get(app.gpuUuid);
-    if (gpu) gpu.processes.push({ pid: app.pid, name: app.name, usedMiB: app.usedMiB, gpuIndex: gpu.index, gpuUuid: gpu.uuid, smUtilPct: app.smUtilPct });
-    else unmatched.push(app);
+    if (gpu === undefined) {
+      unmatched.push(app);
+      continue;
+    }
+    const at = app.migInstance;
+    const mig = at ? gpu.migDevices?.find((device) => device.gpuInstanceId === at.gpuInstanceId && device.computeInstanceId === at.computeInstanceId) : undefined;
+    const { pid, name, usedMiB, smUtilPct } = app;
+    gpu.processes.push({ pid, name, usedMiB, gpuIndex: gpu.index, gpuUuid: gpu.uuid, smUtilPct, migUuid: mig?.uuid ?? null });
   }
   return { gpus: states, unmatched };
 }

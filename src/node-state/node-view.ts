@@ -97,10 +97,11 @@ export function unreachableSaid(uuid: string, unreachable: readonly UnreachableL
 /** GET /gpus after its snapshot header. */
 export function gpusResponse(node: NodeView, unreachable: readonly UnreachableListedGpu[]): Pick<GpusResponse, 'gpus' | 'lostGpus'> {
   const owner = node.attribution.ownerByPid;
-  const gpus = node.snapshot.gpus.map(({ totalMiB, usedMiB, freeMiB, reservedMiB, processes, events, ...gpu }) => ({
+  const gpus = node.snapshot.gpus.map(({ totalMiB, usedMiB, freeMiB, reservedMiB, processes, events, migDevices, ...gpu }) => ({
     ...gpu,
     memory: { totalMiB, usedMiB, freeMiB, reservedMiB },
-    processes: processes.map(({ pid, name, usedMiB: held, smUtilPct }) => ({ pid, name, usedMiB: held, shard: owner.get(pid) ?? null, smUtilPct: smUtilPct ?? null })),
+    migDevices: migDevices?.map(({ totalMiB: total, usedMiB: used, freeMiB: free, ...mig }) => ({ ...mig, memory: { totalMiB: total, usedMiB: used, freeMiB: free } })) ?? null,
+    processes: processes.map(({ pid, name, usedMiB: held, smUtilPct, migUuid }) => ({ pid, name, usedMiB: held, shard: owner.get(pid) ?? null, smUtilPct: smUtilPct ?? null, migUuid: migUuid ?? null })),
     unreachable: unreachableSaid(gpu.uuid, unreachable),
     events: events === undefined ? null : { ...events, lastXid: events.lastXid && { ...events.lastXid, at: new Date(events.lastXid.at).toISOString() } },
   }));

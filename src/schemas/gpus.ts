@@ -22,6 +22,7 @@ export const GpuProcessComponent = Type.Object(
       Type.Integer({ minimum: 0, maximum: 100 }),
       'Highest SM utilization (%) NVML sampled of this process on this GPU since the snapshot before: 0 when it did no GPU work; null under nvidia-smi, under MIG, or where the GPU gives none.',
     ),
+    migUuid: Nullable(Type.String(), 'The MIG device (MIG-...) it runs on, as in migDevices; null off MIG and under nvidia-smi, whose listing does not say.'),
   },
   { $id: 'GpuProcess', description: 'A compute process holding memory on a GPU, with the shard it belongs to.' },
 );
@@ -38,6 +39,20 @@ export const GpuEventsComponent = Type.Object(
     ),
   },
   { $id: 'GpuEvents', description: 'Xid and ECC events NVML reported for a GPU since nodecompute started (see dmesg for the NVRM lines).' },
+);
+
+export const MigDeviceComponent = Type.Object(
+  {
+    uuid: Type.String({ description: 'MIG device UUID (MIG-...), as nvidia-smi -L lists it and NVIDIA_VISIBLE_DEVICES names it.' }),
+    profile: Type.String({ description: 'Its profile, e.g. 3g.40gb (1c.3g.71gb for one compute instance of several).' }),
+    gpuInstanceId: Type.Integer({ minimum: 0, description: 'GPU instance id (GI ID in nvidia-smi).' }),
+    computeInstanceId: Type.Integer({ minimum: 0, description: 'Compute instance id (CI ID in nvidia-smi).' }),
+    memory: Type.Object(
+      { totalMiB: MiB('Its memory'), usedMiB: MiB('Memory used on it'), freeMiB: MiB('Memory free on it') },
+      { description: 'The memory of its GPU instance (shared by its compute instances).' },
+    ),
+  },
+  { $id: 'MigDevice', description: 'A MIG device of a GPU: one compute instance of a GPU instance, with its own memory.' },
 );
 
 export const GpuComponent = Type.Object(
@@ -60,7 +75,11 @@ export const GpuComponent = Type.Object(
     ),
     migMode: Nullable(
       Type.String(),
-      'MIG mode (mig.mode.current): Enabled or Disabled; null where the GPU has no MIG mode or the driver does not report it. With MIG enabled, the memory figures (here, in foreign memory and per shard) are for the whole GPU, not per MIG instance.',
+      'MIG mode (mig.mode.current): Enabled or Disabled; null where the GPU has no MIG mode or the driver does not report it. The memory figures here are for the whole GPU; migDevices gives each MIG device its own.',
+    ),
+    migDevices: Nullable(
+      Type.Array(Ref(MigDeviceComponent)),
+      'Its MIG devices with their memory (NVML only); empty with MIG enabled and none made; null with MIG off, and under nvidia-smi, whose CSV has no per-instance figures.',
     ),
     utilizationPct: Nullable(
       Type.Integer({ minimum: 0, maximum: 100 }),

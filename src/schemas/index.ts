@@ -5,7 +5,7 @@
 import type { TSchema } from '@sinclair/typebox';
 import type { FastifyInstance } from 'fastify';
 import { ErrorComponent, SnapshotMetaComponent } from './common.js';
-import { GpuComponent, GpuEventsComponent, GpuProcessComponent, GpuUnreachableComponent, LostGpuComponent, LostGpusComponent } from './gpus.js';
+import { GpuComponent, GpuEventsComponent, GpuProcessComponent, GpuUnreachableComponent, LostGpuComponent, LostGpusComponent, MigDeviceComponent } from './gpus.js';
 import {
   EngineAccountComponent,
   ForeignMemoryGpuComponent,
@@ -27,6 +27,7 @@ export const COMPONENTS: readonly TSchema[] = [
   GpuProcessComponent,
   GpuUnreachableComponent,
   GpuEventsComponent,
+  MigDeviceComponent,
   LostGpuComponent,
   LostGpusComponent,
   ForeignMemoryGpuComponent,

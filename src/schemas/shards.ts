@@ -26,6 +26,14 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
   description: 'Indices of the GPUs the shard was placed on (as nvidia-smi numbers them); unique; empty for a CPU-only shard.',
 });
 
+const MigDevicesSchema = Type.Array(Type.String({ pattern: '^MIG-[0-9A-Za-z-]+$', maxLength: 64 }), {
+  uniqueItems: true,
+  minItems: 1,
+  maxItems: 64,
+  description:
+    'MIG devices of those GPUs the shard was placed on, by UUID (MIG-..., as nvidia-smi -L and NVIDIA_VISIBLE_DEVICES name them): its foreign memory is then theirs, and memory it holds on another MIG device of its GPUs is a warning. Each must be on one of its gpus; checked under NVML, which lists MIG devices (GET /gpus migDevices); taken on trust under nvidia-smi.',
+});
+
 const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, ollama, vllm or other; llama.cpp and Ollama output posted to engine-output is understood.');
 const BACKENDS = ['CUDA', 'CPU'] as const;
 
@@ -50,6 +58,7 @@ export const RegisterShardSchema = Type.Object(
       }),
     ),
     gpus: GpuIndicesSchema,
+    migDevices: Type.Optional(MigDevicesSchema),
     engine: Type.Optional(EngineSchema),
     graceMs: Type.Optional(
       Type.Integer({ minimum: 0, maximum: 3_600_000, description: 'How long the shard may take to hold its GPUs before it counts as on-cpu; defaults to NODECOMPUTE_GPU_GRACE_MS.' }),
@@ -77,6 +86,7 @@ export const ShardRecordComponent = Type.Object(
       Type.Array(Type.String()),
       "The UUIDs of those GPUs at registration, in the same order: the shard is judged on these devices, under the index nvidia-smi gives them now (it renumbers the GPUs after one drops out). Null when nvidia-smi could not be asked at registration (the GPUs were taken on trust, and are judged by index).",
     ),
+    migDevices: Nullable(Type.Array(Type.String()), 'The MIG devices (MIG-...) of its GPUs it was placed on; null: whole GPUs.'),
     engine: EngineSchema,
     graceMs: Type.Integer({ description: 'Grace window in milliseconds.' }),
     minGpuWeightsShare: Nullable(Type.Number(), 'The least share of its weights that must be on its GPUs for it to be ready; null: none asked.'),
@@ -134,6 +144,17 @@ export const ShardGpuUsageComponent = Type.Object(
     utilizationPct: Nullable(
       Type.Integer({ minimum: 0, maximum: 100 }),
       "The whole GPU's utilization.gpu (as GET /gpus; any process's kernels count); null where the driver gives none (MIG).",
+    ),
+    migDevices: Nullable(
+      Type.Array(
+        Type.Object({
+          uuid: Type.String({ description: 'MIG device UUID (MIG-...).' }),
+          profile: Type.String({ description: 'Its profile, e.g. 3g.40gb.' }),
+          usedMiB: Nullable(Type.Integer(), "Memory the shard's processes hold on it, in MiB (0 on one it was placed on and does not use); null when one's is not reported."),
+          foreignMiB: Nullable(Type.Integer(), 'Its memory held by anything that is not a registered shard (as GET /gpus/foreign-memory); null when its used memory is unknown.'),
+        }),
+      ),
+      'The MIG devices of this GPU the shard holds memory on or was placed on (NVML only); null where the GPU lists none (MIG off, nvidia-smi).',
     ),
   },
   { $id: 'ShardGpuUsage', description: 'A GPU the shard holds memory on, and how much.' },
@@ -264,24 +285,35 @@ export const ShardResponseSchema = Type.Intersect([Ref(ShardRecordComponent), Sh
   description: 'One shard with its state, reason and compute, and the snapshot they come from.',
 });
 
+/** The memory of a GPU, or of one MIG device, split between registered shards and everything else. */
+const foreignSplit = (where: string) => ({
+  usedMiB: Nullable(Type.Integer(), `Used memory of the ${where} in MiB; null when nvidia-smi cannot read it.`),
+  shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB, as far as nvidia-smi reports it (see unreportedShardProcesses)." }),
+  unreportedShardProcesses: Type.Integer({
+    description:
+      "Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]: WSL2, Windows, some vGPU setups). Above 0, shardMiB is a lower bound and foreignMiB an upper bound: their memory reads as foreign, which placement never over-commits.",
+  }),
+  foreignMiB: Nullable(Type.Integer(), 'used - shardMiB, never below zero: memory placement must not hand out; null when used is unknown.'),
+  foreignProcesses: Type.Array(
+    Type.Object({
+      pid: Type.Integer({ description: 'Host PID.' }),
+      name: Type.String({ description: 'Process name as nvidia-smi reports it.' }),
+      usedMiB: Nullable(Type.Integer(), 'Memory it holds there in MiB; null when [N/A].'),
+    }),
+    { description: `Processes on this ${where} that belong to no shard.` },
+  ),
+});
+
 export const ForeignMemoryGpuComponent = Type.Object(
   {
     index: Type.Integer({ description: 'GPU index.' }),
     uuid: Type.String({ description: 'GPU UUID.' }),
-    usedMiB: Nullable(Type.Integer(), 'Used memory of the GPU in MiB; null when nvidia-smi cannot read it.'),
-    shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB, as far as nvidia-smi reports it (see unreportedShardProcesses)." }),
-    unreportedShardProcesses: Type.Integer({
-      description:
-        "Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]: WSL2, Windows, some vGPU setups). Above 0, shardMiB is a lower bound and foreignMiB an upper bound: their memory reads as foreign, which placement never over-commits.",
-    }),
-    foreignMiB: Nullable(Type.Integer(), 'used - shardMiB, never below zero: memory placement must not hand out; null when used is unknown.'),
-    foreignProcesses: Type.Array(
-      Type.Object({
-        pid: Type.Integer({ description: 'Host PID.' }),
-        name: Type.String({ description: 'Process name as nvidia-smi reports it.' }),
-        usedMiB: Nullable(Type.Integer(), 'Memory it holds there in MiB; null when [N/A].'),
-      }),
-      { description: 'Processes on this GPU that belong to no shard.' },
+    ...foreignSplit('GPU'),
+    migDevices: Nullable(
+      Type.Array(
+        Type.Object({ uuid: Type.String({ description: 'MIG device UUID (MIG-...).' }), profile: Type.String({ description: 'Its profile, e.g. 3g.40gb.' }), ...foreignSplit('MIG device') }),
+      ),
+      "The same per MIG device (NVML only): a shard placed on a MIG device can use only that device's free memory. Null with MIG off and under nvidia-smi.",
     ),
     unreachable: Ref(GpuUnreachableComponent),
   },

@@ -7,13 +7,13 @@ import { shardCpuCores } from '../node-state/cpu-use.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount, EngineBackend } from './llama-account.js';
+import { migUsageOn, type MigUsage } from './mig-placement.js';
 import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
 import { shardWeights, type ShardWeights } from './weights.js';
 
-/** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there. */
-/** `utilizationPct`: the whole GPU's (utilization.gpu), whoever runs there. */
-export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null; utilizationPct: number | null };
+/** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there; `utilizationPct`: the whole GPU's. */
+export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null; utilizationPct: number | null; migDevices: MigUsage[] | null };
 
 /** `cpuCores`: what its processes burn (cpu-use.ts); null until two snapshots have read them. */
 export type ShardCompute = {
@@ -57,7 +57,9 @@ export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineA
   const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
   const assigned = new Set(placedIndices(shard, node.snapshot.gpus));
   const usage = (given: boolean): GpuUsage[] =>
-    held.filter((holding) => assigned.has(holding.index) === given).map(({ index, usedMiB, processes }) => ({ index, usedMiB, ...activityOn(node, index, processes) }));
+    held
+      .filter((holding) => assigned.has(holding.index) === given)
+      .map((holding) => ({ index: holding.index, usedMiB: holding.usedMiB, ...activityOn(node, holding.index, holding.processes), migDevices: migUsageOn(shard, node, holding) }));
   const gpus = usage(true);
   const backend = backendOf(held.length > 0, shard, engine, state);
   return { backend, devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), cpuCores: shardCpuCores(shard, node), weights: shardWeights(shard, node), engine };

@@ -11,6 +11,7 @@ import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type 
 import type { StatAnswer } from '../system/procfs.js';
 import type { EngineAccount } from './llama-account.js';
 import { cpuBurnWarning, engineCpuVerdict, engineSaysCpu, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
+import { otherMigWarning } from './mig-placement.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type ReadinessState } from './verdict.js';
 import { heldVerdict } from './weights-verdict.js';
@@ -93,6 +94,8 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   }
   const burning = cpuBurnWarning(shard, node);
   if (burning !== null) warnings.push(burning);
+  const otherMig = otherMigWarning(shard, node);
+  if (otherMig !== null) warnings.push(otherMig);
   return warnings;
 }
 

@@ -37,6 +37,7 @@ function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
     FIELDS.every((field) => a[field] === b[field]) &&
     sameMembers(a.gpus, b.gpus) &&
     a.gpuUuids?.join() === b.gpuUuids?.join() &&
+    a.migDevices?.join() === b.migDevices?.join() &&
     IDENTITY_FIELDS.every((field) => a.identity[field] === b.identity[field])
   );
 }

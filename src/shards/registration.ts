@@ -4,7 +4,7 @@
 // for a PID, an ancestor or descendant within ANCESTRY_DEPTH, or a process group one leads and the
 // other is in. A repeat (a controller reconciling) is never a conflict and reads no other shard's /proc.
 import type { Logger } from 'pino';
-import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, isCodedError } from '../errors.js';
+import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, UnknownMigDeviceError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
 import { gpuNoLongerListed, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeService } from '../node-state/node-service.js';
@@ -26,6 +26,7 @@ const processKey = (identity: ProcessIdentity): string => `${identity.pid}@${ide
 const INIT_PID = 1; // the ancestor of every process (in a container's PID namespace, its main process)
 const KTHREADD_PID = 2; // every kernel thread is it or its child
 const PID_AND_CGROUP = 'Give either "pid" or "cgroup", not both: a shard is one process group or one cgroup.';
+const MIG_WITHOUT_GPUS = '"migDevices" names MIG devices but "gpus" is empty: add the index of each one\'s GPU to "gpus" (GET /gpus lists each GPU\'s migDevices).';
 const NO_TARGET = 'Give "pid" (the host PID of the shard\'s main process) or "cgroup" (its container id or pod UID).';
 
 export interface RegistrationDeps {
@@ -168,7 +169,7 @@ export function createRegistration(deps: RegistrationDeps) {
     });
 
   /** Each GPU index exists, with its UUID; taken on trust while nvidia-smi cannot be asked (`unchecked`: why). `kept`: a repeat's devices. */
-  async function checkGpus(gpus: number[], kept: string[] | undefined): Promise<{ unchecked: string | null; uuids?: string[] }> {
+  async function checkGpus(gpus: number[], kept: string[] | undefined, migDevices: readonly string[]): Promise<{ unchecked: string | null; uuids?: string[] }> {
     if (gpus.length === 0) return { unchecked: null, uuids: [] };
     let snapshot: NodeSnapshot;
     try {
@@ -177,10 +178,13 @@ export function createRegistration(deps: RegistrationDeps) {
       if (!isCodedError(err)) throw err;
       return kept === undefined ? { unchecked: err.message } : { unchecked: null, uuids: kept };
     }
-    if (kept !== undefined) return { unchecked: null, uuids: kept };
     const known = snapshot.gpus.map((gpu) => gpu.index);
     const unknown = gpus.filter((index) => !known.includes(index));
-    if (unknown.length === 0) return { unchecked: null, uuids: gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) };
+    const uuids = kept ?? (unknown.length === 0 ? gpus.map((index) => snapshot.gpus.find((gpu) => gpu.index === index)!.uuid) : undefined);
+    if (uuids !== undefined) {
+      checkMigDevices(snapshot, uuids, migDevices);
+      return { unchecked: null, uuids };
+    }
     // The GPUs asked for that were lost first; another lost GPU renumbers those after it, most likely the one asked for.
     const asked = (gpu: LostGpu) => unknown.includes(gpu.index);
     const moved = ", and the GPUs after it usually moved down one index. GET /gpus gives each GPU's index and UUID now.";
@@ -190,6 +194,19 @@ export function createRegistration(deps: RegistrationDeps) {
     });
     const has = `it has GPU ${known.join(', ')} (as nvidia-smi numbers them)`;
     throw new UnknownGpuError(`GPU ${unknown.join(', ')} does not exist on this node; ${has}.${notes.join('')} Fix "gpus" in the registration.`);
+  }
+
+  /** Each MIG device is one of the given GPUs' where the backend lists them (NVML); nvidia-smi's cannot say, so they are taken on trust. */
+  function checkMigDevices(snapshot: NodeSnapshot, uuids: readonly string[], migDevices: readonly string[]): void {
+    if (migDevices.length === 0 || snapshot.gpus.every((gpu) => gpu.migDevices === undefined)) return;
+    for (const mig of migDevices) {
+      const parent = snapshot.gpus.find((gpu) => gpu.migDevices?.some((device) => device.uuid === mig));
+      if (parent !== undefined && uuids.includes(parent.uuid)) continue;
+      const listed = snapshot.gpus.flatMap((gpu) => (gpu.migDevices ?? []).map((device) => `${device.uuid} (${device.profile}, GPU ${gpu.index})`));
+      const has = listed.length === 0 ? 'this node has no MIG device' : `its MIG devices are ${listed.join(', ')}`;
+      const where = parent === undefined ? `MIG device ${mig} does not exist on this node; ${has}` : `MIG device ${mig} is on GPU ${parent.index}, which is not in "gpus"`;
+      throw new UnknownMigDeviceError(`${where}. Fix "migDevices" (or "gpus") in the registration; GET /gpus lists each GPU's migDevices.`);
+    }
   }
 
   /** A PUT that repeats this id's GPUs means the devices the registration kept, whatever their indices now: their UUIDs. */
@@ -202,12 +219,14 @@ export function createRegistration(deps: RegistrationDeps) {
   return {
     async register(id: string, body: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
       if ((body.pid !== undefined) === (body.cgroup !== undefined)) throw new BadRequestError(body.pid !== undefined ? PID_AND_CGROUP : NO_TARGET);
+      if (body.migDevices !== undefined && body.gpus.length === 0) throw new UnknownMigDeviceError(MIG_WITHOUT_GPUS);
       const recordOf = (identity: ProcessIdentity, gpuUuids: string[] | undefined): ShardRecord => ({
         id,
         pid: body.pid ?? null,
         cgroup: body.cgroup ?? null,
         gpus: [...body.gpus],
         ...(gpuUuids === undefined ? {} : { gpuUuids }),
+        ...(body.migDevices === undefined ? {} : { migDevices: [...body.migDevices] }),
         engine: body.engine ?? 'other',
         graceMs: body.graceMs ?? deps.defaultGraceMs,
         ...(body.minGpuWeightsShare === undefined ? {} : { minGpuWeightsShare: body.minGpuWeightsShare }),
@@ -217,7 +236,7 @@ export function createRegistration(deps: RegistrationDeps) {
       const kept = repeatedUuids(id, body.gpus);
       const target = (repeats: (identity: ProcessIdentity) => boolean) =>
         readable(body.pid !== undefined ? targetOfPid(body.pid, repeats) : targetOfCgroup(body.cgroup as string));
-      const [read, { unchecked, uuids }] = await Promise.all([target((identity) => registry.repeats(recordOf(identity, kept))), checkGpus(body.gpus, kept)]);
+      const [read, { unchecked, uuids }] = await Promise.all([target((identity) => registry.repeats(recordOf(identity, kept))), checkGpus(body.gpus, kept, body.migDevices ?? [])]);
       const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids), overlaps, (stored) => deps.onStored(id, { put: stored }));
       const { created, shard, unchanged } = await put(read).catch(async (err: unknown) => {
         if (!(err instanceof NotARepeatError)) throw err;

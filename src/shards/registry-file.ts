@@ -12,6 +12,7 @@ const PersistedShardSchema = Type.Object({
   cgroup: Type.Union([Type.String({ minLength: 1 }), Type.Null()]),
   gpus: Type.Array(Type.Integer({ minimum: 0 })),
   gpuUuids: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
+  migDevices: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
   engine: Type.Union(ENGINES.map((engine) => Type.Literal(engine))),
   graceMs: Type.Integer({ minimum: 0 }),
   minGpuWeightsShare: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),

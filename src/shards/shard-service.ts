@@ -15,7 +15,7 @@ export type { ShardState } from './verdicts.js';
 export type ShardServiceDeps = VerdictDeps & { defaultGraceMs: number };
 
 export function shardBody(shard: ShardRecord): ShardRecordBody {
-  return { ...shard, gpuUuids: shard.gpuUuids ?? null, minGpuWeightsShare: shard.minGpuWeightsShare ?? null, registeredAt: new Date(shard.registeredAt).toISOString() };
+  return { ...shard, gpuUuids: shard.gpuUuids ?? null, migDevices: shard.migDevices ?? null, minGpuWeightsShare: shard.minGpuWeightsShare ?? null, registeredAt: new Date(shard.registeredAt).toISOString() };
 }
 
 /** Why posted output gave no account, for the one who posted it; null when it gave one. */

@@ -25,6 +25,8 @@ export interface ShardRecord {
   gpus: number[];
   /** The UUIDs of `gpus` at registration, in order: judged on these devices under later indices. Absent: unknown. */
   gpuUuids?: string[];
+  /** MIG devices (MIG-... UUIDs) of those GPUs the shard was placed on; absent: whole GPUs. */
+  migDevices?: string[];
   engine: Engine;
   /** How long after registration the shard may go without holding its GPUs before it is on-cpu. */
   graceMs: number;

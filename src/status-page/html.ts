@@ -58,7 +58,8 @@ function gpuHtml(gpu: GpuModel): string {
   const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${escapeHtml(unreachableNote(gpu.unreachable))}</li>`];
   const unreachableBadge = gpu.unreachable === null ? '' : badge('gpu-lost', 'unreachable');
   const events = gpu.events === null ? [] : [`<li class="unreachable">${escapeHtml(gpu.events)}</li>`];
-  const items = [...unreachable, ...events, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle];
+  const migs = gpu.migDevices.map((line) => `<li class="mig">${escapeHtml(line)}</li>`);
+  const items = [...unreachable, ...events, ...migs, ...gpu.segments.filter((segment) => segment.kind !== 'reserved').map(legendHtml), ...foreign, ...idle];
   const busy = gpu.utilizationPct === null ? '' : `<span class="gpu-busy" title="${BUSY_NOTE}">${gpu.utilizationPct}% busy</span>`;
   const marks = `${gpu.mig ? `<span class="gpu-mig" title="${MIG_NOTE}">MIG</span>` : ''}${unreachableBadge}${busy}`;
   return gpuRow(gpu.unreachable === null ? '' : ' unreachable', gpu, marks, bar, formatMemoryUse(gpu.usedMiB, gpu.totalMiB), items);

@@ -1,7 +1,7 @@
 // Owns what the status page says, as plain data: one model built from every shard's state and the
 // snapshot they were judged on, which html.ts and text.ts render. Pure: the route gathers the inputs
 // from the cache, so the page never runs nvidia-smi.
-import { formatBytes, formatHeldMemory, formatMemory } from '../memory-size.js';
+import { formatBytes, formatHeldMemory, formatMemory, formatMemoryUse } from '../memory-size.js';
 import { foreignMemory, type ForeignProcess, type GpuForeignMemory } from '../node-state/foreign-memory.js';
 import type { GpuState, NodeSnapshot } from '../node-state/node-snapshot.js';
 import { placedIndices, placementOf, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
@@ -113,6 +113,15 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
   return segments;
 }
 
+/** One line per MIG device NVML lists: its profile and UUID, memory, foreign memory and foreign processes. */
+function migLines(gpu: GpuState, foreign: GpuForeignMemory): string[] {
+  return (gpu.migDevices ?? []).map((mig, i) => {
+    const split = foreign.migDevices![i]!;
+    const others = split.foreignProcesses.length === 0 ? '' : ` (${split.foreignProcesses.map((process) => `PID ${process.pid} ${process.name}`).join(', ')})`;
+    return `MIG ${mig.profile} ${mig.uuid}: ${formatMemoryUse(mig.usedMiB, mig.totalMiB)}, foreign ${formatHeldMemory(split.foreignMiB)}${others}`;
+  });
+}
+
 function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, states: ShardState[], colors: Map<string, number>) {
   if (known === null) return [];
   const unlisted = states.map((state) => ({ state, unlisted: placementOf(state.shard, known.gpus).unlisted }));
@@ -155,6 +164,7 @@ export function statusModel(input: StatusInput) {
       uuid: gpu.uuid,
       name: gpu.name,
       mig: gpu.migMode === 'Enabled',
+      migDevices: migLines(gpu, foreign[i]!),
       unreachable,
       events: eventsNote(gpu.events),
       // Not for a GPU nvidia-smi cannot reach: its figures are the last good snapshot's.

@@ -91,6 +91,7 @@ export function renderText(model: StatusModel): string {
   if (model.gpus.some((gpu) => gpu.mig)) out.push(`  (MIG) ${MIG_NOTE}`);
   for (const gpu of model.gpus) if (gpu.unreachable !== null) out.push(`  (UNREACHABLE) GPU ${gpu.index}: ${plain(unreachableNote(gpu.unreachable))}`);
   for (const gpu of model.gpus) if (gpu.events !== null) out.push(`  (EVENTS) GPU ${gpu.index}: ${gpu.events}`);
+  for (const gpu of model.gpus) out.push(...gpu.migDevices.map((line) => `  (MIG) GPU ${gpu.index}: ${plain(line)}`));
   const foreign = model.gpus.flatMap((gpu) => gpu.foreignProcesses.map((process) => `  GPU ${gpu.index}: ${plain(processLabel(process))}`));
   if (foreign.length > 0) out.push('', 'FOREIGN PROCESSES', ...foreign);
   out.push('', 'SHARDS');

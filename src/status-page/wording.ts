@@ -6,7 +6,7 @@ import { saidOfBusId } from '../node-state/gpu-roster.js';
 import { READINESS_STATES } from '../shards/verdict.js';
 import type { GpuModel, LostGpuModel, Segment, StatusModel } from './model.js';
 
-export const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU, not per MIG instance';
+export const MIG_NOTE = 'MIG is enabled: these memory figures are for the whole GPU; each MIG device has its own line where NVML lists them';
 export const NOT_PLACED = 'no shard is placed on it';
 /** What each shard reads while nvidia-smi cannot be asked. */
 export const OUTAGE_MEANING =

@@ -20,6 +20,20 @@ export interface GpuRecord {
   utilizationPct: number | null;
   /** Xid and ECC events counted since nodecompute started (NVML only; absent under nvidia-smi). */
   events?: GpuEvents;
+  /** Its MIG devices (NVML only): [] with MIG on and none made, null with MIG off or where NVML refuses; absent under nvidia-smi. */
+  migDevices?: MigDeviceRecord[] | null;
+}
+
+/** A MIG device (one compute instance of a GPU instance), as NVML gives it through its own handle. */
+export interface MigDeviceRecord {
+  uuid: string;
+  /** The profile, from its name ("3g.40gb", "1c.3g.71gb"). */
+  profile: string;
+  gpuInstanceId: number;
+  computeInstanceId: number;
+  totalMiB: number | null;
+  usedMiB: number | null;
+  freeMiB: number | null;
 }
 
 export interface ComputeAppRecord {
@@ -29,7 +43,12 @@ export interface ComputeAppRecord {
   usedMiB: number | null;
   /** Highest SM utilization (%) NVML sampled since the last query; null where the GPU gives none; absent under nvidia-smi. */
   smUtilPct?: number | null;
+  /** The MIG instance it runs on (NVML only): null off MIG; absent under nvidia-smi. */
+  migInstance?: MigInstance | null;
 }
+
+/** A MIG device's place on its GPU: its GPU instance and compute instance ids. */
+export type MigInstance = { gpuInstanceId: number; computeInstanceId: number };
 
 export interface NvidiaSmiVersion {
   smiVersion: string | null;

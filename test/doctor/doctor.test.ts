@@ -92,8 +92,8 @@ t.test('MIG enabled on some GPUs is a warning: the memory figures there are the 
   t.match(byName(report).mig, {
     name: 'mig',
     status: 'warn',
-    detail: /^MIG is on for GPU 2, GPU 5: .*memory figures .*whole GPU, not per MIG instance$/,
-    fix: /by MIG instance \(nvidia-smi -L/,
+    detail: /^MIG is on for GPU 2, GPU 5: .*memory figures .*whole GPU, not per MIG device$/,
+    fix: /NVML backend.*by MIG device \(nvidia-smi -L/,
   });
   scenario.gpus[2]!.migMode = 'Disabled';
   scenario.gpus[5]!.migMode = 'Disabled';

@@ -13,6 +13,13 @@ export interface FakeMigDevice {
   /** As `-L` prints it, e.g. `3g.40gb`. */
   profile: string;
   uuid: string;
+  /** Fake NVML only: its GPU instance id (its position when absent) and compute instance id (0 when absent). */
+  gpuInstanceId?: number;
+  computeInstanceId?: number;
+  /** Fake NVML only: its memory (NOT_SUPPORTED when absent). */
+  totalMiB?: number;
+  usedMiB?: number;
+  freeMiB?: number;
 }
 
 export interface FakeGpu {
@@ -51,6 +58,9 @@ export interface FakeProcess {
   smUtilPct?: number;
   /** Fake NVML only: that sample's memUtil (%); 0 when absent. */
   memUtilPct?: number;
+  /** Fake NVML only: the MIG instance it runs on (NVML's "no instance" when absent). */
+  gpuInstanceId?: number;
+  computeInstanceId?: number;
 }
 
 /**
@@ -122,6 +132,10 @@ export interface FakeNvml {
   /** Bytes per entry nvmlDeviceGetComputeRunningProcesses_v3 writes: 24 (nvmlProcessInfo_v2_t, the
    *  default) or 32 (R535 drivers' struct with usedGpuCcProtectedMemory). */
   processStruct?: 24 | 32;
+  /** A caller without privileges: a MIG-enabled GPU's own handle refuses its process list
+   *  (NVML_ERROR_NO_PERMISSION, 4), which NVML gives in aggregate only to a privileged caller;
+   *  each MIG device's handle still lists its own. */
+  unprivileged?: boolean;
   /** A driver reload: when this differs from its value at the last successful init (default 0),
    *  every call but init, shutdown and nvmlErrorString answers NVML_ERROR_UNINITIALIZED (1)
    *  until the next nvmlInit_v2. */

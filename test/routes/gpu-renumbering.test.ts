@@ -44,7 +44,7 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   t.match(s2.warnings[0], /lands on another device: name GPUs by UUID, or PUT the shard with its new gpus$/);
 
   const compute = (await app.inject({ method: 'GET', url: '/shards/s2/compute' })).json();
-  t.same([compute.backend, compute.gpus, compute.strayGpus], ['CUDA', [{ index: 1, usedMiB: 19000, smUtilPct: null, xidErrors: null, utilizationPct: 0 }], []], 'its memory is on its own GPU, not stray');
+  t.same([compute.backend, compute.gpus, compute.strayGpus], ['CUDA', [{ index: 1, usedMiB: 19000, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }], []], 'its memory is on its own GPU, not stray');
   const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
   t.match(metrics, /^nodecompute_shard_gpu_placed\{shard="s2",gpu="1"\} 1$/m, 'placed under the new index, as its memory series are');
   t.notMatch(metrics, /^nodecompute_shard_gpu_placed\{shard="s1",/m, 'the lost GPU has no index to be placed under');

@@ -25,15 +25,16 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
     busId: '00000000:18:00.0',
     memory: { totalMiB: 143771, usedMiB: 130013, freeMiB: 13145, reservedMiB: 614 },
     migMode: 'Disabled',
+    migDevices: null,
     utilizationPct: 0,
-    processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null, smUtilPct: null }],
+    processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null, smUtilPct: null, migUuid: null }],
     unreachable: null,
     events: null,
   });
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 6, 7]);
-  t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null, smUtilPct: null }], 'a name with ", " survives');
-  t.same(body.gpus[6].processes, [{ pid: 1425261, name: 'python3', usedMiB: null, shard: null, smUtilPct: null }], '[N/A] memory is null');
-  t.same(body.gpus[7].processes, [{ pid: 1758887, name: '[Not Found]', usedMiB: 58060, shard: null, smUtilPct: null }]);
+  t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null, smUtilPct: null, migUuid: null }], 'a name with ", " survives');
+  t.same(body.gpus[6].processes, [{ pid: 1425261, name: 'python3', usedMiB: null, shard: null, smUtilPct: null, migUuid: null }], '[N/A] memory is null');
+  t.same(body.gpus[7].processes, [{ pid: 1758887, name: '[Not Found]', usedMiB: 58060, shard: null, smUtilPct: null, migUuid: null }]);
   const onTwo = body.gpus.filter((gpu: { processes: { pid: number }[] }) => gpu.processes.some((p) => p.pid === 1425258));
   t.same(onTwo.map((gpu: { index: number }) => gpu.index), [2, 4], 'one process listed on two GPUs appears on both');
   t.same(onTwo.map((gpu: { processes: { usedMiB: number }[] }) => gpu.processes[0]!.usedMiB), [105842, 106082]);
@@ -162,9 +163,10 @@ t.test('a GPU with MIG enabled says so in /gpus and on the status page; one with
   t.same(body.gpus.map((gpu: { migMode: string | null }) => gpu.migMode), ['Disabled', 'Enabled', 'Disabled', 'Disabled', 'Disabled', 'Disabled', 'Disabled', null]);
   const text = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/plain' } })).body;
   t.match(text, /\n1 +NVIDIA H200 \(MIG\) +\[/, 'the GPU row is marked');
-  t.match(text, '  (MIG) MIG is enabled: these memory figures are for the whole GPU, not per MIG instance');
+  t.match(text, /\n {2}\(MIG\) MIG is enabled: .*whole GPU.*NVML/);
   t.equal(text.split('(MIG)').length - 1, 2, 'one GPU marked, and the note');
   const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
   t.equal(html.split('class="gpu-mig"').length - 1, 1);
-  t.match(html, '<span class="gpu-mig" title="MIG is enabled: these memory figures are for the whole GPU, not per MIG instance">MIG</span>');
+  t.match(html, /<span class="gpu-mig" title="MIG is enabled: [^"]*whole GPU[^"]*">MIG<\/span>/);
+  t.same(body.gpus.map((gpu: { migDevices: unknown }) => gpu.migDevices), Array(8).fill(null), 'nvidia-smi gives no MIG devices');
 });

@@ -266,7 +266,7 @@ t.test('a shard process whose memory nvidia-smi reports as [N/A] holds its GPU, 
   t.equal((await app.inject({ method: 'PUT', url: '/shards/wsl', payload: { pid: engine.pid, gpus: [0], graceMs: 0 } })).statusCode, 201);
   await settle(app);
   const compute = (await app.inject({ method: 'GET', url: '/shards/wsl/compute' })).json();
-  t.same({ backend: compute.backend, devices: compute.devices, gpus: compute.gpus }, { backend: 'CUDA', devices: ['GPU 0: memory not reported'], gpus: [{ index: 0, usedMiB: null, smUtilPct: null, xidErrors: null, utilizationPct: 0 }] });
+  t.same({ backend: compute.backend, devices: compute.devices, gpus: compute.gpus }, { backend: 'CUDA', devices: ['GPU 0: memory not reported'], gpus: [{ index: 0, usedMiB: null, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }] });
   t.equal((await app.inject({ method: 'GET', url: '/shards/wsl/ready' })).json().state, 'ready');
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus[0];
   t.same({ shardMiB: foreign.shardMiB, unreportedShardProcesses: foreign.unreportedShardProcesses, foreignMiB: foreign.foreignMiB }, { shardMiB: 0, unreportedShardProcesses: 1, foreignMiB: 20000 });

@@ -48,14 +48,14 @@ t.test('a shard holds a GPU through a grandchild in its process group; another g
   t.equal(compute.shard, 'llama-a');
   t.equal(compute.backend, 'CUDA');
   t.same(compute.devices, ['GPU 1: 12.3 GiB']);
-  t.same(compute.gpus, [{ index: 1, usedMiB: 12595, smUtilPct: null, xidErrors: null, utilizationPct: 0 }]);
+  t.same(compute.gpus, [{ index: 1, usedMiB: 12595, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }]);
   t.same(compute.strayGpus, []);
   t.equal(compute.engine, null);
 
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
   t.same(foreign.gpus, [
-    { index: 0, uuid: UUIDS[0], usedMiB: 318, shardMiB: 0, unreportedShardProcesses: 0, foreignMiB: 318, foreignProcesses: [{ pid: 999_999, name: '[Not Found]', usedMiB: 300 }], unreachable: null },
-    { index: 1, uuid: UUIDS[1], usedMiB: 14661, shardMiB: 12595, unreportedShardProcesses: 0, foreignMiB: 2066, foreignProcesses: [{ pid: other.members[0], name: 'python3', usedMiB: 2048 }], unreachable: null },
+    { index: 0, uuid: UUIDS[0], usedMiB: 318, shardMiB: 0, unreportedShardProcesses: 0, foreignMiB: 318, foreignProcesses: [{ pid: 999_999, name: '[Not Found]', usedMiB: 300 }], migDevices: null, unreachable: null },
+    { index: 1, uuid: UUIDS[1], usedMiB: 14661, shardMiB: 12595, unreportedShardProcesses: 0, foreignMiB: 2066, foreignProcesses: [{ pid: other.members[0], name: 'python3', usedMiB: 2048 }], migDevices: null, unreachable: null },
   ]);
 
   const ready = await app.inject({ method: 'GET', url: '/shards/llama-a/ready' });
@@ -83,7 +83,7 @@ t.test('timeline: starting -> ready, and a stray GPU is a warning', async (t) =>
   t.equal(res.json().state, 'ready');
   t.match(res.json().warnings, [/GPU 1, which it was not given/]);
   const compute = (await app.inject({ method: 'GET', url: '/shards/s1/compute' })).json();
-  t.same(compute.strayGpus, [{ index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null, utilizationPct: 0 }]);
+  t.same(compute.strayGpus, [{ index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }]);
 });
 
 t.test('grace is judged by when the listing was begun: a refresh begun inside the grace that lands after it says starting, not on-cpu', async (t) => {

@@ -126,7 +126,7 @@ t.test('NVML beside nvidia-smi, on the same node: the NVML run agrees to the MiB
   t.match(table.get('nvml backend')?.detail, new RegExp(`^start log: GPU figures come from nvml \\(${literally(library)}\\): NODECOMPUTE_BACKEND is nvml; doctor: ${literally(library)} answers: driver 590\\.48\\.01, CUDA 13\\.1$`));
   t.match(table.get('nvml: smoke-gpu ready')?.detail, /^(starting -> )?ready after \d+ s, as under nvidia-smi \(starting -> ready\)$/);
   t.equal(table.get('nvml: /gpus same GPUs')?.detail, '1 GPU(s), the same index, UUID and memory total as under nvidia-smi (GPU 0: 143771 MiB)');
-  t.match(table.get('nvml: CUDA pid on GPU 0')?.detail, new RegExp(`^the same usedMiB as under nvidia-smi: \\{"pid":${run.cudaPid},"name":"python3","usedMiB":1530,"shard":"smoke-gpu","smUtilPct":37\\}$`), 'with the SM utilization only NVML gives');
+  t.match(table.get('nvml: CUDA pid on GPU 0')?.detail, new RegExp(`^the same usedMiB as under nvidia-smi: \\{"pid":${run.cudaPid},"name":"python3","usedMiB":1530,"shard":"smoke-gpu","smUtilPct":37,"migUuid":null\\}$`), 'with the SM utilization only NVML gives');
   t.match(table.get('service starts')?.detail, /\(NODECOMPUTE_BACKEND=nvidia-smi\)$/, 'the first run names nvidia-smi');
   t.match(run.stdout, /18 passed, 0 failed, 0 skipped\n/);
   t.match(run.stdout, new RegExp(`^nodecompute GPU smoke check: nvidia-smi .*, NVML ${literally(library)}, driver `, 'm'));

@@ -157,7 +157,7 @@ t.test('memory of a shard process nvidia-smi reports as [N/A] holds the GPU, and
   const grew = view([gpu(0, [[100, 1500]], 1000)], [stat(100, 100, 5)], [s]);
   t.match(foreignMemory(grew)[0], { usedMiB: 1000, shardMiB: 1500, foreignMiB: 0 }, 'foreign memory is never below zero');
   const compute = shardCompute(s, node, null, 'ready');
-  t.same(compute.gpus, [{ index: 0, usedMiB: null, smUtilPct: null, xidErrors: null, utilizationPct: null }, { index: 1, usedMiB: 700, smUtilPct: null, xidErrors: null, utilizationPct: null }], 'a sum with an unknown part is unknown, not the known part');
+  t.same(compute.gpus, [{ index: 0, usedMiB: null, smUtilPct: null, xidErrors: null, utilizationPct: null, migDevices: null }, { index: 1, usedMiB: 700, smUtilPct: null, xidErrors: null, utilizationPct: null, migDevices: null }], 'a sum with an unknown part is unknown, not the known part');
   t.same(compute.devices, ['GPU 0: memory not reported', 'GPU 1: 700 MiB']);
   t.equal(compute.backend, 'CUDA');
 });
@@ -173,6 +173,7 @@ t.test('a foreign process whose memory nvidia-smi reports as [N/A] is still fore
     unreportedShardProcesses: 0,
     foreignMiB: 1500,
     foreignProcesses: [{ pid: 300, name: 'p', usedMiB: null }],
+    migDevices: null,
   });
 });
 
@@ -191,10 +192,10 @@ t.test('compute: memory on a GPU the shard was not given is stray, never one of 
   t.same(compute, {
     backend: 'CUDA',
     devices: ['GPU 0: 3.9 GiB'],
-    gpus: [{ index: 0, usedMiB: 4000, smUtilPct: null, xidErrors: null, utilizationPct: null }],
+    gpus: [{ index: 0, usedMiB: 4000, smUtilPct: null, xidErrors: null, utilizationPct: null, migDevices: null }],
     strayGpus: [
-      { index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null, utilizationPct: null },
-      { index: 2, usedMiB: null, smUtilPct: null, xidErrors: null, utilizationPct: null },
+      { index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null, utilizationPct: null, migDevices: null },
+      { index: 2, usedMiB: null, smUtilPct: null, xidErrors: null, utilizationPct: null, migDevices: null },
     ],
     cpuCores: null,
     engine: null,

@@ -73,7 +73,7 @@ t.test('a PID shard stopped by a signal (T): stopped, 503, the reason says what,
   t.match(foreignMemory(node)[0], { shardMiB: 9000, foreignMiB: 0, foreignProcesses: [{ pid: 300 }] }, 'none of it reads as foreign');
   const { weights, ...compute } = shardCompute(s, node, null, v.state);
   t.equal(weights.offload, 'not-seen');
-  t.same(compute, { backend: null, devices: ['GPU 0: 8.8 GiB'], gpus: [{ index: 0, usedMiB: 9000, smUtilPct: null, xidErrors: null, utilizationPct: null }], strayGpus: [], cpuCores: null, engine: null }, 'computes nowhere, holds GPU 0');
+  t.same(compute, { backend: null, devices: ['GPU 0: 8.8 GiB'], gpus: [{ index: 0, usedMiB: 9000, smUtilPct: null, xidErrors: null, utilizationPct: null, migDevices: null }], strayGpus: [], cpuCores: null, engine: null }, 'computes nowhere, holds GPU 0');
 });
 
 t.test('a PID shard halted by a debugger (t): stopped, and the advice is the debugger, not SIGCONT', async (t) => {

@@ -18,7 +18,7 @@ const silent = pino({ level: 'silent' });
 
 /** What nvidia-smi cannot give: the fields only NVML fills, left out to compare both backends. */
 function sameAsSmi<T>(records: T): T {
-  return JSON.parse(JSON.stringify(records, (key, value) => (key === 'events' || key === 'smUtilPct' ? undefined : value))) as T;
+  return JSON.parse(JSON.stringify(records, (key, value) => (key === 'events' || key === 'smUtilPct' || key === 'migDevices' || key === 'migInstance' ? undefined : value))) as T;
 }
 
 type Rig = { fake: FakeNvidiaSmi; nvml: GpuDriver; smi: GpuDriver; observations: QueryObservation[]; dir: string };
@@ -292,7 +292,9 @@ t.test('the library binding: newest symbol first, a missing one answers FUNCTION
 t.test('per-process SM utilization: sampled figures, 0 for an idle process, null where the GPU gives none', async (t) => {
   const scenario = eightGpuNode();
   scenario.processes[0]!.smUtilPct = 87;
-  scenario.gpus[1]!.migMode = 'Enabled';
+  // One MIG device taking the whole GPU, with the GPU's process on it.
+  Object.assign(scenario.gpus[1]!, { migMode: 'Enabled', migDevices: [{ profile: '7g.141gb', uuid: 'MIG-11111111-0000-0000-0000-000000000000', gpuInstanceId: 0, computeInstanceId: 0 }] });
+  Object.assign(scenario.processes.find((process) => process.pid === 1328668)!, { gpuInstanceId: 0, computeInstanceId: 0 });
   const { nvml, smi, fake } = rig(t, scenario);
   const apps = await nvml.queryComputeApps();
   const of = (pid: number, gpu = 0) => apps.find((app) => app.pid === pid && app.gpuUuid === scenario.gpus[gpu]!.uuid)?.smUtilPct;

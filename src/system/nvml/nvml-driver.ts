@@ -10,6 +10,7 @@ import type { GpuDriver, GpuListing, QueryObservation } from '../gpu-driver.js';
 import { canonicalBusId, type ComputeAppRecord, type GpuRecord, type NvidiaSmiVersion, type UnreachableGpu } from '../nvidia-smi-parse.js';
 import { cString, NVML, type DeviceHandle, type NvmlLibrary } from './nvml-library.js';
 import { createEventCounter } from './nvml-events.js';
+import { readMigDevices, readMigProcesses } from './nvml-mig.js';
 import { processLayout, readProcesses, type NvmlCall } from './nvml-processes.js';
 import { createNvmlSession, Unreachable, type Run } from './nvml-session.js';
 import { readUtilization } from './nvml-utilization.js';
@@ -135,7 +136,9 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     const busId = initBusIds.get(index) ?? (await busIdOf(run, index, device));
     const name = (await text(run, 'name', index, device)) ?? '';
     const memory = await memoryOf(run, device);
-    return { index, uuid, name, ...memory, migMode: await migModeOf(run, device), busId, utilizationPct: await utilizationOf(run, device) };
+    const migMode = await migModeOf(run, device);
+    const migDevices = migMode === 'Enabled' ? await readMigDevices(callsOf(run), device, (mig) => memoryOf(run, mig)) : null;
+    return { index, uuid, name, ...memory, migMode, busId, utilizationPct: await utilizationOf(run, device), migDevices };
   }
 
   async function busIdOf(run: Run, index: number, device: DeviceHandle): Promise<string | null> {
@@ -215,7 +218,8 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     const apps: ComputeAppRecord[] = [];
     const perGpu = await eachGpu(run, async (index, device) => {
       const uuid = await text(run, 'uuid', index, device);
-      const entries = await readProcesses(callsOf(run), layout, device);
+      const onMig = (await migModeOf(run, device)) === 'Enabled' ? await readMigProcesses(callsOf(run), layout, device) : null;
+      const entries = onMig ?? (await readProcesses(callsOf(run), layout, device));
       if (!Array.isArray(entries)) throw failed(library.symbol(layout.fn), entries.code);
       const utilization = await readUtilization(callsOf(run), device, lastSamples.get(index) ?? 0n);
       lastSamples.set(index, utilization.lastSeen);
@@ -224,9 +228,10 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     for (const gpu of perGpu) {
       if ('code' in gpu || gpu.value.uuid === null) continue;
       const { uuid, entries, utilization } = gpu.value;
-      for (const { pid, usedBytes } of entries) {
+      for (const { pid, usedBytes, migInstance } of entries) {
         const smUtilPct = utilization === null ? null : (utilization.get(pid) ?? 0);
-        apps.push({ gpuUuid: uuid, pid, name: await processName(run, pid, named), usedMiB: usedBytes === null ? null : mib(usedBytes), smUtilPct });
+        const usedMiB = usedBytes === null ? null : mib(usedBytes);
+        apps.push({ gpuUuid: uuid, pid, name: await processName(run, pid, named), usedMiB, smUtilPct, migInstance });
       }
     }
     processNames = named;

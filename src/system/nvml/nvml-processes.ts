@@ -2,10 +2,11 @@
 // is probed, never assumed: some R535 drivers write 32-byte entries where others write 24 under the
 // same name (nvitop #79, #88); the probe fills the buffer with two sentinels and sees how far one
 // call wrote (as nvitop #226 does). _v2 entries are 24 bytes, the unversioned ones 16.
+import type { MigInstance } from '../gpu-driver.js';
 import { NVML, type DeviceHandle, type NvmlFunction } from './nvml-library.js';
 
-/** usedGpuMemory: bytes, null where NVML says NVML_VALUE_NOT_AVAILABLE. */
-export type ProcessEntry = { pid: number; usedBytes: bigint | null };
+/** usedGpuMemory: bytes, null where NVML says NVML_VALUE_NOT_AVAILABLE; migInstance: the MIG instance it runs on, null off MIG (and in 16-byte entries). */
+export type ProcessEntry = { pid: number; usedBytes: bigint | null; migInstance: MigInstance | null };
 
 export type NvmlCall = (fn: NvmlFunction, ...args: unknown[]) => Promise<number>;
 
@@ -13,6 +14,8 @@ export type NvmlCall = (fn: NvmlFunction, ...args: unknown[]) => Promise<number>
 export type ProcessLayout = { fn: NvmlFunction; stride: number | null };
 
 const NOT_AVAILABLE = 0xffff_ffff_ffff_ffffn;
+/** An instance id off MIG (0xFFFFFFFF: NVML's "no instance"). */
+const NO_INSTANCE = 0xffff_ffff;
 const WIDEST_ENTRY = 32;
 /** Processes may start between the count and the read: room for a few more, and a few tries. */
 const HEADROOM = 4;
@@ -49,11 +52,20 @@ function extentOf(a: Buffer, b: Buffer): number {
   return end;
 }
 
+/** The instance ids after usedGpuMemory (in 24- and 32-byte entries); null when NVML says no instance. */
+function instanceAt(buffer: Buffer, at: number, stride: number): MigInstance | null {
+  if (stride < 24) return null;
+  const gpuInstanceId = buffer.readUInt32LE(at + 16);
+  const computeInstanceId = buffer.readUInt32LE(at + 20);
+  return gpuInstanceId === NO_INSTANCE || computeInstanceId === NO_INSTANCE ? null : { gpuInstanceId, computeInstanceId };
+}
+
 function decode(buffer: Buffer, written: number, stride: number): ProcessEntry[] {
   const entries: ProcessEntry[] = [];
   for (let i = 0; i < written; i += 1) {
     const used = buffer.readBigUInt64LE(i * stride + 8);
-    entries.push({ pid: buffer.readUInt32LE(i * stride), usedBytes: used === NOT_AVAILABLE ? null : used });
+    const migInstance = instanceAt(buffer, i * stride, stride);
+    entries.push({ pid: buffer.readUInt32LE(i * stride), usedBytes: used === NOT_AVAILABLE ? null : used, migInstance });
   }
   return entries;
 }
