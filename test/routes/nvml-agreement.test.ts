@@ -23,6 +23,15 @@ function comparableMetrics(text: string): string[] {
     .filter((line) => line.startsWith('nodecompute_') && !/duration|backend_info|age_seconds|process_|nodejs_|xid|ecc|sm_utilization|cpu_cores/.test(line));
 }
 
+/** The text status page but for its times and the shards' CPU CORES column (a rate, as cpuCores), which differ by when each app was asked. */
+function comparablePage(text: string): string {
+  const lines = text.replace(/\d{4}-\d\d-\d\dT[\d:.]+Z|\d\d:\d\d:\d\d( UTC)?|\(\d+(\.\d+)? ?(ms|s|min|h) (old|ago)\)/g, '<time>').split('\n');
+  const header = lines.findIndex((line) => line.includes('CPU CORES'));
+  const [from, to] = [lines[header]!.indexOf('CPU CORES'), lines[header]!.indexOf('WEIGHTS')];
+  for (let i = header + 1; i < lines.length && lines[i] !== ''; i += 1) lines[i] = `${lines[i]!.slice(0, from)}${' '.repeat(to - from)}${lines[i]!.slice(to)}`;
+  return lines.join('\n');
+}
+
 type Clocked = TestApp & { clock: ReturnType<typeof manualClock> };
 
 /** Each app on a clock of its own that the test moves alike: with a TTL of 0 each step makes the next request take a fresh snapshot. */
@@ -55,22 +64,30 @@ t.test('GPUs, shards, compute, readiness, metrics and the status page agree unde
     // Whatever refresh the registrations started lands before the clock moves, under either backend.
     await settle(app);
     clock.advance(1000);
-    const get = async (url: string) => {
-      const res = await app.inject({ method: 'GET', url });
-      return { status: res.statusCode, body: url === '/metrics' ? comparableMetrics(res.body) : withoutTimes(res.json()) };
+    const get = async (url: string, accept = 'application/json') => {
+      const res = await app.inject({ method: 'GET', url, headers: { accept } });
+      if (url === '/metrics') return { status: res.statusCode, body: comparableMetrics(res.body) };
+      return { status: res.statusCode, body: accept === 'text/plain' ? comparablePage(res.body) : withoutTimes(res.json()) };
     };
     answers[backend] = [
       await get('/gpus'),
+      await get('/gpus/foreign-memory'),
       await get('/shards'),
+      await get('/shards/ready'),
       await get('/shards/ready/compute'),
       await get('/shards/on-cpu/compute'),
       await get('/shards/ready/ready'),
       await get('/shards/on-cpu/ready'),
       await get('/metrics'),
+      await get('/readyz'),
+      await get('/', 'text/plain'),
     ];
   }
   t.same(answers.nvml, answers['nvidia-smi']);
-  const [gpus, , , , readyProbe, onCpuProbe, metrics] = answers.nvml as Array<{ status: number; body: unknown }>;
+  const [gpus, foreignMemory, , , , , readyProbe, onCpuProbe, metrics, readyz, page] = answers.nvml as Array<{ status: number; body: unknown }>;
+  t.match(foreignMemory, { status: 200, body: { gpus: [{ foreignMiB: 18 }, { foreignMiB: 1218, foreignProcesses: [{ pid: foreign.pid }] }] } });
+  t.match(readyz, { status: 200 });
+  t.match(page, { status: 200, body: /on-cpu/ });
   const held = [{ shard: 'ready' }];
   t.match(gpus!.body, { gpus: [{ index: 0, processes: held }, { index: 1, processes: [...held, { pid: foreign.pid, shard: null }] }] }, 'real answers');
   t.match(readyProbe, { status: 200, body: { state: 'ready' } });
