@@ -114,7 +114,10 @@ async function driverChecks(deps: DoctorDeps): Promise<SmiFindings> {
     checks.push(check('mig', 'warn', detail, MIG_FIX));
   } else if (mig.length > 0) {
     const devices = mig.map((gpu) => `GPU ${gpu.index}: ${gpu.migDevices!.length} MIG device(s)`).join(', ');
-    checks.push(check('mig', 'ok', `MIG is on for ${migGpus}, with figures per MIG device (${devices})`));
+    const unseen = mig.some((gpu) => gpu.migDevices!.length === 0);
+    const detail = `MIG is on for ${migGpus}, with figures per MIG device (${devices})`;
+    // No MIG device at all: none made yet, or this container is not let see them.
+    checks.push(unseen ? check('mig', 'warn', `${detail}; one with none lists no process either`, MIG_UNSEEN_FIX) : check('mig', 'ok', detail));
   }
   const took = `GPU query took ${listing.ms} ms, process query ${apps.ms} ms`;
   const slow = deps.slowQueryMs ?? SLOW_QUERY_MS;
@@ -125,6 +128,8 @@ async function driverChecks(deps: DoctorDeps): Promise<SmiFindings> {
 
 const MIG_FIX =
   'Use the NVML backend (NODECOMPUTE_BACKEND=auto or nvml, with libnvidia-ml.so.1 in the container), which gives figures per MIG device; until then place work there by MIG device (nvidia-smi -L, nvidia-smi -q), not by whole-GPU free or foreign memory.';
+const MIG_UNSEEN_FIX =
+  'Check `nvidia-smi -L` on the host: a GPU with MIG on and no MIG device made runs nothing. If it lists MIG devices, this container may not see them: give it NVIDIA_MIG_MONITOR_DEVICES=all, which the NVIDIA container toolkit honours with CAP_SYS_ADMIN (deploy/kubernetes/README.md).';
 const SLOW_FIX =
   'Enable persistence mode (nvidia-smi -pm 1, or nvidia-persistenced) so no query starts the driver up; raise NODECOMPUTE_SMI_TIMEOUT_MS if it stays slow.';
 

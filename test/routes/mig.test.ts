@@ -153,6 +153,15 @@ t.test('NVML on a node without MIG devices refuses a MIG UUID, saying there are 
   t.match((await put('a', { gpus: [0], migDevices: [MIG_DEVICES[0]!.uuid] })).json(), { statusCode: 422, message: /this node has no MIG device/ });
 });
 
+t.test('NVML listing no MIG device on a MIG GPU: the doctor warns that this container may not see them', async (t) => {
+  const { get, fake, pids } = await setup(t);
+  fake.setScenario({ ...migNode(pids), gpus: migNode(pids).gpus.map((gpu) => ({ ...gpu, migDevices: [] })) });
+  const { gpus } = await get('/gpus');
+  t.same([gpus[0].migDevices, gpus[0].processes], [[], []]);
+  const doctor = await get('/doctor');
+  t.match(doctor.checks.find((check: { name: string }) => check.name === 'mig'), { status: 'warn', detail: /GPU 0: 0 MIG device/, fix: /NVIDIA_MIG_MONITOR_DEVICES=all/ });
+});
+
 t.test('NVML refusals leave MIG devices out, never the GPU', async (t) => {
   const { get, fake, pids } = await setup(t);
   const refuse = (fn: string) => fake.setScenario({ ...migNode(pids), nvml: { errors: { [fn]: { code: 3 } } } });
