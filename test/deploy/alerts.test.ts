@@ -128,6 +128,8 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   }
   t.equal(before, 'on-cpu');
   t.equal((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().gpus.length, 2);
+  // That answer may have started a refresh: let it land first, or it may read the GPUs of before and be the one waited for below.
+  await settle(dropping.app);
   dropping.fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1) }));
   // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
   await dropping.app.inject({ method: 'GET', url: '/gpus' });
