@@ -1,6 +1,7 @@
 // GET /doctor and the GPUs the running service has lost (gpu-roster.ts): the check the CLI cannot
 // make, since it has listed no GPU before its own run; and, after a restart, the GPUs only the stored
-// registrations remember (registered-gpus).
+// registrations remember (registered-gpus). nvidia-smi only: a listing that skips a GPU's index and
+// a failure naming a GPU's bus id are its shapes (both backends' lost GPUs: routes/gpus.test.ts).
 import t from 'tap';
 import type { DoctorReport } from '../../src/doctor/doctor.js';
 import { REPORT_REUSE_MS } from '../../routes/doctor.js';
@@ -10,7 +11,7 @@ import { idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, with when it was last listed, until nvidia-smi lists it again', async (t) => {
   const clock = manualClock(Date.parse('2026-11-29T12:00:00Z'));
   const scenario = idleEightGpuNode();
-  const { app, fake } = await buildTestApp(t, { scenario, deps: { now: clock.now }, config: { cacheTtlMs: 0, maxStaleMs: 0 } });
+  const { app, fake } = await buildTestApp(t, { backend: 'nvidia-smi', scenario, deps: { now: clock.now }, config: { cacheTtlMs: 0, maxStaleMs: 0 } });
   const lostCheck = async () => {
     clock.advance(REPORT_REUSE_MS);
     const res = await app.inject({ method: 'GET', url: '/doctor' });
@@ -70,7 +71,7 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
 });
 
 t.test('GET /doctor with nvidia-smi failing since start, naming a GPU it cannot reach: no listing says which GPU that is, so its bus id alone', async (t) => {
-  const { app } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), failures: { gpu: { kind: 'gpu-lost', busId: '0000:5D:00.0' } } } });
+  const { app } = await buildTestApp(t, { backend: 'nvidia-smi', scenario: { ...idleEightGpuNode(), failures: { gpu: { kind: 'gpu-lost', busId: '0000:5D:00.0' } } } });
   const check = ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((c) => c.name === 'lost-gpus');
   t.match(check, { status: 'fail', detail: /^nvidia-smi cannot reach the GPU at PCI 00000000:5D:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU":\nnvidia-smi cannot get a handle on that GPU/ });
 });
@@ -79,7 +80,7 @@ t.test('GET /doctor after a restart: a GPU gone before it started is remembered 
   const shards = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
   const scenario = idleEightGpuNode();
   const [gpu1, gpu3] = [scenario.gpus[1]!, scenario.gpus[3]!];
-  const first = await buildTestApp(t, { scenario });
+  const first = await buildTestApp(t, { backend: 'nvidia-smi', scenario });
   for (const [i, gpus] of [[1], [3]].entries()) {
     t.equal((await first.app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shards[i]!.pid, gpus } })).statusCode, 201);
   }
@@ -88,6 +89,7 @@ t.test('GET /doctor after a restart: a GPU gone before it started is remembered 
   // GPU 1 falls off the bus while nodecompute is down; it starts again on the same state file.
   const clock = manualClock(Date.parse('2026-11-29T12:00:00Z'));
   const { app, fake } = await buildTestApp(t, {
+    backend: 'nvidia-smi',
     scenario: { ...scenario, gpus: scenario.gpus.filter((gpu) => gpu !== gpu1) },
     deps: { now: clock.now },
     config: { stateFile: first.config.stateFile, cacheTtlMs: 0, maxStaleMs: 0 },

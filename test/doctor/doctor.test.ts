@@ -10,6 +10,7 @@ import { createProcReader } from '../../src/system/procfs.js';
 import { createStateFile } from '../../src/system/state-file.js';
 import { loadRegistry } from '../../src/shards/registry.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
+import { DRIVER_CHECK, driverQueries, failDriver, REFRESH_FAILED_SAID } from '../helpers/backend.js';
 import { createFakeNvidiaSmi, eightGpuNode, idleEightGpuNode, type FakeScenario, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { fifoTestdir, releaseBlockedWriter } from '../helpers/fifo.js';
 
@@ -341,19 +342,20 @@ t.test('a state directory that cannot be fsynced is a warning saying what is at 
 
 t.test('GET /doctor answers the same report as JSON; concurrent requests share one check, reused for 5 s', async (t) => {
   const clock = manualClock();
-  const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { now: clock.now } });
-  const before = fake.invocations().length;
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { now: clock.now } });
+  const queries = async () => (await driverQueries(app, 'version')) + (await driverQueries(app, 'gpus')) + (await driverQueries(app, 'compute-apps'));
+  const before = await queries();
   const reports = await Promise.all(Array.from({ length: 20 }, () => app.inject({ method: 'GET', url: '/doctor' })));
-  t.equal(fake.invocations().length - before, 3, 'one --version, one GPU and one process query for 20 requests');
+  t.equal((await queries()) - before, 3, 'one version, one GPU and one process query for 20 requests');
   t.ok(reports.every((report) => report.body === reports[0]!.body && report.statusCode === reports[0]!.statusCode));
   clock.advance(4000);
   await app.inject({ method: 'GET', url: '/doctor' });
-  t.equal(fake.invocations().length - before, 3, 'reused within 5 s');
+  t.equal((await queries()) - before, 3, 'reused within 5 s');
   clock.advance(1000);
   const res = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(res.statusCode, 503, 'a failed check');
   t.equal(res.json().ok, false);
-  t.match(res.json().checks, [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }], 'the settings row first, as in the CLI');
+  t.match(res.json().checks, [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: DRIVER_CHECK, status: 'ok' }], 'the settings row first, as in the CLI');
   t.ok(res.json().checks.some((check: { name: string; status: string }) => check.name === 'host-pid-namespace' && check.status === 'fail'));
 });
 
@@ -363,10 +365,10 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
   const well = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(well.statusCode, 200);
   t.match(well.headers['content-type'], /^application\/json/);
-  t.match(well.json(), { ok: true, checks: [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: 'nvidia-smi', status: 'ok' }] });
+  t.match(well.json(), { ok: true, checks: [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: DRIVER_CHECK, status: 'ok' }] });
   t.ok(well.json().checks.some((check: { name: string; status: string }) => check.name === 'token' && check.status === 'warn'), 'a warning alone is still 200');
 
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   clock.advance(5000);
   const sick = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(sick.statusCode, 503);
@@ -375,7 +377,7 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
     ok: false,
     version: String,
     checkedAt: String,
-    checks: [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: 'nvidia-smi', status: 'fail', detail: /exited with code 9.*This means the NVIDIA driver is not loaded\. Install or load it/, fix: null }],
+    checks: [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: DRIVER_CHECK, status: 'fail', detail: new RegExp(`${REFRESH_FAILED_SAID}.*This means the NVIDIA driver is not loaded\\. Install or load it`), fix: null }],
   });
   const again = await app.inject({ method: 'GET', url: '/doctor' });
   t.equal(again.statusCode, 503, 'the reused report keeps its status');
@@ -394,7 +396,7 @@ t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the s
 
 t.test('GET /doctor cut off by a shutdown: the coded 503 every request cut off then gets, not a report blaming nvidia-smi', async (t) => {
   // The --version query answers; the GPU query is the one the shutdown kills (the e2e test has the other).
-  const { app, fake } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), delayMs: { gpu: 60_000 } }, config: { smiTimeoutMs: 60_000 } });
+  const { app, fake } = await buildTestApp(t, { scenario: { ...idleEightGpuNode(), delayMs: { gpu: 60_000 } }, backend: 'nvidia-smi', config: { smiTimeoutMs: 60_000 } });
   const answer = app.inject({ method: 'GET', url: '/doctor' });
   await waitUntil(() => fake.invocations().some((call) => call.argv.some((arg) => arg.startsWith('--query-gpu'))), { what: 'the doctor to query the GPUs' });
   await app.close();
@@ -415,7 +417,7 @@ t.test('the GPUs the stored registrations name: those nvidia-smi no longer lists
     t.equal((await app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shards[i]!.pid, gpus } })).statusCode, 201);
   }
   // Registered while nvidia-smi fails: taken on trust, by index alone, so no UUID of it can be missed.
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   const trusted = await app.inject({ method: 'PUT', url: '/shards/s2', payload: { pid: shards[2]!.pid, gpus: [7] } });
   t.same([trusted.statusCode, trusted.json().gpuUuids], [201, null]);
   await app.close();

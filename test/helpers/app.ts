@@ -10,6 +10,7 @@ import { pino } from 'pino';
 import { buildApp, type App, type AppDeps } from '../../src/app.js';
 import { defaultConfig, type Config } from '../../src/config.js';
 import { installFakeNvml } from '../../scripts/fake-nvml.js';
+import { BACKEND, type TestBackend } from './backend.js';
 import { createFakeNvidiaSmi, livePidsInGroup, waitUntil, type FakeNvidiaSmi, type FakeScenario } from './fake-nvidia-smi.js';
 
 export interface TestApp {
@@ -21,8 +22,11 @@ export interface TestApp {
 
 export interface TestAppOptions {
   scenario: FakeScenario;
-  /** nvml: the fake libnvidia-ml.so.1 beside the fake nvidia-smi, on the same scenario (default nvidia-smi). */
-  backend?: 'nvml' | 'nvidia-smi';
+  /**
+   * nvml: the fake libnvidia-ml.so.1 beside the fake nvidia-smi, on the same scenario. Left out, the
+   * suite's (helpers/backend.ts); a test that pins what only one backend does names it.
+   */
+  backend?: TestBackend;
   config?: Partial<Config>;
   deps?: AppDeps;
 }
@@ -33,7 +37,7 @@ export async function buildTestApp(t: Test, options: TestAppOptions): Promise<Te
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
   mkdirSync(join(dir, 'smi'));
   const fake = createFakeNvidiaSmi(join(dir, 'smi'), options.scenario);
-  const backend = options.backend ?? 'nvidia-smi';
+  const backend = options.backend ?? BACKEND;
   const config = defaultConfig({
     backend,
     nvmlLibrary: backend === 'nvml' ? installFakeNvml(join(dir, 'smi')) : null,

@@ -143,7 +143,8 @@ export interface FakeNvml {
   /** Milliseconds each call of that function sleeps first. */
   delayMs?: Record<string, number>;
   /** Functions whose calls block until their name leaves this list (polled every 20 ms); after
-   *  120 s they give up with NVML_ERROR_TIMEOUT (10). */
+   *  120 s they give up with NVML_ERROR_TIMEOUT (10). A delay or hang also ends once the scenario
+   *  lowers or lifts it, or once the scenario file is gone (its test has ended). */
   hang?: string[];
   /** That function answers `code` (an nvmlReturn_t), for the device of `index` only when given. */
   errors?: Record<string, { code: number; index?: number }>;

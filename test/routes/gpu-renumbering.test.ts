@@ -8,6 +8,7 @@
 // re-PUT of the same GPUs keeps their UUIDs.
 import t from 'tap';
 import { buildTestApp, settle, spawnShardProcess } from '../helpers/app.js';
+import { failDriver, NO_XIDS, reloaded, UNSAMPLED_SM } from '../helpers/backend.js';
 import type { FakeGpu, FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const UUIDS = ['GPU-0a0a0a0a-0000-0000-0000-000000000000', 'GPU-1b1b1b1b-0000-0000-0000-000000000000', 'GPU-2c2c2c2c-0000-0000-0000-000000000000'];
@@ -33,8 +34,9 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   };
   t.same((await settled()).map((v) => v.state), ['ready', 'ready', 'ready']);
 
-  // GPU 1 goes: nvidia-smi lists GPU 0 and, as GPU 1, the device that was GPU 2.
-  fake.update(() => ({ gpus: [gpuAt(0, UUIDS[0]!), gpuAt(1, UUIDS[2]!)], processes: [holders[0]!, holders[2]!] }));
+  // GPU 1 goes: nvidia-smi lists GPU 0 and, as GPU 1, the device that was GPU 2; NVML too, once
+  // initialised again after a driver reload (until then its indices stand).
+  fake.update((s) => ({ gpus: [gpuAt(0, UUIDS[0]!), gpuAt(1, UUIDS[2]!)], processes: [holders[0]!, holders[2]!], nvml: reloaded(s) }));
   const [s0, s1, s2] = await settled();
   t.same([s0.state, s0.warnings], ['ready', []], 'GPU 0 kept its index');
   t.same([s1.state, s1.cause], ['gpu-lost', 'gpu-not-listed'], 'the shard of the lost GPU, not of the GPU now under its index');
@@ -44,7 +46,7 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   t.match(s2.warnings[0], /lands on another device: name GPUs by UUID, or PUT the shard with its new gpus$/);
 
   const compute = (await app.inject({ method: 'GET', url: '/shards/s2/compute' })).json();
-  t.same([compute.backend, compute.gpus, compute.strayGpus], ['CUDA', [{ index: 1, usedMiB: 19000, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }], []], 'its memory is on its own GPU, not stray');
+  t.same([compute.backend, compute.gpus, compute.strayGpus], ['CUDA', [{ index: 1, usedMiB: 19000, smUtilPct: UNSAMPLED_SM, xidErrors: NO_XIDS, utilizationPct: 0, migDevices: null }], []], 'its memory is on its own GPU, not stray');
   const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
   t.match(metrics, /^nodecompute_shard_gpu_placed\{shard="s2",gpu="1"\} 1$/m, 'placed under the new index, as its memory series are');
   t.notMatch(metrics, /^nodecompute_shard_gpu_placed\{shard="s1",/m, 'the lost GPU has no index to be placed under');
@@ -72,14 +74,14 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   t.same((await probe('s2')).warnings, [], 'registered under its index now: nothing renumbered');
 
   // GPU 1 is back (a reset), and the numbering with it: s2's device is GPU 2 again.
-  fake.update(() => all);
+  fake.update((s) => ({ ...all, nvml: reloaded(s) }));
   const back = await settled();
   t.same(back.map((v) => v.state), ['ready', 'ready', 'ready'], 'each on its own device');
   t.match(back[2].warnings, [/^GPU 1 as registered \(GPU-2c2c2c2c-0000-0000-0000-000000000000\) is GPU 2 now/], 'the device s2 was registered with, under the index it has now');
 
   // nvidia-smi cannot be asked: a re-PUT naming the same GPUs keeps the devices known for them; one
   // naming others takes them on trust, without UUIDs (judged by index).
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   await settled();
   const same = await app.inject({ method: 'PUT', url: '/shards/s0', payload: { pid: shards[0]!.pid, gpus: [0], graceMs: 5000 } });
   t.same([same.statusCode, same.json().gpuUuids], [200, [UUIDS[0]]]);

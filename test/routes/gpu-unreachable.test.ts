@@ -6,11 +6,13 @@
 // the node's other shard reads unverified; nodecompute_gpu_lost names the GPU; a stopped shard on it
 // is warned; /gpus, /gpus/foreign-memory and the status page mark the GPU unreachable; once
 // nvidia-smi answers again, both are ready. And when no listing ever had the GPU (nvidia-smi failing
-// since nodecompute started), nothing maps its bus id to a shard's GPU.
+// since nodecompute started), nothing maps its bus id to a shard's GPU. Those are nvidia-smi's own
+// ways to fail; a GPU the driver loses while the others are listed is told alike by both backends.
 import t, { type Test } from 'tap';
 import type { App } from '../../src/app.js';
 import type { Config } from '../../src/config.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import type { TestBackend } from '../helpers/backend.js';
 import type { FakeGpu, FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const UUIDS = ['GPU-0a0a0a0a-0000-0000-0000-000000000000', 'GPU-1b1b1b1b-0000-0000-0000-000000000000'];
@@ -33,14 +35,14 @@ async function verdicts(app: App) {
 }
 
 /** Shards s0 and s1, real processes whose children hold GPU 0 and GPU 1, registered and ready. */
-async function twoReadyShards(t: Test, config: Partial<Config>) {
+async function twoReadyShards(t: Test, config: Partial<Config>, backend?: TestBackend) {
   const shards = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
   const scenario: FakeScenario = {
     gpus: [gpuAt(0), gpuAt(1)],
     processes: shards.map((shard, i) => ({ gpuUuid: UUIDS[i]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 19000 })),
   };
   const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
-  const built = await buildTestApp(t, { scenario, deps: { now: clock.now }, config });
+  const built = await buildTestApp(t, { scenario, backend, deps: { now: clock.now }, config });
   for (const [i, shard] of shards.entries()) {
     t.equal((await built.app.inject({ method: 'PUT', url: `/shards/s${i}`, payload: { pid: shard.pid, gpus: [i], graceMs: 0 } })).statusCode, 201);
   }
@@ -52,7 +54,7 @@ async function twoReadyShards(t: Test, config: Partial<Config>) {
 }
 
 t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and past max-stale, until nvidia-smi answers again', async (t) => {
-  const { app, fake, clock, shards } = await twoReadyShards(t, { smiTimeoutMs: 60_000 });
+  const { app, fake, clock, shards } = await twoReadyShards(t, { smiTimeoutMs: 60_000 }, 'nvidia-smi');
   const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus;
   t.same(gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable), [null, null], 'both GPUs reachable');
   t.same(
@@ -166,7 +168,7 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
 t.test('nvidia-smi failing since start, naming a GPU: no listing maps its bus id, so the shard is not gpu-lost but starting (never seen on its GPU), and the failure says which GPU', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const scenario: FakeScenario = { gpus: [gpuAt(0), gpuAt(1)], processes: [], failures: { all: { kind: 'gpu-lost', busId: GPU1_BUS } } };
-  const { app } = await buildTestApp(t, { scenario });
+  const { app } = await buildTestApp(t, { scenario, backend: 'nvidia-smi' });
   const put = await app.inject({ method: 'PUT', url: '/shards/s1', payload: { pid: shard.pid, gpus: [1] } });
   t.same([put.statusCode, put.json().gpuUuids], [201, null], 'taken on trust');
   const verdict = await probe(app, 's1');
@@ -181,7 +183,7 @@ t.test('a GPU that drops out of the listing, then makes every query fail: gpu-lo
   const shard = await spawnShardProcess(t, 1);
   const holder = { gpuUuid: UUIDS[1]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 19000 };
   const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
-  const { app, fake } = await buildTestApp(t, { scenario: { gpus: [gpuAt(0), gpuAt(1)], processes: [holder] }, deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  const { app, fake } = await buildTestApp(t, { scenario: { gpus: [gpuAt(0), gpuAt(1)], processes: [holder] }, backend: 'nvidia-smi', deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
   t.equal((await app.inject({ method: 'PUT', url: '/shards/s1', payload: { pid: shard.pid, gpus: [1], graceMs: 0 } })).statusCode, 201);
   await settle(app);
   t.equal((await probe(app, 's1')).state, 'ready');

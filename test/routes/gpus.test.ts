@@ -1,9 +1,11 @@
-// GET /gpus against the fake nvidia-smi replaying an 8x H200 node, through the real app.
+// GET /gpus against the fake driver (nvidia-smi or NVML, helpers/backend.ts) replaying an 8x H200
+// node, through the real app.
 import t from 'tap';
 import { GpusResponseSchema } from '../../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../../src/schemas/shards.js';
-import { eightGpuNode, waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { buildTestApp, manualClock, settle } from '../helpers/app.js';
+import { BACKEND, DRIVER_FAILED, failDriver, driverQueries, driverQueriesReach, NO_EVENTS, reloaded, UNREACHABLE_SAID, UNSAMPLED_SM } from '../helpers/backend.js';
 import { schemaErrors } from '../helpers/schema.js';
 
 t.test('an 8-GPU node with processes is reported exactly', async (t) => {
@@ -27,14 +29,14 @@ t.test('an 8-GPU node with processes is reported exactly', async (t) => {
     migMode: 'Disabled',
     migDevices: null,
     utilizationPct: 0,
-    processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null, smUtilPct: null, migUuid: null }],
+    processes: [{ pid: 1328667, name: '/usr/local/bin/python3.10', usedMiB: 130004, shard: null, smUtilPct: UNSAMPLED_SM, migUuid: null }],
     unreachable: null,
-    events: null,
+    events: NO_EVENTS,
   });
   t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 6, 7]);
-  t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null, smUtilPct: null, migUuid: null }], 'a name with ", " survives');
-  t.same(body.gpus[6].processes, [{ pid: 1425261, name: 'python3', usedMiB: null, shard: null, smUtilPct: null, migUuid: null }], '[N/A] memory is null');
-  t.same(body.gpus[7].processes, [{ pid: 1758887, name: '[Not Found]', usedMiB: 58060, shard: null, smUtilPct: null, migUuid: null }]);
+  t.same(body.gpus[5].processes, [{ pid: 1425260, name: '/srv/jobs/eval, run 2/bin/python3', usedMiB: 105842, shard: null, smUtilPct: UNSAMPLED_SM, migUuid: null }], 'a name with ", " survives');
+  t.same(body.gpus[6].processes, [{ pid: 1425261, name: 'python3', usedMiB: null, shard: null, smUtilPct: UNSAMPLED_SM, migUuid: null }], '[N/A] memory is null');
+  t.same(body.gpus[7].processes, [{ pid: 1758887, name: '[Not Found]', usedMiB: 58060, shard: null, smUtilPct: UNSAMPLED_SM, migUuid: null }]);
   const onTwo = body.gpus.filter((gpu: { processes: { pid: number }[] }) => gpu.processes.some((p) => p.pid === 1425258));
   t.same(onTwo.map((gpu: { index: number }) => gpu.index), [2, 4], 'one process listed on two GPUs appears on both');
   t.same(onTwo.map((gpu: { processes: { usedMiB: number }[] }) => gpu.processes[0]!.usedMiB), [105842, 106082]);
@@ -46,34 +48,42 @@ t.test('memory nvidia-smi cannot read is null, and so is the foreign memory deri
   scenario.processes = [];
   const { app } = await buildTestApp(t, { scenario });
   const gpu = (await app.inject({ method: 'GET', url: '/gpus' })).json().gpus[0];
-  t.same(gpu.memory, { totalMiB: null, usedMiB: null, freeMiB: null, reservedMiB: 614 });
+  // NVML gives all four in one call: none where it cannot read memory.
+  t.same(gpu.memory, { totalMiB: null, usedMiB: null, freeMiB: null, reservedMiB: BACKEND === 'nvml' ? null : 614 });
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus[0];
   t.same({ usedMiB: foreign.usedMiB, shardMiB: foreign.shardMiB, foreignMiB: foreign.foreignMiB }, { usedMiB: null, shardMiB: 0, foreignMiB: null });
 });
 
-t.test('without nvidia-smi, /gpus and /gpus/foreign-memory are 503 naming the path tried; /livez stays 200', async (t) => {
-  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: { nvidiaSmi: '/nonexistent/bin/nvidia-smi' } });
+t.test('without the driver (nvidia-smi or libnvidia-ml), /gpus and /gpus/foreign-memory are 503 naming the path tried; /livez stays 200', async (t) => {
+  const missing = BACKEND === 'nvml' ? { nvmlLibrary: '/nonexistent/lib/libnvidia-ml.so.1' } : { nvidiaSmi: '/nonexistent/bin/nvidia-smi' };
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), config: missing });
   for (const url of ['/gpus', '/gpus/foreign-memory']) {
     const res = await app.inject({ method: 'GET', url });
     t.equal(res.statusCode, 503, url);
     const body = res.json();
     t.same(Object.keys(body).sort(), ['code', 'error', 'message', 'statusCode']);
-    t.equal(body.code, 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND');
-    t.match(body.message, '/nonexistent/bin/nvidia-smi');
+    t.equal(body.code, BACKEND === 'nvml' ? 'NODECOMPUTE_NVML_NOT_FOUND' : 'NODECOMPUTE_NVIDIA_SMI_NOT_FOUND');
+    t.match(body.message, Object.values(missing)[0]);
   }
   t.equal((await app.inject({ method: 'GET', url: '/livez' })).statusCode, 200);
   t.equal((await app.inject({ method: 'GET', url: '/healthz' })).json().status, 'ok');
 });
 
-t.test('each failure of nvidia-smi becomes its coded 503 with nvidia-smi\'s own words', async (t) => {
-  const cases = [
-    { failure: { kind: 'driver-unreachable' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: "couldn't communicate with the NVIDIA driver" },
-    { failure: { kind: 'library-mismatch' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: 'Driver/library version mismatch' },
-    { failure: { kind: 'no-devices' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: 'No devices were found' },
-    { failure: { kind: 'gpu-lost' as const }, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', words: 'GPU is lost' },
+t.test("each failure of the driver becomes its coded 503 with the driver's own words", async (t) => {
+  const smi = [
+    { failure: { kind: 'driver-unreachable' as const }, code: DRIVER_FAILED, words: UNREACHABLE_SAID },
+    { failure: { kind: 'library-mismatch' as const }, code: DRIVER_FAILED, words: 'Driver/library version mismatch' },
+    { failure: { kind: 'no-devices' as const }, code: DRIVER_FAILED, words: 'No devices were found' },
+    { failure: { kind: 'gpu-lost' as const }, code: DRIVER_FAILED, words: 'GPU is lost' },
     { failure: { kind: 'garbage' as const, text: 'Segmentation fault? \u0000 !!' }, code: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', words: 'Segmentation fault' },
   ];
-  for (const c of cases) {
+  // NVML has no output to garble, and a lost GPU fails only the calls on it (nvml-agreement.test.ts).
+  const nvml = [
+    { failure: { kind: 'driver-unreachable' as const }, code: DRIVER_FAILED, words: UNREACHABLE_SAID },
+    { failure: { kind: 'library-mismatch' as const }, code: DRIVER_FAILED, words: 'different versions' },
+    { failure: { kind: 'no-devices' as const }, code: DRIVER_FAILED, words: 'NVML lists no GPU' },
+  ];
+  for (const c of BACKEND === 'nvml' ? nvml : smi) {
     const scenario = { ...eightGpuNode(), failures: { all: c.failure } };
     const { app } = await buildTestApp(t, { scenario });
     const res = await app.inject({ method: 'GET', url: '/gpus' });
@@ -83,7 +93,7 @@ t.test('each failure of nvidia-smi becomes its coded 503 with nvidia-smi\'s own 
   }
 });
 
-t.test('while a failure is waited out, its 503 says when nvidia-smi runs again (Retry-After), and asking sooner runs nothing', async (t) => {
+t.test('while a failure is waited out, its 503 says when the driver is asked again (Retry-After), and asking sooner asks nothing', async (t) => {
   const clock = manualClock(Date.parse('2026-12-02T12:00:00Z'));
   const { app, fake } = await buildTestApp(t, { scenario: { ...eightGpuNode(), failures: { all: { kind: 'driver-unreachable' } } }, deps: { now: clock.now } });
   const ask = async (url: string) => {
@@ -92,28 +102,28 @@ t.test('while a failure is waited out, its 503 says when nvidia-smi runs again (
   };
   t.same(await ask('/gpus'), { status: 503, retryAfter: '1' }, 'the first failure is waited out for one TTL (1 s)');
   /** Each refresh runs both queries; the second may still run when the first one's failure is answered. */
-  const runsReach = (n: number) => waitUntil(() => fake.invocations().length >= n, { what: `${n} nvidia-smi runs` });
-  await runsReach(2);
+  await driverQueriesReach(app, 'compute-apps', 1);
   clock.advance(400);
   t.same(await ask('/gpus/foreign-memory'), { status: 503, retryAfter: '1' }, '600 ms left, rounded up to a whole second');
-  t.same(await ask('/shards/nobody/compute'), { status: 404, retryAfter: undefined }, 'only an nvidia-smi failure says it');
+  t.same(await ask('/shards/nobody/compute'), { status: 404, retryAfter: undefined }, 'only a driver failure says it');
   clock.advance(600);
   t.same(await ask('/gpus'), { status: 503, retryAfter: '2' }, 'run again past it, failed again: the window doubles');
-  await runsReach(4);
+  await driverQueriesReach(app, 'compute-apps', 2);
   clock.advance(2000);
   fake.update((s) => ({ ...s, failures: {} }));
-  t.same(await ask('/gpus'), { status: 200, retryAfter: undefined }, 'once nvidia-smi answers, nothing to wait out');
-  t.equal(fake.countQueries('gpu'), 3, 'two refreshes failed, the third answered: none ran inside a window');
+  t.same(await ask('/gpus'), { status: 200, retryAfter: undefined }, 'once the driver answers, nothing to wait out');
+  t.equal(await driverQueries(app, 'gpus'), 3, 'two refreshes failed, the third answered: none ran inside a window');
 });
 
-t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status page and the metrics until it is listed again', async (t) => {
+t.test('a GPU that drops out of the driver\'s list is named in /gpus, the status page and the metrics until it is listed again', async (t) => {
   const clock = manualClock();
   const { app, fake } = await buildTestApp(t, { scenario: eightGpuNode(), config: { cacheTtlMs: 0 }, deps: { now: clock.now } });
   const first = await app.inject({ method: 'GET', url: '/gpus' });
   clock.advance(1000);
   t.same(first.json().lostGpus, []);
   const { uuid: lostUuid, busId: lostBusId } = first.json().gpus[6];
-  fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.index !== 6) }));
+  // nvidia-smi renumbers the GPUs after it at its next run; NVML at its next initialisation (a reload).
+  fake.update((s) => ({ ...s, gpus: s.gpus.filter((gpu) => gpu.index !== 6).map((gpu, index) => ({ ...gpu, index })), nvml: reloaded(s) }));
   // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
   await app.inject({ method: 'GET', url: '/gpus' });
   await settle(app);
@@ -121,7 +131,8 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   const res = await app.inject({ method: 'GET', url: '/gpus' });
   const body = res.json();
   t.same(schemaErrors(GpusResponseSchema, body), []);
-  t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 7]);
+  t.same(body.gpus.map((gpu: { index: number }) => gpu.index), [0, 1, 2, 3, 4, 5, 6]);
+  t.notOk(body.gpus.some((gpu: { uuid: string }) => gpu.uuid === lostUuid));
   t.same(body.lostGpus, [{ index: 6, uuid: lostUuid, name: 'NVIDIA H200', busId: lostBusId, lastListedAt: first.json().observedAt, lostAt: body.observedAt, unreachable: null }], 'last listed by the first snapshot, missed by this one; nvidia-smi said nothing of it');
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
   t.same(schemaErrors(ForeignMemoryResponseSchema, foreign), []);
@@ -135,8 +146,8 @@ t.test('a GPU that drops out of nvidia-smi\'s list is named in /gpus, the status
   const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
   t.match(html, '<strong>nvidia-smi no longer lists GPUs it listed earlier.</strong>');
 
-  // Then every query fails, as nvidia-smi often does on a node with a lost GPU, past max-stale (30 s).
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'gpu-lost' } } }));
+  // Then every query fails, past max-stale (30 s).
+  failDriver(fake, { kind: 'driver-unreachable' });
   clock.advance(31_000);
   t.equal((await app.inject({ method: 'GET', url: '/gpus' })).statusCode, 503);
   await settle(app);
@@ -168,5 +179,6 @@ t.test('a GPU with MIG enabled says so in /gpus and on the status page; one with
   const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
   t.equal(html.split('class="gpu-mig"').length - 1, 1);
   t.match(html, /<span class="gpu-mig" title="MIG is enabled: [^"]*whole GPU[^"]*">MIG<\/span>/);
-  t.same(body.gpus.map((gpu: { migDevices: unknown }) => gpu.migDevices), Array(8).fill(null), 'nvidia-smi gives no MIG devices');
+  const migDevices = BACKEND === 'nvml' ? [null, [], null, null, null, null, null, null] : Array(8).fill(null);
+  t.same(body.gpus.map((gpu: { migDevices: unknown }) => gpu.migDevices), migDevices, 'NVML lists the MIG devices of a MIG GPU (none made yet); nvidia-smi none');
 });

@@ -7,6 +7,7 @@ import { DRIVER_FAILURE_CODES } from '../../src/errors.js';
 import { createMetrics } from '../../src/metrics.js';
 import { VERSION } from '../../src/version.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import { DRIVER_FAILED, driverQueries, failDriver, NO_XIDS, UNSAMPLED_SM } from '../helpers/backend.js';
 import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const UUIDS = ['GPU-aaaaaaaa-0000-0000-0000-000000000000', 'GPU-bbbbbbbb-0000-0000-0000-000000000000'];
@@ -35,7 +36,7 @@ t.test('promtool accepts the metrics of a node with shards in every state, and t
   const onCpu = await spawnShardProcess(t, 0);
   const exited = await spawnShardProcess(t, 0);
   const clock = manualClock();
-  const { app, fake } = await buildTestApp(t, {
+  const { app } = await buildTestApp(t, {
     scenario: node([
       { gpuUuid: UUIDS[0]!, pid: ready.members[0]!, name: 'llama-server', usedMiB: 12000 },
       { gpuUuid: UUIDS[0]!, pid: 77777, name: '[Not Found]', usedMiB: 3000 },
@@ -52,7 +53,7 @@ t.test('promtool accepts the metrics of a node with shards in every state, and t
   await settle(app);
   clock.advance(5);
 
-  const runsBefore = fake.countQueries('gpu');
+  const queriesBefore = await driverQueries(app, 'gpus');
   const res = await app.inject({ method: 'GET', url: '/metrics' });
   t.equal(res.statusCode, 200);
   t.match(res.headers['content-type'], /^text\/plain; version=0\.0\.4/);
@@ -60,7 +61,7 @@ t.test('promtool accepts the metrics of a node with shards in every state, and t
   // Same snapshot: TTL 0, and the clock has not moved since the scrape.
   const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json();
-  t.equal(fake.countQueries('gpu') - runsBefore, 1, 'the three answers came from one snapshot');
+  t.equal((await driverQueries(app, 'gpus')) - queriesBefore, 1, 'the three answers came from one snapshot');
 
   const check = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
   t.equal(check.status, 0, `promtool check metrics: ${check.stdout}${check.stderr}`);
@@ -116,19 +117,19 @@ t.test("prom-client's default series are all served but the GC histogram, whose 
   );
 });
 
-t.test('when nvidia-smi fails, metrics still answer: up 0, failures counted, no GPU series', async (t) => {
+t.test('when the driver fails, metrics still answer: up 0, failures counted, no GPU series', async (t) => {
   const shard = await spawnShardProcess(t, 0);
   const clock = manualClock();
   const { app, fake } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
   await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [0] } });
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'library-mismatch' } } }));
+  failDriver(fake, { kind: 'library-mismatch' });
   clock.advance(5);
   const text = (await app.inject({ method: 'GET', url: '/metrics' })).body;
   t.equal(spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' }).status, 0);
   t.equal(sample(text, 'nodecompute_nvidia_smi_up', {}), 0);
   // The two queries run together and the refresh fails with the first to fail: the other's failure
   // may be counted only after this scrape.
-  const failed = ['gpus', 'compute-apps'].map((query) => sample(text, 'nodecompute_nvidia_smi_failures_total', { query, reason: 'NODECOMPUTE_NVIDIA_SMI_FAILED' }) ?? 0);
+  const failed = ['gpus', 'compute-apps'].map((query) => sample(text, 'nodecompute_nvidia_smi_failures_total', { query, reason: DRIVER_FAILED }) ?? 0);
   t.ok(failed[0]! + failed[1]! >= 1, `failures counted by reason (${failed.join(' + ')})`);
   t.notMatch(text, /^nodecompute_gpu_memory_total_bytes\{/m);
   t.ok(Number.isNaN(sample(text, 'nodecompute_gpu_processes_visible', {})), 'whether processes are visible is unknown, not 0');
@@ -143,7 +144,7 @@ t.test('while refreshes fail and an older snapshot is still served, up is 0 at o
   const scrape = async () => (await app.inject({ method: 'GET', url: '/metrics' })).body;
   t.equal(sample(await scrape(), 'nodecompute_nvidia_smi_up', {}), 1);
   await settle(app);
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   clock.advance(1_001);
   await app.inject({ method: 'GET', url: '/gpus' });
   await settle(app);
@@ -188,11 +189,11 @@ t.test('before any snapshot the age is NaN', async (t) => {
 });
 
 t.test('scrapes read the cache: many scrapes within the TTL cause one nvidia-smi run per query', async (t) => {
-  const { app, fake } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 60_000 } });
+  const { app } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 60_000 } });
   const scrapes = await Promise.all(Array.from({ length: 20 }, () => app.inject({ method: 'GET', url: '/metrics' })));
   t.ok(scrapes.every((res) => res.statusCode === 200));
-  t.equal(fake.countQueries('gpu'), 1);
-  t.equal(fake.countQueries('compute-apps'), 1);
+  t.equal(await driverQueries(app, 'gpus'), 1);
+  t.equal(await driverQueries(app, 'compute-apps'), 1);
 });
 
 t.test('a rendering is reused within a second only while the snapshot, the registry and the engine output stay the same', async (t) => {
@@ -266,7 +267,7 @@ t.test('a shard process whose memory nvidia-smi reports as [N/A] holds its GPU, 
   t.equal((await app.inject({ method: 'PUT', url: '/shards/wsl', payload: { pid: engine.pid, gpus: [0], graceMs: 0 } })).statusCode, 201);
   await settle(app);
   const compute = (await app.inject({ method: 'GET', url: '/shards/wsl/compute' })).json();
-  t.same({ backend: compute.backend, devices: compute.devices, gpus: compute.gpus }, { backend: 'CUDA', devices: ['GPU 0: memory not reported'], gpus: [{ index: 0, usedMiB: null, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }] });
+  t.same({ backend: compute.backend, devices: compute.devices, gpus: compute.gpus }, { backend: 'CUDA', devices: ['GPU 0: memory not reported'], gpus: [{ index: 0, usedMiB: null, smUtilPct: UNSAMPLED_SM, xidErrors: NO_XIDS, utilizationPct: 0, migDevices: null }] });
   t.equal((await app.inject({ method: 'GET', url: '/shards/wsl/ready' })).json().state, 'ready');
   const foreign = (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus[0];
   t.same({ shardMiB: foreign.shardMiB, unreportedShardProcesses: foreign.unreportedShardProcesses, foreignMiB: foreign.foreignMiB }, { shardMiB: 0, unreportedShardProcesses: 1, foreignMiB: 20000 });

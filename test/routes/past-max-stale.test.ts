@@ -7,11 +7,12 @@
 import { existsSync } from 'node:fs';
 import t from 'tap';
 import { buildTestApp, manualClock, settle, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
+import { failDriver, REFRESH_FAILED_SAID } from '../helpers/backend.js';
 import { waitUntil, type FakeProcess } from '../helpers/fake-nvidia-smi.js';
 import { setup, twoGpuNode, UUIDS } from '../helpers/two-gpu-node.js';
 import type { App } from '../../src/app.js';
 
-const HELD = /^nvidia-smi cannot be asked, so this verdict holds until it answers: nvidia-smi exited with code 9/;
+const HELD = new RegExp(`^nvidia-smi cannot be asked, so this verdict holds until it answers: ${REFRESH_FAILED_SAID}`);
 /** How a held verdict's reason begins: what nvidia-smi's last good listing showed, and when it was taken. */
 const SHOWED = "^nvidia-smi cannot be asked; nvidia-smi's last good listing \\(\\d{4}-\\d\\d-\\d\\dT[\\d:.]+Z, [^)]+ ago\\) showed: ";
 
@@ -35,7 +36,7 @@ t.test("past max-stale, nvidia-smi's last word holds against a shard, never for 
   const seen = await Promise.all(['served', 'loading', 'cpu'].map((id) => probe(app, id)));
   t.same(seen.map((v) => [v.state, v.cause]), [['ready', null], ['starting', 'awaiting-gpu-memory'], ['on-cpu', 'no-gpu-memory']], 'what the last good listing shows');
 
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   step();
   const ready = await probe(app, 'served');
   t.match(ready, { status: 200, state: 'unverified', cause: 'nvidia-smi-unavailable', warnings: [/^nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: /] }, 'seen ready: keeps serving');
@@ -59,7 +60,7 @@ t.test("past max-stale, nvidia-smi's last word holds against a shard, never for 
     step(wait);
     t.match(
       await probe(app, 'late'),
-      { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /^registered .* ago, and no nvidia-smi listing since has included it, so it has not been seen holding memory on GPU 0: it reads starting until nvidia-smi answers/, warnings: [/^nvidia-smi cannot be asked: nvidia-smi exited with code 9/] },
+      { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /^registered .* ago, and no nvidia-smi listing since has included it, so it has not been seen holding memory on GPU 0: it reads starting until nvidia-smi answers/, warnings: [new RegExp(`^nvidia-smi cannot be asked: ${REFRESH_FAILED_SAID}`)] },
       `never seen, ${wait} ms on`,
     );
   }
@@ -96,7 +97,7 @@ t.test('past max-stale, a GPU that left the listing still makes its shard gpu-lo
   fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1), processes: [] }));
   step();
   t.equal((await probe(app, 's1')).cause, 'gpu-not-listed', 'it drops out of the listing');
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   step();
   t.match(await probe(app, 's1'), { status: 503, state: 'gpu-lost', cause: 'gpu-not-listed', reason: new RegExp(`${SHOWED}placed on GPU 1, but GPU 1 \\(GPU-22222222`), warnings: [HELD] });
 });
@@ -127,7 +128,7 @@ t.test('past max-stale, a shard whose process that held its GPU has exited since
   t.equal((await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [0], graceMs: 0 } })).statusCode, 201);
   step();
   t.equal((await probe(app, 's')).state, 'ready');
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   step();
   t.equal((await probe(app, 's')).state, 'unverified', 'its holder still runs: it keeps serving');
 

@@ -8,6 +8,7 @@ import t from 'tap';
 import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import { failDriver, NO_GPUS_SAID, NO_XIDS, UNREACHABLE_SAID, UNSAMPLED_SM } from '../helpers/backend.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { captureLog } from '../helpers/log-capture.js';
 import { readSample as sample } from '../helpers/samples.js';
@@ -48,7 +49,7 @@ t.test('a shard holds a GPU through a grandchild in its process group; another g
   t.equal(compute.shard, 'llama-a');
   t.equal(compute.backend, 'CUDA');
   t.same(compute.devices, ['GPU 1: 12.3 GiB']);
-  t.same(compute.gpus, [{ index: 1, usedMiB: 12595, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }]);
+  t.same(compute.gpus, [{ index: 1, usedMiB: 12595, smUtilPct: UNSAMPLED_SM, xidErrors: NO_XIDS, utilizationPct: 0, migDevices: null }]);
   t.same(compute.strayGpus, []);
   t.equal(compute.engine, null);
 
@@ -83,7 +84,7 @@ t.test('timeline: starting -> ready, and a stray GPU is a warning', async (t) =>
   t.equal(res.json().state, 'ready');
   t.match(res.json().warnings, [/GPU 1, which it was not given/]);
   const compute = (await app.inject({ method: 'GET', url: '/shards/s1/compute' })).json();
-  t.same(compute.strayGpus, [{ index: 1, usedMiB: 100, smUtilPct: null, xidErrors: null, utilizationPct: 0, migDevices: null }]);
+  t.same(compute.strayGpus, [{ index: 1, usedMiB: 100, smUtilPct: UNSAMPLED_SM, xidErrors: NO_XIDS, utilizationPct: 0, migDevices: null }]);
 });
 
 t.test('grace is judged by when the listing was begun: a refresh begun inside the grace that lands after it says starting, not on-cpu', async (t) => {
@@ -175,7 +176,7 @@ t.test('each verdict change is logged once, on-cpu and exited as warnings; probe
   await probe();
   await app.inject({ method: 'GET', url: '/metrics' });
   await settle(app);
-  fake.update((scenario) => ({ ...scenario, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   await probe();
   await settle(app);
   fake.update((scenario) => ({ ...scenario, failures: {} }));
@@ -370,7 +371,7 @@ t.test('after the node restarts, a registration of the last boot is exited even 
   t.equal((await second.app.inject({ method: 'GET', url: '/shards/now/ready' })).json().state, 'ready');
 
   await settle(second.app);
-  second.fake.update((scenario) => ({ ...scenario, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(second.fake, { kind: 'driver-unreachable' });
   second.clock.advance(1);
   const blind = (await second.app.inject({ method: 'GET', url: '/shards/r/ready' })).json();
   t.equal(blind.state, 'exited', 'with nvidia-smi failing, /proc and the boot id still say exited');
@@ -498,13 +499,13 @@ t.test('nvidia-smi gone -> a shard it saw ready is unverified (200, with a warni
   await app.inject({ method: 'PUT', url: '/shards/u', payload: { pid: shard.pid, gpus: [0] } });
   await settle(app);
   t.equal((await app.inject({ method: 'GET', url: '/shards/u/ready' })).json().state, 'ready');
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   step();
   const res = await app.inject({ method: 'GET', url: '/shards/u/ready' });
   t.equal(res.statusCode, 200);
   t.equal(res.json().state, 'unverified');
   t.equal(res.json().observedAt, null);
-  t.match(res.json().warnings, [/nvidia-smi cannot be asked.*couldn't communicate with the NVIDIA driver/]);
+  t.match(res.json().warnings, [new RegExp(`nvidia-smi cannot be asked.*${UNREACHABLE_SAID}`)]);
   t.equal((await app.inject({ method: 'GET', url: '/shards/u/compute' })).statusCode, 503);
   t.equal((await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).statusCode, 503);
   const list = (await app.inject({ method: 'GET', url: '/shards' })).json();
@@ -515,7 +516,7 @@ t.test('nvidia-smi gone -> a shard it saw ready is unverified (200, with a warni
   const one = await app.inject({ method: 'GET', url: '/shards/u' });
   t.equal(one.statusCode, 200, 'one shard is still answered, as unverified');
   t.match(one.json(), { id: 'u', observedAt: null, ageMs: null, stale: true, status: { state: 'unverified' }, compute: null });
-  t.match(one.json().staleReason, /^no snapshot: .*couldn't communicate with the NVIDIA driver/);
+  t.match(one.json().staleReason, new RegExp(`^no snapshot: .*${UNREACHABLE_SAID}`));
 });
 
 t.test('a cgroup shard is every process whose cgroup contains the string', async (t) => {
@@ -606,7 +607,7 @@ t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration,
   const shard = await spawnShardProcess(t, 0);
   const { lines, log: logger } = captureLog('info');
   const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode(), deps: { logger } });
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'no-devices' } } }));
+  failDriver(fake, { kind: 'no-devices' });
   const put = (pid: number, gpus: number[]) => app.inject({ method: 'PUT', url: '/shards/trust', payload: { pid, gpus } });
   const unchecked = () => lines.filter((line) => String(line.msg).includes('unchecked'));
 
@@ -616,7 +617,7 @@ t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration,
       level: 40,
       shard: 'trust',
       gpus: [7],
-      nvidiaSmi: /^nvidia-smi exited with code 6 and said: "No devices were found"\. This means no GPU was found\./,
+      nvidiaSmi: new RegExp(NO_GPUS_SAID),
       msg: /^Shard "trust" was stored with GPU 7 unchecked \(nvidia-smi cannot be asked\): .*GET \/gpus/,
     },
   ]);
@@ -728,7 +729,7 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
   fake.setScenario(twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: alive.members[0]!, name: 'llama-server', usedMiB: 4096 }]));
   clock.advance(1);
   t.equal((await app.inject({ method: 'GET', url: '/shards/alive/ready' })).json().state, 'ready');
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   await gone.kill();
   clock.advance(1);
 
@@ -740,7 +741,7 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
   t.match(onCpu.json(), {
     state: 'on-cpu',
     reason: /^placed on GPU 1 but computing on the CPU: the engine itself reports it\..*failed to initialize CUDA/,
-    warnings: [/^nvidia-smi cannot be asked, so this verdict rests on the engine's own output: .*couldn't communicate with the NVIDIA driver/],
+    warnings: [new RegExp(`^nvidia-smi cannot be asked, so this verdict rests on the engine's own output: .*${UNREACHABLE_SAID}`)],
   });
   const unverified = await app.inject({ method: 'GET', url: '/shards/alive/ready' });
   t.equal(unverified.statusCode, 200, 'alive, last seen ready, and only nvidia-smi could tell where it computes now');

@@ -1,10 +1,13 @@
 // GET / through the real app and the fake nvidia-smi while a GPU drops out of its listing: the page
 // keeps a row for it (HTML and text) with the shard placed on it (gpu-lost, and a PUT naming the GPU
 // is refused, saying it was lost), keeps it past max-stale while nvidia-smi cannot be asked, and
-// drops it once nvidia-smi lists the GPU again.
+// drops it once nvidia-smi lists the GPU again. nvidia-smi only: a listing that skips a GPU's index
+// is its shape; NVML renumbers when it enumerates again (gpu-renumbering.test.ts) or says a handle is
+// lost (nvml-agreement.test.ts).
 import t from 'tap';
 import type { App } from '../../src/app.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import { failDriver } from '../helpers/backend.js';
 import { idleEightGpuNode } from '../helpers/fake-nvidia-smi.js';
 
 const BROWSER_ACCEPT = 'text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8';
@@ -33,7 +36,7 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   Object.assign(gpu6, { usedMiB: 106139, freeMiB: 143771 - 614 - 106139 + 1 });
   scenario.processes = [{ gpuUuid: gpu6.uuid, pid: shard.members[0]!, name: 'python3', usedMiB: 106130 }];
   const clock = manualClock(Date.parse('2026-11-29T12:00:00Z'));
-  const { app, fake } = await buildTestApp(t, { scenario, deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
+  const { app, fake } = await buildTestApp(t, { scenario, backend: 'nvidia-smi', deps: { now: clock.now }, config: { smiTimeoutMs: 60_000 } });
   t.equal((await app.inject({ method: 'PUT', url: '/shards/llama-6', payload: { pid: shard.pid, gpus: [6], graceMs: 0 } })).statusCode, 201);
   const before = await pageWhere(app, BROWSER_ACCEPT, (html) => html.includes('<span class="badge ready">ready</span>'));
   t.same(htmlRows(before), ['0', '1', '2', '3', '4', '5', '6', '7']);
@@ -87,7 +90,7 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   // A refresh the requests above began must land first: one still running would date the last
   // good snapshot after the clock moves, and keep it within max-stale.
   await settle(app);
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   clock.advance(31_000);
   const staleHtml = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('past max-stale'));
   t.same(htmlRows(staleHtml), ['6 lost'], 'no figures now, but the lost GPU still shown');

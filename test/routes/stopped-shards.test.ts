@@ -12,6 +12,7 @@ import { pino } from 'pino';
 import type { App } from '../../src/app.js';
 import { createProcReader, type ProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import { driverQueries, failDriver, UNREACHABLE_SAID } from '../helpers/backend.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { captureLog } from '../helpers/log-capture.js';
 import { twoGpuNode, UUIDS } from '../helpers/two-gpu-node.js';
@@ -103,7 +104,7 @@ t.test('nvidia-smi failing: /proc still says stopped, and unverified (200) once 
   const { app, fake } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
   t.equal((await app.inject({ method: 'PUT', url: '/shards/blind', payload: { pid: shard.pid, gpus: [0] } })).statusCode, 201);
   await settle(app);
-  fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(fake, { kind: 'driver-unreachable' });
   await signal(shard.pid, 'SIGSTOP');
   // The first request starts the refresh that fails and reads /proc; the clock stands still after
   // it, so the next one answers from that refresh however long it took.
@@ -115,7 +116,7 @@ t.test('nvidia-smi failing: /proc still says stopped, and unverified (200) once 
   t.match(stopped.json(), {
     state: 'stopped',
     reason: new RegExp(`^process ${shard.pid} \\(sh\\) is stopped \\(state T: .*\`kill -CONT ${shard.pid}\``),
-    warnings: [/^nvidia-smi cannot be asked, so which GPU memory it holds is unverified: .*couldn't communicate with the NVIDIA driver/],
+    warnings: [new RegExp(`^nvidia-smi cannot be asked, so which GPU memory it holds is unverified: .*${UNREACHABLE_SAID}`)],
     observedAt: null,
   });
 
@@ -177,7 +178,7 @@ t.test('a probe answered from a snapshot past its TTL reads the shard process no
   const shard = await spawnShardProcess(t, 1);
   const clock = manualClock();
   const scenario = twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: shard.members[0]!, name: 'llama-server', usedMiB: 9000 }]);
-  const { app, fake } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 2_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  const { app } = await buildTestApp(t, { scenario, config: { cacheTtlMs: 2_000, maxStaleMs: 60_000 }, deps: { now: clock.now } });
   t.equal((await app.inject({ method: 'PUT', url: '/shards/s', payload: { pid: shard.pid, gpus: [0], graceMs: 0 } })).statusCode, 201);
   const probe = prober(app, clock, 's');
   t.match(await probe(), { status: 200, body: { state: 'ready' } });
@@ -187,12 +188,12 @@ t.test('a probe answered from a snapshot past its TTL reads the shard process no
   // runs behind it. That snapshot saw the shard running; /proc says it is stopped now.
   await signal(shard.pid, 'SIGSTOP');
   clock.advance(5_000);
-  const queries = fake.countQueries('compute-apps');
+  const queries = await driverQueries(app, 'compute-apps');
   const stopped = await probe();
   t.match(stopped, { status: 503, body: { state: 'stopped', reason: new RegExp(`process ${shard.pid} .*is stopped`) } }, JSON.stringify(stopped.body));
   t.ok(Date.parse(stopped.body.observedAt!) < clock.now() - 4_000, 'from the cached snapshot, not a new one');
   await settle(app);
-  t.ok(fake.countQueries('compute-apps') > queries, 'whose refresh ran behind the answer');
+  t.ok((await driverQueries(app, 'compute-apps')) > queries, 'whose refresh ran behind the answer');
   // A process that runs keeps the snapshot's word: the one taken while it was stopped, until the next.
   await signal(shard.pid, 'SIGCONT');
   clock.advance(5_000);
