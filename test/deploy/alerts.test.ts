@@ -14,6 +14,7 @@ import t from 'tap';
 import { parse } from 'yaml';
 import { readStartTokens, resolveConfig } from '../../src/config.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
+import { failDriver, reloaded } from '../helpers/backend.js';
 import { waitUntil, type FakeProcess, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
 const RULES = fileURLToPath(new URL('../../deploy/kubernetes/prometheusrule.yaml', import.meta.url));
@@ -109,7 +110,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   const clock = manualClock();
   const failing = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now } });
   await failing.app.inject({ method: 'GET', url: '/gpus' });
-  failing.fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
+  failDriver(failing.fake, { kind: 'driver-unreachable' });
   clock.advance(5);
 
   // Node 4: idle GPUs (nothing used, so no process can be hidden); GPU 1 drops out of nvidia-smi's list (fallen off the bus).
@@ -130,7 +131,7 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
   t.equal((await dropping.app.inject({ method: 'GET', url: '/gpus' })).json().gpus.length, 2);
   // That answer may have started a refresh: let it land first, or it may read the GPUs of before and be the one waited for below.
   await settle(dropping.app);
-  dropping.fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1) }));
+  dropping.fake.update((s) => ({ ...s, gpus: s.gpus.slice(0, 1), nvml: reloaded(s) }));
   // The first answer may be the snapshot of before, while the refresh that sees it runs behind.
   await dropping.app.inject({ method: 'GET', url: '/gpus' });
   await settle(dropping.app);
@@ -139,9 +140,11 @@ t.test('the alert rules fire on real nodecompute metrics, each for the node and 
 
   // Node 6: nvidia-smi fails every query, naming GPU 1 by bus id ("GPU is lost"), past max-stale: the
   // shard on it is gpu-lost and the GPU lost, as on node 4, and nvidia-smi is down, as on node 3.
+  // That failure is nvidia-smi's own, so this node runs it under either backend of the suite.
   const onUnreachableGpu = await spawnShardProcess(t, 1);
   const clock6 = manualClock();
   const unreachable = await buildTestApp(t, {
+    backend: 'nvidia-smi',
     scenario: node([{ gpuUuid: UUIDS[1]!, pid: onUnreachableGpu.members[0]!, name: 'llama-server', usedMiB: 12000 }]),
     config: { cacheTtlMs: 0, maxStaleMs: 0 },
     deps: { now: clock6.now },

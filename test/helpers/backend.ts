@@ -1,8 +1,8 @@
 // The suite's GPU backend and what a test of the app expects that only one backend gives. `npm
-// test` runs every test under nvidia-smi with coverage, then the route tests again under the fake
-// NVML (TEST_GPU_BACKEND=nvml; not NODECOMPUTE_*, which the service reads as its settings). A test
-// states a backend-specific fact through here, so one test pins each backend's own answer; a test of
-// one backend's own surface names that backend.
+// test` runs every test under nvidia-smi with coverage, then the tests of the app's answers again
+// under the fake NVML (`test:nvml`: TEST_GPU_BACKEND=nvml; not NODECOMPUTE_*, which the service
+// reads as its settings). A test states a backend-specific fact through here, so one test pins each
+// backend's own answer; a test of one backend's own surface names that backend.
 import type { App } from '../../src/app.js';
 import type { QueryName } from '../../src/system/gpu-driver.js';
 import type { FakeFailure, FakeNvidiaSmi, FakeNvml, FakeScenario } from './fake-nvidia-smi.js';
