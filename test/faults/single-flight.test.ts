@@ -1,7 +1,7 @@
 // 500 concurrent requests on a cold cache: one snapshot serves them all, so the driver (nvidia-smi
 // or NVML) answers each query exactly once. (A long TTL keeps a slow machine from legitimately refreshing mid-test.)
 import t from 'tap';
-import { buildTestApp } from '../helpers/app.js';
+import { buildTestApp, settle } from '../helpers/app.js';
 import { BACKEND, driverQueries } from '../helpers/backend.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { killLeftovers } from '../helpers/process-scan.js';
@@ -30,6 +30,7 @@ t.test('500 concurrent requests on a cold cache ask the driver each query exactl
   );
   const observed = new Set(gpusAnswers.map((res) => res.json().observedAt));
   t.equal(observed.size, 1, 'every answer comes from the same snapshot');
+  await settle(app);
   t.equal(await driverQueries(app, 'gpus'), 1, 'the GPU query ran once');
   t.equal(await driverQueries(app, 'compute-apps'), 1, 'the process query ran once');
   if (BACKEND === 'nvidia-smi') t.equal(fake.countQueries('gpu') + fake.countQueries('compute-apps'), 2, 'as nvidia-smi counts its runs');

@@ -29,6 +29,8 @@ export const DRIVER_FAILED = nvml ? 'NODECOMPUTE_NVML_FAILED' : 'NODECOMPUTE_NVI
 export const UNREACHABLE_SAID = nvml ? 'Driver Not Loaded' : "couldn't communicate with the NVIDIA driver";
 /** What the driver says when it finds no GPU (the `no-devices` failure). */
 export const NO_GPUS_SAID = nvml ? 'NVML lists no GPU' : 'No devices were found';
+/** How the failure of a query that found no GPU starts. */
+export const NO_GPUS_FAILED = nvml ? 'NVML lists no GPU' : 'nvidia-smi exited with code 6 and said: "No devices were found"';
 /** The start of a stale snapshot's reason when a refresh failed with `driver-unreachable`. */
 export const REFRESH_FAILED_SAID = nvml ? 'NVML initialisation' : 'nvidia-smi exited with code 9';
 

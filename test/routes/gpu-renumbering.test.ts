@@ -1,6 +1,7 @@
 // A GPU drops out of nvidia-smi's list and nvidia-smi renumbers those after it, as it does for a GPU
-// the driver no longer has (fallen off the bus, detached): through the real app, the fake nvidia-smi
-// and real shard processes whose children hold the GPUs. Each shard is judged on the device it was
+// the driver no longer has (fallen off the bus, detached); NVML does once initialised again after a
+// driver reload. Through the real app, the fake driver (helpers/backend.ts) and real shard
+// processes whose children hold the GPUs. Each shard is judged on the device it was
 // registered with (its UUID), not on whatever GPU holds its index now: the shard of the lost GPU
 // alone is gpu-lost, the shard of the GPU after it stays ready, warned that its GPU has a new index,
 // and its memory is not stray (not in compute, metrics or the alert's join). When the GPU is back

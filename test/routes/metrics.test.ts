@@ -192,6 +192,7 @@ t.test('scrapes read the cache: many scrapes within the TTL cause one nvidia-smi
   const { app } = await buildTestApp(t, { scenario: node([]), config: { cacheTtlMs: 60_000 } });
   const scrapes = await Promise.all(Array.from({ length: 20 }, () => app.inject({ method: 'GET', url: '/metrics' })));
   t.ok(scrapes.every((res) => res.statusCode === 200));
+  await settle(app);
   t.equal(await driverQueries(app, 'gpus'), 1);
   t.equal(await driverQueries(app, 'compute-apps'), 1);
 });

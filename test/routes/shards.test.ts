@@ -8,7 +8,7 @@ import t from 'tap';
 import { pino } from 'pino';
 import { createProcReader } from '../../src/system/procfs.js';
 import { buildTestApp, manualClock, settle, spawnShardProcess } from '../helpers/app.js';
-import { failDriver, NO_GPUS_SAID, NO_XIDS, UNREACHABLE_SAID, UNSAMPLED_SM } from '../helpers/backend.js';
+import { failDriver, NO_GPUS_FAILED, NO_XIDS, UNREACHABLE_SAID, UNSAMPLED_SM } from '../helpers/backend.js';
 import { waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { captureLog } from '../helpers/log-capture.js';
 import { readSample as sample } from '../helpers/samples.js';
@@ -617,7 +617,7 @@ t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration,
       level: 40,
       shard: 'trust',
       gpus: [7],
-      nvidiaSmi: new RegExp(NO_GPUS_SAID),
+      nvidiaSmi: new RegExp(`^${NO_GPUS_FAILED}`),
       msg: /^Shard "trust" was stored with GPU 7 unchecked \(nvidia-smi cannot be asked\): .*GET \/gpus/,
     },
   ]);

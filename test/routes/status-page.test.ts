@@ -17,7 +17,7 @@ import { renderHtml } from '../../src/status-page/html.js';
 import { statusModel } from '../../src/status-page/model.js';
 import { renderText, TEXT_BAR_WIDTH } from '../../src/status-page/text.js';
 import { prefersHtml } from '../../src/http/accept.js';
-import { buildTestApp, manualClock, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
+import { buildTestApp, manualClock, settle as settleRefresh, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
 import { driverQueries, failDriver, IDLE_SM_NOTE, NO_GPUS_SAID, REFRESH_FAILED_SAID, UNREACHABLE_SAID } from '../helpers/backend.js';
 import { eightGpuNode, idleEightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 
@@ -253,6 +253,7 @@ t.test('the page reads the cached snapshot: reloading it asks the driver no more
     await page(app, BROWSER_ACCEPT);
     await page(app, '*/*');
   }
+  await settleRefresh(app);
   t.equal(await driverQueries(app, 'gpus'), queries, 'ten more pages, no more driver queries within the TTL');
 });
 
@@ -279,7 +280,7 @@ t.test('nvidia-smi cannot be asked: a banner with its words, and a shard it neve
   t.match(html, /<span class="id">alpha<\/span>.*<td class="given" data-label="Given">GPU 0<br>GPU 1<\/td>\n<td class="held" data-label="Held"><span class="none">unknown<\/span><\/td>/s);
   const text = (await page(app)).body;
   t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified");
-  t.match(text, `!!   ${REFRESH_FAILED_SAID}`);
+  t.match(text, new RegExp(`!!   ${REFRESH_FAILED_SAID}.*${UNREACHABLE_SAID}`));
   t.match(text, 'none: nvidia-smi gave no GPU figures (see above)');
   t.match(lineOf(text, 'alpha'), /^alpha\s+starting\s+0,1\s+unknown\s+-\s+-\s+registered .* ago, and no nvidia-smi listing since has included it, .* \| warning: nvidia-smi cannot be asked \(nvidia-smi's message is at the top of the page\)$/);
   // nvidia-smi's words once, in the banner, not again in every shard's row.
