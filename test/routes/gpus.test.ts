@@ -5,7 +5,7 @@ import { GpusResponseSchema } from '../../src/schemas/gpus.js';
 import { ForeignMemoryResponseSchema } from '../../src/schemas/shards.js';
 import { eightGpuNode } from '../helpers/fake-nvidia-smi.js';
 import { buildTestApp, manualClock, settle } from '../helpers/app.js';
-import { BACKEND, DRIVER_FAILED, failDriver, driverQueries, driverQueriesReach, NO_EVENTS, reloaded, UNREACHABLE_SAID, UNSAMPLED_SM } from '../helpers/backend.js';
+import { BACKEND, DRIVER_FAILED, failDriver, driverQueries, driverQueriesReach, NO_EVENTS, NO_GPUS_SAID, reloaded, UNREACHABLE_SAID, UNSAMPLED_SM } from '../helpers/backend.js';
 import { schemaErrors } from '../helpers/schema.js';
 
 t.test('an 8-GPU node with processes is reported exactly', async (t) => {
@@ -69,20 +69,19 @@ t.test('without the driver (nvidia-smi or libnvidia-ml), /gpus and /gpus/foreign
 });
 
 t.test("each failure of the driver becomes its coded 503 with the driver's own words", async (t) => {
-  const smi = [
+  // Both drivers fail alike at these; NVML has no output to garble, and a lost GPU fails only the
+  // calls on it (nvml-agreement.test.ts).
+  const both = [
     { failure: { kind: 'driver-unreachable' as const }, code: DRIVER_FAILED, words: UNREACHABLE_SAID },
+    { failure: { kind: 'no-devices' as const }, code: DRIVER_FAILED, words: NO_GPUS_SAID },
+  ];
+  const smiOnly = [
     { failure: { kind: 'library-mismatch' as const }, code: DRIVER_FAILED, words: 'Driver/library version mismatch' },
-    { failure: { kind: 'no-devices' as const }, code: DRIVER_FAILED, words: 'No devices were found' },
     { failure: { kind: 'gpu-lost' as const }, code: DRIVER_FAILED, words: 'GPU is lost' },
     { failure: { kind: 'garbage' as const, text: 'Segmentation fault? \u0000 !!' }, code: 'NODECOMPUTE_NVIDIA_SMI_UNPARSABLE', words: 'Segmentation fault' },
   ];
-  // NVML has no output to garble, and a lost GPU fails only the calls on it (nvml-agreement.test.ts).
-  const nvml = [
-    { failure: { kind: 'driver-unreachable' as const }, code: DRIVER_FAILED, words: UNREACHABLE_SAID },
-    { failure: { kind: 'library-mismatch' as const }, code: DRIVER_FAILED, words: 'different versions' },
-    { failure: { kind: 'no-devices' as const }, code: DRIVER_FAILED, words: 'NVML lists no GPU' },
-  ];
-  for (const c of BACKEND === 'nvml' ? nvml : smi) {
+  const nvmlOnly = [{ failure: { kind: 'library-mismatch' as const }, code: DRIVER_FAILED, words: 'different versions' }];
+  for (const c of [...both, ...(BACKEND === 'nvml' ? nvmlOnly : smiOnly)]) {
     const scenario = { ...eightGpuNode(), failures: { all: c.failure } };
     const { app } = await buildTestApp(t, { scenario });
     const res = await app.inject({ method: 'GET', url: '/gpus' });
