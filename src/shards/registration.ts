@@ -11,8 +11,7 @@ import type { NodeService } from '../node-state/node-service.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { RegisterShard } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
-import { processOf, type Overlaps } from './registration-rules.js';
-import { NotARepeatError, type PutResult, type Registry } from './registry.js';
+import { NotARepeatError, processOf, type Overlaps, type PutResult, type Registry } from './registry.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 /** What a registration names, read from /proc: its identity, and the registrations covering its processes (null: a repeat). */
@@ -143,20 +142,14 @@ export function createRegistration(deps: RegistrationDeps) {
   async function targetOfCgroup(cgroup: string): Promise<Target> {
     const pids = (await proc.findPidsInCgroup(cgroup)).sort((a, b) => a - b);
     const held: ProcessIdentity[] = [];
-    let chosen: ProcessIdentity | null = null;
-    let chosenIsEngine = false;
     for (const pid of pids) {
       const stat = await proc.readStat(pid);
-      if (!stat || hasExited(stat)) continue;
-      const identity = { ...identityOf(stat), pid };
-      held.push(identity);
-      const isEngine = !SANDBOX_COMMS.has(stat.comm);
-      if (chosen === null || (isEngine && (!chosenIsEngine || identity.startTime < chosen.startTime))) {
-        chosen = identity;
-        chosenIsEngine = isEngine;
-      }
+      if (stat && !hasExited(stat)) held.push({ ...identityOf(stat), pid });
     }
-    if (chosen !== null) return { identity: chosen, overlaps: await overlapsWith(held, true) };
+    // A stable sort: of engine processes started in the same tick, the lowest PID.
+    const engines = held.filter((identity) => !SANDBOX_COMMS.has(identity.name)).sort((a, b) => a.startTime - b.startTime);
+    const chosen = engines[0] ?? held[0];
+    if (chosen !== undefined) return { identity: chosen, overlaps: await overlapsWith(held, true) };
     const give = 'Give the container id or pod UID as /proc/PID/cgroup shows it (with "-" or "_" as the cgroup driver writes it), once the container runs';
     throw new ProcessNotFoundError(`No process in ${proc.root} has a cgroup containing "${cgroup}". ${give}.`);
   }

@@ -3,44 +3,19 @@
 // and answered within the state file's bound: a change still queued then is withdrawn, one being
 // written is answered "pending" (503 either way) and stored if that write lands; while a write is
 // stuck, a change is refused at once. Engine output is kept in memory, with the run it came from.
+// A replacement for the same run and GPUs keeps the registration time, and with it the grace clock
+// (a control plane re-PUTting its shards must not put an on-cpu shard back into starting); a second
+// id for a target, or for one covering the same processes, is a conflict (attribution would give its
+// memory to one id and leave the other on-cpu).
 import type { Logger } from 'pino';
-import { StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
+import { ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
 import type { StateFile, StateFileFailure } from '../system/state-file.js';
 import { appended, engineState, type EngineState, type Posted } from './engine-output.js';
 import { readRegistryFile, serialiseShards } from './registry-file.js';
-import { conflictError, conflicting, replacement, sameRun, type Conflict, type Overlaps } from './registration-rules.js';
-import { ranInAnotherBoot, type ShardRecord } from './shard.js';
-
-export interface Registry {
-  list(): ShardRecord[];
-  get(id: string): ShardRecord | undefined;
-  /** Bumped on every acknowledged registration or removal: keys the per-snapshot views and ETags. */
-  readonly version: number;
-  /** Bumped on every engine output: it changes verdicts, never attribution. */
-  readonly engineVersion: number;
-  /**
-   * Registers or replaces a shard once the state file holds it; rejects with ShardConflictError (`overlaps`: what only /proc
-   * can tell). `stored` is told once it is stored, even after its caller was answered 503 pending.
-   */
-  put(record: ShardRecord, overlaps?: Overlaps | null, stored?: (result: PutResult) => void): Promise<PutResult>;
-  /** Whether put(record) would now be an unchanged repeat: then put it with `overlaps` null (NotARepeatError if no longer one). */
-  repeats(record: ShardRecord): boolean;
-  /** False when it was not registered. Resolves once the state file agrees; `removed` is told then, as put's `stored`. */
-  remove(id: string, removed?: () => void): Promise<boolean>;
-  engine(id: string): EngineState | undefined;
-  /** Appends to the shard's tail (`fresh`: begins a new one) and re-reads the account; `ticks`: now, since boot. */
-  appendEngineOutput(id: string, text: string, now: number, ticks: number | null, fresh?: boolean): EngineState | undefined;
-  /** PIDs and cgroups the next snapshot must read: not PIDs of shards of another boot than `bootId`, which name other processes now. */
-  interest(bootId: string | null): { pids: number[]; cgroups: string[] };
-}
+import { ranInAnotherBoot, sameProcess, type ShardRecord } from './shard.js';
 
 /** `shard`: the one given, with the previous registration time (and so grace clock) when `graceKept`; `unchanged`: identical, so kept. */
-export interface PutResult {
-  created: boolean;
-  shard: ShardRecord;
-  graceKept: boolean;
-  unchanged: boolean;
-}
+export type PutResult = { created: boolean; shard: ShardRecord; graceKept: boolean; unchanged: boolean };
 
 /** A put made as a repeat (`overlaps` null) that was no repeat when decided: not a client's error, the caller retries. */
 export class NotARepeatError extends Error {
@@ -49,6 +24,77 @@ export class NotARepeatError extends Error {
   constructor(id: string) {
     super(`shard "${id}" changed since its PUT was read`);
   }
+}
+
+/** How `other` covers a process of the registration being made though their targets differ, mid-sentence ("runs in the cgroup \"pod-a\""). */
+export type Overlaps = (other: ShardRecord) => string | null;
+
+/** Whether a replacing registration names the same process or the same cgroup. */
+function sameTarget(a: ShardRecord, b: ShardRecord): boolean {
+  if (a.cgroup !== null || b.cgroup !== null) return a.cgroup === b.cgroup;
+  return sameProcess(a.identity, b.identity);
+}
+
+/** The same target and process: for a cgroup, the same engine process (its identity); a restarted container is another run. */
+function sameRun(a: ShardRecord, b: ShardRecord): boolean {
+  return a.cgroup === b.cgroup && sameProcess(a.identity, b.identity);
+}
+
+function sameMembers<T>(a: readonly T[], b: readonly T[]): boolean {
+  return a.length === b.length && a.every((member) => b.includes(member));
+}
+
+/** The same devices where both know their UUIDs (nvidia-smi may renumber), else the same indices. */
+function sameGpus(a: ShardRecord, b: ShardRecord): boolean {
+  return a.gpuUuids !== undefined && b.gpuUuids !== undefined ? sameMembers(a.gpuUuids, b.gpuUuids) : sameMembers(a.gpus, b.gpus);
+}
+
+const FIELDS = ['id', 'pid', 'cgroup', 'engine', 'graceMs', 'minGpuWeightsShare'] as const;
+const IDENTITY_FIELDS = ['pid', 'pgid', 'startTime', 'name', 'bootId'] as const;
+
+/** Every field but the registration time. */
+function sameRegistration(a: ShardRecord, b: ShardRecord): boolean {
+  return (
+    FIELDS.every((field) => a[field] === b[field]) &&
+    sameMembers(a.gpus, b.gpus) &&
+    a.gpuUuids?.join() === b.gpuUuids?.join() &&
+    a.migDevices?.join() === b.migDevices?.join() &&
+    IDENTITY_FIELDS.every((field) => a.identity[field] === b.identity[field])
+  );
+}
+
+/** Another id registered for the same target as `record`, or covering the same processes; `relation`: how (Overlaps), null for the same target. */
+type Conflict = { other: ShardRecord; relation: string | null };
+
+function conflicting(shards: ReadonlyMap<string, ShardRecord>, record: ShardRecord, overlaps: Overlaps): Conflict | undefined {
+  for (const shard of shards.values()) {
+    if (shard.id === record.id) continue;
+    if (sameTarget(shard, record)) return { other: shard, relation: null };
+    const relation = overlaps(shard);
+    if (relation !== null) return { other: shard, relation };
+  }
+  return undefined;
+}
+
+/** A registration's process, as a conflict names it: "PID (name, started at tick T)". */
+export function processOf(record: Pick<ShardRecord, 'identity'>): string {
+  return `${record.identity.pid} (${record.identity.name}, started at tick ${record.identity.startTime})`;
+}
+
+function conflictError(record: ShardRecord, { other, relation }: Conflict): Error {
+  const named = record.cgroup !== null ? `The cgroup "${record.cgroup}"` : `Process ${processOf(record)}`;
+  const target = relation === null ? `${named} is` : `${named} ${relation}, which is`;
+  const family = record.cgroup === null && other.cgroup === null && relation !== null ? " A PID shard's descendants and the process group it leads are part of it." : '';
+  const split = 'Under two ids its GPU memory would go to one, and the other would read on-cpu while computing on the GPU';
+  const fix = `To register it as "${record.id}", DELETE /shards/${other.id} first; to change its GPUs, grace or engine, PUT /shards/${other.id} instead.`;
+  return new ShardConflictError(`${target} already registered as shard "${other.id}".${family} ${split}. ${fix}`);
+}
+
+/** What a replacement stores: the previous record if unchanged; for the same run and GPUs, the new one at the previous time; else the new one. */
+function replacement(previous: ShardRecord | undefined, record: ShardRecord): { stored: ShardRecord; graceKept: boolean; unchanged: boolean } {
+  if (previous === undefined || !sameRun(previous, record) || !sameGpus(previous, record)) return { stored: record, graceKept: false, unchanged: false };
+  if (sameRegistration(previous, record)) return { stored: previous, graceKept: true, unchanged: true };
+  return { stored: { ...record, registeredAt: previous.registeredAt }, graceKept: true, unchanged: false };
 }
 
 type Change = (draft: Map<string, ShardRecord>) => unknown;
@@ -70,7 +116,9 @@ type Stored = ReturnType<typeof replacement> & { previous: ShardRecord | undefin
 
 const putResult = ({ previous, stored, graceKept, unchanged }: Stored): PutResult => ({ created: previous === undefined, shard: stored, graceKept, unchanged });
 
-export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }): Promise<Registry> {
+export type Registry = Awaited<ReturnType<typeof loadRegistry>>;
+
+export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) {
   const { stateFile, log } = deps;
   const read = await readRegistryFile(stateFile);
   if (!read.ok) throw new StateFileInvalidError(`${read.problem} ${read.fix}`, { cause: read.cause });
@@ -192,16 +240,27 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
   const repeats = (record: ShardRecord): boolean => queue.length === 0 && !writing && replacement(committed.get(record.id), record).unchanged;
 
   return {
-    list: () => [...committed.values()],
-    get: (id) => committed.get(id),
+    list: (): ShardRecord[] => [...committed.values()],
+    get: (id: string): ShardRecord | undefined => committed.get(id),
+    /** Bumped on every acknowledged registration or removal: keys the per-snapshot views and ETags. */
     get version() {
       return version;
     },
+    /** Bumped on every engine output: it changes verdicts, never attribution. */
     get engineVersion() {
       return engineVersion;
     },
+    /** Whether put(record) would now be an unchanged repeat: then put it with `overlaps` null (NotARepeatError if no longer one). */
     repeats,
-    async put(record, overlaps = () => null, stored = () => undefined) {
+    /**
+     * Registers or replaces a shard once the state file holds it; rejects with ShardConflictError (`overlaps`: what only /proc
+     * can tell). `stored` is told once it is stored, even after its caller was answered 503 pending.
+     */
+    async put(
+      record: ShardRecord,
+      overlaps: Overlaps | null = () => null,
+      stored: (result: PutResult) => void = () => undefined,
+    ): Promise<PutResult> {
       // With nothing queued, a repeat (a control plane reconciling; never a conflict, so registrations stored
       // before overlaps were refused still reconcile) or a conflict is answered at once; else the batch decides.
       if (queue.length === 0 && !writing) {
@@ -244,7 +303,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       if ('conflict' in outcome) throw conflictError(record, outcome.conflict);
       return putResult(outcome);
     },
-    async remove(id, removed = () => undefined) {
+    /** False when it was not registered. Resolves once the state file agrees; `removed` is told then, as put's `stored`. */
+    async remove(id: string, removed: () => void = () => undefined): Promise<boolean> {
       // Nothing to write when the id is unknown and no change is pending that could add it.
       if (!committed.has(id) && queue.length === 0 && !writing) return false;
       let batchRefused = false;
@@ -265,8 +325,9 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
         return false;
       }
     },
-    engine: (id) => engines.get(id),
-    appendEngineOutput(id, text, now, ticks, fresh = false) {
+    engine: (id: string): EngineState | undefined => engines.get(id),
+    /** Appends to the shard's tail (`fresh`: begins a new one) and re-reads the account; `ticks`: now, since boot. */
+    appendEngineOutput(id: string, text: string, now: number, ticks: number | null, fresh = false): EngineState | undefined {
       const shard = committed.get(id);
       if (!shard) return undefined;
       const state = engineState(shard.engine, appended(engines.get(id), text, now, ticks, fresh));
@@ -275,7 +336,8 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }):
       for (const posted of inFlight.get(id) ?? []) posted.now = appended(posted.now, text, now, ticks, fresh);
       return state;
     },
-    interest(bootId) {
+    /** PIDs and cgroups the next snapshot must read: not PIDs of shards of another boot than `bootId`, which name other processes now. */
+    interest(bootId: string | null): { pids: number[]; cgroups: string[] } {
       const pids: number[] = [];
       const cgroups: string[] = [];
       for (const shard of committed.values()) {
