@@ -1,16 +1,20 @@
 // Owns where a shard computes as nvidia-smi sees it: the given GPUs its processes hold memory on (by
 // their index in the listing), those it holds but was not given (strays), and the engine's own
-// account. The backend says only what is known, else null.
+// account. The backend says only what is known, else null. Also its MIG devices, with each one's
+// foreign memory (what a shard placed there competes with); only NVML lists them, elsewhere: null.
 import { formatHeldMemory } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
 import { shardCpuCores } from '../node-state/cpu-use.js';
+import { foreignMemory } from '../node-state/foreign-memory.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount, EngineBackend } from './llama-account.js';
-import { migUsageOn, type MigUsage } from './mig-placement.js';
 import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
-import { shardWeights, type ShardWeights } from './weights.js';
+import { heldBy, shardWeights, sumOrNull, type ShardWeights } from './weights.js';
+
+/** `usedMiB`: the shard's there (null when one of its processes' is [N/A]); `foreignMiB`: the MIG device's. */
+export type MigUsage = { uuid: string; profile: string; usedMiB: number | null; foreignMiB: number | null };
 
 /** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there; `utilizationPct`: the whole GPU's. */
 export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null; utilizationPct: number | null; migDevices: MigUsage[] | null };
@@ -54,7 +58,7 @@ function activityOn(node: NodeView, index: number, processes: ShardGpuHolding['p
 
 /** `state`: the shard's verdict on the same view, which says whether CPU is known. */
 export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineAccount | null, state: ReadinessState): ShardCompute {
-  const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].sort((a, b) => a.index - b.index);
+  const held = heldBy(shard, node).sort((a, b) => a.index - b.index);
   const assigned = new Set(placedIndices(shard, node.snapshot.gpus));
   const usage = (given: boolean): GpuUsage[] =>
     held
@@ -63,4 +67,30 @@ export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineA
   const gpus = usage(true);
   const backend = backendOf(held.length > 0, shard, engine, state);
   return { backend, devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), cpuCores: shardCpuCores(shard, node), weights: shardWeights(shard, node), engine };
+}
+
+/** The MIG devices of a held GPU that the shard holds memory on or was placed on; null where its GPU lists none. */
+function migUsageOn(shard: ShardRecord, node: NodeView, holding: ShardGpuHolding): MigUsage[] | null {
+  const foreign = foreignMemory(node).find((gpu) => gpu.uuid === holding.uuid)?.migDevices;
+  if (foreign == null) return null;
+  return foreign.flatMap((mig) => {
+    const processes = holding.processes.filter((process) => process.migUuid === mig.uuid);
+    if (processes.length === 0 && !shard.migDevices?.includes(mig.uuid)) return [];
+    return [{ uuid: mig.uuid, profile: mig.profile, usedMiB: sumOrNull(processes.map((process) => process.usedMiB)), foreignMiB: mig.foreignMiB }];
+  });
+}
+
+/** Memory on MIG devices of its GPUs other than those it was placed on; null when there is none, or it was placed on whole GPUs. */
+export function otherMigWarning(shard: ShardRecord, node: NodeView): string | null {
+  const placed = shard.migDevices;
+  if (placed === undefined) return null;
+  // A MIG device it was not placed on is listed only where its processes hold memory there.
+  const others = heldBy(shard, node).flatMap((holding) =>
+    (migUsageOn(shard, node, holding) ?? [])
+      .filter((mig) => !placed.includes(mig.uuid))
+      .map((mig) => `${mig.uuid} (${mig.profile}, GPU ${holding.index}: ${formatHeldMemory(mig.usedMiB)})`),
+  );
+  if (others.length === 0) return null;
+  const where = `holds memory on MIG device ${others.join(', ')}, not on the MIG device it was placed on (${placed.join(', ')})`;
+  return `${where}: it takes memory from the work placed there. Check NVIDIA_VISIBLE_DEVICES (the MIG UUID) and the placement`;
 }

@@ -1,8 +1,11 @@
 // Owns the on-cpu verdict and its reason: the engine's own CPU account decides it with or without
 // nvidia-smi; otherwise grace is over with a given GPU not held, and the reason follows what else is
 // known (memory on a GPU it was not given, output showing weights on a GPU, output saying nothing).
-// Also the warning for a shard that holds its GPUs yet computes on the CPU under load.
+// A shard holding every given GPU is judged by where its weights are (weights.ts): zero offload is
+// on-cpu after the grace; a partial one serves with a warning and a cause, unless its registration
+// asks for a larger share on the GPU. Also the warning for one that computes on the CPU under load.
 import { formatDuration } from '../duration.js';
+import { formatBytes } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
 import { shardCpuCores } from '../node-state/cpu-use.js';
 import type { NodeView } from '../node-state/node-view.js';
@@ -11,6 +14,7 @@ import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
 import { andList, gpuList, verdict, type Readiness } from './verdict.js';
+import { heldBy, shardWeights, type ShardWeights } from './weights.js';
 
 const ON_CPU_ADVICE =
   "Check the engine's build (ldd libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor`.";
@@ -31,7 +35,7 @@ function gpuWork(holding: ShardGpuHolding, node: NodeView): { pct: number; label
 /** A warning when the shard burns CPU_BURN_CORES or more while no GPU it holds does work; null otherwise, and where that is not known. */
 export function cpuBurnWarning(shard: ShardRecord, node: NodeView): string | null {
   const cores = shardCpuCores(shard, node);
-  const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])];
+  const held = heldBy(shard, node);
   if (cores === null || cores < CPU_BURN_CORES || held.length === 0) return null;
   const work = held.map((holding) => gpuWork(holding, node));
   if (work.some((gpu) => gpu === null || gpu.pct > GPU_IDLE_PCT)) return null;
@@ -69,9 +73,8 @@ function engineCpuAdvice(loaded: boolean | null): string {
 
 /** The memory the shard's processes hold on the GPUs it was given, as device labels; empty without a node view. */
 export function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
-  const holdings = node?.attribution.holdings.get(shard.id);
-  if (holdings === undefined) return [];
-  return [...holdings.values()]
+  if (node === null) return [];
+  return heldBy(shard, node)
     .filter((holding) => shard.gpus.includes(holding.index))
     .sort((a, b) => a.index - b.index)
     .map(deviceLabel);
@@ -97,8 +100,7 @@ function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeVi
 
 /** GPUs the shard's processes hold memory on without having been given them, in index order. */
 export function strayGpus(shard: ShardRecord, node: NodeView): number[] {
-  const holdings = node.attribution.holdings.get(shard.id);
-  return [...(holdings?.keys() ?? [])].filter((index) => !shard.gpus.includes(index)).sort((a, b) => a - b);
+  return heldBy(shard, node).map((held) => held.index).filter((index) => !shard.gpus.includes(index)).sort((a, b) => a - b);
 }
 
 /** The engine's CUDA device names ("CUDA0"), as its account lists them. */
@@ -170,4 +172,56 @@ export function onCpuVerdict(
   if (strays.length > 0) return verdict('on-cpu', 'memory-on-other-gpu', strayReason(shard, strays, `${held}.`), warnings);
   if (engine !== null && showsGpuWeights(engine)) return verdict('on-cpu', 'engine-output-conflicts', conflictReason(shard, missing, engine, held), warnings);
   return verdict('on-cpu', 'no-gpu-memory', `${placedOnCpu(shard)}: ${held}. ${engineNote(shard, engine, noAccount)}`, warnings);
+}
+
+const NGL_ADVICE =
+  "Start it with -ngl (LLAMA_ARG_N_GPU_LAYERS) at or above the model's layers, check that the model fits the GPU's free memory (GET /gpus), " +
+  "and that the build has CUDA (its log's \"offloaded N/M layers\").";
+
+const percent = (share: number): string => `${Math.round(share * 100)}%`;
+
+/** "/models/x.gguf (4.0 GiB)", each file; a deleted one says so. */
+function modelLabel(weights: ShardWeights): string {
+  return weights.files
+    .map((file) => `${file.path} (${file.bytes === null ? 'size unknown' : formatBytes(file.bytes)}${file.deleted ? ', deleted since it was loaded' : ''})`)
+    .join(', ');
+}
+
+/** The warning a partial offload serves with. */
+export function partialWarning(weights: ShardWeights): string {
+  const of = weights.bytes === null ? '' : ` of ${formatBytes(weights.bytes)}`;
+  return (
+    `only about ${percent(weights.gpuShare!)} of its model's weights (${formatBytes(weights.gpuBytes!)}${of}) are on its GPUs: ${weights.note}. ` +
+    'The layers left on the CPU run five to ten times slower: raise -ngl if the GPU has free memory (GET /gpus), or give the shard more GPUs.'
+  );
+}
+
+function notReadyReason(shard: ShardRecord, node: NodeView, weights: ShardWeights, zero: boolean): string {
+  const model = `its model ${modelLabel(weights)}`;
+  if (zero) {
+    const held = `its processes hold ${heldOnGiven(shard, node).join(', ')}, no more than a CUDA context and compute buffers`;
+    const where = weights.hostBytes === null ? 'read without mmap' : `${formatBytes(weights.hostBytes)} of it mapped`;
+    return `placed on ${gpuList(shard.gpus)} but computing on the CPU: ${held}, while ${model} stays in host memory (${where}). ${NGL_ADVICE}`;
+  }
+  const asked = `below the ${percent(shard.minGpuWeightsShare!)} its registration asks (minGpuWeightsShare)`;
+  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${NGL_ADVICE}`;
+}
+
+/** Every given GPU held: ready, unless its weights stay in host memory (or below its minimum share) once the grace is over. */
+export function heldVerdict(shard: ShardRecord, node: NodeView, evidenceAt: number, now: number, warnings: string[]): Readiness {
+  if (shard.gpus.length === 0) return verdict('ready', null, null, warnings);
+  const weights = shardWeights(shard, node);
+  const zero = weights.offload === 'none';
+  const below = shard.minGpuWeightsShare !== undefined && weights.gpuShare !== null && weights.gpuShare < shard.minGpuWeightsShare;
+  if (!zero && !below) {
+    if (weights.offload === 'partial') return verdict('ready', 'partial-offload', null, [...warnings, partialWarning(weights)]);
+    return verdict('ready', null, null, warnings);
+  }
+  const graceEnd = shard.registeredAt + shard.graceMs;
+  const inHost = `it holds its GPUs, but ${zero ? 'its weights stay' : 'too much of its weights stays'} in host memory (${weights.note})`;
+  if (now < graceEnd) return verdict('starting', 'awaiting-gpu-weights', `${inHost}: still loading, or started with too few GPU layers; ${formatDuration(graceEnd - now)} of its grace left.`, warnings);
+  if (evidenceAt < graceEnd) {
+    return verdict('starting', 'awaiting-listing', `${inHost}, as the latest listing shows, begun before its grace ended: the verdict waits for a listing begun after it.`, warnings);
+  }
+  return verdict('on-cpu', zero ? 'weights-in-host-memory' : 'partial-offload-below-minimum', notReadyReason(shard, node, weights, zero), warnings);
 }

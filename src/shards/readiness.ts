@@ -9,12 +9,12 @@ import { gpuNoLongerListed, gpuUnreachable, LOST_GPU_FIX, LOST_GPU_MEANING, said
 import type { NodeView } from '../node-state/node-view.js';
 import { placementOf, unreachableGiven, type Renumbered, type UnlistedGpu, type UnreachableKnownGpu, type UnreachableListedGpu } from '../node-state/placement.js';
 import type { StatAnswer } from '../system/procfs.js';
+import { otherMigWarning } from './compute.js';
 import type { EngineAccount } from './llama-account.js';
-import { cpuBurnWarning, engineCpuVerdict, engineSaysCpu, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
-import { otherMigWarning } from './mig-placement.js';
+import { cpuBurnWarning, engineCpuVerdict, engineSaysCpu, heldVerdict, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type ReadinessState } from './verdict.js';
-import { heldVerdict } from './weights-verdict.js';
+import { heldBy } from './weights.js';
 
 export interface ReadinessInput {
   shard: ShardRecord;
@@ -224,8 +224,7 @@ function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<
   // Not known to have exited (not read now, or unreadable either time) counts as running.
   const runs = (pid: number): boolean => sameProcessNow(listed.snapshot, procNow, pid) !== null;
   const given = placementOf(shard, listed.snapshot.gpus).indices;
-  const holdings = listed.attribution.holdings.get(shard.id);
-  return [...(holdings?.values() ?? [])]
+  return heldBy(shard, listed)
     .filter((holding) => given.includes(holding.index) && !holding.processes.some((process) => runs(process.pid)))
     .map((holding) => holding.index);
 }

@@ -5,6 +5,7 @@
 // file is a full offload; a whole one is judged by GPU memory, less what a context and compute
 // buffers take. No model file in view (vLLM, other engines): not seen, and nothing is judged.
 import { formatBytes } from '../memory-size.js';
+import type { ShardGpuHolding } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { statOf } from '../node-state/node-snapshot.js';
 import { placedIndices } from '../node-state/placement.js';
@@ -36,13 +37,17 @@ export const CONTEXT_ALLOWANCE_BYTES = 1024 * MiB;
 export const NONE_SHARE = 0.1;
 const FULL_SHARE = 0.9;
 
+/** What the shard's processes hold per GPU (attribution's), in the listing's order; none before a snapshot includes it. */
+export const heldBy = (shard: ShardRecord, node: NodeView): ShardGpuHolding[] =>
+  [...(node.attribution.holdings.get(shard.id)?.values() ?? [])];
+
 const round2 = (value: number): number => Math.round(value * 100) / 100;
 
 /** The shard's processes worth looking at: its registered process (while it is that one) and the GPU processes attribution gave it. */
 function shardPids(shard: ShardRecord, node: NodeView): number[] {
   const pids = new Set<number>();
   if (shard.pid !== null && statOf(node.snapshot, shard.pid)?.startTime === shard.identity.startTime) pids.add(shard.pid);
-  for (const holding of node.attribution.holdings.get(shard.id)?.values() ?? []) for (const process of holding.processes) pids.add(process.pid);
+  for (const holding of heldBy(shard, node)) for (const process of holding.processes) pids.add(process.pid);
   return [...pids].sort((a, b) => a - b);
 }
 
@@ -57,12 +62,12 @@ function mergeFiles(lists: ModelFile[][]): ModelFile[] {
   return [...byPath.values()];
 }
 
-const sumOrNull = (values: Array<number | null>): number | null => (values.some((value) => value === null) ? null : values.reduce<number>((sum, value) => sum + value!, 0));
+export const sumOrNull = (values: Array<number | null>): number | null => (values.some((value) => value === null) ? null : values.reduce<number>((sum, value) => sum + value!, 0));
 
 /** Memory its processes hold on the GPUs it was given, and on how many; null bytes when one is not reported ([N/A]). */
 function heldOnGiven(shard: ShardRecord, node: NodeView): { bytes: number | null; gpus: number } {
   const given = new Set(placedIndices(shard, node.snapshot.gpus));
-  const held = [...(node.attribution.holdings.get(shard.id)?.values() ?? [])].filter((holding) => given.has(holding.index));
+  const held = heldBy(shard, node).filter((holding) => given.has(holding.index));
   const mib = sumOrNull(held.map((holding) => holding.usedMiB));
   return { bytes: mib === null ? null : mib * MiB, gpus: held.length };
 }

@@ -4,7 +4,7 @@
 import t from 'tap';
 import type { ProcessModelFiles, ModelFile } from '../../src/system/model-files.js';
 import { readiness } from '../../src/shards/readiness.js';
-import { heldVerdict } from '../../src/shards/weights-verdict.js';
+import { heldVerdict } from '../../src/shards/on-cpu-verdict.js';
 import { CONTEXT_ALLOWANCE_BYTES, shardWeights } from '../../src/shards/weights.js';
 import { gpuState } from '../helpers/gpu-state.js';
 import { handMadeView, procStat, shardRecord } from '../helpers/hand-made-view.js';
