@@ -76,7 +76,8 @@ function migUsageOn(shard: ShardRecord, node: NodeView, holding: ShardGpuHolding
   return foreign.flatMap((mig) => {
     const processes = holding.processes.filter((process) => process.migUuid === mig.uuid);
     if (processes.length === 0 && !shard.migDevices?.includes(mig.uuid)) return [];
-    return [{ uuid: mig.uuid, profile: mig.profile, usedMiB: sumOrNull(processes.map((process) => process.usedMiB)), foreignMiB: mig.foreignMiB }];
+    const usedMiB = sumOrNull(processes.map((process) => process.usedMiB));
+    return [{ uuid: mig.uuid, profile: mig.profile, usedMiB, foreignMiB: mig.foreignMiB }];
   });
 }
 

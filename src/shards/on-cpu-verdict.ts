@@ -100,7 +100,8 @@ function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeVi
 
 /** GPUs the shard's processes hold memory on without having been given them, in index order. */
 export function strayGpus(shard: ShardRecord, node: NodeView): number[] {
-  return heldBy(shard, node).map((held) => held.index).filter((index) => !shard.gpus.includes(index)).sort((a, b) => a - b);
+  const held = heldBy(shard, node).map((holding) => holding.index);
+  return held.filter((index) => !shard.gpus.includes(index)).sort((a, b) => a - b);
 }
 
 /** The engine's CUDA device names ("CUDA0"), as its account lists them. */
@@ -147,13 +148,12 @@ function engineNote(shard: ShardRecord, engine: EngineAccount | null, noAccount:
   }
   const backend = 'Its GPU backend probably did not load.';
   if (shard.engine !== 'llama.cpp') return `${backend} ${ON_CPU_ADVICE}`;
-  if (noAccount === 'silent') {
-    return `${backend} The output posted to ${post} says nothing about where llama.cpp computes: post its log at -lv 4 (b9829+ needs it). ${ON_CPU_ADVICE}`;
-  }
-  if (noAccount === 'earlier-run') {
-    return `${backend} The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp -lv 4) to ${post}. ${ON_CPU_ADVICE}`;
-  }
-  return `${backend} Post the engine's log (llama.cpp -lv 4) to ${post} to see what it saw. ${ON_CPU_ADVICE}`;
+  const postIt = {
+    silent: `The output posted to ${post} says nothing about where llama.cpp computes: post its log at -lv 4 (b9829+ needs it).`,
+    'earlier-run': `The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp -lv 4) to ${post}.`,
+    'not-posted': `Post the engine's log (llama.cpp -lv 4) to ${post} to see what it saw.`,
+  }[noAccount];
+  return `${backend} ${postIt} ${ON_CPU_ADVICE}`;
 }
 
 /** Grace over with the `missing` given GPUs not held, as the listing begun at `evidenceAt` shows. */

@@ -146,8 +146,9 @@ export function createRegistration(deps: RegistrationDeps) {
       const stat = await proc.readStat(pid);
       if (stat && !hasExited(stat)) held.push({ ...identityOf(stat), pid });
     }
+    const engines = held.filter((identity) => !SANDBOX_COMMS.has(identity.name));
     // A stable sort: of engine processes started in the same tick, the lowest PID.
-    const engines = held.filter((identity) => !SANDBOX_COMMS.has(identity.name)).sort((a, b) => a.startTime - b.startTime);
+    engines.sort((a, b) => a.startTime - b.startTime);
     const chosen = engines[0] ?? held[0];
     if (chosen !== undefined) return { identity: chosen, overlaps: await overlapsWith(held, true) };
     const give = 'Give the container id or pod UID as /proc/PID/cgroup shows it (with "-" or "_" as the cgroup driver writes it), once the container runs';

@@ -35,7 +35,7 @@ function sameTarget(a: ShardRecord, b: ShardRecord): boolean {
   return sameProcess(a.identity, b.identity);
 }
 
-/** The same target and process: for a cgroup, the same engine process (its identity); a restarted container is another run. */
+/** The same target and process: for a cgroup its engine process, so a restarted container is another run. */
 function sameRun(a: ShardRecord, b: ShardRecord): boolean {
   return a.cgroup === b.cgroup && sameProcess(a.identity, b.identity);
 }
@@ -327,7 +327,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
     },
     engine: (id: string): EngineState | undefined => engines.get(id),
     /** Appends to the shard's tail (`fresh`: begins a new one) and re-reads the account; `ticks`: now, since boot. */
-    appendEngineOutput(id: string, text: string, now: number, ticks: number | null, fresh = false): EngineState | undefined {
+    appendEngineOutput(id: string, text: string, now: number, ticks: number | null, fresh = false) {
       const shard = committed.get(id);
       if (!shard) return undefined;
       const state = engineState(shard.engine, appended(engines.get(id), text, now, ticks, fresh));

@@ -37,7 +37,7 @@ export const CONTEXT_ALLOWANCE_BYTES = 1024 * MiB;
 export const NONE_SHARE = 0.1;
 const FULL_SHARE = 0.9;
 
-/** What the shard's processes hold per GPU (attribution's), in the listing's order; none before a snapshot includes it. */
+/** What the shard's processes hold per GPU, in the listing's order; none before a snapshot includes it. */
 export const heldBy = (shard: ShardRecord, node: NodeView): ShardGpuHolding[] =>
   [...(node.attribution.holdings.get(shard.id)?.values() ?? [])];
 
