@@ -188,7 +188,7 @@ function modelLabel(weights: ShardWeights): string {
 }
 
 /** The warning a partial offload serves with. */
-export function partialWarning(weights: ShardWeights): string {
+function partialWarning(weights: ShardWeights): string {
   const of = weights.bytes === null ? '' : ` of ${formatBytes(weights.bytes)}`;
   return (
     `only about ${percent(weights.gpuShare!)} of its model's weights (${formatBytes(weights.gpuBytes!)}${of}) are on its GPUs: ${weights.note}. ` +
@@ -201,7 +201,7 @@ function notReadyReason(shard: ShardRecord, node: NodeView, weights: ShardWeight
   if (zero) {
     const held = `its processes hold ${heldOnGiven(shard, node).join(', ')}, no more than a CUDA context and compute buffers`;
     const where = weights.hostBytes === null ? 'read without mmap' : `${formatBytes(weights.hostBytes)} of it mapped`;
-    return `placed on ${gpuList(shard.gpus)} but computing on the CPU: ${held}, while ${model} stays in host memory (${where}). ${NGL_ADVICE}`;
+    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${NGL_ADVICE}`;
   }
   const asked = `below the ${percent(shard.minGpuWeightsShare!)} its registration asks (minGpuWeightsShare)`;
   return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${NGL_ADVICE}`;

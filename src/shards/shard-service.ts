@@ -59,8 +59,7 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
     const last = node.peek();
     const procOnly = node.procOnly();
     return {
-      liveness: procOnly?.liveness.get(shard.id),
-      ...(procOnly === null ? {} : { procNow: procOnly.proc }),
+      ...(procOnly === null ? {} : { liveness: procOnly.liveness.get(shard.id), procNow: procOnly.proc }),
       lastGood: last === null ? null : { node: last.node, startedAt: last.view.startedAt, observedAt: last.view.observedAt },
       judgingSince,
     };
