@@ -14,29 +14,22 @@ import { ForeignMemoryResponseSchema } from '../src/schemas/shards.js';
 type Unreachable = readonly UnreachableListedGpu[];
 type Fields = Record<string, unknown>;
 
-/** A body's fields after the snapshot header, derived once per node view and unreachable GPUs, with their ETag content. */
-function perView(build: (node: NodeView, unreachable: Unreachable) => Fields) {
-  const derived = new WeakMap<NodeView, { unreachable: Unreachable; fields: Fields; tag: string }>();
-  return (node: NodeView, unreachable: Unreachable) => {
-    let entry = derived.get(node);
-    if (entry?.unreachable !== unreachable) {
-      const fields = build(node, unreachable);
-      entry = { unreachable, fields, tag: contentTag(fields) };
-      derived.set(node, entry);
-    }
-    return entry;
-  };
-}
-
 const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
+  /** A handler whose body's fields after the snapshot header are derived once per node view and unreachable GPUs, with their ETag content. */
   const answer = (build: (node: NodeView, unreachable: Unreachable) => Fields) => {
-    const fieldsOf = perView(build);
+    const derived = new WeakMap<NodeView, { unreachable: Unreachable; fields: Fields; tag: string }>();
     return async (request: FastifyRequest, reply: FastifyReply) => {
       const current = await node.current();
-      const { fields, tag } = fieldsOf(current.node, node.unreachable());
-      if (conditional(app.services, request, reply, current.view, tag)) return reply.status(304).send();
-      return { ...snapshotMeta(current.view), ...fields };
+      const unreachable = node.unreachable();
+      let entry = derived.get(current.node);
+      if (entry?.unreachable !== unreachable) {
+        const fields = build(current.node, unreachable);
+        entry = { unreachable, fields, tag: contentTag(fields) };
+        derived.set(current.node, entry);
+      }
+      if (conditional(app.services, request, reply, current.view, entry.tag)) return reply.status(304).send();
+      return { ...snapshotMeta(current.view), ...entry.fields };
     };
   };
   app.get(

@@ -30,13 +30,7 @@ const ReadySchema = Type.Object({
  * without it. (kube-apiserver takes the key alone, so its ?verbose=false is verbose too; a monitor
  * that writes ?verbose=false means JSON.) Anything else is a 400 rather than a guess.
  */
-const CHECKLIST = new Map([
-  ['', true],
-  ['true', true],
-  ['1', true],
-  ['false', false],
-  ['0', false],
-]);
+const CHECKLIST = new Map(Object.entries({ '': true, true: true, 1: true, false: false, 0: false }));
 
 /**
  * `warning`: passes, yet the doctor warns about the same (the checklist says so, in the doctor's words).
@@ -98,13 +92,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     return { name: 'state-file', ok: true, detail: answer.warning ? `${stored}, but ${answer.warning.problem} ${answer.warning.fix}` : stored };
   }
 
-  /** The checks; the details of passing ones are only worked out for the checklist (probes skip them). */
-  async function checks(checklist: boolean): Promise<{ checks: Check[]; meta: SnapshotMeta | null }> {
-    const [gpu, stored] = await Promise.all([gpuChecks(checklist), stateFileCheck()]);
-    return { checks: [...gpu.checks, stored], meta: gpu.meta };
-  }
-
-  /** The nvidia-smi and PID namespace checks, from the snapshot. */
+  /** The nvidia-smi and PID namespace checks, from the snapshot; the details of passing ones only for the checklist. */
   async function gpuChecks(checklist: boolean): Promise<{ checks: Check[]; meta: SnapshotMeta | null }> {
     try {
       const { view, node: nodeView } = await node.current({ maxWaitMs: probeBudgetMs });
@@ -159,12 +147,13 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (checklist === undefined) {
         throw new BadRequestError(`Invalid request: querystring/verbose is ${JSON.stringify(verbose)}; none, true or 1: the checklist; false or 0: JSON.`);
       }
-      const result = await checks(checklist);
-      const failed = result.checks.find((check): check is FailedCheck => !check.ok);
+      const [gpu, stored] = await Promise.all([gpuChecks(checklist), stateFileCheck()]);
+      const checks = [...gpu.checks, stored];
+      const failed = checks.find((check): check is FailedCheck => !check.ok);
       // nvidia-smi's check comes first: while its failure is waited out, asking sooner gets this answer.
       if (failed?.retryAfter != null) void reply.header('retry-after', String(failed.retryAfter));
       if (checklist) {
-        const lines = result.checks.map((check) =>
+        const lines = checks.map((check) =>
           check.ok ? `[+]${check.name} ok${check.warning ? ', with a warning' : ''}: ${check.detail}` : `[-]${check.name} failed: ${check.detail}`,
         );
         lines.push(failed ? 'readyz check failed' : 'readyz check passed');
@@ -174,7 +163,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
         return reply.status(503).send({ statusCode: 503, code: failed.code, error: 'Service Unavailable', message: failed.detail });
       }
       // Every check passed, so the snapshot they read is there.
-      return { status: 'ok' as const, ...result.meta! };
+      return { status: 'ok' as const, ...gpu.meta! };
     },
   );
 };

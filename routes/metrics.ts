@@ -11,16 +11,9 @@ const RENDER_REUSE_MS = 1000;
 const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, metrics, probeBudgetMs, registry, now } = app.services;
   const { snapshots } = app.services.node;
-  /** What a rendering depends on besides time, and the rendering. */
-  let cached: { generation: number; failing: boolean; version: number; engineVersion: number; at: number; body: string } | null = null;
-  const failing = () => snapshots.peek()?.failing ?? false;
-  const reusable = (at: number) =>
-    cached !== null &&
-    at - cached.at < RENDER_REUSE_MS &&
-    cached.generation === snapshots.generation &&
-    cached.failing === failing() &&
-    cached.version === registry.version &&
-    cached.engineVersion === registry.engineVersion;
+  /** What a rendering depends on besides time. */
+  const inputs = () => `${snapshots.generation} ${snapshots.peek()?.failing ?? false} ${registry.version} ${registry.engineVersion}`;
+  let cached: { inputs: string; at: number; body: string } | null = null;
   const render = async (at: number): Promise<string> => {
     const [{ states, node }, tokenFile] = await Promise.all([shards.states(probeBudgetMs), app.services.tokenFile?.() ?? null]);
     const lastGood = app.services.node.peek();
@@ -30,7 +23,7 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     metrics.update({ node, ageMs: lastGood ? lastGood.view.ageMs : null, nvidiaSmiUp, lostGpus, shards: states, tokenFile });
     // Keyed after the wait: the refresh it may have waited for is what was rendered.
     const body = await metrics.registry.metrics();
-    cached = { generation: snapshots.generation, failing: failing(), version: registry.version, engineVersion: registry.engineVersion, at, body };
+    cached = { inputs: inputs(), at, body };
     return body;
   };
   app.get(
@@ -46,7 +39,8 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (_request, reply) => {
       const at = now();
-      const body = reusable(at) ? cached!.body : await render(at);
+      const reusable = cached !== null && at - cached.at < RENDER_REUSE_MS && cached.inputs === inputs();
+      const body = reusable ? cached!.body : await render(at);
       return reply.type(metrics.registry.contentType).send(body);
     },
   );

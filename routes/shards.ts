@@ -19,8 +19,6 @@ import { shardBody, type ShardState } from '../src/shards/shard-service.js';
 import { conditional, shardsTag } from '../src/http/conditional.js';
 import { requireContentType } from '../src/http/content-type.js';
 
-export const ENGINE_OUTPUT_MAX_BYTES = 1024 * 1024;
-
 /** Which snapshot a shard answer comes from; when there is none, why (nvidia-smi's failure). */
 function snapshotHeader(view: SnapshotView<unknown> | null, error: string | null) {
   return view ? snapshotMeta(view) : { observedAt: null, ageMs: null, stale: true, staleReason: `no snapshot: ${error}` };
@@ -42,7 +40,6 @@ const stateWrite503 = (timeoutMs: number): string =>
 const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, probeBudgetMs, authorise, stateFile } = app.services;
   const stateWriteAnswers = stateWrite503(stateFile.timeoutMs);
-  const params = ShardParamsSchema;
 
   app.put(
     '/shards/:id',
@@ -57,7 +54,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
           'A replacement for the same process (PID and start time, in the same boot of the node) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
           '409 when another id already holds the same process or cgroup, a cgroup the process runs in, a process the cgroup holds, or, for a PID, a process it descends from or that descends from it (within 4 generations), a member of the process group it leads, or the leader of the group it is in (a PID shard\'s descendants and the group it leads are part of it). ' +
           stateWriteAnswers,
-        params,
+        params: ShardParamsSchema,
         body: RegisterShardSchema,
         response: {
           200: { ...ShardRecordSchema, description: 'Replaced: the shard as stored now.' },
@@ -102,7 +99,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['shards'],
         summary: 'One shard with its state, reason and compute, and the snapshot they come from (as in GET /shards).',
         description: 'Carries an ETag, as GET /shards does, for this shard alone.',
-        params,
+        params: ShardParamsSchema,
         response: { 200: ShardResponseSchema, 304: {}, ...errorResponses(400, 404) },
       },
     },
@@ -123,7 +120,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['shards'],
         summary: 'Remove a shard (204); its series and verdicts disappear.',
         description: stateWriteAnswers,
-        params,
+        params: ShardParamsSchema,
         response: { 204: Type.Null({ description: 'Removed.' }), ...errorResponses(400, 401, 403, 404, 503) },
       },
       onRequest: authorise,
@@ -141,7 +138,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         operationId: 'getShardCompute',
         tags: ['shards'],
         summary: 'Where the shard computes as nvidia-smi sees it: the GPUs its processes hold memory on, strays, and the engine\'s own account.',
-        params,
+        params: ShardParamsSchema,
         response: { 200: ComputeResponseSchema, ...errorResponses(400, 404, 503) },
       },
     },
@@ -159,7 +156,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['shards'],
         summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked, and last saw it ready), 503 when starting, on-cpu, gpu-lost, stopped or exited.',
         description: 'Answers from the cached snapshot within a probe budget well under Kubernetes\' 1 s default timeout.',
-        params,
+        params: ShardParamsSchema,
         response: { 200: ReadyResponseSchema, 503: ReadyResponseSchema, ...errorResponses(400, 404) },
       },
     },
@@ -172,7 +169,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/shards/:id/engine-output',
     {
-      bodyLimit: ENGINE_OUTPUT_MAX_BYTES,
+      bodyLimit: 1024 * 1024, // the 1 MiB of the summary
       schema: {
         operationId: 'postEngineOutput',
         tags: ['shards'],
@@ -182,7 +179,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
           "Lines may keep the prefixes a log pipeline adds: Kubernetes' container log files (`<time> stderr F `), docker compose's `name-1  | `, journald, timestamps, ANSI colours. " +
           'For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once. ' +
           'The body is UTF-8 text, sent as it is: a Content-Encoding other than identity (gzip, say) or a charset other than UTF-8 or US-ASCII is refused (415), since it would be kept mangled.',
-        params,
+        params: ShardParamsSchema,
         body: Type.String({ description: "The engine's output, as text." }),
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },
       },

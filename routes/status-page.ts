@@ -7,13 +7,18 @@
 import { hostname } from 'node:os';
 import { Type } from '@sinclair/typebox';
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
-import { prefersHtml } from '../src/http/accept.js';
+import Negotiator from 'negotiator';
 import { setHtmlHeaders, STATUS_PAGE_CSP } from '../src/http/html-headers.js';
 import { ErrorSchema, StringEnum } from '../src/schemas/common.js';
 import { renderHtml } from '../src/status-page/html.js';
 import { statusModel } from '../src/status-page/model.js';
 import { renderText } from '../src/status-page/text.js';
 import { VERSION } from '../src/version.js';
+
+/** Only a client that prefers text/html strictly over text/plain (a browser) gets HTML; ties, no Accept and curl's wildcard get text. */
+export function prefersHtml(accept: string | undefined): boolean {
+  return !!accept && new Negotiator({ headers: { accept } }).mediaType(['text/plain', 'text/html']) === 'text/html';
+}
 
 const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, probeBudgetMs, now, config, node } = app.services;

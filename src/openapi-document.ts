@@ -5,9 +5,7 @@
 import type { OpenAPIV3_1 } from 'openapi-types';
 import { ErrorComponent } from './schemas/common.js';
 
-const WRITE_METHODS = ['put', 'post', 'delete'] as const;
-
-export const BEARER_SCHEME: OpenAPIV3_1.HttpSecurityScheme = {
+const BEARER_SCHEME: OpenAPIV3_1.HttpSecurityScheme = {
   type: 'http',
   scheme: 'bearer',
   description:
@@ -46,23 +44,21 @@ const HEADERS = {
 
 const header = (name: keyof typeof HEADERS): OpenAPIV3_1.ReferenceObject => ({ $ref: `#/components/headers/${name}` });
 const conditionalHeaders = () => ({ ETag: header('ETag'), 'Cache-Control': header('CacheControl') });
-const retryAfterHeader = () => ({ 'Retry-After': header('NvidiaSmiRetryAfter') });
-const stateRetryAfterHeader = () => ({ 'Retry-After': header('StateRetryAfter') });
-const ifNoneMatch = (): OpenAPIV3_1.ReferenceObject => ({ $ref: '#/components/parameters/IfNoneMatch' });
 
 type Operation = OpenAPIV3_1.OperationObject;
 
 function completeOperation(path: string, method: string, operation: Operation): void {
-  const write = (WRITE_METHODS as readonly string[]).includes(method);
+  const write = ['put', 'post', 'delete'].includes(method);
   if (write) operation.security = [{ bearer: [] }];
   const responses = operation.responses;
   // A read's 503 with the error body is an nvidia-smi failure, and so can /readyz's be (its checklist
   // is another body); a write's is the state file's.
   const unavailable = responses?.['503'] as OpenAPIV3_1.ResponseObject | undefined;
-  if (unavailable && ((method === 'get' && unavailable.description === ErrorComponent.description) || path === '/readyz')) unavailable.headers = retryAfterHeader();
-  if (unavailable && write) unavailable.headers = stateRetryAfterHeader();
+  const smiFailure = (method === 'get' && unavailable?.description === ErrorComponent.description) || path === '/readyz';
+  if (unavailable && smiFailure) unavailable.headers = { 'Retry-After': header('NvidiaSmiRetryAfter') };
+  if (unavailable && write) unavailable.headers = { 'Retry-After': header('StateRetryAfter') };
   if (!responses?.['304']) return;
-  operation.parameters = [...(operation.parameters ?? []), ifNoneMatch()];
+  operation.parameters = [...(operation.parameters ?? []), { $ref: '#/components/parameters/IfNoneMatch' }];
   responses['304'] = { description: 'Not Modified: the If-None-Match tag is current. No body.', headers: conditionalHeaders() };
   const ok = responses['200'] as OpenAPIV3_1.ResponseObject | undefined;
   if (ok) ok.headers = { ...ok.headers, ...conditionalHeaders() };

@@ -37,12 +37,6 @@ export function shardsTag(states: ShardState[]): string {
   );
 }
 
-/** The opaque tag, quoted, without the weak prefix: the content, "-x" while refreshes fail, "-s" while one is far slower than usual. */
-export function etagFor(view: SnapshotView<unknown>, content: string): string {
-  const trouble = !view.stale ? '' : view.failing ? '-x' : view.slow ? '-s' : '';
-  return `"${content}${trouble}"`;
-}
-
 /** Weak comparison (RFC 9110 13.1.2), the one If-None-Match uses. */
 function matches(header: string | undefined, etag: string): boolean {
   if (!header) return false;
@@ -52,7 +46,8 @@ function matches(header: string | undefined, etag: string): boolean {
 
 /** Sets ETag and Cache-Control; true when the client's copy is current (answer 304). */
 export function conditional(services: Services, request: FastifyRequest, reply: FastifyReply, view: SnapshotView<unknown>, content: string): boolean {
-  const etag = etagFor(view, content);
+  // Opaque and quoted, without the weak prefix: "-x" marks it while refreshes fail, "-s" while one is far slower than usual.
+  const etag = `"${content}${!view.stale ? '' : view.failing ? '-x' : view.slow ? '-s' : ''}"`;
   // A stale view (expired, or taken before the registry changed) is worth no caching at all.
   const remainingMs = view.stale ? 0 : Math.max(0, services.config.cacheTtlMs - view.ageMs);
   reply.header('etag', `W/${etag}`);

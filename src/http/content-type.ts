@@ -8,14 +8,6 @@ import { UnsupportedMediaTypeError } from '../errors.js';
 /** The charsets a body is read in as it is: UTF-8 (also spelt utf8) and its subset US-ASCII. */
 const READ_AS_UTF8 = new Set(['utf-8', 'utf8', 'us-ascii']);
 
-/** The content codings a Content-Encoding header names other than identity. */
-function codingsOf(header: string | undefined): string[] {
-  return (header ?? '')
-    .split(',')
-    .map((coding) => coding.trim())
-    .filter((coding) => coding !== '' && coding.toLowerCase() !== 'identity');
-}
-
 /** An onRequest hook: refuses, before the body is read, a body of another type, encoded or in another charset. */
 export function requireContentType(expected: 'application/json' | 'text/plain', example: string) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
@@ -24,7 +16,10 @@ export function requireContentType(expected: 'application/json' | 'text/plain', 
     if (type !== expected) {
       throw new UnsupportedMediaTypeError(`This endpoint takes ${expected}, not "${header || 'no content type'}". Example: ${example}`);
     }
-    const codings = codingsOf(request.headers['content-encoding']);
+    const codings = (request.headers['content-encoding'] ?? '')
+      .split(',')
+      .map((coding) => coding.trim())
+      .filter((coding) => coding !== '' && coding.toLowerCase() !== 'identity');
     if (codings.length > 0) {
       reply.header('accept-encoding', 'identity');
       throw new UnsupportedMediaTypeError(

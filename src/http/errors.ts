@@ -5,22 +5,9 @@
 import { STATUS_CODES } from 'node:http';
 import type { Socket } from 'node:net';
 import type { FastifyError } from 'fastify';
-import {
-  BadRequestError,
-  ForbiddenError,
-  PreconditionFailedError,
-  RangeNotSatisfiableError,
-  type CodedError,
-} from '../errors.js';
+import { BadRequestError } from '../errors.js';
 
-export interface ErrorBody {
-  statusCode: number;
-  code: string;
-  error: string;
-  message: string;
-}
-
-export function errorBody(statusCode: number, code: string, message: string): ErrorBody {
+export function errorBody(statusCode: number, code: string, message: string) {
   return { statusCode, code, error: String(STATUS_CODES[statusCode]), message };
 }
 
@@ -52,25 +39,16 @@ function describeValidation(err: FastifyError): string {
   return `${where} ${first.message}${rule ? ` (${rule})` : ''}`;
 }
 
-/** The 4xx that the /docs files' server raises without a code, by status; `where` is the method and path. */
-const UNCODED_CLIENT_ERRORS: Record<number, (where: string, detail: string) => CodedError> = {
-  400: (where, detail) =>
-    new BadRequestError(`${where} is malformed (${detail}): a path may hold no NUL byte (%00), and its percent-encoding must be valid. Fix the URL.`),
-  403: (where) =>
-    new ForbiddenError(`${where} is refused: a path climbing out of its folder with ".." (encoded or not) is never served. Ask for the file by its own path.`),
-  412: (where) =>
-    new PreconditionFailedError(`${where}: the file is not the copy the If-Match or If-Unmodified-Since header names. Fetch it again without that header.`),
-  416: (where) =>
-    new RangeNotSatisfiableError(`${where}: the Range header asks for bytes the file does not have. Fetch it without Range, or within its Content-Length.`),
+/** The messages of the 4xx that the /docs files' server raises without a code, by status; `where` is the method and path. */
+const UNCODED_CLIENT_ERRORS: Record<number, (where: string, detail: string) => string> = {
+  400: (where, detail) => `${where} is malformed (${detail}): a path may hold no NUL byte (%00), and its percent-encoding must be valid. Fix the URL.`,
+  403: (where) => `${where} is refused: a path climbing out of its folder with ".." (encoded or not) is never served. Ask for the file by its own path.`,
+  412: (where) => `${where}: the file is not the copy the If-Match or If-Unmodified-Since header names. Fetch it again without that header.`,
+  416: (where) => `${where}: the Range header asks for bytes the file does not have. Fetch it without Range, or within its Content-Length.`,
 };
 
-/** The code of any other uncoded 4xx: its status text, as errors.ts names codes (416: NODECOMPUTE_RANGE_NOT_SATISFIABLE). */
-function codeOfStatus(status: number): string {
-  return `NODECOMPUTE_${String(STATUS_CODES[status]).toUpperCase().replace(/[^A-Z0-9]+/g, '_')}`;
-}
-
 /** A Fastify error as a coded body; null for a 5xx, which is a bug of ours. */
-export function fastifyErrorBody(err: FastifyError, request: { method: string; url: string }): ErrorBody | null {
+export function fastifyErrorBody(err: FastifyError, request: { method: string; url: string }): ReturnType<typeof errorBody> | null {
   const status = err.statusCode ?? 500;
   if (err.validation) {
     return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err)}. See /docs for the expected shape.`);
@@ -87,9 +65,10 @@ export function fastifyErrorBody(err: FastifyError, request: { method: string; u
   if (mapped) return errorBody(...mapped);
   if (status < 400 || status >= 500) return null;
   const where = `${request.method} ${request.url.split('?')[0]}`;
-  const uncoded = UNCODED_CLIENT_ERRORS[status]?.(where, err.message);
-  if (uncoded) return errorBody(status, uncoded.code, uncoded.message);
-  return errorBody(status, codeOfStatus(status), `${where} was refused (${err.message}). Check it against the API at /docs and /openapi.json.`);
+  // The code is the status text, as errors.ts names codes (416: NODECOMPUTE_RANGE_NOT_SATISFIABLE).
+  const code = `NODECOMPUTE_${String(STATUS_CODES[status]).toUpperCase().replace(/[^A-Z0-9]+/g, '_')}`;
+  const message = UNCODED_CLIENT_ERRORS[status]?.(where, err.message);
+  return errorBody(status, code, message ?? `${where} was refused (${err.message}). Check it against the API at /docs and /openapi.json.`);
 }
 
 /** Fastify says "not valid JSON" both for a syntax error and for a refused "__proto__" key: this says which. */
@@ -106,32 +85,20 @@ export function whyNotJson(err: FastifyError, body: string): Error {
 }
 
 /** Node's client errors that get an answer of their own, with the status Node itself would give them. */
-const CLIENT_ERRORS: Record<string, { status: number; code: string; message: string }> = {
-  HPE_HEADER_OVERFLOW: {
-    status: 431,
-    code: 'NODECOMPUTE_HEADERS_TOO_LARGE',
-    message: 'The request headers are larger than this server accepts (16 KiB in all, Node\'s limit): send fewer or shorter headers.',
-  },
-  ERR_HTTP_REQUEST_TIMEOUT: {
-    status: 408,
-    code: 'NODECOMPUTE_REQUEST_TIMEOUT',
-    message: 'The request was not completed within 30 s: send the whole body its Content-Length promised, or retry.',
-  },
-  HPE_INVALID_METHOD: {
-    status: 400,
-    code: 'NODECOMPUTE_BAD_REQUEST',
-    message: 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT); see /docs.',
-  },
+const CLIENT_ERRORS: Record<string, [status: number, code: string, message: string]> = {
+  HPE_HEADER_OVERFLOW: [431, 'NODECOMPUTE_HEADERS_TOO_LARGE', 'The request headers are larger than this server accepts (16 KiB in all, Node\'s limit): send fewer or shorter headers.'],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, 'NODECOMPUTE_REQUEST_TIMEOUT', 'The request was not completed within 30 s: send the whole body its Content-Length promised, or retry.'],
+  HPE_INVALID_METHOD: [400, 'NODECOMPUTE_BAD_REQUEST', 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT); see /docs.'],
 };
 
 /** Malformed HTTP never reaches a route: it is answered on the socket, coded, and the connection closed. */
 export function writeClientError(err: NodeJS.ErrnoException, socket: Socket): void {
   if (!socket.writable) return;
-  const { status, code, message } = CLIENT_ERRORS[String(err.code)] ?? {
-    status: 400,
-    code: 'NODECOMPUTE_BAD_REQUEST',
-    message: `The request is not valid HTTP (${err.code}): check Content-Length and Transfer-Encoding, and send the whole body.`,
-  };
+  const [status, code, message] = CLIENT_ERRORS[String(err.code)] ?? [
+    400,
+    'NODECOMPUTE_BAD_REQUEST',
+    `The request is not valid HTTP (${err.code}): check Content-Length and Transfer-Encoding, and send the whole body.`,
+  ];
   const body = JSON.stringify(errorBody(status, code, message));
   const head = [`HTTP/1.1 ${status} ${STATUS_CODES[status]}`, 'Connection: close', 'Content-Type: application/json; charset=utf-8', `Content-Length: ${Buffer.byteLength(body)}`];
   socket.end([...head, '', body].join('\r\n'));

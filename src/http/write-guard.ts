@@ -2,15 +2,10 @@
 // (Origin, or Sec-Fetch-Site cross-site or same-site) is refused, token or not. A write trusted for
 // coming from loopback must also name a loopback Host or an allowed one, so DNS rebinding cannot
 // borrow that trust. curl, control planes and the Kubernetes hooks send no Origin and a Host that passes.
-import { CrossOriginError, HostNotAllowedError, type CodedError } from '../errors.js';
+import type { IncomingHttpHeaders } from 'node:http';
+import { CrossOriginError, HostNotAllowedError } from '../errors.js';
 
-export type BrowserRefusal = { reason: 'cross-origin' | 'foreign-host'; error: CodedError };
-
-interface WriteHeaders {
-  host?: string | undefined;
-  origin?: string | undefined;
-  'sec-fetch-site'?: string | string[] | undefined;
-}
+type WriteHeaders = Pick<IncomingHttpHeaders, 'host' | 'origin' | 'sec-fetch-site'>;
 
 /** The hostname of a Host header or an origin's authority, lower-case, without port or IPv6 brackets. */
 export function hostnameOf(authority: string): string {
@@ -42,11 +37,11 @@ function crossOrigin(headers: WriteHeaders): string | null {
  * The refusal of a write a browser could have sent on a page's behalf; null for one it could not.
  * `loopbackTrust`: the write is accepted for coming from loopback (no token is configured).
  */
-export function browserRefusal(headers: WriteHeaders, loopbackTrust: boolean, allowedHosts: readonly string[]): BrowserRefusal | null {
+export function browserRefusal(headers: WriteHeaders, loopbackTrust: boolean, allowedHosts: readonly string[]) {
   const named = crossOrigin(headers);
   if (named !== null) {
     return {
-      reason: 'cross-origin',
+      reason: 'cross-origin' as const,
       error: new CrossOriginError(
         `This write came from a web page of another origin (${named}), and no web page may change shards: send it from a program (curl, a controller).`,
       ),
@@ -56,7 +51,7 @@ export function browserRefusal(headers: WriteHeaders, loopbackTrust: boolean, al
   const name = hostnameOf(headers.host);
   if (isLoopbackName(name) || allowedHosts.includes(name)) return null;
   return {
-    reason: 'foreign-host',
+    reason: 'foreign-host' as const,
     error: new HostNotAllowedError(
       `This write came from loopback but names the host "${headers.host}", not localhost, 127.0.0.1 or [::1] (no token is configured: DNS rebinding). ` +
         "Send it to localhost, add the name to NODECOMPUTE_ALLOWED_HOSTS (--allowed-hosts) if it is this node's, or configure NODECOMPUTE_TOKEN_FILE.",

@@ -34,7 +34,6 @@ export const ErrorComponent = Type.Object(
 );
 /** The error body, as routes name it: a reference to the Error component. */
 export const ErrorSchema = Ref(ErrorComponent);
-export type ErrorBody = Static<typeof ErrorComponent>;
 
 /** The snapshot behind a GPU or compute answer: its fields, the same in each (`allOf` with SnapshotMeta). */
 export const SnapshotMetaComponent = Type.Object(

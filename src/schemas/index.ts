@@ -4,43 +4,31 @@
 // @fastify/swagger writes them out in this order.
 import type { TSchema } from '@sinclair/typebox';
 import type { FastifyInstance } from 'fastify';
-import { ErrorComponent, SnapshotMetaComponent } from './common.js';
-import { GpuComponent, GpuEventsComponent, GpuProcessComponent, GpuUnreachableComponent, LostGpuComponent, LostGpusComponent, MigDeviceComponent } from './gpus.js';
-import {
-  EngineAccountComponent,
-  ForeignMemoryGpuComponent,
-  ModelFileComponent,
-  ReadinessComponent,
-  ReadinessProbeComponent,
-  ShardComputeComponent,
-  ShardGpuUsageComponent,
-  ShardRecordComponent,
-  ShardSnapshotComponent,
-  ShardStatusComponent,
-  ShardWeightsComponent,
-} from './shards.js';
+import * as common from './common.js';
+import * as gpus from './gpus.js';
+import * as shards from './shards.js';
 
 export const COMPONENTS: readonly TSchema[] = [
-  ErrorComponent,
-  SnapshotMetaComponent,
-  GpuComponent,
-  GpuProcessComponent,
-  GpuUnreachableComponent,
-  GpuEventsComponent,
-  MigDeviceComponent,
-  LostGpuComponent,
-  LostGpusComponent,
-  ForeignMemoryGpuComponent,
-  ShardRecordComponent,
-  ShardStatusComponent,
-  ShardSnapshotComponent,
-  ReadinessComponent,
-  ReadinessProbeComponent,
-  ShardComputeComponent,
-  ShardGpuUsageComponent,
-  ShardWeightsComponent,
-  ModelFileComponent,
-  EngineAccountComponent,
+  common.ErrorComponent,
+  common.SnapshotMetaComponent,
+  gpus.GpuComponent,
+  gpus.GpuProcessComponent,
+  gpus.GpuUnreachableComponent,
+  gpus.GpuEventsComponent,
+  gpus.MigDeviceComponent,
+  gpus.LostGpuComponent,
+  gpus.LostGpusComponent,
+  shards.ForeignMemoryGpuComponent,
+  shards.ShardRecordComponent,
+  shards.ShardStatusComponent,
+  shards.ShardSnapshotComponent,
+  shards.ReadinessComponent,
+  shards.ReadinessProbeComponent,
+  shards.ShardComputeComponent,
+  shards.ShardGpuUsageComponent,
+  shards.ShardWeightsComponent,
+  shards.ModelFileComponent,
+  shards.EngineAccountComponent,
 ];
 
 /** Adds every component to the app, once, before the routes that name them. */

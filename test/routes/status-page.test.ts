@@ -16,7 +16,7 @@ import { colourClass, shardHue } from '../../src/status-page/colours.js';
 import { renderHtml } from '../../src/status-page/html.js';
 import { statusModel } from '../../src/status-page/model.js';
 import { renderText, TEXT_BAR_WIDTH } from '../../src/status-page/text.js';
-import { prefersHtml } from '../../src/http/accept.js';
+import { prefersHtml } from '../../routes/status-page.js';
 import { buildTestApp, manualClock, settle as settleRefresh, spawnShardProcess, type ShardProcess } from '../helpers/app.js';
 import { driverQueries, failDriver, IDLE_SM_NOTE, NO_GPUS_SAID, REFRESH_FAILED_SAID, UNREACHABLE_SAID } from '../helpers/backend.js';
 import { eightGpuNode, idleEightGpuNode, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
