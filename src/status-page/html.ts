@@ -4,12 +4,12 @@ import { formatMemoryUse } from '../memory-size.js';
 import { gpuUnreachable, saidOfBusId } from '../node-state/gpu-roster.js';
 import { READINESS_STATES } from '../shards/verdict.js';
 import { colourClass } from './colours.js';
-import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type ShardRow, type StatusModel } from './model.js';
-import { CSS } from './styles.js';
 import {
-  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, missingSince, NOT_PLACED, OUTAGE_MEANING, snapshotLine, summary,
-  unreachableNote, when,
-} from './wording.js';
+  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, missingSince, NOT_PLACED, OUTAGE_MEANING,
+  processLabel, snapshotLine, summary, unreachableNote, when, widthOf,
+  type GpuModel, type LostGpuModel, type Segment, type ShardRow, type StatusModel,
+} from './model.js';
+import { CSS } from './styles.js';
 
 /** Seconds between the page's own reloads (meta refresh). */
 const REFRESH_SECONDS = 5;

@@ -2,10 +2,10 @@
 // node are replaced, so no process name can send escape sequences.
 import { formatMemoryUse } from '../memory-size.js';
 import { gpuUnreachable } from '../node-state/gpu-roster.js';
-import { processLabel, widthOf, type GpuModel, type LostGpuModel, type Segment, type SegmentKind, type StatusModel } from './model.js';
 import {
-  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, NOT_PLACED, OUTAGE_MEANING, snapshotLine, summary, unreachableNote,
-} from './wording.js';
+  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, NOT_PLACED, OUTAGE_MEANING, processLabel,
+  snapshotLine, summary, unreachableNote, widthOf, type GpuModel, type LostGpuModel, type Segment, type SegmentKind, type StatusModel,
+} from './model.js';
 
 /** Terminal-safe: control characters from the node become '?'. */
 function plain(text: string): string {
@@ -28,13 +28,9 @@ function textBar(segments: Segment[]): string {
   const total = segments.reduce((sum, segment) => sum + widthOf(segment), 0);
   const exact = segments.map((segment) => (widthOf(segment) / total) * TEXT_BAR_WIDTH);
   const cells = exact.map(Math.floor);
-  let left = TEXT_BAR_WIDTH - cells.reduce((sum, n) => sum + n, 0);
+  const left = TEXT_BAR_WIDTH - cells.reduce((sum, n) => sum + n, 0);
   const byRemainder = exact.map((value, i) => ({ i, rest: value - Math.floor(value) })).sort((a, b) => b.rest - a.rest);
-  for (const { i } of byRemainder) {
-    if (left === 0) break;
-    cells[i]! += 1;
-    left -= 1;
-  }
+  for (const { i } of byRemainder.slice(0, left)) cells[i]! += 1;
   return `[${segments.map((segment, i) => BAR_CHAR[segment.kind].repeat(cells[i]!)).join('')}]`;
 }
 
