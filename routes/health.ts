@@ -9,27 +9,16 @@ import { BadRequestError, cannotStoreMessage, isCodedError } from '../src/errors
 import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
 import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js';
 import { retryAfterSeconds, type SnapshotView } from '../src/node-state/snapshot.js';
-import { ErrorSchema } from '../src/schemas/common.js';
+import { ErrorSchema, Ref, SnapshotMetaComponent } from '../src/schemas/common.js';
 
 const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) }, { description: 'The process answers.' });
-const ReadySchema = Type.Object({
-  status: Type.Literal('ok', { description: 'ok: nvidia-smi answers, its PIDs are visible in /proc, and registrations can be stored.' }),
-  observedAt: Type.String({ format: 'date-time', description: 'When the snapshot behind this answer was taken.' }),
-  ageMs: Type.Integer({ description: 'Its age in milliseconds.' }),
-  stale: Type.Boolean({ description: 'True when it is older than the cache TTL or than the latest registration change; staleReason says why.' }),
-  staleReason: Type.Optional(
-    Type.String({
-      description:
-        'Why it is stale: a refresh under way, or the last refresh failed and this is the last good snapshot (served until it is older than max-stale). Present only when stale.',
-    }),
-  ),
-});
+const ReadySchema = Type.Intersect([
+  Type.Object({ status: Type.Literal('ok', { description: 'ok: nvidia-smi answers, its PIDs are visible in /proc, and registrations can be stored.' }) }),
+  Ref(SnapshotMetaComponent),
+]);
 
-/**
- * ?verbose values. Present without a value, empty, true or 1: the checklist; false or 0: JSON, as
- * without it. (kube-apiserver takes the key alone, so its ?verbose=false is verbose too; a monitor
- * that writes ?verbose=false means JSON.) Anything else is a 400 rather than a guess.
- */
+// ?verbose values: without a value, empty, true or 1: the checklist; false or 0: JSON (what a monitor writing
+// ?verbose=false means, though kube-apiserver takes the key alone). Anything else is a 400 rather than a guess.
 const CHECKLIST = new Map(Object.entries({ '': true, true: true, 1: true, false: false, 0: false }));
 
 /**
@@ -71,17 +60,12 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     const missing = listed.filter((pid) => snapshot.proc.get(pid) == null);
     const found = describeListedPids(listed.length, missing, proc.root);
     if (missing.length === 0) return { name, ok: true, detail: found };
-    if (missing.length === listed.length) {
-      return {
-        name,
-        ok: true,
-        warning: true,
-        detail:
-          `${found}; none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
-          'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.',
-      };
-    }
-    return { name, ok: true, warning: true, detail: `${found}. Readiness does not depend on it; what to do: ${SOME_PIDS_MISSING_FIX}` };
+    const detail =
+      missing.length === listed.length
+        ? `${found}; none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
+          'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.'
+        : `${found}. Readiness does not depend on it; what to do: ${SOME_PIDS_MISSING_FIX}`;
+    return { name, ok: true, warning: true, detail };
   }
 
   /** Whether a registration can be stored: the last answer, looked at again in the background (state-file.ts). */

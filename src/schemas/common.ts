@@ -3,13 +3,10 @@
 // (`XComponent`, with an `$id`), registered once (index.ts) and named elsewhere with Ref ($ref).
 import { Type, type Static, type TSchema, type TUnsafe } from '@sinclair/typebox';
 
-/**
- * A reference (`$ref`) to a component, typed as the component. `options` may only carry a
- * description: the document drops a $ref's siblings, so a response's own description is all it is for.
- */
-export function Ref<T extends TSchema>(component: T, options?: { description: string }): TUnsafe<Static<T>> {
+/** A reference (`$ref`) to a component, typed as the component. */
+export function Ref<T extends TSchema>(component: T): TUnsafe<Static<T>> {
   if (component.$id === undefined) throw new TypeError('Ref: the component has no $id');
-  return Type.Unsafe<Static<T>>(Type.Ref(component.$id, options));
+  return Type.Unsafe<Static<T>>(Type.Ref(component.$id));
 }
 
 /**
