@@ -32,14 +32,12 @@ function readyBody(state: ShardState) {
   return { shard: state.shard.id, ...state.readiness, observedAt: state.observedAt === null ? null : new Date(state.observedAt).toISOString() };
 }
 
-/** What a change's 503 means: the state file could not take it within `timeoutMs` (registry.ts). */
-const stateWrite503 = (timeoutMs: number): string =>
-  `503 NODECOMPUTE_STATE_WRITE_FAILED when the state file cannot be written (nothing was changed); 503 NODECOMPUTE_STATE_WRITE_PENDING when the change was not stored ${timeoutMs / 1000} s ` +
-  'after the request came (a slow volume, or one that does not answer): not acknowledged, yet it may still be stored once its write lands. Repeating the same request is safe either way (a repeated DELETE that answers 404 means the first one was stored).';
-
 const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, probeBudgetMs, authorise, stateFile } = app.services;
-  const stateWriteAnswers = stateWrite503(stateFile.timeoutMs);
+  /** What a change's 503 means: the state file could not take it within its timeout (registry.ts). */
+  const stateWriteAnswers =
+    `503 NODECOMPUTE_STATE_WRITE_FAILED when the state file cannot be written (nothing was changed); 503 NODECOMPUTE_STATE_WRITE_PENDING when the change was not stored ${stateFile.timeoutMs / 1000} s ` +
+    'after the request came (a slow volume, or one that does not answer): not acknowledged, yet it may still be stored once its write lands. Repeating the same request is safe either way (a repeated DELETE that answers 404 means the first one was stored).';
 
   app.put(
     '/shards/:id',

@@ -22,7 +22,6 @@ export function prefersHtml(accept: string | undefined): boolean {
 
 const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, probeBudgetMs, now, config, node } = app.services;
-  const { snapshots } = node;
   const host = hostname();
   app.get(
     '/',
@@ -53,7 +52,7 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
     async (request, reply) => {
       const result = await shards.states(probeBudgetMs);
       // Without a snapshot to serve, the one cached (past max-stale) still dates the outage and names the lost GPUs: a look, not a run.
-      const lastGood = result.view === null ? snapshots.peek() : null;
+      const lastGood = result.view === null ? node.snapshots.peek() : null;
       const model = statusModel({ ...result, unreachable: node.unreachable(), lastGood, maxStaleMs: config.maxStaleMs, host, version: VERSION, now: now() });
       const html = request.query.format === undefined ? prefersHtml(request.headers.accept) : request.query.format === 'html';
       reply.header('vary', 'Accept').header('cache-control', 'no-store');
