@@ -16,7 +16,8 @@ type Fields = Record<string, unknown>;
 
 const gpusRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node } = app.services;
-  /** A handler whose body's fields after the snapshot header are derived once per node view and unreachable GPUs, with their ETag content. */
+  // A handler: the body's fields after the snapshot header, with their ETag content, are derived once
+  // per node view and unreachable GPUs.
   const answer = (build: (node: NodeView, unreachable: Unreachable) => Fields) => {
     const derived = new WeakMap<NodeView, { unreachable: Unreachable; fields: Fields; tag: string }>();
     return async (request: FastifyRequest, reply: FastifyReply) => {

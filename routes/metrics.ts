@@ -12,7 +12,8 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, metrics, probeBudgetMs, registry, now } = app.services;
   const { snapshots } = app.services.node;
   /** What a rendering depends on besides time. */
-  const inputs = () => `${snapshots.generation} ${snapshots.peek()?.failing ?? false} ${registry.version} ${registry.engineVersion}`;
+  const inputs = () =>
+    `${snapshots.generation} ${snapshots.peek()?.failing ?? false} ${registry.version} ${registry.engineVersion}`;
   let cached: { inputs: string; at: number; body: string } | null = null;
   const render = async (at: number): Promise<string> => {
     const [{ states, node }, tokenFile] = await Promise.all([shards.states(probeBudgetMs), app.services.tokenFile?.() ?? null]);

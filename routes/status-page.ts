@@ -15,7 +15,7 @@ import { statusModel } from '../src/status-page/model.js';
 import { renderText } from '../src/status-page/text.js';
 import { VERSION } from '../src/version.js';
 
-/** Only a client that prefers text/html strictly over text/plain (a browser) gets HTML; ties, no Accept and curl's wildcard get text. */
+/** Only a client that prefers text/html strictly over text/plain (a browser) gets HTML; ties, no Accept, curl: text. */
 export function prefersHtml(accept: string | undefined): boolean {
   return !!accept && new Negotiator({ headers: { accept } }).mediaType(['text/plain', 'text/html']) === 'text/html';
 }

@@ -46,7 +46,7 @@ function matches(header: string | undefined, etag: string): boolean {
 
 /** Sets ETag and Cache-Control; true when the client's copy is current (answer 304). */
 export function conditional(services: Services, request: FastifyRequest, reply: FastifyReply, view: SnapshotView<unknown>, content: string): boolean {
-  // Opaque and quoted, without the weak prefix: "-x" marks it while refreshes fail, "-s" while one is far slower than usual.
+  // Quoted, without the weak prefix: "-x" marks it while refreshes fail, "-s" while one is far slower than usual.
   const etag = `"${content}${!view.stale ? '' : view.failing ? '-x' : view.slow ? '-s' : ''}"`;
   // A stale view (expired, or taken before the registry changed) is worth no caching at all.
   const remainingMs = view.stale ? 0 : Math.max(0, services.config.cacheTtlMs - view.ageMs);

@@ -48,7 +48,7 @@ const UNCODED_CLIENT_ERRORS: Record<number, (where: string, detail: string) => s
 };
 
 /** A Fastify error as a coded body; null for a 5xx, which is a bug of ours. */
-export function fastifyErrorBody(err: FastifyError, request: { method: string; url: string }): ReturnType<typeof errorBody> | null {
+export function fastifyErrorBody(err: FastifyError, request: { method: string; url: string }) {
   const status = err.statusCode ?? 500;
   if (err.validation) {
     return errorBody(400, 'NODECOMPUTE_BAD_REQUEST', `Invalid request: ${describeValidation(err)}. See /docs for the expected shape.`);
