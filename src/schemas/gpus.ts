@@ -1,5 +1,5 @@
 // Owns the schema of the GPU view (GET /gpus): each GPU with its memory and the processes on it.
-import { Type, type Static } from '@sinclair/typebox';
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { Nullable, Ref, SnapshotMetaComponent } from './common.js';
 
 const MiB = (description: string) => Nullable(Type.Integer({ minimum: 0 }), `${description} in MiB; null when nvidia-smi reports it as [N/A] or [Insufficient Permissions].`);
@@ -116,14 +116,12 @@ export const LostGpusComponent = Type.Array(Ref(LostGpuComponent), {
     'GPUs nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
 });
 
-export const GpusResponseSchema = Type.Intersect(
-  [
-    Ref(SnapshotMetaComponent),
-    Type.Object({
-      gpus: Type.Array(Ref(GpuComponent), { description: 'Every GPU nvidia-smi sees, by index.' }),
-      lostGpus: Ref(LostGpusComponent),
-    }),
-  ],
-  { description: 'The GPUs of this node and the processes on them.' },
-);
+/** An answer per GPU (GET /gpus, GET /gpus/foreign-memory): the snapshot, one `gpu` per GPU, and the GPUs lost. */
+export const perGpuAnswer = <T extends TSchema>(gpu: T, gpus: string, description: string) =>
+  Type.Intersect(
+    [Ref(SnapshotMetaComponent), Type.Object({ gpus: Type.Array(Ref(gpu), { description: gpus }), lostGpus: Ref(LostGpusComponent) })],
+    { description },
+  );
+
+export const GpusResponseSchema = perGpuAnswer(GpuComponent, 'Every GPU nvidia-smi sees, by index.', 'The GPUs of this node and the processes on them.');
 export type GpusResponse = Static<typeof GpusResponseSchema>;

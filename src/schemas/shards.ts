@@ -5,11 +5,11 @@ import { ENGINES } from '../shards/shard.js';
 import { READINESS_STATES, VERDICT_CAUSES } from '../shards/verdict.js';
 import { OFFLOADS } from '../shards/weights.js';
 import { Nullable, NullableStringEnum, Ref, SnapshotMetaComponent, StringEnum } from './common.js';
-import { GpuUnreachableComponent, LostGpusComponent } from './gpus.js';
+import { GpuUnreachableComponent, perGpuAnswer } from './gpus.js';
 
-export const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
-export const MAX_PID = 4_194_304;
-export const MAX_GPU_INDEX = 63;
+const SHARD_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$';
+const MAX_PID = 4_194_304;
+const MAX_GPU_INDEX = 63;
 
 export const ShardParamsSchema = Type.Object({
   id: Type.String({
@@ -43,7 +43,7 @@ const BACKENDS = ['CUDA', 'CPU'] as const;
  * as a substring of /proc/PID/cgroup, so anything looser ("kubepods") would make one shard of every
  * process on the node and leave no memory foreign.
  */
-export const CGROUP_PATTERN = '^(?:[0-9a-f]{12,64}|[0-9a-f]{8}([-_])[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{12})$';
+const CGROUP_PATTERN = '^(?:[0-9a-f]{12,64}|[0-9a-f]{8}([-_])[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{12})$';
 
 export const RegisterShardSchema = Type.Object(
   {
@@ -320,15 +320,10 @@ export const ForeignMemoryGpuComponent = Type.Object(
   { $id: 'ForeignMemoryGpu', description: 'A GPU, and the memory on it held by anything that is not a registered shard.' },
 );
 
-export const ForeignMemoryResponseSchema = Type.Intersect(
-  [
-    Ref(SnapshotMetaComponent),
-    Type.Object({
-      gpus: Type.Array(Ref(ForeignMemoryGpuComponent), { description: 'Per GPU.' }),
-      lostGpus: Ref(LostGpusComponent),
-    }),
-  ],
-  { description: 'Per GPU, the memory held by anything that is not a registered shard; and the GPUs lost, which have no memory to hand out.' },
+export const ForeignMemoryResponseSchema = perGpuAnswer(
+  ForeignMemoryGpuComponent,
+  'Per GPU.',
+  'Per GPU, the memory held by anything that is not a registered shard; and the GPUs lost, which have no memory to hand out.',
 );
 
 export const EngineOutputResponseSchema = Type.Object(

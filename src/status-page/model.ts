@@ -68,7 +68,7 @@ function plainSegment(kind: Exclude<SegmentKind, 'shard'>, mib: number, title: s
 }
 
 /** The Xid and double-bit ECC events NVML reported for a GPU, in a line; null when none came (or under nvidia-smi). */
-export function eventsNote(events: GpuState['events']): string | null {
+function eventsNote(events: GpuState['events']): string | null {
   if (events === undefined) return null;
   const xids = Object.entries(events.xid).map(([xid, count]) => `Xid ${xid} x${count}`);
   const ecc = events.eccDoubleBit > 0 ? [`${events.eccDoubleBit} uncorrected (double-bit) ECC error(s)`] : [];
@@ -101,7 +101,8 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
       unreported === 0
         ? formatMemory(foreign.foreignMiB)
         : `up to ${formatMemory(foreign.foreignMiB)} (it includes the memory of ${unreported} shard process(es) nvidia-smi does not report)`;
-    segments.push(plainSegment('foreign', foreign.foreignMiB, `foreign: ${amount} held by no registered shard${heldBy}`, unreported > 0));
+    const title = `foreign: ${amount} held by no registered shard${heldBy}`;
+    segments.push(plainSegment('foreign', foreign.foreignMiB, title, unreported > 0));
   }
   if (gpu.reservedMiB !== null && gpu.reservedMiB > 0) {
     segments.push(plainSegment('reserved', gpu.reservedMiB, `reserved by the driver: ${formatMemory(gpu.reservedMiB)}`));

@@ -3,8 +3,8 @@
 import { formatMemoryUse } from '../memory-size.js';
 import { gpuUnreachable } from '../node-state/gpu-roster.js';
 import {
-  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, NOT_PLACED, OUTAGE_MEANING, processLabel,
-  snapshotLine, summary, unreachableNote, widthOf, type GpuModel, type LostGpuModel, type Segment, type SegmentKind, type StatusModel,
+  amountOf, indexTakenNote, inIndexOrder, lostBanner, lostRowsNote, MIG_NOTE, NOT_PLACED, OUTAGE_MEANING, processLabel, snapshotLine,
+  summary, unreachableNote, widthOf, type GpuModel, type LostGpuModel, type Segment, type SegmentKind, type StatusModel,
 } from './model.js';
 
 /** Terminal-safe: control characters from the node become '?'. */
