@@ -1,6 +1,6 @@
-// Every coded error the service can raise, with its HTTP status; all answer in one body shape
-// ({ statusCode, code, error, message }). Each takes the whole operator-facing message, then
-// optionally `{ cause }`.
+// Every coded error the service raises, with its HTTP status; all answer in one body shape
+// ({ statusCode, code, error, message }). Client errors of Fastify and its /docs server are coded in
+// http/errors.ts. Each takes the whole operator-facing message, then optionally `{ cause }`.
 import createError from '@fastify/error';
 
 type MessageArgs = [message: string, options?: { cause: unknown }];
@@ -41,11 +41,7 @@ export const NotFoundError = coded('NODECOMPUTE_NOT_FOUND', 404);
 export const ShardNotFoundError = coded('NODECOMPUTE_SHARD_NOT_FOUND', 404);
 export const MethodNotAllowedError = coded('NODECOMPUTE_METHOD_NOT_ALLOWED', 405);
 export const ShardConflictError = coded('NODECOMPUTE_SHARD_CONFLICT', 409);
-/** An If-Match or If-Unmodified-Since that a /docs file no longer fits (@fastify/static). */
-export const PreconditionFailedError = coded('NODECOMPUTE_PRECONDITION_FAILED', 412);
 export const UnsupportedMediaTypeError = coded('NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', 415);
-/** A Range beyond the end of a /docs file (@fastify/static). */
-export const RangeNotSatisfiableError = coded('NODECOMPUTE_RANGE_NOT_SATISFIABLE', 416);
 export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
 export const UnknownMigDeviceError = coded('NODECOMPUTE_UNKNOWN_MIG_DEVICE', 422);
 export const ProcessNotFoundError = coded('NODECOMPUTE_PROCESS_NOT_FOUND', 422);
