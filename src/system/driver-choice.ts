@@ -19,25 +19,21 @@ export type DriverChoice = { driver: GpuDriver; backend: Backend; why: string };
 
 /** NVML named but not loadable: every query fails with why, as a missing nvidia-smi does. */
 function unloadable(source: string, error: Error, onQuery?: (o: QueryObservation) => void): GpuDriver {
-  let stopped = false;
-  const refuse = (query: QueryName) => {
+  const refuse = (query: QueryName) => () => {
     onQuery?.({ query, durationMs: null, outcome: 'NODECOMPUTE_NVML_NOT_FOUND' });
     return Promise.reject(error);
   };
-  return {
-    backend: 'nvml',
+  const driver = {
+    backend: 'nvml' as const,
     source,
-    queryGpus: () => refuse('gpus'),
-    queryComputeApps: () => refuse('compute-apps'),
-    queryVersion: () => refuse('version'),
-    killAll: () => {
-      stopped = true;
-    },
-    get stopped() {
-      return stopped;
-    },
+    queryGpus: refuse('gpus'),
+    queryComputeApps: refuse('compute-apps'),
+    queryVersion: refuse('version'),
+    killAll: () => void (driver.stopped = true),
+    stopped: false,
     running: 0,
   };
+  return driver;
 }
 
 export async function chooseDriver(settings: DriverSettings, log: Logger, onQuery?: (o: QueryObservation) => void): Promise<DriverChoice> {

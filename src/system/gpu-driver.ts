@@ -1,6 +1,8 @@
 // Owns what a snapshot source of the GPUs answers, whichever backend serves it: nvidia-smi runs
 // (nvidia-smi.ts) or NVML calls (nvml/nvml-driver.ts). Both fill the same records, so attribution,
 // verdicts and every route are the same under either.
+import type { Logger } from 'pino';
+import type { DriverFailure } from '../errors.js';
 
 export type Backend = 'nvml' | 'nvidia-smi';
 
@@ -83,4 +85,35 @@ export interface GpuDriver {
   readonly stopped: boolean;
   /** Runs or calls under way (a stuck one included). */
   readonly running: number;
+}
+
+/**
+ * Runs one query of a driver and observes it: refused at once (durationMs null) with `refusal` when
+ * there is one, else timed and logged at debug only (the snapshot cache logs each failure once, when
+ * it starts; the doctor shows its own).
+ */
+export async function observed<T>(
+  { query, what, log, onQuery }: { query: QueryName; what: string; log: Logger; onQuery: ((o: QueryObservation) => void) | undefined },
+  refusal: Error | null,
+  work: () => Promise<T>,
+): Promise<T> {
+  const observe = (durationMs: number | null, err?: unknown) =>
+    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
+  if (refusal) {
+    observe(null, refusal);
+    throw refusal;
+  }
+  const started = performance.now();
+  try {
+    const value = await work();
+    const durationMs = Math.round(performance.now() - started);
+    log.debug({ query, durationMs }, `${what} answered`);
+    observe(durationMs);
+    return value;
+  } catch (err) {
+    const durationMs = Math.round(performance.now() - started);
+    log.debug({ query, durationMs, err }, `${what} query failed`);
+    observe(durationMs, err);
+    throw err;
+  }
 }

@@ -5,10 +5,10 @@ import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
-import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError, type DriverFailure } from '../errors.js';
+import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError } from '../errors.js';
 import { COMPUTE_APPS_COMMAND, COMPUTE_APPS_FIELDS, csvAnswer, GPU_QUERY_FIELDS, gpuCommand, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
 import { parseVersion, unreachableGpusIn, type UnreachableGpu } from './nvidia-smi-parse.js';
-import type { GpuDriver, GpuListing, QueryName, QueryObservation } from './gpu-driver.js';
+import { observed, type GpuDriver, type GpuListing, type QueryName, type QueryObservation } from './gpu-driver.js';
 
 export { canonicalBusId, COMPUTE_APPS_FIELDS, GPU_QUERY_FIELDS, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
 export { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
@@ -195,30 +195,10 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): GpuDriver {
     });
   }
 
-  function report(query: QueryName, started: number, err?: unknown): void {
-    const durationMs = Math.round(performance.now() - started);
-    // Debug only: the snapshot cache logs each failure once, when it starts; the doctor shows its own.
-    if (err === undefined) log.debug({ query, durationMs }, 'nvidia-smi answered');
-    else log.debug({ query, durationMs, err }, 'nvidia-smi query failed');
-    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
-  }
-
-  async function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {
+  function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
     const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
-    if (refused) {
-      onQuery?.({ query, durationMs: null, outcome: (refused as DriverFailure).code });
-      throw refused;
-    }
-    const started = performance.now();
-    try {
-      const value = parse(await execute(args, deadline));
-      report(query, started);
-      return value;
-    } catch (err) {
-      report(query, started, err);
-      throw err;
-    }
+    return observed({ query, what: 'nvidia-smi', log, onQuery }, refused, async () => parse(await execute(args, deadline)));
   }
 
   const computeAppsAnswer = csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND);

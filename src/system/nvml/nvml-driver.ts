@@ -6,20 +6,15 @@ import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { NvmlFailedError } from '../../errors.js';
-import type { GpuDriver, GpuListing, QueryObservation } from '../gpu-driver.js';
-import { canonicalBusId, type ComputeAppRecord, type GpuRecord, type NvidiaSmiVersion, type UnreachableGpu } from '../nvidia-smi-parse.js';
+import type { ComputeAppRecord, GpuDriver, GpuListing, GpuRecord, NvidiaSmiVersion, QueryObservation, UnreachableGpu } from '../gpu-driver.js';
+import { canonicalBusId } from '../nvidia-smi-parse.js';
 import { cString, NVML, type DeviceHandle, type NvmlLibrary } from './nvml-library.js';
 import { createEventCounter } from './nvml-events.js';
-import { readMigDevices, readMigProcesses } from './nvml-mig.js';
-import { processLayout, readProcesses, type NvmlCall } from './nvml-processes.js';
+import { processLayout, readMigDevices, readMigProcesses, readProcesses, readUtilization, TEXT_BUFFER, textOf, type NvmlCall } from './nvml-processes.js';
 import { createNvmlSession, Unreachable, type Run } from './nvml-session.js';
-import { readUtilization } from './nvml-utilization.js';
 
 export type NvmlDriverOptions = { library: NvmlLibrary; timeoutMs: number; log: Logger; procRoot: string; onQuery?: (o: QueryObservation) => void };
 
-const MIB = 1024n * 1024n;
-/** NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_DEVICE_NAME_V2_BUFFER_SIZE; enough for the version strings too. */
-const TEXT_BUFFER = 96;
 /** sizeof(nvmlPciInfo_t), and where its char busId[32] starts. */
 const PCI_INFO_SIZE = 68;
 const PCI_BUS_ID_AT = 36;
@@ -27,9 +22,7 @@ const PCI_BUS_ID_AT = 36;
 const MEMORY_V2_SIZE = 40;
 const MEMORY_V2_VERSION = MEMORY_V2_SIZE | (2 << 24);
 
-function mib(bytes: bigint): number {
-  return Number(bytes / MIB);
-}
+const mib = (bytes: bigint): number => Number(bytes / (1024n * 1024n));
 
 /** The driver's own list of GPUs by bus id (its /proc files), which NVML enumerates in the same order; [] where it is not there. */
 function driverBusIds(procRoot: string): string[] {
@@ -41,27 +34,21 @@ function driverBusIds(procRoot: string): string[] {
 }
 
 export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
-  const { library, timeoutMs, log, procRoot, onQuery } = options;
+  const { library, log, procRoot } = options;
   const layout = processLayout((fn) => library.has(fn));
   /** Each GPU's bus id by index, as last read (in this initialisation or an earlier one): names a GPU whose handle is lost. */
   const busIds = new Map<number, string>();
   /** What NVML gave of each GPU by index within this initialisation (a driver reload may renumber them). */
-  const devices = new Map<number, { handle: DeviceHandle; uuid?: string; name?: string }>();
-  /** Each GPU's bus id by index within this initialisation. */
-  const initBusIds = new Map<number, string>();
+  const devices = new Map<number, { handle: DeviceHandle; uuid?: string; name?: string; busId?: string }>();
   /** The names of the processes the last process query listed, by PID. */
   let processNames = new Map<number, string>();
   /** Per GPU index, the newest utilization sample read (NVML's microseconds), to ask only for newer ones. */
   const lastSamples = new Map<number, bigint>();
   const events = createEventCounter(log);
   const session = createNvmlSession({
-    library,
-    timeoutMs,
-    log,
-    onQuery,
+    ...options,
     onInitialised: () => {
       devices.clear();
-      initBusIds.clear();
       events.reset();
     },
   });
@@ -76,14 +63,12 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     return gpus;
   }
 
-  /** A GPU's UUID or name: asked until NVML gives it, then kept. */
-  async function text(run: Run, fn: 'uuid' | 'name', index: number, device: DeviceHandle): Promise<string | null> {
+  /** A GPU's UUID, name or bus id: asked until NVML gives it, then kept. */
+  async function text(run: Run, fn: 'uuid' | 'name' | 'busId', index: number, device: DeviceHandle): Promise<string | null> {
     const known = devices.get(index);
     if (known?.[fn] !== undefined) return known[fn];
-    const out = Buffer.alloc(TEXT_BUFFER);
-    if ((await deviceCall(run, fn, device, out, TEXT_BUFFER)) !== NVML.SUCCESS) return null;
-    const value = cString(out);
-    if (known) known[fn] = value;
+    const value = fn === 'busId' ? await busIdOf(run, index, device) : await textOf(callsOf(run), fn, device);
+    if (known && value !== null) known[fn] = value;
     return value;
   }
 
@@ -133,7 +118,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   async function gpuRecord(run: Run, index: number, device: DeviceHandle): Promise<GpuRecord | null> {
     const uuid = await text(run, 'uuid', index, device);
     if (uuid === null) return null;
-    const busId = initBusIds.get(index) ?? (await busIdOf(run, index, device));
+    const busId = await text(run, 'busId', index, device);
     const name = (await text(run, 'name', index, device)) ?? '';
     const memory = await memoryOf(run, device);
     const migMode = await migModeOf(run, device);
@@ -144,14 +129,12 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   async function busIdOf(run: Run, index: number, device: DeviceHandle): Promise<string | null> {
     const pci = Buffer.alloc(PCI_INFO_SIZE);
     const busId = (await deviceCall(run, 'pciInfo', device, pci)) === NVML.SUCCESS ? canonicalBusId(cString(pci.subarray(PCI_BUS_ID_AT))) : null;
-    if (busId === null) return null;
-    busIds.set(index, busId);
-    initBusIds.set(index, busId);
+    if (busId !== null) busIds.set(index, busId);
     return busId;
   }
 
   /** Each GPU NVML lists: its handle, or the code its handle or a call on it failed with. */
-  async function eachGpu<T>(run: Run, read: (index: number, device: DeviceHandle) => Promise<T>): Promise<Array<{ index: number; value: T } | { index: number; code: number }>> {
+  async function eachGpu<T>(run: Run, read: (index: number, device: DeviceHandle) => Promise<T>) {
     const found: Array<{ index: number; value: T } | { index: number; code: number }> = [];
     for (let index = 0, gpus = await count(run); index < gpus; index += 1) {
       const device = await handleOf(run, index);

@@ -7,27 +7,20 @@ import koffi from 'koffi';
 export const NVML = {
   SUCCESS: 0,
   ERROR_UNINITIALIZED: 1,
-  ERROR_NOT_SUPPORTED: 3,
   ERROR_NO_PERMISSION: 4,
   ERROR_NOT_FOUND: 6,
   ERROR_INSUFFICIENT_SIZE: 7,
   ERROR_DRIVER_NOT_LOADED: 9,
-  ERROR_TIMEOUT: 10,
   ERROR_FUNCTION_NOT_FOUND: 13,
   ERROR_GPU_IS_LOST: 15,
   ERROR_LIB_RM_VERSION_MISMATCH: 18,
   ERROR_UNKNOWN: 999,
 } as const;
 
-/** Calls a symbol the library lacks answer this, so callers treat it as NVML's own "not supported here". */
-const MISSING = NVML.ERROR_FUNCTION_NOT_FOUND;
-
 /** Each function: its C signature with `%s` for the name, and the names to try, newest first. */
 const FUNCTIONS = {
   init: ['int %s(void)', ['nvmlInit_v2', 'nvmlInit']],
-  shutdown: ['int %s(void)', ['nvmlShutdown']],
   driverVersion: ['int %s(void *version, unsigned int length)', ['nvmlSystemGetDriverVersion']],
-  nvmlVersion: ['int %s(void *version, unsigned int length)', ['nvmlSystemGetNVMLVersion']],
   cudaVersion: ['int %s(void *version)', ['nvmlSystemGetCudaDriverVersion_v2', 'nvmlSystemGetCudaDriverVersion']],
   count: ['int %s(void *count)', ['nvmlDeviceGetCount_v2', 'nvmlDeviceGetCount']],
   handleByIndex: ['int %s(unsigned int index, void *device)', ['nvmlDeviceGetHandleByIndex_v2', 'nvmlDeviceGetHandleByIndex']],
@@ -61,7 +54,7 @@ export type DeviceHandle = bigint;
 export interface NvmlLibrary {
   /** Where it was loaded from: the name given to the loader, or the explicit path. */
   readonly path: string;
-  /** Calls `fn` on koffi's thread; a symbol the library lacks answers ERROR_FUNCTION_NOT_FOUND without a call. */
+  /** Calls `fn` on koffi's thread; a symbol the library lacks answers ERROR_FUNCTION_NOT_FOUND without a call (NVML's own "not supported here"). */
   call(fn: NvmlFunction, ...args: unknown[]): Promise<number>;
   has(fn: NvmlFunction): boolean;
   /** The symbol `fn` is bound to (nvmlDeviceGetCount_v2), for messages; its newest name when the library lacks it. */
@@ -101,7 +94,7 @@ export function loadNvmlLibrary(path: string): NvmlLibrary {
     symbol: (fn) => bound.get(fn)?.name ?? (FUNCTIONS[fn][1][0] as string),
     call(fn, ...args) {
       const found = bound.get(fn);
-      if (found === undefined) return Promise.resolve(MISSING);
+      if (found === undefined) return Promise.resolve(NVML.ERROR_FUNCTION_NOT_FOUND);
       return new Promise((resolve, reject) => {
         found.bind.async(...args, (err: unknown, code: number) => {
           callsUnderWay -= 1;

@@ -1,9 +1,11 @@
-// Reads one GPU's compute processes from NVML. The entry size of nvmlDeviceGetComputeRunningProcesses_v3
-// is probed, never assumed: some R535 drivers write 32-byte entries where others write 24 under the
-// same name (nvitop #79, #88); the probe fills the buffer with two sentinels and sees how far one
-// call wrote (as nvitop #226 does). _v2 entries are 24 bytes, the unversioned ones 16.
-import type { MigInstance } from '../gpu-driver.js';
-import { NVML, type DeviceHandle, type NvmlFunction } from './nvml-library.js';
+// Reads one GPU's compute processes from NVML, its MIG devices and their processes, and its
+// processes' SM utilization. The entry size of nvmlDeviceGetComputeRunningProcesses_v3 is probed,
+// never assumed: some R535 drivers write 32-byte entries where others write 24 under the same name
+// (nvitop #79, #88); the probe fills the buffer with two sentinels and sees how far one call wrote
+// (as nvitop #226 does). _v2 entries are 24 bytes, the unversioned ones 16. MIG devices are asked at
+// every query and never kept: they are made and destroyed while the driver stays loaded.
+import type { MigDeviceRecord, MigInstance } from '../gpu-driver.js';
+import { cString, NVML, type DeviceHandle, type NvmlFunction } from './nvml-library.js';
 
 /** usedGpuMemory: bytes, null where NVML says NVML_VALUE_NOT_AVAILABLE; migInstance: the MIG instance it runs on, null off MIG (and in 16-byte entries). */
 export type ProcessEntry = { pid: number; usedBytes: bigint | null; migInstance: MigInstance | null };
@@ -89,4 +91,115 @@ export async function readProcesses(call: NvmlCall, layout: ProcessLayout, devic
     return decode(read.buffer, read.written, layout.stride);
   }
   return { code: NVML.ERROR_INSUFFICIENT_SIZE };
+}
+
+type Memory = Pick<MigDeviceRecord, 'totalMiB' | 'usedMiB' | 'freeMiB'>;
+
+/** NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_DEVICE_NAME_V2_BUFFER_SIZE; enough for the version strings too. */
+export const TEXT_BUFFER = 96;
+
+/** "NVIDIA H100 80GB HBM3 MIG 3g.40gb" -> "3g.40gb"; a name without the mark is kept whole. */
+function migProfile(name: string): string {
+  return / MIG (\S+)$/.exec(name)?.[1] ?? name;
+}
+
+/** A device's UUID or name; null where NVML gives none. */
+export async function textOf(call: NvmlCall, fn: 'uuid' | 'name', handle: DeviceHandle): Promise<string | null> {
+  const out = Buffer.alloc(TEXT_BUFFER);
+  return (await call(fn, handle, out, TEXT_BUFFER)) === NVML.SUCCESS ? cString(out) : null;
+}
+
+async function idOf(call: NvmlCall, fn: 'gpuInstanceId' | 'computeInstanceId', handle: DeviceHandle): Promise<number | null> {
+  const out = Buffer.alloc(4);
+  return (await call(fn, handle, out)) === NVML.SUCCESS ? out.readUInt32LE(0) : null;
+}
+
+async function migDevice(call: NvmlCall, handle: DeviceHandle, memoryOf: (handle: DeviceHandle) => Promise<Memory>): Promise<MigDeviceRecord | null> {
+  const uuid = await textOf(call, 'uuid', handle);
+  const gpuInstanceId = await idOf(call, 'gpuInstanceId', handle);
+  const computeInstanceId = await idOf(call, 'computeInstanceId', handle);
+  // Without its UUID or ids no process or shard can be matched to it.
+  if (uuid === null || gpuInstanceId === null || computeInstanceId === null) return null;
+  const profile = migProfile((await textOf(call, 'name', handle)) ?? '');
+  return { uuid, profile, gpuInstanceId, computeInstanceId, ...(await memoryOf(handle)) };
+}
+
+/** The handles of the GPU's MIG devices in slot order; null where NVML gives no count (MIG off, an old driver, a refusal). */
+async function migHandles(call: NvmlCall, device: DeviceHandle): Promise<DeviceHandle[] | null> {
+  const count = Buffer.alloc(4);
+  if ((await call('maxMigDevices', device, count)) !== NVML.SUCCESS) return null;
+  const handles: DeviceHandle[] = [];
+  for (let slot = 0; slot < count.readUInt32LE(0); slot += 1) {
+    const out = Buffer.alloc(8);
+    // NOT_FOUND: an empty slot; any other refusal leaves that slot out too.
+    if ((await call('migHandle', device, slot, out)) === NVML.SUCCESS) handles.push(out.readBigUInt64LE(0));
+  }
+  return handles;
+}
+
+/** The GPU's MIG devices in slot order; null where NVML gives none (MIG off, an old driver, a refusal). */
+export async function readMigDevices(call: NvmlCall, device: DeviceHandle, memoryOf: (handle: DeviceHandle) => Promise<Memory>): Promise<MigDeviceRecord[] | null> {
+  const handles = await migHandles(call, device);
+  if (handles === null) return null;
+  const found: MigDeviceRecord[] = [];
+  for (const handle of handles) {
+    const mig = await migDevice(call, handle, memoryOf);
+    if (mig !== null) found.push(mig);
+  }
+  return found;
+}
+
+/**
+ * The processes of each MIG device, read through its own handle, with its instance ids: NVML gives the
+ * parent GPU's aggregate list only to a privileged caller. Null where NVML gives no count; the code a
+ * read failed with.
+ */
+export async function readMigProcesses(call: NvmlCall, layout: ProcessLayout, device: DeviceHandle): Promise<ProcessEntry[] | { code: number } | null> {
+  const handles = await migHandles(call, device);
+  if (handles === null) return null;
+  const entries: ProcessEntry[] = [];
+  for (const handle of handles) {
+    const read = await readProcesses(call, layout, handle);
+    if (!Array.isArray(read)) return read;
+    if (read.length === 0) continue;
+    const gpuInstanceId = await idOf(call, 'gpuInstanceId', handle);
+    const computeInstanceId = await idOf(call, 'computeInstanceId', handle);
+    const migInstance = gpuInstanceId === null || computeInstanceId === null ? null : { gpuInstanceId, computeInstanceId };
+    entries.push(...read.map((entry) => ({ ...entry, migInstance })));
+  }
+  return entries;
+}
+
+/** sizeof(nvmlProcessUtilizationSample_t), and where its timeStamp and smUtil are. */
+const SAMPLE_SIZE = 32;
+const TIMESTAMP_AT = 8;
+const SM_UTIL_AT = 16;
+const SAMPLE_HEADROOM = 8;
+
+// A process NVML has no sample of did no work since `lastSeen` (0%); a GPU that gives none (MIG, old
+// boards) reads null.
+/** Per PID, the highest SM utilization (%) sampled; null when the GPU gives none. `lastSeen`: the newest sample's time, to pass next. */
+export type Utilization = { byPid: Map<number, number> | null; lastSeen: bigint };
+
+export async function readUtilization(call: NvmlCall, device: DeviceHandle, lastSeen: bigint): Promise<Utilization> {
+  const count = Buffer.alloc(4);
+  const sized = await call('processUtilization', device, null, count, lastSeen);
+  if (sized === NVML.ERROR_NOT_FOUND || sized === NVML.SUCCESS) return { byPid: new Map(), lastSeen };
+  if (sized !== NVML.ERROR_INSUFFICIENT_SIZE) return { byPid: null, lastSeen };
+  const room = count.readUInt32LE(0) + SAMPLE_HEADROOM;
+  count.writeUInt32LE(room, 0);
+  const samples = Buffer.alloc(room * SAMPLE_SIZE);
+  const code = await call('processUtilization', device, samples, count, lastSeen);
+  if (code === NVML.ERROR_NOT_FOUND) return { byPid: new Map(), lastSeen };
+  if (code !== NVML.SUCCESS) return { byPid: null, lastSeen };
+  const byPid = new Map<number, number>();
+  let newest = lastSeen;
+  for (let i = 0; i < count.readUInt32LE(0); i += 1) {
+    const at = i * SAMPLE_SIZE;
+    const pid = samples.readUInt32LE(at);
+    const stamp = samples.readBigUInt64LE(at + TIMESTAMP_AT);
+    if (stamp > newest) newest = stamp;
+    byPid.set(pid, Math.max(byPid.get(pid) ?? 0, samples.readUInt32LE(at + SM_UTIL_AT)));
+  }
+  return { byPid, lastSeen: newest };
 }

@@ -3,8 +3,8 @@
 // past its deadline is answered at once and makes no further call, and while one of its calls has
 // not returned no other query starts (a wedged driver would pile them up), as with nvidia-smi.
 import type { Logger } from 'pino';
-import { NvmlFailedError, NvmlTimeoutError, type DriverFailure } from '../../errors.js';
-import type { QueryName, QueryObservation } from '../gpu-driver.js';
+import { NvmlFailedError, NvmlTimeoutError } from '../../errors.js';
+import { observed, type QueryName, type QueryObservation } from '../gpu-driver.js';
 import { NVML, type NvmlFunction, type NvmlLibrary } from './nvml-library.js';
 
 /** What a code means for the operator, where NVML's own words need it. */
@@ -31,31 +31,16 @@ export class Unreachable extends Error {
 export type Run = { abandoned: boolean };
 type Pending = { fn: NvmlFunction; since: number; run: Run };
 
-export interface NvmlSessionOptions {
+/** onInitialised: called after each successful initialisation (what was read under the last one is no longer valid). */
+export type NvmlSessionOptions = {
   library: NvmlLibrary;
   timeoutMs: number;
   log: Logger;
   onQuery?: (o: QueryObservation) => void;
-  /** Called after each successful initialisation: what was read under the last one is no longer valid. */
   onInitialised: () => void;
-}
+};
 
-export interface NvmlSession {
-  /** One NVML call of `run`; its return code. */
-  call(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number>;
-  /** A call on a device; a code saying the GPU cannot be reached throws Unreachable. */
-  deviceCall(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number>;
-  /** The coded error for a call that answered `code`. */
-  failed(what: string, code: number): Error;
-  /** Runs `body` as one query, initialised, within the deadline. */
-  query<T>(name: QueryName, body: (run: Run) => Promise<T>): Promise<T>;
-  stop(): void;
-  /** Queries under way, and calls of abandoned queries that have not returned. */
-  readonly running: number;
-  readonly stopped: boolean;
-}
-
-export function createNvmlSession(options: NvmlSessionOptions): NvmlSession {
+export function createNvmlSession(options: NvmlSessionOptions) {
   const { library, timeoutMs, log, onQuery, onInitialised } = options;
   let initialised = false;
   let initialising: Promise<void> | null = null;
@@ -68,6 +53,7 @@ export function createNvmlSession(options: NvmlSessionOptions): NvmlSession {
     return new NvmlFailedError(`NVML ${what} failed: "${library.errorString(code)}" (NVML code ${code}).${meaning ? ` This means ${meaning}` : ''}`);
   }
 
+  /** One NVML call of `run`; its return code. */
   async function call(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number> {
     if (run.abandoned) throw new Abandoned();
     const entry: Pending = { fn, since: Date.now(), run };
@@ -82,6 +68,7 @@ export function createNvmlSession(options: NvmlSessionOptions): NvmlSession {
     }
   }
 
+  /** A call on a device; a code saying the GPU cannot be reached throws Unreachable. */
   async function deviceCall(run: Run, fn: NvmlFunction, ...args: unknown[]): Promise<number> {
     const code = await call(run, fn, ...args);
     if (code === NVML.ERROR_GPU_IS_LOST || code === NVML.ERROR_UNKNOWN) throw new Unreachable(code);
@@ -128,48 +115,31 @@ export function createNvmlSession(options: NvmlSessionOptions): NvmlSession {
     }
   }
 
-  function report(query: QueryName, started: number, err?: unknown): void {
-    const durationMs = Math.round(performance.now() - started);
-    if (err === undefined) log.debug({ query, durationMs }, 'NVML answered');
-    else log.debug({ query, durationMs, err }, 'NVML query failed');
-    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
-  }
-
-  async function query<T>(name: QueryName, body: (run: Run) => Promise<T>): Promise<T> {
+  /** Runs `body` as one query, initialised, within the deadline. */
+  function query<T>(name: QueryName, body: (run: Run) => Promise<T>): Promise<T> {
     const refused = stopped ? new NvmlFailedError('NVML was not called: nodecompute is shutting down.') : stuckError();
-    if (refused) {
-      onQuery?.({ query: name, durationMs: null, outcome: (refused as DriverFailure).code });
-      throw refused;
-    }
-    const started = performance.now();
-    const run: Run = { abandoned: false };
-    const work = initialisedFor(run, body);
-    work.catch(() => undefined);
-    running += 1;
-    let timer: NodeJS.Timeout | undefined;
-    const deadline = new Promise<never>((_resolve, reject) => {
-      timer = setTimeout(() => {
-        run.abandoned = true;
-        reject(
-          new NvmlTimeoutError(
-            `NVML did not answer the ${name} query within ${timeoutMs} ms. A wedged driver? Check \`dmesg\` (NVRM/Xid); enable persistence mode ` +
-              '(nvidia-smi -pm 1); raise NODECOMPUTE_SMI_TIMEOUT_MS only if the node is merely slow.',
-          ),
-        );
-      }, timeoutMs);
+    return observed({ query: name, what: 'NVML', log, onQuery }, refused, () => {
+      const run: Run = { abandoned: false };
+      const work = initialisedFor(run, body);
+      work.catch(() => undefined);
+      running += 1;
+      let timer: NodeJS.Timeout | undefined;
+      const deadline = new Promise<never>((_resolve, reject) => {
+        timer = setTimeout(() => {
+          run.abandoned = true;
+          reject(
+            new NvmlTimeoutError(
+              `NVML did not answer the ${name} query within ${timeoutMs} ms. A wedged driver? Check \`dmesg\` (NVRM/Xid); enable persistence mode ` +
+                '(nvidia-smi -pm 1); raise NODECOMPUTE_SMI_TIMEOUT_MS only if the node is merely slow.',
+            ),
+          );
+        }, timeoutMs);
+      });
+      return Promise.race([work, deadline]).finally(() => {
+        clearTimeout(timer);
+        running -= 1;
+      });
     });
-    const answer = Promise.race([work, deadline]).finally(() => {
-      clearTimeout(timer);
-      running -= 1;
-    });
-    try {
-      const value = await answer;
-      report(name, started);
-      return value;
-    } catch (err) {
-      report(name, started, err);
-      throw err;
-    }
   }
 
   return {
@@ -180,6 +150,7 @@ export function createNvmlSession(options: NvmlSessionOptions): NvmlSession {
     stop: () => {
       stopped = true;
     },
+    /** Queries under way, and calls of abandoned queries that have not returned. */
     get running() {
       return running + [...pending].filter((entry) => entry.run.abandoned).length;
     },
