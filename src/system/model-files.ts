@@ -6,7 +6,7 @@
 // Each read has a deadline: one that does not answer leaves that process unjudged, and no second
 // read of it starts until the first answers.
 import { open, readFile, type FileHandle } from 'node:fs/promises';
-import { codeOf } from './procfs-failures.js';
+import { codeOf } from './procfs.js';
 import { GGUF_MAGIC, modelArgument, namedLikeModel, parseCmdline, parseMappedFiles, type MappedFile } from './model-files-parse.js';
 
 /** `mappedBytes`: what is still mapped in host memory (null: named on the command line, not mapped); `bytes`: the file's size, null when it cannot be opened. */
@@ -27,10 +27,7 @@ const STUCK_MEANING = 'its weights are not judged until it answers (a model on a
 
 type Probe = { gguf: boolean | null; bytes: number | null };
 
-export interface ModelFileReader {
-  /** Null when the process is gone. */
-  read(pid: number): Promise<ProcessModelFiles | null>;
-}
+export type ModelFileReader = ReturnType<typeof createModelFileReader>;
 
 /** Why a process's maps could not be read, by the errno (null: it is gone). */
 export function mapsUnreadable(pid: number, err: unknown): string | null {
@@ -45,14 +42,8 @@ export function mapsUnreadable(pid: number, err: unknown): string | null {
   return `reading /proc/${pid}/maps failed (${code || (err as Error).message})`;
 }
 
-export type ModelFileReaderOptions = {
-  /** Files whose probe is remembered before the memory starts again. */
-  probedMax?: number;
-  /** How long one process's read may take before it is answered as stuck. */
-  deadlineMs?: number;
-};
-
-export function createModelFileReader(root: string, { probedMax = PROBED_MAX, deadlineMs = READ_DEADLINE_MS }: ModelFileReaderOptions = {}): ModelFileReader {
+/** probedMax: files whose probe is remembered before the memory starts again; deadlineMs: how long one process's read may take. */
+export function createModelFileReader(root: string, { probedMax = PROBED_MAX, deadlineMs = READ_DEADLINE_MS } = {}) {
   const base = root.endsWith('/') ? root : `${root}/`;
   const probed = new Map<string, Probe>();
   // Reads past their deadline, by PID: each holds a libuv thread until the kernel answers.
@@ -113,7 +104,8 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   };
 
   return {
-    async read(pid) {
+    /** Null when the process is gone. */
+    async read(pid: number): Promise<ProcessModelFiles | null> {
       if (stuck.has(pid)) return { files: [], unreadable: `the last read of /proc/${pid}/maps (or a file it maps) has not answered yet: ${STUCK_MEANING}` };
       if (stuck.size >= STUCK_MAX) return { files: [], unreadable: `not read: ${stuck.size} reads of other processes' maps have not answered (${STUCK_MEANING})` };
       const reading = readNow(pid);

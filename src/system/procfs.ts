@@ -5,12 +5,55 @@ import { closeSync, openSync, readSync, statfsSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
-import { codeOf, DEPLOYMENT_ADVICE, describeReadFailure, OUT_OF_DESCRIPTORS_ADVICE, unreadableStat, type UnreadableStat } from './procfs-failures.js';
 import { cgroupMatcher, parseBootId, parseCgroup, parseOpenFilesLimit, parseProcStat, parseUptimeTicks, ProcParseError, type ProcStat } from './procfs-parse.js';
 
-export type { UnreadableStat } from './procfs-failures.js';
 export { cgroupMatcher, hasExited, parseBootId, parseCgroup, parseOpenFilesLimit, parseProcStat, parseUptimeTicks } from './procfs-parse.js';
 export { ProcParseError, type ProcStat } from './procfs-parse.js';
+
+/** readStats' answer for a PID whose stat could not be read or parsed this time (not a sign that it exited): what failed, what to do. */
+export type UnreadableStat = { pid: number; unreadable: string; advice: string };
+
+const DENIED_CODES = new Set(['EACCES', 'EPERM']);
+
+const DEPLOYMENT_ADVICE =
+  "Point the proc root setting at the host's /proc (for example mounted read-only at /host/proc) " +
+  'and run the pod with hostPID: true, so the host PIDs that nvidia-smi reports can be looked up.';
+
+const OUT_OF_DESCRIPTORS_ADVICE: Readonly<Record<string, string>> = {
+  EMFILE:
+    "Raise the container's open-file limit (nofile, for example 65536), or look for what else holds descriptors (ls /proc/<nodecompute pid>/fd | wc -l).",
+  ENFILE: "The whole host is out of file descriptors: check what holds them (the largest counts in /proc/*/fd) and the host's fs.file-max.",
+};
+
+/** What kept readStats from a PID's stat, from the error statOf threw (the errno is its cause). */
+function unreadableStat(pid: number, err: unknown, root: string): UnreadableStat {
+  if (err instanceof ProcParseError) {
+    return {
+      pid,
+      unreadable: 'its stat does not parse',
+      advice: "nodecompute's log quotes the line (warning \"could not read or parse the /proc stat\"): report it with the kernel version (uname -r).",
+    };
+  }
+  const code = codeOf((err as Error).cause);
+  if (code === 'EMFILE') return { pid, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: OUT_OF_DESCRIPTORS_ADVICE.EMFILE! };
+  if (code === 'ENFILE') return { pid, unreadable: 'the host is out of file descriptors (ENFILE)', advice: OUT_OF_DESCRIPTORS_ADVICE.ENFILE! };
+  if (DENIED_CODES.has(code)) return { pid, unreadable: `permission denied (${code}) under ${root}`, advice: DEPLOYMENT_ADVICE };
+  return {
+    pid,
+    unreadable: `reading it failed (${code || (err as Error).message})`,
+    advice: "nodecompute's log has the error (warning \"could not read or parse the /proc stat\"); if it repeats, check the kernel log (dmesg) and run `nodecompute doctor`.",
+  };
+}
+
+function describeReadFailure(path: string, root: string, err: unknown): string {
+  const code = codeOf(err);
+  if (!DENIED_CODES.has(code)) return `cannot read ${path}: ${(err as Error).message}`;
+  return `cannot read ${path}: permission denied (${code}). The proc root ${root} is not readable by this process. ${DEPLOYMENT_ADVICE}`;
+}
+
+export function codeOf(err: unknown): string {
+  return String((err as NodeJS.ErrnoException).code ?? '');
+}
 
 /** One PID's answer from readStats: its stat, null when it is gone, or what kept it from being read. */
 export type StatAnswer = ProcStat | UnreadableStat | null;
@@ -22,27 +65,7 @@ export function isReadable(answer: StatAnswer | undefined): answer is ProcStat {
 /** keepMax: most stat descriptors kept open between snapshots; limitsFile: whose open-file limit caps keepMax at half (for tests). */
 export type ProcReaderOptions = { root: string; log: Logger; keepMax?: number; limitsFile?: string };
 
-export interface ProcReader {
-  readonly root: string;
-  readStat(pid: number): Promise<ProcStat | null>;
-  readCgroup(pid: number): Promise<string[] | null>;
-  listPids(): Promise<number[]>;
-  findPidsInCgroup(needle: string): Promise<number[]>;
-  findPidsInCgroups(needles: string[]): Promise<Map<string, number[]>>;
-  /** keep: the snapshot's read, which keeps each stat open for the next one and closes those of PIDs not asked. */
-  readStats(pids: number[], options?: { keep?: boolean }): Promise<Map<number, StatAnswer>>;
-  /** One stat as readStats answers it, synchronously and unlogged, through a kept descriptor where there is one (a probe's hot path). */
-  statNow(pid: number): StatAnswer;
-  /** Closes the descriptors readStats keeps, and keeps none after (the service stops). */
-  release(): void;
-  /** How many stat files readStats may keep open (null: not a proc filesystem, none), and the open-file limit that caps it. */
-  keeping(): { keepLimit: number | null; openFilesLimit: number | null };
-  checkReadable(): Promise<{ ok: true } | { ok: false; reason: string }>;
-  /** The kernel's clock now in ProcStat.startTime's unit, from the root's uptime file; null without one or when unreadable (logged once). */
-  ticksNow(): number | null;
-  /** The root's boot id (PIDs and start times name processes of one boot only), read once; null without one (logged when malformed). */
-  bootId(): string | null;
-}
+export type ProcReader = ReturnType<typeof createProcReader>;
 
 const UNSIGNED = /^\d+$/;
 const NEWLINE = 0x0a;
@@ -57,7 +80,7 @@ type Warn = (fields: object, msg: string) => void;
 /** Reads one process file whole, afresh or through a kept descriptor: a view of the shared buffer, valid until the next read. */
 type PidFileRead = (path: string, pid: number) => Buffer;
 
-export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '/proc/self/limits' }: ProcReaderOptions): ProcReader {
+export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '/proc/self/limits' }: ProcReaderOptions) {
   const warn: Warn = (fields, msg) => log.warn(fields, msg);
   const quiet: Warn = () => {};
 
@@ -144,6 +167,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
 
   const readCgroup = async (pid: number): Promise<string[] | null> => cgroupOf(pid);
 
+  /** keep: the snapshot's read, which keeps each stat open for the next one and closes those of PIDs not asked. */
   const readStats = async (pids: number[], { keep = false }: { keep?: boolean } = {}): Promise<Map<number, StatAnswer>> => {
     const stats = new Map<number, StatAnswer>();
     let failed = 0;
@@ -174,6 +198,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     return stats;
   };
 
+  /** One stat as readStats answers it, synchronously and unlogged, through a kept descriptor where there is one (a probe's hot path). */
   const statNow = (pid: number): StatAnswer => {
     try {
       return statOf(pid, quiet, keeps ? readKept : readWhole);
@@ -230,11 +255,13 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     return { ok: false, reason: `${selfProblem}, and ${listProblem}. ${DEPLOYMENT_ADVICE}` };
   };
 
+  /** Closes the descriptors readStats keeps, and keeps none after (the service stops). */
   const release = (): void => {
     stopped = true;
     closeKept(() => true);
   };
 
+  /** How many stat files readStats may keep open (null: not a proc filesystem, none), and the open-file limit that caps it. */
   const keeping = () => ({ keepLimit: keeps ? keepLimit : null, openFilesLimit });
 
   // Said once: it would repeat on every engine-output post.
@@ -246,6 +273,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     }
     return null;
   };
+  /** The kernel's clock now in ProcStat.startTime's unit, from the root's uptime file; null without one or when unreadable (logged once). */
   const ticksNow = (): number | null => {
     const path = `${base}uptime`;
     let text: string;
@@ -271,6 +299,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     if (id === null) log.warn({ path, bootId: text.slice(0, 80) }, `${path} does not read as a boot id, so ${BOOT_UNKNOWN}`);
     return id;
   };
+  /** The root's boot id (PIDs and start times name processes of one boot only), read once; null without one (logged when malformed). */
   const bootId = (): string | null => (boot ??= { id: readBootId() }).id;
 
   return { root, readStat, readCgroup, readStats, statNow, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };

@@ -27,20 +27,7 @@ export const STATE_FILE_TIMEOUT_MS = 5_000;
 /** Enough to need a block of its own, so that a full disk shows. */
 const PROBE_CONTENT = Buffer.alloc(4096);
 
-export interface StateFile {
-  readonly path: string;
-  readonly timeoutMs: number;
-  /** The file's text (null: no file), after clearing old temp files; rejects past `timeoutMs`. */
-  read(): Promise<string | null>;
-  /** Replaces the content atomically and durably; settles when the filesystem answers. */
-  write(text: string): Promise<void>;
-  /** Whether a write would succeed now: a probe file beside it written, fsynced and removed. */
-  checkWritable(): Promise<Writability>;
-  /** Why nothing is started on the directory now (an operation on it is stuck past its bound); null when something may be. */
-  stuck(): string | null;
-  /** The last answer at once (looked at again in the background once WRITABLE_LOOK_MS old); the first waits up to `maxWaitMs`. */
-  writable(maxWaitMs: number): Promise<Writability>;
-}
+export type StateFile = ReturnType<typeof createStateFile>;
 
 /** syncDirectory: makes the rename durable (fsync of the directory); tests stand in one that fails, as some filesystems' does. */
 export type StateFileOptions = { log: Logger; syncDirectory?: (dir: string) => Promise<void>; now?: () => number; timeoutMs?: number };
@@ -113,7 +100,7 @@ async function synced(file: string, data: Buffer | string | null, after?: () => 
 
 const fsyncDirectory = (dir: string): Promise<void> => synced(dir, null);
 
-export function createStateFile(path: string, options: StateFileOptions): StateFile {
+export function createStateFile(path: string, options: StateFileOptions) {
   const { log, syncDirectory = fsyncDirectory, now = Date.now, timeoutMs = STATE_FILE_TIMEOUT_MS } = options;
   const dir = dirname(path);
   const directorySyncFailures = new Set<string>();
@@ -176,6 +163,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
       hung.delete(entry);
     });
   }
+  /** Why nothing is started on the directory now (an operation on it is stuck past its bound); null when something may be. */
   const stuckReason = (): string | null => {
     const [first] = hung;
     return first === undefined ? null : `${first.reason}; that is still pending, and nothing else is written there until it returns`;
@@ -248,6 +236,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
     looking = look;
     return look;
   }
+  /** The last answer at once (looked at again in the background once WRITABLE_LOOK_MS old); the first waits up to `maxWaitMs`. */
   async function writable(maxWaitMs: number): Promise<Writability> {
     if (known === null) return startLook(maxWaitMs);
     if (now() - known.at >= WRITABLE_LOOK_MS && stuckReason() === null) void startLook(maxWaitMs);
@@ -257,12 +246,14 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
   return {
     path,
     timeoutMs,
+    /** The file's text (null: no file), after clearing old temp files; rejects past `timeoutMs`. */
     read() {
       return new Promise<string | null>((resolve, reject) => {
         watched(readText(), `reading ${path}`, (reason) => reject(new Error(reason))).then(resolve, reject);
       });
     },
-    async write(text) {
+    /** Replaces the content atomically and durably; settles when the filesystem answers. */
+    async write(text: string) {
       const stuck = stuckReason();
       if (stuck !== null) throw new Error(stuck);
       sequence += 1;
@@ -283,6 +274,7 @@ export function createStateFile(path: string, options: StateFileOptions): StateF
         log[level]({ err: failed.err, stateFile: path }, `The state file ${path} was replaced, but the ${failed.problem} ${failed.fix}`);
       }
     },
+    /** Whether a write would succeed now: a probe file beside it written, fsynced and removed. */
     checkWritable: () => startLook(timeoutMs),
     writable,
     stuck: stuckReason,

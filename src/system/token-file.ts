@@ -19,12 +19,6 @@ export type TokenFileLook =
   /** The file did not answer within timeoutMs; a read of it is still pending. */
   | { kind: 'late'; timeoutMs: number };
 
-export interface TokenFileReader {
-  readonly path: string;
-  /** Looks at the file; never rejects, and resolves within the reader's timeout. */
-  look(): Promise<TokenFileLook>;
-}
-
 /** beforeRead runs between the stat and the open: tests change the file there, as a writer racing the read would. */
 export type TokenFileReaderOptions = { timeoutMs?: number; beforeRead?: () => void | Promise<void> };
 
@@ -75,12 +69,13 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
 /** isLate: whether the bound passed while the read is pending (later looks then answer `late` at once). */
 type Flight = { answer: Promise<TokenFileLook>; isLate: () => boolean };
 
-export function createTokenFileReader(path: string, options: TokenFileReaderOptions = {}): TokenFileReader {
+export function createTokenFileReader(path: string, options: TokenFileReaderOptions = {}) {
   const { timeoutMs = TOKEN_FILE_READ_TIMEOUT_MS, beforeRead } = options;
   // The identity of the content last taken; null: read the file at the next look.
   let taken: FileIdentity | null = null;
   let flight: Flight | null = null;
 
+  /** Looks at the file; never rejects, and resolves within the reader's timeout. */
   function look(): Promise<TokenFileLook> {
     if (flight !== null) return flight.isLate() ? Promise.resolve({ kind: 'late', timeoutMs }) : flight.answer;
     let late = false;
