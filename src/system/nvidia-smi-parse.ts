@@ -60,17 +60,14 @@ function withoutUnit(headerCell: string): string {
   return headerCell.replace(/ \[[^\]]*\]$/, '');
 }
 
-/** Only the first line can be a header: it is one when its first cell names the first field asked. */
-function splitHeader(lines: string[], firstField: string): string[] | null {
-  const first = lines[0];
-  if (first === undefined || withoutUnit(cellsOf(first)[0] as string) !== firstField) return null;
+/** Only the first line can be a header: it is one when its first cell names the first field asked, and must then name them all. */
+function dropHeader(lines: string[], fields: readonly string[], command: string): void {
+  const cells = cellsOf(lines[0] ?? '');
+  if (withoutUnit(cells[0]!) !== fields[0]) return;
   lines.shift();
-  return cellsOf(first);
-}
-
-function checkHeader(header: string[] | null, fields: readonly string[], command: string): void {
-  if (header === null || (header.length === fields.length && header.every((cell, i) => withoutUnit(cell) === fields[i]))) return;
-  throw unparsable(header.join(', '), `the header does not match the fields asked: ${fields.join(', ')}`, command);
+  if (cells.length !== fields.length || cells.some((cell, i) => withoutUnit(cell) !== fields[i])) {
+    throw unparsable(cells.join(', '), `the header does not match the fields asked: ${fields.join(', ')}`, command);
+  }
 }
 
 function parseMiB(cell: string, line: string, command: string): number | null {
@@ -151,7 +148,7 @@ export function parseGpuCsv(text: string, fields: readonly string[]): GpuRecord[
   if (missing.length > 0) throw new TypeError(`parseGpuCsv needs the fields ${missing.join(', ')}`);
   const command = gpuCommand(fields);
   const lines = csvLines(text);
-  checkHeader(splitHeader(lines, fields[0] as string), fields, command);
+  dropHeader(lines, fields, command);
   return lines.map((line) => parseGpuLine(line, fields, command));
 }
 
@@ -173,33 +170,27 @@ function parseComputeAppLine(line: string): ComputeAppRecord {
 /** Reads `--query-compute-apps` output; a header alone, or nothing, means no compute process. */
 export function parseComputeAppsCsv(text: string): ComputeAppRecord[] {
   const lines = csvLines(text);
-  checkHeader(splitHeader(lines, COMPUTE_APPS_FIELDS[0]), COMPUTE_APPS_FIELDS, COMPUTE_APPS_COMMAND);
+  dropHeader(lines, COMPUTE_APPS_FIELDS, COMPUTE_APPS_COMMAND);
   return lines.map(parseComputeAppLine);
 }
 
 // Drivers from 610 on deprecate "DRIVER version" and "CUDA version" for "KMD version" and "CUDA UMD
 // version": the new lines win, and a value that is not a version number is not taken for one.
-const VERSION_KEYS = new Map<string, { field: keyof NvidiaSmiVersion; renamed: boolean }>([
-  ['nvidia-smi version', { field: 'smiVersion', renamed: false }],
-  ['driver version', { field: 'driverVersion', renamed: false }],
-  ['kmd version', { field: 'driverVersion', renamed: true }],
-  ['cuda version', { field: 'cudaVersion', renamed: false }],
-  ['cuda umd version', { field: 'cudaVersion', renamed: true }],
-]);
 const VERSION_NUMBER = /^\d+(?:\.\d+)*$/;
 
 /** Reads `nvidia-smi --version` ("KEY version : VALUE" lines); keys it does not know are ignored. */
 export function parseVersion(text: string): NvidiaSmiVersion {
-  const version: NvidiaSmiVersion = { smiVersion: null, driverVersion: null, cudaVersion: null };
-  const fromRenamed = new Set<keyof NvidiaSmiVersion>();
+  const said = new Map<string, string>();
   for (const line of contentLines(text)) {
     const [key, ...rest] = line.split(':');
-    const target = VERSION_KEYS.get((key as string).trim().toLowerCase());
     const value = rest.join(':').trim();
-    if (target === undefined || !VERSION_NUMBER.test(value) || (fromRenamed.has(target.field) && !target.renamed)) continue;
-    version[target.field] = value;
-    if (target.renamed) fromRenamed.add(target.field);
+    if (VERSION_NUMBER.test(value)) said.set(key!.trim().toLowerCase(), value);
   }
+  const version: NvidiaSmiVersion = {
+    smiVersion: said.get('nvidia-smi version') ?? null,
+    driverVersion: said.get('kmd version') ?? said.get('driver version') ?? null,
+    cudaVersion: said.get('cuda umd version') ?? said.get('cuda version') ?? null,
+  };
   if (Object.values(version).some((v) => v !== null)) return version;
   throw unparsable(text.trim().split(/\r?\n/)[0] as string, 'no version number found', 'nvidia-smi --version');
 }
