@@ -264,48 +264,42 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
   /** How many stat files readStats may keep open (null: not a proc filesystem, none), and the open-file limit that caps it. */
   const keeping = () => ({ keepLimit: keeps ? keepLimit : null, openFilesLimit });
 
-  // Said once: it would repeat on every engine-output post.
-  let uptimeWarned = false;
-  const uptimeProblem = (fields: Record<string, unknown>, what: string): null => {
-    if (!uptimeWarned) {
-      uptimeWarned = true;
-      log.warn(fields, `${what}, so engine output cannot be dated: a pod's earlier run is not told apart from its current one. ${CHECK_PROC}`);
-    }
-    return null;
-  };
-  /** The kernel's clock now in ProcStat.startTime's unit, from the root's uptime file; null without one or when unreadable (logged once). */
-  const ticksNow = (): number | null => {
-    const path = `${base}uptime`;
+  /** A file under the root, parsed; null when there is none or it cannot be read or parsed (`warn` is told why). */
+  const readRootFile = <T>(file: string, like: string, field: string, parse: (text: string) => T | null, warn: Warn) => {
+    const path = `${base}${file}`;
     let text: string;
     try {
       text = readWhole(path).toString('utf8');
     } catch (err) {
-      return codeOf(err) === 'ENOENT' ? null : uptimeProblem({ path, err }, `Cannot read ${path} (${(err as Error).message})`);
-    }
-    return parseUptimeTicks(text) ?? uptimeProblem({ path, uptime: text.slice(0, 80) }, `${path} does not read as /proc/uptime does`);
-  };
-
-  let boot: { id: string | null } | null = null;
-  const readBootId = (): string | null => {
-    const path = `${base}sys/kernel/random/boot_id`;
-    let text: string;
-    try {
-      text = readWhole(path).toString('utf8');
-    } catch (err) {
-      if (codeOf(err) !== 'ENOENT') log.warn({ path, err }, `Cannot read ${path} (${(err as Error).message}), so ${BOOT_UNKNOWN}`);
+      if (codeOf(err) !== 'ENOENT') warn({ path, err }, `Cannot read ${path} (${(err as Error).message})`);
       return null;
     }
-    const id = parseBootId(text);
-    if (id === null) log.warn({ path, bootId: text.slice(0, 80) }, `${path} does not read as a boot id, so ${BOOT_UNKNOWN}`);
-    return id;
+    const value = parse(text);
+    if (value === null) warn({ path, [field]: text.slice(0, 80) }, `${path} does not read ${like}`);
+    return value;
   };
+
+  let uptimeWarned = false;
+  /** The kernel's clock now in ProcStat.startTime's unit, from the root's uptime file; null without one or when unreadable (logged once). */
+  const ticksNow = (): number | null =>
+    readRootFile('uptime', 'as /proc/uptime does', 'uptime', parseUptimeTicks, (fields, what) => {
+      // Said once: it would repeat on every engine-output post.
+      if (!uptimeWarned) log.warn(fields, `${what}, so ${UNDATED}`);
+      uptimeWarned = true;
+    });
+
+  let boot: { id: string | null } | null = null;
   /** The root's boot id (PIDs and start times name processes of one boot only), read once; null without one (logged when malformed). */
-  const bootId = (): string | null => (boot ??= { id: readBootId() }).id;
+  const bootId = (): string | null => {
+    const warn: Warn = (fields, what) => log.warn(fields, `${what}, so ${BOOT_UNKNOWN}`);
+    return (boot ??= { id: readRootFile('sys/kernel/random/boot_id', 'as a boot id', 'bootId', parseBootId, warn) }).id;
+  };
 
   return { root, readStat, readCgroup, readStats, statNow, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };
 }
 
 const CHECK_PROC = "Check that NODECOMPUTE_PROC points at the host's /proc.";
+const UNDATED = `engine output cannot be dated: a pod's earlier run is not told apart from its current one. ${CHECK_PROC}`;
 const BOOT_UNKNOWN = `a shard registered before the node last restarted is told apart from today's processes by PID and start time alone. ${CHECK_PROC}`;
 
 // One buffer for every read (they are synchronous, so never overlap); it grows for a larger file.

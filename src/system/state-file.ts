@@ -174,10 +174,6 @@ export function createStateFile(path: string, options: StateFileOptions) {
     try {
       await makeDirectory(dir);
       await synced(probe, PROBE_CONTENT, () => rm(probe, { force: true }));
-    } catch (err) {
-      return { ok: false, reason: `cannot write in ${dir}: ${(err as Error).message}` };
-    }
-    try {
       await checkUnchanged();
     } catch (err) {
       return unwritable(dir, err as StateFileFailure);
