@@ -146,20 +146,12 @@ export function parseBootId(text: string): string | null {
   return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/.test(id) ? id : null;
 }
 
-export function parseCgroup(text: string): string[] {
-  const paths: string[] = [];
-  for (const line of text.split('\n')) {
-    const path = cgroupPathOf(line);
-    if (path !== null && !paths.includes(path)) paths.push(path);
-  }
-  return paths;
-}
-
 // Lines are "hierarchy-ID:controller-list:path" (v1) or "0::path" (v2); the path may itself hold ':'.
-function cgroupPathOf(line: string): string | null {
-  const first = line.indexOf(':');
-  const second = first < 0 ? -1 : line.indexOf(':', first + 1);
-  return second < 0 || second === line.length - 1 ? null : line.slice(second + 1);
+const CGROUP_LINE = /^[^:]*:[^:]*:(.+)$/s;
+
+/** The cgroup paths of a /proc/PID/cgroup text, each once, in order. */
+export function parseCgroup(text: string): string[] {
+  return [...new Set(text.split('\n').flatMap((line) => CGROUP_LINE.exec(line)?.[1] ?? []))];
 }
 
 /** Whether cgroup paths are in the cgroup of `needle` (a container id or pod UID), as cgroupfs or systemd ('_' for '-') writes it. */

@@ -66,29 +66,26 @@ async function readIfChanged(path: string, taken: FileIdentity | null, beforeRea
   }
 }
 
-/** isLate: whether the bound passed while the read is pending (later looks then answer `late` at once). */
-type Flight = { answer: Promise<TokenFileLook>; isLate: () => boolean };
-
 export function createTokenFileReader(path: string, options: TokenFileReaderOptions = {}) {
   const { timeoutMs = TOKEN_FILE_READ_TIMEOUT_MS, beforeRead } = options;
   // The identity of the content last taken; null: read the file at the next look.
   let taken: FileIdentity | null = null;
-  let flight: Flight | null = null;
+  /** The look under way, shared by every caller until its read settles (past the bound, it answers `late` at once). */
+  let flight: Promise<TokenFileLook> | null = null;
 
   /** Looks at the file; never rejects, and resolves within the reader's timeout. */
   function look(): Promise<TokenFileLook> {
-    if (flight !== null) return flight.isLate() ? Promise.resolve({ kind: 'late', timeoutMs }) : flight.answer;
+    if (flight !== null) return flight;
     let late = false;
-    let answerLate!: () => void;
+    let timer!: NodeJS.Timeout;
     const deadline = new Promise<TokenFileLook>((resolve) => {
-      answerLate = () => resolve({ kind: 'late', timeoutMs });
+      timer = setTimeout(() => {
+        late = true;
+        // Read again once the file answers, so that its recovery is noticed even if it is unchanged.
+        taken = null;
+        resolve({ kind: 'late', timeoutMs });
+      }, timeoutMs);
     });
-    const timer = setTimeout(() => {
-      late = true;
-      // Read again once the file answers, so that its recovery is noticed even if it is unchanged.
-      taken = null;
-      answerLate();
-    }, timeoutMs);
     timer.unref();
     const read = readIfChanged(path, taken, beforeRead).then((outcome): TokenFileLook => {
       clearTimeout(timer);
@@ -102,9 +99,8 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
       if (outcome.kind === 'failed') taken = null;
       return outcome;
     });
-    const answer = Promise.race([read, deadline]);
-    flight = { answer, isLate: () => late };
-    return answer;
+    flight = Promise.race([read, deadline]);
+    return flight;
   }
 
   return { path, look };

@@ -4,9 +4,8 @@
 import { closeSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
-import { createModelFileReader, mapsUnreadable } from '../../src/system/model-files.js';
 import { fifoTestdir } from '../helpers/fifo.js';
-import { modelArgument, namedLikeModel, parseCmdline, parseMappedFiles } from '../../src/system/model-files-parse.js';
+import { createModelFileReader, mapsUnreadable, modelArgument, namedLikeModel, parseCmdline, parseMappedFiles } from '../../src/system/model-files.js';
 
 const BLOB = `/root/.ollama/models/blobs/sha256-${'ab'.repeat(32)}`;
 

@@ -179,21 +179,18 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
 
   /** A listed process's name; `named` collects those NVML gave, to keep for the next query. */
   async function processName(run: Run, pid: number, named: Map<number, string>): Promise<string> {
-    const known = named.get(pid) ?? processNames.get(pid);
-    if (known !== undefined) {
-      named.set(pid, known);
-      return known;
+    let name = named.get(pid) ?? processNames.get(pid);
+    if (name === undefined) {
+      const out = Buffer.alloc(1024);
+      const code = await call(run, 'processName', pid, out, out.length);
+      // As nvidia-smi writes them, so both backends name a process alike.
+      if (code === NVML.ERROR_NOT_FOUND) return '[Not Found]';
+      if (code === NVML.ERROR_NO_PERMISSION) return '[Insufficient Permissions]';
+      if (code !== NVML.SUCCESS) return `[${library.errorString(code)}]`;
+      name = cString(out);
     }
-    const out = Buffer.alloc(1024);
-    const code = await call(run, 'processName', pid, out, out.length);
-    if (code === NVML.SUCCESS) {
-      named.set(pid, cString(out));
-      return cString(out);
-    }
-    // As nvidia-smi writes them, so both backends name a process alike.
-    if (code === NVML.ERROR_NOT_FOUND) return '[Not Found]';
-    if (code === NVML.ERROR_NO_PERMISSION) return '[Insufficient Permissions]';
-    return `[${library.errorString(code)}]`;
+    named.set(pid, name);
+    return name;
   }
 
   async function listProcesses(run: Run): Promise<ComputeAppRecord[]> {
