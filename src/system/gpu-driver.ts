@@ -52,11 +52,7 @@ export interface ComputeAppRecord {
 /** A MIG device's place on its GPU: its GPU instance and compute instance ids. */
 export type MigInstance = { gpuInstanceId: number; computeInstanceId: number };
 
-export interface NvidiaSmiVersion {
-  smiVersion: string | null;
-  driverVersion: string | null;
-  cudaVersion: string | null;
-}
+export type NvidiaSmiVersion = { smiVersion: string | null; driverVersion: string | null; cudaVersion: string | null };
 
 /** A GPU nvidia-smi could not reach (bus id in canonicalBusId's form), and what it said of it ("GPU is lost. ...", "Unknown Error"). */
 export type UnreachableGpu = { busId: string; said: string };
@@ -97,23 +93,23 @@ export async function observed<T>(
   refusal: Error | null,
   work: () => Promise<T>,
 ): Promise<T> {
-  const observe = (durationMs: number | null, err?: unknown) =>
-    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
   if (refusal) {
-    observe(null, refusal);
+    onQuery?.({ query, durationMs: null, outcome: (refusal as DriverFailure).code });
     throw refusal;
   }
   const started = performance.now();
+  const done = (err?: unknown) => {
+    const durationMs = Math.round(performance.now() - started);
+    if (err === undefined) log.debug({ query, durationMs }, `${what} answered`);
+    else log.debug({ query, durationMs, err }, `${what} query failed`);
+    onQuery?.({ query, durationMs, outcome: err === undefined ? 'ok' : (err as DriverFailure).code });
+  };
   try {
     const value = await work();
-    const durationMs = Math.round(performance.now() - started);
-    log.debug({ query, durationMs }, `${what} answered`);
-    observe(durationMs);
+    done();
     return value;
   } catch (err) {
-    const durationMs = Math.round(performance.now() - started);
-    log.debug({ query, durationMs, err }, `${what} query failed`);
-    observe(durationMs, err);
+    done(err);
     throw err;
   }
 }

@@ -4,8 +4,6 @@
 import { NvidiaSmiUnparsableError } from '../errors.js';
 import type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './gpu-driver.js';
 
-export type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './gpu-driver.js';
-
 export const GPU_QUERY_FIELDS =
   ['index', 'uuid', 'name', 'memory.total', 'memory.used', 'memory.free', 'memory.reserved', 'mig.mode.current', 'pci.bus_id', 'utilization.gpu'] as const;
 export const COMPUTE_APPS_FIELDS = ['gpu_uuid', 'pid', 'process_name', 'used_gpu_memory'] as const;

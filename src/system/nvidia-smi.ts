@@ -7,13 +7,12 @@ import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError } from '../errors.js';
 import { COMPUTE_APPS_COMMAND, COMPUTE_APPS_FIELDS, csvAnswer, GPU_QUERY_FIELDS, gpuCommand, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
-import { parseVersion, unreachableGpusIn, type UnreachableGpu } from './nvidia-smi-parse.js';
-import { observed, type GpuDriver, type GpuListing, type QueryName, type QueryObservation } from './gpu-driver.js';
+import { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
+import { observed, type GpuDriver, type GpuListing, type QueryName, type QueryObservation, type UnreachableGpu } from './gpu-driver.js';
 
 export { canonicalBusId, COMPUTE_APPS_FIELDS, GPU_QUERY_FIELDS, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
 export { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
-export type { ComputeAppRecord, GpuRecord, NvidiaSmiVersion, UnreachableGpu } from './nvidia-smi-parse.js';
-export type { GpuListing, QueryName, QueryObservation } from './gpu-driver.js';
+export type { ComputeAppRecord, GpuListing, GpuRecord, NvidiaSmiVersion, QueryName, QueryObservation, UnreachableGpu } from './gpu-driver.js';
 
 /** killTimedOut: kills an overdue run's process group (default SIGKILL); a no-op stands for a wedged driver in tests. */
 export type NvidiaSmiOptions = { path: string; timeoutMs: number; log: Logger; onQuery?: (o: QueryObservation) => void; killTimedOut?: (pid: number) => void };
@@ -69,12 +68,11 @@ const CANNOT_SEE_GPUS = 'Without it nodecompute cannot see the GPUs. Install the
 /** Why nvidia-smi could not be started (ENOENT, EACCES): a name on PATH, a file, or a directory. */
 function notFoundError(path: string, result: Completed): Error {
   const code = String(result.code);
-  const searched = `${code}; PATH is ${JSON.stringify(process.env.PATH)}`;
   let said = `the file exists but this user may not execute it (${code}): it needs an x bit this user has (\`ls -l ${path}\`). ${CANNOT_SEE_GPUS}`;
   if (!path.includes('/')) {
     const what =
       code === 'ENOENT' ? 'no program of that name was found on PATH' : 'a file of that name on PATH may not be executed by this user, or is a directory';
-    said = `${what} (${searched}). ${CANNOT_SEE_GPUS}`;
+    said = `${what} (${code}; PATH is ${JSON.stringify(process.env.PATH)}). ${CANNOT_SEE_GPUS}`;
   } else if (code === 'ENOENT') {
     said = `there is no such file (${code}). ${CANNOT_SEE_GPUS}`;
   } else if (isDirectory(path)) {
