@@ -70,7 +70,6 @@ export type ProcReader = ReturnType<typeof createProcReader>;
 const UNSIGNED = /^\d+$/;
 const NEWLINE = 0x0a;
 const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
-const OUT_OF_DESCRIPTORS = new Set(['EMFILE', 'ENFILE']);
 // PIDs read synchronously between two yields to the event loop: about 2 ms of blocking.
 const SCAN_BATCH = 64;
 // More GPU processes than a node runs; capped at half the open-file limit, halved on EMFILE.
@@ -123,20 +122,16 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
       return readFd(fresh, true);
     } catch (err) {
       // Out of descriptors: give half the kept ones back for good, so no process reads as absent.
-      if (!OUT_OF_DESCRIPTORS.has(codeOf(err)) || kept.size === 0) throw err;
-      keepFewer(err);
+      const code = codeOf(err);
+      if (!Object.hasOwn(OUT_OF_DESCRIPTORS_ADVICE, code) || kept.size === 0) throw err;
+      keepLimit = Math.floor(kept.size / 2);
+      closeKept(() => kept.size > keepLimit);
+      log.warn(
+        { err, keepLimit },
+        `Out of file descriptors (${code}) while keeping /proc stat files open: at most ${keepLimit} are kept from now on. ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
+      );
       return readWhole(path);
     }
-  };
-
-  const keepFewer = (err: unknown): void => {
-    keepLimit = Math.floor(kept.size / 2);
-    closeKept(() => kept.size > keepLimit);
-    const code = codeOf(err);
-    log.warn(
-      { err, keepLimit },
-      `Out of file descriptors (${code}) while keeping /proc stat files open: at most ${keepLimit} are kept from now on. ${OUT_OF_DESCRIPTORS_ADVICE[code]}`,
-    );
   };
 
   const closeKept = (drop: (pid: number) => boolean): void => {
