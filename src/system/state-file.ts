@@ -77,14 +77,8 @@ function writeFailure(err: unknown): StateFileFailure {
   return Object.assign(new Error(said, { cause: err }), fix === undefined ? { code } : { code, fix });
 }
 
-async function textOrNull(path: string): Promise<string | null> {
-  try {
-    return await readFile(path, 'utf8');
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
-    throw err;
-  }
-}
+const textOrNull = (path: string): Promise<string | null> =>
+  readFile(path, 'utf8').catch((err: NodeJS.ErrnoException) => (err.code === 'ENOENT' ? null : Promise.reject(err)));
 
 /** Opens `file` (a directory: only to fsync it), writes `data` into it unless null, fsyncs it, then closes it and runs `after`. */
 async function synced(file: string, data: Buffer | string | null, after?: () => Promise<void>): Promise<void> {
