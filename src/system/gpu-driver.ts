@@ -88,8 +88,9 @@ export interface GpuDriver {
  * there is one, else timed and logged at debug only (the snapshot cache logs each failure once, when
  * it starts; the doctor shows its own).
  */
+type Observing = { query: QueryName; what: string; log: Logger; onQuery: ((o: QueryObservation) => void) | undefined };
 export async function observed<T>(
-  { query, what, log, onQuery }: { query: QueryName; what: string; log: Logger; onQuery: ((o: QueryObservation) => void) | undefined },
+  { query, what, log, onQuery }: Observing,
   refusal: Error | null,
   work: () => Promise<T>,
 ): Promise<T> {

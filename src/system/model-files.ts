@@ -95,7 +95,8 @@ export function mapsUnreadable(pid: number, err: unknown): string | null {
   return `reading /proc/${pid}/maps failed (${code || (err as Error).message})`;
 }
 
-/** probedMax: files whose probe is remembered before the memory starts again; deadlineMs: how long one process's read may take. */
+/** probedMax: files whose probe is remembered before the memory starts again; deadlineMs: how long one
+ *  process's read may take. */
 export function createModelFileReader(root: string, { probedMax = PROBED_MAX, deadlineMs = READ_DEADLINE_MS } = {}) {
   const base = root.endsWith('/') ? root : `${root}/`;
   const probed = new Map<string, Probe>();

@@ -58,7 +58,7 @@ function withoutUnit(headerCell: string): string {
   return headerCell.replace(/ \[[^\]]*\]$/, '');
 }
 
-/** Only the first line can be a header: it is one when its first cell names the first field asked, and must then name them all. */
+/** Only the first line can be a header: one whose first cell names the first field asked; it must name them all. */
 function dropHeader(lines: string[], fields: readonly string[], command: string): void {
   const cells = cellsOf(lines[0] ?? '');
   if (withoutUnit(cells[0]!) !== fields[0]) return;

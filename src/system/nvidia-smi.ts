@@ -8,11 +8,13 @@ import type { Logger } from 'pino';
 import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError } from '../errors.js';
 import { COMPUTE_APPS_COMMAND, COMPUTE_APPS_FIELDS, csvAnswer, GPU_QUERY_FIELDS, gpuCommand, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
 import { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
-import { observed, type GpuDriver, type GpuListing, type QueryName, type QueryObservation, type UnreachableGpu } from './gpu-driver.js';
+import { observed, type GpuDriver, type GpuListing, type QueryName, type QueryObservation } from './gpu-driver.js';
+import type { UnreachableGpu } from './gpu-driver.js';
 
 export { canonicalBusId, COMPUTE_APPS_FIELDS, GPU_QUERY_FIELDS, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
 export { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
-export type { ComputeAppRecord, GpuListing, GpuRecord, NvidiaSmiVersion, QueryName, QueryObservation, UnreachableGpu } from './gpu-driver.js';
+export type { ComputeAppRecord, GpuListing, GpuRecord, NvidiaSmiVersion } from './gpu-driver.js';
+export type { QueryName, QueryObservation, UnreachableGpu } from './gpu-driver.js';
 
 /** killTimedOut: kills an overdue run's process group (default SIGKILL); a no-op stands for a wedged driver in tests. */
 export type NvidiaSmiOptions = { path: string; timeoutMs: number; log: Logger; onQuery?: (o: QueryObservation) => void; killTimedOut?: (pid: number) => void };
@@ -196,7 +198,8 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): GpuDriver {
   function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
     const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
-    return observed({ query, what: 'nvidia-smi', log, onQuery }, refused, async () => parse(await execute(args, deadline)));
+    const work = async () => parse(await execute(args, deadline));
+    return observed({ query, what: 'nvidia-smi', log, onQuery }, refused, work);
   }
 
   const computeAppsAnswer = csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND);

@@ -6,11 +6,13 @@ import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { NvmlFailedError } from '../../errors.js';
-import type { ComputeAppRecord, GpuDriver, GpuListing, GpuRecord, NvidiaSmiVersion, QueryObservation, UnreachableGpu } from '../gpu-driver.js';
+import type { ComputeAppRecord, GpuDriver, GpuListing, GpuRecord, NvidiaSmiVersion } from '../gpu-driver.js';
+import type { QueryObservation, UnreachableGpu } from '../gpu-driver.js';
 import { canonicalBusId } from '../nvidia-smi-parse.js';
 import { cString, NVML, type DeviceHandle, type NvmlLibrary } from './nvml-library.js';
 import { createEventCounter } from './nvml-events.js';
-import { processLayout, readMigDevices, readMigProcesses, readProcesses, readUtilization, TEXT_BUFFER, textOf, type NvmlCall } from './nvml-processes.js';
+import { processLayout, readMigDevices, readMigProcesses, readProcesses, readUtilization } from './nvml-processes.js';
+import { TEXT_BUFFER, textOf, type NvmlCall } from './nvml-processes.js';
 import { createNvmlSession, Unreachable, type Run } from './nvml-session.js';
 
 export type NvmlDriverOptions = { library: NvmlLibrary; timeoutMs: number; log: Logger; procRoot: string; onQuery?: (o: QueryObservation) => void };
@@ -64,7 +66,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
   }
 
   /** A GPU's UUID, name or bus id: asked until NVML gives it, then kept. */
-  async function text(run: Run, fn: 'uuid' | 'name' | 'busId', index: number, device: DeviceHandle): Promise<string | null> {
+  async function text(run: Run, fn: 'uuid' | 'name' | 'busId', index: number, device: DeviceHandle) {
     const known = devices.get(index);
     if (known?.[fn] !== undefined) return known[fn];
     const value = fn === 'busId' ? await busIdOf(run, index, device) : await textOf(callsOf(run), fn, device);

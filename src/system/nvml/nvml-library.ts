@@ -54,7 +54,7 @@ export type DeviceHandle = bigint;
 export interface NvmlLibrary {
   /** Where it was loaded from: the name given to the loader, or the explicit path. */
   readonly path: string;
-  /** Calls `fn` on koffi's thread; a symbol the library lacks answers ERROR_FUNCTION_NOT_FOUND without a call (NVML's own "not supported here"). */
+  /** Calls `fn` on koffi's thread; a symbol the library lacks answers ERROR_FUNCTION_NOT_FOUND ("not supported here"). */
   call(fn: NvmlFunction, ...args: unknown[]): Promise<number>;
   has(fn: NvmlFunction): boolean;
   /** The symbol `fn` is bound to (nvmlDeviceGetCount_v2), for messages; its newest name when the library lacks it. */
