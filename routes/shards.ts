@@ -32,6 +32,9 @@ function readyBody(state: ShardState) {
   return { shard: state.shard.id, ...state.readiness, observedAt: state.observedAt === null ? null : new Date(state.observedAt).toISOString() };
 }
 
+/** The most engine output one POST may carry. */
+const ENGINE_OUTPUT_MAX_MIB = 1;
+
 const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, probeBudgetMs, authorise, stateFile } = app.services;
   /** What a change's 503 means: the state file could not take it within its timeout (registry.ts). */
@@ -167,11 +170,11 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/shards/:id/engine-output',
     {
-      bodyLimit: 1024 * 1024, // the 1 MiB of the summary
+      bodyLimit: ENGINE_OUTPUT_MAX_MIB * 1024 * 1024,
       schema: {
         operationId: 'postEngineOutput',
         tags: ['shards'],
-        summary: "Feed what the engine printed (text/plain, up to 1 MiB a call); answers the engine's account of where it computes.",
+        summary: `Feed what the engine printed (text/plain, up to ${ENGINE_OUTPUT_MAX_MIB} MiB a call); answers the engine's account of where it computes.`,
         description:
           'A bounded tail is kept per shard. Posts are appended as one stream, as the engine wrote it: a post that does not end with a newline is continued by the next one, so post whole lines or the chunks of the log in order. ' +
           "Lines may keep the prefixes a log pipeline adds: Kubernetes' container log files (`<time> stderr F `), docker compose's `name-1  | `, journald, timestamps, ANSI colours. " +

@@ -2,6 +2,7 @@
 // their index in the listing), those it holds but was not given (strays), and the engine's own
 // account. The backend says only what is known, else null. Also its MIG devices, with each one's
 // foreign memory (what a shard placed there competes with); only NVML lists them, elsewhere: null.
+// And the warning for memory held on a MIG device of its GPUs it was not placed on.
 import { formatHeldMemory } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
 import { shardCpuCores } from '../node-state/cpu-use.js';

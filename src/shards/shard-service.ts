@@ -177,6 +177,7 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
     appendEngineOutput(id: string, text: string): EngineState & { note: string | null } {
       const shard = requireShard(id);
       const restarted = restartedSince(node.peek()?.node.attribution.liveness.get(id), registry.engine(id)?.tailStartedAtTicks);
+      // Defined: requireShard found it just now, and nothing ran in between.
       const state = registry.appendEngineOutput(id, text, now(), proc.ticksNow(), restarted)!;
       return { ...state, note: engineOutputNote(shard, state) };
     },

@@ -4,6 +4,7 @@
 // input embeddings always, and every layer not offloaded). So a mapping shrunk to at most half the
 // file is a full offload; a whole one is judged by GPU memory, less what a context and compute
 // buffers take. No model file in view (vLLM, other engines): not seen, and nothing is judged.
+// heldBy and sumOrNull, what a shard holds per GPU and a sum unknown if one part is, serve its peers too.
 import { formatBytes } from '../memory-size.js';
 import type { ShardGpuHolding } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';

@@ -1,6 +1,7 @@
 // Owns what a snapshot source of the GPUs answers, whichever backend serves it: nvidia-smi runs
 // (nvidia-smi.ts) or NVML calls (nvml/nvml-driver.ts). Both fill the same records, so attribution,
-// verdicts and every route are the same under either.
+// verdicts and every route are the same under either. observed() is how both run a query: refused
+// once stopped, timed, logged at debug and reported to onQuery, alike.
 import type { Logger } from 'pino';
 import type { DriverFailure } from '../errors.js';
 

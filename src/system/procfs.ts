@@ -1,6 +1,7 @@
 // Reads /proc under one root (the host's, or a fixture tree), never shelling out. A gone PID reads
 // as null; other failures throw. readStats never throws for one PID: an unreadable stat is an
-// UnreadableStat (not null: it says nothing about an exit), logged once per call.
+// UnreadableStat (not null: it says nothing about an exit), logged once per call. It also words
+// read failures for the operator (what each errno means in a container, and what to do).
 import { closeSync, openSync, readSync, statfsSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';

@@ -176,7 +176,8 @@ const TIMESTAMP_AT = 8;
 const SM_UTIL_AT = 16;
 const SAMPLE_HEADROOM = 8;
 
-// A process NVML has no sample of did no work since `lastSeen` (0%); a GPU that gives none (MIG, old
+// NVML keeps samples of the last seconds and gives those newer than the timestamp passed back. A
+// process it has no sample of did no work since `lastSeen` (0%); a GPU that gives none (MIG, old
 // boards) reads null.
 /** Per PID, the highest SM utilization (%) sampled; null when the GPU gives none. `lastSeen`: the newest sample's time, to pass next. */
 export type Utilization = { byPid: Map<number, number> | null; lastSeen: bigint };
