@@ -2,41 +2,27 @@
 // bad value stops the start naming the setting and what it accepts, a risky one is a warning.
 // readStartTokens reads the token file within a bound, by the same rules auth.ts keeps while running.
 import { parseArgs } from 'node:util';
+import type { Static } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import damerauLevenshtein from 'damerau-levenshtein';
 import { ConfigInvalidError } from './errors.js';
 import { hostnameOf } from './http/write-guard.js';
-import { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS, type LOG_LEVELS, type Setting } from './settings.js';
-import type { BackendSetting } from './system/driver-choice.js';
+import { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS, type Setting } from './settings.js';
 import { createTokenFileReader, type FileOwner, type TokenFileReaderOptions } from './system/token-file.js';
 
 export { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS };
 
 type SettingKey = keyof typeof SETTINGS;
 
-export interface Config {
-  host: string;
-  port: number;
-  backend: BackendSetting;
-  nvmlLibrary: string | null;
-  nvidiaSmi: string;
-  proc: string;
-  cacheTtlMs: number;
-  maxStaleMs: number;
-  smiTimeoutMs: number;
-  probeWaitMs: number;
-  logLevel: (typeof LOG_LEVELS)[number];
-  stateFile: string;
-  stateTimeoutMs: number;
-  gpuGraceMs: number;
-  /** NODECOMPUTE_TOKEN, or the token file's first token (set by readStartTokens); null: writes from loopback only. */
-  token: string | null;
-  tokenFile: string | null;
-  /** Host names a write trusted for coming from loopback may name besides loopback's own (lower-case, no port). */
+/**
+ * Each setting as validated. token: NODECOMPUTE_TOKEN, or the token file's first token (set by readStartTokens); null: writes
+ * from loopback only. allowedHosts: names a loopback write may give besides loopback's own (lower-case, no port). fileTokens:
+ * every token the token file held at start (auth.ts re-reads the file).
+ */
+export type Config = { [K in Exclude<SettingKey, 'allowedHosts'>]: Static<(typeof SETTINGS)[K]['schema']> } & {
   allowedHosts: string[];
-  /** Every token the token file held at start (set by readStartTokens); auth.ts re-reads the file. */
   fileTokens: string[];
-}
+};
 
 /** Every setting at its default: the base that tests and the demo override. */
 export function defaultConfig(overrides: Partial<Config> = {}): Config {
@@ -82,9 +68,6 @@ function validate(setting: Setting, raw: string | number | null): unknown {
   return value;
 }
 
-/** The placeholder of deploy/kubernetes/secret.example.yaml, known to anyone. */
-const PLACEHOLDER = /^REPLACE-ME/i;
-
 /** Why `token` (trimmed) can never authorise a write, or null; never says the token. Any printable ASCII is taken. */
 export function tokenProblem(token: string): string | null {
   if (token === '') return 'it is blank';
@@ -97,17 +80,15 @@ export function tokenProblem(token: string): string | null {
   if (/^(["']).+\1$/.test(token)) return 'it is wrapped in quotes, which would be part of the token: remove them';
   if (/^\w*token\w*=/i.test(token)) return 'it looks like an assignment (NAME=token): write only the token';
   if (token.length < 16) return `it is ${token.length} characters long, and a token needs at least 16`;
-  if (PLACEHOLDER.test(token)) {
+  if (/^REPLACE-ME/i.test(token)) {
     return 'it is the public placeholder of deploy/kubernetes/secret.example.yaml. Put a random token in the Secret: ' +
       'kubectl -n nodecompute create secret generic nodecompute-token --from-literal=token="$(openssl rand -hex 32)"';
   }
   return null;
 }
 
-export type TokenFileContent = { tokens: string[]; problem: null } | { tokens: null; problem: string };
-
 /** One token a line; blank lines, "#" comment lines and whitespace around a token are ignored. */
-export function parseTokenFile(text: string): TokenFileContent {
+export function parseTokenFile(text: string) {
   const tokens: string[] = [];
   for (const [index, line] of text.split('\n').entries()) {
     const token = line.trim();
@@ -169,14 +150,6 @@ export async function readStartTokens(config: Config, options: TokenFileReaderOp
   );
 }
 
-function fixedToken(raw: string): string {
-  // Whitespace around it (a Secret made with `echo`) could never be sent in a header either.
-  const token = raw.trim();
-  const problem = tokenProblem(token);
-  if (problem !== null) invalid(SETTINGS.token, raw, problem);
-  return token;
-}
-
 /** Kubernetes gives up on a probe after timeoutSeconds, 1 s unless the manifest says otherwise. */
 const KUBERNETES_PROBE_TIMEOUT_MS = 1000;
 
@@ -216,12 +189,11 @@ export function nearestWord(typed: string, candidates: readonly string[]): strin
   // So is a name cut short at the front (TTL_MS, GRACE_MS), when only one candidate ends that way.
   const endingSo = candidates.filter((candidate) => candidate.endsWith(`-${word}`) || candidate.endsWith(`-${word}-ms`));
   if (endingSo.length === 1) return endingSo[0]!;
-  let best: { candidate: string; distance: number } | null = null;
-  for (const candidate of candidates) {
-    const distance = damerauLevenshtein(word, candidate).steps; // a swap of adjacent letters is one edit
-    if (distance <= 2 && distance < candidate.length / 2 && (best === null || distance < best.distance)) best = { candidate, distance };
-  }
-  return best?.candidate ?? null;
+  const near = candidates
+    .map((candidate) => ({ candidate, distance: damerauLevenshtein(word, candidate).steps })) // a swap is one edit
+    .filter(({ candidate, distance }) => distance <= 2 && distance < candidate.length / 2)
+    .sort((a, b) => a.distance - b.distance);
+  return near[0]?.candidate ?? null;
 }
 
 /** Names the unknown flag and the one it likely meant (parseArgs' own message is about `--`). */
@@ -263,31 +235,34 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
     throw new ConfigInvalidError(`${(err as Error).message}. Run \`nodecompute --help\` for the settings.`, { cause: err });
   }
   const values = parsed.values as Record<string, string | boolean | undefined>;
-  const config: Record<string, unknown> = {};
-  const given = new Set<SettingKey>();
-  for (const [key, setting] of Object.entries(SETTINGS) as [SettingKey, Setting][]) {
+  // A flag wins over its variable; an empty variable is unset.
+  const given = (setting: Setting): string | undefined => {
     const fromFlag = values[setting.flag];
-    const fromEnv = env[setting.env];
-    const value = typeof fromFlag === 'string' ? fromFlag : fromEnv !== undefined && fromEnv !== '' ? fromEnv : undefined;
-    if (value !== undefined) given.add(key);
-    config[key] = validate(setting, value ?? setting.default);
-  }
+    return typeof fromFlag === 'string' ? fromFlag : env[setting.env] || undefined;
+  };
+  const config = Object.fromEntries(
+    Object.entries(SETTINGS).map(([key, setting]) => [key, validate(setting, given(setting) ?? setting.default)]),
+  );
   const resolved = config as unknown as Config;
   resolved.allowedHosts = ((config.allowedHosts as string | null) ?? '').split(',').map((name) => hostnameOf(name)).filter((name) => name !== '');
   resolved.fileTokens = [];
   if (resolved.tokenFile !== null && resolved.token !== null) {
     invalid(SETTINGS.tokenFile, resolved.tokenFile, 'NODECOMPUTE_TOKEN is set too; set only one of them');
   }
-  if (resolved.tokenFile === null && resolved.token !== null) resolved.token = fixedToken(resolved.token);
+  if (resolved.tokenFile === null && resolved.token !== null) {
+    // Whitespace around it (a Secret made with `echo`) could never be sent in a header either.
+    const problem = tokenProblem(resolved.token.trim());
+    if (problem !== null) invalid(SETTINGS.token, resolved.token, problem);
+    resolved.token = resolved.token.trim();
+  }
   const warnings = [...unknownVariables(env), ...checkCombinations(resolved)];
   const [help, version] = [values.help === true, values.version === true];
-  return { config: resolved, positionals: parsed.positionals, help, version, warnings, defaultHost: !given.has('host') };
+  return { config: resolved, positionals: parsed.positionals, help, version, warnings, defaultHost: given(SETTINGS.host) === undefined };
 }
 
 export function settingsHelp(): string {
-  const rows = Object.values(SETTINGS).map((setting: Setting) => {
+  return Object.values(SETTINGS).map((setting: Setting) => {
     const dflt = setting.default === null ? '(unset)' : String(setting.default);
     return `  --${setting.flag} <value>\n      ${setting.env} (default: ${dflt})\n      ${setting.description}\n      Accepts ${setting.accepts}.`;
-  });
-  return rows.join('\n');
+  }).join('\n');
 }

@@ -18,12 +18,13 @@ export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', '
 /** How long the token file may take at start: longer than a write waits, since a start has no tokens to fall back on. */
 export const TOKEN_FILE_START_TIMEOUT_MS = 5000;
 
-function milliseconds(min: number, max: number, description: string) {
-  return Type.Integer({ minimum: min, maximum: max, description });
+/** A span in milliseconds: its schema and what it accepts, said from the same bounds. */
+function milliseconds(min: number, max: number) {
+  return { schema: Type.Integer({ minimum: min, maximum: max }), accepts: `an integer number of milliseconds from ${min} to ${max}` };
 }
 
-/** A setting read from --<flag> and the environment variable NODECOMPUTE_<FLAG>. */
-function setting(flag: string, rest: Omit<Setting, 'env' | 'flag'>): Setting {
+/** A setting read from --<flag> and the environment variable NODECOMPUTE_<FLAG>; its schema's type is kept for Config. */
+function setting<S extends TSchema>(flag: string, rest: Omit<Setting, 'env' | 'flag' | 'schema'> & { schema: S }) {
   return { env: `NODECOMPUTE_${flag.toUpperCase().replaceAll('-', '_')}`, flag, ...rest };
 }
 
@@ -66,27 +67,23 @@ export const SETTINGS = {
     description: "Where the host's /proc is mounted (the container must share the host PID namespace).",
   }),
   cacheTtlMs: setting('cache-ttl-ms', {
-    schema: milliseconds(0, 3_600_000, 'cache TTL'),
+    ...milliseconds(0, 3_600_000),
     default: 1000,
-    accepts: 'an integer number of milliseconds from 0 to 3600000',
     description: 'How long a node snapshot is fresh; at most one nvidia-smi run per query per TTL.',
   }),
   maxStaleMs: setting('max-stale-ms', {
-    schema: milliseconds(0, 86_400_000, 'max stale'),
+    ...milliseconds(0, 86_400_000),
     default: 30_000,
-    accepts: 'an integer number of milliseconds from 0 to 86400000',
     description: 'How old a snapshot may be and still be served (marked stale) while nvidia-smi is slow or failing.',
   }),
   smiTimeoutMs: setting('smi-timeout-ms', {
-    schema: milliseconds(100, 600_000, 'nvidia-smi timeout'),
+    ...milliseconds(100, 600_000),
     default: 5000,
-    accepts: 'an integer number of milliseconds from 100 to 600000',
     description: 'Hard limit for one GPU query: an nvidia-smi run (past it, its process group is killed) or the NVML calls of one query.',
   }),
   probeWaitMs: setting('probe-wait-ms', {
-    schema: milliseconds(0, 600_000, 'probe wait'),
+    ...milliseconds(0, 600_000),
     default: 800,
-    accepts: 'an integer number of milliseconds from 0 to 600000',
     description: "Longest a probe or poller (/readyz, /shards, /metrics, /) waits for a snapshot it needs; keep it under the probe's timeout (1 s by default).",
   }),
   logLevel: setting('log-level', {
@@ -102,15 +99,13 @@ export const SETTINGS = {
     description: 'Where shard registrations are persisted (written atomically before each 2xx).',
   }),
   stateTimeoutMs: setting('state-timeout-ms', {
-    schema: milliseconds(100, 600_000, 'state file timeout'),
+    ...milliseconds(100, 600_000),
     default: STATE_FILE_TIMEOUT_MS,
-    accepts: 'an integer number of milliseconds from 100 to 600000',
     description: 'Longest a state file read or write may take before its volume is taken as hung (then a 503; nothing else starts there until it returns).',
   }),
   gpuGraceMs: setting('gpu-grace-ms', {
-    schema: milliseconds(0, 3_600_000, 'GPU grace'),
+    ...milliseconds(0, 3_600_000),
     default: 15_000,
-    accepts: 'an integer number of milliseconds from 0 to 3600000',
     description: 'Default time a new shard may take before holding memory on its GPUs (starting, not yet on-cpu).',
   }),
   token: setting('token', {
