@@ -21,9 +21,7 @@ function digest(value: string): Buffer {
 /** Compares against every accepted token, never stopping at a match, so the time says nothing about which one. */
 function matchesAny(digests: readonly Buffer[], presented: string): boolean {
   const presentedDigest = digest(presented);
-  let matched = false;
-  for (const expected of digests) matched = timingSafeEqual(expected, presentedDigest) || matched;
-  return matched;
+  return digests.reduce((matched, expected) => timingSafeEqual(expected, presentedDigest) || matched, false);
 }
 
 export function isLoopback(address: string | undefined): boolean {
@@ -32,25 +30,11 @@ export function isLoopback(address: string | undefined): boolean {
   return v4.startsWith('127.') || address === '::1';
 }
 
-const bearer = (header: string | undefined): string | null => header?.match(/^Bearer\s+(\S+)\s*$/i)?.[1] ?? null;
-
 /** The tokens accepted for writes now, and the setting that names them. */
 export interface TokenSource {
   setting: 'NODECOMPUTE_TOKEN' | 'NODECOMPUTE_TOKEN_FILE';
   /** Digests of the tokens in force; a promise while the token file is looked at (the write waits for it). */
   current(): readonly Buffer[] | Promise<readonly Buffer[]>;
-}
-
-/** problem: what is wrong with the file now (the tokens last read stay in force); null when nothing is. */
-type TokenFileSource = TokenSource & { problem(): string | null };
-
-function fixedToken(token: string): TokenSource {
-  const digests = [digest(token)];
-  return { setting: 'NODECOMPUTE_TOKEN', current: () => digests };
-}
-
-function sameTokens(a: readonly string[], b: readonly string[]): boolean {
-  return a.length === b.length && a.every((token) => b.includes(token));
 }
 
 /** Unstable reads in a row before they are warned about: one alone is a rewrite caught in the act. */
@@ -62,8 +46,11 @@ const FIX_THE_SECRET =
 /** initial: the tokens read at start (readStartTokens refuses to start without one); beforeRead: for tests (see createTokenFileReader). */
 type TokenFileOptions = { path: string; initial: string[]; log: Logger; now: () => number; beforeRead?: TokenFileReaderOptions['beforeRead'] };
 
-/** The token file's tokens, re-read when it changes; a file gone bad keeps the tokens last read in force. */
-export function createTokenFileSource(options: TokenFileOptions): TokenFileSource {
+/**
+ * The token file's tokens, re-read when it changes; a file gone bad keeps the tokens last read in force.
+ * problem: what is wrong with the file now, null when nothing is.
+ */
+export function createTokenFileSource(options: TokenFileOptions): TokenSource & { problem(): string | null } {
   const { path, log, now } = options;
   const reader = createTokenFileReader(path, { beforeRead: options.beforeRead });
   let tokens = options.initial;
@@ -88,7 +75,7 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
       warnedOf = null;
       log.info({ file: path }, `The token file ${path} can be used again (what was wrong with it is fixed); tokens are read from it again from now on.`);
     }
-    if (sameTokens(next, tokens)) return;
+    if (next.length === tokens.length && next.every((token) => tokens.includes(token))) return;
     tokens = next;
     digests = next.map(digest);
     log.info({ file: path, tokens: next.length }, `Write tokens changed: ${next.length} token(s) from ${path} are in force now.`);
@@ -151,12 +138,7 @@ export function createTokenFileSource(options: TokenFileOptions): TokenFileSourc
 /** The token file as the service sees it; problem: what is wrong with it (the tokens last read stay in force), null when nothing is. */
 export type TokenFileState = { path: string; tokens: number; problem: string | null };
 
-export interface Auth {
-  /** The onRequest hook of every write route. */
-  authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void;
-  /** Looks at the token file as a write does and says what it found (the doctor's view); null without one. */
-  tokenFile: (() => Promise<TokenFileState>) | null;
-}
+export type Auth = ReturnType<typeof createAuth>;
 
 /** Why a write was refused before it was looked at: the label of nodecompute_writes_refused_total. */
 export const WRITE_REFUSALS = [
@@ -168,11 +150,6 @@ export const WRITE_REFUSALS = [
 ] as const;
 export type WriteRefusal = (typeof WRITE_REFUSALS)[number];
 
-/** An address as people write it: an IPv4 client of a dual-stack socket shows as ::ffff:a.b.c.d. */
-function displayAddress(address: string | undefined): string {
-  return String(address).replace(/^::ffff:/, '');
-}
-
 /** How writes are authorised, as the start-up log says it: from the config, with the tokens read at start. */
 export function describeWriteAccess(config: Config): string {
   if (config.tokenFile !== null) {
@@ -183,14 +160,17 @@ export function describeWriteAccess(config: Config): string {
     "Docker's -p or a proxy are refused: set NODECOMPUTE_TOKEN_FILE (or NODECOMPUTE_TOKEN) to accept them with a bearer token.";
 }
 
-export function createAuth(config: Config, log: Logger, now: () => number, onRefused: (reason: WriteRefusal) => void): Auth {
+/**
+ * authorise: the onRequest hook of every write route. tokenFile: looks at the token file as a write does and says what it
+ * found (the doctor's view); null without one.
+ */
+export function createAuth(config: Config, log: Logger, now: () => number, onRefused: (reason: WriteRefusal) => void) {
   const path = config.tokenFile;
   const fileSource = path === null ? null : createTokenFileSource({ path, initial: config.fileTokens, log, now });
-  const source: TokenSource | null = fileSource ?? (config.token === null ? null : fixedToken(config.token));
-  const tokenFile =
-    fileSource === null || path === null
-      ? null
-      : async (): Promise<TokenFileState> => ({ path, tokens: (await fileSource.current()).length, problem: fileSource.problem() });
+  const fixed = config.token === null ? null : [digest(config.token)];
+  const source: TokenSource | null = fileSource ?? (fixed && { setting: 'NODECOMPUTE_TOKEN', current: () => fixed });
+  const tokenFile = fileSource === null || path === null ? null
+    : async (): Promise<TokenFileState> => ({ path, tokens: (await fileSource.current()).length, problem: fileSource.problem() });
   const rotationHint = path === null ? '.'
     : `; after a rotation, this node takes the new token within a second of ${path} changing (a Secret's mounted file lags the Secret by a minute or two).`;
   // A caller retrying with a stale token would log a line a second: warn once a minute per reason and address.
@@ -212,11 +192,11 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
       if (isLoopback(remoteAddress)) return done();
       refused('not-loopback', request, 'Refused a write from the network: no token is configured, so only loopback may write');
       const message =
-        `No token is configured here, so writes are accepted from loopback only (127.0.0.1, ::1); this one came from ${displayAddress(remoteAddress)}. ` +
+        `No token is configured here, so writes are accepted from loopback only (127.0.0.1, ::1); this one came from ${String(remoteAddress).replace(/^::ffff:/, '')}. ` +
         "Behind Docker's -p (its bridge: 172.17.0.1) or a proxy, set NODECOMPUTE_TOKEN_FILE or NODECOMPUTE_TOKEN, and send \"Authorization: Bearer <token>\".";
       return done(new ForbiddenError(message));
     }
-    const presented = bearer(request.headers.authorization);
+    const presented = request.headers.authorization?.match(/^Bearer\s+(\S+)\s*$/i)?.[1] ?? null;
     reply.header('www-authenticate', 'Bearer realm="nodecompute"');
     if (presented === null) {
       refused('missing-token', request, 'Refused a write without "Authorization: Bearer <token>"');
