@@ -3,8 +3,9 @@
 // A host that was set is used as given; one or a port that cannot be listened on fails the start.
 import { ConfigInvalidError } from './errors.js';
 
-export const DUAL_STACK_HOST = '::';
-export const IPV4_HOST = '0.0.0.0';
+const DUAL_STACK_HOST = '::';
+const IPV4_HOST = '0.0.0.0';
+const FAMILIES = new Map([[DUAL_STACK_HOST, ' (IPv6 and IPv4)'], [IPV4_HOST, ' (IPv4 only)']]);
 
 /** Why a listen on an address failed, for the errors that say the machine cannot have it. */
 const UNAVAILABLE: Record<string, string> = {
@@ -23,12 +24,6 @@ export type Listen = (options: { host: string; port: number }) => Promise<string
 /** url: as Fastify reports it; host: the one asked for, or 0.0.0.0 after the fallback; message: the start-up line. */
 export type Listening = { url: string; host: string; message: string };
 
-function families(host: string): string {
-  if (host === DUAL_STACK_HOST) return ' (IPv6 and IPv4)';
-  if (host === IPV4_HOST) return ' (IPv4 only)';
-  return '';
-}
-
 /** Node's "listen EADDRINUSE: address already in use :::9470", with what it means and what to do. */
 function explainPortInUse(err: unknown, port: number): unknown {
   if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE') return err;
@@ -38,15 +33,12 @@ function explainPortInUse(err: unknown, port: number): unknown {
 }
 
 /** Listens on `host`, or on 0.0.0.0 where the default :: is refused; a failure is thrown, explained where it can be. */
-export async function listenOn(listen: Listen, options: { host: string; port: number; defaultHost: boolean }): Promise<Listening> {
-  const { port } = options;
-  return listenOrFallBack((asked) => listen(asked).catch((err: unknown) => Promise.reject(explainPortInUse(err, port))), options);
-}
-
-async function listenOrFallBack(listen: Listen, { host, port, defaultHost }: { host: string; port: number; defaultHost: boolean }): Promise<Listening> {
+export async function listenOn(given: Listen, options: { host: string; port: number; defaultHost: boolean }): Promise<Listening> {
+  const { host, port, defaultHost } = options;
+  const listen: Listen = (asked) => given(asked).catch((err: unknown) => Promise.reject(explainPortInUse(err, port)));
   try {
     const url = await listen({ host, port });
-    return { url, host, message: `nodecompute is listening on ${host}${families(host)}` };
+    return { url, host, message: `nodecompute is listening on ${host}${FAMILIES.get(host) ?? ''}` };
   } catch (err) {
     const code = String((err as NodeJS.ErrnoException).code);
     const unavailable = UNAVAILABLE[code];

@@ -9,7 +9,7 @@ import { buildApp } from './app.js';
 import { describeWriteAccess } from './auth.js';
 import { nearestWord, readStartTokens, resolveConfig, settingsHelp, type Config, type ResolvedCli } from './config.js';
 import { runDoctorCli } from './doctor/doctor-cli.js';
-import { listenOn, type Listening } from './listen.js';
+import { listenOn } from './listen.js';
 import { exitNow } from './system/exit-now.js';
 import { nvmlCallsUnderWay } from './system/nvml/nvml-library.js';
 import { VERSION } from './version.js';
@@ -60,13 +60,11 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
   for (const warning of cli.warnings) log.warn(warning);
   const app = await buildApp(config, { logger: log, settingsWarnings: cli.warnings });
-  let listening: Listening;
-  try {
-    listening = await listenOn((options) => app.listen(options), { host: config.host, port: config.port, defaultHost: cli.defaultHost });
-  } catch (err) {
+  const listen = listenOn((options) => app.listen(options), { host: config.host, port: config.port, defaultHost: cli.defaultHost });
+  const listening = await listen.catch(async (err: unknown) => {
     await app.close();
     throw err;
-  }
+  });
   // Installed once listening: else a start that failed (a port in use) would exit 0 when the event
   // loop empties. After an uncaught error the shutdown exits 1 itself (close-with-grace: 0 if falsy).
   closeWithGrace(
@@ -122,16 +120,16 @@ async function main(argv: string[]): Promise<number | null> {
     );
     return 2;
   }
-  let config: Config;
-  try {
-    config = await readStartTokens(cli.config);
-  } catch (err) {
-    // The doctor reports a token file a start refuses as a failed check, among the others.
-    if (command === 'doctor') return runDoctorCli(cli.config, process.stdout, { settingsWarnings: cli.warnings, tokenFileRefused: (err as Error).message });
-    process.stderr.write(`nodecompute: ${(err as Error).message}\n`);
+  const { config, refused } = await readStartTokens(cli.config).then(
+    (config) => ({ config, refused: null }),
+    (err: Error) => ({ config: cli.config, refused: err.message }),
+  );
+  // The doctor reports a token file a start refuses as a failed check, among the others.
+  if (command === 'doctor') return runDoctorCli(config, process.stdout, { settingsWarnings: cli.warnings, tokenFileRefused: refused });
+  if (refused !== null) {
+    process.stderr.write(`nodecompute: ${refused}\n`);
     return 2;
   }
-  if (command === 'doctor') return runDoctorCli(config, process.stdout, { settingsWarnings: cli.warnings, tokenFileRefused: null });
   try {
     await serve(config, cli);
   } catch (err) {

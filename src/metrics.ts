@@ -12,7 +12,7 @@ import { shardCpuCores } from './node-state/cpu-use.js';
 import type { NodeView } from './node-state/node-view.js';
 import { placedIndices } from './node-state/placement.js';
 import { READINESS_STATES } from './shards/verdict.js';
-import { shardWeights, type ShardWeights } from './shards/weights.js';
+import { shardWeights } from './shards/weights.js';
 import type { ShardState } from './shards/shard-service.js';
 import type { Backend, QueryName, QueryObservation } from './system/gpu-driver.js';
 import { VERSION } from './version.js';
@@ -28,17 +28,13 @@ const requireCollector = createRequire(import.meta.url);
 /** Every query: its failure counter starts at 0 for every code a run can fail with (errors.ts), so rate() sees the first failure. */
 const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
 
-export interface Metrics {
-  registry: Registry;
-  observeQuery: (observation: QueryObservation) => void;
-  countRefusedWrite: (reason: WriteRefusal) => void;
-  /** Names the backend the GPU figures come from (set once, at start). */
-  setBackend: (backend: Backend) => void;
-  /** Rebuilds the node and shard series; `lostGpus` stay while nvidia-smi fails, so their alert does not resolve then. */
-  update(input: { node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>; shards: ShardState[]; tokenFile: TokenFileState | null }): void;
-}
+export type Metrics = ReturnType<typeof createMetrics>;
+type Scrape = {
+  node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; shards: ShardState[]; tokenFile: TokenFileState | null;
+  lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>;
+};
 
-export function createMetrics(): Metrics {
+export function createMetrics() {
   const registry = new Registry();
   for (const name of DEFAULT_COLLECTORS) {
     (requireCollector(`prom-client/lib/metrics/${name}`) as DefaultCollector)(registry, { eventLoopMonitoringPrecision: 10 });
@@ -76,6 +72,7 @@ export function createMetrics(): Metrics {
   const tokensHelp = 'Write tokens in force from NODECOMPUTE_TOKEN_FILE: 2 during a rotation ("old + new"), 1 before and after. Absent without a token file.';
   const tokensInForce = gauge('nodecompute_token_file_tokens', tokensHelp, ['file']);
   gauge('nodecompute_build_info', 'Always 1; the version label says which nodecompute runs.', ['version']).set({ version: VERSION }, 1);
+  const counter = (name: string, help: string, labelNames: readonly string[]) => new Counter({ name, help, labelNames, registers: [registry] });
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
     help: 'Duration of nvidia-smi runs, by query.',
@@ -83,27 +80,18 @@ export function createMetrics(): Metrics {
     buckets: [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
     registers: [registry],
   });
-  const failures = new Counter({
-    name: 'nodecompute_nvidia_smi_failures_total',
-    help: 'nvidia-smi runs that failed, by query and reason (the error code).',
-    labelNames: ['query', 'reason'],
-    registers: [registry],
-  });
-  const refusedWrites = new Counter({
-    name: 'nodecompute_writes_refused_total',
-    help:
-      'Writes refused before they were looked at, by reason: missing-token, wrong-token (none in force: a caller left behind by a rotation), ' +
-      'not-loopback (no token, from the network), cross-origin (a web page of another origin), foreign-host (no token, another Host: DNS rebinding).',
-    labelNames: ['reason'],
-    registers: [registry],
-  });
+  const failuresHelp = 'nvidia-smi runs that failed, by query and reason (the error code).';
+  const failures = counter('nodecompute_nvidia_smi_failures_total', failuresHelp, ['query', 'reason']);
+  const refusedHelp =
+    'Writes refused before they were looked at, by reason: missing-token, wrong-token (none in force: a caller left behind by a rotation), ' +
+    'not-loopback (no token, from the network), cross-origin (a web page of another origin), foreign-host (no token, another Host: DNS rebinding).';
+  const refusedWrites = counter('nodecompute_writes_refused_total', refusedHelp, ['reason']);
 
   for (const query of QUERIES) for (const reason of DRIVER_FAILURE_CODES) failures.inc({ query, reason }, 0);
   for (const reason of WRITE_REFUSALS) refusedWrites.inc({ reason }, 0);
   const backendHelp = 'Always 1: backend is where the GPU figures come from (nvml or nvidia-smi). The nvidia_smi_* series count its queries, whichever it is.';
   const backendInfo = gauge('nodecompute_gpu_backend_info', backendHelp, ['backend']);
   // Counts the NVML backend keeps since start, rebuilt at each scrape: monotonic while nodecompute runs. Absent under nvidia-smi.
-  const counter = (name: string, help: string, labelNames: readonly string[]) => new Counter({ name, help, labelNames, registers: [registry] });
   const xids = counter('nodecompute_gpu_xid_errors_total', 'Xid events NVML reported for the GPU since nodecompute started, by Xid number (see dmesg).', [...gpuLabels, 'xid']);
   const ecc = counter('nodecompute_gpu_ecc_errors_total', 'ECC error events NVML reported for the GPU since nodecompute started (single-bit: corrected).', [...gpuLabels, 'type']);
   const smHelp = "SM utilization of a shard's processes on a GPU (NVML's per-process samples, 1 = 100%): near 0 while the shard is busy means its work is not on this GPU.";
@@ -119,25 +107,21 @@ export function createMetrics(): Metrics {
   const migMemory = gauge('nodecompute_mig_device_memory_bytes', migHelp, [...gpuLabels, 'mig_uuid', 'profile', 'kind']);
 
   const rebuiltGauges = [total, used, free, reserved, foreign, utilization, lost, migMemory, shardMemory, shardPlaced, shardReady, shardState, tokenFileOk, tokensInForce];
-  const setWeights = (shard: string, weights: ShardWeights) => {
-    for (const [where, bytes] of [['total', weights.bytes], ['host', weights.hostBytes], ['gpu', weights.gpuBytes]] as const) {
-      if (bytes !== null) shardWeightsBytes.set({ shard, where }, bytes);
-    }
-    if (weights.gpuShare !== null) shardWeightsShare.set({ shard }, weights.gpuShare);
-  };
   const setMiB = (metric: Gauge, labels: Record<string, string>, mib: number | null) => {
     if (mib !== null) metric.set(labels, mib * MIB);
   };
 
   return {
     registry,
-    countRefusedWrite: (reason) => refusedWrites.inc({ reason }),
-    setBackend: (backend) => backendInfo.set({ backend }, 1),
-    observeQuery(observation) {
+    countRefusedWrite: (reason: WriteRefusal) => refusedWrites.inc({ reason }),
+    /** Names the backend the GPU figures come from (set once, at start). */
+    setBackend: (backend: Backend) => backendInfo.set({ backend }, 1),
+    observeQuery(observation: QueryObservation) {
       if (observation.durationMs !== null) duration.observe({ query: observation.query }, observation.durationMs / 1000);
       if (observation.outcome !== 'ok') failures.inc({ query: observation.query, reason: observation.outcome });
     },
-    update({ node, ageMs, nvidiaSmiUp, lostGpus, shards, tokenFile }) {
+    /** Rebuilds the node and shard series; `lostGpus` stay while nvidia-smi fails, so their alert does not resolve then. */
+    update({ node, ageMs, nvidiaSmiUp, lostGpus, shards, tokenFile }: Scrape) {
       for (const metric of [...rebuiltGauges, xids, ecc, shardSm, shardCpu, shardWeightsBytes, shardWeightsShare]) metric.reset();
       if (tokenFile !== null) {
         tokenFileOk.set({ file: tokenFile.path }, tokenFile.problem === null ? 1 : 0);
@@ -182,9 +166,14 @@ export function createMetrics(): Metrics {
         shardReady.set({ shard: shard.id }, readiness.ready ? 1 : 0);
         for (const gpu of placedIndices(shard, node?.snapshot.gpus ?? null)) shardPlaced.set({ shard: shard.id, gpu: String(gpu) }, 1);
         for (const state of READINESS_STATES) shardState.set({ shard: shard.id, state }, state === readiness.state ? 1 : 0);
-        const cores = node === null ? null : shardCpuCores(shard, node);
+        if (node === null) continue;
+        const cores = shardCpuCores(shard, node);
         if (cores !== null) shardCpu.set({ shard: shard.id }, cores);
-        if (node !== null) setWeights(shard.id, shardWeights(shard, node));
+        const weights = shardWeights(shard, node);
+        for (const [where, bytes] of [['total', weights.bytes], ['host', weights.hostBytes], ['gpu', weights.gpuBytes]] as const) {
+          if (bytes !== null) shardWeightsBytes.set({ shard: shard.id, where }, bytes);
+        }
+        if (weights.gpuShare !== null) shardWeightsShare.set({ shard: shard.id }, weights.gpuShare);
       }
     },
   };
