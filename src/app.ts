@@ -1,30 +1,20 @@
-// The composition of the service: builds the readers and domain services from a Config and wires
-// them into Fastify with one error shape, one auth rule, the routes and their 405s. It never
-// listens (main.ts does); tests pass `deps` to swap the clock, the logger or a reader.
+// The composition of the service: wires the services (services.ts builds them from a Config) into
+// Fastify with one error shape, one auth rule, the routes and their 405s. It never listens
+// (main.ts does); tests pass `deps` to swap the clock, the logger or a reader. openapi.yaml is
+// generated from the same app, so the file equals what /openapi.json serves.
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Fastify, { LogController, type FastifyReply } from 'fastify';
-import { pino, type Logger } from 'pino';
+import { pino } from 'pino';
 import type { OpenAPIV3_1 } from 'openapi-types';
-import { createAuth } from './auth.js';
-import type { Config } from './config.js';
+import { defaultConfig, type Config } from './config.js';
 import { handleErrors } from './http/error-handler.js';
 import { fastifyErrorBody, errorBody, writeClientError } from './http/errors.js';
 import { DOCS_CSP, setHtmlHeaders } from './http/html-headers.js';
 import { answerOtherMethods } from './http/method-not-allowed.js';
-import { createMetrics } from './metrics.js';
-import { createNodeService } from './node-state/node-service.js';
-import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
-import { createSnapshotSource } from './node-state/snapshot.js';
 import { completeOpenApi } from './openapi-document.js';
-import type { App, Services } from './services.js';
-import { createShardService } from './shards/shard-service.js';
-import { loadRegistry } from './shards/registry.js';
-import { chooseDriver } from './system/driver-choice.js';
-import type { GpuDriver } from './system/gpu-driver.js';
-import { createProcReader, type ProcReader } from './system/procfs.js';
-import { createStateFile, type StateFile } from './system/state-file.js';
+import { createServices, type App, type AppDeps } from './services.js';
 import { registerSchemas } from './schemas/index.js';
 import { VERSION } from './version.js';
 import doctorRoutes from '../routes/doctor.js';
@@ -35,43 +25,10 @@ import openapiRoutes from '../routes/openapi.js';
 import shardsRoutes from '../routes/shards.js';
 import statusPageRoutes from '../routes/status-page.js';
 
-export type { App, Services } from './services.js';
-
-export interface AppDeps {
-  logger?: Logger;
-  now?: () => number;
-  /** The GPU backend (default: as config.backend picks it). */
-  driver?: GpuDriver;
-  proc?: ProcReader;
-  stateFile?: StateFile;
-  /** The warnings the start logged about the settings, for the doctor's settings row. */
-  settingsWarnings?: readonly string[];
-}
+export type { App, AppDeps, Services } from './services.js';
 
 /** While closing, how long a keep-alive connection may idle after its last answer (Fastify's default is 72 s). */
 const CLOSING_KEEP_ALIVE_MS = 1;
-
-async function createServices(config: Config, deps: AppDeps, log: Logger): Promise<Services> {
-  const now = deps.now ?? Date.now;
-  const metrics = createMetrics();
-  const chosen = deps.driver ? { driver: deps.driver, why: 'given by the caller' } : await chooseDriver(config, log, metrics.observeQuery);
-  const { driver } = chosen;
-  metrics.setBackend(driver.backend);
-  log.info({ backend: driver.backend, source: driver.source }, `GPU figures come from ${driver.backend} (${driver.source}): ${chosen.why}`);
-  const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
-  const stateFile = deps.stateFile ?? createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }), now, timeoutMs: config.stateTimeoutMs });
-  const registry = await loadRegistry({ stateFile, log });
-  const take = createSnapshotTaker({ driver, proc, log, interest: () => registry.interest(proc.bootId()), now });
-  const snapshots = createSnapshotSource<NodeSnapshot>({ take, ttlMs: config.cacheTtlMs, maxStaleMs: config.maxStaleMs, log, now });
-  const node = createNodeService(snapshots, registry, log);
-  const shards = createShardService({ registry, node, proc, defaultGraceMs: config.gpuGraceMs, log, now });
-  return {
-    config, node, shards, registry, driver, driverWhy: chosen.why, proc, stateFile, metrics, now,
-    probeBudgetMs: Math.min(config.probeWaitMs, config.smiTimeoutMs),
-    settingsWarnings: deps.settingsWarnings ?? [],
-    ...createAuth(config, log, now, metrics.countRefusedWrite),
-  };
-}
 
 async function registerOpenApi(app: App): Promise<void> {
   registerSchemas(app);
@@ -143,4 +100,17 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   });
   app.addHook('onClose', async () => services.proc.release());
   return app;
+}
+
+/** openapi.yaml as the service serves it at /openapi.json: built without listening or touching nvidia-smi (`npm run openapi`). */
+export async function generateOpenApiYaml(): Promise<string> {
+  // The registry only reads its file at start; a path that does not exist means "no shards".
+  const config = defaultConfig({ stateFile: '/nonexistent/nodecompute-openapi/shards.json', logLevel: 'silent' });
+  const app = await buildApp(config, { logger: pino({ level: 'silent' }) });
+  try {
+    await app.ready();
+    return app.swagger({ yaml: true });
+  } finally {
+    await app.close();
+  }
 }

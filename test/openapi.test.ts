@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs';
 import t from 'tap';
 import { isAlias, parse, parseDocument, visit } from 'yaml';
 import { Type } from '@sinclair/typebox';
-import { generateOpenApiYaml } from '../src/openapi.js';
+import { generateOpenApiYaml } from '../src/app.js';
 import { Ref } from '../src/schemas/common.js';
 import { eightGpuNode } from './helpers/fake-nvidia-smi.js';
 import { buildTestApp } from './helpers/app.js';
