@@ -15,9 +15,10 @@ export { SETTINGS, TOKEN_FILE_START_TIMEOUT_MS };
 type SettingKey = keyof typeof SETTINGS;
 
 /**
- * Each setting as validated. token: NODECOMPUTE_TOKEN, or the token file's first token (set by readStartTokens); null: writes
- * from loopback only. allowedHosts: names a loopback write may give besides loopback's own (lower-case, no port). fileTokens:
- * every token the token file held at start (auth.ts re-reads the file).
+ * Each setting as validated. token: NODECOMPUTE_TOKEN, or the token file's first token (set by
+ * readStartTokens); null: writes from loopback only. allowedHosts: names a loopback write may give
+ * besides loopback's own (lower-case, no port). fileTokens: every token the token file held at
+ * start (auth.ts re-reads the file).
  */
 export type Config = { [K in Exclude<SettingKey, 'allowedHosts'>]: Static<(typeof SETTINGS)[K]['schema']> } & {
   allowedHosts: string[];
@@ -257,7 +258,8 @@ export function resolveConfig(env: NodeJS.ProcessEnv, argv: string[]): ResolvedC
   }
   const warnings = [...unknownVariables(env), ...checkCombinations(resolved)];
   const [help, version] = [values.help === true, values.version === true];
-  return { config: resolved, positionals: parsed.positionals, help, version, warnings, defaultHost: given(SETTINGS.host) === undefined };
+  const defaultHost = given(SETTINGS.host) === undefined;
+  return { config: resolved, positionals: parsed.positionals, help, version, warnings, defaultHost };
 }
 
 export function settingsHelp(): string {

@@ -4,29 +4,26 @@ import { Type, type TSchema } from '@sinclair/typebox';
 import { BACKENDS } from './system/driver-choice.js';
 import { STATE_FILE_TIMEOUT_MS } from './system/state-file.js';
 
-export interface Setting {
-  env: string;
-  flag: string;
-  schema: TSchema;
-  default: string | number | null;
-  accepts: string;
-  description: string;
-}
-
-export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
 /** How long the token file may take at start: longer than a write waits, since a start has no tokens to fall back on. */
 export const TOKEN_FILE_START_TIMEOUT_MS = 5000;
 
 /** A span in milliseconds: its schema and what it accepts, said from the same bounds. */
 function milliseconds(min: number, max: number) {
-  return { schema: Type.Integer({ minimum: min, maximum: max }), accepts: `an integer number of milliseconds from ${min} to ${max}` };
+  const accepts = `an integer number of milliseconds from ${min} to ${max}`;
+  return { schema: Type.Integer({ minimum: min, maximum: max }), accepts };
 }
 
-/** A setting read from --<flag> and the environment variable NODECOMPUTE_<FLAG>; its schema's type is kept for Config. */
-function setting<S extends TSchema>(flag: string, rest: Omit<Setting, 'env' | 'flag' | 'schema'> & { schema: S }) {
+/** A setting read from --<flag> and the variable NODECOMPUTE_<FLAG>; its schema's type is kept for Config. */
+function setting<S extends TSchema>(
+  flag: string,
+  rest: { schema: S; default: string | number | null; accepts: string; description: string },
+) {
   return { env: `NODECOMPUTE_${flag.toUpperCase().replaceAll('-', '_')}`, flag, ...rest };
 }
+
+export type Setting = ReturnType<typeof setting<TSchema>>;
 
 export const SETTINGS = {
   host: setting('host', {
@@ -130,4 +127,4 @@ export const SETTINGS = {
     accepts: 'host names separated by commas, such as gpu-node-7,gpu-node-7.example.com',
     description: 'Without a token, the Host names a loopback write may give besides localhost, 127.0.0.1 and [::1] (any other is refused: DNS rebinding).',
   }),
-} satisfies Record<string, Setting>;
+};
