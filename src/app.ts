@@ -102,7 +102,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   return app;
 }
 
-/** openapi.yaml as the service serves it at /openapi.json: built without listening or touching nvidia-smi (`npm run openapi`). */
+/** openapi.yaml as /openapi.json serves it, built without listening or touching nvidia-smi (`npm run openapi`). */
 export async function generateOpenApiYaml(): Promise<string> {
   // The registry only reads its file at start; a path that does not exist means "no shards".
   const config = defaultConfig({ stateFile: '/nonexistent/nodecompute-openapi/shards.json', logLevel: 'silent' });

@@ -24,10 +24,9 @@ function matchesAny(digests: readonly Buffer[], presented: string): boolean {
   return digests.reduce((matched, expected) => timingSafeEqual(expected, presentedDigest) || matched, false);
 }
 
+/** An IPv4 client of a dual-stack socket shows as ::ffff:a.b.c.d. */
 export function isLoopback(address: string | undefined): boolean {
-  if (!address) return false;
-  const v4 = address.startsWith('::ffff:') ? address.slice(7) : address;
-  return v4.startsWith('127.') || address === '::1';
+  return address !== undefined && (address.replace(/^::ffff:/, '').startsWith('127.') || address === '::1');
 }
 
 /** The tokens accepted for writes now, and the setting that names them. */
@@ -161,8 +160,8 @@ export function describeWriteAccess(config: Config): string {
 }
 
 /**
- * authorise: the onRequest hook of every write route. tokenFile: looks at the token file as a write does and says what it
- * found (the doctor's view); null without one.
+ * authorise: the onRequest hook of every write route. tokenFile: looks at the token file as a write
+ * does and says what it found (the doctor's view); null without one.
  */
 export function createAuth(config: Config, log: Logger, now: () => number, onRefused: (reason: WriteRefusal) => void) {
   const path = config.tokenFile;
@@ -170,7 +169,9 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
   const fixed = config.token === null ? null : [digest(config.token)];
   const source: TokenSource | null = fileSource ?? (fixed && { setting: 'NODECOMPUTE_TOKEN', current: () => fixed });
   const tokenFile = fileSource === null || path === null ? null
-    : async (): Promise<TokenFileState> => ({ path, tokens: (await fileSource.current()).length, problem: fileSource.problem() });
+    : async (): Promise<TokenFileState> => ({
+      path, tokens: (await fileSource.current()).length, problem: fileSource.problem(),
+    });
   const rotationHint = path === null ? '.'
     : `; after a rotation, this node takes the new token within a second of ${path} changing (a Secret's mounted file lags the Secret by a minute or two).`;
   // A caller retrying with a stale token would log a line a second: warn once a minute per reason and address.

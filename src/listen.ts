@@ -21,9 +21,6 @@ const UNRESOLVED: Record<string, string> = {
 
 export type Listen = (options: { host: string; port: number }) => Promise<string>;
 
-/** url: as Fastify reports it; host: the one asked for, or 0.0.0.0 after the fallback; message: the start-up line. */
-export type Listening = { url: string; host: string; message: string };
-
 /** Node's "listen EADDRINUSE: address already in use :::9470", with what it means and what to do. */
 function explainPortInUse(err: unknown, port: number): unknown {
   if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE') return err;
@@ -32,8 +29,11 @@ function explainPortInUse(err: unknown, port: number): unknown {
   return Object.assign(new Error(message, { cause: err }), { code: 'EADDRINUSE' });
 }
 
-/** Listens on `host`, or on 0.0.0.0 where the default :: is refused; a failure is thrown, explained where it can be. */
-export async function listenOn(given: Listen, options: { host: string; port: number; defaultHost: boolean }): Promise<Listening> {
+/**
+ * Listens on `host`, or on 0.0.0.0 where the default :: is refused; a failure is thrown, explained where it can be.
+ * Gives url (as Fastify reports it), host (the one asked for, or 0.0.0.0 after the fallback) and message (the start-up line).
+ */
+export async function listenOn(given: Listen, options: { host: string; port: number; defaultHost: boolean }) {
   const { host, port, defaultHost } = options;
   const listen: Listen = (asked) => given(asked).catch((err: unknown) => Promise.reject(explainPortInUse(err, port)));
   try {

@@ -60,8 +60,8 @@ async function serve(config: Config, cli: ResolvedCli): Promise<void> {
   const log = createLogger(config);
   for (const warning of cli.warnings) log.warn(warning);
   const app = await buildApp(config, { logger: log, settingsWarnings: cli.warnings });
-  const listen = listenOn((options) => app.listen(options), { host: config.host, port: config.port, defaultHost: cli.defaultHost });
-  const listening = await listen.catch(async (err: unknown) => {
+  const where = { host: config.host, port: config.port, defaultHost: cli.defaultHost };
+  const listening = await listenOn((options) => app.listen(options), where).catch(async (err: unknown) => {
     await app.close();
     throw err;
   });
@@ -125,7 +125,8 @@ async function main(argv: string[]): Promise<number | null> {
     (err: Error) => ({ config: cli.config, refused: err.message }),
   );
   // The doctor reports a token file a start refuses as a failed check, among the others.
-  if (command === 'doctor') return runDoctorCli(config, process.stdout, { settingsWarnings: cli.warnings, tokenFileRefused: refused });
+  const settingsWarnings = cli.warnings;
+  if (command === 'doctor') return runDoctorCli(config, process.stdout, { settingsWarnings, tokenFileRefused: refused });
   if (refused !== null) {
     process.stderr.write(`nodecompute: ${refused}\n`);
     return 2;

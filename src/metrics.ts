@@ -30,8 +30,8 @@ const QUERIES: readonly QueryName[] = ['gpus', 'compute-apps', 'version'];
 
 export type Metrics = ReturnType<typeof createMetrics>;
 type Scrape = {
-  node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; shards: ShardState[]; tokenFile: TokenFileState | null;
-  lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>;
+  node: NodeView | null; ageMs: number | null; nvidiaSmiUp: boolean; shards: ShardState[];
+  tokenFile: TokenFileState | null; lostGpus: ReadonlyArray<Pick<LostGpu, 'index' | 'uuid'>>;
 };
 
 export function createMetrics() {
