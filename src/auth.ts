@@ -54,7 +54,7 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource & 
   const reader = createTokenFileReader(path, { beforeRead: options.beforeRead });
   let tokens = options.initial;
   let digests = tokens.map(digest);
-  let checkedAt: number | null = null;
+  let checkedAt = -Infinity;
   let checking: Promise<readonly Buffer[]> | null = null;
   let unstableInARow = 0;
   let problem: string | null = null;
@@ -120,9 +120,8 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource & 
       // A write that comes while the file is being looked at waits for that look, and starts none.
       if (checking !== null) return checking;
       const at = now();
-      const elapsed = checkedAt === null ? Infinity : at - checkedAt;
       // A clock set back must not stop the checks until it catches up again.
-      if (elapsed < TOKEN_FILE_CHECK_MS && elapsed >= 0) return digests;
+      if (at - checkedAt < TOKEN_FILE_CHECK_MS && at >= checkedAt) return digests;
       checkedAt = at;
       checking = reader.look().then((look) => {
         checking = null;

@@ -19,7 +19,6 @@ export const DRIVER_FAILURE_CODES = [
   'NODECOMPUTE_NVML_FAILED',
   'NODECOMPUTE_NVML_TIMEOUT',
 ] as const;
-type DriverFailureCode = (typeof DRIVER_FAILURE_CODES)[number];
 
 export const NvidiaSmiNotFoundError = coded('NODECOMPUTE_NVIDIA_SMI_NOT_FOUND', 503);
 export const NvidiaSmiFailedError = coded('NODECOMPUTE_NVIDIA_SMI_FAILED', 503);
@@ -70,7 +69,7 @@ export interface CodedError extends Error {
 }
 
 /** An error of the NvidiaSmi*Error or Nvml*Error classes: what a failed driver query rejects with. */
-export type DriverFailure = CodedError & { code: DriverFailureCode };
+export type DriverFailure = CodedError & { code: (typeof DRIVER_FAILURE_CODES)[number] };
 
 export function isCodedError(err: unknown): err is CodedError {
   const e = err as Partial<CodedError>;
