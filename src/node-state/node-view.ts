@@ -1,12 +1,13 @@
 // Owns the answers derived from one snapshot and one registry version, computed once and shared by
-// every request that sees the pair (attribution walks every GPU process). Also GET /gpus's GPU view.
+// every request that sees the pair (attribution walks every GPU process). Also GET /gpus's GPU view
+// and the CPU cores each shard's processes use.
 import type { Logger } from 'pino';
 import type { Static } from '@sinclair/typebox';
 import type { SnapshotMetaComponent } from '../schemas/common.js';
 import type { GpusResponse } from '../schemas/gpus.js';
 import type { ShardRecord } from '../shards/shard.js';
 import { attribute, type Attribution } from './attribution.js';
-import type { NodeSnapshot } from './node-snapshot.js';
+import { statOf, type NodeSnapshot } from './node-snapshot.js';
 import type { UnreachableListedGpu } from './placement.js';
 import type { SnapshotView } from './snapshot.js';
 
@@ -116,4 +117,25 @@ export function lostGpusJson(node: NodeView): GpusResponse['lostGpus'] {
     lostAt: new Date(lostAt).toISOString(),
     unreachable: said ?? null,
   }));
+}
+
+// A shard's CPU use: the cores its processes used between the last two snapshots, summed over its
+// registered process (while it is the process registered), its cgroup's members and the GPU processes
+// attribution gave it. A process counts once, and only when both snapshots read it; none read twice
+// reads null, not 0.
+/** Cores, to two decimals: the 10 ms clock tick makes finer figures noise. */
+const round2 = (value: number): number => Math.round(value * 100) / 100;
+
+export function shardCpuCores(shard: ShardRecord, node: NodeView): number | null {
+  const { snapshot } = node;
+  const pids = new Set<number>();
+  if (shard.pid !== null && statOf(snapshot, shard.pid)?.startTime === shard.identity.startTime) pids.add(shard.pid);
+  if (shard.cgroup !== null) for (const pid of snapshot.cgroupPids.get(shard.cgroup) ?? []) pids.add(pid);
+  for (const holding of node.attribution.holdings.get(shard.id)?.values() ?? []) for (const process of holding.processes) pids.add(process.pid);
+  let cores: number | null = null;
+  for (const pid of pids) {
+    const used = snapshot.cpuCores.get(pid);
+    if (used !== undefined) cores = (cores ?? 0) + used;
+  }
+  return cores === null ? null : round2(cores);
 }

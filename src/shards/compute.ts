@@ -5,9 +5,8 @@
 // And the warning for memory held on a MIG device of its GPUs it was not placed on.
 import { formatHeldMemory } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
-import { shardCpuCores } from '../node-state/cpu-use.js';
 import { foreignMemory } from '../node-state/foreign-memory.js';
-import type { NodeView } from '../node-state/node-view.js';
+import { shardCpuCores, type NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount, EngineBackend } from './llama-account.js';
 import type { ShardRecord } from './shard.js';
@@ -20,7 +19,7 @@ export type MigUsage = { uuid: string; profile: string; usedMiB: number | null; 
 /** `usedMiB`: null when nvidia-smi reports [N/A] for one of the shard's processes there; `utilizationPct`: the whole GPU's. */
 export type GpuUsage = { index: number; usedMiB: number | null; smUtilPct: number | null; xidErrors: number | null; utilizationPct: number | null; migDevices: MigUsage[] | null };
 
-/** `cpuCores`: what its processes burn (cpu-use.ts); null until two snapshots have read them. */
+/** `cpuCores`: what its processes burn (node-view.ts); null until two snapshots have read them. */
 export type ShardCompute = {
   backend: EngineBackend | null;
   devices: string[];

@@ -7,8 +7,7 @@
 import { formatDuration } from '../duration.js';
 import { formatBytes } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
-import { shardCpuCores } from '../node-state/cpu-use.js';
-import type { NodeView } from '../node-state/node-view.js';
+import { shardCpuCores, type NodeView } from '../node-state/node-view.js';
 import { deviceLabel } from './compute.js';
 import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';

@@ -3,7 +3,7 @@
 // CPU while its GPU does no work (cpuBurnWarning) and the verdict that carries it.
 import t from 'tap';
 import { cpuSince } from '../../src/node-state/node-snapshot.js';
-import { shardCpuCores } from '../../src/node-state/cpu-use.js';
+import { shardCpuCores } from '../../src/node-state/node-view.js';
 import { CPU_BURN_CORES, cpuBurnWarning } from '../../src/shards/on-cpu-verdict.js';
 import { readiness } from '../../src/shards/readiness.js';
 import type { GpuState } from '../../src/node-state/node-snapshot.js';
