@@ -2,7 +2,6 @@
 // and exits non-zero when any failed. A start's settings warnings and token-file refusal are rows.
 import type { Writable } from 'node:stream';
 import { pino } from 'pino';
-import type { TokenFileState } from '../auth.js';
 import type { Config } from '../config.js';
 import { chooseDriver } from '../system/driver-choice.js';
 import { exitNow } from '../system/exit-now.js';
@@ -12,11 +11,6 @@ import { createStateFile } from '../system/state-file.js';
 import { VERSION } from '../version.js';
 import { formatDoctorReport, runDoctor } from './doctor.js';
 
-/** The tokens read from the token file at start (readStartTokens refuses to start without one). */
-function fileTokens({ tokenFile: path, fileTokens: tokens }: Config): (() => Promise<TokenFileState>) | null {
-  return path === null ? null : async () => ({ path, tokens: tokens.length, problem: null });
-}
-
 /** settingsWarnings: ResolvedCli.warnings; tokenFileRefused: readStartTokens's message, null when it reads the file. */
 export type DoctorCliOptions = { settingsWarnings: readonly string[]; tokenFileRefused: string | null };
 
@@ -24,13 +18,15 @@ export async function runDoctorCli(config: Config, out: Writable, options: Docto
   // The table is the output; reader warnings would only repeat it.
   const log = pino({ level: 'silent' });
   const { driver, why } = await chooseDriver(config, log);
+  // The tokens read from the token file at start (readStartTokens refuses to start without one).
+  const { tokenFile: path, fileTokens } = config;
   const report = await runDoctor({
     driver,
     driverWhy: why,
     proc: createProcReader({ root: config.proc, log }),
     stateFile: createStateFile(config.stateFile, { log, timeoutMs: config.stateTimeoutMs }),
     tokenConfigured: config.token !== null,
-    tokenFile: fileTokens(config),
+    tokenFile: path === null ? null : async () => ({ path, tokens: fileTokens.length, problem: null }),
     tokenFileRefused: options.tokenFileRefused,
     settingsWarnings: options.settingsWarnings,
     version: VERSION,

@@ -67,19 +67,15 @@ export interface SnapshotTakerDeps {
 export function joinGpusAndProcesses(gpus: GpuRecord[], apps: ComputeAppRecord[]): { gpus: GpuState[]; unmatched: ComputeAppRecord[] } {
   const states = gpus.map((gpu): GpuState => ({ ...gpu, processes: [] }));
   const byUuid = new Map(states.map((gpu) => [gpu.uuid, gpu]));
-  const unmatched: ComputeAppRecord[] = [];
   for (const app of apps) {
     const gpu = byUuid.get(app.gpuUuid);
-    if (gpu === undefined) {
-      unmatched.push(app);
-      continue;
-    }
+    if (gpu === undefined) continue;
     const at = app.migInstance;
     const mig = at ? gpu.migDevices?.find((device) => device.gpuInstanceId === at.gpuInstanceId && device.computeInstanceId === at.computeInstanceId) : undefined;
     const { pid, name, usedMiB, smUtilPct } = app;
     gpu.processes.push({ pid, name, usedMiB, gpuIndex: gpu.index, gpuUuid: gpu.uuid, smUtilPct, migUuid: mig?.uuid ?? null });
   }
-  return { gpus: states, unmatched };
+  return { gpus: states, unmatched: apps.filter((app) => !byUuid.has(app.gpuUuid)) };
 }
 
 /** A PID's stat when this snapshot read it; undefined when it was not asked about, is gone or was unreadable. */
@@ -88,13 +84,13 @@ export function statOf(snapshot: ProcFacts, pid: number): ProcStat | undefined {
   return isReadable(answer) ? answer : undefined;
 }
 
+/** The sessions of the shards' processes that were read. */
+const sessionsOf = (proc: ReadonlyMap<number, StatAnswer>, shardPids: ReadonlySet<number>): Set<number> =>
+  new Set([...shardPids].flatMap((pid) => [proc.get(pid)].filter(isReadable).map((stat) => stat.session)));
+
 /** Reads the parents attribution walks from a GPU process up to its shard, while the chain stays in a shard's session. */
 async function readParents(proc: ProcReader, stats: Map<number, StatAnswer>, gpuPids: Iterable<number>, shardPids: ReadonlySet<number>): Promise<void> {
-  const sessions = new Set<number>();
-  for (const pid of shardPids) {
-    const stat = stats.get(pid);
-    if (isReadable(stat)) sessions.add(stat.session);
-  }
+  const sessions = sessionsOf(stats, shardPids);
   const walked = new Set<number>();
   let frontier = new Set(gpuPids);
   for (let generation = 1; generation < ANCESTRY_DEPTH && sessions.size > 0; generation += 1) {
@@ -164,11 +160,7 @@ type ModelFilesCache = Map<number, { startTime: number; held: string; at: number
 
 /** The processes whose model files are worth reading: the shards' own, and GPU processes in a shard's session or cgroup. */
 function modelFileCandidates(proc: ReadonlyMap<number, StatAnswer>, gpus: GpuState[], shardPids: ReadonlySet<number>, cgroupPids: ProcFacts['cgroupPids']): number[] {
-  const sessions = new Set<number>();
-  for (const pid of shardPids) {
-    const stat = proc.get(pid);
-    if (isReadable(stat)) sessions.add(stat.session);
-  }
+  const sessions = sessionsOf(proc, shardPids);
   const members = new Set([...cgroupPids.values()].flatMap((found) => [...found]));
   const gpuPids = gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid));
   const near = gpuPids.filter((pid) => {

@@ -49,16 +49,9 @@ type Good<S> = { snapshot: S; observedAt: number; startedAt: number; epoch: numb
 /** `since`: when this run of identical failures began; `count`: failures in a row, whatever their reason. */
 type Failure = { error: Error; at: number; epoch: number; since: number; count: number };
 
-export interface SnapshotSourceOptions<S> {
-  take: () => Promise<S>;
-  ttlMs: number;
-  maxStaleMs: number;
-  log: Logger;
-  now: () => number;
-}
+type Options<S> = { take: () => Promise<S>; ttlMs: number; maxStaleMs: number; log: Logger; now: () => number };
 
-export function createSnapshotSource<S>(options: SnapshotSourceOptions<S>) {
-  const { take, ttlMs, maxStaleMs, log, now } = options;
+export function createSnapshotSource<S>({ take, ttlMs, maxStaleMs, log, now }: Options<S>) {
   let good: Good<S> | null = null;
   let lastFailure: Failure | null = null;
   let inFlight: Promise<Good<S>> | null = null;
