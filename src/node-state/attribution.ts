@@ -51,7 +51,7 @@ const STOP_MEANING = {
 const capitalised = (text: string): string => `${text.charAt(0).toUpperCase()}${text.slice(1)}`;
 
 /** What is stopped: a PID shard's process, a whole cgroup, or the GPU holders of a shard that otherwise runs. */
-type StoppedSubject = { kind: 'process' } | { kind: 'cgroup'; cgroup: string } | { kind: 'gpu-holders'; gpusOf: ReadonlyMap<number, number[]> };
+type StoppedSubject = { kind: 'process' } | { kind: 'cgroup'; cgroup: string } | { kind: 'gpu-holders'; gpusOf: ReadonlyMap<number, ReadonlySet<number>> };
 
 /** Which processes are stopped and what resumes each kind (SIGCONT does not resume a traced process). */
 function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): string {
@@ -67,7 +67,7 @@ function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): stri
   } else if (subject.kind === 'cgroup') {
     what = `every process of cgroup "${subject.cgroup}" that has not exited, the pod's sandbox aside, is stopped: ${listed((stat) => `${stat.pid} (${stat.comm}, state ${stat.state})`)}. ${capitalised(meaning)}`;
   } else {
-    const gpus = (pid: number) => subject.gpusOf.get(pid)!.map((index) => `GPU ${index}`).join(', ');
+    const gpus = (pid: number) => [...subject.gpusOf.get(pid)!].map((index) => `GPU ${index}`).join(', ');
     const workers = listed((stat) => `${stat.pid} (${stat.comm}, state ${stat.state}, on ${gpus(stat.pid)})`);
     what = `a process holding its GPU memory is stopped while the rest runs: ${workers}. A stopped worker stalls every request. ${capitalised(meaning)}`;
   }
@@ -86,20 +86,17 @@ function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): stri
 
 /** Stopped when a process holding the shard's GPU memory is, whatever the rest of it does; null when none is. */
 function stoppedGpuHolders(holdings: ReadonlyMap<number, ShardGpuHolding>, statNow: (pid: number) => ProcStat | null | undefined): Liveness | null {
-  const gpusOf = new Map<number, number[]>();
-  const stopped: ProcStat[] = [];
+  const gpusOf = new Map<number, Set<number>>();
+  const stopped = new Map<number, ProcStat>();
   for (const holding of holdings.values()) {
     for (const { pid } of holding.processes) {
       const stat = statNow(pid);
       if (!stat || !isStopped(stat)) continue;
-      const gpus = gpusOf.get(pid);
-      if (gpus === undefined) {
-        gpusOf.set(pid, [holding.index]);
-        stopped.push(stat);
-      } else if (!gpus.includes(holding.index)) gpus.push(holding.index);
+      stopped.set(pid, stat);
+      gpusOf.set(pid, (gpusOf.get(pid) ?? new Set()).add(holding.index));
     }
   }
-  return stopped.length === 0 ? null : { state: 'stopped', why: stoppedWhy(stopped, { kind: 'gpu-holders', gpusOf }) };
+  return stopped.size === 0 ? null : { state: 'stopped', why: stoppedWhy([...stopped.values()], { kind: 'gpu-holders', gpusOf }) };
 }
 
 /** A process of `listed` in `procNow`: its stat while the same process runs; null once it has exited; undefined: not known. */
