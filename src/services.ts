@@ -8,7 +8,7 @@ import type { Logger } from 'pino';
 import { createAuth } from './auth.js';
 import type { Config } from './config.js';
 import { createMetrics } from './metrics.js';
-import { createNodeService } from './node-state/node-service.js';
+import { createNodeService } from './node-state/node-view.js';
 import { createSnapshotTaker, type NodeSnapshot } from './node-state/node-snapshot.js';
 import { createSnapshotSource } from './node-state/snapshot.js';
 import { createShardService } from './shards/shard-service.js';

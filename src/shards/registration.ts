@@ -7,7 +7,7 @@ import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, UnknownMigDeviceError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
 import { gpuNoLongerListed, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
-import type { NodeService } from '../node-state/node-service.js';
+import type { NodeService } from '../node-state/node-view.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { RegisterShard } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';

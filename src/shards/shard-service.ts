@@ -6,7 +6,7 @@
 // verdict is logged once, when a request first sees it. Readers arrive as dependencies.
 import { isCodedError, ShardNotFoundError } from '../errors.js';
 import { pidLiveness, type Liveness } from '../node-state/attribution.js';
-import type { Current } from '../node-state/node-service.js';
+import type { Current } from '../node-state/node-view.js';
 import { staleNews } from '../node-state/snapshot.js';
 import type { ShardRecordBody } from '../schemas/shards.js';
 import { shardCompute, type ShardCompute } from './compute.js';

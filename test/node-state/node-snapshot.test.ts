@@ -5,7 +5,7 @@ import t from 'tap';
 import { pino } from 'pino';
 import { attribute } from '../../src/node-state/attribution.js';
 import { ANCESTRY_DEPTH, createSnapshotTaker, joinGpusAndProcesses, procFactsAfter, statOf } from '../../src/node-state/node-snapshot.js';
-import { createNodeService, procOnlyLiveness } from '../../src/node-state/node-service.js';
+import { createNodeService, procOnlyLiveness } from '../../src/node-state/node-view.js';
 import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
 import type { SnapshotSource } from '../../src/node-state/snapshot.js';
 import type { Registry } from '../../src/shards/registry.js';
