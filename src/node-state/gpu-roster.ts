@@ -47,9 +47,8 @@ export function createGpuRoster(log: Logger) {
   return {
     update(listed: readonly GpuRecord[], at: number, unreachable: readonly UnreachableGpu[] = []): LostGpu[] {
       const saidOf = new Map<string | null, string>(unreachable.map((gpu) => [gpu.busId, gpu.said]));
-      const listedNow = new Set<string>();
+      const listedNow = new Set(listed.map((gpu) => gpu.uuid));
       for (const gpu of listed) {
-        listedNow.add(gpu.uuid);
         if (lost.delete(gpu.uuid)) {
           const was = known.get(gpu.uuid)!;
           const back = `GPU ${gpu.index} (${gpu.uuid}) is listed by nvidia-smi again. Check dmesg for what happened to it while it was gone.`;

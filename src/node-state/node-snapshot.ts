@@ -170,10 +170,8 @@ function modelFileCandidates(proc: ReadonlyMap<number, StatAnswer>, gpus: GpuSta
   return [...new Set([...shardPids, ...near])].filter((pid) => isReadable(proc.get(pid)));
 }
 
-/**
- * Maps change when a model loads: read again when a process is new, when its GPU memory moved (a load
- * under way), or after MODEL_FILES_MAX_AGE_MS; a steady node re-reads almost nothing.
- */
+// Maps change when a model loads: read again when a process is new, when its GPU memory moved (a load
+// under way), or after MODEL_FILES_MAX_AGE_MS; a steady node re-reads almost nothing.
 async function readModelFiles(reader: ModelFileReader, cache: ModelFilesCache, proc: ReadonlyMap<number, StatAnswer>, gpus: GpuState[], pids: number[], at: number) {
   const held = new Map<number, string>();
   for (const gpu of gpus) for (const process of gpu.processes) held.set(process.pid, `${held.get(process.pid) ?? ''}${gpu.index}:${process.usedMiB};`);

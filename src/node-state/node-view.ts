@@ -180,10 +180,9 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
   };
 }
 
-// A shard's CPU use: the cores its processes used between the last two snapshots, summed over its
-// registered process (while it is the process registered), its cgroup's members and the GPU processes
-// attribution gave it. A process counts once, and only when both snapshots read it; none read twice
-// reads null, not 0.
+// A shard's CPU use between the last two snapshots, over its registered process (while it is the one
+// registered), its cgroup's members and its GPU processes: each counts once, and only when both
+// snapshots read it; none read twice reads null, not 0.
 /** Cores, to two decimals: the 10 ms clock tick makes finer figures noise. */
 const round2 = (value: number): number => Math.round(value * 100) / 100;
 
