@@ -12,10 +12,8 @@ export type ForeignProcess = GpuForeignMemory['foreignProcesses'][number];
 
 const computed = new WeakMap<NodeView, GpuForeignMemory[]>();
 
-type Split = Pick<GpuForeignMemory, 'usedMiB' | 'shardMiB' | 'unreportedShardProcesses' | 'foreignMiB' | 'foreignProcesses'>;
-
 /** `usedMiB` of a GPU or MIG device between the shards' processes among `processes` and the rest. */
-function split(usedMiB: number | null, processes: readonly GpuProcess[], ownerByPid: ReadonlyMap<number, string>): Split {
+function split(usedMiB: number | null, processes: readonly GpuProcess[], ownerByPid: ReadonlyMap<number, string>) {
   let shardMiB = 0;
   let unreportedShardProcesses = 0;
   const foreignProcesses: ForeignProcess[] = [];
