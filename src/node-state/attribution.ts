@@ -51,7 +51,8 @@ const STOP_MEANING = {
 const capitalised = (text: string): string => `${text.charAt(0).toUpperCase()}${text.slice(1)}`;
 
 /** What is stopped: a PID shard's process, a whole cgroup, or the GPU holders of a shard that otherwise runs. */
-type StoppedSubject = { kind: 'process' } | { kind: 'cgroup'; cgroup: string } | { kind: 'gpu-holders'; gpusOf: ReadonlyMap<number, ReadonlySet<number>> };
+type StoppedSubject = { kind: 'process' } | { kind: 'cgroup'; cgroup: string }
+  | { kind: 'gpu-holders'; gpusOf: ReadonlyMap<number, ReadonlySet<number>> };
 
 /** Which processes are stopped and what resumes each kind (SIGCONT does not resume a traced process). */
 function stoppedWhy(stopped: readonly ProcStat[], subject: StoppedSubject): string {
@@ -96,7 +97,8 @@ function stoppedGpuHolders(holdings: ReadonlyMap<number, ShardGpuHolding>, statN
       gpusOf.set(pid, (gpusOf.get(pid) ?? new Set()).add(holding.index));
     }
   }
-  return stopped.size === 0 ? null : { state: 'stopped', why: stoppedWhy([...stopped.values()], { kind: 'gpu-holders', gpusOf }) };
+  if (stopped.size === 0) return null;
+  return { state: 'stopped', why: stoppedWhy([...stopped.values()], { kind: 'gpu-holders', gpusOf }) };
 }
 
 /** A process of `listed` in `procNow`: its stat while the same process runs; null once it has exited; undefined: not known. */
