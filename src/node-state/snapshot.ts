@@ -3,6 +3,7 @@
 // background; a failure is remembered for a window that doubles up to 30 s; a registry change makes
 // every earlier snapshot stale. Stale is routine: only a failing or slow refresh is worth a warning.
 import type { Logger } from 'pino';
+import { settleWithin } from '../deadline.js';
 import { formatDuration } from '../duration.js';
 import { NvidiaSmiTimeoutError } from '../errors.js';
 
@@ -153,15 +154,9 @@ export function createSnapshotSource<S>({ take, ttlMs, maxStaleMs, log, now }: O
     if (maxWaitMs === undefined) return pending;
     const late = `nvidia-smi has not answered within this request's ${maxWaitMs} ms and no snapshot younger than max-stale is cached`;
     const message = `${late}; if this persists, check dmesg and run \`nodecompute doctor\`.`;
-    let timer: NodeJS.Timeout | undefined;
-    const budget = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new NvidiaSmiTimeoutError(message)), maxWaitMs);
+    return settleWithin(pending, maxWaitMs, () => {
+      throw new NvidiaSmiTimeoutError(message);
     });
-    try {
-      return await Promise.race([pending, budget]);
-    } finally {
-      clearTimeout(timer);
-    }
   }
 
   return {

@@ -7,6 +7,7 @@
 // read of it starts until the first answers. The parsers of /proc/PID/maps and cmdline are pure:
 // only what the text says, a path as the process itself sees it.
 import { open, readFile, type FileHandle } from 'node:fs/promises';
+import { settleWithin } from '../deadline.js';
 import { codeOf } from './procfs.js';
 
 /** One file mapped read-only and not executable (libraries' code is left out), with every range of it summed. */
@@ -163,12 +164,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
       if (stuck.has(pid)) return { files: [], unreadable: `the last read of /proc/${pid}/maps (or a file it maps) has not answered yet: ${STUCK_MEANING}` };
       if (stuck.size >= STUCK_MAX) return { files: [], unreadable: `not read: ${stuck.size} reads of other processes' maps have not answered (${STUCK_MEANING})` };
       const reading = readNow(pid);
-      let timer: NodeJS.Timeout | undefined;
-      const late = new Promise<'late'>((resolve) => {
-        timer = setTimeout(() => resolve('late'), deadlineMs);
-      });
-      const first = await Promise.race([reading, late]);
-      clearTimeout(timer);
+      const first = await settleWithin(reading, deadlineMs, () => 'late' as const);
       if (first !== 'late') return first;
       stuck.set(pid, reading);
       void reading.finally(() => stuck.delete(pid));

@@ -5,6 +5,7 @@ import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
+import { settleWithin } from '../deadline.js';
 import { NvidiaSmiFailedError, NvidiaSmiNotFoundError, NvidiaSmiTimeoutError } from '../errors.js';
 import { COMPUTE_APPS_COMMAND, COMPUTE_APPS_FIELDS, csvAnswer, GPU_QUERY_FIELDS, gpuCommand, parseComputeAppsCsv, parseGpuCsv } from './nvidia-smi-parse.js';
 import { parseVersion, unreachableGpusIn } from './nvidia-smi-parse.js';
@@ -177,22 +178,16 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): GpuDriver {
         }
       });
     }
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        // A run never spawned (no pid) settles by itself with why; it is not a stuck run. The group
-        // is killed even when nvidia-smi has exited: a child of it may hold its output.
-        if (pid === undefined) return;
-        killTimedOut(pid);
-        if (!exited) killedAt.set(pid, Date.now());
-        reject(exited ? outputHeldError(path, timeoutMs, args) : timeoutError(timeoutMs, args));
-      }, Math.max(0, deadline - performance.now()));
-      child
-        .then((result) => {
-          clearTimeout(timer);
-          return answerOf(path, result, stopped);
-        })
-        .then(resolve, reject);
-    });
+    const answered = child.then((result) => answerOf(path, result, stopped));
+    // A run never spawned (no pid) settles by itself with why; it is not a stuck run.
+    if (pid === undefined) return answered;
+    const killLate = () => {
+      // The group is killed even when nvidia-smi has exited: a child of it may hold its output.
+      killTimedOut(pid);
+      if (!exited) killedAt.set(pid, Date.now());
+      throw exited ? outputHeldError(path, timeoutMs, args) : timeoutError(timeoutMs, args);
+    };
+    return settleWithin(answered, Math.max(0, deadline - performance.now()), killLate);
   }
 
   function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {

@@ -5,6 +5,7 @@
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Logger } from 'pino';
+import { settleWithin } from '../deadline.js';
 import { cannotStoreMessage } from '../errors.js';
 
 /** checkWritable's answer: writable (perhaps with a warning), or not, why, and what to do where it is not the directory's own fault. */
@@ -214,15 +215,11 @@ export function createStateFile(path: string, options: StateFileOptions) {
     if (stuck !== null) return Promise.resolve({ ok: false, reason: stuck });
     if (looking) return looking;
     const doing = `writing a probe file in ${dir}`;
-    const look = new Promise<Writability>((resolve) => {
-      const late = setTimeout(() => resolve(record({ ok: false, reason: notFinished(doing, maxWaitMs) })), maxWaitMs);
-      late.unref();
-      void watched(lookAtDirectory(), doing).then((answer) => {
-        clearTimeout(late);
-        looking = null;
-        resolve(record(answer));
-      });
+    const landed = watched(lookAtDirectory(), doing).then((answer) => {
+      looking = null;
+      return record(answer);
     });
+    const look = settleWithin(landed, maxWaitMs, () => record({ ok: false, reason: notFinished(doing, maxWaitMs) }), { unref: true });
     looking = look;
     return look;
   }

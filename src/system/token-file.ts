@@ -3,6 +3,7 @@
 // size and mtime before and after, as many bytes as its size), so it is never taken half-written.
 import type { BigIntStats } from 'node:fs';
 import { open, stat } from 'node:fs/promises';
+import { settleWithin } from '../deadline.js';
 
 /** How long a look at the token file may take before the caller is answered without it. */
 export const TOKEN_FILE_READ_TIMEOUT_MS = 1000;
@@ -77,18 +78,7 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
   function look(): Promise<TokenFileLook> {
     if (flight !== null) return flight;
     let late = false;
-    let timer!: NodeJS.Timeout;
-    const deadline = new Promise<TokenFileLook>((resolve) => {
-      timer = setTimeout(() => {
-        late = true;
-        // Read again once the file answers, so that its recovery is noticed even if it is unchanged.
-        taken = null;
-        resolve({ kind: 'late', timeoutMs });
-      }, timeoutMs);
-    });
-    timer.unref();
     const read = readIfChanged(path, taken, beforeRead).then((outcome): TokenFileLook => {
-      clearTimeout(timer);
       flight = null;
       if (late) return { kind: 'late', timeoutMs }; // its callers were answered without it
       if (outcome.kind === 'read') {
@@ -99,7 +89,13 @@ export function createTokenFileReader(path: string, options: TokenFileReaderOpti
       if (outcome.kind === 'failed') taken = null;
       return outcome;
     });
-    flight = Promise.race([read, deadline]);
+    const answerLate = (): TokenFileLook => {
+      late = true;
+      // Read again once the file answers, so that its recovery is noticed even if it is unchanged.
+      taken = null;
+      return { kind: 'late', timeoutMs };
+    };
+    flight = settleWithin(read, timeoutMs, answerLate, { unref: true });
     return flight;
   }
 

@@ -3,6 +3,7 @@
 // past its deadline is answered at once and makes no further call, and while one of its calls has
 // not returned no other query starts (a wedged driver would pile them up), as with nvidia-smi.
 import type { Logger } from 'pino';
+import { settleWithin } from '../../deadline.js';
 import { NvmlFailedError, NvmlTimeoutError } from '../../errors.js';
 import { observed, type QueryName, type QueryObservation } from '../gpu-driver.js';
 import { NVML, type NvmlFunction, type NvmlLibrary } from './nvml-library.js';
@@ -123,20 +124,14 @@ export function createNvmlSession(options: NvmlSessionOptions) {
       const work = initialisedFor(run, body);
       work.catch(() => undefined);
       running += 1;
-      let timer: NodeJS.Timeout | undefined;
-      const deadline = new Promise<never>((_resolve, reject) => {
-        timer = setTimeout(() => {
-          run.abandoned = true;
-          reject(
-            new NvmlTimeoutError(
-              `NVML did not answer the ${name} query within ${timeoutMs} ms. A wedged driver? Check \`dmesg\` (NVRM/Xid); enable persistence mode ` +
-                '(nvidia-smi -pm 1); raise NODECOMPUTE_SMI_TIMEOUT_MS only if the node is merely slow.',
-            ),
-          );
-        }, timeoutMs);
-      });
-      return Promise.race([work, deadline]).finally(() => {
-        clearTimeout(timer);
+      const abandon = () => {
+        run.abandoned = true;
+        throw new NvmlTimeoutError(
+          `NVML did not answer the ${name} query within ${timeoutMs} ms. A wedged driver? Check \`dmesg\` (NVRM/Xid); enable persistence mode ` +
+            '(nvidia-smi -pm 1); raise NODECOMPUTE_SMI_TIMEOUT_MS only if the node is merely slow.',
+        );
+      };
+      return settleWithin(work, timeoutMs, abandon).finally(() => {
         running -= 1;
       });
     });
