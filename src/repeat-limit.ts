@@ -4,7 +4,7 @@
 /** How often the same failure is logged as a warning while it repeats. */
 export const REPEATED_WARNING_MS = 60_000;
 /** Distinct failures remembered; past it the memory starts afresh (keys may carry ids and addresses). */
-export const DISTINCT_FAILURES_KEPT = 100;
+const DISTINCT_FAILURES_KEPT = 100;
 
 /** The level to log a failure at, by its key: 'warn' the first time and once a minute after, else 'debug'. */
 export type RepeatLimit = (key: string) => 'warn' | 'debug';

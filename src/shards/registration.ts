@@ -11,7 +11,8 @@ import type { NodeService } from '../node-state/node-view.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { RegisterShard } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
-import { NotARepeatError, processOf, type Overlaps, type PutResult, type Registry } from './registry.js';
+import { NotARepeatError, processOf, type Overlaps, type Registry } from './registry.js';
+import type { StoredChange } from './shard-log.js';
 import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 /** What a registration names, read from /proc: its identity, and the registrations covering its processes (null: a repeat). */
@@ -36,7 +37,7 @@ export interface RegistrationDeps {
   log: Logger;
   now: () => number;
   /** Told after a change is stored (even one whose caller was answered 503 pending). */
-  onStored: (id: string, change: { put: PutResult } | { removed: true }) => void;
+  onStored: (id: string, change: StoredChange) => void;
 }
 
 export function createRegistration(deps: RegistrationDeps) {

@@ -2,8 +2,8 @@
 // shard's verdict and compute from the current snapshot, and the engine's posted output. While
 // nvidia-smi cannot be asked, verdicts use what /proc said in the latest failed refresh and the last
 // good snapshot's word, never a read of their own. A probe from a snapshot past its TTL reads a PID
-// shard's own stat now, so an exit or a stop since holds against the shard at once. A change of
-// verdict is logged once, when a request first sees it. Readers arrive as dependencies.
+// shard's own stat now, so an exit or a stop since holds against the shard at once. What is logged
+// is shard-log.ts's. Readers arrive as dependencies.
 import { isCodedError, ShardNotFoundError } from '../errors.js';
 import { pidLiveness, type Liveness } from '../node-state/attribution.js';
 import type { Current } from '../node-state/node-view.js';
@@ -13,9 +13,9 @@ import { shardCompute, type ShardCompute } from './compute.js';
 import { ENGINE_TAIL_MAX_BYTES, READ_ENGINES, type EngineState } from './engine-output.js';
 import { readiness, restartedSince, type ReadinessInput } from './readiness.js';
 import { createRegistration, type RegistrationDeps } from './registration.js';
-import type { PutResult } from './registry.js';
+import { createShardLog } from './shard-log.js';
 import type { ShardRecord } from './shard.js';
-import type { Readiness, ReadinessState } from './verdict.js';
+import type { Readiness } from './verdict.js';
 
 export type ShardState = { shard: ShardRecord; readiness: Readiness; compute: ShardCompute | null; observedAt: number | null };
 
@@ -38,21 +38,7 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
   const { registry, node, proc, log, now } = deps;
   /** Shards registered before this run may have been seen ready by an earlier one (readiness.ts). */
   const judgingSince = now();
-  /** The last verdict logged per shard id: only a change is logged. */
-  const loggedVerdicts = new Map<string, ReadinessState>();
-
-  function logVerdictChange(shard: ShardRecord, verdict: Readiness): void {
-    // Unverified means nvidia-smi cannot be asked: the snapshot cache logs that once for the node.
-    if (verdict.state === 'unverified') return;
-    // A verdict on a registration replaced or removed meanwhile is history.
-    if (registry.get(shard.id) !== shard) return;
-    const previous = loggedVerdicts.get(shard.id) ?? null;
-    if (previous === verdict.state) return;
-    loggedVerdicts.set(shard.id, verdict.state);
-    const level = verdict.state === 'ready' || verdict.state === 'starting' ? 'info' : 'warn';
-    const fields = { shard: shard.id, state: verdict.state, cause: verdict.cause, previous, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus };
-    log[level](fields, `Shard "${shard.id}" is now ${verdict.state}${verdict.reason === null ? '' : `: ${verdict.reason}`}`);
-  }
+  const shardLog = createShardLog({ registry, node, log });
 
   /** What judges a shard when there is no snapshot to serve: /proc as the failed refresh read it, and nvidia-smi's last word. */
   function withoutSnapshot(shard: ShardRecord): Pick<ReadinessInput, 'liveness' | 'lastGood' | 'judgingSince' | 'procNow'> {
@@ -83,7 +69,7 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
       ...(unavailable === null ? {} : { unavailable }),
       unreachable: node.unreachable(),
     });
-    logVerdictChange(shard, verdict);
+    shardLog.verdictSeen(shard, verdict);
     return {
       shard,
       readiness: verdict,
@@ -109,29 +95,7 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
     }
   }
 
-  /** What follows a stored change, whether or not its request still waits (a write may land after a 503 pending). */
-  function stored(id: string, change: { put: PutResult } | { removed: true }): void {
-    if ('removed' in change) {
-      loggedVerdicts.delete(id);
-      node.invalidate();
-      log.info({ shard: id }, 'Shard removed');
-      return;
-    }
-    const { created, shard, graceKept, unchanged } = change.put;
-    if (!graceKept) loggedVerdicts.delete(id);
-    const fields = { shard: id, shardPid: shard.pid, cgroup: shard.cgroup, gpus: shard.gpus, created, registeredAt: new Date(shard.registeredAt).toISOString() };
-    if (unchanged) {
-      // A control plane reconciling its shards re-PUTs them periodically: nothing to say or refresh.
-      log.debug(fields, 'Shard registration repeated unchanged; its grace clock goes on');
-      return;
-    }
-    node.invalidate();
-    if (created) log.info(fields, 'Shard registered');
-    else if (graceKept) log.info(fields, 'Shard registration replaced for the same process and GPUs; its grace clock goes on from its first registration');
-    else log.info(fields, 'Shard registration replaced with another process or other GPUs; its grace starts again');
-  }
-
-  const registration = createRegistration({ ...deps, onStored: stored });
+  const registration = createRegistration({ ...deps, onStored: shardLog.stored });
 
   /** The shard as registered now; asked again after a wait, as it may have been removed or replaced meanwhile. */
   function requireShard(id: string): ShardRecord {

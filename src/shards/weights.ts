@@ -35,7 +35,7 @@ const MiB = 1024 * 1024;
 /** What a CUDA context, compute buffers and a small KV cache take on each GPU with no layer there (300 MiB to 2 GiB seen). */
 export const CONTEXT_ALLOWANCE_BYTES = 1024 * MiB;
 /** At or below this share on the GPU, no offload to speak of; at or above FULL_SHARE, all of it. */
-export const NONE_SHARE = 0.1;
+const NONE_SHARE = 0.1;
 const FULL_SHARE = 0.9;
 
 /** What the shard's processes hold per GPU, in the listing's order; none before a snapshot includes it. */

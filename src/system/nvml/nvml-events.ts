@@ -17,7 +17,7 @@ const TYPE_AT = 8;
 const DATA_AT = 16;
 
 
-export function noEvents(): GpuEvents {
+function noEvents(): GpuEvents {
   return { xid: {}, eccSingleBit: 0, eccDoubleBit: 0, lastXid: null };
 }
 
