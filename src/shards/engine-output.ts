@@ -13,10 +13,7 @@ export const READ_ENGINES: Partial<Record<ShardRecord['engine'], string>> = { 'l
 /** Engine output posted; ticks are clock ticks since boot (the unit of /proc start times). */
 export interface Posted {
   tail: string;
-  updatedAt: number;
-  /** When it was last posted; null when /proc could not say. */
-  postedAtTicks: number | null;
-  /** When this tail was begun: a cgroup shard whose processes all started after it has restarted since. */
+  /** When this tail was begun (null when /proc could not say): a cgroup shard whose processes all started after it has restarted since. */
   tailStartedAtTicks: number | null;
 }
 
@@ -29,12 +26,10 @@ export function engineState(engine: ShardRecord['engine'], posted: Posted): Engi
 }
 
 /** `posted` with `text` appended (or begun afresh with it), posted at `ticks`. */
-export function appended(posted: Posted | undefined, text: string, now: number, ticks: number | null, fresh: boolean): Posted {
+export function appended(posted: Posted | undefined, text: string, ticks: number | null, fresh: boolean): Posted {
   const begun = fresh || posted === undefined || posted.tail === '';
   return {
     tail: appendTail(begun ? '' : posted.tail, text),
-    updatedAt: now,
-    postedAtTicks: ticks,
     tailStartedAtTicks: begun ? ticks : posted.tailStartedAtTicks,
   };
 }

@@ -274,7 +274,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
         const conflict = conflicting(committed, record, overlaps);
         if (conflict !== undefined) throw conflictError(record, conflict);
       }
-      const posted: { now: Posted } = { now: { tail: '', updatedAt: 0, postedAtTicks: null, tailStartedAtTicks: null } };
+      const posted: { now: Posted } = { now: { tail: '', tailStartedAtTicks: null } };
       let pending = inFlight.get(record.id);
       if (!pending) inFlight.set(record.id, (pending = new Set()));
       pending.add(posted);
@@ -327,13 +327,13 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
     },
     engine: (id: string): EngineState | undefined => engines.get(id),
     /** Appends to the shard's tail (`fresh`: begins a new one) and re-reads the account; `ticks`: now, since boot. */
-    appendEngineOutput(id: string, text: string, now: number, ticks: number | null, fresh = false) {
+    appendEngineOutput(id: string, text: string, ticks: number | null, fresh = false) {
       const shard = committed.get(id);
       if (!shard) return undefined;
-      const state = engineState(shard.engine, appended(engines.get(id), text, now, ticks, fresh));
+      const state = engineState(shard.engine, appended(engines.get(id), text, ticks, fresh));
       engines.set(id, state);
       engineVersion += 1;
-      for (const posted of inFlight.get(id) ?? []) posted.now = appended(posted.now, text, now, ticks, fresh);
+      for (const posted of inFlight.get(id) ?? []) posted.now = appended(posted.now, text, ticks, fresh);
       return state;
     },
     /** PIDs and cgroups the next snapshot must read: not PIDs of shards of another boot than `bootId`, which name other processes now. */

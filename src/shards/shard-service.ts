@@ -142,7 +142,7 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
       const shard = requireShard(id);
       const restarted = restartedSince(node.peek()?.node.attribution.liveness.get(id), registry.engine(id)?.tailStartedAtTicks);
       // Defined: requireShard found it just now, and nothing ran in between.
-      const state = registry.appendEngineOutput(id, text, now(), proc.ticksNow(), restarted)!;
+      const state = registry.appendEngineOutput(id, text, proc.ticksNow(), restarted)!;
       return { ...state, note: engineOutputNote(shard, state) };
     },
   };

@@ -121,14 +121,14 @@ t.test('engine output: kept per shard, read only for llama.cpp, cleared by a reg
   const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
   await registry.put(record('llama', 'llama.cpp'));
   await registry.put(record('vllm', 'vllm', 43));
-  t.equal(registry.appendEngineOutput('nope', 'x', 1, null), undefined);
-  const failed = registry.appendEngineOutput('llama', CUDA_FAILED, 2, 900);
+  t.equal(registry.appendEngineOutput('nope', 'x', null), undefined);
+  const failed = registry.appendEngineOutput('llama', CUDA_FAILED, 900);
   t.equal(failed?.account?.backend, 'CPU');
-  t.match(failed, { updatedAt: 2, postedAtTicks: 900 }, 'dated by the clock and by /proc\'s ticks');
-  const other = registry.appendEngineOutput('vllm', CUDA_FAILED, 3, null);
+  t.match(failed, { tailStartedAtTicks: 900 }, 'dated by /proc\'s ticks');
+  const other = registry.appendEngineOutput('vllm', CUDA_FAILED, null);
   t.equal(other?.account, null, 'only llama.cpp output is understood');
   t.match(other?.tail, 'failed to initialize CUDA');
-  const fresh = registry.appendEngineOutput('llama', CUDA_BUFFER, 4, 950, true);
+  const fresh = registry.appendEngineOutput('llama', CUDA_BUFFER, 950, true);
   t.same([fresh?.tail, fresh?.account?.backend], [CUDA_BUFFER, 'CUDA'], 'a fresh tail (an earlier run\'s output dropped)');
   await registry.put({ ...record('llama', 'llama.cpp'), identity: { ...record('x').identity, startTime: 8 } });
   t.equal(registry.engine('llama'), undefined, 'another process behind the same PID starts with no engine output');
@@ -142,19 +142,19 @@ t.test('a replacing registration keeps the engine output while it names the same
   const pod = (id: string, cgroup: string, engine: ShardRecord['engine'] = 'llama.cpp'): ShardRecord => ({ ...record(id, engine), pid: null, cgroup });
   await registry.put(record('p', 'llama.cpp'));
   await registry.put(pod('c', 'pod-a'));
-  registry.appendEngineOutput('p', CUDA_FAILED, 2, 100);
-  registry.appendEngineOutput('c', CUDA_FAILED, 2, 100);
+  registry.appendEngineOutput('p', CUDA_FAILED, 100);
+  registry.appendEngineOutput('c', CUDA_FAILED, 100);
   const before = registry.engineVersion;
 
   t.match(await registry.put({ ...record('p', 'llama.cpp'), gpus: [1, 2], graceMs: 60_000, registeredAt: 9 }), { created: false });
-  t.match(registry.engine('p'), { tail: CUDA_FAILED, account: { backend: 'CPU' }, updatedAt: 2, postedAtTicks: 100 }, 'new gpus and grace, same PID and start time: kept');
+  t.match(registry.engine('p'), { tail: CUDA_FAILED, account: { backend: 'CPU' }, tailStartedAtTicks: 100 }, 'new gpus and grace, same PID and start time: kept');
   await registry.put({ ...pod('c', 'pod-a'), gpus: [3] });
   t.match(registry.engine('c'), { account: { backend: 'CPU' } }, 'the same cgroup and engine process, new gpus: kept');
   t.equal(registry.engineVersion, before, 'nothing changed for the verdicts');
   await registry.put({ ...pod('c', 'pod-a'), gpus: [3], identity: { pid: 77, pgid: 77, startTime: 500, name: 'llama-server' } });
   t.equal(registry.engine('c'), undefined, "the same cgroup, another engine process (its container restarted): the earlier run's output is dropped");
   t.equal(registry.engineVersion, before + 1);
-  registry.appendEngineOutput('c', CUDA_FAILED, 2, 100);
+  registry.appendEngineOutput('c', CUDA_FAILED, 100);
 
   const beforeEngine = registry.engineVersion;
   await registry.put(record('p', 'vllm'));
@@ -167,7 +167,7 @@ t.test('a replacing registration keeps the engine output while it names the same
   t.equal(registry.engine('p'), undefined, 'another PID: dropped');
   await registry.put(pod('c', 'pod-b'));
   t.equal(registry.engine('c'), undefined, 'another cgroup: dropped');
-  registry.appendEngineOutput('c', CUDA_FAILED, 3, 100);
+  registry.appendEngineOutput('c', CUDA_FAILED, 100);
   await registry.put({ ...record('c', 'llama.cpp'), identity: { pid: 42, pgid: 42, startTime: 7, name: 'x' } });
   t.equal(registry.engine('c'), undefined, 'a cgroup shard replaced by a PID shard: dropped');
 });
@@ -290,7 +290,7 @@ t.test('engine output posted while a replacing PUT is in flight is not lost', as
     await (await loadRegistry({ stateFile: createStateFile(path, { log }), log })).put(record('s', 'llama.cpp'));
     const { wrapped, writing, open } = gated(createStateFile(path, { log }), refuse);
     const registry = await loadRegistry({ stateFile: wrapped, log });
-    registry.appendEngineOutput('s', CUDA_FAILED, 1, 10);
+    registry.appendEngineOutput('s', CUDA_FAILED, 10);
     return { registry, writing, open };
   }
 
@@ -298,21 +298,21 @@ t.test('engine output posted while a replacing PUT is in flight is not lost', as
     const { registry, writing, open } = await inFlight(t);
     const put = registry.put({ ...record('s', 'llama.cpp'), gpus: [1] });
     await writing;
-    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    registry.appendEngineOutput('s', 'main: loading model\n', 20);
     open();
     await put;
-    t.match(registry.engine('s'), { tail: `${CUDA_FAILED}main: loading model\n`, account: { backend: 'CPU' }, postedAtTicks: 20 });
+    t.match(registry.engine('s'), { tail: `${CUDA_FAILED}main: loading model\n`, account: { backend: 'CPU' }, tailStartedAtTicks: 10 });
   });
 
   await t.test('another process: what was posted after the PUT arrived is the new process\'s, and stays', async (t) => {
     const { registry, writing, open } = await inFlight(t);
     const put = registry.put(newProcess);
     await writing;
-    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
-    registry.appendEngineOutput('s', CUDA_BUFFER, 3, 30);
+    registry.appendEngineOutput('s', 'main: loading model\n', 20);
+    registry.appendEngineOutput('s', CUDA_BUFFER, 30);
     open();
     await put;
-    t.match(registry.engine('s'), { tail: `main: loading model\n${CUDA_BUFFER}`, account: { backend: 'CUDA' }, updatedAt: 3, postedAtTicks: 30 }, 'the old process\'s output is gone');
+    t.match(registry.engine('s'), { tail: `main: loading model\n${CUDA_BUFFER}`, account: { backend: 'CUDA' }, tailStartedAtTicks: 20 }, 'the old process\'s output is gone');
     t.equal(registry.get('s')?.pid, 43);
   });
 
@@ -320,22 +320,22 @@ t.test('engine output posted while a replacing PUT is in flight is not lost', as
     const { registry, writing, open } = await inFlight(t);
     const put = registry.put(newProcess);
     await writing;
-    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
-    registry.appendEngineOutput('s', CUDA_BUFFER, 3, 30, true);
+    registry.appendEngineOutput('s', 'main: loading model\n', 20);
+    registry.appendEngineOutput('s', CUDA_BUFFER, 30, true);
     open();
     await put;
-    t.match(registry.engine('s'), { tail: CUDA_BUFFER, postedAtTicks: 30 });
+    t.match(registry.engine('s'), { tail: CUDA_BUFFER, tailStartedAtTicks: 30 });
   });
 
   await t.test('a refused PUT changes nothing', async (t) => {
     const { registry, writing, open } = await inFlight(t, true);
     const put = registry.put(newProcess);
     await writing;
-    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    registry.appendEngineOutput('s', 'main: loading model\n', 20);
     open();
     await t.rejects(put, { code: 'NODECOMPUTE_STATE_WRITE_FAILED' });
     t.equal(registry.get('s')?.pid, 42);
-    t.match(registry.engine('s'), { tail: `${CUDA_FAILED}main: loading model\n`, postedAtTicks: 20 }, 'the registration and its output stay as they were');
+    t.match(registry.engine('s'), { tail: `${CUDA_FAILED}main: loading model\n`, tailStartedAtTicks: 10 }, 'the registration and its output stay as they were');
   });
 
   await t.test('two ids for one process in one batch: the second is refused, and the batch stores the first', async (t) => {
@@ -359,7 +359,7 @@ t.test('engine output posted while a replacing PUT is in flight is not lost', as
     // Queued behind the first write: one batch, same process then another.
     const same = registry.put({ ...record('s', 'llama.cpp'), gpus: [2] });
     const other = registry.put(newProcess);
-    registry.appendEngineOutput('s', 'main: loading model\n', 2, 20);
+    registry.appendEngineOutput('s', 'main: loading model\n', 20);
     open();
     await Promise.all([first, same, other]);
     t.match(registry.engine('s'), { tail: 'main: loading model\n' }, 'the other process keeps only what was posted after it was asked for');
@@ -381,7 +381,7 @@ t.test('a write that does not finish within the bound: its change is answered pe
     told.push(result),
   );
   await writing;
-  registry.appendEngineOutput('s', CUDA_BUFFER, 2, 20);
+  registry.appendEngineOutput('s', CUDA_BUFFER, 20);
   const behind = registry.put(record('t', 'other', 44));
   const removal = registry.remove('s');
   await t.rejects(replacing, {
@@ -418,7 +418,7 @@ t.test('a write that does not finish within the bound: its change is answered pe
   t.equal(registry.get('s')?.pid, 43, 'the pending change is stored after all');
   t.match(told, [{ created: false, graceKept: false, shard: { pid: 43 } }], 'and what follows a stored registration is done then, though its caller was answered');
   t.equal(told.length, 1, 'once');
-  t.match(registry.engine('s'), { tail: CUDA_BUFFER, postedAtTicks: 20 }, 'with the output posted since its PUT came, as if it had been answered in time');
+  t.match(registry.engine('s'), { tail: CUDA_BUFFER, tailStartedAtTicks: 20 }, 'with the output posted since its PUT came, as if it had been answered in time');
   t.equal(registry.get('t'), undefined, 'a withdrawn change is never applied');
   t.same(JSON.parse(readFileSync(path, 'utf8')).shards.map((shard: ShardRecord) => [shard.id, shard.pid]), [['s', 43]], 'the file agrees');
   t.match(lines.at(-1), {
