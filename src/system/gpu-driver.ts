@@ -1,9 +1,9 @@
 // Owns what a snapshot source of the GPUs answers, whichever backend serves it: nvidia-smi runs
 // (nvidia-smi.ts) or NVML calls (nvml/nvml-driver.ts). Both fill the same records, so attribution,
 // verdicts and every route are the same under either. observed() is how both run a query: refused
-// once stopped, timed, logged at debug and reported to onQuery, alike.
+// once stopped, timed, logged at debug and reported to onQuery, alike, and failing only with a coded error.
 import type { Logger } from 'pino';
-import type { DriverFailure } from '../errors.js';
+import { isCodedError, NvidiaSmiFailedError, NvmlFailedError, type DriverFailure } from '../errors.js';
 
 export type Backend = 'nvml' | 'nvidia-smi';
 
@@ -89,7 +89,16 @@ export interface GpuDriver {
  * there is one, else timed and logged at debug only (the snapshot cache logs each failure once, when
  * it starts; the doctor shows its own).
  */
-type Observing = { query: QueryName; what: string; log: Logger; onQuery: ((o: QueryObservation) => void) | undefined };
+type Observing = { query: QueryName; what: 'NVML' | 'nvidia-smi'; log: Logger; onQuery: ((o: QueryObservation) => void) | undefined };
+
+const FAILED = { NVML: NvmlFailedError, 'nvidia-smi': NvidiaSmiFailedError };
+
+/** A failure without a code (a bug, not the driver's word) as the backend's coded failure, so it is a 503 and never a bare 500. */
+function asDriverFailure(err: unknown, what: Observing['what'], query: QueryName): unknown {
+  if (isCodedError(err)) return err;
+  const next = 'nodecompute asks again at the next refresh; if this persists, restart it and report the log lines around this one as a bug.';
+  return new FAILED[what](`The ${what} ${query} query failed unexpectedly (${String(err)}). ${next}`, { cause: err });
+}
 export async function observed<T>(
   { query, what, log, onQuery }: Observing,
   refusal: Error | null,
@@ -111,7 +120,8 @@ export async function observed<T>(
     done();
     return value;
   } catch (err) {
-    done(err);
-    throw err;
+    const failure = asDriverFailure(err, what, query);
+    done(failure);
+    throw failure;
   }
 }

@@ -243,6 +243,25 @@ t.test('a hung call: answered at the deadline, no other call while it is stuck, 
   t.same(sameAsSmi(await nvml.queryGpus()), await smi.queryGpus());
 });
 
+t.test('a query abandoned as the event set was to be made: the next query makes it', async (t) => {
+  // One GPU whose last call answers past the deadline: the next call, the event set's, is the abandoned run's.
+  const node = eightGpuNode();
+  const oneGpu = { ...node, gpus: node.gpus.slice(0, 1), processes: node.processes.filter((process) => process.gpuUuid === node.gpus[0]!.uuid) };
+  const { nvml, fake, smi, dir } = rig(t, { ...oneGpu, nvml: { logCalls: true, delayMs: { nvmlDeviceGetUtilizationRates: 600 } } }, { timeoutMs: 300 });
+  await t.rejects(nvml.queryGpus(), { code: 'NODECOMPUTE_NVML_TIMEOUT' });
+  await waitUntil(() => nvml.running === 0, { what: 'the late calls to return' });
+  fake.update((s) => ({ ...s, nvml: { logCalls: true } }));
+  t.same(sameAsSmi(await nvml.queryGpus()), await smi.queryGpus(), 'answered, not failed for good');
+  t.equal(nvmlCalls(dir).filter((call) => call.fn === 'nvmlEventSetCreate').length, 1, 'the set is made once, by the query that went on');
+});
+
+t.test('a failure without a code is still a coded 503', async (t) => {
+  const { nvml } = rig(t, eightGpuNode());
+  // A koffi argument error stands for a bug: a rejection no NVML code explains.
+  const driver = createNvmlDriver({ library: { ...loadNvmlLibrary(nvml.source), call: () => Promise.reject(new TypeError('bad argument')) }, timeoutMs: 1000, log: silent, procRoot: '/proc' });
+  await t.rejects(driver.queryVersion(), { code: 'NODECOMPUTE_NVML_FAILED', statusCode: 503, message: /version query failed unexpectedly \(TypeError: bad argument\)/ });
+});
+
 t.test('the GPU and process queries of a first snapshot, together: NVML is initialised once', async (t) => {
   const { nvml, smi, dir } = rig(t, { ...eightGpuNode(), nvml: { logCalls: true } });
   const [gpus, apps] = await Promise.all([nvml.queryGpus(), nvml.queryComputeApps()]);

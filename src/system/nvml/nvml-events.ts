@@ -16,7 +16,6 @@ const EVENT_DATA_SIZE = 32;
 const TYPE_AT = 8;
 const DATA_AT = 16;
 
-
 function noEvents(): GpuEvents {
   return { xid: {}, eccSingleBit: 0, eccDoubleBit: 0, lastXid: null };
 }
@@ -36,16 +35,31 @@ export function createEventCounter(log: Logger, now: () => number = Date.now) {
     return null;
   }
 
+  /** The set, made at the first ask; a making that failed (its query abandoned, say) is tried again at the next. */
+  function eventSet(call: NvmlCall): Promise<bigint | null> {
+    if (set !== null) return set;
+    const making = create(call);
+    set = making;
+    making.catch(() => {
+      if (set === making) set = null;
+    });
+    return making;
+  }
+
   async function register(call: NvmlCall, device: DeviceHandle): Promise<void> {
     if (asked.has(device)) return;
     asked.add(device);
-    set ??= create(call);
-    const target = await set;
-    if (target === null) return;
-    const supported = Buffer.alloc(8);
-    if ((await call('supportedEvents', device, supported)) !== NVML.SUCCESS) return;
-    const types = supported.readBigUInt64LE(0) & WATCHED;
-    if (types !== 0n) await call('registerEvents', device, types, target);
+    try {
+      const target = await eventSet(call);
+      if (target === null) return;
+      const supported = Buffer.alloc(8);
+      if ((await call('supportedEvents', device, supported)) !== NVML.SUCCESS) return;
+      const types = supported.readBigUInt64LE(0) & WATCHED;
+      if (types !== 0n) await call('registerEvents', device, types, target);
+    } catch (err) {
+      asked.delete(device); // not registered: asked again at the next query
+      throw err;
+    }
   }
 
   function count(uuid: string, type: bigint, data: bigint, where: string): void {
@@ -62,8 +76,7 @@ export function createEventCounter(log: Logger, now: () => number = Date.now) {
 
   /** Reads the events waiting; `named` gives a handle's UUID and how to name its GPU (null: not a GPU listed now). */
   async function drain(call: NvmlCall, named: (device: DeviceHandle) => { uuid: string; where: string } | null): Promise<void> {
-    set ??= create(call);
-    const target = await set;
+    const target = await eventSet(call);
     if (target === null) return;
     const data = Buffer.alloc(EVENT_DATA_SIZE);
     // Until the set is empty (TIMEOUT): a storm ends with the query's deadline at the latest.
