@@ -32,7 +32,7 @@ const doctorSchema = (description: string) => Type.Object(
 );
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { driver, driverWhy, proc, stateFile, config, now, node } = app.services;
+  const { driver, driverWhy, proc, modelFiles, stateFile, config, now, node } = app.services;
   let running: Promise<DoctorReport> | null = null;
   let last: { at: number; report: DoctorReport } | null = null;
   function check(): Promise<DoctorReport> {
@@ -40,6 +40,7 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       driver,
       driverWhy,
       proc,
+      modelFiles,
       stateFile,
       tokenConfigured: config.token !== null,
       tokenFile: app.services.tokenFile,

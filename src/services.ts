@@ -15,6 +15,7 @@ import { createShardService } from './shards/shard-service.js';
 import { loadRegistry } from './shards/registry.js';
 import { chooseDriver } from './system/driver-choice.js';
 import type { GpuDriver } from './system/gpu-driver.js';
+import { createModelFileReader } from './system/model-files.js';
 import { createProcReader, type ProcReader } from './system/procfs.js';
 import { createStateFile, type StateFile } from './system/state-file.js';
 
@@ -29,6 +30,9 @@ export interface AppDeps {
   settingsWarnings?: readonly string[];
 }
 
+/** How much longer than the driver's deadline a request with no budget of its own waits for a refresh. */
+const REFRESH_SLACK_MS = 5_000;
+
 export type Services = Awaited<ReturnType<typeof createServices>>;
 
 export async function createServices(config: Config, deps: AppDeps, log: Logger) {
@@ -41,12 +45,15 @@ export async function createServices(config: Config, deps: AppDeps, log: Logger)
   const proc = deps.proc ?? createProcReader({ root: config.proc, log: log.child({ component: 'procfs' }) });
   const stateFile = deps.stateFile ?? createStateFile(config.stateFile, { log: log.child({ component: 'state-file' }), now, timeoutMs: config.stateTimeoutMs });
   const registry = await loadRegistry({ stateFile, log });
-  const take = createSnapshotTaker({ driver, proc, log, interest: () => registry.interest(proc.bootId()), now });
+  // One reader of model files for snapshots and the doctor: a read stuck on a process's maps is never started twice.
+  const modelFiles = createModelFileReader(proc.root);
+  const take = createSnapshotTaker({ driver, proc, modelFiles, log, interest: () => registry.interest(proc.bootId()), now });
   const snapshots = createSnapshotSource<NodeSnapshot>({ take, ttlMs: config.cacheTtlMs, maxStaleMs: config.maxStaleMs, log, now });
-  const node = createNodeService(snapshots, registry, log);
+  // The driver's own deadline bounds its queries; the slack covers the /proc reads of a refresh.
+  const node = createNodeService(snapshots, registry, log, config.smiTimeoutMs + REFRESH_SLACK_MS);
   const shards = createShardService({ registry, node, proc, defaultGraceMs: config.gpuGraceMs, log, now });
   return {
-    config, node, shards, registry, driver, proc, stateFile, metrics, now,
+    config, node, shards, registry, driver, proc, modelFiles, stateFile, metrics, now,
     /** Why this backend serves (NODECOMPUTE_BACKEND, and what auto found): the log and the doctor say it. */
     driverWhy: chosen.why,
     /** Longest a probe waits for a refresh it needs: well inside Kubernetes' 1 s default. */

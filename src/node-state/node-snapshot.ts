@@ -62,6 +62,8 @@ export interface SnapshotTakerDeps {
   /** What the registry wants read along with the GPU processes. */
   interest: () => { pids: Iterable<number>; cgroups: Iterable<string> };
   now: () => number;
+  /** The reader of model files, shared with the doctor so that a stuck read is never started twice; one of its own when absent. */
+  modelFiles?: ModelFileReader;
 }
 
 export function joinGpusAndProcesses(gpus: GpuRecord[], apps: ComputeAppRecord[]): { gpus: GpuState[]; unmatched: ComputeAppRecord[] } {
@@ -195,7 +197,7 @@ async function readModelFiles(reader: ModelFileReader, cache: ModelFilesCache, p
 
 export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<NodeSnapshot> {
   const { now, log } = deps;
-  const modelFileReader = createModelFileReader(deps.proc.root);
+  const modelFileReader = deps.modelFiles ?? createModelFileReader(deps.proc.root);
   const modelFilesCache: ModelFilesCache = new Map();
   const roster = createGpuRoster(log);
   const scanFailure = createRepeatLimit(now);

@@ -141,14 +141,15 @@ export type ShardList = { readonly version: number; list(): readonly ShardRecord
 
 const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 
-export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger) {
+/** `waitBoundMs`: the longest a caller that names no wait of its own waits for a refresh (a /proc read that hangs must not hold it for good). */
+export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger, waitBoundMs?: number) {
   const derive = createNodeViewCache(log);
   let lastProcOnly: { facts: FactsAfterFailure; registryVersion: number; answer: ProcOnly } | null = null;
   /** The bus ids the failures since the good snapshot of `generation` named. */
   let named: { generation: number; seen: Error | null; gpus: Map<string, UnreachableGpu>; answer: readonly UnreachableListedGpu[] } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({ view, node: derive(view.snapshot, registry.version, () => registry.list()) });
   return {
-    current: async (options?: GetOptions): Promise<Current> => withNode(await snapshots.get(options)),
+    current: async (options: GetOptions = {}): Promise<Current> => withNode(await snapshots.get({ maxWaitMs: options.maxWaitMs ?? waitBoundMs })),
     peek(): Current | null {
       const view = snapshots.peek();
       return view ? withNode(view) : null;

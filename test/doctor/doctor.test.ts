@@ -1,10 +1,11 @@
 // The node check: each check's verdict and advice, the human table and GET /doctor (the CLI: doctor-cli.test.ts).
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { formatDoctorReport, runDoctor, type DoctorDeps, type DoctorReport } from '../../src/doctor/doctor.js';
+import { createModelFileReader } from '../../src/system/model-files.js';
 import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader } from '../../src/system/procfs.js';
 import { createStateFile } from '../../src/system/state-file.js';
@@ -328,6 +329,21 @@ t.test("GPU processes whose memory maps cannot be read: a warning that their sha
   t.match(weights, { status: 'warn', detail: /^1 of 2 GPU process\(es\): reading \/proc\/4242\/maps failed \(EISDIR\)\. .*-ngl 0/, fix: /CAP_SYS_PTRACE/ });
   scenario.processes = [];
   t.match(byName(await doctorFor(t, scenario, { proc: root })).weights!, { status: 'ok', detail: /re-run under load/ });
+});
+
+t.test("the service's reader of model files: a doctor run starts no second read of maps that hang", async (t) => {
+  const stat = (pid: number) => `${pid} (llama-server) S 1 ${pid} ${pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0\n`;
+  const { dir, fifo } = fifoTestdir(t);
+  mkdirSync(join(dir, '4242'));
+  writeFileSync(join(dir, '4242', 'stat'), stat(4242));
+  writeFileSync(join(dir, '4242', 'cmdline'), 'llama-server\0');
+  fifo('4242/maps');
+  const scenario = eightGpuNode();
+  scenario.processes = [{ gpuUuid: scenario.gpus[0]!.uuid, pid: 4242, name: 'llama-server', usedMiB: 1000 }];
+  const modelFiles = createModelFileReader(dir, { deadlineMs: 50 });
+  const run = async () => byName(await doctorFor(t, scenario, { proc: dir, deps: { modelFiles } })).weights!;
+  t.match(await run(), { status: 'warn', detail: /4242\/maps .*did not answer within 50 ms/ });
+  t.match(await run(), { status: 'warn', detail: /4242\/maps .*has not answered yet/ }, 'the next run waits on the read under way');
 });
 
 t.test('a state directory that cannot be fsynced is a warning saying what is at risk and what to do', async (t) => {

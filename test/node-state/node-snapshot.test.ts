@@ -7,7 +7,7 @@ import { attribute } from '../../src/node-state/attribution.js';
 import { ANCESTRY_DEPTH, createSnapshotTaker, joinGpusAndProcesses, procFactsAfter, statOf } from '../../src/node-state/node-snapshot.js';
 import { createNodeService, procOnlyLiveness } from '../../src/node-state/node-view.js';
 import type { NodeSnapshot } from '../../src/node-state/node-snapshot.js';
-import type { SnapshotSource } from '../../src/node-state/snapshot.js';
+import { createSnapshotSource, type SnapshotSource } from '../../src/node-state/snapshot.js';
 import type { Registry } from '../../src/shards/registry.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { GpuDriver } from '../../src/system/gpu-driver.js';
@@ -314,6 +314,23 @@ t.test('procOnlyLiveness: the facts describe only shards registered before they 
   const why = /cgroup "abcdef12-3456".*cannot read \/proc\/7\/cgroup: EIO/;
   t.match(scanFailed.get('pod'), { state: 'unreadable', why }, 'a failed cgroup scan: unknown whether it runs');
   t.same(scanFailed.get('alive'), { state: 'alive' }, "and a PID shard's as read");
+});
+
+t.test('NodeService.current: a refresh held up by a /proc read that never returns is answered at the bound', async (t) => {
+  const take = createSnapshotTaker({
+    driver: smi([]),
+    proc: { ...createProcReader({ root: t.testdir({}), log: pino({ level: 'silent' }) }), readStats: () => new Promise(() => undefined) },
+    log: pino({ level: 'silent' }),
+    interest: () => ({ pids: [8], cgroups: [] }),
+    now: Date.now,
+  });
+  const snapshots = createSnapshotSource({ take, ttlMs: 1000, maxStaleMs: 5000, log: pino({ level: 'silent' }), now: Date.now });
+  const registry = { version: 1, list: () => [] } as unknown as Registry;
+  const node = createNodeService(snapshots, registry, pino({ level: 'silent' }), 100);
+  const started = Date.now();
+  await t.rejects(node.current(), { code: 'NODECOMPUTE_NVIDIA_SMI_TIMEOUT', message: /within this request's 100 ms/ });
+  t.ok(Date.now() - started < 2000, 'answered at its bound, not held');
+  await t.rejects(node.current({ maxWaitMs: 20 }), { message: /within this request's 20 ms/ }, "a caller's own budget wins");
 });
 
 t.test('NodeService.procOnly: the latest failed refresh\'s facts, derived once per facts and registry version', async (t) => {
