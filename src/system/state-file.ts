@@ -209,7 +209,11 @@ export function createStateFile(path: string, options: StateFileOptions) {
     if (answer.ok && !was) log.info({ stateFile: path }, `Registrations can be stored in ${path} again.`);
     return answer;
   };
-  /** One look at a time; settles when it lands or when `maxWaitMs` passes (unwritable until it lands). */
+  /**
+   * One look at a time; settles when it lands or when `maxWaitMs` passes (unwritable for its callers
+   * until it lands). Only what lands, or the stuck bound (timeoutMs) passing, is recorded and logged:
+   * a caller's shorter budget says nothing of the directory.
+   */
   function startLook(maxWaitMs: number): Promise<Writability> {
     const stuck = stuckReason();
     if (stuck !== null) return Promise.resolve({ ok: false, reason: stuck });
@@ -219,7 +223,7 @@ export function createStateFile(path: string, options: StateFileOptions) {
       looking = null;
       return record(answer);
     });
-    const look = settleWithin(landed, maxWaitMs, () => record({ ok: false, reason: notFinished(doing, maxWaitMs) }), { unref: true });
+    const look = settleWithin(landed, maxWaitMs, (): Writability => ({ ok: false, reason: notFinished(doing, maxWaitMs) }), { unref: true });
     looking = look;
     return look;
   }
