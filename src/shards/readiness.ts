@@ -35,6 +35,8 @@ export interface ReadinessInput {
   livenessNow?: Liveness;
   /** Why the snapshot is stale, when that is worth a warning. */
   staleReason: string | null;
+  /** With `node` given: why refreshes fail, when that snapshot is served because they do (within max-stale); absent otherwise. */
+  failing?: string | null;
   engine: EngineAccount | null;
   /** Whether engine output was posted (and is kept): with `engine` null, it says nothing about the backend. */
   enginePosted?: boolean;
@@ -179,16 +181,16 @@ function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: stri
   if (shard.gpus.length === 0) return null;
   if (!describes(lastGood, shard)) {
     if (input.judgingSince === undefined || shard.registeredAt < input.judgingSince) return null;
-    return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, and no nvidia-smi listing since has included it`, why, besides);
+    return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, and no nvidia-smi listing since has included it`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
   }
   const listing = `nvidia-smi's last good listing (${new Date(lastGood.observedAt).toISOString()}, ${formatDuration(Math.max(0, now - lastGood.observedAt))} ago)`;
   if (liveness.state === 'alive') {
     if (lastGood.node.attribution.liveness.get(shard.id)?.state === 'gone') {
-      return unseenVerdict(shard, `${listing} showed it exited, and its engine runs again since`, why, besides);
+      return unseenVerdict(shard, `${listing} showed it exited, and its engine runs again since`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
     }
     const exited = holdersGone(lastGood.node, shard, input.procNow);
     if (exited.length > 0) {
-      return unseenVerdict(shard, `every process that held its memory on ${gpuList(exited)} in ${listing} has exited since (its engine restarted)`, why, besides);
+      return unseenVerdict(shard, `every process that held its memory on ${gpuList(exited)} in ${listing} has exited since (its engine restarted)`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
     }
   }
   const prior = readiness({
@@ -230,10 +232,10 @@ function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<
 }
 
 /** Starting, for a shard no listing has shown on its GPUs while nvidia-smi cannot be asked: `since` says why none has. */
-function unseenVerdict(shard: ShardRecord, since: string, why: string, besides: string[]): Readiness {
+function unseenVerdict(shard: ShardRecord, since: string, warnings: string[]): Readiness {
   const unseen = `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until nvidia-smi answers and lists it there`;
   const fix = 'Fix nvidia-smi first (`nodecompute doctor`): an engine started while the driver fails most likely cannot use CUDA either.';
-  return verdict('starting', 'awaiting-nvidia-smi', `${unseen}. ${fix}`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
+  return verdict('starting', 'awaiting-nvidia-smi', `${unseen}. ${fix}`, warnings);
 }
 
 export function readiness(input: ReadinessInput): Readiness {
@@ -271,6 +273,10 @@ export function readiness(input: ReadinessInput): Readiness {
   if (liveness.state === 'unknown') {
     if (left > 0) {
       return verdict('starting', 'awaiting-snapshot', `registered ${formatDuration(now - shard.registeredAt)} ago; waiting for the first snapshot that includes it (${formatDuration(left)} of grace left).`, warnings);
+    }
+    // While refreshes fail, no listing will include it soon: as past max-stale, the last word never admits it.
+    if (input.failing != null) {
+      return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, after the last good nvidia-smi listing began`, warnings);
     }
     return verdict('unverified', 'not-in-snapshot', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet (the next refresh will): until one does, where it computes is unverified']);
   }

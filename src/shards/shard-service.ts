@@ -60,6 +60,7 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
       shard,
       node: nodeView,
       staleReason: current ? staleNews(current.view) : null,
+      failing: current?.view.failing ? current.view.staleReason : null,
       engine,
       engineTicks: posted?.tailStartedAtTicks ?? null,
       enginePosted: posted !== undefined && posted.tail !== '',

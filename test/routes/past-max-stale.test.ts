@@ -139,3 +139,20 @@ t.test('past max-stale, a shard whose process that held its GPU has exited since
   const verdict = await probe(app, 's');
   t.match(verdict, { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: new RegExp(`^every process that held its memory on GPU 0 in nvidia-smi's last good listing .* has exited since`) });
 });
+
+t.test('within max-stale, a shard registered while nvidia-smi fails is not admitted either', async (t) => {
+  const [served, late] = (await Promise.all([1, 0].map((children) => spawnShardProcess(t, children)))) as [ShardProcess, ShardProcess];
+  const clock = manualClock();
+  const { app, fake } = await buildTestApp(t, { scenario: twoGpuNode([holding(served.members[0]!, 0)]), config: { cacheTtlMs: 0, maxStaleMs: 60_000 }, deps: { now: clock.now } });
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/served', payload: { pid: served.pid, gpus: [0] } })).statusCode, 201);
+  clock.advance(1);
+  t.equal((await probe(app, 'served')).state, 'ready');
+  failDriver(fake, { kind: 'driver-unreachable' });
+  clock.advance(1);
+  await probe(app, 'served');
+  await settle(app);
+  t.match(await probe(app, 'served'), { status: 200, state: 'ready', warnings: [/older snapshot: the last refresh failed/] }, 'seen ready: served from the last good snapshot');
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/late', payload: { pid: late.pid, gpus: [1], graceMs: 0 } })).statusCode, 201);
+  clock.advance(1);
+  t.match(await probe(app, 'late'), { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /after the last good nvidia-smi listing began/ }, 'never seen on its GPU: starting, not unverified');
+});

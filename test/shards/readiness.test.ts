@@ -513,6 +513,10 @@ t.test('the grace ends at registeredAt + graceMs exactly: a listing begun then d
   t.match(judged(s, NOW + 500).reason, 'hold no memory on GPU 0, 3.0 s after registration');
   const unseen = view([gpu(0, [])], [], [s]);
   t.equal(verdictOf(s, unseen).cause, 'not-in-snapshot', 'not in any snapshot when the grace ends: unverified, no longer starting');
+  const failing = readiness({ shard: s, node: unseen, engine: null, staleReason: 'the last refresh failed: no devices', failing: 'the last refresh failed: no devices', now: NOW });
+  t.match(failing, { state: 'starting', cause: 'awaiting-nvidia-smi', ready: false }, 'while refreshes fail, one no listing has shown is not admitted');
+  t.match(failing.reason, 'not been seen holding memory on GPU 0');
+  t.match(failing.warnings, [/older snapshot: the last refresh failed: no devices/]);
 });
 
 t.test('reasons: spans from milliseconds to hours, long graces in minutes, and sentences that start with a capital', async (t) => {
