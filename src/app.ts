@@ -27,6 +27,9 @@ import statusPageRoutes from '../routes/status-page.js';
 
 export type { App, AppDeps, Services } from './services.js';
 
+/** How long a request may take to arrive whole, headers and body (http/errors.ts's 408 says so). */
+const REQUEST_TIMEOUT_MS = 30_000;
+
 /** While closing, how long a keep-alive connection may idle after its last answer (Fastify's default is 72 s). */
 const CLOSING_KEEP_ALIVE_MS = 1;
 
@@ -55,6 +58,7 @@ async function registerOpenApi(app: App): Promise<void> {
 
 export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App> {
   const log = deps.logger ?? pino({ level: config.logLevel });
+  const requestTimeoutMs = deps.requestTimeoutMs ?? REQUEST_TIMEOUT_MS;
   const app = Fastify({
     loggerInstance: log,
     // Probes come every few seconds from every pod: answered requests are logged at debug level only.
@@ -63,8 +67,11 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     forceCloseConnections: 'idle',
     // A request that arrives while stopping is answered as any other (with Connection: close), not an uncoded 503.
     return503OnClosing: false,
-    // A client that promises a body and stops sending must not hold a connection forever.
-    requestTimeout: 30_000,
+    // A client that stops sending its headers or the body it promised must not hold a connection
+    // forever. Given to Node's server at its creation, as Node reads them then; checked every second
+    // (Node's default, 30 s, answered a 30 s timeout after up to 60 s).
+    requestTimeout: requestTimeoutMs,
+    http: { requestTimeout: requestTimeoutMs, headersTimeout: requestTimeoutMs, connectionsCheckingInterval: 1000 },
     // Ids may be 128 characters; a longer segment gets a coded 400, not the router's bare 414.
     routerOptions: { maxParamLength: 256 },
     frameworkErrors: (err, request, reply: FastifyReply) => {

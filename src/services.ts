@@ -28,6 +28,8 @@ export interface AppDeps {
   stateFile?: StateFile;
   /** The warnings the start logged about the settings, for the doctor's settings row. */
   settingsWarnings?: readonly string[];
+  /** How long a request may take to arrive whole (default 30 s; tests shorten it). */
+  requestTimeoutMs?: number;
 }
 
 /** How much longer than the driver's deadline a request with no budget of its own waits for a refresh. */

@@ -2,8 +2,8 @@
 // it logs requests (answered ones at debug, coded failures as one warning a minute each), and how it
 // closes keep-alive connections and answers the requests that arrive on them while it stops.
 import http from 'node:http';
-import { connect, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
+import { connect, type AddressInfo } from 'node:net';
 import t from 'tap';
 import { buildApp } from '../src/app.js';
 import { writeClientError } from '../src/http/errors.js';
@@ -199,4 +199,25 @@ t.test('a request that arrives while the app closes is answered as any other, wi
     { statusCode: 503, code: 'NODECOMPUTE_NVIDIA_SMI_FAILED', error: 'Service Unavailable', message: 'nvidia-smi was not run: nodecompute is shutting down.' },
     'the one error shape, saying why',
   );
+});
+
+t.test('a request that stops arriving is answered 408 at its timeout, not up to a check interval later', async (t) => {
+  const { app } = await buildTestApp(t, { scenario: eightGpuNode(), deps: { requestTimeoutMs: 500 } });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const { port } = app.server.address() as AddressInfo;
+  const ask = (head: string) =>
+    new Promise<{ ms: number; answer: string }>((resolve, reject) => {
+      const started = Date.now();
+      const socket = connect(port, '127.0.0.1', () => socket.write(head));
+      let answer = '';
+      socket.on('data', (chunk) => (answer += String(chunk)));
+      socket.on('close', () => resolve({ ms: Date.now() - started, answer }));
+      socket.on('error', reject);
+    });
+  const body = await ask('PUT /shards/s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"pid":');
+  t.match(body.answer, /^HTTP\/1\.1 408 [^]*"code":"NODECOMPUTE_REQUEST_TIMEOUT"/, 'a body that stops: 408');
+  t.ok(body.ms < 2500, `answered ${body.ms} ms after it began, with a timeout of 500 ms`);
+  const headers = await ask('GET /gpus HTTP/1.1\r\nHost: 127.0.0.1\r\n');
+  t.match(headers.answer, /^HTTP\/1\.1 408 /, 'headers that stop: 408');
+  t.ok(headers.ms < 2500, `answered ${headers.ms} ms after it began`);
 });

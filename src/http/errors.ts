@@ -87,7 +87,7 @@ export function whyNotJson(err: FastifyError, body: string): Error {
 /** Node's client errors that get an answer of their own, with the status Node itself would give them. */
 const CLIENT_ERRORS: Record<string, [status: number, code: string, message: string]> = {
   HPE_HEADER_OVERFLOW: [431, 'NODECOMPUTE_HEADERS_TOO_LARGE', 'The request headers are larger than this server accepts (16 KiB in all, Node\'s limit): send fewer or shorter headers.'],
-  ERR_HTTP_REQUEST_TIMEOUT: [408, 'NODECOMPUTE_REQUEST_TIMEOUT', 'The request was not completed within 30 s: send the whole body its Content-Length promised, or retry.'],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, 'NODECOMPUTE_REQUEST_TIMEOUT', 'The request was not completed within 30 s: send its headers and the whole body its Content-Length promised without pausing, or retry.'],
   HPE_INVALID_METHOD: [400, 'NODECOMPUTE_BAD_REQUEST', 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT); see /docs.'],
 };
 
