@@ -26,13 +26,8 @@ const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_
   description: 'Indices of the GPUs the shard was placed on (as nvidia-smi numbers them); unique; empty for a CPU-only shard.',
 });
 
-const MigDevicesSchema = Type.Array(Type.String({ pattern: '^MIG-[0-9A-Za-z-]+$', maxLength: 64 }), {
-  uniqueItems: true,
-  minItems: 1,
-  maxItems: 64,
-  description:
-    'MIG devices of those GPUs the shard was placed on, by UUID (MIG-..., as nvidia-smi -L and NVIDIA_VISIBLE_DEVICES name them): its foreign memory is then theirs, and memory it holds on another MIG device of its GPUs is a warning. Each must be on one of its gpus; checked under NVML, which lists MIG devices (GET /gpus migDevices); taken on trust under nvidia-smi.',
-});
+// Described where it is made nullable (RegisterShardSchema): the description goes on the whole field.
+const MigDevicesSchema = Type.Array(Type.String({ pattern: '^MIG-[0-9A-Za-z-]+$', maxLength: 64 }), { uniqueItems: true, minItems: 1, maxItems: 64 });
 
 const EngineSchema = StringEnum(ENGINES, 'The serving engine: llama.cpp, ollama, vllm or other; llama.cpp and Ollama output posted to engine-output is understood.');
 const BACKENDS = ['CUDA', 'CPU'] as const;
@@ -45,34 +40,59 @@ const BACKENDS = ['CUDA', 'CPU'] as const;
  */
 const CGROUP_PATTERN = '^(?:[0-9a-f]{12,64}|[0-9a-f]{8}([-_])[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{4}\\1[0-9a-f]{12})$';
 
+/** A field GET writes and a PUT does not set: taken, so that a GET body can be PUT back, and ignored. */
+const ReadOnly = (description: string) => Type.Optional(Type.Unknown({ readOnly: true, description: `Read-only, as GET writes it (${description}): ignored.` }));
+
+// Null is taken wherever GET writes an absent field as null, and means what leaving it out means:
+// a control plane can PUT back the record it read with one field changed.
 export const RegisterShardSchema = Type.Object(
   {
+    id: Type.Optional(
+      Type.String({ pattern: SHARD_ID_PATTERN, readOnly: true, description: 'Read-only, as GET writes it: when given, it must be the id in the path (a body read from another shard is refused).' }),
+    ),
     pid: Type.Optional(
-      Type.Integer({ minimum: 1, maximum: MAX_PID, description: "Host PID of the shard's main process; its descendants, and the members of its process group that started after it unless another shard shares the group, count as the shard." }),
+      Nullable(
+        Type.Integer({ minimum: 1, maximum: MAX_PID }),
+        "Host PID of the shard's main process; its descendants, and the members of its process group that started after it unless another shard shares the group, count as the shard. Null: as absent.",
+      ),
     ),
     cgroup: Type.Optional(
-      Type.String({
-        pattern: CGROUP_PATTERN,
-        description:
-          'A container id (12 to 64 hex digits) or a pod UID (with "-" or "_"): every process whose /proc/PID/cgroup contains it is the shard. Give pid or cgroup, not both.',
-      }),
+      Nullable(
+        Type.String({ pattern: CGROUP_PATTERN }),
+        'A container id (12 to 64 hex digits) or a pod UID (with "-" or "_"): every process whose /proc/PID/cgroup contains it is the shard. Give pid or cgroup, not both. Null: as absent.',
+      ),
     ),
     gpus: GpuIndicesSchema,
-    migDevices: Type.Optional(MigDevicesSchema),
+    migDevices: Type.Optional(
+      Nullable(
+        MigDevicesSchema,
+        'MIG devices of those GPUs the shard was placed on, by UUID (MIG-..., as nvidia-smi -L and NVIDIA_VISIBLE_DEVICES name them): its foreign memory is then theirs, and memory it holds on another MIG device of its GPUs is a warning. Each must be on one of its gpus; checked under NVML, which lists MIG devices (GET /gpus migDevices); taken on trust under nvidia-smi. Null or absent: whole GPUs.',
+      ),
+    ),
     engine: Type.Optional(EngineSchema),
     graceMs: Type.Optional(
       Type.Integer({ minimum: 0, maximum: 3_600_000, description: 'How long the shard may take to hold its GPUs before it counts as on-cpu; defaults to NODECOMPUTE_GPU_GRACE_MS.' }),
     ),
     minGpuWeightsShare: Type.Optional(
-      Type.Number({
-        minimum: 0,
-        maximum: 1,
-        description:
-          'The least share (0 to 1) of its model weights that must be on its GPUs, as compute.weights estimates it, for the shard to be ready; below it after the grace: on-cpu (partial-offload-below-minimum). Absent: a partial offload serves, with a warning.',
-      }),
+      Nullable(
+        Type.Number({ minimum: 0, maximum: 1 }),
+        'The least share (0 to 1) of its model weights that must be on its GPUs, as compute.weights estimates it, for the shard to be ready; below it after the grace: on-cpu (partial-offload-below-minimum). Null or absent: a partial offload serves, with a warning.',
+      ),
     ),
+    gpuUuids: ReadOnly('the devices are those of the registration, kept while gpus repeats them'),
+    registeredAt: ReadOnly('a repeat for the same process and GPUs keeps it'),
+    identity: ReadOnly('read from /proc'),
+    status: ReadOnly('the verdict'),
+    compute: ReadOnly('where it computes'),
+    observedAt: ReadOnly('the snapshot'),
+    ageMs: ReadOnly('the snapshot'),
+    stale: ReadOnly('the snapshot'),
+    staleReason: ReadOnly('the snapshot'),
   },
-  { additionalProperties: false, description: 'A shard registration: pid or cgroup, and the GPUs it was given.' },
+  {
+    additionalProperties: false,
+    description: 'A shard registration: pid or cgroup, and the GPUs it was given. A shard as GET /shards/:id answers it may be sent back: null means absent, and the read-only fields are ignored.',
+  },
 );
 export type RegisterShard = Static<typeof RegisterShardSchema>;
 

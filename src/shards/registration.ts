@@ -3,6 +3,7 @@
 // is kept), and refused (409) where another id covers its processes: the same process or cgroup, or,
 // for a PID, an ancestor or descendant within ANCESTRY_DEPTH, or a process group one leads and the
 // other is in. A repeat (a controller reconciling) is never a conflict and reads no other shard's /proc.
+// A body's nulls read as absent and GET's read-only fields are dropped, so a shard read can be PUT back.
 import type { Logger } from 'pino';
 import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, UnknownMigDeviceError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
@@ -13,7 +14,7 @@ import type { RegisterShard } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
 import { NotARepeatError, processOf, type Overlaps, type Registry } from './registry.js';
 import type { StoredChange } from './shard-log.js';
-import { ranInAnotherBoot, sameProcess, type ProcessIdentity, type ShardRecord } from './shard.js';
+import { ranInAnotherBoot, sameProcess, type Engine, type ProcessIdentity, type ShardRecord } from './shard.js';
 
 /** What a registration names, read from /proc: its identity, and the registrations covering its processes (null: a repeat). */
 type Target = { identity: ProcessIdentity; overlaps: Overlaps | null };
@@ -22,6 +23,14 @@ type Target = { identity: ProcessIdentity; overlaps: Overlaps | null };
 type Lineage = { ancestors: ProcessIdentity[]; pgid: number };
 
 const processKey = (identity: ProcessIdentity): string => `${identity.pid}@${identity.startTime}`;
+
+/** What a registration sets: a null field is left out (GET writes an absent one as null), and GET's read-only fields are dropped. */
+type Settings = { pid?: number; cgroup?: string; gpus: number[]; migDevices?: string[]; engine?: Engine; graceMs?: number; minGpuWeightsShare?: number };
+
+function settingsOf(body: RegisterShard): Settings {
+  const { pid, cgroup, gpus, migDevices, engine, graceMs, minGpuWeightsShare } = body;
+  return { pid: pid ?? undefined, cgroup: cgroup ?? undefined, gpus, migDevices: migDevices ?? undefined, engine, graceMs, minGpuWeightsShare: minGpuWeightsShare ?? undefined };
+}
 
 const INIT_PID = 1; // the ancestor of every process (in a container's PID namespace, its main process)
 const KTHREADD_PID = 2; // every kernel thread is it or its child
@@ -212,7 +221,11 @@ export function createRegistration(deps: RegistrationDeps) {
   }
 
   return {
-    async register(id: string, body: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
+    async register(id: string, given: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
+      if (given.id !== undefined && given.id !== id) {
+        throw new BadRequestError(`The body's "id" is "${given.id}" but the path names shard "${id}": a body read from one shard is not PUT to another. Remove "id", or PUT it to /shards/${given.id}.`);
+      }
+      const body = settingsOf(given);
       if ((body.pid !== undefined) === (body.cgroup !== undefined)) throw new BadRequestError(body.pid !== undefined ? PID_AND_CGROUP : NO_TARGET);
       if (body.migDevices !== undefined && body.gpus.length === 0) throw new UnknownMigDeviceError(MIG_WITHOUT_GPUS);
       const recordOf = (identity: ProcessIdentity, gpuUuids: string[] | undefined): ShardRecord => ({

@@ -233,8 +233,14 @@ const table: BadRequest[] = [
   // Wrong types and ranges.
   { name: 'pid as a string', request: register(() => ({ pid: '123', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer/ },
   { name: 'pid as a float', request: register((c) => ({ pid: c.pid + 0.5, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer/ },
-  { name: 'pid null beside a cgroup (as GET shows it)', request: register(() => ({ pid: null, cgroup: '0123456789ab', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer \(.*leave "pid" out \(null is not accepted\)\)/ },
-  { name: 'cgroup null beside a pid (as GET shows it)', request: register((c) => ({ pid: c.pid, cgroup: null, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/cgroup must be string \(.*leave "cgroup" out \(null is not accepted\)\)/ },
+  { name: 'pid as a string, told that null or leaving it out registers a cgroup', request: register(() => ({ pid: '123', cgroup: '0123456789ab', gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be integer.*leave "pid" out or null/ },
+  { name: 'cgroup as a number, told that null or leaving it out registers a PID', request: register((c) => ({ pid: c.pid, cgroup: 123, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/cgroup must be string.*leave "cgroup" out or null/ },
+  // A null, as GET writes an absent field, is taken as absent: what refuses these is the rest of the body.
+  { name: 'pid null beside a cgroup no process is in', request: register(() => ({ pid: null, cgroup: '0123456789ab', gpus: [1] })), status: 422, code: 'NODECOMPUTE_PROCESS_NOT_FOUND', message: /cgroup containing "0123456789ab"/ },
+  { name: 'cgroup null beside the pid of shard "existing"', request: register((c) => ({ pid: c.pid, cgroup: null, gpus: [1] })), status: 409, code: 'NODECOMPUTE_SHARD_CONFLICT', message: /already registered as shard "existing"/ },
+  { name: 'pid and cgroup both null', request: register(() => ({ pid: null, cgroup: null, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /Give "pid".*or "cgroup"/ },
+  { name: 'migDevices as a string', request: register((c) => ({ ...good(c), migDevices: 'MIG-1' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/migDevices must be array/ },
+  { name: 'minGpuWeightsShare as a string', request: register((c) => ({ ...good(c), minGpuWeightsShare: '0.8' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/minGpuWeightsShare must be number/ },
   { name: 'pid negative', request: register(() => ({ pid: -5, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be >= 1/ },
   { name: 'pid zero', request: register(() => ({ pid: 0, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be >= 1/ },
   { name: 'pid above 4194304', request: register(() => ({ pid: 4_194_305, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be <= 4194304/ },
@@ -256,6 +262,16 @@ const table: BadRequest[] = [
   { name: 'unknown field: "gpu" instead of "gpus"', request: register((c) => ({ pid: c.pid, gpu: [0] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /gpu/ },
   { name: 'unknown field: "gpu" beside "gpus"', request: register((c) => ({ pid: c.pid, gpus: [1], gpu: [0] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /unknown field "gpu"/ },
   { name: 'unknown field: "pgid"', request: register((c) => ({ ...good(c), pgid: c.pid })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body has an unknown field "pgid"/ },
+
+  // GET's read-only fields are taken, so a GET body can be PUT back, but a body read from another shard is not.
+  {
+    name: 'the GET body of shard "existing" PUT to another id',
+    request: register((c) => ({ id: 'existing', pid: c.pid, cgroup: null, gpus: [1], migDevices: null, minGpuWeightsShare: null, registeredAt: '2026-01-01T00:00:00.000Z', status: {} })),
+    status: 400,
+    code: 'NODECOMPUTE_BAD_REQUEST',
+    message: /"id" is "existing" but the path names shard "new-shard"/,
+  },
+  { name: 'id that is no shard id', request: register((c) => ({ ...good(c), id: 'a/b' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/id must match pattern/ },
 
   // pid / cgroup.
   { name: 'both pid and cgroup', request: register((c) => ({ ...good(c), cgroup: 'abcdef0123456789' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /not both/ },

@@ -802,6 +802,78 @@ t.test('an identical re-PUT keeps registeredAt and the grace clock: an on-cpu sh
   t.match(restarted, { state: 'starting', reason: /GPU 0.*; 5\.0 s of its 5\.0 s grace left\.$/ });
 });
 
+t.test('a shard as GET answers it, nulls and read-only fields too, PUT back unchanged is an unchanged repeat: 200, the same record, its grace going on', async (t) => {
+  const shard = await spawnShardProcess(t, 1);
+  const { lines, log: logger } = captureLog('debug');
+  const clock = manualClock();
+  const { app, config } = await buildTestApp(t, { scenario: twoGpuNode(), config: { cacheTtlMs: 0, maxStaleMs: 0 }, deps: { now: clock.now, logger } });
+  const first = await app.inject({ method: 'PUT', url: '/shards/r', payload: { pid: shard.pid, gpus: [1], graceMs: 5000 } });
+  t.equal(first.statusCode, 201);
+  clock.advance(6000);
+  const read = (await app.inject({ method: 'GET', url: '/shards/r' })).json();
+  t.match(read, { cgroup: null, migDevices: null, minGpuWeightsShare: null, gpuUuids: [UUIDS[1]], status: { state: 'on-cpu' }, compute: { backend: 'CPU' } });
+  const stored = readFileSync(config.stateFile, 'utf8');
+
+  clock.advance(1);
+  const back = await app.inject({ method: 'PUT', url: '/shards/r', payload: read });
+  t.equal(back.statusCode, 200);
+  t.strictSame(back.json(), first.json(), 'the same record, registeredAt included');
+  t.equal(readFileSync(config.stateFile, 'utf8'), stored, 'nothing written');
+  t.match(lines.filter((line) => line.shard === 'r').at(-1), { level: 20, msg: /^Shard registration repeated unchanged/ });
+  clock.advance(1);
+  t.match((await app.inject({ method: 'GET', url: '/shards/r/ready' })).json(), { state: 'on-cpu', reason: /6\.0 s after registration \(grace 5\.0 s\)/ });
+
+  clock.advance(1);
+  const changed = await app.inject({ method: 'PUT', url: '/shards/r', payload: { ...read, graceMs: 600_000 } });
+  t.same([changed.statusCode, changed.json().registeredAt, changed.json().graceMs], [200, first.json().registeredAt, 600_000], 'one field changed: a replacement, its grace counted from the first registration');
+
+  const elsewhere = await app.inject({ method: 'PUT', url: '/shards/q', payload: read });
+  t.same([elsewhere.statusCode, elsewhere.json().code], [400, 'NODECOMPUTE_BAD_REQUEST'], "another shard's body is refused");
+  t.match(elsewhere.json().message, /"id" is "r".*path names shard "q"/);
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards.map((one: { id: string }) => one.id), ['r']);
+});
+
+t.test('null for pid, cgroup, migDevices or minGpuWeightsShare means what leaving it out means: the same answer and stored record', async (t) => {
+  const podUid = '7d5b1f2c-2222-4c3e-9e0a-3f7c2b9d8e11';
+  const root = t.testdir({
+    '100': { stat: '100 (vllm) S 1 100 100 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0', cgroup: `0::/kubepods/pod${podUid}/abc\n` },
+    '200': { stat: '200 (llama-server) S 1 200 200 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 600 0 0', cgroup: '0::/system.slice/llama.service\n' },
+  });
+  const { app, config } = await buildTestApp(t, {
+    scenario: twoGpuNode(),
+    config: { cacheTtlMs: 0, maxStaleMs: 0 },
+    deps: { now: manualClock().now, proc: createProcReader({ root, log: pino({ level: 'silent' }) }) },
+  });
+  const cases: [string, Record<string, unknown>][] = [
+    ['pid', { cgroup: podUid, gpus: [0], engine: 'vllm' }],
+    ['cgroup', { pid: 200, gpus: [1] }],
+    ['migDevices', { pid: 200, gpus: [1] }],
+    ['minGpuWeightsShare', { pid: 200, gpus: [1], engine: 'llama.cpp' }],
+  ];
+  const state = () => readFileSync(config.stateFile, 'utf8');
+  for (const [field, absent] of cases) {
+    const url = `/shards/${field}`;
+    const nulled = { ...absent, [field]: null };
+    const withNull = await app.inject({ method: 'PUT', url, payload: nulled });
+    t.equal(withNull.statusCode, 201, field);
+    t.equal(withNull.json()[field], null, `${field}: null, as GET writes it`);
+    const stored = state();
+    const repeated = await app.inject({ method: 'PUT', url, payload: absent });
+    t.equal(repeated.statusCode, 200, `${field} left out after null: a repeat`);
+    t.strictSame(repeated.json(), withNull.json(), `${field}: the same record`);
+    t.equal(state(), stored, `${field}: an unchanged repeat writes nothing`);
+
+    t.equal((await app.inject({ method: 'DELETE', url })).statusCode, 204);
+    const without = await app.inject({ method: 'PUT', url, payload: absent });
+    t.equal(without.statusCode, 201, field);
+    t.strictSame(without.json(), withNull.json(), `${field}: registered without it, the same answer`);
+    t.equal(state(), stored, `${field}: the same stored record`);
+    t.equal((await app.inject({ method: 'PUT', url, payload: nulled })).statusCode, 200, `${field} null after left out: a repeat`);
+    t.equal(state(), stored, `${field}: still the same stored record`);
+    t.equal((await app.inject({ method: 'DELETE', url })).statusCode, 204);
+  }
+});
+
 t.test('compute.backend: null while starting and once exited, CPU when on-cpu, CUDA when a GPU is held', async (t) => {
   const shard = await spawnShardProcess(t, 1);
   const { app, step, setProcesses } = await setup(t);
