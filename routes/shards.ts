@@ -37,6 +37,10 @@ const ENGINE_OUTPUT_MAX_MIB = 1;
 
 const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { shards, probeBudgetMs, authorise, stateFile } = app.services;
+  // Engine output reaches its handler as bytes, read on each shard's stream (engine-output.ts): a
+  // character a log shipper cut between two posts, decoded post by post, would be kept as two U+FFFD.
+  app.removeContentTypeParser('text/plain');
+  app.addContentTypeParser('text/plain', { parseAs: 'buffer' }, (_request, body, done) => done(null, body));
   /** What a change's 503 means: the state file could not take it within its timeout (registry.ts). */
   const stateWriteAnswers =
     `503 NODECOMPUTE_STATE_WRITE_FAILED when the state file cannot be written (nothing was changed); 503 NODECOMPUTE_STATE_WRITE_PENDING when the change was not stored ${stateFile.timeoutMs / 1000} s ` +
@@ -179,15 +183,17 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
           'A bounded tail is kept per shard. Posts are appended as one stream, as the engine wrote it: a post that does not end with a newline is continued by the next one, so post whole lines or the chunks of the log in order. ' +
           "Lines may keep the prefixes a log pipeline adds: Kubernetes' container log files (`<time> stderr F `), docker compose's `name-1  | `, journald, timestamps, ANSI colours. " +
           'For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once. ' +
-          'The body is UTF-8 text, sent as it is: a Content-Encoding other than identity (gzip, say) or a charset other than UTF-8 or US-ASCII is refused (415), since it would be kept mangled.',
+          'The body is UTF-8 text, sent as it is: a Content-Encoding other than identity (gzip, say) or a charset other than UTF-8 or US-ASCII is refused (415), since it would be kept mangled. ' +
+          'Posts are one stream of bytes: a character cut between two posts is read whole; a post with bytes that are not UTF-8 is refused (400) and nothing of it is kept.',
+        // No body schema: Fastify would refuse the bytes as not a string. The OpenAPI document has it (openapi-document.ts).
         params: ShardParamsSchema,
-        body: Type.String({ description: "The engine's output, as text." }),
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },
       },
       onRequest: [authorise, requireContentType('text/plain', "curl --data-binary @server.log -H 'Content-Type: text/plain' ...")],
     },
     async (request) => {
-      const state = shards.appendEngineOutput(request.params.id, request.body);
+      // A Buffer from the parser above: requireContentType lets only text/plain through.
+      const state = shards.appendEngineOutput(request.params.id, request.body as Buffer);
       return { shard: request.params.id, account: state.account, tailBytes: Buffer.byteLength(state.tail), note: state.note };
     },
   );

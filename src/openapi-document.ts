@@ -1,9 +1,11 @@
 // What the route schemas cannot say in the OpenAPI document, added once it is built: the bearer
 // token of writes, the conditional-GET headers and the Retry-After of 503s (as route schemas,
-// Fastify would validate headers on every probe). Each is written once, under components, named by
-// $ref; every object is made afresh, as a shared one would come out as YAML anchors.
+// Fastify would validate headers on every probe), and the body of a route that reads it as bytes (as
+// a route schema, Fastify would refuse bytes as not a string). Each shared one is written once, under
+// components, named by $ref; every object is made afresh, as a shared one would come out as YAML anchors.
 import type { OpenAPIV3_1 } from 'openapi-types';
 import { ErrorComponent } from './schemas/common.js';
+import { EngineOutputBodySchema } from './schemas/shards.js';
 
 const BEARER_SCHEME: OpenAPIV3_1.HttpSecurityScheme = {
   type: 'http',
@@ -42,6 +44,11 @@ const HEADERS = {
   },
 } satisfies Record<string, OpenAPIV3_1.HeaderObject>;
 
+/** The request bodies routes read as bytes, by operationId. */
+const BYTE_BODIES: Record<string, OpenAPIV3_1.RequestBodyObject> = {
+  postEngineOutput: { required: true, description: EngineOutputBodySchema.description, content: { 'text/plain': { schema: EngineOutputBodySchema } } },
+};
+
 const header = (name: keyof typeof HEADERS): OpenAPIV3_1.ReferenceObject => ({ $ref: `#/components/headers/${name}` });
 const conditionalHeaders = () => ({ ETag: header('ETag'), 'Cache-Control': header('CacheControl') });
 
@@ -50,6 +57,8 @@ type Operation = OpenAPIV3_1.OperationObject;
 function completeOperation(path: string, method: string, operation: Operation): void {
   const write = ['put', 'post', 'delete'].includes(method);
   if (write) operation.security = [{ bearer: [] }];
+  const bytes = BYTE_BODIES[operation.operationId!];
+  if (bytes) operation.requestBody = structuredClone(bytes);
   const responses = operation.responses;
   // A read's 503 with the error body is an nvidia-smi failure, and so can /readyz's be (its checklist
   // is another body); a write's is the state file's.
@@ -64,7 +73,7 @@ function completeOperation(path: string, method: string, operation: Operation): 
   if (ok) ok.headers = { ...ok.headers, ...conditionalHeaders() };
 }
 
-/** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, and Retry-After to the 503s that carry it. */
+/** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, Retry-After to the 503s that carry it, and the bodies read as bytes. */
 export function completeOpenApi(document: OpenAPIV3_1.Document): OpenAPIV3_1.Document {
   document.components = {
     ...document.components,

@@ -104,6 +104,8 @@ t.test('/openapi.json serves the same document and every route declares its erro
   t.same(stateFile.sort(), ['delete /shards/{id}', 'put /shards/{id}'], "Retry-After of the state file's failure on the writes whose 503 it is");
   t.equal(retryAfter.length, nvidiaSmi.length + stateFile.length, 'and nowhere else');
   t.ok(spec.paths['/shards/{id}'].put.responses['422'], 'PUT /shards/{id} declares 422');
+  t.match(spec.paths['/shards/{id}/engine-output'].post.requestBody, { required: true, content: { 'text/plain': { schema: { type: 'string' } } } }, 'engine output is text/plain, read as bytes');
+  t.notOk(spec.paths['/shards/{id}/engine-output'].post.requestBody.content['application/json']);
   const docs = await app.inject({ method: 'GET', url: '/docs/' });
   t.equal(docs.statusCode, 200);
   t.match(docs.headers['content-type'], /text\/html/);

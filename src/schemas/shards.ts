@@ -346,6 +346,9 @@ export const ForeignMemoryResponseSchema = perGpuAnswer(
   'Per GPU, the memory held by anything that is not a registered shard; and the GPUs lost, which have no memory to hand out.',
 );
 
+/** POST /shards/:id/engine-output's body, in the OpenAPI document only: the route reads it as bytes (openapi-document.ts). */
+export const EngineOutputBodySchema = Type.String({ description: "The engine's output: UTF-8 text, its bytes as the engine wrote them." });
+
 export const EngineOutputResponseSchema = Type.Object(
   {
     shard: Type.String({ description: 'Shard id.' }),

@@ -10,7 +10,7 @@
 import type { Logger } from 'pino';
 import { ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
 import type { StateFile, StateFileFailure } from '../system/state-file.js';
-import { appended, engineState, type EngineState, type Posted } from './engine-output.js';
+import { appended, decodePost, engineState, NO_BYTES, type EngineState, type Posted } from './engine-output.js';
 import { readRegistryFile, serialiseShards } from './registry-file.js';
 import { ranInAnotherBoot, sameProcess, type ShardRecord } from './shard.js';
 
@@ -274,7 +274,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
         const conflict = conflicting(committed, record, overlaps);
         if (conflict !== undefined) throw conflictError(record, conflict);
       }
-      const posted: { now: Posted } = { now: { tail: '', tailStartedAtTicks: null } };
+      const posted: { now: Posted } = { now: { tail: '', pending: NO_BYTES, tailStartedAtTicks: null } };
       let pending = inFlight.get(record.id);
       if (!pending) inFlight.set(record.id, (pending = new Set()));
       pending.add(posted);
@@ -326,14 +326,20 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
       }
     },
     engine: (id: string): EngineState | undefined => engines.get(id),
-    /** Appends to the shard's tail (`fresh`: begins a new one) and re-reads the account; `ticks`: now, since boot. */
-    appendEngineOutput(id: string, text: string, ticks: number | null, fresh = false) {
+    /**
+     * Appends a post (its bytes, or text) to the shard's tail (`fresh`: begins a new one) and re-reads the account; `ticks`: now,
+     * since boot. BadRequestError, with nothing kept, for bytes that are not UTF-8.
+     */
+    appendEngineOutput(id: string, output: Buffer | string, ticks: number | null, fresh = false) {
       const shard = committed.get(id);
       if (!shard) return undefined;
-      const state = engineState(shard.engine, appended(engines.get(id), text, ticks, fresh));
+      const kept = engines.get(id);
+      // Read once, on this shard's stream: what an in-flight PUT carries gets the same text and held bytes.
+      const chunk = decodePost(kept, typeof output === 'string' ? Buffer.from(output) : output, fresh);
+      const state = engineState(shard.engine, appended(kept, chunk, ticks, fresh));
       engines.set(id, state);
       engineVersion += 1;
-      for (const posted of inFlight.get(id) ?? []) posted.now = appended(posted.now, text, ticks, fresh);
+      for (const posted of inFlight.get(id) ?? []) posted.now = appended(posted.now, chunk, ticks, fresh);
       return state;
     },
     /** PIDs and cgroups the next snapshot must read: not PIDs of shards of another boot than `bootId`, which name other processes now. */

@@ -139,11 +139,11 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
     },
 
     /** Output posted after a cgroup shard's container restarted starts a new tail; dated in /proc's clock to tell later runs. */
-    appendEngineOutput(id: string, text: string): EngineState & { note: string | null } {
+    appendEngineOutput(id: string, output: Buffer | string): EngineState & { note: string | null } {
       const shard = requireShard(id);
       const restarted = restartedSince(node.peek()?.node.attribution.liveness.get(id), registry.engine(id)?.tailStartedAtTicks);
       // Defined: requireShard found it just now, and nothing ran in between.
-      const state = registry.appendEngineOutput(id, text, proc.ticksNow(), restarted)!;
+      const state = registry.appendEngineOutput(id, output, proc.ticksNow(), restarted)!;
       return { ...state, note: engineOutputNote(shard, state) };
     },
   };

@@ -712,6 +712,81 @@ t.test('engine output is one stream: a log posted in pieces cut mid-line reads a
   t.match(whole.account.evidence, /failed to initialize CUDA/);
 });
 
+t.test('engine output is one stream of bytes: a character cut between two posts, at any of its bytes, is read whole, and the account reads it', async (t) => {
+  const [listed, using] = await Promise.all([spawnShardProcess(t, 0), spawnShardProcess(t, 0)]);
+  const { app } = await setup(t);
+  for (const [id, shard] of [['listed', listed], ['using', using]] as const) {
+    t.equal((await app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid: shard.pid, gpus: [1], engine: 'llama.cpp' } })).statusCode, 201);
+  }
+  const post = (id: string, bytes: Buffer) => app.inject({ method: 'POST', url: `/shards/${id}/engine-output`, payload: bytes, headers: { 'content-type': 'text/plain' } });
+
+  // What a log shipper cutting at 8 KiB did to llama.cpp's --list-devices: the euro sign's 3 bytes, 2 and 1.
+  const list = Buffer.from('Available devices:\n  CUDA0: NVIDIA Ünïcødé€ (8187 MiB, 7900 MiB free)\n');
+  const cut = list.indexOf('€') + 2;
+  const first = await post('listed', list.subarray(0, cut));
+  t.same([first.statusCode, first.json().tailBytes], [200, list.indexOf('€')], 'the start of the euro sign is held, not counted as kept');
+  const second = await post('listed', list.subarray(cut));
+  t.same([second.statusCode, second.json().tailBytes], [200, list.length]);
+  t.same(second.json().account.devices, ['CUDA0: NVIDIA Ünïcødé€ (8187 MiB)']);
+  t.equal(app.services.registry.engine('listed')?.tail, list.toString(), 'kept as written, no U+FFFD');
+
+  // Every cut of a 2-, 3- and 4-byte character, each in its own device line posted in two pieces.
+  const devices: string[] = [];
+  let answer = first;
+  for (const char of ['é', '€', '🚀']) {
+    for (let at = 1; at < Buffer.byteLength(char); at += 1) {
+      const name = `NVIDIA ${char} cut after byte ${at}`;
+      const line = Buffer.from(`llama_model_load_from_file_impl: using device CUDA${devices.length} (${name}) - 8187 MiB free\n`);
+      const split = line.indexOf(char) + at;
+      const statuses = [(await post('using', line.subarray(0, split))).statusCode, (answer = await post('using', line.subarray(split))).statusCode];
+      t.same(statuses, [200, 200], name);
+      devices.push(`CUDA${devices.length}: ${name}`);
+    }
+  }
+  t.equal(devices.length, 6);
+  t.same(answer.json().account.devices, devices, 'every cut character read whole');
+  t.notMatch(app.services.registry.engine('using')?.tail, /\uFFFD/);
+});
+
+t.test('engine output that is not UTF-8 is a 400 and nothing of it is kept; the start of a cut character goes with the tail, or when the next post does not go on with it', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await setup(t);
+  const put = async (gpus: number[]) => (await app.inject({ method: 'PUT', url: '/shards/bytes', payload: { pid: shard.pid, gpus, engine: 'llama.cpp' } })).statusCode;
+  const post = (bytes: string) =>
+    app.inject({ method: 'POST', url: '/shards/bytes/engine-output', payload: Buffer.from(bytes, 'latin1'), headers: { 'content-type': 'text/plain' } });
+  const tail = () => app.services.registry.engine('bytes')?.tail;
+  t.equal(await put([1]), 201);
+  t.equal((await post(CUDA_FAILED_LOG)).statusCode, 200);
+
+  const bad = { 'Latin-1 é': 'caf\xe9\n', 'a lone continuation byte': '\x80\n', 'an overlong /': '\xc0\xaf\n', 'an encoded surrogate': '\xed\xa0\x80\n', '0xFF mid-line': 'a\xffb\n' };
+  for (const [what, bytes] of Object.entries(bad)) {
+    const refused = await post(bytes);
+    t.same([refused.statusCode, refused.json().code], [400, 'NODECOMPUTE_BAD_REQUEST'], what);
+    t.match(refused.json().message, /not UTF-8.*nothing of this post was kept.*iconv -f UTF-8 -t UTF-8 -c/, `${what}: says so, and how to post it`);
+  }
+  t.equal(tail(), CUDA_FAILED_LOG, 'nothing of them was kept');
+
+  t.equal((await post('x \xe2\x82')).statusCode, 200);
+  t.equal((await post('\xff')).statusCode, 400);
+  t.equal((await post('\xac\n')).statusCode, 200, 'a refused post leaves the held bytes as they were');
+  t.equal(tail(), `${CUDA_FAILED_LOG}x €\n`);
+  t.equal((await post('y \xe2\x82')).statusCode, 200);
+  t.equal((await post('z\n')).statusCode, 200, 'a post that does not go on with the cut character');
+  t.equal(tail(), `${CUDA_FAILED_LOG}x €\ny z\n`, 'drops its start: the end of the output before was cut');
+
+  t.equal((await post('v \xf0\x9f')).statusCode, 200);
+  t.equal(await put([0]), 200);
+  t.equal((await post('\x9a\x80\n')).statusCode, 200, 'the same process on other GPUs keeps its tail, and the held bytes with it');
+  t.match(tail(), /v 🚀\n$/);
+
+  t.equal((await post('w \xe2\x82')).statusCode, 200);
+  t.equal((await app.inject({ method: 'DELETE', url: '/shards/bytes' })).statusCode, 204);
+  t.equal(await put([1]), 201);
+  const orphan = await post('\xac\n');
+  t.same([orphan.statusCode, orphan.json().code], [400, 'NODECOMPUTE_BAD_REQUEST'], 'removed: the held bytes went with the tail, so their end is not UTF-8');
+  t.equal(tail(), undefined);
+});
+
 t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cpu; a shard it saw ready is unverified, with no /proc read per probe', async (t) => {
   const [gone, cpu, alive] = await Promise.all([spawnShardProcess(t, 1), spawnShardProcess(t, 1), spawnShardProcess(t, 1)]);
   const clock = manualClock();

@@ -136,6 +136,35 @@ t.test('engine output: kept per shard, read only for llama.cpp, cleared by a reg
   t.equal(registry.engine('vllm'), undefined);
 });
 
+t.test('engine output is one stream of bytes: the start of a cut character is held with the tail, and dropped where the tail is', async (t) => {
+  const dir = t.testdir({});
+  const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
+  const bytes = (text: string) => Buffer.from(text, 'latin1');
+  await registry.put(record('s', 'llama.cpp'));
+  const held = registry.appendEngineOutput('s', bytes('a \xe2\x82'), 10);
+  t.same([held?.tail, held?.pending], ['a ', bytes('\xe2\x82')], 'held, not kept as text');
+  const whole = registry.appendEngineOutput('s', bytes('\xac\n'), 11);
+  t.same([whole?.tail, whole?.pending.length, whole?.tailStartedAtTicks], ['a €\n', 0, 10]);
+
+  registry.appendEngineOutput('s', bytes('b \xe2\x82'), 12);
+  t.throws(() => registry.appendEngineOutput('s', bytes('\xac\n'), 13, true), { code: 'NODECOMPUTE_BAD_REQUEST', statusCode: 400 }, "a new run's tail: the earlier run's held bytes are dropped");
+  t.same([registry.engine('s')?.tail, registry.engine('s')?.pending], ['a €\nb ', bytes('\xe2\x82')], 'nothing of the refused post kept');
+  t.equal(registry.appendEngineOutput('s', 'c €\n', 13, true)?.tail, 'c €\n', 'text is taken as its UTF-8 bytes');
+
+  registry.appendEngineOutput('s', bytes('d \xf0\x9f'), 14);
+  await registry.put({ ...record('s', 'llama.cpp'), gpus: [1] });
+  t.equal(registry.appendEngineOutput('s', bytes('\x9a\x80\n'), 15)?.tail, 'c €\nd 🚀\n', 'the same run on other GPUs: kept with the tail');
+
+  registry.appendEngineOutput('s', bytes('e \xe2'), 16);
+  await registry.put({ ...record('s', 'llama.cpp'), identity: { ...record('x').identity, startTime: 8 } });
+  t.equal(registry.engine('s'), undefined, 'another process: dropped with the tail');
+  t.throws(() => registry.appendEngineOutput('s', bytes('\x82\xac\n'), 17), { code: 'NODECOMPUTE_BAD_REQUEST' });
+  registry.appendEngineOutput('s', bytes('f \xe2'), 18);
+  await registry.remove('s');
+  await registry.put(record('s', 'llama.cpp'));
+  t.throws(() => registry.appendEngineOutput('s', bytes('\x82\xac\n'), 19), { code: 'NODECOMPUTE_BAD_REQUEST' }, 'removed: dropped with the tail');
+});
+
 t.test('a replacing registration keeps the engine output while it names the same run of the same process or cgroup', async (t) => {
   const dir = t.testdir({});
   const registry = await loadRegistry({ stateFile: createStateFile(join(dir, 's.json'), { log }), log });
@@ -314,6 +343,18 @@ t.test('engine output posted while a replacing PUT is in flight is not lost', as
     await put;
     t.match(registry.engine('s'), { tail: `main: loading model\n${CUDA_BUFFER}`, account: { backend: 'CUDA' }, tailStartedAtTicks: 20 }, 'the old process\'s output is gone');
     t.equal(registry.get('s')?.pid, 43);
+  });
+
+  await t.test('another process: a character cut as the PUT arrived is read whole, and one cut since is carried over', async (t) => {
+    const { registry, writing, open } = await inFlight(t);
+    registry.appendEngineOutput('s', Buffer.from('main: \xe2\x82', 'latin1'), 15);
+    const put = registry.put(newProcess);
+    await writing;
+    registry.appendEngineOutput('s', Buffer.from('\xac loading model \xf0\x9f', 'latin1'), 20);
+    open();
+    await put;
+    t.same([registry.engine('s')?.tail, registry.engine('s')?.pending], ['€ loading model ', Buffer.from([0xf0, 0x9f])]);
+    t.equal(registry.appendEngineOutput('s', Buffer.from([0x9a, 0x80, 0x0a]), 30)?.tail, '€ loading model 🚀\n');
   });
 
   await t.test('another process, and a fresh tail posted meanwhile: only that', async (t) => {
