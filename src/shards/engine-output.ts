@@ -1,9 +1,7 @@
 // Owns the engine output kept per shard: a bounded tail of what was posted, in memory only (the
 // engine can post it again), and the engine's account read from it (llama.cpp's and Ollama's only). A new run's
 // output begins a new tail; a tail cut from the front keeps whole lines. Posts are one stream of UTF-8
-// bytes: log shippers cut chunks anywhere, so a character split between two posts is read whole, and
-// bytes that are not UTF-8 are refused rather than kept mangled.
-import { BadRequestError } from '../errors.js';
+// bytes: log shippers cut chunks anywhere, so a character split between two posts is read whole.
 import type { EngineAccount } from './llama-account.js';
 import { parseLlamaLog } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
@@ -38,36 +36,31 @@ export interface Decoded {
   pending: Buffer;
 }
 
-/** `bytes` as UTF-8 text up to a character they end inside; null when they are not UTF-8. */
-function readUtf8(bytes: Buffer): Decoded | null {
-  // fatal: a byte that is not UTF-8 throws, not U+FFFD; stream: a character cut at the end is held,
-  // not replaced; ignoreBOM: a BOM is kept, as every other byte is.
-  const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
-  let text: string;
-  try {
-    text = decoder.decode(bytes, { stream: true });
-  } catch {
-    return null;
+/** Bytes that are not UTF-8 read as U+FFFD, as any UTF-8 reader shows them; a BOM is kept, as every other byte is. */
+const UTF8 = new TextDecoder('utf-8', { ignoreBOM: true });
+
+/** How many of the last bytes begin a character they do not finish (0 to 3): the next post may. */
+function unfinished(bytes: Buffer): number {
+  for (let back = 1; back <= Math.min(3, bytes.length); back += 1) {
+    const byte = bytes[bytes.length - back]!;
+    if (byte < 0x80) return 0;
+    // A lead byte says how long its character is (11110xxx: 4 bytes, 1110xxxx: 3, 110xxxxx: 2).
+    if (byte >= 0xc0) return back < (byte >= 0xf0 ? 4 : byte >= 0xe0 ? 3 : 2) ? back : 0;
   }
-  // Every character came whole from its own bytes, so the bytes past them are the ones held. A copy:
-  // a view would keep the whole body in memory.
-  return { text, pending: Buffer.from(bytes.subarray(Buffer.byteLength(text))) };
+  return 0;
 }
 
 /**
  * A post of `bytes` to `posted`, read on from the character its last post ended inside (not when
- * `fresh`: a new tail). A post that does not complete that character begins anew: those bytes were the
- * cut-off end of the output before. Bytes that are not UTF-8 are a 400: nothing of the post is kept.
+ * `fresh`: a new tail). Bytes that are not UTF-8 (a post that does not go on with that character
+ * included) are kept as U+FFFD, not refused: a log sender would stop at a 400 for one stray byte.
  */
 export function decodePost(posted: Posted | undefined, bytes: Buffer, fresh: boolean): Decoded {
   const pending = fresh || posted === undefined ? NO_BYTES : posted.pending;
-  const read = readUtf8(pending.length === 0 ? bytes : Buffer.concat([pending, bytes])) ?? (pending.length === 0 ? null : readUtf8(bytes));
-  if (read !== null) return read;
-  throw new BadRequestError(
-    'This engine output is not UTF-8: it holds bytes that are not UTF-8 text, or begins inside a character that the post before it did not begin. ' +
-      'Kept, they would be mangled, so nothing of this post was kept. Post the log as the engine wrote it, its bytes unchanged and its chunks in order; ' +
-      'convert a log in another encoding first (iconv -f <encoding> -t UTF-8), or drop the bytes that are not UTF-8 (iconv -f UTF-8 -t UTF-8 -c).',
-  );
+  const all = pending.length === 0 ? bytes : Buffer.concat([pending, bytes]);
+  const whole = all.length - unfinished(all);
+  // A copy of the held bytes: a view would keep the whole body in memory.
+  return { text: UTF8.decode(all.subarray(0, whole)), pending: Buffer.from(all.subarray(whole)) };
 }
 
 /** `posted` with `chunk` appended (or begun afresh with it), posted at `ticks`. */

@@ -328,7 +328,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
     engine: (id: string): EngineState | undefined => engines.get(id),
     /**
      * Appends a post (its bytes, or text) to the shard's tail (`fresh`: begins a new one) and re-reads the account; `ticks`: now,
-     * since boot. BadRequestError, with nothing kept, for bytes that are not UTF-8.
+     * since boot.
      */
     appendEngineOutput(id: string, output: Buffer | string, ticks: number | null, fresh = false) {
       const shard = committed.get(id);

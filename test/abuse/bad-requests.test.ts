@@ -214,13 +214,6 @@ const table: BadRequest[] = [
     message: /^This endpoint reads text\/plain as UTF-8, not "iso-8859-1": convert it \(iconv -f iso-8859-1 -t UTF-8\) and send "Content-Type: text\/plain; charset=utf-8", or no charset\./,
   },
   {
-    name: 'engine output in Latin-1, sent as UTF-8',
-    request: () => ({ method: 'POST', url: '/shards/existing/engine-output', headers: text, payload: Buffer.from('caf\xe9\n', 'latin1') }),
-    status: 400,
-    code: 'NODECOMPUTE_BAD_REQUEST',
-    message: /^This engine output is not UTF-8.*iconv -f <encoding> -t UTF-8/,
-  },
-  {
     name: 'a registration in UTF-16 (quoted charset)',
     request: (c) => ({ method: 'PUT', url: '/shards/new-shard', headers: { 'content-type': 'application/json; charset="UTF-16"' }, payload: Buffer.from(JSON.stringify(good(c)), 'utf16le') }),
     status: 415,
