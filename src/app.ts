@@ -12,6 +12,7 @@ import { defaultConfig, type Config } from './config.js';
 import { handleErrors } from './http/error-handler.js';
 import { fastifyErrorBody, errorBody, writeClientError } from './http/errors.js';
 import { DOCS_CSP, setHtmlHeaders } from './http/html-headers.js';
+import { requireOneHost } from './http/host-header.js';
 import { answerOtherMethods } from './http/method-not-allowed.js';
 import { completeOpenApi } from './openapi-document.js';
 import { createServices, type App, type AppDeps } from './services.js';
@@ -71,7 +72,8 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     // forever. Given to Node's server at its creation, as Node reads them then; checked every second
     // (Node's default, 30 s, answered a 30 s timeout after up to 60 s).
     requestTimeout: requestTimeoutMs,
-    http: { requestTimeout: requestTimeoutMs, headersTimeout: requestTimeoutMs, connectionsCheckingInterval: 1000 },
+    // requireHostHeader: false: http/host-header.ts answers a missing Host with a coded 400, not Node's empty one.
+    http: { requestTimeout: requestTimeoutMs, headersTimeout: requestTimeoutMs, connectionsCheckingInterval: 1000, requireHostHeader: false },
     // Ids may be 128 characters; a longer segment gets a coded 400, not the router's bare 414.
     routerOptions: { maxParamLength: 256 },
     frameworkErrors: (err, request, reply: FastifyReply) => {
@@ -85,6 +87,7 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
   const services = await createServices(config, deps, log);
   app.decorate('services', services);
   handleErrors(app, log);
+  app.addHook('onRequest', requireOneHost);
   if (log.isLevelEnabled('debug')) {
     app.addHook('onResponse', async (request, reply) => {
       request.log.debug({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');

@@ -532,6 +532,20 @@ t.test('bad requests without a token configured', async (t) => {
         message: /^The request method is not an HTTP method this server knows \(methods are upper-case, such as GET or PUT\)/,
       },
       {
+        name: 'an HTTP/1.1 request without Host',
+        chunks: ['GET /shards HTTP/1.1\r\nConnection: close\r\n\r\n'],
+        status: 400,
+        code: 'NODECOMPUTE_BAD_REQUEST',
+        message: /HTTP\/1\.1 request names no Host: send exactly one/,
+      },
+      {
+        name: 'a write naming two Hosts, the first loopback',
+        chunks: [`PUT /shards/raw-h HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`],
+        status: 400,
+        code: 'NODECOMPUTE_BAD_REQUEST',
+        message: /names 2 Host headers/,
+      },
+      {
         name: 'DELETE /shards/../shards/existing as a raw path',
         chunks: ['DELETE /shards/../shards/existing HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n'],
         status: 404,
@@ -547,6 +561,11 @@ t.test('bad requests without a token configured', async (t) => {
         await checkUnchanged(t, app, config.stateFile, before);
       });
     }
+
+    t.test('an HTTP/1.0 request may name no Host', async (t) => {
+      const exchange = await rawHttp(port, ['GET /livez HTTP/1.0\r\n\r\n']);
+      t.same(exchange.responses.map((res) => res.status), [200]);
+    });
 
     t.test('a 405 answered before its body is read: the body is skipped, never taken for the next request', async (t) => {
       // The unread body looks like a DELETE: were it parsed as a request, the shard would go.
