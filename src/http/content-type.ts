@@ -5,14 +5,17 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { safeParse } from 'fast-content-type-parse';
 import { UnsupportedMediaTypeError } from '../errors.js';
 
-/** The charsets a body is read in as it is: UTF-8 (also spelt utf8) and its subset US-ASCII. */
-const READ_AS_UTF8 = new Set(['utf-8', 'utf8', 'us-ascii']);
+/** The charsets a body is read in as it is: UTF-8 (also spelt utf8) and its subset US-ASCII, by its IANA names and "ascii". */
+const READ_AS_UTF8 = new Set(['utf-8', 'utf8', 'us-ascii', 'ascii', 'ansi_x3.4-1968', 'ansi_x3.4-1986', 'iso_646.irv:1991', 'iso646-us', 'us', 'ibm367', 'cp367', 'csascii', 'iso-ir-6']);
 
 /** An onRequest hook: refuses, before the body is read, a body of another type, encoded or in another charset. */
 export function requireContentType(expected: 'application/json' | 'text/plain', example: string) {
   return async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     const header = request.headers['content-type'] ?? '';
     const { type, parameters } = safeParse(header);
+    if (type === '' && header !== '') {
+      throw new UnsupportedMediaTypeError(`This Content-Type header cannot be read ("${header}"): send "Content-Type: ${expected}", or with "; charset=utf-8". Example: ${example}`);
+    }
     if (type !== expected) {
       throw new UnsupportedMediaTypeError(`This endpoint takes ${expected}, not "${header || 'no content type'}". Example: ${example}`);
     }

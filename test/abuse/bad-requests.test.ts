@@ -214,6 +214,13 @@ const table: BadRequest[] = [
     message: /^This endpoint reads text\/plain as UTF-8, not "iso-8859-1": convert it \(iconv -f iso-8859-1 -t UTF-8\) and send "Content-Type: text\/plain; charset=utf-8", or no charset\./,
   },
   {
+    name: 'a Content-Type with an empty charset',
+    request: (c) => ({ method: 'PUT', url: '/shards/new-shard', headers: { 'content-type': 'application/json; charset=' }, payload: JSON.stringify(good(c)) }),
+    status: 415,
+    code: 'NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE',
+    message: /^This Content-Type header cannot be read \("application\/json; charset="\): send "Content-Type: application\/json"/,
+  },
+  {
     name: 'a registration in UTF-16 (quoted charset)',
     request: (c) => ({ method: 'PUT', url: '/shards/new-shard', headers: { 'content-type': 'application/json; charset="UTF-16"' }, payload: Buffer.from(JSON.stringify(good(c)), 'utf16le') }),
     status: 415,

@@ -442,7 +442,7 @@ t.test('a body is taken as sent in UTF-8: identity and UTF-8 or US-ASCII however
   const shard = await spawnShardProcess(t, 0);
   const { app } = await setup(t);
   const put = (headers: Record<string, string>) => app.inject({ method: 'PUT', url: '/shards/utf', headers, payload: JSON.stringify({ pid: shard.pid, gpus: [0] }) });
-  for (const type of ['application/json', 'application/json; charset=utf-8', 'application/json;charset=UTF-8', 'application/json; charset="utf8"', 'application/json; charset=US-ASCII']) {
+  for (const type of ['application/json', 'application/json; charset=utf-8', 'application/json;charset=UTF-8', 'application/json; charset="utf8"', 'application/json; charset=US-ASCII', 'application/json; charset=ascii', 'application/json; charset=ANSI_X3.4-1968']) {
     t.ok([200, 201].includes((await put({ 'content-type': type })).statusCode), `${type}: registered`);
   }
   t.equal((await put({ 'content-type': 'application/json', 'content-encoding': 'Identity' })).statusCode, 200, 'Content-Encoding: identity is the body as sent');
