@@ -184,7 +184,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
           "Lines may keep the prefixes a log pipeline adds: Kubernetes' container log files (`<time> stderr F `), docker compose's `name-1  | `, journald, timestamps, ANSI colours. " +
           'For llama.cpp, an account that says CPU while the shard was given GPUs makes it on-cpu at once. ' +
           'The body is UTF-8 text, sent as it is: a Content-Encoding other than identity (gzip, say) or a charset other than UTF-8 or US-ASCII is refused (415), since it would be kept mangled. ' +
-          'Posts are one stream of bytes: a character cut between two posts is read whole; a post with bytes that are not UTF-8 is refused (400) and nothing of it is kept.',
+          'Posts are one stream of bytes: a character cut between two posts is read whole; bytes that are not UTF-8 are kept as U+FFFD, not refused.',
         // No body schema: Fastify would refuse the bytes as not a string. The OpenAPI document has it (openapi-document.ts).
         params: ShardParamsSchema,
         response: { 200: EngineOutputResponseSchema, ...errorResponses(400, 401, 403, 404, 413, 415) },

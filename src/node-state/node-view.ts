@@ -141,6 +141,12 @@ export type ShardList = { readonly version: number; list(): readonly ShardRecord
 
 const NONE_UNREACHABLE: readonly UnreachableListedGpu[] = [];
 
+/** Past the bound for callers with no budget: the driver's own deadline is shorter, so the refresh's /proc reads hang. */
+function refreshHung(ms: number): string {
+  const why = "longer than the GPU backend's own deadline, so a read of /proc (or of a process's files) does not return";
+  return `The snapshot refresh has not finished within ${ms} ms, ${why}. Run \`nodecompute doctor\` (its proc check) and look for processes in state D (ps -eo pid,stat,wchan).`;
+}
+
 /** `waitBoundMs`: the longest a caller that names no wait of its own waits for a refresh (a /proc read that hangs must not hold it for good). */
 export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, registry: ShardList, log: Logger, waitBoundMs?: number) {
   const derive = createNodeViewCache(log);
@@ -149,7 +155,8 @@ export function createNodeService(snapshots: SnapshotSource<NodeSnapshot>, regis
   let named: { generation: number; seen: Error | null; gpus: Map<string, UnreachableGpu>; answer: readonly UnreachableListedGpu[] } | null = null;
   const withNode = (view: SnapshotView<NodeSnapshot>): Current => ({ view, node: derive(view.snapshot, registry.version, () => registry.list()) });
   return {
-    current: async (options: GetOptions = {}): Promise<Current> => withNode(await snapshots.get({ maxWaitMs: options.maxWaitMs ?? waitBoundMs })),
+    current: async (options: GetOptions = {}): Promise<Current> =>
+      withNode(await snapshots.get(options.maxWaitMs !== undefined || waitBoundMs === undefined ? options : { maxWaitMs: waitBoundMs, late: refreshHung(waitBoundMs) })),
     peek(): Current | null {
       const view = snapshots.peek();
       return view ? withNode(view) : null;

@@ -21,8 +21,8 @@ export interface SnapshotView<S> {
   slow: boolean;
 }
 
-/** `maxWaitMs`: the longest this caller waits for a refresh; past it the call fails with a timeout error. */
-export type GetOptions = { maxWaitMs?: number };
+/** `maxWaitMs`: the longest this caller waits for a refresh; past it the call fails with a timeout error, saying `late` when given. */
+export type GetOptions = { maxWaitMs?: number; late?: string };
 
 export type SnapshotSource<S> = ReturnType<typeof createSnapshotSource<S>>;
 
@@ -146,14 +146,14 @@ export function createSnapshotSource<S>({ take, ttlMs, maxStaleMs, log, now }: O
     return view(good);
   }
 
-  async function waitForRefresh(maxWaitMs: number | undefined): Promise<Good<S>> {
+  async function waitForRefresh({ maxWaitMs, late }: GetOptions): Promise<Good<S>> {
     // With nothing to serve, a failure within its window, or while the retry after it runs, is answered
     // at once: only the caller that starts the retry waits for it.
     if (lastFailure && (backOffLeft() !== null || inFlight)) throw lastFailure.error;
     const pending = refresh();
     if (maxWaitMs === undefined) return pending;
-    const late = `nvidia-smi has not answered within this request's ${maxWaitMs} ms and no snapshot younger than max-stale is cached`;
-    const message = `${late}; if this persists, check dmesg and run \`nodecompute doctor\`.`;
+    const unanswered = `nvidia-smi has not answered within this request's ${maxWaitMs} ms and no snapshot younger than max-stale is cached`;
+    const message = late ?? `${unanswered}; if this persists, check dmesg and run \`nodecompute doctor\`.`;
     return settleWithin(pending, maxWaitMs, () => {
       throw new NvidiaSmiTimeoutError(message);
     });
@@ -161,7 +161,7 @@ export function createSnapshotSource<S>({ take, ttlMs, maxStaleMs, log, now }: O
 
   return {
     async get(getOptions: GetOptions = {}): Promise<SnapshotView<S>> {
-      return available() ?? view(await waitForRefresh(getOptions.maxWaitMs));
+      return available() ?? view(await waitForRefresh(getOptions));
     },
     /** The cached snapshot as it is, without refreshing; null before the first success. */
     peek: (): SnapshotView<S> | null => (good ? view(good) : null),

@@ -65,7 +65,8 @@ export function decodePost(posted: Posted | undefined, bytes: Buffer, fresh: boo
 
 /** `posted` with `chunk` appended (or begun afresh with it), posted at `ticks`. */
 export function appended(posted: Posted | undefined, chunk: Decoded, ticks: number | null, fresh: boolean): Posted {
-  const begun = fresh || posted === undefined || posted.tail === '';
+  // A tail that holds no whole character yet has not begun: its start time is the first text's.
+  const begun = fresh || posted === undefined || (posted.tail === '' && posted.pending.length === 0);
   return {
     tail: appendTail(begun ? '' : posted.tail, chunk.text),
     pending: chunk.pending,

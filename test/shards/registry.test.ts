@@ -149,6 +149,9 @@ t.test('engine output is one stream of bytes: the start of a cut character is he
   registry.appendEngineOutput('s', bytes('b \xe2\x82'), 12);
   t.equal(registry.appendEngineOutput('s', bytes('\xac\n'), 13, true)?.tail, '\uFFFD\n', "a new run's tail: the earlier run's held bytes are dropped, so its first byte is no UTF-8");
   t.same(registry.appendEngineOutput('s', bytes('\x80\x80'), 13, true)?.pending.length, 0, 'continuation bytes that end a post begin nothing: not held');
+  for (const whole of ['é', '€', '🚀']) t.equal(registry.appendEngineOutput('s', `ends with ${whole}`, 13, true)?.pending.length, 0, `a post ending with a whole ${whole}: nothing held`);
+  registry.appendEngineOutput('s', bytes('\xe2\x82'), 10, true);
+  t.same([registry.appendEngineOutput('s', bytes('\xac\n'), 20)?.tailStartedAtTicks], [10], 'a tail begun with the start of a character is dated by it');
   t.equal(registry.appendEngineOutput('s', 'c €\n', 13, true)?.tail, 'c €\n', 'text is taken as its UTF-8 bytes');
 
   registry.appendEngineOutput('s', bytes('d \xf0\x9f'), 14);
