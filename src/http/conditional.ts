@@ -18,11 +18,7 @@ export function contentTag(content: unknown): string {
   return createHash('sha1').update(JSON.stringify(content, withoutRates)).digest('base64url').slice(0, 16);
 }
 
-/**
- * The content of GET /shards that a poller acts on: registrations, verdicts with their reasons and
- * warnings (without the spans of time they carry, which move at every snapshot: a cause that
- * changes, an engine that did not load becoming a GPU lost, is a change) and compute.
- */
+/** What a poller of GET /shards acts on: registrations, verdicts (their spans of time left out: they move at every snapshot) and compute. */
 export function shardsTag(states: ShardState[]): string {
   return contentTag(
     states.map(({ shard, readiness, compute }) => [
