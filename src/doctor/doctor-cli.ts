@@ -6,6 +6,7 @@ import type { Config } from '../config.js';
 import { chooseDriver } from '../system/driver-choice.js';
 import { exitNow } from '../system/exit-now.js';
 import { nvmlCallsUnderWay } from '../system/nvml/nvml-library.js';
+import { createModelFileReader } from '../system/model-files.js';
 import { createProcReader } from '../system/procfs.js';
 import { createStateFile } from '../system/state-file.js';
 import { VERSION } from '../version.js';
@@ -24,6 +25,7 @@ export async function runDoctorCli(config: Config, out: Writable, options: Docto
     driver,
     driverWhy: why,
     proc: createProcReader({ root: config.proc, log }),
+    modelFiles: createModelFileReader(config.proc),
     stateFile: createStateFile(config.stateFile, { log, timeoutMs: config.stateTimeoutMs }),
     tokenConfigured: config.token !== null,
     tokenFile: path === null ? null : async () => ({ path, tokens: fileTokens.length, problem: null }),

@@ -10,7 +10,7 @@ import { readRegistryFile } from '../shards/registry-file.js';
 import type { ShardRecord } from '../shards/shard.js';
 import { unreachableOf, type GpuListing, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { GpuDriver } from '../system/gpu-driver.js';
-import { createModelFileReader, type ModelFileReader } from '../system/model-files.js';
+import type { ModelFileReader } from '../system/model-files.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -28,8 +28,8 @@ export type KnownGpus = Pick<NodeSnapshot, 'takenAt' | 'gpus' | 'lostGpus'>;
 export interface DoctorDeps {
   driver: GpuDriver;
   proc: ProcReader;
-  /** The service's reader of model files (a stuck read is not started again); the CLI makes its own. */
-  modelFiles?: ModelFileReader;
+  /** The service's reader of model files, so that a stuck read is not started again; the CLI makes its own. */
+  modelFiles: ModelFileReader;
   stateFile: StateFile;
   /** Why this backend serves (driver-choice.ts). */
   driverWhy: string;
@@ -200,7 +200,7 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
 }
 
 /** Whether the GPU processes' memory maps can be read: without them no shard's weights are judged, and a zero offload reads ready. */
-async function weightsCheck(proc: ProcReader, pids: number[], reader: ModelFileReader = createModelFileReader(proc.root)): Promise<DoctorCheck> {
+async function weightsCheck(pids: number[], reader: ModelFileReader): Promise<DoctorCheck> {
   if (pids.length === 0) return check('weights', 'ok', `${NO_GPU_PROCESS} (re-run under load to check that their memory maps can be read)`);
   const refused: string[] = [];
   for (const pid of pids) {
@@ -266,7 +266,7 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
   checks.push(...smi.checks);
   if (deps.snapshot !== undefined) checks.push(lostGpusCheck(deps.snapshot, smi.gpus, smi.unreachable, deps.now()));
   if (smi.pids !== null) checks.push(await pidNamespaceCheck(deps.proc, smi.pids, smi.busy, procReadable.ok));
-  if (smi.pids !== null && procReadable.ok) checks.push(await weightsCheck(deps.proc, smi.pids, deps.modelFiles));
+  if (smi.pids !== null && procReadable.ok) checks.push(await weightsCheck(smi.pids, deps.modelFiles));
   const proc = procReadable.ok
     ? check('proc', 'ok', `${deps.proc.root} is readable`)
     : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it.");

@@ -44,6 +44,7 @@ function doctorFor(
   return runDoctor({
     driver: createNvidiaSmi({ path, timeoutMs: 20_000, log }),
     proc: createProcReader({ root: overrides.proc ?? '/proc', log, ...(overrides.limitsFile === undefined ? {} : { limitsFile: overrides.limitsFile }) }),
+    modelFiles: createModelFileReader(overrides.proc ?? '/proc'),
     stateFile: createStateFile(overrides.stateFile ?? join(dir, 'state', 'shards.json'), {
       log,
       ...(overrides.syncDirectory === undefined ? {} : { syncDirectory: overrides.syncDirectory }),
@@ -270,6 +271,7 @@ t.test('a state file this user may not read: the fix names the user nodecompute 
   const report = await runDoctor({
     driver: createNvidiaSmi({ path: join(t.testdir(), 'missing-nvidia-smi'), timeoutMs: 20_000, log }),
     proc: createProcReader({ root: '/proc', log }),
+    modelFiles: createModelFileReader('/proc'),
     stateFile: { ...stateFile, read: () => Promise.reject(denied) },
     driverWhy: 'NODECOMPUTE_BACKEND is nvidia-smi',
     tokenConfigured: true,
