@@ -101,7 +101,8 @@ async function driverChecks(deps: DoctorDeps): Promise<SmiFindings> {
   const { gpus, unreachable } = listing.value;
   let apps: { value: { pid: number }[]; ms: number };
   try {
-    apps = await timed(() => deps.driver.queryComputeApps());
+    // Without a utilization sample: taking one would leave the next snapshot's SM figures a window of milliseconds.
+    apps = await timed(() => deps.driver.queryComputeApps({ utilization: false }));
   } catch (err) {
     const context = `${named.answers} and its GPU query (${gpus.length} GPU(s)), but ${named.apps}, `;
     checks.push(queryFailed(deps, err, 'gpus', `${context}which tells whose memory is whose, fails: `));

@@ -74,7 +74,8 @@ export interface GpuDriver {
   /** What serves it, as an operator names it: nvidia-smi's path, or the NVML library's. */
   readonly source: string;
   queryGpus(): Promise<GpuListing>;
-  queryComputeApps(): Promise<ComputeAppRecord[]>;
+  /** utilization false: no sample is taken (NVML), so the next query's SM figures still span the time since the last one that took them. */
+  queryComputeApps(options?: { utilization?: boolean }): Promise<ComputeAppRecord[]>;
   queryVersion(): Promise<NvidiaSmiVersion>;
   /** Stops every query under way and starts no other (used at shutdown). */
   killAll(): void;

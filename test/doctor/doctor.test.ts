@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { formatDoctorReport, runDoctor, type DoctorDeps, type DoctorReport } from '../../src/doctor/doctor.js';
+import { nvmlCalls } from '../../scripts/fake-nvml.js';
 import { createModelFileReader } from '../../src/system/model-files.js';
 import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader } from '../../src/system/procfs.js';
@@ -375,6 +376,15 @@ t.test('GET /doctor answers the same report as JSON; concurrent requests share o
   t.equal(res.json().ok, false);
   t.match(res.json().checks, [{ name: 'settings', status: 'ok' }, { name: 'backend', status: 'ok' }, { name: DRIVER_CHECK, status: 'ok' }], 'the settings row first, as in the CLI');
   t.ok(res.json().checks.some((check: { name: string; status: string }) => check.name === 'host-pid-namespace' && check.status === 'fail'));
+});
+
+t.test('GET /doctor under NVML takes no utilization sample: the next snapshot still judges SM work by its own', async (t) => {
+  const { app, dir } = await buildTestApp(t, { scenario: { ...eightGpuNode(), nvml: { logCalls: true } }, backend: 'nvml' });
+  t.equal((await app.inject({ method: 'GET', url: '/doctor' })).json().checks.find((check: { name: string }) => check.name === 'gpus').status, 'ok');
+  const sampled = () => nvmlCalls(join(dir, 'smi')).filter((call) => call.fn === 'nvmlDeviceGetProcessUtilization').length;
+  t.equal(sampled(), 0);
+  t.equal((await app.inject({ method: 'GET', url: '/gpus' })).statusCode, 200);
+  t.ok(sampled() > 0, 'a snapshot samples');
 });
 
 t.test('GET /doctor: 200 while no check fails (warnings allowed), 503 with the same report once one does, so `curl -f` and monitors tell them apart', async (t) => {

@@ -327,6 +327,17 @@ t.test('per-process SM utilization: sampled figures, 0 for an idle process, null
   t.equal((await nvml.queryComputeApps())[0]!.smUtilPct, null, 'a GPU that refuses the question reads null');
 });
 
+t.test('a process query without utilization takes no sample, so the next query still gets it', async (t) => {
+  const scenario = eightGpuNode();
+  scenario.processes[0]!.smUtilPct = 87;
+  const { nvml, dir } = rig(t, { ...scenario, nvml: { logCalls: true } });
+  const apps = await nvml.queryComputeApps({ utilization: false });
+  t.equal(apps.length, scenario.processes.length, 'every process listed');
+  t.equal(apps[0]!.smUtilPct, undefined, 'no figure');
+  t.equal(nvmlCalls(dir).filter((call) => call.fn === 'nvmlDeviceGetProcessUtilization').length, 0, 'no sample taken');
+  t.equal((await nvml.queryComputeApps())[0]!.smUtilPct, 87);
+});
+
 t.test('utilization samples that vanish or are refused between the size and the read', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'nodecompute-nvml-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));

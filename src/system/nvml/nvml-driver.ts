@@ -195,7 +195,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     return name;
   }
 
-  async function listProcesses(run: Run): Promise<ComputeAppRecord[]> {
+  async function listProcesses(run: Run, sampled: boolean): Promise<ComputeAppRecord[]> {
     const named = new Map<number, string>();
     const apps: ComputeAppRecord[] = [];
     const perGpu = await eachGpu(run, async (index, device) => {
@@ -203,6 +203,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
       const onMig = (await migModeOf(run, device)) === 'Enabled' ? await readMigProcesses(callsOf(run), layout, device) : null;
       const entries = onMig ?? (await readProcesses(callsOf(run), layout, device));
       if (!Array.isArray(entries)) throw failed(library.symbol(layout.fn), entries.code);
+      if (!sampled) return { uuid, entries, utilization: undefined };
       const utilization = await readUtilization(callsOf(run), device, lastSamples.get(index) ?? 0n);
       lastSamples.set(index, utilization.lastSeen);
       return { uuid, entries, utilization: utilization.byPid };
@@ -211,7 +212,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
       if ('code' in gpu || gpu.value.uuid === null) continue;
       const { uuid, entries, utilization } = gpu.value;
       for (const { pid, usedBytes, migInstance } of entries) {
-        const smUtilPct = utilization === null ? null : (utilization.get(pid) ?? 0);
+        const smUtilPct = utilization === undefined ? undefined : utilization === null ? null : (utilization.get(pid) ?? 0);
         const usedMiB = usedBytes === null ? null : mib(usedBytes);
         apps.push({ gpuUuid: uuid, pid, name: await processName(run, pid, named), usedMiB, smUtilPct, migInstance });
       }
@@ -236,7 +237,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     backend: 'nvml',
     source: library.path,
     queryGpus: () => session.query('gpus', listGpus),
-    queryComputeApps: () => session.query('compute-apps', listProcesses),
+    queryComputeApps: ({ utilization = true } = {}) => session.query('compute-apps', (run) => listProcesses(run, utilization)),
     queryVersion: () => session.query('version', versions),
     killAll: () => session.stop(),
     get running() {
