@@ -15,12 +15,15 @@ export function errorBody(statusCode: number, code: string, message: string) {
 const FIELD_RULES: Record<string, string> = {
   'params/id minLength': 'the id is empty: a shard id goes between "/shards/" and the next "/"; GET /shards, without the trailing slash, lists them',
   'params/id pattern': 'a shard id is 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',
-  'body/pid type': 'the host PID of the shard\'s main process, a whole number; to register a cgroup instead, leave "pid" out or null',
-  'body/cgroup type': 'a container id or pod UID, as a string; to register a PID instead, leave "cgroup" out or null',
+  'body/pid type': 'the host PID of the shard\'s main process; to register a cgroup instead, leave "pid" out or null',
+  'body/cgroup type': 'a container id or pod UID; to register a PID instead, leave "cgroup" out or null',
   'body/cgroup pattern':
     'a container id, 12 to 64 hex digits as `docker ps --no-trunc` or `crictl ps` show it, or a pod UID like 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0 (its metadata.uid); ' +
     "it is matched inside /proc/PID/cgroup, so a looser string would claim other workloads' processes",
 };
+
+/** JSON types as Ajv names them ("integer,null" for a nullable field), in words. */
+const TYPE_WORDS: Record<string, string> = { integer: 'a whole number', number: 'a number', string: 'a string', boolean: 'true or false', array: 'an array', object: 'an object' };
 
 /** Names the offending field and what it accepts (Fastify stops at the first failing keyword). */
 function describeValidation(err: FastifyError): string {
@@ -36,7 +39,8 @@ function describeValidation(err: FastifyError): string {
     return `${where} must not list the same value twice: items ${earlier} and ${later} are equal (counting from 0)`;
   }
   const rule = FIELD_RULES[`${where} ${first.keyword}`];
-  return `${where} ${first.message}${rule ? ` (${rule})` : ''}`;
+  const types = first.keyword === 'type' ? String(params.type).split(',').map((type) => TYPE_WORDS[type] ?? type) : null;
+  return `${where} ${types ? `must be ${types.join(' or ')}` : first.message}${rule ? ` (${rule})` : ''}`;
 }
 
 /** The messages of the 4xx that the /docs files' server raises without a code, by status; `where` is the method and path. */
