@@ -16,7 +16,7 @@ import {
   ShardResponseSchema,
 } from '../src/schemas/shards.js';
 import { shardBody, type ShardState } from '../src/shards/shard-service.js';
-import { conditional, shardsTag } from '../src/http/conditional.js';
+import { conditional, shardsTag, writePrecondition } from '../src/http/conditional.js';
 import { requireContentType } from '../src/http/content-type.js';
 
 /** Which snapshot a shard answer comes from; when there is none, why (nvidia-smi's failure). */
@@ -57,6 +57,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
           'Needs "Authorization: Bearer <token>" when a token is configured; loopback only otherwise. Stored durably before the answer. ' +
           'The body is UTF-8 JSON, sent as it is: a Content-Encoding other than identity (gzip, say) or a charset other than UTF-8 or US-ASCII is refused (415). ' +
           'A replacement for the same process (PID and start time, in the same boot of the node) or cgroup and the same GPUs keeps registeredAt, and so the grace clock; another target or other GPUs restart it. ' +
+          'If-None-Match: * registers only a shard not yet registered, If-Match: * replaces only a registered one (412 otherwise, decided with the write). ' +
           '409 when another id already holds the same process or cgroup, a cgroup the process runs in, a process the cgroup holds, or, for a PID, a process it descends from or that descends from it (within 4 generations), a member of the process group it leads, or the leader of the group it is in (a PID shard\'s descendants and the group it leads are part of it). ' +
           stateWriteAnswers,
         params: ShardParamsSchema,
@@ -64,14 +65,14 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: {
           200: { ...ShardRecordSchema, description: 'Replaced: the shard as stored now.' },
           201: { ...ShardRecordSchema, description: 'Registered: the shard as stored.' },
-          ...errorResponses(400, 401, 403, 409, 413, 415, 422, 503),
+          ...errorResponses(400, 401, 403, 409, 412, 413, 415, 422, 503),
         },
       },
       // Before the body is parsed: any other type, one the server has no parser for included, is told what to send.
       onRequest: [authorise, requireContentType('application/json', `curl -X PUT -H 'Content-Type: application/json' -d '{"pid": 1234, "gpus": [0]}' ...`)],
     },
     async (request, reply) => {
-      const { created, shard } = await shards.register(request.params.id, request.body);
+      const { created, shard } = await shards.register(request.params.id, request.body, writePrecondition(request, request.params.id));
       return reply.status(created ? 201 : 200).send(shardBody(shard));
     },
   );
@@ -124,14 +125,14 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         operationId: 'deregisterShard',
         tags: ['shards'],
         summary: 'Remove a shard (204); its series and verdicts disappear.',
-        description: stateWriteAnswers,
+        description: `412 with If-None-Match: * or an If-Match naming tags (If-Match: * removes a registered shard); 404 for an id not registered, whatever those say. ${stateWriteAnswers}`,
         params: ShardParamsSchema,
-        response: { 204: Type.Null({ description: 'Removed.' }), ...errorResponses(400, 401, 403, 404, 503) },
+        response: { 204: Type.Null({ description: 'Removed.' }), ...errorResponses(400, 401, 403, 404, 412, 503) },
       },
       onRequest: authorise,
     },
     async (request, reply) => {
-      await shards.remove(request.params.id);
+      await shards.remove(request.params.id, writePrecondition(request, request.params.id));
       return reply.status(204).send(null);
     },
   );

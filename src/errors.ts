@@ -40,6 +40,8 @@ export const NotFoundError = coded('NODECOMPUTE_NOT_FOUND', 404);
 export const ShardNotFoundError = coded('NODECOMPUTE_SHARD_NOT_FOUND', 404);
 export const MethodNotAllowedError = coded('NODECOMPUTE_METHOD_NOT_ALLOWED', 405);
 export const ShardConflictError = coded('NODECOMPUTE_SHARD_CONFLICT', 409);
+/** A write whose If-Match or If-None-Match does not hold for the shard as registered (http/conditional.ts). */
+export const PreconditionFailedError = coded('NODECOMPUTE_PRECONDITION_FAILED', 412);
 export const UnsupportedMediaTypeError = coded('NODECOMPUTE_UNSUPPORTED_MEDIA_TYPE', 415);
 export const UnknownGpuError = coded('NODECOMPUTE_UNKNOWN_GPU', 422);
 export const UnknownMigDeviceError = coded('NODECOMPUTE_UNKNOWN_MIG_DEVICE', 422);

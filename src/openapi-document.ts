@@ -1,5 +1,5 @@
 // What the route schemas cannot say in the OpenAPI document, added once it is built: the bearer
-// token of writes, the conditional-GET headers and the Retry-After of 503s (as route schemas,
+// token of writes, the conditional-GET and write-precondition headers and the Retry-After of 503s (as route schemas,
 // Fastify would validate headers on every probe), and the body of a route that reads it as bytes (as
 // a route schema, Fastify would refuse bytes as not a string). Each shared one is written once, under
 // components, named by $ref; every object is made afresh, as a shared one would come out as YAML anchors.
@@ -20,6 +20,24 @@ const IF_NONE_MATCH: OpenAPIV3_1.ParameterObject = {
   required: false,
   description: 'The ETag of an earlier answer: 304 with no body while it is still current.',
   schema: { type: 'string' },
+};
+
+/** The preconditions of a write (the operations that can answer 412), by name under components.parameters. */
+const WRITE_PRECONDITIONS: Record<string, OpenAPIV3_1.ParameterObject> = {
+  IfMatch: {
+    name: 'If-Match',
+    in: 'header',
+    required: false,
+    description: '"*": only while the shard is registered (else 412). Entity tags: always 412, as shard ETags are weak and If-Match never matches a weak tag.',
+    schema: { type: 'string' },
+  },
+  IfNoneMatchWrite: {
+    name: 'If-None-Match',
+    in: 'header',
+    required: false,
+    description: '"*" only: only while the shard is not registered (else 412), so that a PUT registers and never replaces. Tags are refused (400).',
+    schema: { type: 'string', enum: ['*'] },
+  },
 };
 
 /** The headers of components.headers, by name there. */
@@ -54,6 +72,10 @@ const conditionalHeaders = () => ({ ETag: header('ETag'), 'Cache-Control': heade
 
 type Operation = OpenAPIV3_1.OperationObject;
 
+const addParameters = (operation: Operation, names: string[]): void => {
+  operation.parameters = [...(operation.parameters ?? []), ...names.map((name) => ({ $ref: `#/components/parameters/${name}` }))];
+};
+
 function completeOperation(path: string, method: string, operation: Operation): void {
   const write = ['put', 'post', 'delete'].includes(method);
   if (write) operation.security = [{ bearer: [] }];
@@ -66,19 +88,20 @@ function completeOperation(path: string, method: string, operation: Operation): 
   const smiFailure = (method === 'get' && unavailable?.description === ErrorComponent.description) || path === '/readyz';
   if (unavailable && smiFailure) unavailable.headers = { 'Retry-After': header('NvidiaSmiRetryAfter') };
   if (unavailable && write) unavailable.headers = { 'Retry-After': header('StateRetryAfter') };
+  if (responses?.['412']) addParameters(operation, Object.keys(WRITE_PRECONDITIONS));
   if (!responses?.['304']) return;
-  operation.parameters = [...(operation.parameters ?? []), { $ref: '#/components/parameters/IfNoneMatch' }];
+  addParameters(operation, ['IfNoneMatch']);
   responses['304'] = { description: 'Not Modified: the If-None-Match tag is current. No body.', headers: conditionalHeaders() };
   const ok = responses['200'] as OpenAPIV3_1.ResponseObject | undefined;
   if (ok) ok.headers = { ...ok.headers, ...conditionalHeaders() };
 }
 
-/** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, Retry-After to the 503s that carry it, and the bodies read as bytes. */
+/** Adds the bearer scheme to every write, the conditional-GET headers to every answer that can be 304, the preconditions to every write that can be 412, Retry-After to the 503s that carry it, and the bodies read as bytes. */
 export function completeOpenApi(document: OpenAPIV3_1.Document): OpenAPIV3_1.Document {
   document.components = {
     ...document.components,
     headers: structuredClone(HEADERS),
-    parameters: { IfNoneMatch: structuredClone(IF_NONE_MATCH) },
+    parameters: { IfNoneMatch: structuredClone(IF_NONE_MATCH), ...structuredClone(WRITE_PRECONDITIONS) },
     securitySchemes: { ...document.components?.securitySchemes, bearer: BEARER_SCHEME },
   };
   // @fastify/swagger puts only operations, keyed by method, in each path item.

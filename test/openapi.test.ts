@@ -59,7 +59,11 @@ t.test('the shared shapes are components, each written once and named by $ref', 
   ]);
   const refs = [...objects(spec)].flatMap(([, node]) => (typeof node.$ref === 'string' ? [node.$ref] : []));
   t.same(Object.keys(spec.components.headers), ['ETag', 'CacheControl', 'NvidiaSmiRetryAfter', 'StateRetryAfter']);
-  t.same(Object.keys(spec.components.parameters), ['IfNoneMatch']);
+  t.same(Object.keys(spec.components.parameters), ['IfNoneMatch', 'IfMatch', 'IfNoneMatchWrite']);
+  for (const method of ['put', 'delete']) {
+    const names = spec.paths['/shards/{id}'][method].parameters.map((parameter: { $ref?: string }) => parameter.$ref).filter(Boolean);
+    t.same(names, ['#/components/parameters/IfMatch', '#/components/parameters/IfNoneMatchWrite'], `${method}: its preconditions`);
+  }
   const components = Object.entries(spec.components).flatMap(([kind, named]) => (kind === 'securitySchemes' ? [] : Object.keys(named).map((name) => `#/components/${kind}/${name}`)));
   t.same(refs.filter((ref) => !components.includes(ref)), [], 'every $ref names a component');
   for (const ref of components) t.ok(refs.includes(ref), `${ref.slice('#/components/'.length)}: referenced`);
@@ -73,7 +77,7 @@ t.test('the shared shapes are components, each written once and named by $ref', 
     t.same(at, [`/components/schemas/${name}`], `${name}: written once`);
   }
   t.equal(refs.filter((ref) => ref === `${prefix}Gpu`).length, 1, 'Gpu: one $ref (GET /gpus)');
-  t.equal(refs.filter((ref) => ref === `${prefix}Error`).length, 32, 'Error: 32 $refs');
+  t.equal(refs.filter((ref) => ref === `${prefix}Error`).length, 34, 'Error: 34 $refs');
   let aliases = 0;
   visit(parseDocument(text), { Alias: () => void aliases++ });
   t.equal(aliases, 0, 'no YAML aliases');

@@ -5,14 +5,14 @@
 // other is in. A repeat (a controller reconciling) is never a conflict and reads no other shard's /proc.
 // A body's nulls read as absent and GET's read-only fields are dropped, so a shard read can be PUT back.
 import type { Logger } from 'pino';
-import { BadRequestError, NotAShardProcessError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, UnknownMigDeviceError, isCodedError } from '../errors.js';
+import { BadRequestError, NotAShardProcessError, PreconditionFailedError, ProcessNotFoundError, ProcUnreadableError, ShardNotFoundError, UnknownGpuError, UnknownMigDeviceError, isCodedError } from '../errors.js';
 import { SANDBOX_COMMS } from '../node-state/attribution.js';
 import { gpuNoLongerListed, LOST_GPU_MEANING, type LostGpu } from '../node-state/gpu-roster.js';
 import type { NodeService } from '../node-state/node-view.js';
 import { ANCESTRY_DEPTH, type NodeSnapshot } from '../node-state/node-snapshot.js';
 import type { RegisterShard } from '../schemas/shards.js';
 import { cgroupMatcher, hasExited, type ProcReader, type ProcStat } from '../system/procfs.js';
-import { NotARepeatError, processOf, type Overlaps, type Registry } from './registry.js';
+import { NotARepeatError, processOf, type Overlaps, type Precondition, type Registry } from './registry.js';
 import type { StoredChange } from './shard-log.js';
 import { ranInAnotherBoot, sameProcess, type Engine, type ProcessIdentity, type ShardRecord } from './shard.js';
 
@@ -221,10 +221,13 @@ export function createRegistration(deps: RegistrationDeps) {
   }
 
   return {
-    async register(id: string, given: RegisterShard): Promise<{ created: boolean; shard: ShardRecord }> {
+    /** `precondition`: judged before /proc is read, and again when the change is decided. */
+    async register(id: string, given: RegisterShard, precondition: Precondition = () => null): Promise<{ created: boolean; shard: ShardRecord }> {
       if (given.id !== undefined && given.id !== id) {
         throw new BadRequestError(`The body's "id" is "${given.id}" but the path names shard "${id}": a body read from one shard is not PUT to another. Remove "id", or PUT it to /shards/${given.id}.`);
       }
+      const failed = precondition(registry.get(id));
+      if (failed !== null) throw new PreconditionFailedError(failed);
       const body = settingsOf(given);
       if ((body.pid !== undefined) === (body.cgroup !== undefined)) throw new BadRequestError(body.pid !== undefined ? PID_AND_CGROUP : NO_TARGET);
       if (body.migDevices !== undefined && body.gpus.length === 0) throw new UnknownMigDeviceError(MIG_WITHOUT_GPUS);
@@ -245,7 +248,7 @@ export function createRegistration(deps: RegistrationDeps) {
       const target = (repeats: (identity: ProcessIdentity) => boolean) =>
         readable(body.pid !== undefined ? targetOfPid(body.pid, repeats) : targetOfCgroup(body.cgroup as string));
       const [read, { unchecked, uuids }] = await Promise.all([target((identity) => registry.repeats(recordOf(identity, kept))), checkGpus(body.gpus, kept, body.migDevices ?? [])]);
-      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids), overlaps, (stored) => deps.onStored(id, { put: stored }));
+      const put = ({ identity, overlaps }: Target) => registry.put(recordOf(identity, uuids), overlaps, (stored) => deps.onStored(id, { put: stored }), precondition);
       const { created, shard, unchanged } = await put(read).catch(async (err: unknown) => {
         if (!(err instanceof NotARepeatError)) throw err;
         // Read as a repeat, the id was removed or changed before it was decided: judged in full now.
@@ -258,8 +261,8 @@ export function createRegistration(deps: RegistrationDeps) {
       return { created, shard };
     },
 
-    async remove(id: string): Promise<void> {
-      if (!(await registry.remove(id, () => deps.onStored(id, { removed: true })))) {
+    async remove(id: string, precondition: Precondition = () => null): Promise<void> {
+      if (!(await registry.remove(id, () => deps.onStored(id, { removed: true }), precondition))) {
         throw new ShardNotFoundError(`No shard "${id}" is registered on this node (an earlier DELETE may have removed it); GET /shards lists them.`);
       }
     },

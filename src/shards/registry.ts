@@ -8,7 +8,7 @@
 // id for a target, or for one covering the same processes, is a conflict (attribution would give its
 // memory to one id and leave the other on-cpu).
 import type { Logger } from 'pino';
-import { ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
+import { PreconditionFailedError, ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
 import type { StateFile, StateFileFailure } from '../system/state-file.js';
 import { appended, decodePost, engineState, NO_BYTES, type EngineState, type Posted } from './engine-output.js';
 import { readRegistryFile, serialiseShards } from './registry-file.js';
@@ -25,6 +25,9 @@ export class NotARepeatError extends Error {
     super(`shard "${id}" changed since its PUT was read`);
   }
 }
+
+/** A request's If-Match / If-None-Match, judged against the shard as registered when the change is decided: the 412's message, or null to go on. */
+export type Precondition = (current: ShardRecord | undefined) => string | null;
 
 /** How `other` covers a process of the registration being made though their targets differ, mid-sentence ("runs in the cgroup \"pod-a\""). */
 export type Overlaps = (other: ShardRecord) => string | null;
@@ -260,11 +263,14 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
       record: ShardRecord,
       overlaps: Overlaps | null = () => null,
       stored: (result: PutResult) => void = () => undefined,
+      precondition: Precondition = () => null,
     ): Promise<PutResult> {
       // With nothing queued, a repeat (a control plane reconciling; never a conflict, so registrations stored
       // before overlaps were refused still reconcile) or a conflict is answered at once; else the batch decides.
       if (queue.length === 0 && !writing) {
         const previous = committed.get(record.id);
+        const failed = precondition(previous);
+        if (failed !== null) throw new PreconditionFailedError(failed);
         if (previous !== undefined && repeats(record)) {
           const result = { created: false, shard: previous, graceKept: true, unchanged: true };
           stored(result);
@@ -279,8 +285,10 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
       if (!pending) inFlight.set(record.id, (pending = new Set()));
       pending.add(posted);
       const outcome = await enqueue(
-        (draft): { conflict: Conflict } | { notARepeat: true } | Stored => {
+        (draft): { conflict: Conflict } | { notARepeat: true } | { failed: string } | Stored => {
           const previous = draft.get(record.id);
+          const failed = precondition(previous);
+          if (failed !== null) return { failed };
           const replaced = replacement(previous, record);
           if (!replaced.unchanged) {
             if (overlaps === null) return { notARepeat: true };
@@ -294,31 +302,38 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
         (settled) => {
           pending.delete(posted);
           if (pending.size === 0) inFlight.delete(record.id);
-          if (!settled.stored || 'conflict' in settled.result || 'notARepeat' in settled.result) return;
+          if (!settled.stored || !('stored' in settled.result)) return;
           carryEngineOutput(record, settled.result.previous, posted.now);
           stored(putResult(settled.result));
         },
       );
       if ('notARepeat' in outcome) throw new NotARepeatError(record.id);
+      if ('failed' in outcome) throw new PreconditionFailedError(outcome.failed);
       if ('conflict' in outcome) throw conflictError(record, outcome.conflict);
       return putResult(outcome);
     },
     /** False when it was not registered. Resolves once the state file agrees; `removed` is told then, as put's `stored`. */
-    async remove(id: string, removed: () => void = () => undefined): Promise<boolean> {
+    async remove(id: string, removed: () => void = () => undefined, precondition: Precondition = () => null): Promise<boolean> {
       // Nothing to write when the id is unknown and no change is pending that could add it.
       if (!committed.has(id) && queue.length === 0 && !writing) return false;
       let batchRefused = false;
       try {
-        return await enqueue(
-          (draft) => draft.delete(id),
+        const outcome = await enqueue(
+          (draft): boolean | { failed: string } => {
+            // Not registered: 404 whatever the request's conditions (RFC 9110 13.2.1).
+            const failed = draft.has(id) ? precondition(draft.get(id)) : null;
+            return failed === null ? draft.delete(id) : { failed };
+          },
           (settled) => {
             if (!settled.stored) batchRefused = settled.batchRefused;
-            else if (settled.result) {
+            else if (settled.result === true) {
               if (engines.delete(id)) engineVersion += 1;
               removed();
             }
           },
         );
+        if (typeof outcome === 'object') throw new PreconditionFailedError(outcome.failed);
+        return outcome;
       } catch (err) {
         // Refused with its batch and not registered: "not registered". Withdrawn or pending: a write may still add it.
         if (!batchRefused || committed.has(id)) throw err;

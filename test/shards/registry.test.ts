@@ -96,6 +96,21 @@ t.test('concurrent changes are group-committed, and a failed write refuses the b
   t.equal(counter.writes, writes, 'removing an unknown id writes nothing');
 });
 
+t.test('a precondition is judged when the change is decided: of queued create-only puts of one id, the first is stored', async (t) => {
+  const registry = await loadRegistry({ stateFile: createStateFile(join(t.testdir({}), 's.json'), { log }), log });
+  const absent = (current: ShardRecord | undefined) => (current === undefined ? null : 'registered');
+  const results = await Promise.allSettled([1, 2, 3].map((pid) => registry.put(record('a', 'other', pid), undefined, undefined, absent)));
+  t.same(results.map((result) => result.status), ['fulfilled', 'rejected', 'rejected']);
+  t.match(results[1], { reason: { code: 'NODECOMPUTE_PRECONDITION_FAILED', statusCode: 412, message: 'registered' } });
+  t.equal(registry.get('a')!.pid, 1);
+  await t.rejects(registry.put(record('a'), undefined, undefined, absent), { code: 'NODECOMPUTE_PRECONDITION_FAILED' }, 'with nothing queued: at once');
+  // Queued behind another change: judged against it.
+  const [, removal] = await Promise.allSettled([registry.put(record('b', 'other', 9)), registry.remove('a', undefined, (current) => (current ? 'kept' : null))]);
+  t.match(removal, { status: 'rejected', reason: { statusCode: 412, message: 'kept' } });
+  t.ok(registry.get('a'), 'not removed');
+  t.equal(await registry.remove('a', undefined, () => null), true);
+});
+
 t.test('removing an unknown id while a write fails: not registered (false), not a failed write', async (t) => {
   const dir = t.testdir({});
   const { wrapped, counter } = instrumented(createStateFile(join(dir, 'shards.json'), { log }));
