@@ -125,7 +125,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         operationId: 'deregisterShard',
         tags: ['shards'],
         summary: 'Remove a shard (204); its series and verdicts disappear.',
-        description: `412 with If-None-Match: * or an If-Match naming tags (If-Match: * removes a registered shard); 404 for an id not registered, whatever those say. ${stateWriteAnswers}`,
+        description: `412 with If-None-Match: * or an If-Match naming tags (If-Match: * removes a registered shard); 404 for an id not registered, whatever If-Match or If-None-Match: * say. ${stateWriteAnswers}`,
         params: ShardParamsSchema,
         response: { 204: Type.Null({ description: 'Removed.' }), ...errorResponses(400, 401, 403, 404, 412, 503) },
       },

@@ -33,6 +33,7 @@ t.test('the shared shapes are components, each written once and named by $ref', 
   const text = readFileSync(new URL('../openapi.yaml', import.meta.url), 'utf8');
   const spec = parse(text) as {
     components: { schemas: Record<string, { properties?: Record<string, unknown> }>; headers: object; parameters: object };
+    paths: Record<string, Record<string, { parameters: Array<{ $ref?: string }> }>>;
   };
   const schemas = spec.components.schemas;
   t.same(Object.keys(schemas), [
@@ -61,7 +62,7 @@ t.test('the shared shapes are components, each written once and named by $ref', 
   t.same(Object.keys(spec.components.headers), ['ETag', 'CacheControl', 'NvidiaSmiRetryAfter', 'StateRetryAfter']);
   t.same(Object.keys(spec.components.parameters), ['IfNoneMatch', 'IfMatch', 'IfNoneMatchWrite']);
   for (const method of ['put', 'delete']) {
-    const names = spec.paths['/shards/{id}'][method].parameters.map((parameter: { $ref?: string }) => parameter.$ref).filter(Boolean);
+    const names = spec.paths['/shards/{id}']![method]!.parameters.map((parameter) => parameter.$ref).filter(Boolean);
     t.same(names, ['#/components/parameters/IfMatch', '#/components/parameters/IfNoneMatchWrite'], `${method}: its preconditions`);
   }
   const components = Object.entries(spec.components).flatMap(([kind, named]) => (kind === 'securitySchemes' ? [] : Object.keys(named).map((name) => `#/components/${kind}/${name}`)));

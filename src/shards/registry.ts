@@ -316,6 +316,9 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
     async remove(id: string, removed: () => void = () => undefined, precondition: Precondition = () => null): Promise<boolean> {
       // Nothing to write when the id is unknown and no change is pending that could add it.
       if (!committed.has(id) && queue.length === 0 && !writing) return false;
+      // Refused by the shard as stored, as a PUT is: no write (a failing state file would make it a 503).
+      const failed = committed.has(id) ? precondition(committed.get(id)) : null;
+      if (failed !== null) throw new PreconditionFailedError(failed);
       let batchRefused = false;
       try {
         const outcome = await enqueue(

@@ -72,4 +72,14 @@ t.test('DELETE: If-Match: * removes a registered shard; If-None-Match: * or If-M
   t.equal((await del({ 'if-match': '*' })).statusCode, 204);
   t.match((await del({ 'if-match': '*' })).json(), { statusCode: 404, code: 'NODECOMPUTE_SHARD_NOT_FOUND' });
   t.equal((await del({ 'if-none-match': '*' })).statusCode, 404);
+  t.equal((await del({ 'if-none-match': 'W/"x"' })).statusCode, 400, 'tags in If-None-Match are refused first');
+});
+
+t.test('If-Match: * and If-None-Match: * together never hold: If-Match is judged first', async (t) => {
+  const shard = await spawnShardProcess(t, 0);
+  const { app } = await buildTestApp(t, { scenario: idleEightGpuNode() });
+  const put = () => app.inject({ method: 'PUT', url: '/shards/a', headers: { 'if-match': '*', 'if-none-match': '*' }, payload: { pid: shard.pid, gpus: [0] } });
+  t.match((await put()).json(), { ...PRECONDITION, message: /If-Match/ }, 'absent');
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/a', payload: { pid: shard.pid, gpus: [0] } })).statusCode, 201);
+  t.match((await put()).json(), { ...PRECONDITION, message: /If-None-Match/ }, 'registered');
 });

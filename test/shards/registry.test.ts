@@ -97,18 +97,27 @@ t.test('concurrent changes are group-committed, and a failed write refuses the b
 });
 
 t.test('a precondition is judged when the change is decided: of queued create-only puts of one id, the first is stored', async (t) => {
-  const registry = await loadRegistry({ stateFile: createStateFile(join(t.testdir({}), 's.json'), { log }), log });
+  const { wrapped, counter } = instrumented(createStateFile(join(t.testdir({}), 's.json'), { log }));
+  const registry = await loadRegistry({ stateFile: wrapped, log });
   const absent = (current: ShardRecord | undefined) => (current === undefined ? null : 'registered');
   const results = await Promise.allSettled([1, 2, 3].map((pid) => registry.put(record('a', 'other', pid), undefined, undefined, absent)));
   t.same(results.map((result) => result.status), ['fulfilled', 'rejected', 'rejected']);
   t.match(results[1], { reason: { code: 'NODECOMPUTE_PRECONDITION_FAILED', statusCode: 412, message: 'registered' } });
   t.equal(registry.get('a')!.pid, 1);
-  await t.rejects(registry.put(record('a'), undefined, undefined, absent), { code: 'NODECOMPUTE_PRECONDITION_FAILED' }, 'with nothing queued: at once');
+  // With nothing queued, a refusal by the stored shard is answered at once: no write, even while writes fail.
+  const [writes, version] = [counter.writes, registry.version];
+  counter.failing = true;
+  await t.rejects(registry.put(record('a'), undefined, undefined, absent), { code: 'NODECOMPUTE_PRECONDITION_FAILED' });
+  await t.rejects(registry.remove('a', undefined, () => 'kept'), { code: 'NODECOMPUTE_PRECONDITION_FAILED', message: 'kept' });
+  t.same([counter.writes, registry.version], [writes, version], 'nothing written');
+  counter.failing = false;
   // Queued behind another change: judged against it.
-  const [, removal] = await Promise.allSettled([registry.put(record('b', 'other', 9)), registry.remove('a', undefined, (current) => (current ? 'kept' : null))]);
-  t.match(removal, { status: 'rejected', reason: { statusCode: 412, message: 'kept' } });
-  t.ok(registry.get('a'), 'not removed');
-  t.equal(await registry.remove('a', undefined, () => null), true);
+  const [, removal] = await Promise.allSettled([registry.put(record('c', 'other', 11)), registry.remove('c', undefined, absent)]);
+  t.match(removal, { status: 'rejected', reason: { statusCode: 412, message: 'registered' } });
+  t.ok(registry.get('c'), 'not removed');
+  const present = (current: ShardRecord | undefined) => (current === undefined ? 'absent' : null);
+  const [first, second] = await Promise.all([registry.remove('a'), registry.remove('a', undefined, present)]);
+  t.same([first, second], [true, false], 'removed by the DELETE before it: not registered (404), not 412');
 });
 
 t.test('removing an unknown id while a write fails: not registered (false), not a failed write', async (t) => {
