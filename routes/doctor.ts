@@ -19,11 +19,11 @@ const doctorSchema = (description: string) => Type.Object(
     checks: Type.Array(
       Type.Object({
         name: Type.String({
-          description: 'Check name: settings, nvidia-smi, gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, registered-gpus, token.',
+          description: 'Check name: settings, nvidia-smi or nvml (whichever GPU driver serves), gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, registered-gpus, token.',
         }),
         status: StringEnum(['ok', 'warn', 'fail'], 'ok, warn or fail.'),
         detail: Type.String({ description: 'What was found.' }),
-        fix: Nullable(Type.String(), "What to do; null when nothing needs doing, or when the detail ends with it (nvidia-smi's failures)."),
+        fix: Nullable(Type.String(), "What to do; null when nothing needs doing, or when the detail ends with it (the GPU driver's failures)."),
       }),
       { description: 'Each check, in order.' },
     ),
@@ -64,11 +64,11 @@ const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         operationId: 'runDoctor',
         tags: ['operators'],
-        summary: 'Check this node: the settings, nvidia-smi and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, registered GPUs, token.',
+        summary: 'Check this node: the settings, the GPU driver (nvidia-smi or NVML) and its version, GPUs, query time, lost GPUs, host PID namespace, /proc, open files, state file, registered GPUs, token.',
         description:
-          'Runs nvidia-smi afresh (not from the cache). 200 when no check failed (warnings allowed), 503 with the same report when one did, ' +
+          'Asks the GPU driver afresh (not from the cache). 200 when no check failed (warnings allowed), 503 with the same report when one did, ' +
           `as \`nodecompute doctor\` exits non-zero; each check says what it found and what to do. A report is reused for ${REPORT_REUSE_MS / 1000} s. ` +
-          'A check that a shutdown of nodecompute cut off answers 503 with the error body instead (the code of the nvidia-smi run it killed), as other requests do then.',
+          'A check that a shutdown of nodecompute cut off answers 503 with the error body instead (the code of the GPU driver query it cut off), as other requests do then.',
         response: {
           200: doctorSchema('The node check, the same as `nodecompute doctor`: no check failed (`ok` is true; some may warn).'),
           503: Type.Union(

@@ -13,7 +13,7 @@ import { ErrorSchema, Ref, SnapshotMetaComponent } from '../src/schemas/common.j
 
 const LiveSchema = Type.Object({ status: Type.Literal('ok', { description: 'Always ok while the process answers.' }) }, { description: 'The process answers.' });
 const ReadySchema = Type.Intersect([
-  Type.Object({ status: Type.Literal('ok', { description: 'ok: nvidia-smi answers, its PIDs are visible in /proc, and registrations can be stored.' }) }),
+  Type.Object({ status: Type.Literal('ok', { description: 'ok: the GPU driver answers, its PIDs are visible in /proc, and registrations can be stored.' }) }),
   Ref(SnapshotMetaComponent),
 ]);
 
@@ -32,7 +32,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node, probeBudgetMs, proc, config, stateFile } = app.services;
   // Made afresh for each path: one object used twice comes out of the OpenAPI YAML as an alias.
   const live = (operationId: string, summary: string) => ({ schema: { operationId, tags: ['health'], summary, response: { 200: LiveSchema } } });
-  app.get('/livez', live('getLivez', 'Liveness: 200 while the event loop runs; never depends on nvidia-smi.'), async () => ({ status: 'ok' as const }));
+  app.get('/livez', live('getLivez', 'Liveness: 200 while the event loop runs; never depends on the GPU driver.'), async () => ({ status: 'ok' as const }));
   app.get('/healthz', live('getHealthz', 'Same as /livez.'), async () => ({ status: 'ok' as const }));
 
   /** The nvidia-smi line of the checklist: how old the snapshot is and, on the last good one, why. */
@@ -42,7 +42,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // A failed refresh is only ever tried on a stale snapshot, so its reason is there.
       const reason = `${view.staleReason!.charAt(0).toUpperCase()}${view.staleReason!.slice(1)}`;
       const limit = `${formatDuration(config.maxStaleMs)} old (NODECOMPUTE_MAX_STALE_MS)`;
-      const until = `it is served until it is ${limit}, then this check fails until nvidia-smi answers again`;
+      const until = `it is served until it is ${limit}, then this check fails until the GPU driver answers again`;
       return `serving the last good snapshot (${formatDuration(view.ageMs)} old, ${gpus} GPUs) because refreshing it fails; ${until}. ${reason}`;
     }
     return `snapshot ${formatDuration(view.ageMs)} old, ${gpus} GPUs${view.stale ? ` (stale: ${view.staleReason})` : ''}`;
@@ -62,7 +62,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     if (missing.length === 0) return { name, ok: true, detail: found };
     const detail =
       missing.length === listed.length
-        ? `${found}; none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
+        ? `${found}; none of them was missing from the previous snapshot, so they most likely exited since the GPU driver listed them. ` +
           'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.'
         : `${found}. Readiness does not depend on it; what to do: ${SOME_PIDS_MISSING_FIX}`;
     return { name, ok: true, warning: true, detail };
@@ -103,10 +103,10 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         operationId: 'getReadyz',
         tags: ['health'],
-        summary: 'Readiness: 200 when nvidia-smi answers (from the cache), its PIDs are visible and registrations can be stored; 503 with the reason otherwise.',
+        summary: 'Readiness: 200 when the GPU driver answers (from the cache), its PIDs are visible and registrations can be stored; 503 with the reason otherwise.',
         description:
           "With ?verbose (or ?verbose=true, ?verbose=1), a plain-text checklist in the style of Kubernetes' own /readyz?verbose; ?verbose=false or 0 is JSON, as without it. " +
-          'Within NODECOMPUTE_MAX_STALE_MS of the last good snapshot readiness holds while nvidia-smi fails: `staleReason` (and the checklist) say so.',
+          'Within NODECOMPUTE_MAX_STALE_MS of the last good snapshot readiness holds while the GPU driver fails: `staleReason` (and the checklist) say so.',
         querystring: Type.Object({
           verbose: Type.Optional(
             Type.String({ description: 'Empty (?verbose), true or 1 for the plain-text checklist; false or 0 for JSON, as without it. Any other value is a 400.' }),

@@ -33,7 +33,7 @@ const metricsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         operationId: 'getMetrics',
         tags: ['operators'],
-        summary: 'Prometheus metrics: GPU memory (total, used, free, reserved, foreign), shard memory, readiness and state, nvidia-smi timings and failures, process metrics.',
+        summary: 'Prometheus metrics: GPU memory (total, used, free, reserved, foreign), shard memory, readiness and state, GPU driver query timings and failures, process metrics.',
         produces: ['text/plain'],
         response: { 200: Type.String({ description: 'Prometheus text exposition format 0.0.4.' }) },
       },

@@ -84,7 +84,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
         operationId: 'listShards',
         tags: ['shards'],
         summary: 'Every shard with its state, reason and compute, from one snapshot: what a control plane polls.',
-        description: 'Carries an ETag; send it back in If-None-Match to get 304 until a registration, a verdict, the number of warnings, what a shard holds or the engine account changes, or nvidia-smi starts failing (or becomes far slower than usual).',
+        description: 'Carries an ETag; send it back in If-None-Match to get 304 until a registration, a verdict, the number of warnings, what a shard holds or the engine account changes, or the GPU driver starts failing (or becomes far slower than usual).',
         response: { 200: ShardListSchema, 304: {} },
       },
     },
@@ -143,7 +143,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         operationId: 'getShardCompute',
         tags: ['shards'],
-        summary: 'Where the shard computes as nvidia-smi sees it: the GPUs its processes hold memory on, strays, and the engine\'s own account.',
+        summary: 'Where the shard computes as the GPU driver sees it: the GPUs its processes hold memory on, strays, and the engine\'s own account.',
         params: ShardParamsSchema,
         response: { 200: ComputeResponseSchema, ...errorResponses(400, 404, 503) },
       },
@@ -160,7 +160,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
       schema: {
         operationId: 'probeShardReadiness',
         tags: ['shards'],
-        summary: 'Readiness probe: 200 when ready (or unverified: nvidia-smi cannot be asked, and last saw it ready), 503 when starting, on-cpu, gpu-lost, stopped or exited.',
+        summary: 'Readiness probe: 200 when ready (or unverified: the GPU driver cannot be asked, and last saw it ready), 503 when starting, on-cpu, gpu-lost, stopped or exited.',
         description: 'Answers from the cached snapshot within a probe budget well under Kubernetes\' 1 s default timeout.',
         params: ShardParamsSchema,
         response: { 200: ReadyResponseSchema, 503: ReadyResponseSchema, ...errorResponses(400, 404) },

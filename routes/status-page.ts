@@ -31,7 +31,7 @@ const statusPageRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['operators'],
         summary: 'Status page: every GPU\'s memory split by shard, foreign and free, and every shard\'s state, reason and the GPUs it holds.',
         description:
-          'HTML (reloading every 5 s, no script, no external asset) when the client prefers text/html, as browsers do; an aligned plain-text table otherwise (curl). `?format=html|text` overrides the Accept header. Answers from the cached snapshot; when nvidia-smi cannot be asked it still answers 200 with a banner saying why.',
+          'HTML (reloading every 5 s, no script, no external asset) when the client prefers text/html, as browsers do; an aligned plain-text table otherwise (curl). `?format=html|text` overrides the Accept header. Answers from the cached snapshot; when the GPU driver cannot be asked it still answers 200 with a banner saying why.',
         querystring: Type.Object({
           format: Type.Optional(StringEnum(['html', 'text'], 'Force HTML or plain text regardless of Accept.')),
         }),

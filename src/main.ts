@@ -23,7 +23,7 @@ const USAGE = `nodecompute ${VERSION}: where GPU work really runs on this node.
 
 Usage:
   nodecompute [serve] [settings]   run the HTTP service (default)
-  nodecompute doctor [settings]    check this node (nvidia-smi, host PID namespace, /proc, state file);
+  nodecompute doctor [settings]    check this node (the GPU driver, host PID namespace, /proc, state file);
                                    exits non-zero when something is wrong
   nodecompute --help | --version
 

@@ -49,21 +49,21 @@ export function createMetrics() {
   const reserved = gauge('nodecompute_gpu_memory_reserved_bytes', 'Memory of the GPU reserved by the driver.', gpuLabels);
   const foreign = gauge('nodecompute_gpu_memory_foreign_bytes', 'Memory of the GPU held by anything but a registered shard: not to be handed out.', gpuLabels);
   const utilization = gauge('nodecompute_gpu_utilization_ratio', "Share of the driver's last sample period in which a kernel ran on the GPU (utilization.gpu, 1 = 100%).", gpuLabels);
-  const lostHelp = '1 for each GPU nvidia-smi listed earlier in this run and no longer lists or cannot reach (see dmesg); gpu is its last index. ' +
-    'Kept while nvidia-smi fails (a lost GPU often makes every query fail). Absent when none is lost.';
+  const lostHelp = '1 for each GPU the GPU driver listed earlier in this run and no longer lists or cannot reach (see dmesg); gpu is its last index. ' +
+    'Kept while the GPU driver fails (a lost GPU often makes every query fail). Absent when none is lost.';
   const lost = gauge('nodecompute_gpu_lost', lostHelp, gpuLabels);
   const shardMemory = gauge('nodecompute_shard_gpu_memory_bytes', "Memory a shard's processes hold on a GPU.", ['shard', ...gpuLabels]);
   const placedHelp =
-    '1 for each GPU a shard was placed on (its registration), under the index nvidia-smi gives it now (none once not listed). Memory held elsewhere is stray.';
+    '1 for each GPU a shard was placed on (its registration), under the index the GPU driver gives it now (none once not listed). Memory held elsewhere is stray.';
   const shardPlaced = gauge('nodecompute_shard_gpu_placed', placedHelp, ['shard', 'gpu']);
   const shardReady = gauge('nodecompute_shard_ready', '1 when the shard passes its readiness probe, else 0.', ['shard']);
   const shardState = gauge('nodecompute_shard_state', 'The shard readiness state: 1 for the current one, 0 for the others.', ['shard', 'state']);
-  const upHelp = '1 when the last nvidia-smi refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or cannot be asked.';
+  const upHelp = '1 when the last GPU driver refresh succeeded; 0 when it failed (answers then come from an older snapshot, or none) or cannot be asked.';
   const up = gauge('nodecompute_nvidia_smi_up', upHelp);
   const ageHelp = 'Age of the last good node snapshot (NaN before the first); taken on demand, it grows between requests: nvidia_smi_up is the failure signal.';
   const age = gauge('nodecompute_snapshot_age_seconds', ageHelp);
-  const visibleHelp = '1 when the GPU processes nvidia-smi lists can be matched to this /proc; 0 when hidden (no host PID namespace, or a GPU-sharing ' +
-    'layer), so no memory is attributed to a shard. NaN while nvidia-smi cannot be asked.';
+  const visibleHelp = '1 when the GPU processes the GPU driver lists can be matched to this /proc; 0 when hidden (no host PID namespace, or a GPU-sharing ' +
+    'layer), so no memory is attributed to a shard. NaN while the GPU driver cannot be asked.';
   const processesVisible = gauge('nodecompute_gpu_processes_visible', visibleHelp);
   const tokenFileHelp = '1 when NODECOMPUTE_TOKEN_FILE was usable at its last look (at most once a second); 0 when not: the tokens last read stay ' +
     'in force, a rotated one is not picked up (GET /doctor says why). Absent without a token file.';
@@ -74,12 +74,12 @@ export function createMetrics() {
   const counter = (name: string, help: string, labelNames: readonly string[]) => new Counter({ name, help, labelNames, registers: [registry] });
   const duration = new Histogram({
     name: 'nodecompute_nvidia_smi_query_duration_seconds',
-    help: 'Duration of nvidia-smi runs, by query.',
+    help: 'Duration of GPU driver queries, by query.',
     labelNames: ['query'],
     buckets: [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
     registers: [registry],
   });
-  const failuresHelp = 'nvidia-smi runs that failed, by query and reason (the error code).';
+  const failuresHelp = 'GPU driver queries that failed, by query and reason (the error code).';
   const failures = counter('nodecompute_nvidia_smi_failures_total', failuresHelp, ['query', 'reason']);
   const refusedHelp =
     'Writes refused before they were looked at, by reason: missing-token, wrong-token (none in force: a caller left behind by a rotation), ' +

@@ -45,13 +45,13 @@ const HEADERS = {
   ETag: {
     description:
       "A weak tag: a digest of what the answer says (every GPU's memory and processes with their shards; for /shards, the registrations, verdicts with their reasons and warnings, what each shard holds and the engine's account), " +
-      'not of when it was observed, so it stays the same across snapshots while the node says the same; a suffix marks an answer served while nvidia-smi fails or is far slower than usual. Send it back in If-None-Match.',
+      'not of when it was observed, so it stays the same across snapshots while the node says the same; a suffix marks an answer served while the GPU driver fails or is far slower than usual. Send it back in If-None-Match.',
     schema: { type: 'string' },
   },
   CacheControl: { description: "max-age: the snapshot's remaining freshness in seconds (0 once it is stale).", schema: { type: 'string' } },
   NvidiaSmiRetryAfter: {
     description:
-      'With an nvidia-smi failure that nodecompute is waiting out before it runs nvidia-smi again (one TTL after a failure, doubling with each failure in a row up to 30 s): the seconds left. Asking sooner gets the same answer, unless a shard registration or removal comes first (it makes the next request try at once). Absent otherwise.',
+      'With a GPU driver failure that nodecompute is waiting out before it asks the driver again (one TTL after a failure, doubling with each failure in a row up to 30 s): the seconds left. Asking sooner gets the same answer, unless a shard registration or removal comes first (it makes the next request try at once). Absent otherwise.',
     schema: { type: 'integer', minimum: 1 },
   },
   StateRetryAfter: {

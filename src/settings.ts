@@ -66,12 +66,12 @@ export const SETTINGS = {
   cacheTtlMs: setting('cache-ttl-ms', {
     ...milliseconds(0, 3_600_000),
     default: 1000,
-    description: 'How long a node snapshot is fresh; at most one nvidia-smi run per query per TTL.',
+    description: 'How long a node snapshot is fresh; at most one run of each GPU driver query per TTL.',
   }),
   maxStaleMs: setting('max-stale-ms', {
     ...milliseconds(0, 86_400_000),
     default: 30_000,
-    description: 'How old a snapshot may be and still be served (marked stale) while nvidia-smi is slow or failing.',
+    description: 'How old a snapshot may be and still be served (marked stale) while the GPU driver is slow or failing.',
   }),
   smiTimeoutMs: setting('smi-timeout-ms', {
     ...milliseconds(100, 600_000),

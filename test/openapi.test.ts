@@ -103,7 +103,7 @@ t.test('/openapi.json serves the same document and every route declares its erro
       return header ? [[`${method} ${path}`, resolve<{ description: string }>(spec, header).description] as const] : [];
     }),
   );
-  const nvidiaSmi = retryAfter.filter(([, description]) => description.startsWith('With an nvidia-smi failure')).map(([at]) => at);
+  const nvidiaSmi = retryAfter.filter(([, description]) => description.startsWith('With a GPU driver failure')).map(([at]) => at);
   t.same(nvidiaSmi.sort(), [...nvidiaSmi503, '/readyz'].map((path) => `get ${path}`).sort(), "Retry-After of nvidia-smi's failure on the reads whose 503 it is, /readyz's included, not on a verdict");
   const stateFile = retryAfter.filter(([, description]) => description.startsWith('With NODECOMPUTE_STATE_WRITE_FAILED or NODECOMPUTE_STATE_WRITE_PENDING')).map(([at]) => at);
   t.same(stateFile.sort(), ['delete /shards/{id}', 'put /shards/{id}'], "Retry-After of the state file's failure on the writes whose 503 it is");
@@ -154,7 +154,7 @@ t.test('writes declare the bearer scheme; answers that can be 304 declare If-Non
     // conditional.ts: a digest of the content, with a suffix while nvidia-smi fails or is slow; not of the snapshot or its age.
     const etag = resolve<{ description: string }>(spec, op.responses['200']!.headers!.ETag!).description;
     t.match(etag, /a digest of what the answer says/, `${path}: the ETag is said to digest the content`);
-    t.match(etag, /suffix .* nvidia-smi fails or is far slower than usual/, `${path}: and to carry a suffix while nvidia-smi is in trouble`);
+    t.match(etag, /suffix .* the GPU driver fails or is far slower than usual/, `${path}: and to carry a suffix while nvidia-smi is in trouble`);
     t.notMatch(etag, /registry version|freshness/, `${path}: not the snapshot, a registry version or freshness`);
   }
 });

@@ -168,9 +168,9 @@ export const NO_GPU_PROCESS = 'no GPU process is running, so there is nothing to
 
 /** What the PIDs nvidia-smi lists look like in `root`: shared with /readyz?verbose, so both say the same. */
 export function describeListedPids(listed: number, missing: readonly number[], root: string): string {
-  if (missing.length === 0) return `all ${listed} PID(s) nvidia-smi lists exist in ${root}`;
+  if (missing.length === 0) return `all ${listed} PID(s) the GPU driver lists exist in ${root}`;
   const shown = missing.slice(0, 10).join(', ') + (missing.length > 10 ? ', ...' : '');
-  const found = `${missing.length} of ${listed} PID(s) nvidia-smi lists do not exist in ${root} (${shown})`;
+  const found = `${missing.length} of ${listed} PID(s) the GPU driver lists do not exist in ${root} (${shown})`;
   if (missing.length === listed) return found;
   return `${found}; the other ${listed - missing.length} do, so this is the host's PID namespace and the missing ones most likely exited since listed. ` +
     'PIDs that stay missing live in another PID namespace (a VM or nested container), and their memory reads as foreign';
@@ -184,7 +184,7 @@ async function pidNamespaceCheck(proc: ProcReader, pids: number[], busy: number[
   const name = 'host-pid-namespace';
   if (pids.length > 0 && !procReadable) {
     // Every PID would read as missing: that says nothing about the PID namespace.
-    const detail = `could not be checked: nvidia-smi lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check)`;
+    const detail = `could not be checked: the GPU driver lists ${pids.length} PID(s), but ${proc.root} cannot be read (see the proc check)`;
     return check(name, 'warn', detail, 'Fix the proc check first, then run the doctor again.');
   }
   if (pids.length === 0 && busy.length > 0) {
@@ -247,13 +247,13 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
   const missing = byUuid.flatMap((shard) =>
     shard.gpuUuids!.flatMap((uuid, i) => (seen.has(uuid) ? [] : [`shard "${shard.id}" was given ${uuid} (GPU ${shard.gpus[i]} when it was registered)`])),
   );
-  if (missing.length === 0) return check('registered-gpus', 'ok', `nvidia-smi lists every GPU the ${byUuid.length} shard registration(s) naming GPUs by UUID name`);
+  if (missing.length === 0) return check('registered-gpus', 'ok', `the GPU driver lists every GPU the ${byUuid.length} shard registration(s) naming GPUs by UUID name`);
   const [it, each] = missing.length === 1 ? ['it', 'it'] : ['them', 'each'];
   const since = known === undefined ? '' : `, and this service has not listed ${it} since it started`;
   const detail =
-    `nvidia-smi does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). ` +
+    `the GPU driver does not list ${it}${since}: ${each} fell off the bus, was reset or was detached (or the state file came from another node). ` +
     'Such a shard reads gpu-lost.';
-  const fix = `${LOST_GPU_FIX} Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.`;
+  const fix = `${LOST_GPU_FIX} Start such a shard's engine on GPUs the GPU driver lists and PUT it with them, or DELETE a shard that is gone.`;
   return check('registered-gpus', 'fail', `${missing.join('\n')}:\n${detail}`, fix);
 }
 

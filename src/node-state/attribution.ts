@@ -257,7 +257,7 @@ function ownerOf(pid: number, snapshot: NodeSnapshot, claims: Claims): { owner?:
 }
 
 function memoryOf(process: GpuProcess): string {
-  const amount = process.usedMiB === null ? 'memory nvidia-smi does not report ([N/A])' : `${process.usedMiB} MiB`;
+  const amount = process.usedMiB === null ? 'memory the GPU driver does not report ([N/A])' : `${process.usedMiB} MiB`;
   return `${amount} on GPU ${process.gpuIndex} (PID ${process.pid}, ${process.name})`;
 }
 

@@ -19,12 +19,12 @@ export interface LostGpu {
   said?: string;
 }
 
-export const saidOfBusId = (busId: string | null, said: string): string => `nvidia-smi says of its bus id ${busId}: ${JSON.stringify(said)}`;
-export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>): string => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}) is no longer listed by nvidia-smi`;
+export const saidOfBusId = (busId: string | null, said: string): string => `the GPU driver says of its bus id ${busId}: ${JSON.stringify(said)}`;
+export const gpuNoLongerListed = (gpu: Pick<LostGpu, 'index' | 'uuid' | 'name'>): string => `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}) is no longer listed by the GPU driver`;
 export const LOST_GPU_MEANING =
   'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it.';
 export const gpuUnreachable = ({ busId, said, listed }: { busId: string; said: string; listed: Pick<LostGpu, 'index' | 'uuid' | 'name'> | null }): string =>
-  `nvidia-smi cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
+  `the GPU driver cannot reach ${listed === null ? `the GPU at PCI ${busId}` : `GPU ${listed.index} (${listed.uuid}, ${listed.name}, PCI ${busId})`}: it says ${JSON.stringify(said)}`;
 /** For an nvidia-smi failure, a sentence naming what each bus id it names was last listed as; '' when none. */
 export function unreachableListedIn(err: Error, unreachable: readonly UnreachableListedGpu[]): string {
   const named = new Set(unreachableOf(err).map((gpu) => gpu.busId));
@@ -33,7 +33,7 @@ export function unreachableListedIn(err: Error, unreachable: readonly Unreachabl
   return ` nodecompute last listed ${known.map(({ busId, listed }) => `PCI ${busId} as GPU ${listed!.index} (${listed!.uuid}, ${listed!.name})`).join(', ')}.`;
 }
 export const UNREACHABLE_GPU_MEANING =
-  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.";
+  "the GPU driver cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while the driver's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.";
 export const LOST_GPU_FIX =
   'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.';
 
@@ -51,7 +51,7 @@ export function createGpuRoster(log: Logger) {
       for (const gpu of listed) {
         if (lost.delete(gpu.uuid)) {
           const was = known.get(gpu.uuid)!;
-          const back = `GPU ${gpu.index} (${gpu.uuid}) is listed by nvidia-smi again. Check dmesg for what happened to it while it was gone.`;
+          const back = `GPU ${gpu.index} (${gpu.uuid}) is listed by the GPU driver again. Check dmesg for what happened to it while it was gone.`;
           log.info({ gpu: gpu.index, uuid: gpu.uuid, missingForMs: at - was.lastListedAt }, back);
         }
         known.set(gpu.uuid, { index: gpu.index, uuid: gpu.uuid, name: gpu.name, busId: gpu.busId, lastListedAt: at });

@@ -219,7 +219,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
         factsAfterFailure.set(err, { ...facts, startedAt, takenAt: now() });
       } catch (procErr) {
         const meaning = "no exit or stop of a shard can be seen, and each keeps its last listing's verdict (ready reads unverified)";
-        log.warn({ err: procErr }, `Could not read the shards' processes in /proc after nvidia-smi failed: until it answers again, ${meaning}`);
+        log.warn({ err: procErr }, `Could not read the shards' processes in /proc after the GPU driver failed: until it answers again, ${meaning}`);
       }
       throw err;
     }
@@ -227,7 +227,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const { gpus, unmatched } = joinGpusAndProcesses(listing.gpus, apps);
     if (unmatched.length > 0) {
       const uuids = [...new Set(unmatched.map((row) => row.gpuUuid))];
-      log.warn({ rows: unmatched.length, uuids }, 'nvidia-smi listed processes on GPU UUIDs its GPU query did not return; per-GPU answers leave them out');
+      log.warn({ rows: unmatched.length, uuids }, 'The GPU driver listed processes on GPU UUIDs its GPU query did not return; per-GPU answers leave them out');
     }
     const gpuPids = new Set(apps.map((app) => app.pid));
     // The same PIDs come back next refresh, so their stat files are kept open.

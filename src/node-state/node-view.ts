@@ -24,7 +24,7 @@ export interface NodeView {
 }
 
 export const PID_NAMESPACE_WARNING =
-  "nvidia-smi lists GPU processes whose PIDs do not exist in this /proc: nodecompute does not share the host's PID namespace, so it cannot tell whose memory is whose. Run it with --pid=host (Docker) or hostPID: true (Kubernetes), or point NODECOMPUTE_PROC at the host's /proc.";
+  "the GPU driver lists GPU processes whose PIDs do not exist in this /proc: nodecompute does not share the host's PID namespace, so it cannot tell whose memory is whose. Run it with --pid=host (Docker) or hostPID: true (Kubernetes), or point NODECOMPUTE_PROC at the host's /proc.";
 
 /** Used memory on a GPU that says someone computes there (idle GPUs show < 300 MiB). */
 const BUSY_MIB = 1024;
@@ -36,7 +36,7 @@ export function busyGpus(gpus: ReadonlyArray<{ index: number; usedMiB: number | 
 /** Busy GPUs with no process listed: another PID namespace or a GPU-sharing layer hides them. */
 export function hiddenProcessesWarning(busy: number[]): string {
   const gpus = busy.map((index) => `GPU ${index}`).join(', ');
-  const hidden = `nvidia-smi lists no GPU process, yet ${gpus} ${busy.length === 1 ? 'has' : 'have'} memory in use: the processes are hidden from it`;
+  const hidden = `the GPU driver lists no GPU process, yet ${gpus} ${busy.length === 1 ? 'has' : 'have'} memory in use: the processes are hidden from it`;
   return `${hidden}. Either nodecompute does not share the host's PID namespace (--pid=host / hostPID: true) or a GPU-sharing layer (HAMi, vGPU) hides them.`;
 }
 
@@ -87,7 +87,7 @@ export function createNodeViewCache(log: Logger): (snapshot: NodeSnapshot, regis
 
 function reportHidden(log: Logger, { hidden, missing }: PidsJudged): void {
   if (hidden === null) {
-    log.info("nvidia-smi's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards.");
+    log.info("The GPU driver's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards.");
     return;
   }
   const meaning = 'every shard reads unverified (its probe answers 200: there is no evidence either way), all GPU memory reads as foreign, and /readyz fails';

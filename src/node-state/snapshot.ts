@@ -119,7 +119,7 @@ export function createSnapshotSource<S>({ take, ttlMs, maxStaleMs, log, now }: O
     if (slowFor !== null) {
       const running = `a refresh has been running for ${formatDuration(slowFor)} (the last one took ${formatDuration(lastRefreshMs)})`;
       const persists = 'If this persists, check dmesg for Xid errors and run `nodecompute doctor`.';
-      return `nvidia-smi is slow: ${running}, so answers come from a snapshot ${formatDuration(ageMs)} old until it lands or times out. ${persists}`;
+      return `the GPU driver is slow: ${running}, so answers come from a snapshot ${formatDuration(ageMs)} old until it lands or times out. ${persists}`;
     }
     if (current.epoch !== epoch) return 'the shard registry changed since it was taken; a refresh is under way';
     if (inFlight) return `refreshing: this snapshot is ${formatDuration(ageMs)} old and a newer one is being taken`;
@@ -152,7 +152,7 @@ export function createSnapshotSource<S>({ take, ttlMs, maxStaleMs, log, now }: O
     if (lastFailure && (backOffLeft() !== null || inFlight)) throw lastFailure.error;
     const pending = refresh();
     if (maxWaitMs === undefined) return pending;
-    const unanswered = `nvidia-smi has not answered within this request's ${maxWaitMs} ms and no snapshot younger than max-stale is cached`;
+    const unanswered = `the GPU driver has not answered within this request's ${maxWaitMs} ms and no snapshot younger than max-stale is cached`;
     const message = late ?? `${unanswered}; if this persists, check dmesg and run \`nodecompute doctor\`.`;
     return settleWithin(pending, maxWaitMs, () => {
       throw new NvidiaSmiTimeoutError(message);

@@ -38,18 +38,18 @@ export const SnapshotMetaComponent = Type.Object(
     observedAt: Type.String({
       format: 'date-time',
       description:
-        'When the node snapshot behind this answer was completed; its nvidia-smi and /proc reads began up to one nvidia-smi run before (ageMs counts from here). ' +
+        'When the node snapshot behind this answer was completed; its GPU driver and /proc reads began up to one GPU driver query before (ageMs counts from here). ' +
         'So observedAt after registeredAt does not mean a snapshot saw a shard: one that began before the registration is stale, saying the shard registry changed since it was taken.',
     }),
     ageMs: Type.Integer({ minimum: 0, description: 'Age of that snapshot in milliseconds when this answer was made.' }),
     stale: Type.Boolean({
       description:
         'True when the snapshot is older than the cache TTL or than the latest registration change. Usually routine: a newer one is being taken ' +
-        '(stale-while-revalidate). staleReason blames nvidia-smi only when the last refresh failed or the one under way is far slower than usual.',
+        '(stale-while-revalidate). staleReason blames the GPU driver only when the last refresh failed or the one under way is far slower than usual.',
     }),
     staleReason: Type.Optional(
       Type.String({
-        description: 'Why the snapshot is stale ("refreshing: …", a registry change, "nvidia-smi is slow: …" or "the last refresh failed: …"); present only when stale.',
+        description: 'Why the snapshot is stale ("refreshing: …", a registry change, "the GPU driver is slow: …" or "the last refresh failed: …"); present only when stale.',
       }),
     ),
   },

@@ -2,20 +2,20 @@
 import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { Nullable, Ref, SnapshotMetaComponent } from './common.js';
 
-const MiB = (description: string) => Nullable(Type.Integer({ minimum: 0 }), `${description} in MiB; null when nvidia-smi reports it as [N/A] or [Insufficient Permissions].`);
+const MiB = (description: string) => Nullable(Type.Integer({ minimum: 0 }), `${description} in MiB; null when the GPU driver does not report it ([N/A] or [Insufficient Permissions]).`);
 
 /** A GPU's `unreachable` in GET /gpus and GET /gpus/foreign-memory. */
 export const GpuUnreachableComponent = Type.Unsafe<string | null>({
   $id: 'GpuUnreachable',
   type: ['string', 'null'],
   description:
-    'What nvidia-smi said of this GPU when its queries since this snapshot failed naming it by bus id (e.g. "GPU is lost. Reboot the system to recover this GPU"): it cannot reach the GPU, so the figures here, from the last good snapshot, no longer hold and nothing should be placed on it; shards placed on it read gpu-lost. null otherwise.',
+    'What the GPU driver said of this GPU when its queries since this snapshot failed naming it by bus id (e.g. "GPU is lost. Reboot the system to recover this GPU"): it cannot reach the GPU, so the figures here, from the last good snapshot, no longer hold and nothing should be placed on it; shards placed on it read gpu-lost. null otherwise.',
 });
 
 export const GpuProcessComponent = Type.Object(
   {
-    pid: Type.Integer({ minimum: 1, description: 'Host PID, as nvidia-smi reports it.' }),
-    name: Type.String({ description: 'Process name as nvidia-smi reports it; [Not Found] for a PID of another PID namespace.' }),
+    pid: Type.Integer({ minimum: 1, description: 'Host PID, as the GPU driver reports it.' }),
+    name: Type.String({ description: 'Process name as the GPU driver reports it; [Not Found] for a PID of another PID namespace.' }),
     usedMiB: MiB('GPU memory this process holds on this GPU'),
     shard: Nullable(Type.String(), 'Id of the registered shard this process belongs to; null when it belongs to none (foreign).'),
     smUtilPct: Nullable(
@@ -57,12 +57,12 @@ export const MigDeviceComponent = Type.Object(
 
 export const GpuComponent = Type.Object(
   {
-    index: Type.Integer({ minimum: 0, description: 'GPU index, as nvidia-smi numbers it.' }),
+    index: Type.Integer({ minimum: 0, description: 'GPU index, as the GPU driver numbers it.' }),
     uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
     name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
     busId: Nullable(
       Type.String(),
-      "PCI bus id (pci.bus_id), e.g. 00000000:83:00.0: how the kernel (dmesg's NVRM and Xid lines) and nvidia-smi's errors name this GPU; null where nvidia-smi reports none.",
+      "PCI bus id (pci.bus_id), e.g. 00000000:83:00.0: how the kernel (dmesg's NVRM and Xid lines) and the GPU driver's errors name this GPU; null where the GPU driver reports none.",
     ),
     memory: Type.Object(
       {
@@ -71,7 +71,7 @@ export const GpuComponent = Type.Object(
         freeMiB: MiB('Free memory'),
         reservedMiB: MiB('Memory reserved by the driver (null also when the driver does not know memory.reserved)'),
       },
-      { description: 'Memory of the GPU as nvidia-smi reports it.' },
+      { description: 'Memory of the GPU as the GPU driver reports it.' },
     ),
     migMode: Nullable(
       Type.String(),
@@ -89,7 +89,7 @@ export const GpuComponent = Type.Object(
     unreachable: Ref(GpuUnreachableComponent),
     events: Nullable(Ref(GpuEventsComponent), 'Its Xid and ECC events since nodecompute started; null under nvidia-smi, which reports none.'),
   },
-  { $id: 'Gpu', description: 'A GPU as nvidia-smi lists it: its memory and the compute processes on it.' },
+  { $id: 'Gpu', description: 'A GPU as the GPU driver lists it: its memory and the compute processes on it.' },
 );
 export type Gpu = Static<typeof GpuComponent>;
 
@@ -98,22 +98,22 @@ export const LostGpuComponent = Type.Object(
     index: Type.Integer({ minimum: 0, description: 'Its index when it was last listed.' }),
     uuid: Type.String({ description: 'GPU UUID (GPU-...).' }),
     name: Type.String({ description: 'Product name, e.g. NVIDIA H200.' }),
-    busId: Nullable(Type.String(), 'Its PCI bus id when it was last listed (as in Gpu), to find it in dmesg; null where nvidia-smi reported none.'),
+    busId: Nullable(Type.String(), 'Its PCI bus id when it was last listed (as in Gpu), to find it in dmesg; null where the GPU driver reported none.'),
     lastListedAt: Type.String({ format: 'date-time', description: 'When a snapshot last listed it.' }),
     lostAt: Type.String({ format: 'date-time', description: 'When the first snapshot that did not list it was taken: it went between lastListedAt and this.' }),
     unreachable: Nullable(
       Type.String(),
-      'What the latest listing said of its bus id, when nvidia-smi printed beside the GPUs it listed that it cannot reach this one (e.g. "Unknown Error", "GPU is lost. Reboot the system to recover this GPU"); null when it said nothing of it.',
+      'What the latest listing said of its bus id, when the GPU driver said beside the GPUs it listed that it cannot reach this one (e.g. "Unknown Error", "GPU is lost. Reboot the system to recover this GPU"); null when it said nothing of it.',
     ),
   },
-  { $id: 'LostGpu', description: 'A GPU nvidia-smi listed earlier in this run of nodecompute and no longer lists.' },
+  { $id: 'LostGpu', description: 'A GPU the GPU driver listed earlier in this run of nodecompute and no longer lists.' },
 );
 
 /** The lost GPUs of GET /gpus and GET /gpus/foreign-memory. */
 export const LostGpusComponent = Type.Array(Ref(LostGpuComponent), {
   $id: 'LostGpus',
   description:
-    'GPUs nvidia-smi listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
+    'GPUs the GPU driver listed earlier in this run of nodecompute and no longer lists (fallen off the bus, reset or detached: see dmesg for Xid errors), by index; empty when none. A GPU lost before nodecompute started is not known here.',
 });
 
 /** An answer per GPU (GET /gpus, GET /gpus/foreign-memory): the snapshot, one `gpu` per GPU, and the GPUs lost. */
@@ -123,5 +123,5 @@ export const perGpuAnswer = <T extends TSchema>(gpu: T, gpus: string, descriptio
     { description },
   );
 
-export const GpusResponseSchema = perGpuAnswer(GpuComponent, 'Every GPU nvidia-smi sees, by index.', 'The GPUs of this node and the processes on them.');
+export const GpusResponseSchema = perGpuAnswer(GpuComponent, 'Every GPU the GPU driver sees, by index.', 'The GPUs of this node and the processes on them.');
 export type GpusResponse = Static<typeof GpusResponseSchema>;

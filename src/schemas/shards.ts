@@ -23,7 +23,7 @@ export const ShardParamsSchema = Type.Object({
 const GpuIndicesSchema = Type.Array(Type.Integer({ minimum: 0, maximum: MAX_GPU_INDEX }), {
   uniqueItems: true,
   maxItems: MAX_GPU_INDEX + 1,
-  description: 'Indices of the GPUs the shard was placed on (as nvidia-smi numbers them); unique; empty for a CPU-only shard.',
+  description: 'Indices of the GPUs the shard was placed on (as the GPU driver numbers them); unique; empty for a CPU-only shard.',
 });
 
 // Described where it is made nullable (RegisterShardSchema): the description goes on the whole field.
@@ -101,10 +101,10 @@ export const ShardRecordComponent = Type.Object(
     id: Type.String({ description: 'Shard id.' }),
     pid: Nullable(Type.Integer(), 'The registered PID; null for a cgroup shard.'),
     cgroup: Nullable(Type.String(), 'The registered cgroup string; null for a PID shard.'),
-    gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given, as nvidia-smi numbered them at registration.' }),
+    gpus: Type.Array(Type.Integer(), { description: 'GPU indices the shard was given, as the GPU driver numbered them at registration.' }),
     gpuUuids: Nullable(
       Type.Array(Type.String()),
-      "The UUIDs of those GPUs at registration, in the same order: the shard is judged on these devices, under the index nvidia-smi gives them now (it renumbers the GPUs after one drops out). Null when nvidia-smi could not be asked at registration (the GPUs were taken on trust, and are judged by index).",
+      "The UUIDs of those GPUs at registration, in the same order: the shard is judged on these devices, under the index the GPU driver gives them now (it renumbers the GPUs after one drops out). Null when the GPU driver could not be asked at registration (the GPUs were taken on trust, and are judged by index).",
     ),
     migDevices: Nullable(Type.Array(Type.String()), 'The MIG devices (MIG-...) of its GPUs it was placed on; null: whole GPUs.'),
     engine: EngineSchema,
@@ -155,7 +155,7 @@ export const EngineAccountComponent = Type.Object(
 export const ShardGpuUsageComponent = Type.Object(
   {
     index: Type.Integer({ description: 'GPU index.' }),
-    usedMiB: Nullable(Type.Integer(), "Memory the shard's processes hold there, in MiB; null when nvidia-smi does not report it ([N/A]) for one of them (the GPU is held all the same)."),
+    usedMiB: Nullable(Type.Integer(), "Memory the shard's processes hold there, in MiB; null when the GPU driver does not report it ([N/A]) for one of them (the GPU is held all the same)."),
     smUtilPct: Nullable(
       Type.Integer({ minimum: 0 }),
       "SM utilization (%) of the shard's processes there, summed (NVML's per-process samples): 0 while its GPU does no work; null under nvidia-smi or where the GPU gives none.",
@@ -195,7 +195,7 @@ export const ShardWeightsComponent = Type.Object(
   {
     offload: StringEnum(
       OFFLOADS,
-      'full, partial or none: how much of its weights is on its GPUs; unknown when nvidia-smi does not report its memory; not-seen when no GGUF model file is in view (vLLM and other engines), which judges it by GPU memory alone.',
+      'full, partial or none: how much of its weights is on its GPUs; unknown when the GPU driver does not report its memory; not-seen when no GGUF model file is in view (vLLM and other engines), which judges it by GPU memory alone.',
     ),
     files: Type.Array(Ref(ModelFileComponent), { description: 'The model files its processes loaded.' }),
     bytes: Nullable(Type.Integer({ minimum: 0 }), "The files' size; null when one's is not known."),
@@ -215,7 +215,7 @@ export const ShardComputeComponent = Type.Object(
   {
     backend: NullableStringEnum(
       BACKENDS,
-      'CUDA when the shard holds memory on any GPU as nvidia-smi sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
+      'CUDA when the shard holds memory on any GPU as the GPU driver sees it; CPU only when its verdict is on-cpu (grace over with a GPU not held, or the engine itself says CPU), ' +
         'or it was given no GPU and runs holding none; null when that is not known (starting, exited, unverified, gpu-lost holding no GPU still listed) and while it is stopped, ' +
         'which computes nowhere until it runs again (gpus still lists the memory it keeps).',
     ),
@@ -232,26 +232,26 @@ export const ShardComputeComponent = Type.Object(
     weights: Ref(ShardWeightsComponent),
     engine: Nullable(Ref(EngineAccountComponent), "The engine's own account, or null when its output says nothing (or none was posted)."),
   },
-  { $id: 'ShardCompute', description: "Where a shard computes, as nvidia-smi sees it, with the engine's own account." },
+  { $id: 'ShardCompute', description: "Where a shard computes, as the GPU driver sees it, with the engine's own account." },
 );
 
 export const ComputeResponseSchema = Type.Intersect(
   [Type.Object({ shard: Type.String({ description: 'Shard id.' }) }), Ref(SnapshotMetaComponent), Ref(ShardComputeComponent)],
-  { description: 'Where the shard computes, as nvidia-smi sees it.' },
+  { description: 'Where the shard computes, as the GPU driver sees it.' },
 );
 
 export const ReadinessComponent = Type.Object(
   {
     ready: Type.Boolean({ description: 'True for ready and unverified: the probe passes.' }),
-    state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by nvidia-smi), stopped, exited or unverified.'),
+    state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by the GPU driver), stopped, exited or unverified.'),
     cause: NullableStringEnum(
       VERDICT_CAUSES,
       'What decided the verdict, for programs (reason says it for people); null when ready, but for partial-offload (ready with part of its weights on the CPU; a warning says how much). ' +
-        'starting: awaiting-gpu-weights (every GPU held, its weights still in host memory), awaiting-snapshot, awaiting-nvidia-smi (nvidia-smi cannot be asked, and no listing has shown it on its GPUs: lasts as long as nvidia-smi fails), awaiting-gpu-memory, awaiting-listing (grace over, the latest nvidia-smi listing begun before it ended). ' +
+        "starting: awaiting-gpu-weights (every GPU held, its weights still in host memory), awaiting-snapshot, awaiting-nvidia-smi (the GPU driver cannot be asked, and no listing has shown it on its GPUs: lasts as long as it fails), awaiting-gpu-memory, awaiting-listing (grace over, the GPU driver's latest listing begun before it ended). " +
         'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
-        'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, nvidia-smi none on its GPUs), no-gpu-memory, ' +
+        'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, the GPU driver none on its GPUs), no-gpu-memory, ' +
         'weights-in-host-memory (its GPUs hold little beyond a context while its model stays in host memory: zero offload), partial-offload-below-minimum (less of its weights on the GPU than minGpuWeightsShare asks). ' +
-        'gpu-lost: gpu-not-listed, gpu-unreachable (nvidia-smi fails, saying it cannot reach one). stopped: process-stopped. exited: process-exited. ' +
+        'gpu-lost: gpu-not-listed, gpu-unreachable (the GPU driver fails, saying it cannot reach one). stopped: process-stopped. exited: process-exited. ' +
         'unverified: nvidia-smi-unavailable, processes-hidden, stat-unreadable, gpu-owner-unknown, not-in-snapshot. New codes may be added: treat an unknown one as its state says.',
     ),
     reason: Nullable(Type.String(), 'Why the shard is not ready, written for an operator; null when ready.'),
@@ -275,7 +275,7 @@ export const ReadyResponseSchema = Ref(ReadinessProbeComponent);
 const ShardStateSchema = () =>
   Type.Object({
     status: Ref(ReadinessComponent),
-    compute: Nullable(Ref(ShardComputeComponent), 'Where it computes; null when nvidia-smi cannot be asked.'),
+    compute: Nullable(Ref(ShardComputeComponent), 'Where it computes; null when the GPU driver cannot be asked.'),
   });
 
 export const ShardStatusComponent = Type.Intersect([Ref(ShardRecordComponent), ShardStateSchema()], {
@@ -286,7 +286,7 @@ export const ShardStatusComponent = Type.Intersect([Ref(ShardRecordComponent), S
 /** The snapshot fields of GET /shards (first) and GET /shards/:id (last). */
 export const ShardSnapshotComponent = Type.Object(
   {
-    observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot was taken; null when nvidia-smi cannot be asked.'),
+    observedAt: Nullable(Type.String({ format: 'date-time' }), 'When the snapshot was taken; null when the GPU driver cannot be asked.'),
     ageMs: Nullable(Type.Integer(), 'Age of that snapshot in milliseconds.'),
     stale: Type.Boolean({ description: 'True when the snapshot is older than the TTL.' }),
     staleReason: Type.Optional(Type.String({ description: 'Why it is stale, or why there is no snapshot.' })),
@@ -307,17 +307,17 @@ export const ShardResponseSchema = Type.Intersect([Ref(ShardRecordComponent), Sh
 
 /** The memory of a GPU, or of one MIG device, split between registered shards and everything else. */
 const foreignSplit = (where: string) => ({
-  usedMiB: Nullable(Type.Integer(), `Used memory of the ${where} in MiB; null when nvidia-smi cannot read it.`),
-  shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB, as far as nvidia-smi reports it (see unreportedShardProcesses)." }),
+  usedMiB: Nullable(Type.Integer(), `Used memory of the ${where} in MiB; null when the GPU driver cannot read it.`),
+  shardMiB: Type.Integer({ description: "Memory registered shards' processes hold there, in MiB, as far as the GPU driver reports it (see unreportedShardProcesses)." }),
   unreportedShardProcesses: Type.Integer({
     description:
-      "Shard processes on this GPU whose memory nvidia-smi does not report ([N/A]: WSL2, Windows, some vGPU setups). Above 0, shardMiB is a lower bound and foreignMiB an upper bound: their memory reads as foreign, which placement never over-commits.",
+      "Shard processes on this GPU whose memory the GPU driver does not report ([N/A]: WSL2, Windows, some vGPU setups). Above 0, shardMiB is a lower bound and foreignMiB an upper bound: their memory reads as foreign, which placement never over-commits.",
   }),
   foreignMiB: Nullable(Type.Integer(), 'used - shardMiB, never below zero: memory placement must not hand out; null when used is unknown.'),
   foreignProcesses: Type.Array(
     Type.Object({
       pid: Type.Integer({ description: 'Host PID.' }),
-      name: Type.String({ description: 'Process name as nvidia-smi reports it.' }),
+      name: Type.String({ description: 'Process name as the GPU driver reports it.' }),
       usedMiB: Nullable(Type.Integer(), 'Memory it holds there in MiB; null when [N/A].'),
     }),
     { description: `Processes on this ${where} that belong to no shard.` },

@@ -88,7 +88,7 @@ function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeVi
   const held = heldOnGiven(shard, node);
   const post = `/shards/${shard.id}/engine-output`;
   if (held.length === 0) return `${says} ${engineCpuAdvice(engine.gpuBackendLoaded)}`;
-  const holding = `nvidia-smi lists its processes holding ${held.join(', ')}`;
+  const holding = `the GPU driver lists its processes holding ${held.join(', ')}`;
   if (engine.gpuBackendLoaded === false) {
     const which = `Post this run's (llama.cpp -lv 4) to ${post}; GET /gpus shows which process holds it.`;
     return `${says} Yet ${holding}, which an engine that found no usable GPU cannot hold: the output is likely another run's. ${which}`;
@@ -119,7 +119,7 @@ function notCovered(shard: ShardRecord): string {
 function strayReason(shard: ShardRecord, strays: number[], held: string): string {
   const placed = `placed on ${gpuList(shard.gpus)}; it holds memory on ${gpuList(strays)}, which it was not given, and ${held}`;
   const runtime = `CUDA_VISIBLE_DEVICES or the container's GPU runtime gives it ${gpuList(strays)}`;
-  const order = 'CUDA counts fastest first; CUDA_DEVICE_ORDER=PCI_BUS_ID or UUIDs match nvidia-smi';
+  const order = 'CUDA counts fastest first; CUDA_DEVICE_ORDER=PCI_BUS_ID or UUIDs match the GPU driver';
   return `${placed} Its GPU backend loaded on the wrong GPU: ${runtime} (${order}). Check them, or register the shard with the GPUs it uses.`;
 }
 

@@ -54,13 +54,13 @@ function unlistedGpu({ index, uuid }: UnlistedGpu, node: NodeView): string {
     const said = lost.said === undefined ? '' : `; ${saidOfBusId(lost.busId, lost.said)}`;
     return `${gpuNoLongerListed({ ...lost, index })} (missing since ${new Date(lost.lostAt).toISOString()}${said})`;
   }
-  if (uuid !== undefined) return `GPU ${index} (${uuid}) is not listed by nvidia-smi (it was already missing when nodecompute started)`;
-  const why = 'already missing when nodecompute started, renumbered since a GPU went, or registered on trust while nvidia-smi could not be asked';
-  return `GPU ${index} is not listed by nvidia-smi (${why})`;
+  if (uuid !== undefined) return `GPU ${index} (${uuid}) is not listed by the GPU driver (it was already missing when nodecompute started)`;
+  const why = 'already missing when nodecompute started, renumbered since a GPU went, or registered on trust while the GPU driver could not be asked';
+  return `GPU ${index} is not listed by the GPU driver (${why})`;
 }
 
 function renumberedWarning({ registered, now, uuid }: Renumbered): string {
-  const moved = `GPU ${registered} as registered (${uuid}) is GPU ${now} now: nvidia-smi renumbered GPUs after one went; judged on GPU ${now}, the same device`;
+  const moved = `GPU ${registered} as registered (${uuid}) is GPU ${now} now: the GPU driver renumbered GPUs after one went; judged on GPU ${now}, the same device`;
   return `${moved}. An engine restarted with CUDA_VISIBLE_DEVICES=${registered} lands on another device: name GPUs by UUID, or PUT the shard with its new gpus`;
 }
 
@@ -122,7 +122,7 @@ function unheldWhileStopped(shard: ShardRecord, node: NodeView): string[] {
   const missing = shard.gpus.filter((index) => !held.has(index) && !node.attribution.uncertain.has(index));
   if (missing.length === 0) return [];
   const then = 'once it runs again, that decides its verdict (starting within its grace, on-cpu after it)';
-  return [`it holds no memory on ${gpuList(missing)} (nvidia-smi lists none of its processes there): ${then}`];
+  return [`it holds no memory on ${gpuList(missing)} (the GPU driver lists none of its processes there): ${then}`];
 }
 
 const onCpuLater = (engine: EngineAccount, once: string): string =>
@@ -144,7 +144,7 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   if (liveness.state === 'gone') return verdict('exited', 'process-exited', `the shard's process exited: ${liveness.why}.`, []);
   if (liveness.state === 'stopped') {
     const lost = unreachable.map((gpu) => `${gpuUnreachable(gpu)}: once it runs again, it reads gpu-lost`);
-    return stoppedVerdict(input, liveness.why, [`nvidia-smi cannot be asked, so which GPU memory it holds is unverified: ${why}`, ...lost], lost.length > 0);
+    return stoppedVerdict(input, liveness.why, [`the GPU driver cannot be asked, so which GPU memory it holds is unverified: ${why}`, ...lost], lost.length > 0);
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
@@ -156,9 +156,9 @@ function withoutNvidiaSmi(input: ReadinessInput): Readiness {
   // As with a snapshot, a GPU gone from the listing comes before what the engine says.
   if (last?.state === 'gpu-lost') return last;
   if (shard.gpus.length > 0 && engineSaysCpu(judgedEngine)) {
-    return engineCpuVerdict(shard, judgedEngine, null, [`nvidia-smi cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
+    return engineCpuVerdict(shard, judgedEngine, null, [`the GPU driver cannot be asked, so this verdict rests on the engine's own output: ${why}`]);
   }
-  const unverified = `nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
+  const unverified = `the GPU driver cannot be asked, so where this shard computes is unverified and it keeps serving: ${why}`;
   return last ?? verdict('unverified', 'nvidia-smi-unavailable', null, [unverified, ...besides]);
 }
 
@@ -181,16 +181,16 @@ function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: stri
   if (shard.gpus.length === 0) return null;
   if (!describes(lastGood, shard)) {
     if (input.judgingSince === undefined || shard.registeredAt < input.judgingSince) return null;
-    return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, and no nvidia-smi listing since has included it`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
+    return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, and no listing of the GPU driver since has included it`, [`the GPU driver cannot be asked: ${why}`, ...besides]);
   }
-  const listing = `nvidia-smi's last good listing (${new Date(lastGood.observedAt).toISOString()}, ${formatDuration(Math.max(0, now - lastGood.observedAt))} ago)`;
+  const listing = `the GPU driver's last good listing (${new Date(lastGood.observedAt).toISOString()}, ${formatDuration(Math.max(0, now - lastGood.observedAt))} ago)`;
   if (liveness.state === 'alive') {
     if (lastGood.node.attribution.liveness.get(shard.id)?.state === 'gone') {
-      return unseenVerdict(shard, `${listing} showed it exited, and its engine runs again since`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
+      return unseenVerdict(shard, `${listing} showed it exited, and its engine runs again since`, [`the GPU driver cannot be asked: ${why}`, ...besides]);
     }
     const exited = holdersGone(lastGood.node, shard, input.procNow);
     if (exited.length > 0) {
-      return unseenVerdict(shard, `every process that held its memory on ${gpuList(exited)} in ${listing} has exited since (its engine restarted)`, [`nvidia-smi cannot be asked: ${why}`, ...besides]);
+      return unseenVerdict(shard, `every process that held its memory on ${gpuList(exited)} in ${listing} has exited since (its engine restarted)`, [`the GPU driver cannot be asked: ${why}`, ...besides]);
     }
   }
   const prior = readiness({
@@ -207,8 +207,8 @@ function lastListingVerdict(input: ReadinessInput, liveness: Liveness, why: stri
   if (!HELD_STATES.has(prior.state)) return null;
   return {
     ...prior,
-    reason: `nvidia-smi cannot be asked; ${listing} showed: ${prior.reason}`,
-    warnings: [`nvidia-smi cannot be asked, so this verdict holds until it answers: ${why}`, ...prior.warnings],
+    reason: `the GPU driver cannot be asked; ${listing} showed: ${prior.reason}`,
+    warnings: [`the GPU driver cannot be asked, so this verdict holds until it answers: ${why}`, ...prior.warnings],
   };
 }
 
@@ -233,8 +233,8 @@ function holdersGone(listed: NodeView, shard: ShardRecord, procNow: ReadonlyMap<
 
 /** Starting, for a shard no listing has shown on its GPUs while nvidia-smi cannot be asked: `since` says why none has. */
 function unseenVerdict(shard: ShardRecord, since: string, warnings: string[]): Readiness {
-  const unseen = `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until nvidia-smi answers and lists it there`;
-  const fix = 'Fix nvidia-smi first (`nodecompute doctor`): an engine started while the driver fails most likely cannot use CUDA either.';
+  const unseen = `${since}, so it has not been seen holding memory on ${gpuList(shard.gpus)}: it reads starting until the GPU driver answers and lists it there`;
+  const fix = "Fix the GPU driver's answers first (`nodecompute doctor`): an engine started while the driver fails most likely cannot use CUDA either.";
   return verdict('starting', 'awaiting-nvidia-smi', `${unseen}. ${fix}`, warnings);
 }
 
@@ -276,17 +276,17 @@ export function readiness(input: ReadinessInput): Readiness {
     }
     // While refreshes fail, no listing will include it soon: as past max-stale, the last word never admits it.
     if (input.failing != null) {
-      return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, after the last good nvidia-smi listing began`, warnings);
+      return unseenVerdict(shard, `registered ${formatDuration(now - shard.registeredAt)} ago, after the GPU driver's last good listing began`, warnings);
     }
     return verdict('unverified', 'not-in-snapshot', null, [...warnings, 'no snapshot taken since this shard was registered includes it yet (the next refresh will): until one does, where it computes is unverified']);
   }
-  const waiting = `waiting for the shard to hold memory on ${gpuList(missing)} (nvidia-smi lists none of its memory there yet)`;
+  const waiting = `waiting for the shard to hold memory on ${gpuList(missing)} (the GPU driver lists none of its memory there yet)`;
   if (left > 0) return verdict('starting', 'awaiting-gpu-memory', `${waiting}; ${formatDuration(left)} of its ${formatDuration(shard.graceMs)} grace left.`, warnings);
   if (evidenceAt < shard.registeredAt + shard.graceMs) {
     // Routine right after the grace ends; a slow or failing nvidia-smi, which makes it last, is a warning of its own.
     const after = evidenceAt - shard.registeredAt;
     const begun = after < 0 ? 'before this shard was registered' : `${formatDuration(after)} after registration, before the grace ended`;
-    const reason = `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the latest nvidia-smi listing was begun ${begun}`;
+    const reason = `${waiting}. Its ${formatDuration(shard.graceMs)} grace is over, but the GPU driver's latest listing was begun ${begun}`;
     return verdict('starting', 'awaiting-listing', `${reason}: the verdict waits for a listing begun after the grace.`, warnings);
   }
   if (node.processesHidden !== null) return verdict('unverified', 'processes-hidden', null, [...warnings, node.processesHidden]);

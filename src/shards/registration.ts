@@ -196,7 +196,7 @@ export function createRegistration(deps: RegistrationDeps) {
       const said = asked(gpu) ? `: ${LOST_GPU_MEANING}` : moved;
       return ` ${gpuNoLongerListed(gpu)} since ${new Date(gpu.lostAt).toISOString()}${said}`;
     });
-    const has = `it has GPU ${known.join(', ')} (as nvidia-smi numbers them)`;
+    const has = `it has GPU ${known.join(', ')} (as the GPU driver numbers them)`;
     throw new UnknownGpuError(`GPU ${unknown.join(', ')} does not exist on this node; ${has}.${notes.join('')} Fix "gpus" in the registration.`);
   }
 
@@ -255,7 +255,7 @@ export function createRegistration(deps: RegistrationDeps) {
         return put(await target(() => false));
       });
       if (unchecked !== null && !unchanged) {
-        const msg = `Shard "${id}" was stored with GPU ${shard.gpus.join(', ')} unchecked (nvidia-smi cannot be asked): check them in GET /gpus later.`;
+        const msg = `Shard "${id}" was stored with GPU ${shard.gpus.join(', ')} unchecked (the GPU driver cannot be asked): check them in GET /gpus later.`;
         log.warn({ shard: id, gpus: shard.gpus, nvidiaSmi: unchecked }, msg);
       }
       return { created, shard };

@@ -27,11 +27,11 @@ export function shardBody(shard: ShardRecord): ShardRecordBody {
 function engineOutputNote(shard: ShardRecord, state: EngineState): string | null {
   if (state.account !== null) return null;
   if (READ_ENGINES[shard.engine] === undefined) {
-    const kept = `kept (the last ${ENGINE_TAIL_MAX_BYTES / 1024} KiB) but decides nothing: nvidia-smi alone judges the shard`;
+    const kept = `kept (the last ${ENGINE_TAIL_MAX_BYTES / 1024} KiB) but decides nothing: the GPU driver alone judges the shard`;
     const fix = `If it is llama.cpp or Ollama, PUT /shards/${shard.id} again with "engine": "llama.cpp" or "ollama" to have it read.`;
     return `Shard "${shard.id}" is registered with engine "${shard.engine}" and only llama.cpp and Ollama output is read: this output is ${kept}. ${fix}`;
   }
-  return 'Nothing in the output kept so far says where llama.cpp computes: b9829+ names devices only at -lv 4. Until then, nvidia-smi alone judges the shard.';
+  return 'Nothing in the output kept so far says where llama.cpp computes: b9829+ names devices only at -lv 4. Until then, the GPU driver alone judges the shard.';
 }
 
 export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {

@@ -99,7 +99,7 @@ function judge(bytes: number | null, hostBytes: number | null, held: { bytes: nu
     return { offload: 'full', gpuBytes: bytes - hostBytes, gpuShare: round2(1 - hostBytes / bytes), judgedBy: 'mapping', note };
   }
   const unknown = (note: string) => ({ offload: 'unknown' as const, gpuBytes: null, gpuShare: null, judgedBy: null, note });
-  if (held.bytes === null) return unknown('nvidia-smi does not report the memory its processes hold ([N/A]), so the share on its GPUs is not known');
+  if (held.bytes === null) return unknown('the GPU driver does not report the memory its processes hold ([N/A]), so the share on its GPUs is not known');
   // Neither opened nor mapped: no evidence of the weights' size, and a small model held whole would read as none.
   if (bytes === null && hostBytes === null) return unknown('its model file can neither be opened nor be seen mapped, so the size of its weights is not known');
   const onGpu = Math.max(0, held.bytes - CONTEXT_ALLOWANCE_BYTES * held.gpus);

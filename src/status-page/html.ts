@@ -28,7 +28,7 @@ function badge(kind: string, text: string = kind): string {
 }
 
 const HELD_NOTE =
-  'GPUs held: every GPU whose memory the shard\'s processes hold, as nvidia-smi lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
+  'GPUs held: every GPU whose memory the shard\'s processes hold, as the GPU driver lists them, a GPU it was not given marked "not given" (1 GiB = 1024 MiB, the unit nvidia-smi reports).';
 
 /** Segments wider than this share of the bar carry their label inside; the legend names them all. */
 const INLINE_LABEL_SHARE = 0.09;
@@ -52,7 +52,7 @@ function gpuHtml(gpu: GpuModel): string {
   const describe = gpu.segments.map((segment) => `${segment.label} ${amountOf(segment)}`).join(', ');
   const bar = gpu.memoryKnown
     ? `<div class="bar" role="img" aria-label="GPU ${gpu.index} memory: ${escapeHtml(describe)}">${gpu.segments.map((segment) => segmentHtml(segment, total)).join('')}</div>`
-    : '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>';
+    : '<div class="bar unknown">The GPU driver reports no memory figures for this GPU</div>';
   const foreign = gpu.foreignProcesses.map((process) => `<li class="proc">${escapeHtml(processLabel(process))}</li>`);
   const idle = gpu.idleShards.map((id) => `<li class="idle">${escapeHtml(id)}: given this GPU, holds no memory on it</li>`);
   const unreachable = gpu.unreachable === null ? [] : [`<li class="unreachable">${escapeHtml(unreachableNote(gpu.unreachable))}</li>`];
@@ -75,7 +75,7 @@ function lostGpuHtml(gpu: LostGpuModel, now: number): string {
     ...(taken === null ? [] : [`<li>${escapeHtml(taken)}</li>`]),
     ...(placed.length > 0 ? placed : [`<li>${NOT_PLACED}</li>`]),
   ];
-  const bar = '<div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>';
+  const bar = '<div class="bar lost"><span>no longer listed by the GPU driver: memory unknown, not free</span></div>';
   return gpuRow(' lost', gpu, badge('gpu-lost', 'lost'), bar, 'unknown', items);
 }
 
@@ -136,8 +136,8 @@ export function renderHtml(model: StatusModel): string {
     banners.push(`<div class="banner ${kind}" role="${role}"><strong>${head}</strong>${body}<code>${escapeHtml(code)}</code></div>`);
   };
   if (model.error !== null) {
-    const meaning = ` Meanwhile ${OUTAGE_MEANING}. Run <code style="display:inline">nodecompute doctor</code>. nvidia-smi said:`;
-    banner("nvidia-smi cannot be asked, so no shard's GPU use can be verified.", meaning, model.error);
+    const meaning = ` Meanwhile ${OUTAGE_MEANING}. Run <code style="display:inline">nodecompute doctor</code>. The GPU driver said:`;
+    banner("The GPU driver cannot be asked, so no shard's GPU use can be verified.", meaning, model.error);
   }
   if (model.processesHidden !== null) {
     banner('nodecompute cannot tell whose GPU memory is whose.', ' All of it reads as foreign, and no shard can be verified.', model.processesHidden);
@@ -148,7 +148,7 @@ export function renderHtml(model: StatusModel): string {
   const gpuRows = inIndexOrder(model, gpuHtml, (gpu) => lostGpuHtml(gpu, model.generatedAt));
   const rowsNote = lostRowsNote(model);
   const noFigures = [
-    `<p class="empty">No GPU figures: nvidia-smi gave none (see above).${rowsNote === null ? '' : ` ${rowsNote}`}</p>`,
+    `<p class="empty">No GPU figures: the GPU driver gave none (see above).${rowsNote === null ? '' : ` ${rowsNote}`}</p>`,
     ...model.unreachableGpus.map((gpu) => `<p class="empty unreachable">${escapeHtml(gpuUnreachable(gpu))}</p>`),
   ];
   const gpus = [...(model.gpus.length > 0 ? [] : noFigures), ...(gpuRows.length > 0 ? [`<div class="gpus">${gpuRows.join('\n')}</div>`] : [])].join('\n');

@@ -95,12 +95,12 @@ function segmentsOf(gpu: GpuState, foreign: GpuForeignMemory, states: ShardState
   }
   if (foreign.foreignMiB !== null && foreign.foreignMiB > 0) {
     const holders = foreign.foreignProcesses.map(processLabel);
-    const heldBy = holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes nvidia-smi does not list)';
+    const heldBy = holders.length > 0 ? ` - ${holders.join('; ')}` : ' (driver context or processes the GPU driver does not list)';
     const unreported = foreign.unreportedShardProcesses;
     const amount =
       unreported === 0
         ? formatMemory(foreign.foreignMiB)
-        : `up to ${formatMemory(foreign.foreignMiB)} (it includes the memory of ${unreported} shard process(es) nvidia-smi does not report)`;
+        : `up to ${formatMemory(foreign.foreignMiB)} (it includes the memory of ${unreported} shard process(es) the GPU driver does not report)`;
     const title = `foreign: ${amount} held by no registered shard${heldBy}`;
     segments.push(plainSegment('foreign', foreign.foreignMiB, title, unreported > 0));
   }
@@ -140,7 +140,7 @@ function lostGpuModels(known: Pick<NodeSnapshot, 'gpus' | 'lostGpus'> | null, st
 /** A warning ending with nvidia-smi's message points to the banner, which gives it once. */
 function pointToBanner(warning: string, error: string | null): string {
   const suffix = `: ${error}`;
-  return error !== null && warning.endsWith(suffix) ? `${warning.slice(0, -suffix.length)} (nvidia-smi's message is at the top of the page)` : warning;
+  return error !== null && warning.endsWith(suffix) ? `${warning.slice(0, -suffix.length)} (the GPU driver's message is at the top of the page)` : warning;
 }
 
 export function statusModel(input: StatusInput) {
@@ -254,10 +254,10 @@ export function when(ms: number): string {
 
 /** The header's line on the snapshot: its time and age, or when the last good one was taken. */
 export function snapshotLine(model: StatusModel): string {
-  if (model.snapshot) return `nvidia-smi snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old)`;
-  if (model.lastGood === null) return 'no nvidia-smi snapshot';
+  if (model.snapshot) return `GPU driver snapshot of ${when(Date.parse(model.snapshot.observedAt))} (${formatDuration(model.snapshot.ageMs)} old)`;
+  if (model.lastGood === null) return 'no GPU driver snapshot';
   const { observedAt, ageMs, maxStaleMs } = model.lastGood;
-  return `no nvidia-smi snapshot: the last good one, of ${when(observedAt)} (${formatDuration(ageMs)} ago), is past max-stale (${formatDuration(maxStaleMs)})`;
+  return `no GPU driver snapshot: the last good one, of ${when(observedAt)} (${formatDuration(ageMs)} ago), is past max-stale (${formatDuration(maxStaleMs)})`;
 }
 
 export function missingSince(gpu: LostGpuModel, now: number): string {
@@ -267,7 +267,7 @@ export function missingSince(gpu: LostGpuModel, now: number): string {
 /** The lost GPUs' banner: its heading, what to do (dated past max-stale), and one line per GPU; null when none is lost. */
 export function lostBanner(model: StatusModel): { head: string; body: string; lines: string[] } | null {
   if (model.lostGpus.length === 0) return null;
-  const unknown = 'nvidia-smi cannot be asked now, so whether they are listed again is unknown. ';
+  const unknown = 'the GPU driver cannot be asked now, so whether they are listed again is unknown. ';
   const asOf = model.lastGood ? `As of the last good snapshot, of ${when(model.lastGood.observedAt)}: ${unknown}` : '';
   const lines = model.lostGpus.map((gpu) => {
     const line = `GPU ${gpu.index} (${gpu.uuid}, ${gpu.name}), last listed ${when(gpu.lastListedAt)}, ${missingSince(gpu, model.generatedAt)}`;
@@ -276,7 +276,7 @@ export function lostBanner(model: StatusModel): { head: string; body: string; li
   const advice =
     'They fell off the bus, were reset or were detached, and shards placed on them cannot hold them. ' +
     'Check dmesg for NVIDIA Xid errors (79: fallen off the bus) and nvidia-smi -L; such a GPU usually needs a reset or the node a reboot.';
-  return { head: 'nvidia-smi no longer lists GPUs it listed earlier.', body: `${asOf}${advice}`, lines };
+  return { head: 'The GPU driver no longer lists GPUs it listed earlier.', body: `${asOf}${advice}`, lines };
 }
 
 /** Past max-stale, with no GPU figures: the rows below are the last good snapshot's lost GPUs. */
@@ -285,12 +285,12 @@ export function lostRowsNote(model: StatusModel): string | null {
 }
 
 export function unreachableNote(said: string): string {
-  return `nvidia-smi cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot. It says: ${said}`;
+  return `The GPU driver cannot reach this GPU: nothing can compute on it, and its figures are from the last good snapshot. It says: ${said}`;
 }
 
 /** Which GPU has the lost one's index now, if any. */
 export function indexTakenNote(gpu: LostGpuModel): string | null {
-  return gpu.indexTakenBy === null ? null : `nvidia-smi lists ${gpu.indexTakenBy} as GPU ${gpu.index} now`;
+  return gpu.indexTakenBy === null ? null : `the GPU driver lists ${gpu.indexTakenBy} as GPU ${gpu.index} now`;
 }
 
 /** The GPU table's rows in index order, a lost GPU before the one listed under its index now. */

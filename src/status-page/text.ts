@@ -56,7 +56,7 @@ export function renderText(model: StatusModel): string {
   out.push(`nodecompute ${model.version} on ${plain(model.host)}: ${summary(model)}`);
   out.push(snapshotLine(model));
   if (model.error !== null) {
-    out.push('', `!! nvidia-smi cannot be asked, so no shard's GPU use can be verified (${OUTAGE_MEANING}):`);
+    out.push('', `!! The GPU driver cannot be asked, so no shard's GPU use can be verified (${OUTAGE_MEANING}):`);
     out.push(...plain(model.error).split('\n').map((line) => `!!   ${line}`));
   }
   const lost = lostBanner(model);
@@ -69,7 +69,7 @@ export function renderText(model: StatusModel): string {
   out.push('', 'GPUS  (# shards  = foreign  : reserved  . free)');
   if (model.gpus.length === 0) {
     const rowsNote = lostRowsNote(model);
-    out.push(`  none: nvidia-smi gave no GPU figures (see above)${rowsNote === null ? '' : `. ${rowsNote}`}`);
+    out.push(`  none: the GPU driver gave no GPU figures (see above)${rowsNote === null ? '' : `. ${rowsNote}`}`);
     out.push(...model.unreachableGpus.map((gpu) => `  (UNREACHABLE) ${plain(gpuUnreachable(gpu))}`));
   }
   const listedRow = (gpu: GpuModel) => {

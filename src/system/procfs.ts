@@ -18,7 +18,7 @@ const DENIED_CODES = new Set(['EACCES', 'EPERM']);
 
 const DEPLOYMENT_ADVICE =
   "Point the proc root setting at the host's /proc (for example mounted read-only at /host/proc) " +
-  'and run the pod with hostPID: true, so the host PIDs that nvidia-smi reports can be looked up.';
+  'and run the pod with hostPID: true, so the host PIDs that the GPU driver reports can be looked up.';
 
 const OUT_OF_DESCRIPTORS_ADVICE: Readonly<Record<string, string>> = {
   EMFILE:

@@ -27,7 +27,7 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
   const expected = (ago: string) => ({
     status: 'fail',
     detail:
-      `GPU 3 (${gpu3.uuid}, ${gpu3.name}) is no longer listed by nvidia-smi (last listed 2026-11-29T12:00:05.000Z, ${ago} ago):\n` +
+      `GPU 3 (${gpu3.uuid}, ${gpu3.name}) is no longer listed by the GPU driver (last listed 2026-11-29T12:00:05.000Z, ${ago} ago):\n` +
       'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it.',
     fix:
       'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU. ' +
@@ -41,7 +41,7 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
   t.match(await lostCheck(), { status: 503, check: expected('15.0 s') }, 'the roster\'s lost GPU, the same words');
 
   fake.update((s) => ({ ...s, failures: { all: { kind: 'driver-unreachable' } } }));
-  t.match(await lostCheck(), { status: 503, check: expected('20.0 s') }, 'while nvidia-smi cannot be asked, the lost GPU is still said');
+  t.match(await lostCheck(), { status: 503, check: expected('20.0 s') }, 'while the GPU driver cannot be asked, the lost GPU is still said');
 
   fake.update((s) => ({ ...s, failures: {}, gpus: [...s.gpus.slice(0, 3), gpu3, ...s.gpus.slice(3)] }));
   t.match(await lostCheck(), { status: 200, check: { status: 'ok' } }, 'listed again: no longer lost, even before a snapshot says so');
@@ -57,8 +57,8 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
         check: {
           status: 'fail',
           detail:
-            `nvidia-smi cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU":\n` +
-            "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.",
+            `the GPU driver cannot reach GPU 5 (${gpu5.uuid}, NVIDIA H200, PCI ${gpu5.busId}): it says "GPU is lost. Reboot the system to recover this GPU":\n` +
+            "the GPU driver cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while the driver's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.",
           fix: 'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU.',
         },
       },
@@ -73,7 +73,7 @@ t.test('GET /doctor: a GPU the service has lost fails, in the roster\'s words, w
 t.test('GET /doctor with nvidia-smi failing since start, naming a GPU it cannot reach: no listing says which GPU that is, so its bus id alone', async (t) => {
   const { app } = await buildTestApp(t, { backend: 'nvidia-smi', scenario: { ...idleEightGpuNode(), failures: { gpu: { kind: 'gpu-lost', busId: '0000:5D:00.0' } } } });
   const check = ((await app.inject({ method: 'GET', url: '/doctor' })).json() as DoctorReport).checks.find((c) => c.name === 'lost-gpus');
-  t.match(check, { status: 'fail', detail: /^nvidia-smi cannot reach the GPU at PCI 00000000:5D:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU":\nnvidia-smi cannot get a handle on that GPU/ });
+  t.match(check, { status: 'fail', detail: /^the GPU driver cannot reach the GPU at PCI 00000000:5D:00\.0: it says "GPU is lost\. Reboot the system to recover this GPU":\nthe GPU driver cannot get a handle on that GPU/ });
 });
 
 t.test('GET /doctor after a restart: a GPU gone before it started is remembered by the registrations alone, and said once', async (t) => {
@@ -107,10 +107,10 @@ t.test('GET /doctor after a restart: a GPU gone before it started is remembered 
     status: 'fail',
     detail:
       `shard "s0" was given ${gpu1.uuid} (GPU 1 when it was registered):\n` +
-      'nvidia-smi does not list it, and this service has not listed it since it started: it fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.',
+      'the GPU driver does not list it, and this service has not listed it since it started: it fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.',
     fix:
       'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU. ' +
-      "Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.",
+      "Start such a shard's engine on GPUs the GPU driver lists and PUT it with them, or DELETE a shard that is gone.",
   });
   t.equal((await app.inject({ method: 'GET', url: '/shards/s0/ready' })).json().state, 'gpu-lost', 'as the shard itself says');
 
@@ -125,5 +125,5 @@ t.test('GET /doctor after a restart: a GPU gone before it started is remembered 
   t.match(later.checks['registered-gpus']!.detail, gpu1.uuid);
 
   await app.inject({ method: 'DELETE', url: '/shards/s0' });
-  t.match((await report()).checks['registered-gpus'], { status: 'ok', detail: 'nvidia-smi lists every GPU the 1 shard registration(s) naming GPUs by UUID name' }, 'once its shard is removed');
+  t.match((await report()).checks['registered-gpus'], { status: 'ok', detail: 'the GPU driver lists every GPU the 1 shard registration(s) naming GPUs by UUID name' }, 'once its shard is removed');
 });

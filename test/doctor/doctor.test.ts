@@ -79,7 +79,7 @@ t.test('a healthy node: every check ok (the token is a warning only)', async (t)
   t.match(checks['open-files']!.detail, /^an open-file limit of \d+: up to \d+ \/proc stat files kept open between snapshots \(1 GPU process\(es\) now\)$/);
   t.match(checks['nvidia-smi']!.detail, 'nvidia-smi 590.48.01, driver 590.48.01, CUDA 13.1');
   t.match(checks.gpus!.detail, '8 GPU(s) visible: GPU 0 NVIDIA H200');
-  t.match(checks['host-pid-namespace']!, { status: 'ok', detail: 'all 1 PID(s) nvidia-smi lists exist in /proc' });
+  t.match(checks['host-pid-namespace']!, { status: 'ok', detail: 'all 1 PID(s) the GPU driver lists exist in /proc' });
   t.ok(report.checks.every((check) => check.status === 'ok' && check.fix === null));
   t.match(formatDoctorReport(report), /OK    nvidia-smi .*\n[^]*nodecompute doctor: this node is fine\.\n$/);
 });
@@ -108,7 +108,7 @@ t.test('PIDs nvidia-smi lists that are missing from /proc: not in the host PID n
   const report = await doctorFor(t, eightGpuNode());
   const check = byName(report)['host-pid-namespace']!;
   t.equal(check.status, 'fail');
-  t.match(check.detail, /7 of 7 PID\(s\) nvidia-smi lists do not exist in \/proc \(1328667, 1328668, 1425258/);
+  t.match(check.detail, /7 of 7 PID\(s\) the GPU driver lists do not exist in \/proc \(1328667, 1328668, 1425258/);
   t.match(check.fix, '--pid=host');
   t.equal(report.ok, false);
   const table = formatDoctorReport(report);
@@ -144,7 +144,7 @@ t.test('an unreadable /proc with GPU processes listed: the PID check says it cou
   const checks = byName(report);
   t.match(checks['host-pid-namespace'], {
     status: 'warn',
-    detail: `could not be checked: nvidia-smi lists 7 PID(s), but ${join(t.testdirName, 'nonexistent')} cannot be read (see the proc check)`,
+    detail: `could not be checked: the GPU driver lists 7 PID(s), but ${join(t.testdirName, 'nonexistent')} cannot be read (see the proc check)`,
     fix: 'Fix the proc check first, then run the doctor again.',
   });
   t.notMatch(checks['host-pid-namespace']!.fix, /pid=host/);
@@ -189,7 +189,7 @@ t.test('no GPU process: nothing to compare', async (t) => {
 t.test('no GPU process listed while GPUs hold memory: the processes are hidden, a failure with the fix', async (t) => {
   const check = byName(await doctorFor(t, { ...eightGpuNode(), processes: [] }))['host-pid-namespace']!;
   t.equal(check.status, 'fail');
-  t.match(check.detail, /nvidia-smi lists no GPU process, yet GPU 0, .*GPU 7 have memory in use/);
+  t.match(check.detail, /the GPU driver lists no GPU process, yet GPU 0, .*GPU 7 have memory in use/);
   t.match(check.fix, /--pid=host \/ hostPID: true\).*GPU-sharing layer hides processes/);
 });
 
@@ -460,12 +460,12 @@ t.test('the GPUs the stored registrations name: those nvidia-smi no longer lists
     detail:
       `shard "s0" was given ${gpu2.uuid} (GPU 2 when it was registered)\n` +
       `shard "s1" was given ${gpu6.uuid} (GPU 6 when it was registered):\n` +
-      'nvidia-smi does not list them: each fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.',
+      'the GPU driver does not list them: each fell off the bus, was reset or was detached (or the state file came from another node). Such a shard reads gpu-lost.',
     fix:
       'Check `dmesg` for NVIDIA Xid errors (79: fallen off the bus) and `nvidia-smi -L`; the GPU usually needs a reset or the node a reboot, and its shards another GPU. ' +
-      "Start such a shard's engine on GPUs nvidia-smi lists and PUT it with them, or DELETE a shard that is gone.",
+      "Start such a shard's engine on GPUs the GPU driver lists and PUT it with them, or DELETE a shard that is gone.",
   });
   const listed = byName(await doctorFor(t, scenario, { stateFile: config.stateFile }))['registered-gpus'];
-  t.same([listed!.status, listed!.detail], ['ok', 'nvidia-smi lists every GPU the 2 shard registration(s) naming GPUs by UUID name']);
+  t.same([listed!.status, listed!.detail], ['ok', 'the GPU driver lists every GPU the 2 shard registration(s) naming GPUs by UUID name']);
   t.notOk('registered-gpus' in byName(await doctorFor(t, null, { stateFile: config.stateFile })), 'without a GPU listing, nothing to compare');
 });

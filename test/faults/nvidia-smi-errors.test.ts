@@ -113,7 +113,7 @@ for (const c of cases) {
     t.equal(put.statusCode, 201, 'registering does not need nvidia-smi');
     const ready = await app.inject({ method: 'GET', url: '/shards/s/ready' });
     t.equal(ready.statusCode, 503, 'the probe fails: nothing has shown the shard on its GPU');
-    t.match(ready.json(), { ready: false, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /no nvidia-smi listing since has included it/ });
+    t.match(ready.json(), { ready: false, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /no listing of the GPU driver since has included it/ });
     const warnings = ready.json().warnings as string[];
     t.ok(warnings.some((w) => c.message[0]!.test(w)), `a warning quotes nvidia-smi's failure: ${JSON.stringify(warnings)}`);
     const list = await app.inject({ method: 'GET', url: '/shards' });

@@ -231,7 +231,7 @@ t.test('take, when nvidia-smi fails and /proc cannot be read either: the nvidia-
   });
   await t.rejects(take(), failure);
   t.equal(procFactsAfter(failure), undefined);
-  t.match(lines, [{ msg: /^Could not read the shards' processes in \/proc after nvidia-smi failed/ }]);
+  t.match(lines, [{ msg: /^Could not read the shards' processes in \/proc after the GPU driver failed/ }]);
   const odd = createSnapshotTaker({ driver: { ...smi([]), queryGpus: async () => Promise.reject('not an Error') }, proc, log, interest: () => ({ pids: [], cgroups: [] }), now: () => 1 });
   await t.rejects(odd(), 'not an Error');
   t.equal(lines.length, 1, 'a rejection that is not an Error carries nothing, and is no /proc failure');

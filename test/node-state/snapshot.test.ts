@@ -320,10 +320,10 @@ t.test('a refresh is slow only past 3 times the last one\'s duration, and never 
   h.advance(2);
   const slow = await h.source.get();
   t.equal(slow.slow, true, 'past 3 x 500 ms');
-  t.match(slow.staleReason, /^nvidia-smi is slow: .*running for 1\.5 s .*took 500 ms.* 3\.0 s old.*dmesg.*nodecompute doctor/);
+  t.match(slow.staleReason, /^the GPU driver is slow: .*running for 1\.5 s .*took 500 ms.* 3\.0 s old.*dmesg.*nodecompute doctor/);
   t.equal(staleNews(slow), slow.staleReason, 'worth a warning');
   h.source.invalidate();
-  t.match((await h.source.get()).staleReason, /^nvidia-smi is slow: /, 'slowness outranks a registry change');
+  t.match((await h.source.get()).staleReason, /^the GPU driver is slow: /, 'slowness outranks a registry change');
   h.calls[1]!.reject(new NvidiaSmiFailedError('driver gone'));
   await flush();
   const failed = h.source.peek()!;

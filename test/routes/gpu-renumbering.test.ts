@@ -41,9 +41,9 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   const [s0, s1, s2] = await settled();
   t.same([s0.state, s0.warnings], ['ready', []], 'GPU 0 kept its index');
   t.same([s1.state, s1.cause], ['gpu-lost', 'gpu-not-listed'], 'the shard of the lost GPU, not of the GPU now under its index');
-  t.match(s1.reason, `placed on GPU 1, but GPU 1 (${UUIDS[1]}, NVIDIA H200) is no longer listed by nvidia-smi`);
+  t.match(s1.reason, `placed on GPU 1, but GPU 1 (${UUIDS[1]}, NVIDIA H200) is no longer listed by the GPU driver`);
   t.same([s2.state, s2.cause], ['ready', null], 'its device is listed and holds its memory: under another index');
-  t.match(s2.warnings, [new RegExp(`^GPU 2 as registered \\(${UUIDS[2]}\\) is GPU 1 now: nvidia-smi renumbered GPUs after one went; judged on GPU 1, the same device\\. An engine restarted with CUDA_VISIBLE_DEVICES=2 `)]);
+  t.match(s2.warnings, [new RegExp(`^GPU 2 as registered \\(${UUIDS[2]}\\) is GPU 1 now: the GPU driver renumbered GPUs after one went; judged on GPU 1, the same device\\. An engine restarted with CUDA_VISIBLE_DEVICES=2 `)]);
   t.match(s2.warnings[0], /lands on another device: name GPUs by UUID, or PUT the shard with its new gpus$/);
 
   const compute = (await app.inject({ method: 'GET', url: '/shards/s2/compute' })).json();
@@ -54,7 +54,7 @@ t.test('renumbered after a GPU drops out: each shard is judged on its own device
   t.match(metrics, new RegExp(`^nodecompute_shard_gpu_memory_bytes\\{shard="s2",gpu="1",uuid="${UUIDS[2]}"\\} `, 'm'));
 
   const page = (await app.inject({ method: 'GET', url: '/', headers: { accept: '*/*' } })).body;
-  t.match(page, /^1\s+NVIDIA H200 \(LOST\)\s.*nvidia-smi lists GPU-2c2c2c2c-0000-0000-0000-000000000000 as GPU 1 now; placed on it: s1 \(gpu-lost\)$/m, 'the lost row lists its own shard');
+  t.match(page, /^1\s+NVIDIA H200 \(LOST\)\s.*the GPU driver lists GPU-2c2c2c2c-0000-0000-0000-000000000000 as GPU 1 now; placed on it: s1 \(gpu-lost\)$/m, 'the lost row lists its own shard');
   t.notMatch(page, /s\d holds nothing/, 'no shard is idle on its GPU');
   t.match(page, /^s1\s+gpu-lost\s+1 lost\s/m, 'the shards table: s1 given GPU 1, which is lost');
   t.match(page, /^s2\s+ready\s+2→1\s+GPU 1: /m, 's2 given GPU 2, listed as GPU 1 now, which it holds');

@@ -67,11 +67,11 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   fake.update((s) => ({ ...s, failures: { all: { kind: 'gpu-lost', busId: GPU1_BUS } } }));
   clock.advance(1500);
   const [s0, s1] = await verdicts(app);
-  t.same([s1.status, s1.state, s1.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'the shard on the GPU nvidia-smi cannot reach fails its probe at once');
+  t.same([s1.status, s1.state, s1.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'the shard on the GPU the GPU driver cannot reach fails its probe at once');
   t.match(
     s1.reason,
-    `placed on GPU 1, but nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}": ` +
-      'nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power)',
+    `placed on GPU 1, but the GPU driver cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}": ` +
+      'the GPU driver cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power)',
   );
   t.match(s1.reason, /This shard cannot serve as placed\. Check `dmesg` for NVIDIA Xid errors .* Meanwhile start its engine on other GPUs and PUT the shard with its new gpus\.$/);
   t.equal(app.services.node.unreachable(), app.services.node.unreachable(), 'the same answer while nothing changes: the probe cache keys on it');
@@ -80,7 +80,7 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.same(
     staleGpus.json().gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable),
     [null, LOST],
-    '/gpus, served from the last good snapshot, marks the GPU nvidia-smi cannot reach with what it said',
+    '/gpus, served from the last good snapshot, marks the GPU the GPU driver cannot reach with what it said',
   );
   t.same(
     (await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).json().gpus.map((gpu: { unreachable: string | null }) => gpu.unreachable),
@@ -91,7 +91,7 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.match(text, /^nodecompute .*: 1 GPU LOST · /, 'the status page counts it as lost');
   t.match(text, /^1 +NVIDIA H200 \(UNREACHABLE\) /m, 'and marks its row');
   t.notMatch(text, /^0 +NVIDIA H200 \(UNREACHABLE\)/m);
-  t.match(text, /\(UNREACHABLE\) GPU 1: nvidia-smi cannot reach this GPU.*It says: GPU is lost\./, 'with what nvidia-smi says of it');
+  t.match(text, /\(UNREACHABLE\) GPU 1: The GPU driver cannot reach this GPU.*It says: GPU is lost\./, 'with what the GPU driver says of it');
   const html = (await app.inject({ method: 'GET', url: '/?format=html' })).body;
   t.equal(html.match(/<div class="gpu unreachable">\n<div class="gpu-id"><span class="gpu-index">GPU (\d)/g)?.length, 1, 'one GPU row marked in HTML');
   const idLines = html.match(/<div class="gpu[ a-z]*">\n<div class="gpu-id">.*<\/div>/g) ?? [];
@@ -120,7 +120,7 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   clock.advance(30_000);
   const [later0, later1] = await Promise.all(['s0', 's1'].map((id) => probe(app, id)));
   t.same([later1.status, later1.state, later1.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'still gpu-lost, from the last listing that had the GPU');
-  t.match(later1.reason, `nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0)`);
+  t.match(later1.reason, `the GPU driver cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0)`);
   t.same([later0.status, later0.state, later0.cause], [200, 'unverified', 'nvidia-smi-unavailable'], 'nothing is known of the GPU the other shard holds');
   const failed = await app.inject({ method: 'GET', url: '/gpus' });
   t.equal(failed.statusCode, 503);
@@ -129,8 +129,8 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   t.match((await app.inject({ method: 'GET', url: '/metrics' })).body, new RegExp(`^nodecompute_gpu_lost\\{gpu="1",uuid="${UUIDS[1]}"\\} 1$`, 'm'), 'and for the alert');
   const pastMaxStale = (await app.inject({ method: 'GET', url: '/?format=text' })).body;
   t.match(pastMaxStale, /^nodecompute .*: 1 GPU LOST · /, 'the status page still counts it, with no GPU rows to mark');
-  t.match(pastMaxStale, `\n  (UNREACHABLE) nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}"\n`);
-  t.match((await app.inject({ method: 'GET', url: '/?format=html' })).body, `<p class="empty unreachable">nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says &#34;${LOST}&#34;</p>`);
+  t.match(pastMaxStale, `\n  (UNREACHABLE) the GPU driver cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}"\n`);
+  t.match((await app.inject({ method: 'GET', url: '/?format=html' })).body, `<p class="empty unreachable">the GPU driver cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says &#34;${LOST}&#34;</p>`);
 
   // Stopped, it answers nothing: that comes first, with the lost GPU as a warning.
   process.kill(shards[1]!.pid, 'SIGSTOP');
@@ -138,7 +138,7 @@ t.test('a GPU nvidia-smi cannot reach: its shard is gpu-lost, served stale and p
   clock.advance(60_000);
   const stopped = await probe(app, 's1');
   t.same([stopped.state, stopped.cause], ['stopped', 'process-stopped']);
-  t.match(stopped.warnings, [/^nvidia-smi cannot be asked/, `nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}": once it runs again, it reads gpu-lost`]);
+  t.match(stopped.warnings, [/^the GPU driver cannot be asked/, `the GPU driver cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0): it says "${LOST}": once it runs again, it reads gpu-lost`]);
   process.kill(shards[1]!.pid, 'SIGCONT');
 
   // nvidia-smi fails otherwise now (the driver unreachable, a hang): nothing says the GPU is back.
@@ -202,7 +202,7 @@ t.test('a GPU that drops out of the listing, then makes every query fail: gpu-lo
   clock.advance(30_000);
   const later = await probe(app, 's1');
   t.same([later.status, later.state, later.cause], [503, 'gpu-lost', 'gpu-unreachable'], 'past max-stale: the bus id is matched with the GPU the snapshot lost');
-  t.match(later.reason, `nvidia-smi cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0)`);
+  t.match(later.reason, `the GPU driver cannot reach GPU 1 (${UUIDS[1]}, NVIDIA H200, PCI 00000000:02:00.0)`);
   const page = (await app.inject({ method: 'GET', url: '/?format=text' })).body;
   t.match(page, /^nodecompute .*: 1 GPU LOST · /, 'the status page counts the GPU once: its lost row says it');
   t.notMatch(page, /\(UNREACHABLE\)/);

@@ -141,10 +141,10 @@ t.test('a GPU that drops out of the driver\'s list is named in /gpus, the status
   const metrics = (await app.inject({ method: 'GET', url: '/metrics' })).body;
   t.match(metrics, `nodecompute_gpu_lost{gpu="6",uuid="${lostUuid}"} 1`);
   const text = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/plain' } })).body;
-  t.match(text, `!! nvidia-smi no longer lists GPUs it listed earlier. They fell off the bus, were reset or were detached`);
+  t.match(text, `!! The GPU driver no longer lists GPUs it listed earlier. They fell off the bus, were reset or were detached`);
   t.match(text, `!!   GPU 6 (${lostUuid}, NVIDIA H200), last listed `);
   const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
-  t.match(html, '<strong>nvidia-smi no longer lists GPUs it listed earlier.</strong>');
+  t.match(html, '<strong>The GPU driver no longer lists GPUs it listed earlier.</strong>');
 
   // Then every query fails, past max-stale (30 s): nvidia-smi, as it often does on a node with a
   // lost GPU; NVML, whose handles fail one by one, once its driver cannot be reached.

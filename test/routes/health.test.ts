@@ -34,7 +34,7 @@ t.test('/readyz: 503 when nvidia-smi lists no process while GPUs hold memory (pr
   const res = await app.inject({ method: 'GET', url: '/readyz' });
   t.equal(res.statusCode, 503);
   t.equal(res.json().code, 'NODECOMPUTE_PID_NAMESPACE');
-  t.match(res.json().message, /nvidia-smi lists no GPU process, yet GPU 0, GPU 1, .*GPU 7 have memory in use: the processes are hidden from it/);
+  t.match(res.json().message, /the GPU driver lists no GPU process, yet GPU 0, GPU 1, .*GPU 7 have memory in use: the processes are hidden from it/);
   await app.inject({ method: 'PUT', url: '/shards/h', payload: { pid: shard.pid, gpus: [0], graceMs: 1000 } });
   clock.advance(1001);
   const probe = await app.inject({ method: 'GET', url: '/shards/h/ready' });
@@ -197,7 +197,7 @@ t.test('pollers: a refresh far slower than usual changes the ETag too, so a hang
   clock.advance(1_500);
   const slow = await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': fresh.headers.etag as string } });
   t.equal(slow.statusCode, 200, 'the refresh has run 1.5 s, far longer than usual');
-  t.match(slow.json().staleReason, /^nvidia-smi is slow/);
+  t.match(slow.json().staleReason, /^the GPU driver is slow/);
   t.equal(slow.headers.etag, `${(fresh.headers.etag as string).slice(0, -1)}-s"`);
   t.equal((await app.inject({ method: 'GET', url: '/gpus', headers: { 'if-none-match': slow.headers.etag as string } })).statusCode, 304, 'still slow, unchanged');
 });

@@ -282,7 +282,7 @@ t.test('a shard process whose memory nvidia-smi reports as [N/A] holds its GPU, 
   const page = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/plain' } })).body;
   t.match(page, /wsl memory not reported/, 'the text page names the shard without a size');
   const html = (await app.inject({ method: 'GET', url: '/', headers: { accept: 'text/html' } })).body;
-  t.match(html, 'foreign: up to 19.5 GiB (it includes the memory of 1 shard process(es) nvidia-smi does not report)');
+  t.match(html, 'foreign: up to 19.5 GiB (it includes the memory of 1 shard process(es) the GPU driver does not report)');
   t.match(html, 'wsl: memory not reported on GPU 0');
   t.notMatch(html, /wsl[^<]*0 MiB/, 'nowhere 0 MiB');
 });

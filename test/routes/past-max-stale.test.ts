@@ -12,9 +12,9 @@ import { waitUntil, type FakeProcess } from '../helpers/fake-nvidia-smi.js';
 import { setup, twoGpuNode, UUIDS } from '../helpers/two-gpu-node.js';
 import type { App } from '../../src/app.js';
 
-const HELD = new RegExp(`^nvidia-smi cannot be asked, so this verdict holds until it answers: ${REFRESH_FAILED_SAID}`);
+const HELD = new RegExp(`^the GPU driver cannot be asked, so this verdict holds until it answers: ${REFRESH_FAILED_SAID}`);
 /** How a held verdict's reason begins: what nvidia-smi's last good listing showed, and when it was taken. */
-const SHOWED = "^nvidia-smi cannot be asked; nvidia-smi's last good listing \\(\\d{4}-\\d\\d-\\d\\dT[\\d:.]+Z, [^)]+ ago\\) showed: ";
+const SHOWED = "^the GPU driver cannot be asked; the GPU driver's last good listing \\(\\d{4}-\\d\\d-\\d\\dT[\\d:.]+Z, [^)]+ ago\\) showed: ";
 
 async function probe(app: App, id: string) {
   const res = await app.inject({ method: 'GET', url: `/shards/${id}/ready` });
@@ -39,7 +39,7 @@ t.test("past max-stale, nvidia-smi's last word holds against a shard, never for 
   failDriver(fake, { kind: 'driver-unreachable' });
   step();
   const ready = await probe(app, 'served');
-  t.match(ready, { status: 200, state: 'unverified', cause: 'nvidia-smi-unavailable', warnings: [/^nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: /] }, 'seen ready: keeps serving');
+  t.match(ready, { status: 200, state: 'unverified', cause: 'nvidia-smi-unavailable', warnings: [/^the GPU driver cannot be asked, so where this shard computes is unverified and it keeps serving: /] }, 'seen ready: keeps serving');
   const starting = await probe(app, 'loading');
   t.match(starting, { status: 503, state: 'starting', cause: 'awaiting-gpu-memory', reason: new RegExp(`${SHOWED}waiting for the shard to hold memory on GPU 1 .* grace left\\.$`), warnings: [HELD] }, 'seen starting: still starting');
   const onCpu = await probe(app, 'cpu');
@@ -49,7 +49,7 @@ t.test("past max-stale, nvidia-smi's last word holds against a shard, never for 
   step(60_000);
   t.match(
     await probe(app, 'loading'),
-    { status: 503, state: 'starting', cause: 'awaiting-listing', reason: /grace is over, but the latest nvidia-smi listing was begun .* before the grace ended: the verdict waits for a listing begun after the grace\.$/ },
+    { status: 503, state: 'starting', cause: 'awaiting-listing', reason: /grace is over, but the GPU driver's latest listing was begun .* before the grace ended: the verdict waits for a listing begun after the grace\.$/ },
     'a grace ended since reads as waiting for a listing, not as on-cpu',
   );
 
@@ -60,7 +60,7 @@ t.test("past max-stale, nvidia-smi's last word holds against a shard, never for 
     step(wait);
     t.match(
       await probe(app, 'late'),
-      { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /^registered .* ago, and no nvidia-smi listing since has included it, so it has not been seen holding memory on GPU 0: it reads starting until nvidia-smi answers/, warnings: [new RegExp(`^nvidia-smi cannot be asked: ${REFRESH_FAILED_SAID}`)] },
+      { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /^registered .* ago, and no listing of the GPU driver since has included it, so it has not been seen holding memory on GPU 0: it reads starting until the GPU driver answers/, warnings: [new RegExp(`^the GPU driver cannot be asked: ${REFRESH_FAILED_SAID}`)] },
       `never seen, ${wait} ms on`,
     );
   }
@@ -137,7 +137,7 @@ t.test('past max-stale, a shard whose process that held its GPU has exited since
   t.ok(existsSync(`/proc/${other}`) && existsSync(`/proc/${shard.pid}`), 'the shard itself still runs');
   step(30_000); // past the failure back-off: the next refresh fails again, and reads /proc again
   const verdict = await probe(app, 's');
-  t.match(verdict, { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: new RegExp(`^every process that held its memory on GPU 0 in nvidia-smi's last good listing .* has exited since`) });
+  t.match(verdict, { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: new RegExp(`^every process that held its memory on GPU 0 in the GPU driver's last good listing .* has exited since`) });
 });
 
 t.test('within max-stale, a shard registered while nvidia-smi fails is not admitted either', async (t) => {
@@ -154,5 +154,5 @@ t.test('within max-stale, a shard registered while nvidia-smi fails is not admit
   t.match(await probe(app, 'served'), { status: 200, state: 'ready', warnings: [/older snapshot: the last refresh failed/] }, 'seen ready: served from the last good snapshot');
   t.equal((await app.inject({ method: 'PUT', url: '/shards/late', payload: { pid: late.pid, gpus: [1], graceMs: 0 } })).statusCode, 201);
   clock.advance(1);
-  t.match(await probe(app, 'late'), { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /after the last good nvidia-smi listing began/ }, 'never seen on its GPU: starting, not unverified');
+  t.match(await probe(app, 'late'), { status: 503, state: 'starting', cause: 'awaiting-nvidia-smi', reason: /after the GPU driver's last good listing began/ }, 'never seen on its GPU: starting, not unverified');
 });

@@ -69,7 +69,7 @@ t.test('a failing nvidia-smi within max-stale: readiness holds on the last good 
   const [nvidiaSmi] = verbose.body.split('\n');
   t.match(
     nvidiaSmi,
-    /^\[\+\]nvidia-smi ok: serving the last good snapshot \(12\.0 s old, 8 GPUs\) because refreshing it fails; it is served until it is 30\.0 s old \(NODECOMPUTE_MAX_STALE_MS\), then this check fails until nvidia-smi answers again\. The last refresh failed: /,
+    /^\[\+\]nvidia-smi ok: serving the last good snapshot \(12\.0 s old, 8 GPUs\) because refreshing it fails; it is served until it is 30\.0 s old \(NODECOMPUTE_MAX_STALE_MS\), then this check fails until the GPU driver answers again\. The last refresh failed: /,
   );
   t.match(nvidiaSmi, new RegExp(`The last refresh failed: ${REFRESH_FAILED_SAID}`));
   t.notMatch(nvidiaSmi, /\(stale: /, 'not tucked away as a parenthesis');
@@ -116,14 +116,14 @@ t.test('host-pid-namespace: the line says how many listed PIDs exist, in the doc
     const res = await app.inject({ method: 'GET', url: '/readyz?verbose' });
     return { status: res.statusCode, line: res.body.split('\n')[1] };
   };
-  t.same(await pidLine(), { status: 200, line: '[+]host-pid-namespace ok: all 1 PID(s) nvidia-smi lists exist in /proc' });
+  t.same(await pidLine(), { status: 200, line: '[+]host-pid-namespace ok: all 1 PID(s) the GPU driver lists exist in /proc' });
 
   fake.update((s) => ({ ...s, processes: [...s.processes, { gpuUuid: uuid, pid: GONE_PID, name: 'exited', usedMiB: 1000 }] }));
   const some = await pidLine();
   t.equal(some.status, 200, 'one PID missing of two: a process that just exited, not another namespace');
   t.equal(
     some.line,
-    `[+]host-pid-namespace ok, with a warning: 1 of 2 PID(s) nvidia-smi lists do not exist in /proc (${GONE_PID}); the other 1 do, so this is the host's PID namespace and the missing ones most likely exited since listed. ` +
+    `[+]host-pid-namespace ok, with a warning: 1 of 2 PID(s) the GPU driver lists do not exist in /proc (${GONE_PID}); the other 1 do, so this is the host's PID namespace and the missing ones most likely exited since listed. ` +
       'PIDs that stay missing live in another PID namespace (a VM or nested container), and their memory reads as foreign. ' +
       'Readiness does not depend on it; what to do: Run the doctor again in a minute: a process that exited is no longer listed by then. ' +
       "PIDs that stay missing belong to processes nodecompute cannot see (another PID namespace): find them with `nvidia-smi` on the host, and run their work where nodecompute's /proc sees it.",
@@ -179,7 +179,7 @@ t.test('host-pid-namespace: one refresh listing only a process that has exited i
   t.match(once, { readyz: 200, probe: 503, state: 'on-cpu', visible: '1' }, 'one refresh: the shard is judged, not unverified');
   t.equal(
     once.pidLine,
-    `[+]host-pid-namespace ok, with a warning: 1 of 1 PID(s) nvidia-smi lists do not exist in /proc (${GONE_PID}); none of them was missing from the previous snapshot, so they most likely exited since nvidia-smi listed them. ` +
+    `[+]host-pid-namespace ok, with a warning: 1 of 1 PID(s) the GPU driver lists do not exist in /proc (${GONE_PID}); none of them was missing from the previous snapshot, so they most likely exited since the GPU driver listed them. ` +
       'If they are still listed and missing at the next refresh, this check fails: nodecompute is then not in their PID namespace.',
   );
   t.same(namespaceLines(), [], 'nothing to say yet');
@@ -187,21 +187,21 @@ t.test('host-pid-namespace: one refresh listing only a process that has exited i
   await nextRefresh();
   const twice = await answers();
   t.match(twice, { readyz: 503, probe: 200, state: 'unverified', visible: '0' }, 'still listed and missing: another PID namespace');
-  t.match(twice.pidLine, /^\[-\]host-pid-namespace failed: nvidia-smi lists GPU processes whose PIDs do not exist in this \/proc/);
+  t.match(twice.pidLine, /^\[-\]host-pid-namespace failed: the GPU driver lists GPU processes whose PIDs do not exist in this \/proc/);
   await nextRefresh();
   await answers();
   t.match(namespaceLines(), [
     {
       level: 40,
       missingPids: [GONE_PID],
-      msg: /^nvidia-smi lists GPU processes whose PIDs do not exist in this \/proc: .* Until this is fixed, every shard reads unverified \(its probe answers 200: there is no evidence either way\), all GPU memory reads as foreign, and \/readyz fails\.$/,
+      msg: /^the GPU driver lists GPU processes whose PIDs do not exist in this \/proc: .* Until this is fixed, every shard reads unverified \(its probe answers 200: there is no evidence either way\), all GPU memory reads as foreign, and \/readyz fails\.$/,
     },
   ], 'said once, when it began');
 
   fake.update((s) => ({ ...s, processes: holding }));
   await nextRefresh();
   t.match(await answers(), { readyz: 200, probe: 200, state: 'ready', visible: '1' });
-  t.match(namespaceLines().slice(1), [{ level: 30, msg: "nvidia-smi's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards." }], 'and once when it ended');
+  t.match(namespaceLines().slice(1), [{ level: 30, msg: "The GPU driver's GPU processes match this /proc again: shard verdicts are verified again, and GPU memory is attributed to its shards." }], 'and once when it ended');
   t.equal(namespaceLines().length, 2);
 });
 

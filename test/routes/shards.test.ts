@@ -107,7 +107,7 @@ t.test('grace is judged by when the listing was begun: a refresh begun inside th
   t.equal(landed.json().state, 'starting', 'the grace is over by the clock, but not at the time of the evidence');
   t.equal(
     landed.json().reason,
-    'waiting for the shard to hold memory on GPU 1 (nvidia-smi lists none of its memory there yet). Its 5.0 s grace is over, but the latest nvidia-smi listing was begun 4.5 s after registration, before the grace ended: ' +
+    "waiting for the shard to hold memory on GPU 1 (the GPU driver lists none of its memory there yet). Its 5.0 s grace is over, but the GPU driver's latest listing was begun 4.5 s after registration, before the grace ended: " +
       'the verdict waits for a listing begun after the grace.',
     'no blame on nvidia-smi: its refresh was routine',
   );
@@ -505,7 +505,7 @@ t.test('nvidia-smi gone -> a shard it saw ready is unverified (200, with a warni
   t.equal(res.statusCode, 200);
   t.equal(res.json().state, 'unverified');
   t.equal(res.json().observedAt, null);
-  t.match(res.json().warnings, [new RegExp(`nvidia-smi cannot be asked.*${UNREACHABLE_SAID}`)]);
+  t.match(res.json().warnings, [new RegExp(`the GPU driver cannot be asked.*${UNREACHABLE_SAID}`)]);
   t.equal((await app.inject({ method: 'GET', url: '/shards/u/compute' })).statusCode, 503);
   t.equal((await app.inject({ method: 'GET', url: '/gpus/foreign-memory' })).statusCode, 503);
   const list = (await app.inject({ method: 'GET', url: '/shards' })).json();
@@ -618,7 +618,7 @@ t.test('GPUs are taken on trust when nvidia-smi cannot be asked at registration,
       shard: 'trust',
       gpus: [7],
       nvidiaSmi: new RegExp(`^${NO_GPUS_FAILED}`),
-      msg: /^Shard "trust" was stored with GPU 7 unchecked \(nvidia-smi cannot be asked\): .*GET \/gpus/,
+      msg: /^Shard "trust" was stored with GPU 7 unchecked \(the GPU driver cannot be asked\): .*GET \/gpus/,
     },
   ]);
   t.notOk('err' in unchecked()[0]!, 'the failure is said in its own words, without a stack');
@@ -653,7 +653,7 @@ t.test('a verdict says nothing about a routine refresh, however long nobody aske
   clock.advance(7000);
   const old = (await app.inject({ method: 'GET', url: '/shards/slow/ready' })).json();
   t.equal(old.state, 'ready');
-  t.match(old.warnings, [/^answered from an older snapshot: nvidia-smi is slow: a refresh has been running for 7\.0 s \(the last one took \d+ ms\), so answers come from a snapshot 27\.0 s old/]);
+  t.match(old.warnings, [/^answered from an older snapshot: the GPU driver is slow: a refresh has been running for 7\.0 s \(the last one took \d+ ms\), so answers come from a snapshot 27\.0 s old/]);
 });
 
 t.test('a steady probe keeps its verdict only while the snapshot, the registration and the engine output stay the same', async (t) => {
@@ -813,11 +813,11 @@ t.test('nvidia-smi gone: /proc still says exited and the engine still says on-cp
   t.match(onCpu.json(), {
     state: 'on-cpu',
     reason: /^placed on GPU 1 but computing on the CPU: the engine itself reports it\..*failed to initialize CUDA/,
-    warnings: [new RegExp(`^nvidia-smi cannot be asked, so this verdict rests on the engine's own output: .*${UNREACHABLE_SAID}`)],
+    warnings: [new RegExp(`^the GPU driver cannot be asked, so this verdict rests on the engine's own output: .*${UNREACHABLE_SAID}`)],
   });
   const unverified = await app.inject({ method: 'GET', url: '/shards/alive/ready' });
   t.equal(unverified.statusCode, 200, 'alive, last seen ready, and only nvidia-smi could tell where it computes now');
-  t.match(unverified.json(), { state: 'unverified', warnings: [/^nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: /] });
+  t.match(unverified.json(), { state: 'unverified', warnings: [/^the GPU driver cannot be asked, so where this shard computes is unverified and it keeps serving: /] });
 
   const readsBefore = reads.stats;
   for (let i = 0; i < 20; i += 1) await app.inject({ method: 'GET', url: `/shards/${['gone', 'cpu', 'alive'][i % 3]}/ready` });
@@ -977,7 +977,7 @@ t.test('engine output for an engine other than llama.cpp is kept, with a note sa
   t.equal(vllm.statusCode, 200);
   t.same(Object.keys(vllm.json()), ['shard', 'account', 'tailBytes', 'note']);
   t.match(vllm.json(), { shard: 'v', account: null, tailBytes: Buffer.byteLength(CUDA_FAILED_LOG), note: /^Shard "v" is registered with engine "vllm" and only llama\.cpp and Ollama output is read/ });
-  t.match(vllm.json().note, /kept \(the last 256 KiB\) but decides nothing: nvidia-smi alone judges the shard\. .*PUT \/shards\/v again with "engine": "llama\.cpp" or "ollama"/);
+  t.match(vllm.json().note, /kept \(the last 256 KiB\) but decides nothing: the GPU driver alone judges the shard\. .*PUT \/shards\/v again with "engine": "llama\.cpp" or "ollama"/);
   t.match((await post('l', 'main: loading model\n')).json(), { account: null, note: /^Nothing in the output kept so far says where llama\.cpp computes: .*-lv 4/ });
   t.match((await post('l', CUDA_FAILED_LOG)).json(), { account: { backend: 'CPU' }, note: null });
   const reread = await app.inject({ method: 'PUT', url: '/shards/v', payload: { pid: shard.pid, gpus: [0], engine: 'llama.cpp' } });

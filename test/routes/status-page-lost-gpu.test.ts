@@ -59,7 +59,7 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   t.notMatch(lost, 'class="seg', 'no memory drawn');
   t.match(lost, /<li>missing since 2026-11-29 12:00:0\d UTC \([^)]+ ago\), last listed 2026-11-29 12:00:0\d UTC<\/li>/);
   t.match(lost, /llama-6: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/);
-  t.match(html, new RegExp(`<span class="id">llama-6</span>.*placed on GPU 6, but GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi \\(missing since 2026-11-29T12:00:0\\d`, 's'), "the shard's verdict says why");
+  t.match(html, new RegExp(`<span class="id">llama-6</span>.*placed on GPU 6, but GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by the GPU driver \\(missing since 2026-11-29T12:00:0\\d`, 's'), "the shard's verdict says why");
   const probe = await app.inject({ method: 'GET', url: '/shards/llama-6/ready' });
   t.same([probe.statusCode, probe.json().state, probe.json().cause], [503, 'gpu-lost', 'gpu-not-listed'], 'the probe fails: the shard cannot serve as placed');
   t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/compute' })).json().backend, null, 'not CPU: nothing says where it computes now');
@@ -70,13 +70,13 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   t.equal(fresh.statusCode, 422, 'a new registration cannot name a GPU that is not listed');
   t.match(
     fresh.json().message,
-    new RegExp(`^GPU 6 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as nvidia-smi numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi since 2026-11-29T12:00:0\\d\\.\\d{3}Z: it fell off the bus`),
+    new RegExp(`^GPU 6 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as the GPU driver numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by the GPU driver since 2026-11-29T12:00:0\\d\\.\\d{3}Z: it fell off the bus`),
     'and says it was lost',
   );
   const renumbered = await app.inject({ method: 'PUT', url: '/shards/llama-6b', payload: { pid: other.pid, gpus: [8] } });
   t.match(
     renumbered.json().message,
-    new RegExp(`^GPU 8 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as nvidia-smi numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by nvidia-smi since 2026-11-29T12:00:0\\d\\.\\d{3}Z, and the GPUs after it usually moved down one index\\. GET /gpus gives each GPU's index and UUID now\\. Fix "gpus" in the registration\\.$`),
+    new RegExp(`^GPU 8 does not exist on this node; it has GPU 0, 1, 2, 3, 4, 5, 7 \\(as the GPU driver numbers them\\)\\. GPU 6 \\(${gpu6.uuid}, NVIDIA H200\\) is no longer listed by the GPU driver since 2026-11-29T12:00:0\\d\\.\\d{3}Z, and the GPUs after it usually moved down one index\\. GET /gpus gives each GPU's index and UUID now\\. Fix "gpus" in the registration\\.$`),
     'an index past the end, once a GPU is lost, is most likely one from before the renumbering: the 422 says so',
   );
   t.equal((await app.inject({ method: 'GET', url: '/shards/llama-6/ready' })).json().state, 'gpu-lost', 'the repeat left the verdict as it was');
@@ -95,11 +95,11 @@ t.test('a GPU that drops out of the listing keeps its row, with the shard placed
   const staleHtml = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('past max-stale'));
   t.same(htmlRows(staleHtml), ['6 lost'], 'no figures now, but the lost GPU still shown');
   t.match(staleHtml, /No GPU figures: .*last good snapshot no longer listed/);
-  t.match(staleHtml, /<strong>nvidia-smi no longer lists GPUs it listed earlier.<\/strong> As of the last good snapshot, of 2026-11-29 12:00:0\d UTC/);
+  t.match(staleHtml, /<strong>The GPU driver no longer lists GPUs it listed earlier.<\/strong> As of the last good snapshot, of 2026-11-29 12:00:0\d UTC/);
   t.match(staleHtml, /llama-6: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/, "still gpu-lost: nvidia-smi's last word holds against the shard");
   const staleText = await pageWhere(app, '*/*', (body) => body.includes('past max-stale'));
   t.match(textRows(staleText)[0]!, /^6\s+NVIDIA H200 \(LOST\)\s.*placed on it: llama-6 \(gpu-lost\)$/);
-  t.match(staleText, /!! nvidia-smi no longer lists GPUs .*As of the last good snapshot, of 2026-11-29 12:00:0\d UTC/);
+  t.match(staleText, /!! The GPU driver no longer lists GPUs .*As of the last good snapshot, of 2026-11-29 12:00:0\d UTC/);
 
   // GPU 6 is back (after a reset), with the shard's memory on it; past any back-off after the failures.
   fake.update(() => scenario);

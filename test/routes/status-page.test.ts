@@ -127,7 +127,7 @@ t.test('the HTML page shows every GPU and shard with their memory and states', a
   for (let index = 0; index < 8; index += 1) t.match(html, `<span class="gpu-index">GPU ${index}</span><span class="gpu-name">NVIDIA H200</span>`);
   t.match(html, '<span class="gpu-used">127.0 / 140.4 GiB</span>', 'GPU 0 used / total');
   t.match(html, '<span class="gpu-used">? / ? GiB</span>', 'GPU 7 reports [N/A]');
-  t.match(html, 'nvidia-smi reports no memory figures for this GPU');
+  t.match(html, 'The GPU driver reports no memory figures for this GPU');
   t.match(html, new RegExp(`title="alpha-ready: 127\\.0 GiB on GPU 0${IDLE_SM_NOTE}">\\s*<span>alpha-ready 127\\.0 GiB</span>`), 'shard segment, labelled, with a tooltip');
   t.match(html, `title="alpha-ready: 20.0 GiB on GPU 1${IDLE_SM_NOTE} (a GPU it was NOT given)"`);
   t.match(html, `class="seg shard ${colourClass(shardHue('alpha-ready'))} stray"`, "alpha's own colour: no shard shares its GPUs");
@@ -146,7 +146,7 @@ t.test('the HTML page shows every GPU and shard with their memory and states', a
   t.match(row('alpha-ready'), /<td class="held" data-label="Held">GPU 0: 127\.0 GiB<br><span class="stray-tag">GPU 1: 20\.0 GiB \(not given\)<\/span><\/td>/);
   t.match(row('alpha-ready'), 'Warning: holds memory on GPU 1, which it was not given');
   t.match(html, '(1 GiB = 1024 MiB, the unit nvidia-smi reports)', 'the HELD note names the binary unit');
-  t.match(html, /<table class="shards" aria-describedby="held-note">.*<p class="note none" id="held-note">GPUs held: every GPU whose memory the shard&#39;s processes hold, as nvidia-smi lists them, a GPU it was not given marked &#34;not given&#34;/s, 'the note says the column lists GPUs not given too');
+  t.match(html, /<table class="shards" aria-describedby="held-note">.*<p class="note none" id="held-note">GPUs held: every GPU whose memory the shard&#39;s processes hold, as the GPU driver lists them, a GPU it was not given marked &#34;not given&#34;/s, 'the note says the column lists GPUs not given too');
   t.notMatch(html, 'the given GPUs whose memory', 'not the old caption, which said only given GPUs were listed');
   t.notMatch(html, /\d GB\b/, 'no size labelled in decimal units');
   t.match(row('bravo-on-cpu'), '<span class="badge on-cpu">on-cpu</span>');
@@ -182,7 +182,7 @@ t.test('the plain-text page is an aligned table of the same facts', async (t) =>
     t.equal(res.headers['content-type'], 'text/plain; charset=utf-8', `Accept ${accept}`);
   }
   const text = (await page(app, '*/*')).body;
-  t.match(text, /^nodecompute \S+ on .+: 2 ready, 1 starting, 1 on-cpu, 1 exited\nnvidia-smi snapshot of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((?:\d+ ms|\d+\.\d s) old\)\n/);
+  t.match(text, /^nodecompute \S+ on .+: 2 ready, 1 starting, 1 on-cpu, 1 exited\nGPU driver snapshot of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((?:\d+ ms|\d+\.\d s) old\)\n/);
   t.notMatch(text, /&lt;|&#/, 'text is not HTML-escaped');
   const gpu0 = lineOf(text, '0 ');
   t.match(gpu0, /^0\s+NVIDIA H200\s+\[#{45}\.{5}\]\s+127\.0 \/ 140\.4 GiB\s+alpha-ready 127\.0 GiB, foreign 9 MiB$/);
@@ -272,21 +272,21 @@ t.test('nvidia-smi cannot be asked: a banner with its words, and a shard it neve
     html = (await page(app, BROWSER_ACCEPT)).body;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
-  t.match(html, /<div class="banner error" role="alert"><strong>nvidia-smi cannot be asked/);
+  t.match(html, /<div class="banner error" role="alert"><strong>The GPU driver cannot be asked/);
   t.match(html, saidInHtml);
-  t.match(html, 'No GPU figures: nvidia-smi gave none (see above).');
-  t.match(html, 'no nvidia-smi snapshot');
+  t.match(html, 'No GPU figures: the GPU driver gave none (see above).');
+  t.match(html, 'no GPU driver snapshot');
   t.match(html, '<span class="badge starting">starting</span>');
   t.match(html, /<span class="id">alpha<\/span>.*<td class="given" data-label="Given">GPU 0<br>GPU 1<\/td>\n<td class="held" data-label="Held"><span class="none">unknown<\/span><\/td>/s);
   const text = (await page(app)).body;
-  t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified");
+  t.match(text, "!! The GPU driver cannot be asked, so no shard's GPU use can be verified");
   t.match(text, new RegExp(`!!   ${REFRESH_FAILED_SAID}.*${UNREACHABLE_SAID}`));
-  t.match(text, 'none: nvidia-smi gave no GPU figures (see above)');
-  t.match(lineOf(text, 'alpha'), /^alpha\s+starting\s+0,1\s+unknown\s+-\s+-\s+registered .* ago, and no nvidia-smi listing since has included it, .* \| warning: nvidia-smi cannot be asked \(nvidia-smi's message is at the top of the page\)$/);
+  t.match(text, 'none: the GPU driver gave no GPU figures (see above)');
+  t.match(lineOf(text, 'alpha'), /^alpha\s+starting\s+0,1\s+unknown\s+-\s+-\s+registered .* ago, and no listing of the GPU driver since has included it, .* \| warning: the GPU driver cannot be asked \(the GPU driver's message is at the top of the page\)$/);
   // nvidia-smi's words once, in the banner, not again in every shard's row.
   t.equal(html.split(saidInHtml).length - 1, 1, 'HTML: once');
   t.equal(text.split(UNREACHABLE_SAID).length - 1, 1, 'text: once');
-  t.match(html, /<p class="warning">Warning: nvidia-smi cannot be asked \(nvidia-smi&#39;s message is at the top of the page\)<\/p><\/td>/);
+  t.match(html, /<p class="warning">Warning: the GPU driver cannot be asked \(the GPU driver&#39;s message is at the top of the page\)<\/p><\/td>/);
   t.notMatch(html, 'past max-stale', 'never a snapshot, so no last good one to date');
 });
 
@@ -314,9 +314,9 @@ t.test('an older snapshot served while nvidia-smi fails carries a stale banner',
     text = (await page(app)).body;
     await new Promise((resolve) => setTimeout(resolve, 25));
   }
-  t.match(lineOf(text, 'no nvidia-smi snapshot'), `no nvidia-smi snapshot: the last good one, of ${stamp} UTC (33.0 s ago), is past max-stale (30.0 s)`);
-  t.match(text, "!! nvidia-smi cannot be asked, so no shard's GPU use can be verified", 'with the error banner');
-  t.match((await page(app, 'text/html')).body, `<p class="meta"><span class="outage">no nvidia-smi snapshot: the last good one, of ${stamp} UTC (33.0 s ago), is past max-stale (30.0 s)</span> · reloads every 5 s</p>`);
+  t.match(lineOf(text, 'no GPU driver snapshot'), `no GPU driver snapshot: the last good one, of ${stamp} UTC (33.0 s ago), is past max-stale (30.0 s)`);
+  t.match(text, "!! The GPU driver cannot be asked, so no shard's GPU use can be verified", 'with the error banner');
+  t.match((await page(app, 'text/html')).body, `<p class="meta"><span class="outage">no GPU driver snapshot: the last good one, of ${stamp} UTC (33.0 s ago), is past max-stale (30.0 s)</span> · reloads every 5 s</p>`);
 });
 
 t.test('a page after a quiet spell is one refresh behind: no stale banner, unless that refresh is slow', async (t) => {
@@ -330,13 +330,13 @@ t.test('a page after a quiet spell is one refresh behind: no stale banner, unles
   const quiet = (await page(app)).body;
   t.ok(app.services.node.snapshots.refreshing, 'a refresh is under way');
   t.notMatch(quiet, '!! showing an older snapshot', 'routine: no banner');
-  t.notMatch(quiet, 'nvidia-smi is slow', 'and no word against nvidia-smi');
+  t.notMatch(quiet, 'the GPU driver is slow', 'and no word against nvidia-smi');
   t.notMatch((await page(app, BROWSER_ACCEPT)).body, 'banner stale');
   // The refresh has now run for 5 s (far beyond the last one's time, and past 1 s).
   clock.advance(5_000);
   const slow = (await page(app)).body;
-  t.match(slow, /!! showing an older snapshot: nvidia-smi is slow: a refresh has been running for 5\.0 s \(the last one took \d+ ms\), so answers come from a snapshot 25\.0 s old/);
-  t.match((await page(app, BROWSER_ACCEPT)).body, /<div class="banner stale" role="status"><strong>Showing an older snapshot.<\/strong><code>nvidia-smi is slow: /);
+  t.match(slow, /!! showing an older snapshot: the GPU driver is slow: a refresh has been running for 5\.0 s \(the last one took \d+ ms\), so answers come from a snapshot 25\.0 s old/);
+  t.match((await page(app, BROWSER_ACCEPT)).body, /<div class="banner stale" role="status"><strong>Showing an older snapshot.<\/strong><code>the GPU driver is slow: /);
 });
 
 t.test('GPU processes hidden from this /proc: a banner saying no memory can be attributed, and why', async (t) => {
@@ -366,7 +366,7 @@ t.test('a node with no GPU (nvidia-smi: "No devices were found") and no shard sa
   const { app } = await buildTestApp(t, { scenario: { gpus: [], processes: [], failures: { all: { kind: 'no-devices' } } } });
   const html = (await page(app, 'text/html')).body;
   t.match(html, NO_GPUS_SAID);
-  t.match(html, 'No GPU figures: nvidia-smi gave none (see above).');
+  t.match(html, 'No GPU figures: the GPU driver gave none (see above).');
   t.match(html, 'No shard is registered on this node.');
   t.match(html, /<title>[^<]*no shards<\/title>/);
   const text = (await page(app)).body;
@@ -455,13 +455,13 @@ t.test('[N/A] memory: foreign is "up to" on the bar, in the legend and in text; 
   await register(t, app, 'mig-shard', { pid: mig.pid, gpus: [1] });
   const html = await pageWhere(app, BROWSER_ACCEPT, (body) => body.includes('mig-shard <b>'));
   const gpu0 = gpuBlock(html, 0);
-  t.match(gpu0, /<div class="seg foreign" style="flex-grow:130013" title="foreign: up to 127\.0 GiB \(it includes the memory of 1 shard process\(es\) nvidia-smi does not report\)/);
+  t.match(gpu0, /<div class="seg foreign" style="flex-grow:130013" title="foreign: up to 127\.0 GiB \(it includes the memory of 1 shard process\(es\) the GPU driver does not report\)/);
   t.match(gpu0, '<span>foreign up to 127.0 GiB</span>', 'the label on the bar');
   t.match(gpu0, 'foreign <b>up&nbsp;to&nbsp;127.0&nbsp;GiB</b>', 'the legend');
   t.match(gpu0, 'aria-label="GPU 0 memory: na-shard memory not reported, foreign up to 127.0 GiB, reserved 614 MiB, free');
   t.match(gpu0, 'na-shard <b>memory&nbsp;not&nbsp;reported</b>');
   const gpu1 = gpuBlock(html, 1);
-  t.match(gpu1, '<div class="bar unknown">nvidia-smi reports no memory figures for this GPU</div>', 'no scale: not a white, free-looking bar');
+  t.match(gpu1, '<div class="bar unknown">The GPU driver reports no memory figures for this GPU</div>', 'no scale: not a white, free-looking bar');
   t.notMatch(gpu1, 'class="seg', 'no segment drawn');
   t.match(gpu1, 'mig-shard <b>20.0&nbsp;GiB</b>', 'the legend still names what the shard holds');
   t.match(gpu1, '<span class="gpu-mig"');
@@ -497,7 +497,7 @@ t.test('a stopped shard: its own badge and count, its reason in the row; the out
   const reason = 'process 4242 (llama-server) is stopped (state T: it was sent SIGSTOP, ...). The verdict changes by itself once it runs again.';
   const state: ShardState = {
     shard: { id: 'paused', pid: 4242, cgroup: null, gpus: [0], engine: 'llama.cpp', graceMs: 0, registeredAt: 0, identity: { pid: 4242, pgid: 4242, startTime: 1, name: 'llama-server' } },
-    readiness: { ready: false, state: 'stopped', cause: 'process-stopped', reason, warnings: ['nvidia-smi cannot be asked, so which GPU memory it holds is unverified: boom'] },
+    readiness: { ready: false, state: 'stopped', cause: 'process-stopped', reason, warnings: ['the GPU driver cannot be asked, so which GPU memory it holds is unverified: boom'] },
     compute: null,
     observedAt: null,
   };
@@ -512,7 +512,7 @@ t.test('a stopped shard: its own badge and count, its reason in the row; the out
   t.match(text, '/proc still shows exits and stops');
   const row = lineOf(text, 'paused');
   t.match(row, /^paused\s+stopped\s+0\s+unknown\s+-\s+-\s+process 4242 \(llama-server\) is stopped /);
-  t.ok(row.endsWith(`${reason} | warning: nvidia-smi cannot be asked, so which GPU memory it holds is unverified (nvidia-smi's message is at the top of the page)`), 'the reason, then the warning, pointing at the banner');
+  t.ok(row.endsWith(`${reason} | warning: the GPU driver cannot be asked, so which GPU memory it holds is unverified (the GPU driver's message is at the top of the page)`), 'the reason, then the warning, pointing at the banner');
 });
 
 // In CI chromium must be there (.ci/run installs it): a missing one fails the test instead of skipping it.

@@ -116,7 +116,7 @@ t.test('nvidia-smi failing: /proc still says stopped, and unverified (200) once 
   t.match(stopped.json(), {
     state: 'stopped',
     reason: new RegExp(`^process ${shard.pid} \\(sh\\) is stopped \\(state T: .*\`kill -CONT ${shard.pid}\``),
-    warnings: [new RegExp(`^nvidia-smi cannot be asked, so which GPU memory it holds is unverified: .*${UNREACHABLE_SAID}`)],
+    warnings: [new RegExp(`^the GPU driver cannot be asked, so which GPU memory it holds is unverified: .*${UNREACHABLE_SAID}`)],
     observedAt: null,
   });
 
@@ -127,7 +127,7 @@ t.test('nvidia-smi failing: /proc still says stopped, and unverified (200) once 
   await settle(app);
   const resumed = await app.inject({ method: 'GET', url: '/shards/blind/ready' });
   t.equal(resumed.statusCode, 200);
-  t.match(resumed.json(), { state: 'unverified', warnings: [/^nvidia-smi cannot be asked, so where this shard computes is unverified/] });
+  t.match(resumed.json(), { state: 'unverified', warnings: [/^the GPU driver cannot be asked, so where this shard computes is unverified/] });
 });
 
 const POD_UID = '0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0';

@@ -47,7 +47,7 @@ t.test('a shard on a GPU nvidia-smi no longer lists: gpu-lost, naming the GPU, s
     state: 'gpu-lost',
     cause: 'gpu-not-listed',
     reason:
-      'placed on GPU 3, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z): ' +
+      'placed on GPU 3, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by the GPU driver (missing since 2026-12-02T11:59:05.000Z): ' +
       'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it. ' +
       `This shard cannot serve as placed. ${FIX}`,
     warnings: [],
@@ -84,8 +84,8 @@ t.test('a GPU the roster never saw (gone before nodecompute started) and two los
   t.equal(v.state, 'gpu-lost');
   t.match(
     v.reason,
-    'placed on GPU 3 and GPU 5, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z); ' +
-      'GPU 5 is not listed by nvidia-smi (already missing when nodecompute started, renumbered since a GPU went, or registered on trust while nvidia-smi could not be asked): ' +
+    'placed on GPU 3 and GPU 5, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by the GPU driver (missing since 2026-12-02T11:59:05.000Z); ' +
+      'GPU 5 is not listed by the GPU driver (already missing when nodecompute started, renumbered since a GPU went, or registered on trust while the GPU driver could not be asked): ' +
       'it fell off the bus',
   );
 });
@@ -94,9 +94,9 @@ t.test('registered with its UUID: the roster is asked by UUID, whatever index th
   const s = shard({ gpuUuids: ['GPU-3'] });
   const renumberedFirst: LostGpu = { ...LOST_3, index: 2 };
   const known = verdictOf(s, view([gpu(0, [])], [procStat(100)], [s], [renumberedFirst]));
-  t.match(known.reason, 'placed on GPU 3, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z)', 'the index it was registered with');
+  t.match(known.reason, 'placed on GPU 3, but GPU 3 (GPU-3, NVIDIA H200) is no longer listed by the GPU driver (missing since 2026-12-02T11:59:05.000Z)', 'the index it was registered with');
   const unknown = verdictOf(s, view([gpu(0, [])], [procStat(100)], [s], []));
-  t.match(unknown.reason, 'placed on GPU 3, but GPU 3 (GPU-3) is not listed by nvidia-smi (it was already missing when nodecompute started):');
+  t.match(unknown.reason, 'placed on GPU 3, but GPU 3 (GPU-3) is not listed by the GPU driver (it was already missing when nodecompute started):');
 });
 
 t.test('a lost GPU beside a renumbered one: "as registered", since its number may name another GPU now', async (t) => {
@@ -115,7 +115,7 @@ t.test('precedence: exited and stopped come first; gpu-lost comes before unverif
   t.equal(stopped.state, 'stopped', 'a stopped process: resume it first');
   t.same(
     stopped.warnings,
-    ['GPU 3 (GPU-3, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z): once it runs again, it reads gpu-lost'],
+    ['GPU 3 (GPU-3, NVIDIA H200) is no longer listed by the GPU driver (missing since 2026-12-02T11:59:05.000Z): once it runs again, it reads gpu-lost'],
     'what still counts once it runs, and not "it holds no memory on GPU 3"',
   );
   const saysCpu = readiness({ shard: s, node: view([gpu(0, [])], [procStat(100, 'T')], [s]), engine: CPU_ENGINE, enginePosted: true, staleReason: null, now: NOW });
@@ -140,9 +140,9 @@ t.test('a GPU listed again, or an index nvidia-smi gives another GPU now, is jud
 // test/routes/gpu-unreachable.test.ts.
 const SAID = 'GPU is lost. Reboot the system to recover this GPU';
 const UNREACHABLE_3: UnreachableListedGpu = { busId: '00000000:04:00.0', said: SAID, listed: { index: 3, uuid: 'GPU-3', name: 'NVIDIA H200' } };
-const CANNOT_REACH_3 = `nvidia-smi cannot reach GPU 3 (GPU-3, NVIDIA H200, PCI 00000000:04:00.0): it says "${SAID}"`;
+const CANNOT_REACH_3 = `the GPU driver cannot reach GPU 3 (GPU-3, NVIDIA H200, PCI 00000000:04:00.0): it says "${SAID}"`;
 const UNREACHABLE_MEANING =
-  "nvidia-smi cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while nvidia-smi's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.";
+  "the GPU driver cannot get a handle on that GPU (it has fallen off the bus, hung, or lost power), so nothing can compute on it; and while the driver's queries fail, this node's other shards cannot be verified either once the last good snapshot is older than max-stale.";
 const FIX_ELSEWHERE = FIX.replace('on GPUs that are listed', 'on other GPUs');
 
 t.test('a GPU nvidia-smi says it cannot reach: gpu-lost on the stale view, in its words, before starting and on-cpu', async (t) => {
@@ -176,14 +176,14 @@ t.test('a GPU nvidia-smi says it cannot reach: gpu-lost on the stale view, in it
   t.equal(mixed.cause, 'gpu-not-listed', 'a GPU gone from the listing names the cause');
   t.equal(
     mixed.reason,
-    'placed on GPU 3 and GPU 5, but GPU 5 (GPU-5, NVIDIA H200) is no longer listed by nvidia-smi (missing since 2026-12-02T11:59:05.000Z): ' +
+    'placed on GPU 3 and GPU 5, but GPU 5 (GPU-5, NVIDIA H200) is no longer listed by the GPU driver (missing since 2026-12-02T11:59:05.000Z): ' +
       'it fell off the bus, was reset or was detached. Its memory is no longer in /gpus or /metrics, and shards placed on it cannot hold it. ' +
       `Also, ${CANNOT_REACH_3}: ${UNREACHABLE_MEANING} This shard cannot serve as placed. ${FIX}`,
     'each GPU with what its own state means',
   );
   const lostThenUnreachable = shard({ gpuUuids: ['GPU-3'] });
   const once = judge(lostThenUnreachable, view([gpu(0, [])], [procStat(100)], [lostThenUnreachable], [LOST_3]));
-  t.same([once.cause, once.reason!.split('GPU-3').length - 1], ['gpu-not-listed', 1], 'a GPU the listing lost and nvidia-smi cannot reach is said once, as not listed');
+  t.same([once.cause, once.reason!.split('GPU-3').length - 1], ['gpu-not-listed', 1], 'a GPU the listing lost and the GPU driver cannot reach is said once, as not listed');
   const byIndexOnce = judge(shard(), view([gpu(0, [])], [procStat(100)], [shard()], [LOST_3]));
   t.same([byIndexOnce.cause, byIndexOnce.reason!.split('GPU-3').length - 1], ['gpu-not-listed', 1], 'and so for a registration without UUIDs, by index');
 });
@@ -199,7 +199,7 @@ t.test('past max-stale (no view): gpu-lost from /proc and the last listing, afte
   t.same(
     judge({ state: 'stopped', why: 'process 100 is stopped' }, { engine: CPU_ENGINE, enginePosted: true }).warnings.slice(1),
     [`${CANNOT_REACH_3}: once it runs again, it reads gpu-lost`, `the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`],
-    'stopped on a GPU nvidia-smi cannot reach: the engine counts once it has GPUs again, not once it runs',
+    'stopped on a GPU the GPU driver cannot reach: the engine counts once it has GPUs again, not once it runs',
   );
   t.same(judge({ state: 'unreadable', why: 'its stat could not be read' }).warnings, ['its stat could not be read'], 'whether it runs is unknown, and said');
   t.same(judge({ state: 'alive' }, { engine: CPU_ENGINE, enginePosted: true }).warnings, [`the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it has GPUs again, it reads on-cpu`]);

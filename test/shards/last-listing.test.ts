@@ -13,7 +13,7 @@ const NOW = 1_000_000;
 /** The last good listing: its refresh began 30 s ago and landed 29 s ago. */
 const STARTED = NOW - 30_000;
 const OBSERVED = NOW - 29_000;
-const LISTING = `nvidia-smi's last good listing (${new Date(OBSERVED).toISOString()}, 29.0 s ago)`;
+const LISTING = `the GPU driver's last good listing (${new Date(OBSERVED).toISOString()}, 29.0 s ago)`;
 const ALIVE: Liveness = { state: 'alive' };
 
 const s = shardRecord(NOW);
@@ -32,25 +32,25 @@ const idle = (shard: ShardRecord, stat = procStat(100)) => listing({ now: STARTE
 
 t.test('seen ready: unverified, it keeps serving', async (t) => {
   const verdict = judge(s, { node: holding([s]), startedAt: STARTED, observedAt: OBSERVED });
-  t.match(verdict, { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', warnings: ['nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: boom'] });
+  t.match(verdict, { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', warnings: ['the GPU driver cannot be asked, so where this shard computes is unverified and it keeps serving: boom'] });
 });
 
 t.test('seen on the CPU: on-cpu still, the reason dating the listing, the warning saying it holds until nvidia-smi answers', async (t) => {
   const verdict = judge(s, idle(s));
-  t.match(verdict, { ready: false, state: 'on-cpu', cause: 'no-gpu-memory', warnings: ['nvidia-smi cannot be asked, so this verdict holds until it answers: boom'] });
-  t.match(verdict.reason, `nvidia-smi cannot be asked; ${LISTING} showed: placed on GPU 0 but computing on the CPU: its processes hold no memory on GPU 0, 30.0 s after registration`);
+  t.match(verdict, { ready: false, state: 'on-cpu', cause: 'no-gpu-memory', warnings: ['the GPU driver cannot be asked, so this verdict holds until it answers: boom'] });
+  t.match(verdict.reason, `the GPU driver cannot be asked; ${LISTING} showed: placed on GPU 0 but computing on the CPU: its processes hold no memory on GPU 0, 30.0 s after registration`);
   const landedLater = judge(s, { ...idle(s), observedAt: NOW + 500 });
-  t.match(landedLater.reason, `nvidia-smi cannot be asked; nvidia-smi's last good listing (${new Date(NOW + 500).toISOString()}, 0 ms ago) showed:`, 'a listing that landed after the request began is dated 0 ms ago, never a negative time');
+  t.match(landedLater.reason, `the GPU driver cannot be asked; the GPU driver's last good listing (${new Date(NOW + 500).toISOString()}, 0 ms ago) showed:`, 'a listing that landed after the request began is dated 0 ms ago, never a negative time');
 });
 
 t.test('seen starting: starting still, and a grace that ended since waits for a listing begun after it', async (t) => {
   const young = shardRecord(NOW, { registeredAt: STARTED - 5000, graceMs: 10_000 });
   const within = judge(young, idle(young), { now: STARTED + 2000 });
   t.match(within, { state: 'starting', cause: 'awaiting-gpu-memory' });
-  t.match(within.reason, /^nvidia-smi cannot be asked; .* showed: waiting for the shard to hold memory on GPU 0 .*; 3.0 s of its 10.0 s grace left\.$/);
+  t.match(within.reason, /^the GPU driver cannot be asked; .* showed: waiting for the shard to hold memory on GPU 0 .*; 3.0 s of its 10.0 s grace left\.$/);
   const after = judge(young, idle(young));
   t.match(after, { state: 'starting', cause: 'awaiting-listing' });
-  t.match(after.reason, /the latest nvidia-smi listing was begun 5.0 s after registration, before the grace ended: the verdict waits for a listing begun after the grace\.$/);
+  t.match(after.reason, /the GPU driver's latest listing was begun 5.0 s after registration, before the grace ended: the verdict waits for a listing begun after the grace\.$/);
 });
 
 t.test('seen on a GPU no longer listed: gpu-lost, before what the engine says now', async (t) => {
@@ -65,8 +65,8 @@ t.test('seen on a GPU no longer listed: gpu-lost, before what the engine says no
 t.test('a shard the listing does not describe: starting in this run, unverified if an earlier run registered it', async (t) => {
   const late = shardRecord(NOW, { registeredAt: STARTED + 1 });
   const unseen = judge(late, idle(late));
-  t.match(unseen, { ready: false, state: 'starting', cause: 'awaiting-nvidia-smi', warnings: ['nvidia-smi cannot be asked: boom'] });
-  t.match(unseen.reason, /^registered 30.0 s ago, and no nvidia-smi listing since has included it, so it has not been seen holding memory on GPU 0: it reads starting until nvidia-smi answers/);
+  t.match(unseen, { ready: false, state: 'starting', cause: 'awaiting-nvidia-smi', warnings: ['the GPU driver cannot be asked: boom'] });
+  t.match(unseen.reason, /^registered 30.0 s ago, and no listing of the GPU driver since has included it, so it has not been seen holding memory on GPU 0: it reads starting until the GPU driver answers/);
   t.match(judge(shardRecord(NOW, { registeredAt: STARTED }), idle(s)), { state: 'starting', cause: 'awaiting-listing' }, 'registered as the refresh began: described');
   t.match(judge(s, null, { judgingSince: s.registeredAt }), { state: 'starting', cause: 'awaiting-nvidia-smi' }, 'no listing in this run, registered as it began');
   t.match(judge(s, null, { judgingSince: s.registeredAt + 1 }), { state: 'unverified' }, 'registered before this run: it may have been seen ready');
@@ -82,7 +82,7 @@ t.test('exited or stopped in the listing: held while /proc cannot say otherwise;
   t.match(judge(s, stoppedHolding), { state: 'unverified' }, 'stopped holding its GPU, running now: it was on its GPU');
   const stoppedIdle = judge(s, idle(s, procStat(100, 'T')));
   t.match(stoppedIdle, { state: 'on-cpu', cause: 'no-gpu-memory' }, 'stopped holding nothing, running now: what it held decides, as once a stop ends with a snapshot');
-  t.match(stoppedIdle.reason, `nvidia-smi cannot be asked; ${LISTING} showed: placed on GPU 0 but computing on the CPU`);
+  t.match(stoppedIdle.reason, `the GPU driver cannot be asked; ${LISTING} showed: placed on GPU 0 but computing on the CPU`);
   t.match(judge(s, stoppedHolding, { liveness: { state: 'unreadable', why: 'EMFILE' } }), { state: 'unverified', warnings: [/keeps serving: boom$/, 'EMFILE'] }, 'its stat unreadable now: no evidence either way');
 });
 
@@ -135,7 +135,7 @@ t.test('a process that held its memory in the listing and is stopped now: stoppe
   const lastGood = { node: handMadeView({ now: STARTED, gpus: [gpu(0, [[101, 9000]])], stats: [leader, worker] }, [s]), startedAt: STARTED, observedAt: OBSERVED };
   t.match(judge(s, lastGood, { procNow: new Map([[100, leader], [101, worker]]) }), { state: 'unverified' }, 'its worker runs: it keeps serving');
   const stopped = judge(s, lastGood, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) });
-  t.match(stopped, { ready: false, state: 'stopped', cause: 'process-stopped', warnings: [/^nvidia-smi cannot be asked, so which GPU memory it holds is unverified: boom$/] }, 'its worker stopped since the listing');
+  t.match(stopped, { ready: false, state: 'stopped', cause: 'process-stopped', warnings: [/^the GPU driver cannot be asked, so which GPU memory it holds is unverified: boom$/] }, 'its worker stopped since the listing');
   t.match(stopped.reason, /a process holding its GPU memory is stopped while the rest runs: 101 \(llama-server, state T, on GPU 0\)/);
   const stoppedThen = { node: handMadeView({ now: STARTED, gpus: [gpu(0, [[101, 9000]])], stats: [leader, { ...worker, state: 'T' }] }, [s]), startedAt: STARTED, observedAt: OBSERVED };
   t.match(judge(s, stoppedThen, { procNow: new Map([[100, leader], [101, { ...worker, state: 'T' }]]) }), { state: 'stopped' }, 'stopped then and still stopped');

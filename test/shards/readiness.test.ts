@@ -101,12 +101,12 @@ t.test('no GPU process listed anywhere: hidden when a GPU holds a model-sized am
   t.equal(verdictOf(s, view([gpu(0, [], 4)], [stat(100, 100, 5)], [s])).state, 'on-cpu', 'an idle GPU with no process: the shard is not on it');
   // A header-only process query while GPUs hold 130 GiB (HAMi, or no host PID namespace).
   const hidden = view([gpu(0, [], 130013), gpu(1, [], 2), gpu(2, [], 58071)], [stat(100, 100, 5)], [s]);
-  t.match(hidden.processesHidden, /^nvidia-smi lists no GPU process, yet GPU 0, GPU 2 have memory in use: the processes are hidden from it\. /);
+  t.match(hidden.processesHidden, /^the GPU driver lists no GPU process, yet GPU 0, GPU 2 have memory in use: the processes are hidden from it\. /);
   t.match(hidden.processesHidden, /does not share the host's PID namespace \(--pid=host \/ hostPID: true\) or a GPU-sharing layer \(HAMi, vGPU\)/);
   const v = verdictOf(s, hidden);
   t.equal(v.state, 'unverified', 'not on-cpu: there is no evidence either way');
   t.equal(v.ready, true);
-  t.match(v.warnings, [/nvidia-smi lists no GPU process, yet GPU 0, GPU 2 have memory in use/]);
+  t.match(v.warnings, [/the GPU driver lists no GPU process, yet GPU 0, GPU 2 have memory in use/]);
   t.match(view([gpu(3, [], 1024)], [], [s]).processesHidden, /yet GPU 3 has memory in use/);
 });
 
@@ -121,7 +121,7 @@ t.test('a zombie shard process has exited and claims no memory', async (t) => {
 
 t.test('without a node view the shard is unverified with the reason', async (t) => {
   const v = verdictOf(shard(), null);
-  t.same(v, { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', reason: null, warnings: ['nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out'] });
+  t.same(v, { ready: true, state: 'unverified', cause: 'nvidia-smi-unavailable', reason: null, warnings: ['the GPU driver cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out'] });
   const bare = readiness({ shard: shard(), node: null, engine: null, staleReason: null, now: NOW });
   t.match(bare.warnings, [/unknown reason/]);
 });
@@ -339,7 +339,7 @@ t.test('a group leader that exits while its child holds the GPU: exited, naming 
   t.match(
     v.reason,
     "the shard's process exited: process 100 no longer exists, but its process group 100 still holds GPU memory: 9000 MiB on GPU 0 (PID 101, p), " +
-      'memory nvidia-smi does not report ([N/A]) on GPU 1 (PID 102, p). ',
+      'memory the GPU driver does not report ([N/A]) on GPU 1 (PID 102, p). ',
   );
   t.match(v.reason, /reads as foreign .*if the shard is not coming back, kill 101 102\.$/);
   t.same(foreignMemory(node)[0]!.foreignProcesses.map((p) => p.pid), [101], 'the orphan is nobody\'s');
@@ -485,7 +485,7 @@ t.test('the starting reason after the grace: no blame on nvidia-smi, and never a
   t.equal(inside.state, 'starting');
   t.equal(
     inside.reason,
-    'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet). Its 3.0 s grace is over, but the latest nvidia-smi listing was begun 1.0 s after registration, before the grace ended: ' +
+    "waiting for the shard to hold memory on GPU 0 (the GPU driver lists none of its memory there yet). Its 3.0 s grace is over, but the GPU driver's latest listing was begun 1.0 s after registration, before the grace ended: " +
       'the verdict waits for a listing begun after the grace.',
   );
   t.notMatch(inside.reason, 'slow', 'a routine refresh is not nvidia-smi being slow');
@@ -493,7 +493,7 @@ t.test('the starting reason after the grace: no blame on nvidia-smi, and never a
   t.equal(before.state, 'starting');
   t.equal(
     before.reason,
-    'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet). Its 0 ms grace is over, but the latest nvidia-smi listing was begun before this shard was registered: ' +
+    "waiting for the shard to hold memory on GPU 0 (the GPU driver lists none of its memory there yet). Its 0 ms grace is over, but the GPU driver's latest listing was begun before this shard was registered: " +
       'the verdict waits for a listing begun after the grace.',
   );
   t.notMatch(before.reason, /-\d/, 'no negative time');
@@ -522,7 +522,7 @@ t.test('the grace ends at registeredAt + graceMs exactly: a listing begun then d
 t.test('reasons: spans from milliseconds to hours, long graces in minutes, and sentences that start with a capital', async (t) => {
   const s = shard({ gpus: [0], graceMs: 3_600_000, registeredAt: NOW - 10_200 });
   const node = view([gpu(0, [])], [stat(100, 100, 5)], [s]);
-  t.equal(verdictOf(s, node).reason, 'waiting for the shard to hold memory on GPU 0 (nvidia-smi lists none of its memory there yet); 59.8 min of its 60 min grace left.');
+  t.equal(verdictOf(s, node).reason, 'waiting for the shard to hold memory on GPU 0 (the GPU driver lists none of its memory there yet); 59.8 min of its 60 min grace left.');
   const unknown = verdictOf(s, view([gpu(0, [])], [], []));
   t.equal(unknown.reason, 'registered 10.2 s ago; waiting for the first snapshot that includes it (59.8 min of grace left).');
   const late = shard({ gpus: [0], graceMs: 150_000, registeredAt: NOW - 600_000 });
@@ -544,7 +544,7 @@ t.test('without nvidia-smi: /proc liveness and the engine\'s account still decid
   const cpu: EngineAccount = { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 33, gpuBackendLoaded: false, evidence: 'x', summary: 'llama.cpp failed to initialize CUDA' };
   const judged = (input: { shard?: ShardRecord; liveness?: Liveness; engine?: EngineAccount | null; engineTicks?: number }) =>
     readiness({ shard: input.shard ?? s, node: null, engine: input.engine ?? null, staleReason: null, now: NOW, unavailable: 'nvidia-smi timed out', ...input });
-  const unverified = 'nvidia-smi cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out';
+  const unverified = 'the GPU driver cannot be asked, so where this shard computes is unverified and it keeps serving: nvidia-smi timed out';
   t.same(judged({ liveness: { state: 'gone', why: 'process 100 no longer exists' } }), { ready: false, state: 'exited', cause: 'process-exited', reason: "the shard's process exited: process 100 no longer exists.", warnings: [] });
   t.same(judged({ liveness: { state: 'gone', why: 'x' }, engine: cpu }).state, 'exited', 'gone outranks what the engine said');
   t.match(judged({ liveness: { state: 'alive' }, engine: cpu }), {
@@ -552,7 +552,7 @@ t.test('without nvidia-smi: /proc liveness and the engine\'s account still decid
     state: 'on-cpu',
     cause: 'engine-gpu-backend-failed',
     reason: /^placed on GPU 0 but computing on the CPU: the engine itself reports it\. llama\.cpp failed to initialize CUDA\. Its GPU backend did not load\. /,
-    warnings: ["nvidia-smi cannot be asked, so this verdict rests on the engine's own output: nvidia-smi timed out"],
+    warnings: ["the GPU driver cannot be asked, so this verdict rests on the engine's own output: nvidia-smi timed out"],
   });
   t.match(judged({ liveness: { state: 'alive' }, engine: cpu }).reason, /ldd libggml-cuda\.so.*CUDA_VISIBLE_DEVICES.*GPU runtime.*`nodecompute doctor`/);
   t.equal(judged({ engine: cpu }).state, 'on-cpu', 'no /proc facts: the engine\'s word still holds');
@@ -636,7 +636,7 @@ t.test('the engine says CPU: the advice follows whether its GPU backend loaded, 
   t.match(
     conflict.reason,
     "placed on GPU 2 and GPU 4 but computing on the CPU: the engine itself reports it. llama.cpp found no usable GPU (ggml_cuda_init: no CUDA devices found, CUDA will be disabled). " +
-      'Yet nvidia-smi lists its processes holding GPU 2: 103.4 GiB, GPU 4: 103.4 GiB, which an engine that found no usable GPU cannot hold',
+      'Yet the GPU driver lists its processes holding GPU 2: 103.4 GiB, GPU 4: 103.4 GiB, which an engine that found no usable GPU cannot hold',
   );
   t.match(conflict.reason, /another run's\. Post this run's \(llama\.cpp -lv 4\) to \/shards\/s\/engine-output; GET \/gpus shows which process/);
   t.notMatch(conflict.reason, 'ldd', 'not the build: the output contradicts nvidia-smi');
@@ -649,7 +649,7 @@ t.test('the engine says CPU: the advice follows whether its GPU backend loaded, 
   // Only the GPUs it was given are weighed: memory on another one is a warning of its own.
   const elsewhere = judged(noGpu, view([gpu(2, []), gpu(3, [[100, 520]]), gpu(4, [])], [stat(100, 100, 5)], [s]));
   t.match(elsewhere.reason, /Its GPU backend did not load\. .*ldd/, 'as when it holds nothing on its GPUs');
-  t.notMatch(elsewhere.reason, 'nvidia-smi lists its processes holding');
+  t.notMatch(elsewhere.reason, 'the GPU driver lists its processes holding');
   t.match(elsewhere.warnings, ['holds memory on GPU 3, which it was not given: check CUDA_VISIBLE_DEVICES and the placement']);
 
   const unsaid = { ...noLayers, gpuBackendLoaded: null };

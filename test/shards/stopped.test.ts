@@ -143,14 +143,14 @@ t.test('a stop beats starting, on-cpu and unverified; what would outlast the sto
   const within = verdict({ ...s, registeredAt: NOW - 1000 }, view(holdsGpu0, [s]));
   t.equal(within.state, 'stopped', 'not starting: within its grace it still answers nothing');
   t.same(within.warnings, [
-    'it holds no memory on GPU 1 (nvidia-smi lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)',
+    'it holds no memory on GPU 1 (the GPU driver lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)',
   ]);
 
   const late = verdict(s, view(holdsGpu0, [s]), { engine: CPU_ENGINE, staleReason: 'the last refresh failed: boom' });
   t.equal(late.state, 'stopped', 'not on-cpu, though its grace is over with GPU 1 not held and its engine says CPU');
   t.same(late.warnings, [
     'answered from an older snapshot: the last refresh failed: boom',
-    'it holds no memory on GPU 1 (nvidia-smi lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)',
+    'it holds no memory on GPU 1 (the GPU driver lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)',
     `the engine output posted says it computes on the CPU (${CPU_ENGINE.summary}): once it runs again, it reads on-cpu`,
   ]);
   t.equal(shardCompute(s, view(holdsGpu0, [s]), CPU_ENGINE, late.state).backend, null, 'not CPU either: it computes nowhere');
@@ -173,7 +173,7 @@ t.test('where nvidia-smi cannot show what a stopped shard holds, no "holds no me
   const uncertain = view(snapshot([gpu(0, []), gpu(1, [[200, 500]])], [stat(100, 'T'), unreadable]), [s]);
   t.ok(uncertain.attribution.uncertain.has(1));
   t.same(verdict(s, uncertain).warnings, [
-    'it holds no memory on GPU 0 (nvidia-smi lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)',
+    'it holds no memory on GPU 0 (the GPU driver lists none of its processes there): once it runs again, that decides its verdict (starting within its grace, on-cpu after it)',
   ]);
 });
 
@@ -187,12 +187,12 @@ t.test('nvidia-smi failing: /proc still says stopped, with or without an engine 
     state: 'stopped',
     cause: 'process-stopped',
     reason: v.reason,
-    warnings: ['nvidia-smi cannot be asked, so which GPU memory it holds is unverified: nvidia-smi timed out'],
+    warnings: ['the GPU driver cannot be asked, so which GPU memory it holds is unverified: nvidia-smi timed out'],
   });
   t.match(v.reason, /^process 100 \(llama-server\) is stopped \(state T: /);
   const cpu = verdict(s, null, { liveness: liveness.get('s'), engine: CPU_ENGINE });
   t.equal(cpu.state, 'stopped', 'not on-cpu: it answers nothing at all');
-  t.match(cpu.warnings, [/^nvidia-smi cannot be asked/, /^the engine output posted says it computes on the CPU/]);
+  t.match(cpu.warnings, [/^the GPU driver cannot be asked/, /^the engine output posted says it computes on the CPU/]);
 });
 
 t.test('a cgroup shard is stopped when every member but the sandbox and zombies is; one running member keeps it alive', async (t) => {

@@ -104,14 +104,14 @@ t.test('a lost GPU keeps its row in its index position: struck out, a lost badge
   t.same(htmlRows(html), ['0', '1', '2', '3 lost', '4', '5', '6', '7'], 'eight rows, the lost one where it was');
   const lost = lostBlock(html, 3);
   t.match(lost, '<span class="gpu-name">NVIDIA H200</span><span class="badge gpu-lost">lost</span>');
-  t.match(lost, '<div class="bar lost"><span>no longer listed by nvidia-smi: memory unknown, not free</span></div>');
+  t.match(lost, '<div class="bar lost"><span>no longer listed by the GPU driver: memory unknown, not free</span></div>');
   t.match(lost, '<span class="gpu-used">unknown</span>', 'no figures: its memory is unknown, not free');
   t.notMatch(lost, /class="seg|GiB|free:/, 'no segment, no size');
   t.match(lost, '<span class="gpu-uuid" title="GPU-3">GPU-3</span>');
   t.match(lost, '<li>missing since 2026-11-29 12:00:05 UTC (25.0 s ago), last listed 2026-11-29 12:00:00 UTC</li>');
   t.match(lost, `<li><i class="sw shard ${colourClass(colourOf('llama-a'))}" aria-hidden="true"></i>llama-a: placed on it, <span class="badge gpu-lost">gpu-lost</span></li>`);
   t.match(lost, `<li><i class="sw shard ${colourClass(colourOf('llama-c'))}" aria-hidden="true"></i>llama-c: placed on it, <span class="badge stopped">stopped</span></li>`);
-  t.match(html, /<span class="id">llama-a<\/span>.*placed on GPU 3, but GPU 3 \(GPU-3, NVIDIA H200\) is no longer listed by nvidia-smi \(missing since 2026-11-29T12:00:05.000Z\)/s, "the shard's own verdict says why");
+  t.match(html, /<span class="id">llama-a<\/span>.*placed on GPU 3, but GPU 3 \(GPU-3, NVIDIA H200\) is no longer listed by the GPU driver \(missing since 2026-11-29T12:00:05.000Z\)/s, "the shard's own verdict says why");
   t.match(html, '<code>GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago)</code>', 'the banner stays, with the same dates');
   // Greyed and struck out, on the GPU rows' own grid: the narrow-screen stacking applies to it as to any GPU.
   const css = /<style>(.*)<\/style>/s.exec(html)![1]!;
@@ -143,10 +143,10 @@ t.test('GPUs renumbered after the loss: the lost row comes before the GPU listed
   t.same(model.shards.map((row) => row.state), ['ready', 'gpu-lost'], 'llama-a judged on the GPU numbered 3 now, llama-b on its own device');
   const html = renderHtml(model);
   t.same(htmlRows(html), ['0', '1', '2', '3 lost', '3', '4', '5', '6']);
-  t.match(lostBlock(html, 3), /<li>nvidia-smi lists GPU-4 as GPU 3 now<\/li><li><i class="sw shard [^"]+" aria-hidden="true"><\/i>llama-b: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/);
+  t.match(lostBlock(html, 3), /<li>the GPU driver lists GPU-4 as GPU 3 now<\/li><li><i class="sw shard [^"]+" aria-hidden="true"><\/i>llama-b: placed on it, <span class="badge gpu-lost">gpu-lost<\/span><\/li>/);
   t.notMatch(lostBlock(html, 3), 'llama-a');
   const rows = textRows(renderText(model));
-  t.match(rows[3]!, /^3\s+NVIDIA H200 \(LOST\)\s+\[.*\]\s+unknown\s+nvidia-smi lists GPU-4 as GPU 3 now; placed on it: llama-b \(gpu-lost\)$/);
+  t.match(rows[3]!, /^3\s+NVIDIA H200 \(LOST\)\s+\[.*\]\s+unknown\s+the GPU driver lists GPU-4 as GPU 3 now; placed on it: llama-b \(gpu-lost\)$/);
   t.match(rows[4]!, /^3\s+NVIDIA H200\s+\[#/, 'the GPU numbered 3 now, holding llama-a');
   t.notMatch(rows[4]!, 'llama-b', 'llama-b is not idle on a GPU that is not its own');
 });
@@ -174,12 +174,12 @@ t.test("what nvidia-smi says of a lost GPU's bus id, while it lists the others, 
   const gpus = [0, 1, 2, 4, 5, 6].map((index) => gpuState(index, []));
   const model = statusModel(input(snapshotOf(gpus, [said, marked], []), []));
   const html = renderHtml(model);
-  t.match(lostBlock(html, 3), '<ul class="legend"><li>missing since 2026-11-29 12:00:05 UTC (25.0 s ago), last listed 2026-11-29 12:00:00 UTC</li><li class="unreachable">nvidia-smi says of its bus id 00000000:04:00.0: &#34;Unknown Error&#34;</li><li>no shard is placed on it</li></ul>');
-  t.match(lostBlock(html, 7), '<li class="unreachable">nvidia-smi says of its bus id 00000000:08:00.0: &#34;GPU &#60;is&#62; lost &#38; gone&#34;</li>');
-  t.match(html, '<code>GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); nvidia-smi says of its bus id 00000000:04:00.0: &#34;Unknown Error&#34;\nGPU 7 (GPU-7');
+  t.match(lostBlock(html, 3), '<ul class="legend"><li>missing since 2026-11-29 12:00:05 UTC (25.0 s ago), last listed 2026-11-29 12:00:00 UTC</li><li class="unreachable">the GPU driver says of its bus id 00000000:04:00.0: &#34;Unknown Error&#34;</li><li>no shard is placed on it</li></ul>');
+  t.match(lostBlock(html, 7), '<li class="unreachable">the GPU driver says of its bus id 00000000:08:00.0: &#34;GPU &#60;is&#62; lost &#38; gone&#34;</li>');
+  t.match(html, '<code>GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); the GPU driver says of its bus id 00000000:04:00.0: &#34;Unknown Error&#34;\nGPU 7 (GPU-7');
   const text = renderText(model);
-  t.match(text, '!!   GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); nvidia-smi says of its bus id 00000000:04:00.0: "Unknown Error"\n');
-  t.match(text, '!!   GPU 7 (GPU-7, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); nvidia-smi says of its bus id 00000000:08:00.0: "GPU <is> lost & gone"\n');
+  t.match(text, '!!   GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); the GPU driver says of its bus id 00000000:04:00.0: "Unknown Error"\n');
+  t.match(text, '!!   GPU 7 (GPU-7, NVIDIA H200), last listed 2026-11-29 12:00:00 UTC, missing since 2026-11-29 12:00:05 UTC (25.0 s ago); the GPU driver says of its bus id 00000000:08:00.0: "GPU <is> lost & gone"\n');
   t.notMatch(renderHtml(statusModel(input(snapshotOf(gpus, [LOST_3], []), []))), 'says of its bus id', 'nothing said, nothing shown');
 });
 
@@ -201,7 +201,7 @@ t.test('past max-stale the last good snapshot still names the lost GPUs: rows an
   const asOf = /As of the last good snapshot, of 2026-11-29 11:59:45 UTC: .*whether they are listed again is unknown\. They fell off the bus/;
 
   const html = renderHtml(model);
-  t.match(html, /<strong>nvidia-smi no longer lists GPUs it listed earlier\.<\/strong> /);
+  t.match(html, /<strong>The GPU driver no longer lists GPUs it listed earlier\.<\/strong> /);
   t.match(html, asOf);
   t.match(html, /<p class="empty">No GPU figures: .*last good snapshot no longer listed\.<\/p>\n<div class="gpus"><div class="gpu lost">/);
   t.same(htmlRows(html), ['3 lost'], 'the lost GPU alone');
@@ -209,14 +209,14 @@ t.test('past max-stale the last good snapshot still names the lost GPUs: rows an
   t.match(html, 'is past max-stale (30.0 s)');
 
   const text = renderText(model);
-  t.match(text, /!! nvidia-smi no longer lists GPUs it listed earlier\. /);
+  t.match(text, /!! The GPU driver no longer lists GPUs it listed earlier\. /);
   t.match(text, asOf);
   t.match(text, '!!   GPU 3 (GPU-3, NVIDIA H200), last listed 2026-11-29 11:59:15 UTC, missing since 2026-11-29 11:59:20 UTC (70.0 s ago)');
-  t.match(text, /  none: nvidia-smi gave no GPU figures .*last good snapshot no longer listed\.\nGPU /);
+  t.match(text, /  none: the GPU driver gave no GPU figures .*last good snapshot no longer listed\.\nGPU /);
   t.same(textRows(text).map((line) => line.split(' ')[0]), ['3']);
   t.match(textRows(text)[0]!, /\(LOST\).*placed on it: llama-a \(unverified\)$/);
 
   const none = statusModel({ states: [], view: null, node: null, error: 'boom', unreachable: [], lastGood: { ...lastGood, snapshot: snapshotOf(gpus, [], []) }, maxStaleMs: 30_000, host: 'h', version: '0', now: NOW });
-  t.match(renderHtml(none), '<p class="empty">No GPU figures: nvidia-smi gave none (see above).</p>\n</section>', 'no GPU lost by then: no rows, no note');
-  t.match(renderText(none), '  none: nvidia-smi gave no GPU figures (see above)\n\n');
+  t.match(renderHtml(none), '<p class="empty">No GPU figures: the GPU driver gave none (see above).</p>\n</section>', 'no GPU lost by then: no rows, no note');
+  t.match(renderText(none), '  none: the GPU driver gave no GPU figures (see above)\n\n');
 });
