@@ -19,7 +19,7 @@ const doctorSchema = (description: string) => Type.Object(
     checks: Type.Array(
       Type.Object({
         name: Type.String({
-          description: 'Check name: settings, nvidia-smi or nvml (whichever GPU driver serves), gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, proc, open-files, state-file, registered-gpus, token.',
+          description: 'Check name: settings, backend, nvidia-smi or nvml (whichever GPU driver serves), gpus, mig (only where MIG is enabled), query-time, lost-gpus, host-pid-namespace, weights, proc, open-files, state-file, registered-gpus, token.',
         }),
         status: StringEnum(['ok', 'warn', 'fail'], 'ok, warn or fail.'),
         detail: Type.String({ description: 'What was found.' }),
