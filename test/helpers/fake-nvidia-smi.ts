@@ -58,6 +58,9 @@ export interface FakeProcess {
   smUtilPct?: number;
   /** Fake NVML only: that sample's memUtil (%); 0 when absent. */
   memUtilPct?: number;
+  /** Fake NVML only: that sample's timeStamp (us), returned whatever timestamp the caller passes, as
+   *  real drivers sometimes return stale or garbage samples (nvtop #110); the call's time when absent. */
+  sampleStampUs?: number;
   /** Fake NVML only: the MIG instance it runs on (NVML's "no instance" when absent). */
   gpuInstanceId?: number;
   computeInstanceId?: number;

@@ -4,35 +4,13 @@
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import t, { type Test } from 'tap';
-import { pino } from 'pino';
-import type { GpuDriver, QueryObservation } from '../../src/system/gpu-driver.js';
-import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
+import t from 'tap';
 import { createNvmlDriver } from '../../src/system/nvml/nvml-driver.js';
 import { cString, loadNvmlLibrary, nvmlCallsUnderWay } from '../../src/system/nvml/nvml-library.js';
-import { installFakeNvml, nvmlCalls, type FakeNvmlVariant } from '../../scripts/fake-nvml.js';
-import { createFakeNvidiaSmi, eightGpuNode, waitUntil, type FakeNvidiaSmi, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
+import { installFakeNvml, nvmlCalls } from '../../scripts/fake-nvml.js';
+import { createFakeNvidiaSmi, eightGpuNode, waitUntil, type FakeScenario } from '../helpers/fake-nvidia-smi.js';
 import { captureLog } from '../helpers/log-capture.js';
-
-const silent = pino({ level: 'silent' });
-
-/** What nvidia-smi cannot give: the fields only NVML fills, left out to compare both backends. */
-function sameAsSmi<T>(records: T): T {
-  return JSON.parse(JSON.stringify(records, (key, value) => (key === 'events' || key === 'smUtilPct' || key === 'migDevices' || key === 'migInstance' ? undefined : value))) as T;
-}
-
-type Rig = { fake: FakeNvidiaSmi; nvml: GpuDriver; smi: GpuDriver; observations: QueryObservation[]; dir: string };
-
-function rig(t: Test, scenario: FakeScenario, options: { variant?: FakeNvmlVariant; timeoutMs?: number; log?: typeof silent; procRoot?: string } = {}): Rig {
-  const dir = mkdtempSync(join(tmpdir(), 'nodecompute-nvml-'));
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
-  const fake = createFakeNvidiaSmi(dir, scenario);
-  const library = loadNvmlLibrary(installFakeNvml(dir, options.variant ?? 'current'));
-  const observations: QueryObservation[] = [];
-  const timeoutMs = options.timeoutMs ?? 20_000;
-  const nvml = createNvmlDriver({ library, timeoutMs, log: options.log ?? silent, procRoot: options.procRoot ?? '/proc', onQuery: (o) => observations.push(o) });
-  return { fake, nvml, smi: createNvidiaSmi({ path: fake.path, timeoutMs, log: silent }), observations, dir };
-}
+import { rig, sameAsSmi, silent } from '../helpers/nvml-rig.js';
 
 t.test('on the 8x H200 node NVML and nvidia-smi give the same GPUs, processes and versions', async (t) => {
   // Utilization: a busy GPU, an idle one (absent: 0) and one that gives none.

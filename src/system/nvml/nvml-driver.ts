@@ -92,15 +92,16 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
 
   type Memory = Pick<GpuRecord, 'totalMiB' | 'usedMiB' | 'freeMiB' | 'reservedMiB'>;
 
-  async function memoryOf(run: Run, device: DeviceHandle): Promise<Memory> {
+  /** A GPU's memory through `calls` (a MIG device's through plain calls). */
+  async function memoryOf(calls: NvmlCall, device: DeviceHandle): Promise<Memory> {
     const v2 = Buffer.alloc(MEMORY_V2_SIZE);
     v2.writeUInt32LE(MEMORY_V2_VERSION, 0);
-    if ((await deviceCall(run, 'memoryV2', device, v2)) === NVML.SUCCESS) {
+    if ((await calls('memoryV2', device, v2)) === NVML.SUCCESS) {
       const at = (offset: number) => mib(v2.readBigUInt64LE(offset));
       return { totalMiB: at(8), reservedMiB: at(16), freeMiB: at(24), usedMiB: at(32) };
     }
     const v1 = Buffer.alloc(24);
-    if ((await deviceCall(run, 'memory', device, v1)) !== NVML.SUCCESS) return { totalMiB: null, usedMiB: null, freeMiB: null, reservedMiB: null };
+    if ((await calls('memory', device, v1)) !== NVML.SUCCESS) return { totalMiB: null, usedMiB: null, freeMiB: null, reservedMiB: null };
     const at = (offset: number) => mib(v1.readBigUInt64LE(offset));
     return { totalMiB: at(0), freeMiB: at(8), usedMiB: at(16), reservedMiB: null };
   }
@@ -122,9 +123,9 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     if (uuid === null) return null;
     const busId = await text(run, 'busId', index, device);
     const name = (await text(run, 'name', index, device)) ?? '';
-    const memory = await memoryOf(run, device);
+    const memory = await memoryOf(callsOf(run), device);
     const migMode = await migModeOf(run, device);
-    const migDevices = migMode === 'Enabled' ? await readMigDevices(callsOf(run), device, (mig) => memoryOf(run, mig)) : null;
+    const migDevices = migMode === 'Enabled' ? await readMigDevices(callsOf(run), plainOf(run), device, (mig) => memoryOf(plainOf(run), mig)) : null;
     return { index, uuid, name, ...memory, migMode, busId, utilizationPct: await utilizationOf(run, device), migDevices };
   }
 
@@ -154,8 +155,10 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     return found;
   }
 
-  /** `run`'s calls, as the readers of processes, utilization and events make them. */
+  /** `run`'s calls on a GPU, as the readers of processes make them: a lost GPU throws Unreachable. */
   const callsOf = (run: Run): NvmlCall => (fn, ...args) => deviceCall(run, fn, ...args);
+  /** `run`'s plain calls, for what may fail without the GPU being lost (MIG devices, utilization, events). */
+  const plainOf = (run: Run): NvmlCall => (fn, ...args) => call(run, fn, ...args);
 
   /** The listed GPU a handle in an event belongs to. */
   function gpuOfHandle(listing: GpuListing, handle: DeviceHandle): { uuid: string; where: string } | null {
@@ -171,7 +174,7 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
       else if (gpu.value !== null) listing.gpus.push(gpu.value);
     }
     // Plain calls: an event call that says a GPU is lost must not make the listing fail.
-    const plain: NvmlCall = (fn, ...args) => call(run, fn, ...args);
+    const plain = plainOf(run);
     const listed = new Set(listing.gpus.map((gpu) => gpu.index));
     for (const [index, known] of devices) if (listed.has(index)) await events.register(plain, known.handle);
     await events.drain(plain, (handle) => gpuOfHandle(listing, handle));
@@ -200,11 +203,12 @@ export function createNvmlDriver(options: NvmlDriverOptions): GpuDriver {
     const apps: ComputeAppRecord[] = [];
     const perGpu = await eachGpu(run, async (index, device) => {
       const uuid = await text(run, 'uuid', index, device);
-      const onMig = (await migModeOf(run, device)) === 'Enabled' ? await readMigProcesses(callsOf(run), layout, device) : null;
+      const onMig = (await migModeOf(run, device)) === 'Enabled' ? await readMigProcesses(callsOf(run), plainOf(run), layout, device) : null;
       const entries = onMig ?? (await readProcesses(callsOf(run), layout, device));
       if (!Array.isArray(entries)) throw failed(library.symbol(layout.fn), entries.code);
       if (!sampled) return { uuid, entries, utilization: undefined };
-      const utilization = await readUtilization(callsOf(run), device, lastSamples.get(index) ?? 0n);
+      // Optional: a refusal reads null, and never drops the processes just read.
+      const utilization = await readUtilization(plainOf(run), device, lastSamples.get(index) ?? 0n);
       lastSamples.set(index, utilization.lastSeen);
       return { uuid, entries, utilization: utilization.byPid };
     });

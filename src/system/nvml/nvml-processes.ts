@@ -82,6 +82,8 @@ export async function readProcesses(call: NvmlCall, layout: ProcessLayout, devic
     const read = await readInto(call, layout, device, room, SENTINELS[0]);
     if (read.code === NVML.ERROR_INSUFFICIENT_SIZE) continue;
     if (read.code !== NVML.SUCCESS) return { code: read.code };
+    // They exited since the count: an empty read shows no entry's size, so the probe waits.
+    if (read.written === 0) return [];
     if (layout.stride === null) {
       const again = await readInto(call, layout, device, room, SENTINELS[1]);
       // The list changed between the two reads: read again.
@@ -124,6 +126,9 @@ async function migDevice(call: NvmlCall, handle: DeviceHandle, memoryOf: (handle
   return { uuid, profile, gpuInstanceId, computeInstanceId, ...(await memoryOf(handle)) };
 }
 
+// Calls on a MIG device's own handle (`migCall`) are plain: a refusal there leaves that device out
+// and never says the whole GPU is lost (a lost GPU fails its own calls first).
+
 /** The handles of the GPU's MIG devices in slot order; null where NVML gives no count (MIG off, an old driver, a refusal). */
 async function migHandles(call: NvmlCall, device: DeviceHandle): Promise<DeviceHandle[] | null> {
   const count = Buffer.alloc(4);
@@ -138,12 +143,17 @@ async function migHandles(call: NvmlCall, device: DeviceHandle): Promise<DeviceH
 }
 
 /** The GPU's MIG devices in slot order; null where NVML gives none (MIG off, an old driver, a refusal). */
-export async function readMigDevices(call: NvmlCall, device: DeviceHandle, memoryOf: (handle: DeviceHandle) => Promise<Memory>): Promise<MigDeviceRecord[] | null> {
+export async function readMigDevices(
+  call: NvmlCall,
+  migCall: NvmlCall,
+  device: DeviceHandle,
+  memoryOf: (handle: DeviceHandle) => Promise<Memory>,
+): Promise<MigDeviceRecord[] | null> {
   const handles = await migHandles(call, device);
   if (handles === null) return null;
   const found: MigDeviceRecord[] = [];
   for (const handle of handles) {
-    const mig = await migDevice(call, handle, memoryOf);
+    const mig = await migDevice(migCall, handle, memoryOf);
     if (mig !== null) found.push(mig);
   }
   return found;
@@ -151,10 +161,15 @@ export async function readMigDevices(call: NvmlCall, device: DeviceHandle, memor
 
 /**
  * The processes of each MIG device, read through its own handle, with its instance ids: NVML gives the
- * parent GPU's aggregate list only to a privileged caller. Null where NVML gives no count; the code a
- * read failed with.
+ * parent GPU's aggregate list only to a privileged caller (and fails as the GPU's would). Null where
+ * NVML gives no count; the code a read failed with.
  */
-export async function readMigProcesses(call: NvmlCall, layout: ProcessLayout, device: DeviceHandle): Promise<ProcessEntry[] | { code: number } | null> {
+export async function readMigProcesses(
+  call: NvmlCall,
+  migCall: NvmlCall,
+  layout: ProcessLayout,
+  device: DeviceHandle,
+): Promise<ProcessEntry[] | { code: number } | null> {
   const handles = await migHandles(call, device);
   if (handles === null) return null;
   const entries: ProcessEntry[] = [];
@@ -162,23 +177,24 @@ export async function readMigProcesses(call: NvmlCall, layout: ProcessLayout, de
     const read = await readProcesses(call, layout, handle);
     if (!Array.isArray(read)) return read;
     if (read.length === 0) continue;
-    const gpuInstanceId = await idOf(call, 'gpuInstanceId', handle);
-    const computeInstanceId = await idOf(call, 'computeInstanceId', handle);
+    const gpuInstanceId = await idOf(migCall, 'gpuInstanceId', handle);
+    const computeInstanceId = await idOf(migCall, 'computeInstanceId', handle);
     const migInstance = gpuInstanceId === null || computeInstanceId === null ? null : { gpuInstanceId, computeInstanceId };
     entries.push(...read.map((entry) => ({ ...entry, migInstance })));
   }
   return entries;
 }
 
-/** sizeof(nvmlProcessUtilizationSample_t), and where its timeStamp and smUtil are. */
+/** sizeof(nvmlProcessUtilizationSample_t), where its timeStamp is, and its four utilizations (sm, mem, enc, dec). */
 const SAMPLE_SIZE = 32;
 const TIMESTAMP_AT = 8;
-const SM_UTIL_AT = 16;
+const UTILS_AT = [16, 20, 24, 28] as const;
 const SAMPLE_HEADROOM = 8;
 
 // NVML keeps samples of the last seconds and gives those newer than the timestamp passed back. A
 // process it has no sample of did no work since `lastSeen` (0%); a GPU that gives none (MIG, old
-// boards) reads null.
+// boards) reads null. Real drivers also return samples no newer than `lastSeen` and utilizations
+// past 100 (nvtop #110): those are dropped, so one bad stamp cannot hide every later sample.
 /** Per PID, the highest SM utilization (%) sampled; null when the GPU gives none. `lastSeen`: the newest sample's time, to pass next. */
 export type Utilization = { byPid: Map<number, number> | null; lastSeen: bigint };
 
@@ -199,8 +215,10 @@ export async function readUtilization(call: NvmlCall, device: DeviceHandle, last
     const at = i * SAMPLE_SIZE;
     const pid = samples.readUInt32LE(at);
     const stamp = samples.readBigUInt64LE(at + TIMESTAMP_AT);
+    if (stamp <= lastSeen || UTILS_AT.some((offset) => samples.readUInt32LE(at + offset) > 100)) continue;
+    const smUtil = samples.readUInt32LE(at + UTILS_AT[0]);
     if (stamp > newest) newest = stamp;
-    byPid.set(pid, Math.max(byPid.get(pid) ?? 0, samples.readUInt32LE(at + SM_UTIL_AT)));
+    byPid.set(pid, Math.max(byPid.get(pid) ?? 0, smUtil));
   }
   return { byPid, lastSeen: newest };
 }
