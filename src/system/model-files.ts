@@ -16,8 +16,9 @@ type MappedFile = { path: string; deleted: boolean; device: string; inode: strin
 // start-end perms offset dev inode [path]; the path may hold spaces and ends " (deleted)" once unlinked.
 const MAPS_LINE = /^([0-9a-f]+)-([0-9a-f]+) (\S{4}) [0-9a-f]+ (\S+) (\d+) +(\/.*)$/;
 const DELETED = ' (deleted)';
-// Devices, shared memory and memfd regions are no model file.
-const NOT_FILES = /^\/(?:dev|SYSV|memfd:)/;
+// Device files, SysV shared memory and memfd regions are no model file (and reading a device could
+// block); a file on /dev/shm, a tmpfs where models are staged, is one.
+const NOT_FILES = /^\/(?:dev\/(?!shm\/)|SYSV|memfd:)/;
 
 export function parseMappedFiles(text: string): MappedFile[] {
   const files = new Map<string, MappedFile>();

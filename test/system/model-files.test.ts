@@ -19,15 +19,21 @@ const MAPS = [
   '7f4000000000-7f4000001000 rw-s 00000000 00:05 300 /dev/nvidia0',
   '7f5000000000-7f5000400000 r--s 00000000 00:01 301 /memfd:cuda (deleted)',
   `7f6000000000-7f6001000000 r--s 00000000 fe:00 400 ${BLOB} (deleted)`,
+  '7f6100000000-7f6100100000 r--s 00000000 00:1a 410 /dev/shm/staged.gguf',
+  '7f6200000000-7f6200100000 r--s 00000000 fe:00 420 /devdata/q.gguf',
+  '7f6300000000-7f6300001000 r--s 00000000 00:05 430 /dev/dri/card0',
+  '7f6400000000-7f6400001000 r--s 00000000 00:01 440 /SYSV00000000 (deleted)',
   '7f7000000000-7f7000001000 ---p 00000000 fe:00 500 /models/guard.gguf',
   'not a maps line',
 ].join('\n');
 
-t.test('parseMappedFiles: read-only file mappings, code and anonymous memory left out, ranges of a file summed', async (t) => {
+t.test('parseMappedFiles: read-only file mappings, code, anonymous memory and devices left out (not /dev/shm), ranges of a file summed', async (t) => {
   t.same(parseMappedFiles(MAPS), [
     { path: '/usr/lib/libggml-cpu.so', deleted: false, device: 'fe:00', inode: '101', mappedBytes: 0x100000 },
     { path: '/models/my model.gguf', deleted: false, device: 'fe:00', inode: '200', mappedBytes: 0x40000000 + 0x200000 },
     { path: BLOB, deleted: true, device: 'fe:00', inode: '400', mappedBytes: 0x1000000 },
+    { path: '/dev/shm/staged.gguf', deleted: false, device: '00:1a', inode: '410', mappedBytes: 0x100000 },
+    { path: '/devdata/q.gguf', deleted: false, device: 'fe:00', inode: '420', mappedBytes: 0x100000 },
   ]);
 });
 
