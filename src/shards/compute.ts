@@ -11,7 +11,7 @@ import { placedIndices } from '../node-state/placement.js';
 import type { EngineAccount, EngineBackend } from './llama-account.js';
 import type { ShardRecord } from './shard.js';
 import type { ReadinessState } from './verdict.js';
-import { heldBy, shardWeights, sumOrNull, type ShardWeights } from './weights.js';
+import { heldBy, shardWeights, sumOrNull, type Offload, type ShardWeights } from './weights.js';
 
 /** `usedMiB`: the shard's there (null when one of its processes' is [N/A]); `foreignMiB`: the MIG device's. */
 export type MigUsage = { uuid: string; profile: string; usedMiB: number | null; foreignMiB: number | null };
@@ -35,10 +35,10 @@ export function deviceLabel(usage: Pick<GpuUsage, 'index' | 'usedMiB'>): string 
   return `GPU ${usage.index}: ${formatHeldMemory(usage.usedMiB)}`;
 }
 
-function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState): EngineBackend | null {
+function backendOf(holdsGpu: boolean, shard: ShardRecord, engine: EngineAccount | null, state: ReadinessState, offload: Offload): EngineBackend | null {
   if (state === 'stopped') return null;
-  // As the verdict judges: a CUDA build that fell back still holds a CUDA context on the GPU.
-  if (state === 'on-cpu' && engine?.backend === 'CPU') return 'CPU';
+  // As the verdict judges: a CUDA build that fell back, or one whose weights stay in host memory, still holds a CUDA context on the GPU.
+  if (state === 'on-cpu' && (engine?.backend === 'CPU' || offload === 'none')) return 'CPU';
   if (holdsGpu) return 'CUDA';
   if (state === 'on-cpu') return 'CPU';
   if (state === 'ready' && shard.gpus.length === 0 && engine?.backend !== 'CUDA') return 'CPU';
@@ -65,8 +65,9 @@ export function shardCompute(shard: ShardRecord, node: NodeView, engine: EngineA
       .filter((holding) => assigned.has(holding.index) === given)
       .map((holding) => ({ index: holding.index, usedMiB: holding.usedMiB, ...activityOn(node, holding.index, holding.processes), migDevices: migUsageOn(shard, node, holding) }));
   const gpus = usage(true);
-  const backend = backendOf(held.length > 0, shard, engine, state);
-  return { backend, devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), cpuCores: shardCpuCores(shard, node), weights: shardWeights(shard, node), engine };
+  const weights = shardWeights(shard, node);
+  const backend = backendOf(held.length > 0, shard, engine, state, weights.offload);
+  return { backend, devices: gpus.map(deviceLabel), gpus, strayGpus: usage(false), cpuCores: shardCpuCores(shard, node), weights, engine };
 }
 
 /** The MIG devices of a held GPU that the shard holds memory on or was placed on; null where its GPU lists none. */

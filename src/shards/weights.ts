@@ -37,6 +37,12 @@ export const CONTEXT_ALLOWANCE_BYTES = 1024 * MiB;
 /** At or below this share on the GPU, no offload to speak of; at or above FULL_SHARE, all of it. */
 const NONE_SHARE = 0.1;
 const FULL_SHARE = 0.9;
+/**
+ * Beyond the allowance, what a GPU may hold and still count as no offload (compute buffers grow with
+ * the context and batch; without GPU layers the KV cache stays on the host). More is weights, however
+ * small a share of a large model: MoE experts kept on the CPU (--cpu-moe, -ot exps=CPU) are a choice.
+ */
+const NONE_EXTRA_BYTES = 2048 * MiB;
 
 /** What the shard's processes hold per GPU, in the listing's order; none before a snapshot includes it. */
 export const heldBy = (shard: ShardRecord, node: NodeView): ShardGpuHolding[] =>
@@ -106,7 +112,8 @@ function judge(bytes: number | null, hostBytes: number | null, held: { bytes: nu
   // A deleted file's size is not known: its weights are what stays mapped and what the GPUs hold.
   const total = bytes ?? hostBytes! + onGpu;
   const share = total === 0 ? 0 : round2(Math.min(1, onGpu / total));
-  const offload: Offload = share <= NONE_SHARE ? 'none' : share >= FULL_SHARE ? 'full' : 'partial';
+  const none = share <= NONE_SHARE && onGpu <= NONE_EXTRA_BYTES * held.gpus;
+  const offload: Offload = none ? 'none' : share >= FULL_SHARE ? 'full' : 'partial';
   const mapping = hostBytes === null ? 'not mapped (loaded without mmap)' : `mapped in host memory (${formatBytes(hostBytes)})`;
   const gpuPart = `its GPUs hold ${formatBytes(held.bytes)}, about ${formatBytes(onGpu)} of it weights after ${formatBytes(CONTEXT_ALLOWANCE_BYTES)} a GPU for a context and buffers`;
   return { offload, gpuBytes: Math.min(onGpu, total), gpuShare: share, judgedBy: 'gpu-memory', note: `the model is ${mapping}; ${gpuPart}` };

@@ -6,6 +6,7 @@ import type { ProcessModelFiles, ModelFile } from '../../src/system/model-files.
 import { readiness } from '../../src/shards/readiness.js';
 import { heldVerdict } from '../../src/shards/on-cpu-verdict.js';
 import { CONTEXT_ALLOWANCE_BYTES, shardWeights } from '../../src/shards/weights.js';
+import { shardCompute } from '../../src/shards/compute.js';
 import { gpuState } from '../helpers/gpu-state.js';
 import { handMadeView, procStat, shardRecord } from '../helpers/hand-made-view.js';
 
@@ -84,4 +85,24 @@ t.test('heldVerdict: a minimum share is met, or not; unknown shares ask nothing'
   t.match(heldVerdict(asks(0.6), view(null, half, asks(0.6)), NOW, NOW, []), { state: 'ready', cause: null }, 'memory not reported: no share to hold it to');
   const full: Array<[number, ProcessModelFiles]> = [[101, files(named('/m/a.gguf', 4 * GiB))]];
   t.match(heldVerdict(asks(0.6), view(6000, full, asks(0.6)), NOW, NOW, []), { state: 'ready', cause: null, warnings: [] });
+});
+
+t.test('zero offload is a share and a size: a GPU holding more than buffers holds weights, however large the model', async (t) => {
+  const big: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/moe.gguf', 100 * GiB, 100 * GiB))]];
+  const shard = shardRecord(NOW);
+  t.match(shardWeights(shard, view(3 * 1024, big)), { offload: 'none', gpuShare: 0.02 }, '-ngl 0: a context and 2 GiB of buffers');
+  t.match(shardWeights(shard, view(3 * 1024 + 100, big)), { offload: 'partial', gpuShare: 0.02 }, 'more: weights');
+  // --cpu-moe: attention on the GPU, experts mapped on the host.
+  const moe: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/moe.gguf', 380 * GiB, 380 * GiB))]];
+  t.match(heldVerdict(shard, view(20 * 1024, moe), NOW, NOW, []), { state: 'ready', cause: 'partial-offload', warnings: [/about 5% /] });
+});
+
+t.test('/compute says CPU for every shard on the CPU, though it holds a CUDA context', async (t) => {
+  const zero: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/a.gguf', 4 * GiB, 4 * GiB))]];
+  const over = shardRecord(NOW, { registeredAt: NOW - 20_000, graceMs: 10_000 });
+  const node = view(400, zero, over);
+  t.match(readiness({ shard: over, node, staleReason: null, engine: null, now: NOW }), { state: 'on-cpu', cause: 'weights-in-host-memory' });
+  t.equal(shardCompute(over, node, null, 'on-cpu').backend, 'CPU', 'weights in host memory');
+  const below = shardRecord(NOW, { registeredAt: NOW - 20_000, graceMs: 10_000, minGpuWeightsShare: 0.9 });
+  t.equal(shardCompute(below, view(3072, zero, below), null, 'on-cpu').backend, 'CUDA', 'a partial offload below its minimum computes on both: its weights share says how much');
 });
