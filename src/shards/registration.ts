@@ -66,6 +66,12 @@ export function createRegistration(deps: RegistrationDeps) {
     if (hasExited(stat)) {
       throw new ProcessNotFoundError(`Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register it once it runs.`);
     }
+    const tgid = await proc.readTgid(pid);
+    if (tgid !== null && tgid !== pid) {
+      throw new NotAShardProcessError(
+        `PID ${pid} in ${proc.root} is a thread (${stat.comm}) of process ${tgid}, not a process: the GPU driver lists processes, never their threads, so its memory would never be found. Register process ${tgid}.`,
+      );
+    }
     if (stat.pid === INIT_PID) {
       const crictl = "`crictl inspect --output go-template --template '{{.info.pid}}' CONTAINER_ID` on the node";
       throw new NotAShardProcessError(

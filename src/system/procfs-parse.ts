@@ -146,6 +146,12 @@ export function parseBootId(text: string): string | null {
   return /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/.test(id) ? id : null;
 }
 
+/** The Tgid of a /proc/PID/status text: the process a thread belongs to (its own PID for a process); null when not there. */
+export function parseTgid(text: string): number | null {
+  const match = /^Tgid:\s*(\d+)$/m.exec(text);
+  return match === null ? null : Number(match[1]);
+}
+
 // Lines are "hierarchy-ID:controller-list:path" (v1) or "0::path" (v2); the path may itself hold ':'.
 const CGROUP_LINE = /^[^:]*:[^:]*:(.+)$/s;
 

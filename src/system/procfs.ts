@@ -6,7 +6,7 @@ import { closeSync, openSync, readSync, statfsSync } from 'node:fs';
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
-import { cgroupMatcher, parseBootId, parseCgroup, parseOpenFilesLimit, parseProcStat, parseUptimeTicks, ProcParseError, type ProcStat } from './procfs-parse.js';
+import { cgroupMatcher, parseBootId, parseCgroup, parseOpenFilesLimit, parseProcStat, parseTgid, parseUptimeTicks, ProcParseError, type ProcStat } from './procfs-parse.js';
 
 export { cgroupMatcher, hasExited, parseBootId, parseCgroup, parseOpenFilesLimit, parseProcStat, parseUptimeTicks } from './procfs-parse.js';
 export { ProcParseError, type ProcStat } from './procfs-parse.js';
@@ -163,6 +163,12 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
 
   const readCgroup = async (pid: number): Promise<string[] | null> => cgroupOf(pid);
 
+  /** The process a PID's task belongs to (a thread's id is a PID in /proc too, unlisted); null when gone or not said. */
+  const readTgid = async (pid: number): Promise<number | null> => {
+    const bytes = readPidFile(pid, 'status', warn);
+    return bytes === null ? null : parseTgid(bytes.toString('utf8'));
+  };
+
   /** keep: the snapshot's read, which keeps each stat open for the next one and closes those of PIDs not asked. */
   const readStats = async (pids: number[], { keep = false }: { keep?: boolean } = {}): Promise<Map<number, StatAnswer>> => {
     const stats = new Map<number, StatAnswer>();
@@ -291,7 +297,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     return (boot ??= { id: readRootFile('sys/kernel/random/boot_id', 'as a boot id', 'bootId', parseBootId, warn) }).id;
   };
 
-  return { root, readStat, readCgroup, readStats, statNow, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };
+  return { root, readStat, readCgroup, readTgid, readStats, statNow, listPids, findPidsInCgroup, findPidsInCgroups, checkReadable, release, keeping, ticksNow, bootId };
 }
 
 const CHECK_PROC = "Check that NODECOMPUTE_PROC points at the host's /proc.";

@@ -3,7 +3,7 @@
 // ancestors and process group, and the conflict reads' edge cases (zombies, reused PIDs, unreadable
 // stats, a repeat removed while it waits). Real process groups where the case allows; a fixture
 // /proc where it needs a shape a test cannot spawn (PID 1, kernel threads, pods, reparented members).
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
@@ -26,6 +26,18 @@ t.test('PID 1 is refused: init in the host namespace, a container\'s main proces
   t.match(res.json().message, "Register its host PID (`docker inspect -f '{{.State.Pid}}' CONTAINER`");
   t.match(res.json().message, 'crictl inspect');
   t.match(res.json().message, 'or register the pod by its cgroup');
+  t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
+});
+
+t.test('a thread id is refused, naming its process: the GPU driver lists processes, never threads', async (t) => {
+  const { app } = await setup(t);
+  // This test process runs threads (libuv's, V8's): each has an id of its own under /proc.
+  const thread = readdirSync(`/proc/${process.pid}/task`).map(Number).find((tid) => tid !== process.pid)!;
+  const res = await app.inject({ method: 'PUT', url: '/shards/a-thread', payload: { pid: thread, gpus: [0] } });
+  t.equal(res.statusCode, 422);
+  t.equal(res.json().code, 'NODECOMPUTE_NOT_A_SHARD_PROCESS');
+  t.match(res.json().message, `PID ${thread} in /proc is a thread`);
+  t.match(res.json().message, `Register process ${process.pid}.`);
   t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
 });
 

@@ -205,6 +205,16 @@ t.test('parseProcStat: arbitrary input never throws anything but ProcParseError,
   t.notOk(same.failed, fc.defaultReportMessage(same) ?? 'bytes give what their text gives: the same fields, or the same error');
 });
 
+t.test('readTgid: the process a task id belongs to, from the real /proc; null for none or no Tgid line', async (t) => {
+  const real = createProcReader({ root: '/proc', log: pino({ level: 'silent' }) });
+  const thread = fs.readdirSync(`/proc/${process.pid}/task`).map(Number).find((tid) => tid !== process.pid)!;
+  t.equal(await real.readTgid(process.pid), process.pid);
+  t.equal(await real.readTgid(thread), process.pid, 'a thread: its process');
+  t.equal(await real.readTgid(2 ** 22 + 1), null, 'no such task');
+  const root = t.testdir({ '7': { status: 'Name:\tx\nPid:\t7\n' } });
+  t.equal(await createProcReader({ root, log: pino({ level: 'silent' }) }).readTgid(7), null, 'no Tgid line');
+});
+
 t.test('bootId: the boot id of the proc root, read once; null without one, with one warning for a bad one', async (t) => {
   const real = fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8');
   const silent = pino({ level: 'silent' });
