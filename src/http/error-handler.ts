@@ -2,7 +2,7 @@
 // Retry-After where retrying sooner cannot help; Fastify's mapped; anything else a logged 500), the
 // 404 of a path that does not exist, and the JSON body parser. A coded 5xx repeats on every request
 // while it lasts, so each distinct one is a warning at most once a minute (repeat-limit.ts).
-import type { FastifyError } from 'fastify';
+import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { InternalError, NotFoundError, StateWriteFailedError, StateWritePendingError, isCodedError, type CodedError } from '../errors.js';
 import { unreachableListedIn } from '../node-state/gpu-roster.js';
@@ -51,7 +51,7 @@ export function handleErrors(app: App, log: Logger): void {
     return reply.status(500).send(errorBody(500, internal.code, internal.message));
   });
 
-  app.setNotFoundHandler((request, reply) => {
+  const notFound = (request: FastifyRequest, reply: FastifyReply) => {
     const path = request.url.split('?')[0]!;
     // A trailing slash is the likeliest slip: name the path meant where a route matches it (not the /docs wildcard).
     const trimmed = path.slice(0, -1);
@@ -59,5 +59,11 @@ export function handleErrors(app: App, log: Logger): void {
     const meant = route && !('*' in route.params) ? ` Did you mean ${trimmed}, without the trailing slash?` : '';
     const err = new NotFoundError(`No route ${request.method} ${path}.${meant} The API is listed at /docs and /openapi.json.`);
     return reply.status(404).send(errorBody(404, err.code, err.message));
+  };
+  // Answered before any body is read or parsed, as the 405s are: a broken or oversized body to a path
+  // that does not exist is still told the path is wrong.
+  app.addHook('onRequest', async (request, reply) => {
+    if (request.is404) return notFound(request, reply);
   });
+  app.setNotFoundHandler(notFound);
 }

@@ -353,6 +353,20 @@ const table: BadRequest[] = [
   // Unknown routes, wrong methods, unknown shards.
   { name: 'unknown route', request: () => ({ method: 'GET', url: '/nope' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /No route GET \/nope/ },
   { name: 'unknown route: /nope/ (a trailing slash, and nothing without it either)', request: () => ({ method: 'GET', url: '/nope/' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /^No route GET \/nope\/\. The API is listed/ },
+  {
+    name: 'unknown route with a broken JSON body: the path is wrong, whatever the body',
+    request: () => ({ method: 'PUT', url: '/shard/x', headers: { 'content-type': 'application/json' }, payload: '{"pid":1,' }),
+    status: 404,
+    code: 'NODECOMPUTE_NOT_FOUND',
+    message: /^No route PUT \/shard\/x\./,
+  },
+  {
+    name: 'unknown route with an oversized body',
+    request: () => ({ method: 'POST', url: '/shards/x/engine-outpt', headers: text, payload: 'x'.repeat(2 * 1024 * 1024) }),
+    status: 404,
+    code: 'NODECOMPUTE_NOT_FOUND',
+    message: /^No route POST \/shards\/x\/engine-outpt\./,
+  },
   { name: '/gpus/ (a trailing slash)', request: () => ({ method: 'GET', url: '/gpus/?x=1' }), status: 404, code: 'NODECOMPUTE_NOT_FOUND', message: /^No route GET \/gpus\/\. Did you mean \/gpus, without the trailing slash\? / },
   {
     name: "a shard's probe with a trailing slash",
