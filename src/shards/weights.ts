@@ -2,15 +2,16 @@
 // set against the memory they hold on the GPUs it was given. The rule, from llama.cpp's loader: once
 // loaded, it unmaps the parts of the file it put on a GPU and keeps mapped what stays on the CPU (the
 // input embeddings always, and every layer not offloaded). So a mapping shrunk to at most half the
-// file is a full offload; a whole one is judged by GPU memory, less what a context and compute
-// buffers take. No model file in view (vLLM, other engines): not seen, and nothing is judged.
+// file is a full offload; a whole one, or a model in splits (a split wholly on a GPU is unmapped
+// whole), is judged by GPU memory, less what a context and compute buffers take. No model file in
+// view (vLLM, other engines): not seen, and nothing is judged.
 // heldBy and sumOrNull, what a shard holds per GPU and a sum unknown if one part is, serve its peers too.
 import { formatBytes } from '../memory-size.js';
 import type { ShardGpuHolding } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { statOf } from '../node-state/node-snapshot.js';
 import { placedIndices } from '../node-state/placement.js';
-import type { ModelFile } from '../system/model-files.js';
+import { splitsOf, type ModelFile } from '../system/model-files.js';
 import type { ShardRecord } from './shard.js';
 
 export const OFFLOADS = ['full', 'partial', 'none', 'unknown', 'not-seen'] as const;
@@ -96,11 +97,18 @@ export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
   const bytes = sumOrNull(files.map((file) => file.bytes));
   const mapped = files.filter((file) => file.mappedBytes !== null);
   const hostBytes = mapped.length === 0 ? null : mapped.reduce((sum, file) => sum + file.mappedBytes!, 0);
-  return { files, bytes, hostBytes, ...judge(bytes, hostBytes, heldOnGiven(shard, node)) };
+  // A model in splits: a partial offload unmaps the splits left wholly on a GPU, so a small mapping is no full offload.
+  const split = files.some((file) => splitsOf(file.path).length > 0);
+  return { files, bytes, hostBytes, ...judge(bytes, hostBytes, heldOnGiven(shard, node), split) };
 }
 
-function judge(bytes: number | null, hostBytes: number | null, held: { bytes: number | null; gpus: number }): Pick<ShardWeights, 'offload' | 'gpuBytes' | 'gpuShare' | 'judgedBy' | 'note'> {
-  if (bytes !== null && hostBytes !== null && hostBytes <= bytes / 2) {
+function judge(
+  bytes: number | null,
+  hostBytes: number | null,
+  held: { bytes: number | null; gpus: number },
+  split: boolean,
+): Pick<ShardWeights, 'offload' | 'gpuBytes' | 'gpuShare' | 'judgedBy' | 'note'> {
+  if (!split && bytes !== null && hostBytes !== null && hostBytes <= bytes / 2) {
     const note = `the loader unmapped all but ${formatBytes(hostBytes)} of ${formatBytes(bytes)}: what stays mapped is what it keeps on the CPU (the input embeddings at least)`;
     return { offload: 'full', gpuBytes: bytes - hostBytes, gpuShare: round2(1 - hostBytes / bytes), judgedBy: 'mapping', note };
   }

@@ -1,6 +1,7 @@
 // Owns which model files a process loaded, as /proc shows them with no help from the engine: the
 // GGUF files it maps (llama.cpp and Ollama mmap the model by default and, once loaded, unmap what
-// they put on a GPU), else the file its command line names (-m/--model: --no-mmap leaves no mapping).
+// they put on a GPU), else the file its command line names (-m/--model: --no-mmap leaves no mapping),
+// and a split model's other splits beside them.
 // The rule: a file counts only when it begins with GGUF's magic, read once per file through the
 // process's own root (/proc/PID/root); a deleted one, which cannot be opened, counts by its name.
 // Each read has a deadline: one that does not answer leaves that process unjudged, and no second
@@ -58,6 +59,16 @@ export function parseCmdline(bytes: Buffer): string[] {
 
 /** GGUF files begin with these four bytes ("GGUF", little-endian 0x46554747). */
 const GGUF_MAGIC = Buffer.from('GGUF', 'latin1');
+
+const SPLIT = /^(.*)-(\d{5})-of-(\d{5})\.gguf$/i;
+
+/** Every split of a model in splits (llama.cpp's gguf-split names: `m-00001-of-00003.gguf`) as `path` names one; [] for a whole file. */
+export function splitsOf(path: string): string[] {
+  const match = SPLIT.exec(path);
+  if (match === null) return [];
+  const [, stem, , count] = match as unknown as [string, string, string, string];
+  return Array.from({ length: Number(count) }, (_, i) => `${stem}-${String(i + 1).padStart(5, '0')}-of-${count}.gguf`);
+}
 
 /** A name that only a model has: a .gguf file, or an Ollama blob (sha256-named, no extension). */
 export function namedLikeModel(path: string): boolean {
@@ -142,6 +153,20 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
     return counts({ path }, found) ? [{ path, deleted: false, bytes: found.bytes, mappedBytes: null, seenIn: 'command-line' }] : [];
   };
 
+  // The loader unmaps a split whose tensors all went to a GPU whole, and a command line names the
+  // first split only: the other splits of a model seen are found beside it, as GGUF files.
+  const withSplits = async (pid: number, files: ModelFile[]): Promise<ModelFile[]> => {
+    const all = [...files];
+    for (const file of files) {
+      for (const path of splitsOf(file.path)) {
+        if (all.some((known) => known.path === path)) continue;
+        const found = await probe(pid, path);
+        if (found.gguf === true) all.push({ path, deleted: false, bytes: found.bytes, mappedBytes: file.mappedBytes === null ? null : 0, seenIn: file.seenIn });
+      }
+    }
+    return all;
+  };
+
   const readNow = async (pid: number): Promise<ProcessModelFiles | null> => {
     try {
       const mapped = parseMappedFiles(await readFile(`${base}${pid}/maps`, 'utf8')).filter(
@@ -152,7 +177,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
         const found = await probeMapped(pid, file);
         if (counts(file, found)) files.push({ path: file.path, deleted: file.deleted, bytes: found.bytes, mappedBytes: file.mappedBytes, seenIn: 'mapping' });
       }
-      return { files: files.length > 0 ? files : await fromCommandLine(pid), unreadable: null };
+      return { files: await withSplits(pid, files.length > 0 ? files : await fromCommandLine(pid)), unreadable: null };
     } catch (err) {
       const why = mapsUnreadable(pid, err);
       return why === null ? null : { files: [], unreadable: why };

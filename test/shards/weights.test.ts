@@ -106,3 +106,12 @@ t.test('/compute says CPU for every shard on the CPU, though it holds a CUDA con
   const below = shardRecord(NOW, { registeredAt: NOW - 20_000, graceMs: 10_000, minGpuWeightsShare: 0.9 });
   t.equal(shardCompute(below, view(3072, zero, below), null, 'on-cpu').backend, 'CUDA', 'a partial offload below its minimum computes on both: its weights share says how much');
 });
+
+t.test('a model in splits is judged by GPU memory against every split: one wholly on a GPU is unmapped whole', async (t) => {
+  const splits = (name: (n: number) => string): Array<[number, ProcessModelFiles]> => [
+    [101, files(mapped(name(1), 10 * GiB, 9.5 * GiB), mapped(name(3), 10 * GiB, 1.5 * GiB), mapped(name(2), 10 * GiB, 0))],
+  ];
+  const shard = shardRecord(NOW);
+  t.match(shardWeights(shard, view(21 * 1024, splits((n) => `/m/big-0000${n}-of-00003.gguf`))), { offload: 'partial', judgedBy: 'gpu-memory', bytes: 30 * GiB, gpuShare: 0.67 });
+  t.match(shardWeights(shard, view(21 * 1024, splits((n) => `/m/part${n}.gguf`))), { offload: 'full', judgedBy: 'mapping' }, 'whole files: a shrunk mapping is a full offload');
+});

@@ -5,7 +5,7 @@ import { closeSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { fifoTestdir } from '../helpers/fifo.js';
-import { createModelFileReader, mapsUnreadable, modelArgument, namedLikeModel, parseCmdline, parseMappedFiles } from '../../src/system/model-files.js';
+import { createModelFileReader, mapsUnreadable, modelArgument, namedLikeModel, parseCmdline, parseMappedFiles, splitsOf } from '../../src/system/model-files.js';
 
 const BLOB = `/root/.ollama/models/blobs/sha256-${'ab'.repeat(32)}`;
 
@@ -91,6 +91,32 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   t.same(await reader.read(13), { files: [], unreadable: null });
   proc(14, '');
   t.same(await reader.read(14), { files: [], unreadable: null });
+});
+
+t.test('a model in splits: its other splits are found beside the one seen, mapped or named', async (t) => {
+  t.same(splitsOf('/m/big-00002-of-00003.gguf'), ['/m/big-00001-of-00003.gguf', '/m/big-00002-of-00003.gguf', '/m/big-00003-of-00003.gguf']);
+  t.same(splitsOf('/m/big.gguf'), []);
+  const split = (n: number) => `/models/big-0000${n}-of-00003.gguf`;
+  const root = t.testdir({});
+  for (const pid of [40, 41]) mkdirSync(join(root, String(pid), 'root', 'models'), { recursive: true });
+  // 40 maps the first and last splits (the middle one went to a GPU whole); 41 ran with --no-mmap.
+  writeFileSync(join(root, '40', 'maps'), [1, 3].map((n) => `7f1000000000-7f1040000000 r--s 00000000 fe:00 ${n} ${split(n)}\n`).join(''));
+  writeFileSync(join(root, '41', 'maps'), '');
+  writeFileSync(join(root, '41', 'cmdline'), `llama-server\0--no-mmap\0-m\0${split(1)}\0`);
+  for (const n of [1, 2, 3]) writeFileSync(join(root, '40', 'root', split(n)), GGUF);
+  for (const n of [1, 3]) writeFileSync(join(root, '41', 'root', split(n)), GGUF);
+  writeFileSync(join(root, '41', 'root', split(2)), 'not GGUF');
+  const reader = createModelFileReader(root);
+  t.same(
+    (await reader.read(40))?.files.map((file) => [file.path, file.mappedBytes, file.seenIn]),
+    [[split(1), 0x40000000, 'mapping'], [split(3), 0x40000000, 'mapping'], [split(2), 0, 'mapping']],
+    'the unmapped split: nothing of it in host memory',
+  );
+  t.same(
+    (await reader.read(41))?.files.map((file) => [file.path, file.bytes, file.mappedBytes]),
+    [[split(1), GGUF.length, null], [split(3), GGUF.length, null]],
+    'named on the command line; a file that is no GGUF is no split',
+  );
 });
 
 t.test('the reader: a gone process reads null; maps that cannot be read say why', async (t) => {
