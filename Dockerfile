@@ -79,6 +79,12 @@ ENV NODE_OPTIONS="--max-old-space-size=128 --max-semi-space-size=2"
 # config.mallocArenaMax (a test keeps them equal).
 ENV MALLOC_ARENA_MAX=2
 
+# NVML calls (koffi's .async), the state file and reads of /proc/PID/maps all run on libuv's thread
+# pool. A wedged driver can hold a thread per NVML query and the maps reads of processes stuck in it
+# two more: with the default 4 the state file would wait behind them and read as a hung volume.
+# Same value as package.json's config.uvThreadpoolSize (a test keeps them equal).
+ENV UV_THREADPOOL_SIZE=8
+
 USER 10001:10001
 EXPOSE 9470
 VOLUME /var/lib/nodecompute

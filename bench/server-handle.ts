@@ -7,16 +7,21 @@ import { fileURLToPath } from 'node:url';
 import type { FromServer, ServerSpec, ToServer } from './server.js';
 
 const SERVER_JS = fileURLToPath(new URL('./server.js', import.meta.url));
-/** How the service ships (package.json's config, the Dockerfile's NODE_OPTIONS and MALLOC_ARENA_MAX). */
-const SHIPPED = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string; mallocArenaMax: string } }).config;
+/** How the service ships (package.json's config, the Dockerfile's NODE_OPTIONS, MALLOC_ARENA_MAX and UV_THREADPOOL_SIZE). */
+const SHIPPED = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { nodeOptions: string; mallocArenaMax: string; uvThreadpoolSize: string } })
+  .config;
 const SERVICE_NODE_OPTIONS = SHIPPED.nodeOptions.split(' ');
 /**
  * Node flags for the servers only, after the shipped ones (BENCH_SERVER_NODE_ARGS, split on spaces):
  * to profile them, e.g. `--cpu-prof --cpu-prof-dir=/tmp/prof`, which NODE_OPTIONS does not take.
  */
 const EXTRA_NODE_ARGS = (process.env.BENCH_SERVER_NODE_ARGS ?? '').split(' ').filter((arg) => arg !== '');
-/** As with `npm start`, a MALLOC_ARENA_MAX of the caller's own wins (an empty one counts as unset). */
-const SERVICE_ENV = { ...process.env, MALLOC_ARENA_MAX: process.env.MALLOC_ARENA_MAX || SHIPPED.mallocArenaMax };
+/** As with `npm start`, a MALLOC_ARENA_MAX or UV_THREADPOOL_SIZE of the caller's own wins (an empty one counts as unset). */
+const SERVICE_ENV = {
+  ...process.env,
+  MALLOC_ARENA_MAX: process.env.MALLOC_ARENA_MAX || SHIPPED.mallocArenaMax,
+  UV_THREADPOOL_SIZE: process.env.UV_THREADPOOL_SIZE || SHIPPED.uvThreadpoolSize,
+};
 const TAIL_CHARS = 4000;
 
 /** Clock ticks per second of the times in /proc/PID/stat (USER_HZ; 100 on every Linux port that matters). */

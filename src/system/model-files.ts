@@ -87,7 +87,7 @@ const PROBE_MIN_BYTES = 16 * 1024 * 1024;
 const PROBED_MAX = 1024;
 /** A process's maps, and the model files they name, answer in microseconds; a hung mount or a held mmap lock never does. */
 const READ_DEADLINE_MS = 1000;
-/** Stuck reads at most: each holds one of libuv's four threads, which the state file needs too. */
+/** Stuck reads at most: each holds a thread of libuv's pool (8 as shipped), which NVML's calls and the state file need too. */
 const STUCK_MAX = 2;
 const STUCK_MEANING = 'its weights are not judged until it answers (a model on a hung network mount, or a process stuck in the kernel); the next refreshes try again';
 

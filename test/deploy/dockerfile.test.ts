@@ -174,6 +174,13 @@ t.test('MALLOC_ARENA_MAX bounds glibc malloc\'s arenas in the image as npm start
   t.match(pkg.scripts.start, /MALLOC_ARENA_MAX="\$\{MALLOC_ARENA_MAX:-\$npm_package_config_mallocArenaMax\}"/, 'npm start sets it too, unless the caller has');
 });
 
+t.test('UV_THREADPOOL_SIZE leaves libuv threads for the state file beside stuck driver calls, in the image as npm start does', async (t) => {
+  const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { config: { uvThreadpoolSize: string }; scripts: { start: string } };
+  t.equal(env.get('UV_THREADPOOL_SIZE'), pkg.config.uvThreadpoolSize, 'the image runs with package.json config.uvThreadpoolSize');
+  t.ok(Number(pkg.config.uvThreadpoolSize) >= 8, 'room for 5 stuck calls (NVML queries, maps reads) and the state file');
+  t.match(pkg.scripts.start, /UV_THREADPOOL_SIZE="\$\{UV_THREADPOOL_SIZE:-\$npm_package_config_uvThreadpoolSize\}"/, 'npm start sets it too, unless the caller has');
+});
+
 t.test('EXPOSE is the default port and VOLUME is the state file directory', async (t) => {
   t.equal(Number(one(runtime, 'EXPOSE').args), SETTINGS.port.default);
   t.notOk(env.has('NODECOMPUTE_PORT'), 'the port is left at its default');
@@ -230,6 +237,7 @@ t.test('`nodecompute` is on the image\'s PATH, as package.json bin installs it, 
     PATH: `${join(root, posix.dirname(bin))}:${dirname(process.execPath)}:/usr/bin:/bin`,
     NODE_OPTIONS: env.get('NODE_OPTIONS') as string,
     MALLOC_ARENA_MAX: env.get('MALLOC_ARENA_MAX') as string,
+    UV_THREADPOOL_SIZE: env.get('UV_THREADPOOL_SIZE') as string,
     NODECOMPUTE_STATE_FILE: join(root, 'state', 'shards.json'),
     NODECOMPUTE_NVIDIA_SMI: join(root, 'no-nvidia-smi'),
   };

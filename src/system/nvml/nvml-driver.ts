@@ -1,7 +1,7 @@
 // Answers the GPU and process queries from NVML, filling the records nvidia-smi's answers fill;
 // how NVML is called (initialisation, deadlines, stuck calls) is nvml-session.ts's. What cannot
 // change within one initialisation (handles, UUIDs, names, bus ids) is asked once, and a process's
-// name while it stays listed, since each call costs a hop to koffi's thread.
+// name while it stays listed, since each call costs a hop to libuv's pool.
 import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';

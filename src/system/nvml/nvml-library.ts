@@ -1,6 +1,7 @@
 // Owns the binding to libnvidia-ml.so.1 through koffi: which symbols exist (newest version first, as
-// go-nvml resolves them), and one call shape: every call runs on koffi's own thread (`.async`), so a
-// driver that blocks never blocks the event loop; out-parameters are plain Buffers read by the caller.
+// go-nvml resolves them), and one call shape: every call runs on a thread of libuv's pool (koffi's
+// `.async`), so a driver that blocks never blocks the event loop; out-parameters are plain Buffers
+// read by the caller.
 import koffi from 'koffi';
 
 /** nvmlReturn_t values this service acts on (nvml.h). */
@@ -54,7 +55,7 @@ export type DeviceHandle = bigint;
 export interface NvmlLibrary {
   /** Where it was loaded from: the name given to the loader, or the explicit path. */
   readonly path: string;
-  /** Calls `fn` on koffi's thread; a symbol the library lacks answers ERROR_FUNCTION_NOT_FOUND ("not supported here"). */
+  /** Calls `fn` on a thread of libuv's pool; a symbol the library lacks answers ERROR_FUNCTION_NOT_FOUND ("not supported here"). */
   call(fn: NvmlFunction, ...args: unknown[]): Promise<number>;
   has(fn: NvmlFunction): boolean;
   /** The symbol `fn` is bound to (nvmlDeviceGetCount_v2), for messages; its newest name when the library lacks it. */
