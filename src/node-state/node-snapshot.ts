@@ -232,13 +232,15 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const gpuPids = new Set(apps.map((app) => app.pid));
     // The same PIDs come back next refresh, so their stat files are kept open.
     const { shardPids, facts } = await readProcFacts(deps, scanFailure, gpuPids, true);
+    // CPU time is measured over the span between stat reads, not up to the model files read after them (up to 1 s).
+    const statsRead = performance.now();
     await readParents(deps.proc, facts.proc, gpuPids, shardPids);
     const candidates = modelFileCandidates(facts.proc, gpus, shardPids, facts.cgroupPids);
     const modelFiles = await readModelFiles(modelFileReader, modelFilesCache, facts.proc, gpus, candidates, now());
     const done = performance.now();
     const takenAt = now();
     listedPids = [...gpuPids];
-    const cpu = cpuSince(cpuBaseline, facts.proc, done);
+    const cpu = cpuSince(cpuBaseline, facts.proc, statsRead);
     cpuBaseline = cpu.sample;
     return {
       ...facts,

@@ -1,6 +1,8 @@
 // Taking one snapshot: both queries joined by GPU UUID, /proc read for GPU and shard PIDs and the
 // parents between them, cgroups scanned only when a cgroup shard exists, and rows under unknown UUIDs
 // set aside with a warning.
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
 import { attribute } from '../../src/node-state/attribution.js';
@@ -187,6 +189,25 @@ t.test('take: the members of cgroup shards are read with the GPU and shard PIDs,
     { id: 'pod', pid: null, cgroup: '7d5b1f2c-1111-4c3e-9e0a-3f7c2b9d8e11', gpus: [0], engine: 'llama.cpp', graceMs: 0, registeredAt: 0, identity: { pid: 10, pgid: 10, startTime: 5, name: 'pause' } },
   ];
   t.same(attribute(snapshot, pods).liveness.get('pod'), { state: 'alive', oldestStart: 700 });
+});
+
+t.test('take: CPU cores are measured between the stat reads, not up to the model files read after them', async (t) => {
+  const root = t.testdir({ '30': { stat: '30 (llama-server) R 1 30 30 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 90 0 0' } });
+  let slow = true;
+  const take = createSnapshotTaker({
+    driver: smi([]),
+    proc: createProcReader({ root, log: pino({ level: 'silent' }) }),
+    log: pino({ level: 'silent' }),
+    interest: () => ({ pids: [30], cgroups: [] }),
+    now: () => 1,
+    // The first snapshot's read of its model files takes 600 ms (a slow mount), the next one's none.
+    modelFiles: { read: async () => (slow ? ((slow = false), await new Promise((resolve) => setTimeout(resolve, 600))) : undefined, { files: [], unreadable: null }) },
+  });
+  await take();
+  // 100 ticks (1 s of CPU) between two stat reads at least 600 ms apart: at most 1.67 cores.
+  writeFileSync(join(root, '30', 'stat'), '30 (llama-server) R 1 30 30 0 -1 0 0 0 0 0 100 0 0 0 20 0 1 0 90 0 0');
+  const cores = (await take()).cpuCores.get(30)!;
+  t.ok(cores > 0.2 && cores < 1.7, `${cores} cores`);
 });
 
 t.test('take, when nvidia-smi fails: the shards\' /proc facts stay with the error, without touching the kept stat files', async (t) => {
