@@ -186,7 +186,7 @@ export const ModelFileComponent = Type.Object(
     deleted: Type.Boolean({ description: 'Deleted since it was loaded ("(deleted)" in /proc/PID/maps): its size is then not known.' }),
     bytes: Nullable(Type.Integer({ minimum: 0 }), "The file's size; null when it cannot be opened (deleted, or not readable through /proc/PID/root)."),
     mappedBytes: Nullable(Type.Integer({ minimum: 0 }), 'Bytes of it still mapped in host memory; null when it is named on the command line and not mapped (--no-mmap).'),
-    seenIn: StringEnum(['mapping', 'command-line'] as const, 'Where it was found: /proc/PID/maps, or -m/--model in /proc/PID/cmdline.'),
+    seenIn: StringEnum(['mapping', 'command-line'] as const, 'Where it was found: /proc/PID/maps, or -m/--model in /proc/PID/cmdline (else LLAMA_ARG_MODEL in /proc/PID/environ).'),
   },
   { $id: 'ModelFile', description: 'A GGUF model file a process of the shard loaded.' },
 );

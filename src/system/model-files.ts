@@ -1,7 +1,7 @@
 // Owns which model files a process loaded, as /proc shows them with no help from the engine: the
 // GGUF files it maps (llama.cpp and Ollama mmap the model by default and, once loaded, unmap what
-// they put on a GPU), else the file its command line names (-m/--model: --no-mmap leaves no mapping),
-// and a split model's other splits beside them.
+// they put on a GPU), else the file its command line names (-m/--model, or llama.cpp's
+// LLAMA_ARG_MODEL: --no-mmap leaves no mapping), and a split model's other splits beside them.
 // The rule: a file counts only when it begins with GGUF's magic, read once per file through the
 // process's own root (/proc/PID/root); a deleted one, which cannot be opened, counts by its name.
 // Each read has a deadline: one that does not answer leaves that process unjudged, and no second
@@ -49,7 +49,13 @@ export function modelArgument(argv: readonly string[]): string | null {
   return null;
 }
 
-/** /proc/PID/cmdline's NUL-separated arguments. */
+/** The model llama.cpp's LLAMA_ARG_MODEL names in an environment (/proc/PID/environ's entries); null when none. An argument wins over it, as in llama.cpp. */
+export function modelVariable(environment: readonly string[]): string | null {
+  const value = environment.find((entry) => entry.startsWith('LLAMA_ARG_MODEL='))?.slice('LLAMA_ARG_MODEL='.length);
+  return value === undefined || value === '' ? null : value;
+}
+
+/** /proc/PID/cmdline's NUL-separated arguments (and /proc/PID/environ's entries). */
 export function parseCmdline(bytes: Buffer): string[] {
   const text = bytes.toString('utf8');
   const args = text.split('\0');
@@ -145,9 +151,12 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   const counts = (file: { path: string }, found: Probe): boolean =>
     found.gguf === true || (found.gguf === null && namedLikeModel(file.path));
 
+  /** The process's environment; [] where it cannot be read. */
+  const environmentOf = (pid: number): Promise<string[]> => readFile(`${base}${pid}/environ`).then(parseCmdline, () => []);
+
   const fromCommandLine = async (pid: number): Promise<ModelFile[]> => {
     const argv = parseCmdline(await readFile(`${base}${pid}/cmdline`));
-    const path = modelArgument(argv);
+    const path = modelArgument(argv) ?? modelVariable(await environmentOf(pid));
     if (path === null) return [];
     const found = await probe(pid, path);
     return counts({ path }, found) ? [{ path, deleted: false, bytes: found.bytes, mappedBytes: null, seenIn: 'command-line' }] : [];

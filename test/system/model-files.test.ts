@@ -5,7 +5,7 @@ import { closeSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { fifoTestdir } from '../helpers/fifo.js';
-import { createModelFileReader, mapsUnreadable, modelArgument, namedLikeModel, parseCmdline, parseMappedFiles, splitsOf } from '../../src/system/model-files.js';
+import { createModelFileReader, mapsUnreadable, modelArgument, modelVariable, namedLikeModel, parseCmdline, parseMappedFiles, splitsOf } from '../../src/system/model-files.js';
 
 const BLOB = `/root/.ollama/models/blobs/sha256-${'ab'.repeat(32)}`;
 
@@ -87,6 +87,15 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   t.same((await reader.read(11))?.files, [{ path: 'models/b.gguf', deleted: false, bytes: GGUF.length, mappedBytes: null, seenIn: 'command-line' }]);
   proc(12, '', 'llama-server\0-m\0/models/missing.gguf\0');
   t.same((await reader.read(12))?.files, [{ path: '/models/missing.gguf', deleted: false, bytes: null, mappedBytes: null, seenIn: 'command-line' }], 'not openable: its name says model');
+  // llama.cpp's own variable for -m, as its container images are often configured; an argument wins.
+  proc(15, '', 'llama-server\0--no-mmap\0');
+  writeFileSync(join(root, '15', 'environ'), 'PATH=/bin\0LLAMA_ARG_MODEL=/models/env.gguf\0');
+  writeFileSync(join(root, '15', 'root', 'models', 'env.gguf'), GGUF);
+  t.same((await reader.read(15))?.files.map((file) => [file.path, file.seenIn]), [['/models/env.gguf', 'command-line']]);
+  proc(16, '', 'llama-server\0-m\0/models/arg.gguf\0');
+  writeFileSync(join(root, '16', 'environ'), 'LLAMA_ARG_MODEL=/models/env.gguf\0');
+  t.same((await reader.read(16))?.files.map((file) => file.path), ['/models/arg.gguf']);
+  t.equal(modelVariable(['LLAMA_ARG_MODEL=']), null, 'an empty value names nothing');
   proc(13, '', 'python3\0-m\0vllm.entrypoints.openai.api_server\0');
   t.same(await reader.read(13), { files: [], unreadable: null });
   proc(14, '');
