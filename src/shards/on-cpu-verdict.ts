@@ -211,7 +211,9 @@ export function heldVerdict(shard: ShardRecord, node: NodeView, evidenceAt: numb
   if (shard.gpus.length === 0) return verdict('ready', null, null, warnings);
   const weights = shardWeights(shard, node);
   const zero = weights.offload === 'none';
-  const below = shard.minGpuWeightsShare !== undefined && weights.gpuShare !== null && weights.gpuShare < shard.minGpuWeightsShare;
+  // A full offload seen in the mapping keeps mapped only what the loader always keeps on the CPU (the
+  // input embeddings, a fifth of a small model): it meets any minimum, which -ngl could not raise.
+  const below = shard.minGpuWeightsShare !== undefined && weights.judgedBy !== 'mapping' && weights.gpuShare !== null && weights.gpuShare < shard.minGpuWeightsShare;
   if (!zero && !below) {
     if (weights.offload === 'partial') return verdict('ready', 'partial-offload', null, [...warnings, partialWarning(weights)]);
     return verdict('ready', null, null, warnings);

@@ -115,3 +115,12 @@ t.test('a model in splits is judged by GPU memory against every split: one wholl
   t.match(shardWeights(shard, view(21 * 1024, splits((n) => `/m/big-0000${n}-of-00003.gguf`))), { offload: 'partial', judgedBy: 'gpu-memory', bytes: 30 * GiB, gpuShare: 0.67 });
   t.match(shardWeights(shard, view(21 * 1024, splits((n) => `/m/part${n}.gguf`))), { offload: 'full', judgedBy: 'mapping' }, 'whole files: a shrunk mapping is a full offload');
 });
+
+t.test('a full offload seen in the mapping meets any minimum share: the embeddings always stay on the CPU', async (t) => {
+  // The real 29/29-layer load of test/fixtures/samples/llamacpp-lv5_load_tensors_plus_nvsmi-compute-apps.txt:
+  // CPU_Mapped 157.37 MiB (token embeddings) beside CUDA0's 603.87 MiB, 6010 MiB held on the GPU.
+  const small: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/small.gguf', 761 * MiB, 157 * MiB))]];
+  const asks = shardRecord(NOW, { minGpuWeightsShare: 0.8 });
+  t.match(shardWeights(asks, view(6010, small, asks)), { offload: 'full', judgedBy: 'mapping', gpuShare: 0.79 });
+  t.match(heldVerdict(asks, view(6010, small, asks), NOW, NOW, []), { state: 'ready', cause: null });
+});
