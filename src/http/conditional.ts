@@ -58,6 +58,7 @@ export function conditional(services: Services, request: FastifyRequest, reply: 
 export function writePrecondition(request: FastifyRequest, id: string): Precondition | undefined {
   const { 'if-match': ifMatch, 'if-none-match': ifNoneMatch } = request.headers;
   if (ifMatch === undefined && ifNoneMatch === undefined) return undefined;
+  if (ifMatch !== undefined && ifMatch.trim() === '') throw new BadRequestError('If-Match is empty: send If-Match: * (only while the shard is registered), or leave it out.');
   if (ifNoneMatch !== undefined && ifNoneMatch.trim() !== '*') {
     throw new BadRequestError('If-None-Match on a write takes only "*" (only while the shard is not registered); tags serve conditional GETs. Send If-None-Match: *, or leave it out.');
   }

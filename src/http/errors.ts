@@ -17,6 +17,7 @@ const FIELD_RULES: Record<string, string> = {
   'params/id pattern': 'a shard id is 1 to 128 letters, digits, ".", "_" or "-", starting with a letter or digit',
   'body/pid type': 'the host PID of the shard\'s main process; to register a cgroup instead, leave "pid" out or null',
   'body/cgroup type': 'a container id or pod UID; to register a PID instead, leave "cgroup" out or null',
+  'body/migDevices minItems': 'leave "migDevices" out, or null, for a shard on whole GPUs',
   'body/cgroup pattern':
     'a container id, 12 to 64 hex digits as `docker ps --no-trunc` or `crictl ps` show it, or a pod UID like 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0 (its metadata.uid); ' +
     "it is matched inside /proc/PID/cgroup, so a looser string would claim other workloads' processes",

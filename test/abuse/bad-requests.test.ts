@@ -246,6 +246,13 @@ const table: BadRequest[] = [
   { name: 'pid null beside a cgroup no process is in', request: register(() => ({ pid: null, cgroup: '0123456789ab', gpus: [1] })), status: 422, code: 'NODECOMPUTE_PROCESS_NOT_FOUND', message: /cgroup containing "0123456789ab"/ },
   { name: 'cgroup null beside the pid of shard "existing"', request: register((c) => ({ pid: c.pid, cgroup: null, gpus: [1] })), status: 409, code: 'NODECOMPUTE_SHARD_CONFLICT', message: /already registered as shard "existing"/ },
   { name: 'pid and cgroup both null', request: register(() => ({ pid: null, cgroup: null, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /Give "pid".*or "cgroup"/ },
+  {
+    name: 'migDevices empty',
+    request: register((c) => ({ ...good(c), migDevices: [] })),
+    status: 400,
+    code: 'NODECOMPUTE_BAD_REQUEST',
+    message: /body\/migDevices must NOT have fewer than 1 items \(leave "migDevices" out, or null, for a shard on whole GPUs\)/,
+  },
   { name: 'migDevices as a string', request: register((c) => ({ ...good(c), migDevices: 'MIG-1' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/migDevices must be an array/ },
   { name: 'minGpuWeightsShare as a string', request: register((c) => ({ ...good(c), minGpuWeightsShare: '0.8' })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/minGpuWeightsShare must be a number or null/ },
   { name: 'pid negative', request: register(() => ({ pid: -5, gpus: [1] })), status: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /body\/pid must be >= 1/ },

@@ -39,6 +39,8 @@ t.test('PUT with If-Match naming tags: 412 (weak tags never match); If-None-Matc
   t.match(tagged.json().message, /weak.*If-Match: \*/);
   const listed = await app.inject({ method: 'PUT', url: '/shards/a', headers: { 'if-none-match': etag }, payload });
   t.match(listed.json(), { statusCode: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /If-None-Match.*"\*"/ });
+  const empty = await app.inject({ method: 'PUT', url: '/shards/a', headers: { 'if-match': '' }, payload });
+  t.match(empty.json(), { statusCode: 400, code: 'NODECOMPUTE_BAD_REQUEST', message: /If-Match is empty/ });
   t.equal((await app.inject({ method: 'GET', url: '/shards/a' })).json().graceMs, 1000, 'unchanged');
 });
 

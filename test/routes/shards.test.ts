@@ -470,6 +470,7 @@ t.test('registering a zombie is refused: the process has already exited', async 
   t.equal(res.statusCode, 422);
   t.equal(res.json().code, 'NODECOMPUTE_PROCESS_NOT_FOUND');
   t.match(res.json().message, `Process ${zombie} (sleep) has already exited: it is a zombie`);
+  t.match(res.json().message, "Register the engine's live process");
   t.same((await app.inject({ method: 'GET', url: '/shards' })).json().shards, []);
 });
 
