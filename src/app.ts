@@ -2,6 +2,7 @@
 // Fastify with one error shape, one auth rule, the routes and their 405s. It never listens
 // (main.ts does); tests pass `deps` to swap the clock, the logger or a reader. openapi.yaml is
 // generated from the same app, so the file equals what /openapi.json serves.
+import type { Socket } from 'node:net';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -83,6 +84,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
     clientErrorHandler: writeClientError,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: false, allErrors: false } },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+
+  // Node hands CONNECT to a 'connect' listener, and with none closes the socket unanswered.
+  app.server.on('connect', (_request, socket: Socket) => writeClientError(Object.assign(new Error('CONNECT'), { code: 'CONNECT' }), socket));
 
   const services = await createServices(config, deps, log);
   app.decorate('services', services);

@@ -94,6 +94,7 @@ const CLIENT_ERRORS: Record<string, [status: number, code: string, message: stri
   HPE_HEADER_OVERFLOW: [431, 'NODECOMPUTE_HEADERS_TOO_LARGE', 'The request headers are larger than this server accepts (16 KiB in all, Node\'s limit): send fewer or shorter headers.'],
   ERR_HTTP_REQUEST_TIMEOUT: [408, 'NODECOMPUTE_REQUEST_TIMEOUT', 'The request was not completed within 30 s: send its headers and the whole body its Content-Length promised without pausing, or retry.'],
   HPE_INVALID_METHOD: [400, 'NODECOMPUTE_BAD_REQUEST', 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT); see /docs.'],
+  CONNECT: [400, 'NODECOMPUTE_BAD_REQUEST', 'CONNECT asks for a tunnel, and nodecompute is no proxy: check that HTTP_PROXY and HTTPS_PROXY do not name it; see /docs.'],
 };
 
 /** Malformed HTTP never reaches a route: it is answered on the socket, coded, and the connection closed. */

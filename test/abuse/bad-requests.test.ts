@@ -560,6 +560,13 @@ t.test('bad requests without a token configured', async (t) => {
         message: /^The request method is not an HTTP method this server knows \(methods are upper-case, such as GET or PUT\)/,
       },
       {
+        name: 'CONNECT (a client taking nodecompute for its proxy)',
+        chunks: ['CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n'],
+        status: 400,
+        code: 'NODECOMPUTE_BAD_REQUEST',
+        message: /^CONNECT asks for a tunnel, and nodecompute is no proxy/,
+      },
+      {
         name: 'an HTTP/1.1 request without Host',
         chunks: ['GET /shards HTTP/1.1\r\nConnection: close\r\n\r\n'],
         status: 400,
