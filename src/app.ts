@@ -90,8 +90,9 @@ export async function buildApp(config: Config, deps: AppDeps = {}): Promise<App>
 
   const services = await createServices(config, deps, log);
   app.decorate('services', services);
-  handleErrors(app, log);
+  // The Host check first: a request without exactly one Host is a 400 whatever its path (the 404's hook comes after).
   app.addHook('onRequest', requireOneHost);
+  handleErrors(app, log);
   if (log.isLevelEnabled('debug')) {
     app.addHook('onResponse', async (request, reply) => {
       request.log.debug({ method: request.method, url: request.url, statusCode: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'Request answered');

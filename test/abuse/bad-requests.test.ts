@@ -574,6 +574,13 @@ t.test('bad requests without a token configured', async (t) => {
         message: /HTTP\/1\.1 request names no Host: send exactly one/,
       },
       {
+        name: 'an HTTP/1.1 request without Host, to a path that does not exist: the Host first',
+        chunks: ['GET /nope HTTP/1.1\r\nConnection: close\r\n\r\n'],
+        status: 400,
+        code: 'NODECOMPUTE_BAD_REQUEST',
+        message: /HTTP\/1\.1 request names no Host: send exactly one/,
+      },
+      {
         name: 'a write naming two Hosts, the first loopback',
         chunks: [`PUT /shards/raw-h HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`],
         status: 400,
