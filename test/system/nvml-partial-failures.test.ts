@@ -68,6 +68,11 @@ t.test('utilization samples no real figure can be are dropped, and do not hide l
   t.equal(await smOf(1328668), 0, 'SM past 100: dropped');
   fake.update((s) => void (s.processes[0]!.smUtilPct = 30));
   t.equal(await smOf(1328667), 30, 'the next sample still read');
+  // A sound figure stamped a century ahead: dropped, as a stamp kept from it would hide the next ones.
+  fake.update((s) => void s.processes.push({ ...s.processes[8]!, smUtilPct: 50, sampleStampUs: 2 ** 52 }));
+  t.equal(await smOf(1328668), 0, 'a stamp ahead of the clock: dropped');
+  fake.update((s) => void (s.processes[0]!.smUtilPct = 20));
+  t.equal(await smOf(1328667), 20, 'and the next sample still read');
   // A sample stamped before the last one read: seen already, not counted again.
   fake.update((s) => void Object.assign(s.processes[0]!, { smUtilPct: 90, sampleStampUs: 1 }));
   t.equal(await smOf(1328667), 0, 'a stale sample: no work since');

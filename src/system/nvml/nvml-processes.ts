@@ -126,8 +126,9 @@ async function migDevice(call: NvmlCall, handle: DeviceHandle, memoryOf: (handle
   return { uuid, profile, gpuInstanceId, computeInstanceId, ...(await memoryOf(handle)) };
 }
 
-// Calls on a MIG device's own handle (`migCall`) are plain: a refusal there leaves that device out
-// and never says the whole GPU is lost (a lost GPU fails its own calls first).
+// What is asked of a MIG device's own handle for its record and ids (`migCall`) is asked with plain
+// calls: a refusal leaves that device (or id) out and never says the whole GPU is lost (a lost GPU
+// fails its own calls first). Its process list is read through `call`, as the GPU's is.
 
 /** The handles of the GPU's MIG devices in slot order; null where NVML gives no count (MIG off, an old driver, a refusal). */
 async function migHandles(call: NvmlCall, device: DeviceHandle): Promise<DeviceHandle[] | null> {
@@ -190,11 +191,13 @@ const SAMPLE_SIZE = 32;
 const TIMESTAMP_AT = 8;
 const UTILS_AT = [16, 20, 24, 28] as const;
 const SAMPLE_HEADROOM = 8;
+const FUTURE_SLACK_US = 60_000_000n;
 
 // NVML keeps samples of the last seconds and gives those newer than the timestamp passed back. A
 // process it has no sample of did no work since `lastSeen` (0%); a GPU that gives none (MIG, old
 // boards) reads null. Real drivers also return samples no newer than `lastSeen` and utilizations
-// past 100 (nvtop #110): those are dropped, so one bad stamp cannot hide every later sample.
+// past 100 (nvtop #110): those are dropped, as are stamps ahead of the clock, so one bad stamp
+// cannot hide every later sample.
 /** Per PID, the highest SM utilization (%) sampled; null when the GPU gives none. `lastSeen`: the newest sample's time, to pass next. */
 export type Utilization = { byPid: Map<number, number> | null; lastSeen: bigint };
 
@@ -211,11 +214,13 @@ export async function readUtilization(call: NvmlCall, device: DeviceHandle, last
   if (code !== NVML.SUCCESS) return { byPid: null, lastSeen };
   const byPid = new Map<number, number>();
   let newest = lastSeen;
+  // Stamps are the CPU's clock in microseconds: one a minute or more ahead of it is garbage too.
+  const latest = BigInt(Date.now()) * 1000n + FUTURE_SLACK_US;
   for (let i = 0; i < count.readUInt32LE(0); i += 1) {
     const at = i * SAMPLE_SIZE;
     const pid = samples.readUInt32LE(at);
     const stamp = samples.readBigUInt64LE(at + TIMESTAMP_AT);
-    if (stamp <= lastSeen || UTILS_AT.some((offset) => samples.readUInt32LE(at + offset) > 100)) continue;
+    if (stamp <= lastSeen || stamp > latest || UTILS_AT.some((offset) => samples.readUInt32LE(at + offset) > 100)) continue;
     const smUtil = samples.readUInt32LE(at + UTILS_AT[0]);
     if (stamp > newest) newest = stamp;
     byPid.set(pid, Math.max(byPid.get(pid) ?? 0, smUtil));
