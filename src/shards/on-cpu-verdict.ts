@@ -13,7 +13,7 @@ import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
 import { andList, gpuList, verdict, type Readiness } from './verdict.js';
-import { heldBy, shardWeights, type ShardWeights } from './weights.js';
+import { heldBy, meetsMinimum, shardWeights, type ShardWeights } from './weights.js';
 
 const ON_CPU_ADVICE =
   "Check the engine's build (ldd libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor`.";
@@ -211,9 +211,7 @@ export function heldVerdict(shard: ShardRecord, node: NodeView, evidenceAt: numb
   if (shard.gpus.length === 0) return verdict('ready', null, null, warnings);
   const weights = shardWeights(shard, node);
   const zero = weights.offload === 'none';
-  // A full offload seen in the mapping keeps mapped only what the loader always keeps on the CPU (the
-  // input embeddings, a fifth of a small model): it meets any minimum, which -ngl could not raise.
-  const below = shard.minGpuWeightsShare !== undefined && weights.judgedBy !== 'mapping' && weights.gpuShare !== null && weights.gpuShare < shard.minGpuWeightsShare;
+  const below = shard.minGpuWeightsShare !== undefined && !meetsMinimum(shard, node, weights, shard.minGpuWeightsShare);
   if (!zero && !below) {
     if (weights.offload === 'partial') return verdict('ready', 'partial-offload', null, [...warnings, partialWarning(weights)]);
     return verdict('ready', null, null, warnings);

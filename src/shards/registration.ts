@@ -64,7 +64,7 @@ export function createRegistration(deps: RegistrationDeps) {
       throw new ProcessNotFoundError(`No process with PID ${pid} exists in ${proc.root}. Register the shard's host PID while it runs; ${hostPid}.`);
     }
     if (hasExited(stat)) {
-      throw new ProcessNotFoundError(`Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped, and never runs again. Register the engine's live process (restart it if it crashed).`);
+      throw new ProcessNotFoundError(`Process ${pid} (${stat.comm}) has already exited: it is a zombie its parent has not reaped. Register the engine's live process (restart it if it crashed).`);
     }
     const tgid = await proc.readTgid(pid);
     if (tgid !== null && tgid !== pid) {

@@ -98,8 +98,22 @@ export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
   const mapped = files.filter((file) => file.mappedBytes !== null);
   const hostBytes = mapped.length === 0 ? null : mapped.reduce((sum, file) => sum + file.mappedBytes!, 0);
   // A model in splits: a partial offload unmaps the splits left wholly on a GPU, so a small mapping is no full offload.
-  const split = files.some((file) => splitsOf(file.path).length > 0);
+  const split = files.some((file) => splitsOf(file.path).length > 1);
   return { files, bytes, hostBytes, ...judge(bytes, hostBytes, heldOnGiven(shard, node), split) };
+}
+
+/**
+ * Whether at least `minimum` of the weights are on the GPUs. Judged by the mapping, the share is
+ * the higher of the mapping's and the GPU memory's: what stays mapped after a full offload is what
+ * the loader always keeps on the CPU (the input embeddings, a fifth of a small model), while a small
+ * mapping left by tensors kept on the CPU (-ot) shows in the memory the GPUs hold too.
+ */
+export function meetsMinimum(shard: ShardRecord, node: NodeView, weights: ShardWeights, minimum: number): boolean {
+  if (weights.gpuShare === null || weights.gpuShare >= minimum) return true;
+  if (weights.judgedBy !== 'mapping') return false;
+  const held = heldOnGiven(shard, node);
+  // Memory not reported ([N/A]): nothing contradicts the full offload the mapping shows.
+  return held.bytes === null || judge(weights.bytes, null, held, true).gpuShare! >= minimum;
 }
 
 function judge(

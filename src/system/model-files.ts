@@ -49,8 +49,12 @@ export function modelArgument(argv: readonly string[]): string | null {
   return null;
 }
 
-/** The model llama.cpp's LLAMA_ARG_MODEL names in an environment (/proc/PID/environ's entries); null when none. An argument wins over it, as in llama.cpp. */
-export function modelVariable(environment: readonly string[]): string | null {
+/**
+ * The model LLAMA_ARG_MODEL names in a llama.cpp program's environment (/proc/PID/environ's entries);
+ * null when none. Only a llama-* program reads it: a wrapper (sh, tini) inherits it and loads nothing.
+ */
+export function modelVariable(argv: readonly string[], environment: readonly string[]): string | null {
+  if (!/(?:^|\/)llama-[^/]*$/.test(argv[0] ?? '')) return null;
   const value = environment.find((entry) => entry.startsWith('LLAMA_ARG_MODEL='))?.slice('LLAMA_ARG_MODEL='.length);
   return value === undefined || value === '' ? null : value;
 }
@@ -156,21 +160,23 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
 
   const fromCommandLine = async (pid: number): Promise<ModelFile[]> => {
     const argv = parseCmdline(await readFile(`${base}${pid}/cmdline`));
-    const path = modelArgument(argv) ?? modelVariable(await environmentOf(pid));
+    const path = modelArgument(argv) ?? modelVariable(argv, await environmentOf(pid));
     if (path === null) return [];
     const found = await probe(pid, path);
     return counts({ path }, found) ? [{ path, deleted: false, bytes: found.bytes, mappedBytes: null, seenIn: 'command-line' }] : [];
   };
 
   // The loader unmaps a split whose tensors all went to a GPU whole, and a command line names the
-  // first split only: the other splits of a model seen are found beside it, as GGUF files.
+  // first split only: the other splits of a model seen are found beside it (a file there that is not
+  // GGUF is none).
   const withSplits = async (pid: number, files: ModelFile[]): Promise<ModelFile[]> => {
     const all = [...files];
     for (const file of files) {
       for (const path of splitsOf(file.path)) {
         if (all.some((known) => known.path === path)) continue;
         const found = await probe(pid, path);
-        if (found.gguf === true) all.push({ path, deleted: false, bytes: found.bytes, mappedBytes: file.mappedBytes === null ? null : 0, seenIn: file.seenIn });
+        // One that cannot be opened counts with its size unknown: leaving it out would overstate the share on the GPU.
+        if (counts({ path }, found)) all.push({ path, deleted: false, bytes: found.bytes, mappedBytes: file.mappedBytes === null ? null : 0, seenIn: file.seenIn });
       }
     }
     return all;

@@ -116,11 +116,18 @@ t.test('a model in splits is judged by GPU memory against every split: one wholl
   t.match(shardWeights(shard, view(21 * 1024, splits((n) => `/m/part${n}.gguf`))), { offload: 'full', judgedBy: 'mapping' }, 'whole files: a shrunk mapping is a full offload');
 });
 
-t.test('a full offload seen in the mapping meets any minimum share: the embeddings always stay on the CPU', async (t) => {
+t.test('judged by the mapping, a minimum share is met by the mapping or the GPU memory: the embeddings always stay on the CPU', async (t) => {
   // The real 29/29-layer load of test/fixtures/samples/llamacpp-lv5_load_tensors_plus_nvsmi-compute-apps.txt:
   // CPU_Mapped 157.37 MiB (token embeddings) beside CUDA0's 603.87 MiB, 6010 MiB held on the GPU.
   const small: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/small.gguf', 761 * MiB, 157 * MiB))]];
   const asks = shardRecord(NOW, { minGpuWeightsShare: 0.8 });
   t.match(shardWeights(asks, view(6010, small, asks)), { offload: 'full', judgedBy: 'mapping', gpuShare: 0.79 });
-  t.match(heldVerdict(asks, view(6010, small, asks), NOW, NOW, []), { state: 'ready', cause: null });
+  t.match(heldVerdict(asks, view(6010, small, asks), NOW, NOW, []), { state: 'ready', cause: null }, 'its GPU memory holds it all');
+  // One split of one: a whole file, judged by its mapping.
+  const single: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/small-00001-of-00001.gguf', 761 * MiB, 157 * MiB))]];
+  t.match(shardWeights(asks, view(6010, single, asks)), { offload: 'full', judgedBy: 'mapping' });
+  // -ot "blk\.[0-9]\.=CPU": the first layers stay on the CPU beside the embeddings, a small mapping too.
+  const kept: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/big.gguf', 10 * GiB, 4 * GiB))]];
+  t.match(heldVerdict(asks, view(7 * 1024, kept, asks), NOW, NOW, []), { state: 'on-cpu', cause: 'partial-offload-below-minimum' }, 'nor does its GPU memory: below');
+  t.match(heldVerdict(asks, view(null, kept, asks), NOW, NOW, []), { state: 'ready' }, 'memory not reported: nothing contradicts the mapping');
 });
