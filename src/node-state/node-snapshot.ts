@@ -90,24 +90,60 @@ export function statOf(snapshot: ProcFacts, pid: number): ProcStat | undefined {
 const sessionsOf = (proc: ReadonlyMap<number, StatAnswer>, shardPids: ReadonlySet<number>): Set<number> =>
   new Set([...shardPids].flatMap((pid) => [proc.get(pid)].filter(isReadable).map((stat) => stat.session)));
 
-/** Reads the parents attribution walks from a GPU process up to its shard, while the chain stays in a shard's session. */
+/** Reads into `stats` those of `pids` not read yet. */
+async function readMissing(proc: ProcReader, stats: Map<number, StatAnswer>, pids: Iterable<number>): Promise<void> {
+  const unread = [...new Set(pids)].filter((pid) => !stats.has(pid));
+  if (unread.length > 0) for (const [pid, stat] of await proc.readStats(unread)) stats.set(pid, stat);
+}
+
+/**
+ * The sessions a shard's descendants started (setsid; torchrun starts its workers so): those of GPU
+ * processes whose leader's parent is a shard's process or in a shard's session. One level, at most
+ * two stat reads per session, so a foreign workload's processes cost little.
+ */
+async function startedSessions(proc: ProcReader, stats: Map<number, StatAnswer>, gpuPids: Iterable<number>, sessions: ReadonlySet<number>, shardPids: ReadonlySet<number>) {
+  const others = new Set<number>();
+  for (const pid of gpuPids) {
+    const stat = stats.get(pid);
+    if (isReadable(stat) && stat.session > 1 && !sessions.has(stat.session)) others.add(stat.session);
+  }
+  await readMissing(proc, stats, others);
+  const parentOf = (session: number) => {
+    const leader = stats.get(session);
+    return isReadable(leader) && leader.ppid > 1 ? leader.ppid : null;
+  };
+  await readMissing(proc, stats, [...others].flatMap((session) => parentOf(session) ?? []));
+  const started = new Set<number>();
+  for (const session of others) {
+    const parent = parentOf(session);
+    const stat = parent === null ? undefined : stats.get(parent);
+    if (parent !== null && (shardPids.has(parent) || (isReadable(stat) && sessions.has(stat.session)))) started.add(session);
+  }
+  return started;
+}
+
+/** Reads the parents attribution walks from a GPU process up to its shard, while the chain stays in a shard's session or one it started. */
 async function readParents(proc: ProcReader, stats: Map<number, StatAnswer>, gpuPids: Iterable<number>, shardPids: ReadonlySet<number>): Promise<void> {
   const sessions = sessionsOf(stats, shardPids);
+  if (sessions.size === 0) return;
+  const started = await startedSessions(proc, stats, gpuPids, sessions, shardPids);
+  for (const session of started) sessions.add(session);
   const walked = new Set<number>();
   let frontier = new Set(gpuPids);
-  for (let generation = 1; generation < ANCESTRY_DEPTH && sessions.size > 0; generation += 1) {
+  for (let generation = 1; generation < ANCESTRY_DEPTH; generation += 1) {
     const parents = new Set<number>();
     for (const pid of frontier) {
       const stat = stats.get(pid);
       walked.add(pid);
-      if (shardPids.has(pid) || !isReadable(stat) || stat.pid === stat.session || !sessions.has(stat.session)) continue;
+      if (shardPids.has(pid) || !isReadable(stat) || !sessions.has(stat.session)) continue;
+      // Above the leader of a shard's own session is the shard's parent; above one a shard started, its way to the shard.
+      if (stat.pid === stat.session && !started.has(stat.session)) continue;
       // A shard found ends the chain; init (1) and the kernel (0) are never below a shard.
       if (shardPids.has(stat.ppid) || stat.ppid <= 1 || walked.has(stat.ppid)) continue;
       parents.add(stat.ppid);
     }
     if (parents.size === 0) return;
-    const unread = [...parents].filter((pid) => !stats.has(pid));
-    if (unread.length > 0) for (const [pid, stat] of await proc.readStats(unread)) stats.set(pid, stat);
+    await readMissing(proc, stats, parents);
     frontier = parents;
   }
 }

@@ -129,11 +129,12 @@ t.test('take: reads the parents through which a GPU process may descend from a s
     calls,
     [
       [[...gpuPids, 100, 61], true],
+      [[301], false],
       [[101, 201, 211, 81, 91], false],
       [[202, 212], false],
       [[203, 213], false],
     ],
-    `GPU and shard PIDs kept open, then parents ${ANCESTRY_DEPTH - 1} generations up, each read once, fresh`,
+    `GPU and shard PIDs kept open, the parent of a foreign session's leader, then parents ${ANCESTRY_DEPTH - 1} generations up, each read once, fresh`,
   );
   t.match(snapshot.proc.get(81), { pid: 81, unreadable: 'its stat does not parse' }, 'an unreadable parent is in the snapshot as such');
   t.equal(snapshot.proc.get(91), null, 'a gone one as null');
@@ -157,6 +158,37 @@ t.test('take: reads the parents through which a GPU process may descend from a s
   calls.length = 0;
   await createSnapshotTaker({ driver: listed(gpuPids), proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [], cgroups: [] }), now: () => 1 })();
   t.same(calls, [[gpuPids, true]], 'no shard process, no session to follow: nothing more is read');
+});
+
+t.test('take: a session a shard\'s descendant started (setsid, torchrun\'s workers) is walked through to the shard; others are not', async (t) => {
+  const st = (pid: number, ppid: number, session: number, startTime = pid * 10) => `${pid} (p${pid}) S ${ppid} ${session} ${session} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 ${startTime} 0 0\n`;
+  const tree: Record<string, string> = {
+    50: st(50, 1, 50), // a script leading session 50,
+    100: st(100, 50, 50), // the shard it started,
+    400: st(400, 100, 50), // a launcher (torchrun),
+    401: st(401, 400, 401), // a worker leading a session of its own (GPU),
+    402: st(402, 401, 401), // and its child (GPU).
+    403: st(403, 100, 403), // A child of the shard in a session of its own, with a GPU grandchild.
+    404: st(404, 403, 403),
+    500: st(500, 501, 500), // Foreign: a session leader under a process in no shard's session,
+    501: st(501, 1, 501),
+    600: st(600, 1, 600), // a daemon's session (its leader's parent is init),
+    601: st(601, 600, 600),
+    701: st(701, 700, 700), // and a session whose leader is gone.
+  };
+  const root = t.testdir(Object.fromEntries(Object.entries(tree).map(([pid, stat]) => [pid, { stat }])));
+  const base = createProcReader({ root, log: pino({ level: 'silent' }) });
+  const calls: number[][] = [];
+  const proc: ProcReader = { ...base, readStats: async (pids, options) => (calls.push([...pids]), base.readStats(pids, options)) };
+  const gpuPids = [401, 402, 404, 500, 601, 701];
+  const listed = smi(gpuPids.map((pid) => ({ gpuUuid: 'GPU-0', pid, name: `p${pid}`, usedMiB: 10 })));
+  const snapshot = await createSnapshotTaker({ driver: listed, proc, log: pino({ level: 'silent' }), interest: () => ({ pids: [100], cgroups: [] }), now: () => 1 })();
+  t.same(calls, [[...gpuPids, 100], [403, 600, 700], [400, 501], [], ].filter((call) => call.length > 0), 'the leaders not read yet, their parents, then no more: the launcher was read already');
+  const shards: ShardRecord[] = [
+    { id: 's', pid: 100, cgroup: null, gpus: [0], engine: 'vllm', graceMs: 0, registeredAt: 0, identity: { pid: 100, pgid: 50, startTime: 1000, name: 'p100' } },
+  ];
+  const owners = attribute(snapshot, shards).ownerByPid;
+  t.same(gpuPids.filter((pid) => owners.get(pid) === 's'), [401, 402, 404], 'the workers in sessions the shard\'s descendants started');
 });
 
 t.test('take: the members of cgroup shards are read with the GPU and shard PIDs, in one kept read after the scan', async (t) => {
