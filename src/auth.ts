@@ -200,11 +200,14 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
     reply.header('www-authenticate', 'Bearer realm="nodecompute"');
     if (presented === null) {
       refused('missing-token', request, 'Refused a write without "Authorization: Bearer <token>"');
-      return done(new UnauthorizedError(`This write needs "Authorization: Bearer <token>" with a token configured on this node (${source.setting}).`));
+      const sent = request.headers.authorization === undefined ? '' : ' The Authorization header sent is not that: "Bearer", a space, then the token alone.';
+      return done(new UnauthorizedError(`This write needs "Authorization: Bearer <token>" with a token configured on this node (${source.setting}).${sent}`));
     }
     const judge = (digests: readonly Buffer[]): void => {
       if (!matchesAny(digests, presented)) {
         refused('wrong-token', request, 'Refused a write with a wrong bearer token');
+        // RFC 6750 3.1: a token presented and refused is invalid_token.
+        reply.header('www-authenticate', 'Bearer realm="nodecompute", error="invalid_token"');
         const said = `The bearer token does not match any token configured on this node (${source.setting}). Check the Secret the caller uses`;
         return done(new UnauthorizedError(said + rotationHint));
       }

@@ -91,7 +91,12 @@ export function whyNotJson(err: FastifyError, body: string): Error {
 
 /** Node's client errors that get an answer of their own, with the status Node itself would give them. */
 const CLIENT_ERRORS: Record<string, [status: number, code: string, message: string]> = {
-  HPE_HEADER_OVERFLOW: [431, 'NODECOMPUTE_HEADERS_TOO_LARGE', 'The request headers are larger than this server accepts (16 KiB in all, Node\'s limit): send fewer or shorter headers.'],
+  HPE_HEADER_OVERFLOW: [
+    431,
+    'NODECOMPUTE_HEADERS_TOO_LARGE',
+    'The request line and headers are larger than this server accepts (16 KiB in all, Node\'s limit): shorten the URL, or send fewer or shorter headers.',
+  ],
+  HPE_INVALID_URL: [400, 'NODECOMPUTE_BAD_REQUEST', 'The request target is not a path: it starts with "/" (GET /shards), or is a whole http:// URL; see /docs.'],
   ERR_HTTP_REQUEST_TIMEOUT: [408, 'NODECOMPUTE_REQUEST_TIMEOUT', 'The request was not completed within 30 s: send its headers and the whole body its Content-Length promised without pausing, or retry.'],
   HPE_INVALID_METHOD: [400, 'NODECOMPUTE_BAD_REQUEST', 'The request method is not an HTTP method this server knows (methods are upper-case, such as GET or PUT); see /docs.'],
   CONNECT: [400, 'NODECOMPUTE_BAD_REQUEST', 'CONNECT asks for a tunnel, and nodecompute is no proxy: check that HTTP_PROXY and HTTPS_PROXY do not name it; see /docs.'],

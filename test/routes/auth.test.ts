@@ -25,7 +25,11 @@ t.test('with a token configured, writes need it; reads stay open', async (t) => 
     const res = await put({ authorization });
     t.equal(res.statusCode, 401, authorization);
   }
-  t.match((await put({ authorization: 'Bearer wrong' })).json().message, 'does not match');
+  const wrong = await put({ authorization: 'Bearer wrong' });
+  t.match(wrong.json().message, 'does not match');
+  t.equal(wrong.headers['www-authenticate'], 'Bearer realm="nodecompute", error="invalid_token"', 'RFC 6750: a token presented and refused');
+  t.match((await put({ authorization: `Basic ${TOKEN}` })).json().message, 'The Authorization header sent is not that', 'another scheme: said so');
+  t.notMatch(missing.json().message, 'header sent', 'none sent: nothing to say of it');
 
   const ok = await put({ authorization: `Bearer ${TOKEN}` }, '10.0.0.7');
   t.equal(ok.statusCode, 201, 'with the token, a write from the network is accepted');
