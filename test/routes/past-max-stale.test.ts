@@ -31,9 +31,15 @@ t.test("past max-stale, nvidia-smi's last word holds against a shard, never for 
   await put('served', { pid: served.pid, gpus: [0] });
   await put('loading', { pid: loading.pid, gpus: [1], graceMs: 60_000 });
   await put('cpu', { pid: cpu.pid, gpus: [1], graceMs: 0 });
-  step();
-  await settle(app);
-  const seen = await Promise.all(['served', 'loading', 'cpu'].map((id) => probe(app, id)));
+  // A probe waits 800 ms at most for a snapshot that includes a registration (longer on a loaded
+  // machine): probe again, after each refresh, until one does.
+  let seen: Array<{ state: string; cause: string | null }> = [];
+  for (let tries = 0; tries < 50; tries += 1) {
+    step();
+    await settle(app);
+    seen = await Promise.all(['served', 'loading', 'cpu'].map((id) => probe(app, id)));
+    if (!seen.some((v) => v.cause === 'awaiting-snapshot' || v.cause === 'not-in-snapshot')) break;
+  }
   t.same(seen.map((v) => [v.state, v.cause]), [['ready', null], ['starting', 'awaiting-gpu-memory'], ['on-cpu', 'no-gpu-memory']], 'what the last good listing shows');
 
   failDriver(fake, { kind: 'driver-unreachable' });
