@@ -4,12 +4,14 @@
 // while it lasts, so each distinct one is a warning at most once a minute (repeat-limit.ts).
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
-import { InternalError, NotFoundError, StateWriteFailedError, StateWritePendingError, isCodedError, type CodedError } from '../errors.js';
+import { BadRequestError, InternalError, NotFoundError, StateWriteFailedError, StateWritePendingError, isCodedError, type CodedError } from '../errors.js';
 import { unreachableListedIn } from '../node-state/gpu-roster.js';
 import { retryAfterSeconds } from '../node-state/snapshot.js';
 import { createRepeatLimit } from '../repeat-limit.js';
 import type { App } from '../services.js';
 import { errorBody, fastifyErrorBody, whyNotJson } from './errors.js';
+
+const ASTERISK_FORM = 'The request target * is only for OPTIONS (RFC 9110, 7.1): ask a path, such as GET /shards; see /docs.';
 
 export function handleErrors(app: App, log: Logger): void {
   const { node, config, now } = app.services;
@@ -63,6 +65,8 @@ export function handleErrors(app: App, log: Logger): void {
   // Answered before any body is read or parsed, as the 405s are: a broken or oversized body to a path
   // that does not exist is still told the path is wrong.
   app.addHook('onRequest', async (request, reply) => {
+    // The router takes the asterisk-form target for /, which would answer the status page.
+    if (request.raw.url === '*' && request.method !== 'OPTIONS') throw new BadRequestError(ASTERISK_FORM);
     if (request.is404) return notFound(request, reply);
   });
   app.setNotFoundHandler(notFound);

@@ -567,6 +567,13 @@ t.test('bad requests without a token configured', async (t) => {
         message: /^The request target is not a path: it starts with "\/"/,
       },
       {
+        name: 'GET with the asterisk-form target, which only OPTIONS may use',
+        chunks: ['GET * HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n'],
+        status: 400,
+        code: 'NODECOMPUTE_BAD_REQUEST',
+        message: /^The request target \* is only for OPTIONS/,
+      },
+      {
         name: 'CONNECT (a client taking nodecompute for its proxy)',
         chunks: ['CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n'],
         status: 400,
@@ -610,6 +617,11 @@ t.test('bad requests without a token configured', async (t) => {
         await checkUnchanged(t, app, config.stateFile, before);
       });
     }
+
+    t.test('OPTIONS * asks about the server as a whole and is answered', async (t) => {
+      const exchange = await rawHttp(port, ['OPTIONS * HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n']);
+      t.same(exchange.responses.map((res) => res.status), [204]);
+    });
 
     t.test('an HTTP/1.0 request may name no Host', async (t) => {
       const exchange = await rawHttp(port, ['GET /livez HTTP/1.0\r\n\r\n']);
