@@ -14,30 +14,25 @@ const BEARER_SCHEME: OpenAPIV3_1.HttpSecurityScheme = {
     'The token of NODECOMPUTE_TOKEN or one of NODECOMPUTE_TOKEN_FILE (re-read when the file changes). With no token configured, writes are accepted from loopback only.',
 };
 
-const IF_NONE_MATCH: OpenAPIV3_1.ParameterObject = {
-  name: 'If-None-Match',
-  in: 'header',
-  required: false,
-  description: 'The ETag of an earlier answer: 304 with no body while it is still current.',
-  schema: { type: 'string' },
-};
+/** An optional request header, as a parameter under components.parameters. */
+function headerParameter(name: string, schema: OpenAPIV3_1.ParameterObject['schema'], description: string): OpenAPIV3_1.ParameterObject {
+  return { name, in: 'header', required: false, description, schema };
+}
+
+const IF_NONE_MATCH = headerParameter('If-None-Match', { type: 'string' }, 'The ETag of an earlier answer: 304 with no body while it is still current.');
 
 /** The preconditions of a write (the operations that can answer 412), by name under components.parameters. */
 const WRITE_PRECONDITIONS: Record<string, OpenAPIV3_1.ParameterObject> = {
-  IfMatch: {
-    name: 'If-Match',
-    in: 'header',
-    required: false,
-    description: '"*": only while the shard is registered (else 412). Entity tags: always 412, as shard ETags are weak and If-Match never matches a weak tag.',
-    schema: { type: 'string' },
-  },
-  IfNoneMatchWrite: {
-    name: 'If-None-Match',
-    in: 'header',
-    required: false,
-    description: '"*" only: only while the shard is not registered (else 412), so that a PUT registers and never replaces. Tags are refused (400).',
-    schema: { type: 'string', enum: ['*'] },
-  },
+  IfMatch: headerParameter(
+    'If-Match',
+    { type: 'string' },
+    '"*": only while the shard is registered (else 412). Entity tags: always 412, as shard ETags are weak and If-Match never matches a weak tag.',
+  ),
+  IfNoneMatchWrite: headerParameter(
+    'If-None-Match',
+    { type: 'string', enum: ['*'] },
+    '"*" only: only while the shard is not registered (else 412), so that a PUT registers and never replaces. Tags are refused (400).',
+  ),
 };
 
 /** The headers of components.headers, by name there. */
