@@ -32,19 +32,14 @@ const doctorSchema = (description: string) => Type.Object(
 );
 
 const doctorRoutes: FastifyPluginAsyncTypebox = async (app) => {
-  const { driver, driverWhy, proc, modelFiles, stateFile, config, now, node } = app.services;
+  const { config, now, node } = app.services;
   let running: Promise<DoctorReport> | null = null;
   let last: { at: number; report: DoctorReport } | null = null;
   function check(): Promise<DoctorReport> {
+    // The services carry the driver and why it serves, the readers, the token file and the settings warnings under the doctor's names.
     running ??= runDoctor({
-      driver,
-      driverWhy,
-      proc,
-      modelFiles,
-      stateFile,
+      ...app.services,
       tokenConfigured: config.token !== null,
-      tokenFile: app.services.tokenFile,
-      settingsWarnings: app.services.settingsWarnings,
       snapshot: node.peek()?.view.snapshot ?? null,
       version: VERSION,
       now,

@@ -6,6 +6,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox';
 import { describeListedPids, NO_GPU_PROCESS, SOME_PIDS_MISSING_FIX } from '../src/doctor/doctor.js';
 import { formatDuration } from '../src/duration.js';
 import { BadRequestError, cannotStoreMessage, isCodedError } from '../src/errors.js';
+import { errorBody } from '../src/http/errors.js';
 import type { NodeSnapshot } from '../src/node-state/node-snapshot.js';
 import { snapshotMeta, type SnapshotMeta } from '../src/node-state/node-view.js';
 import { retryAfterSeconds, type SnapshotView } from '../src/node-state/snapshot.js';
@@ -26,7 +27,6 @@ const CHECKLIST = new Map(Object.entries({ '': true, true: true, 1: true, false:
  * `retryAfter`: the seconds nvidia-smi's failure is waited out before it runs again (as /gpus's 503 says it).
  */
 type Check = { name: string; detail: string } & ({ ok: true; warning?: boolean } | { ok: false; code: string; retryAfter?: number | null });
-type FailedCheck = Extract<Check, { ok: false }>;
 
 const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
   const { node, probeBudgetMs, proc, config, stateFile } = app.services;
@@ -133,7 +133,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
       }
       const [gpu, stored] = await Promise.all([gpuChecks(checklist), stateFileCheck()]);
       const checks = [...gpu.checks, stored];
-      const failed = checks.find((check): check is FailedCheck => !check.ok);
+      const failed = checks.find((check): check is Extract<Check, { ok: false }> => !check.ok);
       // nvidia-smi's check comes first: while its failure is waited out, asking sooner gets this answer.
       if (failed?.retryAfter != null) void reply.header('retry-after', String(failed.retryAfter));
       if (checklist) {
@@ -143,9 +143,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
         lines.push(failed ? 'readyz check failed' : 'readyz check passed');
         return reply.status(failed ? 503 : 200).type('text/plain; charset=utf-8').send(`${lines.join('\n')}\n`);
       }
-      if (failed) {
-        return reply.status(503).send({ statusCode: 503, code: failed.code, error: 'Service Unavailable', message: failed.detail });
-      }
+      if (failed) return reply.status(503).send(errorBody(503, failed.code, failed.detail));
       // Every check passed, so the snapshot they read is there.
       return { status: 'ok' as const, ...gpu.meta! };
     },

@@ -90,9 +90,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const { states, view, error } = await shards.states(probeBudgetMs);
-      if (view && conditional(app.services, request, reply, view, shardsTag(states))) {
-        return reply.status(304).send();
-      }
+      if (view && conditional(app.services, request, reply, view, shardsTag(states))) return reply.status(304).send();
       return { ...snapshotHeader(view, error), shards: states.map(statusBody) };
     },
   );
@@ -111,9 +109,7 @@ const shardsRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request, reply) => {
       const { state, view, error } = await shards.state(request.params.id, probeBudgetMs);
-      if (view && conditional(app.services, request, reply, view, shardsTag([state]))) {
-        return reply.status(304).send();
-      }
+      if (view && conditional(app.services, request, reply, view, shardsTag([state]))) return reply.status(304).send();
       return { ...statusBody(state), ...snapshotHeader(view, error) };
     },
   );
