@@ -136,8 +136,6 @@ export function createTokenFileSource(options: TokenFileOptions): TokenSource & 
 /** The token file as the service sees it; problem: what is wrong with it (the tokens last read stay in force), null when nothing is. */
 export type TokenFileState = { path: string; tokens: number; problem: string | null };
 
-export type Auth = ReturnType<typeof createAuth>;
-
 /** Why a write was refused before it was looked at: the label of nodecompute_writes_refused_total. */
 export const WRITE_REFUSALS = [
   'missing-token', // a token is configured, and no "Authorization: Bearer" header came
@@ -182,13 +180,13 @@ export function createAuth(config: Config, log: Logger, now: () => number, onRef
   }
 
   function authorise(request: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void {
-    const browser = browserRefusal(request.headers, source === null && isLoopback(request.socket.remoteAddress), config.allowedHosts);
+    const remoteAddress = request.socket.remoteAddress;
+    const browser = browserRefusal(request.headers, source === null && isLoopback(remoteAddress), config.allowedHosts);
     if (browser !== null) {
       refused(browser.reason, request, `Refused a write a web page could have sent: ${browser.error.message}`);
       return done(browser.error);
     }
     if (source === null) {
-      const remoteAddress = request.socket.remoteAddress;
       if (isLoopback(remoteAddress)) return done();
       refused('not-loopback', request, 'Refused a write from the network: no token is configured, so only loopback may write');
       const message =

@@ -3,10 +3,8 @@
 // http/errors.ts. Each takes the whole operator-facing message, then optionally `{ cause }`.
 import createError from '@fastify/error';
 
-type MessageArgs = [message: string, options?: { cause: unknown }];
-
 function coded<C extends string, S extends number>(code: C, statusCode: S) {
-  return createError<C, S, MessageArgs>(code, '%s', statusCode);
+  return createError<C, S, [message: string, options?: { cause: unknown }]>(code, '%s', statusCode);
 }
 
 /** Every code a driver query (nvidia-smi run or NVML call) can fail with: metrics.ts starts a failure counter at 0 for each. */

@@ -125,8 +125,7 @@ async function main(argv: string[]): Promise<number | null> {
     (err: Error) => ({ config: cli.config, refused: err.message }),
   );
   // The doctor reports a token file a start refuses as a failed check, among the others.
-  const settingsWarnings = cli.warnings;
-  if (command === 'doctor') return runDoctorCli(config, process.stdout, { settingsWarnings, tokenFileRefused: refused });
+  if (command === 'doctor') return runDoctorCli(config, process.stdout, { settingsWarnings: cli.warnings, tokenFileRefused: refused });
   if (refused !== null) {
     process.stderr.write(`nodecompute: ${refused}\n`);
     return 2;

@@ -33,7 +33,6 @@ export interface Segment {
   stray: boolean;
 }
 
-// The model's types are what statusModel builds.
 export type StatusModel = ReturnType<typeof statusModel>;
 export type GpuModel = StatusModel['gpus'][number];
 /** A GPU nvidia-smi no longer lists: no memory figures (unknown, not free). */
