@@ -88,10 +88,7 @@ function notSeen(unreadable: string | null): ShardWeights {
 }
 
 export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
-  const answers = shardPids(shard, node).flatMap((pid) => {
-    const answer = node.snapshot.modelFiles.get(pid);
-    return answer === undefined ? [] : [answer];
-  });
+  const answers = shardPids(shard, node).flatMap((pid) => node.snapshot.modelFiles.get(pid) ?? []);
   const files = mergeFiles(answers.map((answer) => answer.files));
   if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null);
   const bytes = sumOrNull(files.map((file) => file.bytes));
@@ -113,14 +110,14 @@ export function meetsMinimum(shard: ShardRecord, node: NodeView, weights: ShardW
   if (weights.judgedBy !== 'mapping') return false;
   const held = heldOnGiven(shard, node);
   // Memory not reported ([N/A]): nothing contradicts the full offload the mapping shows.
-  return held.bytes === null || judge(weights.bytes, null, held, true).gpuShare! >= minimum;
+  return held.bytes === null || judge(weights.bytes, null, held).gpuShare! >= minimum;
 }
 
 function judge(
   bytes: number | null,
   hostBytes: number | null,
   held: { bytes: number | null; gpus: number },
-  split: boolean,
+  split = false,
 ): Pick<ShardWeights, 'offload' | 'gpuBytes' | 'gpuShare' | 'judgedBy' | 'note'> {
   if (!split && bytes !== null && hostBytes !== null && hostBytes <= bytes / 2) {
     const note = `the loader unmapped all but ${formatBytes(hostBytes)} of ${formatBytes(bytes)}: what stays mapped is what it keeps on the CPU (the input embeddings at least)`;
