@@ -148,5 +148,3 @@ export function createShardService(deps: Omit<RegistrationDeps, 'onStored'>) {
     },
   };
 }
-
-export type ShardService = ReturnType<typeof createShardService>;
