@@ -94,10 +94,7 @@ function warningsFor(shard: ShardRecord, node: NodeView, engine: EngineAccount |
   if (engine?.backend === 'CUDA' && engine.layersOffloaded !== null && engine.layersTotal !== null && engine.layersOffloaded < engine.layersTotal) {
     warnings.push(`the engine offloaded only ${engine.layersOffloaded} of ${engine.layersTotal} layers to the GPU; the rest runs on the CPU`);
   }
-  const burning = cpuBurnWarning(shard, node);
-  if (burning !== null) warnings.push(burning);
-  const otherMig = otherMigWarning(shard, node);
-  if (otherMig !== null) warnings.push(otherMig);
+  for (const warning of [cpuBurnWarning(shard, node), otherMigWarning(shard, node)]) if (warning !== null) warnings.push(warning);
   return warnings;
 }
 
@@ -260,8 +257,7 @@ export function readiness(input: ReadinessInput): Readiness {
   }
   const setAside = earlierRun(shard, liveness, input.engine, input.engineTicks);
   const engine = setAside === null ? input.engine : null;
-  const warnings = [...warningsFor(shard, node, engine, input.staleReason), ...renumbered];
-  if (setAside !== null) warnings.push(setAside);
+  const warnings = [...warningsFor(shard, node, engine, input.staleReason), ...renumbered, ...(setAside === null ? [] : [setAside])];
   if (gone.length > 0 || unreachable.length > 0) return gpuLostVerdict(input.shard, gone, unreachable, placement.renumbered.length > 0, engine, warnings);
   if (liveness.state === 'unreadable') return verdict('unverified', 'stat-unreadable', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
