@@ -147,11 +147,12 @@ function continueBlock(st: State, block: Block, line: string): boolean {
   }
 }
 
-function closeBlock(run: Run, block: Block): void {
+function closeBlock(st: State, block: Block): void {
+  st.block = null;
   if (block.kind === 'list' && block.items === 0) {
-    run.cpu.push({ kind: 'cpu-devices', line: `${block.header} (none)` });
+    st.run.cpu.push({ kind: 'cpu-devices', line: `${block.header} (none)` });
   } else if (block.kind === 'buffers' && block.hostLines.length > 0 && !block.accelerator && !block.cutOff) {
-    for (const line of block.hostLines) run.cpu.push({ kind: 'host-buffers', line });
+    for (const line of block.hostLines) st.run.cpu.push({ kind: 'host-buffers', line });
   }
 }
 
@@ -260,10 +261,7 @@ function classify(st: State, line: string): void {
 function feed(st: State, line: string): void {
   const block = st.block;
   if (!block || !continueBlock(st, block, line)) {
-    if (block) {
-      closeBlock(st.run, block);
-      st.block = null;
-    }
+    if (block) closeBlock(st, block);
     classify(st, line);
   }
   st.linesSeen += 1;
@@ -279,6 +277,6 @@ export function parseLlamaLog(text: string, name = 'llama.cpp'): EngineAccount |
   if (typeof text !== 'string' || text.length === 0) return null;
   const st: State = { run: newRun(), stage: STAGE.none, block: null, linesSeen: 0 };
   for (const line of llamaLogLines(text)) feed(st, line);
-  if (st.block?.kind === 'list') closeBlock(st.run, st.block);
+  if (st.block?.kind === 'list') closeBlock(st, st.block);
   return decideAccount(st.run, name);
 }
