@@ -125,8 +125,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
   const { stateFile, log } = deps;
   const read = await readRegistryFile(stateFile);
   if (!read.ok) throw new StateFileInvalidError(`${read.problem} ${read.fix}`, { cause: read.cause });
-  let committed = new Map<string, ShardRecord>();
-  for (const shard of read.shards ?? []) committed.set(shard.id, shard);
+  let committed = new Map((read.shards ?? []).map((shard) => [shard.id, shard]));
   log.info({ stateFile: stateFile.path, shards: committed.size }, read.shards === null ? 'No state file yet; starting with no shards' : 'Loaded shard registrations');
 
   const engines = new Map<string, EngineState>();
@@ -187,8 +186,7 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
   /** The bound passed before the change was stored or refused: withdraws it if still queued, and answers its caller. */
   function answerLate(item: Queued): void {
     const index = queue.indexOf(item);
-    const bound = `${stateFile.timeoutMs} ms`;
-    const late = `${bound} after it came, the state file ${stateFile.path}`;
+    const late = `${stateFile.timeoutMs} ms after it came, the state file ${stateFile.path}`;
     if (index !== -1) {
       queue.splice(index, 1);
       const why = `The change was not stored: ${late} was still being written for earlier changes (a hung network mount?). It was withdrawn; nothing changed.`;
