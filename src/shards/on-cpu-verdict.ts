@@ -71,7 +71,7 @@ function engineCpuAdvice(loaded: boolean | null): string {
 }
 
 /** The memory the shard's processes hold on the GPUs it was given, as device labels; empty without a node view. */
-export function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
+function heldOnGiven(shard: ShardRecord, node: NodeView | null): string[] {
   if (node === null) return [];
   return heldBy(shard, node)
     .filter((holding) => shard.gpus.includes(holding.index))
