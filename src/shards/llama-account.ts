@@ -82,7 +82,7 @@ function account(run: Run, backend: EngineBackend, indices: number[], lines: str
 }
 
 /** The run's account, `name` the engine as its summary names it; null when it says nothing the contract can name. */
-export function decideAccount(run: Run, name = 'llama.cpp'): EngineAccount | null {
+export function decideAccount(run: Run, name: string): EngineAccount | null {
   const layers = run.layers ? `${run.layers.offloaded}/${run.layers.total}` : null;
   const offloaded = layers ? ` and offloaded ${layers} layers` : '';
   if (run.cudaWeights.size > 0) {
@@ -106,13 +106,12 @@ export function decideAccount(run: Run, name = 'llama.cpp'): EngineAccount | nul
     const devices = first('cpu-devices');
     const host = run.cpu.filter((c) => c.kind === 'host-buffers');
     const zero = first('zero-offload');
-    const runner = first('cpu-runner');
     let said: string;
     if (noGpu) said = `${name} found no usable GPU (${noGpu.line})`;
     else if (devices) said = `${name} saw no GPU device, only the CPU (${devices.line})`;
     else if (host.length > 0) said = `${name} kept all its model buffers in host memory (${host.map((c) => c.line).join(' | ')})`;
     else if (zero) said = `${name} offloaded no layers to the GPU (${zero.line})`;
-    else said = `${name} started its CPU runner (${(runner as { line: string }).line})`;
+    else said = `${name} started its CPU runner (${first('cpu-runner')!.line})`;
     const loaded = noGpu || devices ? false : run.found > 0 || run.presence.length > 0 ? true : null;
     return account(run, 'CPU', [], run.cpu.map((c) => c.line), `${said}${claimed}`, loaded);
   }
