@@ -7,13 +7,13 @@ import { isCodedError, NvidiaSmiFailedError, NvmlFailedError, type DriverFailure
 
 export type Backend = 'nvml' | 'nvidia-smi';
 
-export interface GpuRecord {
+/** Memory figures in MiB; null where the driver gives none. */
+export type MemoryMiB = { totalMiB: number | null; usedMiB: number | null; freeMiB: number | null };
+
+export interface GpuRecord extends MemoryMiB {
   index: number;
   uuid: string;
   name: string;
-  totalMiB: number | null;
-  usedMiB: number | null;
-  freeMiB: number | null;
   reservedMiB: number | null;
   /** mig.mode.current, "Enabled" or "Disabled"; null where the GPU has none or the driver does not know the field. */
   migMode: string | null;
@@ -28,15 +28,10 @@ export interface GpuRecord {
 }
 
 /** A MIG device (one compute instance of a GPU instance), as NVML gives it through its own handle. */
-export interface MigDeviceRecord {
+export interface MigDeviceRecord extends MigInstance, MemoryMiB {
   uuid: string;
   /** The profile, from its name ("3g.40gb", "1c.3g.71gb"). */
   profile: string;
-  gpuInstanceId: number;
-  computeInstanceId: number;
-  totalMiB: number | null;
-  usedMiB: number | null;
-  freeMiB: number | null;
 }
 
 export interface ComputeAppRecord {

@@ -4,7 +4,7 @@
 // (nvitop #79, #88); the probe fills the buffer with two sentinels and sees how far one call wrote
 // (as nvitop #226 does). _v2 entries are 24 bytes, the unversioned ones 16. MIG devices are asked at
 // every query and never kept: they are made and destroyed while the driver stays loaded.
-import type { MigDeviceRecord, MigInstance } from '../gpu-driver.js';
+import type { MemoryMiB, MigDeviceRecord, MigInstance } from '../gpu-driver.js';
 import { cString, NVML, type DeviceHandle, type NvmlFunction } from './nvml-library.js';
 
 /** usedGpuMemory: bytes, null where NVML says NVML_VALUE_NOT_AVAILABLE; migInstance: the MIG instance it runs on, null off MIG (and in 16-byte entries). */
@@ -95,8 +95,6 @@ export async function readProcesses(call: NvmlCall, layout: ProcessLayout, devic
   return { code: NVML.ERROR_INSUFFICIENT_SIZE };
 }
 
-type Memory = Pick<MigDeviceRecord, 'totalMiB' | 'usedMiB' | 'freeMiB'>;
-
 /** NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_DEVICE_NAME_V2_BUFFER_SIZE; enough for the version strings too. */
 export const TEXT_BUFFER = 96;
 
@@ -116,7 +114,7 @@ async function idOf(call: NvmlCall, fn: 'gpuInstanceId' | 'computeInstanceId', h
   return (await call(fn, handle, out)) === NVML.SUCCESS ? out.readUInt32LE(0) : null;
 }
 
-async function migDevice(call: NvmlCall, handle: DeviceHandle, memoryOf: (handle: DeviceHandle) => Promise<Memory>): Promise<MigDeviceRecord | null> {
+async function migDevice(call: NvmlCall, handle: DeviceHandle, memoryOf: (handle: DeviceHandle) => Promise<MemoryMiB>): Promise<MigDeviceRecord | null> {
   const uuid = await textOf(call, 'uuid', handle);
   const gpuInstanceId = await idOf(call, 'gpuInstanceId', handle);
   const computeInstanceId = await idOf(call, 'computeInstanceId', handle);
@@ -148,7 +146,7 @@ export async function readMigDevices(
   call: NvmlCall,
   migCall: NvmlCall,
   device: DeviceHandle,
-  memoryOf: (handle: DeviceHandle) => Promise<Memory>,
+  memoryOf: (handle: DeviceHandle) => Promise<MemoryMiB>,
 ): Promise<MigDeviceRecord[] | null> {
   const handles = await migHandles(call, device);
   if (handles === null) return null;
