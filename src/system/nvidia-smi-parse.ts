@@ -124,7 +124,6 @@ export function canonicalBusId(text: string): string | null {
   return `${domain.padStart(8, '0')}:${bus.padStart(2, '0')}:${device.padStart(2, '0')}.${fn}`.toUpperCase();
 }
 
-
 // "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. ...", also written
 // "for GPU0000:07:00.0", "for gpu ..." and "for GPU0: 0000:23:00.0"; what it said is read to the line's end.
 const DEVICE_HANDLE_FAILURE = /Unable to determine the device handle for gpu\s*(?:\d+:\s*)?([0-9a-f]+:[0-9a-f]+:[0-9a-f]+\.[0-9a-f]):\s*([^\n"]*)/gi;

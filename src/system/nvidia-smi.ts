@@ -193,8 +193,7 @@ export function createNvidiaSmi(options: NvidiaSmiOptions): GpuDriver {
   function run<T>(query: QueryName, args: string[], parse: (answer: Answered) => T, deadline = performance.now() + timeoutMs): Promise<T> {
     // Once shutdown has killed the runs, a new one would only hold the shutdown up to its deadline.
     const refused = stopped ? new NvidiaSmiFailedError('nvidia-smi was not run: nodecompute is shutting down.') : stuckRun();
-    const work = async () => parse(await execute(args, deadline));
-    return observed({ query, what: 'nvidia-smi', log, onQuery }, refused, work);
+    return observed({ query, what: 'nvidia-smi', log, onQuery }, refused, async () => parse(await execute(args, deadline)));
   }
 
   const computeAppsAnswer = csvAnswer(parseComputeAppsCsv, COMPUTE_APPS_COMMAND);

@@ -223,9 +223,8 @@ export function createStateFile(path: string, options: StateFileOptions) {
       looking = null;
       return record(answer);
     });
-    const look = settleWithin(landed, maxWaitMs, (): Writability => ({ ok: false, reason: notFinished(doing, maxWaitMs) }), { unref: true });
-    looking = look;
-    return look;
+    looking = settleWithin(landed, maxWaitMs, (): Writability => ({ ok: false, reason: notFinished(doing, maxWaitMs) }), { unref: true });
+    return looking;
   }
   /** The last answer at once (looked at again in the background once WRITABLE_LOOK_MS old); the first waits up to `maxWaitMs`. */
   async function writable(maxWaitMs: number): Promise<Writability> {
