@@ -61,8 +61,7 @@ export function modelVariable(argv: readonly string[], environment: readonly str
 
 /** /proc/PID/cmdline's NUL-separated arguments (and /proc/PID/environ's entries). */
 export function parseCmdline(bytes: Buffer): string[] {
-  const text = bytes.toString('utf8');
-  const args = text.split('\0');
+  const args = bytes.toString('utf8').split('\0');
   if (args.at(-1) === '') args.pop();
   return args;
 }
