@@ -3,8 +3,7 @@
 // and the parents between them). When nvidia-smi fails, /proc is still read for the shards and kept
 // with the error (procFactsAfter), so an outage does not hide a shard's exit.
 import type { Logger } from 'pino';
-import type { GpuDriver, GpuListing } from '../system/gpu-driver.js';
-import type { ComputeAppRecord, GpuRecord } from '../system/nvidia-smi.js';
+import type { ComputeAppRecord, GpuDriver, GpuListing, GpuRecord } from '../system/gpu-driver.js';
 import { CLOCK_TICKS_PER_SECOND } from '../system/procfs-parse.js';
 import { createModelFileReader, type ModelFileReader, type ProcessModelFiles } from '../system/model-files.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';

@@ -1,7 +1,7 @@
 // Owns where a shard's given GPUs are in one listing: by UUID, so each keeps its shard when
 // nvidia-smi renumbers the GPUs after a lost one (by index for a registration without UUIDs). Also
 // which given GPUs nvidia-smi cannot reach, matched by bus id with the last listing that had them.
-import type { GpuRecord, UnreachableGpu } from '../system/nvidia-smi.js';
+import type { GpuRecord, UnreachableGpu } from '../system/gpu-driver.js';
 import type { ShardRecord } from '../shards/shard.js';
 
 type ListedGpu = Pick<GpuRecord, 'index' | 'uuid' | 'name' | 'busId'>;
