@@ -1,7 +1,8 @@
 // Owns the app's answers outside the routes: the error handler (coded errors as they are, with
 // Retry-After where retrying sooner cannot help; Fastify's mapped; anything else a logged 500), the
-// 404 of a path that does not exist, and the JSON body parser. A coded 5xx repeats on every request
-// while it lasts, so each distinct one is a warning at most once a minute (repeat-limit.ts).
+// 404 of a path that does not exist, the 400 of a target that is no path (*), and the JSON body
+// parser. A coded 5xx repeats on every request while it lasts, so each distinct one is a warning at
+// most once a minute (repeat-limit.ts).
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { BadRequestError, InternalError, NotFoundError, StateWriteFailedError, StateWritePendingError, isCodedError, type CodedError } from '../errors.js';
