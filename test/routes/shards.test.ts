@@ -271,6 +271,9 @@ t.test('on-cpu reasons agree with the engine output posted: weights on CUDA0 con
   t.match((await post('d', 'llamacpp-log_2025_load_tensors_cuda0_cpu_48of48.txt')).json().account, { backend: 'CUDA', layersOffloaded: 48, layersTotal: 48 });
   t.match((await post('c', 'llamacpp-log_2024-10_cortex1470_cuda-init-failed_claims-offload_cpu-only-buffer.txt')).json().account, { backend: 'CPU', layersOffloaded: 13, layersTotal: 33 });
   t.equal((await post('e', 'llamacpp-server-log_2026_b9829plus-era_default-lv3_no-device-lines.txt')).json().account, null);
+  // A refresh begun before e's registration may still run: the first probe would join it, and the
+  // ones after it be answered from it (stale-while-revalidate), without e.
+  await settle(app);
   step();
 
   const conflict = (await app.inject({ method: 'GET', url: '/shards/d/ready' })).json();
