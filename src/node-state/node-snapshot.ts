@@ -6,6 +6,7 @@ import type { Logger } from 'pino';
 import type { ComputeAppRecord, GpuDriver, GpuListing, GpuRecord } from '../system/gpu-driver.js';
 import { CLOCK_TICKS_PER_SECOND } from '../system/procfs-parse.js';
 import { createModelFileReader, type ModelFileReader, type ProcessModelFiles } from '../system/model-files.js';
+import { createModelRunnerReader, type ModelRunner, type RunnerHost } from '../system/model-runners.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
 import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
@@ -41,6 +42,8 @@ export interface NodeSnapshot extends ProcFacts {
   cpuCores: ReadonlyMap<number, number>;
   /** Per process that may be a shard's (a shard's own, or a GPU process in a shard's session or cgroup), the model files it loaded. */
   modelFiles: ReadonlyMap<number, ProcessModelFiles>;
+  /** Per Ollama shard (its PID, or its cgroup), the model runners it runs; absent for one whose runners cannot be known. */
+  modelRunners?: ReadonlyMap<number | string, readonly ModelRunner[]>;
   timings: { driverMs: number; procMs: number };
 }
 
@@ -58,8 +61,8 @@ export interface SnapshotTakerDeps {
   driver: GpuDriver;
   proc: ProcReader;
   log: Logger;
-  /** What the registry wants read along with the GPU processes. */
-  interest: () => { pids: Iterable<number>; cgroups: Iterable<string> };
+  /** What the registry wants read along with the GPU processes; runnerHosts: where to look for Ollama's model runners. */
+  interest: () => { pids: Iterable<number>; cgroups: Iterable<string>; runnerHosts?: readonly RunnerHost[] };
   now: () => number;
   /** The reader of model files, shared with the doctor so that a stuck read is never started twice; one of its own when absent. */
   modelFiles?: ModelFileReader;
@@ -167,7 +170,8 @@ async function readProcFacts(deps: SnapshotTakerDeps, scanFailure: RepeatLimit, 
   }
   const members = [...cgroupPids.values()].flatMap((found) => [...found]);
   const proc = await deps.proc.readStats([...new Set([...pids, ...interest.pids, ...members])], { keep });
-  return { shardPids: new Set(interest.pids), facts: { proc, cgroupPids, cgroupScanFailed, bootId: deps.proc.bootId() } };
+  const facts = { proc, cgroupPids, cgroupScanFailed, bootId: deps.proc.bootId() };
+  return { shardPids: new Set(interest.pids), runnerHosts: interest.runnerHosts ?? [], facts };
 }
 
 /** Per PID, its CPU time and when it was read (performance.now()): what the next snapshot measures from. */
@@ -234,6 +238,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
   const { now, log } = deps;
   const modelFileReader = deps.modelFiles ?? createModelFileReader(deps.proc.root);
   const modelFilesCache: ModelFilesCache = new Map();
+  const runnerReader = createModelRunnerReader(deps.proc);
   const roster = createGpuRoster(log);
   const scanFailure = createRepeatLimit(now);
   /** The last snapshot's GPU processes: read again, with the shards', after nvidia-smi fails. */
@@ -266,10 +271,11 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     }
     const gpuPids = new Set(apps.map((app) => app.pid));
     // The same PIDs come back next refresh, so their stat files are kept open.
-    const { shardPids, facts } = await readProcFacts(deps, scanFailure, gpuPids, true);
+    const { shardPids, runnerHosts, facts } = await readProcFacts(deps, scanFailure, gpuPids, true);
     // CPU time is measured over the span between stat reads, not up to the model files read after them (up to 1 s).
     const statsRead = performance.now();
     await readParents(deps.proc, facts.proc, gpuPids, shardPids);
+    const modelRunners = await runnerReader.read(runnerHosts, facts.proc, facts.cgroupPids, now());
     const candidates = modelFileCandidates(facts.proc, gpus, shardPids, facts.cgroupPids);
     const modelFiles = await readModelFiles(modelFileReader, modelFilesCache, facts.proc, gpus, candidates, now());
     const done = performance.now();
@@ -285,6 +291,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       lostGpus: roster.update(listing.gpus, takenAt, listing.unreachable),
       cpuCores: cpu.cores,
       modelFiles,
+      modelRunners,
       timings: { driverMs: smiDone - started, procMs: done - smiDone },
     };
   };

@@ -246,7 +246,8 @@ export const ReadinessComponent = Type.Object(
     state: StringEnum(READINESS_STATES, 'ready, starting, on-cpu, gpu-lost (a GPU it was given is no longer listed by the GPU driver), stopped, exited or unverified.'),
     cause: NullableStringEnum(
       VERDICT_CAUSES,
-      'What decided the verdict, for programs (reason says it for people); null when ready, but for partial-offload (ready with part of its weights on the CPU; a warning says how much). ' +
+      'What decided the verdict, for programs (reason says it for people); null when ready, but for partial-offload (ready with part of its weights on the CPU; a warning says how much), ' +
+        'no-model-loaded (an Ollama server running no model, holding no GPU memory: the next request loads one) and model-loading (an Ollama model runner within its grace). ' +
         "starting: awaiting-gpu-weights (every GPU held, its weights still in host memory), awaiting-snapshot, awaiting-nvidia-smi (the GPU driver cannot be asked, and no listing has shown it on its GPUs: lasts as long as it fails), awaiting-gpu-memory, awaiting-listing (grace over, the GPU driver's latest listing begun before it ended). " +
         'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
         'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, the GPU driver none on its GPUs), no-gpu-memory, ' +

@@ -12,6 +12,7 @@ import type { StatAnswer } from '../system/procfs.js';
 import { otherMigWarning } from './compute.js';
 import type { EngineAccount } from './llama-account.js';
 import { cpuBurnWarning, engineCpuVerdict, engineSaysCpu, heldVerdict, onCpuVerdict, strayGpus, type NoAccount } from './on-cpu-verdict.js';
+import { ollamaVerdict } from './ollama-load.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type ReadinessState } from './verdict.js';
 import { heldBy } from './weights.js';
@@ -262,6 +263,25 @@ export function readiness(input: ReadinessInput): Readiness {
   if (liveness.state === 'unreadable') return verdict('unverified', 'stat-unreadable', null, [...warnings, liveness.why]);
   const evidenceAt = Math.min(now, input.evidenceAt ?? now);
   if (shard.gpus.length > 0 && engineSaysCpu(engine)) return engineCpuVerdict(shard, engine, node, warnings);
+  const noAccount: NoAccount = setAside !== null ? 'earlier-run' : input.enginePosted === true ? 'silent' : 'not-posted';
+  const memory = memoryVerdict(input, { shard, node, liveness, evidenceAt, engine, noAccount, warnings });
+  return shard.engine === 'ollama' ? ollamaVerdict(shard, node, memory, evidenceAt, now) : memory;
+}
+
+/** What memoryVerdict judges: `shard` with its GPUs as this listing numbers them, the engine's account unless set aside. */
+type MemoryEvidence = {
+  shard: ShardRecord;
+  node: NodeView;
+  liveness: Liveness;
+  evidenceAt: number;
+  engine: EngineAccount | null;
+  noAccount: NoAccount;
+  warnings: string[];
+};
+
+/** By the GPU memory the shard holds on its GPUs, against its grace. */
+function memoryVerdict(input: ReadinessInput, { shard, node, liveness, evidenceAt, engine, noAccount, warnings }: MemoryEvidence): Readiness {
+  const { now } = input;
   const held = node.attribution.holdings.get(shard.id);
   const missing = shard.gpus.filter((index) => !held?.has(index));
   if (missing.length === 0) return heldVerdict(shard, node, evidenceAt, now, warnings);
@@ -293,6 +313,5 @@ export function readiness(input: ReadinessInput): Readiness {
     return [`GPU ${index} holds memory of a process whose owner is unknown: ${unread}, so it may be this shard's. ${stat.advice}`];
   });
   if (uncertain.length > 0) return verdict('unverified', 'gpu-owner-unknown', null, [...warnings, ...uncertain]);
-  const noAccount: NoAccount = setAside !== null ? 'earlier-run' : input.enginePosted === true ? 'silent' : 'not-posted';
   return onCpuVerdict(shard, missing, node, evidenceAt, engine, noAccount, warnings);
 }

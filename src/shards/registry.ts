@@ -9,6 +9,7 @@
 // memory to one id and leave the other on-cpu).
 import type { Logger } from 'pino';
 import { PreconditionFailedError, ShardConflictError, StateFileInvalidError, StateWriteFailedError, StateWritePendingError } from '../errors.js';
+import type { RunnerHost } from '../system/model-runners.js';
 import type { StateFile, StateFileFailure } from '../system/state-file.js';
 import { appended, decodePost, engineState, NO_BYTES, type EngineState, type Posted } from './engine-output.js';
 import { readRegistryFile, serialiseShards } from './registry-file.js';
@@ -359,14 +360,21 @@ export async function loadRegistry(deps: { stateFile: StateFile; log: Logger }) 
       return state;
     },
     /** PIDs and cgroups the next snapshot must read: not PIDs of shards of another boot than `bootId`, which name other processes now. */
-    interest(bootId: string | null): { pids: number[]; cgroups: string[] } {
+    interest(bootId: string | null): { pids: number[]; cgroups: string[]; runnerHosts: RunnerHost[] } {
       const pids: number[] = [];
       const cgroups: string[] = [];
+      const runnerHosts: RunnerHost[] = [];
       for (const shard of committed.values()) {
-        if (shard.cgroup !== null) cgroups.push(shard.cgroup);
-        else if (!ranInAnotherBoot(shard.identity, bootId)) pids.push(shard.identity.pid);
+        const ollama = shard.engine === 'ollama';
+        if (shard.cgroup !== null) {
+          cgroups.push(shard.cgroup);
+          if (ollama) runnerHosts.push({ cgroup: shard.cgroup });
+        } else if (!ranInAnotherBoot(shard.identity, bootId)) {
+          pids.push(shard.identity.pid);
+          if (ollama) runnerHosts.push({ pid: shard.identity.pid });
+        }
       }
-      return { pids, cgroups };
+      return { pids, cgroups, runnerHosts };
     },
   };
 }

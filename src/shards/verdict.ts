@@ -22,6 +22,8 @@ export const VERDICT_CAUSES = [
   'partial-offload-below-minimum', // a share of its weights on the GPU below the minimum its registration asks, grace over
   // ready
   'partial-offload', // serving with part of its weights on the CPU (a warning says how much)
+  'no-model-loaded', // an Ollama server running no model and holding no GPU memory: the next request loads one
+  'model-loading', // an Ollama model runner within its grace from its own start, its GPUs not holding the model yet
   // gpu-lost
   'gpu-not-listed', // a GPU it was given is no longer listed by nvidia-smi
   'gpu-unreachable', // nvidia-smi fails, saying it cannot reach a GPU it was given ("GPU is lost")

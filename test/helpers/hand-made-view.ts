@@ -6,6 +6,7 @@ import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcessModelFiles } from '../../src/system/model-files.js';
+import type { ModelRunner } from '../../src/system/model-runners.js';
 import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
 
 /** A running (or, with `state`, stopped: T) process of process group 100, as /proc/PID/stat reads. */
@@ -26,6 +27,8 @@ export interface HandMadeNode {
   cpuCores?: Array<[number, number]>;
   /** The model files each PID loaded. */
   modelFiles?: Array<[number, ProcessModelFiles]>;
+  /** Per Ollama shard (its PID or cgroup), the model runners it runs; left out, none is known. */
+  modelRunners?: Array<[number | string, ModelRunner[]]>;
 }
 
 /** The view of such a snapshot with `shards` registered. */
@@ -40,6 +43,7 @@ export function handMadeView(node: HandMadeNode, shards: ShardRecord[]): NodeVie
     lostGpus: node.lostGpus ?? [],
     cpuCores: new Map(node.cpuCores ?? []),
     modelFiles: new Map(node.modelFiles ?? []),
+    ...(node.modelRunners === undefined ? {} : { modelRunners: new Map(node.modelRunners) }),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);

@@ -45,21 +45,26 @@ t.test('a missing file is an empty registry; writes create it, durable and parse
   t.same(readdirSync(join(dir, 'deep')), ['shards.json'], 'no temp file left behind');
   const again = await loadRegistry({ stateFile: createStateFile(path, { log }), log });
   t.same(again.get('a'), record('a'));
-  t.same(again.interest(null), { pids: [42], cgroups: [] });
+  t.same(again.interest(null), { pids: [42], cgroups: [], runnerHosts: [] });
 });
 
 t.test('interest: the PIDs of shards of this boot or of no known boot, and every cgroup; not the PIDs of another boot', async (t) => {
   const registry = await loadRegistry({ stateFile: createStateFile(join(t.testdir({}), 's.json'), { log }), log });
-  const ofBoot = (id: string, pid: number, bootId?: string): ShardRecord => {
-    const plain = record(id, 'other', pid);
+  const ofBoot = (id: string, pid: number, bootId?: string, engine: ShardRecord['engine'] = 'other'): ShardRecord => {
+    const plain = record(id, engine, pid);
     return bootId === undefined ? plain : { ...plain, identity: { ...plain.identity, bootId } };
   };
   await registry.put(ofBoot('now', 10, 'boot-now'));
-  await registry.put(ofBoot('before', 11, 'boot-before'));
-  await registry.put(ofBoot('unknown', 12));
+  await registry.put(ofBoot('before', 11, 'boot-before', 'ollama'));
+  await registry.put(ofBoot('unknown', 12, undefined, 'ollama'));
   await registry.put({ ...ofBoot('pod', 13, 'boot-before'), pid: null, cgroup: 'pod-uid' });
-  t.same(registry.interest('boot-now'), { pids: [10, 12], cgroups: ['pod-uid'] }, 'a pod carries on across a restart: its cgroup is still read');
-  t.same(registry.interest(null), { pids: [10, 11, 12], cgroups: ['pod-uid'] }, 'with no boot to go by, every PID');
+  await registry.put({ ...ofBoot('ollama-pod', 14, 'boot-before', 'ollama'), pid: null, cgroup: 'ollama-uid' });
+  t.same(
+    registry.interest('boot-now'),
+    { pids: [10, 12], cgroups: ['pod-uid', 'ollama-uid'], runnerHosts: [{ pid: 12 }, { cgroup: 'ollama-uid' }] },
+    "a pod carries on across a restart: its cgroup is still read; Ollama's runners are looked for where it is",
+  );
+  t.same(registry.interest(null).pids, [10, 11, 12], 'with no boot to go by, every PID');
 });
 
 t.test('a corrupt, foreign or unreadable state file stops the load, naming it, and is left untouched', async (t) => {

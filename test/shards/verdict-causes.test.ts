@@ -8,6 +8,7 @@ import type { EngineAccount } from '../../src/shards/llama-account.js';
 import { readiness, type ReadinessInput } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import { VERDICT_CAUSES, type ReadinessState, type VerdictCause } from '../../src/shards/verdict.js';
+import type { ModelRunner } from '../../src/system/model-runners.js';
 import type { UnreadableStat } from '../../src/system/procfs.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
 import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord } from '../helpers/hand-made-view.js';
@@ -51,10 +52,20 @@ const mapped = (mib: number, shard = s): NodeView =>
     [shard],
   );
 const asksHalf = shardRecord(NOW, { minGpuWeightsShare: 0.6 });
+const ollama = shardRecord(NOW, { engine: 'ollama' });
+const ollamaRuns = (runners: ModelRunner[]): NodeView =>
+  handMadeView({ now: NOW, gpus: [gpu(0, [])], stats: [procStat(100)], modelRunners: [[100, runners]] }, [ollama]);
 
 const cases: Case[] = [
   { name: 'holds its GPU', input: { node: handMadeView({ now: NOW, gpus: [gpu(0, [[100, 9000]])], stats: [procStat(100)] }, [s]) }, state: 'ready', cause: null },
   { name: 'holds its GPU, half its weights there', input: { node: mapped(3072) }, state: 'ready', cause: 'partial-offload' },
+  { name: 'Ollama runs no model and holds no GPU memory', input: { shard: ollama, node: ollamaRuns([]) }, state: 'ready', cause: 'no-model-loaded' },
+  {
+    name: "Ollama's runner holds no GPU memory yet, within its grace",
+    input: { shard: ollama, node: ollamaRuns([{ pid: 101, model: '/blobs/sha256-ab', startedAt: NOW - 1000 }]) },
+    state: 'ready',
+    cause: 'model-loading',
+  },
   { name: 'holds its GPU, its weights in host memory, within its grace', input: { shard: young, node: mapped(300, young) }, state: 'starting', cause: 'awaiting-gpu-weights' },
   { name: 'holds its GPU, its weights in host memory, grace over', input: { node: mapped(300) }, state: 'on-cpu', cause: 'weights-in-host-memory' },
   { name: 'holds its GPU, less of its weights there than it asks', input: { shard: asksHalf, node: mapped(3072, asksHalf) }, state: 'on-cpu', cause: 'partial-offload-below-minimum' },

@@ -1,0 +1,52 @@
+// Owns an Ollama shard's readiness between models. Ollama loads a model on the first request for it
+// and unloads it after OLLAMA_KEEP_ALIVE idle (5 minutes): its runner, which held the GPU memory,
+// exits. A server that runs no runner and holds no GPU memory is ready (no-model-loaded), or its probe
+// would keep away the request that loads one. A runner is judged from its own start: within the
+// shard's grace it is loading (ready, model-loading); after it, its GPU memory decides as any engine's.
+import { formatDuration } from '../duration.js';
+import type { NodeView } from '../node-state/node-view.js';
+import type { ModelRunner } from '../system/model-runners.js';
+import type { ShardRecord } from './shard.js';
+import { verdict, type Readiness, type VerdictCause } from './verdict.js';
+
+/** Verdicts of GPU memory not held (yet), which an idle server or a load under way gives too; not the engine's word, nor a lost GPU. */
+const MEMORY_CAUSES: ReadonlySet<VerdictCause | null> = new Set<VerdictCause>([
+  'awaiting-gpu-memory',
+  'awaiting-listing',
+  'awaiting-gpu-weights',
+  'no-gpu-memory',
+  'engine-output-conflicts',
+  'memory-on-other-gpu',
+  'weights-in-host-memory',
+  'partial-offload-below-minimum',
+]);
+
+const IDLE =
+  'Ollama runs no model (none of its processes names one with --model) and holds no GPU memory: it loads one on the next request, ' +
+  'and where that computes is judged once it runs. Ollama unloads a model after OLLAMA_KEEP_ALIVE (5 minutes) idle; -1 keeps it loaded';
+
+/** The shard's model runners in the view's snapshot; null when they are not known there. */
+export function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRunner[] | null {
+  return node.snapshot.modelRunners?.get(shard.cgroup ?? shard.identity.pid) ?? null;
+}
+
+/** `memory`, the verdict of the GPU memory the shard holds, as Ollama's load cycle reads it. */
+export function ollamaVerdict(shard: ShardRecord, node: NodeView, memory: Readiness, evidenceAt: number, now: number): Readiness {
+  const runners = runnersOf(shard, node);
+  if (runners === null || !MEMORY_CAUSES.has(memory.cause)) return memory;
+  if (runners.length === 0) {
+    // A shard judged by its memory has holdings in the view, if only an empty map.
+    return node.attribution.holdings.get(shard.id)!.size > 0 ? memory : verdict('ready', 'no-model-loaded', null, [...memory.warnings, IDLE]);
+  }
+  const starts = runners.map((runner) => runner.startedAt);
+  if (starts.includes(null)) return memory;
+  const start = Math.min(...(starts as number[]));
+  const graceEnd = start + shard.graceMs;
+  const label = runners.map((runner) => `${runner.pid} (--model ${runner.model})`).join(', ');
+  const runs = `Ollama's model runner ${label} started ${formatDuration(Math.max(0, now - start))} ago`;
+  if (evidenceAt < graceEnd) {
+    const loading = `${runs}, within its ${formatDuration(shard.graceMs)} grace: it is loading (${memory.cause})`;
+    return verdict('ready', 'model-loading', null, [...memory.warnings, `${loading}; if its GPUs do not hold the model once the grace is over, the shard reads on-cpu`]);
+  }
+  return memory.state === 'on-cpu' ? { ...memory, reason: `${memory.reason} ${runs} (its grace of ${formatDuration(shard.graceMs)} counts from there).` } : memory;
+}

@@ -1,0 +1,100 @@
+// An Ollama shard through its load cycle, end to end: a real stand-in for `ollama serve` (a shell in a
+// process group of its own) starts a model runner as Ollama does, a child naming the model with
+// --model, and stops it as an unload does; the fake GPU driver lists the runner while it holds memory.
+import { spawn } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import t, { type Test } from 'tap';
+import { settle } from '../helpers/app.js';
+import { livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { modelDir } from '../helpers/model-loaders.js';
+import { setup, UUIDS } from '../helpers/two-gpu-node.js';
+
+// Reads "load BLOB" and "unload" lines; a runner is a child of the server, in its process group.
+const SERVER = `
+while read -r command blob; do
+  case $command in
+    load) python3 -c 'import time; time.sleep(600)' --model "$blob" --port 0 & runner=$!; echo "runner $runner";;
+    unload) kill $runner; wait $runner 2>/dev/null; echo unloaded;;
+  esac
+done`;
+
+/** Starts the stand-in server; `say` sends it a line and resolves with its answer. */
+async function startServer(t: Test) {
+  const server = spawn('sh', ['-c', SERVER, 'ollama'], { detached: true, stdio: ['pipe', 'pipe', 'inherit'] });
+  const pid = server.pid!;
+  t.teardown(async () => {
+    process.kill(-pid, 'SIGKILL');
+    await waitUntil(() => livePidsInGroup(pid).length === 0, { what: `the server ${pid} to die` });
+  });
+  const lines = createInterface({ input: server.stdout! })[Symbol.asyncIterator]();
+  const say = async (line: string): Promise<string> => {
+    server.stdin!.write(`${line}\n`);
+    return String((await lines.next()).value);
+  };
+  return { pid, say };
+}
+
+t.test('idle, loading, on the CPU past its grace, on its GPU, idle again', async (t) => {
+  const blobs = join(modelDir(t), 'models', 'blobs');
+  mkdirSync(blobs, { recursive: true });
+  const blob = join(blobs, `sha256-${'cd'.repeat(32)}`);
+  writeFileSync(blob, Buffer.concat([Buffer.from('GGUF'), Buffer.alloc(4096)]));
+  const server = await startServer(t);
+  const { app, step, setProcesses } = await setup(t);
+  const put = await app.inject({ method: 'PUT', url: '/shards/o', payload: { pid: server.pid, gpus: [0], engine: 'ollama' } });
+  t.equal(put.statusCode, 201);
+  await settle(app);
+  step();
+  const ready = async () => {
+    const res = await app.inject({ method: 'GET', url: '/shards/o/ready' });
+    return { status: res.statusCode, ...res.json() };
+  };
+
+  let verdict = await ready();
+  t.match(verdict, { status: 200, state: 'ready', cause: 'no-model-loaded', reason: null }, 'no runner within the grace: ready, not starting');
+  t.match(verdict.warnings.at(-1), /runs no model.*OLLAMA_KEEP_ALIVE/);
+  step(20_000);
+  t.match(await ready(), { status: 200, cause: 'no-model-loaded' }, 'nor on-cpu after it');
+
+  const runner = Number((await server.say(`load ${blob}`)).split(' ')[1]);
+  t.ok(runner > 0);
+  step();
+  verdict = await ready();
+  t.match(verdict, { status: 200, state: 'ready', cause: 'model-loading', reason: null }, 'a runner within its grace loads');
+  t.match(verdict.warnings.at(-1), new RegExp(`runner ${runner} \\(--model ${blob}\\).*within its 15\\.0 s grace.*\\(no-gpu-memory\\)`));
+
+  step(20_000);
+  verdict = await ready();
+  t.match(verdict, { status: 503, state: 'on-cpu', cause: 'no-gpu-memory' }, 'past its grace with no GPU memory: on the CPU');
+  t.match(verdict.reason, new RegExp(`runner ${runner} .*started 20\\.\\d s ago \\(its grace of 15\\.0 s`));
+
+  setProcesses([{ gpuUuid: UUIDS[0]!, pid: runner, name: 'ollama', usedMiB: 9000 }]);
+  step();
+  t.match(await ready(), { status: 200, state: 'ready', cause: null }, 'the runner holds its GPU');
+  const gpus = (await app.inject({ method: 'GET', url: '/gpus' })).json();
+  t.equal(gpus.gpus[0].processes[0].shard, 'o', "the runner's memory is the shard's");
+
+  t.equal(await server.say('unload'), 'unloaded');
+  setProcesses([]);
+  step();
+  t.match(await ready(), { status: 200, state: 'ready', cause: 'no-model-loaded' }, 'unloaded: idle again');
+});
+
+t.test('another engine with no GPU memory is on the CPU; so is an Ollama whose runner computes there', async (t) => {
+  const server = await startServer(t);
+  const other = await startServer(t);
+  const { app, step } = await setup(t);
+  for (const [id, pid, engine] of [['o', server.pid, 'ollama'], ['l', other.pid, 'llama.cpp']] as const) {
+    t.equal((await app.inject({ method: 'PUT', url: `/shards/${id}`, payload: { pid, gpus: [0], engine, graceMs: 0 } })).statusCode, 201);
+  }
+  await settle(app);
+  step();
+  const causes = async () =>
+    Promise.all(['o', 'l'].map(async (id) => (await app.inject({ method: 'GET', url: `/shards/${id}/ready` })).json().cause));
+  t.same(await causes(), ['no-model-loaded', 'no-gpu-memory'], 'only Ollama reads a server without a runner as idle');
+  await server.say('load /models/blobs/sha256-00');
+  step(1000);
+  t.same(await causes(), ['no-gpu-memory', 'no-gpu-memory'], 'with a zero grace, a runner without GPU memory is on the CPU at once');
+});

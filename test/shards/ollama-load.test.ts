@@ -1,0 +1,64 @@
+// An Ollama shard's verdict through its load cycle, over hand-made views: idle only while it holds no
+// GPU memory, loading only within the grace from its runner's start, the GPU memory's verdict where
+// the runners are unknown, and the engine's own word first. Real processes: test/routes/ollama.test.ts.
+import t from 'tap';
+import { readiness } from '../../src/shards/readiness.js';
+import type { ShardRecord } from '../../src/shards/shard.js';
+import type { ModelRunner } from '../../src/system/model-runners.js';
+import { gpuState as gpu } from '../helpers/gpu-state.js';
+import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord, type HandMadeNode } from '../helpers/hand-made-view.js';
+
+const NOW = 1_000_000;
+/** Given GPU 0, grace 10 s, registered a minute ago. */
+const ollama = shardRecord(NOW, { engine: 'ollama' });
+const runner = (startedAt: number | null): ModelRunner => ({ pid: 101, model: '/root/.ollama/models/blobs/sha256-ab', startedAt });
+
+/** The verdict of `shard` on a node of GPUs 0 and 1 where `shard`'s runners are `runners` (left out: unknown). */
+function judge(runners: ModelRunner[] | undefined, node: Partial<HandMadeNode> = {}, shard: ShardRecord = ollama, evidenceAt = NOW) {
+  const key = shard.cgroup ?? shard.identity.pid;
+  const view = handMadeView(
+    { now: NOW, gpus: [gpu(0, []), gpu(1, [])], stats: [procStat(100)], ...(runners === undefined ? {} : { modelRunners: [[key, runners]] }), ...node },
+    [shard],
+  );
+  return readiness({ shard, node: view, engine: null, staleReason: null, now: NOW, evidenceAt });
+}
+
+t.test('no runner: ready while it holds no GPU memory, whatever the grace', async (t) => {
+  t.match(judge([]), { ready: true, state: 'ready', cause: 'no-model-loaded', reason: null });
+  const young = shardRecord(NOW, { engine: 'ollama', registeredAt: NOW - 1000 });
+  t.match(judge([], {}, young), { state: 'ready', cause: 'no-model-loaded' }, 'within the grace too');
+  const cgroup = shardRecord(NOW, { engine: 'ollama', pid: null, cgroup: 'pod-1' });
+  t.match(judge([], { cgroupPids: [['pod-1', [100]]] }, cgroup), { cause: 'no-model-loaded' }, 'a cgroup shard by its cgroup');
+  t.match(judge([], { gpus: [gpu(0, []), gpu(1, [[100, 500]])] }), { state: 'on-cpu', cause: 'memory-on-other-gpu' }, 'memory elsewhere is not idle');
+});
+
+t.test('runners unknown: the GPU memory decides, as for any engine', async (t) => {
+  t.match(judge(undefined), { state: 'on-cpu', cause: 'no-gpu-memory' }, 'no children files');
+  t.match(judge([runner(null)]), { state: 'on-cpu', cause: 'no-gpu-memory' }, 'a runner not dated');
+});
+
+t.test("a runner: loading within the grace from its own start, then judged", async (t) => {
+  const loading = judge([runner(NOW - 2000)]);
+  t.match(loading, { ready: true, state: 'ready', cause: 'model-loading', reason: null });
+  t.match(loading.warnings.at(-1), /runner 101 .*2\.0 s ago, within its 10\.0 s grace.*\(no-gpu-memory\)/);
+  t.match(judge([runner(NOW - 20_000)], {}, ollama, NOW - 15_000), { cause: 'model-loading' }, 'a listing begun within the grace decides nothing after it');
+  const weightsInHost = judge([runner(NOW - 2000)], {
+    gpus: [gpu(0, [[101, 300]]), gpu(1, [])],
+    stats: [procStat(100), procStat(101)],
+    modelFiles: [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]],
+  });
+  t.match(weightsInHost, { cause: 'model-loading' }, 'its weights on the way to the GPU');
+  t.match(weightsInHost.warnings.at(-1), /\(weights-in-host-memory\)/);
+
+  const late = judge([runner(NOW - 20_000), { ...runner(NOW - 1000), pid: 102 }]);
+  t.match(late, { ready: false, state: 'on-cpu', cause: 'no-gpu-memory' }, 'the oldest runner past its grace');
+  t.match(late.reason, /runner 101 \(--model \/root\/\.ollama\/models\/blobs\/sha256-ab\), 102 .* started 20\.0 s ago \(its grace of 10\.0 s counts from there\)\.$/);
+  const young = shardRecord(NOW, { engine: 'ollama', registeredAt: NOW - 1000 });
+  t.match(judge([runner(NOW - 20_000)], {}, young), { state: 'starting', cause: 'awaiting-gpu-memory' }, "the shard's own grace still runs");
+});
+
+t.test("the engine's own word comes first", async (t) => {
+  const view = handMadeView({ now: NOW, gpus: [gpu(0, [])], stats: [procStat(100)], modelRunners: [[100, []]] }, [ollama]);
+  const verdict = readiness({ shard: ollama, node: view, engine: NO_GPU_ENGINE, staleReason: null, now: NOW });
+  t.match(verdict, { state: 'on-cpu', cause: 'engine-gpu-backend-failed' }, 'its last load said CPU: idle or not, it is on the CPU');
+});

@@ -1,0 +1,143 @@
+// Finding an Ollama server's model runners: real processes in the real /proc (a runner behind a
+// wrapper, a cgroup's members), then a fixture proc root for what a live system rarely shows (no
+// children files, a thread gone mid-read, no uptime to date a runner by, a command line re-read).
+import { spawn } from 'node:child_process';
+import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import { pino } from 'pino';
+import { createModelRunnerReader, parseChildren } from '../../src/system/model-runners.js';
+import { createProcReader, type StatAnswer } from '../../src/system/procfs.js';
+import { livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
+import { fifoTestdir } from '../helpers/fifo.js';
+import { procStat } from '../helpers/hand-made-view.js';
+
+const log = pino({ level: 'silent' });
+const TAKEN_AT = 1_700_000_000_000;
+
+t.test('parseChildren: the PIDs of a children file', async (t) => {
+  t.same(parseChildren('4711 4712 '), [4711, 4712]);
+  t.same(parseChildren(''), []);
+});
+
+t.test('real processes: a runner below a wrapper, and among a cgroup\'s members', async (t) => {
+  // host (sh) -> wrapper (sh) -> runner (python3 --model); host -> sleep, which runs no model.
+  const runnerLine = `python3 -c 'import time; time.sleep(600)' --model /models/blobs/sha256-ef --port 0`;
+  const host = spawn('sh', ['-c', `sh -c "${runnerLine.replace(/"/g, '\\"')} & wait" & sleep 600 & wait`], { detached: true, stdio: 'ignore' });
+  const pid = host.pid!;
+  t.teardown(async () => {
+    process.kill(-pid, 'SIGKILL');
+    await waitUntil(() => livePidsInGroup(pid).length === 0, { what: `group ${pid} to die` });
+  });
+  const proc = createProcReader({ root: '/proc', log });
+  const cmdline = (member: number) => {
+    try {
+      return String(readFileSync(`/proc/${member}/cmdline`));
+    } catch {
+      return '';
+    }
+  };
+  let runner = 0;
+  await waitUntil(() => (runner = livePidsInGroup(pid).find((member) => /python3$/.test(cmdline(member).split('\0')[0]!)) ?? 0) > 0, { what: 'the runner to start' });
+  const sleeper = livePidsInGroup(pid).find((member) => cmdline(member).startsWith('sleep'))!;
+
+  const reader = createModelRunnerReader(proc);
+  const stats = new Map<number, StatAnswer>(await proc.readStats([pid]));
+  const found = await reader.read([{ pid }, { pid: 4_194_305 }], stats, new Map(), TAKEN_AT);
+  t.same([...found.keys()], [pid], 'a server that is not there is left out');
+  const [seen] = found.get(pid)!;
+  t.match(seen, { pid: runner, model: '/models/blobs/sha256-ef' });
+  t.ok(seen!.startedAt! <= TAKEN_AT && seen!.startedAt! > TAKEN_AT - 60_000, 'dated by its start on the snapshot clock');
+  t.ok(stats.has(runner), "the runner's stat is read with the rest");
+
+  const again = await reader.read([{ pid }], stats, new Map(), TAKEN_AT + 5000);
+  t.equal(again.get(pid)![0]!.startedAt, seen!.startedAt, 'dated once');
+
+  const members = new Map([['pod-1', new Set([pid, sleeper, runner])]]);
+  const byCgroup = await reader.read([{ cgroup: 'pod-1' }, { cgroup: 'not-scanned' }], stats, members, TAKEN_AT);
+  t.same([...byCgroup.keys()], ['pod-1'], 'a cgroup the scan did not answer is left out');
+  t.same(byCgroup.get('pod-1')!.map((found) => found.pid), [runner], 'only the member naming a model');
+});
+
+t.test('a fixture proc root', async (t) => {
+  const root = mkdtempSync(join(tmpdir(), 'nodecompute-runners-'));
+  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const write = (path: string, text: string) => {
+    mkdirSync(join(root, path, '..'), { recursive: true });
+    writeFileSync(join(root, path), text);
+  };
+  const argv = (...args: string[]) => args.map((arg) => `${arg}\0`).join('');
+  const reader = createModelRunnerReader(createProcReader({ root, log }));
+  // 100 serves; its thread 107 ended after the listing. 101 runs a model; 102 does not, and its children
+  // cannot be listed; 103 is gone; 104's command line cannot be read.
+  write('100/task/100/children', '101 102 103 104 ');
+  mkdirSync(join(root, '100/task/107'), { recursive: true });
+  write('101/cmdline', argv('ollama', 'runner', '--model', '/blobs/sha256-aa', '--port', '123'));
+  write('102/cmdline', argv('sh', '-c', 'ollama serve'));
+  const stats = new Map<number, StatAnswer>([100, 101, 102, 104].map((pid): [number, StatAnswer] => [pid, procStat(pid)]));
+  stats.set(103, null);
+
+  let found = await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT);
+  t.same(found.get(100), [{ pid: 101, model: '/blobs/sha256-aa', startedAt: null }], 'without an uptime file, not dated');
+  write('uptime', '12.50 3.00\n');
+  found = await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT);
+  t.same(found.get(100)![0]!.startedAt, TAKEN_AT - (1250 - 5) * 10, 'dated once /proc can say when it started');
+
+  write('101/cmdline', argv('ollama', 'runner', '--model', '/blobs/sha256-bb'));
+  t.equal((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100)![0]!.model, '/blobs/sha256-aa', 'a command line is read once');
+  stats.set(101, { ...procStat(101), startTime: 6 });
+  t.equal((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100)![0]!.model, '/blobs/sha256-bb', 'a new process under the PID is read again');
+  write('101/cmdline', argv('ollama', 'runner', '--model', '/blobs/sha256-cc'));
+  await reader.read([], stats, new Map(), TAKEN_AT);
+  t.equal((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100)![0]!.model, '/blobs/sha256-cc', 'forgotten once not seen');
+
+  write('200/task/200/children', '');
+  stats.set(200, procStat(200));
+  mkdirSync(join(root, '200/task/201/children'), { recursive: true });
+  stats.set(300, procStat(300));
+  found = await reader.read([{ pid: 200 }, { pid: 300 }], stats, new Map(), TAKEN_AT);
+  t.same([...found.keys()], [], "a thread's children file that fails to read, and a kernel without children files: unknown, not none");
+});
+
+t.test('a command line that does not answer: its host unknown until it does, and at most two such reads', async (t) => {
+  const { dir, fifo } = fifoTestdir(t);
+  const stats = new Map<number, StatAnswer>();
+  // Servers 10, 20 and 30, each with one child; 11's and 21's command lines hang.
+  for (const host of [10, 20, 30]) {
+    mkdirSync(join(dir, `${host}/task/${host}`), { recursive: true });
+    writeFileSync(join(dir, `${host}/task/${host}/children`), `${host + 1} `);
+    mkdirSync(join(dir, String(host + 1)));
+    stats.set(host, procStat(host)).set(host + 1, procStat(host + 1));
+  }
+  writeFileSync(join(dir, '31/cmdline'), 'ollama\0runner\0--model\0/blobs/sha256-dd\0');
+  const hung = [fifo('11/cmdline'), fifo('21/cmdline')];
+  const reader = createModelRunnerReader(createProcReader({ root: dir, log }), { deadlineMs: 50 });
+  const hosts = [{ pid: 10 }, { pid: 20 }, { pid: 30 }];
+  t.same([...(await reader.read(hosts, stats, new Map(), TAKEN_AT)).keys()], [], 'two reads hang; no third is started');
+  t.same([...(await reader.read(hosts, stats, new Map(), TAKEN_AT)).keys()], [], 'nor again while they hang');
+  for (const path of hung) closeSync(openSync(path, 'w'));
+  // Released, the late reads answer, and what they said is kept.
+  let found = await reader.read(hosts, stats, new Map(), TAKEN_AT);
+  for (let i = 0; i < 200 && found.size < 3; i += 1) {
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    found = await reader.read(hosts, stats, new Map(), TAKEN_AT);
+  }
+  t.same(found.get(30), [{ pid: 31, model: '/blobs/sha256-dd', startedAt: null }]);
+  t.same(found.get(10), [], 'an empty command line names no model');
+});
+
+t.test('a hanging command line below a wrapper leaves its host unknown too', async (t) => {
+  const { dir, fifo } = fifoTestdir(t);
+  for (const [pid, children] of [[40, '41 '], [41, '42 ']] as const) {
+    mkdirSync(join(dir, `${pid}/task/${pid}`), { recursive: true });
+    writeFileSync(join(dir, `${pid}/task/${pid}/children`), children);
+  }
+  writeFileSync(join(dir, '41/cmdline'), 'tini\0--\0ollama\0serve\0');
+  mkdirSync(join(dir, '42'));
+  const hung = fifo('42/cmdline');
+  const stats = new Map<number, StatAnswer>([40, 41, 42].map((pid): [number, StatAnswer] => [pid, procStat(pid)]));
+  const reader = createModelRunnerReader(createProcReader({ root: dir, log }), { deadlineMs: 50 });
+  t.same([...(await reader.read([{ pid: 40 }], stats, new Map(), TAKEN_AT)).keys()], []);
+  closeSync(openSync(hung, 'w'));
+});
