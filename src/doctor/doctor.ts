@@ -11,6 +11,7 @@ import type { ShardRecord } from '../shards/shard.js';
 import { unreachableOf, type GpuListing, type GpuRecord, type UnreachableGpu } from '../system/nvidia-smi.js';
 import type { GpuDriver } from '../system/gpu-driver.js';
 import type { ModelFileReader } from '../system/model-files.js';
+import { childrenKept } from '../system/model-runners.js';
 import type { ProcReader } from '../system/procfs.js';
 import type { StateFile } from '../system/state-file.js';
 import type { TokenFileState } from '../auth.js';
@@ -257,6 +258,17 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
   return check('registered-gpus', 'fail', `${missing.join('\n')}:\n${detail}`, fix);
 }
 
+/** With an Ollama shard stored: whether its model runners can be found, so that one with no model loaded reads ready. */
+async function ollamaRunnersCheck(root: string, shards: readonly ShardRecord[]): Promise<DoctorCheck[]> {
+  const ollama = shards.filter((shard) => shard.engine === 'ollama').length;
+  if (ollama === 0) return [];
+  if (await childrenKept(root)) return [check('ollama-runners', 'ok', `${root} keeps children files, so the model runners of the ${ollama} Ollama shard(s) can be found`)];
+  const detail =
+    `${root} has no children files (/proc/PID/task/TID/children; a kernel built without CONFIG_PROC_CHILDREN): the model runners of the ${ollama} Ollama shard(s) ` +
+    'cannot be found, so one with no model loaded (Ollama unloads it after OLLAMA_KEEP_ALIVE idle) reads on-cpu, and its probe keeps away the request that would load it';
+  return [check('ollama-runners', 'warn', detail, 'Keep each Ollama model loaded: OLLAMA_KEEP_ALIVE=-1 and a postStart hook that loads it (docs/troubleshooting.md).')];
+}
+
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
   const [smi, procReadable, stateFile] = await Promise.all([driverChecks(deps), deps.proc.checkReadable(), stateFileCheck(deps.stateFile)]);
   const checks: DoctorCheck[] = [];
@@ -273,6 +285,7 @@ export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {
     : check('proc', 'fail', procReadable.reason, "Mount the host's /proc and set NODECOMPUTE_PROC to it.");
   checks.push(proc, openFilesCheck(deps.proc, smi.pids === null ? null : smi.pids.length), stateFile.check);
   if (smi.gpus !== null && stateFile.shards !== null) checks.push(registeredGpusCheck(stateFile.shards, smi.gpus, deps.snapshot));
+  if (procReadable.ok && stateFile.shards !== null) checks.push(...(await ollamaRunnersCheck(deps.proc.root, stateFile.shards)));
   checks.push(await tokenCheck(deps));
   return { ok: checks.every((c) => c.status !== 'fail'), version: deps.version, checkedAt: new Date(deps.now()).toISOString(), checks };
 }

@@ -35,6 +35,11 @@ async function childrenOf(base: string, pid: number): Promise<number[] | null> {
   }
 }
 
+/** Whether the kernel under `root` keeps children files (CONFIG_PROC_CHILDREN), as PID 1's main thread shows. */
+export function childrenKept(root: string): Promise<boolean> {
+  return readFile(`${root}/1/task/1/children`).then(() => true, () => false);
+}
+
 /** A children file: PIDs separated by spaces. */
 export function parseChildren(text: string): number[] {
   return text.split(' ').filter((word) => /^\d+$/.test(word)).map(Number);

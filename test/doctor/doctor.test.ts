@@ -11,10 +11,13 @@ import { createNvidiaSmi } from '../../src/system/nvidia-smi.js';
 import { createProcReader } from '../../src/system/procfs.js';
 import { createStateFile } from '../../src/system/state-file.js';
 import { loadRegistry } from '../../src/shards/registry.js';
+import { serialiseShards } from '../../src/shards/registry-file.js';
+import type { ShardRecord } from '../../src/shards/shard.js';
 import { buildTestApp, manualClock, spawnShardProcess } from '../helpers/app.js';
 import { DRIVER_CHECK, driverQueries, failDriver, REFRESH_FAILED_SAID } from '../helpers/backend.js';
 import { createFakeNvidiaSmi, eightGpuNode, idleEightGpuNode, type FakeScenario, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { fifoTestdir, releaseBlockedWriter } from '../helpers/fifo.js';
+import { shardRecord } from '../helpers/hand-made-view.js';
 
 const log = pino({ level: 'silent' });
 
@@ -468,4 +471,16 @@ t.test('the GPUs the stored registrations name: those nvidia-smi no longer lists
   const listed = byName(await doctorFor(t, scenario, { stateFile: config.stateFile }))['registered-gpus'];
   t.same([listed!.status, listed!.detail], ['ok', 'the GPU driver lists every GPU the 2 shard registration(s) naming GPUs by UUID name']);
   t.notOk('registered-gpus' in byName(await doctorFor(t, null, { stateFile: config.stateFile })), 'without a GPU listing, nothing to compare');
+});
+
+t.test("with an Ollama shard stored: whether its model runners can be found", async (t) => {
+  const dir = t.testdir({ state: {}, proc: { '1': { stat: '' } } });
+  const stateFile = join(dir, 'state', 'shards.json');
+  const stored = (engine: ShardRecord['engine']) => writeFileSync(stateFile, serialiseShards(new Map([['s', shardRecord(Date.now(), { engine })]])));
+  stored('llama.cpp');
+  t.notOk(byName(await doctorFor(t, idleEightGpuNode(), { stateFile }))['ollama-runners'], 'asked only with an Ollama shard');
+  stored('ollama');
+  t.match(byName(await doctorFor(t, idleEightGpuNode(), { stateFile }))['ollama-runners'], { status: 'ok', detail: /1 Ollama shard/ });
+  const without = byName(await doctorFor(t, idleEightGpuNode(), { stateFile, proc: join(dir, 'proc') }))['ollama-runners'];
+  t.match(without, { status: 'warn', detail: /CONFIG_PROC_CHILDREN.*on-cpu/, fix: /OLLAMA_KEEP_ALIVE=-1/ });
 });
