@@ -1,13 +1,15 @@
-// Owns an Ollama shard's readiness between models. Ollama loads a model on the first request for it
-// and unloads it after OLLAMA_KEEP_ALIVE idle (5 minutes): its runner, which held the GPU memory,
-// exits. A server that runs no runner and holds no GPU memory is ready (no-model-loaded), or its probe
-// would keep away the request that loads one. A runner is judged from its own start: within the
-// shard's grace it is loading (ready, model-loading); after it, its GPU memory decides as any engine's.
+// Owns an Ollama shard's readiness as Ollama places and loads models. It puts a model on one GPU where
+// it fits: a shard is judged on the given GPUs it holds, when it holds some. It loads a model on the
+// first request and unloads it after OLLAMA_KEEP_ALIVE idle (5 minutes), when its runner exits: a
+// server that runs no runner and holds no GPU memory is ready (no-model-loaded), or its probe would
+// keep away the request that loads one. A runner is judged from its own start: within the shard's
+// grace it is loading (ready, model-loading); after it, its GPU memory decides as any engine's.
 import { formatDuration } from '../duration.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { ModelRunner } from '../system/model-runners.js';
+import { heldVerdict } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
-import { verdict, type Readiness, type VerdictCause } from './verdict.js';
+import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
 
 /** Verdicts of GPU memory not held (yet), which an idle server or a load under way gives too; not the engine's word, nor a lost GPU. */
 const MEMORY_CAUSES: ReadonlySet<VerdictCause | null> = new Set<VerdictCause>([
@@ -30,8 +32,20 @@ export function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRun
   return node.snapshot.modelRunners?.get(shard.cgroup ?? shard.identity.pid) ?? null;
 }
 
-/** `memory`, the verdict of the GPU memory the shard holds, as Ollama's load cycle reads it. */
-export function ollamaVerdict(shard: ShardRecord, node: NodeView, memory: Readiness, evidenceAt: number, now: number): Readiness {
+/** Judged on the given GPUs it holds, when it holds some but not all: Ollama puts a model on one GPU where it fits. */
+function onHeldGpus(shard: ShardRecord, node: NodeView, memory: Readiness, evidenceAt: number, now: number): Readiness {
+  const held = node.attribution.holdings.get(shard.id)!;
+  const holding = shard.gpus.filter((index) => held.has(index));
+  if (holding.length === 0 || holding.length === shard.gpus.length) return memory;
+  const idle = shard.gpus.filter((index) => !held.has(index));
+  const why = `Ollama holds memory on ${gpuList(holding)}, none on ${gpuList(idle)}: it puts a model on one GPU where it fits (OLLAMA_SCHED_SPREAD=1 spreads it over all)`;
+  return heldVerdict({ ...shard, gpus: holding }, node, evidenceAt, now, [...memory.warnings, why]);
+}
+
+/** `given`, the verdict of the memory the shard holds on its given GPUs, as Ollama's placement and load cycle read it. */
+export function ollamaVerdict(shard: ShardRecord, node: NodeView, given: Readiness, evidenceAt: number, now: number): Readiness {
+  if (!MEMORY_CAUSES.has(given.cause)) return given;
+  const memory = onHeldGpus(shard, node, given, evidenceAt, now);
   const runners = runnersOf(shard, node);
   if (runners === null || !MEMORY_CAUSES.has(memory.cause)) return memory;
   if (runners.length === 0) {

@@ -62,3 +62,21 @@ t.test("the engine's own word comes first", async (t) => {
   const verdict = readiness({ shard: ollama, node: view, engine: NO_GPU_ENGINE, staleReason: null, now: NOW });
   t.match(verdict, { state: 'on-cpu', cause: 'engine-gpu-backend-failed' }, 'its last load said CPU: idle or not, it is on the CPU');
 });
+
+t.test('a model on one of its GPUs: judged there, as Ollama places a model that fits one', async (t) => {
+  const both = shardRecord(NOW, { engine: 'ollama', gpus: [0, 1] });
+  const onGpu0 = (mib: number, files: HandMadeNode['modelFiles'] = []): Partial<HandMadeNode> => ({
+    gpus: [gpu(0, [[101, mib]]), gpu(1, [])],
+    stats: [procStat(100), procStat(101)],
+    modelFiles: files,
+  });
+  const served = judge([runner(NOW - 60_000)], onGpu0(9000), both);
+  t.match(served, { ready: true, state: 'ready', cause: null });
+  t.match(served.warnings.at(-1), /holds memory on GPU 0, none on GPU 1.*OLLAMA_SCHED_SPREAD=1/);
+  t.match(judge(undefined, onGpu0(9000), both), { state: 'ready', cause: null }, 'with its runners unknown too');
+  const inHost = onGpu0(300, [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]]);
+  const cpu = judge([runner(NOW - 60_000)], inHost, both);
+  t.match(cpu, { state: 'on-cpu', cause: 'weights-in-host-memory' }, 'its weights left in host memory, on the GPU it holds');
+  t.match(cpu.reason, /^placed on GPU 0 but .*runner 101 .*started 60\.0 s ago/);
+  t.match(judge([runner(NOW - 1000)], inHost, both), { state: 'ready', cause: 'model-loading' }, 'or loading still');
+});
