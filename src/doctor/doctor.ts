@@ -258,15 +258,16 @@ function registeredGpusCheck(shards: readonly ShardRecord[], listed: readonly Gp
   return check('registered-gpus', 'fail', `${missing.join('\n')}:\n${detail}`, fix);
 }
 
-/** With an Ollama shard stored: whether its model runners can be found, so that one with no model loaded reads ready. */
+/** With an Ollama shard stored by PID: whether its model runners can be found (its children), so that one with no model loaded reads ready. */
 async function ollamaRunnersCheck(root: string, shards: readonly ShardRecord[]): Promise<DoctorCheck[]> {
-  const ollama = shards.filter((shard) => shard.engine === 'ollama').length;
+  // A cgroup shard's runners are among its processes, which need no children files.
+  const ollama = shards.filter((shard) => shard.engine === 'ollama' && shard.cgroup === null).length;
   if (ollama === 0) return [];
-  if (await childrenKept(root)) return [check('ollama-runners', 'ok', `${root} keeps children files, so the model runners of the ${ollama} Ollama shard(s) can be found`)];
+  if (await childrenKept(root)) return [check('ollama-runners', 'ok', `${root} keeps children files, so the model runners of the ${ollama} Ollama shard(s) registered by PID can be found`)];
   const detail =
-    `${root} has no children files (/proc/PID/task/TID/children; a kernel built without CONFIG_PROC_CHILDREN): the model runners of the ${ollama} Ollama shard(s) ` +
+    `${root} has no children files (/proc/PID/task/TID/children; a kernel built without CONFIG_PROC_CHILDREN): the model runners of the ${ollama} Ollama shard(s) registered by PID ` +
     'cannot be found, so one with no model loaded (Ollama unloads it after OLLAMA_KEEP_ALIVE idle) reads on-cpu, and its probe keeps away the request that would load it';
-  return [check('ollama-runners', 'warn', detail, 'Keep each Ollama model loaded: OLLAMA_KEEP_ALIVE=-1 and a postStart hook that loads it (docs/troubleshooting.md).')];
+  return [check('ollama-runners', 'warn', detail, 'Register such a shard by cgroup (its pod UID or container id), or keep its model loaded: OLLAMA_KEEP_ALIVE=-1 and a postStart hook that loads it (docs/troubleshooting.md).')];
 }
 
 export async function runDoctor(deps: DoctorDeps): Promise<DoctorReport> {

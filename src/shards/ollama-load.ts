@@ -32,14 +32,18 @@ export function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRun
   return node.snapshot.modelRunners?.get(shard.cgroup ?? shard.identity.pid) ?? null;
 }
 
-/** Judged on the given GPUs it holds, when it holds some but not all: Ollama puts a model on one GPU where it fits. */
+/**
+ * Ready on the given GPUs it holds, when it holds some but not all, with its whole model there: Ollama puts a model on
+ * one GPU where it fits (and on all of them where it does not, so a partial offload on some is not that).
+ */
 function onHeldGpus(shard: ShardRecord, node: NodeView, memory: Readiness, evidenceAt: number, now: number): Readiness {
   const held = node.attribution.holdings.get(shard.id)!;
   const holding = shard.gpus.filter((index) => held.has(index));
   if (holding.length === 0 || holding.length === shard.gpus.length) return memory;
   const idle = shard.gpus.filter((index) => !held.has(index));
   const why = `Ollama holds memory on ${gpuList(holding)}, none on ${gpuList(idle)}: it puts a model on one GPU where it fits (OLLAMA_SCHED_SPREAD=1 spreads it over all)`;
-  return heldVerdict({ ...shard, gpus: holding }, node, evidenceAt, now, [...memory.warnings, why]);
+  const there = heldVerdict({ ...shard, gpus: holding }, node, evidenceAt, now, [...memory.warnings, why]);
+  return there.state === 'ready' && there.cause === null ? there : memory;
 }
 
 /** `given`, the verdict of the memory the shard holds on its given GPUs, as Ollama's placement and load cycle read it. */

@@ -1,13 +1,13 @@
 // Owns finding the model runners of an Ollama server in /proc: the processes below it whose command
-// line names a model. Ollama starts one per loaded model as its child (`ollama_llama_server --model`
+// line names a model with --model. Ollama starts one per loaded model as its child (`ollama_llama_server --model`
 // until 2024, `ollama runner --model` since, `llama-server --model` in 2026) and it exits when the
 // model unloads. Children come from /proc/PID/task/*/children (Go forks from any thread); a kernel
 // without CONFIG_PROC_CHILDREN has no such file, and the runners are then unknown, never "none".
 import { readdir, readFile } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
-import { modelArgument, parseCmdline } from './model-files.js';
+import { parseCmdline } from './model-files.js';
 import { CLOCK_TICKS_PER_SECOND } from './procfs-parse.js';
-import { codeOf, isReadable, type ProcReader, type StatAnswer } from './procfs.js';
+import { codeOf, hasExited, isReadable, type ProcReader, type StatAnswer } from './procfs.js';
 
 /** startedAt: when it started (ms since the epoch, on the snapshot's clock); null when /proc's uptime cannot be read. */
 export type ModelRunner = { pid: number; model: string; startedAt: number | null };
@@ -15,8 +15,8 @@ export type ModelRunner = { pid: number; model: string; startedAt: number | null
 /** A server's process (a PID shard) or the cgroup whose processes are read (a cgroup shard). */
 export type RunnerHost = { pid: number } | { cgroup: string };
 
-/** Generations below a server's process searched for runners: its own children, and theirs behind a wrapper (tini, sh -c). */
-const RUNNER_DEPTH = 2;
+/** Generations below a registered process searched for runners: the server's children, behind up to two wrappers (tini, a script). */
+const RUNNER_DEPTH = 3;
 
 /** The children of every thread of `pid`; null when it is gone or the kernel keeps no children files. */
 async function childrenOf(base: string, pid: number): Promise<number[] | null> {
@@ -47,55 +47,96 @@ export function parseChildren(text: string): number[] {
 
 export type ModelRunnerReader = ReturnType<typeof createModelRunnerReader>;
 
+/** The model a runner's argv names: `--model PATH` or `--model=PATH`, as Ollama starts every runner (not `-m`: `python3 -m` is no runner). */
+export function runnerModel(argv: readonly string[]): string | null {
+  for (let i = 0; i < argv.length; i += 1) {
+    const arg = argv[i]!;
+    if (arg === '--model' && (argv[i + 1] ?? '') !== '') return argv[i + 1]!;
+    if (arg.startsWith('--model=') && arg.length > '--model='.length) return arg.slice('--model='.length);
+  }
+  return null;
+}
+
 /** A command line answers in microseconds; one whose process is stuck in the kernel, holding its memory map, never does. */
 const READ_DEADLINE_MS = 1000;
 /** Late reads at most: each holds a thread of libuv's pool, which NVML's calls and the state file need too. */
 const LATE_MAX = 2;
+/**
+ * Younger than this (clock ticks), a process's "no model" is read again next refresh: Go forks with CLONE_VFORK, and until
+ * the child's exec its command line is its parent's.
+ */
+const SETTLED_TICKS = CLOCK_TICKS_PER_SECOND;
+
+type Process = { startTime: number; model: string | null; startedAt: number | null };
 
 export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DEADLINE_MS } = {}) {
   // A doubled slash, where the root ends in one, names the same file.
   const base = `${proc.root}/`;
-  // A process's command line is read, and its start dated, once: by PID and start time, dropped when it is no longer seen.
-  const known = new Map<number, { startTime: number; model: string | null; startedAt: number | null }>();
-  // Reads past their deadline, by PID: not started again until they answer.
+  // What a process's command line names, read once (by PID and start time; dropped when it is no longer seen), and its start dated once.
+  const known = new Map<number, Process>();
+  // Reads past their deadline, by PID: not started again until they answer; then their answer waits for the next refresh.
   const late = new Map<number, Promise<unknown>>();
+  const answeredLate = new Map<number, { startTime: number; model: string | null | undefined }>();
 
-  /** The model its command line names; undefined when the read did not answer within the deadline (its answer is kept once it comes). */
+  /** Its argv's model; null for none (or a process gone); undefined when unknown: unreadable, or no answer within the deadline. */
   const modelOf = async (pid: number, startTime: number): Promise<string | null | undefined> => {
+    const answered = answeredLate.get(pid);
+    answeredLate.delete(pid);
+    if (answered?.startTime === startTime) return answered.model;
     if (late.has(pid) || late.size >= LATE_MAX) return undefined;
-    const reading = readFile(`${base}${pid}/cmdline`).then((bytes) => modelArgument(parseCmdline(bytes)), () => null);
-    const model = await settleWithin(reading, deadlineMs, () => undefined);
-    if (model !== undefined) return model;
-    const answered = reading.then((answer) => void known.set(pid, { startTime, model: answer, startedAt: null }));
-    late.set(pid, answered.finally(() => late.delete(pid)));
+    const reading = readFile(`${base}${pid}/cmdline`).then(
+      (bytes) => runnerModel(parseCmdline(bytes)),
+      (err: unknown) => (codeOf(err) === 'ENOENT' || codeOf(err) === 'ESRCH' ? null : undefined),
+    );
+    const model = await settleWithin(reading, deadlineMs, () => 'late' as const);
+    if (model !== 'late') return model;
+    const kept = reading.then((answer) => void answeredLate.set(pid, { startTime, model: answer }));
+    late.set(pid, kept.finally(() => late.delete(pid)));
     return undefined;
   };
 
-  type Dating = (startTime: number) => number | null;
+  /** One refresh's search: `ticks` is the kernel's clock now (null: unknown), `takenAt` the snapshot's. */
+  type Search = { stats: Map<number, StatAnswer>; seen: Set<number>; ticks: number | null; takenAt: number };
 
-  /** Runners among `pids` (their stats read into `stats`), and below those that run no model while `depth` lasts; null when a command line did not answer. */
-  const search = async (pids: number[], depth: number, stats: Map<number, StatAnswer>, seen: Set<number>, dated: Dating): Promise<ModelRunner[] | null> => {
+  /** The process `pid` is now (cached); undefined when what it runs cannot be known this refresh. */
+  const processOf = async (pid: number, startTime: number, search: Search): Promise<Process | undefined> => {
+    const cached = known.get(pid);
+    if (cached?.startTime === startTime) return cached;
+    const model = await modelOf(pid, startTime);
+    if (model === undefined) return undefined;
+    const found = { startTime, model, startedAt: null };
+    const settled = search.ticks !== null && search.ticks - startTime >= SETTLED_TICKS;
+    if (model !== null || settled) known.set(pid, found);
+    return found;
+  };
+
+  /**
+   * Runners among `pids` (their stats read into the search's), and below those that run no model while `depth` lasts
+   * (0: none, as in a cgroup, whose members are all listed); null when what one of them runs cannot be known.
+   */
+  const runnersAmong = async (pids: number[], depth: number, search: Search): Promise<ModelRunner[] | null> => {
+    const { stats, ticks, takenAt } = search;
     const unread = pids.filter((pid) => !stats.has(pid));
     if (unread.length > 0) for (const [pid, stat] of await proc.readStats(unread)) stats.set(pid, stat);
     const runners: ModelRunner[] = [];
     for (const pid of pids) {
       const stat = stats.get(pid);
-      if (!isReadable(stat)) continue;
-      seen.add(pid);
-      let process = known.get(pid);
-      if (process?.startTime !== stat.startTime) {
-        const model = await modelOf(pid, stat.startTime);
-        if (model === undefined) return null;
-        process = { startTime: stat.startTime, model, startedAt: null };
-        known.set(pid, process);
-      }
+      if (stat === null || (isReadable(stat) && hasExited(stat))) continue;
+      if (!isReadable(stat)) return null;
+      search.seen.add(pid);
+      const process = await processOf(pid, stat.startTime, search);
+      if (process === undefined) return null;
       if (process.model !== null) {
-        runners.push({ pid, model: process.model, startedAt: (process.startedAt ??= dated(stat.startTime)) });
-      } else if (depth > 1) {
-        const below = await search((await childrenOf(base, pid)) ?? [], depth - 1, stats, seen, dated);
-        if (below === null) return null;
-        runners.push(...below);
+        process.startedAt ??= ticks === null ? null : takenAt - ((ticks - stat.startTime) * 1000) / CLOCK_TICKS_PER_SECOND;
+        runners.push({ pid, model: process.model, startedAt: process.startedAt });
+        continue;
       }
+      if (depth === 0) continue;
+      const children = (await childrenOf(base, pid)) ?? [];
+      // Past the depth searched, a process that runs no model but has children may hide a runner.
+      const below = depth === 1 ? (children.length === 0 ? [] : null) : await runnersAmong(children, depth - 1, search);
+      if (below === null) return null;
+      runners.push(...below);
     }
     return runners;
   };
@@ -103,30 +144,24 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
   return {
     /**
      * Per host (a server's PID, or a cgroup), its runners now; a host is left out when its runners cannot be known
-     * (its process is gone or its children unreadable, its cgroup was not scanned, or a command line did not answer).
-     * Stats read go into `stats`.
+     * (its process is gone or its children unreadable, its cgroup was not scanned, a process below it could not be
+     * read, or runs no model but has children deeper than the search goes). Stats read go into `stats`.
      */
     async read(hosts: readonly RunnerHost[], stats: Map<number, StatAnswer>, cgroupPids: ReadonlyMap<string, ReadonlySet<number>>, takenAt: number) {
-      let ticks: number | null | undefined;
-      // The kernel's clock is read at most once a refresh, and only for a runner not dated yet.
-      const dated: Dating = (startTime) => {
-        if (ticks === undefined) ticks = proc.ticksNow();
-        return ticks === null ? null : takenAt - ((ticks - startTime) * 1000) / CLOCK_TICKS_PER_SECOND;
-      };
-      const seen = new Set<number>();
+      const search: Search = { stats, seen: new Set(), ticks: hosts.length === 0 ? null : proc.ticksNow(), takenAt };
       const found = new Map<number | string, ModelRunner[]>();
       for (const host of hosts) {
         let runners: ModelRunner[] | null = null;
         if ('cgroup' in host) {
           const members = cgroupPids.get(host.cgroup);
-          if (members !== undefined) runners = await search([...members], 1, stats, seen, dated);
+          if (members !== undefined) runners = await runnersAmong([...members], 0, search);
         } else if (isReadable(stats.get(host.pid))) {
           const children = await childrenOf(base, host.pid);
-          if (children !== null) runners = await search(children, RUNNER_DEPTH, stats, seen, dated);
+          if (children !== null) runners = await runnersAmong(children, RUNNER_DEPTH, search);
         }
         if (runners !== null) found.set('cgroup' in host ? host.cgroup : host.pid, runners);
       }
-      for (const pid of known.keys()) if (!seen.has(pid)) known.delete(pid);
+      for (const cache of [known, answeredLate]) for (const pid of cache.keys()) if (!search.seen.has(pid)) cache.delete(pid);
       return found;
     },
   };

@@ -476,11 +476,14 @@ t.test('the GPUs the stored registrations name: those nvidia-smi no longer lists
 t.test("with an Ollama shard stored: whether its model runners can be found", async (t) => {
   const dir = t.testdir({ state: {}, proc: { '1': { stat: '' } } });
   const stateFile = join(dir, 'state', 'shards.json');
-  const stored = (engine: ShardRecord['engine']) => writeFileSync(stateFile, serialiseShards(new Map([['s', shardRecord(Date.now(), { engine })]])));
+  const stored = (engine: ShardRecord['engine'], cgroup: string | null = null) =>
+    writeFileSync(stateFile, serialiseShards(new Map([['s', shardRecord(Date.now(), { engine, cgroup, pid: cgroup === null ? 100 : null })]])));
   stored('llama.cpp');
   t.notOk(byName(await doctorFor(t, idleEightGpuNode(), { stateFile }))['ollama-runners'], 'asked only with an Ollama shard');
+  stored('ollama', 'pod-uid');
+  t.notOk(byName(await doctorFor(t, idleEightGpuNode(), { stateFile }))['ollama-runners'], 'registered by PID');
   stored('ollama');
   t.match(byName(await doctorFor(t, idleEightGpuNode(), { stateFile }))['ollama-runners'], { status: 'ok', detail: /1 Ollama shard/ });
   const without = byName(await doctorFor(t, idleEightGpuNode(), { stateFile, proc: join(dir, 'proc') }))['ollama-runners'];
-  t.match(without, { status: 'warn', detail: /CONFIG_PROC_CHILDREN.*on-cpu/, fix: /OLLAMA_KEEP_ALIVE=-1/ });
+  t.match(without, { status: 'warn', detail: /CONFIG_PROC_CHILDREN.*on-cpu/, fix: /by cgroup.*OLLAMA_KEEP_ALIVE=-1/ });
 });

@@ -74,9 +74,12 @@ t.test('a model on one of its GPUs: judged there, as Ollama places a model that 
   t.match(served, { ready: true, state: 'ready', cause: null });
   t.match(served.warnings.at(-1), /holds memory on GPU 0, none on GPU 1.*OLLAMA_SCHED_SPREAD=1/);
   t.match(judge(undefined, onGpu0(9000), both), { state: 'ready', cause: null }, 'with its runners unknown too');
-  const inHost = onGpu0(300, [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]]);
-  const cpu = judge([runner(NOW - 60_000)], inHost, both);
-  t.match(cpu, { state: 'on-cpu', cause: 'weights-in-host-memory' }, 'its weights left in host memory, on the GPU it holds');
-  t.match(cpu.reason, /^placed on GPU 0 but .*runner 101 .*started 60\.0 s ago/);
-  t.match(judge([runner(NOW - 1000)], inHost, both), { state: 'ready', cause: 'model-loading' }, 'or loading still');
+  const model = (mib: number) => onGpu0(mib, [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]]);
+  // Ollama spreads a model that does not fit one GPU over all of them: a partial offload on one is not that placement.
+  for (const [mib, what] of [[300, 'its weights in host memory'], [3072, 'half its weights there']] as const) {
+    const cpu = judge([runner(NOW - 60_000)], model(mib), both);
+    t.match(cpu, { state: 'on-cpu', cause: 'no-gpu-memory' }, `${what}: judged on both GPUs`);
+    t.match(cpu.reason, /no memory on GPU 1.*runner 101 .*started 60\.0 s ago/);
+  }
+  t.match(judge([runner(NOW - 1000)], model(300), both), { state: 'ready', cause: 'model-loading' }, 'or loading still');
 });

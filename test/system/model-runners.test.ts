@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { pino } from 'pino';
-import { createModelRunnerReader, parseChildren } from '../../src/system/model-runners.js';
+import { createModelRunnerReader, parseChildren, runnerModel } from '../../src/system/model-runners.js';
 import { createProcReader, type StatAnswer } from '../../src/system/procfs.js';
 import { livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { fifoTestdir } from '../helpers/fifo.js';
@@ -98,6 +98,73 @@ t.test('a fixture proc root', async (t) => {
   stats.set(300, procStat(300));
   found = await reader.read([{ pid: 200 }, { pid: 300 }], stats, new Map(), TAKEN_AT);
   t.same([...found.keys()], [], "a thread's children file that fails to read, and a kernel without children files: unknown, not none");
+});
+
+t.test('runnerModel: --model PATH or --model=PATH only', async (t) => {
+  t.equal(runnerModel(['llama-server', '--model', '/b/sha256-aa', '--port', '1']), '/b/sha256-aa');
+  t.equal(runnerModel(['llama-server', '--model=/b/sha256-aa']), '/b/sha256-aa');
+  t.equal(runnerModel(['python3', '-m', 'http.server']), null, 'not -m');
+  t.equal(runnerModel(['x', '--model']), null);
+  t.equal(runnerModel(['x', '--model', '']), null);
+  t.equal(runnerModel(['x', '--model=']), null);
+});
+
+t.test('what a runner is, and what leaves its host unknown', async (t) => {
+  const root = mkdtempSync(join(tmpdir(), 'nodecompute-runners-'));
+  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const write = (path: string, text: string) => {
+    mkdirSync(join(root, path, '..'), { recursive: true });
+    writeFileSync(join(root, path), text);
+  };
+  const argv = (...args: string[]) => args.map((arg) => `${arg}\0`).join('');
+  const stats = new Map<number, StatAnswer>();
+  /** `pid` with `children` (a tree below it), its stat started at `startTime` (uptime is 12.5 s: 1250 ticks). */
+  const process = (pid: number, command: string[] | null, children: number[] = [], startTime = 5) => {
+    write(`${pid}/task/${pid}/children`, children.map((child) => `${child} `).join(''));
+    if (command !== null) write(`${pid}/cmdline`, argv(...command));
+    stats.set(pid, { ...procStat(pid), startTime });
+  };
+  write('uptime', '12.50 3.00\n');
+  const reader = createModelRunnerReader(createProcReader({ root, log }));
+  const runnersOf = async (pid: number) => (await reader.read([{ pid }], stats, new Map(), TAKEN_AT)).get(pid);
+
+  process(400, ['ollama', 'serve'], [401, 402, 403]);
+  process(401, ['python3', '-m', 'http.server']);
+  process(402, ['llama-server', '--model=/m/x.gguf']);
+  process(403, ['ollama', 'runner', '--model', '/m/y']);
+  stats.set(403, procStat(403, 'Z'));
+  t.same((await runnersOf(400))?.map((runner) => runner.pid), [402], 'not -m, nor a zombie');
+
+  process(500, ['ollama', 'serve'], [501]);
+  stats.set(501, { pid: 501, unreadable: 'nodecompute is out of file descriptors (EMFILE)', advice: 'Raise nofile.' });
+  t.equal(await runnersOf(500), undefined, 'a stat that cannot be read: unknown');
+  process(600, ['ollama', 'serve'], [601]);
+  process(601, null);
+  mkdirSync(join(root, '601/cmdline'));
+  t.equal(await runnersOf(600), undefined, 'a command line that cannot be read: unknown');
+
+  process(700, ['tini', '--', '/entrypoint.sh'], [701]);
+  process(701, ['sh', '/entrypoint.sh'], [702]);
+  process(702, ['ollama', 'serve'], [703]);
+  process(703, ['ollama', 'runner', '--model', '/m/z']);
+  t.same((await runnersOf(700))?.map((runner) => runner.pid), [703], 'behind two wrappers');
+  process(720, ['tini', '--', '/entrypoint.sh'], [721]);
+  process(721, ['sh', '/entrypoint.sh'], [722]);
+  process(722, ['ollama', 'serve']);
+  t.same(await runnersOf(720), [], 'an idle server behind two wrappers');
+  process(710, ['tini'], [700]);
+  t.equal(await runnersOf(710), undefined, 'deeper than the search goes: unknown, not none');
+
+  process(800, ['ollama', 'serve'], [801]);
+  process(801, ['ollama', 'serve'], [], 1200);
+  t.same(await runnersOf(800), [], 'a child just forked, before its exec');
+  process(801, ['ollama', 'runner', '--model', '/m/w'], [], 1200);
+  t.same((await runnersOf(800))?.map((runner) => runner.pid), [801], 'read again once it has run its command');
+  process(900, ['ollama', 'serve'], [901]);
+  process(901, ['sleep', '600']);
+  t.same(await runnersOf(900), []);
+  process(901, ['ollama', 'runner', '--model', '/m/v']);
+  t.same(await runnersOf(900), [], 'a settled process is read once');
 });
 
 t.test('a command line that does not answer: its host unknown until it does, and at most two such reads', async (t) => {
