@@ -5,7 +5,7 @@ import { spawn } from 'node:child_process';
 import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { pino } from 'pino';
 import { createModelRunnerReader, parseChildren, runnerModel } from '../../src/system/model-runners.js';
 import { createProcReader, type StatAnswer } from '../../src/system/procfs.js';
@@ -15,6 +15,20 @@ import { procStat } from '../helpers/hand-made-view.js';
 
 const log = pino({ level: 'silent' });
 const TAKEN_AT = 1_700_000_000_000;
+
+/** A command line as /proc/PID/cmdline holds it. */
+const argv = (...args: string[]) => args.map((arg) => `${arg}\0`).join('');
+
+/** An empty proc root for the test, and a writer of files under it. */
+function fixtureRoot(t: Test) {
+  const root = mkdtempSync(join(tmpdir(), 'nodecompute-runners-'));
+  t.teardown(() => rmSync(root, { recursive: true, force: true }));
+  const write = (path: string, text: string) => {
+    mkdirSync(join(root, path, '..'), { recursive: true });
+    writeFileSync(join(root, path), text);
+  };
+  return { root, write };
+}
 
 t.test('parseChildren: the PIDs of a children file', async (t) => {
   t.same(parseChildren('4711 4712 '), [4711, 4712]);
@@ -61,13 +75,7 @@ t.test('real processes: a runner below a wrapper, and among a cgroup\'s members'
 });
 
 t.test('a fixture proc root', async (t) => {
-  const root = mkdtempSync(join(tmpdir(), 'nodecompute-runners-'));
-  t.teardown(() => rmSync(root, { recursive: true, force: true }));
-  const write = (path: string, text: string) => {
-    mkdirSync(join(root, path, '..'), { recursive: true });
-    writeFileSync(join(root, path), text);
-  };
-  const argv = (...args: string[]) => args.map((arg) => `${arg}\0`).join('');
+  const { root, write } = fixtureRoot(t);
   const reader = createModelRunnerReader(createProcReader({ root, log }));
   // 100 serves; its thread 107 ended after the listing. 101 runs a model; 102 does not, and its children
   // cannot be listed; 103 is gone; 104's command line cannot be read.
@@ -110,13 +118,7 @@ t.test('runnerModel: --model PATH or --model=PATH only', async (t) => {
 });
 
 t.test('what a runner is, and what leaves its host unknown', async (t) => {
-  const root = mkdtempSync(join(tmpdir(), 'nodecompute-runners-'));
-  t.teardown(() => rmSync(root, { recursive: true, force: true }));
-  const write = (path: string, text: string) => {
-    mkdirSync(join(root, path, '..'), { recursive: true });
-    writeFileSync(join(root, path), text);
-  };
-  const argv = (...args: string[]) => args.map((arg) => `${arg}\0`).join('');
+  const { root, write } = fixtureRoot(t);
   const stats = new Map<number, StatAnswer>();
   /** `pid` with `children` (a tree below it), its stat started at `startTime` (uptime is 12.5 s: 1250 ticks). */
   const process = (pid: number, command: string[] | null, children: number[] = [], startTime = 5) => {
@@ -177,7 +179,7 @@ t.test('a command line that does not answer: its host unknown until it does, and
     mkdirSync(join(dir, String(host + 1)));
     stats.set(host, procStat(host)).set(host + 1, procStat(host + 1));
   }
-  writeFileSync(join(dir, '31/cmdline'), 'ollama\0runner\0--model\0/blobs/sha256-dd\0');
+  writeFileSync(join(dir, '31/cmdline'), argv('ollama', 'runner', '--model', '/blobs/sha256-dd'));
   const hung = [fifo('11/cmdline'), fifo('21/cmdline')];
   const reader = createModelRunnerReader(createProcReader({ root: dir, log }), { deadlineMs: 50 });
   const hosts = [{ pid: 10 }, { pid: 20 }, { pid: 30 }];
@@ -200,7 +202,7 @@ t.test('a hanging command line below a wrapper leaves its host unknown too', asy
     mkdirSync(join(dir, `${pid}/task/${pid}`), { recursive: true });
     writeFileSync(join(dir, `${pid}/task/${pid}/children`), children);
   }
-  writeFileSync(join(dir, '41/cmdline'), 'tini\0--\0ollama\0serve\0');
+  writeFileSync(join(dir, '41/cmdline'), argv('tini', '--', 'ollama', 'serve'));
   mkdirSync(join(dir, '42'));
   const hung = fifo('42/cmdline');
   const stats = new Map<number, StatAnswer>([40, 41, 42].map((pid): [number, StatAnswer] => [pid, procStat(pid)]));
