@@ -3,7 +3,8 @@
 // until 2024, `ollama runner --model` since, `llama-server --model` in 2026) and it exits when the
 // model unloads. Children come from /proc/PID/task/*/children (Go forks from any thread); a kernel
 // without CONFIG_PROC_CHILDREN has no such file, and the runners are then unknown, never "none".
-import { readdir, readFile } from 'node:fs/promises';
+import { readdirSync, readFileSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
 import { parseCmdline } from './model-files.js';
 import { CLOCK_TICKS_PER_SECOND } from './procfs-parse.js';
@@ -18,16 +19,22 @@ export type RunnerHost = { pid: number } | { cgroup: string };
 /** Generations below a registered process searched for runners: the server's children, behind up to two wrappers (tini, a script). */
 const RUNNER_DEPTH = 3;
 
-/** The children of every thread of `pid`; null when it is gone or the kernel keeps no children files. */
-async function childrenOf(base: string, pid: number): Promise<number[] | null> {
+/**
+ * The children of every thread of `pid`; null when it is gone or the kernel keeps no children files. Read synchronously, as
+ * stats are: a children file is walked from the kernel's task list, never behind a lock a stuck process holds.
+ */
+function childrenOf(base: string, pid: number): number[] | null {
   try {
     // The main thread's file first: when it is missing, so are the others'.
-    const found = parseChildren(await readFile(`${base}${pid}/task/${pid}/children`, 'latin1'));
-    for (const task of await readdir(`${base}${pid}/task`)) {
+    const found = parseChildren(readFileSync(`${base}${pid}/task/${pid}/children`, 'latin1'));
+    for (const task of readdirSync(`${base}${pid}/task`)) {
       if (task === String(pid)) continue;
-      // A thread that exits between the listing and the read has no children left.
-      const text = await readFile(`${base}${pid}/task/${task}/children`, 'latin1').catch((err: unknown) => (codeOf(err) === 'ENOENT' ? '' : Promise.reject(err)));
-      found.push(...parseChildren(text));
+      try {
+        found.push(...parseChildren(readFileSync(`${base}${pid}/task/${task}/children`, 'latin1')));
+      } catch (err) {
+        // A thread that exits between the listing and the read has no children left.
+        if (codeOf(err) !== 'ENOENT') throw err;
+      }
     }
     return found;
   } catch {
@@ -132,7 +139,7 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
         continue;
       }
       if (depth === 0) continue;
-      const children = (await childrenOf(base, pid)) ?? [];
+      const children = childrenOf(base, pid) ?? [];
       // Past the depth searched, a process that runs no model but has children may hide a runner.
       const below = depth === 1 ? (children.length === 0 ? [] : null) : await runnersAmong(children, depth - 1, search);
       if (below === null) return null;
@@ -156,7 +163,7 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
           const members = cgroupPids.get(host.cgroup);
           if (members !== undefined) runners = await runnersAmong([...members], 0, search);
         } else if (isReadable(stats.get(host.pid))) {
-          const children = await childrenOf(base, host.pid);
+          const children = childrenOf(base, host.pid);
           if (children !== null) runners = await runnersAmong(children, RUNNER_DEPTH, search);
         }
         if (runners !== null) found.set('cgroup' in host ? host.cgroup : host.pid, runners);

@@ -152,8 +152,9 @@ t.test('what a runner is, and what leaves its host unknown', async (t) => {
   t.same((await runnersOf(700))?.map((runner) => runner.pid), [703], 'behind two wrappers');
   process(720, ['tini', '--', '/entrypoint.sh'], [721]);
   process(721, ['sh', '/entrypoint.sh'], [722]);
-  process(722, ['ollama', 'serve']);
-  t.same(await runnersOf(720), [], 'an idle server behind two wrappers');
+  process(722, ['ollama', 'serve'], [723]);
+  process(723, ['/usr/lib/ollama/llama-server', '--list-devices']);
+  t.same(await runnersOf(720), [], 'an idle server behind two wrappers, probing its GPUs');
   process(710, ['tini'], [700]);
   t.equal(await runnersOf(710), undefined, 'deeper than the search goes: unknown, not none');
 
