@@ -64,7 +64,13 @@ function placedOnCpu(shard: ShardRecord): string {
   return `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
 }
 
-function engineCpuAdvice(loaded: boolean | null): string {
+/** Ollama sets no -ngl: it offloads what the GPU's free memory holds, unless the model's num_gpu says fewer. */
+const OLLAMA_LAYERS =
+  "Ollama offloads as many layers as the GPU's free memory holds, unless num_gpu (a Modelfile PARAMETER or a request option) sets fewer: " +
+  'check the free and foreign memory on its GPUs (GET /gpus), and num_gpu.';
+
+function engineCpuAdvice(loaded: boolean | null, shard: ShardRecord): string {
+  if (loaded === true && shard.engine === 'ollama') return `Its GPU backend loaded but put no layers on the GPU. ${OLLAMA_LAYERS}`;
   if (loaded === true) return "Its GPU backend loaded but put no layers on the GPU: start it with -ngl (LLAMA_ARG_N_GPU_LAYERS) >= the model's layers.";
   if (loaded === false) return `Its GPU backend did not load. ${ON_CPU_ADVICE}`;
   return `Its GPU backend did not load, or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`;
@@ -87,14 +93,14 @@ function engineCpuReason(shard: ShardRecord, engine: EngineAccount, node: NodeVi
   const says = `${placedOnCpu(shard)}: the engine itself reports it. ${engine.summary}.`;
   const held = heldOnGiven(shard, node);
   const post = `/shards/${shard.id}/engine-output`;
-  if (held.length === 0) return `${says} ${engineCpuAdvice(engine.gpuBackendLoaded)}`;
+  if (held.length === 0) return `${says} ${engineCpuAdvice(engine.gpuBackendLoaded, shard)}`;
   const holding = `the GPU driver lists its processes holding ${held.join(', ')}`;
   if (engine.gpuBackendLoaded === false) {
     const which = `Post this run's (llama.cpp -lv 4) to ${post}; GET /gpus shows which process holds it.`;
     return `${says} Yet ${holding}, which an engine that found no usable GPU cannot hold: the output is likely another run's. ${which}`;
   }
   const another = `If it is the size of the weights, the output is another run's: post this run's to ${post}.`;
-  return `${says} ${holding}: a run without GPU layers holds its CUDA context and buffers there too. ${engineCpuAdvice(true)} ${another}`;
+  return `${says} ${holding}: a run without GPU layers holds its CUDA context and buffers there too. ${engineCpuAdvice(true, shard)} ${another}`;
 }
 
 /** GPUs the shard's processes hold memory on without having been given them, in index order. */
@@ -186,12 +192,16 @@ function modelLabel(weights: ShardWeights): string {
     .join(', ');
 }
 
+/** What to check when its weights stay in host memory: the engine's way of putting layers on the GPU. */
+const layersAdvice = (shard: ShardRecord): string => (shard.engine === 'ollama' ? OLLAMA_LAYERS : NGL_ADVICE);
+
 /** The warning a partial offload serves with. */
-function partialWarning(weights: ShardWeights): string {
+function partialWarning(weights: ShardWeights, shard: ShardRecord): string {
   const of = weights.bytes === null ? '' : ` of ${formatBytes(weights.bytes)}`;
   return (
     `only about ${percent(weights.gpuShare!)} of its model's weights (${formatBytes(weights.gpuBytes!)}${of}) are on its GPUs: ${weights.note}. ` +
-    'The layers left on the CPU run five to ten times slower: raise -ngl if the GPU has free memory (GET /gpus), or give the shard more GPUs.'
+    'The layers left on the CPU run five to ten times slower: ' +
+    (shard.engine === 'ollama' ? `${OLLAMA_LAYERS} Or give the shard more GPUs.` : 'raise -ngl if the GPU has free memory (GET /gpus), or give the shard more GPUs.')
   );
 }
 
@@ -200,10 +210,10 @@ function notReadyReason(shard: ShardRecord, node: NodeView, weights: ShardWeight
   if (zero) {
     const held = `its processes hold ${heldOnGiven(shard, node).join(', ')}, no more than a CUDA context and compute buffers`;
     const where = weights.hostBytes === null ? 'read without mmap' : `${formatBytes(weights.hostBytes)} of it mapped`;
-    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${NGL_ADVICE}`;
+    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${layersAdvice(shard)}`;
   }
   const asked = `below the ${percent(shard.minGpuWeightsShare!)} its registration asks (minGpuWeightsShare)`;
-  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${NGL_ADVICE}`;
+  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${layersAdvice(shard)}`;
 }
 
 /** Every given GPU held: ready, unless its weights stay in host memory (or below its minimum share) once the grace is over. */
@@ -213,7 +223,7 @@ export function heldVerdict(shard: ShardRecord, node: NodeView, evidenceAt: numb
   const zero = weights.offload === 'none';
   const below = shard.minGpuWeightsShare !== undefined && !meetsMinimum(shard, node, weights, shard.minGpuWeightsShare);
   if (!zero && !below) {
-    if (weights.offload === 'partial') return verdict('ready', 'partial-offload', null, [...warnings, partialWarning(weights)]);
+    if (weights.offload === 'partial') return verdict('ready', 'partial-offload', null, [...warnings, partialWarning(weights, shard)]);
     return verdict('ready', null, null, warnings);
   }
   const graceEnd = shard.registeredAt + shard.graceMs;

@@ -83,3 +83,28 @@ t.test('a model on one of its GPUs: judged there, as Ollama places a model that 
   }
   t.match(judge([runner(NOW - 1000)], model(300), both), { state: 'ready', cause: 'model-loading' }, 'or loading still');
 });
+
+t.test("advice in Ollama's terms: num_gpu and free GPU memory, not -ngl", async (t) => {
+  const modelOf = (mib: number): Partial<HandMadeNode> => ({
+    gpus: [gpu(0, [[101, mib]]), gpu(1, [])],
+    stats: [procStat(100), procStat(101)],
+    modelFiles: [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]],
+  });
+  const zero = judge([runner(NOW - 60_000)], modelOf(300));
+  t.match(zero, { state: 'on-cpu', cause: 'weights-in-host-memory' });
+  t.match(zero.reason, /num_gpu/);
+  t.notMatch(zero.reason, /-ngl/);
+  const partial = judge([runner(NOW - 60_000)], modelOf(3072));
+  t.match(partial, { state: 'ready', cause: 'partial-offload' });
+  t.match(partial.warnings.at(-1), /num_gpu.*more GPUs/);
+  const asks = shardRecord(NOW, { engine: 'ollama', minGpuWeightsShare: 0.9 });
+  t.match(judge([runner(NOW - 60_000)], modelOf(3072), asks).reason, /minGpuWeightsShare.*num_gpu/);
+
+  const noLayers = { ...NO_GPU_ENGINE, gpuBackendLoaded: true };
+  for (const mib of [null, 300]) {
+    const node = handMadeView({ now: NOW, gpus: [gpu(0, mib === null ? [] : [[100, mib]])], stats: [procStat(100)] }, [ollama]);
+    const verdict = readiness({ shard: ollama, node, engine: noLayers, staleReason: null, now: NOW });
+    t.match(verdict, { state: 'on-cpu', cause: 'engine-no-gpu-layers' });
+    t.match(verdict.reason, /put no layers on the GPU\. Ollama offloads .*num_gpu/, mib === null ? 'holding nothing' : 'holding a context');
+  }
+});
