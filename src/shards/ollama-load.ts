@@ -28,7 +28,7 @@ const IDLE =
   'and where that computes is judged once it runs. Ollama unloads a model after OLLAMA_KEEP_ALIVE (5 minutes) idle; -1 keeps it loaded';
 
 /** The shard's model runners in the view's snapshot; null when they are not known there. */
-export function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRunner[] | null {
+function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRunner[] | null {
   return node.snapshot.modelRunners?.get(shard.cgroup ?? shard.identity.pid) ?? null;
 }
 

@@ -9,7 +9,7 @@
 // only what the text says, a path as the process itself sees it.
 import { open, readFile, type FileHandle } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
-import { codeOf } from './procfs.js';
+import { codeOf, isGone } from './procfs.js';
 
 /** One file mapped read-only and not executable (libraries' code is left out), with every range of it summed. */
 type MappedFile = { path: string; deleted: boolean; device: string; inode: string; mappedBytes: number };
@@ -106,8 +106,8 @@ export type ModelFileReader = ReturnType<typeof createModelFileReader>;
 
 /** Why a process's maps could not be read, by the errno (null: it is gone). */
 export function mapsUnreadable(pid: number, err: unknown): string | null {
+  if (isGone(err)) return null;
   const code = codeOf(err);
-  if (code === 'ENOENT' || code === 'ESRCH') return null;
   if (code === 'EACCES' || code === 'EPERM') {
     return (
       `nodecompute may not read /proc/${pid}/maps (${code}): another user's process needs nodecompute to run as root with CAP_SYS_PTRACE ` +

@@ -8,7 +8,7 @@ import { readFile } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
 import { parseCmdline } from './model-files.js';
 import { CLOCK_TICKS_PER_SECOND } from './procfs-parse.js';
-import { codeOf, hasExited, isReadable, type ProcReader, type StatAnswer } from './procfs.js';
+import { hasExited, isGone, isReadable, type ProcReader, type StatAnswer } from './procfs.js';
 
 /** startedAt: when it started (ms since the epoch, on the snapshot's clock); null when /proc's uptime cannot be read. */
 export type ModelRunner = { pid: number; model: string; startedAt: number | null };
@@ -33,7 +33,7 @@ function childrenOf(base: string, pid: number): number[] | null {
         found.push(...parseChildren(readFileSync(`${base}${pid}/task/${task}/children`, 'latin1')));
       } catch (err) {
         // A thread that exits between the listing and the read has no children left.
-        if (codeOf(err) !== 'ENOENT') throw err;
+        if (!isGone(err)) throw err;
       }
     }
     return found;
@@ -51,8 +51,6 @@ export function childrenKept(root: string): Promise<boolean> {
 export function parseChildren(text: string): number[] {
   return text.split(' ').filter((word) => /^\d+$/.test(word)).map(Number);
 }
-
-export type ModelRunnerReader = ReturnType<typeof createModelRunnerReader>;
 
 /** The model a runner's argv names: `--model PATH` or `--model=PATH`, as Ollama starts every runner (not `-m`: `python3 -m` is no runner). */
 export function runnerModel(argv: readonly string[]): string | null {
@@ -93,7 +91,7 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
     if (late.has(pid) || late.size >= LATE_MAX) return undefined;
     const reading = readFile(`${base}${pid}/cmdline`).then(
       (bytes) => runnerModel(parseCmdline(bytes)),
-      (err: unknown) => (codeOf(err) === 'ENOENT' || codeOf(err) === 'ESRCH' ? null : undefined),
+      (err: unknown) => (isGone(err) ? null : undefined),
     );
     const model = await settleWithin(reading, deadlineMs, () => 'late' as const);
     if (model !== 'late') return model;

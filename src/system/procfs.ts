@@ -71,6 +71,11 @@ export type ProcReader = ReturnType<typeof createProcReader>;
 const UNSIGNED = /^\d+$/;
 const NEWLINE = 0x0a;
 const GONE_CODES = new Set(['ENOENT', 'ESRCH']);
+
+/** Whether a read of a process's file failed because the process is gone (ENOENT, or ESRCH while it is reaped). */
+export function isGone(err: unknown): boolean {
+  return GONE_CODES.has(codeOf(err));
+}
 // PIDs read synchronously between two yields to the event loop: about 2 ms of blocking.
 const SCAN_BATCH = 64;
 // More GPU processes than a node runs; capped at half the open-file limit, halved on EMFILE.
@@ -91,7 +96,7 @@ export function createProcReader({ root, log, keepMax = KEPT_MAX, limitsFile = '
     try {
       return read(path, pid);
     } catch (err) {
-      if (GONE_CODES.has(codeOf(err))) return null;
+      if (isGone(err)) return null;
       report({ procPid: pid, path, err }, 'cannot read a process file under the proc root');
       throw new Error(describeReadFailure(path, root, err), { cause: err });
     }
