@@ -28,13 +28,15 @@ const RE_MEMORY_SUFFIX = /^(.{1,1024}) \((\d{1,9}) MiB, \d{1,9} MiB free\)$/;
 const RE_VRAM_FIELD = /, VRAM: (\d{1,9}) MiB/;
 const RE_CUDA_NAME = /^CUDA(\d{1,4})$/;
 // Ollama's server log (logfmt): its scheduler's plan for a model ("offload to cuda" until 2025, then
-// "offload library=cuda"), the runner it starts, and the GPUs it found. A plan is a claim, as
-// "offloaded N/M" is; 0 layers, the CPU library or its CPU runner are CPU evidence.
+// "offload library=cuda", "CUDA" from 0.12.4 until 0.13 dropped the line), the runner it starts, and
+// the devices it found at start ("inference compute": one line per GPU, or one "library=cpu" line
+// when it found none). A plan is a claim, as "offloaded N/M" is; 0 layers, the CPU library, its CPU
+// runner or no GPU found are CPU evidence.
 const OLLAMA_HEAD = '^time=[^ ]{1,40} level=[A-Z]{1,8} source=[^ ]{1,64} msg=';
-const RE_OLLAMA_PLAN = new RegExp(`${OLLAMA_HEAD}(?:"offload to ([a-z]{1,16})"|offload library=([a-z]{1,16})) layers\\.requested=-?\\d{1,6} layers\\.model=(\\d{1,6}) layers\\.offload=(\\d{1,6})`);
+const RE_OLLAMA_PLAN = new RegExp(`${OLLAMA_HEAD}(?:"offload to ([a-z]{1,16})"|offload library=([A-Za-z]{1,16})) layers\\.requested=-?\\d{1,6} layers\\.model=(\\d{1,6}) layers\\.offload=(\\d{1,6})`);
 const RE_OLLAMA_CPU_RUNNER = new RegExp(`${OLLAMA_HEAD}"starting llama server" cmd="[^ "]{0,1024}/runners/cpu[a-z0-9_]{0,16}/`);
 const RE_OLLAMA_NO_GPU_LIBRARY = new RegExp(`${OLLAMA_HEAD}"compatible gpu libraries" compatible=\\[\\]`);
-const RE_OLLAMA_CUDA_FOUND = new RegExp(`${OLLAMA_HEAD}"inference compute" id=[^ ]{1,128} library=cuda `);
+const RE_OLLAMA_DEVICE = new RegExp(`${OLLAMA_HEAD}"inference compute" id=[^ ]{1,128}(?: filter_id=[^ ]{0,130})? library=([A-Za-z]{1,16})(?: |$)`);
 // Host-memory buffer types: CPU, CPU_Mapped, CPU_REPACK, CUDA_Host (pinned host memory), AMX...
 const RE_HOST_NAME = /^(?:CPU\w{0,32}|\w{1,32}_Host|BLAS|AMX|KleidiAI|KLEIDIAI)$/;
 
@@ -174,7 +176,7 @@ function classifyOllama(st: State, line: string): boolean {
     // A plan opens each model load, before its runner prints anything.
     beginProcess(st);
     const offloaded = Number(m[4]);
-    const library = m[1] ?? m[2];
+    const library = (m[1] ?? m[2])!.toLowerCase();
     st.run.layers = { offloaded, total: Number(m[3]) };
     // A plan for CUDA means Ollama found CUDA GPUs.
     if (library === 'cuda') st.run.presence.push(m[0]);
@@ -183,8 +185,12 @@ function classifyOllama(st: State, line: string): boolean {
     st.run.cpu.push({ kind: 'cpu-runner', line: m[0] });
   } else if (RE_OLLAMA_NO_GPU_LIBRARY.test(line)) {
     st.run.cpu.push({ kind: 'no-gpu', line });
-  } else if (RE_OLLAMA_CUDA_FOUND.test(line)) {
-    st.run.presence.push(line);
+  } else if ((m = RE_OLLAMA_DEVICE.exec(line))) {
+    // Printed when the server starts: after a model load, a restarted server.
+    enter(st, STAGE.none, STAGE.loading);
+    const library = m[1]!.toLowerCase();
+    if (library === 'cuda') st.run.presence.push(line);
+    else if (library === 'cpu') st.run.cpu.push({ kind: 'no-gpu', line });
   } else {
     return false;
   }

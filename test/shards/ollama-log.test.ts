@@ -39,6 +39,53 @@ t.test('a CUDA GPU found at start: CUDA present, weights not confirmed', async (
   });
 });
 
+t.test('Ollama 0.12.4+ names the library CUDA, 0.13+ adds filter_id: CUDA found at start', async (t) => {
+  t.match(ollama('ollama-log_2025-11_journald_inference-compute-CUDA-filter_id.txt'), {
+    backend: 'CUDA',
+    gpuBackendLoaded: true,
+    summary: /^Ollama reported using CUDA but printed no model buffer line/,
+    evidence: /filter_id="" library=CUDA/,
+  });
+  t.match(ollama('ollama-log_2026-05_inference-compute-CUDA_load_tensors-29of29.txt'), {
+    backend: 'CUDA',
+    devices: ['CUDA0'],
+    layersOffloaded: 29,
+    layersTotal: 29,
+    gpuBackendLoaded: true,
+  });
+});
+
+t.test('"inference compute" with library=cpu: Ollama found no GPU, so its GPU backend failed', async (t) => {
+  const account = ollama('ollama-log_2025-12_0.13.5_inference-compute-cpu.txt');
+  t.match(account, { backend: 'CPU', devices: [], gpuBackendLoaded: false });
+  t.match(account?.summary, /^Ollama found no usable GPU \(.*id=cpu library=cpu\)$/);
+  // Before 0.12.4 the CPU entry had id=0 and more fields (ollama/ollama app/server/server_test.go at fb30760).
+  const older =
+    'time=2025-07-01T17:59:51.470Z level=INFO source=types.go:130 msg="inference compute" id=0 library=cpu variant="" compute="" driver=0.0 name="" total="31.3 GiB" available="30.4 GiB"';
+  t.match(parseLlamaLog(older, 'Ollama'), { backend: 'CPU', gpuBackendLoaded: false });
+  // Another library is neither CUDA nor the CPU (same test file).
+  const rocm =
+    'time=2025-07-01T19:36:13.315Z level=INFO source=types.go:130 msg="inference compute" id=GPU-9abb57639fa80c50 library=rocm variant="" compute=gfx1030 driver=6.3 name=1002:73bf total="16.0 GiB" available="1.3 GiB"';
+  t.equal(parseLlamaLog(rocm, 'Ollama'), null);
+});
+
+t.test("a server's device lines after a model load are a restarted server's: they open a new run", async (t) => {
+  const gpuRun = readSample('ollama-log_2026-05_inference-compute-CUDA_load_tensors-29of29.txt');
+  const cpuStart = readSample('ollama-log_2025-12_0.13.5_inference-compute-cpu.txt');
+  t.match(parseLlamaLog(gpuRun + cpuStart, 'Ollama'), { backend: 'CPU', gpuBackendLoaded: false });
+  // At start, before any load, they join the run the runner's lines continue.
+  t.match(parseLlamaLog(cpuStart + gpuRun, 'Ollama'), { backend: 'CUDA', devices: ['CUDA0'] });
+});
+
+t.test('a plan naming the library CUDA (0.12.4 to 0.12.x) reads as one naming cuda', async (t) => {
+  // The plan's shape as llm/memory.go's MemoryEstimate.LogValue printed it at v0.12.6, library from discovery.
+  const plan = (library: string, offload: number) =>
+    `time=2025-10-20T10:00:00.000Z level=INFO source=server.go:544 msg=offload library=${library} layers.requested=-1 layers.model=29 layers.offload=${offload} layers.split=""`;
+  t.match(parseLlamaLog(plan('CUDA', 0), 'Ollama'), { backend: 'CPU', layersOffloaded: 0, gpuBackendLoaded: true });
+  t.match(parseLlamaLog(plan('CUDA', 29), 'Ollama'), { backend: 'CUDA', layersOffloaded: 29, gpuBackendLoaded: true });
+  t.match(parseLlamaLog(plan('cpu', 0), 'Ollama'), { backend: 'CPU', gpuBackendLoaded: null });
+});
+
 t.test("llama.cpp's lines relayed through journald: 5 of 37 layers on CUDA0", async (t) => {
   t.match(ollama('ollama-log_2025-05_issue10833_journald_offloaded-5of37.txt'), {
     backend: 'CUDA',
