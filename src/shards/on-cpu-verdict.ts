@@ -9,14 +9,12 @@ import { formatBytes } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
 import { shardCpuCores, type NodeView } from '../node-state/node-view.js';
 import { deviceLabel } from './compute.js';
+import { buildAdvice, layersAdvice } from './engine-advice.js';
 import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
 import { andList, gpuList, verdict, type Readiness } from './verdict.js';
 import { heldBy, meetsMinimum, shardWeights, type ShardWeights } from './weights.js';
-
-const ON_CPU_ADVICE =
-  "Check the engine's build (ldd libggml-cuda.so for llama.cpp), CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor`.";
 
 /** Cores a shard's processes burn above which, with no GPU work, they compute on the CPU (a GPU engine's host threads use about one). */
 export const CPU_BURN_CORES = 2;
@@ -42,7 +40,7 @@ export function cpuBurnWarning(shard: ShardRecord, node: NodeView): string | nul
   return (
     // Whole cores: a figure that moved at every snapshot would make the verdict (and /shards's ETag) change with it.
     `its processes burn about ${Math.round(cores)} CPU cores while doing no work on ${idle}: it computes on the CPU, five to ten times slower. ` +
-    "Check how many layers the engine put on the GPU (llama.cpp's -ngl, its log's \"offloaded N/M layers\"), that the model fits the GPU's free memory, and that the build has CUDA."
+    layersAdvice(shard.engine)
   );
 }
 
@@ -64,16 +62,10 @@ function placedOnCpu(shard: ShardRecord): string {
   return `placed on ${gpuList(shard.gpus)} but computing on the CPU`;
 }
 
-/** Ollama sets no -ngl: it offloads what the GPU's free memory holds, unless the model's num_gpu says fewer. */
-const OLLAMA_LAYERS =
-  "Ollama offloads as many layers as the GPU's free memory holds, unless num_gpu (a Modelfile PARAMETER or a request option) sets fewer: " +
-  'check the free and foreign memory on its GPUs (GET /gpus), and num_gpu.';
-
 function engineCpuAdvice(loaded: boolean | null, shard: ShardRecord): string {
-  if (loaded === true && shard.engine === 'ollama') return `Its GPU backend loaded but put no layers on the GPU. ${OLLAMA_LAYERS}`;
-  if (loaded === true) return "Its GPU backend loaded but put no layers on the GPU: start it with -ngl (LLAMA_ARG_N_GPU_LAYERS) >= the model's layers.";
-  if (loaded === false) return `Its GPU backend did not load. ${ON_CPU_ADVICE}`;
-  return `Its GPU backend did not load, or it was started without GPU layers (-ngl / --n-gpu-layers). ${ON_CPU_ADVICE}`;
+  if (loaded === true) return `Its GPU backend loaded but put no layers on the GPU. ${layersAdvice(shard.engine)}`;
+  if (loaded === false) return `Its GPU backend did not load. ${buildAdvice(shard.engine)}`;
+  return `Its GPU backend did not load, or it put no layers on the GPU. ${buildAdvice(shard.engine)} ${layersAdvice(shard.engine)}`;
 }
 
 /** The memory the shard's processes hold on the GPUs it was given, as device labels; empty without a node view. */
@@ -152,13 +144,13 @@ function engineNote(shard: ShardRecord, engine: EngineAccount | null, noAccount:
     );
   }
   const backend = 'Its GPU backend probably did not load.';
-  if (shard.engine !== 'llama.cpp') return `${backend} ${ON_CPU_ADVICE}`;
+  if (shard.engine !== 'llama.cpp') return `${backend} ${buildAdvice(shard.engine)}`;
   const postIt = {
     silent: `The output posted to ${post} says nothing about where llama.cpp computes: post its log at -lv 4 (b9829+ needs it).`,
     'earlier-run': `The engine output posted is an earlier run's (see the warnings): post this run's (llama.cpp -lv 4) to ${post}.`,
     'not-posted': `Post the engine's log (llama.cpp -lv 4) to ${post} to see what it saw.`,
   }[noAccount];
-  return `${backend} ${postIt} ${ON_CPU_ADVICE}`;
+  return `${backend} ${postIt} ${buildAdvice(shard.engine)}`;
 }
 
 /** Grace over with the `missing` given GPUs not held, as the listing begun at `evidenceAt` shows. */
@@ -179,10 +171,6 @@ export function onCpuVerdict(
   return verdict('on-cpu', 'no-gpu-memory', `${placedOnCpu(shard)}: ${held}. ${engineNote(shard, engine, noAccount)}`, warnings);
 }
 
-const NGL_ADVICE =
-  "Start it with -ngl (LLAMA_ARG_N_GPU_LAYERS) at or above the model's layers, check that the model fits the GPU's free memory (GET /gpus), " +
-  "and that the build has CUDA (its log's \"offloaded N/M layers\").";
-
 const percent = (share: number): string => `${Math.round(share * 100)}%`;
 
 /** "/models/x.gguf (4.0 GiB)", each file; a deleted one says so. */
@@ -192,16 +180,12 @@ function modelLabel(weights: ShardWeights): string {
     .join(', ');
 }
 
-/** What to check when its weights stay in host memory: the engine's way of putting layers on the GPU. */
-const layersAdvice = (shard: ShardRecord): string => (shard.engine === 'ollama' ? OLLAMA_LAYERS : NGL_ADVICE);
-
 /** The warning a partial offload serves with. */
 function partialWarning(weights: ShardWeights, shard: ShardRecord): string {
   const of = weights.bytes === null ? '' : ` of ${formatBytes(weights.bytes)}`;
   return (
     `only about ${percent(weights.gpuShare!)} of its model's weights (${formatBytes(weights.gpuBytes!)}${of}) are on its GPUs: ${weights.note}. ` +
-    'The layers left on the CPU run five to ten times slower: ' +
-    (shard.engine === 'ollama' ? `${OLLAMA_LAYERS} Or give the shard more GPUs.` : 'raise -ngl if the GPU has free memory (GET /gpus), or give the shard more GPUs.')
+    `The layers left on the CPU run five to ten times slower. ${layersAdvice(shard.engine)} Or give the shard more GPUs.`
   );
 }
 
@@ -210,10 +194,10 @@ function notReadyReason(shard: ShardRecord, node: NodeView, weights: ShardWeight
   if (zero) {
     const held = `its processes hold ${heldOnGiven(shard, node).join(', ')}, no more than a CUDA context and compute buffers`;
     const where = weights.hostBytes === null ? 'read without mmap' : `${formatBytes(weights.hostBytes)} of it mapped`;
-    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${layersAdvice(shard)}`;
+    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${layersAdvice(shard.engine)}`;
   }
   const asked = `below the ${percent(shard.minGpuWeightsShare!)} its registration asks (minGpuWeightsShare)`;
-  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${layersAdvice(shard)}`;
+  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${layersAdvice(shard.engine)}`;
 }
 
 /** Every given GPU held: ready, unless its weights stay in host memory (or below its minimum share) once the grace is over. */

@@ -64,6 +64,10 @@ t.test('cpuBurnWarning: several cores while its processes do no SM work on every
   t.match(warning, /burn about 4 CPU cores/, 'in whole cores');
   t.match(warning, /GPU 0 \(0% SM\)/);
   t.match(warning, /-ngl/);
+  const engineWarning = (engine: 'ollama' | 'vllm' | 'other') => cpuBurnWarning({ ...shard, engine }, node(3.5, 0));
+  t.match(engineWarning('ollama'), /num_gpu/, "Ollama's terms");
+  t.match(engineWarning('vllm'), /--cpu-offload-gb/, "vLLM's terms");
+  for (const engine of ['ollama', 'vllm', 'other'] as const) t.notMatch(engineWarning(engine), /-ngl/, `no llama.cpp flag for ${engine}`);
   t.equal(cpuBurnWarning(shard, node(CPU_BURN_CORES - 0.5, 0)), null, 'fewer cores: an engine host thread');
   t.equal(cpuBurnWarning(shard, node(3.5, 60)), null, 'its GPU busy');
   t.equal(cpuBurnWarning(shard, node(3.5, null)), null, 'no SM figure and no GPU utilization (MIG): nothing to weigh it against');

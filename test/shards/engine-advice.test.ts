@@ -1,0 +1,40 @@
+// What the reasons tell an operator to check, per engine: llama.cpp's flags and libraries for
+// llama.cpp only; Ollama's num_gpu and start-up log, vLLM's --cpu-offload-gb and platform line.
+import t from 'tap';
+import type { EngineAccount } from '../../src/shards/llama-account.js';
+import { ENGINES, type Engine } from '../../src/shards/shard.js';
+import { readiness } from '../../src/shards/readiness.js';
+import { gpuState as gpu } from '../helpers/gpu-state.js';
+import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord } from '../helpers/hand-made-view.js';
+
+const NOW = 1_000_000;
+const LLAMA_CPP_TERMS = /-ngl|ldd|libggml|LLAMA_ARG/;
+
+/** A shard of `engine`, past its grace, holding nothing on its GPU 0; the engine's own account as given. */
+function holdingNothing(engine: Engine, account: EngineAccount | null = null) {
+  const shard = shardRecord(NOW, { engine });
+  const node = handMadeView({ now: NOW, gpus: [gpu(0, [])], stats: [procStat(100)] }, [shard]);
+  return readiness({ shard, node, engine: account, enginePosted: account !== null, staleReason: null, now: NOW });
+}
+
+t.test('no GPU memory and nothing posted: how to see that the build found a GPU, in its own terms', async (t) => {
+  const reasons = Object.fromEntries(ENGINES.filter((e) => e !== 'ollama').map((e) => [e, holdingNothing(e).reason ?? '']));
+  t.match(reasons['llama.cpp'], /ldd libggml-cuda\.so/);
+  t.match(reasons.vllm, /Automatically detected platform cuda/);
+  t.match(reasons.other, /build has CUDA, CUDA_VISIBLE_DEVICES/);
+  for (const engine of ['vllm', 'other']) t.notMatch(reasons[engine], LLAMA_CPP_TERMS, engine);
+  for (const engine of Object.keys(reasons)) t.match(holdingNothing(engine as Engine).cause, 'no-gpu-memory');
+});
+
+t.test("Ollama's own account: its start-up log and num_gpu, never -ngl", async (t) => {
+  // As parseLlamaLog reads ollama-log_2025-12_0.13.5_inference-compute-cpu.txt.
+  const line = 'time=2025-12-29T16:48:22.901+08:00 level=INFO source=types.go:60 msg="inference compute" id=cpu library=cpu';
+  const noGpu: EngineAccount = { ...NO_GPU_ENGINE, evidence: line, summary: `Ollama found no usable GPU (${line})` };
+  const failed = holdingNothing('ollama', noGpu);
+  t.match(failed, { state: 'on-cpu', cause: 'engine-gpu-backend-failed' });
+  t.match(failed.reason, /"inference compute" with library=cpu/);
+  const unsaid = holdingNothing('ollama', { ...noGpu, gpuBackendLoaded: null });
+  t.match(unsaid, { cause: 'engine-reports-cpu' });
+  t.match(unsaid.reason, /did not load, or it put no layers on the GPU\. .*library=cpu.*num_gpu/);
+  for (const verdict of [failed, unsaid]) t.notMatch(verdict.reason, LLAMA_CPP_TERMS);
+});
