@@ -61,10 +61,10 @@ export async function driverQueries(server: ServerHandle): Promise<number | null
 
 /** Registers every shard of the farm (PUT, 8 at a time). */
 export async function registerShards(ctx: BenchContext, server: ServerHandle): Promise<void> {
-  const queue = ctx.farm.shards.map((group, i) => ({ id: ctx.shardIds[i]!, pid: group.leader, gpu: ctx.layout.shardGpu[i]! }));
+  const queue = ctx.farm.shards.map((group, i) => ({ id: ctx.shardIds[i]!, pid: group.leader, gpu: ctx.layout.shardGpu[i]!, engine: group.engine }));
   const worker = async () => {
     for (let next = queue.shift(); next; next = queue.shift()) {
-      const answer = await request(`${server.url}/shards/${next.id}`, { method: 'PUT', body: { pid: next.pid, gpus: [next.gpu], engine: 'other' } });
+      const answer = await request(`${server.url}/shards/${next.id}`, { method: 'PUT', body: { pid: next.pid, gpus: [next.gpu], engine: next.engine } });
       if (answer.status !== 201 && answer.status !== 200) throw new Error(`PUT /shards/${next.id} answered ${answer.status}: ${answer.body}`);
     }
   };

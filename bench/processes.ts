@@ -1,7 +1,8 @@
 // Owns the real processes the benchmarks point nvidia-smi's PIDs at, so /proc reads and attribution
 // cost what they cost on a node: shard groups (a detached `sh` leader, the registered PID, with a
-// `sleep` child in its process group that "holds" GPU memory) and a pool of unrelated `sleep`
-// processes that stand for foreign GPU processes. Every process sleeps at most SLEEP_S, so a bench
+// child in its process group that "holds" GPU memory: a `sleep`, or for an Ollama server a model
+// runner, an `sh` whose command line names `--model` as Ollama's runners do) and a pool of unrelated
+// `sleep` processes that stand for foreign GPU processes. Every process sleeps at most SLEEP_S, so a bench
 // that dies without cleaning up leaves nothing behind for long. Cleanup kills the children first so
 // that each `sh` reaps its own (no orphans for a PID 1 that may not reap), then the leaders.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -14,7 +15,14 @@ export interface ShardGroup {
   leader: number;
   /** A child in the leader's process group: the process nvidia-smi lists on the GPU. */
   child: number;
+  /** `ollama`: the leader stands for `ollama serve` and its child for the model runner it started. */
+  engine: 'other' | 'ollama';
 }
+
+/** Every OLLAMA_EVERY-th shard group is an Ollama server, so a refresh reads its model runners too. */
+export const OLLAMA_EVERY = 4;
+/** The runner: an `sh` that outlives its `sleep` (the `; :` keeps it from exec'ing it), with Ollama's runner arguments. */
+const RUNNER = `sh -c 'sleep ${SLEEP_S}; :' runner --model /nonexistent/nodecompute-bench/model --port 0`;
 
 export interface ProcessFarm {
   shards: ShardGroup[];
@@ -89,9 +97,10 @@ export async function startProcessFarm(shardCount: number, foreignCount: number)
 
   try {
     for (let i = 0; i < shardCount; i += 1) {
-      const started = await startPrinter(`sleep ${SLEEP_S} & echo $!; wait`, 1, 10_000);
+      const engine = i % OLLAMA_EVERY === OLLAMA_EVERY - 1 ? 'ollama' : 'other';
+      const started = await startPrinter(`${engine === 'ollama' ? RUNNER : `sleep ${SLEEP_S}`} & echo $!; wait`, 1, 10_000);
       leaders.push(started.child);
-      shards.push({ leader: started.child.pid!, child: started.pids[0]! });
+      shards.push({ leader: started.child.pid!, child: started.pids[0]!, engine });
     }
     if (foreignCount > 0) {
       pool = await startPrinter(

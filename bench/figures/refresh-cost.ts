@@ -81,13 +81,14 @@ export async function refreshCostFigure(ctx: BenchContext, log: (line: string) =
       pid: group.leader,
       cgroup: null,
       gpus: [ctx.layout.shardGpu[i]!],
-      engine: 'other',
+      engine: group.engine,
       graceMs: 15_000,
       registeredAt: now,
       identity: { pid: group.leader, pgid: stat.pgrp, startTime: stat.startTime, name: stat.comm },
     });
   }
-  const interest = () => ({ pids: shards.map((shard) => shard.identity.pid), cgroups: [] });
+  const runnerHosts = shards.filter((shard) => shard.engine === 'ollama').map((shard) => ({ pid: shard.identity.pid }));
+  const interest = () => ({ pids: shards.map((shard) => shard.identity.pid), cgroups: [], runnerHosts });
   const readers: ProcReader[] = [];
   const takers = SIZES.map((size) => {
     const layout = nodeLayout(size, ctx.farm.shards, Math.min(ctx.farm.shards.length, size / 4), ctx.farm.foreign);
