@@ -49,7 +49,7 @@ const UNCODED_CLIENT_ERRORS: Record<number, (where: string, detail: string) => s
   400: (where, detail) => `${where} is malformed (${detail}): a path may hold no NUL byte (%00), and its percent-encoding must be valid. Fix the URL.`,
   403: (where) => `${where} is refused: a path climbing out of its folder with ".." (encoded or not) is never served. Ask for the file by its own path.`,
   412: (where) => `${where}: the file is not the copy the If-Match or If-Unmodified-Since header names. Fetch it again without that header.`,
-  416: (where) => `${where}: the Range header asks for bytes the file does not have. Fetch it without Range, or within its Content-Length.`,
+  416: (where) => `${where}: the Range header is not a bytes range within the file (bytes=FIRST-LAST, FIRST-, or -SUFFIX). Fetch it without Range, or within its Content-Length.`,
 };
 
 /** A Fastify error as a coded body; null for a 5xx, which is a bug of ours. */
