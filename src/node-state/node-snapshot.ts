@@ -6,10 +6,11 @@ import type { Logger } from 'pino';
 import type { ComputeAppRecord, GpuDriver, GpuListing, GpuRecord } from '../system/gpu-driver.js';
 import { CLOCK_TICKS_PER_SECOND } from '../system/procfs-parse.js';
 import { createModelFileReader, type ModelFileReader, type ProcessModelFiles } from '../system/model-files.js';
-import { createModelRunnerReader, type ModelRunner, type RunnerHost } from '../system/model-runners.js';
+import { createModelRunnerReader, hostKey, type ModelRunner, type RunnerHost } from '../system/model-runners.js';
 import { isReadable, type ProcReader, type ProcStat, type StatAnswer } from '../system/procfs.js';
 import { createRepeatLimit, type RepeatLimit } from '../repeat-limit.js';
 import { createGpuRoster, type LostGpu } from './gpu-roster.js';
+import { createLoadHistory, type LastLoad } from './ollama-loads.js';
 
 /** Generations above a GPU process in which attribution looks for its shard (vLLM's workers sit a few forks down). */
 export const ANCESTRY_DEPTH = 4;
@@ -44,6 +45,8 @@ export interface NodeSnapshot extends ProcFacts {
   modelFiles: ReadonlyMap<number, ProcessModelFiles>;
   /** Per Ollama shard (its PID, or its cgroup), the model runners it runs; absent for one whose runners cannot be known. */
   modelRunners?: ReadonlyMap<number | string, readonly ModelRunner[]>;
+  /** Per Ollama shard, as modelRunners, its latest runner, kept after it exits (ollama-loads.ts). */
+  lastLoads?: ReadonlyMap<number | string, LastLoad>;
   timings: { driverMs: number; procMs: number };
 }
 
@@ -239,6 +242,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
   const modelFileReader = deps.modelFiles ?? createModelFileReader(deps.proc.root);
   const modelFilesCache: ModelFilesCache = new Map();
   const runnerReader = createModelRunnerReader(deps.proc);
+  const loadHistory = createLoadHistory();
   const roster = createGpuRoster(log);
   const scanFailure = createRepeatLimit(now);
   /** The last snapshot's GPU processes: read again, with the shards', after nvidia-smi fails. */
@@ -276,6 +280,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const statsRead = performance.now();
     await readParents(deps.proc, facts.proc, gpuPids, shardPids);
     const modelRunners = await runnerReader.read(runnerHosts, facts.proc, facts.cgroupPids, now());
+    const lastLoads = loadHistory.update(new Set(runnerHosts.map(hostKey)), modelRunners, gpus, facts.proc, startedAt);
     const candidates = modelFileCandidates(facts.proc, gpus, shardPids, facts.cgroupPids);
     const modelFiles = await readModelFiles(modelFileReader, modelFilesCache, facts.proc, gpus, candidates, now());
     const done = performance.now();
@@ -292,6 +297,7 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
       cpuCores: cpu.cores,
       modelFiles,
       modelRunners,
+      lastLoads,
       timings: { driverMs: smiDone - started, procMs: done - smiDone },
     };
   };

@@ -251,7 +251,7 @@ export const ReadinessComponent = Type.Object(
         "starting: awaiting-gpu-weights (every GPU held, its weights still in host memory), awaiting-snapshot, awaiting-nvidia-smi (the GPU driver cannot be asked, and no listing has shown it on its GPUs: lasts as long as it fails), awaiting-gpu-memory, awaiting-listing (grace over, the GPU driver's latest listing begun before it ended). " +
         'on-cpu: engine-gpu-backend-failed (the engine says CPU, its GPU backend did not load: the build, its libraries or the driver), engine-no-gpu-layers (it loaded, with no layers on the GPU: the engine\'s flags), ' +
         'engine-reports-cpu (not said which), memory-on-other-gpu (memory on a GPU it was not given), engine-output-conflicts (the engine output shows weights on a GPU, the GPU driver none on its GPUs), no-gpu-memory, ' +
-        'weights-in-host-memory (its GPUs hold little beyond a context while its model stays in host memory: zero offload), partial-offload-below-minimum (less of its weights on the GPU than minGpuWeightsShare asks). ' +
+        'weights-in-host-memory (its GPUs hold little beyond a context while its model stays in host memory: zero offload), partial-offload-below-minimum (less of its weights on the GPU than minGpuWeightsShare asks), last-load-on-cpu (an idle Ollama server whose last model runner ran past the grace without GPU memory: the next load would too). ' +
         'gpu-lost: gpu-not-listed, gpu-unreachable (the GPU driver fails, saying it cannot reach one). stopped: process-stopped. exited: process-exited. ' +
         'unverified: nvidia-smi-unavailable, processes-hidden, stat-unreadable, gpu-owner-unknown, not-in-snapshot. New codes may be added: treat an unknown one as its state says.',
     ),

@@ -2,11 +2,16 @@
 // it fits: a shard is judged on the given GPUs it holds, when it holds some. It loads a model on the
 // first request and unloads it after OLLAMA_KEEP_ALIVE idle (5 minutes), when its runner exits: a
 // server that runs no runner and holds no GPU memory is ready (no-model-loaded), or its probe would
-// keep away the request that loads one. A runner is judged from its own start: within the shard's
-// grace it is loading (ready, model-loading); after it, its GPU memory decides as any engine's.
+// keep away the request that loads one, unless its last load ran past the grace without GPU memory
+// (last-load-on-cpu): then the next would run on the CPU too, until Ollama restarts or its GPUs gain
+// room. A runner is judged from its own start: within the shard's grace it is loading (ready,
+// model-loading); after it, its GPU memory decides as any engine's.
 import { formatDuration } from '../duration.js';
+import { formatMemory } from '../memory-size.js';
+import type { LastLoad } from '../node-state/ollama-loads.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { ModelRunner } from '../system/model-runners.js';
+import { buildAdvice } from './engine-advice.js';
 import { heldVerdict } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
@@ -32,6 +37,37 @@ function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRunner[] |
   return node.snapshot.modelRunners?.get(shard.cgroup ?? shard.identity.pid) ?? null;
 }
 
+/** Free memory its GPUs gained since a load ran (ROOM_MIB or more, Ollama may place the next one there). */
+const ROOM_MIB = 1024;
+
+/** MiB of free memory the shard's GPUs gained since `load` was last seen; null when a figure is unknown. */
+function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number | null {
+  let gained = 0;
+  for (const index of shard.gpus) {
+    const then = load.freeMiB.get(index);
+    const now = node.snapshot.gpus.find((gpu) => gpu.index === index)?.freeMiB;
+    if (then == null || now == null) return null;
+    gained += now - then;
+  }
+  return gained;
+}
+
+/** An idle server's verdict: ready, unless its last load ran past the grace without GPU memory and no room came since. */
+function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Readiness {
+  const idle = verdict('ready', 'no-model-loaded', null, [...warnings, IDLE]);
+  const load = node.snapshot.lastLoads?.get(shard.cgroup ?? shard.identity.pid);
+  const started = load?.runner.startedAt ?? null;
+  if (load === undefined || started === null || load.heldGpuMemory || load.seenAt < started + shard.graceMs) return idle;
+  const ran = `Ollama's last model runner ${load.runner.pid} (--model ${load.runner.model}) ran ${formatDuration(load.seenAt - started)}, past the shard's grace of ${formatDuration(shard.graceMs)}, without holding GPU memory, and has exited`;
+  const gained = roomGained(shard, node, load);
+  if (gained === null) return idle;
+  if (gained >= ROOM_MIB) {
+    return { ...idle, warnings: [...idle.warnings, `${ran}; its GPUs have ${formatMemory(gained)} more free memory since, so the next load may reach them`] };
+  }
+  const stays = `Until Ollama restarts, a load holds GPU memory, or its GPUs gain ${formatMemory(ROOM_MIB)} of free memory, the shard stays on-cpu while idle, as the next load would run there too`;
+  return verdict('on-cpu', 'last-load-on-cpu', `placed on ${gpuList(shard.gpus)}, but its last model load computed on the CPU: ${ran}. ${stays}. ${buildAdvice('ollama')}`, warnings);
+}
+
 /**
  * Ready on the given GPUs it holds, when it holds some but not all, with its whole model there: Ollama puts a model on
  * one GPU where it fits (and on all of them where it does not, so a partial offload on some is not that).
@@ -54,7 +90,7 @@ export function ollamaVerdict(shard: ShardRecord, node: NodeView, given: Readine
   if (runners === null || !MEMORY_CAUSES.has(memory.cause)) return memory;
   if (runners.length === 0) {
     // A shard judged by its memory has holdings in the view, if only an empty map.
-    return node.attribution.holdings.get(shard.id)!.size > 0 ? memory : verdict('ready', 'no-model-loaded', null, [...memory.warnings, IDLE]);
+    return node.attribution.holdings.get(shard.id)!.size > 0 ? memory : idleVerdict(shard, node, memory.warnings);
   }
   const starts = runners.map((runner) => runner.startedAt);
   if (starts.includes(null)) return memory;

@@ -16,6 +16,9 @@ export type ModelRunner = { pid: number; model: string; startedAt: number | null
 /** A server's process (a PID shard) or the cgroup whose processes are read (a cgroup shard). */
 export type RunnerHost = { pid: number } | { cgroup: string };
 
+/** How answers name a host: its PID, or its cgroup. */
+export const hostKey = (host: RunnerHost): number | string => ('cgroup' in host ? host.cgroup : host.pid);
+
 /** Generations below a registered process searched for runners: the server's children, behind up to two wrappers (tini, a script). */
 const RUNNER_DEPTH = 3;
 
@@ -164,7 +167,7 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
           const children = childrenOf(base, host.pid);
           if (children !== null) runners = await runnersAmong(children, RUNNER_DEPTH, search);
         }
-        if (runners !== null) found.set('cgroup' in host ? host.cgroup : host.pid, runners);
+        if (runners !== null) found.set(hostKey(host), runners);
       }
       for (const cache of [known, answeredLate]) for (const pid of cache.keys()) if (!search.seen.has(pid)) cache.delete(pid);
       return found;

@@ -3,6 +3,7 @@
 import type { LostGpu } from '../../src/node-state/gpu-roster.js';
 import type { EngineAccount } from '../../src/shards/llama-account.js';
 import type { GpuState, NodeSnapshot } from '../../src/node-state/node-snapshot.js';
+import type { LastLoad } from '../../src/node-state/ollama-loads.js';
 import { createNodeView, type NodeView } from '../../src/node-state/node-view.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { ProcessModelFiles } from '../../src/system/model-files.js';
@@ -29,6 +30,8 @@ export interface HandMadeNode {
   modelFiles?: Array<[number, ProcessModelFiles]>;
   /** Per Ollama shard (its PID or cgroup), the model runners it runs; left out, none is known. */
   modelRunners?: Array<[number | string, ModelRunner[]]>;
+  /** Per Ollama shard, its latest runner, kept after it exits. */
+  lastLoads?: Array<[number | string, LastLoad]>;
 }
 
 /** The view of such a snapshot with `shards` registered. */
@@ -44,6 +47,7 @@ export function handMadeView(node: HandMadeNode, shards: ShardRecord[]): NodeVie
     cpuCores: new Map(node.cpuCores ?? []),
     modelFiles: new Map(node.modelFiles ?? []),
     ...(node.modelRunners === undefined ? {} : { modelRunners: new Map(node.modelRunners) }),
+    ...(node.lastLoads === undefined ? {} : { lastLoads: new Map(node.lastLoads) }),
     timings: { driverMs: 1, procMs: 1 },
   };
   return createNodeView(snapshot, shards, 1);

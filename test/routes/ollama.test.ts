@@ -2,14 +2,14 @@
 // process group of its own) starts a model runner as Ollama does, a child naming the model with
 // --model, and stops it as an unload does; the fake GPU driver lists the runner while it holds memory.
 import { spawn } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import t, { type Test } from 'tap';
 import { settle } from '../helpers/app.js';
 import { livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { modelDir } from '../helpers/model-loaders.js';
-import { setup, UUIDS } from '../helpers/two-gpu-node.js';
+import { setup, twoGpuNode, UUIDS } from '../helpers/two-gpu-node.js';
 
 // Reads "load BLOB" and "unload" lines; a runner is a child of the server, in its process group.
 const SERVER = `
@@ -31,7 +31,11 @@ async function startServer(t: Test) {
   const lines = createInterface({ input: server.stdout! })[Symbol.asyncIterator]();
   const say = async (line: string): Promise<string> => {
     server.stdin!.write(`${line}\n`);
-    return String((await lines.next()).value);
+    const answer = String((await lines.next()).value);
+    // A runner is one once it has exec'd: until then its command line is the shell's.
+    const runner = /^runner (\d+)$/.exec(answer)?.[1];
+    if (runner !== undefined) await waitUntil(() => readFileSync(`/proc/${runner}/cmdline`, 'latin1').split('\0').includes('--model'), { what: `runner ${runner} to exec` });
+    return answer;
   };
   return { pid, say };
 }
@@ -80,6 +84,38 @@ t.test('idle, loading, on the CPU past its grace, on its GPU, idle again', async
   setProcesses([]);
   step();
   t.match(await ready(), { status: 200, state: 'ready', cause: 'no-model-loaded' }, 'unloaded: idle again');
+});
+
+t.test('unloaded after a load on the CPU: on-cpu while idle, until its GPU gains room', async (t) => {
+  const server = await startServer(t);
+  const { app, step, fake } = await setup(t);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/o', payload: { pid: server.pid, gpus: [0], engine: 'ollama' } })).statusCode, 201);
+  await settle(app);
+  const ready = async () => {
+    const res = await app.inject({ method: 'GET', url: '/shards/o/ready' });
+    return { status: res.statusCode, ...res.json() };
+  };
+  const runner = Number((await server.say('load /models/blobs/sha256-00')).split(' ')[1]);
+  step();
+  t.match(await ready(), { status: 200, cause: 'model-loading' });
+  step(20_000);
+  t.match(await ready(), { status: 503, cause: 'no-gpu-memory' }, 'past its grace with no GPU memory');
+
+  t.equal(await server.say('unload'), 'unloaded');
+  step();
+  const stuck = await ready();
+  t.match(stuck, { status: 503, state: 'on-cpu', cause: 'last-load-on-cpu' }, 'idle, but its next load would compute on the CPU too');
+  t.match(stuck.reason, new RegExp(`last model runner ${runner} \\(--model /models/blobs/sha256-00\\) ran 20\\.\\d s`));
+  step(600_000);
+  t.match(await ready(), { status: 503, cause: 'last-load-on-cpu' }, 'time alone changes nothing');
+
+  const roomy = twoGpuNode();
+  roomy.gpus[0]!.freeMiB = 102_048;
+  fake.setScenario(roomy);
+  step();
+  const room = await ready();
+  t.match(room, { status: 200, state: 'ready', cause: 'no-model-loaded' }, '2 GiB more free: the next load may reach the GPU');
+  t.match(room.warnings.at(-1), /2\.0 GiB more free memory since/);
 });
 
 t.test('another engine with no GPU memory is on the CPU; so is an Ollama whose runner computes there', async (t) => {

@@ -4,6 +4,7 @@
 import t from 'tap';
 import { readiness } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
+import type { LastLoad } from '../../src/node-state/ollama-loads.js';
 import type { ModelRunner } from '../../src/system/model-runners.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
 import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord, type HandMadeNode } from '../helpers/hand-made-view.js';
@@ -107,4 +108,43 @@ t.test("advice in Ollama's terms: num_gpu and free GPU memory, not -ngl", async 
     t.match(verdict, { state: 'on-cpu', cause: 'engine-no-gpu-layers' });
     t.match(verdict.reason, /put no layers on the GPU\. Ollama offloads .*num_gpu/, mib === null ? 'holding nothing' : 'holding a context');
   }
+});
+
+t.test('idle after a load that ran past the grace without GPU memory: on-cpu, until room or a GPU load', async (t) => {
+  const cpuLoad = (over: Partial<LastLoad> = {}): LastLoad => ({
+    runner: runner(NOW - 120_000),
+    seenAt: NOW - 100_000,
+    heldGpuMemory: false,
+    freeMiB: new Map([[0, 5000]]),
+    server: { pid: 100, startTime: 5 },
+    ...over,
+  });
+  /** GPU 0 with `free` MiB free now; no runner and no GPU memory; `load` the last one. */
+  const idle = (load: LastLoad | undefined, free: number | null = 5000, shard = ollama) =>
+    judge(
+      [],
+      {
+        gpus: [{ ...gpu(0, []), freeMiB: free }, gpu(1, [])],
+        ...(shard.cgroup === null ? {} : { cgroupPids: [[shard.cgroup, [100]]] }),
+        ...(load === undefined ? {} : { lastLoads: [[shard.cgroup ?? shard.identity.pid, load]] }),
+      },
+      shard,
+    );
+
+  const stuck = idle(cpuLoad());
+  t.match(stuck, { ready: false, state: 'on-cpu', cause: 'last-load-on-cpu' });
+  t.match(stuck.reason, /last model runner 101 \(--model \/root\/\.ollama\/models\/blobs\/sha256-ab\) ran 20\.0 s, past the shard's grace of 10\.0 s, without holding GPU memory/);
+  t.match(stuck.reason, /Ollama restarts.*1\.0 GiB.*"inference compute" with library=cpu/);
+  t.match(idle(cpuLoad(), 5500), { cause: 'last-load-on-cpu' }, 'less than 1 GiB more free: no room for a model');
+
+  t.match(idle(undefined), { state: 'ready', cause: 'no-model-loaded' }, 'no load seen yet');
+  t.match(idle(cpuLoad({ heldGpuMemory: true })), { state: 'ready', cause: 'no-model-loaded' }, 'the last load held GPU memory');
+  t.match(idle(cpuLoad({ seenAt: NOW - 115_000 })), { state: 'ready', cause: 'no-model-loaded' }, 'it exited within the grace: not seen computing on the CPU');
+  t.match(idle(cpuLoad({ runner: { ...runner(null) } })), { cause: 'no-model-loaded' }, 'its start unknown');
+  t.match(idle(cpuLoad(), null), { cause: 'no-model-loaded' }, 'free memory now unknown: as before');
+  const room = idle(cpuLoad(), 7048);
+  t.match(room, { state: 'ready', cause: 'no-model-loaded' }, '2 GiB more free since: Ollama may place the next load on the GPU');
+  t.match(room.warnings.at(-1), /without holding GPU memory, and has exited; its GPUs have 2\.0 GiB more free memory since/);
+  const cgroup = shardRecord(NOW, { engine: 'ollama', pid: null, cgroup: 'pod-1' });
+  t.match(idle(cpuLoad(), 5000, cgroup), { cause: 'last-load-on-cpu' }, 'a cgroup shard, by its cgroup');
 });

@@ -61,6 +61,24 @@ const cases: Case[] = [
   { name: 'holds its GPU, half its weights there', input: { node: mapped(3072) }, state: 'ready', cause: 'partial-offload' },
   { name: 'Ollama runs no model and holds no GPU memory', input: { shard: ollama, node: ollamaRuns([]) }, state: 'ready', cause: 'no-model-loaded' },
   {
+    name: "Ollama runs no model, its last runner past its grace without GPU memory",
+    input: {
+      shard: ollama,
+      node: handMadeView(
+        {
+          now: NOW,
+          gpus: [gpu(0, [])],
+          stats: [procStat(100)],
+          modelRunners: [[100, []]],
+          lastLoads: [[100, { runner: { pid: 101, model: '/blobs/sha256-ab', startedAt: NOW - 60_000 }, seenAt: NOW - 30_000, heldGpuMemory: false, freeMiB: new Map([[0, 1]]), server: { pid: 100, startTime: 5 } }]],
+        },
+        [ollama],
+      ),
+    },
+    state: 'on-cpu',
+    cause: 'last-load-on-cpu',
+  },
+  {
     name: "Ollama's runner holds no GPU memory yet, within its grace",
     input: { shard: ollama, node: ollamaRuns([{ pid: 101, model: '/blobs/sha256-ab', startedAt: NOW - 1000 }]) },
     state: 'ready',

@@ -1,0 +1,52 @@
+// An Ollama server's last model load, kept across refreshes: the latest runner and whether any listing
+// saw it hold GPU memory, dropped with the server that started it or when its shard is gone.
+import t from 'tap';
+import { createLoadHistory } from '../../src/node-state/ollama-loads.js';
+import type { ModelRunner } from '../../src/system/model-runners.js';
+import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
+
+const SERVER = 100;
+const stat = (pid: number, ppid: number, startTime = 5): ProcStat => ({ pid, comm: 'x', state: 'S', ppid, pgrp: SERVER, session: SERVER, startTime, cpuTicks: 0 });
+const runner = (pid: number, startedAt: number): ModelRunner => ({ pid, model: '/blobs/sha256-ab', startedAt });
+/** GPU 0 with `free` MiB free, listing `pids`. */
+const gpus = (free: number | null, pids: number[] = []) => [{ index: 0, freeMiB: free, processes: pids.map((pid) => ({ pid })) }];
+const stats = (...list: Array<[number, StatAnswer]>) => new Map<number, StatAnswer>(list);
+const HOSTS = new Set<number | string>([SERVER]);
+
+t.test('the latest runner is kept after it exits, with the free memory of its last listing', async (t) => {
+  const history = createLoadHistory();
+  const alive = stats([SERVER, stat(SERVER, 1)], [201, stat(201, SERVER)], [202, stat(202, SERVER)]);
+  const undated = { ...runner(203, 0), startedAt: null };
+  history.update(HOSTS, new Map([[SERVER, [runner(201, 1000), undated, runner(202, 2000)]]]), gpus(5000), alive, 3000);
+  const loads = history.update(HOSTS, new Map([[SERVER, []]]), gpus(7000), stats([SERVER, stat(SERVER, 1)]), 4000);
+  t.match(loads.get(SERVER), { runner: { pid: 202 }, seenAt: 3000, heldGpuMemory: false, server: { pid: SERVER, startTime: 5 } }, 'the later of two, as last seen');
+  t.same([...loads.get(SERVER)!.freeMiB], [[0, 5000]]);
+});
+
+t.test('GPU memory once seen stays seen for that runner; a new runner starts afresh', async (t) => {
+  const history = createLoadHistory();
+  const alive = (pid: number) => stats([SERVER, stat(SERVER, 1)], [pid, stat(pid, SERVER)]);
+  history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000, [201]), alive(201), 2000);
+  t.equal(history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), alive(201), 3000).get(SERVER)?.heldGpuMemory, true);
+  t.equal(history.update(HOSTS, new Map([[SERVER, [runner(301, 4000)]]]), gpus(5000), alive(301), 5000).get(SERVER)?.heldGpuMemory, false);
+});
+
+t.test('dropped when the server that started the runner is gone or replaced, or the shard no longer asks', async (t) => {
+  const start = () => {
+    const history = createLoadHistory();
+    history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), stats([SERVER, stat(SERVER, 1)], [201, stat(201, SERVER)]), 2000);
+    return history;
+  };
+  const none = new Map<number | string, ModelRunner[]>();
+  t.ok(start().update(HOSTS, none, gpus(5000), stats(), 3000).has(SERVER), 'its server not read this refresh: kept');
+  t.notOk(start().update(HOSTS, none, gpus(5000), stats([SERVER, null]), 3000).has(SERVER), 'gone');
+  t.notOk(start().update(HOSTS, none, gpus(5000), stats([SERVER, stat(SERVER, 1, 99)]), 3000).has(SERVER), 'its PID now another process');
+  t.notOk(start().update(new Set(), none, gpus(5000), stats([SERVER, stat(SERVER, 1)]), 3000).has(SERVER), 'no shard asks for it');
+});
+
+t.test('a runner whose parent cannot be read is not recorded', async (t) => {
+  const history = createLoadHistory();
+  const unread = history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), stats([201, stat(201, SERVER)]), 2000);
+  t.notOk(unread.has(SERVER));
+  t.notOk(history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), stats(), 2000).has(SERVER), 'nor one whose own stat was not read');
+});
