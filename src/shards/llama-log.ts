@@ -27,15 +27,18 @@ const RE_USING_CUDA = /^\w{1,64}: using CUDA for GPU acceleration/;
 const RE_MEMORY_SUFFIX = /^(.{1,1024}) \((\d{1,9}) MiB, \d{1,9} MiB free\)$/;
 const RE_VRAM_FIELD = /, VRAM: (\d{1,9}) MiB/;
 const RE_CUDA_NAME = /^CUDA(\d{1,4})$/;
-// Ollama's server log (logfmt): its scheduler's plan for a model ("offload to cuda" until 2025, then
-// "offload library=cuda", "CUDA" from 0.12.4 until 0.13 dropped the line), the runner it starts, and
-// the devices it found at start ("inference compute": one line per GPU, or one "library=cpu" line
-// when it found none). A plan is a claim, as "offloaded N/M" is; 0 layers, the CPU library, its CPU
-// runner or no GPU found are CPU evidence.
+// Ollama's server log (logfmt): its start ("Listening on"), the devices it found then ("inference
+// compute": one line per GPU, or one "library=cpu" line when it found none), its scheduler's plan for
+// a model ("offload to cuda" until 2025, then "offload library=cuda", "CUDA" from 0.12.4 until 0.13
+// dropped the line), the runner it starts, and its own engine's "offloaded N/M" (models it runs
+// without llama.cpp print no llama.cpp line). A plan is a claim, as "offloaded N/M" is; 0 layers, the
+// CPU library, its CPU runner or no GPU found are CPU evidence.
 const OLLAMA_HEAD = '^time=[^ ]{1,40} level=[A-Z]{1,8} source=[^ ]{1,64} msg=';
 const RE_OLLAMA_PLAN = new RegExp(`${OLLAMA_HEAD}(?:"offload to ([a-z]{1,16})"|offload library=([A-Za-z]{1,16})) layers\\.requested=-?\\d{1,6} layers\\.model=(\\d{1,6}) layers\\.offload=(\\d{1,6})`);
 const RE_OLLAMA_CPU_RUNNER = new RegExp(`${OLLAMA_HEAD}"starting llama server" cmd="[^ "]{0,1024}/runners/cpu[a-z0-9_]{0,16}/`);
 const RE_OLLAMA_NO_GPU_LIBRARY = new RegExp(`${OLLAMA_HEAD}"compatible gpu libraries" compatible=\\[\\]`);
+const RE_OLLAMA_START = new RegExp(`${OLLAMA_HEAD}"Listening on [^"]{1,256} \\(version [^")]{1,64}\\)"`);
+const RE_OLLAMA_ENGINE_OFFLOADED = new RegExp(`${OLLAMA_HEAD}"offloaded (\\d{1,6})/(\\d{1,6}) layers to GPU"`);
 const RE_OLLAMA_DEVICE = new RegExp(`${OLLAMA_HEAD}"inference compute" id=[^ ]{1,128}(?: filter_id=[^ ]{0,130})? library=([A-Za-z]{1,16})(?: |$)`);
 // Host-memory buffer types: CPU, CPU_Mapped, CPU_REPACK, CUDA_Host (pinned host memory), AMX...
 const RE_HOST_NAME = /^(?:CPU\w{0,32}|\w{1,32}_Host|BLAS|AMX|KleidiAI|KLEIDIAI)$/;
@@ -169,10 +172,22 @@ function addWeights(run: Run, block: Extract<Block, { kind: 'buffers' }>, line: 
   }
 }
 
+/** "offloaded N/M layers to GPU", llama.cpp's or Ollama's engine's: a claim, and CPU evidence when N is 0. */
+function noteOffloaded(st: State, line: string, offloaded: number, total: number): void {
+  beginLoad(st);
+  st.run.layers = { offloaded, total };
+  if (offloaded === 0) st.run.cpu.push({ kind: 'zero-offload', line });
+}
+
 /** An Ollama scheduler or runner line; false when the line is none of them. */
 function classifyOllama(st: State, line: string): boolean {
   let m: RegExpExecArray | null;
-  if ((m = RE_OLLAMA_PLAN.exec(line))) {
+  if (RE_OLLAMA_START.test(line)) {
+    // A server starts: what an earlier one printed is not this one's.
+    enter(st, STAGE.none, STAGE.none);
+  } else if ((m = RE_OLLAMA_ENGINE_OFFLOADED.exec(line))) {
+    noteOffloaded(st, line, Number(m[1]), Number(m[2]));
+  } else if ((m = RE_OLLAMA_PLAN.exec(line))) {
     // A plan opens each model load, before its runner prints anything.
     beginProcess(st);
     const offloaded = Number(m[4]);
@@ -232,10 +247,7 @@ function classify(st: State, line: string): void {
     beginDevices(st);
     st.block = { kind: 'list', header: line, items: 0 };
   } else if ((m = RE_OFFLOADED.exec(line))) {
-    beginLoad(st);
-    const offloaded = Number(m[1]);
-    st.run.layers = { offloaded, total: Number(m[2]) };
-    if (offloaded === 0) st.run.cpu.push({ kind: 'zero-offload', line });
+    noteOffloaded(st, line, Number(m[1]), Number(m[2]));
   } else if ((m = RE_VRAM.exec(line))) {
     beginLoad(st);
     // May 2023 (build ~550) tagged the line "[cublas]" and printed no device line: the tag is CUDA.

@@ -11,7 +11,7 @@ import { formatMemory } from '../memory-size.js';
 import type { LastLoad } from '../node-state/ollama-loads.js';
 import type { NodeView } from '../node-state/node-view.js';
 import type { ModelRunner } from '../system/model-runners.js';
-import { buildAdvice } from './engine-advice.js';
+import { buildAdvice, layersAdvice } from './engine-advice.js';
 import { heldVerdict } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
@@ -43,11 +43,10 @@ const ROOM_MIB = 1024;
 /** MiB of free memory the shard's GPUs gained since `load` was last seen; null when a figure is unknown. */
 function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number | null {
   let gained = 0;
-  for (const index of shard.gpus) {
-    const then = load.freeMiB.get(index);
-    const now = node.snapshot.gpus.find((gpu) => gpu.index === index)?.freeMiB;
-    if (then == null || now == null) return null;
-    gained += now - then;
+  for (const gpu of node.snapshot.gpus.filter((listed) => shard.gpus.includes(listed.index))) {
+    const then = load.freeMiB.get(gpu.uuid);
+    if (then == null || gpu.freeMiB === null) return null;
+    gained += gpu.freeMiB - then;
   }
   return gained;
 }
@@ -65,7 +64,8 @@ function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Re
     return { ...idle, warnings: [...idle.warnings, `${ran}; its GPUs have ${formatMemory(gained)} more free memory since, so the next load may reach them`] };
   }
   const stays = `Until Ollama restarts, a load holds GPU memory, or its GPUs gain ${formatMemory(ROOM_MIB)} of free memory, the shard stays on-cpu while idle, as the next load would run there too`;
-  return verdict('on-cpu', 'last-load-on-cpu', `placed on ${gpuList(shard.gpus)}, but its last model load computed on the CPU: ${ran}. ${stays}. ${buildAdvice('ollama')}`, warnings);
+  const check = `${buildAdvice('ollama')} ${layersAdvice('ollama')} (num_gpu 0, in a Modelfile or one request's options, runs a load on the CPU too.)`;
+  return verdict('on-cpu', 'last-load-on-cpu', `placed on ${gpuList(shard.gpus)}, but its last model load computed on the CPU: ${ran}. ${stays}. ${check}`, warnings);
 }
 
 /**

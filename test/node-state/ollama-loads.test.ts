@@ -1,5 +1,6 @@
-// An Ollama server's last model load, kept across refreshes: the latest runner and whether any listing
-// saw it hold GPU memory, dropped with the server that started it or when its shard is gone.
+// An Ollama server's last model load, kept across refreshes: the latest runner, whether any listing
+// saw it hold GPU memory and the least free memory while it ran, dropped with the server that started
+// it or when its shard is gone.
 import t from 'tap';
 import { createLoadHistory } from '../../src/node-state/ollama-loads.js';
 import type { ModelRunner } from '../../src/system/model-runners.js';
@@ -8,8 +9,8 @@ import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
 const SERVER = 100;
 const stat = (pid: number, ppid: number, startTime = 5): ProcStat => ({ pid, comm: 'x', state: 'S', ppid, pgrp: SERVER, session: SERVER, startTime, cpuTicks: 0 });
 const runner = (pid: number, startedAt: number): ModelRunner => ({ pid, model: '/blobs/sha256-ab', startedAt });
-/** GPU 0 with `free` MiB free, listing `pids`. */
-const gpus = (free: number | null, pids: number[] = []) => [{ index: 0, freeMiB: free, processes: pids.map((pid) => ({ pid })) }];
+/** GPU-0 with `free` MiB free, listing `pids`. */
+const gpus = (free: number | null, pids: number[] = []) => [{ uuid: 'GPU-0', freeMiB: free, processes: pids.map((pid) => ({ pid })) }];
 const stats = (...list: Array<[number, StatAnswer]>) => new Map<number, StatAnswer>(list);
 const HOSTS = new Set<number | string>([SERVER]);
 
@@ -20,7 +21,31 @@ t.test('the latest runner is kept after it exits, with the free memory of its la
   history.update(HOSTS, new Map([[SERVER, [runner(201, 1000), undated, runner(202, 2000)]]]), gpus(5000), alive, 3000);
   const loads = history.update(HOSTS, new Map([[SERVER, []]]), gpus(7000), stats([SERVER, stat(SERVER, 1)]), 4000);
   t.match(loads.get(SERVER), { runner: { pid: 202 }, seenAt: 3000, heldGpuMemory: false, server: { pid: SERVER, startTime: 5 } }, 'the later of two, as last seen');
-  t.same([...loads.get(SERVER)!.freeMiB], [[0, 5000]]);
+  t.same([...loads.get(SERVER)!.freeMiB], [['GPU-0', 5000]]);
+  t.same(history.servers(), [SERVER], 'its server, whose stat the snapshot reads');
+});
+
+t.test('free memory: the least any listing gave while the runner ran, as Ollama placed it at the start', async (t) => {
+  const history = createLoadHistory();
+  const alive = stats([SERVER, stat(SERVER, 1)], [201, stat(201, SERVER)]);
+  const seen = (free: number | null) => history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(free), alive, 2000).get(SERVER)!.freeMiB.get('GPU-0');
+  t.equal(seen(3000), 3000);
+  t.equal(seen(9000), 3000, 'a foreign job left while it ran: the load was placed without that room');
+  t.equal(seen(null), 3000, 'a listing that does not say keeps what one said');
+  t.equal(seen(2000), 2000);
+  const unsaid = createLoadHistory();
+  const first = (free: number | null) => unsaid.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(free), alive, 2000).get(SERVER)!.freeMiB.get('GPU-0');
+  t.equal(first(null), null);
+  t.equal(first(4000), 4000, 'the first listing that says');
+  t.equal(unsaid.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), [], alive, 2000).get(SERVER)!.freeMiB.get('GPU-0'), 4000, 'a GPU no longer listed keeps its figure');
+});
+
+t.test('an older runner still running never replaces a newer one that exited', async (t) => {
+  const history = createLoadHistory();
+  const alive = stats([SERVER, stat(SERVER, 1)], [201, stat(201, SERVER)], [202, stat(202, SERVER)]);
+  history.update(HOSTS, new Map([[SERVER, [runner(201, 1000), runner(202, 2000)]]]), gpus(5000, [202]), alive, 3000);
+  const loads = history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), alive, 4000);
+  t.match(loads.get(SERVER), { runner: { pid: 202 }, heldGpuMemory: true, seenAt: 3000 });
 });
 
 t.test('GPU memory once seen stays seen for that runner; a new runner starts afresh', async (t) => {

@@ -20,9 +20,10 @@ while read -r command blob; do
   esac
 done`;
 
-/** Starts the stand-in server; `say` sends it a line and resolves with its answer. */
-async function startServer(t: Test) {
-  const server = spawn('sh', ['-c', SERVER, 'ollama'], { detached: true, stdio: ['pipe', 'pipe', 'inherit'] });
+/** Starts the stand-in server (`restarting`: under a wrapper that starts it again when it dies); `say` sends it a line and resolves with its answer. */
+async function startServer(t: Test, restarting = false) {
+  const args = restarting ? ['-c', 'while :; do sh -c "$1" ollama; done', 'wrapper', SERVER] : ['-c', SERVER, 'ollama'];
+  const server = spawn('sh', args, { detached: true, stdio: ['pipe', 'pipe', 'inherit'] });
   const pid = server.pid!;
   t.teardown(async () => {
     process.kill(-pid, 'SIGKILL');
@@ -116,6 +117,27 @@ t.test('unloaded after a load on the CPU: on-cpu while idle, until its GPU gains
   const room = await ready();
   t.match(room, { status: 200, state: 'ready', cause: 'no-model-loaded' }, '2 GiB more free: the next load may reach the GPU');
   t.match(room.warnings.at(-1), /2\.0 GiB more free memory since/);
+});
+
+t.test('a restarted Ollama forgets the last load of the one before', async (t) => {
+  const wrapper = await startServer(t, true);
+  const { app, step } = await setup(t);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/o', payload: { pid: wrapper.pid, gpus: [0], engine: 'ollama' } })).statusCode, 201);
+  await settle(app);
+  const cause = async () => (await app.inject({ method: 'GET', url: '/shards/o/ready' })).json().cause;
+  const runner = Number((await wrapper.say('load /models/blobs/sha256-00')).split(' ')[1]);
+  const server = Number(readFileSync(`/proc/${runner}/stat`, 'latin1').split(') ')[1]!.split(' ')[1]);
+  step();
+  t.equal(await cause(), 'model-loading', 'the runner, seen and dated');
+  step(20_000);
+  t.equal(await cause(), 'no-gpu-memory');
+  await wrapper.say('unload');
+  step();
+  t.equal(await cause(), 'last-load-on-cpu', 'behind a wrapper, as when registered directly');
+  process.kill(server, 'SIGKILL');
+  await waitUntil(() => livePidsInGroup(wrapper.pid).filter((pid) => pid !== wrapper.pid && pid !== server).length > 0, { what: 'the wrapper to start the server again' });
+  step();
+  t.equal(await cause(), 'no-model-loaded', 'its server replaced: the next load is judged afresh');
 });
 
 t.test('another engine with no GPU memory is on the CPU; so is an Ollama whose runner computes there', async (t) => {

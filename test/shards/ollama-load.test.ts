@@ -115,7 +115,7 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
     runner: runner(NOW - 120_000),
     seenAt: NOW - 100_000,
     heldGpuMemory: false,
-    freeMiB: new Map([[0, 5000]]),
+    freeMiB: new Map([['GPU-0', 5000]]),
     server: { pid: 100, startTime: 5 },
     ...over,
   });
@@ -134,7 +134,7 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
   const stuck = idle(cpuLoad());
   t.match(stuck, { ready: false, state: 'on-cpu', cause: 'last-load-on-cpu' });
   t.match(stuck.reason, /last model runner 101 \(--model \/root\/\.ollama\/models\/blobs\/sha256-ab\) ran 20\.0 s, past the shard's grace of 10\.0 s, without holding GPU memory/);
-  t.match(stuck.reason, /Ollama restarts.*1\.0 GiB.*"inference compute" with library=cpu/);
+  t.match(stuck.reason, /Ollama restarts.*1\.0 GiB.*"inference compute" with library=cpu.*num_gpu/);
   t.match(idle(cpuLoad(), 5500), { cause: 'last-load-on-cpu' }, 'less than 1 GiB more free: no room for a model');
 
   t.match(idle(undefined), { state: 'ready', cause: 'no-model-loaded' }, 'no load seen yet');
@@ -142,6 +142,7 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
   t.match(idle(cpuLoad({ seenAt: NOW - 115_000 })), { state: 'ready', cause: 'no-model-loaded' }, 'it exited within the grace: not seen computing on the CPU');
   t.match(idle(cpuLoad({ runner: { ...runner(null) } })), { cause: 'no-model-loaded' }, 'its start unknown');
   t.match(idle(cpuLoad(), null), { cause: 'no-model-loaded' }, 'free memory now unknown: as before');
+  t.match(idle(cpuLoad({ freeMiB: new Map([['GPU-9', 5000]]) })), { cause: 'no-model-loaded' }, 'its GPU not in the listings that saw the load');
   const room = idle(cpuLoad(), 7048);
   t.match(room, { state: 'ready', cause: 'no-model-loaded' }, '2 GiB more free since: Ollama may place the next load on the GPU');
   t.match(room.warnings.at(-1), /without holding GPU memory, and has exited; its GPUs have 2\.0 GiB more free memory since/);

@@ -77,6 +77,23 @@ t.test("a server's device lines after a model load are a restarted server's: the
   t.match(parseLlamaLog(cpuStart + gpuRun, 'Ollama'), { backend: 'CUDA', devices: ['CUDA0'] });
 });
 
+t.test("Ollama's own engine prints offloaded N/M in its log format: 0 of 41 on a server that found no GPU", async (t) => {
+  const account = ollama('ollama-log_2026-05_inference-compute-cpu_engine-offloaded-0of41.txt');
+  t.match(account, { backend: 'CPU', devices: [], layersOffloaded: 0, layersTotal: 41, gpuBackendLoaded: false });
+  t.match(account?.evidence, /msg="offloaded 0\/41 layers to GPU"/);
+  const alone = readSample('ollama-log_2026-05_inference-compute-cpu_engine-offloaded-0of41.txt').split('\n')[4]!;
+  t.match(parseLlamaLog(alone, 'Ollama'), { backend: 'CPU', layersOffloaded: 0, gpuBackendLoaded: null, summary: /^Ollama offloaded no layers to the GPU/ });
+});
+
+t.test('"Listening on" starts a server: what the one before printed is set aside', async (t) => {
+  // public file 70469963003 (Ollama 0.32.13's start line).
+  const listening = 'time=2026-08-14T20:21:10.190-03:00 level=INFO source=routes.go:1990 msg="Listening on 127.0.0.1:11435 (version 0.32.13)"';
+  const noGpu = readSample('ollama-log_2025-12_0.13.5_inference-compute-cpu.txt');
+  const cuda = readSample('ollama-log_2025-11_journald_inference-compute-CUDA-filter_id.txt');
+  t.match(parseLlamaLog(`${noGpu}${listening}\n${cuda}`, 'Ollama'), { backend: 'CUDA', gpuBackendLoaded: true }, 'restarted, it found a GPU');
+  t.match(parseLlamaLog(`${noGpu}${cuda}`, 'Ollama'), { backend: 'CPU' }, 'without the start line, one run: no GPU found outweighs');
+});
+
 t.test('a plan naming the library CUDA (0.12.4 to 0.12.x) reads as one naming cuda', async (t) => {
   // The plan's shape as llm/memory.go's MemoryEstimate.LogValue printed it at v0.12.6, library from discovery.
   const plan = (library: string, offload: number) =>
