@@ -40,7 +40,7 @@ function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRunner[] |
 /** Free memory its GPUs gained since a load ran (ROOM_MIB or more, Ollama may place the next one there). */
 const ROOM_MIB = 1024;
 
-/** MiB of free memory the shard's GPUs gained since `load` was last seen; null when a figure is unknown. */
+/** MiB of free memory the shard's GPUs have above the least they had while `load` ran; null when a figure is unknown. */
 function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number | null {
   let gained = 0;
   for (const gpu of node.snapshot.gpus.filter((listed) => shard.gpus.includes(listed.index))) {
