@@ -32,9 +32,12 @@ const IDLE =
   'Ollama runs no model (none of its processes names one with --model) and holds no GPU memory: it loads one on the next request, ' +
   'and where that computes is judged once it runs. Ollama unloads a model after OLLAMA_KEEP_ALIVE (5 minutes) idle; -1 keeps it loaded';
 
+/** How the snapshot names the shard's server among runner hosts: its cgroup, or its process. */
+const hostOf = (shard: ShardRecord): number | string => shard.cgroup ?? shard.identity.pid;
+
 /** The shard's model runners in the view's snapshot; null when they are not known there. */
 function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRunner[] | null {
-  return node.snapshot.modelRunners?.get(shard.cgroup ?? shard.identity.pid) ?? null;
+  return node.snapshot.modelRunners?.get(hostOf(shard)) ?? null;
 }
 
 /** Free memory its GPUs gained since a load ran (ROOM_MIB or more, Ollama may place the next one there). */
@@ -54,7 +57,7 @@ function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number 
 /** An idle server's verdict: ready, unless its last load ran past the grace without GPU memory and no room came since. */
 function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Readiness {
   const idle = verdict('ready', 'no-model-loaded', null, [...warnings, IDLE]);
-  const load = node.snapshot.lastLoads?.get(shard.cgroup ?? shard.identity.pid);
+  const load = node.snapshot.lastLoads?.get(hostOf(shard));
   const started = load?.runner.startedAt ?? null;
   if (load === undefined || started === null || load.heldGpuMemory || load.seenAt < started + shard.graceMs) return idle;
   const ran = `Ollama's last model runner ${load.runner.pid} (--model ${load.runner.model}) ran ${formatDuration(load.seenAt - started)}, past the shard's grace of ${formatDuration(shard.graceMs)}, without holding GPU memory, and has exited`;
