@@ -282,9 +282,9 @@ export function createSnapshotTaker(deps: SnapshotTakerDeps): () => Promise<Node
     const modelRunners = await runnerReader.read(runnerHosts, facts.proc, facts.cgroupPids, now());
     const servers = loadHistory.servers().filter((pid) => !facts.proc.has(pid));
     if (servers.length > 0) for (const [pid, stat] of await deps.proc.readStats(servers)) facts.proc.set(pid, stat);
-    const lastLoads = loadHistory.update(new Set(runnerHosts.map(hostKey)), modelRunners, gpus, facts.proc, startedAt);
     const candidates = modelFileCandidates(facts.proc, gpus, shardPids, facts.cgroupPids);
     const modelFiles = await readModelFiles(modelFileReader, modelFilesCache, facts.proc, gpus, candidates, now());
+    const lastLoads = loadHistory.update(new Set(runnerHosts.map(hostKey)), modelRunners, gpus, { stats: facts.proc, modelFiles }, startedAt);
     const done = performance.now();
     const takenAt = now();
     listedPids = [...gpuPids];

@@ -1,27 +1,39 @@
 // Owns what each Ollama server's latest model load leaves once its runner exits: the runner, the last
-// listing that saw it, whether any listing saw it hold GPU memory, and the least free memory its GPUs
-// had while it ran (Ollama places a load by the free memory it finds). An idle server whose last load
+// listing that saw it, what the last listing that saw it on a GPU said it held there (with its model
+// files then, so the domain can tell weights from a bare CUDA context), and the least free memory its
+// GPUs had while it ran (Ollama places a load by the free memory it finds). An idle server whose last load
 // ran on the CPU would otherwise read ready at each unload and take traffic onto the CPU once per
 // keep-alive. A record lives while the process that started the runner (its parent, by PID and start
 // time) does; a runner started later replaces it, an older one never does.
+import type { ModelFile, ProcessModelFiles } from '../system/model-files.js';
 import type { ModelRunner } from '../system/model-runners.js';
 import { isReadable, type StatAnswer } from '../system/procfs.js';
 
 /** What a listing says of a GPU that matters here (a GpuState is one). */
-type ListedGpu = { uuid: string; freeMiB: number | null; processes: ReadonlyArray<{ pid: number }> };
+type ListedGpu = { uuid: string; freeMiB: number | null; processes: ReadonlyArray<{ pid: number; usedMiB: number | null }> };
+
+/** A runner as the last listing that saw it on a GPU had it: MiB per GPU entry (null: not reported), and its model files then. */
+export type RunnerOnGpu = { usedMiB: ReadonlyArray<number | null>; files: readonly ModelFile[] };
 
 export type LastLoad = {
   runner: ModelRunner;
   /** When the last listing that saw the runner alive began. */
   seenAt: number;
-  /** Whether a listing ever saw the runner itself hold GPU memory. */
-  heldGpuMemory: boolean;
+  /** The runner on its GPUs as last listed there; null when no listing saw it hold GPU memory. */
+  onGpu: RunnerOnGpu | null;
   /** Per GPU UUID, the least free memory the listings that saw it alive gave; null where none said. */
   freeMiB: ReadonlyMap<string, number | null>;
   server: { pid: number; startTime: number };
 };
 
 const startOf = (runner: ModelRunner): number => runner.startedAt ?? -Infinity;
+
+/** The runner on the GPUs now, its files as read this refresh or else as before; `before` when no GPU lists it. */
+function onGpuNow(pid: number, gpus: readonly ListedGpu[], files: ProcessModelFiles | undefined, before: RunnerOnGpu | null): RunnerOnGpu | null {
+  const usedMiB = gpus.flatMap((gpu) => gpu.processes.filter((process) => process.pid === pid).map((process) => process.usedMiB));
+  if (usedMiB.length === 0) return before;
+  return { usedMiB, files: files?.files ?? before?.files ?? [] };
+}
 
 /** The lesser of two free-memory figures per GPU, a known one over an unknown one. */
 function leastFree(before: ReadonlyMap<string, number | null>, now: ReadonlyMap<string, number | null>): Map<string, number | null> {
@@ -47,8 +59,13 @@ export function createLoadHistory() {
     servers: (): number[] => [...new Set([...last.values()].map((load) => load.server.pid))],
 
     /** Records this refresh's runners (`listedAt`: when its GPU listing began) and returns the last load of each of `hosts`. */
-    update(hosts: ReadonlySet<number | string>, runners: ReadonlyMap<number | string, readonly ModelRunner[]>, gpus: readonly ListedGpu[], stats: ReadonlyMap<number, StatAnswer>, listedAt: number) {
-      const onGpu = new Set(gpus.flatMap((gpu) => gpu.processes.map((process) => process.pid)));
+    update(
+      hosts: ReadonlySet<number | string>,
+      runners: ReadonlyMap<number | string, readonly ModelRunner[]>,
+      gpus: readonly ListedGpu[],
+      { stats, modelFiles }: { stats: ReadonlyMap<number, StatAnswer>; modelFiles: ReadonlyMap<number, ProcessModelFiles> },
+      listedAt: number,
+    ) {
       const freeMiB = new Map(gpus.map((gpu) => [gpu.uuid, gpu.freeMiB]));
       for (const [host, now] of runners) {
         const latest = [...now].sort((a, b) => startOf(b) - startOf(a))[0];
@@ -61,7 +78,7 @@ export function createLoadHistory() {
         last.set(host, {
           runner: latest,
           seenAt: listedAt,
-          heldGpuMemory: onGpu.has(latest.pid) || (same && before.heldGpuMemory),
+          onGpu: onGpuNow(latest.pid, gpus, modelFiles.get(latest.pid), same ? before.onGpu : null),
           freeMiB: same ? leastFree(before.freeMiB, freeMiB) : freeMiB,
           server: { pid: parent.pid, startTime: parent.startTime },
         });

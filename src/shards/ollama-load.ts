@@ -2,10 +2,10 @@
 // it fits: a shard is judged on the given GPUs it holds, when it holds some. It loads a model on the
 // first request and unloads it after OLLAMA_KEEP_ALIVE idle (5 minutes), when its runner exits: a
 // server that runs no runner and holds no GPU memory is ready (no-model-loaded), or its probe would
-// keep away the request that loads one, unless its last load ran past the grace without GPU memory
-// (last-load-on-cpu): then the next would run on the CPU too, until Ollama restarts or its GPUs gain
-// room. A runner is judged from its own start: within the shard's grace it is loading (ready,
-// model-loading); after it, its GPU memory decides as any engine's.
+// keep away the request that loads one, unless its last load ran past the grace without its weights on
+// a GPU, no GPU memory or a CUDA context alone (last-load-on-cpu): then the next would run on the CPU
+// too, until Ollama restarts or its GPUs gain room. A runner is judged from its own start: within the
+// shard's grace it is loading (ready, model-loading); after it, its GPU memory decides as any engine's.
 import { formatDuration } from '../duration.js';
 import { formatMemory } from '../memory-size.js';
 import type { LastLoad } from '../node-state/ollama-loads.js';
@@ -15,6 +15,7 @@ import { buildAdvice, layersAdvice } from './engine-advice.js';
 import { heldVerdict } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
+import { sumOrNull, weightsIn, type ShardWeights } from './weights.js';
 
 /** Verdicts of GPU memory not held (yet), which an idle server or a load under way gives too; not the engine's word, nor a lost GPU. */
 const MEMORY_CAUSES: ReadonlySet<VerdictCause | null> = new Set<VerdictCause>([
@@ -54,19 +55,31 @@ function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number 
   return gained;
 }
 
-/** An idle server's verdict: ready, unless its last load ran past the grace without GPU memory and no room came since. */
+/**
+ * How the last load held its GPUs: null when no listing saw it there; else where its weights were, as the last
+ * listing that saw it on a GPU shows (a CUDA context alone, no layers: offload 'none').
+ */
+function weightsOfLoad(load: LastLoad): ShardWeights | null {
+  if (load.onGpu === null) return null;
+  return weightsIn(load.onGpu.files, { mib: sumOrNull(load.onGpu.usedMiB), gpus: load.onGpu.usedMiB.length });
+}
+
+/** An idle server's verdict: ready, unless its last load ran past the grace without its weights on a GPU and no room came since. */
 function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Readiness {
   const idle = verdict('ready', 'no-model-loaded', null, [...warnings, IDLE]);
   const load = node.snapshot.lastLoads?.get(hostOf(shard));
   const started = load?.runner.startedAt ?? null;
-  if (load === undefined || started === null || load.heldGpuMemory || load.seenAt < started + shard.graceMs) return idle;
-  const ran = `Ollama's last model runner ${load.runner.pid} (--model ${load.runner.model}) ran ${formatDuration(load.seenAt - started)}, past the shard's grace of ${formatDuration(shard.graceMs)}, without holding GPU memory, and has exited`;
+  if (load === undefined || started === null || load.seenAt < started + shard.graceMs) return idle;
+  const weights = weightsOfLoad(load);
+  if (weights !== null && weights.offload !== 'none') return idle;
+  const held = weights === null ? 'without holding GPU memory' : `with no more than a CUDA context and buffers on its GPUs (${weights.note})`;
+  const ran = `Ollama's last model runner ${load.runner.pid} (--model ${load.runner.model}) ran ${formatDuration(load.seenAt - started)}, past the shard's grace of ${formatDuration(shard.graceMs)}, ${held}, and has exited`;
   const gained = roomGained(shard, node, load);
   if (gained === null) return idle;
   if (gained >= ROOM_MIB) {
     return { ...idle, warnings: [...idle.warnings, `${ran}; its GPUs have ${formatMemory(gained)} more free memory since, so the next load may reach them`] };
   }
-  const stays = `Until Ollama restarts, a load holds GPU memory, or its GPUs gain ${formatMemory(ROOM_MIB)} of free memory, the shard stays on-cpu while idle, as the next load would run there too`;
+  const stays = `Until Ollama restarts, a load puts weights on its GPUs, or they gain ${formatMemory(ROOM_MIB)} of free memory, the shard stays on-cpu while idle, as the next load would run there too`;
   const check = `${buildAdvice('ollama')} ${layersAdvice('ollama')} (num_gpu 0, in a Modelfile or one request's options, runs a load on the CPU too.)`;
   return verdict('on-cpu', 'last-load-on-cpu', `placed on ${gpuList(shard.gpus)}, but its last model load computed on the CPU: ${ran}. ${stays}. ${check}`, warnings);
 }

@@ -20,7 +20,7 @@ export const VERDICT_CAUSES = [
   'no-gpu-memory', // no memory on a GPU it was given, grace over
   'weights-in-host-memory', // its GPUs hold little beyond a context while its model stays in host memory (zero offload), grace over
   'partial-offload-below-minimum', // a share of its weights on the GPU below the minimum its registration asks, grace over
-  'last-load-on-cpu', // an idle Ollama server whose last model runner ran past the grace without GPU memory
+  'last-load-on-cpu', // an idle Ollama server whose last model runner ran past the grace without weights on a GPU
   // ready
   'partial-offload', // serving with part of its weights on the CPU (a warning says how much)
   'no-model-loaded', // an Ollama server running no model and holding no GPU memory: the next request loads one

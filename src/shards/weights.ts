@@ -70,14 +70,13 @@ function mergeFiles(lists: ModelFile[][]): ModelFile[] {
   return [...byPath.values()];
 }
 
-export const sumOrNull = (values: Array<number | null>): number | null => (values.some((value) => value === null) ? null : values.reduce<number>((sum, value) => sum + value!, 0));
+export const sumOrNull = (values: ReadonlyArray<number | null>): number | null => (values.some((value) => value === null) ? null : values.reduce<number>((sum, value) => sum + value!, 0));
 
-/** Memory its processes hold on the GPUs it was given, and on how many; null bytes when one is not reported ([N/A]). */
-function heldOnGiven(shard: ShardRecord, node: NodeView): { bytes: number | null; gpus: number } {
+/** Memory (MiB) its processes hold on the GPUs it was given, and on how many; null when one is not reported ([N/A]). */
+function heldOnGiven(shard: ShardRecord, node: NodeView): { mib: number | null; gpus: number } {
   const given = new Set(placedIndices(shard, node.snapshot.gpus));
   const held = heldBy(shard, node).filter((holding) => given.has(holding.index));
-  const mib = sumOrNull(held.map((holding) => holding.usedMiB));
-  return { bytes: mib === null ? null : mib * MiB, gpus: held.length };
+  return { mib: sumOrNull(held.map((holding) => holding.usedMiB)), gpus: held.length };
 }
 
 function notSeen(unreadable: string | null): ShardWeights {
@@ -91,12 +90,18 @@ export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
   const answers = shardPids(shard, node).flatMap((pid) => node.snapshot.modelFiles.get(pid) ?? []);
   const files = mergeFiles(answers.map((answer) => answer.files));
   if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null);
+  return weightsIn(files, heldOnGiven(shard, node));
+}
+
+/** Where the weights of `files` are, `held` the memory (MiB; null: not reported) their processes hold on `gpus` GPUs. */
+export function weightsIn(files: readonly ModelFile[], held: { mib: number | null; gpus: number }): ShardWeights {
+  if (files.length === 0) return notSeen(null);
   const bytes = sumOrNull(files.map((file) => file.bytes));
   const mapped = files.filter((file) => file.mappedBytes !== null);
   const hostBytes = mapped.length === 0 ? null : mapped.reduce((sum, file) => sum + file.mappedBytes!, 0);
   // A model in splits: a partial offload unmaps the splits left wholly on a GPU, so a small mapping is no full offload.
   const split = files.some((file) => splitsOf(file.path).length > 1);
-  return { files, bytes, hostBytes, ...judge(bytes, hostBytes, heldOnGiven(shard, node), split) };
+  return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split) };
 }
 
 /**
@@ -110,15 +115,16 @@ export function meetsMinimum(shard: ShardRecord, node: NodeView, weights: ShardW
   if (weights.judgedBy !== 'mapping') return false;
   const held = heldOnGiven(shard, node);
   // Memory not reported ([N/A]): nothing contradicts the full offload the mapping shows.
-  return held.bytes === null || judge(weights.bytes, null, held).gpuShare! >= minimum;
+  return held.mib === null || judge(weights.bytes, null, held).gpuShare! >= minimum;
 }
 
 function judge(
   bytes: number | null,
   hostBytes: number | null,
-  held: { bytes: number | null; gpus: number },
+  { mib, gpus }: { mib: number | null; gpus: number },
   split = false,
 ): Pick<ShardWeights, 'offload' | 'gpuBytes' | 'gpuShare' | 'judgedBy' | 'note'> {
+  const held = { bytes: mib === null ? null : mib * MiB, gpus };
   if (!split && bytes !== null && hostBytes !== null && hostBytes <= bytes / 2) {
     const note = `the loader unmapped all but ${formatBytes(hostBytes)} of ${formatBytes(bytes)}: what stays mapped is what it keeps on the CPU (the input embeddings at least)`;
     return { offload: 'full', gpuBytes: bytes - hostBytes, gpuShare: round2(1 - hostBytes / bytes), judgedBy: 'mapping', note };

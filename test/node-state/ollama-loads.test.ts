@@ -1,17 +1,19 @@
-// An Ollama server's last model load, kept across refreshes: the latest runner, whether any listing
-// saw it hold GPU memory and the least free memory while it ran, dropped with the server that started
-// it or when its shard is gone.
+// An Ollama server's last model load, kept across refreshes: the latest runner, what the last listing
+// that saw it on a GPU said it held (with its model files then) and the least free memory while it
+// ran, dropped with the server that started it or when its shard is gone.
 import t from 'tap';
 import { createLoadHistory } from '../../src/node-state/ollama-loads.js';
+import type { ModelFile, ProcessModelFiles } from '../../src/system/model-files.js';
 import type { ModelRunner } from '../../src/system/model-runners.js';
 import type { ProcStat, StatAnswer } from '../../src/system/procfs.js';
 
 const SERVER = 100;
 const stat = (pid: number, ppid: number, startTime = 5): ProcStat => ({ pid, comm: 'x', state: 'S', ppid, pgrp: SERVER, session: SERVER, startTime, cpuTicks: 0 });
 const runner = (pid: number, startedAt: number): ModelRunner => ({ pid, model: '/blobs/sha256-ab', startedAt });
-/** GPU-0 with `free` MiB free, listing `pids`. */
-const gpus = (free: number | null, pids: number[] = []) => [{ uuid: 'GPU-0', freeMiB: free, processes: pids.map((pid) => ({ pid })) }];
-const stats = (...list: Array<[number, StatAnswer]>) => new Map<number, StatAnswer>(list);
+/** GPU-0 with `free` MiB free, listing `pids`, each holding `used` MiB. */
+const gpus = (free: number | null, pids: number[] = [], used: number | null = 300) => [{ uuid: 'GPU-0', freeMiB: free, processes: pids.map((pid) => ({ pid, usedMiB: used })) }];
+/** What a refresh read of processes: their stats, and no model files unless `files` says. */
+const stats = (...list: Array<[number, StatAnswer]>) => ({ stats: new Map<number, StatAnswer>(list), modelFiles: new Map<number, ProcessModelFiles>() });
 const HOSTS = new Set<number | string>([SERVER]);
 
 t.test('the latest runner is kept after it exits, with the free memory of its last listing', async (t) => {
@@ -20,7 +22,7 @@ t.test('the latest runner is kept after it exits, with the free memory of its la
   const undated = { ...runner(203, 0), startedAt: null };
   history.update(HOSTS, new Map([[SERVER, [runner(201, 1000), undated, runner(202, 2000)]]]), gpus(5000), alive, 3000);
   const loads = history.update(HOSTS, new Map([[SERVER, []]]), gpus(7000), stats([SERVER, stat(SERVER, 1)]), 4000);
-  t.match(loads.get(SERVER), { runner: { pid: 202 }, seenAt: 3000, heldGpuMemory: false, server: { pid: SERVER, startTime: 5 } }, 'the later of two, as last seen');
+  t.match(loads.get(SERVER), { runner: { pid: 202 }, seenAt: 3000, onGpu: null, server: { pid: SERVER, startTime: 5 } }, 'the later of two, as last seen');
   t.same([...loads.get(SERVER)!.freeMiB], [['GPU-0', 5000]]);
   t.same(history.servers(), [SERVER], 'its server, whose stat the snapshot reads');
 });
@@ -45,15 +47,23 @@ t.test('an older runner still running never replaces a newer one that exited', a
   const alive = stats([SERVER, stat(SERVER, 1)], [201, stat(201, SERVER)], [202, stat(202, SERVER)]);
   history.update(HOSTS, new Map([[SERVER, [runner(201, 1000), runner(202, 2000)]]]), gpus(5000, [202]), alive, 3000);
   const loads = history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), alive, 4000);
-  t.match(loads.get(SERVER), { runner: { pid: 202 }, heldGpuMemory: true, seenAt: 3000 });
+  t.match(loads.get(SERVER), { runner: { pid: 202 }, onGpu: { usedMiB: [300] }, seenAt: 3000 });
 });
 
-t.test('GPU memory once seen stays seen for that runner; a new runner starts afresh', async (t) => {
+t.test('the runner on its GPUs as last listed there, with its model files then; a new runner starts afresh', async (t) => {
   const history = createLoadHistory();
   const alive = (pid: number) => stats([SERVER, stat(SERVER, 1)], [pid, stat(pid, SERVER)]);
-  history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000, [201]), alive(201), 2000);
-  t.equal(history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), alive(201), 3000).get(SERVER)?.heldGpuMemory, true);
-  t.equal(history.update(HOSTS, new Map([[SERVER, [runner(301, 4000)]]]), gpus(5000), alive(301), 5000).get(SERVER)?.heldGpuMemory, false);
+  const blob: ModelFile = { path: '/blobs/sha256-ab', deleted: false, bytes: 4 << 30, mappedBytes: 4 << 30, seenIn: 'mapping' };
+  const read = alive(201);
+  read.modelFiles.set(201, { files: [blob], unreadable: null });
+  const onGpu = (listed: ReturnType<typeof gpus>, seen = alive(201), pid = 201) =>
+    history.update(HOSTS, new Map([[SERVER, [runner(pid, pid === 201 ? 1000 : 4000)]]]), listed, seen, 2000).get(SERVER)?.onGpu;
+  t.equal(onGpu(gpus(5000)), null, 'not listed on a GPU yet');
+  t.same(onGpu(gpus(5000, [201]), read), { usedMiB: [300], files: [blob] }, 'a CUDA context, and the model mapped whole');
+  t.same(onGpu(gpus(5000, [201], 4400)), { usedMiB: [4400], files: [blob] }, 'its files not read again: those read before');
+  t.same(onGpu(gpus(5000)), { usedMiB: [4400], files: [blob] }, 'alive but no longer listed: the last listing that did');
+  t.same(onGpu(gpus(5000, [201], null)), { usedMiB: [null], files: [blob] }, 'memory not reported');
+  t.equal(onGpu(gpus(5000), alive(301), 301), null, 'a later runner, never on a GPU');
 });
 
 t.test('dropped when the server that started the runner is gone or replaced, or the shard no longer asks', async (t) => {

@@ -2,7 +2,7 @@
 // process group of its own) starts a model runner as Ollama does, a child naming the model with
 // --model, and stops it as an unload does; the fake GPU driver lists the runner while it holds memory.
 import { spawn } from 'node:child_process';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import t, { type Test } from 'tap';
@@ -117,6 +117,42 @@ t.test('unloaded after a load on the CPU: on-cpu while idle, until its GPU gains
   const room = await ready();
   t.match(room, { status: 200, state: 'ready', cause: 'no-model-loaded' }, '2 GiB more free: the next load may reach the GPU');
   t.match(room.warnings.at(-1), /2\.0 GiB more free memory since/);
+});
+
+t.test('unloaded after a load that held a CUDA context alone: on-cpu while idle too', async (t) => {
+  const blobs = join(modelDir(t), 'models', 'blobs');
+  mkdirSync(blobs, { recursive: true });
+  const blob = join(blobs, `sha256-${'ef'.repeat(32)}`);
+  writeFileSync(blob, Buffer.from('GGUF'));
+  truncateSync(blob, 4 * 2 ** 30); // sparse: a 4 GiB model on disk, none of it written
+  const server = await startServer(t);
+  const { app, step, setProcesses } = await setup(t);
+  t.equal((await app.inject({ method: 'PUT', url: '/shards/o', payload: { pid: server.pid, gpus: [0], engine: 'ollama' } })).statusCode, 201);
+  await settle(app);
+  const ready = async () => (await app.inject({ method: 'GET', url: '/shards/o/ready' })).json();
+  const runner = Number((await server.say(`load ${blob}`)).split(' ')[1]);
+  setProcesses([{ gpuUuid: UUIDS[0]!, pid: runner, name: 'ollama', usedMiB: 300 }]);
+  step();
+  t.match(await ready(), { cause: 'model-loading' }, 'the runner, seen and dated');
+  step(20_000);
+  t.match(await ready(), { state: 'on-cpu', cause: 'weights-in-host-memory' }, 'past its grace with a context and no layers');
+
+  t.equal(await server.say('unload'), 'unloaded');
+  setProcesses([]);
+  step();
+  const stuck = await ready();
+  t.match(stuck, { state: 'on-cpu', cause: 'last-load-on-cpu' }, 'idle: its next load would hold a context alone too');
+  t.match(stuck.reason, /CUDA context.*300 MiB/);
+
+  const full = await server.say(`load ${blob}`);
+  setProcesses([{ gpuUuid: UUIDS[0]!, pid: Number(full.split(' ')[1]), name: 'ollama', usedMiB: 5000 }]);
+  step();
+  t.match(await ready(), { state: 'ready', cause: null }, 'a load with its weights on the GPU');
+  step(20_000);
+  await server.say('unload');
+  setProcesses([]);
+  step();
+  t.match(await ready(), { state: 'ready', cause: 'no-model-loaded' }, 'and idle after it');
 });
 
 t.test('a restarted Ollama forgets the last load of the one before', async (t) => {

@@ -5,6 +5,7 @@ import t from 'tap';
 import { readiness } from '../../src/shards/readiness.js';
 import type { ShardRecord } from '../../src/shards/shard.js';
 import type { LastLoad } from '../../src/node-state/ollama-loads.js';
+import type { ModelFile } from '../../src/system/model-files.js';
 import type { ModelRunner } from '../../src/system/model-runners.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
 import { handMadeView, NO_GPU_ENGINE, procStat, shardRecord, type HandMadeNode } from '../helpers/hand-made-view.js';
@@ -114,7 +115,7 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
   const cpuLoad = (over: Partial<LastLoad> = {}): LastLoad => ({
     runner: runner(NOW - 120_000),
     seenAt: NOW - 100_000,
-    heldGpuMemory: false,
+    onGpu: null,
     freeMiB: new Map([['GPU-0', 5000]]),
     server: { pid: 100, startTime: 5 },
     ...over,
@@ -139,7 +140,15 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
   t.match(idle(cpuLoad(), 6024), { state: 'ready', cause: 'no-model-loaded' }, '1 GiB more free: room');
 
   t.match(idle(undefined), { state: 'ready', cause: 'no-model-loaded' }, 'no load seen yet');
-  t.match(idle(cpuLoad({ heldGpuMemory: true })), { state: 'ready', cause: 'no-model-loaded' }, 'the last load held GPU memory');
+  const mapped: ModelFile = { path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' };
+  const held = (usedMiB: Array<number | null>, files = [mapped]) => cpuLoad({ onGpu: { usedMiB, files } });
+  t.match(idle(held([4400])), { state: 'ready', cause: 'no-model-loaded' }, 'the last load put its weights on the GPU');
+  t.match(idle(held([300, 2800])), { state: 'ready', cause: 'no-model-loaded' }, 'over two GPUs');
+  t.match(idle(held([300], [])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory, its model files not seen: nothing says host memory');
+  t.match(idle(held([null])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory not reported');
+  const context = idle(held([300]));
+  t.match(context, { state: 'on-cpu', cause: 'last-load-on-cpu' }, 'a CUDA context alone, its model in host memory');
+  t.match(context.reason, /ran 20\.0 s, past .* with no more than a CUDA context and buffers on its GPUs \(.*hold 300 MiB/);
   t.match(idle(cpuLoad({ seenAt: NOW - 115_000 })), { state: 'ready', cause: 'no-model-loaded' }, 'it exited within the grace: not seen computing on the CPU');
   t.match(idle(cpuLoad({ runner: { ...runner(null) } })), { cause: 'no-model-loaded' }, 'its start unknown');
   t.match(idle(cpuLoad(), null), { cause: 'no-model-loaded' }, 'free memory now unknown: as before');

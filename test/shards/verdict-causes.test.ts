@@ -70,7 +70,7 @@ const cases: Case[] = [
           gpus: [gpu(0, [])],
           stats: [procStat(100)],
           modelRunners: [[100, []]],
-          lastLoads: [[100, { runner: { pid: 101, model: '/blobs/sha256-ab', startedAt: NOW - 60_000 }, seenAt: NOW - 30_000, heldGpuMemory: false, freeMiB: new Map([['GPU-0', 1]]), server: { pid: 100, startTime: 5 } }]],
+          lastLoads: [[100, { runner: { pid: 101, model: '/blobs/sha256-ab', startedAt: NOW - 60_000 }, seenAt: NOW - 30_000, onGpu: null, freeMiB: new Map([['GPU-0', 1]]), server: { pid: 100, startTime: 5 } }]],
         },
         [ollama],
       ),
