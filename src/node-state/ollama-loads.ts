@@ -1,7 +1,8 @@
 // Owns what each Ollama server's latest model load leaves once its runner exits: the runner, the last
-// listing that saw it, what the last listing that saw it on a GPU said it held there (with its model
-// files then, so the domain can tell weights from a bare CUDA context), and the least free memory its
-// GPUs had while it ran (Ollama places a load by the free memory it finds). An idle server whose last load
+// listing that saw it, what the last listing that saw it on a GPU said it held there, per GPU (with
+// its model files as last read, so the domain can tell weights from a bare CUDA context), and the
+// least free memory its GPUs had while it ran, its own memory counted as free (Ollama places a load
+// by the free memory it finds, and the runner's own goes when it exits). An idle server whose last load
 // ran on the CPU would otherwise read ready at each unload and take traffic onto the CPU once per
 // keep-alive. A record lives while the process that started the runner (its parent, by PID and start
 // time) does; a runner started later replaces it, an older one never does.
@@ -12,8 +13,8 @@ import { isReadable, type StatAnswer } from '../system/procfs.js';
 /** What a listing says of a GPU that matters here (a GpuState is one). */
 type ListedGpu = { uuid: string; freeMiB: number | null; processes: ReadonlyArray<{ pid: number; usedMiB: number | null }> };
 
-/** A runner as the last listing that saw it on a GPU had it: MiB per GPU entry (null: not reported), and its model files then. */
-export type RunnerOnGpu = { usedMiB: ReadonlyArray<number | null>; files: readonly ModelFile[] };
+/** A runner as the last listing that saw it on a GPU had it: MiB per GPU UUID (null: not reported), and its model files as last read. */
+export type RunnerOnGpu = { usedMiB: ReadonlyMap<string, number | null>; files: readonly ModelFile[] };
 
 export type LastLoad = {
   runner: ModelRunner;
@@ -21,18 +22,35 @@ export type LastLoad = {
   seenAt: number;
   /** The runner on its GPUs as last listed there; null when no listing saw it hold GPU memory. */
   onGpu: RunnerOnGpu | null;
-  /** Per GPU UUID, the least free memory the listings that saw it alive gave; null where none said. */
+  /** Per GPU UUID, the least free memory, the runner's own counted as free, the listings that saw it alive gave; null where none said. */
   freeMiB: ReadonlyMap<string, number | null>;
   server: { pid: number; startTime: number };
 };
 
 const startOf = (runner: ModelRunner): number => runner.startedAt ?? -Infinity;
 
+/** What `pid` holds on `gpu` (MiB): 0 when it is not listed there; null when not reported. */
+function usedBy(pid: number, gpu: ListedGpu): number | null {
+  let used: number | null = 0;
+  for (const process of gpu.processes) if (process.pid === pid) used = used === null || process.usedMiB === null ? null : used + process.usedMiB;
+  return used;
+}
+
+/** Per GPU UUID, its free memory as if `pid` held none there; null where that is not known. */
+function freeWithout(pid: number, gpus: readonly ListedGpu[]): Map<string, number | null> {
+  return new Map(
+    gpus.map((gpu) => {
+      const own = usedBy(pid, gpu);
+      return [gpu.uuid, gpu.freeMiB === null || own === null ? null : gpu.freeMiB + own];
+    }),
+  );
+}
+
 /** The runner on the GPUs now, its files as read this refresh or else as before; `before` when no GPU lists it. */
 function onGpuNow(pid: number, gpus: readonly ListedGpu[], files: ProcessModelFiles | undefined, before: RunnerOnGpu | null): RunnerOnGpu | null {
-  const usedMiB = gpus.flatMap((gpu) => gpu.processes.filter((process) => process.pid === pid).map((process) => process.usedMiB));
-  if (usedMiB.length === 0) return before;
-  return { usedMiB, files: files?.files ?? before?.files ?? [] };
+  const listing = gpus.filter((gpu) => gpu.processes.some((process) => process.pid === pid));
+  if (listing.length === 0) return before;
+  return { usedMiB: new Map(listing.map((gpu) => [gpu.uuid, usedBy(pid, gpu)])), files: files?.files ?? before?.files ?? [] };
 }
 
 /** The lesser of two free-memory figures per GPU, a known one over an unknown one. */
@@ -66,7 +84,6 @@ export function createLoadHistory() {
       { stats, modelFiles }: { stats: ReadonlyMap<number, StatAnswer>; modelFiles: ReadonlyMap<number, ProcessModelFiles> },
       listedAt: number,
     ) {
-      const freeMiB = new Map(gpus.map((gpu) => [gpu.uuid, gpu.freeMiB]));
       for (const [host, now] of runners) {
         const latest = [...now].sort((a, b) => startOf(b) - startOf(a))[0];
         const stat = latest === undefined ? undefined : stats.get(latest.pid);
@@ -79,7 +96,7 @@ export function createLoadHistory() {
           runner: latest,
           seenAt: listedAt,
           onGpu: onGpuNow(latest.pid, gpus, modelFiles.get(latest.pid), same ? before.onGpu : null),
-          freeMiB: same ? leastFree(before.freeMiB, freeMiB) : freeMiB,
+          freeMiB: same ? leastFree(before.freeMiB, freeWithout(latest.pid, gpus)) : freeWithout(latest.pid, gpus),
           server: { pid: parent.pid, startTime: parent.startTime },
         });
       }

@@ -10,6 +10,7 @@ import { formatDuration } from '../duration.js';
 import { formatMemory } from '../memory-size.js';
 import type { LastLoad } from '../node-state/ollama-loads.js';
 import type { NodeView } from '../node-state/node-view.js';
+import { placedIndices } from '../node-state/placement.js';
 import type { ModelRunner } from '../system/model-runners.js';
 import { buildAdvice, layersAdvice } from './engine-advice.js';
 import { heldVerdict } from './on-cpu-verdict.js';
@@ -56,12 +57,17 @@ function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number 
 }
 
 /**
- * How the last load held its GPUs: null when no listing saw it there; else where its weights were, as the last
- * listing that saw it on a GPU shows (a CUDA context alone, no layers: offload 'none').
+ * Where the last load's weights were on the shard's GPUs, as the last listing that saw its runner on a GPU shows (a
+ * CUDA context alone, no layers: offload 'none'); null when no listing saw it on a GPU; undefined when it held memory
+ * on other GPUs only (it computed on a GPU, if not the shard's: the live verdict says so while it runs).
  */
-function weightsOfLoad(load: LastLoad): ShardWeights | null {
+function weightsOfLoad(shard: ShardRecord, node: NodeView, load: LastLoad): ShardWeights | null | undefined {
   if (load.onGpu === null) return null;
-  return weightsIn(load.onGpu.files, { mib: sumOrNull(load.onGpu.usedMiB), gpus: load.onGpu.usedMiB.length });
+  const given = new Set(placedIndices(shard, node.snapshot.gpus));
+  const uuids = node.snapshot.gpus.filter((gpu) => given.has(gpu.index)).map((gpu) => gpu.uuid);
+  const used = load.onGpu.usedMiB;
+  const held = uuids.filter((uuid) => used.has(uuid)).map((uuid) => used.get(uuid) ?? null);
+  return held.length === 0 ? undefined : weightsIn(load.onGpu.files, { mib: sumOrNull(held), gpus: held.length });
 }
 
 /** An idle server's verdict: ready, unless its last load ran past the grace without its weights on a GPU and no room came since. */
@@ -70,8 +76,8 @@ function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Re
   const load = node.snapshot.lastLoads?.get(hostOf(shard));
   const started = load?.runner.startedAt ?? null;
   if (load === undefined || started === null || load.seenAt < started + shard.graceMs) return idle;
-  const weights = weightsOfLoad(load);
-  if (weights !== null && weights.offload !== 'none') return idle;
+  const weights = weightsOfLoad(shard, node, load);
+  if (weights === undefined || (weights !== null && weights.offload !== 'none')) return idle;
   const held = weights === null ? 'without holding GPU memory' : `with no more than a CUDA context and buffers on its GPUs (${weights.note})`;
   const ran = `Ollama's last model runner ${load.runner.pid} (--model ${load.runner.model}) ran ${formatDuration(load.seenAt - started)}, past the shard's grace of ${formatDuration(shard.graceMs)}, ${held}, and has exited`;
   const gained = roomGained(shard, node, load);

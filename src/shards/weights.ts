@@ -5,7 +5,8 @@
 // file is a full offload; a whole one, or a model in splits (a split wholly on a GPU is unmapped
 // whole), is judged by GPU memory, less what a context and compute buffers take. No model file in
 // view (vLLM, other engines): not seen, and nothing is judged.
-// heldBy and sumOrNull, what a shard holds per GPU and a sum unknown if one part is, serve its peers too.
+// heldBy and sumOrNull, what a shard holds per GPU and a sum unknown if one part is, serve its peers too;
+// weightsIn judges a process that is gone (an Ollama runner's last load) by the same rule.
 import { formatBytes } from '../memory-size.js';
 import type { ShardGpuHolding } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
@@ -114,8 +115,9 @@ export function meetsMinimum(shard: ShardRecord, node: NodeView, weights: ShardW
   if (weights.gpuShare === null || weights.gpuShare >= minimum) return true;
   if (weights.judgedBy !== 'mapping') return false;
   const held = heldOnGiven(shard, node);
-  // Memory not reported ([N/A]): nothing contradicts the full offload the mapping shows.
-  return held.mib === null || judge(weights.bytes, null, held).gpuShare! >= minimum;
+  // Memory not reported ([N/A]), or unable to tell: nothing contradicts the full offload the mapping shows.
+  const share = held.mib === null ? null : judge(weights.bytes, null, held).gpuShare;
+  return share === null || share >= minimum;
 }
 
 function judge(
@@ -139,6 +141,10 @@ function judge(
   const share = total === 0 ? 0 : round2(Math.min(1, onGpu / total));
   const none = share <= NONE_SHARE && onGpu <= NONE_EXTRA_BYTES * held.gpus;
   const offload: Offload = none ? 'none' : share >= FULL_SHARE ? 'full' : 'partial';
+  // Without a whole mapping to say the loader kept it, a model no larger than what its GPUs hold may be all there.
+  if (offload !== 'full' && (hostBytes === null || split) && bytes !== null && held.bytes >= bytes) {
+    return unknown(`its GPUs hold ${formatBytes(held.bytes)}, as much as its whole model (${formatBytes(bytes)}): their memory cannot tell a CUDA context from the model`);
+  }
   const mapping = hostBytes === null ? 'not mapped (loaded without mmap)' : `mapped in host memory (${formatBytes(hostBytes)})`;
   const gpuPart = `its GPUs hold ${formatBytes(held.bytes)}, about ${formatBytes(onGpu)} of it weights after ${formatBytes(CONTEXT_ALLOWANCE_BYTES)} a GPU for a context and buffers`;
   return { offload, gpuBytes: Math.min(onGpu, total), gpuShare: share, judgedBy: 'gpu-memory', note: `the model is ${mapping}; ${gpuPart}` };

@@ -42,12 +42,22 @@ t.test('free memory: the least any listing gave while the runner ran, as Ollama 
   t.equal(unsaid.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), [], alive, 2000).get(SERVER)!.freeMiB.get('GPU-0'), 4000, 'a GPU no longer listed keeps its figure');
 });
 
+t.test("free memory counts the runner's own as free: it goes when the runner exits", async (t) => {
+  const history = createLoadHistory();
+  const alive = stats([SERVER, stat(SERVER, 1)], [201, stat(201, SERVER)]);
+  const seen = (listed: ReturnType<typeof gpus>) => history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), listed, alive, 2000).get(SERVER)!.freeMiB.get('GPU-0');
+  t.equal(seen(gpus(5000, [201], 1500)), 6500, 'a context of 1.5 GiB: 5000 MiB free, 6500 without it');
+  t.equal(seen(gpus(6000, [201], 200)), 6200, 'the least, each listing without the runner');
+  t.equal(seen(gpus(5000, [201], null)), 6200, 'its memory not reported: the figure is not known, the one known stays');
+});
+
 t.test('an older runner still running never replaces a newer one that exited', async (t) => {
   const history = createLoadHistory();
   const alive = stats([SERVER, stat(SERVER, 1)], [201, stat(201, SERVER)], [202, stat(202, SERVER)]);
   history.update(HOSTS, new Map([[SERVER, [runner(201, 1000), runner(202, 2000)]]]), gpus(5000, [202]), alive, 3000);
   const loads = history.update(HOSTS, new Map([[SERVER, [runner(201, 1000)]]]), gpus(5000), alive, 4000);
-  t.match(loads.get(SERVER), { runner: { pid: 202 }, onGpu: { usedMiB: [300] }, seenAt: 3000 });
+  t.match(loads.get(SERVER), { runner: { pid: 202 }, seenAt: 3000 });
+  t.same(loads.get(SERVER)?.onGpu?.usedMiB, new Map([['GPU-0', 300]]));
 });
 
 t.test('the runner on its GPUs as last listed there, with its model files then; a new runner starts afresh', async (t) => {
@@ -59,10 +69,13 @@ t.test('the runner on its GPUs as last listed there, with its model files then; 
   const onGpu = (listed: ReturnType<typeof gpus>, seen = alive(201), pid = 201) =>
     history.update(HOSTS, new Map([[SERVER, [runner(pid, pid === 201 ? 1000 : 4000)]]]), listed, seen, 2000).get(SERVER)?.onGpu;
   t.equal(onGpu(gpus(5000)), null, 'not listed on a GPU yet');
-  t.same(onGpu(gpus(5000, [201]), read), { usedMiB: [300], files: [blob] }, 'a CUDA context, and the model mapped whole');
-  t.same(onGpu(gpus(5000, [201], 4400)), { usedMiB: [4400], files: [blob] }, 'its files not read again: those read before');
-  t.same(onGpu(gpus(5000)), { usedMiB: [4400], files: [blob] }, 'alive but no longer listed: the last listing that did');
-  t.same(onGpu(gpus(5000, [201], null)), { usedMiB: [null], files: [blob] }, 'memory not reported');
+  t.same(onGpu(gpus(5000, [201]), read), { usedMiB: new Map([['GPU-0', 300]]), files: [blob] }, 'a CUDA context, and the model mapped whole');
+  t.same(onGpu(gpus(5000, [201], 4400)), { usedMiB: new Map([['GPU-0', 4400]]), files: [blob] }, 'its files not read again: those read before');
+  t.same(onGpu(gpus(5000)), { usedMiB: new Map([['GPU-0', 4400]]), files: [blob] }, 'alive but no longer listed: the last listing that did');
+  const reread = alive(201);
+  reread.modelFiles.set(201, { files: [], unreadable: null });
+  t.same(onGpu(gpus(5000, [201, 201]), reread), { usedMiB: new Map([['GPU-0', 600]]), files: [] }, 'read again, now none: as read; two entries on one GPU add up');
+  t.same(onGpu(gpus(5000, [201], null)), { usedMiB: new Map([['GPU-0', null]]), files: [] }, 'memory not reported');
   t.equal(onGpu(gpus(5000), alive(301), 301), null, 'a later runner, never on a GPU');
 });
 

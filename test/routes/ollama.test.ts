@@ -126,23 +126,26 @@ t.test('unloaded after a load that held a CUDA context alone: on-cpu while idle 
   writeFileSync(blob, Buffer.from('GGUF'));
   truncateSync(blob, 4 * 2 ** 30); // sparse: a 4 GiB model on disk, none of it written
   const server = await startServer(t);
-  const { app, step, setProcesses } = await setup(t);
+  const { app, step, setProcesses, fake } = await setup(t);
   t.equal((await app.inject({ method: 'PUT', url: '/shards/o', payload: { pid: server.pid, gpus: [0], engine: 'ollama' } })).statusCode, 201);
   await settle(app);
   const ready = async () => (await app.inject({ method: 'GET', url: '/shards/o/ready' })).json();
   const runner = Number((await server.say(`load ${blob}`)).split(' ')[1]);
-  setProcesses([{ gpuUuid: UUIDS[0]!, pid: runner, name: 'ollama', usedMiB: 300 }]);
+  // A context of 1.4 GiB, taken from the GPU's free memory as a real driver reports it.
+  const loaded = twoGpuNode([{ gpuUuid: UUIDS[0]!, pid: runner, name: 'ollama', usedMiB: 1400 }]);
+  loaded.gpus[0]!.freeMiB = 100_000 - 1400;
+  fake.setScenario(loaded);
   step();
   t.match(await ready(), { cause: 'model-loading' }, 'the runner, seen and dated');
   step(20_000);
   t.match(await ready(), { state: 'on-cpu', cause: 'weights-in-host-memory' }, 'past its grace with a context and no layers');
 
   t.equal(await server.say('unload'), 'unloaded');
-  setProcesses([]);
+  fake.setScenario(twoGpuNode());
   step();
   const stuck = await ready();
-  t.match(stuck, { state: 'on-cpu', cause: 'last-load-on-cpu' }, 'idle: its next load would hold a context alone too');
-  t.match(stuck.reason, /CUDA context.*300 MiB/);
+  t.match(stuck, { state: 'on-cpu', cause: 'last-load-on-cpu' }, "idle: its next load would hold a context alone too, the context's own memory no room");
+  t.match(stuck.reason, /CUDA context.*1\.4 GiB/);
 
   const full = await server.say(`load ${blob}`);
   setProcesses([{ gpuUuid: UUIDS[0]!, pid: Number(full.split(' ')[1]), name: 'ollama', usedMiB: 5000 }]);

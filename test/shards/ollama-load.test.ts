@@ -141,12 +141,20 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
 
   t.match(idle(undefined), { state: 'ready', cause: 'no-model-loaded' }, 'no load seen yet');
   const mapped: ModelFile = { path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' };
-  const held = (usedMiB: Array<number | null>, files = [mapped]) => cpuLoad({ onGpu: { usedMiB, files } });
-  t.match(idle(held([4400])), { state: 'ready', cause: 'no-model-loaded' }, 'the last load put its weights on the GPU');
-  t.match(idle(held([300, 2800])), { state: 'ready', cause: 'no-model-loaded' }, 'over two GPUs');
-  t.match(idle(held([300], [])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory, its model files not seen: nothing says host memory');
-  t.match(idle(held([null])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory not reported');
-  const context = idle(held([300]));
+  const freeBoth = new Map([['GPU-0', 5000], ['GPU-1', gpu(1, []).freeMiB]]);
+  const held = (usedMiB: Array<[string, number | null]>, files = [mapped]) => cpuLoad({ onGpu: { usedMiB: new Map(usedMiB), files }, freeMiB: freeBoth });
+  t.match(idle(held([['GPU-0', 4400]])), { state: 'ready', cause: 'no-model-loaded' }, 'the last load put its weights on the GPU');
+  const both = shardRecord(NOW, { engine: 'ollama', gpus: [0, 1] });
+  t.match(idle(held([['GPU-0', 300], ['GPU-1', 2800]]), 5000, both), { state: 'ready', cause: 'no-model-loaded' }, 'some of them on the second of its GPUs');
+  t.match(idle(held([['GPU-0', 300], ['GPU-1', 300]]), 5000, both), { state: 'on-cpu', cause: 'last-load-on-cpu' }, 'a context on each of its GPUs');
+  t.match(idle(held([['GPU-0', 300], ['GPU-1', 2800]])), { cause: 'last-load-on-cpu' }, 'weights on a GPU not its own count for none of its');
+  t.match(idle(held([['GPU-1', 4400]])), { state: 'ready', cause: 'no-model-loaded' }, 'on another GPU only: computed on a GPU, if not its own');
+  t.match(idle(held([['GPU-0', 300]], [])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory, its model files not seen: nothing says host memory');
+  t.match(idle(held([['GPU-0', null]])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory not reported');
+  const small: ModelFile = { path: '/s.gguf', deleted: false, bytes: 400 * 2 ** 20, mappedBytes: null, seenIn: 'command-line' };
+  t.match(idle(held([['GPU-0', 900]], [small])), { state: 'ready', cause: 'no-model-loaded' }, 'a model no larger than the memory held, not mapped: may be all there');
+  t.match(idle(held([['GPU-0', 900]], [{ ...small, mappedBytes: small.bytes, seenIn: 'mapping' }])), { cause: 'last-load-on-cpu' }, 'mapped whole: the loader kept it in host memory');
+  const context = idle(held([['GPU-0', 300]]));
   t.match(context, { state: 'on-cpu', cause: 'last-load-on-cpu' }, 'a CUDA context alone, its model in host memory');
   t.match(context.reason, /ran 20\.0 s, past .* with no more than a CUDA context and buffers on its GPUs \(.*hold 300 MiB/);
   t.match(idle(cpuLoad({ seenAt: NOW - 115_000 })), { state: 'ready', cause: 'no-model-loaded' }, 'it exited within the grace: not seen computing on the CPU');

@@ -51,7 +51,11 @@ t.test('what cannot be judged: memory not reported, maps not readable', async (t
   const denied = { files: [], unreadable: 'nodecompute may not read /proc/101/maps (EACCES)' };
   t.match(shardWeights(shard, view(400, [[101, denied]])), { offload: 'not-seen', note: /EACCES/ });
   const empty = mapped('/m/empty.gguf', 0, 0);
-  t.match(shardWeights(shard, view(400, [[101, files({ ...empty, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'none', gpuShare: 0 }, 'an empty file: nothing on the GPU');
+  t.match(shardWeights(shard, view(400, [[101, files({ ...empty, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'unknown', gpuShare: null, note: /as much as its whole model/ }, 'an empty file, not mapped: what the GPUs hold could be all of it');
+  const small = mapped('/m/small.gguf', 400 * MiB, 400 * MiB);
+  t.match(shardWeights(shard, view(900, [[101, files({ ...small, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'unknown', note: /900 MiB, as much as its whole model \(400 MiB\)/ }, 'a small model, not mapped');
+  t.match(shardWeights(shard, view(900, [[101, files(small)]])), { offload: 'none' }, 'mapped whole: the loader kept it in host memory');
+  t.match(shardWeights(shard, view(2000, [[101, files({ ...small, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'full' }, 'held beyond the allowance: all of it there');
 });
 
 t.test('a deleted file: its weights are what stays mapped and what the GPUs hold beyond a context', async (t) => {
