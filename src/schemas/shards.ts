@@ -207,6 +207,10 @@ export const ShardWeightsComponent = Type.Object(
       'mapping: the file mapped shrank to what stays on the CPU (a full offload); gpu-memory: the memory its processes hold on its given GPUs, less 1 GiB a GPU for a context and buffers, against the file size.',
     ),
     note: Type.String({ description: 'How it was judged, for people.' }),
+    gpuLayers: Nullable(
+      Type.String(),
+      "The GPU layers its command line asks for, as written: -ngl/--gpu-layers/--n-gpu-layers (an Ollama runner's too), else LLAMA_ARG_N_GPU_LAYERS for a llama-* program; a count, or llama.cpp's auto or all. Null when unsaid (llama.cpp's default: auto in current builds, none on a CUDA GPU in early-2025 ones).",
+    ),
   },
   { $id: 'ShardWeights', description: "Where the shard's model weights are, from /proc and the memory it holds on its GPUs." },
 );

@@ -38,6 +38,27 @@ const ADVICE: Record<Engine, Advice> = {
   },
 };
 
+/**
+ * What the GPU layers its command line asks for (ShardWeights.gpuLayers) say of weights in host memory, as a
+ * sentence; '' where nothing worth saying. Unsaid matters for llama.cpp with none on the GPU: its default was no
+ * layers on a CUDA GPU (b4748, February 2025, and before) until it became auto. Ollama passes -ngl 0 to its runner
+ * only when num_gpu 0 is asked (--n-gpu-layers to 0.11.4; -ngl since it runs llama-server).
+ */
+export function askedLayers(engine: Engine, gpuLayers: string | null, noneOnGpu: boolean): string {
+  if (gpuLayers === null) {
+    return engine === 'llama.cpp' && noneOnGpu
+      ? 'Its command line sets no -ngl (nor LLAMA_ARG_N_GPU_LAYERS): llama.cpp builds up to early 2025 then put no layers on a CUDA GPU (current ones default to auto).'
+      : '';
+  }
+  const none = /^0+$/.test(gpuLayers);
+  if (engine === 'ollama') {
+    return none
+      ? "Ollama started its runner with -ngl 0: num_gpu 0 was asked, in the model's Modelfile or a request's options."
+      : `Ollama started its runner with -ngl ${gpuLayers} (num_gpu, or what it estimated the GPU's free memory holds).`;
+  }
+  return none ? 'Its command line asks for no GPU layers (-ngl 0).' : `Its command line asks for -ngl ${gpuLayers}.`;
+}
+
 /** What to check when its weights stay in host memory, or it computes on the CPU with a GPU idle. */
 export const layersAdvice = (engine: Engine): string => ADVICE[engine].layers;
 

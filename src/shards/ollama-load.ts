@@ -12,7 +12,7 @@ import type { LastLoad } from '../node-state/ollama-loads.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
 import type { ModelRunner } from '../system/model-runners.js';
-import { buildAdvice, layersAdvice } from './engine-advice.js';
+import { askedLayers, buildAdvice, layersAdvice } from './engine-advice.js';
 import { heldVerdict } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
@@ -67,7 +67,7 @@ function weightsOfLoad(shard: ShardRecord, node: NodeView, load: LastLoad): Shar
   const uuids = node.snapshot.gpus.filter((gpu) => given.has(gpu.index)).map((gpu) => gpu.uuid);
   const used = load.onGpu.usedMiB;
   const held = uuids.filter((uuid) => used.has(uuid)).map((uuid) => used.get(uuid) ?? null);
-  return held.length === 0 ? undefined : weightsIn(load.onGpu.files, { mib: sumOrNull(held), gpus: held.length });
+  return held.length === 0 ? undefined : weightsIn(load.onGpu.files, { mib: sumOrNull(held), gpus: held.length }, load.runner.gpuLayers ?? null);
 }
 
 /** An idle server's verdict: ready, unless its last load ran past the grace without its weights on a GPU and no room came since. */
@@ -86,7 +86,12 @@ function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Re
     return { ...idle, warnings: [...idle.warnings, `${ran}; its GPUs have ${formatMemory(gained)} more free memory since, so the next load may reach them`] };
   }
   const stays = `Until Ollama restarts, a load puts weights on its GPUs, or they gain ${formatMemory(ROOM_MIB)} of free memory, the shard stays on-cpu while idle, as the next load would run there too`;
-  const check = `${buildAdvice('ollama')} ${layersAdvice('ollama')} (num_gpu 0, in a Modelfile or one request's options, runs a load on the CPU too.)`;
+  const advice = `${buildAdvice('ollama')} ${layersAdvice('ollama')}`;
+  // What its runner's command line asked for comes first; unsaid (Ollama's own runners after 0.11.4 take it another way), a reminder.
+  const check =
+    load.runner.gpuLayers === undefined
+      ? `${advice} (num_gpu 0, in a Modelfile or one request's options, runs a load on the CPU too.)`
+      : `${askedLayers('ollama', load.runner.gpuLayers, true)} ${advice}`;
   return verdict('on-cpu', 'last-load-on-cpu', `placed on ${gpuList(shard.gpus)}, but its last model load computed on the CPU: ${ran}. ${stays}. ${check}`, warnings);
 }
 

@@ -31,6 +31,8 @@ export type ShardWeights = {
   judgedBy: 'mapping' | 'gpu-memory' | null;
   /** How it was judged, for people. */
   note: string;
+  /** The GPU layers its command line asks for (-ngl, or LLAMA_ARG_N_GPU_LAYERS), as written; null when unsaid. */
+  gpuLayers: string | null;
 };
 
 const MiB = 1024 * 1024;
@@ -80,29 +82,30 @@ function heldOnGiven(shard: ShardRecord, node: NodeView): { mib: number | null; 
   return { mib: sumOrNull(held.map((holding) => holding.usedMiB)), gpus: held.length };
 }
 
-function notSeen(unreadable: string | null): ShardWeights {
+function notSeen(unreadable: string | null, gpuLayers: string | null): ShardWeights {
   const note =
     unreadable ??
     'no GGUF model file is mapped by its processes or named on their command line (-m/--model): vLLM and other engines load weights another way, so it is judged by GPU memory alone';
-  return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note };
+  return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note, gpuLayers };
 }
 
 export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
   const answers = shardPids(shard, node).flatMap((pid) => node.snapshot.modelFiles.get(pid) ?? []);
   const files = mergeFiles(answers.map((answer) => answer.files));
-  if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null);
-  return weightsIn(files, heldOnGiven(shard, node));
+  const gpuLayers = answers.find((answer) => answer.gpuLayers !== undefined)?.gpuLayers ?? null;
+  if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null, gpuLayers);
+  return weightsIn(files, heldOnGiven(shard, node), gpuLayers);
 }
 
 /** Where the weights of `files` are, `held` the memory (MiB; null: not reported) their processes hold on `gpus` GPUs. */
-export function weightsIn(files: readonly ModelFile[], held: { mib: number | null; gpus: number }): ShardWeights {
-  if (files.length === 0) return notSeen(null);
+export function weightsIn(files: readonly ModelFile[], held: { mib: number | null; gpus: number }, gpuLayers: string | null): ShardWeights {
+  if (files.length === 0) return notSeen(null, gpuLayers);
   const bytes = sumOrNull(files.map((file) => file.bytes));
   const mapped = files.filter((file) => file.mappedBytes !== null);
   const hostBytes = mapped.length === 0 ? null : mapped.reduce((sum, file) => sum + file.mappedBytes!, 0);
   // A model in splits: a partial offload unmaps the splits left wholly on a GPU, so a small mapping is no full offload.
   const split = files.some((file) => splitsOf(file.path).length > 1);
-  return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split) };
+  return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split), gpuLayers };
 }
 
 /**

@@ -49,14 +49,34 @@ export function modelArgument(argv: readonly string[]): string | null {
   return null;
 }
 
+/** Whether argv runs one of llama.cpp's programs (llama-server, llama-cli, ...). */
+const isLlamaProgram = (argv: readonly string[]): boolean => /(?:^|\/)llama-[^/]*$/.test(argv[0] ?? '');
+
 /**
- * The model LLAMA_ARG_MODEL names in a llama.cpp program's environment (/proc/PID/environ's entries);
- * null when none. Only a llama-* program reads it: a wrapper (sh, tini) inherits it and loads nothing.
+ * The value a llama.cpp program's environment (/proc/PID/environ's entries) gives `name`, a LLAMA_ARG_*
+ * variable standing for an argument; null when none. Only a llama-* program reads them: a wrapper (sh,
+ * tini) inherits them and loads nothing.
  */
-export function modelVariable(argv: readonly string[], environment: readonly string[]): string | null {
-  if (!/(?:^|\/)llama-[^/]*$/.test(argv[0] ?? '')) return null;
-  const value = environment.find((entry) => entry.startsWith('LLAMA_ARG_MODEL='))?.slice('LLAMA_ARG_MODEL='.length);
+function llamaVariable(argv: readonly string[], environment: readonly string[], name: string): string | null {
+  if (!isLlamaProgram(argv)) return null;
+  const value = environment.find((entry) => entry.startsWith(`${name}=`))?.slice(name.length + 1);
   return value === undefined || value === '' ? null : value;
+}
+
+/** The model LLAMA_ARG_MODEL names for a llama.cpp program; null when none. */
+export const modelVariable = (argv: readonly string[], environment: readonly string[]): string | null => llamaVariable(argv, environment, 'LLAMA_ARG_MODEL');
+
+const LAYERS_FLAGS = new Set(['-ngl', '--gpu-layers', '--n-gpu-layers']);
+
+/**
+ * The GPU layers an engine's argv asks for, as written (a count, or llama.cpp's `auto` and `all`), the
+ * last one given as its parser keeps; else what LLAMA_ARG_N_GPU_LAYERS gives a llama-* program; null
+ * when unsaid. Ollama's runners take it too: `--n-gpu-layers N` (to 0.11.4), `-ngl N` (its llama-server, 2026).
+ */
+export function gpuLayersArgument(argv: readonly string[], environment: readonly string[]): string | null {
+  let asked: string | null = null;
+  for (let i = 0; i + 1 < argv.length; i += 1) if (LAYERS_FLAGS.has(argv[i]!) && argv[i + 1] !== '') asked = argv[i + 1]!;
+  return asked ?? llamaVariable(argv, environment, 'LLAMA_ARG_N_GPU_LAYERS');
 }
 
 /** /proc/PID/cmdline's NUL-separated arguments (and /proc/PID/environ's entries). */
@@ -87,8 +107,11 @@ export function namedLikeModel(path: string): boolean {
 /** `mappedBytes`: what is still mapped in host memory (null: named on the command line, not mapped); `bytes`: the file's size, null when it cannot be opened. */
 export type ModelFile = { path: string; deleted: boolean; bytes: number | null; mappedBytes: number | null; seenIn: 'mapping' | 'command-line' };
 
-/** A process's model files; `unreadable`: why its maps could not be read (the files are then unknown, not none). */
-export type ProcessModelFiles = { files: ModelFile[]; unreadable: string | null };
+/**
+ * A process's model files; `unreadable`: why its maps could not be read (the files are then unknown, not
+ * none); `gpuLayers`: the GPU layers its command line asks for (gpuLayersArgument), absent when unsaid.
+ */
+export type ProcessModelFiles = { files: ModelFile[]; unreadable: string | null; gpuLayers?: string };
 
 /** Mappings smaller than this, not named .gguf, are not worth opening: no model blob is that small. */
 const PROBE_MIN_BYTES = 16 * 1024 * 1024;
@@ -157,9 +180,17 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   /** The process's environment; [] where it cannot be read. */
   const environmentOf = (pid: number): Promise<string[]> => readFile(`${base}${pid}/environ`).then(parseCmdline, () => []);
 
-  const fromCommandLine = async (pid: number): Promise<ModelFile[]> => {
-    const argv = parseCmdline(await readFile(`${base}${pid}/cmdline`));
-    const path = modelArgument(argv) ?? modelVariable(argv, await environmentOf(pid));
+  /** The process's arguments; [] where they cannot be read (it exited since its maps were read). */
+  const argvOf = (pid: number): Promise<string[]> => readFile(`${base}${pid}/cmdline`).then(parseCmdline, () => []);
+
+  /** The environment, read once and only when an argument leaves a question open. */
+  const lazily = (pid: number): (() => Promise<string[]>) => {
+    let environment: Promise<string[]> | undefined;
+    return () => (environment ??= environmentOf(pid));
+  };
+
+  const fromCommandLine = async (pid: number, argv: readonly string[], environment: () => Promise<string[]>): Promise<ModelFile[]> => {
+    const path = modelArgument(argv) ?? modelVariable(argv, await environment());
     if (path === null) return [];
     const found = await probe(pid, path);
     return counts({ path }, found) ? [{ path, deleted: false, bytes: found.bytes, mappedBytes: null, seenIn: 'command-line' }] : [];
@@ -191,7 +222,11 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
         const found = await probeMapped(pid, file);
         if (counts(file, found)) files.push({ path: file.path, deleted: file.deleted, bytes: found.bytes, mappedBytes: file.mappedBytes, seenIn: 'mapping' });
       }
-      return { files: await withSplits(pid, files.length > 0 ? files : await fromCommandLine(pid)), unreadable: null };
+      const argv = await argvOf(pid);
+      const environment = lazily(pid);
+      const all = await withSplits(pid, files.length > 0 ? files : await fromCommandLine(pid, argv, environment));
+      const gpuLayers = gpuLayersArgument(argv, isLlamaProgram(argv) ? await environment() : []);
+      return { files: all, unreadable: null, ...(gpuLayers === null ? {} : { gpuLayers }) };
     } catch (err) {
       const why = mapsUnreadable(pid, err);
       return why === null ? null : { files: [], unreadable: why };

@@ -6,12 +6,18 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
-import { parseCmdline } from './model-files.js';
+import { gpuLayersArgument, parseCmdline } from './model-files.js';
 import { CLOCK_TICKS_PER_SECOND } from './procfs-parse.js';
 import { hasExited, isGone, isReadable, type ProcReader, type StatAnswer } from './procfs.js';
 
-/** startedAt: when it started (ms since the epoch, on the snapshot's clock); null when /proc's uptime cannot be read. */
-export type ModelRunner = { pid: number; model: string; startedAt: number | null };
+/**
+ * startedAt: when it started (ms since the epoch, on the snapshot's clock); null when /proc's uptime cannot be read.
+ * gpuLayers: the GPU layers its argv asks for (`--n-gpu-layers 0` and `-ngl 0`: num_gpu 0), absent when unsaid.
+ */
+export type ModelRunner = { pid: number; model: string; startedAt: number | null; gpuLayers?: string };
+
+/** What a runner's argv says: the model, and the GPU layers asked (null: unsaid). */
+type RunnerArgs = { model: string; gpuLayers: string | null };
 
 /** A server's process (a PID shard) or the cgroup whose processes are read (a cgroup shard). */
 export type RunnerHost = { pid: number } | { cgroup: string };
@@ -65,6 +71,12 @@ export function runnerModel(argv: readonly string[]): string | null {
   return null;
 }
 
+/** A runner's model and the GPU layers it was asked for; null when it names no model. Its environment is not read: Ollama passes these as arguments. */
+function runnerArgs(argv: readonly string[]): RunnerArgs | null {
+  const model = runnerModel(argv);
+  return model === null ? null : { model, gpuLayers: gpuLayersArgument(argv, []) };
+}
+
 /** A command line answers in microseconds; one whose process is stuck in the kernel, holding its memory map, never does. */
 const READ_DEADLINE_MS = 1000;
 /** Late reads at most: each holds a thread of libuv's pool, which NVML's calls and the state file need too. */
@@ -75,7 +87,7 @@ const LATE_MAX = 2;
  */
 const SETTLED_TICKS = CLOCK_TICKS_PER_SECOND;
 
-type Process = { startTime: number; model: string | null; startedAt: number | null };
+type Process = { startTime: number; args: RunnerArgs | null; startedAt: number | null };
 
 export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DEADLINE_MS } = {}) {
   // A doubled slash, where the root ends in one, names the same file.
@@ -84,21 +96,21 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
   const known = new Map<number, Process>();
   // Reads past their deadline, by PID: not started again until they answer; then their answer waits for the next refresh.
   const late = new Map<number, Promise<unknown>>();
-  const answeredLate = new Map<number, { startTime: number; model: string | null | undefined }>();
+  const answeredLate = new Map<number, { startTime: number; args: RunnerArgs | null | undefined }>();
 
-  /** Its argv's model; null for none (or a process gone); undefined when unknown: unreadable, or no answer within the deadline. */
-  const modelOf = async (pid: number, startTime: number): Promise<string | null | undefined> => {
+  /** What its argv says of a model; null for none (or a process gone); undefined when unknown: unreadable, or no answer within the deadline. */
+  const argsOf = async (pid: number, startTime: number): Promise<RunnerArgs | null | undefined> => {
     const answered = answeredLate.get(pid);
     answeredLate.delete(pid);
-    if (answered?.startTime === startTime) return answered.model;
+    if (answered?.startTime === startTime) return answered.args;
     if (late.has(pid) || late.size >= LATE_MAX) return undefined;
     const reading = readFile(`${base}${pid}/cmdline`).then(
-      (bytes) => runnerModel(parseCmdline(bytes)),
+      (bytes) => runnerArgs(parseCmdline(bytes)),
       (err: unknown) => (isGone(err) ? null : undefined),
     );
-    const model = await settleWithin(reading, deadlineMs, () => 'late' as const);
-    if (model !== 'late') return model;
-    const kept = reading.then((answer) => void answeredLate.set(pid, { startTime, model: answer }));
+    const args = await settleWithin(reading, deadlineMs, () => 'late' as const);
+    if (args !== 'late') return args;
+    const kept = reading.then((answer) => void answeredLate.set(pid, { startTime, args: answer }));
     late.set(pid, kept.finally(() => late.delete(pid)));
     return undefined;
   };
@@ -110,11 +122,11 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
   const processOf = async (pid: number, startTime: number, search: Search): Promise<Process | undefined> => {
     const cached = known.get(pid);
     if (cached?.startTime === startTime) return cached;
-    const model = await modelOf(pid, startTime);
-    if (model === undefined) return undefined;
-    const found = { startTime, model, startedAt: null };
+    const args = await argsOf(pid, startTime);
+    if (args === undefined) return undefined;
+    const found = { startTime, args, startedAt: null };
     const settled = search.ticks !== null && search.ticks - startTime >= SETTLED_TICKS;
-    if (model !== null || settled) known.set(pid, found);
+    if (args !== null || settled) known.set(pid, found);
     return found;
   };
 
@@ -134,9 +146,10 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
       search.seen.add(pid);
       const process = await processOf(pid, stat.startTime, search);
       if (process === undefined) return null;
-      if (process.model !== null) {
+      if (process.args !== null) {
         process.startedAt ??= ticks === null ? null : takenAt - ((ticks - stat.startTime) * 1000) / CLOCK_TICKS_PER_SECOND;
-        runners.push({ pid, model: process.model, startedAt: process.startedAt });
+        const { model, gpuLayers } = process.args;
+        runners.push({ pid, model, startedAt: process.startedAt, ...(gpuLayers === null ? {} : { gpuLayers }) });
         continue;
       }
       if (depth === 0) continue;

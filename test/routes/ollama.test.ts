@@ -11,11 +11,11 @@ import { livePidsInGroup, waitUntil } from '../helpers/fake-nvidia-smi.js';
 import { modelDir } from '../helpers/model-loaders.js';
 import { setup, twoGpuNode, UUIDS } from '../helpers/two-gpu-node.js';
 
-// Reads "load BLOB" and "unload" lines; a runner is a child of the server, in its process group.
+// Reads "load BLOB [FLAGS]" and "unload" lines; a runner is a child of the server, in its process group.
 const SERVER = `
-while read -r command blob; do
+while read -r command blob flags; do
   case $command in
-    load) python3 -c 'import time; time.sleep(600)' --model "$blob" --port 0 & runner=$!; echo "runner $runner";;
+    load) python3 -c 'import time; time.sleep(600)' --model "$blob" $flags --port 0 & runner=$!; echo "runner $runner";;
     unload) kill $runner; wait $runner 2>/dev/null; echo unloaded;;
   esac
 done`;
@@ -96,7 +96,7 @@ t.test('unloaded after a load on the CPU: on-cpu while idle, until its GPU gains
     const res = await app.inject({ method: 'GET', url: '/shards/o/ready' });
     return { status: res.statusCode, ...res.json() };
   };
-  const runner = Number((await server.say('load /models/blobs/sha256-00')).split(' ')[1]);
+  const runner = Number((await server.say('load /models/blobs/sha256-00 -ngl 0')).split(' ')[1]);
   step();
   t.match(await ready(), { status: 200, cause: 'model-loading' });
   step(20_000);
@@ -107,6 +107,7 @@ t.test('unloaded after a load on the CPU: on-cpu while idle, until its GPU gains
   const stuck = await ready();
   t.match(stuck, { status: 503, state: 'on-cpu', cause: 'last-load-on-cpu' }, 'idle, but its next load would compute on the CPU too');
   t.match(stuck.reason, new RegExp(`last model runner ${runner} \\(--model /models/blobs/sha256-00\\) ran 20\\.\\d s`));
+  t.match(stuck.reason, /runner with -ngl 0: num_gpu 0 was asked/, 'as its command line shows');
   step(600_000);
   t.match(await ready(), { status: 503, cause: 'last-load-on-cpu' }, 'time alone changes nothing');
 

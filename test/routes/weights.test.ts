@@ -33,9 +33,9 @@ t.test('zero offload: a CUDA context on the GPU, the model mapped whole in host 
   t.match(ready.json(), { state: 'on-cpu', cause: 'weights-in-host-memory' });
   t.match(ready.json().reason, model, 'the reason names the model file');
   t.match(ready.json().reason, /GPU 0: 420 MiB, no more than a CUDA context/);
-  t.match(ready.json().reason, /\(4\.0 GiB\) stays in host memory \(4\.0 GiB of it mapped\)\. Start it with -ngl/);
+  t.match(ready.json().reason, /\(4\.0 GiB\) stays in host memory \(4\.0 GiB of it mapped\)\. Its command line sets no -ngl.*Start it with -ngl/);
   const { weights } = (await get('/shards/s/compute')).json();
-  t.match(weights, { offload: 'none', bytes: MODEL_BYTES, hostBytes: MODEL_BYTES, gpuBytes: 0, gpuShare: 0, judgedBy: 'gpu-memory' });
+  t.match(weights, { offload: 'none', bytes: MODEL_BYTES, hostBytes: MODEL_BYTES, gpuBytes: 0, gpuShare: 0, judgedBy: 'gpu-memory', gpuLayers: null });
   t.same(weights.files, [{ path: model, deleted: false, bytes: MODEL_BYTES, mappedBytes: MODEL_BYTES, seenIn: 'mapping' }]);
 
   const metrics = (await get('/metrics')).body;
@@ -44,6 +44,16 @@ t.test('zero offload: a CUDA context on the GPU, the model mapped whole in host 
   const text = (await get('/?format=text')).body;
   t.match(text, /WEIGHTS/);
   t.match(text, /4\.0 GiB, 0% on GPU, 4\.0 GiB in host memory/);
+});
+
+t.test('the GPU layers its command line asks for: in the reason and the answer', async (t) => {
+  const model = writeModel(t);
+  const none = await shardOn(t, await load(t, model, '-ngl', '0'), 420);
+  t.match((await none.get('/shards/s/ready')).json(), { cause: 'weights-in-host-memory', reason: /asks for no GPU layers \(-ngl 0\)/ });
+  t.equal((await none.get('/shards/s/compute')).json().weights.gpuLayers, '0');
+  const some = await shardOn(t, await load(t, model, '--n-gpu-layers', '20'), 3072);
+  t.match((await some.get('/shards/s/ready')).json(), { cause: 'partial-offload', warnings: [/asks for -ngl 20\./] });
+  t.equal((await some.get('/shards/s/compute')).json().weights.gpuLayers, '20');
 });
 
 t.test('within its grace, the same shard is starting (awaiting-gpu-weights): a load may be under way', async (t) => {

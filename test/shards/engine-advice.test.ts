@@ -2,6 +2,7 @@
 // llama.cpp only; Ollama's num_gpu and start-up log, vLLM's --cpu-offload-gb and platform line.
 import t from 'tap';
 import type { EngineAccount } from '../../src/shards/llama-account.js';
+import { askedLayers } from '../../src/shards/engine-advice.js';
 import { ENGINES, type Engine } from '../../src/shards/shard.js';
 import { readiness } from '../../src/shards/readiness.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
@@ -37,4 +38,14 @@ t.test("Ollama's own account: its start-up log and num_gpu, never -ngl", async (
   t.match(unsaid, { cause: 'engine-reports-cpu' });
   t.match(unsaid.reason, /did not load, or it put no layers on the GPU\. .*library=cpu.*num_gpu/);
   for (const verdict of [failed, unsaid]) t.notMatch(verdict.reason, LLAMA_CPP_TERMS);
+});
+
+t.test("the GPU layers a command line asks for, in its engine's terms", async (t) => {
+  t.match(askedLayers('llama.cpp', null, true), /sets no -ngl .*early 2025.*auto/, 'llama.cpp unsaid, none on the GPU: its old default');
+  t.equal(askedLayers('llama.cpp', null, false), '', 'unsaid with some on the GPU: the default was not none');
+  t.equal(askedLayers('vllm', null, true), '', 'unsaid for another engine');
+  t.match(askedLayers('llama.cpp', '0', true), /no GPU layers \(-ngl 0\)/);
+  t.match(askedLayers('other', '24', false), /asks for -ngl 24\./);
+  t.match(askedLayers('ollama', '0', true), /num_gpu 0 was asked/);
+  t.match(askedLayers('ollama', '20', false), /-ngl 20 \(num_gpu, or what it estimated/);
 });

@@ -5,7 +5,7 @@ import { closeSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { fifoTestdir } from '../helpers/fifo.js';
-import { createModelFileReader, mapsUnreadable, modelArgument, modelVariable, namedLikeModel, parseCmdline, parseMappedFiles, splitsOf } from '../../src/system/model-files.js';
+import { createModelFileReader, gpuLayersArgument, mapsUnreadable, modelArgument, modelVariable, namedLikeModel, parseCmdline, parseMappedFiles, splitsOf } from '../../src/system/model-files.js';
 
 const BLOB = `/root/.ollama/models/blobs/sha256-${'ab'.repeat(32)}`;
 
@@ -99,6 +99,17 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   t.equal(modelVariable(['tini', '--', '/app/llama-server'], ['LLAMA_ARG_MODEL=/m.gguf']), null, 'a wrapper inherits it and loads nothing');
   t.equal(modelVariable(['/app/llama-server'], ['LLAMA_ARG_MODEL=/m.gguf']), '/m.gguf');
   t.equal(modelVariable([], ['LLAMA_ARG_MODEL=/m.gguf']), null, 'an empty command line (a kernel thread, a zombie)');
+  // The GPU layers asked: an argument (the last one), else llama.cpp's variable for a llama-* program.
+  proc(17, '', 'llama-server\0-m\0/models/arg.gguf\0-ngl\x0099\0--n-gpu-layers\0auto\0');
+  writeFileSync(join(root, '17', 'environ'), 'LLAMA_ARG_N_GPU_LAYERS=0\0');
+  t.equal((await reader.read(17))?.gpuLayers, 'auto');
+  proc(18, line('/models/a.gguf', 1), '/app/llama-server\0');
+  writeFileSync(join(root, '18', 'environ'), 'LLAMA_ARG_N_GPU_LAYERS=0\0');
+  t.match(await reader.read(18), { files: [{ path: '/models/a.gguf' }], gpuLayers: '0' }, 'with a model mapped too');
+  t.equal(gpuLayersArgument(['sh', '-c', 'llama-server -ngl 0'], ['LLAMA_ARG_N_GPU_LAYERS=0']), null, 'a wrapper: neither');
+  t.equal(gpuLayersArgument(['ollama', 'runner', '--gpu-layers', '33'], []), '33');
+  t.equal(gpuLayersArgument(['llama-server', '-ngl'], []), null, 'a flag without its value');
+  t.equal(gpuLayersArgument(['llama-server', '-ngl', ''], []), null, 'an empty value');
   proc(13, '', 'python3\0-m\0vllm.entrypoints.openai.api_server\0');
   t.same(await reader.read(13), { files: [], unreadable: null });
   proc(14, '');

@@ -93,6 +93,11 @@ t.test('a fixture proc root', async (t) => {
   t.same(found.get(100)![0]!.startedAt, TAKEN_AT - (1250 - 5) * 10, 'dated once /proc can say when it started');
 
   write('101/cmdline', argv('ollama', 'runner', '--model', '/blobs/sha256-bb'));
+  stats.set(105, procStat(105));
+  write('100/task/100/children', '101 102 103 104 105 ');
+  write('105/cmdline', argv('/usr/lib/ollama/llama-server', '--model', '/blobs/sha256-dd', '-ngl', '0', '--port', '9'));
+  t.match((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100), [{ pid: 101 }, { pid: 105, model: '/blobs/sha256-dd', gpuLayers: '0' }], 'the GPU layers asked (num_gpu 0)');
+  write('100/task/100/children', '101 102 103 104 ');
   t.equal((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100)![0]!.model, '/blobs/sha256-aa', 'a command line is read once');
   stats.set(101, { ...procStat(101), startTime: 6 });
   t.equal((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100)![0]!.model, '/blobs/sha256-bb', 'a new process under the PID is read again');
