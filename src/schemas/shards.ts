@@ -209,7 +209,7 @@ export const ShardWeightsComponent = Type.Object(
     note: Type.String({ description: 'How it was judged, for people.' }),
     gpuLayers: Nullable(
       Type.String(),
-      "The GPU layers its command line asks for, as written: -ngl/--gpu-layers/--n-gpu-layers (an Ollama runner's too), else LLAMA_ARG_N_GPU_LAYERS for a llama-* program; a count, or llama.cpp's auto or all. Null when unsaid (llama.cpp's default: auto in current builds, none on a CUDA GPU in early-2025 ones).",
+      "The GPU layers its command line asks for, as written: -ngl/--gpu-layers/--n-gpu-layers (an Ollama runner's too), else LLAMA_ARG_N_GPU_LAYERS for a llama-* program; a count, or llama.cpp's auto or all; of the process with a model file holding the most GPU memory. Null when unsaid (llama.cpp's default: auto in current builds, none on a CUDA GPU in b4748, February 2025) or no model file is in view.",
     ),
   },
   { $id: 'ShardWeights', description: "Where the shard's model weights are, from /proc and the memory it holds on its GPUs." },

@@ -12,7 +12,7 @@ import type { LastLoad } from '../node-state/ollama-loads.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { placedIndices } from '../node-state/placement.js';
 import type { ModelRunner } from '../system/model-runners.js';
-import { askedLayers, buildAdvice, layersAdvice } from './engine-advice.js';
+import { askedLayersAdvice, buildAdvice, layersAdvice } from './engine-advice.js';
 import { heldVerdict } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
@@ -45,10 +45,16 @@ function runnersOf(shard: ShardRecord, node: NodeView): readonly ModelRunner[] |
 /** Free memory its GPUs gained since a load ran (ROOM_MIB or more, Ollama may place the next one there). */
 const ROOM_MIB = 1024;
 
+/** The shard's given GPUs as the view's listing has them (by UUID where registered with them). */
+function givenGpus(shard: ShardRecord, node: NodeView) {
+  const given = new Set(placedIndices(shard, node.snapshot.gpus));
+  return node.snapshot.gpus.filter((gpu) => given.has(gpu.index));
+}
+
 /** MiB of free memory the shard's GPUs have above the least they had while `load` ran; null when a figure is unknown. */
 function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number | null {
   let gained = 0;
-  for (const gpu of node.snapshot.gpus.filter((listed) => shard.gpus.includes(listed.index))) {
+  for (const gpu of givenGpus(shard, node)) {
     const then = load.freeMiB.get(gpu.uuid);
     if (then == null || gpu.freeMiB === null) return null;
     gained += gpu.freeMiB - then;
@@ -63,8 +69,7 @@ function roomGained(shard: ShardRecord, node: NodeView, load: LastLoad): number 
  */
 function weightsOfLoad(shard: ShardRecord, node: NodeView, load: LastLoad): ShardWeights | null | undefined {
   if (load.onGpu === null) return null;
-  const given = new Set(placedIndices(shard, node.snapshot.gpus));
-  const uuids = node.snapshot.gpus.filter((gpu) => given.has(gpu.index)).map((gpu) => gpu.uuid);
+  const uuids = givenGpus(shard, node).map((gpu) => gpu.uuid);
   const used = load.onGpu.usedMiB;
   const held = uuids.filter((uuid) => used.has(uuid)).map((uuid) => used.get(uuid) ?? null);
   return held.length === 0 ? undefined : weightsIn(load.onGpu.files, { mib: sumOrNull(held), gpus: held.length }, load.runner.gpuLayers ?? null);
@@ -86,12 +91,11 @@ function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Re
     return { ...idle, warnings: [...idle.warnings, `${ran}; its GPUs have ${formatMemory(gained)} more free memory since, so the next load may reach them`] };
   }
   const stays = `Until Ollama restarts, a load puts weights on its GPUs, or they gain ${formatMemory(ROOM_MIB)} of free memory, the shard stays on-cpu while idle, as the next load would run there too`;
-  const advice = `${buildAdvice('ollama')} ${layersAdvice('ollama')}`;
-  // What its runner's command line asked for comes first; unsaid (Ollama's own runners after 0.11.4 take it another way), a reminder.
+  // Unsaid (Ollama's own runners after 0.11.4 take the layers another way), a reminder that one request can ask for none.
   const check =
     load.runner.gpuLayers === undefined
-      ? `${advice} (num_gpu 0, in a Modelfile or one request's options, runs a load on the CPU too.)`
-      : `${askedLayers('ollama', load.runner.gpuLayers, true)} ${advice}`;
+      ? `${buildAdvice('ollama')} ${layersAdvice('ollama')} (num_gpu 0, in a Modelfile or one request's options, runs a load on the CPU too.)`
+      : `${askedLayersAdvice('ollama', load.runner.gpuLayers, true)} ${buildAdvice('ollama')}`;
   return verdict('on-cpu', 'last-load-on-cpu', `placed on ${gpuList(shard.gpus)}, but its last model load computed on the CPU: ${ran}. ${stays}. ${check}`, warnings);
 }
 

@@ -9,7 +9,7 @@ import { formatBytes } from '../memory-size.js';
 import { smUtilOf, type ShardGpuHolding } from '../node-state/attribution.js';
 import { shardCpuCores, type NodeView } from '../node-state/node-view.js';
 import { deviceLabel } from './compute.js';
-import { askedLayers, buildAdvice, layersAdvice } from './engine-advice.js';
+import { askedLayersAdvice, buildAdvice, layersAdvice } from './engine-advice.js';
 import type { EngineAccount } from './llama-account.js';
 import { showsGpuWeights } from './llama-log.js';
 import type { ShardRecord } from './shard.js';
@@ -180,18 +180,12 @@ function modelLabel(weights: ShardWeights): string {
     .join(', ');
 }
 
-/** The engine's advice on layers, after what its command line asks for where that says something. */
-function withAsked(shard: ShardRecord, weights: ShardWeights, noneOnGpu: boolean): string {
-  const asked = askedLayers(shard.engine, weights.gpuLayers, noneOnGpu);
-  return asked === '' ? layersAdvice(shard.engine) : `${asked} ${layersAdvice(shard.engine)}`;
-}
-
 /** The warning a partial offload serves with. */
 function partialWarning(weights: ShardWeights, shard: ShardRecord): string {
   const of = weights.bytes === null ? '' : ` of ${formatBytes(weights.bytes)}`;
   return (
     `only about ${percent(weights.gpuShare!)} of its model's weights (${formatBytes(weights.gpuBytes!)}${of}) are on its GPUs: ${weights.note}. ` +
-    `The layers left on the CPU run five to ten times slower. ${withAsked(shard, weights, false)} Or give the shard more GPUs.`
+    `The layers left on the CPU run five to ten times slower. ${askedLayersAdvice(shard.engine, weights.gpuLayers, false)} Or give the shard more GPUs.`
   );
 }
 
@@ -200,10 +194,10 @@ function notReadyReason(shard: ShardRecord, node: NodeView, weights: ShardWeight
   if (zero) {
     const held = `its processes hold ${heldOnGiven(shard, node).join(', ')}, no more than a CUDA context and compute buffers`;
     const where = weights.hostBytes === null ? 'read without mmap' : `${formatBytes(weights.hostBytes)} of it mapped`;
-    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${withAsked(shard, weights, true)}`;
+    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${askedLayersAdvice(shard.engine, weights.gpuLayers, true)}`;
   }
   const asked = `below the ${percent(shard.minGpuWeightsShare!)} its registration asks (minGpuWeightsShare)`;
-  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${withAsked(shard, weights, false)}`;
+  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${askedLayersAdvice(shard.engine, weights.gpuLayers, false)}`;
 }
 
 /** Every given GPU held: ready, unless its weights stay in host memory (or below its minimum share) once the grace is over. */

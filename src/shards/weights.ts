@@ -12,7 +12,7 @@ import type { ShardGpuHolding } from '../node-state/attribution.js';
 import type { NodeView } from '../node-state/node-view.js';
 import { statOf } from '../node-state/node-snapshot.js';
 import { placedIndices } from '../node-state/placement.js';
-import { splitsOf, type ModelFile } from '../system/model-files.js';
+import { splitsOf, type ModelFile, type ProcessModelFiles } from '../system/model-files.js';
 import type { ShardRecord } from './shard.js';
 
 export const OFFLOADS = ['full', 'partial', 'none', 'unknown', 'not-seen'] as const;
@@ -89,10 +89,28 @@ function notSeen(unreadable: string | null, gpuLayers: string | null): ShardWeig
   return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note, gpuLayers };
 }
 
+type ReadProcess = { pid: number; answer: ProcessModelFiles };
+
+/**
+ * The GPU layers asked by the process holding the most GPU memory among those with model files: the one whose
+ * weights matter most, where an Ollama runs a model with num_gpu 0 beside another; null when unsaid or none has one.
+ */
+function askedBy(shard: ShardRecord, node: NodeView, read: readonly ReadProcess[]): string | null {
+  const held = new Map<number, number>();
+  for (const holding of heldBy(shard, node)) for (const process of holding.processes) held.set(process.pid, (held.get(process.pid) ?? 0) + (process.usedMiB ?? 0));
+  const mibOf = (pid: number): number => held.get(pid) ?? 0;
+  const [first] = read.filter(({ answer }) => answer.files.length > 0).sort((a, b) => mibOf(b.pid) - mibOf(a.pid));
+  return first?.answer.gpuLayers ?? null;
+}
+
 export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
-  const answers = shardPids(shard, node).flatMap((pid) => node.snapshot.modelFiles.get(pid) ?? []);
+  const read = shardPids(shard, node).flatMap((pid) => {
+    const answer = node.snapshot.modelFiles.get(pid);
+    return answer === undefined ? [] : [{ pid, answer }];
+  });
+  const answers = read.map(({ answer }) => answer);
   const files = mergeFiles(answers.map((answer) => answer.files));
-  const gpuLayers = answers.find((answer) => answer.gpuLayers !== undefined)?.gpuLayers ?? null;
+  const gpuLayers = askedBy(shard, node, read);
   if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null, gpuLayers);
   return weightsIn(files, heldOnGiven(shard, node), gpuLayers);
 }
@@ -118,9 +136,9 @@ export function meetsMinimum(shard: ShardRecord, node: NodeView, weights: ShardW
   if (weights.gpuShare === null || weights.gpuShare >= minimum) return true;
   if (weights.judgedBy !== 'mapping') return false;
   const held = heldOnGiven(shard, node);
-  // Memory not reported ([N/A]), or unable to tell: nothing contradicts the full offload the mapping shows.
-  const share = held.mib === null ? null : judge(weights.bytes, null, held).gpuShare;
-  return share === null || share >= minimum;
+  // Memory not reported ([N/A]), or as much as the whole model (known: judged by its mapping): nothing contradicts the full offload the mapping shows.
+  if (held.mib === null || held.mib * MiB >= weights.bytes!) return true;
+  return judge(weights.bytes, null, held).gpuShare! >= minimum;
 }
 
 function judge(
@@ -145,7 +163,7 @@ function judge(
   const none = share <= NONE_SHARE && onGpu <= NONE_EXTRA_BYTES * held.gpus;
   const offload: Offload = none ? 'none' : share >= FULL_SHARE ? 'full' : 'partial';
   // Without a whole mapping to say the loader kept it, a model no larger than what its GPUs hold may be all there.
-  if (offload !== 'full' && (hostBytes === null || split) && bytes !== null && held.bytes >= bytes) {
+  if (offload !== 'full' && bytes !== null && (hostBytes === null || (split && hostBytes < bytes)) && held.bytes >= bytes) {
     return unknown(`its GPUs hold ${formatBytes(held.bytes)}, as much as its whole model (${formatBytes(bytes)}): their memory cannot tell a CUDA context from the model`);
   }
   const mapping = hostBytes === null ? 'not mapped (loaded without mmap)' : `mapped in host memory (${formatBytes(hostBytes)})`;

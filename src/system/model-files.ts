@@ -1,7 +1,8 @@
 // Owns which model files a process loaded, as /proc shows them with no help from the engine: the
 // GGUF files it maps (llama.cpp and Ollama mmap the model by default and, once loaded, unmap what
 // they put on a GPU), else the file its command line names (-m/--model, or llama.cpp's
-// LLAMA_ARG_MODEL: --no-mmap leaves no mapping), and a split model's other splits beside them.
+// LLAMA_ARG_MODEL: --no-mmap leaves no mapping), and a split model's other splits beside them; also
+// the GPU layers its command line asks for (-ngl, or LLAMA_ARG_N_GPU_LAYERS), as written.
 // The rule: a file counts only when it begins with GGUF's magic, read once per file through the
 // process's own root (/proc/PID/root); a deleted one, which cannot be opened, counts by its name.
 // Each read has a deadline: one that does not answer leaves that process unjudged, and no second
@@ -70,14 +71,24 @@ const LAYERS_FLAGS = new Set(['-ngl', '--gpu-layers', '--n-gpu-layers']);
 
 /**
  * The GPU layers an engine's argv asks for, as written (a count, or llama.cpp's `auto` and `all`), the
- * last one given as its parser keeps; else what LLAMA_ARG_N_GPU_LAYERS gives a llama-* program; null
- * when unsaid. Ollama's runners take it too: `--n-gpu-layers N` (to 0.11.4), `-ngl N` (its llama-server, 2026).
+ * last one given as its parser keeps; null when none. Ollama's runners take it too: `--n-gpu-layers N`
+ * (to 0.11.4), `-ngl N` (its llama-server, 2026).
  */
-export function gpuLayersArgument(argv: readonly string[], environment: readonly string[]): string | null {
+export function gpuLayersArgument(argv: readonly string[]): string | null {
   let asked: string | null = null;
   for (let i = 0; i + 1 < argv.length; i += 1) if (LAYERS_FLAGS.has(argv[i]!) && argv[i + 1] !== '') asked = argv[i + 1]!;
-  return asked ?? llamaVariable(argv, environment, 'LLAMA_ARG_N_GPU_LAYERS');
+  return asked;
 }
+
+/** The GPU layers a process asks for: its argv's, else LLAMA_ARG_N_GPU_LAYERS for a llama-* program (its environment read only then); null: unsaid. */
+export async function gpuLayersOf(argv: readonly string[], environment: () => Promise<readonly string[]>): Promise<string | null> {
+  const asked = gpuLayersArgument(argv);
+  if (asked !== null || !isLlamaProgram(argv)) return asked;
+  return llamaVariable(argv, await environment(), 'LLAMA_ARG_N_GPU_LAYERS');
+}
+
+/** A process's environment (/proc/PID/environ under `base`); [] where it cannot be read. */
+export const environmentOf = (base: string, pid: number): Promise<string[]> => readFile(`${base}${pid}/environ`).then(parseCmdline, () => []);
 
 /** /proc/PID/cmdline's NUL-separated arguments (and /proc/PID/environ's entries). */
 export function parseCmdline(bytes: Buffer): string[] {
@@ -177,16 +188,10 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   const counts = (file: { path: string }, found: Probe): boolean =>
     found.gguf === true || (found.gguf === null && namedLikeModel(file.path));
 
-  /** The process's environment; [] where it cannot be read. */
-  const environmentOf = (pid: number): Promise<string[]> => readFile(`${base}${pid}/environ`).then(parseCmdline, () => []);
-
-  /** The process's arguments; [] where they cannot be read (it exited since its maps were read). */
-  const argvOf = (pid: number): Promise<string[]> => readFile(`${base}${pid}/cmdline`).then(parseCmdline, () => []);
-
   /** The environment, read once and only when an argument leaves a question open. */
   const lazily = (pid: number): (() => Promise<string[]>) => {
     let environment: Promise<string[]> | undefined;
-    return () => (environment ??= environmentOf(pid));
+    return () => (environment ??= environmentOf(base, pid));
   };
 
   const fromCommandLine = async (pid: number, argv: readonly string[], environment: () => Promise<string[]>): Promise<ModelFile[]> => {
@@ -222,10 +227,11 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
         const found = await probeMapped(pid, file);
         if (counts(file, found)) files.push({ path: file.path, deleted: file.deleted, bytes: found.bytes, mappedBytes: file.mappedBytes, seenIn: 'mapping' });
       }
-      const argv = await argvOf(pid);
+      // A process gone since its maps were read answers null, as one gone before.
+      const argv = parseCmdline(await readFile(`${base}${pid}/cmdline`));
       const environment = lazily(pid);
       const all = await withSplits(pid, files.length > 0 ? files : await fromCommandLine(pid, argv, environment));
-      const gpuLayers = gpuLayersArgument(argv, isLlamaProgram(argv) ? await environment() : []);
+      const gpuLayers = await gpuLayersOf(argv, environment);
       return { files: all, unreadable: null, ...(gpuLayers === null ? {} : { gpuLayers }) };
     } catch (err) {
       const why = mapsUnreadable(pid, err);

@@ -1,12 +1,12 @@
 // Owns finding the model runners of an Ollama server in /proc: the processes below it whose command
-// line names a model with --model. Ollama starts one per loaded model as its child (`ollama_llama_server --model`
-// until 2024, `ollama runner --model` since, `llama-server --model` in 2026) and it exits when the
-// model unloads. Children come from /proc/PID/task/*/children (Go forks from any thread); a kernel
+// line names a model with --model, and the GPU layers it asks for. Ollama starts one per loaded model as its child
+// (`ollama_llama_server --model` until 2024, `ollama runner --model` since, `llama-server --model` in 2026) and it
+// exits when the model unloads. Children come from /proc/PID/task/*/children (Go forks from any thread); a kernel
 // without CONFIG_PROC_CHILDREN has no such file, and the runners are then unknown, never "none".
 import { readdirSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
-import { gpuLayersArgument, parseCmdline } from './model-files.js';
+import { environmentOf, gpuLayersOf, parseCmdline } from './model-files.js';
 import { CLOCK_TICKS_PER_SECOND } from './procfs-parse.js';
 import { hasExited, isGone, isReadable, type ProcReader, type StatAnswer } from './procfs.js';
 
@@ -71,10 +71,10 @@ export function runnerModel(argv: readonly string[]): string | null {
   return null;
 }
 
-/** A runner's model and the GPU layers it was asked for; null when it names no model. Its environment is not read: Ollama passes these as arguments. */
-function runnerArgs(argv: readonly string[]): RunnerArgs | null {
+/** A runner's model and the GPU layers it was asked for, as for any process (model-files.ts); null when it names no model. */
+async function runnerArgs(argv: readonly string[], environment: () => Promise<readonly string[]>): Promise<RunnerArgs | null> {
   const model = runnerModel(argv);
-  return model === null ? null : { model, gpuLayers: gpuLayersArgument(argv, []) };
+  return model === null ? null : { model, gpuLayers: await gpuLayersOf(argv, environment) };
 }
 
 /** A command line answers in microseconds; one whose process is stuck in the kernel, holding its memory map, never does. */
@@ -105,7 +105,7 @@ export function createModelRunnerReader(proc: ProcReader, { deadlineMs = READ_DE
     if (answered?.startTime === startTime) return answered.args;
     if (late.has(pid) || late.size >= LATE_MAX) return undefined;
     const reading = readFile(`${base}${pid}/cmdline`).then(
-      (bytes) => runnerArgs(parseCmdline(bytes)),
+      (bytes) => runnerArgs(parseCmdline(bytes), () => environmentOf(base, pid)),
       (err: unknown) => (isGone(err) ? null : undefined),
     );
     const args = await settleWithin(reading, deadlineMs, () => 'late' as const);

@@ -107,7 +107,7 @@ t.test('unloaded after a load on the CPU: on-cpu while idle, until its GPU gains
   const stuck = await ready();
   t.match(stuck, { status: 503, state: 'on-cpu', cause: 'last-load-on-cpu' }, 'idle, but its next load would compute on the CPU too');
   t.match(stuck.reason, new RegExp(`last model runner ${runner} \\(--model /models/blobs/sha256-00\\) ran 20\\.\\d s`));
-  t.match(stuck.reason, /runner with -ngl 0: num_gpu 0 was asked/, 'as its command line shows');
+  t.match(stuck.reason, /runner with no GPU layers: num_gpu 0 was asked/, "as its command line shows");
   step(600_000);
   t.match(await ready(), { status: 503, cause: 'last-load-on-cpu' }, 'time alone changes nothing');
 
@@ -173,7 +173,8 @@ t.test('a restarted Ollama forgets the last load of the one before', async (t) =
   t.equal(await cause(), 'no-gpu-memory');
   await wrapper.say('unload');
   step();
-  t.equal(await cause(), 'last-load-on-cpu', 'behind a wrapper, as when registered directly');
+  const stuck = (await app.inject({ method: 'GET', url: '/shards/o/ready' })).json();
+  t.match(stuck, { cause: 'last-load-on-cpu', reason: /num_gpu 0, in a Modelfile or one request's options/ }, 'behind a wrapper, as when registered directly; its GPU layers unsaid');
   process.kill(server, 'SIGKILL');
   await waitUntil(() => livePidsInGroup(wrapper.pid).filter((pid) => pid !== wrapper.pid && pid !== server).length > 0, { what: 'the wrapper to start the server again' });
   step();

@@ -2,7 +2,7 @@
 // llama.cpp only; Ollama's num_gpu and start-up log, vLLM's --cpu-offload-gb and platform line.
 import t from 'tap';
 import type { EngineAccount } from '../../src/shards/llama-account.js';
-import { askedLayers } from '../../src/shards/engine-advice.js';
+import { askedLayersAdvice } from '../../src/shards/engine-advice.js';
 import { ENGINES, type Engine } from '../../src/shards/shard.js';
 import { readiness } from '../../src/shards/readiness.js';
 import { gpuState as gpu } from '../helpers/gpu-state.js';
@@ -41,11 +41,19 @@ t.test("Ollama's own account: its start-up log and num_gpu, never -ngl", async (
 });
 
 t.test("the GPU layers a command line asks for, in its engine's terms", async (t) => {
-  t.match(askedLayers('llama.cpp', null, true), /sets no -ngl .*early 2025.*auto/, 'llama.cpp unsaid, none on the GPU: its old default');
-  t.equal(askedLayers('llama.cpp', null, false), '', 'unsaid with some on the GPU: the default was not none');
-  t.equal(askedLayers('vllm', null, true), '', 'unsaid for another engine');
-  t.match(askedLayers('llama.cpp', '0', true), /no GPU layers \(-ngl 0\)/);
-  t.match(askedLayers('other', '24', false), /asks for -ngl 24\./);
-  t.match(askedLayers('ollama', '0', true), /num_gpu 0 was asked/);
-  t.match(askedLayers('ollama', '20', false), /-ngl 20 \(num_gpu, or what it estimated/);
+  const advice = (engine: Engine, gpuLayers: string | null, noneOnGpu = true) => askedLayersAdvice(engine, gpuLayers, noneOnGpu);
+  t.match(advice('llama.cpp', null), /^Its command line sets no -ngl .*b4748.*Start it with -ngl/, 'llama.cpp unsaid, none on the GPU: its old default');
+  t.match(advice('llama.cpp', null, false), /^Start it with -ngl/, 'unsaid with some on the GPU: the default was not none');
+  t.match(advice('llama.cpp', '0'), /^Its command line asks for no GPU layers \(-ngl 0\)\. Start it with -ngl/);
+  const all = advice('llama.cpp', 'all');
+  t.match(all, /asks for every layer \(-ngl all\), so -ngl is not what kept them off: .*free memory.*-ot/, 'every layer asked: the rest of the advice');
+  t.notMatch(all, /Start it with -ngl/, 'not told to ask for what it asks for');
+  t.match(advice('llama.cpp', 'all', false), /so -ngl is not what kept them off/, 'every layer, some on the CPU');
+  t.match(advice('llama.cpp', '2'), /^Its command line asks for -ngl 2\. Start it with -ngl .* at or above/, "a count: maybe below its layers (2 of 32 reads as none)");
+  t.match(advice('llama.cpp', 'auto'), /^Its command line asks for -ngl auto\. Start it with -ngl/);
+  t.equal(advice('vllm', null), advice('vllm', null, false), 'unsaid for another engine: its own advice alone');
+  t.match(advice('other', '24'), /^Its command line asks for -ngl 24\. Check how many layers/);
+  t.match(advice('ollama', '0'), /^Ollama started its runner with no GPU layers: num_gpu 0 was asked/);
+  t.match(advice('ollama', '20'), /^Ollama started its runner with 20 GPU layers \(num_gpu, or what it estimated/);
+  t.match(advice('ollama', null), /^Ollama offloads as many layers/);
 });

@@ -155,7 +155,7 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
   t.match(idle(held([['GPU-0', 900]], [small])), { state: 'ready', cause: 'no-model-loaded' }, 'a model no larger than the memory held, not mapped: may be all there');
   t.match(idle(held([['GPU-0', 900]], [{ ...small, mappedBytes: small.bytes, seenIn: 'mapping' }])), { cause: 'last-load-on-cpu' }, 'mapped whole: the loader kept it in host memory');
   const asked = idle(cpuLoad({ runner: { ...runner(NOW - 120_000), gpuLayers: '0' } }));
-  t.match(asked, { cause: 'last-load-on-cpu', reason: /started its runner with -ngl 0: num_gpu 0 was asked/ }, 'its runner asked for no GPU layers');
+  t.match(asked, { cause: 'last-load-on-cpu', reason: /started its runner with no GPU layers: num_gpu 0 was asked/ }, 'its runner asked for no GPU layers');
   t.notMatch(asked.reason, /one request's options, runs a load/, 'said once');
   const context = idle(held([['GPU-0', 300]]));
   t.match(context, { state: 'on-cpu', cause: 'last-load-on-cpu' }, 'a CUDA context alone, its model in host memory');

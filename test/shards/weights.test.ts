@@ -45,6 +45,25 @@ t.test('the shard process and its GPU processes are read; each file once, the la
   t.same(shardWeights(reused, view(4096, [[100, files(mapped('/m/a.gguf', GiB, GiB))]], reused)).offload, 'not-seen', 'a PID now naming another process is not read');
 });
 
+t.test('the GPU layers asked: by the process with model files holding the most GPU memory', async (t) => {
+  const shard = shardRecord(NOW);
+  const asked = (gpuLayers: string, ...list: ModelFile[]): ProcessModelFiles => ({ ...files(...list), gpuLayers });
+  // An Ollama running an embedding model with num_gpu 0 (101, a context) beside a chat model (102, on two GPUs).
+  const node = handMadeView(
+    {
+      now: NOW,
+      gpus: [gpuState(0, [[101, 300], [102, 3000]]), gpuState(1, [[102, null]])],
+      stats: [procStat(100), procStat(101), procStat(102)],
+      modelFiles: [[100, asked('9')], [101, asked('0', named('/m/embed.gguf', GiB))], [102, asked('20', named('/m/chat.gguf', 8 * GiB))]],
+    },
+    [shard],
+  );
+  t.equal(shardWeights(shard, node).gpuLayers, '20');
+  t.equal(shardWeights(shard, view(300, [[100, asked('9')], [101, files()]])).gpuLayers, null, 'no process with a model: nothing it applies to');
+  t.equal(shardWeights(shard, view(300, [[100, asked('9', named('/m/a.gguf', GiB))], [101, files()]])).gpuLayers, '9', 'the one with a model, holding no GPU memory');
+  t.equal(shardWeights(shard, view(300, [[101, files(named('/m/a.gguf', GiB))]])).gpuLayers, null, 'unsaid');
+});
+
 t.test('what cannot be judged: memory not reported, maps not readable', async (t) => {
   const shard = shardRecord(NOW);
   t.match(shardWeights(shard, view(null, [[101, files(mapped('/m/a.gguf', 4 * GiB, 4 * GiB))]])), { offload: 'unknown', gpuShare: null, note: /\[N\/A\]/ });

@@ -106,10 +106,17 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   proc(18, line('/models/a.gguf', 1), '/app/llama-server\0');
   writeFileSync(join(root, '18', 'environ'), 'LLAMA_ARG_N_GPU_LAYERS=0\0');
   t.match(await reader.read(18), { files: [{ path: '/models/a.gguf' }], gpuLayers: '0' }, 'with a model mapped too');
-  t.equal(gpuLayersArgument(['sh', '-c', 'llama-server -ngl 0'], ['LLAMA_ARG_N_GPU_LAYERS=0']), null, 'a wrapper: neither');
-  t.equal(gpuLayersArgument(['ollama', 'runner', '--gpu-layers', '33'], []), '33');
-  t.equal(gpuLayersArgument(['llama-server', '-ngl'], []), null, 'a flag without its value');
-  t.equal(gpuLayersArgument(['llama-server', '-ngl', ''], []), null, 'an empty value');
+  proc(19, '', 'sh\0-c\0llama-server -ngl 0\0');
+  writeFileSync(join(root, '19', 'environ'), 'LLAMA_ARG_N_GPU_LAYERS=0\0');
+  t.same(await reader.read(19), { files: [], unreadable: null }, 'a wrapper: neither its argument nor the variable');
+  t.equal(gpuLayersArgument(['ollama_llama_server', '--model', '/b', '--n-gpu-layers', '33']), '33', "Ollama's runner to 0.11.4");
+  t.equal(gpuLayersArgument(['llama-server', '--gpu-layers', 'all']), 'all');
+  t.equal(gpuLayersArgument(['llama-server', '-ngl']), null, 'a flag without its value');
+  t.equal(gpuLayersArgument(['llama-server', '-ngl', '']), null, 'an empty value');
+  // Gone between its maps and its command line: as one gone before (no answer), not one with no model.
+  proc(20, line('/models/a.gguf', 1));
+  rmSync(join(root, '20', 'cmdline'));
+  t.equal(await reader.read(20), null);
   proc(13, '', 'python3\0-m\0vllm.entrypoints.openai.api_server\0');
   t.same(await reader.read(13), { files: [], unreadable: null });
   proc(14, '');
@@ -124,6 +131,7 @@ t.test('a model in splits: its other splits are found beside the one seen, mappe
   for (const pid of [40, 41]) mkdirSync(join(root, String(pid), 'root', 'models'), { recursive: true });
   // 40 maps the first and last splits (the middle one went to a GPU whole); 41 ran with --no-mmap.
   writeFileSync(join(root, '40', 'maps'), [1, 3].map((n) => `7f1000000000-7f1040000000 r--s 00000000 fe:00 ${n} ${split(n)}\n`).join(''));
+  writeFileSync(join(root, '40', 'cmdline'), `llama-server\0-m\0${split(1)}\0`);
   writeFileSync(join(root, '41', 'maps'), '');
   writeFileSync(join(root, '41', 'cmdline'), `llama-server\0--no-mmap\0-m\0${split(1)}\0`);
   for (const n of [1, 2, 3]) writeFileSync(join(root, '40', 'root', split(n)), GGUF);

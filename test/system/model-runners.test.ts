@@ -96,7 +96,9 @@ t.test('a fixture proc root', async (t) => {
   stats.set(105, procStat(105));
   write('100/task/100/children', '101 102 103 104 105 ');
   write('105/cmdline', argv('/usr/lib/ollama/llama-server', '--model', '/blobs/sha256-dd', '-ngl', '0', '--port', '9'));
-  t.match((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100), [{ pid: 101 }, { pid: 105, model: '/blobs/sha256-dd', gpuLayers: '0' }], 'the GPU layers asked (num_gpu 0)');
+  const [plain, asked] = (await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100)!;
+  t.match(asked, { pid: 105, model: '/blobs/sha256-dd', gpuLayers: '0' }, 'the GPU layers asked (num_gpu 0)');
+  t.notOk(plain && 'gpuLayers' in plain, 'unsaid: absent');
   write('100/task/100/children', '101 102 103 104 ');
   t.equal((await reader.read([{ pid: 100 }], stats, new Map(), TAKEN_AT)).get(100)![0]!.model, '/blobs/sha256-aa', 'a command line is read once');
   stats.set(101, { ...procStat(101), startTime: 6 });
