@@ -188,6 +188,13 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   const counts = (file: { path: string }, found: Probe): boolean =>
     found.gguf === true || (found.gguf === null && namedLikeModel(file.path));
 
+  /** The process's arguments: a process gone since its maps were read throws, to answer null as one gone before; [] where they may not be read (hidepid). */
+  const argvOf = (pid: number): Promise<string[]> =>
+    readFile(`${base}${pid}/cmdline`).then(parseCmdline, (err: unknown) => {
+      if (isGone(err)) throw err;
+      return [];
+    });
+
   /** The environment, read once and only when an argument leaves a question open. */
   const lazily = (pid: number): (() => Promise<string[]>) => {
     let environment: Promise<string[]> | undefined;
@@ -227,8 +234,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
         const found = await probeMapped(pid, file);
         if (counts(file, found)) files.push({ path: file.path, deleted: file.deleted, bytes: found.bytes, mappedBytes: file.mappedBytes, seenIn: 'mapping' });
       }
-      // A process gone since its maps were read answers null, as one gone before.
-      const argv = parseCmdline(await readFile(`${base}${pid}/cmdline`));
+      const argv = await argvOf(pid);
       const environment = lazily(pid);
       const all = await withSplits(pid, files.length > 0 ? files : await fromCommandLine(pid, argv, environment));
       const gpuLayers = await gpuLayersOf(argv, environment);

@@ -117,6 +117,11 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   proc(20, line('/models/a.gguf', 1));
   rmSync(join(root, '20', 'cmdline'));
   t.equal(await reader.read(20), null);
+  // A command line it may not read (a directory stands in for hidepid's EACCES): the maps' files still count.
+  proc(21, line('/models/a.gguf', 1));
+  rmSync(join(root, '21', 'cmdline'));
+  mkdirSync(join(root, '21', 'cmdline'));
+  t.same((await reader.read(21))?.files.map((file) => file.path), ['/models/a.gguf']);
   proc(13, '', 'python3\0-m\0vllm.entrypoints.openai.api_server\0');
   t.same(await reader.read(13), { files: [], unreadable: null });
   proc(14, '');
