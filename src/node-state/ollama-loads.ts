@@ -5,10 +5,10 @@
 // by the free memory it finds, and the runner's own goes when it exits). An idle server whose last load
 // ran on the CPU would otherwise read ready at each unload and take traffic onto the CPU once per
 // keep-alive. A record lives while the process that started the runner (its parent, by PID and start
-// time) does; a runner started later replaces it, an older one never does.
+// time) runs; a runner started later replaces it, an older one never does.
 import type { ModelFile, ProcessModelFiles } from '../system/model-files.js';
 import type { ModelRunner } from '../system/model-runners.js';
-import { isReadable, type StatAnswer } from '../system/procfs.js';
+import { hasExited, isReadable, type StatAnswer } from '../system/procfs.js';
 
 /** What a listing says of a GPU that matters here (a GpuState is one). */
 type ListedGpu = { uuid: string; freeMiB: number | null; processes: ReadonlyArray<{ pid: number; usedMiB: number | null }> };
@@ -66,10 +66,10 @@ function leastFree(before: ReadonlyMap<string, number | null>, now: ReadonlyMap<
 export function createLoadHistory() {
   const last = new Map<number | string, LastLoad>();
 
-  /** Whether the process that started the runner is gone or replaced. */
+  /** Whether the process that started the runner is gone, replaced, or exited (a zombie its parent has not reaped yet). */
   const serverGone = (load: LastLoad, stats: ReadonlyMap<number, StatAnswer>): boolean => {
     const stat = stats.get(load.server.pid);
-    return stat === null || (isReadable(stat) && stat.startTime !== load.server.startTime);
+    return stat === null || (isReadable(stat) && (stat.startTime !== load.server.startTime || hasExited(stat)));
   };
 
   return {

@@ -89,6 +89,7 @@ t.test('dropped when the server that started the runner is gone or replaced, or 
   t.ok(start().update(HOSTS, none, gpus(5000), stats(), 3000).has(SERVER), 'its server not read this refresh: kept');
   t.notOk(start().update(HOSTS, none, gpus(5000), stats([SERVER, null]), 3000).has(SERVER), 'gone');
   t.notOk(start().update(HOSTS, none, gpus(5000), stats([SERVER, stat(SERVER, 1, 99)]), 3000).has(SERVER), 'its PID now another process');
+  t.notOk(start().update(HOSTS, none, gpus(5000), stats([SERVER, { ...stat(SERVER, 1), state: 'Z' }]), 3000).has(SERVER), 'exited, not yet reaped');
   t.notOk(start().update(new Set(), none, gpus(5000), stats([SERVER, stat(SERVER, 1)]), 3000).has(SERVER), 'no shard asks for it');
 });
 

@@ -189,7 +189,14 @@ t.test('a restarted Ollama forgets the last load of the one before', async (t) =
   const stuck = (await app.inject({ method: 'GET', url: '/shards/o/ready' })).json();
   t.match(stuck, { cause: 'last-load-on-cpu', reason: /num_gpu 0, in a Modelfile or one request's options/ }, 'behind a wrapper, as when registered directly; its GPU layers unsaid');
   process.kill(server, 'SIGKILL');
-  await waitUntil(() => livePidsInGroup(wrapper.pid).filter((pid) => pid !== wrapper.pid && pid !== server).length > 0, { what: 'the wrapper to start the server again' });
+  // A signal lands when the process next runs: until then the old server still runs (seen under load).
+  await waitUntil(
+    () => {
+      const live = livePidsInGroup(wrapper.pid);
+      return !live.includes(server) && live.some((pid) => pid !== wrapper.pid);
+    },
+    { what: 'the server to die and the wrapper to start it again' },
+  );
   step();
   t.equal(await cause(), 'no-model-loaded', 'its server replaced: the next load is judged afresh');
 });
