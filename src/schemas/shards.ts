@@ -187,6 +187,10 @@ export const ModelFileComponent = Type.Object(
     bytes: Nullable(Type.Integer({ minimum: 0 }), "The file's size; null when it cannot be opened (deleted, or not readable through /proc/PID/root)."),
     mappedBytes: Nullable(Type.Integer({ minimum: 0 }), 'Bytes of it still mapped in host memory; null when it is named on the command line and not mapped (--no-mmap).'),
     seenIn: StringEnum(['mapping', 'command-line'] as const, 'Where it was found: /proc/PID/maps, or -m/--model in /proc/PID/cmdline (else LLAMA_ARG_MODEL in /proc/PID/environ).'),
+    layers: Nullable(
+      Type.Integer({ minimum: 1 }),
+      "The layers llama.cpp can offload of the model it holds: its GGUF header's <general.architecture>.block_count, plus the output layer (the M of llama.cpp's \"offloaded N/M layers\"). Null when the header does not say: a split but the first, a projector, a file that cannot be opened.",
+    ),
   },
   { $id: 'ModelFile', description: 'A GGUF model file a process of the shard loaded.' },
 );
@@ -210,6 +214,10 @@ export const ShardWeightsComponent = Type.Object(
     gpuLayers: Nullable(
       Type.String(),
       "The GPU layers its command line asks for, as written: -ngl/--gpu-layers/--n-gpu-layers (an Ollama runner's too), else LLAMA_ARG_N_GPU_LAYERS for a llama-* program; a count, or llama.cpp's auto or all; of the process with a model file holding the most GPU memory. Null when unsaid (llama.cpp's default: auto in current builds, none on a CUDA GPU in b4748, February 2025) or no model file is in view.",
+    ),
+    modelLayers: Nullable(
+      Type.Integer({ minimum: 1 }),
+      'The layers llama.cpp can offload of its model (files[].layers, of the largest file that says), against which gpuLayers reads: -ngl at or above it asks for every layer. Null when no file says.',
     ),
   },
   { $id: 'ShardWeights', description: "Where the shard's model weights are, from /proc and the memory it holds on its GPUs." },

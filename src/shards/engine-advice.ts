@@ -1,7 +1,7 @@
 // Owns what a reason tells the operator to check, in the shard's engine's own terms: how it puts
-// layers on the GPU, what the GPU layers its command line asks for say, and how to see that its build
-// found one. One entry per engine, so no reason tells an Ollama or vLLM operator about llama.cpp's
-// -ngl, nor tells one who asked for every layer to ask for them.
+// layers on the GPU, what the GPU layers its command line asks for say against the model's layers,
+// and how to see that its build found one. One entry per engine, so no reason tells an Ollama or
+// vLLM operator about llama.cpp's -ngl, nor tells one who asked for every layer to ask for them.
 import type { Engine } from './shard.js';
 
 const RUNTIME = "CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor`";
@@ -11,18 +11,41 @@ interface Advice {
   layers: string;
   /** How to see that the build found a GPU, as a sentence. */
   build: string;
-  /**
-   * With weights in host memory, what the GPU layers its command line asks for say, then what to check (`layers`
-   * where nothing else); `noneOnGpu`: zero offload. `gpuLayers`: as written; null when unsaid.
-   */
-  asked(gpuLayers: string | null, noneOnGpu: boolean, layers: string): string;
+  /** With weights in host memory, what the layers asked say, then what to check (`layers` where nothing else); `noneOnGpu`: zero offload. */
+  asked(asked: Asked, noneOnGpu: boolean, layers: string): string;
 }
 
+/**
+ * `gpuLayers`: the GPU layers its command line asks for, as written (null: unsaid); `modelLayers`: the layers llama.cpp
+ * can offload of its model (null: not known).
+ */
+export type Asked = { gpuLayers: string | null; modelLayers: number | null };
+
 const asksNone = (gpuLayers: string): boolean => /^0+$/.test(gpuLayers);
+const countOf = (gpuLayers: string): number | null => (/^\d+$/.test(gpuLayers) ? Number(gpuLayers) : null);
+
+/** Whether the layers asked are all of the model's: `all`, or a count at or above them. */
+function asksEvery(gpuLayers: string, modelLayers: number | null): boolean {
+  const count = countOf(gpuLayers);
+  return gpuLayers === 'all' || (count !== null && modelLayers !== null && count >= modelLayers);
+}
+
+/** "20 of the model's 33", "every one of the model's 33", or the value alone when either is not a number. */
+function ofModel(gpuLayers: string, modelLayers: number | null): string {
+  const count = countOf(gpuLayers);
+  if (count === null || modelLayers === null) return gpuLayers;
+  return `${count >= modelLayers ? 'every one' : count} of the model's ${modelLayers}`;
+}
+
+/** "-ngl 20 (20 of the model's 33 layers)", or "-ngl 20" where the model's layers are not known. */
+function ngl(gpuLayers: string, modelLayers: number | null): string {
+  const of = ofModel(gpuLayers, modelLayers);
+  return of === gpuLayers ? `-ngl ${gpuLayers}` : `-ngl ${gpuLayers} (${of} layers)`;
+}
 
 /** Any engine that takes -ngl: the value said, then the advice. */
-const saidAsIs = (gpuLayers: string | null, _noneOnGpu: boolean, layers: string): string =>
-  gpuLayers === null ? layers : `Its command line asks for ${asksNone(gpuLayers) ? 'no GPU layers (-ngl 0)' : `-ngl ${gpuLayers}`}. ${layers}`;
+const saidAsIs = ({ gpuLayers, modelLayers }: Asked, _noneOnGpu: boolean, layers: string): string =>
+  gpuLayers === null ? layers : `Its command line asks for ${asksNone(gpuLayers) ? 'no GPU layers (-ngl 0)' : ngl(gpuLayers, modelLayers)}. ${layers}`;
 
 const ADVICE: Record<Engine, Advice> = {
   'llama.cpp': {
@@ -31,16 +54,24 @@ const ADVICE: Record<Engine, Advice> = {
       'and that the build has CUDA (its log\'s "offloaded N/M layers").',
     build: `Check the engine's build (ldd libggml-cuda.so), ${RUNTIME}.`,
     // No -ngl before llama.cpp's auto default put no layers on a CUDA GPU (b4748, February 2025: 0, 999 on Metal only).
-    asked: (gpuLayers, noneOnGpu, layers) => {
+    asked: (asked, noneOnGpu, layers) => {
+      const { gpuLayers, modelLayers } = asked;
       if (gpuLayers === null) {
         const before = 'Its command line sets no -ngl (nor LLAMA_ARG_N_GPU_LAYERS): llama.cpp builds before its auto default (b4748, February 2025, for one) then put no layers on a CUDA GPU.';
         return noneOnGpu ? `${before} ${layers}` : layers;
       }
-      // Only `all` says -ngl kept nothing off: a count may be below the model's layers, which are not known here.
-      if (gpuLayers !== 'all') return saidAsIs(gpuLayers, noneOnGpu, layers);
+      if (asksEvery(gpuLayers, modelLayers)) {
+        return (
+          `Its command line asks for every layer (${ngl(gpuLayers, modelLayers)}), so -ngl is not what kept them off: check the GPU's free memory (GET /gpus), ` +
+          'tensors kept on the CPU (-ot, --cpu-moe), and that the build has CUDA (its log\'s "offloaded N/M layers").'
+        );
+      }
+      const count = countOf(gpuLayers);
+      // A count below the model's layers (when known) is the cause: llama.cpp keeps the rest on the CPU as asked.
+      if (count === null || count === 0 || modelLayers === null) return saidAsIs(asked, noneOnGpu, layers);
       return (
-        "Its command line asks for every layer (-ngl all), so -ngl is not what kept them off: check the GPU's free memory (GET /gpus), " +
-        'tensors kept on the CPU (-ot, --cpu-moe), and that the build has CUDA (its log\'s "offloaded N/M layers").'
+        `Its command line asks for ${ngl(gpuLayers, modelLayers)}: llama.cpp keeps the other ${modelLayers - count} on the CPU, as asked. ` +
+        `Start it with -ngl ${modelLayers} (or all) if the model fits its GPUs' free memory (GET /gpus).`
       );
     },
   },
@@ -51,10 +82,13 @@ const ADVICE: Record<Engine, Advice> = {
       'check the free and foreign memory on its GPUs (GET /gpus), and num_gpu.',
     build: `Check Ollama's log at start ("inference compute" with library=cpu: it found no GPU), ${RUNTIME}.`,
     // Ollama passes its runner the layers only for num_gpu 0 or a count (--n-gpu-layers to 0.11.4, -ngl to its llama-server).
-    asked: (gpuLayers, _noneOnGpu, layers) => {
+    asked: (asked, _noneOnGpu, layers) => {
+      const { gpuLayers, modelLayers } = asked;
       if (gpuLayers === null) return layers;
       if (asksNone(gpuLayers)) return `Ollama started its runner with no GPU layers: num_gpu 0 was asked, in the model's Modelfile or a request's options. ${layers}`;
-      return `Ollama started its runner with ${gpuLayers} GPU layers (num_gpu, or what it estimated the GPU's free memory holds). ${layers}`;
+      const started = `Ollama started its runner with ${ofModel(gpuLayers, modelLayers)} layers on the GPU`;
+      if (asksEvery(gpuLayers, modelLayers)) return `${started}, so num_gpu is not what kept them off. ${layers}`;
+      return `${started} (num_gpu, or what it estimated the GPU's free memory holds). ${layers}`;
     },
   },
   // vLLM's CUDA build stops rather than fall back; weights stay on the host only as --cpu-offload-gb asks.
@@ -74,8 +108,8 @@ const ADVICE: Record<Engine, Advice> = {
 /** What to check when its weights stay in host memory, or it computes on the CPU with a GPU idle. */
 export const layersAdvice = (engine: Engine): string => ADVICE[engine].layers;
 
-/** layersAdvice, with what the GPU layers its command line asks for (null: unsaid) say first; `noneOnGpu`: zero offload. */
-export const askedLayersAdvice = (engine: Engine, gpuLayers: string | null, noneOnGpu: boolean): string => ADVICE[engine].asked(gpuLayers, noneOnGpu, ADVICE[engine].layers);
+/** layersAdvice, with what the GPU layers its command line asks for say first; `noneOnGpu`: zero offload. */
+export const askedLayersAdvice = (engine: Engine, asked: Asked, noneOnGpu: boolean): string => ADVICE[engine].asked(asked, noneOnGpu, ADVICE[engine].layers);
 
 /** What to check when its GPU backend did not load. */
 export const buildAdvice = (engine: Engine): string => ADVICE[engine].build;

@@ -95,7 +95,7 @@ function idleVerdict(shard: ShardRecord, node: NodeView, warnings: string[]): Re
   const check =
     load.runner.gpuLayers === undefined
       ? `${buildAdvice('ollama')} ${layersAdvice('ollama')} (num_gpu 0, in a Modelfile or one request's options, runs a load on the CPU too.)`
-      : `${askedLayersAdvice('ollama', load.runner.gpuLayers, true)} ${buildAdvice('ollama')}`;
+      : `${askedLayersAdvice('ollama', { gpuLayers: load.runner.gpuLayers, modelLayers: weights?.modelLayers ?? null }, true)} ${buildAdvice('ollama')}`;
   return verdict('on-cpu', 'last-load-on-cpu', `placed on ${gpuList(shard.gpus)}, but its last model load computed on the CPU: ${ran}. ${stays}. ${check}`, warnings);
 }
 

@@ -185,7 +185,7 @@ function partialWarning(weights: ShardWeights, shard: ShardRecord): string {
   const of = weights.bytes === null ? '' : ` of ${formatBytes(weights.bytes)}`;
   return (
     `only about ${percent(weights.gpuShare!)} of its model's weights (${formatBytes(weights.gpuBytes!)}${of}) are on its GPUs: ${weights.note}. ` +
-    `The layers left on the CPU run five to ten times slower. ${askedLayersAdvice(shard.engine, weights.gpuLayers, false)} Or give the shard more GPUs.`
+    `The layers left on the CPU run five to ten times slower. ${askedLayersAdvice(shard.engine, weights, false)} Or give the shard more GPUs.`
   );
 }
 
@@ -194,10 +194,10 @@ function notReadyReason(shard: ShardRecord, node: NodeView, weights: ShardWeight
   if (zero) {
     const held = `its processes hold ${heldOnGiven(shard, node).join(', ')}, no more than a CUDA context and compute buffers`;
     const where = weights.hostBytes === null ? 'read without mmap' : `${formatBytes(weights.hostBytes)} of it mapped`;
-    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${askedLayersAdvice(shard.engine, weights.gpuLayers, true)}`;
+    return `${placedOnCpu(shard)}: ${held}, while ${model} stays in host memory (${where}). ${askedLayersAdvice(shard.engine, weights, true)}`;
   }
   const asked = `below the ${percent(shard.minGpuWeightsShare!)} its registration asks (minGpuWeightsShare)`;
-  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${askedLayersAdvice(shard.engine, weights.gpuLayers, false)}`;
+  return `placed on ${gpuList(shard.gpus)} with about ${percent(weights.gpuShare!)} of ${model} there (${weights.note}), ${asked}: the rest computes on the CPU. ${askedLayersAdvice(shard.engine, weights, false)}`;
 }
 
 /** Every given GPU held: ready, unless its weights stay in host memory (or below its minimum share) once the grace is over. */

@@ -33,6 +33,8 @@ export type ShardWeights = {
   note: string;
   /** The GPU layers its command line asks for (-ngl, or LLAMA_ARG_N_GPU_LAYERS), as written; null when unsaid. */
   gpuLayers: string | null;
+  /** The layers llama.cpp can offload of its model (ModelFile.layers, of the largest file that says); null when none says. */
+  modelLayers: number | null;
 };
 
 const MiB = 1024 * 1024;
@@ -86,7 +88,7 @@ function notSeen(unreadable: string | null, gpuLayers: string | null): ShardWeig
   const note =
     unreadable ??
     'no GGUF model file is mapped by its processes or named on their command line (-m/--model): vLLM and other engines load weights another way, so it is judged by GPU memory alone';
-  return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note, gpuLayers };
+  return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note, gpuLayers, modelLayers: null };
 }
 
 type ReadProcess = { pid: number; answer: ProcessModelFiles };
@@ -123,7 +125,13 @@ export function weightsIn(files: readonly ModelFile[], held: { mib: number | nul
   const hostBytes = mapped.length === 0 ? null : mapped.reduce((sum, file) => sum + file.mappedBytes!, 0);
   // A model in splits: a partial offload unmaps the splits left wholly on a GPU, so a small mapping is no full offload.
   const split = files.some((file) => splitsOf(file.path).length > 1);
-  return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split), gpuLayers };
+  return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split), gpuLayers, modelLayers: layersOf(files) };
+}
+
+/** The layers of the largest file whose header says (a model's first split; the main model beside a draft or projector). */
+function layersOf(files: readonly ModelFile[]): number | null {
+  const [largest] = files.filter((file) => file.layers !== null).sort((a, b) => (b.bytes ?? 0) - (a.bytes ?? 0));
+  return largest?.layers ?? null;
 }
 
 /**

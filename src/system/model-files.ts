@@ -3,13 +3,15 @@
 // they put on a GPU), else the file its command line names (-m/--model, or llama.cpp's
 // LLAMA_ARG_MODEL: --no-mmap leaves no mapping), and a split model's other splits beside them; also
 // the GPU layers its command line asks for (-ngl, or LLAMA_ARG_N_GPU_LAYERS), as written.
-// The rule: a file counts only when it begins with GGUF's magic, read once per file through the
-// process's own root (/proc/PID/root); a deleted one, which cannot be opened, counts by its name.
+// The rule: a file counts only when it begins with GGUF's magic, read with its layer count once per
+// file through the process's own root (/proc/PID/root); a deleted one, which cannot be opened,
+// counts by its name.
 // Each read has a deadline: one that does not answer leaves that process unjudged, and no second
 // read of it starts until the first answers. The parsers of /proc/PID/maps and cmdline are pure:
 // only what the text says, a path as the process itself sees it.
 import { open, readFile, type FileHandle } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
+import { offloadableLayers } from './gguf-header.js';
 import { codeOf, isGone } from './procfs.js';
 
 /** One file mapped read-only and not executable (libraries' code is left out), with every range of it summed. */
@@ -115,8 +117,12 @@ export function namedLikeModel(path: string): boolean {
   return /\.gguf$/i.test(path) || /\/blobs\/sha256[-:][0-9a-f]{64}$/.test(path);
 }
 
-/** `mappedBytes`: what is still mapped in host memory (null: named on the command line, not mapped); `bytes`: the file's size, null when it cannot be opened. */
-export type ModelFile = { path: string; deleted: boolean; bytes: number | null; mappedBytes: number | null; seenIn: 'mapping' | 'command-line' };
+/**
+ * `mappedBytes`: what is still mapped in host memory (null: named on the command line, not mapped); `bytes`: the file's size,
+ * null when it cannot be opened; `layers`: the layers llama.cpp can offload of the model it holds (gguf-header.ts), null
+ * when its header does not say (a split but the first, a file that cannot be opened).
+ */
+export type ModelFile = { path: string; deleted: boolean; bytes: number | null; mappedBytes: number | null; seenIn: 'mapping' | 'command-line'; layers: number | null };
 
 /**
  * A process's model files; `unreadable`: why its maps could not be read (the files are then unknown, not
@@ -134,7 +140,7 @@ const READ_DEADLINE_MS = 1000;
 const STUCK_MAX = 2;
 const STUCK_MEANING = 'its weights are not judged until it answers (a model on a hung network mount, or a process stuck in the kernel); the next refreshes try again';
 
-type Probe = { gguf: boolean | null; bytes: number | null };
+type Probe = { gguf: boolean | null; bytes: number | null; layers: number | null };
 
 export type ModelFileReader = ReturnType<typeof createModelFileReader>;
 
@@ -159,23 +165,24 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   // Reads past their deadline, by PID: each holds a libuv thread until the kernel answers.
   const stuck = new Map<number, Promise<unknown>>();
 
-  /** Opens `path` as process `pid` sees it: whether it is GGUF and its size; null for each that cannot be read. */
+  /** Opens `path` as process `pid` sees it: whether it is GGUF, its size and layers; null for each that cannot be read. */
   const probe = async (pid: number, path: string): Promise<Probe> => {
     let file: FileHandle | undefined;
     try {
       file = await open(`${base}${pid}/${path.startsWith('/') ? `root${path}` : `cwd/${path}`}`, 'r');
       const head = Buffer.alloc(4);
       const { bytesRead } = await file.read(head, 0, 4, 0);
-      return { gguf: bytesRead === 4 && head.equals(GGUF_MAGIC), bytes: (await file.stat()).size };
+      const gguf = bytesRead === 4 && head.equals(GGUF_MAGIC);
+      return { gguf, bytes: (await file.stat()).size, layers: gguf ? await offloadableLayers(file) : null };
     } catch {
-      return { gguf: null, bytes: null };
+      return { gguf: null, bytes: null, layers: null };
     } finally {
       await file?.close();
     }
   };
 
   const probeMapped = async (pid: number, file: MappedFile): Promise<Probe> => {
-    if (file.deleted) return { gguf: null, bytes: null };
+    if (file.deleted) return { gguf: null, bytes: null, layers: null };
     const key = `${file.device}:${file.inode}:${file.path}`;
     const known = probed.get(key);
     if (known !== undefined) return known;
@@ -205,7 +212,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
     const path = modelArgument(argv) ?? modelVariable(argv, await environment());
     if (path === null) return [];
     const found = await probe(pid, path);
-    return counts({ path }, found) ? [{ path, deleted: false, bytes: found.bytes, mappedBytes: null, seenIn: 'command-line' }] : [];
+    return counts({ path }, found) ? [{ path, deleted: false, bytes: found.bytes, mappedBytes: null, seenIn: 'command-line', layers: found.layers }] : [];
   };
 
   // The loader unmaps a split whose tensors all went to a GPU whole, and a command line names the
@@ -218,7 +225,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
         if (all.some((known) => known.path === path)) continue;
         const found = await probe(pid, path);
         // One that cannot be opened counts with its size unknown: leaving it out would overstate the share on the GPU.
-        if (counts({ path }, found)) all.push({ path, deleted: false, bytes: found.bytes, mappedBytes: file.mappedBytes === null ? null : 0, seenIn: file.seenIn });
+        if (counts({ path }, found)) all.push({ path, deleted: false, bytes: found.bytes, mappedBytes: file.mappedBytes === null ? null : 0, seenIn: file.seenIn, layers: found.layers });
       }
     }
     return all;
@@ -232,7 +239,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
       const files: ModelFile[] = [];
       for (const file of mapped) {
         const found = await probeMapped(pid, file);
-        if (counts(file, found)) files.push({ path: file.path, deleted: file.deleted, bytes: found.bytes, mappedBytes: file.mappedBytes, seenIn: 'mapping' });
+        if (counts(file, found)) files.push({ path: file.path, deleted: file.deleted, bytes: found.bytes, mappedBytes: file.mappedBytes, seenIn: 'mapping', layers: found.layers });
       }
       const argv = await argvOf(pid);
       const environment = lazily(pid);

@@ -1,13 +1,15 @@
 // Writes GGUF models for the tests: a llama-architecture model that llama.cpp loads, its tensors
 // zeros in a hole of the file (a sparse file: gigabytes that cost no disk and no time), laid out as
-// the GGUF format published with ggml says (v3: header, key-values, tensor infos, data aligned to 32).
+// the GGUF format published with ggml says (v3: header, key-values, tensor infos, data aligned to 32);
+// and headers alone, of any keys, for the reader of a model's layer count.
 import { closeSync, ftruncateSync, openSync, writeSync } from 'node:fs';
 
 const GGUF_TYPE = { u32: 4, i32: 5, f32: 6, string: 8, array: 9 } as const;
 const F32 = 0;
 const ALIGNMENT = 32;
 
-type Value = { u32: number } | { f32: number } | { string: string } | { strings: string[] } | { f32s: number[] } | { i32s: number[] };
+/** A key's value; `typed`: any other GGUF type, its value's bytes as given. */
+export type Value = { u32: number } | { f32: number } | { string: string } | { strings: string[] } | { f32s: number[] } | { i32s: number[] } | { typed: number; bytes: Buffer };
 
 export interface LlamaShape {
   embedding: number;
@@ -50,6 +52,7 @@ function writeValue(e: ReturnType<typeof encoder>, value: Value): void {
   if ('u32' in value) (e.u32(GGUF_TYPE.u32), e.u32(value.u32));
   else if ('f32' in value) (e.u32(GGUF_TYPE.f32), e.f32(value.f32));
   else if ('string' in value) (e.u32(GGUF_TYPE.string), e.string(value.string));
+  else if ('typed' in value) (e.u32(value.typed), e.raw(value.bytes));
   else if ('strings' in value) array(GGUF_TYPE.string, value.strings, e.string);
   else if ('f32s' in value) array(GGUF_TYPE.f32, value.f32s, e.f32);
   else array(GGUF_TYPE.i32, value.i32s, e.i32);
@@ -78,6 +81,20 @@ function tensorsOf(shape: LlamaShape, vocab: number): Array<[string, number[]]> 
 
 const aligned = (n: number): number => Math.ceil(n / ALIGNMENT) * ALIGNMENT;
 
+/** A GGUF file's header up to its tensor infos: magic, `version` (3), the tensor count, and `keys` in order. */
+export function ggufHeader(keys: ReadonlyArray<[string, Value]>, { version = 3, tensors = 0 } = {}): Buffer {
+  const e = encoder();
+  e.raw(Buffer.from('GGUF', 'latin1'));
+  e.u32(version);
+  e.u64(tensors);
+  e.u64(keys.length);
+  for (const [key, value] of keys) {
+    e.string(key);
+    writeValue(e, value);
+  }
+  return e.bytes();
+}
+
 /** Writes a llama model of `shape` (f32 zeros) to `path`; returns its size in bytes. */
 export function writeLlamaModel(path: string, shape: LlamaShape): number {
   const { tokens, types } = vocabulary();
@@ -102,14 +119,7 @@ export function writeLlamaModel(path: string, shape: LlamaShape): number {
   ];
   const tensors = tensorsOf(shape, tokens.length);
   const e = encoder();
-  e.raw(Buffer.from('GGUF', 'latin1'));
-  e.u32(3);
-  e.u64(tensors.length);
-  e.u64(keys.length);
-  for (const [key, value] of keys) {
-    e.string(key);
-    writeValue(e, value);
-  }
+  e.raw(ggufHeader(keys, { tensors: tensors.length }));
   let offset = 0;
   for (const [name, dims] of tensors) {
     e.string(name);

@@ -23,8 +23,8 @@ export function modelDir(t: Test): string {
   return dir;
 }
 
-/** Runs `command args` in a process group of its own; resolves with its PID once it prints "loaded". */
-export async function startLoader(t: Test, command: string, args: string[]): Promise<number> {
+/** Runs `command args` in a process group of its own; resolves with its PID and what it printed once it prints "loaded". */
+export async function startLoader(t: Test, command: string, args: string[]): Promise<{ pid: number; said: string }> {
   const child = spawn(command, args, { detached: true, stdio: ['ignore', 'pipe', 'inherit'] });
   const pid = child.pid!;
   t.teardown(async () => {
@@ -35,15 +35,15 @@ export async function startLoader(t: Test, command: string, args: string[]): Pro
     }
     await waitUntil(() => livePidsInGroup(pid).length === 0, { what: `the loader ${pid} to die` });
   });
-  await new Promise<void>((resolve, reject) => {
+  const said = await new Promise<string>((resolve, reject) => {
     let out = '';
     child.stdout!.on('data', (chunk: Buffer) => {
       out += chunk.toString();
-      if (out.includes('loaded')) resolve();
+      if (out.includes('loaded') && out.endsWith('\n')) resolve(out);
     });
     child.on('exit', (code) => reject(new Error(`${command} exited (${code}) before it loaded its model`)));
   });
-  return pid;
+  return { pid, said };
 }
 
 /** An app whose fake lists `pid` on GPU 0 with `usedMiB`, registered as shard "s" (grace 0 unless given). */

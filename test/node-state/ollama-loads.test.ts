@@ -63,7 +63,7 @@ t.test('an older runner still running never replaces a newer one that exited', a
 t.test('the runner on its GPUs as last listed there, with its model files then; a new runner starts afresh', async (t) => {
   const history = createLoadHistory();
   const alive = (pid: number) => stats([SERVER, stat(SERVER, 1)], [pid, stat(pid, SERVER)]);
-  const blob: ModelFile = { path: '/blobs/sha256-ab', deleted: false, bytes: 4 << 30, mappedBytes: 4 << 30, seenIn: 'mapping' };
+  const blob: ModelFile = { path: '/blobs/sha256-ab', deleted: false, bytes: 4 << 30, mappedBytes: 4 << 30, seenIn: 'mapping', layers: null };
   const read = alive(201);
   read.modelFiles.set(201, { files: [blob], unreadable: null });
   const onGpu = (listed: ReturnType<typeof gpus>, seen = alive(201), pid = 201) =>

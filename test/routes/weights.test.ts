@@ -22,7 +22,7 @@ function writeModel(t: Test, name = 'model-q4.gguf', bytes = MODEL_BYTES): strin
 }
 
 /** The stand-in loader, mapping `model` as llama.cpp would. */
-const load = (t: Test, model: string, ...flags: string[]) => startLoader(t, 'python3', [MAPPING_LOADER, '-m', model, ...flags]);
+const load = (t: Test, model: string, ...flags: string[]) => startLoader(t, 'python3', [MAPPING_LOADER, '-m', model, ...flags]).then(({ pid }) => pid);
 
 t.test('zero offload: a CUDA context on the GPU, the model mapped whole in host memory: on-cpu with a cause of its own', async (t) => {
   const model = writeModel(t);
@@ -36,7 +36,7 @@ t.test('zero offload: a CUDA context on the GPU, the model mapped whole in host 
   t.match(ready.json().reason, /\(4\.0 GiB\) stays in host memory \(4\.0 GiB of it mapped\)\. Its command line sets no -ngl.*Start it with -ngl/);
   const { weights } = (await get('/shards/s/compute')).json();
   t.match(weights, { offload: 'none', bytes: MODEL_BYTES, hostBytes: MODEL_BYTES, gpuBytes: 0, gpuShare: 0, judgedBy: 'gpu-memory', gpuLayers: null });
-  t.same(weights.files, [{ path: model, deleted: false, bytes: MODEL_BYTES, mappedBytes: MODEL_BYTES, seenIn: 'mapping' }]);
+  t.same(weights.files, [{ path: model, deleted: false, bytes: MODEL_BYTES, mappedBytes: MODEL_BYTES, seenIn: 'mapping', layers: null }]);
 
   const metrics = (await get('/metrics')).body;
   t.match(metrics, /^nodecompute_shard_weights_bytes\{shard="s",where="host"\} 4294967296$/m);

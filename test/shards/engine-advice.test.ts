@@ -41,7 +41,8 @@ t.test("Ollama's own account: its start-up log and num_gpu, never -ngl", async (
 });
 
 t.test("the GPU layers a command line asks for, in its engine's terms", async (t) => {
-  const advice = (engine: Engine, gpuLayers: string | null, noneOnGpu = true) => askedLayersAdvice(engine, gpuLayers, noneOnGpu);
+  const advice = (engine: Engine, gpuLayers: string | null, noneOnGpu = true, modelLayers: number | null = null) =>
+    askedLayersAdvice(engine, { gpuLayers, modelLayers }, noneOnGpu);
   t.match(advice('llama.cpp', null), /^Its command line sets no -ngl .*b4748.*Start it with -ngl/, 'llama.cpp unsaid, none on the GPU: its old default');
   t.match(advice('llama.cpp', null, false), /^Start it with -ngl/, 'unsaid with some on the GPU: the default was not none');
   t.match(advice('llama.cpp', '0'), /^Its command line asks for no GPU layers \(-ngl 0\)\. Start it with -ngl/);
@@ -54,6 +55,28 @@ t.test("the GPU layers a command line asks for, in its engine's terms", async (t
   t.equal(advice('vllm', null), advice('vllm', null, false), 'unsaid for another engine: its own advice alone');
   t.match(advice('other', '24'), /^Its command line asks for -ngl 24\. Check how many layers/);
   t.match(advice('ollama', '0'), /^Ollama started its runner with no GPU layers: num_gpu 0 was asked/);
-  t.match(advice('ollama', '20'), /^Ollama started its runner with 20 GPU layers \(num_gpu, or what it estimated/);
+  t.match(advice('ollama', '20'), /^Ollama started its runner with 20 layers on the GPU \(num_gpu, or what it estimated/);
   t.match(advice('ollama', null), /^Ollama offloads as many layers/);
+});
+
+t.test("the layers asked against the model's own (its GGUF header's block_count and the output layer)", async (t) => {
+  const advice = (engine: Engine, gpuLayers: string | null, modelLayers: number | null, noneOnGpu = false) =>
+    askedLayersAdvice(engine, { gpuLayers, modelLayers }, noneOnGpu);
+  const fewer = advice('llama.cpp', '20', 33);
+  t.match(fewer, /^Its command line asks for -ngl 20 \(20 of the model's 33 layers\): llama\.cpp keeps the other 13 on the CPU, as asked\./, 'a count below them: -ngl is the cause');
+  t.match(fewer, /Start it with -ngl 33 \(or all\)/, 'told the count that puts every layer on the GPU');
+  t.match(advice('llama.cpp', '2', 33, true), /-ngl 2 \(2 of the model's 33 layers\).*other 31/, 'a few layers read as none on the GPU: the count says why');
+  for (const every of ['33', '99']) {
+    const said = advice('llama.cpp', every, 33);
+    t.match(said, new RegExp(`asks for every layer \\(-ngl ${every} \\(every one of the model's 33 layers\\)\\), so -ngl is not what kept them off`), `-ngl ${every}: every layer`);
+    t.notMatch(said, /Start it with -ngl/);
+  }
+  t.match(advice('llama.cpp', '32', 33), /other 1 on the CPU/, 'one below: the output layer stays on the CPU');
+  t.match(advice('llama.cpp', '0', 33), /^Its command line asks for no GPU layers \(-ngl 0\)\. Start it with -ngl/, '-ngl 0 as before');
+  t.match(advice('llama.cpp', 'auto', 33), /^Its command line asks for -ngl auto\. Start it with -ngl/, 'auto: said as is');
+  t.match(advice('llama.cpp', 'all', 33), /every layer \(-ngl all\)/);
+  t.match(advice('other', '24', 33), /^Its command line asks for -ngl 24 \(24 of the model's 33 layers\)\. Check how many layers/);
+  t.match(advice('ollama', '20', 33), /^Ollama started its runner with 20 of the model's 33 layers on the GPU \(num_gpu, or what it estimated/);
+  t.match(advice('ollama', '33', 33), /^Ollama started its runner with every one of the model's 33 layers on the GPU, so num_gpu is not what kept them off\. Ollama offloads/);
+  t.notMatch(advice('ollama', '20', 33), LLAMA_CPP_TERMS, "in Ollama's terms still");
 });

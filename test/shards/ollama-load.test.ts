@@ -47,7 +47,7 @@ t.test("a runner: loading within the grace from its own start, then judged", asy
   const weightsInHost = judge([runner(NOW - 2000)], {
     gpus: [gpu(0, [[101, 300]]), gpu(1, [])],
     stats: [procStat(100), procStat(101)],
-    modelFiles: [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]],
+    modelFiles: [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping', layers: null }], unreadable: null }]],
   });
   t.match(weightsInHost, { cause: 'model-loading' }, 'its weights on the way to the GPU');
   t.match(weightsInHost.warnings.at(-1), /\(weights-in-host-memory\)/);
@@ -76,7 +76,7 @@ t.test('a model on one of its GPUs: judged there, as Ollama places a model that 
   t.match(served, { ready: true, state: 'ready', cause: null });
   t.match(served.warnings.at(-1), /holds memory on GPU 0, none on GPU 1.*OLLAMA_SCHED_SPREAD=1/);
   t.match(judge(undefined, onGpu0(9000), both), { state: 'ready', cause: null }, 'with its runners unknown too');
-  const model = (mib: number) => onGpu0(mib, [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]]);
+  const model = (mib: number) => onGpu0(mib, [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping', layers: null }], unreadable: null }]]);
   // Ollama spreads a model that does not fit one GPU over all of them: a partial offload on one is not that placement.
   for (const [mib, what] of [[300, 'its weights in host memory'], [3072, 'half its weights there']] as const) {
     const cpu = judge([runner(NOW - 60_000)], model(mib), both);
@@ -90,7 +90,7 @@ t.test("advice in Ollama's terms: num_gpu and free GPU memory, not -ngl", async 
   const modelOf = (mib: number): Partial<HandMadeNode> => ({
     gpus: [gpu(0, [[101, mib]]), gpu(1, [])],
     stats: [procStat(100), procStat(101)],
-    modelFiles: [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]],
+    modelFiles: [[101, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping', layers: null }], unreadable: null }]],
   });
   const zero = judge([runner(NOW - 60_000)], modelOf(300));
   t.match(zero, { state: 'on-cpu', cause: 'weights-in-host-memory' });
@@ -140,7 +140,7 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
   t.match(idle(cpuLoad(), 6024), { state: 'ready', cause: 'no-model-loaded' }, '1 GiB more free: room');
 
   t.match(idle(undefined), { state: 'ready', cause: 'no-model-loaded' }, 'no load seen yet');
-  const mapped: ModelFile = { path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' };
+  const mapped: ModelFile = { path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping', layers: null };
   const freeBoth = new Map([['GPU-0', 5000], ['GPU-1', gpu(1, []).freeMiB]]);
   const held = (usedMiB: Array<[string, number | null]>, files = [mapped]) => cpuLoad({ onGpu: { usedMiB: new Map(usedMiB), files }, freeMiB: freeBoth });
   t.match(idle(held([['GPU-0', 4400]])), { state: 'ready', cause: 'no-model-loaded' }, 'the last load put its weights on the GPU');
@@ -151,12 +151,14 @@ t.test('idle after a load that ran past the grace without GPU memory: on-cpu, un
   t.match(idle(held([['GPU-1', 4400]])), { state: 'ready', cause: 'no-model-loaded' }, 'on another GPU only: computed on a GPU, if not its own');
   t.match(idle(held([['GPU-0', 300]], [])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory, its model files not seen: nothing says host memory');
   t.match(idle(held([['GPU-0', null]])), { state: 'ready', cause: 'no-model-loaded' }, 'GPU memory not reported');
-  const small: ModelFile = { path: '/s.gguf', deleted: false, bytes: 400 * 2 ** 20, mappedBytes: null, seenIn: 'command-line' };
+  const small: ModelFile = { path: '/s.gguf', deleted: false, bytes: 400 * 2 ** 20, mappedBytes: null, seenIn: 'command-line', layers: null };
   t.match(idle(held([['GPU-0', 900]], [small])), { state: 'ready', cause: 'no-model-loaded' }, 'a model no larger than the memory held, not mapped: may be all there');
-  t.match(idle(held([['GPU-0', 900]], [{ ...small, mappedBytes: small.bytes, seenIn: 'mapping' }])), { cause: 'last-load-on-cpu' }, 'mapped whole: the loader kept it in host memory');
+  t.match(idle(held([['GPU-0', 900]], [{ ...small, mappedBytes: small.bytes, seenIn: 'mapping', layers: null }])), { cause: 'last-load-on-cpu' }, 'mapped whole: the loader kept it in host memory');
   const asked = idle(cpuLoad({ runner: { ...runner(NOW - 120_000), gpuLayers: '0' } }));
   t.match(asked, { cause: 'last-load-on-cpu', reason: /started its runner with no GPU layers: num_gpu 0 was asked/ }, 'its runner asked for no GPU layers');
   t.notMatch(asked.reason, /one request's options, runs a load/, 'said once');
+  const fewer = cpuLoad({ runner: { ...runner(NOW - 120_000), gpuLayers: '3' }, onGpu: { usedMiB: new Map([['GPU-0', 300]]), files: [{ ...mapped, layers: 33 }] } });
+  t.match(idle(fewer), { cause: 'last-load-on-cpu', reason: /started its runner with 3 of the model's 33 layers on the GPU/ }, "the layers asked against the model's");
   const context = idle(held([['GPU-0', 300]]));
   t.match(context, { state: 'on-cpu', cause: 'last-load-on-cpu' }, 'a CUDA context alone, its model in host memory');
   t.match(context.reason, /ran 20\.0 s, past .* with no more than a CUDA context and buffers on its GPUs \(.*hold 300 MiB/);

@@ -47,7 +47,7 @@ const mapped = (mib: number, shard = s): NodeView =>
       now: NOW,
       gpus: [gpu(0, [[100, mib]])],
       stats: [procStat(100)],
-      modelFiles: [[100, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping' }], unreadable: null }]],
+      modelFiles: [[100, { files: [{ path: '/m.gguf', deleted: false, bytes: 4 * 2 ** 30, mappedBytes: 4 * 2 ** 30, seenIn: 'mapping', layers: null }], unreadable: null }]],
     },
     [shard],
   );

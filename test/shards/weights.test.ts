@@ -14,8 +14,8 @@ const NOW = 1_700_000_000_000;
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
 
-const mapped = (path: string, bytes: number | null, mappedBytes: number): ModelFile => ({ path, deleted: false, bytes, mappedBytes, seenIn: 'mapping' });
-const named = (path: string, bytes: number | null): ModelFile => ({ path, deleted: false, bytes, mappedBytes: null, seenIn: 'command-line' });
+const mapped = (path: string, bytes: number | null, mappedBytes: number): ModelFile => ({ path, deleted: false, bytes, mappedBytes, seenIn: 'mapping', layers: null });
+const named = (path: string, bytes: number | null): ModelFile => ({ path, deleted: false, bytes, mappedBytes: null, seenIn: 'command-line', layers: null });
 const files = (...list: ModelFile[]): ProcessModelFiles => ({ files: list, unreadable: null });
 
 /** Shard s (PID 100) with GPU process 101 on GPU 0 holding `mib`, and each PID's model files. */
@@ -70,11 +70,11 @@ t.test('what cannot be judged: memory not reported, maps not readable', async (t
   const denied = { files: [], unreadable: 'nodecompute may not read /proc/101/maps (EACCES)' };
   t.match(shardWeights(shard, view(400, [[101, denied]])), { offload: 'not-seen', note: /EACCES/ });
   const empty = mapped('/m/empty.gguf', 0, 0);
-  t.match(shardWeights(shard, view(400, [[101, files({ ...empty, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'unknown', gpuShare: null, note: /as much as its whole model/ }, 'an empty file, not mapped: what the GPUs hold could be all of it');
+  t.match(shardWeights(shard, view(400, [[101, files({ ...empty, mappedBytes: null, seenIn: 'command-line', layers: null })]])), { offload: 'unknown', gpuShare: null, note: /as much as its whole model/ }, 'an empty file, not mapped: what the GPUs hold could be all of it');
   const small = mapped('/m/small.gguf', 400 * MiB, 400 * MiB);
-  t.match(shardWeights(shard, view(900, [[101, files({ ...small, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'unknown', note: /900 MiB, as much as its whole model \(400 MiB\)/ }, 'a small model, not mapped');
+  t.match(shardWeights(shard, view(900, [[101, files({ ...small, mappedBytes: null, seenIn: 'command-line', layers: null })]])), { offload: 'unknown', note: /900 MiB, as much as its whole model \(400 MiB\)/ }, 'a small model, not mapped');
   t.match(shardWeights(shard, view(900, [[101, files(small)]])), { offload: 'none' }, 'mapped whole: the loader kept it in host memory');
-  t.match(shardWeights(shard, view(2000, [[101, files({ ...small, mappedBytes: null, seenIn: 'command-line' })]])), { offload: 'full' }, 'held beyond the allowance: all of it there');
+  t.match(shardWeights(shard, view(2000, [[101, files({ ...small, mappedBytes: null, seenIn: 'command-line', layers: null })]])), { offload: 'full' }, 'held beyond the allowance: all of it there');
 });
 
 t.test('a deleted file: its weights are what stays mapped and what the GPUs hold beyond a context', async (t) => {
@@ -153,4 +153,29 @@ t.test('judged by the mapping, a minimum share is met by the mapping or the GPU 
   const kept: Array<[number, ProcessModelFiles]> = [[101, files(mapped('/m/big.gguf', 10 * GiB, 4 * GiB))]];
   t.match(heldVerdict(asks, view(7 * 1024, kept, asks), NOW, NOW, []), { state: 'on-cpu', cause: 'partial-offload-below-minimum' }, 'nor does its GPU memory: below');
   t.match(heldVerdict(asks, view(null, kept, asks), NOW, NOW, []), { state: 'ready' }, 'memory not reported: nothing contradicts the mapping');
+});
+
+t.test("the model's layers: of the largest file whose header says, and in the reasons against the layers asked", async (t) => {
+  const layered = (file: ModelFile, layers: number | null): ModelFile => ({ ...file, layers });
+  const asked = (gpuLayers: string, ...list: ModelFile[]): ProcessModelFiles => ({ ...files(...list), gpuLayers });
+  // A model in two splits (the header in the first) with a draft model beside it (-md) and a projector with no count.
+  const all = [
+    layered(mapped('/m/big-00001-of-00002.gguf', 5 * GiB, 5 * GiB), 81),
+    layered(mapped('/m/big-00002-of-00002.gguf', 6 * GiB, 6 * GiB), null),
+    layered(mapped('/m/draft.gguf', 2 * GiB, 2 * GiB), 25),
+    layered(mapped('/m/mmproj.gguf', 9 * GiB, 9 * GiB), null),
+  ];
+  const shard = shardRecord(NOW);
+  t.match(shardWeights(shard, view(4096, [[101, asked('20', ...all)]])), { gpuLayers: '20', modelLayers: 81 });
+  const unsized = layered(named('/m/x.gguf', null), 33);
+  const sized = layered(named('/m/y.gguf', GiB), 12);
+  for (const order of [[unsized, sized], [sized, unsized]]) t.match(shardWeights(shard, view(4096, [[101, files(...order)]])), { modelLayers: 12 }, 'a size unknown counts as none');
+  t.match(shardWeights(shard, view(4096, [[101, files(mapped('/m/a.gguf', GiB, GiB))]])), { modelLayers: null }, 'no header says');
+  t.match(shardWeights(shard, view(4096, [])), { offload: 'not-seen', modelLayers: null });
+
+  const over = shardRecord(NOW, { registeredAt: NOW - 20_000, graceMs: 10_000 });
+  const zero = view(400, [[101, asked('2', layered(mapped('/m/a.gguf', 4 * GiB, 4 * GiB), 33))]], over);
+  t.match(heldVerdict(over, zero, NOW, NOW, []), { state: 'on-cpu', cause: 'weights-in-host-memory', reason: /-ngl 2 \(2 of the model's 33 layers\).*other 31 on the CPU.*-ngl 33/ });
+  const partial = view(3072, [[101, asked('99', layered(mapped('/m/a.gguf', 4 * GiB, 4 * GiB), 33))]], over);
+  t.match(heldVerdict(over, partial, NOW, NOW, []), { state: 'ready', cause: 'partial-offload', warnings: [/every layer \(-ngl 99 \(every one of the model's 33 layers\)\), so -ngl is not/] });
 });

@@ -5,6 +5,7 @@ import { closeSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { fifoTestdir } from '../helpers/fifo.js';
+import { ggufHeader } from '../helpers/gguf.js';
 import { createModelFileReader, gpuLayersArgument, mapsUnreadable, modelArgument, modelVariable, namedLikeModel, parseCmdline, parseMappedFiles, splitsOf } from '../../src/system/model-files.js';
 
 const BLOB = `/root/.ollama/models/blobs/sha256-${'ab'.repeat(32)}`;
@@ -72,8 +73,8 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   const first = await reader.read(10);
   t.same(first, {
     files: [
-      { path: '/models/a.gguf', deleted: false, bytes: GGUF.length, mappedBytes: 0x40000000, seenIn: 'mapping' },
-      { path: '/models/gone.gguf', deleted: true, bytes: null, mappedBytes: 0x40000000, seenIn: 'mapping' },
+      { path: '/models/a.gguf', deleted: false, bytes: GGUF.length, mappedBytes: 0x40000000, seenIn: 'mapping', layers: null },
+      { path: '/models/gone.gguf', deleted: true, bytes: null, mappedBytes: 0x40000000, seenIn: 'mapping', layers: null },
     ],
     unreadable: null,
   });
@@ -84,9 +85,9 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   // No model mapped: the command line's, relative to the process's working directory.
   proc(11, '', 'llama-server\0--no-mmap\0-m\0models/b.gguf\0');
   writeFileSync(join(root, '11', 'cwd', 'models', 'b.gguf'), GGUF);
-  t.same((await reader.read(11))?.files, [{ path: 'models/b.gguf', deleted: false, bytes: GGUF.length, mappedBytes: null, seenIn: 'command-line' }]);
+  t.same((await reader.read(11))?.files, [{ path: 'models/b.gguf', deleted: false, bytes: GGUF.length, mappedBytes: null, seenIn: 'command-line', layers: null }]);
   proc(12, '', 'llama-server\0-m\0/models/missing.gguf\0');
-  t.same((await reader.read(12))?.files, [{ path: '/models/missing.gguf', deleted: false, bytes: null, mappedBytes: null, seenIn: 'command-line' }], 'not openable: its name says model');
+  t.same((await reader.read(12))?.files, [{ path: '/models/missing.gguf', deleted: false, bytes: null, mappedBytes: null, seenIn: 'command-line', layers: null }], 'not openable: its name says model');
   // llama.cpp's own variable for -m, as its container images are often configured; an argument wins.
   proc(15, '', 'llama-server\0--no-mmap\0');
   writeFileSync(join(root, '15', 'environ'), 'PATH=/bin\0LLAMA_ARG_MODEL=/models/env.gguf\0');
@@ -122,6 +123,13 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   rmSync(join(root, '21', 'cmdline'));
   mkdirSync(join(root, '21', 'cmdline'));
   t.same((await reader.read(21))?.files.map((file) => file.path), ['/models/a.gguf']);
+  // The model's layers from its header, mapped or named (test/system/gguf-header.test.ts reads the header's every case).
+  const header = ggufHeader([['general.architecture', { string: 'llama' }], ['llama.block_count', { u32: 32 }]]);
+  proc(22, line('/models/llama.gguf', 22), 'llama-server\0-m\0/models/llama.gguf\0');
+  writeFileSync(join(root, '22', 'root', 'models', 'llama.gguf'), header);
+  proc(23, '', 'llama-server\0--no-mmap\0-m\0/models/llama.gguf\0');
+  writeFileSync(join(root, '23', 'root', 'models', 'llama.gguf'), header);
+  for (const pid of [22, 23]) t.match(await reader.read(pid), { files: [{ path: '/models/llama.gguf', layers: 33 }] }, `${pid}: 32 blocks and the output layer`);
   proc(13, '', 'python3\0-m\0vllm.entrypoints.openai.api_server\0');
   t.same(await reader.read(13), { files: [], unreadable: null });
   proc(14, '');
