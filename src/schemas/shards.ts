@@ -217,7 +217,7 @@ export const ShardWeightsComponent = Type.Object(
     ),
     modelLayers: Nullable(
       Type.Integer({ minimum: 1 }),
-      'The layers llama.cpp can offload of its model (files[].layers, of the largest file that says), against which gpuLayers reads: -ngl at or above it asks for every layer. Null when no file says.',
+      'The layers llama.cpp can offload of its model (files[].layers): of the largest model (its splits counted together) of the process gpuLayers is read from, so both speak of one model; -ngl at or above it asks for every layer. Null when no file of it says.',
     ),
   },
   { $id: 'ShardWeights', description: "Where the shard's model weights are, from /proc and the memory it holds on its GPUs." },

@@ -47,15 +47,29 @@ function ngl(gpuLayers: string, modelLayers: number | null): string {
 const saidAsIs = ({ gpuLayers, modelLayers }: Asked, _noneOnGpu: boolean, layers: string): string =>
   gpuLayers === null ? layers : `Its command line asks for ${asksNone(gpuLayers) ? 'no GPU layers (-ngl 0)' : ngl(gpuLayers, modelLayers)}. ${layers}`;
 
+/** llama.cpp's advice on layers, with the count that puts every one on the GPU where the model's layers are known. */
+const llamaLayers = (modelLayers: number | null): string =>
+  `Start it with -ngl ${modelLayers === null ? "(LLAMA_ARG_N_GPU_LAYERS) at or above the model's layers" : `${modelLayers} (or all; LLAMA_ARG_N_GPU_LAYERS)`}, ` +
+  'check that the model fits the GPU\'s free memory (GET /gpus), and that the build has CUDA (its log\'s "offloaded N/M layers").';
+
+/** A count below the model's layers: the cause itself; with none of them on the GPU, the build may have found no GPU too. */
+function fewerLayers(gpuLayers: string, count: number, modelLayers: number, noneOnGpu: boolean): string {
+  const kept = modelLayers - count === 1 ? 'the output layer' : `the other ${modelLayers - count} (the output layer among them)`;
+  const fewer =
+    `Its command line asks for ${ngl(gpuLayers, modelLayers)}: llama.cpp keeps ${kept} on the CPU, as asked. ` +
+    `Start it with -ngl ${modelLayers} (or all) if the model fits its GPUs' free memory (GET /gpus).`;
+  return noneOnGpu ? `${fewer} With none of the ${count} asked for seen there, check too that the build has CUDA (its log's "offloaded N/M layers").` : fewer;
+}
+
 const ADVICE: Record<Engine, Advice> = {
   'llama.cpp': {
-    layers:
-      "Start it with -ngl (LLAMA_ARG_N_GPU_LAYERS) at or above the model's layers, check that the model fits the GPU's free memory (GET /gpus), " +
-      'and that the build has CUDA (its log\'s "offloaded N/M layers").',
+    layers: llamaLayers(null),
     build: `Check the engine's build (ldd libggml-cuda.so), ${RUNTIME}.`,
     // No -ngl before llama.cpp's auto default put no layers on a CUDA GPU (b4748, February 2025: 0, 999 on Metal only).
-    asked: (asked, noneOnGpu, layers) => {
+    // Its layers advice names the model's count where known, so the generic one passed in is not used.
+    asked: (asked, noneOnGpu) => {
       const { gpuLayers, modelLayers } = asked;
+      const layers = llamaLayers(modelLayers);
       if (gpuLayers === null) {
         const before = 'Its command line sets no -ngl (nor LLAMA_ARG_N_GPU_LAYERS): llama.cpp builds before its auto default (b4748, February 2025, for one) then put no layers on a CUDA GPU.';
         return noneOnGpu ? `${before} ${layers}` : layers;
@@ -67,12 +81,8 @@ const ADVICE: Record<Engine, Advice> = {
         );
       }
       const count = countOf(gpuLayers);
-      // A count below the model's layers (when known) is the cause: llama.cpp keeps the rest on the CPU as asked.
       if (count === null || count === 0 || modelLayers === null) return saidAsIs(asked, noneOnGpu, layers);
-      return (
-        `Its command line asks for ${ngl(gpuLayers, modelLayers)}: llama.cpp keeps the other ${modelLayers - count} on the CPU, as asked. ` +
-        `Start it with -ngl ${modelLayers} (or all) if the model fits its GPUs' free memory (GET /gpus).`
-      );
+      return fewerLayers(gpuLayers, count, modelLayers, noneOnGpu);
     },
   },
   // Ollama offloads what the GPU's free memory holds, unless the model's num_gpu says fewer; no -ngl of its own to set.
@@ -87,7 +97,7 @@ const ADVICE: Record<Engine, Advice> = {
       if (gpuLayers === null) return layers;
       if (asksNone(gpuLayers)) return `Ollama started its runner with no GPU layers: num_gpu 0 was asked, in the model's Modelfile or a request's options. ${layers}`;
       const started = `Ollama started its runner with ${ofModel(gpuLayers, modelLayers)} layers on the GPU`;
-      if (asksEvery(gpuLayers, modelLayers)) return `${started}, so num_gpu is not what kept them off. ${layers}`;
+      if (asksEvery(gpuLayers, modelLayers)) return `${started}, so num_gpu is not what kept them off: check the free and foreign memory on its GPUs (GET /gpus) and its log's "offloaded N/M layers".`;
       return `${started} (num_gpu, or what it estimated the GPU's free memory holds). ${layers}`;
     },
   },

@@ -16,7 +16,7 @@ import { askedLayersAdvice, buildAdvice, layersAdvice } from './engine-advice.js
 import { heldVerdict } from './on-cpu-verdict.js';
 import type { ShardRecord } from './shard.js';
 import { gpuList, verdict, type Readiness, type VerdictCause } from './verdict.js';
-import { sumOrNull, weightsIn, type ShardWeights } from './weights.js';
+import { layersOf, sumOrNull, weightsIn, type ShardWeights } from './weights.js';
 
 /** Verdicts of GPU memory not held (yet), which an idle server or a load under way gives too; not the engine's word, nor a lost GPU. */
 const MEMORY_CAUSES: ReadonlySet<VerdictCause | null> = new Set<VerdictCause>([
@@ -72,7 +72,7 @@ function weightsOfLoad(shard: ShardRecord, node: NodeView, load: LastLoad): Shar
   const uuids = givenGpus(shard, node).map((gpu) => gpu.uuid);
   const used = load.onGpu.usedMiB;
   const held = uuids.filter((uuid) => used.has(uuid)).map((uuid) => used.get(uuid) ?? null);
-  return held.length === 0 ? undefined : weightsIn(load.onGpu.files, { mib: sumOrNull(held), gpus: held.length }, load.runner.gpuLayers ?? null);
+  return held.length === 0 ? undefined : weightsIn(load.onGpu.files, { mib: sumOrNull(held), gpus: held.length }, { gpuLayers: load.runner.gpuLayers ?? null, modelLayers: layersOf(load.onGpu.files) });
 }
 
 /** An idle server's verdict: ready, unless its last load ran past the grace without its weights on a GPU and no room came since. */

@@ -13,6 +13,7 @@ import type { NodeView } from '../node-state/node-view.js';
 import { statOf } from '../node-state/node-snapshot.js';
 import { placedIndices } from '../node-state/placement.js';
 import { splitsOf, type ModelFile, type ProcessModelFiles } from '../system/model-files.js';
+import type { Asked } from './engine-advice.js';
 import type { ShardRecord } from './shard.js';
 
 export const OFFLOADS = ['full', 'partial', 'none', 'unknown', 'not-seen'] as const;
@@ -84,25 +85,25 @@ function heldOnGiven(shard: ShardRecord, node: NodeView): { mib: number | null; 
   return { mib: sumOrNull(held.map((holding) => holding.usedMiB)), gpus: held.length };
 }
 
-function notSeen(unreadable: string | null, gpuLayers: string | null): ShardWeights {
+function notSeen(unreadable: string | null): ShardWeights {
   const note =
     unreadable ??
     'no GGUF model file is mapped by its processes or named on their command line (-m/--model): vLLM and other engines load weights another way, so it is judged by GPU memory alone';
-  return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note, gpuLayers, modelLayers: null };
+  return { offload: 'not-seen', files: [], bytes: null, hostBytes: null, gpuBytes: null, gpuShare: null, judgedBy: null, note, gpuLayers: null, modelLayers: null };
 }
 
 type ReadProcess = { pid: number; answer: ProcessModelFiles };
 
 /**
- * The GPU layers asked by the process holding the most GPU memory among those with model files: the one whose
- * weights matter most, where an Ollama runs a model with num_gpu 0 beside another; null when unsaid or none has one.
+ * The GPU layers asked by the process holding the most GPU memory among those with model files (the one whose weights
+ * matter most, where an Ollama runs a model with num_gpu 0 beside another), against its own model's layers.
  */
-function askedBy(shard: ShardRecord, node: NodeView, read: readonly ReadProcess[]): string | null {
+function askedBy(shard: ShardRecord, node: NodeView, read: readonly ReadProcess[]): Asked {
   const held = new Map<number, number>();
   for (const holding of heldBy(shard, node)) for (const process of holding.processes) held.set(process.pid, (held.get(process.pid) ?? 0) + (process.usedMiB ?? 0));
   const mibOf = (pid: number): number => held.get(pid) ?? 0;
   const [first] = read.filter(({ answer }) => answer.files.length > 0).sort((a, b) => mibOf(b.pid) - mibOf(a.pid));
-  return first?.answer.gpuLayers ?? null;
+  return first === undefined ? { gpuLayers: null, modelLayers: null } : { gpuLayers: first.answer.gpuLayers ?? null, modelLayers: layersOf(first.answer.files) };
 }
 
 export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
@@ -112,25 +113,34 @@ export function shardWeights(shard: ShardRecord, node: NodeView): ShardWeights {
   });
   const answers = read.map(({ answer }) => answer);
   const files = mergeFiles(answers.map((answer) => answer.files));
-  const gpuLayers = askedBy(shard, node, read);
-  if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null, gpuLayers);
-  return weightsIn(files, heldOnGiven(shard, node), gpuLayers);
+  const asked = askedBy(shard, node, read);
+  if (files.length === 0) return notSeen(answers.find((answer) => answer.unreadable !== null)?.unreadable ?? null);
+  return weightsIn(files, heldOnGiven(shard, node), asked);
 }
 
 /** Where the weights of `files` are, `held` the memory (MiB; null: not reported) their processes hold on `gpus` GPUs. */
-export function weightsIn(files: readonly ModelFile[], held: { mib: number | null; gpus: number }, gpuLayers: string | null): ShardWeights {
-  if (files.length === 0) return notSeen(null, gpuLayers);
+export function weightsIn(files: readonly ModelFile[], held: { mib: number | null; gpus: number }, asked: Asked): ShardWeights {
+  if (files.length === 0) return notSeen(null);
   const bytes = sumOrNull(files.map((file) => file.bytes));
   const mapped = files.filter((file) => file.mappedBytes !== null);
   const hostBytes = mapped.length === 0 ? null : mapped.reduce((sum, file) => sum + file.mappedBytes!, 0);
   // A model in splits: a partial offload unmaps the splits left wholly on a GPU, so a small mapping is no full offload.
   const split = files.some((file) => splitsOf(file.path).length > 1);
-  return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split), gpuLayers, modelLayers: layersOf(files) };
+  return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split), ...asked };
 }
 
-/** The layers of the largest file whose header says (a model's first split; the main model beside a draft or projector). */
-function layersOf(files: readonly ModelFile[]): number | null {
-  const [largest] = files.filter((file) => file.layers !== null).sort((a, b) => (b.bytes ?? 0) - (a.bytes ?? 0));
+/**
+ * The layers of the largest model whose header says: a model in splits counts all of them (its header is in the first,
+ * which gguf-split may leave with no tensors), so a draft model (-md) or a projector beside it is not taken for it.
+ */
+export function layersOf(files: readonly ModelFile[]): number | null {
+  const models = new Map<string, { bytes: number; layers: number | null }>();
+  for (const file of files) {
+    const key = splitsOf(file.path)[0] ?? file.path;
+    const model = models.get(key) ?? { bytes: 0, layers: null };
+    models.set(key, { bytes: model.bytes + (file.bytes ?? 0), layers: model.layers ?? file.layers });
+  }
+  const [largest] = [...models.values()].filter((model) => model.layers !== null).sort((a, b) => b.bytes - a.bytes);
   return largest?.layers ?? null;
 }
 

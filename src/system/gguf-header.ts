@@ -9,15 +9,15 @@ import type { FileHandle } from 'node:fs/promises';
 
 /** The keys before block_count take a few KiB in files that llama.cpp's converters write. */
 const CHUNK_BYTES = 16 * 1024;
-/** No real model's key-values come near this; a header claiming more is not read further. */
-const SCAN_MAX_BYTES = 64 * 1024 * 1024;
+/** Real key-values take up to about 10 MiB (a 262k-token vocabulary with its scores); a header past this is not read further. */
+const SCAN_MAX_BYTES = 16 * 1024 * 1024;
 /** Value types by their byte size (GGUF's enum): uint8 to float64, bool; 8 is a string, 9 an array. */
 const FIXED_SIZE: Readonly<Record<number, number>> = { 0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8 };
 /** uint8, int8, uint16, int16, uint32, int32, uint64, int64: odd ones signed. */
 const INTEGERS = new Set([0, 1, 2, 3, 4, 5, 10, 11]);
 const STRING = 8;
 const ARRAY = 9;
-/** Keys and the architecture's name are short; a longer one is not a header worth reading. */
+/** Keys and architecture names are a few dozen bytes; GGUF allows 65,535, but a file with one longer than this is not read. */
 const NAME_MAX_BYTES = 256;
 
 class OutOfBounds extends Error {}
@@ -70,9 +70,7 @@ class Cursor {
     const size = FIXED_SIZE[type]!;
     const offset = await this.take(size);
     if (!INTEGERS.has(type)) return null;
-    const signed = type % 2 === 1;
-    const chunk = this.chunk;
-    const value = size === 8 ? Number(signed ? chunk.readBigInt64LE(offset) : chunk.readBigUInt64LE(offset)) : signed ? chunk.readIntLE(offset, size) : chunk.readUIntLE(offset, size);
+    const value = readInteger(this.chunk, offset, size, type % 2 === 1);
     return value < 0 ? null : value;
   }
 
@@ -104,8 +102,13 @@ class Cursor {
         if (length > BigInt(SCAN_MAX_BYTES)) throw new OutOfBounds();
         this.at += 8 + Number(length);
       }
-    } else for (let i = 0; i < count; i += 1) await this.skip(items);
+    } else throw new OutOfBounds(); // An array of arrays, which llama.cpp's loader refuses too ("invalid GGUF type").
   }
+}
+
+function readInteger(chunk: Buffer, offset: number, size: number, signed: boolean): number {
+  if (size === 8) return Number(signed ? chunk.readBigInt64LE(offset) : chunk.readBigUInt64LE(offset));
+  return signed ? chunk.readIntLE(offset, size) : chunk.readUIntLE(offset, size);
 }
 
 /** The layers llama.cpp can offload of the GGUF model in `file`; null when its header does not say (another split, not a model). */

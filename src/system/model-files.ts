@@ -141,6 +141,15 @@ const STUCK_MAX = 2;
 const STUCK_MEANING = 'its weights are not judged until it answers (a model on a hung network mount, or a process stuck in the kernel); the next refreshes try again';
 
 type Probe = { gguf: boolean | null; bytes: number | null; layers: number | null };
+type Header = { gguf: boolean; layers: number | null };
+
+/** Whether the open file begins with GGUF's magic, and then the layers its header gives. */
+async function readHeader(file: FileHandle): Promise<Header> {
+  const head = Buffer.alloc(4);
+  const { bytesRead } = await file.read(head, 0, 4, 0);
+  const gguf = bytesRead === 4 && head.equals(GGUF_MAGIC);
+  return { gguf, layers: gguf ? await offloadableLayers(file) : null };
+}
 
 export type ModelFileReader = ReturnType<typeof createModelFileReader>;
 
@@ -162,18 +171,26 @@ export function mapsUnreadable(pid: number, err: unknown): string | null {
 export function createModelFileReader(root: string, { probedMax = PROBED_MAX, deadlineMs = READ_DEADLINE_MS } = {}) {
   const base = root.endsWith('/') ? root : `${root}/`;
   const probed = new Map<string, Probe>();
+  // What a file's first bytes say, by its identity and version: a file named on a command line (--no-mmap) is opened at
+  // every refresh, its header read once.
+  const headers = new Map<string, Header>();
   // Reads past their deadline, by PID: each holds a libuv thread until the kernel answers.
   const stuck = new Map<number, Promise<unknown>>();
+
+  const remember = <T>(cache: Map<string, T>, key: string, value: T): T => {
+    if (cache.size >= probedMax) cache.clear();
+    cache.set(key, value);
+    return value;
+  };
 
   /** Opens `path` as process `pid` sees it: whether it is GGUF, its size and layers; null for each that cannot be read. */
   const probe = async (pid: number, path: string): Promise<Probe> => {
     let file: FileHandle | undefined;
     try {
       file = await open(`${base}${pid}/${path.startsWith('/') ? `root${path}` : `cwd/${path}`}`, 'r');
-      const head = Buffer.alloc(4);
-      const { bytesRead } = await file.read(head, 0, 4, 0);
-      const gguf = bytesRead === 4 && head.equals(GGUF_MAGIC);
-      return { gguf, bytes: (await file.stat()).size, layers: gguf ? await offloadableLayers(file) : null };
+      const { dev, ino, size, mtimeMs } = await file.stat();
+      const key = `${dev}:${ino}:${size}:${mtimeMs}`;
+      return { ...(headers.get(key) ?? remember(headers, key, await readHeader(file))), bytes: size };
     } catch {
       return { gguf: null, bytes: null, layers: null };
     } finally {
@@ -184,12 +201,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   const probeMapped = async (pid: number, file: MappedFile): Promise<Probe> => {
     if (file.deleted) return { gguf: null, bytes: null, layers: null };
     const key = `${file.device}:${file.inode}:${file.path}`;
-    const known = probed.get(key);
-    if (known !== undefined) return known;
-    if (probed.size >= probedMax) probed.clear();
-    const found = await probe(pid, file.path);
-    probed.set(key, found);
-    return found;
+    return probed.get(key) ?? remember(probed, key, await probe(pid, file.path));
   };
 
   const counts = (file: { path: string }, found: Probe): boolean =>

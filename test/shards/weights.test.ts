@@ -54,11 +54,15 @@ t.test('the GPU layers asked: by the process with model files holding the most G
       now: NOW,
       gpus: [gpuState(0, [[101, 300], [102, 3000]]), gpuState(1, [[102, null]])],
       stats: [procStat(100), procStat(101), procStat(102)],
-      modelFiles: [[100, asked('9')], [101, asked('0', named('/m/embed.gguf', GiB))], [102, asked('20', named('/m/chat.gguf', 8 * GiB))]],
+      modelFiles: [
+        [100, asked('9')],
+        [101, asked('0', { ...named('/m/embed.gguf', 9 * GiB), layers: 13 })],
+        [102, asked('20', { ...named('/m/chat.gguf', 8 * GiB), layers: 33 })],
+      ],
     },
     [shard],
   );
-  t.equal(shardWeights(shard, node).gpuLayers, '20');
+  t.match(shardWeights(shard, node), { gpuLayers: '20', modelLayers: 33 }, "the layers of that process's own model, not the largest file's");
   t.equal(shardWeights(shard, view(300, [[100, asked('9')], [101, files()]])).gpuLayers, null, 'no process with a model: nothing it applies to');
   t.equal(shardWeights(shard, view(300, [[100, asked('9', named('/m/a.gguf', GiB))], [101, files()]])).gpuLayers, '9', 'the one with a model, holding no GPU memory');
   t.equal(shardWeights(shard, view(300, [[101, files(named('/m/a.gguf', GiB))]])).gpuLayers, null, 'unsaid');
@@ -159,8 +163,9 @@ t.test("the model's layers: of the largest file whose header says, and in the re
   const layered = (file: ModelFile, layers: number | null): ModelFile => ({ ...file, layers });
   const asked = (gpuLayers: string, ...list: ModelFile[]): ProcessModelFiles => ({ ...files(...list), gpuLayers });
   // A model in two splits (the header in the first) with a draft model beside it (-md) and a projector with no count.
+  // The first split holds the header and no tensors (gguf-split --no-tensor-first-split): the model counts all its splits.
   const all = [
-    layered(mapped('/m/big-00001-of-00002.gguf', 5 * GiB, 5 * GiB), 81),
+    layered(mapped('/m/big-00001-of-00002.gguf', 10 * MiB, 10 * MiB), 81),
     layered(mapped('/m/big-00002-of-00002.gguf', 6 * GiB, 6 * GiB), null),
     layered(mapped('/m/draft.gguf', 2 * GiB, 2 * GiB), 25),
     layered(mapped('/m/mmproj.gguf', 9 * GiB, 9 * GiB), null),
@@ -175,7 +180,7 @@ t.test("the model's layers: of the largest file whose header says, and in the re
 
   const over = shardRecord(NOW, { registeredAt: NOW - 20_000, graceMs: 10_000 });
   const zero = view(400, [[101, asked('2', layered(mapped('/m/a.gguf', 4 * GiB, 4 * GiB), 33))]], over);
-  t.match(heldVerdict(over, zero, NOW, NOW, []), { state: 'on-cpu', cause: 'weights-in-host-memory', reason: /-ngl 2 \(2 of the model's 33 layers\).*other 31 on the CPU.*-ngl 33/ });
+  t.match(heldVerdict(over, zero, NOW, NOW, []), { state: 'on-cpu', cause: 'weights-in-host-memory', reason: /-ngl 2 \(2 of the model's 33 layers\).*other 31 \(the output layer among them\) on the CPU.*-ngl 33/ });
   const partial = view(3072, [[101, asked('99', layered(mapped('/m/a.gguf', 4 * GiB, 4 * GiB), 33))]], over);
   t.match(heldVerdict(over, partial, NOW, NOW, []), { state: 'ready', cause: 'partial-offload', warnings: [/every layer \(-ngl 99 \(every one of the model's 33 layers\)\), so -ngl is not/] });
 });

@@ -45,7 +45,6 @@ t.test('a llama model: its 2 blocks and the output layer, as llama.cpp counts th
 
 t.test('the key where real files have it: after the general keys, or after a vocabulary longer than a read', async (t) => {
   const tokens = Array.from({ length: 5000 }, (_, i) => `token-${i}`);
-  const nested = typed(TYPE.array, Buffer.concat([u32(TYPE.array), u64(1n), u32(TYPE.string), u64(2n), u64(1n), Buffer.from('a'), u64(1n), Buffer.from('b')]));
   const keys: Array<[string, Value]> = [
     arch('qwen2'),
     ['general.name', { string: 'Qwen2.5 7B Instruct' }],
@@ -53,10 +52,10 @@ t.test('the key where real files have it: after the general keys, or after a voc
     ['general.quantized', typed(TYPE.bool, Buffer.from([1]))],
     ['tokenizer.ggml.tokens', { strings: tokens }],
     ['tokenizer.ggml.scores', { f32s: tokens.map(() => 0) }],
-    ['tokenizer.ggml.pairs', nested],
+    ['tokenizer.ggml.merges', { strings: ['a b', 'c d'] }],
     ['qwen2.block_count', { u32: 28 }],
   ];
-  t.equal(await layersOf(t, ggufHeader(keys)), 29, 'read past 5,000 strings and a nested array');
+  t.equal(await layersOf(t, ggufHeader(keys)), 29, 'read past 5,000 strings, their scores and merges');
   t.equal(await layersOf(t, ggufHeader([['qwen2.block_count', { u32: 28 }], arch('qwen2')])), 29, 'the count before the architecture');
   t.equal(await layersOf(t, ggufHeader([arch('llama'), ['llama.block_count', { u32: 32 }], ['tokenizer.ggml.tokens', { strings: ['x'] }]], { version: 2 })), 33, 'GGUF v2');
 });
@@ -93,7 +92,13 @@ t.test('anything malformed is no answer, never an error', async (t) => {
   const hugeToken = typed(TYPE.array, Buffer.concat([u32(TYPE.string), u64(2n), u64(1n << 40n)]));
   t.equal(await layersOf(t, ggufHeader([arch('llama'), ['tokenizer.ggml.tokens', hugeToken]])), null, 'a token of a terabyte');
   const farArray = typed(TYPE.array, Buffer.concat([u32(TYPE.u64), u64(9_000_000n)]));
-  t.equal(await layersOf(t, ggufHeader([arch('llama'), ['tokenizer.ggml.scores', farArray], ['llama.block_count', { u32: 32 }]])), null, 'the key past 64 MiB');
+  t.equal(await layersOf(t, ggufHeader([arch('llama'), ['tokenizer.ggml.scores', farArray], ['llama.block_count', { u32: 32 }]])), null, 'the key past 16 MiB');
+  // Three million empty strings (24 MB of lengths, a hole in the file): stepped over until the bound, not to the end.
+  const emptyTokens = ggufHeader([arch('llama'), ['tokenizer.ggml.tokens', typed(TYPE.array, Buffer.concat([u32(TYPE.string), u64(3_000_000n)]))]]);
+  t.equal(await layersOf(t, Buffer.concat([emptyTokens, Buffer.alloc(24_000_000)])), null, 'a vocabulary past 16 MiB');
+  // Arrays of arrays, which llama.cpp's loader refuses: no answer at the first, however deep they nest.
+  const nested = (depth: number): Buffer => Buffer.concat([...Array.from({ length: depth }, () => Buffer.concat([u32(TYPE.array), u64(1n)])), u32(TYPE.u8), u64(0n)]);
+  t.equal(await layersOf(t, ggufHeader([arch('llama'), ['general.nested', typed(TYPE.array, nested(100_000))], ['llama.block_count', { u32: 32 }]])), null, 'an array of arrays');
   t.equal(await layersOf(t, ggufHeader([arch('llama'), ['general.weird', typed(13, u32(0))], ['llama.block_count', { u32: 32 }]])), null, 'a type GGUF does not have');
   const path = join(t.testdir(), 'closed.gguf');
   await writeFile(path, llama);

@@ -1,7 +1,7 @@
 // A process's model files from its /proc text (parseMappedFiles, modelArgument) and through the
 // reader over a fixture proc root: GGUF magic decides, a deleted file counts by its name, the command
 // line is the fallback, what cannot be read says why. Real processes: test/routes/weights.test.ts.
-import { closeSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import t from 'tap';
 import { fifoTestdir } from '../helpers/fifo.js';
@@ -129,7 +129,16 @@ t.test('the reader: GGUF magic through the process root, cached per file; the co
   writeFileSync(join(root, '22', 'root', 'models', 'llama.gguf'), header);
   proc(23, '', 'llama-server\0--no-mmap\0-m\0/models/llama.gguf\0');
   writeFileSync(join(root, '23', 'root', 'models', 'llama.gguf'), header);
+  // A file named on the command line is opened at every refresh, its header read once per version of the file.
+  const named = join(root, '23', 'root', 'models', 'llama.gguf');
+  const mtime = new Date('2026-01-01T00:00:00Z');
+  utimesSync(named, mtime, mtime);
   for (const pid of [22, 23]) t.match(await reader.read(pid), { files: [{ path: '/models/llama.gguf', layers: 33 }] }, `${pid}: 32 blocks and the output layer`);
+  writeFileSync(named, ggufHeader([['general.architecture', { string: 'llama' }], ['llama.block_count', { u32: 48 }]]));
+  utimesSync(named, mtime, mtime);
+  t.match(await reader.read(23), { files: [{ layers: 33 }] }, 'the same size and time: not read again');
+  utimesSync(named, mtime, new Date(mtime.getTime() + 1000));
+  t.match(await reader.read(23), { files: [{ layers: 49 }] }, 'rewritten: read again');
   proc(13, '', 'python3\0-m\0vllm.entrypoints.openai.api_server\0');
   t.same(await reader.read(13), { files: [], unreadable: null });
   proc(14, '');
