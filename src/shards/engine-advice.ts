@@ -3,6 +3,7 @@
 // and how to see that its build found one. One entry per engine, so no reason tells an Ollama or
 // vLLM operator about llama.cpp's -ngl, nor tells one who asked for every layer to ask for them.
 import type { Engine } from './shard.js';
+import { NONE_SHARE, type Asked } from './weights.js';
 
 const RUNTIME = "CUDA_VISIBLE_DEVICES and the container's GPU runtime, or run `nodecompute doctor`";
 
@@ -14,12 +15,6 @@ interface Advice {
   /** With weights in host memory, what the layers asked say, then what to check (`layers` where nothing else); `noneOnGpu`: zero offload. */
   asked(asked: Asked, noneOnGpu: boolean, layers: string): string;
 }
-
-/**
- * `gpuLayers`: the GPU layers its command line asks for, as written (null: unsaid); `modelLayers`: the layers llama.cpp
- * can offload of its model (null: not known).
- */
-export type Asked = { gpuLayers: string | null; modelLayers: number | null };
 
 const asksNone = (gpuLayers: string): boolean => /^0+$/.test(gpuLayers);
 const countOf = (gpuLayers: string): number | null => (/^\d+$/.test(gpuLayers) ? Number(gpuLayers) : null);
@@ -52,13 +47,18 @@ const llamaLayers = (modelLayers: number | null): string =>
   `Start it with -ngl ${modelLayers === null ? "(LLAMA_ARG_N_GPU_LAYERS) at or above the model's layers" : `${modelLayers} (or all; LLAMA_ARG_N_GPU_LAYERS)`}, ` +
   'check that the model fits the GPU\'s free memory (GET /gpus), and that the build has CUDA (its log\'s "offloaded N/M layers").';
 
-/** A count below the model's layers: the cause itself; with none of them on the GPU, the build may have found no GPU too. */
+/**
+ * A count below the model's layers: the cause itself. With none on the GPU, a share of layers that should show there
+ * says the build may have found no GPU too; a few layers may not show beside a CUDA context (weights.ts's zero rule).
+ */
 function fewerLayers(gpuLayers: string, count: number, modelLayers: number, noneOnGpu: boolean): string {
   const kept = modelLayers - count === 1 ? 'the output layer' : `the other ${modelLayers - count} (the output layer among them)`;
   const fewer =
     `Its command line asks for ${ngl(gpuLayers, modelLayers)}: llama.cpp keeps ${kept} on the CPU, as asked. ` +
     `Start it with -ngl ${modelLayers} (or all) if the model fits its GPUs' free memory (GET /gpus).`;
-  return noneOnGpu ? `${fewer} With none of the ${count} asked for seen there, check too that the build has CUDA (its log's "offloaded N/M layers").` : fewer;
+  if (!noneOnGpu) return fewer;
+  if (count / modelLayers <= NONE_SHARE) return `${fewer} (${count} of ${modelLayers} layers hold too little to tell from a CUDA context on its GPUs.)`;
+  return `${fewer} With none of the ${count} asked for on its GPUs, check too that the build has CUDA (its log's "offloaded N/M layers").`;
 }
 
 const ADVICE: Record<Engine, Advice> = {
@@ -76,7 +76,8 @@ const ADVICE: Record<Engine, Advice> = {
       }
       if (asksEvery(gpuLayers, modelLayers)) {
         return (
-          `Its command line asks for every layer (${ngl(gpuLayers, modelLayers)}), so -ngl is not what kept them off: check the GPU's free memory (GET /gpus), ` +
+          `Its command line asks for every layer (-ngl ${gpuLayers}${modelLayers === null ? '' : `; the model has ${modelLayers}`}), so -ngl is not what kept them off: ` +
+          "check the GPU's free memory (GET /gpus), " +
           'tensors kept on the CPU (-ot, --cpu-moe), and that the build has CUDA (its log\'s "offloaded N/M layers").'
         );
       }

@@ -13,11 +13,16 @@ import type { NodeView } from '../node-state/node-view.js';
 import { statOf } from '../node-state/node-snapshot.js';
 import { placedIndices } from '../node-state/placement.js';
 import { splitsOf, type ModelFile, type ProcessModelFiles } from '../system/model-files.js';
-import type { Asked } from './engine-advice.js';
 import type { ShardRecord } from './shard.js';
 
 export const OFFLOADS = ['full', 'partial', 'none', 'unknown', 'not-seen'] as const;
 export type Offload = (typeof OFFLOADS)[number];
+
+/**
+ * `gpuLayers`: the GPU layers a process's command line asks for, as written (null: unsaid); `modelLayers`: the layers
+ * llama.cpp can offload of its model (null: not known). The reasons set one against the other (engine-advice.ts).
+ */
+export type Asked = { gpuLayers: string | null; modelLayers: number | null };
 
 export type ShardWeights = {
   offload: Offload;
@@ -34,7 +39,7 @@ export type ShardWeights = {
   note: string;
   /** The GPU layers its command line asks for (-ngl, or LLAMA_ARG_N_GPU_LAYERS), as written; null when unsaid. */
   gpuLayers: string | null;
-  /** The layers llama.cpp can offload of its model (ModelFile.layers, of the largest file that says); null when none says. */
+  /** The layers llama.cpp can offload of its model (layersOf, of the process gpuLayers is read from); null when none says. */
   modelLayers: number | null;
 };
 
@@ -42,7 +47,7 @@ const MiB = 1024 * 1024;
 /** What a CUDA context, compute buffers and a small KV cache take on each GPU with no layer there (300 MiB to 2 GiB seen). */
 export const CONTEXT_ALLOWANCE_BYTES = 1024 * MiB;
 /** At or below this share on the GPU, no offload to speak of; at or above FULL_SHARE, all of it. */
-const NONE_SHARE = 0.1;
+export const NONE_SHARE = 0.1;
 const FULL_SHARE = 0.9;
 /**
  * Beyond the allowance, what a GPU may hold and still count as no offload (compute buffers grow with

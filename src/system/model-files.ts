@@ -172,7 +172,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   const base = root.endsWith('/') ? root : `${root}/`;
   const probed = new Map<string, Probe>();
   // What a file's first bytes say, by its identity and version: a file named on a command line (--no-mmap) is opened at
-  // every refresh, its header read once.
+  // every refresh, its header read once per version.
   const headers = new Map<string, Header>();
   // Reads past their deadline, by PID: each holds a libuv thread until the kernel answers.
   const stuck = new Map<number, Promise<unknown>>();
@@ -188,9 +188,10 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
     let file: FileHandle | undefined;
     try {
       file = await open(`${base}${pid}/${path.startsWith('/') ? `root${path}` : `cwd/${path}`}`, 'r');
-      const { dev, ino, size, mtimeMs } = await file.stat();
-      const key = `${dev}:${ino}:${size}:${mtimeMs}`;
-      return { ...(headers.get(key) ?? remember(headers, key, await readHeader(file))), bytes: size };
+      // The change time, which no one can set back, and a bigint inode (overlayfs and NFS ones pass 2^53) name a version.
+      const { dev, ino, size, ctimeNs } = await file.stat({ bigint: true });
+      const key = `${dev}:${ino}:${size}:${ctimeNs}`;
+      return { ...(headers.get(key) ?? remember(headers, key, await readHeader(file))), bytes: Number(size) };
     } catch {
       return { gguf: null, bytes: null, layers: null };
     } finally {

@@ -67,18 +67,20 @@ t.test("the layers asked against the model's own (its GGUF header's block_count 
   t.match(fewer, /Start it with -ngl 33 \(or all\)/, 'told the count that puts every layer on the GPU');
   const few = advice('llama.cpp', '2', 33, true);
   t.match(few, /-ngl 2 \(2 of the model's 33 layers\).*other 31/, 'a few layers read as none on the GPU: the count says why');
-  t.match(few, /With none of the 2 asked for seen there, check too that the build has CUDA/, 'none there at all: the build too');
+  t.match(few, /\(2 of 33 layers hold too little to tell from a CUDA context/, 'too few to show: not the build');
+  t.notMatch(few, /the build has CUDA/);
+  t.match(advice('llama.cpp', '10', 33, true), /With none of the 10 asked for on its GPUs, check too that the build has CUDA/, 'a share that should show: the build too');
   t.notMatch(fewer, /With none/, 'some on the GPU: the count alone');
   for (const every of ['33', '99']) {
     const said = advice('llama.cpp', every, 33);
-    t.match(said, new RegExp(`asks for every layer \\(-ngl ${every} \\(every one of the model's 33 layers\\)\\), so -ngl is not what kept them off`), `-ngl ${every}: every layer`);
+    t.match(said, new RegExp(`asks for every layer \\(-ngl ${every}; the model has 33\\), so -ngl is not what kept them off`), `-ngl ${every}: every layer`);
     t.notMatch(said, /Start it with -ngl/);
   }
   t.match(advice('llama.cpp', '32', 33), /keeps the output layer on the CPU, as asked/, 'one below: the output layer stays on the CPU');
   t.match(advice('llama.cpp', '0', 33), /^Its command line asks for no GPU layers \(-ngl 0\)\. Start it with -ngl 33 \(or all; /, '-ngl 0: told the count');
   t.match(advice('llama.cpp', 'auto', 33), /^Its command line asks for -ngl auto\. Start it with -ngl 33 /, 'auto: said as is, with the count');
   t.match(advice('llama.cpp', null, 33, true), /b4748.*Start it with -ngl 33 /, 'unsaid: the count too');
-  t.match(advice('llama.cpp', 'all', 33), /every layer \(-ngl all\)/);
+  t.match(advice('llama.cpp', 'all', 33), /every layer \(-ngl all; the model has 33\)/);
   t.match(advice('other', '24', 33), /^Its command line asks for -ngl 24 \(24 of the model's 33 layers\)\. Check how many layers/);
   t.match(advice('ollama', '20', 33), /^Ollama started its runner with 20 of the model's 33 layers on the GPU \(num_gpu, or what it estimated/);
   t.match(advice('ollama', '33', 33), /^Ollama started its runner with every one of the model's 33 layers on the GPU, so num_gpu is not what kept them off: check the free and foreign memory/);

@@ -159,7 +159,7 @@ t.test('judged by the mapping, a minimum share is met by the mapping or the GPU 
   t.match(heldVerdict(asks, view(null, kept, asks), NOW, NOW, []), { state: 'ready' }, 'memory not reported: nothing contradicts the mapping');
 });
 
-t.test("the model's layers: of the largest file whose header says, and in the reasons against the layers asked", async (t) => {
+t.test("the model's layers: of the largest model whose header says, and in the reasons against the layers asked", async (t) => {
   const layered = (file: ModelFile, layers: number | null): ModelFile => ({ ...file, layers });
   const asked = (gpuLayers: string, ...list: ModelFile[]): ProcessModelFiles => ({ ...files(...list), gpuLayers });
   // A model in two splits (the header in the first) with a draft model beside it (-md) and a projector with no count.
@@ -182,5 +182,5 @@ t.test("the model's layers: of the largest file whose header says, and in the re
   const zero = view(400, [[101, asked('2', layered(mapped('/m/a.gguf', 4 * GiB, 4 * GiB), 33))]], over);
   t.match(heldVerdict(over, zero, NOW, NOW, []), { state: 'on-cpu', cause: 'weights-in-host-memory', reason: /-ngl 2 \(2 of the model's 33 layers\).*other 31 \(the output layer among them\) on the CPU.*-ngl 33/ });
   const partial = view(3072, [[101, asked('99', layered(mapped('/m/a.gguf', 4 * GiB, 4 * GiB), 33))]], over);
-  t.match(heldVerdict(over, partial, NOW, NOW, []), { state: 'ready', cause: 'partial-offload', warnings: [/every layer \(-ngl 99 \(every one of the model's 33 layers\)\), so -ngl is not/] });
+  t.match(heldVerdict(over, partial, NOW, NOW, []), { state: 'ready', cause: 'partial-offload', warnings: [/every layer \(-ngl 99; the model has 33\), so -ngl is not/] });
 });
