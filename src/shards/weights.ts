@@ -18,10 +18,7 @@ import type { ShardRecord } from './shard.js';
 export const OFFLOADS = ['full', 'partial', 'none', 'unknown', 'not-seen'] as const;
 export type Offload = (typeof OFFLOADS)[number];
 
-/**
- * `gpuLayers`: the GPU layers a process's command line asks for, as written (null: unsaid); `modelLayers`: the layers
- * llama.cpp can offload of its model (null: not known). The reasons set one against the other (engine-advice.ts).
- */
+/** The GPU layers a command line asks for, as written, and those llama.cpp can offload of its model; null: not known. */
 export type Asked = { gpuLayers: string | null; modelLayers: number | null };
 
 export type ShardWeights = {
@@ -134,10 +131,7 @@ export function weightsIn(files: readonly ModelFile[], held: { mib: number | nul
   return { files: [...files], bytes, hostBytes, ...judge(bytes, hostBytes, held, split), ...asked };
 }
 
-/**
- * The layers of the largest model whose header says: a model in splits counts all of them (its header is in the first,
- * which gguf-split may leave with no tensors), so a draft model (-md) or a projector beside it is not taken for it.
- */
+/** The layers of the largest model whose header says, its splits counted together (the first may hold no tensors). */
 export function layersOf(files: readonly ModelFile[]): number | null {
   const models = new Map<string, { bytes: number; layers: number | null }>();
   for (const file of files) {
