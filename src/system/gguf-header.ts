@@ -1,11 +1,16 @@
-// Owns the one fact nodecompute reads from a GGUF file's key-values: how many layers llama.cpp can
-// put on a GPU, `<general.architecture>.block_count` + 1 (its repeating blocks and the output layer,
-// as its log's "offloaded N/M layers" counts M since early 2024; builds of 2023 counted two more).
+// Owns what nodecompute reads of a GGUF file's header: its magic (whether it is GGUF at all) and,
+// from its key-values, how many layers llama.cpp can put on a GPU: `<general.architecture>.block_count`
+// + 1 (its repeating blocks and the output layer, as its log's "offloaded N/M layers" counts M since
+// early 2024; builds of 2023 counted two more).
 // The rule: read only as far as that key, in chunks, never materialising a value it does not need (a
-// vocabulary is hundreds of thousands of strings), within a bound; anything unexpected (GGUF v1, a
-// big-endian file, a truncated or absurd header) is no answer, never an error. A GGUF library parses
-// the whole header into objects: the wrong cost for an agent that only needs this number.
+// vocabulary is hundreds of thousands of strings), within a bound; past the magic, anything
+// unexpected (GGUF v1, a big-endian file, a truncated or absurd header, a failed read) is no answer,
+// never an error. A GGUF library parses the whole header into objects: the wrong cost for an agent
+// that only needs this number.
 import type { FileHandle } from 'node:fs/promises';
+
+/** GGUF files begin with these four bytes. */
+const MAGIC = Buffer.from('GGUF', 'latin1');
 
 /** The keys before block_count take a few KiB in files that llama.cpp's converters write. */
 const CHUNK_BYTES = 16 * 1024;
@@ -26,9 +31,11 @@ class OutOfBounds extends Error {}
 class Cursor {
   private chunk = Buffer.alloc(0);
   private chunkAt = 0;
-  private at = 0;
 
-  constructor(private readonly file: FileHandle) {}
+  constructor(
+    private readonly file: FileHandle,
+    private at: number,
+  ) {}
 
   /** Where the next `bytes` begin in the chunk held, if it holds them (the cursor never goes back before it). */
   private held(bytes: number): number | undefined {
@@ -111,11 +118,21 @@ function readInteger(chunk: Buffer, offset: number, size: number, signed: boolea
   return signed ? chunk.readIntLE(offset, size) : chunk.readUIntLE(offset, size);
 }
 
-/** The layers llama.cpp can offload of the GGUF model in `file`; null when its header does not say (another split, not a model). */
-export async function offloadableLayers(file: FileHandle): Promise<number | null> {
-  const cursor = new Cursor(file);
+export type GgufHeader = { gguf: boolean; layers: number | null };
+
+/**
+ * Whether the open file begins with GGUF's magic (a read that fails throws: the caller cannot tell), and then the layers
+ * llama.cpp can offload of its model; null when its header does not say (a split but the first, a projector).
+ */
+export async function readGgufHeader(file: FileHandle): Promise<GgufHeader> {
+  const head = Buffer.alloc(MAGIC.length);
+  const { bytesRead } = await file.read(head, 0, head.length, 0);
+  if (bytesRead < head.length || !head.equals(MAGIC)) return { gguf: false, layers: null };
+  return { gguf: true, layers: await offloadableLayers(new Cursor(file, MAGIC.length)) };
+}
+
+async function offloadableLayers(cursor: Cursor): Promise<number | null> {
   try {
-    if ((await cursor.u32()) !== 0x46554747) return null;
     const version = await cursor.u32();
     if (version !== 2 && version !== 3) return null;
     await cursor.size();

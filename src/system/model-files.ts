@@ -11,7 +11,7 @@
 // only what the text says, a path as the process itself sees it.
 import { open, readFile, type FileHandle } from 'node:fs/promises';
 import { settleWithin } from '../deadline.js';
-import { offloadableLayers } from './gguf-header.js';
+import { readGgufHeader, type GgufHeader } from './gguf-header.js';
 import { codeOf, isGone } from './procfs.js';
 
 /** One file mapped read-only and not executable (libraries' code is left out), with every range of it summed. */
@@ -99,9 +99,6 @@ export function parseCmdline(bytes: Buffer): string[] {
   return args;
 }
 
-/** GGUF files begin with these four bytes ("GGUF", little-endian 0x46554747). */
-const GGUF_MAGIC = Buffer.from('GGUF', 'latin1');
-
 const SPLIT = /^(.*)-(\d{5})-of-(\d{5})\.gguf$/i;
 
 /** Every split of a model in splits (llama.cpp's gguf-split names: `m-00001-of-00003.gguf`) as `path` names one; [] for a whole file. */
@@ -141,15 +138,6 @@ const STUCK_MAX = 2;
 const STUCK_MEANING = 'its weights are not judged until it answers (a model on a hung network mount, or a process stuck in the kernel); the next refreshes try again';
 
 type Probe = { gguf: boolean | null; bytes: number | null; layers: number | null };
-type Header = { gguf: boolean; layers: number | null };
-
-/** Whether the open file begins with GGUF's magic, and then the layers its header gives. */
-async function readHeader(file: FileHandle): Promise<Header> {
-  const head = Buffer.alloc(4);
-  const { bytesRead } = await file.read(head, 0, 4, 0);
-  const gguf = bytesRead === 4 && head.equals(GGUF_MAGIC);
-  return { gguf, layers: gguf ? await offloadableLayers(file) : null };
-}
 
 export type ModelFileReader = ReturnType<typeof createModelFileReader>;
 
@@ -173,7 +161,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
   const probed = new Map<string, Probe>();
   // What a file's first bytes say, by its identity and version: a file named on a command line (--no-mmap) is opened at
   // every refresh, its header read once per version.
-  const headers = new Map<string, Header>();
+  const headers = new Map<string, GgufHeader>();
   // Reads past their deadline, by PID: each holds a libuv thread until the kernel answers.
   const stuck = new Map<number, Promise<unknown>>();
 
@@ -191,7 +179,7 @@ export function createModelFileReader(root: string, { probedMax = PROBED_MAX, de
       // The change time, which no one can set back, and a bigint inode (overlayfs and NFS ones pass 2^53) name a version.
       const { dev, ino, size, ctimeNs } = await file.stat({ bigint: true });
       const key = `${dev}:${ino}:${size}:${ctimeNs}`;
-      return { ...(headers.get(key) ?? remember(headers, key, await readHeader(file))), bytes: Number(size) };
+      return { ...(headers.get(key) ?? remember(headers, key, await readGgufHeader(file))), bytes: Number(size) };
     } catch {
       return { gguf: null, bytes: null, layers: null };
     } finally {
